@@ -1,0 +1,30 @@
+# Dependencies come from Debian packages (scripts/setup.sh). The trainer core needs only a
+# BLAS and OpenMP; heavier libraries are optional components found or skipped here.
+find_package(OpenMP REQUIRED)
+find_package(Threads REQUIRED)
+
+# The OpenMP build of OpenBLAS shares Loom's OpenMP thread pool. The pthread build would add a
+# second pool whose threads fight OpenMP's spinning workers for the cores (on 2 cores that made
+# small GEMMs hundreds of times slower).
+find_path(CBLAS_INCLUDE_DIR cblas.h
+          PATHS /usr/include/x86_64-linux-gnu/openblas-openmp /usr/include/aarch64-linux-gnu/openblas-openmp
+          PATH_SUFFIXES openblas NO_DEFAULT_PATH)
+find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas)
+find_library(OPENBLAS_LIBRARY NAMES openblas
+             PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
+             NO_DEFAULT_PATH)
+find_library(OPENBLAS_LIBRARY NAMES openblas)
+if(NOT OPENBLAS_LIBRARY OR NOT CBLAS_INCLUDE_DIR)
+  message(FATAL_ERROR "OpenBLAS not found: run scripts/setup.sh (libopenblas-openmp-dev)")
+endif()
+message(STATUS "OpenBLAS: ${OPENBLAS_LIBRARY}")
+add_library(loom_blas INTERFACE)
+target_include_directories(loom_blas INTERFACE ${CBLAS_INCLUDE_DIR})
+target_link_libraries(loom_blas INTERFACE ${OPENBLAS_LIBRARY})
+
+find_package(MPI COMPONENTS CXX QUIET)
+set(LOOM_HAVE_MPI ${MPI_CXX_FOUND})
+
+if(LOOM_TESTS)
+  find_package(GTest REQUIRED)
+endif()

@@ -1,0 +1,10 @@
+# Warnings are errors in our own code only (targets call loom_target_defaults).
+function(loom_target_defaults target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Werror -Wno-unused-parameter)
+  if(CMAKE_BUILD_TYPE STREQUAL "Release" OR CMAKE_BUILD_TYPE STREQUAL "RelWithDebInfo")
+    target_compile_options(${target} PRIVATE -O3)
+  endif()
+  if(LOOM_NATIVE)
+    target_compile_options(${target} PRIVATE -march=native)
+  endif()
+endfunction()

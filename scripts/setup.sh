@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every Debian package Loom needs to build, test and run its main job.
+# Safe to re-run: packages already present are skipped without touching the network.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config
+  # trainer core
+  libopenblas-openmp-dev
+  # tests
+  libgtest-dev
+  # multi-process runs
+  openmpi-bin libopenmpi-dev
+  # loom curate (optional): gzip/zstd input, Unicode, HTML parsing, language ID
+  zlib1g-dev libzstd-dev libutf8proc-dev libgumbo-dev libcld2-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,334 @@
+#include "ckpt/checkpoint.h"
+
+#include <fcntl.h>  // AT_FDCWD
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/log.h"
+
+namespace loom::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "loom.checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimFile = "optim.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kLatestFile = "latest";
+
+std::string join(const std::string& a, const std::string& b) {
+  return (fs::path(a) / b).string();
+}
+
+// Last path component, ignoring trailing slashes.
+std::string base_name(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return fs::path(p).filename().string();
+}
+
+// "step_*.tmp.<pid>" or "latest.tmp.<pid>" of a process that no longer exists: a crashed
+// save's leftovers. Assumes one host writes the root (pids of other hosts are not visible).
+bool is_stale_tmp(const std::string& name) {
+  size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos) return false;
+  if (name.rfind("step_", 0) != 0 && name.rfind("latest.", 0) != 0) return false;
+  std::string pid_text = name.substr(at + 5);
+  if (pid_text.empty() || pid_text.size() > 9 ||
+      !std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
+  pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+  if (pid == ::getpid()) return false;
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+void remove_stale_tmps(const std::string& root) {
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(root, ec)) {
+    std::string name = de.path().filename().string();
+    if (is_stale_tmp(name)) {
+      log_warn("checkpoint: removing ", de.path().string(), " left by a crashed save");
+      remove_all(de.path().string());
+    }
+  }
+}
+
+// Moves the finished `tmp` directory to `final_dir`, replacing an existing one atomically.
+void commit_dir(const std::string& tmp, const std::string& final_dir) {
+  if (::rename(tmp.c_str(), final_dir.c_str()) == 0) return;
+  const int err = errno;
+  LOOM_CHECK(err == EEXIST || err == ENOTEMPTY, final_dir, ": rename from ", tmp, " failed (",
+             std::strerror(err), ")");
+  // Re-saving a step: swap the two directories in one step, then delete the old one.
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    remove_all(tmp);
+    return;
+  }
+  // No RENAME_EXCHANGE on this filesystem: move the old one aside first (a short window in
+  // which the step directory is missing; `latest` still names it, and loading says so).
+  const std::string old = final_dir + ".old." + std::to_string(::getpid());
+  LOOM_CHECK(::rename(final_dir.c_str(), old.c_str()) == 0, final_dir, ": cannot move aside (",
+             std::strerror(errno), ")");
+  LOOM_CHECK(::rename(tmp.c_str(), final_dir.c_str()) == 0, final_dir, ": rename from ", tmp,
+             " failed (", std::strerror(errno), ")");
+  remove_all(old);
+}
+
+void prune(const std::string& root, int64_t newest, int keep_last) {
+  std::vector<int64_t> older;
+  for (int64_t s : list_checkpoint_steps(root))
+    if (s < newest) older.push_back(s);
+  const size_t keep_older = static_cast<size_t>(keep_last - 1);
+  if (older.size() <= keep_older) return;
+  for (size_t i = 0; i + keep_older < older.size(); ++i) {
+    const std::string dir = join(root, step_dir_name(older[i]));
+    log_info("checkpoint: removing ", dir, " (keep_last=", keep_last, ")");
+    remove_all(dir);
+  }
+  fsync_dir(root);
+}
+
+uint64_t fnv1a(uint64_t h, std::string_view s) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+void restore(const SafetensorsReader& file, const TensorList& dst) {
+  check_tensors_match(file, dst, /*check_dtype=*/true);
+  for (const NamedTensor& nt : dst) {
+    Tensor src = file.view(nt.name);
+    Tensor out = nt.tensor;  // shares storage: writes land in the caller's buffer
+    out.copy_from(src);
+  }
+}
+
+}  // namespace
+
+Json trainer_state_to_json(const TrainerState& s) {
+  Json j = Json::object();
+  j["format"] = Json(kFormat);
+  j["version"] = Json(kVersion);
+  j["step"] = Json(s.step);
+  j["seed"] = Json(s.seed);  // stored as its int64 bit pattern; read back exactly
+  j["rng"] = s.rng;
+  j["data"] = s.data;
+  j["config"] = Json(s.config_text);
+  j["fingerprint"] = Json(s.fingerprint);
+  j["extra"] = s.extra;
+  return j;
+}
+
+TrainerState trainer_state_from_json(const Json& j, const std::string& where) {
+  TrainerState s;
+  try {
+    LOOM_CHECK(j.is_object(), "expected a JSON object");
+    LOOM_CHECK(j.at("format").as_string() == kFormat, "format is '", j.at("format").as_string(),
+               "', expected '", kFormat, "'");
+    int64_t version = j.at("version").as_int();
+    LOOM_CHECK(version == kVersion, "version ", version, " is not supported (this build reads ",
+               kVersion, ")");
+    s.step = j.at("step").as_int();
+    LOOM_CHECK(s.step >= 0, "negative step ", s.step);
+    s.seed = static_cast<uint64_t>(j.at("seed").as_int());
+    s.rng = j.at("rng");
+    s.data = j.at("data");
+    s.config_text = j.at("config").as_string();
+    s.fingerprint = j.at("fingerprint").as_string();
+    s.extra = j.at("extra");
+  } catch (const Error& e) {
+    fail(where, ": ", e.what());
+  }
+  return s;
+}
+
+std::string shape_fingerprint(const TensorList& tensors) {
+  std::vector<std::pair<std::string, Shape>> items;
+  for (const NamedTensor& nt : tensors)
+    items.emplace_back(nt.name, nt.shard.sharded() ? nt.shard.global_shape : nt.tensor.shape());
+  std::sort(items.begin(), items.end());
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const auto& [name, shape] : items) {
+    h = fnv1a(h, name);
+    h = fnv1a(h, shape_str(shape));
+    h = fnv1a(h, ";");
+  }
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return cat("shapes:", items.size(), ":", buf);
+}
+
+std::string shape_fingerprint(const TensorMap& tensors) {
+  return shape_fingerprint(to_list(tensors));
+}
+
+std::string step_dir_name(int64_t step) {
+  LOOM_CHECK(step >= 0, "negative checkpoint step ", step);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+bool parse_step_dir_name(const std::string& name, int64_t* step) {
+  // 8 to 18 digits: the canonical zero padding, and no int64 overflow.
+  if (name.size() < 13 || name.size() > 23 || name.rfind("step_", 0) != 0) return false;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return false;
+  *step = std::stoll(name.substr(5));
+  return step_dir_name(*step) == name;  // canonical spelling only
+}
+
+std::string save_checkpoint(const std::string& root, const TrainerState& state,
+                            const TensorMap& model, const TensorMap& optim, int keep_last) {
+  return save_checkpoint(root, state, to_list(model), to_list(optim), keep_last);
+}
+
+std::string save_checkpoint(const std::string& root, const TrainerState& state,
+                            const TensorList& model, const TensorList& optim, int keep_last) {
+  LOOM_CHECK(keep_last >= 0, "checkpoint keep_last must be >= 0, got ", keep_last);
+  const std::string name = step_dir_name(state.step);
+  make_dirs(root);
+  remove_stale_tmps(root);
+
+  const std::string tmp = join(root, name + ".tmp." + std::to_string(::getpid()));
+  const std::string final_dir = join(root, name);
+  remove_all(tmp);
+  make_dirs(tmp);
+  try {
+    TrainerState st = state;
+    if (st.fingerprint.empty()) st.fingerprint = shape_fingerprint(model);
+    write_safetensors(join(tmp, kModelFile), model, {{"format", "pt"}, {"loom.kind", "model"}});
+    write_safetensors(join(tmp, kOptimFile), optim, {{"format", "pt"}, {"loom.kind", "optim"}});
+    write_file_atomic(join(tmp, kStateFile), trainer_state_to_json(st).dump(2) + "\n");
+    commit_dir(tmp, final_dir);
+  } catch (...) {
+    remove_all(tmp);
+    throw;
+  }
+  fsync_dir(root);
+  write_file_atomic(join(root, kLatestFile), name + "\n");
+  if (keep_last > 0) prune(root, state.step, keep_last);
+  return final_dir;
+}
+
+std::vector<int64_t> list_checkpoint_steps(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(root, ec)) {
+    int64_t s;
+    if (de.is_directory() && parse_step_dir_name(de.path().filename().string(), &s))
+      steps.push_back(s);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& root) {
+  const std::string path = join(root, kLatestFile);
+  if (!file_exists(path)) return std::nullopt;
+  std::string text = read_file(path);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.pop_back();
+  int64_t step;
+  LOOM_CHECK(parse_step_dir_name(text, &step), path, ": expected a step directory name like ",
+             step_dir_name(42), ", got '", text.substr(0, 64), "'");
+  const std::string dir = join(root, text);
+  LOOM_CHECK(fs::is_directory(dir), path, ": names ", dir, ", which does not exist");
+  return dir;
+}
+
+void check_tensors_match(const SafetensorsReader& file, const TensorList& expected,
+                         bool check_dtype) {
+  std::vector<const NamedTensor*> want;
+  for (const NamedTensor& nt : expected) want.push_back(&nt);
+  std::sort(want.begin(), want.end(),
+            [](const NamedTensor* a, const NamedTensor* b) { return a->name < b->name; });
+  const auto& have = file.entries();  // sorted by name
+  size_t i = 0, k = 0;
+  while (i < have.size() || k < want.size()) {
+    if (k == want.size() || (i < have.size() && have[i].name < want[k]->name))
+      fail(file.path(), ": tensor '", have[i].name, "' ", shape_str(have[i].shape),
+           " is in the checkpoint but not in the model");
+    if (i == have.size() || want[k]->name < have[i].name)
+      fail(file.path(), ": tensor '", want[k]->name, "' ", shape_str(want[k]->tensor.shape()),
+           " is expected but missing from the checkpoint");
+    const auto& h = have[i];
+    const NamedTensor& w = *want[k];
+    LOOM_CHECK(k == 0 || want[k - 1]->name != w.name, "duplicate expected tensor '", w.name, "'");
+    LOOM_CHECK(h.shape == w.tensor.shape(), file.path(), ": tensor '", h.name,
+               "': checkpoint has shape ", shape_str(h.shape), ", expected ",
+               shape_str(w.tensor.shape()));
+    LOOM_CHECK(!check_dtype || h.dtype == w.tensor.dtype(), file.path(), ": tensor '", h.name,
+               "': checkpoint has dtype ", dtype_name(h.dtype), ", expected ",
+               dtype_name(w.tensor.dtype()));
+    auto norm = [](const ShardInfo& s, const Shape& local) {
+      ShardInfo n = s;
+      if (!n.sharded()) n.global_shape = local;
+      if (n.global_offset.empty()) n.global_offset = Shape(local.size(), 0);
+      return n;
+    };
+    const ShardInfo hs = norm(h.shard, h.shape), ws = norm(w.shard, w.tensor.shape());
+    LOOM_CHECK(hs.global_shape == ws.global_shape && hs.global_offset == ws.global_offset,
+               file.path(), ": tensor '", h.name, "': checkpoint holds global shape ",
+               shape_str(hs.global_shape), " at offset ", shape_str(hs.global_offset),
+               ", expected global shape ", shape_str(ws.global_shape), " at offset ",
+               shape_str(ws.global_offset), " (resharding on load is not supported yet)");
+    ++i;
+    ++k;
+  }
+}
+
+Checkpoint::Checkpoint(const std::string& path) {
+  int64_t named_step;
+  if (file_exists(join(path, kStateFile)) || parse_step_dir_name(base_name(path), &named_step)) {
+    dir_ = path;
+  } else {
+    auto latest = find_latest_checkpoint(path);
+    LOOM_CHECK(latest.has_value(), path, ": no checkpoint here (neither ", kStateFile, " nor ",
+               kLatestFile, ")");
+    dir_ = *latest;
+  }
+  const std::string state_path = join(dir_, kStateFile);
+  state_ = trainer_state_from_json(Json::parse(read_file(state_path), state_path), state_path);
+  model_ = std::make_unique<SafetensorsReader>(join(dir_, kModelFile));
+  optim_ = std::make_unique<SafetensorsReader>(join(dir_, kOptimFile));
+  int64_t dir_step;
+  if (parse_step_dir_name(base_name(dir_), &dir_step))
+    LOOM_CHECK(dir_step == state_.step, state_path, ": step ", state_.step,
+               " does not match the directory name");
+}
+
+void Checkpoint::restore_model(const TensorList& dst,
+                               const std::string& expected_fingerprint) const {
+  check_tensors_match(*model_, dst);
+  LOOM_CHECK(expected_fingerprint.empty() || expected_fingerprint == state_.fingerprint,
+             join(dir_, kStateFile), ": model fingerprint '", state_.fingerprint,
+             "' differs from the model's '", expected_fingerprint, "'");
+  restore(*model_, dst);
+}
+
+void Checkpoint::restore_model(const TensorMap& dst,
+                               const std::string& expected_fingerprint) const {
+  restore_model(to_list(dst), expected_fingerprint);
+}
+
+void Checkpoint::restore_optim(const TensorList& dst) const {
+  restore(*optim_, dst);
+}
+void Checkpoint::restore_optim(const TensorMap& dst) const {
+  restore(*optim_, to_list(dst));
+}
+
+}  // namespace loom::ckpt

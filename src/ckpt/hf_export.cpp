@@ -1,0 +1,590 @@
+#include "ckpt/hf_export.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <set>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace loom::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+// One exported tensor: rows [row_begin, row_end) of a Loom parameter, transposed or not.
+struct Piece {
+  std::string hf, loom;
+  int64_t row_begin = 0, row_end = 0;  // row_end 0: all rows
+  bool transpose = false;
+};
+
+std::vector<Piece> pieces(const HfModelShape& s) {
+  std::vector<Piece> out;
+  auto add = [&](std::string hf, std::string loom, bool transpose = false, int64_t r0 = 0,
+                 int64_t r1 = 0) {
+    out.push_back({std::move(hf), std::move(loom), r0, r1, transpose});
+  };
+  const int64_t q = int64_t{s.n_head} * s.head_dim, kv = int64_t{s.n_kv_head} * s.head_dim;
+  if (s.family == "gpt2") {
+    add("transformer.wte.weight", "embed.wte");
+    add("transformer.wpe.weight", "embed.wpe");
+    for (int i = 0; i < s.n_layer; ++i) {
+      const std::string h = cat("transformer.h.", i, "."), b = cat("blocks.", i, ".");
+      add(h + "ln_1.weight", b + "norm1.weight");
+      add(h + "ln_1.bias", b + "norm1.bias");
+      add(h + "attn.c_attn.weight", b + "attn.qkv.weight", true);
+      add(h + "attn.c_attn.bias", b + "attn.qkv.bias");
+      add(h + "attn.c_proj.weight", b + "attn.proj.weight", true);
+      add(h + "attn.c_proj.bias", b + "attn.proj.bias");
+      add(h + "ln_2.weight", b + "norm2.weight");
+      add(h + "ln_2.bias", b + "norm2.bias");
+      add(h + "mlp.c_fc.weight", b + "mlp.fc.weight", true);
+      add(h + "mlp.c_fc.bias", b + "mlp.fc.bias");
+      add(h + "mlp.c_proj.weight", b + "mlp.proj.weight", true);
+      add(h + "mlp.c_proj.bias", b + "mlp.proj.bias");
+    }
+    add("transformer.ln_f.weight", "final_norm.weight");
+    add("transformer.ln_f.bias", "final_norm.bias");
+  } else {
+    add("model.embed_tokens.weight", "embed.wte");
+    for (int i = 0; i < s.n_layer; ++i) {
+      const std::string h = cat("model.layers.", i, "."), b = cat("blocks.", i, ".");
+      add(h + "input_layernorm.weight", b + "norm1.weight");
+      add(h + "self_attn.q_proj.weight", b + "attn.qkv.weight", false, 0, q);
+      add(h + "self_attn.k_proj.weight", b + "attn.qkv.weight", false, q, q + kv);
+      add(h + "self_attn.v_proj.weight", b + "attn.qkv.weight", false, q + kv, q + 2 * kv);
+      add(h + "self_attn.o_proj.weight", b + "attn.proj.weight");
+      add(h + "post_attention_layernorm.weight", b + "norm2.weight");
+      add(h + "mlp.gate_proj.weight", b + "mlp.fc.weight", false, 0, s.d_ff);
+      add(h + "mlp.up_proj.weight", b + "mlp.fc.weight", false, s.d_ff, 2 * int64_t{s.d_ff});
+      add(h + "mlp.down_proj.weight", b + "mlp.proj.weight");
+    }
+    add("model.norm.weight", "final_norm.weight");
+  }
+  if (!s.tied) add("lm_head.weight", "head.weight");
+  return out;
+}
+
+Shape hf_shape_of(const Piece& p, const Shape& loom) {
+  Shape s = loom;
+  if (p.row_end > 0) s[0] = p.row_end - p.row_begin;
+  if (p.transpose) std::swap(s[0], s[1]);
+  return s;
+}
+
+// Exact element-wise transpose of a contiguous 2-D tensor (any dtype: bytes are moved).
+template <typename T>
+void transpose_block(const T* src, T* dst, int64_t rows, int64_t cols) {
+  constexpr int64_t B = 32;
+  for (int64_t i0 = 0; i0 < rows; i0 += B)
+    for (int64_t j0 = 0; j0 < cols; j0 += B)
+      for (int64_t i = i0; i < std::min(i0 + B, rows); ++i)
+        for (int64_t j = j0; j < std::min(j0 + B, cols); ++j) dst[j * rows + i] = src[i * cols + j];
+}
+
+Tensor transposed(const Tensor& src) {
+  Tensor c = src.is_contiguous() ? src : src.clone();
+  const int64_t r = c.dim(0), k = c.dim(1);
+  Tensor out = Tensor::zeros({k, r}, c.dtype());
+  switch (dtype_size(c.dtype())) {
+    case 1:
+      transpose_block(c.data<uint8_t>(), out.data<uint8_t>(), r, k);
+      break;
+    case 2:
+      transpose_block(c.data<uint16_t>(), out.data<uint16_t>(), r, k);
+      break;
+    case 4:
+      transpose_block(c.data<uint32_t>(), out.data<uint32_t>(), r, k);
+      break;
+    case 8:
+      transpose_block(c.data<uint64_t>(), out.data<uint64_t>(), r, k);
+      break;
+    default:
+      fail("transpose: unsupported element size");
+  }
+  return out;
+}
+
+// `t` in `dtype`, contiguous: the tensor itself (a view) when it already is. The common
+// float conversions run as flat loops (Tensor::to handles any strides, element by element).
+Tensor converted(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t.is_contiguous() ? t : t.clone();
+  if (!t.is_contiguous()) return t.to(dtype);
+  const int64_t n = t.numel();
+  Tensor out = Tensor::zeros(t.shape(), dtype);
+  const DType from = t.dtype();
+  if (from == DType::F32 && dtype == DType::BF16) {
+    const float* a = t.data<float>();
+    uint16_t* b = out.data<uint16_t>();
+    for (int64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(a[i]);
+  } else if (from == DType::BF16 && dtype == DType::F32) {
+    const uint16_t* a = t.data<uint16_t>();
+    float* b = out.data<float>();
+    for (int64_t i = 0; i < n; ++i) b[i] = bf16_to_f32(a[i]);
+  } else if (from == DType::F32 && dtype == DType::F16) {
+    const float* a = t.data<float>();
+    uint16_t* b = out.data<uint16_t>();
+    for (int64_t i = 0; i < n; ++i) b[i] = f32_to_f16(a[i]);
+  } else if (from == DType::F16 && dtype == DType::F32) {
+    const uint16_t* a = t.data<uint16_t>();
+    float* b = out.data<float>();
+    for (int64_t i = 0; i < n; ++i) b[i] = f16_to_f32(a[i]);
+  } else {
+    out.copy_from(t);
+  }
+  return out;
+}
+
+// Checks `have` holds exactly the names and shapes in `want`; `what` names the side.
+void check_exact(const TensorMap& have, const std::map<std::string, Shape>& want,
+                 const std::string& where, const std::string& family) {
+  for (const auto& [name, shape] : want) {
+    auto it = have.find(name);
+    LOOM_CHECK(it != have.end(), where, ": tensor '", name, "' ", shape_str(shape), " is missing (",
+               family, " model)");
+    LOOM_CHECK(it->second.defined() && it->second.shape() == shape, where, ": tensor '", name,
+               "' has shape ", shape_str(it->second.defined() ? it->second.shape() : Shape{}),
+               ", expected ", shape_str(shape));
+  }
+  for (const auto& [name, t] : have)
+    LOOM_CHECK(want.count(name), where, ": unexpected tensor '", name, "' ", shape_str(t.shape()),
+               " for a ", family, " model");
+}
+
+// Non-parameter buffers some HF checkpoints carry, and the tied head's duplicate.
+bool ignorable_hf_name(const HfModelShape& s, const std::string& n) {
+  auto ends_with = [&](const char* suf) {
+    size_t k = std::strlen(suf);
+    return n.size() >= k && n.compare(n.size() - k, k, suf) == 0;
+  };
+  if (s.tied && n == "lm_head.weight") return true;
+  if (s.family == "gpt2") return ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+  return ends_with(".rotary_emb.inv_freq");
+}
+
+// GPT-2 files saved from GPT2Model (the Hub's own gpt2) lack the "transformer." prefix.
+std::string canonical_hf_name(const HfModelShape& s, const std::string& n) {
+  if (s.family == "gpt2" && n.rfind("transformer.", 0) != 0 && n.rfind("lm_head.", 0) != 0)
+    return "transformer." + n;
+  return n;
+}
+
+const char* torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "float32";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+    default:
+      fail("Hugging Face export supports F32, BF16 and F16, not ", dtype_name(t));
+  }
+}
+
+// The shortest decimal that reads back as `f`, so config.json says 1e-05 rather than
+// 9.99999975e-06.
+Json float_json(float f) {
+  char buf[40];
+  for (int prec = 1; prec <= 9; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, static_cast<double>(f));
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  return Json(std::strtod(buf, nullptr));
+}
+
+// Typed config.json field access with errors naming the field.
+struct ConfigReader {
+  const Json& j;
+  const std::string& where;
+  bool has(const char* k) const { return j.contains(k) && !j.at(k).is_null(); }
+  const Json& get(const char* k) const {
+    LOOM_CHECK(has(k), where, ": missing field '", k, "'");
+    return j.at(k);
+  }
+  int64_t integer(const char* k) const {
+    try {
+      return get(k).as_int();
+    } catch (const Error& e) {
+      fail(where, ": field '", k, "': ", e.what());
+    }
+  }
+  int positive(const char* k) const {
+    int64_t v = integer(k);
+    LOOM_CHECK(v > 0 && v < (int64_t{1} << 31), where, ": field '", k,
+               "' must be a positive integer, got ", v);
+    return static_cast<int>(v);
+  }
+  float number(const char* k, float dflt) const {
+    if (!has(k)) return dflt;
+    try {
+      return static_cast<float>(get(k).as_double());
+    } catch (const Error& e) {
+      fail(where, ": field '", k, "': ", e.what());
+    }
+  }
+  bool boolean(const char* k, bool dflt) const {
+    if (!has(k)) return dflt;
+    try {
+      return get(k).as_bool();
+    } catch (const Error& e) {
+      fail(where, ": field '", k, "': ", e.what());
+    }
+  }
+  std::string string(const char* k, const std::string& dflt) const {
+    if (!has(k)) return dflt;
+    try {
+      return get(k).as_string();
+    } catch (const Error& e) {
+      fail(where, ": field '", k, "': ", e.what());
+    }
+  }
+  int token_id(const char* k) const {  // Llama 3 lists several eos ids: keep the first
+    if (!has(k)) return -1;
+    const Json& v = get(k);
+    if (v.is_array()) {
+      if (v.size() == 0) return -1;
+      return static_cast<int>(v.as_array()[0].as_int());
+    }
+    return static_cast<int>(integer(k));
+  }
+};
+
+std::string join(const std::string& a, const std::string& b) {
+  return (fs::path(a) / b).string();
+}
+
+std::string shard_file_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i, n);
+  return buf;
+}
+
+bool is_shard_file_name(const std::string& n) {
+  unsigned a, b;
+  char tail[32];
+  return n.size() == shard_file_name(1, 1).size() &&
+         std::sscanf(n.c_str(), "model-%5u-of-%5u.%31s", &a, &b, tail) == 3 &&
+         std::string(tail) == "safetensors";
+}
+
+}  // namespace
+
+void HfModelShape::validate() const {
+  LOOM_CHECK(family == "gpt2" || family == "llama", "model family '", family,
+             "' has no Hugging Face mapping (supported: gpt2, llama)");
+  auto pos = [](int v, const char* name) {
+    LOOM_CHECK(v > 0, "model shape: ", name, " must be positive, got ", v);
+  };
+  pos(n_layer, "n_layer");
+  pos(d_model, "d_model");
+  pos(n_head, "n_head");
+  pos(n_kv_head, "n_kv_head");
+  pos(head_dim, "head_dim");
+  pos(d_ff, "d_ff");
+  pos(vocab, "vocab");
+  pos(max_seq, "max_seq");
+  LOOM_CHECK(n_head % n_kv_head == 0, "model shape: n_head (", n_head,
+             ") must be a multiple of n_kv_head (", n_kv_head, ")");
+  if (family == "gpt2") {
+    LOOM_CHECK(n_kv_head == n_head, "model shape: GPT-2 has no grouped-query attention (n_head ",
+               n_head, ", n_kv_head ", n_kv_head, ")");
+    LOOM_CHECK(int64_t{n_head} * head_dim == d_model, "model shape: GPT-2 needs n_head * head_dim",
+               " == d_model (", n_head, " * ", head_dim, " != ", d_model, ")");
+  }
+}
+
+std::map<std::string, Shape> loom_param_shapes(const HfModelShape& s) {
+  s.validate();
+  const int64_t C = s.d_model, V = s.vocab, F = s.d_ff;
+  const int64_t q = int64_t{s.n_head} * s.head_dim, kv = int64_t{s.n_kv_head} * s.head_dim;
+  const bool gpt2 = s.family == "gpt2";
+  std::map<std::string, Shape> m;
+  m["embed.wte"] = {V, C};
+  if (gpt2) m["embed.wpe"] = {s.max_seq, C};
+  for (int i = 0; i < s.n_layer; ++i) {
+    const std::string b = cat("blocks.", i, ".");
+    m[b + "norm1.weight"] = {C};
+    m[b + "attn.qkv.weight"] = {q + 2 * kv, C};
+    m[b + "attn.proj.weight"] = {C, q};
+    m[b + "norm2.weight"] = {C};
+    m[b + "mlp.fc.weight"] = {gpt2 ? F : 2 * F, C};
+    m[b + "mlp.proj.weight"] = {C, F};
+    if (gpt2) {
+      m[b + "norm1.bias"] = {C};
+      m[b + "attn.qkv.bias"] = {q + 2 * kv};
+      m[b + "attn.proj.bias"] = {C};
+      m[b + "norm2.bias"] = {C};
+      m[b + "mlp.fc.bias"] = {F};
+      m[b + "mlp.proj.bias"] = {C};
+    }
+  }
+  m["final_norm.weight"] = {C};
+  if (gpt2) m["final_norm.bias"] = {C};
+  if (!s.tied) m["head.weight"] = {V, C};
+  return m;
+}
+
+std::map<std::string, Shape> hf_param_shapes(const HfModelShape& s) {
+  const auto loom = loom_param_shapes(s);
+  std::map<std::string, Shape> m;
+  for (const Piece& p : pieces(s)) m[p.hf] = hf_shape_of(p, loom.at(p.loom));
+  return m;
+}
+
+Json hf_config_json(const HfModelShape& s, DType dtype) {
+  s.validate();
+  Json j = Json::object();
+  j["torch_dtype"] = Json(torch_dtype_name(dtype));
+  j["vocab_size"] = Json(s.vocab);
+  j["tie_word_embeddings"] = Json(s.tied);
+  j["initializer_range"] = Json(0.02);
+  j["use_cache"] = Json(true);
+  if (s.bos_token_id >= 0) j["bos_token_id"] = Json(s.bos_token_id);
+  if (s.eos_token_id >= 0) j["eos_token_id"] = Json(s.eos_token_id);
+  if (s.family == "gpt2") {
+    j["architectures"] = Json(Json::Array{Json("GPT2LMHeadModel")});
+    j["model_type"] = Json("gpt2");
+    j["activation_function"] = Json("gelu_new");
+    j["n_embd"] = Json(s.d_model);
+    j["n_layer"] = Json(s.n_layer);
+    j["n_head"] = Json(s.n_head);
+    j["n_positions"] = Json(s.max_seq);
+    j["n_ctx"] = Json(s.max_seq);
+    j["n_inner"] = s.d_ff == 4 * s.d_model ? Json() : Json(s.d_ff);
+    j["layer_norm_epsilon"] = float_json(s.norm_eps);
+    j["attn_pdrop"] = Json(0.0);
+    j["embd_pdrop"] = Json(0.0);
+    j["resid_pdrop"] = Json(0.0);
+    j["scale_attn_weights"] = Json(true);
+    j["scale_attn_by_inverse_layer_idx"] = Json(false);
+    j["reorder_and_upcast_attn"] = Json(false);
+  } else {
+    j["architectures"] = Json(Json::Array{Json("LlamaForCausalLM")});
+    j["model_type"] = Json("llama");
+    j["hidden_act"] = Json("silu");
+    j["hidden_size"] = Json(s.d_model);
+    j["intermediate_size"] = Json(s.d_ff);
+    j["num_hidden_layers"] = Json(s.n_layer);
+    j["num_attention_heads"] = Json(s.n_head);
+    j["num_key_value_heads"] = Json(s.n_kv_head);
+    j["head_dim"] = Json(s.head_dim);
+    j["max_position_embeddings"] = Json(s.max_seq);
+    j["rms_norm_eps"] = float_json(s.norm_eps);
+    j["rope_theta"] = float_json(s.rope_theta);
+    j["rope_scaling"] = Json();
+    j["attention_bias"] = Json(false);
+    j["attention_dropout"] = Json(0.0);
+    j["mlp_bias"] = Json(false);
+    j["pretraining_tp"] = Json(1);
+  }
+  return j;
+}
+
+HfModelShape hf_shape_from_config(const Json& config, const std::string& where) {
+  LOOM_CHECK(config.is_object(), where, ": expected a JSON object");
+  ConfigReader r{config, where};
+  HfModelShape s;
+  const std::string type = r.string("model_type", "");
+  LOOM_CHECK(!type.empty(), where, ": missing field 'model_type'");
+  if (type == "gpt2") {
+    s.family = "gpt2";
+    s.d_model = r.positive("n_embd");
+    s.n_layer = r.positive("n_layer");
+    s.n_head = r.positive("n_head");
+    s.n_kv_head = s.n_head;
+    LOOM_CHECK(s.d_model % s.n_head == 0, where, ": n_embd (", s.d_model,
+               ") is not a multiple of n_head (", s.n_head, ")");
+    s.head_dim = s.d_model / s.n_head;
+    s.d_ff = r.has("n_inner") ? r.positive("n_inner") : 4 * s.d_model;
+    s.vocab = r.positive("vocab_size");
+    s.max_seq = r.has("n_positions") ? r.positive("n_positions") : r.positive("n_ctx");
+    s.norm_eps = r.number("layer_norm_epsilon", 1e-5f);
+    s.tied = r.boolean("tie_word_embeddings", true);
+    const std::string act = r.string("activation_function", "gelu_new");
+    LOOM_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", where, ": activation_function '",
+               act, "' is not supported (Loom's GPT-2 uses the tanh ", "GELU: gelu_new)");
+    LOOM_CHECK(r.boolean("scale_attn_weights", true), where,
+               ": scale_attn_weights false is not supported");
+    LOOM_CHECK(!r.boolean("scale_attn_by_inverse_layer_idx", false), where,
+               ": scale_attn_by_inverse_layer_idx is not supported");
+  } else if (type == "llama") {
+    s.family = "llama";
+    s.d_model = r.positive("hidden_size");
+    s.d_ff = r.positive("intermediate_size");
+    s.n_layer = r.positive("num_hidden_layers");
+    s.n_head = r.positive("num_attention_heads");
+    s.n_kv_head = r.has("num_key_value_heads") ? r.positive("num_key_value_heads") : s.n_head;
+    if (r.has("head_dim")) {
+      s.head_dim = r.positive("head_dim");
+    } else {
+      LOOM_CHECK(s.d_model % s.n_head == 0, where, ": hidden_size (", s.d_model,
+                 ") is not a multiple of num_attention_heads (", s.n_head, ") and no head_dim");
+      s.head_dim = s.d_model / s.n_head;
+    }
+    s.vocab = r.positive("vocab_size");
+    s.max_seq = r.positive("max_position_embeddings");
+    s.norm_eps = r.number("rms_norm_eps", 1e-6f);
+    s.rope_theta = r.number("rope_theta", 10000.f);
+    s.tied = r.boolean("tie_word_embeddings", false);
+    const std::string act = r.string("hidden_act", "silu");
+    LOOM_CHECK(act == "silu", where, ": hidden_act '", act, "' is not supported (Llama uses silu)");
+    LOOM_CHECK(!r.has("rope_scaling"), where, ": rope_scaling ", r.get("rope_scaling").dump(),
+               " is not supported (Loom's RoPE is unscaled)");
+    LOOM_CHECK(!r.boolean("attention_bias", false), where,
+               ": attention_bias true is not supported");
+    LOOM_CHECK(!r.boolean("mlp_bias", false), where, ": mlp_bias true is not supported");
+  } else {
+    fail(where, ": model_type '", type, "' is not supported (Loom imports gpt2 and llama)");
+  }
+  s.bos_token_id = r.token_id("bos_token_id");
+  s.eos_token_id = r.token_id("eos_token_id");
+  try {
+    s.validate();
+  } catch (const Error& e) {
+    fail(where, ": ", e.what());
+  }
+  return s;
+}
+
+TensorMap loom_to_hf(const HfModelShape& s, const TensorMap& loom, DType dtype) {
+  torch_dtype_name(dtype);  // rejects dtypes transformers cannot load
+  check_exact(loom, loom_param_shapes(s), "export_hf: Loom parameters", s.family);
+  for (const auto& [name, t] : loom)
+    LOOM_CHECK(t.device() == Device::CPU, "export_hf: parameter '", name,
+               "' is not on the CPU (copy it to the host first)");
+  TensorMap out;
+  for (const Piece& p : pieces(s)) {
+    Tensor src = loom.at(p.loom);
+    if (p.row_end > 0) src = src.slice(p.row_begin, p.row_end);
+    Tensor t = converted(src, dtype);
+    out[p.hf] = p.transpose ? transposed(t) : t;
+  }
+  return out;
+}
+
+TensorMap hf_to_loom(const HfModelShape& s, const TensorMap& hf_in, DType dtype,
+                     const std::string& where) {
+  TensorMap hf;
+  for (const auto& [name, t] : hf_in) {
+    if (ignorable_hf_name(s, name)) continue;
+    std::string n = canonical_hf_name(s, name);
+    LOOM_CHECK(!hf.count(n), where, ": tensor '", name, "' appears twice (with and without ",
+               "the 'transformer.' prefix)");
+    hf[n] = t;
+  }
+  check_exact(hf, hf_param_shapes(s), where, s.family);
+  TensorMap out;
+  for (const auto& [name, shape] : loom_param_shapes(s)) out[name] = Tensor::zeros(shape, dtype);
+  for (const Piece& p : pieces(s)) {
+    Tensor src = converted(hf.at(p.hf), dtype);
+    Tensor dst = out.at(p.loom);
+    if (p.row_end > 0) dst = dst.slice(p.row_begin, p.row_end);
+    dst.copy_from(p.transpose ? transposed(src) : src);  // same dtype, contiguous: a memcpy
+  }
+  return out;
+}
+
+void export_hf(const std::string& dir, const HfModelShape& shape, const TensorMap& loom_params,
+               DType out_dtype, uint64_t max_shard_bytes) {
+  const Json config = hf_config_json(shape, out_dtype);
+  const TensorMap hf = loom_to_hf(shape, loom_params, out_dtype);
+  make_dirs(dir);
+  const Metadata meta = {{"format", "pt"}};
+
+  // Group tensors into shards in name order (transformers' own order is by name as well).
+  std::vector<std::vector<std::string>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (const auto& [name, t] : hf) {
+    const uint64_t n = t.nbytes();
+    if (max_shard_bytes > 0 && in_shard > 0 && in_shard + n > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(name);
+    in_shard += n;
+    total += n;
+  }
+
+  std::set<std::string> written;
+  if (max_shard_bytes == 0 || shards.size() == 1) {
+    write_safetensors(join(dir, kSingleFile), hf, meta);
+    written.insert(kSingleFile);
+  } else {
+    Json weight_map = Json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string file = shard_file_name(i + 1, shards.size());
+      TensorMap part;
+      for (const std::string& name : shards[i]) {
+        part[name] = hf.at(name);
+        weight_map[name] = Json(file);
+      }
+      write_safetensors(join(dir, file), part, meta);
+      written.insert(file);
+    }
+    Json index = Json::object();
+    index["metadata"]["total_size"] = Json(total);
+    index["weight_map"] = std::move(weight_map);
+    write_file_atomic(join(dir, kIndexFile), index.dump(2) + "\n");
+    written.insert(kIndexFile);
+  }
+  // Weights of an earlier export in the other layout would confuse loaders: remove them.
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(dir, ec)) {
+    const std::string n = de.path().filename().string();
+    if ((n == kSingleFile || n == kIndexFile || is_shard_file_name(n)) && !written.count(n))
+      remove_all(de.path().string());
+  }
+  write_file_atomic(join(dir, kConfigFile), config.dump(2) + "\n");
+}
+
+HfModel import_hf(const std::string& dir, DType dtype) {
+  const std::string config_path = join(dir, kConfigFile);
+  HfModel m;
+  m.shape = hf_shape_from_config(Json::parse(read_file(config_path), config_path), config_path);
+
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  TensorMap hf;
+  std::string where;
+  const std::string single = join(dir, kSingleFile), index_path = join(dir, kIndexFile);
+  if (file_exists(single)) {
+    files.push_back(std::make_unique<SafetensorsReader>(single));
+    for (const std::string& n : files.back()->names()) hf[n] = files.back()->view(n);
+    where = single;
+  } else {
+    LOOM_CHECK(file_exists(index_path), dir, ": neither ", kSingleFile, " nor ", kIndexFile);
+    const Json index = Json::parse(read_file(index_path), index_path);
+    LOOM_CHECK(
+        index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
+        index_path, ": missing object 'weight_map'");
+    std::map<std::string, SafetensorsReader*> by_file;
+    for (const auto& [name, file_json] : index.at("weight_map").as_object()) {
+      LOOM_CHECK(file_json.is_string(), index_path, ": weight_map '", name, "' is not a string");
+      const std::string& file = file_json.as_string();
+      LOOM_CHECK(file.find('/') == std::string::npos && file != ".." && !file.empty(), index_path,
+                 ": weight_map '", name, "' names '", file, "', not a file in ", dir);
+      auto it = by_file.find(file);
+      if (it == by_file.end()) {
+        files.push_back(std::make_unique<SafetensorsReader>(join(dir, file)));
+        it = by_file.emplace(file, files.back().get()).first;
+      }
+      LOOM_CHECK(it->second->contains(name), index_path, ": weight_map puts '", name, "' in ",
+                 it->second->path(), ", which does not contain it");
+      hf[name] = it->second->view(name);
+    }
+    where = index_path;
+  }
+  m.params = hf_to_loom(m.shape, hf, dtype, where);
+  return m;
+}
+
+}  // namespace loom::ckpt

@@ -1,0 +1,76 @@
+// Hugging Face interchange: Loom parameters <-> a transformers model directory (config.json plus
+// model.safetensors, or model-0000i-of-0000n.safetensors with model.safetensors.index.json).
+//
+// Loom keeps every linear weight as [out, in] (torch.nn.Linear), fuses q/k/v into one
+// "attn.qkv.weight" (rows: q heads, k heads, v heads) and, for Llama, gate/up into one
+// "mlp.fc.weight" (rows: gate, up). GPT-2 on the Hub uses Conv1D, whose weights are [in, out]:
+// those are transposed on the way out and back. Llama q/k need no permutation: HF's rotate-half
+// RoPE convention is Loom's.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "ckpt/safetensors.h"
+#include "core/json.h"
+
+namespace loom::ckpt {
+
+// The shape-determining fields of a model, in the terms both sides share.
+struct HfModelShape {
+  std::string family;  // "gpt2" | "llama"
+  int n_layer = 0;
+  int d_model = 0;
+  int n_head = 0;
+  int n_kv_head = 0;
+  int head_dim = 0;
+  int d_ff = 0;  // MLP hidden width (per branch for SwiGLU)
+  int vocab = 0;
+  int max_seq = 0;
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.f;  // Llama only
+  bool tied = true;            // output head shares the token embedding
+  int bos_token_id = -1;       // -1: not written to config.json
+  int eos_token_id = -1;
+
+  bool operator==(const HfModelShape&) const = default;
+  void validate() const;  // throws naming the field
+};
+
+// Loom names and shapes of every parameter of `shape` (what export_hf takes, import_hf returns).
+std::map<std::string, Shape> loom_param_shapes(const HfModelShape& shape);
+// HF names and shapes of the exported tensors.
+std::map<std::string, Shape> hf_param_shapes(const HfModelShape& shape);
+
+// config.json contents; `dtype` (F32, BF16 or F16) becomes torch_dtype.
+Json hf_config_json(const HfModelShape& shape, DType dtype);
+// Reads config.json contents; rejects model types and options Loom cannot represent exactly.
+HfModelShape hf_shape_from_config(const Json& config, const std::string& where);
+
+// In-memory conversions. loom_to_hf checks that `loom` holds exactly loom_param_shapes(shape);
+// hf_to_loom checks that `hf` holds hf_param_shapes(shape) (ignoring non-parameter buffers such
+// as GPT-2's attn.bias and tolerating GPT-2 names without the "transformer." prefix).
+// `where` names the source in errors. Results are contiguous tensors of `dtype`; loom_to_hf
+// returns views of its inputs where no conversion or transpose is needed.
+TensorMap loom_to_hf(const HfModelShape& shape, const TensorMap& loom, DType dtype);
+TensorMap hf_to_loom(const HfModelShape& shape, const TensorMap& hf, DType dtype,
+                     const std::string& where);
+
+// Writes config.json and the weights into `dir` (created if missing), each file atomically, the
+// weights first so a config.json always describes complete weights. max_shard_bytes > 0 splits
+// the weights into model-0000i-of-0000n.safetensors files of at most that size (a single larger
+// tensor gets a file to itself) plus model.safetensors.index.json.
+void export_hf(const std::string& dir, const HfModelShape& shape, const TensorMap& loom_params,
+               DType out_dtype = DType::F32, uint64_t max_shard_bytes = 0);
+
+struct HfModel {
+  HfModelShape shape;
+  TensorMap params;  // Loom names, owned contiguous tensors of the requested dtype
+};
+
+// Reads config.json and model.safetensors (or the sharded set named by
+// model.safetensors.index.json) from `dir` into Loom names.
+HfModel import_hf(const std::string& dir, DType dtype = DType::F32);
+
+}  // namespace loom::ckpt

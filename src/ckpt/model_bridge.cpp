@@ -1,0 +1,49 @@
+#include "ckpt/model_bridge.h"
+
+#include "core/error.h"
+
+namespace loom::ckpt {
+
+HfModelShape hf_shape_of(const ModelConfig& c) {
+  HfModelShape s;
+  s.family = family_name(c.family);
+  s.n_layer = c.n_layer;
+  s.d_model = c.d_model;
+  s.n_head = c.n_head;
+  s.n_kv_head = c.n_kv_head;
+  s.head_dim = c.head_dim;
+  s.d_ff = c.d_ff;
+  s.vocab = c.vocab;
+  s.max_seq = c.max_seq;
+  s.norm_eps = c.norm_eps;
+  s.rope_theta = c.rope_theta;
+  s.tied = c.tied;
+  // Hugging Face's two families fix these choices; Loom's configs may not mix them.
+  LOOM_CHECK(c.bias == (c.family == Family::GPT2), "a ", s.family, " model with bias=", c.bias,
+             " has no Hugging Face equivalent");
+  return s;
+}
+
+ModelConfig model_config_of(const HfModelShape& s) {
+  ModelConfig c;
+  c.name = "hf-" + s.family;
+  LOOM_CHECK(s.family == "gpt2" || s.family == "llama", "unsupported model family '", s.family,
+             "'");
+  c.family = s.family == "gpt2" ? Family::GPT2 : Family::Llama;
+  c.n_layer = s.n_layer;
+  c.d_model = s.d_model;
+  c.n_head = s.n_head;
+  c.n_kv_head = s.n_kv_head;
+  c.head_dim = s.head_dim;
+  c.d_ff = s.d_ff;
+  c.vocab = s.vocab;
+  c.max_seq = s.max_seq;
+  c.norm_eps = s.norm_eps;
+  c.rope_theta = s.rope_theta;
+  c.tied = s.tied;
+  c.bias = c.family == Family::GPT2;
+  c.validate();
+  return c;
+}
+
+}  // namespace loom::ckpt

@@ -1,0 +1,45 @@
+// `loom bench train`: training throughput against the machine's sgemm peak.
+#include <cstdio>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "train/train_bench.h"
+
+namespace loom::cli {
+
+int run_bench(const Args& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::printf("usage: loom bench train [options]   (loom bench train --help)\n\n"
+                "benchmarks:\n  train   full training steps of a preset vs the sgemm peak\n");
+    return args.empty() ? 2 : 0;
+  }
+  LOOM_CHECK(args[0] == "train", "unknown benchmark '", args[0], "' (known: train)");
+  Options o("loom bench train [--preset P] [--batch B] [--seq T] [--threads N]",
+            "Times full training steps (forward, backward, AdamW) on synthetic tokens and\n"
+            "prints tokens/s, achieved GFLOP/s (6*N*tokens + attention) and the ratio to this\n"
+            "machine's measured OpenBLAS sgemm peak. The last line is one JSON object.");
+  TrainBenchOptions b;
+  o.value("preset", b.preset, "model preset")
+      .value("batch", std::to_string(b.batch), "sequences per step")
+      .value("seq", std::to_string(b.seq), "tokens per sequence")
+      .value("threads", std::to_string(b.threads), "threads (OpenMP and BLAS)")
+      .value("steps", std::to_string(b.steps), "timed steps (the median is reported)")
+      .value("warmup", std::to_string(b.warmup), "untimed steps first")
+      .value("precision", b.precision, "fp32, bf16 or fp16")
+      .value("recompute", b.recompute, "none, selective or full");
+  if (!o.parse(Args(args.begin() + 1, args.end()))) return 0;
+  b.preset = o.get("preset");
+  b.batch = static_cast<int>(o.get_int("batch"));
+  b.seq = static_cast<int>(o.get_int("seq"));
+  b.threads = static_cast<int>(o.get_int("threads"));
+  b.steps = static_cast<int>(o.get_int("steps"));
+  b.warmup = static_cast<int>(o.get_int("warmup"));
+  b.precision = o.get("precision");
+  b.recompute = o.get("recompute");
+  Json j = run_train_bench(b);
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace loom::cli

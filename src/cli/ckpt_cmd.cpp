@@ -1,0 +1,104 @@
+// `loom ckpt`: inspect checkpoints; export to / import from Hugging Face safetensors.
+#include <cstdio>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/hf_export.h"
+#include "ckpt/model_bridge.h"
+#include "cli/command.h"
+#include "cli/options.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "model/decoder.h"
+
+namespace loom::cli {
+
+static ModelConfig model_of(const ckpt::Checkpoint& c) {
+  return model_config_from(Config::parse(c.state().config_text, c.dir() + "/state.json"));
+}
+
+static int inspect(const Args& args) {
+  Options o("loom ckpt inspect PATH", "Prints a checkpoint's step, model and tensors.");
+  o.positional("path", "a step directory or a checkpoints root (uses latest)");
+  if (!o.parse(args)) return 0;
+  ckpt::Checkpoint c(o.get("path"));
+  ModelConfig mc = model_of(c);
+  std::printf("checkpoint %s\n  step %lld\n  model %s (%lld parameters)\n", c.dir().c_str(),
+              static_cast<long long>(c.state().step), mc.fingerprint().c_str(),
+              static_cast<long long>(mc.num_params()));
+  for (const auto* f : {&c.model(), &c.optim()}) {
+    std::printf("  %s\n", f->path().c_str());
+    for (const auto& name : f->names()) {
+      const auto& e = f->entry(name);
+      std::printf("    %-48s %-5s %s\n", name.c_str(), dtype_name(e.dtype), shape_str(e.shape).c_str());
+    }
+  }
+  return 0;
+}
+
+static int export_cmd(const Args& args) {
+  Options o("loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16]",
+            "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
+            "(GPT2LMHeadModel or LlamaForCausalLM names and layouts).");
+  o.positional("path", "a step directory or a checkpoints root (uses latest)")
+      .value("out", "", "output directory", true)
+      .value("dtype", "fp32", "weight dtype in the exported file");
+  if (!o.parse(args)) return 0;
+  ckpt::Checkpoint c(o.get("path"));
+  Decoder model(model_of(c), cpu_backend());
+  c.restore_model(model.params().tensors());
+  ckpt::export_hf(o.get("out"), ckpt::hf_shape_of(model.config()), model.params().tensors(),
+                  dtype_from_name(o.get("dtype")));
+  std::printf("exported %s -> %s\n", c.dir().c_str(), o.get("out").c_str());
+  return 0;
+}
+
+static int import_cmd(const Args& args) {
+  Options o("loom ckpt import HF_DIR --out ROOT",
+            "Reads a Hugging Face GPT-2 or Llama model (config.json + safetensors) and writes a\n"
+            "Loom checkpoint at step 0 under ROOT, usable by generate and as a training start.");
+  o.positional("hf_dir", "directory with config.json and model.safetensors")
+      .value("out", "", "checkpoints root to write", true);
+  if (!o.parse(args)) return 0;
+  ckpt::HfModel hf = ckpt::import_hf(o.get("hf_dir"));
+  ModelConfig mc = ckpt::model_config_of(hf.shape);
+  Decoder model(mc, cpu_backend());
+  auto dst = model.params().tensors();
+  for (auto& [name, t] : dst) {
+    auto it = hf.params.find(name);
+    LOOM_CHECK(it != hf.params.end(), o.get("hf_dir"), ": no weights for ", name);
+    t.copy_from(it->second);
+  }
+  // The model section below reproduces the imported shape exactly for later loads.
+  std::string cfg = cat("[model]\npreset = \"tiny\"\nfamily = \"", family_name(mc.family),
+                        "\"\nn_layer = ", mc.n_layer, "\nd_model = ", mc.d_model,
+                        "\nn_head = ", mc.n_head, "\nn_kv_head = ", mc.n_kv_head,
+                        "\nhead_dim = ", mc.head_dim, "\nd_ff = ", mc.d_ff, "\nvocab = ", mc.vocab,
+                        "\nmax_seq = ", mc.max_seq, "\nnorm_eps = ", mc.norm_eps,
+                        "\nrope_theta = ", mc.rope_theta, "\ntied = ", mc.tied ? "true" : "false",
+                        "\nbias = ", mc.bias ? "true" : "false", "\n");
+  ckpt::TrainerState st;
+  st.config_text = cfg;
+  st.extra["model_fingerprint"] = mc.fingerprint();
+  st.extra["imported_from"] = o.get("hf_dir");
+  std::string dir = ckpt::save_checkpoint(o.get("out"), st, dst, ckpt::TensorMap{});
+  std::printf("imported %s -> %s\n", o.get("hf_dir").c_str(), dir.c_str());
+  return 0;
+}
+
+int run_ckpt(const Args& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::printf("usage: loom ckpt <inspect|export|import> ...\n\n"
+                "  inspect PATH                 step, model and tensors of a checkpoint\n"
+                "  export PATH --out DIR        Hugging Face safetensors + config.json\n"
+                "  import HF_DIR --out ROOT     Hugging Face model -> Loom checkpoint\n");
+    return args.empty() ? 2 : 0;
+  }
+  Args rest(args.begin() + 1, args.end());
+  if (args[0] == "inspect") return inspect(rest);
+  if (args[0] == "export") return export_cmd(rest);
+  if (args[0] == "import") return import_cmd(rest);
+  fail("unknown ckpt command '", args[0], "' (inspect, export, import)");
+}
+
+}  // namespace loom::cli

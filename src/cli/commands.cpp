@@ -1,0 +1,32 @@
+#include "cli/command.h"
+
+namespace loom::cli {
+
+int run_train(const Args& args);
+int run_generate(const Args& args);
+int run_bench(const Args& args);
+int run_ckpt(const Args& args);
+int run_plan(const Args& args);
+int run_tokenize(const Args& args);
+int run_tokenizer(const Args& args);
+#ifdef LOOM_HAVE_CURATE
+int run_curate(const Args& args);
+#endif
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> all = {
+      {"train", "train a GPT-2 or Llama-style model from a config file", run_train},
+      {"generate", "sample text from a checkpoint (temperature, top-k, top-p)", run_generate},
+      {"bench", "benchmarks: 'loom bench train' measures training throughput", run_bench},
+      {"ckpt", "inspect checkpoints; export/import Hugging Face safetensors", run_ckpt},
+      {"plan", "predict memory, step time, MFU and goodput at scale; search layouts", run_plan},
+      {"tokenize", "JSONL -> Megatron-compatible token files (.bin/.idx)", run_tokenize},
+      {"tokenizer", "train a BPE vocabulary; encode/decode (GPT-2, tiktoken, Loom)", run_tokenizer},
+#ifdef LOOM_HAVE_CURATE
+      {"curate", "clean, filter and deduplicate raw text into training JSONL + report", run_curate},
+#endif
+  };
+  return all;
+}
+
+}  // namespace loom::cli

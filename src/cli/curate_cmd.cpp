@@ -1,0 +1,120 @@
+// `loom curate`: runs a curation pipeline (config file of stages) over input shards, or trains
+// the fastText-style quality classifier its quality_classifier stage uses.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include "cli/command.h"
+#include "cli/options.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "curate/classifier.h"
+#include "curate/input.h"
+#include "curate/pipeline.h"
+
+namespace loom::cli {
+
+static int curate_run(const Args& args) {
+  Options o(
+      "loom curate --config FILE [--set key=value ...] [--workers N] [--restart]",
+      "Runs the curation pipeline described by FILE (see docs/curate.md): readers, cleaning,\n"
+      "filters, PII redaction, dedup, language ID, quality scoring. Writes kept and rejected\n"
+      "JSONL and a report to output.dir; rerunning resumes, skipping finished shards.");
+  o.value("config", "", "pipeline config (TOML subset with [input], [output], [stage.N])", true)
+      .multi("set", "override a config key, e.g. --set stage.2.min_doc_words=100")
+      .value("workers", "0", "worker threads (0: pipeline.workers from the config, else all cores)")
+      .flag("restart", "discard a previous (partial) run in output.dir and start over")
+      .value("progress", "5", "seconds between progress lines (0: none)");
+  if (!o.parse(args)) return 0;
+  Config cfg = Config::load(o.get("config"));
+  for (auto& s : o.all("set")) cfg.set_override(s);
+  curate::Pipeline p(cfg);
+  curate::RunOptions ro;
+  ro.workers = static_cast<int>(o.get_int("workers"));
+  ro.restart = o.has("restart");
+  ro.progress_interval = o.get_double("progress");
+  if (const char* c = std::getenv("LOOM_CURATE_CRASH_AFTER_DOCS"))
+    ro.crash_after_docs = std::atoll(c);
+  Json report = p.run(ro);
+  std::fputs(curate::report_text(report).c_str(), stdout);
+  std::printf("\nreport: %s/report.json, report.txt, report.html\n", p.out_dir().c_str());
+  return 0;
+}
+
+static int curate_train(const Args& args) {
+  Options o("loom curate train-classifier --input FILE.jsonl --output MODEL [options]",
+            "Trains a fastText-style classifier (hashed word + bigram features, averaged\n"
+            "embeddings, softmax, SGD) on labelled JSONL and saves it for the quality_classifier\n"
+            "stage. Prints the loss per epoch and accuracy on a held-out fraction.");
+  o.value("input", "", "labelled JSONL: one object per line with text and label fields", true)
+      .value("output", "", "model file to write", true)
+      .value("text-field", "text", "field holding the text")
+      .value("label-field", "label", "field holding the label (string)")
+      .value("dim", "16", "embedding dimension")
+      .value("buckets", "262144", "hash buckets for word and bigram features")
+      .value("epochs", "5", "passes over the training data")
+      .value("lr", "0.5", "initial learning rate (decays linearly to 0)")
+      .value("valid-fraction", "0.1", "fraction held out to report accuracy")
+      .value("seed", "1", "seed for initialisation, shuffling and the held-out split");
+  if (!o.parse(args)) return 0;
+  std::string path = o.get("input");
+  std::vector<curate::LabelledText> data;
+  curate::LineReader lines(curate::open_source(path), 64u << 20);
+  std::string line;
+  bool too_long = false;
+  while (lines.next(line, too_long)) {
+    std::string where = cat(path, ":", lines.line_number());
+    LOOM_CHECK(!too_long, where, ": line longer than 64 MiB");
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    Json j = Json::parse(line, where);
+    LOOM_CHECK(j.is_object(), where, ": expected a JSON object");
+    LOOM_CHECK(j.contains(o.get("text-field")) && j.at(o.get("text-field")).is_string(), where,
+               ": no string field '", o.get("text-field"), "'");
+    LOOM_CHECK(j.contains(o.get("label-field")), where, ": no field '", o.get("label-field"), "'");
+    const Json& l = j.at(o.get("label-field"));
+    data.push_back(
+        {j.at(o.get("text-field")).as_string(), l.is_string() ? l.as_string() : l.dump()});
+  }
+  std::mt19937_64 rng(static_cast<uint64_t>(o.get_int("seed")));
+  std::shuffle(data.begin(), data.end(), rng);
+  size_t nvalid =
+      static_cast<size_t>(o.get_double("valid-fraction") * static_cast<double>(data.size()));
+  std::vector<curate::LabelledText> valid(data.end() - static_cast<long>(nvalid), data.end());
+  data.resize(data.size() - nvalid);
+  curate::ClassifierOptions co;
+  co.dim = static_cast<int>(o.get_int("dim"));
+  co.buckets = static_cast<int>(o.get_int("buckets"));
+  co.epochs = static_cast<int>(o.get_int("epochs"));
+  co.lr = o.get_double("lr");
+  co.seed = static_cast<uint64_t>(o.get_int("seed"));
+  log_info("train-classifier: ", data.size(), " training and ", valid.size(), " held-out examples");
+  auto model = curate::TextClassifier::train(
+      data, co, [](const std::string& s) { log_info("train-classifier: ", s); });
+  std::printf("labels:");
+  for (auto& l : model.labels()) std::printf(" %s", l.c_str());
+  std::printf("\ntrain accuracy %.4f\n", model.accuracy(data));
+  if (!valid.empty())
+    std::printf("held-out accuracy %.4f (%zu examples)\n", model.accuracy(valid), valid.size());
+  model.save(o.get("output"));
+  std::printf("saved %s\n", o.get("output").c_str());
+  return 0;
+}
+
+int run_curate(const Args& args) {
+  if (!args.empty() && args[0] == "train-classifier")
+    return curate_train(Args(args.begin() + 1, args.end()));
+  if (!args.empty() && args[0] == "report") {
+    Options o("loom curate report OUTPUT_DIR", "Prints the summary of a finished curation run.");
+    o.positional("dir", "the pipeline's output.dir");
+    if (!o.parse(Args(args.begin() + 1, args.end()))) return 0;
+    std::fputs(read_file(o.get("dir") + "/report.txt").c_str(), stdout);
+    return 0;
+  }
+  return curate_run(args);
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,52 @@
+// Declarative option parsing for subcommands, so `--help` is generated from the same table
+// the parser uses and cannot drift from what is accepted.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+
+namespace loom::cli {
+
+class Options {
+ public:
+  Options(std::string usage, std::string description)
+      : usage_(std::move(usage)), description_(std::move(description)) {}
+
+  // --name VALUE (default shown in help; empty default means "required" only if required=true).
+  Options& value(const std::string& name, const std::string& def, const std::string& help,
+                 bool required = false);
+  // --name (boolean flag).
+  Options& flag(const std::string& name, const std::string& help);
+  // --name VALUE that may repeat (e.g. --set a.b=1 --set c.d=2).
+  Options& multi(const std::string& name, const std::string& help);
+  // Named positional arguments, in order; trailing ones may be optional.
+  Options& positional(const std::string& name, const std::string& help, bool required = true);
+
+  // Returns false if --help was given (help already printed). Throws loom::Error on bad usage.
+  bool parse(const Args& args);
+
+  std::string get(const std::string& name) const;
+  int64_t get_int(const std::string& name) const;
+  double get_double(const std::string& name) const;
+  bool has(const std::string& name) const;  // flag given, or value given explicitly
+  const std::vector<std::string>& all(const std::string& name) const;
+  std::string help() const;
+
+ private:
+  struct Opt {
+    std::string name, def, help;
+    enum Kind { Value, Flag, Multi, Positional } kind;
+    bool required = false;
+  };
+  const Opt* find(const std::string& name) const;
+  std::string usage_, description_;
+  std::vector<Opt> opts_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> multi_;
+};
+
+}  // namespace loom::cli

@@ -1,0 +1,366 @@
+#include "core/json.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace loom {
+
+static const char* type_name(Json::Type t) {
+  static const char* n[] = {"null", "bool", "integer", "number", "string", "array", "object"};
+  return n[static_cast<int>(t)];
+}
+
+bool Json::as_bool() const {
+  LOOM_CHECK(type_ == Type::Bool, "expected bool, got ", type_name(type_));
+  return i_ != 0;
+}
+int64_t Json::as_int() const {
+  if (type_ == Type::Float && std::floor(d_) == d_) return static_cast<int64_t>(d_);
+  LOOM_CHECK(type_ == Type::Int, "expected integer, got ", type_name(type_));
+  return i_;
+}
+double Json::as_double() const {
+  if (type_ == Type::Int) return static_cast<double>(i_);
+  LOOM_CHECK(type_ == Type::Float, "expected number, got ", type_name(type_));
+  return d_;
+}
+const std::string& Json::as_string() const {
+  LOOM_CHECK(type_ == Type::String, "expected string, got ", type_name(type_));
+  return s_;
+}
+const Json::Array& Json::as_array() const {
+  LOOM_CHECK(type_ == Type::Array, "expected array, got ", type_name(type_));
+  return *a_;
+}
+Json::Array& Json::as_array() {
+  LOOM_CHECK(type_ == Type::Array, "expected array, got ", type_name(type_));
+  return *a_;
+}
+const Json::Object& Json::as_object() const {
+  LOOM_CHECK(type_ == Type::Object, "expected object, got ", type_name(type_));
+  return *o_;
+}
+Json::Object& Json::as_object() {
+  LOOM_CHECK(type_ == Type::Object, "expected object, got ", type_name(type_));
+  return *o_;
+}
+bool Json::contains(const std::string& key) const {
+  return type_ == Type::Object && o_->count(key) > 0;
+}
+const Json& Json::at(const std::string& key) const {
+  auto& o = as_object();
+  auto it = o.find(key);
+  LOOM_CHECK(it != o.end(), "missing field '", key, "'");
+  return it->second;
+}
+Json& Json::operator[](const std::string& key) {
+  if (type_ == Type::Null) *this = object();
+  return as_object()[key];
+}
+void Json::push_back(Json v) {
+  if (type_ == Type::Null) *this = array();
+  as_array().push_back(std::move(v));
+}
+size_t Json::size() const {
+  if (type_ == Type::Array) return a_->size();
+  if (type_ == Type::Object) return o_->size();
+  return 0;
+}
+
+void json_escape(std::string& out, std::string_view s) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+void Json::dump_to(std::string& out, int indent, int depth) const {
+  auto newline = [&](int d) {
+    if (indent <= 0) return;
+    out += '\n';
+    out.append(static_cast<size_t>(indent * d), ' ');
+  };
+  switch (type_) {
+    case Type::Null: out += "null"; break;
+    case Type::Bool: out += i_ ? "true" : "false"; break;
+    case Type::Int: out += std::to_string(i_); break;
+    case Type::Float: {
+      if (!std::isfinite(d_)) {  // JSON has no inf/nan; write null rather than invalid JSON
+        out += "null";
+        break;
+      }
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.9g", d_);
+      out += buf;
+      break;
+    }
+    case Type::String: json_escape(out, s_); break;
+    case Type::Array: {
+      out += '[';
+      for (size_t i = 0; i < a_->size(); ++i) {
+        if (i) out += indent > 0 ? "," : ", ";
+        newline(depth + 1);
+        (*a_)[i].dump_to(out, indent, depth + 1);
+      }
+      if (!a_->empty()) newline(depth);
+      out += ']';
+      break;
+    }
+    case Type::Object: {
+      out += '{';
+      bool first = true;
+      for (auto& [k, v] : *o_) {
+        if (!first) out += indent > 0 ? "," : ", ";
+        first = false;
+        newline(depth + 1);
+        json_escape(out, k);
+        out += ": ";
+        v.dump_to(out, indent, depth + 1);
+      }
+      if (!o_->empty()) newline(depth);
+      out += '}';
+      break;
+    }
+  }
+}
+
+std::string Json::dump(int indent) const {
+  std::string out;
+  dump_to(out, indent, 0);
+  return out;
+}
+
+namespace {
+class Parser {
+ public:
+  Parser(std::string_view t, const std::string& where) : t_(t), where_(where) {}
+
+  Json document() {
+    Json v = value(0);
+    ws();
+    if (p_ != t_.size()) error("trailing characters after the JSON value");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void error(const std::string& what) {
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < p_ && i < t_.size(); ++i) {
+      if (t_[i] == '\n') {
+        ++line;
+        col = 1;
+      } else {
+        ++col;
+      }
+    }
+    fail(where_, ":", line, ":", col, ": ", what);
+  }
+  void ws() {
+    while (p_ < t_.size() && (t_[p_] == ' ' || t_[p_] == '\n' || t_[p_] == '\r' || t_[p_] == '\t'))
+      ++p_;
+  }
+  bool lit(std::string_view s) {
+    if (t_.substr(p_, s.size()) == s) {
+      p_ += s.size();
+      return true;
+    }
+    return false;
+  }
+  Json value(int depth) {
+    if (depth > 512) error("nesting too deep");
+    ws();
+    if (p_ >= t_.size()) error("unexpected end of input");
+    char c = t_[p_];
+    if (c == '{') return object(depth);
+    if (c == '[') return array(depth);
+    if (c == '"') return Json(string());
+    if (lit("true")) return Json(true);
+    if (lit("false")) return Json(false);
+    if (lit("null")) return Json();
+    if (c == '-' || (c >= '0' && c <= '9')) return number();
+    error(cat("unexpected character '", c, "'"));
+  }
+  Json object(int depth) {
+    ++p_;
+    Json::Object o;
+    ws();
+    if (p_ < t_.size() && t_[p_] == '}') {
+      ++p_;
+      return Json(std::move(o));
+    }
+    for (;;) {
+      ws();
+      if (p_ >= t_.size() || t_[p_] != '"') error("expected a string key");
+      std::string k = string();
+      ws();
+      if (p_ >= t_.size() || t_[p_] != ':') error("expected ':' after key");
+      ++p_;
+      o[k] = value(depth + 1);
+      ws();
+      if (p_ < t_.size() && t_[p_] == ',') {
+        ++p_;
+        continue;
+      }
+      if (p_ < t_.size() && t_[p_] == '}') {
+        ++p_;
+        return Json(std::move(o));
+      }
+      error("expected ',' or '}' in object");
+    }
+  }
+  Json array(int depth) {
+    ++p_;
+    Json::Array a;
+    ws();
+    if (p_ < t_.size() && t_[p_] == ']') {
+      ++p_;
+      return Json(std::move(a));
+    }
+    for (;;) {
+      a.push_back(value(depth + 1));
+      ws();
+      if (p_ < t_.size() && t_[p_] == ',') {
+        ++p_;
+        continue;
+      }
+      if (p_ < t_.size() && t_[p_] == ']') {
+        ++p_;
+        return Json(std::move(a));
+      }
+      error("expected ',' or ']' in array");
+    }
+  }
+  uint32_t hex4() {
+    if (p_ + 4 > t_.size()) error("truncated \\u escape");
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      char c = t_[p_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= c - '0';
+      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+      else error("bad hex digit in \\u escape");
+    }
+    return v;
+  }
+  static void utf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  std::string string() {
+    ++p_;  // opening quote
+    std::string s;
+    for (;;) {
+      if (p_ >= t_.size()) error("unterminated string");
+      char c = t_[p_++];
+      if (c == '"') return s;
+      if (static_cast<unsigned char>(c) < 0x20) error("control character inside a string");
+      if (c != '\\') {
+        s += c;
+        continue;
+      }
+      if (p_ >= t_.size()) error("unterminated escape");
+      char e = t_[p_++];
+      switch (e) {
+        case '"': s += '"'; break;
+        case '\\': s += '\\'; break;
+        case '/': s += '/'; break;
+        case 'b': s += '\b'; break;
+        case 'f': s += '\f'; break;
+        case 'n': s += '\n'; break;
+        case 'r': s += '\r'; break;
+        case 't': s += '\t'; break;
+        case 'u': {
+          uint32_t cp = hex4();
+          if (cp >= 0xD800 && cp < 0xDC00) {  // surrogate pair
+            if (p_ + 6 <= t_.size() && t_[p_] == '\\' && t_[p_ + 1] == 'u') {
+              p_ += 2;
+              uint32_t lo = hex4();
+              if (lo < 0xDC00 || lo >= 0xE000) error("invalid low surrogate");
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else {
+              cp = 0xFFFD;  // lone high surrogate: replacement character
+            }
+          } else if (cp >= 0xDC00 && cp < 0xE000) {
+            cp = 0xFFFD;
+          }
+          utf8(s, cp);
+          break;
+        }
+        default: error(cat("invalid escape '\\", e, "'"));
+      }
+    }
+  }
+  Json number() {
+    size_t start = p_;
+    bool is_float = false;
+    if (t_[p_] == '-') ++p_;
+    if (p_ >= t_.size() || !(t_[p_] >= '0' && t_[p_] <= '9')) error("invalid number");
+    while (p_ < t_.size()) {
+      char c = t_[p_];
+      if (c >= '0' && c <= '9') {
+        ++p_;
+      } else if (c == '.' || c == 'e' || c == 'E' || c == '+' || (c == '-' && p_ > start)) {
+        is_float = true;
+        ++p_;
+      } else {
+        break;
+      }
+    }
+    std::string num(t_.substr(start, p_ - start));
+    char* end = nullptr;
+    if (!is_float) {
+      errno = 0;
+      long long v = std::strtoll(num.c_str(), &end, 10);
+      if (errno == 0 && *end == 0) return Json(static_cast<int64_t>(v));
+    }
+    double d = std::strtod(num.c_str(), &end);
+    if (*end != 0) error(cat("invalid number '", num, "'"));
+    return Json(d);
+  }
+
+  std::string_view t_;
+  const std::string& where_;
+  size_t p_ = 0;
+};
+}  // namespace
+
+Json Json::parse(std::string_view text, const std::string& where) {
+  return Parser(text, where).document();
+}
+
+}  // namespace loom

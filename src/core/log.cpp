@@ -1,0 +1,31 @@
+#include "core/log.h"
+
+#include <chrono>
+#include <ctime>
+#include <mutex>
+
+namespace loom {
+
+static LogLevel g_level = LogLevel::Info;
+static std::mutex g_mu;
+
+void set_log_level(LogLevel level) { g_level = level; }
+
+void log_line(LogLevel level, const std::string& msg) {
+  if (level < g_level) return;
+  static const char* tags[] = {"debug", "info", "warn", "error"};
+  std::time_t t = std::time(nullptr);
+  char ts[32];
+  std::strftime(ts, sizeof ts, "%H:%M:%S", std::localtime(&t));
+  std::lock_guard<std::mutex> lock(g_mu);
+  FILE* out = level >= LogLevel::Warn ? stderr : stdout;
+  std::fprintf(out, "[%s %s] %s\n", ts, tags[static_cast<int>(level)], msg.c_str());
+  std::fflush(out);
+}
+
+double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace loom

@@ -1,0 +1,387 @@
+#include "curate/dedup.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/log.h"
+#include "curate/readers.h"
+#include "curate/stages.h"
+#include "curate/text.h"
+
+namespace loom::curate {
+
+static uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+MinHasher::MinHasher(const MinHashParams& p) : p_(p) {
+  LOOM_CHECK(p.bands > 0 && p.rows > 0 && p.ngram > 0,
+             "minhash: bands, rows and ngram must be > 0");
+  LOOM_CHECK(p.shingle == "word" || p.shingle == "char", "minhash: shingle must be word or char");
+  uint64_t s = p.seed;
+  for (int i = 0; i < num_perm(); ++i) {
+    a_.push_back(static_cast<uint32_t>(splitmix(s)) | 1u);  // odd: a bijection mod 2^32
+    b_.push_back(static_cast<uint32_t>(splitmix(s)));
+  }
+}
+
+std::vector<uint64_t> MinHasher::shingles(std::string_view text) const {
+  std::vector<uint64_t> out;
+  if (p_.shingle == "word") {
+    auto words = split_words(text);
+    std::vector<uint64_t> wh(words.size());
+    for (size_t i = 0; i < words.size(); ++i) wh[i] = hash64(ascii_lower(words[i]), 11);
+    size_t n = static_cast<size_t>(p_.ngram);
+    if (words.size() < n && !words.empty()) n = words.size();  // short text: one shingle
+    for (size_t i = 0; i + n <= words.size(); ++i) {
+      uint64_t h = 0x84222325cbf29ce4ULL;
+      for (size_t k = 0; k < n; ++k) h = (h ^ wh[i + k]) * 0x100000001b3ULL;
+      out.push_back(h);
+    }
+  } else {
+    std::string norm = normalize_for_dedup(text);
+    size_t n = static_cast<size_t>(p_.ngram);
+    if (norm.size() < n && !norm.empty()) n = norm.size();
+    for (size_t i = 0; i + n <= norm.size(); ++i)
+      out.push_back(hash64(std::string_view(norm).substr(i, n), 13));
+  }
+  return out;
+}
+
+std::vector<uint32_t> MinHasher::signature(std::string_view text) const {
+  const int m = num_perm();
+  std::vector<uint32_t> sig(static_cast<size_t>(m), 0xFFFFFFFFu);
+  const uint32_t* a = a_.data();
+  const uint32_t* b = b_.data();
+  uint32_t* out = sig.data();
+  for (uint64_t h : shingles(text)) {
+    uint32_t x = static_cast<uint32_t>(h ^ (h >> 32));
+    // Per permutation: affine map mod 2^32 followed by an xorshift-multiply finaliser, all
+    // bijections, written so the compiler vectorises it across permutations.
+    for (int j = 0; j < m; ++j) {
+      uint32_t v = a[j] * x + b[j];
+      v ^= v >> 15;
+      v *= 0x2c1b3c6dU;
+      v ^= v >> 12;
+      out[j] = v < out[j] ? v : out[j];
+    }
+  }
+  return sig;
+}
+
+std::vector<uint64_t> MinHasher::band_hashes(const std::vector<uint32_t>& sig) const {
+  std::vector<uint64_t> out(static_cast<size_t>(p_.bands));
+  for (int bnd = 0; bnd < p_.bands; ++bnd)
+    out[static_cast<size_t>(bnd)] =
+        hash64(std::string_view(reinterpret_cast<const char*>(sig.data() + bnd * p_.rows),
+                                static_cast<size_t>(p_.rows) * 4),
+               static_cast<uint64_t>(bnd) + 1);
+  return out;
+}
+
+double signature_similarity(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b) {
+  size_t eq = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) eq += a[i] == b[i];
+  return a.empty() ? 0 : static_cast<double>(eq) / static_cast<double>(a.size());
+}
+
+double lsh_probability(double s, int bands, int rows) {
+  return 1 - std::pow(1 - std::pow(s, rows), bands);
+}
+
+UnionFind::UnionFind(size_t n) : parent_(n) {
+  for (size_t i = 0; i < n; ++i) parent_[i] = static_cast<uint32_t>(i);
+}
+uint32_t UnionFind::find(uint32_t x) {
+  while (parent_[x] != x) {
+    parent_[x] = parent_[parent_[x]];
+    x = parent_[x];
+  }
+  return x;
+}
+void UnionFind::unite(uint32_t a, uint32_t b) {
+  a = find(a);
+  b = find(b);
+  if (a == b) return;
+  if (a < b)
+    parent_[b] = a;
+  else
+    parent_[a] = b;
+}
+
+namespace {
+
+void for_each_shard(size_t n, int workers, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::exception_ptr err;
+  std::mutex mu;
+  auto body = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> l(mu);
+        if (!err) err = std::current_exception();
+        next = n;
+      }
+    }
+  };
+  std::vector<std::thread> th;
+  for (int k = 1; k < std::min<int>(workers, static_cast<int>(n)); ++k) th.emplace_back(body);
+  body();
+  for (auto& t : th) t.join();
+  if (err) std::rethrow_exception(err);
+}
+
+// Reads every document of an intermediate shard, calling fn(doc).
+void read_shard(const std::string& file, const GlobalInput& in,
+                const std::function<void(Doc&)>& fn) {
+  ReaderOptions ro;
+  ro.format = "jsonl";
+  ro.text_field = in.text_field;
+  ro.id_field = in.id_field;
+  ro.fail_on_error = true;
+  InputShard s;
+  s.files = {file};
+  auto r = open_reader(s, ro);
+  Doc d;
+  std::string reject;
+  while (r->next(d, reject)) fn(d);
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::string data = read_file(path);
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < data.size()) {
+    size_t nl = data.find('\n', start);
+    out.push_back(data.substr(start, nl - start));
+    start = nl + 1;
+  }
+  return out;
+}
+
+std::string id_line(const std::string& id) {
+  std::string s = id;
+  for (char& c : s)
+    if (c == '\n') c = ' ';
+  return s + "\n";
+}
+
+// Shared bookkeeping of both dedup stages: global index of each shard's first document,
+// the ids (for "duplicate_of") and each document's representative.
+struct Decisions {
+  std::vector<uint64_t> offset;  // per shard
+  std::vector<std::string> ids;
+  std::vector<uint32_t> rep;
+  std::vector<uint32_t> size;  // cluster size, indexed by representative
+};
+
+class ExactDedup : public Stage {
+ public:
+  explicit ExactDedup(const StageParams& p) {}
+  bool global() const override { return true; }
+
+  void prepare(const GlobalInput& in) override {
+    size_t n = in.shard_files.size();
+    for_each_shard(n, in.workers, [&](size_t i) {
+      std::string base = cat(in.work_dir, "/", i);
+      if (file_exists(base + ".hash") && file_exists(base + ".ids")) return;  // resumed
+      std::string hashes, ids;
+      read_shard(in.shard_files[i], in, [&](Doc& d) {
+        Hash128 h = hash128(normalize_for_dedup(d.text));
+        hashes.append(reinterpret_cast<const char*>(&h), sizeof h);
+        ids += id_line(d.id);
+      });
+      write_file_atomic(base + ".ids", ids);
+      write_file_atomic(base + ".hash", hashes);
+    });
+    d_ = Decisions();
+    hashes_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      std::string base = cat(in.work_dir, "/", i);
+      d_.offset.push_back(d_.ids.size());
+      std::string h = read_file(base + ".hash");
+      auto ids = read_lines(base + ".ids");
+      LOOM_CHECK(h.size() == ids.size() * sizeof(Hash128), base, ".hash does not match ", base,
+                 ".ids: remove ", in.work_dir, " and rerun");
+      size_t at = hashes_.size();
+      hashes_.resize(at + ids.size());
+      std::memcpy(hashes_.data() + at, h.data(), h.size());
+      for (auto& id : ids) d_.ids.push_back(std::move(id));
+    }
+    d_.offset.push_back(d_.ids.size());
+    LOOM_CHECK(d_.ids.size() < 0xFFFFFFFFull, "exact_dedup: more than 2^32 documents");
+    std::vector<uint32_t> order(d_.ids.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return hashes_[a] == hashes_[b] ? a < b : hashes_[a] < hashes_[b];
+    });
+    d_.rep.assign(order.size(), 0);
+    d_.size.assign(order.size(), 0);
+    for (size_t k = 0; k < order.size(); ++k) {
+      uint32_t first =
+          (k > 0 && hashes_[order[k]] == hashes_[order[k - 1]]) ? d_.rep[order[k - 1]] : order[k];
+      d_.rep[order[k]] = first;
+      ++d_.size[first];
+    }
+  }
+
+  std::string process(Doc& doc, StageContext& ctx) const override {
+    uint64_t g = d_.offset[static_cast<size_t>(ctx.shard)] + static_cast<uint64_t>(ctx.doc_index);
+    LOOM_CHECK(g < d_.offset[static_cast<size_t>(ctx.shard) + 1] &&
+                   hashes_[g] == hash128(normalize_for_dedup(doc.text)),
+               "exact_dedup: shard ", ctx.shard, " changed since its hashes were computed");
+    uint32_t r = d_.rep[g];
+    if (r != g) {
+      doc.record["duplicate_of"] = d_.ids[r];
+      return "exact_duplicate";
+    }
+    if (d_.size[g] > 1) ctx.count("docs_with_duplicates");
+    return "";
+  }
+
+ private:
+  Decisions d_;
+  std::vector<Hash128> hashes_;
+};
+
+class FuzzyDedup : public Stage {
+ public:
+  explicit FuzzyDedup(const StageParams& p) {
+    std::string preset = p.get_string("preset", "default");
+    MinHashParams mp;
+    if (preset == "nemo") {  // NeMo Curator: character 24-grams, 20 bands x 13 rows
+      mp.shingle = "char";
+      mp.ngram = 24;
+      mp.bands = 20;
+      mp.rows = 13;
+    } else {
+      LOOM_CHECK(preset == "default", p.key("preset"), " must be default or nemo");
+    }
+    mp.shingle = p.get_string("shingle", mp.shingle);
+    mp.ngram = static_cast<int>(p.get_int("ngram", mp.ngram));
+    mp.bands = static_cast<int>(p.get_int("bands", mp.bands));
+    mp.rows = static_cast<int>(p.get_int("rows", mp.rows));
+    mp.seed = static_cast<uint64_t>(p.get_int("seed", 42));
+    verify_ = p.get_double("verify_threshold", 0);
+    hasher_ = std::make_unique<MinHasher>(mp);
+  }
+  bool global() const override { return true; }
+
+  void prepare(const GlobalInput& in) override {
+    const int B = hasher_->params().bands, M = hasher_->num_perm();
+    const size_t rec = static_cast<size_t>(B) * 8 + (verify_ > 0 ? static_cast<size_t>(M) * 4 : 0);
+    size_t n = in.shard_files.size();
+    for_each_shard(n, in.workers, [&](size_t i) {
+      std::string base = cat(in.work_dir, "/", i);
+      if (file_exists(base + ".sig") && file_exists(base + ".ids")) return;  // resumed
+      std::string sigs, ids;
+      read_shard(in.shard_files[i], in, [&](Doc& d) {
+        auto sig = hasher_->signature(d.text);
+        auto bands = hasher_->band_hashes(sig);
+        sigs.append(reinterpret_cast<const char*>(bands.data()), bands.size() * 8);
+        if (verify_ > 0) sigs.append(reinterpret_cast<const char*>(sig.data()), sig.size() * 4);
+        ids += id_line(d.id);
+      });
+      write_file_atomic(base + ".ids", ids);
+      write_file_atomic(base + ".sig", sigs);
+    });
+    d_ = Decisions();
+    std::string all;  // every record, in global order
+    for (size_t i = 0; i < n; ++i) {
+      std::string base = cat(in.work_dir, "/", i);
+      d_.offset.push_back(d_.ids.size());
+      std::string s = read_file(base + ".sig");
+      auto ids = read_lines(base + ".ids");
+      LOOM_CHECK(s.size() == ids.size() * rec, base, ".sig does not match ", base,
+                 ".ids (different fuzzy_dedup settings?): remove ", in.work_dir, " and rerun");
+      all += s;
+      for (auto& id : ids) d_.ids.push_back(std::move(id));
+    }
+    d_.offset.push_back(d_.ids.size());
+    size_t N = d_.ids.size();
+    LOOM_CHECK(N < 0xFFFFFFFFull, "fuzzy_dedup: more than 2^32 documents");
+    UnionFind uf(N);
+    auto band = [&](size_t doc, int b) {
+      uint64_t v;
+      std::memcpy(&v, all.data() + doc * rec + static_cast<size_t>(b) * 8, 8);
+      return v;
+    };
+    auto full_sig = [&](size_t doc) {
+      std::vector<uint32_t> s(static_cast<size_t>(M));
+      std::memcpy(s.data(), all.data() + doc * rec + static_cast<size_t>(B) * 8, s.size() * 4);
+      return s;
+    };
+    candidates_ = 0;
+    std::vector<std::pair<uint64_t, uint32_t>> keys(N);
+    for (int b = 0; b < B; ++b) {
+      for (size_t k = 0; k < N; ++k) keys[k] = {band(k, b), static_cast<uint32_t>(k)};
+      std::sort(keys.begin(), keys.end());
+      size_t first = 0;  // start of the current bucket
+      for (size_t k = 1; k < N; ++k) {
+        if (keys[k].first != keys[k - 1].first) {
+          first = k;
+          continue;
+        }
+        // Same bucket: a candidate pair with the bucket's first document.
+        uint32_t x = keys[first].second, y = keys[k].second;
+        ++candidates_;
+        if (verify_ > 0 && signature_similarity(full_sig(x), full_sig(y)) < verify_) continue;
+        uf.unite(x, y);
+      }
+    }
+    d_.rep.assign(N, 0);
+    d_.size.assign(N, 0);
+    for (size_t k = 0; k < N; ++k) {
+      d_.rep[k] = uf.find(static_cast<uint32_t>(k));
+      ++d_.size[d_.rep[k]];
+    }
+    log_info("curate: fuzzy_dedup: ", N, " documents, ", candidates_, " candidate pairs");
+  }
+
+  std::string process(Doc& doc, StageContext& ctx) const override {
+    uint64_t g = d_.offset[static_cast<size_t>(ctx.shard)] + static_cast<uint64_t>(ctx.doc_index);
+    LOOM_CHECK(
+        g < d_.offset[static_cast<size_t>(ctx.shard) + 1] && id_line(d_.ids[g]) == id_line(doc.id),
+        "fuzzy_dedup: shard ", ctx.shard, " changed since its signatures were computed");
+    uint32_t r = d_.rep[g];
+    doc.record["cluster_id"] = d_.ids[r];
+    doc.record["cluster_size"] = static_cast<int64_t>(d_.size[r]);
+    if (r != g) {
+      doc.record["duplicate_of"] = d_.ids[r];
+      return "near_duplicate";
+    }
+    if (d_.size[r] > 1) {
+      ctx.count("clusters");
+      ctx.score("cluster_size", static_cast<double>(d_.size[r]), 0, 100);
+    }
+    return "";
+  }
+
+ private:
+  std::unique_ptr<MinHasher> hasher_;
+  double verify_ = 0;
+  Decisions d_;
+  int64_t candidates_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Stage> make_exact_dedup_stage(const StageParams& p) {
+  return std::make_unique<ExactDedup>(p);
+}
+std::unique_ptr<Stage> make_fuzzy_dedup_stage(const StageParams& p) {
+  return std::make_unique<FuzzyDedup>(p);
+}
+
+}  // namespace loom::curate

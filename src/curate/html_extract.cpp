@@ -1,0 +1,311 @@
+#include "curate/html_extract.h"
+
+#include <gumbo.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "curate/clean.h"
+#include "curate/stages.h"
+#include "curate/text.h"
+
+namespace loom::curate {
+namespace {
+
+bool is_dropped_tag(GumboTag t) {
+  switch (t) {
+    case GUMBO_TAG_SCRIPT:
+    case GUMBO_TAG_STYLE:
+    case GUMBO_TAG_NOSCRIPT:
+    case GUMBO_TAG_NAV:
+    case GUMBO_TAG_FOOTER:
+    case GUMBO_TAG_ASIDE:
+    case GUMBO_TAG_FORM:
+    case GUMBO_TAG_IFRAME:
+    case GUMBO_TAG_SVG:
+    case GUMBO_TAG_BUTTON:
+    case GUMBO_TAG_SELECT:
+    case GUMBO_TAG_TEMPLATE:
+    case GUMBO_TAG_HEAD:
+    case GUMBO_TAG_INPUT:
+    case GUMBO_TAG_TEXTAREA:
+    case GUMBO_TAG_MENU:
+    case GUMBO_TAG_OBJECT:
+    case GUMBO_TAG_EMBED:
+    case GUMBO_TAG_CANVAS:
+    case GUMBO_TAG_MATH:
+    case GUMBO_TAG_AUDIO:
+    case GUMBO_TAG_VIDEO:
+    case GUMBO_TAG_MAP:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_block_tag(GumboTag t) {
+  switch (t) {
+    case GUMBO_TAG_P:
+    case GUMBO_TAG_DIV:
+    case GUMBO_TAG_H1:
+    case GUMBO_TAG_H2:
+    case GUMBO_TAG_H3:
+    case GUMBO_TAG_H4:
+    case GUMBO_TAG_H5:
+    case GUMBO_TAG_H6:
+    case GUMBO_TAG_LI:
+    case GUMBO_TAG_UL:
+    case GUMBO_TAG_OL:
+    case GUMBO_TAG_PRE:
+    case GUMBO_TAG_BLOCKQUOTE:
+    case GUMBO_TAG_TABLE:
+    case GUMBO_TAG_TR:
+    case GUMBO_TAG_TD:
+    case GUMBO_TAG_TH:
+    case GUMBO_TAG_SECTION:
+    case GUMBO_TAG_ARTICLE:
+    case GUMBO_TAG_MAIN:
+    case GUMBO_TAG_DL:
+    case GUMBO_TAG_DT:
+    case GUMBO_TAG_DD:
+    case GUMBO_TAG_FIGCAPTION:
+    case GUMBO_TAG_HR:
+    case GUMBO_TAG_BODY:
+    case GUMBO_TAG_HEADER:
+    case GUMBO_TAG_FIGURE:
+    case GUMBO_TAG_ADDRESS:
+    case GUMBO_TAG_CAPTION:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_heading(GumboTag t) {
+  return t >= GUMBO_TAG_H1 && t <= GUMBO_TAG_H6;
+}
+
+// Class/id tokens that name page furniture rather than content.
+bool boilerplate_name(const char* value) {
+  static const char* kWords[] = {
+      "nav",           "navbar", "navigation", "menu",    "footer",    "sidebar",   "breadcrumb",
+      "breadcrumbs",   "cookie", "cookies",    "banner",  "ad",        "ads",       "advert",
+      "advertisement", "social", "share",      "sharing", "related",   "subscribe", "newsletter",
+      "popup",         "modal",  "skip",       "widget",  "sponsored", "toolbar",   "pagination"};
+  std::string v = ascii_lower(value);
+  size_t i = 0;
+  while (i < v.size()) {
+    while (i < v.size() && !isalnum(static_cast<unsigned char>(v[i]))) ++i;
+    size_t b = i;
+    while (i < v.size() && isalnum(static_cast<unsigned char>(v[i]))) ++i;
+    if (i == b) break;
+    std::string_view tok(v.data() + b, i - b);
+    for (const char* w : kWords)
+      if (tok == w) return true;
+  }
+  return false;
+}
+
+const char* attr(const GumboElement& e, const char* name) {
+  GumboAttribute* a = gumbo_get_attribute(&e.attributes, name);
+  return a ? a->value : nullptr;
+}
+
+bool dropped_element(const GumboElement& e) {
+  if (is_dropped_tag(e.tag)) return true;
+  if (attr(e, "hidden")) return true;
+  if (const char* h = attr(e, "aria-hidden"); h && std::strcmp(h, "true") == 0) return true;
+  if (const char* s = attr(e, "style")) {
+    std::string st = ascii_lower(s);
+    st.erase(std::remove(st.begin(), st.end(), ' '), st.end());
+    if (st.find("display:none") != std::string::npos) return true;
+  }
+  if (const char* r = attr(e, "role")) {
+    std::string role = ascii_lower(r);
+    if (role == "navigation" || role == "banner" || role == "contentinfo" ||
+        role == "complementary" || role == "search" || role == "menu" || role == "menubar")
+      return true;
+  }
+  for (const char* name : {"class", "id"})
+    if (const char* v = attr(e, name); v && boilerplate_name(v)) return true;
+  return false;
+}
+
+struct Block {
+  std::string text;
+  size_t link_chars = 0;
+  bool heading = false, item = false, pre = false;
+};
+
+class Walker {
+ public:
+  explicit Walker(Extracted& out) : out_(out) {}
+  std::vector<Block> blocks;
+
+  void walk(const GumboNode* n, bool in_link, bool in_pre, bool drop_header) {
+    if (n->type == GUMBO_NODE_TEXT || n->type == GUMBO_NODE_WHITESPACE ||
+        n->type == GUMBO_NODE_CDATA) {
+      add_text(n->v.text.text, in_link, in_pre);
+      return;
+    }
+    if (n->type != GUMBO_NODE_ELEMENT && n->type != GUMBO_NODE_TEMPLATE) return;
+    const GumboElement& e = n->v.element;
+    if (dropped_element(e) || (drop_header && e.tag == GUMBO_TAG_HEADER)) {
+      ++out_.elements_dropped;
+      return;
+    }
+    if (e.tag == GUMBO_TAG_BR) {
+      cur_.text += '\n';
+      return;
+    }
+    bool block = is_block_tag(e.tag);
+    if (block) flush();
+    if (is_heading(e.tag)) cur_.heading = true;
+    if (e.tag == GUMBO_TAG_LI || e.tag == GUMBO_TAG_DT || e.tag == GUMBO_TAG_DD) cur_.item = true;
+    bool pre = in_pre || e.tag == GUMBO_TAG_PRE;
+    if (pre) cur_.pre = true;
+    bool link = in_link || e.tag == GUMBO_TAG_A;
+    // Inside <article>/<main>, a <header> holds the title: keep it.
+    bool dh = drop_header && e.tag != GUMBO_TAG_ARTICLE && e.tag != GUMBO_TAG_MAIN;
+    for (unsigned i = 0; i < e.children.length; ++i)
+      walk(static_cast<const GumboNode*>(e.children.data[i]), link, pre, dh);
+    if (block) flush();
+    if (e.tag == GUMBO_TAG_TD || e.tag == GUMBO_TAG_TH) cur_.text += ' ';
+  }
+
+  void flush() {
+    std::string_view t = trim_view(cur_.text);
+    if (!t.empty()) {
+      Block b = cur_;
+      b.text = std::string(t);
+      blocks.push_back(std::move(b));
+    }
+    cur_ = Block();
+  }
+
+ private:
+  void add_text(const char* s, bool in_link, bool in_pre) {
+    size_t before = cur_.text.size();
+    if (in_pre) {
+      cur_.text += s;
+    } else {
+      for (const char* p = s; *p; ++p) {
+        char c = *p;
+        bool ws = c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\f';
+        if (ws) {
+          if (!cur_.text.empty() && cur_.text.back() != ' ' && cur_.text.back() != '\n')
+            cur_.text += ' ';
+        } else {
+          cur_.text += c;
+        }
+      }
+    }
+    if (in_link) cur_.link_chars += cur_.text.size() - before;
+  }
+  Extracted& out_;
+  Block cur_;
+};
+
+const GumboNode* find_tag(const GumboNode* n, GumboTag tag, bool skip_dropped = true) {
+  if (n->type != GUMBO_NODE_ELEMENT) return nullptr;
+  if (n->v.element.tag == tag) return n;
+  if (skip_dropped && dropped_element(n->v.element)) return nullptr;
+  for (unsigned i = 0; i < n->v.element.children.length; ++i)
+    if (auto* f = find_tag(static_cast<const GumboNode*>(n->v.element.children.data[i]), tag,
+                           skip_dropped))
+      return f;
+  return nullptr;
+}
+
+std::string node_text(const GumboNode* n) {
+  if (n->type == GUMBO_NODE_TEXT) return n->v.text.text;
+  std::string s;
+  if (n->type == GUMBO_NODE_ELEMENT)
+    for (unsigned i = 0; i < n->v.element.children.length; ++i)
+      s += node_text(static_cast<const GumboNode*>(n->v.element.children.data[i]));
+  return s;
+}
+
+}  // namespace
+
+Extracted extract_main_text(std::string_view html_in, const ExtractOptions& opt) {
+  Extracted out;
+  std::string html = repair_utf8(html_in, true);
+  GumboOutput* g = gumbo_parse_with_options(&kGumboDefaultOptions, html.data(), html.size());
+  const GumboNode* root = g->root;
+  if (const GumboNode* t = find_tag(g->root, GUMBO_TAG_TITLE, false)) {
+    out.title = std::string(trim_view(node_text(t)));
+  }
+  bool drop_header = true;
+  if (opt.prefer_main) {
+    const GumboNode* m = find_tag(g->root, GUMBO_TAG_MAIN);
+    if (!m) m = find_tag(g->root, GUMBO_TAG_ARTICLE);
+    if (m) {
+      root = m;
+      drop_header = false;
+    }
+  }
+  Walker w(out);
+  w.walk(root, false, false, drop_header);
+  w.flush();
+  gumbo_destroy_output(&kGumboDefaultOptions, g);
+
+  std::string text;
+  bool prev_item = false;
+  for (auto& b : w.blocks) {
+    double density =
+        static_cast<double>(b.link_chars) / static_cast<double>(std::max<size_t>(1, b.text.size()));
+    if (density > opt.max_link_density) {
+      ++out.blocks_dropped_links;
+      continue;
+    }
+    ++out.blocks_kept;
+    if (!text.empty()) text += (b.item && prev_item) ? "\n" : "\n\n";
+    if (b.item) text += "- ";
+    text += b.text;
+    prev_item = b.item;
+  }
+  out.text = std::move(text);
+  return out;
+}
+
+namespace {
+class HtmlExtractStage : public Stage {
+ public:
+  explicit HtmlExtractStage(const StageParams& p) {
+    opt_.max_link_density = p.get_double("max_link_density", 0.5);
+    opt_.prefer_main = p.get_bool("prefer_main", true);
+    only_html_ = p.get_bool("only_html_content_type", true);
+  }
+  std::string process(Doc& doc, StageContext& ctx) const override {
+    if (only_html_ && doc.record.contains("content_type")) {
+      const Json& ct = doc.record.at("content_type");
+      if (ct.is_string() && ct.as_string().find("html") == std::string::npos) return "";
+    }
+    size_t html_bytes = doc.text.size();
+    Extracted e = extract_main_text(doc.text, opt_);
+    ctx.count("blocks_dropped_link_density", e.blocks_dropped_links);
+    ctx.count("elements_dropped_boilerplate", e.elements_dropped);
+    ctx.score(
+        "extracted_fraction",
+        static_cast<double>(e.text.size()) / static_cast<double>(std::max<size_t>(1, html_bytes)),
+        0, 1);
+    if (!e.title.empty()) doc.record["title"] = e.title;
+    doc.text = std::move(e.text);
+    if (doc.text.empty()) return "no_main_content";
+    return "";
+  }
+
+ private:
+  ExtractOptions opt_;
+  bool only_html_ = true;
+};
+}  // namespace
+
+std::unique_ptr<Stage> make_html_extract_stage(const StageParams& p) {
+  return std::make_unique<HtmlExtractStage>(p);
+}
+
+}  // namespace loom::curate

@@ -1,0 +1,371 @@
+#include "curate/readers.h"
+
+#include <glob.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "curate/input.h"
+#include "curate/text.h"
+
+namespace loom::curate {
+namespace fs = std::filesystem;
+
+static uint64_t file_size_or_zero(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+}
+
+static bool wanted(const std::string& path, const std::string& format) {
+  std::string name = fs::path(path).filename().string();
+  if (name.empty() || name[0] == '.') return false;
+  if (format == "html") {
+    std::string l = ascii_lower(name);
+    return ends_with(l, ".html") || ends_with(l, ".htm") || ends_with(l, ".xhtml") ||
+           ends_with(l, ".html.gz") || ends_with(l, ".htm.gz");
+  }
+  return true;
+}
+
+std::vector<InputShard> plan_shards(const std::vector<std::string>& paths,
+                                    const std::string& format, int files_per_shard) {
+  std::vector<std::string> files;
+  for (auto& p : paths) {
+    std::vector<std::string> matches;
+    if (p.find_first_of("*?[") != std::string::npos) {
+      glob_t g;
+      int rc = ::glob(p.c_str(), 0, nullptr, &g);
+      if (rc == 0)
+        for (size_t i = 0; i < g.gl_pathc; ++i) matches.push_back(g.gl_pathv[i]);
+      globfree(&g);
+      LOOM_CHECK(!matches.empty(), "input pattern '", p, "' matches no files");
+    } else {
+      LOOM_CHECK(fs::exists(p), "input path '", p, "' does not exist");
+      matches.push_back(p);
+    }
+    for (auto& m : matches) {
+      if (fs::is_directory(m)) {
+        std::vector<std::string> found;
+        for (auto& e : fs::recursive_directory_iterator(m))
+          if (e.is_regular_file() && wanted(e.path().string(), format))
+            found.push_back(e.path().string());
+        std::sort(found.begin(), found.end());
+        files.insert(files.end(), found.begin(), found.end());
+      } else {
+        files.push_back(m);
+      }
+    }
+  }
+  LOOM_CHECK(!files.empty(), "no input files found");
+  std::vector<InputShard> shards;
+  bool per_file = format == "jsonl" || format == "warc";
+  size_t group = per_file ? 1 : static_cast<size_t>(std::max(1, files_per_shard));
+  for (size_t i = 0; i < files.size(); i += group) {
+    InputShard s;
+    s.index = static_cast<int>(shards.size());
+    for (size_t k = i; k < std::min(files.size(), i + group); ++k) {
+      s.files.push_back(files[k]);
+      s.bytes += file_size_or_zero(files[k]);
+    }
+    shards.push_back(std::move(s));
+  }
+  return shards;
+}
+
+namespace {
+
+std::string json_scalar_to_string(const Json& v) {
+  if (v.is_string()) return v.as_string();
+  if (v.type() == Json::Type::Int) return std::to_string(v.as_int());
+  return v.dump();
+}
+
+// Keeps a bounded copy of malformed input in the rejected record so it can be inspected.
+std::string preview(const std::string& s) {
+  return s.size() > 2000 ? s.substr(0, 2000) : s;
+}
+
+class JsonlReader : public DocReader {
+ public:
+  JsonlReader(std::string path, const ReaderOptions& opt)
+      : path_(std::move(path)), opt_(opt), lines_(open_source(path_), opt.max_line_bytes) {}
+
+  bool next(Doc& doc, std::string& reject) override {
+    std::string line;
+    bool too_long = false;
+    for (;;) {
+      bool got;
+      try {
+        got = lines_.next(line, too_long);
+      } catch (const Error& e) {
+        if (opt_.fail_on_error) throw;
+        errors.push_back({cat(path_, ":", lines_.line_number() + 1), e.what()});
+        return false;  // a corrupt stream cannot be resynchronised; the rest is lost
+      }
+      if (!got) return false;
+      if (!too_long && trim_view(line).empty()) continue;  // blank lines are not documents
+      break;
+    }
+    uint64_t lineno = lines_.line_number();
+    doc = Doc();
+    doc.source = cat(path_, ":", lineno);
+    doc.input_bytes = static_cast<int64_t>(line.size()) + 1;
+    auto bad = [&](const std::string& reason, const std::string& msg) {
+      if (opt_.fail_on_error) fail(doc.source, ": ", msg);
+      errors.push_back({doc.source, msg});
+      doc.id = doc.source;
+      doc.record = Json::object();
+      doc.record[opt_.id_field] = doc.id;
+      doc.record["id_derived"] = true;
+      doc.record["raw"] = preview(line);
+      reject = reason;
+      return true;
+    };
+    if (too_long)
+      return bad("line_too_long",
+                 cat("line longer than max_line_bytes (", opt_.max_line_bytes, ")"));
+    try {
+      doc.record = Json::parse(line, doc.source);
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      return bad("malformed_json", cat("malformed JSON (", msg.substr(doc.source.size() + 2), ")"));
+    }
+    if (!doc.record.is_object()) return bad("not_an_object", "JSON line is not an object");
+    auto& obj = doc.record.as_object();
+    auto it = obj.find(opt_.text_field);
+    if (it == obj.end() || !it->second.is_string())
+      return bad("missing_text_field", cat("no string field '", opt_.text_field, "'"));
+    doc.text = it->second.as_string();
+    obj.erase(it);
+    auto id = obj.find(opt_.id_field);
+    if (id != obj.end() && !id->second.is_null()) {
+      doc.id = json_scalar_to_string(id->second);
+    } else {
+      doc.id = doc.source;
+      obj["id_derived"] = true;
+    }
+    reject.clear();
+    return true;
+  }
+  uint64_t position() const override { return lines_.position(); }
+
+ private:
+  std::string path_;
+  ReaderOptions opt_;
+  LineReader lines_;
+};
+
+// One document per file (text or HTML).
+class FileDocReader : public DocReader {
+ public:
+  FileDocReader(const InputShard& shard, const ReaderOptions& opt) : shard_(shard), opt_(opt) {}
+  bool next(Doc& doc, std::string& reject) override {
+    if (i_ >= shard_.files.size()) return false;
+    const std::string& path = shard_.files[i_++];
+    doc = Doc();
+    doc.source = path;
+    doc.id = path;
+    doc.record = Json::object();
+    reject.clear();
+    try {
+      auto src = open_source(path);
+      std::string data, buf(1 << 16, '\0');
+      bool over = false;
+      for (size_t r; (r = src->read(buf.data(), buf.size())) > 0;) {
+        if (data.size() + r > opt_.max_doc_bytes) {
+          over = true;
+          break;
+        }
+        data.append(buf, 0, r);
+      }
+      doc.input_bytes = static_cast<int64_t>(data.size());
+      if (over) {
+        if (opt_.fail_on_error) fail(path, ": file larger than max_doc_bytes");
+        errors.push_back({path, "file larger than max_doc_bytes"});
+        reject = "document_too_large";
+        return true;
+      }
+      doc.text = std::move(data);
+    } catch (const Error& e) {
+      if (opt_.fail_on_error) throw;
+      errors.push_back({path, e.what()});
+      reject = "unreadable_file";
+    }
+    pos_ += file_size_or_zero(path);
+    if (opt_.format == "html") doc.record["content_type"] = "text/html";
+    return true;
+  }
+  uint64_t position() const override { return pos_; }
+
+ private:
+  InputShard shard_;
+  ReaderOptions opt_;
+  size_t i_ = 0;
+  uint64_t pos_ = 0;
+};
+
+// WARC/1.0 (and 1.1) records: response records become documents holding the HTTP body
+// (HTML, content_type text/html), conversion records (WET) hold plain text; request, metadata
+// and warcinfo records are not documents and are only counted.
+class WarcReader : public DocReader {
+ public:
+  WarcReader(std::string path, const ReaderOptions& opt)
+      : path_(std::move(path)), opt_(opt), in_(open_source(path_), 1 << 20) {}
+
+  bool next(Doc& doc, std::string& reject) override {
+    try {
+      return next_record(doc, reject);
+    } catch (const Error& e) {
+      if (opt_.fail_on_error) throw;
+      errors.push_back({cat(path_, " record ", records_ + 1), e.what()});
+      return false;
+    }
+  }
+  uint64_t position() const override { return in_.position(); }
+  int64_t skipped = 0;
+
+ private:
+  bool next_record(Doc& doc, std::string& reject) {
+    for (;;) {
+      std::string line;
+      bool too_long;
+      // Skip the blank lines between records.
+      do {
+        if (!in_.next(line, too_long)) return false;
+      } while (trim_view(line).empty());
+      ++records_;
+      std::string where = cat(path_, ":", in_.line_number());
+      LOOM_CHECK(starts_with(line, "WARC/"), where, ": expected a WARC record header, got '",
+                 line.substr(0, 40), "'");
+      std::string type, uri, date, rid, content_type;
+      int64_t length = -1;
+      for (;;) {
+        LOOM_CHECK(in_.next(line, too_long), where, ": truncated WARC header");
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.empty()) break;
+        size_t colon = line.find(':');
+        if (colon == std::string::npos) continue;
+        std::string key = ascii_lower(trim_view(std::string_view(line).substr(0, colon)));
+        std::string val(trim_view(std::string_view(line).substr(colon + 1)));
+        if (key == "warc-type")
+          type = val;
+        else if (key == "warc-target-uri")
+          uri = val;
+        else if (key == "warc-date")
+          date = val;
+        else if (key == "warc-record-id")
+          rid = val;
+        else if (key == "content-type")
+          content_type = val;
+        else if (key == "content-length")
+          length = std::strtoll(val.c_str(), nullptr, 10);
+      }
+      LOOM_CHECK(length >= 0, where, ": WARC record without Content-Length");
+      std::string payload;
+      size_t got = in_.read_exact(payload, static_cast<size_t>(length));
+      bool truncated = got < static_cast<size_t>(length);
+      if (type != "response" && type != "conversion" && type != "resource") {
+        ++skipped;
+        if (truncated) fail(where, ": truncated WARC record");
+        continue;
+      }
+      doc = Doc();
+      doc.source = where;
+      doc.id = rid.empty() ? where : rid;
+      doc.input_bytes = length;
+      doc.record = Json::object();
+      if (!uri.empty()) doc.record["url"] = uri;
+      if (!date.empty()) doc.record["warc_date"] = date;
+      reject.clear();
+      if (truncated) {
+        if (opt_.fail_on_error) fail(where, ": truncated WARC record");
+        errors.push_back({where, "truncated WARC record (payload shorter than Content-Length)"});
+        reject = "truncated_record";
+        return true;
+      }
+      std::string body_type;
+      if (type == "response" && starts_with(content_type, "application/http")) {
+        size_t end = payload.find("\r\n\r\n");
+        size_t skip = 4;
+        if (end == std::string::npos) {
+          end = payload.find("\n\n");
+          skip = 2;
+        }
+        std::string headers = ascii_lower(payload.substr(0, end));
+        size_t ct = headers.find("\ncontent-type:");
+        if (ct != std::string::npos) {
+          size_t eol = headers.find('\n', ct + 1);
+          body_type = std::string(trim_view(std::string_view(headers).substr(
+              ct + 14, (eol == std::string::npos ? headers.size() : eol) - ct - 14)));
+        }
+        payload = end == std::string::npos ? std::string() : payload.substr(end + skip);
+      } else {
+        body_type = ascii_lower(content_type);
+      }
+      if (body_type.empty()) body_type = "text/html";
+      doc.record["content_type"] = body_type.substr(0, body_type.find(';'));
+      if (!starts_with(body_type, "text/") && body_type.find("html") == std::string::npos) {
+        reject = "unsupported_content_type";
+        return true;
+      }
+      if (payload.size() > opt_.max_doc_bytes) {
+        reject = "document_too_large";
+        return true;
+      }
+      doc.text = std::move(payload);
+      return true;
+    }
+  }
+
+  std::string path_;
+  ReaderOptions opt_;
+  LineReader in_;
+  int64_t records_ = 0;
+};
+
+// Reads the files of a shard one after another.
+class MultiFileReader : public DocReader {
+ public:
+  MultiFileReader(const InputShard& shard, const ReaderOptions& opt) : shard_(shard), opt_(opt) {}
+  bool next(Doc& doc, std::string& reject) override {
+    for (;;) {
+      if (!cur_) {
+        if (i_ >= shard_.files.size()) return false;
+        const std::string& f = shard_.files[i_++];
+        if (opt_.format == "warc")
+          cur_ = std::make_unique<WarcReader>(f, opt_);
+        else
+          cur_ = std::make_unique<JsonlReader>(f, opt_);
+      }
+      bool ok = cur_->next(doc, reject);
+      for (auto& e : cur_->errors) errors.push_back(e);
+      cur_->errors.clear();
+      if (ok) return true;
+      done_ += cur_->position();
+      cur_.reset();
+    }
+  }
+  uint64_t position() const override { return done_ + (cur_ ? cur_->position() : 0); }
+
+ private:
+  InputShard shard_;
+  ReaderOptions opt_;
+  size_t i_ = 0;
+  uint64_t done_ = 0;
+  std::unique_ptr<DocReader> cur_;
+};
+
+}  // namespace
+
+std::unique_ptr<DocReader> open_reader(const InputShard& shard, const ReaderOptions& opt) {
+  if (opt.format == "jsonl" || opt.format == "warc")
+    return std::make_unique<MultiFileReader>(shard, opt);
+  if (opt.format == "text" || opt.format == "html")
+    return std::make_unique<FileDocReader>(shard, opt);
+  fail("unknown input format '", opt.format, "' (expected jsonl, text, html or warc)");
+}
+
+}  // namespace loom::curate

@@ -1,0 +1,54 @@
+// Readers turn input shards into documents: JSONL (configurable id/text fields), plain text
+// files, HTML files from a directory tree, and WARC records (gzip, as Common Crawl ships them).
+// Malformed input never disappears: it becomes a document rejected by the "reader" stage with
+// a reason, and an error entry naming the file and line.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "curate/document.h"
+
+namespace loom::curate {
+
+struct ReaderOptions {
+  std::string format = "jsonl";  // jsonl | text | html | warc
+  std::string text_field = "text";
+  std::string id_field = "id";
+  size_t max_line_bytes = 64u << 20;  // longer lines are rejected as "line_too_long"
+  size_t max_doc_bytes = 64u << 20;   // text/html files and WARC payloads past this: rejected
+  bool fail_on_error = false;         // on_error = "fail": stop at the first malformed input
+};
+
+struct InputShard {
+  int index = 0;
+  std::vector<std::string> files;
+  uint64_t bytes = 0;  // on-disk size, for progress
+};
+
+// Expands paths (files, directories walked recursively, glob patterns) into sorted shards:
+// one shard per file for record formats (jsonl, warc), `files_per_shard` files per shard for
+// file-per-document formats (text, html).
+std::vector<InputShard> plan_shards(const std::vector<std::string>& paths,
+                                    const std::string& format, int files_per_shard);
+
+struct ReadError {
+  std::string where;  // file:line
+  std::string message;
+};
+
+class DocReader {
+ public:
+  virtual ~DocReader() = default;
+  // Next document, or false at the end. A document with a non-empty `reject` is malformed
+  // input that must be written to the rejected output with that reason.
+  virtual bool next(Doc& doc, std::string& reject) = 0;
+  virtual uint64_t position() const = 0;  // bytes of the shard consumed, for progress
+  std::vector<ReadError> errors;          // also counted per reason in the reader's stats
+};
+
+std::unique_ptr<DocReader> open_reader(const InputShard& shard, const ReaderOptions& opt);
+
+}  // namespace loom::curate

@@ -1,0 +1,82 @@
+// A pipeline stage: reads and may rewrite a document, then keeps it or names why not.
+// Stages are shared by all worker threads, so process() must not touch mutable members;
+// per-call state lives on the stack and per-shard counts go to the context's stats.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "curate/document.h"
+#include "curate/stats.h"
+
+namespace loom::curate {
+
+struct StageContext {
+  StageStats* stats = nullptr;
+  int shard = 0;
+  int64_t doc_index = 0;  // position of the document in this segment's input shard
+
+  void score(const std::string& name, double v, double lo, double hi) {
+    auto& h = stats->histograms[name];
+    if (h.bins.empty()) {
+      h.lo = lo;
+      h.hi = hi;
+    }
+    h.add(v);
+  }
+  void count(const std::string& name, int64_t n = 1) { stats->counters[name] += n; }
+};
+
+// What a global stage (deduplication) sees before its segment runs: every shard the previous
+// segment produced, in order.
+struct GlobalInput {
+  std::vector<std::string> shard_files;  // JSONL
+  std::string work_dir;                  // for the stage's resumable intermediate files
+  std::string text_field, id_field;
+  int workers = 1;
+};
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  // Returns an empty string to keep the document, otherwise the rule that rejected it.
+  virtual std::string process(Doc& doc, StageContext& ctx) const = 0;
+  // Global stages need all documents before they can decide on any one (dedup); the
+  // pipeline runs prepare() over the shards of the previous segment first.
+  virtual bool global() const { return false; }
+  virtual void prepare(const GlobalInput& in) {}
+};
+
+// Reads "stage.N.<key>" settings; every key read is marked used for Config::check_all_used.
+class StageParams {
+ public:
+  StageParams(const Config& cfg, std::string prefix) : cfg_(cfg), prefix_(std::move(prefix)) {}
+  std::string get_string(const std::string& k, const std::string& def) const {
+    return cfg_.get_string(key(k), def);
+  }
+  int64_t get_int(const std::string& k, int64_t def) const { return cfg_.get_int(key(k), def); }
+  double get_double(const std::string& k, double def) const { return cfg_.get_double(key(k), def); }
+  bool get_bool(const std::string& k, bool def) const { return cfg_.get_bool(key(k), def); }
+  // A list written as a JSON array of strings: languages = ["en", "de"].
+  std::vector<std::string> get_list(const std::string& k,
+                                    const std::vector<std::string>& def) const;
+  bool has(const std::string& k) const { return cfg_.has(key(k)); }
+  std::string key(const std::string& k) const { return prefix_ + "." + k; }
+
+ private:
+  const Config& cfg_;
+  std::string prefix_;
+};
+
+std::vector<std::string> parse_string_list(const std::string& text, const std::string& where);
+
+// Builds a stage of the given type ("clean", "gopher_quality", ...); throws naming the key for
+// an unknown type.
+std::unique_ptr<Stage> make_stage(const std::string& type, const StageParams& params);
+std::vector<std::string> stage_types();
+
+}  // namespace loom::curate

@@ -1,0 +1,112 @@
+// Byte-level BPE tokenizer: GPT-2 (encoder.json + vocab.bpe), tiktoken rank files and
+// Loom-trained vocabularies, all run by one merge loop over token ids.
+//
+// Encoding: split out special tokens, pre-tokenise (pretokenize.h), then merge each piece's
+// bytes: repeatedly merge the adjacent pair with the lowest rank (leftmost on ties). For
+// tiktoken files a pair's rank is the rank of the concatenated bytes (tiktoken's rule); for
+// the GPT-2 format it is the line of vocab.bpe that merges the pair (GPT-2's rule). Both are
+// stored as one (left id, right id) -> (rank, merged id) table.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "data/hash_tables.h"
+#include "data/pretokenize.h"
+
+namespace loom::data {
+
+using SpecialTokens = std::vector<std::pair<std::string, int32_t>>;
+
+class BpeTokenizer {
+ public:
+  // tokens[id] = the bytes of token `id` (ids with empty bytes are unused); every single
+  // byte must be a token. Merge pairs come from splitting each token into two tokens
+  // (tiktoken's rule: rank = id).
+  static BpeTokenizer from_ranks(std::vector<std::string> tokens, PreTokenizer pre,
+                                 SpecialTokens specials);
+  // GPT-2's rule: merges[k] = (left bytes, right bytes) with rank k.
+  static BpeTokenizer from_merges(std::vector<std::string> tokens,
+                                  const std::vector<std::pair<std::string, std::string>>& merges,
+                                  PreTokenizer pre, SpecialTokens specials);
+
+  BpeTokenizer(BpeTokenizer&&) = default;
+  BpeTokenizer& operator=(BpeTokenizer&&) = default;
+
+  // Appends the ids of text to out. With allow_special, special-token strings in the text
+  // become their ids; otherwise they are encoded as ordinary text. Safe to call from many
+  // threads at once (each thread keeps its own piece cache).
+  void encode(std::string_view text, std::vector<int32_t>& out, bool allow_special = true) const;
+  std::vector<int32_t> encode(std::string_view text, bool allow_special = true) const {
+    std::vector<int32_t> out;
+    encode(text, out, allow_special);
+    return out;
+  }
+  // BPE of one pre-tokenised piece (no cache); exposed for tests and training.
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+
+  // Exact inverse of encode. Throws loom::Error on an id outside the vocabulary.
+  std::string decode(std::span<const int32_t> ids) const;
+  void decode_append(int32_t id, std::string& out) const;
+
+  int32_t vocab_size() const { return vocab_size_; }  // largest id + 1
+  PreTokenizer pretokenizer() const { return pre_; }
+  const SpecialTokens& specials() const { return specials_; }
+  int32_t special_id(std::string_view text) const;  // -1 if not a special token
+  // The end-of-document token: <|endoftext|> if present, else -1.
+  int32_t eot_id() const { return special_id("<|endoftext|>"); }
+  // Bytes of an ordinary token (empty for specials and unused ids).
+  const std::string& token_bytes(int32_t id) const { return tokens_[size_t(id)]; }
+  size_t n_ordinary() const { return tokens_.size(); }
+  bool uses_merge_ranks() const { return merge_rule_; }
+
+ private:
+  BpeTokenizer() = default;
+  void init_common();
+  void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
+  void merge_short(int32_t* ids, size_t n, std::vector<int32_t>& out) const;
+  void merge_long(const int32_t* ids, size_t n, std::vector<int32_t>& out) const;
+  // (rank << 32 | merged id) for the pair, or ~0 if the pair does not merge.
+  uint64_t pair_rank(int32_t left, int32_t right) const {
+    const uint64_t* v = pairs_.find((uint64_t(uint32_t(left)) << 32) | uint32_t(right));
+    return v ? *v : ~uint64_t(0);
+  }
+
+  std::vector<std::string> tokens_;  // id -> bytes for ordinary tokens
+  BytesMap by_bytes_;                // bytes -> id
+  U64Map pairs_;                     // (left, right) -> (rank, merged)
+  int32_t byte_id_[256] = {};
+  bool merge_rule_ = false;  // GPT-2 merge-list rule (no whole-piece shortcut)
+  PreTokenizer pre_ = PreTokenizer::Gpt2;
+  SpecialTokens specials_;
+  std::vector<int32_t> special_of_id_;  // id -> index into specials_ or -1
+  bool special_first_byte_[256] = {};
+  int32_t vocab_size_ = 0;
+  uint64_t serial_ = 0;  // identifies this vocabulary to the per-thread caches
+};
+
+// Loads a tokenizer from a spec: "gpt2:DIR" (encoder.json + vocab.bpe), "tiktoken:FILE",
+// "loom:DIR" (saved by save_loom_tokenizer), or a bare path whose kind is detected.
+// tiktoken files get their pre-tokeniser and special tokens from a sidecar FILE.json
+// ({"pretokenizer": "cl100k", "special_tokens": {"<|endoftext|>": 100257}}) if present, else
+// from the known names gpt2/r50k_base/p50k_base/cl100k_base, else gpt2 rules with
+// <|endoftext|> after the last rank.
+std::unique_ptr<BpeTokenizer> load_tokenizer(const std::string& spec);
+BpeTokenizer load_gpt2_tokenizer(const std::string& dir);
+BpeTokenizer load_tiktoken(const std::string& path, PreTokenizer pre, SpecialTokens specials);
+BpeTokenizer load_tiktoken(const std::string& path);  // settings as for "tiktoken:FILE"
+
+// Saves DIR/tokenizer.tiktoken (ranks, loadable by tiktoken itself) and DIR/tokenizer.json
+// (pre-tokeniser and special tokens). Both writes are atomic.
+void save_loom_tokenizer(const BpeTokenizer& tok, const std::string& dir);
+BpeTokenizer load_loom_tokenizer(const std::string& dir);
+
+// Writes ranks as "base64(bytes) rank" lines, the tiktoken format.
+std::string tiktoken_text(const BpeTokenizer& tok);
+
+}  // namespace loom::data

@@ -1,0 +1,292 @@
+// Tokenizer files: GPT-2's encoder.json + vocab.bpe, tiktoken rank files, Loom's own folder.
+#include <filesystem>
+#include <map>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "data/bpe.h"
+
+namespace loom::data {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// GPT-2 stores bytes as printable code points: printable Latin-1 bytes map to themselves,
+// the other 68 bytes to U+0100.. in byte order.
+std::vector<uint32_t> gpt2_byte_to_codepoint() {
+  std::vector<uint32_t> cp(256, 0);
+  std::vector<bool> direct(256, false);
+  for (int b = '!'; b <= '~'; ++b) direct[size_t(b)] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) direct[size_t(b)] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) direct[size_t(b)] = true;
+  uint32_t extra = 0;
+  for (int b = 0; b < 256; ++b) cp[size_t(b)] = direct[size_t(b)] ? uint32_t(b) : 256 + extra++;
+  return cp;
+}
+
+// Decodes a GPT-2 token string (UTF-8 of the mapped code points) back to raw bytes.
+bool gpt2_unmap(std::string_view s, const std::map<uint32_t, uint8_t>& inv, std::string* out) {
+  out->clear();
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp = p[i];
+    int len = 1;
+    if (cp >= 0x80) {
+      if ((cp & 0xE0) != 0xC0 || i + 1 >= s.size()) return false;
+      cp = ((cp & 0x1F) << 6) | (p[i + 1] & 0x3F);
+      len = 2;
+    }
+    auto it = inv.find(cp);
+    if (it == inv.end()) return false;
+    out->push_back(char(it->second));
+    i += size_t(len);
+  }
+  return true;
+}
+
+int b64_value(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+
+bool base64_decode(std::string_view in, std::string* out) {
+  out->clear();
+  uint32_t acc = 0;
+  int bits = 0;
+  size_t i = 0;
+  for (; i < in.size() && in[i] != '='; ++i) {
+    int v = b64_value(in[i]);
+    if (v < 0) return false;
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out->push_back(char((acc >> bits) & 0xFF));
+    }
+  }
+  for (; i < in.size(); ++i)
+    if (in[i] != '=') return false;
+  return in.size() % 4 == 0;
+}
+
+std::string base64_encode(std::string_view in) {
+  static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 3 <= in.size(); i += 3) {
+    uint32_t v =
+        (uint32_t(uint8_t(in[i])) << 16) | (uint32_t(uint8_t(in[i + 1])) << 8) | uint8_t(in[i + 2]);
+    for (int k = 18; k >= 0; k -= 6) out.push_back(tbl[(v >> k) & 63]);
+  }
+  if (size_t rest = in.size() - i) {
+    uint32_t v = uint32_t(uint8_t(in[i])) << 16;
+    if (rest == 2) v |= uint32_t(uint8_t(in[i + 1])) << 8;
+    out.push_back(tbl[(v >> 18) & 63]);
+    out.push_back(tbl[(v >> 12) & 63]);
+    out.push_back(rest == 2 ? tbl[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
+SpecialTokens specials_from_json(const Json& obj, const std::string& where) {
+  SpecialTokens out;
+  for (auto& [text, id] : obj.as_object()) {
+    LOOM_CHECK(id.type() == Json::Type::Int, where, ": special token '", text,
+               "' needs an integer id");
+    out.emplace_back(text, int32_t(id.as_int()));
+  }
+  return out;
+}
+
+}  // namespace
+
+BpeTokenizer load_gpt2_tokenizer(const std::string& dir) {
+  std::string enc_path = (fs::path(dir) / "encoder.json").string();
+  std::string bpe_path = (fs::path(dir) / "vocab.bpe").string();
+  std::vector<uint32_t> b2c = gpt2_byte_to_codepoint();
+  std::map<uint32_t, uint8_t> inv;
+  for (int b = 0; b < 256; ++b) inv[b2c[size_t(b)]] = uint8_t(b);
+
+  Json enc = Json::parse(read_file(enc_path), enc_path);
+  LOOM_CHECK(enc.is_object(), enc_path, ": expected an object of token -> id");
+  std::map<std::string, int32_t> by_text;  // raw bytes -> id
+  std::vector<std::string> tokens;
+  std::string bytes;
+  for (auto& [text, idj] : enc.as_object()) {
+    LOOM_CHECK(idj.type() == Json::Type::Int && idj.as_int() >= 0, enc_path, ": token '", text,
+               "' has no valid integer id");
+    LOOM_CHECK(gpt2_unmap(text, inv, &bytes), enc_path, ": token '", text,
+               "' is not in GPT-2's byte encoding");
+    auto id = size_t(idj.as_int());
+    if (tokens.size() <= id) tokens.resize(id + 1);
+    LOOM_CHECK(tokens[id].empty(), enc_path, ": id ", id, " used twice");
+    tokens[id] = bytes;
+    by_text[bytes] = int32_t(id);
+  }
+
+  std::string bpe = read_file(bpe_path);
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::map<std::string, bool> made;  // bytes produced by some merge
+  size_t line_no = 0;
+  for (size_t pos = 0; pos < bpe.size();) {
+    size_t eol = bpe.find('\n', pos);
+    if (eol == std::string::npos) eol = bpe.size();
+    std::string_view line(bpe.data() + pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || (line_no == 1 && line.rfind("#version", 0) == 0)) continue;
+    size_t sp = line.find(' ');
+    LOOM_CHECK(sp != std::string_view::npos && sp > 0 && sp + 1 < line.size() &&
+                   line.find(' ', sp + 1) == std::string_view::npos,
+               bpe_path, ":", line_no, ": expected two tokens separated by one space");
+    std::string a, b;
+    LOOM_CHECK(gpt2_unmap(line.substr(0, sp), inv, &a) && gpt2_unmap(line.substr(sp + 1), inv, &b),
+               bpe_path, ":", line_no, ": token not in GPT-2's byte encoding");
+    made[a + b] = true;
+    merges.emplace_back(std::move(a), std::move(b));
+  }
+  // Multi-byte entries that no merge produces (<|endoftext|>) are special tokens.
+  SpecialTokens specials;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (tokens[id].size() > 1 && !made.count(tokens[id])) {
+      specials.emplace_back(tokens[id], int32_t(id));
+      tokens[id].clear();
+    }
+  }
+  return BpeTokenizer::from_merges(std::move(tokens), merges, PreTokenizer::Gpt2,
+                                   std::move(specials));
+}
+
+BpeTokenizer load_tiktoken(const std::string& path, PreTokenizer pre, SpecialTokens specials) {
+  std::string text = read_file(path);
+  std::vector<std::string> tokens;
+  std::string bytes;
+  size_t line_no = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    std::string_view line(text.data() + pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    size_t sp = line.find(' ');
+    LOOM_CHECK(sp != std::string_view::npos, path, ":", line_no, ": expected 'base64-token rank'");
+    LOOM_CHECK(base64_decode(line.substr(0, sp), &bytes) && !bytes.empty(), path, ":", line_no,
+               ": invalid base64 token");
+    std::string_view rank_s = line.substr(sp + 1);
+    int64_t rank = 0;
+    LOOM_CHECK(!rank_s.empty() && rank_s.size() < 10, path, ":", line_no, ": invalid rank");
+    for (char c : rank_s) {
+      LOOM_CHECK(c >= '0' && c <= '9', path, ":", line_no, ": invalid rank '", rank_s, "'");
+      rank = rank * 10 + (c - '0');
+    }
+    if (tokens.size() <= size_t(rank)) tokens.resize(size_t(rank) + 1);
+    LOOM_CHECK(tokens[size_t(rank)].empty(), path, ":", line_no, ": rank ", rank, " used twice");
+    tokens[size_t(rank)] = bytes;
+  }
+  LOOM_CHECK(!tokens.empty(), path, ": no tokens");
+  try {
+    return BpeTokenizer::from_ranks(std::move(tokens), pre, std::move(specials));
+  } catch (const Error& e) {
+    fail(path, ": ", e.what());
+  }
+}
+
+BpeTokenizer load_tiktoken(const std::string& path) {
+  std::string sidecar = path + ".json";
+  if (file_exists(sidecar)) {
+    Json j = Json::parse(read_file(sidecar), sidecar);
+    PreTokenizer pre = parse_pretokenizer(
+        j.contains("pretokenizer") ? j.at("pretokenizer").as_string() : std::string("gpt2"));
+    SpecialTokens sp = j.contains("special_tokens")
+                           ? specials_from_json(j.at("special_tokens"), sidecar)
+                           : SpecialTokens{};
+    return load_tiktoken(path, pre, std::move(sp));
+  }
+  std::string stem = fs::path(path).stem().string();
+  if (stem == "gpt2" || stem == "r50k_base" || stem == "p50k_base")
+    return load_tiktoken(path, PreTokenizer::Gpt2, {{"<|endoftext|>", 50256}});
+  if (stem == "cl100k_base")
+    return load_tiktoken(path, PreTokenizer::Cl100k,
+                         {{"<|endoftext|>", 100257},
+                          {"<|fim_prefix|>", 100258},
+                          {"<|fim_middle|>", 100259},
+                          {"<|fim_suffix|>", 100260},
+                          {"<|endofprompt|>", 100276}});
+  // Unknown file: GPT-2 rules, <|endoftext|> right after the last rank.
+  BpeTokenizer probe = load_tiktoken(path, PreTokenizer::Gpt2, {});
+  log_info(path, ": unknown tiktoken vocabulary; using gpt2 pre-tokenisation and <|endoftext|> = ",
+           probe.vocab_size(), " (write ", sidecar, " to choose)");
+  return load_tiktoken(path, PreTokenizer::Gpt2, {{"<|endoftext|>", probe.vocab_size()}});
+}
+
+std::string tiktoken_text(const BpeTokenizer& tok) {
+  std::string out;
+  for (size_t id = 0; id < tok.n_ordinary(); ++id) {
+    const std::string& b = tok.token_bytes(int32_t(id));
+    if (b.empty()) continue;
+    out += base64_encode(b);
+    out += ' ';
+    out += std::to_string(id);
+    out += '\n';
+  }
+  return out;
+}
+
+void save_loom_tokenizer(const BpeTokenizer& tok, const std::string& dir) {
+  make_dirs(dir);
+  write_file_atomic((fs::path(dir) / "tokenizer.tiktoken").string(), tiktoken_text(tok));
+  Json meta = Json::object();
+  meta["format"] = "loom-bpe-v1";
+  meta["pretokenizer"] = pretokenizer_name(tok.pretokenizer());
+  meta["vocab_size"] = int64_t(tok.vocab_size());
+  Json sp = Json::object();
+  for (auto& [text, id] : tok.specials()) sp[text] = int64_t(id);
+  meta["special_tokens"] = sp;
+  write_file_atomic((fs::path(dir) / "tokenizer.json").string(), meta.dump(2) + "\n");
+}
+
+BpeTokenizer load_loom_tokenizer(const std::string& dir) {
+  std::string meta_path = (fs::path(dir) / "tokenizer.json").string();
+  Json meta = Json::parse(read_file(meta_path), meta_path);
+  LOOM_CHECK(meta.contains("format") && meta.at("format").as_string() == "loom-bpe-v1", meta_path,
+             ": not a Loom tokenizer (format must be loom-bpe-v1)");
+  PreTokenizer pre = parse_pretokenizer(meta.at("pretokenizer").as_string());
+  SpecialTokens sp = meta.contains("special_tokens")
+                         ? specials_from_json(meta.at("special_tokens"), meta_path)
+                         : SpecialTokens{};
+  return load_tiktoken((fs::path(dir) / "tokenizer.tiktoken").string(), pre, std::move(sp));
+}
+
+std::unique_ptr<BpeTokenizer> load_tokenizer(const std::string& spec) {
+  auto make = [](BpeTokenizer t) { return std::make_unique<BpeTokenizer>(std::move(t)); };
+  size_t colon = spec.find(':');
+  if (colon != std::string::npos) {
+    std::string kind = spec.substr(0, colon), path = spec.substr(colon + 1);
+    if (kind == "gpt2") return make(load_gpt2_tokenizer(path));
+    if (kind == "tiktoken") return make(load_tiktoken(path));
+    if (kind == "loom") return make(load_loom_tokenizer(path));
+  }
+  LOOM_CHECK(file_exists(spec), "tokenizer '", spec,
+             "' not found (expected gpt2:DIR, tiktoken:FILE, loom:DIR or an existing path)");
+  if (fs::is_directory(spec)) {
+    if (file_exists((fs::path(spec) / "encoder.json").string()))
+      return make(load_gpt2_tokenizer(spec));
+    if (file_exists((fs::path(spec) / "tokenizer.json").string()))
+      return make(load_loom_tokenizer(spec));
+    fail(spec, ": folder has neither encoder.json + vocab.bpe (GPT-2) nor tokenizer.json (Loom)");
+  }
+  return make(load_tiktoken(spec));
+}
+
+}  // namespace loom::data

@@ -1,0 +1,123 @@
+// The op interface. Every op is a plain function over raw buffers of one device (llm.c style),
+// grouped in a Backend so a CUDA implementation can provide the same ops over device pointers.
+// Conventions, for every backward op:
+//   - gradients of parameters (dweight, dbias, dtable) are ACCUMULATED (+=), because a
+//     parameter's gradient sums over micro-batches and, with tied weights, over uses;
+//   - gradients of inputs (dinp) are WRITTEN (=); the caller adds branches together.
+// Shapes are row-major. N = number of tokens (rows), C = channels. Nullable pointers say so.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+struct Backend {
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual Device device() const = 0;
+
+  // C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [M,K], op(B) is [K,N].
+  virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                    int lda, const float* B, int ldb, float beta, float* C, int ldc) = 0;
+  // `batch` independent GEMMs with element strides between consecutive matrices.
+  virtual void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                            const float* A, int lda, int64_t stride_a, const float* B, int ldb,
+                            int64_t stride_b, float beta, float* C, int ldc, int64_t stride_c,
+                            int batch) = 0;
+
+  // Linear layer: out[N,OC] = inp[N,IC] * weight[OC,IC]^T + bias[OC] (bias nullable).
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                              int N, int IC, int OC) = 0;
+  // dinp[N,IC] = dout * weight (dinp nullable: skipped); dweight += dout^T inp; dbias += sum dout.
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, int N, int IC, int OC) = 0;
+
+  // out[i,:] (=, or += if accumulate) table[ids[i],:]. ids must lie in [0, V).
+  virtual void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
+                                 bool accumulate) = 0;
+  // dtable[ids[i],:] += dout[i,:].
+  virtual void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N,
+                                  int C) = 0;
+
+  // LayerNorm over the last dim; saves mean[N], rstd[N] for backward. bias nullable.
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* weight, const float* bias, int N, int C,
+                                 float eps) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+
+  // RMSNorm: out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps); saves rstd[N].
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
+                               int N, int C, float eps) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                const float* weight, const float* rstd, int N, int C) = 0;
+
+  // GeLU, tanh approximation (as GPT-2). n elements.
+  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+
+  // SwiGLU: inp[N, 2F] holds [gate | up] per row; out[N,F] = silu(gate) * up.
+  virtual void swiglu_forward(float* out, const float* inp, int N, int F) = 0;
+  virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) = 0;
+
+  // Rotary embedding, rotate-half convention (Hugging Face Llama): within each head of D dims,
+  // pairs (j, j + D/2) rotate by angle pos * theta^(-2j/D). x has H heads per token and a row
+  // stride of `ld` elements; rotated in place. Backward rotates by the negative angle.
+  virtual void rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld,
+                            float theta) = 0;
+  virtual void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld,
+                             float theta) = 0;
+
+  // out = a + b; acc += x.
+  virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;
+  virtual void add_inplace(float* acc, const float* x, int64_t n) = 0;
+  virtual void scale_inplace(float* x, float s, int64_t n) = 0;
+
+  // Row softmax over `cols`; backward: dinp = out * (dout - sum(dout * out)).
+  virtual void softmax_forward(float* out, const float* inp, int rows, int cols) = 0;
+  virtual void softmax_backward(float* dinp, const float* out, const float* dout, int rows,
+                                int cols) = 0;
+
+  // Fused softmax + cross-entropy over a vocabulary of V for N rows of logits. losses[i] =
+  // -log softmax(logits[i])[targets[i]]; then, if dlogits is non-null, dlogits (which may alias
+  // logits) = (softmax - onehot) * dloss. Rows with target < 0 are ignored (loss 0, grad 0).
+  virtual void cross_entropy(float* losses, float* dlogits, const float* logits,
+                             const int32_t* targets, int N, int V, float dloss) = 0;
+
+  // Causal attention, tile by tile with an online softmax (memory linear in sequence length).
+  // Tokens of `nseq` sequences are concatenated; sequence s spans [cu_seqlens[s],
+  // cu_seqlens[s+1]) and attends only within itself (packed documents). q has Hq heads, k and v
+  // Hkv heads (Hq % Hkv == 0, grouped-query), each of D dims; q, k, v rows are `ld` elements
+  // apart (they usually sit inside one fused QKV row). out[N, Hq*D] contiguous; lse[N, Hq] saves
+  // the log-sum-exp of each row for backward.
+  virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
+                                 const float* v, int ld, const int32_t* cu_seqlens, int nseq,
+                                 int Hq, int Hkv, int D, float scale) = 0;
+  // Writes dq, dk, dv (same strided layout as q, k, v).
+  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* q, const float* k, const float* v, const float* out,
+                                  const float* lse, int ld, const int32_t* cu_seqlens, int nseq,
+                                  int Hq, int Hkv, int D, float scale) = 0;
+
+  // AdamW with decoupled weight decay on fp32 master params; grads are multiplied by
+  // grad_scale first (unscaling / clipping). `step` is 1-based, for bias correction.
+  virtual void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                     int64_t step) = 0;
+
+  // Reductions used by clipping and overflow checks.
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+  virtual bool all_finite(const float* x, int64_t n) = 0;
+};
+
+// The CPU backend (OpenBLAS + OpenMP). One instance, stateless.
+Backend& cpu_backend();
+
+// Sets OpenMP and BLAS thread counts (0 = leave the defaults).
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace loom

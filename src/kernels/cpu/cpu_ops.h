@@ -1,0 +1,54 @@
+// CPU implementations of the Backend ops (OpenBLAS + OpenMP + compiler SIMD).
+// Semantics of each op: see kernels/backend.h.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                  int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b, float beta,
+                  float* C, int ldc, int64_t stride_c, int batch);
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int IC, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC);
+void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
+                       bool accumulate);
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N, int C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                     float eps);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C);
+void gelu_forward(float* out, const float* inp, int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+void swiglu_forward(float* out, const float* inp, int N, int F);
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F);
+void rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld, float theta);
+void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld, float theta);
+void add(float* out, const float* a, const float* b, int64_t n);
+void add_inplace(float* acc, const float* x, int64_t n);
+void scale_inplace(float* x, float s, int64_t n);
+void softmax_forward(float* out, const float* inp, int rows, int cols);
+void softmax_backward(float* dinp, const float* out, const float* dout, int rows, int cols);
+void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                   int N, int V, float dloss);
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,
+                       float scale);
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse, int ld,
+                        const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D, float scale);
+void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+           float beta2, float eps, float weight_decay, float grad_scale, int64_t step);
+double sum_squares(const float* x, int64_t n);
+bool all_finite(const float* x, int64_t n);
+
+}  // namespace loom::cpu

@@ -1,0 +1,110 @@
+// The decoder: embedding -> n_layer x [norm, attention, residual, norm, MLP, residual] ->
+// final norm -> output head fused with softmax cross-entropy. Every layer has an explicit
+// forward and backward over plain buffers; nothing here knows about parallelism, precision
+// policies beyond "round activations to this dtype", or the optimizer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/backend.h"
+#include "model/model_config.h"
+#include "model/params.h"
+
+namespace loom {
+
+// What is kept between forward and backward (docs/architecture.md):
+//   None       every layer's activations;
+//   Selective  all but the attention core (RoPE'd q/k kept; attention output and LSE
+//              recomputed per layer in backward);
+//   Full       only each layer's input; the whole layer is recomputed in backward.
+enum class Recompute { None, Selective, Full };
+Recompute recompute_from_name(const std::string& s);
+const char* recompute_name(Recompute r);
+
+// One micro-batch of N tokens made of nseq sequences (rows of a batch, or packed documents).
+struct ModelInput {
+  const int32_t* tokens = nullptr;      // [N]
+  const int32_t* targets = nullptr;     // [N], -1 = no loss at this position
+  const int32_t* positions = nullptr;   // [N], position of each token within its sequence
+  const int32_t* cu_seqlens = nullptr;  // [nseq + 1]
+  int N = 0;
+  int nseq = 0;
+};
+
+class Decoder {
+ public:
+  Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute = Recompute::None,
+          DType act_dtype = DType::F32);
+
+  const ModelConfig& config() const { return cfg_; }
+  ParamSet& params() { return params_; }
+  const ParamSet& params() const { return params_; }
+  DType act_dtype() const { return act_dtype_; }
+
+  // Forward and backward in one call (the head is fused with the loss). Each token's loss
+  // gradient is `dloss` (e.g. 1 / tokens in the global batch, times a loss scale); parameter
+  // gradients ACCUMULATE into params().grad(). Returns the sum of the per-token losses.
+  double forward_backward(const ModelInput& in, float dloss);
+  // Forward only; returns the sum of per-token losses.
+  double forward_loss(const ModelInput& in);
+  // Forward only; logits [rows.size(), vocab] for the given token rows.
+  void forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits);
+
+  // Called after backward has finished the gradients of block `layer` (last to first), then
+  // with -1 for the embedding: the hook for overlapping gradient communication.
+  std::function<void(int layer)> on_grads_ready;
+
+  // Bytes held in activation buffers for the last batch size.
+  size_t activation_bytes() const { return arena_.size() * sizeof(float); }
+
+ private:
+  struct LayerParams {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
+    float *ln2_w, *ln2_b, *fc_w, *fc_b, *mp_w, *mp_b;
+  };
+  struct LayerActs {
+    float *x_in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse;
+    float *x_mid, *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
+  };
+
+  void build_params();
+  LayerParams layer_params(int l, bool grads);
+  void ensure_buffers(int N);
+  void embed_forward(const ModelInput& in);
+  void embed_backward(const ModelInput& in);
+  void block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out);
+  void attention_core(const ModelInput& in, const LayerActs& a);
+  void block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres);
+  void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                    const float* b, int N);
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                     const float* w, const float* mean, const float* rstd, int N);
+  // Final norm + head over chunks of rows; with grads, fills dres (d of the last residual).
+  double head(const ModelInput& in, float dloss, bool grads);
+  const float* head_weight();
+  float* head_grad();
+  void round_act(float* x, int64_t n) const;
+  double run(const ModelInput& in, float dloss, bool grads);
+
+  ModelConfig cfg_;
+  Backend& be_;
+  Recompute recompute_;
+  DType act_dtype_;
+  ParamSet params_;
+
+  int N_ = 0;  // tokens the buffers are sized for
+  std::vector<float> arena_;
+  std::vector<LayerActs> acts_;  // per layer (views into the arena; shared under recompute)
+  float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
+  float* logits_ = nullptr;  // [chunk, vocab]
+  float* losses_ = nullptr;  // [N]
+  // backward scratch
+  float *dres_ = nullptr, *dln_ = nullptr, *dtmp_ = nullptr, *datt_ = nullptr, *dqkv_ = nullptr,
+        *dfc_ = nullptr, *dact_ = nullptr, *tmp_ = nullptr;
+  static constexpr int kHeadChunk = 64;  // rows of logits materialised at once
+};
+
+}  // namespace loom

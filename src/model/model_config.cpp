@@ -1,0 +1,150 @@
+#include "model/model_config.h"
+
+#include "core/config.h"
+#include "core/error.h"
+
+namespace loom {
+
+const char* family_name(Family f) { return f == Family::GPT2 ? "gpt2" : "llama"; }
+
+static ModelConfig gpt2(const char* name, int layers, int d, int heads, int vocab, int seq) {
+  ModelConfig c;
+  c.name = name;
+  c.family = Family::GPT2;
+  c.n_layer = layers;
+  c.d_model = d;
+  c.n_head = c.n_kv_head = heads;
+  c.head_dim = d / heads;
+  c.d_ff = 4 * d;
+  c.vocab = vocab;
+  c.max_seq = seq;
+  c.tied = true;
+  c.bias = true;
+  return c;
+}
+
+static ModelConfig llama(const char* name, int layers, int d, int heads, int kv, int ff, int vocab,
+                         int seq, float theta, bool tied) {
+  ModelConfig c;
+  c.name = name;
+  c.family = Family::Llama;
+  c.n_layer = layers;
+  c.d_model = d;
+  c.n_head = heads;
+  c.n_kv_head = kv;
+  c.head_dim = d / heads;
+  c.d_ff = ff;
+  c.vocab = vocab;
+  c.max_seq = seq;
+  c.norm_eps = 1e-5f;
+  c.rope_theta = theta;
+  c.tied = tied;
+  c.bias = false;
+  return c;
+}
+
+std::vector<std::string> model_preset_names() {
+  return {"tiny", "tiny-llama", "gpt2-124m", "gpt2-350m", "llama-1b", "llama-8b"};
+}
+
+ModelConfig model_preset(const std::string& name) {
+  // tiny: trains in minutes on 2 cores (byte-level vocabulary by default).
+  if (name == "tiny") return gpt2("tiny", 4, 128, 4, 256, 128);
+  if (name == "tiny-llama") return llama("tiny-llama", 4, 128, 4, 2, 352, 256, 128, 10000.f, false);
+  // GPT-2 small with the vocabulary padded to a multiple of 128 (50257 -> 50304), as llm.c and
+  // Megatron do for GEMM efficiency.
+  if (name == "gpt2-124m") return gpt2("gpt2-124m", 12, 768, 12, 50304, 1024);
+  if (name == "gpt2-350m") return gpt2("gpt2-350m", 24, 1024, 16, 50304, 1024);
+  // Llama 3.2 1B shapes (tied embeddings, as that model ships) and Llama 3 8B shapes.
+  if (name == "llama-1b") return llama("llama-1b", 16, 2048, 32, 8, 8192, 128256, 8192, 500000.f, true);
+  if (name == "llama-8b") return llama("llama-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.f, false);
+  std::string all;
+  for (auto& n : model_preset_names()) all += (all.empty() ? "" : ", ") + n;
+  fail("unknown model preset '", name, "' (known: ", all, ")");
+}
+
+void ModelConfig::validate() const {
+  LOOM_CHECK(n_layer > 0, "model.n_layer must be positive, got ", n_layer);
+  LOOM_CHECK(d_model > 0, "model.d_model must be positive, got ", d_model);
+  LOOM_CHECK(n_head > 0, "model.n_head must be positive, got ", n_head);
+  LOOM_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0, "model.n_kv_head (", n_kv_head,
+             ") must divide model.n_head (", n_head, ")");
+  LOOM_CHECK(head_dim > 0, "model.head_dim must be positive, got ", head_dim);
+  LOOM_CHECK(d_model % n_head == 0, "model.n_head (", n_head, ") must divide model.d_model (",
+             d_model, ")");
+  LOOM_CHECK(family == Family::Llama || head_dim * n_head == d_model, "model.head_dim (", head_dim,
+             ") must equal d_model / n_head for the gpt2 family");
+  LOOM_CHECK(!uses_rope() || head_dim % 2 == 0, "model.head_dim must be even for RoPE, got ",
+             head_dim);
+  LOOM_CHECK(d_ff > 0, "model.d_ff must be positive, got ", d_ff);
+  LOOM_CHECK(vocab > 0, "model.vocab must be positive, got ", vocab);
+  LOOM_CHECK(max_seq > 0, "model.max_seq must be positive, got ", max_seq);
+  LOOM_CHECK(norm_eps > 0, "model.norm_eps must be positive");
+  LOOM_CHECK(init_std > 0, "model.init_std must be positive");
+}
+
+int64_t ModelConfig::num_params() const {
+  int64_t C = d_model, b = bias ? 1 : 0;
+  int64_t norm = C * (1 + b);
+  int64_t attn = static_cast<int64_t>(qkv_dim()) * C + b * qkv_dim() +
+                 C * static_cast<int64_t>(n_head) * head_dim + b * C;
+  int64_t mlp = static_cast<int64_t>(fc_dim()) * C + b * fc_dim() + C * d_ff + b * C;
+  int64_t per_layer = 2 * norm + attn + mlp;
+  int64_t embed = static_cast<int64_t>(vocab) * C +
+                  (uses_positions_table() ? static_cast<int64_t>(max_seq) * C : 0);
+  int64_t head = tied ? 0 : static_cast<int64_t>(vocab) * C;
+  return embed + n_layer * per_layer + norm + head;
+}
+
+double ModelConfig::train_flops_per_token(int seq) const {
+  // Every parameter used in a matmul costs 6 FLOPs per token (2 forward, 4 backward); the
+  // output head counts even when tied. Embedding lookups, norms and biases are not matmuls.
+  double C = d_model;
+  double matmul = n_layer * (static_cast<double>(qkv_dim()) * C + C * n_head * head_dim +
+                             static_cast<double>(fc_dim()) * C + C * d_ff) +
+                  static_cast<double>(vocab) * C;
+  double attn = 6.0 * n_layer * seq * static_cast<double>(n_head) * head_dim;  // causal: half of 12
+  return 6.0 * matmul + attn;
+}
+
+std::string ModelConfig::fingerprint() const {
+  return cat(family_name(family), " layers=", n_layer, " d=", d_model, " heads=", n_head, "/",
+             n_kv_head, " head_dim=", head_dim, " ff=", d_ff, " vocab=", vocab,
+             " max_seq=", max_seq, " tied=", tied, " bias=", bias);
+}
+
+ModelConfig model_config_from(const Config& cfg) {
+  ModelConfig c = model_preset(cfg.get_string("model.preset", "tiny"));
+  std::string fam = cfg.get_string("model.family", family_name(c.family));
+  LOOM_CHECK(fam == "gpt2" || fam == "llama", "model.family must be gpt2 or llama, got '", fam, "'");
+  Family f = fam == "gpt2" ? Family::GPT2 : Family::Llama;
+  if (f != c.family) {  // switching family switches its defining choices
+    c.family = f;
+    c.tied = f == Family::GPT2;
+    c.bias = f == Family::GPT2;
+  }
+  c.n_layer = static_cast<int>(cfg.get_int("model.n_layer", c.n_layer));
+  int old_d = c.d_model, old_h = c.n_head;
+  c.d_model = static_cast<int>(cfg.get_int("model.d_model", c.d_model));
+  c.n_head = static_cast<int>(cfg.get_int("model.n_head", c.n_head));
+  c.n_kv_head = static_cast<int>(
+      cfg.get_int("model.n_kv_head", c.n_kv_head == old_h ? c.n_head : c.n_kv_head));
+  bool width_changed = c.d_model != old_d || c.n_head != old_h;
+  LOOM_CHECK(c.n_head > 0, "model.n_head must be positive, got ", c.n_head);
+  c.head_dim = static_cast<int>(
+      cfg.get_int("model.head_dim", width_changed ? c.d_model / c.n_head : c.head_dim));
+  c.d_ff = static_cast<int>(cfg.get_int("model.d_ff", c.d_model != old_d && f == Family::GPT2
+                                                          ? 4 * c.d_model
+                                                          : c.d_ff));
+  c.vocab = static_cast<int>(cfg.get_int("model.vocab", c.vocab));
+  c.max_seq = static_cast<int>(cfg.get_int("model.max_seq", c.max_seq));
+  c.norm_eps = static_cast<float>(cfg.get_double("model.norm_eps", c.norm_eps));
+  c.rope_theta = static_cast<float>(cfg.get_double("model.rope_theta", c.rope_theta));
+  c.init_std = static_cast<float>(cfg.get_double("model.init_std", c.init_std));
+  c.tied = cfg.get_bool("model.tied", c.tied);
+  c.bias = cfg.get_bool("model.bias", c.bias);
+  c.validate();
+  return c;
+}
+
+}  // namespace loom

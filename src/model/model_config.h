@@ -1,0 +1,57 @@
+// The shape of a decoder: one definition, configured into the GPT-2 family (LayerNorm, GeLU
+// MLP, learned positions, tied embeddings, biases) or the Llama family (RMSNorm, SwiGLU, RoPE,
+// grouped-query attention, untied, no biases).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+class Config;
+
+enum class Family { GPT2, Llama };
+const char* family_name(Family f);
+
+struct ModelConfig {
+  std::string name = "custom";
+  Family family = Family::GPT2;
+  int n_layer = 0;
+  int d_model = 0;
+  int n_head = 0;
+  int n_kv_head = 0;  // == n_head for multi-head attention
+  int head_dim = 0;   // d_model / n_head unless set
+  int d_ff = 0;       // MLP hidden width (per branch for SwiGLU)
+  int vocab = 0;
+  int max_seq = 0;
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.f;
+  float init_std = 0.02f;
+  bool tied = true;  // output head shares the token embedding
+  bool bias = true;  // linear and norm biases
+
+  bool uses_rope() const { return family == Family::Llama; }
+  bool uses_positions_table() const { return family == Family::GPT2; }
+  int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim; }
+  int fc_dim() const { return family == Family::Llama ? 2 * d_ff : d_ff; }
+
+  // Throws naming the field for impossible shapes (heads not dividing width, ...).
+  void validate() const;
+  int64_t num_params() const;
+  // Training FLOPs per token for sequence length `seq`: 6 * (non-embedding-lookup params)
+  // plus causal attention (6 * n_layer * seq * Hq * head_dim: QK^T and PV, forward and
+  // backward, halved for the causal mask).
+  double train_flops_per_token(int seq) const;
+  // A stable description of every shape-determining field (checkpoint compatibility).
+  std::string fingerprint() const;
+};
+
+// Named presets: tiny, tiny-llama, gpt2-124m, gpt2-350m, llama-1b, llama-8b (and *-moe later).
+ModelConfig model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+// Reads [model] from a config: `preset` then any field overrides (model.n_layer = ...).
+ModelConfig model_config_from(const Config& cfg);
+
+}  // namespace loom

@@ -1,0 +1,65 @@
+#include "model/params.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace loom {
+
+void ParamSet::add(const std::string& name, const Shape& shape, bool decay, ParamInit init,
+                   float std) {
+  LOOM_CHECK(!values_.defined(), "ParamSet::add after allocate (", name, ")");
+  LOOM_CHECK(!index_.count(name), "duplicate parameter name ", name);
+  ParamInfo p;
+  p.name = name;
+  p.shape = shape;
+  p.numel = numel_of(shape);
+  // Keep every parameter 16-float aligned (64 bytes) so SIMD loads never straddle two.
+  p.offset = (total_ + 15) / 16 * 16;
+  p.decay = decay;
+  p.init = init;
+  p.std = std;
+  total_ = p.offset + p.numel;
+  index_[name] = infos_.size();
+  infos_.push_back(p);
+}
+
+void ParamSet::allocate() {
+  values_ = Tensor::zeros({total_});
+  grads_ = Tensor::zeros({total_});
+}
+
+const ParamInfo& ParamSet::info(const std::string& name) const {
+  auto it = index_.find(name);
+  LOOM_CHECK(it != index_.end(), "no parameter named '", name, "'");
+  return infos_[it->second];
+}
+
+void ParamSet::init(uint64_t seed) {
+  for (auto& p : infos_) {
+    float* dst = data() + p.offset;
+    switch (p.init) {
+      case ParamInit::Zeros: std::fill(dst, dst + p.numel, 0.f); break;
+      case ParamInit::Ones: std::fill(dst, dst + p.numel, 1.f); break;
+      case ParamInit::Normal: fill_normal(dst, p.numel, seed, name_key(p.name), 0, 0.f, p.std); break;
+    }
+  }
+}
+
+void ParamSet::zero_grad() { std::memset(grad(), 0, sizeof(float) * total_); }
+
+std::map<std::string, Tensor> ParamSet::tensors() {
+  std::map<std::string, Tensor> m;
+  for (auto& p : infos_) m[p.name] = Tensor::view_of(data() + p.offset, p.shape, DType::F32);
+  return m;
+}
+
+std::map<std::string, Tensor> ParamSet::grad_tensors() {
+  std::map<std::string, Tensor> m;
+  for (auto& p : infos_) m[p.name] = Tensor::view_of(grad() + p.offset, p.shape, DType::F32);
+  return m;
+}
+
+}  // namespace loom

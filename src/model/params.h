@@ -1,0 +1,60 @@
+// All parameters of a model in ONE allocation (and all gradients in a second one), each
+// parameter a named view at a fixed offset (llm.c style). One buffer makes the optimizer a
+// few long loops, gradient buckets contiguous ranges, and checkpoints a list of views.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+enum class ParamInit { Normal, Zeros, Ones };
+
+struct ParamInfo {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;  // in elements, into the flat buffers
+  int64_t numel = 0;
+  bool decay = true;  // weight decay applies (matrices); not to norms, biases, embeddings
+  ParamInit init = ParamInit::Normal;
+  float std = 0.02f;
+};
+
+class ParamSet {
+ public:
+  void add(const std::string& name, const Shape& shape, bool decay, ParamInit init,
+           float std = 0.f);
+  void allocate();  // after every add(): zero-filled values and grads
+
+  // Draws every parameter from the counter-based RNG keyed by (seed, name, element index), so
+  // any sharded layout that knows a slice's global offset draws the same values.
+  void init(uint64_t seed);
+  void zero_grad();
+
+  int64_t total() const { return total_; }
+  float* data() { return values_.data<float>(); }
+  float* grad() { return grads_.data<float>(); }
+  const float* data() const { return values_.data<float>(); }
+  const float* grad() const { return grads_.data<float>(); }
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  const ParamInfo& info(const std::string& name) const;
+  bool has(const std::string& name) const { return index_.count(name) > 0; }
+  float* ptr(const std::string& name) { return data() + info(name).offset; }
+  float* grad_ptr(const std::string& name) { return grad() + info(name).offset; }
+
+  // Views of each parameter (or gradient), by name.
+  std::map<std::string, Tensor> tensors();
+  std::map<std::string, Tensor> grad_tensors();
+
+ private:
+  std::vector<ParamInfo> infos_;
+  std::map<std::string, size_t> index_;
+  int64_t total_ = 0;
+  Tensor values_, grads_;
+};
+
+}  // namespace loom

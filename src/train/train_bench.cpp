@@ -1,0 +1,85 @@
+#include "train/train_bench.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "kernels/cpu/sgemm_peak.h"
+#include "model/decoder.h"
+#include "optim/adamw.h"
+#include "precision/policy.h"
+#include "train/batch.h"
+
+namespace loom {
+
+static double peak_rss_mb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;  // Linux reports KiB
+}
+
+Json run_train_bench(const TrainBenchOptions& o) {
+  LOOM_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.warmup >= 0,
+             "batch, seq and steps must be positive");
+  set_num_threads(o.threads);
+  ModelConfig mc = model_preset(o.preset);
+  LOOM_CHECK(o.seq <= mc.max_seq, "--seq ", o.seq, " exceeds the preset's max_seq ", mc.max_seq);
+  PrecisionPolicy policy = precision_from_name(o.precision);
+  Decoder model(mc, cpu_backend(), recompute_from_name(o.recompute), policy.compute);
+  model.params().init(1);
+  AdamW optim(model.params(), AdamWConfig{}, policy.compute, cpu_backend());
+
+  Batch b;
+  b.set_rows(o.batch, o.seq);
+  for (size_t i = 0; i < b.tokens.size(); ++i) {
+    b.tokens[i] = static_cast<int32_t>(uniform_at(7, 1, i) * mc.vocab);
+    b.targets[i] = static_cast<int32_t>(uniform_at(7, 2, i) * mc.vocab);
+  }
+  const double tokens = double(o.batch) * o.seq;
+  const double flops = mc.train_flops_per_token(o.seq) * tokens;
+  std::vector<double> times;
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    double t0 = now_seconds();
+    model.params().zero_grad();
+    model.forward_backward(b.input(), static_cast<float>(1.0 / tokens));
+    optim.step(1e-4, 1.f);
+    if (s >= o.warmup) times.push_back(now_seconds() - t0);
+  }
+  std::sort(times.begin(), times.end());
+  double median = times[times.size() / 2];
+  double peak = measure_sgemm_peak_gflops(o.threads);
+  double gflops = flops / median / 1e9;
+
+  Json j = Json::object();
+  j["preset"] = o.preset;
+  j["params"] = mc.num_params();
+  j["batch"] = o.batch;
+  j["seq"] = o.seq;
+  j["threads"] = o.threads;
+  j["precision"] = o.precision;
+  j["recompute"] = o.recompute;
+  j["step_seconds_median"] = median;
+  j["tokens_per_s"] = tokens / median;
+  j["gflops"] = gflops;
+  j["sgemm_peak_gflops"] = peak;
+  j["ratio_to_sgemm_peak"] = gflops / peak;
+  j["peak_rss_mb"] = peak_rss_mb();
+  j["activation_mb"] = model.activation_bytes() / 1048576.0;
+  std::printf("loom bench train: %s (%lld params), batch %d x %d tokens, %d threads, %s\n",
+              o.preset.c_str(), static_cast<long long>(mc.num_params()), o.batch, o.seq,
+              o.threads, o.precision.c_str());
+  std::printf("  step time (median of %d): %.3f s\n", o.steps, median);
+  std::printf("  tokens/s:                 %.1f\n", tokens / median);
+  std::printf("  achieved:                 %.1f GFLOP/s (6*N*tokens + attention)\n", gflops);
+  std::printf("  sgemm peak (measured):    %.1f GFLOP/s\n", peak);
+  std::printf("  ratio to sgemm peak:      %.1f%%\n", 100 * gflops / peak);
+  std::printf("  peak resident memory:     %.0f MiB\n", peak_rss_mb());
+  return j;
+}
+
+}  // namespace loom

@@ -1,0 +1,21 @@
+// Training-throughput benchmark: full optimizer steps (forward, backward, AdamW) of a model
+// preset on synthetic tokens, reported against this machine's measured sgemm peak.
+#pragma once
+
+#include <string>
+
+#include "core/json.h"
+
+namespace loom {
+
+struct TrainBenchOptions {
+  std::string preset = "gpt2-124m";
+  int batch = 4, seq = 64, threads = 2, steps = 5, warmup = 1;
+  std::string precision = "fp32", recompute = "none";
+};
+
+// Runs the benchmark, prints a readable report, returns the figures (tokens_per_s, gflops,
+// sgemm_peak_gflops, ratio_to_sgemm_peak, peak_rss_mb, ...).
+Json run_train_bench(const TrainBenchOptions& o);
+
+}  // namespace loom

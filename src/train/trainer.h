@@ -1,0 +1,90 @@
+// The training application: model + optimizer + schedule + precision + data + checkpoints +
+// metrics, driven by a config. `loom train` is a thin wrapper around Trainer::run().
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/config.h"
+#include "model/decoder.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "precision/policy.h"
+#include "train/batch.h"
+#include "train/metrics.h"
+
+namespace loom {
+
+struct TrainOptions {
+  int64_t steps = 100;
+  int micro_batch = 8;
+  int seq_len = 128;
+  int grad_accum = 1;
+  uint64_t seed = 1234;
+  int threads = 0;  // 0 = OpenMP default
+  int64_t log_interval = 1;
+  int64_t eval_interval = 0;  // 0 = never
+  int eval_batches = 4;
+  std::string out_dir = "runs/default";
+  int64_t checkpoint_interval = 0;  // 0 = only at the end
+  int keep_last = 3;
+  bool resume = true;  // continue from out_dir/checkpoints/latest when it exists
+  double clip_grad = 1.0;  // global L2 norm; 0 = off
+  double peak_gflops = 0;  // MFU denominator; 0 = measure this machine's sgemm peak
+  bool quiet = false;
+};
+
+struct StepResult {
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  bool skipped = false;  // fp16 overflow or non-finite gradients
+  double seconds = 0;
+};
+
+class Trainer {
+ public:
+  // Reads every key it knows from cfg and rejects the rest (unknown keys are errors).
+  explicit Trainer(const Config& cfg);
+  ~Trainer();
+
+  // Trains until options().steps, saving checkpoints and writing metrics; returns last loss.
+  double run();
+  StepResult train_step();
+  double evaluate();  // mean loss over eval_batches fixed validation batches
+
+  void save_checkpoint();
+  bool resume_from(const std::string& path);  // a step dir or a checkpoints root
+
+  Decoder& model() { return *model_; }
+  const TrainOptions& options() const { return opt_; }
+  int64_t step() const { return step_; }
+  std::string checkpoint_root() const { return opt_.out_dir + "/checkpoints"; }
+  const PrecisionPolicy& precision() const { return policy_; }
+  const LossScaler& loss_scaler() const { return scaler_; }
+  // For tests: multiply every gradient by this before the overflow check (forces inf).
+  void inject_gradient_factor(float f) { inject_ = f; }
+
+ private:
+  void log_step(const StepResult& r, int64_t tokens);
+
+  Config cfg_;
+  std::string config_text_;
+  TrainOptions opt_;
+  ModelConfig mcfg_;
+  PrecisionPolicy policy_;
+  LossScaler scaler_;
+  LrSchedule sched_;
+  std::unique_ptr<Decoder> model_;
+  std::unique_ptr<AdamW> optim_;
+  std::unique_ptr<BatchSource> train_data_, valid_data_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::vector<Batch> micro_;
+  int64_t step_ = 0;
+  double flops_per_token_ = 0;
+  double peak_gflops_ = 0;
+  double started_ = 0;
+  int64_t steps_this_run_ = 0;
+  float inject_ = 1.f;
+};
+
+}  // namespace loom

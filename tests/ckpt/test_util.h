@@ -1,0 +1,67 @@
+// Helpers shared by the checkpoint tests: scratch directories and tensor comparisons.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "core/fs.h"
+#include "core/tensor.h"
+
+namespace loom::ckpt::testing {
+
+// A fresh directory under the test temp dir, removed when the test ends.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = ::testing::TempDir() + "loom_ckpt_XXXXXX";
+    char* p = ::mkdtemp(tmpl.data());
+    if (!p) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~ScratchDir() { remove_all(path_); }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Random values of the tensor's dtype: every byte pattern for integer types, and for float
+// types values of that precision (so a conversion to fp32 and back is exact).
+inline Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Tensor t = Tensor::zeros(shape, dtype);
+  if (dtype == DType::F32) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = nd(rng);
+  } else {
+    auto* p = static_cast<uint8_t*>(t.raw());
+    for (size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(rng());
+    if (dtype == DType::BF16 || dtype == DType::F16) {  // keep values finite and non-NaN
+      auto* h = t.data<uint16_t>();
+      for (int64_t i = 0; i < t.numel(); ++i) h[i] &= 0xbfffu;
+    }
+  }
+  return t;
+}
+
+// Byte-exact equality of shape, dtype and contents (logical order).
+inline ::testing::AssertionResult same_tensor(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure()
+           << "shapes " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
+  if (a.dtype() != b.dtype())
+    return ::testing::AssertionFailure()
+           << "dtypes " << dtype_name(a.dtype()) << " vs " << dtype_name(b.dtype());
+  Tensor ca = a.is_contiguous() ? a : a.clone(), cb = b.is_contiguous() ? b : b.clone();
+  if (a.nbytes() && std::memcmp(ca.raw(), cb.raw(), a.nbytes()) != 0)
+    return ::testing::AssertionFailure() << "contents differ";
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace loom::ckpt::testing

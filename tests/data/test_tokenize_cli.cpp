@@ -1,0 +1,203 @@
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/json.h"
+#include "data/bpe.h"
+#include "data/indexed_dataset.h"
+#include "data/tokenize_job.h"
+
+using namespace loom;
+using namespace loom::data;
+
+namespace {
+
+const std::string kTok = std::string(LOOM_DATA_FIXTURES) + "/tokenizers";
+
+std::string work_dir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "/loom_data/tokenize_cli/" + name;
+  remove_all(d);
+  make_dirs(d);
+  return d;
+}
+
+// Runs the CLI; returns its exit code, with stdout/stderr captured into *out / *err.
+int run_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr,
+            const std::string& stdin_text = "") {
+  // One folder per test: CTest may run this binary's tests as parallel processes.
+  std::string dir = ::testing::TempDir() + "/loom_data/tokenize_cli/io_" +
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  make_dirs(dir);
+  write_file_atomic(dir + "/stdin.txt", stdin_text);
+  std::string cmd = std::string(LOOM_DATA_CLI) + " " + args + " < " + dir + "/stdin.txt > " + dir +
+                    "/stdout.txt 2> " + dir + "/stderr.txt";
+  int rc = std::system(cmd.c_str());
+  if (out) *out = read_file(dir + "/stdout.txt");
+  if (err) *err = read_file(dir + "/stderr.txt");
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+const BpeTokenizer& gpt2() {
+  static BpeTokenizer t = load_gpt2_tokenizer(kTok + "/gpt2");
+  return t;
+}
+
+std::string jsonl_line(const std::string& text) {
+  std::string s = "{\"text\": ";
+  json_escape(s, text);
+  return s + ", \"meta\": 1}\n";
+}
+
+// Lines 1..8: good, bad JSON, good, missing field, invalid UTF-8, blank, good (special),
+// non-string.
+struct Input {
+  std::string path;
+  std::vector<std::string> good;
+};
+Input mixed_input(const std::string& dir) {
+  Input in;
+  in.good = {"Hello world", "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87", "end<|endoftext|>x"};
+  std::string s = jsonl_line(in.good[0]);
+  s += "{\"text\": \"unterminated\n";
+  s += jsonl_line(in.good[1]);
+  s += "{\"body\": \"no text field\"}\n";
+  s += "{\"text\": \"bad \xff byte\"}\n";
+  s += "\n";
+  s += jsonl_line(in.good[2]);
+  s += "{\"text\": 42}\n";
+  in.path = dir + "/mixed.jsonl";
+  write_file_atomic(in.path, s);
+  return in;
+}
+
+std::vector<std::string> dir_entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+TEST(TokenizeCli, SkipModeWritesGoodDocumentsAndReportsBadLines) {
+  std::string dir = work_dir("skip");
+  Input in = mixed_input(dir);
+  std::string out, err;
+  int rc = run_cli("tokenize --input " + in.path + " --tokenizer gpt2:" + kTok + "/gpt2 --out " +
+                       dir + "/out/corpus --append-eod --workers 2",
+                   &out, &err);
+  ASSERT_EQ(rc, 0) << err;
+  for (const char* where : {"mixed.jsonl:2: bad JSON", "mixed.jsonl:4: missing field 'text'",
+                            "mixed.jsonl:5: field 'text' is not valid UTF-8",
+                            "mixed.jsonl:8: field 'text' is not a string"})
+    EXPECT_NE(err.find(where), std::string::npos) << where << "\n" << err;
+  EXPECT_NE(out.find("4 lines skipped"), std::string::npos) << out;
+  IndexedDataset ds(dir + "/out/corpus");
+  EXPECT_EQ(ds.dtype(), TokenDType::UInt16);
+  ASSERT_EQ(ds.num_documents(), 3);
+  for (size_t k = 0; k < in.good.size(); ++k) {
+    auto expect = gpt2().encode(in.good[k]);
+    expect.push_back(50256);
+    EXPECT_EQ(ds.document(int64_t(k)), expect);
+  }
+  EXPECT_EQ(dir_entries(dir + "/out"), (std::vector<std::string>{"corpus.bin", "corpus.idx"}));
+}
+
+TEST(TokenizeCli, FailModeStopsAtFirstBadLineAndLeavesNoOutput) {
+  std::string dir = work_dir("fail");
+  Input in = mixed_input(dir);
+  make_dirs(dir + "/out");
+  std::string err;
+  int rc = run_cli("tokenize --input " + in.path + " --tokenizer " + kTok + "/gpt2 --out " + dir +
+                       "/out/corpus --on-error fail",
+                   nullptr, &err);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find("mixed.jsonl:2: bad JSON"), std::string::npos) << err;
+  EXPECT_TRUE(dir_entries(dir + "/out").empty());
+  EXPECT_NE(run_cli("tokenize --input " + in.path + " --tokenizer nowhere --out " + dir + "/x"), 0);
+  EXPECT_NE(run_cli("tokenize --input " + dir + "/missing.jsonl --tokenizer " + kTok +
+                    "/gpt2 --out " + dir + "/x"),
+            0);
+}
+
+TEST(TokenizeJob, OutputDoesNotDependOnWorkersOrBlockSize) {
+  std::string dir = work_dir("workers");
+  std::string a, b;
+  for (int i = 0; i < 400; ++i) a += jsonl_line("document " + std::to_string(i) + " about tokens.");
+  for (int i = 0; i < 100; ++i) b += jsonl_line(std::string(size_t(i), 'x') + " second file");
+  write_file_atomic(dir + "/a.jsonl", a);
+  write_file_atomic(dir + "/b.jsonl", b);
+  TokenizeOptions opt;
+  opt.inputs = {dir + "/a.jsonl", dir + "/b.jsonl"};
+  opt.append_eod = true;
+  opt.progress = false;
+  opt.output_prefix = dir + "/one";
+  opt.workers = 1;
+  TokenizeStats s1 = tokenize_jsonl(gpt2(), opt);
+  opt.output_prefix = dir + "/many";
+  opt.workers = 3;
+  opt.block_bytes = 100;  // many blocks, finishing out of order
+  TokenizeStats s2 = tokenize_jsonl(gpt2(), opt);
+  EXPECT_EQ(s1.documents, 500);
+  EXPECT_EQ(s2.tokens, s1.tokens);
+  EXPECT_EQ(read_file(dir + "/one.bin"), read_file(dir + "/many.bin"));
+  EXPECT_EQ(read_file(dir + "/one.idx"), read_file(dir + "/many.idx"));
+}
+
+TEST(TokenizeJob, LargeVocabularyWritesInt32) {
+  std::string dir = work_dir("int32");
+  write_file_atomic(dir + "/a.jsonl", jsonl_line("hello <|endofprompt|> world"));
+  auto tok = load_tokenizer("tiktoken:" + kTok + "/cl100k_base.tiktoken");
+  TokenizeOptions opt;
+  opt.inputs = {dir + "/a.jsonl"};
+  opt.output_prefix = dir + "/out";
+  opt.progress = false;
+  tokenize_jsonl(*tok, opt);
+  IndexedDataset ds(dir + "/out");
+  EXPECT_EQ(ds.dtype(), TokenDType::Int32);
+  EXPECT_EQ(ds.document(0), tok->encode("hello <|endofprompt|> world"));
+}
+
+TEST(TokenizerCli, EncodeDecodeAndTrain) {
+  std::string out;
+  const std::string text = "Hello, world! <|endoftext|> I'm here.";
+  ASSERT_EQ(run_cli("tokenizer encode --vocab " + kTok + "/gpt2", &out, nullptr, text), 0);
+  Json ids = Json::parse(out, "stdout");
+  std::vector<int32_t> got;
+  for (auto& v : ids.as_array()) got.push_back(int32_t(v.as_int()));
+  EXPECT_EQ(got, gpt2().encode(text));
+  ASSERT_EQ(run_cli("tokenizer decode --vocab " + kTok + "/gpt2.tiktoken", &out, nullptr,
+                    Json(ids).dump()),
+            0);
+  EXPECT_EQ(out, text);
+
+  std::string dir = work_dir("train");
+  std::string corpus;
+  for (int i = 0; i < 200; ++i)
+    corpus += jsonl_line("the loom trains the tokens " + std::to_string(i % 13));
+  write_file_atomic(dir + "/c.jsonl", corpus);
+  std::string err;
+  ASSERT_EQ(run_cli("tokenizer train --input " + dir + "/c.jsonl --vocab-size 280 --out " + dir +
+                        "/vocab --threads 2",
+                    &out, &err),
+            0)
+      << err;
+  auto tok = load_tokenizer("loom:" + dir + "/vocab");
+  EXPECT_EQ(tok->vocab_size(), 280);
+  ASSERT_EQ(run_cli("tokenize --input " + dir + "/c.jsonl --tokenizer loom:" + dir +
+                        "/vocab --out " + dir + "/tok --append-eod",
+                    &out, &err),
+            0)
+      << err;
+  IndexedDataset ds(dir + "/tok");
+  ASSERT_EQ(ds.num_documents(), 200);
+  auto doc = ds.document(5);
+  EXPECT_EQ(doc.back(), 279);
+  doc.pop_back();
+  EXPECT_EQ(tok->decode(doc), "the loom trains the tokens 5");
+}

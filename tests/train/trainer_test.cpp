@@ -1,0 +1,194 @@
+// The training application end to end on a tiny model: determinism, bit-identical resume,
+// fp16 loss scaling, bf16 storage, checkpoint validation and config errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "train/trainer.h"
+
+using namespace loom;
+
+namespace {
+
+std::string test_dir(const std::string& name) {
+  std::string d = testing::TempDir() + "/loom_trainer_" + name;
+  remove_all(d);
+  make_dirs(d);
+  return d;
+}
+
+std::string corpus(const std::string& dir) {
+  std::string path = dir + "/corpus.txt";
+  std::string text;
+  for (int i = 0; i < 200; ++i)
+    text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
+  write_file_atomic(path, text);
+  return path;
+}
+
+Config tiny_config(const std::string& dir, int steps) {
+  Config c = Config::parse(
+      "[model]\npreset = \"tiny\"\nn_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 32\n"
+      "[train]\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\nquiet = true\n"
+      "peak_gflops = 100\nkeep_last = 2\n"
+      "[optim]\nlr = 3e-3\nwarmup_steps = 2\n",
+      "test.toml");
+  c.set("train.steps", std::to_string(steps), "test");
+  c.set("train.out_dir", "\"" + dir + "/run\"", "test");
+  c.set("data.paths", "\"" + corpus(dir) + "\"", "test");
+  return c;
+}
+
+std::vector<float> params_of(Trainer& t) {
+  auto& P = t.model().params();
+  return std::vector<float>(P.data(), P.data() + P.total());
+}
+
+}  // namespace
+
+TEST(Trainer, SameSeedRunsAreBitIdentical) {
+  std::string d1 = test_dir("det1"), d2 = test_dir("det2");
+  Trainer a(tiny_config(d1, 4)), b(tiny_config(d2, 4));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(a.train_step().loss, b.train_step().loss);
+  auto pa = params_of(a), pb = params_of(b);
+  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * 4));
+}
+
+TEST(Trainer, ResumeIsBitIdentical) {
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
+    std::string d1 = test_dir(std::string("resume_straight_") + precision);
+    std::string d2 = test_dir(std::string("resume_split_") + precision);
+    Config c1 = tiny_config(d1, 6), c2 = tiny_config(d2, 6);
+    c1.set("precision.policy", precision, "test");
+    c2.set("precision.policy", precision, "test");
+    c2.set("train.checkpoint_interval", "3", "test");
+    Trainer straight(c1);
+    straight.run();
+    {
+      Trainer t(c2);  // the same 6-step schedule, stopped by hand after 3 steps
+      for (int i = 0; i < 3; ++i) t.train_step();
+      t.save_checkpoint();
+    }
+    Trainer resumed(c2);
+    EXPECT_EQ(resumed.step(), 3);
+    resumed.run();
+    auto a = params_of(straight), b = params_of(resumed);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << precision;
+    // The metrics logs agree step by step too.
+    std::ifstream la(d1 + "/run/metrics.jsonl"), lb(d2 + "/run/metrics.jsonl");
+    std::string x, y;
+    std::vector<double> losses_a, losses_b;
+    while (std::getline(la, x)) losses_a.push_back(Json::parse(x).at("loss").as_double());
+    while (std::getline(lb, y)) losses_b.push_back(Json::parse(y).at("loss").as_double());
+    ASSERT_EQ(losses_a.size(), 6u);
+    ASSERT_EQ(losses_b.size(), 3u);  // the resumed run logs steps 4..6
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(losses_a[3 + i], losses_b[i]) << precision;
+  }
+}
+
+TEST(Trainer, LossDecreasesOnText) {
+  std::string d = test_dir("learns");
+  Config c = tiny_config(d, 40);
+  Trainer t(c);
+  double first = t.train_step().loss;
+  double last = t.run();
+  EXPECT_NEAR(first, std::log(256.0), 0.3);
+  EXPECT_LT(last, first - 1.5);
+}
+
+TEST(Trainer, Fp16OverflowSkipsStepAndBacksOff) {
+  std::string d = test_dir("fp16");
+  Config c = tiny_config(d, 4);
+  c.set("precision.policy", "\"fp16\"", "test");
+  Trainer t(c);
+  double scale0 = t.loss_scaler().scale();
+  auto before = params_of(t);
+  t.inject_gradient_factor(INFINITY);
+  StepResult r = t.train_step();
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(t.loss_scaler().scale(), scale0 / 2);
+  EXPECT_EQ(t.loss_scaler().skipped_steps(), 1);
+  auto after = params_of(t);
+  EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * 4));
+  t.inject_gradient_factor(1.f);
+  EXPECT_FALSE(t.train_step().skipped);
+  // Weights of an fp16 model are fp16 values.
+  for (float w : params_of(t)) ASSERT_EQ(w, round_f16(w));
+}
+
+TEST(Trainer, Bf16WeightsAreBf16Values) {
+  std::string d = test_dir("bf16");
+  Config c = tiny_config(d, 3);
+  c.set("precision.policy", "\"bf16\"", "test");
+  Trainer t(c);
+  t.run();
+  for (float w : params_of(t)) ASSERT_EQ(w, round_bf16(w));
+}
+
+TEST(Trainer, ConfigErrorsNameTheField) {
+  std::string d = test_dir("cfg");
+  auto expect_error = [&](const std::string& key, const std::string& value,
+                          const std::string& needle) {
+    Config c = tiny_config(d, 2);
+    c.set(key, value, "test");
+    try {
+      Trainer t(c);
+      FAIL() << "no error for " << key << "=" << value;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error("train.stpes", "3", "train.stpes");
+  expect_error("model.n_head", "3", "model.n_head");
+  expect_error("model.n_kv_head", "3", "model.n_kv_head");
+  expect_error("train.seq_len", "64", "train.seq_len");
+  expect_error("precision.policy", "\"fp8\"", "precision");
+  expect_error("optim.schedule", "\"exp\"", "optim.schedule");
+}
+
+TEST(Trainer, CheckpointFromAnotherShapeIsRejected) {
+  std::string d = test_dir("shape");
+  Config c = tiny_config(d, 2);
+  Trainer(c).run();
+  Config other = c;
+  other.set("model.d_model", "64", "test");
+  try {
+    Trainer t(other);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, TruncatedCheckpointIsAnErrorAndNothingIsOverwritten) {
+  std::string d = test_dir("trunc");
+  Config c = tiny_config(d, 2);
+  Trainer(c).run();
+  std::string root = d + "/run/checkpoints";
+  std::string step_dir = root + "/step_00000002";
+  std::string model = step_dir + "/model.safetensors";
+  ASSERT_TRUE(file_exists(model));
+  std::filesystem::resize_file(model, std::filesystem::file_size(model) / 2);
+  auto size_before = std::filesystem::file_size(model);
+  c.set("train.steps", "4", "test");
+  EXPECT_THROW(Trainer t(c), Error);
+  EXPECT_EQ(std::filesystem::file_size(model), size_before);
+  std::filesystem::remove(model);
+  EXPECT_THROW(Trainer t(c), Error);
+}
+
+TEST(Trainer, KeepsLastNCheckpoints) {
+  std::string d = test_dir("keep");
+  Config c = tiny_config(d, 5);
+  c.set("train.checkpoint_interval", "1", "test");
+  Trainer(c).run();
+  int n = 0;
+  for (auto& e : std::filesystem::directory_iterator(d + "/run/checkpoints"))
+    n += e.is_directory();
+  EXPECT_EQ(n, 2);  // keep_last = 2
+}
