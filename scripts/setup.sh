@@ -12,6 +12,8 @@ PACKAGES=(
   libgtest-dev
   # multi-process runs
   openmpi-bin libopenmpi-dev
+  # the main job's corpus: the Python documentation as HTML
+  python3-doc
   # loom curate (optional): gzip/zstd input, Unicode, HTML parsing, language ID
   zlib1g-dev libzstd-dev libutf8proc-dev libgumbo-dev libcld2-dev
 )

@@ -10,8 +10,9 @@ namespace loom::cli {
 
 int run_bench(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::printf("usage: loom bench train [options]   (loom bench train --help)\n\n"
-                "benchmarks:\n  train   full training steps of a preset vs the sgemm peak\n");
+    std::printf(
+        "usage: loom bench train [options]   (loom bench train --help)\n\n"
+        "benchmarks:\n  train   full training steps of a preset vs the sgemm peak\n");
     return args.empty() ? 2 : 0;
   }
   LOOM_CHECK(args[0] == "train", "unknown benchmark '", args[0], "' (known: train)");

@@ -30,7 +30,8 @@ static int inspect(const Args& args) {
     std::printf("  %s\n", f->path().c_str());
     for (const auto& name : f->names()) {
       const auto& e = f->entry(name);
-      std::printf("    %-48s %-5s %s\n", name.c_str(), dtype_name(e.dtype), shape_str(e.shape).c_str());
+      std::printf("    %-48s %-5s %s\n", name.c_str(), dtype_name(e.dtype),
+                  shape_str(e.shape).c_str());
     }
   }
   return 0;
@@ -70,13 +71,13 @@ static int import_cmd(const Args& args) {
     t.copy_from(it->second);
   }
   // The model section below reproduces the imported shape exactly for later loads.
-  std::string cfg = cat("[model]\npreset = \"tiny\"\nfamily = \"", family_name(mc.family),
-                        "\"\nn_layer = ", mc.n_layer, "\nd_model = ", mc.d_model,
-                        "\nn_head = ", mc.n_head, "\nn_kv_head = ", mc.n_kv_head,
-                        "\nhead_dim = ", mc.head_dim, "\nd_ff = ", mc.d_ff, "\nvocab = ", mc.vocab,
-                        "\nmax_seq = ", mc.max_seq, "\nnorm_eps = ", mc.norm_eps,
-                        "\nrope_theta = ", mc.rope_theta, "\ntied = ", mc.tied ? "true" : "false",
-                        "\nbias = ", mc.bias ? "true" : "false", "\n");
+  std::string cfg =
+      cat("[model]\npreset = \"tiny\"\nfamily = \"", family_name(mc.family),
+          "\"\nn_layer = ", mc.n_layer, "\nd_model = ", mc.d_model, "\nn_head = ", mc.n_head,
+          "\nn_kv_head = ", mc.n_kv_head, "\nhead_dim = ", mc.head_dim, "\nd_ff = ", mc.d_ff,
+          "\nvocab = ", mc.vocab, "\nmax_seq = ", mc.max_seq, "\nnorm_eps = ", mc.norm_eps,
+          "\nrope_theta = ", mc.rope_theta, "\ntied = ", mc.tied ? "true" : "false",
+          "\nbias = ", mc.bias ? "true" : "false", "\n");
   ckpt::TrainerState st;
   st.config_text = cfg;
   st.extra["model_fingerprint"] = mc.fingerprint();
@@ -88,10 +89,11 @@ static int import_cmd(const Args& args) {
 
 int run_ckpt(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::printf("usage: loom ckpt <inspect|export|import> ...\n\n"
-                "  inspect PATH                 step, model and tensors of a checkpoint\n"
-                "  export PATH --out DIR        Hugging Face safetensors + config.json\n"
-                "  import HF_DIR --out ROOT     Hugging Face model -> Loom checkpoint\n");
+    std::printf(
+        "usage: loom ckpt <inspect|export|import> ...\n\n"
+        "  inspect PATH                 step, model and tensors of a checkpoint\n"
+        "  export PATH --out DIR        Hugging Face safetensors + config.json\n"
+        "  import HF_DIR --out ROOT     Hugging Face model -> Loom checkpoint\n");
     return args.empty() ? 2 : 0;
   }
   Args rest(args.begin() + 1, args.end());

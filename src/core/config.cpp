@@ -59,7 +59,9 @@ Config Config::parse(const std::string& text, const std::string& where) {
   return cfg;
 }
 
-Config Config::load(const std::string& path) { return parse(read_file(path), path); }
+Config Config::load(const std::string& path) {
+  return parse(read_file(path), path);
+}
 
 void Config::set_override(const std::string& assignment, const std::string& where) {
   size_t eq = assignment.find('=');
@@ -144,7 +146,8 @@ std::vector<std::string> Config::keys() const {
 
 std::string Config::dump() const {
   std::string out;
-  for (auto& [k, e] : values_) out += k + " = " + (e.quoted ? "\"" + e.value + "\"" : e.value) + "\n";
+  for (auto& [k, e] : values_)
+    out += k + " = " + (e.quoted ? "\"" + e.value + "\"" : e.value) + "\n";
   return out;
 }
 

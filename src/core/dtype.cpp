@@ -6,30 +6,48 @@ namespace loom {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F16: return 2;
-    case DType::F8E4M3: return 1;
-    case DType::F8E5M2: return 1;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
-    case DType::U16: return 2;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::F16:
+      return 2;
+    case DType::F8E4M3:
+      return 1;
+    case DType::F8E5M2:
+      return 1;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
+    case DType::U16:
+      return 2;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "fp32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "fp16";
-    case DType::F8E4M3: return "fp8_e4m3";
-    case DType::F8E5M2: return "fp8_e5m2";
-    case DType::I32: return "int32";
-    case DType::I64: return "int64";
-    case DType::U8: return "uint8";
-    case DType::U16: return "uint16";
+    case DType::F32:
+      return "fp32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "fp16";
+    case DType::F8E4M3:
+      return "fp8_e4m3";
+    case DType::F8E5M2:
+      return "fp8_e5m2";
+    case DType::I32:
+      return "int32";
+    case DType::I64:
+      return "int64";
+    case DType::U8:
+      return "uint8";
+    case DType::U16:
+      return "uint16";
   }
   return "?";
 }
@@ -45,7 +63,7 @@ uint16_t f32_to_f16(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
   if (a < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
     // Add 0.5 (as a float) so the hardware rounds the mantissa to nearest even at 2^-24 steps.
@@ -109,7 +127,9 @@ float decode_small(uint8_t b, int mbits, int bias) {
 }
 }  // namespace
 
-uint8_t f32_to_e4m3(float f) { return encode_small(f, 3, 7, 448.f, 0x7f); }
+uint8_t f32_to_e4m3(float f) {
+  return encode_small(f, 3, 7, 448.f, 0x7f);
+}
 float e4m3_to_f32(uint8_t b) {
   if ((b & 0x7f) == 0x7f) return NAN;
   return decode_small(b, 3, 7);
@@ -126,7 +146,8 @@ float e5m2_to_f32(uint8_t b) {
 
 void round_to(DType t, float* x, size_t n) {
   switch (t) {
-    case DType::F32: return;
+    case DType::F32:
+      return;
     case DType::BF16:
 #pragma omp parallel for simd schedule(static)
       for (size_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
@@ -141,7 +162,8 @@ void round_to(DType t, float* x, size_t n) {
     case DType::F8E5M2:
       for (size_t i = 0; i < n; ++i) x[i] = e5m2_to_f32(f32_to_e5m2(x[i]));
       return;
-    default: fail("round_to: ", dtype_name(t), " is not a floating type");
+    default:
+      fail("round_to: ", dtype_name(t), " is not a floating type");
   }
 }
 

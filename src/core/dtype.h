@@ -33,13 +33,19 @@ inline uint16_t f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
-inline float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
-inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+inline float bf16_to_f32(uint16_t h) {
+  return bits_f32(static_cast<uint32_t>(h) << 16);
+}
+inline float round_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 // IEEE fp16 (1-5-10); overflow goes to inf as on the GPU, which is what loss scaling detects.
 uint16_t f32_to_f16(float f);
 float f16_to_f32(uint16_t h);
-inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+inline float round_f16(float f) {
+  return f16_to_f32(f32_to_f16(f));
+}
 
 // OCP fp8: e4m3 (no inf, max 448, saturating) and e5m2 (IEEE-like, max 57344).
 uint8_t f32_to_e4m3(float f);

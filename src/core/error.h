@@ -28,7 +28,7 @@ template <typename... Args>
 }  // namespace loom
 
 // Checks a condition that depends on input (config, files, shapes); throws loom::Error.
-#define LOOM_CHECK(cond, ...)                   \
-  do {                                          \
-    if (!(cond)) ::loom::fail(__VA_ARGS__);     \
+#define LOOM_CHECK(cond, ...)               \
+  do {                                      \
+    if (!(cond)) ::loom::fail(__VA_ARGS__); \
   } while (0)

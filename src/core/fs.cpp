@@ -24,7 +24,9 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-bool file_exists(const std::string& path) { return std::filesystem::exists(path); }
+bool file_exists(const std::string& path) {
+  return std::filesystem::exists(path);
+}
 
 void make_dirs(const std::string& path) {
   std::error_code ec;

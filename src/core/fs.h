@@ -11,8 +11,8 @@ namespace loom {
 
 std::string read_file(const std::string& path);  // throws naming the path
 bool file_exists(const std::string& path);
-void make_dirs(const std::string& path);         // mkdir -p
-void remove_all(const std::string& path);        // rm -rf (no error if missing)
+void make_dirs(const std::string& path);   // mkdir -p
+void remove_all(const std::string& path);  // rm -rf (no error if missing)
 void fsync_dir(const std::string& dir);
 
 // Writes to "<path>.tmp.<pid>" and renames over `path` on commit(). Destroyed without commit,

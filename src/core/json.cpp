@@ -75,13 +75,27 @@ void json_escape(std::string& out, std::string_view s) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -102,9 +116,15 @@ void Json::dump_to(std::string& out, int indent, int depth) const {
     out.append(static_cast<size_t>(indent * d), ' ');
   };
   switch (type_) {
-    case Type::Null: out += "null"; break;
-    case Type::Bool: out += i_ ? "true" : "false"; break;
-    case Type::Int: out += std::to_string(i_); break;
+    case Type::Null:
+      out += "null";
+      break;
+    case Type::Bool:
+      out += i_ ? "true" : "false";
+      break;
+    case Type::Int:
+      out += std::to_string(i_);
+      break;
     case Type::Float: {
       if (!std::isfinite(d_)) {  // JSON has no inf/nan; write null rather than invalid JSON
         out += "null";
@@ -115,7 +135,9 @@ void Json::dump_to(std::string& out, int indent, int depth) const {
       out += buf;
       break;
     }
-    case Type::String: json_escape(out, s_); break;
+    case Type::String:
+      json_escape(out, s_);
+      break;
     case Type::Array: {
       out += '[';
       for (size_t i = 0; i < a_->size(); ++i) {
@@ -257,10 +279,14 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       char c = t_[p_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else error("bad hex digit in \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        error("bad hex digit in \\u escape");
     }
     return v;
   }
@@ -296,14 +322,30 @@ class Parser {
       if (p_ >= t_.size()) error("unterminated escape");
       char e = t_[p_++];
       switch (e) {
-        case '"': s += '"'; break;
-        case '\\': s += '\\'; break;
-        case '/': s += '/'; break;
-        case 'b': s += '\b'; break;
-        case 'f': s += '\f'; break;
-        case 'n': s += '\n'; break;
-        case 'r': s += '\r'; break;
-        case 't': s += '\t'; break;
+        case '"':
+          s += '"';
+          break;
+        case '\\':
+          s += '\\';
+          break;
+        case '/':
+          s += '/';
+          break;
+        case 'b':
+          s += '\b';
+          break;
+        case 'f':
+          s += '\f';
+          break;
+        case 'n':
+          s += '\n';
+          break;
+        case 'r':
+          s += '\r';
+          break;
+        case 't':
+          s += '\t';
+          break;
         case 'u': {
           uint32_t cp = hex4();
           if (cp >= 0xD800 && cp < 0xDC00) {  // surrogate pair
@@ -321,7 +363,8 @@ class Parser {
           utf8(s, cp);
           break;
         }
-        default: error(cat("invalid escape '\\", e, "'"));
+        default:
+          error(cat("invalid escape '\\", e, "'"));
       }
     }
   }

@@ -9,7 +9,9 @@ namespace loom {
 static LogLevel g_level = LogLevel::Info;
 static std::mutex g_mu;
 
-void set_log_level(LogLevel level) { g_level = level; }
+void set_log_level(LogLevel level) {
+  g_level = level;
+}
 
 void log_line(LogLevel level, const std::string& msg) {
   if (level < g_level) return;

@@ -34,7 +34,9 @@ std::array<uint32_t, 4> philox(uint64_t seed, uint64_t key, uint64_t ctr) {
   return {c0, c1, c2, c3};
 }
 
-static float to_unit(uint32_t x) { return (x >> 8) * (1.0f / 16777216.0f); }
+static float to_unit(uint32_t x) {
+  return (x >> 8) * (1.0f / 16777216.0f);
+}
 
 float uniform_at(uint64_t seed, uint64_t key, uint64_t index) {
   return to_unit(philox(seed, key, index)[0]);

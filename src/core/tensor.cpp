@@ -69,7 +69,9 @@ Tensor Tensor::view_of(void* ptr, const Shape& shape, DType dtype, Device dev) {
   return t;
 }
 
-bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+bool Tensor::is_contiguous() const {
+  return strides_ == contiguous_strides(shape_);
+}
 
 void* Tensor::raw() const {
   if (!storage_) return nullptr;
@@ -105,29 +107,56 @@ Tensor Tensor::transpose(int a, int b) const {
 namespace {
 float load_as_f32(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::F8E4M3: return e4m3_to_f32(static_cast<const uint8_t*>(p)[i]);
-    case DType::F8E5M2: return e5m2_to_f32(static_cast<const uint8_t*>(p)[i]);
-    case DType::I32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
-    case DType::I64: return static_cast<float>(static_cast<const int64_t*>(p)[i]);
-    case DType::U8: return static_cast<const uint8_t*>(p)[i];
-    case DType::U16: return static_cast<const uint16_t*>(p)[i];
+    case DType::F32:
+      return static_cast<const float*>(p)[i];
+    case DType::BF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F8E4M3:
+      return e4m3_to_f32(static_cast<const uint8_t*>(p)[i]);
+    case DType::F8E5M2:
+      return e5m2_to_f32(static_cast<const uint8_t*>(p)[i]);
+    case DType::I32:
+      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::I64:
+      return static_cast<float>(static_cast<const int64_t*>(p)[i]);
+    case DType::U8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::U16:
+      return static_cast<const uint16_t*>(p)[i];
   }
   return 0;
 }
 void store_f32(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::F32: static_cast<float*>(p)[i] = v; break;
-    case DType::BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
-    case DType::F16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
-    case DType::F8E4M3: static_cast<uint8_t*>(p)[i] = f32_to_e4m3(v); break;
-    case DType::F8E5M2: static_cast<uint8_t*>(p)[i] = f32_to_e5m2(v); break;
-    case DType::I32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DType::I64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-    case DType::U8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DType::U16: static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); break;
+    case DType::F32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::BF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+      break;
+    case DType::F16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+      break;
+    case DType::F8E4M3:
+      static_cast<uint8_t*>(p)[i] = f32_to_e4m3(v);
+      break;
+    case DType::F8E5M2:
+      static_cast<uint8_t*>(p)[i] = f32_to_e5m2(v);
+      break;
+    case DType::I32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::I64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::U8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::U16:
+      static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v);
+      break;
   }
 }
 // Element offset of the i-th element in row-major logical order.
@@ -153,9 +182,10 @@ void Tensor::copy_from(const Tensor& src) {
   if (src.dtype_ == dtype_ && (dtype_ == DType::I64 || dtype_ == DType::I32)) {
     size_t es = dtype_size(dtype_);
     for (int64_t i = 0; i < n; ++i)
-      std::memcpy(static_cast<char*>(raw()) + strided_offset(shape_, strides_, i) * es,
-                  static_cast<const char*>(src.raw()) + strided_offset(src.shape_, src.strides_, i) * es,
-                  es);
+      std::memcpy(
+          static_cast<char*>(raw()) + strided_offset(shape_, strides_, i) * es,
+          static_cast<const char*>(src.raw()) + strided_offset(src.shape_, src.strides_, i) * es,
+          es);
     return;
   }
   for (int64_t i = 0; i < n; ++i)
@@ -177,7 +207,8 @@ Tensor Tensor::to(DType dtype) const {
 
 void Tensor::fill(float value) {
   const int64_t n = numel();
-  for (int64_t i = 0; i < n; ++i) store_f32(raw(), dtype_, strided_offset(shape_, strides_, i), value);
+  for (int64_t i = 0; i < n; ++i)
+    store_f32(raw(), dtype_, strided_offset(shape_, strides_, i), value);
 }
 
 }  // namespace loom

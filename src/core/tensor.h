@@ -65,13 +65,13 @@ class Tensor {
   }
 
   // Views share storage.
-  Tensor reshape(const Shape& shape) const;      // contiguous only
+  Tensor reshape(const Shape& shape) const;        // contiguous only
   Tensor slice(int64_t begin, int64_t end) const;  // along dim 0
-  Tensor transpose(int a, int b) const;          // swaps strides; result is not contiguous
+  Tensor transpose(int a, int b) const;            // swaps strides; result is not contiguous
 
-  Tensor clone() const;                    // deep, contiguous copy
-  Tensor to(DType dtype) const;            // converted contiguous copy (rounding to nearest even)
-  void copy_from(const Tensor& src);       // same shape; converts dtype
+  Tensor clone() const;               // deep, contiguous copy
+  Tensor to(DType dtype) const;       // converted contiguous copy (rounding to nearest even)
+  void copy_from(const Tensor& src);  // same shape; converts dtype
   void fill(float value);
 
  private:

@@ -22,7 +22,9 @@ int sample_token(const float* logits, int V, const SamplingOptions& o, uint64_t 
   std::vector<int> idx(V);
   std::iota(idx.begin(), idx.end(), 0);
   int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
-  auto cmp = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto cmp = [&](int a, int b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), cmp);
   idx.resize(k);
   std::vector<double> p(k);

@@ -60,7 +60,8 @@ std::map<std::string, Tensor> AdamW::state_tensors() {
     s["exp_avg." + p.name] = Tensor::view_of(m_.data<float>() + p.offset, p.shape, DType::F32);
     s["exp_avg_sq." + p.name] = Tensor::view_of(v_.data<float>() + p.offset, p.shape, DType::F32);
     if (master_.defined())
-      s["master." + p.name] = Tensor::view_of(master_.data<float>() + p.offset, p.shape, DType::F32);
+      s["master." + p.name] =
+          Tensor::view_of(master_.data<float>() + p.offset, p.shape, DType::F32);
   }
   return s;
 }

@@ -14,8 +14,10 @@ double LrSchedule::at(int64_t step) const {
   const double span = std::max<int64_t>(1, total_steps - warmup_steps);
   const double t = std::min(1.0, (step - warmup_steps) / span);  // progress after warmup
   switch (kind) {
-    case Kind::Cosine: return min_lr + 0.5 * (max_lr - min_lr) * (1 + std::cos(M_PI * t));
-    case Kind::Linear: return max_lr + (min_lr - max_lr) * t;
+    case Kind::Cosine:
+      return min_lr + 0.5 * (max_lr - min_lr) * (1 + std::cos(M_PI * t));
+    case Kind::Linear:
+      return max_lr + (min_lr - max_lr) * t;
     case Kind::WSD: {
       const int64_t decay_steps = static_cast<int64_t>(wsd_decay_fraction * total_steps);
       const int64_t decay_start = total_steps - decay_steps;
@@ -23,7 +25,8 @@ double LrSchedule::at(int64_t step) const {
       double d = std::min(1.0, static_cast<double>(step - decay_start) / decay_steps);
       return min_lr + (max_lr - min_lr) * (1 - std::sqrt(d));  // "1-sqrt" cooldown
     }
-    case Kind::Constant: break;
+    case Kind::Constant:
+      break;
   }
   return max_lr;
 }
@@ -40,11 +43,16 @@ void LrSchedule::validate() const {
 LrSchedule lr_schedule_from(const Config& cfg, int64_t total_steps) {
   LrSchedule s;
   std::string kind = cfg.get_string("optim.schedule", "cosine");
-  if (kind == "cosine") s.kind = LrSchedule::Kind::Cosine;
-  else if (kind == "linear") s.kind = LrSchedule::Kind::Linear;
-  else if (kind == "constant") s.kind = LrSchedule::Kind::Constant;
-  else if (kind == "wsd") s.kind = LrSchedule::Kind::WSD;
-  else fail("optim.schedule must be cosine, linear, constant or wsd, got '", kind, "'");
+  if (kind == "cosine")
+    s.kind = LrSchedule::Kind::Cosine;
+  else if (kind == "linear")
+    s.kind = LrSchedule::Kind::Linear;
+  else if (kind == "constant")
+    s.kind = LrSchedule::Kind::Constant;
+  else if (kind == "wsd")
+    s.kind = LrSchedule::Kind::WSD;
+  else
+    fail("optim.schedule must be cosine, linear, constant or wsd, got '", kind, "'");
   s.max_lr = cfg.get_double("optim.lr", s.max_lr);
   s.min_lr = cfg.get_double("optim.min_lr", s.max_lr * 0.1);
   s.warmup_steps = cfg.get_int("optim.warmup_steps", 0);

@@ -23,9 +23,8 @@ static void collect(const std::string& path, std::vector<std::string>& out) {
   }
 }
 
-ByteTextSource::ByteTextSource(const std::vector<std::string>& paths, int micro_batch,
-                               int seq_len, uint64_t seed, double valid_fraction,
-                               const std::string& split)
+ByteTextSource::ByteTextSource(const std::vector<std::string>& paths, int micro_batch, int seq_len,
+                               uint64_t seed, double valid_fraction, const std::string& split)
     : B_(micro_batch), T_(seq_len), seed_(seed), split_(split) {
   LOOM_CHECK(split == "train" || split == "valid", "unknown split '", split, "'");
   LOOM_CHECK(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must lie in [0, 1)");

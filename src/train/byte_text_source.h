@@ -15,8 +15,8 @@ class ByteTextSource : public BatchSource {
  public:
   // `paths`: files or directories (read recursively, sorted); the last `valid_fraction` of the
   // bytes is held out: split "train" samples before it, "valid" after it.
-  ByteTextSource(const std::vector<std::string>& paths, int micro_batch, int seq_len,
-                 uint64_t seed, double valid_fraction, const std::string& split);
+  ByteTextSource(const std::vector<std::string>& paths, int micro_batch, int seq_len, uint64_t seed,
+                 double valid_fraction, const std::string& split);
 
   void next(Batch& b) override;
   Json state() const override;

@@ -71,8 +71,8 @@ Json run_train_bench(const TrainBenchOptions& o) {
   j["peak_rss_mb"] = peak_rss_mb();
   j["activation_mb"] = model.activation_bytes() / 1048576.0;
   std::printf("loom bench train: %s (%lld params), batch %d x %d tokens, %d threads, %s\n",
-              o.preset.c_str(), static_cast<long long>(mc.num_params()), o.batch, o.seq,
-              o.threads, o.precision.c_str());
+              o.preset.c_str(), static_cast<long long>(mc.num_params()), o.batch, o.seq, o.threads,
+              o.precision.c_str());
   std::printf("  step time (median of %d): %.3f s\n", o.steps, median);
   std::printf("  tokens/s:                 %.1f\n", tokens / median);
   std::printf("  achieved:                 %.1f GFLOP/s (6*N*tokens + attention)\n", gflops);

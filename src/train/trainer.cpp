@@ -1,25 +1,15 @@
 #include "train/trainer.h"
 
 #include <cmath>
-#include <sstream>
 
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
 #include "kernels/cpu/sgemm_peak.h"
-#include "train/byte_text_source.h"
+#include "train/data_source.h"
 
 namespace loom {
-
-static std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::string item;
-  std::istringstream in(s);
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 static TrainOptions train_options_from(const Config& c) {
   TrainOptions o;
@@ -63,19 +53,13 @@ Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
   sched_ = lr_schedule_from(cfg_, opt_.steps);
   Recompute rc = recompute_from_name(cfg_.get_string("train.recompute", "none"));
 
-  std::string source = cfg_.get_string("data.source", "text");
-  LOOM_CHECK(source == "text", "data.source must be 'text', got '", source, "'");
-  auto paths = split_list(cfg_.get_string("data.paths", "/usr/share/common-licenses"));
-  double valid_fraction = cfg_.get_double("data.valid_fraction", 0.05);
-  uint64_t data_seed = static_cast<uint64_t>(cfg_.get_int("data.seed", static_cast<int64_t>(opt_.seed)));
   AdamWConfig acfg = adamw_config_from(cfg_);
+  train_data_ = make_batch_source(cfg_, opt_, mcfg_, "train");
+  if (opt_.eval_interval > 0) {
+    valid_data_ = make_batch_source(cfg_, opt_, mcfg_, "valid");
+    valid_start_ = valid_data_->state();
+  }
   cfg_.check_all_used();
-
-  train_data_ = std::make_unique<ByteTextSource>(paths, opt_.micro_batch, opt_.seq_len, data_seed,
-                                                 valid_fraction, "train");
-  if (opt_.eval_interval > 0)
-    valid_data_ = std::make_unique<ByteTextSource>(paths, opt_.micro_batch, opt_.seq_len,
-                                                   data_seed, valid_fraction, "valid");
   LOOM_CHECK(train_data_->vocab() <= mcfg_.vocab, "the data's vocabulary (", train_data_->vocab(),
              ") exceeds model.vocab (", mcfg_.vocab, ")");
 
@@ -93,8 +77,7 @@ Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
   metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed);
   write_file_atomic(opt_.out_dir + "/config.toml", config_text_);
 
-  peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops
-                                      : measure_sgemm_peak_gflops(num_threads());
+  peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops : measure_sgemm_peak_gflops(num_threads());
   if (!opt_.quiet) {
     log_info("model ", mcfg_.name, ": ", mcfg_.fingerprint(), ", ", mcfg_.num_params(),
              " parameters, ", flops_per_token_ / 1e6, " MFLOP/token");
@@ -150,7 +133,7 @@ StepResult Trainer::train_step() {
 
 double Trainer::evaluate() {
   LOOM_CHECK(valid_data_, "evaluation needs train.eval_interval > 0");
-  valid_data_->restore(Json(Json::Object{{"kind", "byte_text"}, {"sample", 0}}));
+  valid_data_->restore(valid_start_);  // the same validation batches every time
   double sum = 0;
   int64_t n = 0;
   Batch b;
@@ -234,8 +217,8 @@ void Trainer::save_checkpoint() {
 bool Trainer::resume_from(const std::string& path) {
   ckpt::Checkpoint c(path);
   const Json& extra = c.state().extra;
-  std::string fp = extra.contains("model_fingerprint") ? extra.at("model_fingerprint").as_string()
-                                                       : "";
+  std::string fp =
+      extra.contains("model_fingerprint") ? extra.at("model_fingerprint").as_string() : "";
   LOOM_CHECK(fp == mcfg_.fingerprint(), c.dir(), ": checkpoint is for model '", fp,
              "', but this run's model is '", mcfg_.fingerprint(), "'");
   std::string prec = extra.contains("precision") ? extra.at("precision").as_string() : "";

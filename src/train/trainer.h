@@ -28,7 +28,7 @@ struct TrainOptions {
   std::string out_dir = "runs/default";
   int64_t checkpoint_interval = 0;  // 0 = only at the end
   int keep_last = 3;
-  bool resume = true;  // continue from out_dir/checkpoints/latest when it exists
+  bool resume = true;      // continue from out_dir/checkpoints/latest when it exists
   double clip_grad = 1.0;  // global L2 norm; 0 = off
   double peak_gflops = 0;  // MFU denominator; 0 = measure this machine's sgemm peak
   bool quiet = false;
@@ -77,6 +77,7 @@ class Trainer {
   std::unique_ptr<Decoder> model_;
   std::unique_ptr<AdamW> optim_;
   std::unique_ptr<BatchSource> train_data_, valid_data_;
+  Json valid_start_;
   std::unique_ptr<MetricsLog> metrics_;
   std::vector<Batch> micro_;
   int64_t step_ = 0;

@@ -32,8 +32,12 @@ ModelConfig tiny(Family f) {
 struct Data {
   std::vector<int32_t> tokens, targets, positions, cu;
   ModelInput input() const {
-    return {tokens.data(), targets.data(), positions.data(), cu.data(),
-            static_cast<int>(tokens.size()), static_cast<int>(cu.size()) - 1};
+    return {tokens.data(),
+            targets.data(),
+            positions.data(),
+            cu.data(),
+            static_cast<int>(tokens.size()),
+            static_cast<int>(cu.size()) - 1};
   }
 };
 
@@ -111,8 +115,12 @@ TEST(Decoder, ImpossibleShapesAreErrors) {
   EXPECT_THROW(model_preset("gpt5"), Error);
 }
 
-TEST(Decoder, GradientCheckGpt2) { gradient_check(Family::GPT2); }
-TEST(Decoder, GradientCheckLlama) { gradient_check(Family::Llama); }
+TEST(Decoder, GradientCheckGpt2) {
+  gradient_check(Family::GPT2);
+}
+TEST(Decoder, GradientCheckLlama) {
+  gradient_check(Family::Llama);
+}
 
 TEST(Decoder, RecomputeModesGiveIdenticalGradients) {
   for (Family f : {Family::GPT2, Family::Llama}) {
@@ -124,8 +132,10 @@ TEST(Decoder, RecomputeModesGiveIdenticalGradients) {
       Data d = make_data({9, 3, 4}, 32, 2);
       m.forward_backward(d.input(), 0.1f);
       std::vector<float> g(m.params().grad(), m.params().grad() + m.params().total());
-      if (ref.empty()) ref = g;
-      else EXPECT_EQ(0, std::memcmp(ref.data(), g.data(), g.size() * 4)) << recompute_name(r);
+      if (ref.empty())
+        ref = g;
+      else
+        EXPECT_EQ(0, std::memcmp(ref.data(), g.data(), g.size() * 4)) << recompute_name(r);
     }
   }
 }

@@ -188,7 +188,6 @@ TEST(Trainer, KeepsLastNCheckpoints) {
   c.set("train.checkpoint_interval", "1", "test");
   Trainer(c).run();
   int n = 0;
-  for (auto& e : std::filesystem::directory_iterator(d + "/run/checkpoints"))
-    n += e.is_directory();
+  for (auto& e : std::filesystem::directory_iterator(d + "/run/checkpoints")) n += e.is_directory();
   EXPECT_EQ(n, 2);  // keep_last = 2
 }

@@ -1,0 +1,67 @@
+#include "train/data_source.h"
+
+#include <sstream>
+
+#include "core/error.h"
+#include "data/bpe.h"
+#include "train/byte_text_source.h"
+#include "train/token_file_source.h"
+#include "train/trainer.h"
+
+namespace loom {
+
+static std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOptions& opt,
+                                               const ModelConfig& model, const std::string& split) {
+  const std::string kind = cfg.get_string("data.source", "text");
+  const uint64_t seed =
+      static_cast<uint64_t>(cfg.get_int("data.seed", static_cast<int64_t>(opt.seed)));
+  if (kind == "text") {
+    auto paths = split_list(cfg.get_string("data.paths", "/usr/share/common-licenses"));
+    double valid_fraction = cfg.get_double("data.valid_fraction", 0.05);
+    return std::make_unique<ByteTextSource>(paths, opt.micro_batch, opt.seq_len, seed,
+                                            valid_fraction, split);
+  }
+  LOOM_CHECK(kind == "tokens", "data.source must be 'text' or 'tokens', got '", kind, "'");
+  data::LoaderConfig lc;
+  lc.prefixes = split_list(cfg.get_string("data.prefixes", ""));
+  LOOM_CHECK(!lc.prefixes.empty(), "data.prefixes must name at least one token file prefix");
+  for (auto& w : split_list(cfg.get_string("data.weights", ""))) {
+    char* end = nullptr;
+    double v = std::strtod(w.c_str(), &end);
+    LOOM_CHECK(*end == 0 && v > 0, "data.weights: '", w, "' is not a positive number");
+    lc.weights.push_back(v);
+  }
+  LOOM_CHECK(lc.weights.empty() || lc.weights.size() == lc.prefixes.size(), "data.weights has ",
+             lc.weights.size(), " entries for ", lc.prefixes.size(), " prefixes");
+  lc.seq_len = opt.seq_len;
+  lc.micro_batch = opt.micro_batch;
+  lc.seed = seed;
+  lc.split = cfg.get_string("data.split", lc.split);
+  lc.which = split == "train" ? data::Split::Train : data::Split::Valid;
+  lc.packed = cfg.get_bool("data.packed", false);
+  lc.cache_dir = cfg.get_string("data.cache_dir", "");
+  lc.log = !opt.quiet;
+  // Enough samples for the whole run; validation draws the same eval batches every time.
+  lc.num_samples = split == "train" ? opt.steps * opt.micro_batch * opt.grad_accum
+                                    : static_cast<int64_t>(opt.eval_batches) * opt.micro_batch;
+  int vocab = model.vocab;
+  std::string tok = cfg.get_string("data.tokenizer", "");
+  if (!tok.empty()) {
+    int tv = data::load_tokenizer(tok)->vocab_size();
+    LOOM_CHECK(tv <= model.vocab, "data.tokenizer ", tok, " has ", tv,
+               " tokens, more than model.vocab = ", model.vocab);
+    vocab = tv;
+  }
+  return std::make_unique<TokenFileSource>(lc, vocab);
+}
+
+}  // namespace loom
