@@ -117,8 +117,9 @@ double cpu_now() {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// Best wall and CPU time of `reps` runs, after one warm-up run that also measures the peak
-// heap growth during a call.
+// Best wall and CPU time over at least `reps` runs and at least 0.3 s (short cases need many
+// runs to see one undisturbed by other processes), after one warm-up run that also measures the
+// peak heap growth during a call.
 template <typename F>
 void best_time(int reps, double* wall, double* cpu, int64_t* peak_bytes, F&& fn) {
   const int64_t before = g_live.load();
@@ -126,7 +127,8 @@ void best_time(int reps, double* wall, double* cpu, int64_t* peak_bytes, F&& fn)
   fn();
   *peak_bytes = g_peak.load() - before;
   *wall = *cpu = 1e300;
-  for (int r = 0; r < reps; ++r) {
+  const double start = wall_now();
+  for (int r = 0; r < reps || (wall_now() - start < 0.3 && r < 1000); ++r) {
     const double w0 = wall_now(), c0 = cpu_now();
     fn();
     *cpu = std::min(*cpu, cpu_now() - c0);

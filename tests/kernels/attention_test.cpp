@@ -214,10 +214,17 @@ TEST(Attention, ForwardMatchesReferenceGQA) {
   check_forward(Problem({70}, 2, 2, 40, 6, /*pad=*/8), "padded row stride D=40");
 }
 
-TEST(Attention, ForwardHandlesPeakedScores) {
-  // Large logits make the running max move a lot between key tiles (exercises the rescale).
+TEST(Attention, PeakedScoresRescaleTheRunningMax) {
+  // Large logits make the running max move a lot between key tiles.
   Problem p({130, 3}, 2, 1, 32, 7, 0, /*spread=*/4.0f);
   check_forward(p, "spread 4", 1e-5);
+  // Keys of later tiles scaled up: each new key tile raises the row max far beyond the lazy
+  // rescaling threshold, so the accumulator must be rescaled (and lse must follow).
+  Problem grow({200}, 2, 1, 16, 32);
+  for (int row = 0; row < grow.N; ++row)
+    for (int d = 0; d < grow.D; ++d) grow.qkv[grow.k_off(row, 0) + d] *= 1.0f + (row / 64) * 3.0f;
+  check_forward(grow, "growing keys", 2e-5);
+  check_backward(grow, "growing keys");
 }
 
 TEST(Attention, LengthOneSequenceCopiesV) {
@@ -404,9 +411,26 @@ TEST(Attention, BitIdenticalAcrossThreadCounts) {
   omp_set_num_threads(saved);
 }
 
+TEST(Attention, NanInAQueryReachesItsOutputRow) {
+  // A NaN must surface (so overflow checks see it), not be swallowed by the softmax.
+  Problem p({70, 5}, 2, 1, 16, 31);
+  const int row = 66, h = 1;
+  p.qkv[p.q_off(row, h) + 3] = std::numeric_limits<float>::quiet_NaN();
+  const Result r = run_kernel(p, false);
+  for (int i = 0; i < p.N; ++i)
+    for (int hh = 0; hh < p.Hq; ++hh) {
+      const float x = r.out[(size_t)i * p.Hq * p.D + hh * p.D];
+      if (i == row && hh == h)
+        EXPECT_TRUE(std::isnan(x));
+      else
+        EXPECT_TRUE(std::isfinite(x)) << "row " << i << " head " << hh;
+    }
+}
+
 // ---- bad input -----------------------------------------------------------------------------
 
 TEST(Attention, RejectsBadShapes) {
+  // (Each call must throw loom::Error before touching any buffer.)
   Problem p({4}, 3, 2, 8, 20);
   std::vector<float> out(100), lse(100);
   const float* q = p.qkv.data();

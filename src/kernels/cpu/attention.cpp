@@ -110,8 +110,8 @@ inline float hsum(vf x) {
 }
 
 // 2^x for x <= 127 (callers pass x <= ~8), relative error ~2e-7; exactly 0 for x < -125,
-// including -inf (masked scores). No input clamp: for x < -125 the bits computed below are
-// garbage, and the final select replaces them.
+// including -inf (masked scores); NaN for NaN. No input clamp: for x < -125 the bits computed
+// below are garbage, and the final select replaces them.
 inline vf exp2v(vf x) {
   const vf lo = splat(-125.0f);
   const vf shifter = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
@@ -129,7 +129,7 @@ inline vf exp2v(vf x) {
   // Unsigned lanes: the integer arithmetic wraps (well defined) on the garbage lanes.
   const vu e = ((vu)t - (vu)shifter) << 23;
   const vf y = (vf)((vu)p + e);
-  return x < lo ? vf{} : y;
+  return x < lo ? vf{} : (x == x ? y : x);  // NaN stays NaN
 }
 
 // The micro-kernels. Rows go kMR at a time; `causal` marks a diagonal tile (query i, key j with
@@ -277,7 +277,7 @@ Shape check_shape(int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, 
 }
 
 // One unit of parallel work: tile `blk` of sequence `seq` for head `h` (a query head, or a kv
-// head for dK/dV items), or the whole sequence (blk = -1).
+// head for dK/dV items).
 struct Item {
   int seq, h, blk;
 };
@@ -449,7 +449,7 @@ void forward_tile(const Shape& sh, FwdTiles& t, const KvPanel& kv, float* out, f
       // Lazy rescaling: keep the running max until a tile's exceeds it by more than
       // kRescaleLog2 (P then stays below 2^kRescaleLog2, harmless in float), so most tiles
       // skip rescaling O and l. The first tile always sets it (m starts at -inf).
-      if (tile_max > t.m[r] + kRescaleLog2) {
+      if (!(tile_max <= t.m[r] + kRescaleLog2)) {  // (a NaN max also lands here, spreading)
         const float alpha = std::exp2(t.m[r] - tile_max);
         t.m[r] = tile_max;
         t.l[r] *= alpha;
@@ -638,6 +638,8 @@ void dq_split(const Shape& sh, BwdTiles& t, KvPanel& kv, const BwdArgs& a, float
 
 }  // namespace
 
+// Rows outside [cu_seqlens[0], cu_seqlens[nseq]) are neither read nor written; every row inside
+// is written (out, lse; dq, dk, dv heads), so outputs need no zeroing by the caller.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,
                        float scale) {
@@ -666,6 +668,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D, float scale) {
   const Shape sh = check_shape(ld, cu_seqlens, nseq, Hq, Hkv, D, scale, "attention_backward");
   if (nseq == 0 || cu_seqlens[nseq] == cu_seqlens[0]) return;
+  LOOM_CHECK(dq != q && dk != k && dv != v,
+             "attention_backward: dq/dk/dv must not alias q/k/v (they are read while written)");
   const int row0 = cu_seqlens[0], row1 = cu_seqlens[nseq];
 
   // delta[row, h] = sum_d dO * O, the softmax-backward row term (linear memory: N x Hq).
