@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <vector>
 
 #include "core/error.h"
@@ -16,6 +18,19 @@
 #include "train/batch.h"
 
 namespace loom {
+
+// CPU seconds used by this process (all threads): a load-independent companion to wall time
+// on a shared machine, where other processes steal the cores.
+static double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double load_average() {
+  double l[1] = {0};
+  return getloadavg(l, 1) == 1 ? l[0] : -1;
+}
 
 static double peak_rss_mb() {
   rusage ru{};
@@ -42,18 +57,27 @@ Json run_train_bench(const TrainBenchOptions& o) {
   }
   const double tokens = double(o.batch) * o.seq;
   const double flops = mc.train_flops_per_token(o.seq) * tokens;
-  std::vector<double> times;
+  std::vector<double> times, cpu_times;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
-    double t0 = now_seconds();
+    double t0 = now_seconds(), c0 = cpu_seconds();
     model.params().zero_grad();
     model.forward_backward(b.input(), static_cast<float>(1.0 / tokens));
     optim.step(1e-4, 1.f);
-    if (s >= o.warmup) times.push_back(now_seconds() - t0);
+    if (s >= o.warmup) {
+      times.push_back(now_seconds() - t0);
+      cpu_times.push_back(cpu_seconds() - c0);
+    }
   }
   std::sort(times.begin(), times.end());
+  std::sort(cpu_times.begin(), cpu_times.end());
   double median = times[times.size() / 2];
+  double cpu_median = cpu_times[cpu_times.size() / 2];
+  double c0 = cpu_seconds(), w0 = now_seconds();
   double peak = measure_sgemm_peak_gflops(o.threads);
+  // The sgemm measurement's own CPU time per wall second tells how many cores it really had.
+  double sgemm_cores = (cpu_seconds() - c0) / (now_seconds() - w0);
   double gflops = flops / median / 1e9;
+  double gflops_per_core = flops / cpu_median / 1e9;
 
   Json j = Json::object();
   j["preset"] = o.preset;
@@ -68,6 +92,10 @@ Json run_train_bench(const TrainBenchOptions& o) {
   j["gflops"] = gflops;
   j["sgemm_peak_gflops"] = peak;
   j["ratio_to_sgemm_peak"] = gflops / peak;
+  j["step_cpu_seconds_median"] = cpu_median;
+  j["gflops_per_cpu_second"] = gflops_per_core;
+  j["sgemm_cores_used"] = sgemm_cores;
+  j["load_average_1m"] = load_average();
   j["peak_rss_mb"] = peak_rss_mb();
   j["activation_mb"] = model.activation_bytes() / 1048576.0;
   std::printf("loom bench train: %s (%lld params), batch %d x %d tokens, %d threads, %s\n",
@@ -78,7 +106,13 @@ Json run_train_bench(const TrainBenchOptions& o) {
   std::printf("  achieved:                 %.1f GFLOP/s (6*N*tokens + attention)\n", gflops);
   std::printf("  sgemm peak (measured):    %.1f GFLOP/s\n", peak);
   std::printf("  ratio to sgemm peak:      %.1f%%\n", 100 * gflops / peak);
+  std::printf("  per CPU-second:           %.1f GFLOP (step used %.2f CPU-s in %.2f s)\n",
+              gflops_per_core, cpu_median, median);
   std::printf("  peak resident memory:     %.0f MiB\n", peak_rss_mb());
+  std::printf(
+      "  load average (1 min):     %.2f  (figures are reliable only when it is below "
+      "the thread count)\n",
+      load_average());
   return j;
 }
 

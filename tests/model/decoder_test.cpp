@@ -173,6 +173,28 @@ TEST(Decoder, SameSeedIsBitIdentical) {
   EXPECT_EQ(0, std::memcmp(a.second.data(), b.second.data(), a.second.size() * 4));
 }
 
+TEST(Decoder, GradientAccumulationEqualsOneLargeBatch) {
+  // Two micro-batches accumulated with dloss = 1/total equal one batch holding both.
+  Decoder m(tiny(Family::GPT2), cpu_backend());
+  m.params().init(4);
+  Data whole = make_data({8, 8, 8, 8}, 32, 6);
+  ParamSet& P = m.params();
+  P.zero_grad();
+  double l1 = m.forward_backward(whole.input(), 1.f / 32);
+  std::vector<float> g1(P.grad(), P.grad() + P.total());
+  Data a = make_data({8, 8, 8, 8}, 32, 6), b = a;
+  a.tokens.resize(16), a.targets.resize(16), a.positions.resize(16), a.cu = {0, 8, 16};
+  b.tokens.erase(b.tokens.begin(), b.tokens.begin() + 16);
+  b.targets.erase(b.targets.begin(), b.targets.begin() + 16);
+  b.positions.erase(b.positions.begin(), b.positions.begin() + 16);
+  b.cu = {0, 8, 16};
+  P.zero_grad();
+  double l2 = m.forward_backward(a.input(), 1.f / 32) + m.forward_backward(b.input(), 1.f / 32);
+  EXPECT_NEAR(l1, l2, 1e-4 * std::fabs(l1));
+  for (int64_t i = 0; i < P.total(); ++i)
+    ASSERT_NEAR(g1[i], P.grad()[i], 1e-5f + 1e-4f * std::fabs(g1[i])) << i;
+}
+
 TEST(Decoder, TinyModelOverfitsAFixedBatch) {
   for (Family f : {Family::GPT2, Family::Llama}) {
     ModelConfig c = tiny(f);

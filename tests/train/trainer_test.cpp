@@ -121,6 +121,23 @@ TEST(Trainer, Fp16OverflowSkipsStepAndBacksOff) {
   for (float w : params_of(t)) ASSERT_EQ(w, round_f16(w));
 }
 
+TEST(Trainer, GradNormIsTheUnscaledGlobalNorm) {
+  // The first step's gradient norm is the same under fp32 and under fp16 with a loss scale of
+  // 2^16 (the scale is divided out), up to fp16 rounding of the activations.
+  std::string d1 = test_dir("norm32"), d2 = test_dir("norm16");
+  Config c1 = tiny_config(d1, 2), c2 = tiny_config(d2, 2);
+  c2.set("precision.policy", "\"fp16\"", "test");
+  Trainer a(c1), b(c2);
+  StepResult ra = a.train_step(), rb = b.train_step();
+  EXPECT_GT(ra.grad_norm, 0.1);
+  EXPECT_NEAR(ra.grad_norm, rb.grad_norm, 0.02 * ra.grad_norm);
+  // And it is the L2 norm over every parameter's gradient.
+  auto& P = a.model().params();
+  double sq = 0;
+  for (int64_t i = 0; i < P.total(); ++i) sq += double(P.grad()[i]) * P.grad()[i];
+  EXPECT_NEAR(std::sqrt(sq), ra.grad_norm, 1e-6 * ra.grad_norm);
+}
+
 TEST(Trainer, Bf16WeightsAreBf16Values) {
   std::string d = test_dir("bf16");
   Config c = tiny_config(d, 3);
