@@ -1,5 +1,7 @@
 #include "plan/validation.h"
 
+#include <utility>
+
 namespace loom::plan {
 
 namespace {
@@ -93,6 +95,64 @@ PublishedRow llama3_row(const char* name, int64_t gpus, int64_t dp, double tflop
   return r;
 }
 
+// Megatron-LM README, "Training Speed and Scalability": Megatron-Core weak scaling of GPT
+// models on H100 (DGX H100 SuperPOD) at vocabulary 131,072 and sequence 4,096, with
+// --overlap-grad-reduce --overlap-param-gather (which requires the distributed optimizer)
+// and --tp-comm-overlap (which requires sequence parallelism); MFU from end-to-end runs.
+// Published per row (the README's table image, as transcribed by secondary sources): size,
+// GPUs, TP, PP, CP, MFU. Not published, assumed here by one rule for every row (docs/plan.md):
+// GPT shape (FFN 4h GeLU, tied embeddings, head dimension 128, no biases) with
+// layers/hidden chosen to give the size label; BF16; global batch 1152 (the README's
+// batch for its H100 GPT-3 175B strong-scaling runs); micro-batch 1; interleaving with 2
+// layers per virtual stage when pp > 1; no recompute; flash attention. Megatron's MFU
+// counts full s^2 attention (no causal halving) and no recompute.
+ModelSpec mcore_gpt(const char* name, int64_t layers, int64_t hidden, int64_t heads) {
+  ModelSpec m;
+  m.name = name;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.ffn = 4 * hidden;
+  m.vocab = 131072;
+  m.seq = 4096;
+  m.gated_mlp = false;
+  m.tied_embeddings = true;
+  return m;
+}
+
+PublishedRow mcore_row(const char* size, ModelSpec model, int64_t gpus, int64_t tp, int64_t pp,
+                       int64_t cp, double mfu) {
+  PublishedRow r;
+  r.name = std::string("mcore-h100 ") + size;
+  r.source = "Megatron-LM README, Megatron-Core H100 weak scaling";
+  r.input.model = std::move(model);
+  r.input.cluster = cluster_preset("dgx-h100");
+  r.input.cluster.nodes = gpus / 8;
+  TrainSpec& t = r.input.train;
+  t.global_batch = 1152;
+  t.micro_batch = 1;
+  t.precision = Precision::bf16;
+  t.optimizer = Optimizer::adam;
+  t.zero_stage = 1;
+  t.recompute = Recompute::none;
+  t.tp = tp;
+  t.pp = pp;
+  t.cp = cp;
+  t.vp = pp > 1 ? r.input.model.layers / pp / 2 : 1;
+  t.sequence_parallel = tp > 1;
+  t.overlap_grad_reduce = true;
+  t.overlap_param_gather = true;
+  t.tp_comm_overlap = tp > 1;
+  t.flash_attention = true;
+  t.causal_flops = false;
+  r.published_mfu = mfu;
+  r.published_tflops = mfu * r.input.cluster.gpu.peak_bf16_tflops;
+  r.note =
+      "assumed: layers/hidden/heads, bf16, global batch 1152, mbs 1, 2 layers per "
+      "virtual stage, no recompute";
+  return r;
+}
+
 }  // namespace
 
 std::vector<PublishedRow> published_rows() {
@@ -109,6 +169,11 @@ std::vector<PublishedRow> published_rows() {
       megatron_row("1T", "megatron-1t", 8, 64, 0, 1, 3072, 3072, false, 163),
       nemo_row("nemo-h100 llama3-70b fp8", "llama3-70b", 64, 128, 4, 8, 1, 5, false, 727),
       nemo_row("nemo-h100 llama3.1-405b fp8", "llama3-405b", 1024, 512, 8, 8, 2, 8, true, 763),
+      mcore_row("2B", mcore_gpt("mcore-2b", 32, 2048, 16), 96, 1, 1, 2, 0.41),
+      mcore_row("13B", mcore_gpt("mcore-13b", 40, 5120, 40), 384, 2, 2, 2, 0.45),
+      mcore_row("72B", mcore_gpt("mcore-72b", 88, 8192, 64), 768, 4, 4, 2, 0.46),
+      mcore_row("175B", mcore_gpt("mcore-175b", 96, 12288, 96), 768, 4, 8, 2, 0.47),
+      mcore_row("462B", mcore_gpt("mcore-462b", 112, 18432, 144), 6144, 8, 8, 2, 0.475),
       llama3_row("llama3-405b 8192 H100", 8192, 64, 430),
       llama3_row("llama3-405b 16384 H100", 16384, 128, 400),
   };

@@ -15,9 +15,12 @@ struct PublishedRow {
   std::string source;
   PlanInput input;
   double published_tflops = 0;  // per GPU, in the source's FLOP convention
+  double published_mfu = 0;     // when the source reports MFU: published_tflops = mfu x bf16 peak
   bool hardware_flops = false;  // true: the source counts recompute FLOPs (Megatron-LM 2021)
-  bool asserted = true;         // false: some inputs were not published (shown, not tested)
-  std::string note;
+  // false: shown, not tested, because the missing inputs decide the result (Llama 3 rows).
+  // Rows with assumed inputs that are asserted say so in `note` and in docs/plan.md.
+  bool asserted = true;
+  std::string note;  // inputs that were assumed rather than published
 };
 
 std::vector<PublishedRow> published_rows();
