@@ -1,0 +1,231 @@
+// Training-step throughput of the CUDA backend: the decoder's op sequence (tests/cuda/
+// step_replay.h) on one GPU, GPT-2 124M at batch 16 x 1024 by default, GEMMs on bf16 tensor
+// cores (fp32 storage and accumulation). Prints tokens/s, MFU against the card's dense bf16
+// peak, each op group's share of the step time, and the peak device memory.
+//
+//   bench_cuda [--preset gpt2-124m] [--batch 16] [--seq 1024] [--steps 10] [--warmup 3]
+//              [--math bf16|tf32|fp32|fp16] [--peak-tflops X] [--no-profile]
+//
+// Baseline for the ratios: the same shape in PyTorch on the same card
+// (bench/cuda_bench_torch.py prints eager and torch.compile figures in the same format).
+// Without a CUDA device it says so and exits 0.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/step_replay.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "model/decoder.h"
+
+namespace {
+
+using namespace loom;
+
+struct Args {
+  std::string preset = "gpt2-124m", math = "bf16";
+  int batch = 16, seq = 1024, steps = 10, warmup = 3;
+  double peak_tflops = 0;
+  bool profile = true;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      LOOM_CHECK(i + 1 < argc, "option ", k, " needs a value");
+      return argv[++i];
+    };
+    if (k == "--preset")
+      a.preset = val();
+    else if (k == "--batch")
+      a.batch = std::stoi(val());
+    else if (k == "--seq")
+      a.seq = std::stoi(val());
+    else if (k == "--steps")
+      a.steps = std::stoi(val());
+    else if (k == "--warmup")
+      a.warmup = std::stoi(val());
+    else if (k == "--math")
+      a.math = val();
+    else if (k == "--peak-tflops")
+      a.peak_tflops = std::stod(val());
+    else if (k == "--no-profile")
+      a.profile = false;
+    else
+      fail("unknown option ", k, " (see the comment at the top of bench/cuda_bench.cpp)");
+  }
+  return a;
+}
+
+// Dense bf16 tensor-core peak by device name (TFLOP/s), 0 if unknown (then pass --peak-tflops).
+double known_peak(const std::string& name) {
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos)
+    return name.find("PCIe") != std::string::npos ? 756.0 : 989.4;
+  if (name.find("A100") != std::string::npos) return 312.0;
+  return 0;
+}
+
+// Events at every op-group boundary of one step: time per group.
+struct GroupTimer {
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  cudaStream_t st;
+  void mark(const char* what) {
+    if (!marks.empty() && marks.back().first == what) return;
+    cudaEvent_t e;
+    cudaEventCreate(&e);
+    cudaEventRecord(e, st);
+    marks.emplace_back(what, e);
+  }
+  void add_to(std::map<std::string, double>& ms) {
+    cudaEventSynchronize(marks.back().second);
+    for (size_t i = 0; i + 1 < marks.size(); ++i) {
+      float t = 0;
+      cudaEventElapsedTime(&t, marks[i].second, marks[i + 1].second);
+      ms[marks[i].first] += t;
+    }
+    for (auto& m : marks) cudaEventDestroy(m.second);
+    marks.clear();
+  }
+};
+
+int run(const Args& a) {
+  if (cuda_device_count() == 0) {
+    std::printf("bench_cuda: no CUDA device: skipped\n");
+    return 0;
+  }
+  CudaOptions opt;
+  opt.gemm_math = gemm_math_from_name(a.math);
+  CudaBackend be(opt);
+  const ModelConfig cfg = model_preset(a.preset);
+  LOOM_CHECK(a.seq <= cfg.max_seq, "--seq ", a.seq, " exceeds the preset's max_seq ", cfg.max_seq);
+  const int N = a.batch * a.seq;
+  std::printf("bench_cuda: %s on %s (sm_%d, %d SMs), batch %d x %d = %d tokens, gemm math %s\n",
+              a.preset.c_str(), be.device_name().c_str(), be.sm_version(), be.sm_count(), a.batch,
+              a.seq, N, a.math.c_str());
+
+  // Parameters initialised on the host (the Decoder's layout and init), then uploaded.
+  Decoder host(cfg, cpu_backend());
+  host.params().init(1);
+  const int64_t P = host.params().total();
+
+  // Activations: measure what the replay takes, then one allocation for all of it.
+  const int head_chunk = std::min(N, 4096);
+  size_t act_floats = 0;
+  {
+    std::vector<float> dummy(1);
+    test::StepReplay measure(
+        be, cfg, host.params(), nullptr, nullptr, N, head_chunk,
+        [&](size_t n) {
+          act_floats += (n + 63) / 64 * 64;
+          return dummy.data();
+        },
+        nullptr);
+  }
+  DeviceArena& arena = be.arena();
+  BumpRegion& params = arena.create("params", P * 4);
+  BumpRegion& grads = arena.create("grads", P * 4);
+  BumpRegion& optim = arena.create("optimizer", 2 * P * 4);
+  BumpRegion& acts = arena.create("activations", act_floats * 4 + (size_t(1) << 20));
+  BumpRegion& inputs = arena.create("inputs", 3 * size_t(N) * 4 + 4096);
+  float* w = params.take_n<float>(P, "params");
+  float* g = grads.take_n<float>(P, "grads");
+  float* m = optim.take_n<float>(P, "adam m");
+  float* v = optim.take_n<float>(P, "adam v");
+  be.upload(w, host.params().data(), P * 4);
+  be.fill_bytes(m, 0, P * 4);
+  be.fill_bytes(v, 0, P * 4);
+
+  std::vector<int32_t> tokens(N), targets(N), positions(N), cu(a.batch + 1);
+  uint64_t s = 42;
+  for (int i = 0; i < N; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    tokens[i] = static_cast<int32_t>((s >> 33) % cfg.vocab);
+    positions[i] = i % a.seq;
+  }
+  for (int i = 0; i < N; ++i) targets[i] = tokens[(i + 1) % N];
+  for (int b = 0; b <= a.batch; ++b) cu[b] = b * a.seq;
+  int32_t* d_tok = inputs.take_n<int32_t>(N);
+  int32_t* d_tgt = inputs.take_n<int32_t>(N);
+  int32_t* d_pos = inputs.take_n<int32_t>(N);
+  be.upload(d_tok, tokens.data(), N * 4);
+  be.upload(d_tgt, targets.data(), N * 4);
+  be.upload(d_pos, positions.data(), N * 4);
+
+  test::StepReplay replay(
+      be, cfg, host.params(), w, g, N, head_chunk,
+      [&](size_t n) { return acts.take_n<float>((n + 63) / 64 * 64); },
+      [&](float* d, const float* src, size_t n) { be.download(d, src, n * 4); });
+  auto stream = static_cast<cudaStream_t>(be.stream());
+  GroupTimer timer{{}, stream};
+
+  double loss = 0;
+  auto step = [&](int t, bool profile) {
+    replay.mark =
+        profile ? std::function<void(const char*)>([&](const char* what) { timer.mark(what); })
+                : nullptr;
+    be.fill_bytes(g, 0, P * 4);
+    loss = replay.forward_backward(d_tok, d_tgt, d_pos, cu.data(), a.batch, 1.f / N);
+    if (profile) timer.mark("optimizer");
+    const double norm = std::sqrt(be.sum_squares(g, P));
+    const float clip = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.f;
+    be.adamw(w, g, m, v, P, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, clip, t);
+    if (profile) timer.mark("end");
+  };
+  for (int t = 1; t <= a.warmup; ++t) step(t, false);
+  be.sync();
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  cudaEventRecord(t0, stream);
+  for (int t = 1; t <= a.steps; ++t) step(a.warmup + t, false);
+  cudaEventRecord(t1, stream);
+  be.sync();
+  float ms = 0;
+  cudaEventElapsedTime(&ms, t0, t1);
+  const double step_s = ms / 1e3 / a.steps;
+  const double tok_s = N / step_s;
+  const double flops = cfg.train_flops_per_token(a.seq) * N / step_s;
+  double peak = a.peak_tflops > 0 ? a.peak_tflops : known_peak(be.device_name());
+  std::printf("step %.2f ms, %.0f tokens/s, %.1f TFLOP/s (model FLOPs), loss %.4f\n", step_s * 1e3,
+              tok_s, flops / 1e12, loss / N);
+  if (peak > 0)
+    std::printf("MFU %.1f%% of %.0f TFLOP/s dense bf16\n", 100.0 * flops / 1e12 / peak, peak);
+  else
+    std::printf("MFU: unknown card peak (pass --peak-tflops)\n");
+
+  if (a.profile) {
+    std::map<std::string, double> group_ms;
+    step(a.warmup + a.steps + 1, true);
+    timer.add_to(group_ms);
+    double total = 0;
+    for (auto& [k, t] : group_ms) total += t;
+    std::vector<std::pair<double, std::string>> rows;
+    for (auto& [k, t] : group_ms) rows.push_back({t, k});
+    std::sort(rows.rbegin(), rows.rend());
+    std::printf("time share per op group (one profiled step, %.2f ms):\n", total);
+    for (auto& [t, k] : rows)
+      std::printf("  %-14s %8.3f ms  %5.1f%%\n", k.c_str(), t, 100 * t / total);
+  }
+  std::printf("%s", be.memory_report().c_str());
+  std::printf("backend workspace peak: %.1f MiB\n", be.workspace_peak() / 1048576.0);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda: %s\n", e.what());
+    return 1;
+  }
+}

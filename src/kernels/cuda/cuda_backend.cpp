@@ -1,0 +1,596 @@
+// CudaBackend: argument checks (the same messages as the CPU backend where the CPU checks on
+// the host), workspace management, the attention schedule cache, and dispatch to the
+// launchers of ops.cu / attention.cu and to cuBLASLt.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch.h"
+
+namespace loom {
+namespace {
+
+constexpr size_t kUploadBytes = size_t{4} << 20;  // attention schedules, multi-tensor tables
+
+const char* op_name(int op) {
+  switch (op) {
+    case cuda::kOpEmbeddingForward:
+      return "embedding_forward";
+    case cuda::kOpEmbeddingBackward:
+      return "embedding_backward";
+    case cuda::kOpCrossEntropy:
+      return "cross_entropy";
+    case cuda::kOpRopeForward:
+      return "rope_forward";
+    case cuda::kOpRopeBackward:
+      return "rope_backward";
+    default:
+      return "cuda op";
+  }
+}
+
+// A pinned host buffer and the device area it is uploaded to. The host side is rewritten only
+// after the previous upload from it has completed (event), so uploads never race.
+struct UploadArea {
+  void* host = nullptr;
+  void* dev = nullptr;
+  size_t bytes = 0;
+  cudaEvent_t done = nullptr;
+
+  void init(void* device_area, size_t n) {
+    LOOM_CUDA_CHECK(cudaMallocHost(&host, n));
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    dev = device_area;
+    bytes = n;
+  }
+  void destroy() {
+    if (host) cudaFreeHost(host);
+    if (done) cudaEventDestroy(done);
+    host = nullptr;
+    done = nullptr;
+  }
+  // Copies `n` bytes of `src` to the device area, stream-ordered.
+  void upload(cudaStream_t st, const void* src, size_t n, const char* what) {
+    LOOM_CHECK(n <= bytes, what, " (cuda): ", n, " bytes of tables exceed the upload area of ",
+               bytes);
+    LOOM_CUDA_CHECK(cudaEventSynchronize(done));
+    std::memcpy(host, src, n);
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(dev, host, n, cudaMemcpyHostToDevice, st));
+    LOOM_CUDA_CHECK(cudaEventRecord(done, st));
+  }
+};
+
+}  // namespace
+
+GemmMath gemm_math_from_name(const std::string& s) {
+  if (s == "fp32") return GemmMath::FP32;
+  if (s == "tf32") return GemmMath::TF32;
+  if (s == "bf16") return GemmMath::BF16;
+  if (s == "fp16") return GemmMath::FP16;
+  fail("gemm math must be fp32, tf32, bf16 or fp16, got '", s, "'");
+}
+
+const char* gemm_math_name(GemmMath m) {
+  switch (m) {
+    case GemmMath::FP32:
+      return "fp32";
+    case GemmMath::TF32:
+      return "tf32";
+    case GemmMath::BF16:
+      return "bf16";
+    case GemmMath::FP16:
+      return "fp16";
+  }
+  return "?";
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver / no device" error
+    return 0;
+  }
+  return n;
+}
+
+struct CudaBackend::Impl {
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<cuda::LtGemm> lt;
+  cuda::DeviceError* err = nullptr;       // device
+  cuda::DeviceError* err_host = nullptr;  // pinned
+  double* result = nullptr;               // device: reductions' result
+  int* flag = nullptr;                    // device: all_finite
+  double* result_host = nullptr;          // pinned
+  UploadArea attn_up, table_up;
+  // Attention schedule cache: the host cu_seqlens and tile rows it was planned for.
+  std::vector<int32_t> cu_cached;
+  int rows_cached = -1;
+  cuda::AttnSchedule sched;
+  const int32_t *cu_dev = nullptr, *q_items_dev = nullptr, *k_items_dev = nullptr;
+};
+
+CudaBackend::CudaBackend(const CudaOptions& opt) : opt_(opt), impl_(new Impl) {
+  const int count = cuda_device_count();
+  LOOM_CHECK(count > 0, "CUDA backend: no CUDA device is available (driver or GPU missing)");
+  LOOM_CHECK(opt.device >= 0 && opt.device < count, "CUDA backend: device ", opt.device,
+             " does not exist (", count, " devices)");
+  LOOM_CUDA_CHECK(cudaSetDevice(opt.device));
+  cudaDeviceProp prop{};
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, opt.device));
+  device_name_ = prop.name;
+  sm_ = prop.major * 10 + prop.minor;
+  sm_count_ = prop.multiProcessorCount;
+  LOOM_CHECK(sm_ >= 80, "CUDA backend: ", device_name_, " is sm_", sm_,
+             "; this build targets sm_80 and sm_90");
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
+
+  arena_ = DeviceArena(
+      [](size_t bytes) -> void* {
+        void* p = nullptr;
+        if (cudaMalloc(&p, bytes) != cudaSuccess) {
+          cudaGetLastError();
+          return nullptr;
+        }
+        return p;
+      },
+      [](void* p) { cudaFree(p); });
+  LOOM_CHECK(opt.workspace_bytes > opt.cublaslt_workspace + 2 * kUploadBytes + (1 << 20),
+             "CUDA backend: workspace_bytes=", opt.workspace_bytes, " is too small");
+  ws_ = &arena_.create("workspace", opt.workspace_bytes);
+  // Permanent parts of the workspace first; everything after them is per-op scratch.
+  impl_->lt = std::make_unique<cuda::LtGemm>(ws_->take(opt.cublaslt_workspace, "cuBLASLt"),
+                                             opt.cublaslt_workspace, sm_);
+  impl_->err = ws_->take_n<cuda::DeviceError>(1, "error flag");
+  impl_->result = ws_->take_n<double>(1, "reduction result");
+  impl_->flag = ws_->take_n<int>(1, "finite flag");
+  impl_->attn_up.init(ws_->take(kUploadBytes, "attention schedule"), kUploadBytes);
+  impl_->table_up.init(ws_->take(kUploadBytes, "multi-tensor table"), kUploadBytes);
+  LOOM_CUDA_CHECK(
+      cudaMallocHost(reinterpret_cast<void**>(&impl_->err_host), sizeof(cuda::DeviceError)));
+  LOOM_CUDA_CHECK(
+      cudaMallocHost(reinterpret_cast<void**>(&impl_->result_host), 2 * sizeof(double)));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(impl_->err, 0, sizeof(cuda::DeviceError), impl_->stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+CudaBackend::~CudaBackend() {
+  if (impl_->stream) cudaStreamSynchronize(impl_->stream);
+  impl_->lt.reset();
+  impl_->attn_up.destroy();
+  impl_->table_up.destroy();
+  if (impl_->err_host) cudaFreeHost(impl_->err_host);
+  if (impl_->result_host) cudaFreeHost(impl_->result_host);
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+void* CudaBackend::stream() const {
+  return impl_->stream;
+}
+
+void CudaBackend::check_device_errors() {
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(impl_->err_host, impl_->err, sizeof(cuda::DeviceError),
+                                  cudaMemcpyDeviceToHost, impl_->stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  const cuda::DeviceError e = *impl_->err_host;
+  if (e.code == cuda::kErrNone) return;
+  LOOM_CUDA_CHECK(cudaMemsetAsync(impl_->err, 0, sizeof(cuda::DeviceError), impl_->stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  switch (e.code) {
+    case cuda::kErrNegativeId:
+      fail(op_name(e.op), ": negative token id ", e.value, " at row ", e.row);
+    case cuda::kErrTargetRange:
+      fail("cross_entropy: target ", e.value, " at row ", e.row, " is outside the vocabulary");
+    case cuda::kErrNegativePos:
+      fail("rope: negative position ", e.value, " at row ", e.row);
+    default:
+      fail(op_name(e.op), ": device error code ", e.code);
+  }
+}
+
+void CudaBackend::sync() {
+  check_device_errors();
+}
+
+void CudaBackend::upload(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, impl_->stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void CudaBackend::download(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void CudaBackend::fill_bytes(void* dst, int byte, size_t bytes) {
+  if (bytes == 0) return;
+  LOOM_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, impl_->stream));
+}
+
+std::string CudaBackend::memory_report() const {
+  size_t free_b = 0, total_b = 0;
+  std::string s = cat("device memory (", device_name_, "):\n", arena_.report());
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+    s += cat("  device: ", (total_b - free_b) >> 20, " MiB used of ", total_b >> 20, " MiB\n");
+  return s;
+}
+
+// ------------------------------------------------------------------------------------ GEMM
+
+void CudaBackend::gemm_ex(const GemmEx& g) {
+  if (g.M == 0 || g.N == 0) return;
+  LOOM_CHECK(g.K > 0, "gemm_ex (cuda): K must be positive");
+  impl_->lt->run(impl_->stream, g, cuda::compute_type_of(GemmMath::FP32));
+}
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                       int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  gemm_batched(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+}
+
+void CudaBackend::gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                               const float* A, int lda, int64_t stride_a, const float* B, int ldb,
+                               int64_t stride_b, float beta, float* C, int ldc, int64_t stride_c,
+                               int batch) {
+  LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
+  LOOM_CHECK(batch >= 0, "gemm_batched: negative batch ", batch);
+  if (M == 0 || N == 0 || batch == 0) return;
+  if (K == 0) {
+    for (int b = 0; b < batch; ++b)
+      cuda::scale_matrix(impl_->stream, C + b * stride_c, M, N, ldc, beta);
+    return;
+  }
+  GemmEx g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.a_type = g.b_type = g.c_type = DType::F32;
+  g.A = A;
+  g.lda = lda;
+  g.B = B;
+  g.ldb = ldb;
+  g.C = C;
+  g.ldc = ldc;
+  g.alpha = alpha;
+  g.beta = beta;
+  g.batch = batch;
+  g.stride_a = stride_a;
+  g.stride_b = stride_b;
+  g.stride_c = stride_c;
+  impl_->lt->run(impl_->stream, g, cuda::compute_type_of(opt_.gemm_math));
+}
+
+void CudaBackend::matmul_forward(float* out, const float* inp, const float* weight,
+                                 const float* bias, int N, int IC, int OC) {
+  if (N == 0 || OC == 0) return;
+  if (IC == 0) {
+    LOOM_CHECK(bias == nullptr, "matmul_forward (cuda): IC=0 with a bias is not supported");
+    cuda::scale_matrix(impl_->stream, out, N, OC, OC, 0.f);
+    return;
+  }
+  GemmEx g;
+  g.trans_a = false;
+  g.trans_b = true;
+  g.M = N;
+  g.N = OC;
+  g.K = IC;
+  g.a_type = g.b_type = g.c_type = DType::F32;
+  g.A = inp;
+  g.lda = IC;
+  g.B = weight;
+  g.ldb = IC;
+  g.C = out;
+  g.ldc = OC;
+  g.bias = bias;
+  impl_->lt->run(impl_->stream, g, cuda::compute_type_of(opt_.gemm_math));
+}
+
+void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, int N, int IC, int OC) {
+  if (dinp != nullptr) gemm(false, false, N, IC, OC, 1.f, dout, OC, weight, IC, 0.f, dinp, IC);
+  if (dweight != nullptr) gemm(true, false, OC, IC, N, 1.f, dout, OC, inp, IC, 1.f, dweight, IC);
+  if (dbias != nullptr && N > 0 && OC > 0) {
+    ScratchScope scope(*ws_);
+    float* partial = ws_->take_n<float>(size_t(cuda::colred_chunks(N)) * OC, "bias partials");
+    cuda::bias_backward(impl_->stream, dbias, dout, N, OC, partial);
+  }
+}
+
+// ------------------------------------------------------------------------------------ rows
+
+void CudaBackend::embedding_forward(float* out, const int32_t* ids, const float* table, int N,
+                                    int C, bool accumulate) {
+  cuda::embedding_forward(impl_->stream, out, ids, table, N, C, accumulate, impl_->err);
+}
+
+void CudaBackend::embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N,
+                                     int C) {
+  if (N <= 0 || C <= 0) return;
+  ScratchScope scope(*ws_);
+  const size_t bytes = cuda::embedding_backward_scratch(N);
+  void* scratch = ws_->take(bytes, "embedding_backward sort buffers");
+  cuda::embedding_backward(impl_->stream, dtable, dout, ids, N, C, scratch, bytes, impl_->err);
+}
+
+void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                    const float* weight, const float* bias, int N, int C,
+                                    float eps) {
+  cuda::layernorm_forward(impl_->stream, out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+
+void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                     const float* inp, const float* weight, const float* mean,
+                                     const float* rstd, int N, int C) {
+  if (N <= 0 || C <= 0) return;
+  ScratchScope scope(*ws_);
+  float* partial = ws_->take_n<float>(size_t(cuda::colred_chunks(N)) * 2 * C, "norm partials");
+  cuda::layernorm_backward(impl_->stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+                           partial);
+}
+
+void CudaBackend::rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
+                                  int N, int C, float eps) {
+  cuda::rmsnorm_forward(impl_->stream, out, rstd, inp, weight, N, C, eps);
+}
+
+void CudaBackend::rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                   const float* weight, const float* rstd, int N, int C) {
+  if (N <= 0 || C <= 0) return;
+  ScratchScope scope(*ws_);
+  float* partial = ws_->take_n<float>(size_t(cuda::colred_chunks(N)) * C, "norm partials");
+  cuda::rmsnorm_backward(impl_->stream, dinp, dweight, dout, inp, weight, rstd, N, C, partial);
+}
+
+void CudaBackend::gelu_forward(float* out, const float* inp, int64_t n) {
+  cuda::gelu_forward(impl_->stream, out, inp, n);
+}
+void CudaBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  cuda::gelu_backward(impl_->stream, dinp, inp, dout, n);
+}
+void CudaBackend::swiglu_forward(float* out, const float* inp, int N, int F) {
+  cuda::swiglu_forward(impl_->stream, out, inp, N, F);
+}
+void CudaBackend::swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+  cuda::swiglu_backward(impl_->stream, dinp, inp, dout, N, F);
+}
+
+namespace {
+void check_rope(int H, int D, int ld, float theta) {
+  LOOM_CHECK(D > 0 && D % 2 == 0, "rope: head dim D=", D, " must be even and positive");
+  LOOM_CHECK(ld >= H * D, "rope: row stride ld=", ld, " < H*D=", H * D);
+  LOOM_CHECK(theta > 0.0f, "rope: theta=", theta, " must be positive");
+}
+}  // namespace
+
+void CudaBackend::rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld,
+                               float theta) {
+  check_rope(H, D, ld, theta);
+  cuda::rope(impl_->stream, x, pos, N, H, D, ld, theta, 1.f, impl_->err, cuda::kOpRopeForward);
+}
+void CudaBackend::rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld,
+                                float theta) {
+  check_rope(H, D, ld, theta);
+  cuda::rope(impl_->stream, dx, pos, N, H, D, ld, theta, -1.f, impl_->err, cuda::kOpRopeBackward);
+}
+
+void CudaBackend::add(float* out, const float* a, const float* b, int64_t n) {
+  cuda::add(impl_->stream, out, a, b, n);
+}
+void CudaBackend::add_inplace(float* acc, const float* x, int64_t n) {
+  cuda::add_inplace(impl_->stream, acc, x, n);
+}
+void CudaBackend::scale_inplace(float* x, float s, int64_t n) {
+  cuda::scale_inplace(impl_->stream, x, s, n);
+}
+void CudaBackend::softmax_forward(float* out, const float* inp, int rows, int cols) {
+  cuda::softmax_forward(impl_->stream, out, inp, rows, cols);
+}
+void CudaBackend::softmax_backward(float* dinp, const float* out, const float* dout, int rows,
+                                   int cols) {
+  cuda::softmax_backward(impl_->stream, dinp, out, dout, rows, cols);
+}
+
+void CudaBackend::cross_entropy(float* losses, float* dlogits, const float* logits,
+                                const int32_t* targets, int N, int V, float dloss) {
+  LOOM_CHECK(V > 0, "cross_entropy: vocabulary size V=", V, " must be positive");
+  cuda::cross_entropy(impl_->stream, losses, dlogits, logits, targets, N, V, dloss, impl_->err);
+}
+
+// ------------------------------------------------------------------------------- attention
+
+namespace {
+void check_attention(int ld, const int32_t* cu, int nseq, int Hq, int Hkv, int D, float scale,
+                     const char* op) {
+  LOOM_CHECK(Hq > 0 && Hkv > 0 && D > 0, op, ": bad head counts/dim Hq=", Hq, " Hkv=", Hkv,
+             " D=", D);
+  LOOM_CHECK(Hq % Hkv == 0, op, ": Hq=", Hq, " is not a multiple of Hkv=", Hkv);
+  LOOM_CHECK(scale > 0.0f && std::isfinite(scale), op, ": scale=", scale,
+             " must be positive and finite");
+  LOOM_CHECK(int64_t{ld} >= int64_t{std::max(Hq, Hkv)} * D, op, ": row stride ld=", ld,
+             " is smaller than a head block of ", std::max(Hq, Hkv), "x", D);
+  LOOM_CHECK(nseq >= 0, op, ": nseq=", nseq, " is negative");
+  LOOM_CHECK(nseq == 0 || cu != nullptr, op, ": cu_seqlens is null");
+  if (nseq > 0) {
+    LOOM_CHECK(cu[0] >= 0, op, ": cu_seqlens[0]=", cu[0], " is negative");
+    for (int s = 0; s < nseq; ++s)
+      LOOM_CHECK(cu[s + 1] >= cu[s], op, ": cu_seqlens decreases at index ", s + 1, " (", cu[s],
+                 " -> ", cu[s + 1], ")");
+  }
+  cuda::attn_tile_config(D);  // throws for unsupported head dims
+}
+}  // namespace
+
+void CudaBackend::attn_upload_schedule(const int32_t* cu, int nseq, int D) {
+  const int rows = cuda::attn_tile_config(D).rows;
+  Impl& m = *impl_;
+  if (rows == m.rows_cached && m.cu_cached.size() == size_t(nseq) + 1 &&
+      std::equal(cu, cu + nseq + 1, m.cu_cached.begin()))
+    return;
+  m.sched = cuda::plan_attention(cu, nseq, rows);
+  // One upload: [cu (nseq + 1) | q_items | k_items], each part 256-byte aligned.
+  auto al = [](size_t n) { return (n + 63) / 64 * 64; };
+  const size_t n_cu = al(nseq + 1), n_q = al(m.sched.q_items.size()),
+               n_k = al(m.sched.k_items.size());
+  std::vector<int32_t> buf(n_cu + n_q + n_k, 0);
+  std::copy(cu, cu + nseq + 1, buf.begin());
+  std::copy(m.sched.q_items.begin(), m.sched.q_items.end(), buf.begin() + n_cu);
+  std::copy(m.sched.k_items.begin(), m.sched.k_items.end(), buf.begin() + n_cu + n_q);
+  m.attn_up.upload(m.stream, buf.data(), buf.size() * sizeof(int32_t), "attention schedule");
+  const int32_t* base = static_cast<const int32_t*>(m.attn_up.dev);
+  m.cu_dev = base;
+  m.q_items_dev = base + n_cu;
+  m.k_items_dev = base + n_cu + n_q;
+  m.cu_cached.assign(cu, cu + nseq + 1);
+  m.rows_cached = rows;
+}
+
+void CudaBackend::attention_forward(float* out, float* lse, const float* q, const float* k,
+                                    const float* v, int ld, const int32_t* cu_seqlens, int nseq,
+                                    int Hq, int Hkv, int D, float scale) {
+  check_attention(ld, cu_seqlens, nseq, Hq, Hkv, D, scale, "attention_forward");
+  if (nseq == 0 || cu_seqlens[nseq] == cu_seqlens[0]) return;
+  attn_upload_schedule(cu_seqlens, nseq, D);
+  const Impl& m = *impl_;
+  const cuda::AttnArgs a{q,
+                         k,
+                         v,
+                         ld,
+                         Hq,
+                         Hkv,
+                         D,
+                         scale,
+                         m.cu_dev,
+                         m.q_items_dev,
+                         m.sched.num_q_items(),
+                         m.k_items_dev,
+                         m.sched.num_k_items(),
+                         cu_seqlens[0],
+                         cu_seqlens[nseq]};
+  cuda::attention_forward(m.stream, a, out, lse);
+}
+
+void CudaBackend::attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                     const float* q, const float* k, const float* v,
+                                     const float* out, const float* lse, int ld,
+                                     const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,
+                                     float scale) {
+  check_attention(ld, cu_seqlens, nseq, Hq, Hkv, D, scale, "attention_backward");
+  if (nseq == 0 || cu_seqlens[nseq] == cu_seqlens[0]) return;
+  LOOM_CHECK(dq != q && dk != k && dv != v,
+             "attention_backward: dq/dk/dv must not alias q/k/v (they are read while written)");
+  attn_upload_schedule(cu_seqlens, nseq, D);
+  const Impl& m = *impl_;
+  ScratchScope scope(*ws_);
+  float* delta = ws_->take_n<float>(size_t(cu_seqlens[nseq]) * Hq, "attention delta");
+  const cuda::AttnArgs a{q,
+                         k,
+                         v,
+                         ld,
+                         Hq,
+                         Hkv,
+                         D,
+                         scale,
+                         m.cu_dev,
+                         m.q_items_dev,
+                         m.sched.num_q_items(),
+                         m.k_items_dev,
+                         m.sched.num_k_items(),
+                         cu_seqlens[0],
+                         cu_seqlens[nseq]};
+  cuda::attention_backward(m.stream, a, out, lse, dout, dq, dk, dv, delta);
+}
+
+// ------------------------------------------------------------------------------- optimizer
+
+namespace {
+void bias_corrections(float beta1, float beta2, int64_t step, float& c1, float& c2) {
+  LOOM_CHECK(step >= 1, "adamw: step=", step, " must be >= 1 (bias correction is 1-based)");
+  c1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), step)));
+  c2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), step)));
+}
+}  // namespace
+
+void CudaBackend::adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                        float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                        int64_t step) {
+  float c1, c2;
+  bias_corrections(beta1, beta2, step, c1, c2);
+  cuda::adamw(impl_->stream, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale,
+              c1, c2);
+}
+
+void CudaBackend::adamw_multi(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h) {
+  float c1, c2;
+  bias_corrections(h.beta1, h.beta2, h.step, c1, c2);
+  if (tensors.empty()) return;
+  std::vector<int64_t> sizes;
+  std::vector<cuda::MtTensor> table;
+  for (const AdamWTensor& t : tensors) {
+    sizes.push_back(t.n);
+    table.push_back({t.param, t.grad, t.m, t.v, t.weight_decay, 0.f});
+  }
+  const std::vector<cuda::MtChunk> chunks = cuda::multi_tensor_chunks(sizes, int64_t{1} << 16);
+  if (chunks.empty()) return;
+  // [tensors | chunks] in one upload; both parts 256-byte aligned.
+  const size_t tb = align_up(table.size() * sizeof(cuda::MtTensor), 256);
+  std::vector<char> buf(tb + chunks.size() * sizeof(cuda::MtChunk), 0);
+  std::memcpy(buf.data(), table.data(), table.size() * sizeof(cuda::MtTensor));
+  std::memcpy(buf.data() + tb, chunks.data(), chunks.size() * sizeof(cuda::MtChunk));
+  impl_->table_up.upload(impl_->stream, buf.data(), buf.size(), "adamw_multi");
+  const char* dev = static_cast<const char*>(impl_->table_up.dev);
+  cuda::adamw_multi(impl_->stream, reinterpret_cast<const cuda::MtTensor*>(dev),
+                    reinterpret_cast<const cuda::MtChunk*>(dev + tb),
+                    static_cast<int>(chunks.size()), h.lr, h.beta1, h.beta2, h.eps, h.grad_scale,
+                    c1, c2);
+}
+
+double CudaBackend::sum_squares(const float* x, int64_t n) {
+  return sum_squares_multi({{x, n}});
+}
+
+double CudaBackend::sum_squares_multi(const std::vector<std::pair<const float*, int64_t>>& parts) {
+  {
+    ScratchScope scope(*ws_);
+    double* partial = ws_->take_n<double>(1024, "sum_squares partials");
+    if (parts.empty())
+      LOOM_CUDA_CHECK(cudaMemsetAsync(impl_->result, 0, sizeof(double), impl_->stream));
+    for (size_t i = 0; i < parts.size(); ++i)
+      cuda::sum_squares(impl_->stream, parts[i].first, parts[i].second, partial, impl_->result,
+                        i > 0);
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(impl_->result_host, impl_->result, sizeof(double),
+                                    cudaMemcpyDeviceToHost, impl_->stream));
+  }
+  check_device_errors();  // synchronises
+  return *impl_->result_host;
+}
+
+bool CudaBackend::all_finite(const float* x, int64_t n) {
+  cuda::all_finite(impl_->stream, x, n, impl_->flag);
+  int bad = 0;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(impl_->result_host, impl_->flag, sizeof(int),
+                                  cudaMemcpyDeviceToHost, impl_->stream));
+  check_device_errors();
+  std::memcpy(&bad, impl_->result_host, sizeof(int));
+  return bad == 0;
+}
+
+void CudaBackend::round_to(DType t, float* x, int64_t n) {
+  cuda::round_to(impl_->stream, t, x, n);
+}
+
+void CudaBackend::convert(void* dst, DType dt, const void* src, DType st, int64_t n) {
+  cuda::convert(impl_->stream, dst, dt, src, st, n);
+}
+
+}  // namespace loom
