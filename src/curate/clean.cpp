@@ -3,6 +3,8 @@
 #include <utf8proc.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "curate/document.h"
@@ -12,26 +14,51 @@
 
 namespace loom::curate {
 
-std::string repair_utf8(std::string_view s, bool replace, int64_t* invalid) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      out += static_cast<char>(c);
+// Length of the valid prefix of s[i..): ASCII eight bytes at a time, other code points decoded.
+static size_t valid_run(std::string_view s, size_t i) {
+  const size_t n = s.size();
+  while (i < n) {
+    if (i + 8 <= n) {
+      uint64_t w;
+      std::memcpy(&w, s.data() + i, 8);
+      if (!(w & 0x8080808080808080ULL)) {
+        i += 8;
+        continue;
+      }
+    }
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
       ++i;
       continue;
     }
-    size_t start = i;
-    int32_t cp = utf8_next(s, i);
-    if (cp < 0) {
-      if (invalid) ++*invalid;
-      if (replace) utf8_append(out, 0xFFFD);
-    } else {
-      out.append(s.substr(start, i - start));
-    }
+    size_t j = i;
+    if (utf8_next(s, j) < 0) return i;
+    i = j;
   }
+  return n;
+}
+
+// Writes the repaired text to `out` and returns true, or returns false if s is valid as is.
+static bool repair_utf8_into(std::string_view s, bool replace, int64_t* invalid, std::string& out) {
+  size_t i = valid_run(s, 0);
+  if (i == s.size()) return false;
+  out.clear();
+  out.reserve(s.size() + 16);
+  size_t copied = 0;
+  while (i < s.size()) {
+    out.append(s.substr(copied, i - copied));
+    ++i;  // one invalid byte (utf8_next's rule: an invalid sequence advances by one)
+    if (invalid) ++*invalid;
+    if (replace) utf8_append(out, 0xFFFD);
+    copied = i;
+    i = valid_run(s, i);
+  }
+  out.append(s.substr(copied));
+  return true;
+}
+
+std::string repair_utf8(std::string_view s, bool replace, int64_t* invalid) {
+  std::string out;
+  if (!repair_utf8_into(s, replace, invalid, out)) out.assign(s);
   return out;
 }
 
@@ -141,8 +168,14 @@ static std::string fix_mojibake_once(std::string_view s, int64_t* fixes) {
   return out;
 }
 
+// Every mojibake sequence starts with a code point in U+00C2..U+00F4 (a UTF-8 lead byte read
+// as latin-1), which UTF-8 writes as 0xC3 0x82..0xB4: text without a 0xC3 byte has none.
+static bool may_have_mojibake(std::string_view s) {
+  return s.find('\xC3') != std::string_view::npos;
+}
+
 std::string fix_mojibake(std::string_view s, int64_t* fixes) {
-  if (is_ascii(s)) return std::string(s);
+  if (!may_have_mojibake(s)) return std::string(s);
   std::string cur(s);
   for (int round = 0; round < 3; ++round) {  // double-encoded text needs two rounds
     int64_t n = 0;
@@ -154,73 +187,225 @@ std::string fix_mojibake(std::string_view s, int64_t* fixes) {
   return cur;
 }
 
-std::string unicode_normalize(std::string_view s, const std::string& form) {
-  if (form == "none" || is_ascii(s)) return std::string(s);
+// Code points that normalisation leaves alone whatever surrounds them: combining class 0,
+// never the second element of a canonical composition (nor a Hangul jamo), and unchanged by
+// the normalisation on their own (for NFKC: no compatibility mapping either). Text can be
+// normalised piecewise between such code points, so only the spans around the others go
+// through utf8proc. Derived from utf8proc's own tables once per process.
+struct InertSets {
+  std::vector<uint64_t> nfc, nfkc;  // bitsets over U+0000..U+10FFFF
+  bool test(const std::vector<uint64_t>& set, int32_t cp) const {
+    return cp >= 0 && ((set[static_cast<size_t>(cp) >> 6] >> (cp & 63)) & 1);
+  }
+};
+
+static std::string utf8proc_normalize(std::string_view s, bool compat, bool* ok) {
   int options = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
-  if (form == "nfkc") options |= UTF8PROC_COMPAT;
+  if (compat) options |= UTF8PROC_COMPAT;
   utf8proc_uint8_t* dst = nullptr;
   utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
                                     static_cast<utf8proc_ssize_t>(s.size()), &dst,
                                     static_cast<utf8proc_option_t>(options));
-  if (n < 0) return std::string(s);  // cannot happen for valid UTF-8; keep the text as is
+  *ok = n >= 0;
+  if (n < 0) return std::string(s);
   std::string out(reinterpret_cast<char*>(dst), static_cast<size_t>(n));
   std::free(dst);
+  return out;
+}
+
+static const InertSets& inert_sets() {
+  static const InertSets sets = [] {
+    constexpr int32_t kMax = 0x110000;
+    std::vector<bool> second(kMax, false);
+    for (int32_t cp = 0; cp < kMax; ++cp) {
+      const utf8proc_property_t* p = utf8proc_get_property(cp);
+      if (p->decomp_seqindex == UINT16_MAX || p->decomp_type != 0) continue;  // not canonical
+      utf8proc_int32_t buf[16];
+      int last = 0;
+      utf8proc_ssize_t n = utf8proc_decompose_char(cp, buf, 16, UTF8PROC_DECOMPOSE, &last);
+      for (utf8proc_ssize_t k = 1; k < n && k < 16; ++k) second[static_cast<size_t>(buf[k])] = true;
+    }
+    InertSets s;
+    s.nfc.assign(kMax / 64, 0);
+    s.nfkc.assign(kMax / 64, 0);
+    for (int32_t cp = 0; cp < kMax; ++cp) {
+      if (cp >= 0xD800 && cp <= 0xDFFF) continue;  // surrogates never occur in valid UTF-8
+      bool jamo = (cp >= 0x1100 && cp <= 0x11FF) || (cp >= 0xA960 && cp <= 0xA97F) ||
+                  (cp >= 0xD7B0 && cp <= 0xD7FF);
+      const utf8proc_property_t* p = utf8proc_get_property(cp);
+      if (jamo || p->combining_class != 0 || second[static_cast<size_t>(cp)]) continue;
+      bool nfc = true, nfkc = true;
+      if (p->decomp_seqindex != UINT16_MAX || (cp >= 0xAC00 && cp <= 0xD7A3)) {
+        std::string one;
+        utf8_append(one, cp);
+        bool ok;
+        nfc = utf8proc_normalize(one, false, &ok) == one && ok;
+        nfkc = utf8proc_normalize(one, true, &ok) == one && ok;
+      }
+      uint64_t bit = uint64_t{1} << (cp & 63);
+      if (nfc) s.nfc[static_cast<size_t>(cp) >> 6] |= bit;
+      if (nfkc) s.nfkc[static_cast<size_t>(cp) >> 6] |= bit;
+    }
+    return s;
+  }();
+  return sets;
+}
+
+// Normalises the spans of s that hold non-inert code points (each with the inert code point
+// before it, which may compose with them) into `out`; returns false if s is already normal.
+static bool normalize_into(std::string_view s, bool compat, std::string& out) {
+  const InertSets& sets = inert_sets();
+  const std::vector<uint64_t>& inert = compat ? sets.nfkc : sets.nfc;
+  const size_t npos = std::string_view::npos;
+  size_t i = 0, last_inert = 0, region = npos, copied = 0;
+  bool changed = false;
+  auto flush = [&](size_t end) -> bool {
+    bool ok;
+    std::string_view span = s.substr(region, end - region);
+    std::string norm = utf8proc_normalize(span, compat, &ok);
+    if (!ok) return false;
+    if (!changed && norm == span) return true;  // nothing to rewrite yet
+    if (!changed) {
+      out.clear();
+      out.reserve(s.size() + 16);
+      changed = true;
+    }
+    out.append(s.substr(copied, region - copied));
+    out += norm;
+    copied = end;
+    return true;
+  };
+  while (i < s.size()) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {  // ASCII is inert
+      if (region != npos) {
+        if (!flush(i)) return false;
+        region = npos;
+      }
+      while (i < s.size() && static_cast<unsigned char>(s[i]) < 0x80) ++i;
+      last_inert = i - 1;
+      continue;
+    }
+    size_t start = i;
+    int32_t cp = utf8_next(s, i);
+    if (sets.test(inert, cp)) {
+      if (region != npos) {
+        if (!flush(start)) return false;
+        region = npos;
+      }
+      last_inert = start;
+    } else if (region == npos) {
+      region = last_inert;
+    }
+  }
+  if (region != npos && !flush(s.size())) return false;
+  if (changed) out.append(s.substr(copied));
+  return changed;
+}
+
+std::string unicode_normalize(std::string_view s, const std::string& form) {
+  if (form == "none" || is_ascii(s)) return std::string(s);
+  std::string out;
+  if (!normalize_into(s, form == "nfkc", out)) out.assign(s);
   return out;
 }
 
 std::string clean_text(std::string_view in, const CleanOptions& opt, CleanCounts* counts) {
   CleanCounts local;
   CleanCounts& c = counts ? *counts : local;
-  std::string s = repair_utf8(in, opt.replace_invalid, &c.invalid_bytes);
-  if (opt.fix_mojibake) s = fix_mojibake(s, &c.mojibake_fixes);
-  std::string norm = unicode_normalize(s, opt.normalize);
-  c.normalized_changed = norm != s;
-  s = std::move(norm);
+  // Each step rewrites only when it changes something; `s` views the latest version.
+  std::string a, b;
+  std::string_view s = in;
+  if (repair_utf8_into(s, opt.replace_invalid, &c.invalid_bytes, a)) s = a;
+  if (opt.fix_mojibake && may_have_mojibake(s)) {
+    b = fix_mojibake(s, &c.mojibake_fixes);
+    a.swap(b);
+    s = a;
+  }
+  c.normalized_changed = false;
+  if (opt.normalize != "none" && normalize_into(s, opt.normalize == "nfkc", b)) {
+    c.normalized_changed = true;
+    a.swap(b);
+    s = a;
+  }
 
-  // Control characters and whitespace, in one pass.
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0, line_start = 0;
+  // Control characters and whitespace, in one pass. The output is never longer than the input.
+  std::string out(s.size(), '\0');
+  char* o = out.data();
+  char* line_start = o;
+  char* const begin = o;
+  size_t i = 0;
+  const size_t n = s.size();
   int newlines = 0;  // consecutive '\n' just emitted
   bool in_indent = true;
   auto end_line = [&] {
     if (opt.collapse_spaces)
-      while (out.size() > line_start && out.back() == ' ') out.pop_back();
+      while (o > line_start && o[-1] == ' ') --o;
   };
-  while (i < s.size()) {
-    size_t start = i;
-    int32_t cp = utf8_next(s, i);
-    if (cp == '\r') {
-      if (i < s.size() && s[i] == '\n') ++i;
-      cp = '\n';
-    }
-    if (cp == '\n' || cp == 0x2028 || cp == 0x2029 || cp == 0x85) {
-      end_line();
-      if (out.empty()) continue;  // no leading newlines
-      if (newlines <= opt.max_blank_lines) out += '\n';
-      ++newlines;
-      line_start = out.size();
-      in_indent = true;
+  auto newline = [&] {
+    end_line();
+    if (o == begin) return;  // no leading newlines
+    if (newlines <= opt.max_blank_lines) *o++ = '\n';
+    ++newlines;
+    line_start = o;
+    in_indent = true;
+  };
+  auto space = [&] {
+    // Leading indentation is kept (code, poetry); inner runs of spaces collapse to one.
+    if (opt.collapse_spaces && !in_indent && o[-1] == ' ') return;
+    *o++ = ' ';
+  };
+  while (i < n) {
+    unsigned char ch = static_cast<unsigned char>(s[i]);
+    if (ch > 0x20 && ch < 0x7F) {  // printable ASCII: copy the whole run
+      size_t j = i + 1;
+      while (j<n&& static_cast<unsigned char>(s[j])> 0x20 &&
+             static_cast<unsigned char>(s[j]) < 0x7F)
+        ++j;
+      std::memcpy(o, s.data() + i, j - i);
+      o += j - i;
+      i = j;
+      in_indent = false;
+      newlines = 0;
       continue;
     }
-    bool control = (cp < 0x20 && cp != '\t') || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F) ||
-                   cp == 0xFEFF || cp == 0xFFFE || cp == 0xFFFF || cp == 0xAD;
+    if (ch < 0x80) {
+      ++i;
+      if (ch == '\r') {
+        if (i < n && s[i] == '\n') ++i;
+        newline();
+      } else if (ch == '\n') {
+        newline();
+      } else if (ch == ' ' || ch == '\t') {
+        space();
+      } else {
+        ++c.control_chars;  // other C0 controls and DEL
+      }
+      continue;
+    }
+    size_t start = i;
+    int32_t cp = utf8_next(s, i);
+    if (cp == 0x2028 || cp == 0x2029 || cp == 0x85) {
+      newline();
+      continue;
+    }
+    bool control = cp < 0 || (cp >= 0x80 && cp <= 0x9F) || cp == 0xFEFF || cp == 0xFFFE ||
+                   cp == 0xFFFF || cp == 0xAD;
     if (control) {
       ++c.control_chars;
       continue;
     }
     if (is_space_cp(cp)) {
-      // Leading indentation is kept (code, poetry); inner runs of spaces collapse to one.
-      if (opt.collapse_spaces && !in_indent && out.back() == ' ') continue;
-      out += ' ';
+      space();
       continue;
     }
     in_indent = false;
     newlines = 0;
-    out.append(s, start, i - start);
+    std::memcpy(o, s.data() + start, i - start);
+    o += i - start;
   }
   end_line();
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  while (o > begin && (o[-1] == '\n' || o[-1] == ' ')) --o;
+  out.resize(static_cast<size_t>(o - begin));
   size_t lead = 0;
   while (lead < out.size() && out[lead] == ' ') ++lead;
   if (lead) out.erase(0, lead);

@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "curate/readers.h"
 #include "curate/stages.h"
@@ -255,6 +260,99 @@ class ExactDedup : public Stage {
   std::vector<Hash128> hashes_;
 };
 
+// One LSH bucket entry: document `doc` has hash `hash` in band `band`. Sorted by (band, hash,
+// doc), equal (band, hash) runs are the buckets and each starts with its smallest document.
+struct BandEntry {
+  uint64_t hash;
+  uint32_t band, doc;
+  bool operator<(const BandEntry& o) const {
+    if (band != o.band) return band < o.band;
+    if (hash != o.hash) return hash < o.hash;
+    return doc < o.doc;
+  }
+};
+
+// Sequential reader of a sorted run file of BandEntry records.
+class RunReader {
+ public:
+  explicit RunReader(const std::string& path) : path_(path) {
+    f_ = std::fopen(path.c_str(), "rb");
+    LOOM_CHECK(f_, path, ": cannot open LSH run file");
+    buf_.resize(4096);
+    fill();
+  }
+  ~RunReader() {
+    if (f_) std::fclose(f_);
+  }
+  RunReader(const RunReader&) = delete;
+  RunReader& operator=(const RunReader&) = delete;
+  bool done() const { return pos_ == n_; }
+  const BandEntry& head() const { return buf_[pos_]; }
+  void pop() {
+    if (++pos_ == n_) fill();
+  }
+
+ private:
+  void fill() {
+    n_ = std::fread(buf_.data(), sizeof(BandEntry), buf_.size(), f_);
+    LOOM_CHECK(n_ > 0 || !std::ferror(f_), path_, ": read error");
+    pos_ = 0;
+  }
+  std::string path_;
+  std::FILE* f_ = nullptr;
+  std::vector<BandEntry> buf_;
+  size_t pos_ = 0, n_ = 0;
+};
+
+// Reads a shard's .sig file (bands x 8 bytes per document) in pieces, so a large shard never
+// has to fit in memory.
+class SigReader {
+ public:
+  SigReader(const std::string& path, size_t rec) : path_(path), rec_(rec) {
+    f_ = std::fopen(path.c_str(), "rb");
+    LOOM_CHECK(f_, path, ": cannot open");
+  }
+  ~SigReader() { std::fclose(f_); }
+  SigReader(const SigReader&) = delete;
+  SigReader& operator=(const SigReader&) = delete;
+  // The next document's band hashes, or nullptr at the end of the file.
+  const uint64_t* next() {
+    if (pos_ == have_) {
+      buf_.resize(rec_ / 8 * 1024);
+      size_t got = std::fread(buf_.data(), 1, buf_.size() * 8, f_);
+      LOOM_CHECK(got % rec_ == 0 && !std::ferror(f_), path_, ": truncated signature file");
+      have_ = got / rec_;
+      pos_ = 0;
+      if (have_ == 0) return nullptr;
+    }
+    return buf_.data() + (pos_++) * (rec_ / 8);
+  }
+
+ private:
+  std::string path_;
+  size_t rec_;
+  std::FILE* f_;
+  std::vector<uint64_t> buf_;
+  size_t pos_ = 0, have_ = 0;
+};
+
+double sorted_jaccard(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
+  if (a.empty() && b.empty()) return 1;  // two empty texts are the same text
+  size_t i = 0, j = 0, inter = 0;
+  while (i < a.size() && j < b.size()) {
+    if (a[i] < b[j]) {
+      ++i;
+    } else if (b[j] < a[i]) {
+      ++j;
+    } else {
+      ++inter;
+      ++i;
+      ++j;
+    }
+  }
+  return static_cast<double>(inter) / static_cast<double>(a.size() + b.size() - inter);
+}
+
 class FuzzyDedup : public Stage {
  public:
   explicit FuzzyDedup(const StageParams& p) {
@@ -274,79 +372,82 @@ class FuzzyDedup : public Stage {
     mp.rows = static_cast<int>(p.get_int("rows", mp.rows));
     mp.seed = static_cast<uint64_t>(p.get_int("seed", 42));
     verify_ = p.get_double("verify_threshold", 0);
+    LOOM_CHECK(verify_ >= 0 && verify_ <= 1, p.key("verify_threshold"), " must be in [0, 1]");
+    double mb = p.get_double("memory_budget_mb", 2048);
+    LOOM_CHECK(mb > 0, p.key("memory_budget_mb"), " must be > 0");
+    budget_ = static_cast<size_t>(mb * 1024 * 1024);
     hasher_ = std::make_unique<MinHasher>(mp);
   }
   bool global() const override { return true; }
 
   void prepare(const GlobalInput& in) override {
-    const int B = hasher_->params().bands, M = hasher_->num_perm();
-    const size_t rec = static_cast<size_t>(B) * 8 + (verify_ > 0 ? static_cast<size_t>(M) * 4 : 0);
+    const int B = hasher_->params().bands;
+    const size_t rec = static_cast<size_t>(B) * 8;
     size_t n = in.shard_files.size();
     for_each_shard(n, in.workers, [&](size_t i) {
       std::string base = cat(in.work_dir, "/", i);
       if (file_exists(base + ".sig") && file_exists(base + ".ids")) return;  // resumed
       std::string sigs, ids;
       read_shard(in.shard_files[i], in, [&](Doc& d) {
-        auto sig = hasher_->signature(d.text);
-        auto bands = hasher_->band_hashes(sig);
+        auto bands = hasher_->band_hashes(hasher_->signature(d.text));
         sigs.append(reinterpret_cast<const char*>(bands.data()), bands.size() * 8);
-        if (verify_ > 0) sigs.append(reinterpret_cast<const char*>(sig.data()), sig.size() * 4);
         ids += id_line(d.id);
       });
       write_file_atomic(base + ".ids", ids);
       write_file_atomic(base + ".sig", sigs);
     });
     d_ = Decisions();
-    std::string all;  // every record, in global order
     for (size_t i = 0; i < n; ++i) {
       std::string base = cat(in.work_dir, "/", i);
       d_.offset.push_back(d_.ids.size());
-      std::string s = read_file(base + ".sig");
       auto ids = read_lines(base + ".ids");
-      LOOM_CHECK(s.size() == ids.size() * rec, base, ".sig does not match ", base,
-                 ".ids (different fuzzy_dedup settings?): remove ", in.work_dir, " and rerun");
-      all += s;
+      LOOM_CHECK(std::filesystem::file_size(base + ".sig") == ids.size() * rec, base,
+                 ".sig does not match ", base, ".ids (different fuzzy_dedup settings?): remove ",
+                 in.work_dir, " and rerun");
       for (auto& id : ids) d_.ids.push_back(std::move(id));
     }
     d_.offset.push_back(d_.ids.size());
     size_t N = d_.ids.size();
     LOOM_CHECK(N < 0xFFFFFFFFull, "fuzzy_dedup: more than 2^32 documents");
     UnionFind uf(N);
-    auto band = [&](size_t doc, int b) {
-      uint64_t v;
-      std::memcpy(&v, all.data() + doc * rec + static_cast<size_t>(b) * 8, 8);
-      return v;
+    std::vector<std::pair<uint32_t, uint32_t>> pairs;  // to verify, when verifying
+    int64_t candidates = 0;
+    auto on_pair = [&](uint32_t first, uint32_t other) {
+      ++candidates;
+      if (verify_ > 0)
+        pairs.push_back({first, other});
+      else
+        uf.unite(first, other);
     };
-    auto full_sig = [&](size_t doc) {
-      std::vector<uint32_t> s(static_cast<size_t>(M));
-      std::memcpy(s.data(), all.data() + doc * rec + static_cast<size_t>(B) * 8, s.size() * 4);
-      return s;
-    };
-    candidates_ = 0;
-    std::vector<std::pair<uint64_t, uint32_t>> keys(N);
-    for (int b = 0; b < B; ++b) {
-      for (size_t k = 0; k < N; ++k) keys[k] = {band(k, b), static_cast<uint32_t>(k)};
-      std::sort(keys.begin(), keys.end());
-      size_t first = 0;  // start of the current bucket
-      for (size_t k = 1; k < N; ++k) {
-        if (keys[k].first != keys[k - 1].first) {
-          first = k;
-          continue;
-        }
-        // Same bucket: a candidate pair with the bucket's first document.
-        uint32_t x = keys[first].second, y = keys[k].second;
-        ++candidates_;
-        if (verify_ > 0 && signature_similarity(full_sig(x), full_sig(y)) < verify_) continue;
-        uf.unite(x, y);
-      }
-    }
+    // Band by band in memory needs every band hash at once plus one band's sort keys; past
+    // the budget, (band, hash, doc) entries go to sorted runs on disk and are merged.
+    size_t runs = 0;
+    if (N * (rec + sizeof(BandEntry)) <= budget_)
+      buckets_in_memory(in, N, on_pair);
+    else
+      runs = buckets_external(in, on_pair);
+    int64_t verified = 0;
+    if (verify_ > 0) verified = verify_pairs(in, pairs, uf);
     d_.rep.assign(N, 0);
     d_.size.assign(N, 0);
     for (size_t k = 0; k < N; ++k) {
       d_.rep[k] = uf.find(static_cast<uint32_t>(k));
       ++d_.size[d_.rep[k]];
     }
-    log_info("curate: fuzzy_dedup: ", N, " documents, ", candidates_, " candidate pairs");
+    Json info = Json::object();
+    info["documents"] = static_cast<int64_t>(N);
+    info["candidate_pairs"] = candidates;
+    info["spill_runs"] = static_cast<int64_t>(runs);
+    info["memory_budget_bytes"] = static_cast<int64_t>(budget_);
+    if (verify_ > 0) {
+      info["verified_pairs"] = static_cast<int64_t>(pairs.size());
+      info["pairs_above_threshold"] = verified;
+    }
+    write_file_atomic(in.work_dir + "/lsh.json", info.dump(1));
+    log_info("curate: fuzzy_dedup: ", N, " documents, ", candidates, " candidate pairs",
+             runs ? cat(", ", runs, " sorted runs spilled to disk") : std::string(),
+             verify_ > 0 ? cat(", ", verified, " of ", pairs.size(), " distinct pairs verified")
+                         : std::string());
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
@@ -369,10 +470,134 @@ class FuzzyDedup : public Stage {
   }
 
  private:
+  using PairFn = std::function<void(uint32_t, uint32_t)>;
+
+  // Every band hash in memory; one band's (hash, doc) keys sorted at a time.
+  void buckets_in_memory(const GlobalInput& in, size_t N, const PairFn& on_pair) const {
+    const int B = hasher_->params().bands;
+    std::string all;  // every document's band hashes, in global order
+    all.reserve(N * static_cast<size_t>(B) * 8);
+    for (size_t i = 0; i < in.shard_files.size(); ++i)
+      all += read_file(cat(in.work_dir, "/", i, ".sig"));
+    std::vector<std::pair<uint64_t, uint32_t>> keys(N);
+    for (int b = 0; b < B; ++b) {
+      for (size_t k = 0; k < N; ++k) {
+        uint64_t v;
+        std::memcpy(&v, all.data() + (k * static_cast<size_t>(B) + static_cast<size_t>(b)) * 8, 8);
+        keys[k] = {v, static_cast<uint32_t>(k)};
+      }
+      std::sort(keys.begin(), keys.end());
+      size_t first = 0;  // start of the current bucket
+      for (size_t k = 1; k < N; ++k) {
+        if (keys[k].first != keys[k - 1].first) {
+          first = k;
+          continue;
+        }
+        on_pair(keys[first].second, keys[k].second);  // same bucket as its first document
+      }
+    }
+  }
+
+  // External sort: entries collected up to the budget, sorted and written as runs, then a
+  // k-way merge streams them in (band, hash, doc) order. Returns the number of runs written.
+  size_t buckets_external(const GlobalInput& in, const PairFn& on_pair) const {
+    const int B = hasher_->params().bands;
+    const size_t rec = static_cast<size_t>(B) * 8;
+    size_t cap = std::max<size_t>(budget_ / sizeof(BandEntry), 1024);
+    std::vector<BandEntry> buf;
+    buf.reserve(cap);
+    std::vector<std::string> run_files;
+    auto flush = [&] {
+      std::sort(buf.begin(), buf.end());
+      // ".tmp." in the name: the pipeline deletes these if a killed run leaves them behind.
+      std::string path = cat(in.work_dir, "/lsh.tmp.run", run_files.size());
+      std::FILE* f = std::fopen(path.c_str(), "wb");
+      LOOM_CHECK(f, path, ": cannot create LSH run file");
+      size_t w = std::fwrite(buf.data(), sizeof(BandEntry), buf.size(), f);
+      bool ok = std::fclose(f) == 0 && w == buf.size();
+      LOOM_CHECK(ok, path, ": write failed (disk full?)");
+      run_files.push_back(path);
+      buf.clear();
+    };
+    uint32_t doc = 0;
+    for (size_t i = 0; i < in.shard_files.size(); ++i) {
+      SigReader r(cat(in.work_dir, "/", i, ".sig"), rec);
+      for (const uint64_t* h; (h = r.next()) != nullptr; ++doc)
+        for (int b = 0; b < B; ++b) {
+          buf.push_back({h[b], static_cast<uint32_t>(b), doc});
+          if (buf.size() == cap) flush();
+        }
+    }
+    if (!buf.empty()) flush();
+    std::vector<BandEntry>().swap(buf);  // give the budget back to the merge
+    {
+      std::vector<std::unique_ptr<RunReader>> runs;
+      for (auto& f : run_files) runs.push_back(std::make_unique<RunReader>(f));
+      auto later = [&](size_t a, size_t b) { return runs[b]->head() < runs[a]->head(); };
+      std::vector<size_t> heap;
+      for (size_t k = 0; k < runs.size(); ++k)
+        if (!runs[k]->done()) heap.push_back(k);
+      std::make_heap(heap.begin(), heap.end(), later);
+      bool have = false;
+      BandEntry first{};
+      while (!heap.empty()) {
+        std::pop_heap(heap.begin(), heap.end(), later);
+        size_t k = heap.back();
+        BandEntry e = runs[k]->head();
+        runs[k]->pop();
+        if (runs[k]->done())
+          heap.pop_back();
+        else
+          std::push_heap(heap.begin(), heap.end(), later);
+        if (have && e.band == first.band && e.hash == first.hash)
+          on_pair(first.doc, e.doc);
+        else
+          first = e;
+        have = true;
+      }
+    }
+    for (auto& f : run_files) std::remove(f.c_str());
+    return run_files.size();
+  }
+
+  // The exact Jaccard similarity of each distinct candidate pair, from shingle sets recomputed
+  // from the text of the documents in some pair only; pairs at or above the threshold are
+  // joined. Returns how many were.
+  int64_t verify_pairs(const GlobalInput& in, std::vector<std::pair<uint32_t, uint32_t>>& pairs,
+                       UnionFind& uf) const {
+    std::sort(pairs.begin(), pairs.end());
+    pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
+    size_t N = d_.ids.size();
+    std::vector<char> needed(N, 0);
+    for (auto& [a, b] : pairs) needed[a] = needed[b] = 1;
+    std::vector<std::vector<uint64_t>> sets(N);
+    for_each_shard(in.shard_files.size(), in.workers, [&](size_t i) {
+      uint64_t g = d_.offset[i];
+      read_shard(in.shard_files[i], in, [&](Doc& d) {
+        LOOM_CHECK(g < d_.offset[i + 1], in.shard_files[i],
+                   ": has more documents than when its signatures were computed");
+        if (needed[g]) {
+          auto& s = sets[g];
+          s = hasher_->shingles(d.text);
+          std::sort(s.begin(), s.end());
+          s.erase(std::unique(s.begin(), s.end()), s.end());
+        }
+        ++g;
+      });
+    });
+    int64_t joined = 0;
+    for (auto& [a, b] : pairs) {
+      if (sorted_jaccard(sets[a], sets[b]) < verify_) continue;
+      uf.unite(a, b);
+      ++joined;
+    }
+    return joined;
+  }
+
   std::unique_ptr<MinHasher> hasher_;
   double verify_ = 0;
+  size_t budget_ = 0;
   Decisions d_;
-  int64_t candidates_ = 0;
 };
 
 }  // namespace

@@ -3,7 +3,9 @@
 // banding (b bands x r rows), connected components with union-find, one document kept per
 // cluster (the first), every kept document annotated with its cluster id and size.
 // Signatures are computed per shard in parallel and spilled to work files, so a resumed run
-// does not recompute them; candidate pairs come from sorting (band hash, doc) per band.
+// does not recompute them; candidate pairs come from sorting (band hash, doc) per band in
+// memory, or, past the stage's memory budget, from sorted runs on disk merged k ways. Candidate
+// pairs can be checked by the exact Jaccard similarity of their recomputed shingle sets.
 #pragma once
 
 #include <cstdint>

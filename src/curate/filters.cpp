@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "curate/flat_table.h"
 #include "curate/stages.h"
 #include "curate/text.h"
 
@@ -24,8 +25,15 @@ size_t count_substr(std::string_view s, std::string_view sub) {
 
 bool has_alpha(std::string_view w) {
   size_t i = 0;
-  while (i < w.size())
+  while (i < w.size()) {
+    unsigned char c = static_cast<unsigned char>(w[i]);
+    if (c < 0x80) {  // ASCII without decoding
+      if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return true;
+      ++i;
+      continue;
+    }
     if (is_alpha_cp(utf8_next(w, i))) return true;
+  }
   return false;
 }
 
@@ -46,22 +54,32 @@ class GopherQuality : public Stage {
          p.get_list("stop_words", {"the", "be", "to", "of", "and", "that", "have", "with"}))
       stop_.insert(ascii_lower(w));
     for (auto& w : stop_) max_stop_len_ = std::max(max_stop_len_, w.size());
+    LOOM_CHECK(max_stop_len_ <= 64, p.key("stop_words"), ": stop words are at most 64 bytes");
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
     const std::string& t = doc.text;
-    auto words = split_words(t);
+    thread_local std::vector<std::string_view> words, lines;
+    split_words(t, words);
     double n = static_cast<double>(words.size());
     ctx.score("word_count_log10", std::log10(n + 1), 0, 6);
     if (static_cast<int64_t>(words.size()) < min_words_) return "gopher_short_doc";
     if (static_cast<int64_t>(words.size()) > max_words_) return "gopher_long_doc";
     double chars = 0, alpha = 0;
     int64_t stops = 0;
+    size_t total_chars = 0, alpha_words = 0;
     for (auto w : words) {
-      chars += static_cast<double>(utf8_length(w));
-      alpha += has_alpha(w);
-      if (w.size() <= max_stop_len_ && stop_.count(ascii_lower(w))) ++stops;
+      total_chars += utf8_length(w);
+      alpha_words += has_alpha(w);
+      if (w.size() <= max_stop_len_) {
+        char low[64];
+        for (size_t k = 0; k < w.size(); ++k)
+          low[k] = (w[k] >= 'A' && w[k] <= 'Z') ? static_cast<char>(w[k] + 32) : w[k];
+        if (stop_.count(std::string_view(low, w.size()))) ++stops;
+      }
     }
+    chars = static_cast<double>(total_chars);
+    alpha = static_cast<double>(alpha_words);
     double avg = chars / n;
     ctx.score("mean_word_length", avg, 0, 20);
     if (avg < min_avg_) return "gopher_below_avg_threshold";
@@ -72,15 +90,17 @@ class GopherQuality : public Stage {
     ctx.score("ellipsis_word_ratio", ellipses, 0, 0.5);
     if (hashes > max_symbol_) return "gopher_too_many_hashes";
     if (ellipses > max_symbol_) return "gopher_too_many_ellipsis";
-    auto lines = split_lines(t);
+    split_lines(t, lines);
     double bullets = 0, end_ellipsis = 0;
     for (auto l : lines) {
       auto s = trim_view(l);
-      for (const char* b : {"•", "‣", "◦", "●", "▪", "·"})
-        if (starts_with(s, b)) {
-          ++bullets;
-          break;
-        }
+      // Every bullet is a multi-byte character: ASCII-led lines skip the comparisons.
+      if (!s.empty() && static_cast<unsigned char>(s[0]) >= 0x80)
+        for (const char* b : {"•", "‣", "◦", "●", "▪", "·"})
+          if (starts_with(s, b)) {
+            ++bullets;
+            break;
+          }
       end_ellipsis += ends_with(s, "...") || ends_with(s, "…");
     }
     double nl = static_cast<double>(lines.size());
@@ -95,23 +115,43 @@ class GopherQuality : public Stage {
  private:
   int64_t min_words_, max_words_, min_stop_;
   double min_avg_, max_avg_, max_symbol_, max_bullet_, max_ellipsis_, min_alpha_;
-  std::set<std::string> stop_;
+  std::set<std::string, std::less<>> stop_;
   size_t max_stop_len_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
 // (duplicate elements, their characters) counting every repeat after the first occurrence.
-std::pair<size_t, size_t> find_duplicates(const std::vector<std::string_view>& xs) {
-  std::unordered_set<std::string_view> seen;
+// Elements are compared by content; `table` is scratch.
+std::pair<size_t, size_t> find_duplicates(const std::vector<std::string_view>& xs,
+                                          FlatTable& table) {
+  table.reset(xs.size());
   size_t dup = 0, chars = 0;
-  for (auto x : xs) {
-    if (!seen.insert(x).second) {
+  for (size_t i = 0; i < xs.size(); ++i) {
+    bool inserted;
+    table.find_or_insert_checked(
+        hash64(xs[i], 3), static_cast<uint32_t>(i), [&](uint32_t j) { return xs[j] == xs[i]; },
+        inserted);
+    if (!inserted) {
       ++dup;
-      chars += utf8_length(x);
+      chars += utf8_length(xs[i]);
     }
   }
   return {dup, chars};
 }
+
+std::pair<size_t, size_t> find_duplicates(const std::vector<std::string_view>& xs) {
+  thread_local FlatTable table;
+  return find_duplicates(xs, table);
+}
+
+// Per-thread buffers of the repetition filter, reused across documents.
+struct RepetitionScratch {
+  std::vector<std::string_view> paras, lines, words;
+  std::vector<uint64_t> word_hash, gram;
+  std::vector<size_t> char_prefix;  // characters of words [0, i)
+  std::vector<FlatTable::Slot*> slot_of;
+  FlatTable table;
+};
 
 class GopherRepetition : public Stage {
  public:
@@ -121,17 +161,27 @@ class GopherRepetition : public Stage {
     dup_line_char_ = p.get_double("dup_line_char_frac", 0.2);
     dup_para_char_ = p.get_double("dup_para_char_frac", 0.2);
     const double top[] = {0.2, 0.18, 0.16};
-    for (int n = 2; n <= 4; ++n) top_[n] = p.get_double(cat("top_", n, "_gram_frac"), top[n - 2]);
+    for (int n = 2; n <= 4; ++n) {
+      top_[n] = p.get_double(cat("top_", n, "_gram_frac"), top[n - 2]);
+      score_name_[n] = cat("top_", n, "_gram_frac");
+      reason_[n] = cat("gopher_rep_top_", n, "_gram");
+    }
     const double dup[] = {0.15, 0.14, 0.13, 0.12, 0.11, 0.10};
-    for (int n = 5; n <= 10; ++n) dup_[n] = p.get_double(cat("dup_", n, "_gram_frac"), dup[n - 5]);
+    for (int n = 5; n <= 10; ++n) {
+      dup_[n] = p.get_double(cat("dup_", n, "_gram_frac"), dup[n - 5]);
+      score_name_[n] = cat("dup_", n, "_gram_frac");
+      reason_[n] = cat("gopher_rep_duplicated_", n, "_n_grams");
+    }
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
+    thread_local RepetitionScratch sc;
     std::string_view text = doc.text;
     double len = static_cast<double>(utf8_length(text));
     if (len == 0) return "gopher_rep_empty";
     // Paragraphs: separated by two or more newlines.
-    std::vector<std::string_view> paras;
+    auto& paras = sc.paras;
+    paras.clear();
     std::string_view st = trim_view(text);
     size_t start = 0;
     while (start <= st.size()) {
@@ -144,70 +194,87 @@ class GopherRepetition : public Stage {
       while (p < st.size() && st[p] == '\n') ++p;
       start = p;
     }
-    auto [pd, pc] = find_duplicates(paras);
+    auto [pd, pc] = find_duplicates(paras, sc.table);
     double para_frac = static_cast<double>(pd) / static_cast<double>(paras.size());
     ctx.score("dup_para_frac", para_frac, 0, 1);
     if (para_frac > dup_para_) return "gopher_rep_dup_para_frac";
     if (static_cast<double>(pc) / len > dup_para_char_) return "gopher_rep_dup_para_char_frac";
     // Lines (blank lines are separators, not repeated content).
-    std::vector<std::string_view> lines;
-    for (auto l : split_lines(text))
-      if (!trim_view(l).empty()) lines.push_back(l);
+    auto& lines = sc.lines;
+    split_lines(text, lines);
+    lines.erase(std::remove_if(lines.begin(), lines.end(),
+                               [](std::string_view l) { return trim_view(l).empty(); }),
+                lines.end());
     if (!lines.empty()) {
-      auto [ld, lc] = find_duplicates(lines);
+      auto [ld, lc] = find_duplicates(lines, sc.table);
       double line_frac = static_cast<double>(ld) / static_cast<double>(lines.size());
       ctx.score("dup_line_frac", line_frac, 0, 1);
       if (line_frac > dup_line_) return "gopher_rep_dup_line_frac";
       if (static_cast<double>(lc) / len > dup_line_char_) return "gopher_rep_dup_line_char_frac";
     }
     // Word n-grams, hashed; an n-gram's characters are its words joined by single spaces.
-    auto words = split_words(text);
-    std::vector<uint64_t> wh(words.size());
-    std::vector<size_t> wl(words.size());
-    for (size_t i = 0; i < words.size(); ++i) {
-      wh[i] = hash64(words[i], 7);
-      wl[i] = utf8_length(words[i]);
+    auto& words = sc.words;
+    split_words(text, words);
+    const size_t W = words.size();
+    sc.word_hash.resize(W);
+    sc.char_prefix.resize(W + 1);
+    sc.char_prefix[0] = 0;
+    for (size_t i = 0; i < W; ++i) {
+      sc.word_hash[i] = hash64(words[i], 7);
+      sc.char_prefix[i + 1] = sc.char_prefix[i] + utf8_length(words[i]);
     }
-    auto gram = [&](size_t i, int n) {
-      uint64_t h = 0xcbf29ce484222325ULL;
-      for (int k = 0; k < n; ++k) h = (h ^ wh[i + k]) * 0x100000001b3ULL + static_cast<uint64_t>(k);
-      return h;
-    };
     auto gram_len = [&](size_t i, int n) {
-      size_t c = static_cast<size_t>(n - 1);
-      for (int k = 0; k < n; ++k) c += wl[i + k];
-      return c;
+      return static_cast<size_t>(n - 1) + sc.char_prefix[i + static_cast<size_t>(n)] -
+             sc.char_prefix[i];
+    };
+    // gram[i] holds the hash of the n words from i; going from n to n+1 folds in one word, so
+    // every n costs one pass (hash(i, n) = fold over k < n of (h ^ word[i+k]) * P + k).
+    auto& gram = sc.gram;
+    gram.assign(W, 0xcbf29ce484222325ULL);
+    int have = 0;  // gram[] is for n = have
+    auto advance_to = [&](int n) {
+      for (; have < n; ++have) {
+        size_t k = static_cast<size_t>(have);
+        for (size_t i = 0; i + k < W; ++i)
+          gram[i] = (gram[i] ^ sc.word_hash[i + k]) * 0x100000001b3ULL + k;
+      }
     };
     for (auto& [n, thr] : top_) {
-      if (words.size() < static_cast<size_t>(n)) continue;
-      size_t m = words.size() - n + 1;
-      std::unordered_map<uint64_t, uint32_t> counts;
-      counts.reserve(m * 2);
+      if (W < static_cast<size_t>(n)) continue;
+      advance_to(n);
+      size_t m = W - static_cast<size_t>(n) + 1;
+      sc.table.reset(m);
+      sc.slot_of.resize(m);
+      for (size_t i = 0; i < m; ++i) {
+        bool inserted;
+        FlatTable::Slot& s = sc.table.find_or_insert(gram[i], inserted);
+        ++s.value;
+        sc.slot_of[i] = &s;
+      }
       uint32_t best = 0;
       size_t best_pos = 0;
-      std::vector<uint64_t> hs(m);
-      for (size_t i = 0; i < m; ++i) hs[i] = gram(i, n);
-      for (size_t i = 0; i < m; ++i) ++counts[hs[i]];
       for (size_t i = 0; i < m; ++i) {  // most frequent; ties go to the first seen
-        uint32_t c = counts[hs[i]];
+        uint32_t c = sc.slot_of[i]->value;
         if (c > best) {
           best = c;
           best_pos = i;
         }
       }
       double frac = static_cast<double>(gram_len(best_pos, n) * best) / len;
-      ctx.score(cat("top_", n, "_gram_frac"), frac, 0, 1);
-      if (frac > thr) return cat("gopher_rep_top_", n, "_gram");
+      ctx.score(score_name_.at(n), frac, 0, 1);
+      if (frac > thr) return reason_.at(n);
     }
     for (auto& [n, thr] : dup_) {
-      if (words.size() < static_cast<size_t>(n)) continue;
-      size_t m = words.size() - n + 1;
-      std::unordered_set<uint64_t> seen;
-      seen.reserve(m * 2);
+      if (W < static_cast<size_t>(n)) continue;
+      advance_to(n);
+      size_t m = W - static_cast<size_t>(n) + 1;
+      sc.table.reset(m);
       size_t dup_chars = 0;
       // As in datatrove: after a repeated n-gram, skip past it so overlaps count once.
       for (size_t i = 0; i < m;) {
-        if (!seen.insert(gram(i, n)).second) {
+        bool inserted;
+        sc.table.find_or_insert(gram[i], inserted);
+        if (!inserted) {
           dup_chars += gram_len(i, n);
           i += static_cast<size_t>(n);
         } else {
@@ -215,8 +282,8 @@ class GopherRepetition : public Stage {
         }
       }
       double frac = static_cast<double>(dup_chars) / len;
-      ctx.score(cat("dup_", n, "_gram_frac"), frac, 0, 1);
-      if (frac > thr) return cat("gopher_rep_duplicated_", n, "_n_grams");
+      ctx.score(score_name_.at(n), frac, 0, 1);
+      if (frac > thr) return reason_.at(n);
     }
     return "";
   }
@@ -224,6 +291,7 @@ class GopherRepetition : public Stage {
  private:
   double dup_line_, dup_para_, dup_line_char_, dup_para_char_;
   std::map<int, double> top_, dup_;
+  std::map<int, std::string> score_name_, reason_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -291,37 +359,51 @@ class C4Filter : public Stage {
                                     "uses cookies", "use of cookies", "use cookies"};
     std::string kept;
     int64_t sentences = 0, lines_in = 0, lines_kept = 0;
-    for (auto raw : split_lines(doc.text)) {
+    thread_local std::vector<std::string_view> raw_lines;
+    thread_local std::string line_buf, lower;
+    split_lines(doc.text, raw_lines);
+    for (auto raw : raw_lines) {
       std::string_view l0 = trim_view(raw);
       if (l0.empty()) continue;  // blank lines separate paragraphs; they are not content
       ++lines_in;
-      std::vector<std::string_view> ws;
+      // Words split on spaces (and tabs ending a word); counted, and checked for length.
+      int64_t nwords = 0;
+      bool long_word = false;
       {
         size_t i = 0;
         while (i < l0.size()) {
           while (i < l0.size() && l0[i] == ' ') ++i;
           size_t b = i;
           while (i < l0.size() && l0[i] != ' ' && l0[i] != '\t') ++i;
-          if (i > b) ws.push_back(l0.substr(b, i - b));
+          if (i > b) {
+            ++nwords;
+            if (max_word_len_ >= 0 && i - b > static_cast<size_t>(max_word_len_) &&
+                static_cast<int64_t>(utf8_length(l0.substr(b, i - b))) > max_word_len_)
+              long_word = true;
+          }
           if (i < l0.size()) ++i;
         }
       }
-      if (max_word_len_ >= 0 && std::any_of(ws.begin(), ws.end(), [&](auto w) {
-            return static_cast<int64_t>(utf8_length(w)) > max_word_len_;
-          })) {
+      if (long_word) {
         ctx.count("lines_dropped_too_long_word");
         continue;
       }
-      std::string line = remove_citations_ ? remove_citations(l0) : std::string(l0);
+      std::string_view line = l0;
+      if (remove_citations_ && l0.find('[') != std::string_view::npos) {
+        line_buf = remove_citations(l0);
+        line = line_buf;
+      }
       if (terminal_ && !ends_terminal_c4(line)) {
         ctx.count("lines_dropped_no_terminal_punct");
         continue;
       }
-      if (static_cast<int64_t>(ws.size()) < min_words_line_) {
+      if (nwords < min_words_line_) {
         ctx.count("lines_dropped_too_few_words");
         continue;
       }
-      std::string lower = ascii_lower(line);
+      lower.assign(line);
+      for (char& c : lower)
+        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
       if (lorem_ && lower.find("lorem ipsum") != std::string::npos) return "c4_lorem_ipsum";
       if (javascript_ && lower.find("javascript") != std::string::npos) {
         ctx.count("lines_dropped_javascript");
@@ -372,8 +454,10 @@ class FineWebFilter : public Stage {
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
-    std::vector<std::string_view> lines;
-    for (auto l : split_lines(doc.text))
+    thread_local std::vector<std::string_view> raw, lines;
+    split_lines(doc.text, raw);
+    lines.clear();
+    for (auto l : raw)
       if (!trim_view(l).empty()) lines.push_back(trim_view(l));
     if (lines.empty()) return "fineweb_empty";
     double n = static_cast<double>(lines.size());

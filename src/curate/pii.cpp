@@ -103,21 +103,22 @@ size_t match_ipv6(std::string_view s, size_t i) {
 
 size_t match_card(std::string_view s, size_t i) {
   if (!digit(s[i]) || (i > 0 && (alnum(s[i - 1]) || s[i - 1] == '-'))) return 0;
-  std::string digits;
+  char digits[20];
+  size_t nd = 0;
   size_t j = i, end = i;
   while (j < s.size()) {
     if (digit(s[j])) {
-      digits += s[j++];
+      if (nd == 19) return 0;  // a 20th digit: too long for a card
+      digits[nd++] = s[j++];
       end = j;
     } else if ((s[j] == ' ' || s[j] == '-') && j + 1 < s.size() && digit(s[j + 1])) {
       ++j;
     } else {
       break;
     }
-    if (digits.size() > 19) return 0;
   }
   if (end < s.size() && alnum(s[end])) return 0;
-  if (digits.size() < 13 || !luhn_valid(digits)) return 0;
+  if (nd < 13 || !luhn_valid(std::string_view(digits, nd))) return 0;
   return end - i;
 }
 
@@ -128,7 +129,7 @@ size_t match_ssn(std::string_view s, size_t i) {
     if (!digit(c[static_cast<size_t>(k)])) return 0;
   if (c[3] != '-' || c[6] != '-') return 0;
   if (i + 11 < s.size() && (alnum(s[i + 11]) || s[i + 11] == '-')) return 0;
-  int area = std::stoi(std::string(c.substr(0, 3)));
+  int area = (c[0] - '0') * 100 + (c[1] - '0') * 10 + (c[2] - '0');
   if (area == 0 || area == 666 || area >= 900) return 0;
   if (c.substr(4, 2) == "00" || c.substr(7, 4) == "0000") return 0;
   return 11;
@@ -144,7 +145,15 @@ size_t match_phone(std::string_view s, size_t i) {
   size_t j = i;
   bool plus = c == '+';
   if (plus) ++j;
-  std::vector<int> groups;
+  // Digit groups: the first few kept (the rules look at three or four), all counted.
+  int groups[8];
+  size_t ngroups = 0;
+  bool big_group = false;  // a group of more than 4 digits
+  auto push_group = [&](int g) {
+    if (ngroups < 8) groups[ngroups] = g;
+    ++ngroups;
+    big_group |= g > 4;
+  };
   int cur = 0, digits = 0;
   size_t end = j;
   while (j < s.size()) {
@@ -155,7 +164,7 @@ size_t match_phone(std::string_view s, size_t i) {
       ++j;
       end = j;
     } else if (d == ' ' || d == '-' || d == '.' || d == '(' || d == ')') {
-      if (cur) groups.push_back(cur);
+      if (cur) push_group(cur);
       cur = 0;
       // A separator continues the number only if a digit follows (after at most one more).
       if (j + 1 < s.size() && (digit(s[j + 1]) || ((s[j + 1] == ' ' || s[j + 1] == '(') &&
@@ -167,38 +176,81 @@ size_t match_phone(std::string_view s, size_t i) {
       break;
     }
   }
-  if (cur) groups.push_back(cur);
+  if (cur) push_group(cur);
   if (end < s.size() && alnum(s[end])) return 0;
   if (plus) {
-    if (digits < 8 || digits > 15 || groups.size() > 6) return 0;
-    for (int g : groups)
-      if (g > 4 && groups.size() > 1) return 0;
+    if (digits < 8 || digits > 15 || ngroups > 6) return 0;
+    if (big_group && ngroups > 1) return 0;
   } else {
-    bool nanp = groups == std::vector<int>{3, 3, 4} || groups == std::vector<int>{1, 3, 3, 4};
+    bool nanp =
+        (ngroups == 3 && groups[0] == 3 && groups[1] == 3 && groups[2] == 4) ||
+        (ngroups == 4 && groups[0] == 1 && groups[1] == 3 && groups[2] == 3 && groups[3] == 4);
     if (!nanp) return 0;
   }
   return end - i;
 }
 
-std::string run_pass(std::string_view s, Matcher m, const char* placeholder, int64_t& count) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t n = m(s, i);
-    if (n > 0) {
-      out += placeholder;
-      ++count;
-      i += n;
-    } else {
-      out += s[i++];
+// One pass of a matcher, tried only at `cands` (increasing positions that include every
+// position where the matcher can match): the same result as trying every position left to
+// right, skipping past each match. Returns false, leaving `out` alone, when nothing matched.
+bool run_pass(std::string_view s, Matcher m, const std::vector<size_t>& cands,
+              const char* placeholder, int64_t& count, std::string& out) {
+  size_t copied = 0;
+  bool any = false;
+  for (size_t c : cands) {
+    if (c < copied) continue;  // inside the previous match
+    size_t n = m(s, c);
+    if (n == 0) continue;
+    if (!any) {
+      out.clear();
+      out.reserve(s.size());
+      any = true;
     }
+    out.append(s.substr(copied, c - copied));
+    out += placeholder;
+    ++count;
+    copied = c + n;
   }
-  return out;
+  if (any) out.append(s.substr(copied));
+  return any;
 }
 
 bool quick_has(std::string_view s, char c) {
   return s.find(c) != std::string_view::npos;
+}
+
+// E-mail matches start where a maximal run of local-part characters ends at an '@'.
+void email_candidates(std::string_view s, std::vector<size_t>& out) {
+  out.clear();
+  for (size_t j = s.find('@'); j != std::string_view::npos; j = s.find('@', j + 1)) {
+    size_t i = j;
+    while (i > 0 && local_char(s[i - 1])) --i;
+    if (i < j) out.push_back(i);
+  }
+}
+
+// IPv6 matches start at the beginning of a maximal run of hex digits and colons.
+void ipv6_candidates(std::string_view s, std::vector<size_t>& out) {
+  out.clear();
+  for (size_t j = s.find(':'); j != std::string_view::npos; j = s.find(':', j)) {
+    size_t i = j;
+    while (i > 0 && (hex(s[i - 1]) || s[i - 1] == ':')) --i;
+    out.push_back(i);
+    while (j < s.size() && (hex(s[j]) || s[j] == ':')) ++j;
+  }
+}
+
+// The numeric matchers (IPv4, card, SSN, phone) all start at a digit, '+' or '(' that does
+// not follow a letter or digit.
+void number_candidates(std::string_view s, std::vector<size_t>& out) {
+  out.clear();
+  bool prev_alnum = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    bool d = digit(c);
+    if (!prev_alnum && (d || c == '+' || c == '(')) out.push_back(i);
+    prev_alnum = d || alpha(c);
+  }
 }
 
 }  // namespace
@@ -221,16 +273,35 @@ bool luhn_valid(std::string_view digits) {
 std::string redact_pii(std::string_view text, const PiiOptions& opt, PiiCounts* counts) {
   PiiCounts local;
   PiiCounts& c = counts ? *counts : local;
-  std::string s(text);
+  std::string s(text), next;
+  thread_local std::vector<size_t> cands;
   bool any_digit = false;
   for (char ch : s) any_digit |= digit(ch);
-  if (opt.email && quick_has(s, '@')) s = run_pass(s, match_email, "<EMAIL>", c["email"]);
-  if (opt.ip && quick_has(s, ':')) s = run_pass(s, match_ipv6, "<IP_ADDRESS>", c["ip_address"]);
+  // Each pass sees the previous one's output; a pass that finds nothing copies nothing. A
+  // kind's counter exists once its pass ran, as callers may list the kinds checked.
+  auto pass = [&](Matcher m, const char* placeholder, const char* kind) {
+    if (run_pass(s, m, cands, placeholder, c[kind], next)) s.swap(next);
+  };
+  if (opt.email && quick_has(s, '@')) {
+    email_candidates(s, cands);
+    pass(match_email, "<EMAIL>", "email");
+  }
+  if (opt.ip && quick_has(s, ':')) {
+    ipv6_candidates(s, cands);
+    pass(match_ipv6, "<IP_ADDRESS>", "ip_address");
+  }
   if (!any_digit) return s;
-  if (opt.ip && quick_has(s, '.')) s = run_pass(s, match_ipv4, "<IP_ADDRESS>", c["ip_address"]);
-  if (opt.credit_card) s = run_pass(s, match_card, "<CREDIT_CARD>", c["credit_card"]);
-  if (opt.ssn && quick_has(s, '-')) s = run_pass(s, match_ssn, "<SSN>", c["ssn"]);
-  if (opt.phone) s = run_pass(s, match_phone, "<PHONE>", c["phone"]);
+  number_candidates(s, cands);
+  auto numeric = [&](Matcher m, const char* placeholder, const char* kind) {
+    if (run_pass(s, m, cands, placeholder, c[kind], next)) {
+      s.swap(next);
+      number_candidates(s, cands);  // positions moved
+    }
+  };
+  if (opt.ip && quick_has(s, '.')) numeric(match_ipv4, "<IP_ADDRESS>", "ip_address");
+  if (opt.credit_card) numeric(match_card, "<CREDIT_CARD>", "credit_card");
+  if (opt.ssn && quick_has(s, '-')) numeric(match_ssn, "<SSN>", "ssn");
+  if (opt.phone) numeric(match_phone, "<PHONE>", "phone");
   return s;
 }
 

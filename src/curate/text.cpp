@@ -2,6 +2,7 @@
 
 #include <utf8proc.h>
 
+#include <array>
 #include <cstring>
 
 namespace loom::curate {
@@ -108,6 +109,12 @@ bool is_ascii_punct(char c) {
 
 std::vector<std::string_view> split_lines(std::string_view text) {
   std::vector<std::string_view> lines;
+  split_lines(text, lines);
+  return lines;
+}
+
+void split_lines(std::string_view text, std::vector<std::string_view>& lines) {
+  lines.clear();
   size_t start = 0;
   for (;;) {
     size_t nl = text.find('\n', start);
@@ -118,7 +125,6 @@ std::vector<std::string_view> split_lines(std::string_view text) {
     lines.push_back(text.substr(start, nl - start));
     start = nl + 1;
   }
-  return lines;
 }
 
 static bool ascii_space(char c) {
@@ -127,17 +133,35 @@ static bool ascii_space(char c) {
 
 std::vector<std::string_view> split_words(std::string_view text) {
   std::vector<std::string_view> words;
+  split_words(text, words);
+  return words;
+}
+
+// Byte classes for split_words: bit 1 ASCII whitespace, bit 2 ASCII punctuation.
+static constexpr auto kByteClass = [] {
+  std::array<uint8_t, 256> t{};
+  for (int c = 0; c < 256; ++c) {
+    bool space = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+    bool punct = (c >= '!' && c <= '/') || (c >= ':' && c <= '@') || (c >= '[' && c <= '`') ||
+                 (c >= '{' && c <= '~');
+    t[static_cast<size_t>(c)] = static_cast<uint8_t>((space ? 1 : 0) | (punct ? 2 : 0));
+  }
+  return t;
+}();
+
+void split_words(std::string_view text, std::vector<std::string_view>& words) {
+  words.clear();
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(text.data());
   size_t i = 0, n = text.size();
   while (i < n) {
-    while (i < n && ascii_space(text[i])) ++i;
+    while (i < n && (kByteClass[p[i]] & 1)) ++i;
     size_t b = i;
-    while (i < n && !ascii_space(text[i])) ++i;
+    while (i < n && !(kByteClass[p[i]] & 1)) ++i;
     size_t e = i;
-    while (b < e && is_ascii_punct(text[b])) ++b;
-    while (e > b && is_ascii_punct(text[e - 1])) --e;
+    while (b < e && (kByteClass[p[b]] & 2)) ++b;
+    while (e > b && (kByteClass[p[e - 1]] & 2)) --e;
     if (e > b) words.push_back(text.substr(b, e - b));
   }
-  return words;
 }
 
 std::string_view trim_view(std::string_view s) {

@@ -27,6 +27,9 @@ std::vector<std::string_view> split_lines(std::string_view text);
 // were only punctuation are dropped. This approximates the word counts of nltk's
 // word_tokenize that datatrove's Gopher filters use, minus the punctuation tokens.
 std::vector<std::string_view> split_words(std::string_view text);
+// The same splits into a caller's vector (cleared first), so hot loops reuse its capacity.
+void split_lines(std::string_view text, std::vector<std::string_view>& out);
+void split_words(std::string_view text, std::vector<std::string_view>& out);
 std::string_view trim_view(std::string_view s);
 std::string ascii_lower(std::string_view s);
 bool ends_with(std::string_view s, std::string_view suffix);

@@ -1,4 +1,8 @@
 #include <gtest/gtest.h>
+#include <utf8proc.h>
+
+#include <cstdlib>
+#include <random>
 
 #include "curate/clean.h"
 #include "curate/text.h"
@@ -63,4 +67,73 @@ TEST(Clean, StageRejectsDocumentsThatCleanToNothing) {
                loom::Error);
   EXPECT_THROW(loom::curate::test::run_stage("type = \"clean\"\nnormalise = \"nfc\"", "x"),
                loom::Error);
+}
+
+// Normalisation only sends the spans around code points that can change (or make their
+// neighbours change) through utf8proc; the result must equal normalising the whole text.
+TEST(Clean, PiecewiseNormalizationEqualsWholeText) {
+  const char* pool[] = {"a",
+                        "e",
+                        "A",
+                        " ",
+                        "\n",
+                        "Z",
+                        "\xC3\xA9" /* é */,
+                        "\xC3\x80" /* À */,
+                        "\xCC\x81" /* combining acute */,
+                        "\xCC\xA3" /* combining dot below */,
+                        "\xCC\x88" /* combining diaeresis */,
+                        "\xEF\xAC\x81" /* ﬁ */,
+                        "\xE2\x91\xA0" /* ① */,
+                        "\xE2\x84\xAB" /* Angstrom sign */,
+                        "\xE2\x84\xA6" /* Ohm sign */,
+                        "\xE1\x84\x80" /* Hangul L */,
+                        "\xE1\x85\xA1" /* Hangul V */,
+                        "\xE1\x86\xA8" /* Hangul T */,
+                        "\xEA\xB0\x80" /* 가 (LV) */,
+                        "\xE0\xAD\x87" /* Oriya E */,
+                        "\xE0\xAD\x96" /* Oriya AI mark */,
+                        "\xE0\xAC\xBE" /* Oriya AA */,
+                        "\xE2\x80\x99" /* ’ */,
+                        "\xC2\xA0" /* NBSP */,
+                        "\xEF\xBD\x86" /* fullwidth f */,
+                        "\xF0\x9F\x98\x80" /* emoji */,
+                        "\xCD\x84" /* U+0344 */,
+                        "\xE2\x80\x80" /* en quad */,
+                        "\xC5\xBF" /* long s */,
+                        "\xE1\xBA\x9B" /* long s dot */};
+  std::mt19937_64 rng(4);
+  for (int round = 0; round < 3000; ++round) {
+    std::string s;
+    int n = 1 + static_cast<int>(rng() % 12);
+    for (int k = 0; k < n; ++k) s += pool[rng() % (sizeof(pool) / sizeof(pool[0]))];
+    for (const char* form : {"nfc", "nfkc"}) {
+      int options =
+          UTF8PROC_STABLE | UTF8PROC_COMPOSE | (std::string(form) == "nfkc" ? UTF8PROC_COMPAT : 0);
+      utf8proc_uint8_t* dst = nullptr;
+      utf8proc_ssize_t len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &dst,
+                                          static_cast<utf8proc_option_t>(options));
+      ASSERT_GE(len, 0);
+      std::string whole(reinterpret_cast<char*>(dst), static_cast<size_t>(len));
+      std::free(dst);
+      ASSERT_EQ(unicode_normalize(s, form), whole) << form << " of '" << s << "'";
+    }
+  }
+}
+
+TEST(Clean, AsciiAndInertTextIsCopiedAsIs) {
+  CleanOptions o;
+  CleanCounts c;
+  std::string t =
+      "Plain text \xE2\x80\x99quoted\xE2\x80\x99 \xE2\x80\x94 caf\xC3\xA9, na\xC3\xAFve.";
+  EXPECT_EQ(clean_text(t, o, &c), t);
+  EXPECT_FALSE(c.normalized_changed);
+  EXPECT_EQ(c.invalid_bytes, 0);
+  EXPECT_EQ(c.mojibake_fixes, 0);
+  // Long ASCII runs with an invalid byte past the first eight-byte block.
+  int64_t n = 0;
+  EXPECT_EQ(repair_utf8("abcdefghijklmnop\xFFqrstuvwxyz", true, &n),
+            "abcdefghijklmnop\xEF\xBF\xBDqrstuvwxyz");
+  EXPECT_EQ(n, 1);
 }

@@ -65,3 +65,24 @@ TEST(Pii, StageCountsAndAnnotates) {
   EXPECT_EQ(r.stats.counters["email"], 1);
   EXPECT_EQ(r.doc.record.at("pii_redacted").at("email").as_int(), 1);
 }
+
+// The scanners are tried only where a match can start (after an '@' run, at a hex/colon run,
+// at a digit, '+' or '(' that follows no letter or digit); neighbours and repeats must still
+// all be found, and text around them copied unchanged.
+TEST(Pii, AdjacentAndRepeatedMatches) {
+  PiiCounts c;
+  EXPECT_EQ(redact("a.b@example.com,c@example.org d@x.io", &c), "<EMAIL>,<EMAIL> <EMAIL>");
+  EXPECT_EQ(c["email"], 3);
+  EXPECT_EQ(redact(".a@example.com"), ".a@example.com");  // a local part cannot start with '.'
+  EXPECT_EQ(redact("call 555-123-4567 or 555.123.4567, card 4111 1111 1111 1111; ssn 123-45-6789."),
+            "call <PHONE> or <PHONE>, card <CREDIT_CARD>; ssn <SSN>.");
+  EXPECT_EQ(redact("4111111111111111, 555-123-4567"), "<CREDIT_CARD>, <PHONE>");
+  // A space joins digit groups into one card candidate: 26 digits are not a card.
+  EXPECT_EQ(redact("4111111111111111 555-123-4567"), "4111111111111111 <PHONE>");
+  EXPECT_EQ(redact("version 1.2.3.4.5 and 10.0.0.1"), "version 1.2.3.4.5 and <IP_ADDRESS>");
+  EXPECT_EQ(redact("x1.2.3.4 a10.0.0.1"), "x1.2.3.4 a10.0.0.1");  // glued to a word: not an IP
+  PiiCounts none;
+  EXPECT_EQ(redact("no personal data: 12:30, 2024-01-02, v3.1", &none),
+            "no personal data: 12:30, 2024-01-02, v3.1");
+  for (auto& [kind, n] : none) EXPECT_EQ(n, 0) << kind;
+}
