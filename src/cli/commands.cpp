@@ -9,6 +9,7 @@ int run_ckpt(const Args& args);
 int run_plan(const Args& args);
 int run_tokenize(const Args& args);
 int run_tokenizer(const Args& args);
+int run_launch(const Args& args);
 #ifdef LOOM_HAVE_CURATE
 int run_curate(const Args& args);
 #endif
@@ -21,6 +22,7 @@ const std::vector<Command>& commands() {
       {"ckpt", "inspect checkpoints; export/import Hugging Face safetensors", run_ckpt},
       {"plan", "predict memory, step time, MFU and goodput at scale; search layouts", run_plan},
       {"tokenize", "JSONL -> Megatron-compatible token files (.bin/.idx)", run_tokenize},
+      {"launch", "run N ranks of a loom command (mpirun), rank-prefixed output", run_launch},
       {"tokenizer", "train a BPE vocabulary; encode/decode (GPT-2, tiktoken, Loom)", run_tokenizer},
 #ifdef LOOM_HAVE_CURATE
       {"curate", "clean, filter and deduplicate raw text into training JSONL + report", run_curate},

@@ -18,11 +18,38 @@ const char* recompute_name(Recompute r) {
   return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
 }
 
-Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, DType act_dtype)
-    : cfg_(cfg), be_(backend), recompute_(recompute), act_dtype_(act_dtype) {
+void TensorParallel::validate(const ModelConfig& c) const {
+  LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor-parallel rank ", rank,
+             " outside a group of ", size);
+  if (size == 1) return;
+  LOOM_CHECK(comm && comm->size() == size, "tensor parallelism needs its group's communicator");
+  LOOM_CHECK(c.n_head % size == 0, "model.n_head (", c.n_head, ") must be divisible by ",
+             "parallel.tp (", size, ")");
+  LOOM_CHECK(c.n_kv_head % size == 0, "model.n_kv_head (", c.n_kv_head,
+             ") must be divisible by parallel.tp (", size, "): KV heads are split, not replicated");
+  LOOM_CHECK(c.d_ff % size == 0, "model.d_ff (", c.d_ff, ") must be divisible by parallel.tp (",
+             size, ")");
+  LOOM_CHECK(c.vocab % size == 0, "model.vocab (", c.vocab, ") must be divisible by parallel.tp (",
+             size, "): pad the vocabulary to a multiple of ", size,
+             " (e.g. model.vocab = ", (c.vocab + size - 1) / size * size, ")");
+}
+
+Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, DType act_dtype,
+                 const TensorParallel& tp)
+    : cfg_(cfg), tp_(tp), be_(backend), recompute_(recompute), act_dtype_(act_dtype) {
   cfg_.validate();
+  tp_.validate(cfg_);
   LOOM_CHECK(act_dtype == DType::F32 || act_dtype == DType::BF16 || act_dtype == DType::F16,
              "activation dtype must be fp32, bf16 or fp16, got ", dtype_name(act_dtype));
+  const int T = tp_.size;
+  hq_ = cfg_.n_head / T;
+  hkv_ = cfg_.n_kv_head / T;
+  qkv_ = (hq_ + 2 * hkv_) * cfg_.head_dim;
+  att_ = hq_ * cfg_.head_dim;
+  ff_ = cfg_.d_ff / T;
+  fc_ = cfg_.fc_dim() / T;
+  vocab_ = cfg_.vocab / T;
+  v0_ = tp_.rank * vocab_;
   build_params();
 }
 
@@ -41,21 +68,56 @@ void Decoder::build_params() {
     params_.add(n + ".weight", {out, in}, true, ParamInit::Normal, s);
     if (b) params_.add(n + ".bias", {out}, false, ParamInit::Zeros);
   };
-  params_.add("embed.wte", {V, C}, false, ParamInit::Normal, std);
+  const int64_t Vl = vocab_;
+  params_.add("embed.wte", {Vl, C}, false, ParamInit::Normal, std);
   if (cfg_.uses_positions_table())
     params_.add("embed.wpe", {cfg_.max_seq, C}, false, ParamInit::Normal, std);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     std::string p = "blocks." + std::to_string(l);
     norm(p + ".norm1");
-    linear(p + ".attn.qkv", cfg_.qkv_dim(), C, std);
-    linear(p + ".attn.proj", C, static_cast<int64_t>(cfg_.n_head) * cfg_.head_dim, proj_std);
+    linear(p + ".attn.qkv", qkv_, C, std);
+    linear(p + ".attn.proj", C, att_, proj_std);
     norm(p + ".norm2");
-    linear(p + ".mlp.fc", cfg_.fc_dim(), C, std);
-    linear(p + ".mlp.proj", C, cfg_.d_ff, proj_std);
+    linear(p + ".mlp.fc", fc_, C, std);
+    linear(p + ".mlp.proj", C, ff_, proj_std);
   }
   norm("final_norm");
-  if (!cfg_.tied) params_.add("head.weight", {V, C}, true, ParamInit::Normal, std);
+  if (!cfg_.tied) params_.add("head.weight", {Vl, C}, true, ParamInit::Normal, std);
+  (void)V;
+  if (tp_on()) shard_params();
   params_.allocate();
+}
+
+// Where each local shard sits in its global tensor, so that initialisation draws the global
+// elements and checkpoints can place them.
+void Decoder::shard_params() {
+  const int64_t C = cfg_.d_model, D = cfg_.head_dim, r = tp_.rank;
+  auto rows = [](int64_t first, int64_t n, std::vector<int64_t>& out) {
+    for (int64_t i = 0; i < n; ++i) out.push_back(first + i);
+  };
+  auto row_shard = [&](const std::string& name, int64_t global_rows,
+                       const std::vector<int64_t>& idx) {
+    params_.set_shard(name + ".weight", {global_rows, C}, 0, idx);
+    if (params_.has(name + ".bias")) params_.set_shard(name + ".bias", {global_rows}, 0, idx);
+  };
+  std::vector<int64_t> vocab_rows;
+  rows(v0_, vocab_, vocab_rows);
+  params_.set_shard("embed.wte", {cfg_.vocab, C}, 0, vocab_rows);
+  if (!cfg_.tied) params_.set_shard("head.weight", {cfg_.vocab, C}, 0, vocab_rows);
+  const int64_t Hq = cfg_.n_head, Hkv = cfg_.n_kv_head;
+  std::vector<int64_t> qkv_rows, fc_rows;
+  rows(r * hq_ * D, hq_ * D, qkv_rows);                     // this rank's query heads
+  rows(Hq * D + r * hkv_ * D, hkv_ * D, qkv_rows);          // its key heads
+  rows((Hq + Hkv) * D + r * hkv_ * D, hkv_ * D, qkv_rows);  // its value heads
+  rows(r * ff_, ff_, fc_rows);                              // GeLU input, or SwiGLU gate
+  if (cfg_.family == Family::Llama) rows(cfg_.d_ff + r * ff_, ff_, fc_rows);  // SwiGLU up
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    std::string p = "blocks." + std::to_string(l);
+    row_shard(p + ".attn.qkv", cfg_.qkv_dim(), qkv_rows);
+    params_.set_shard(p + ".attn.proj.weight", {C, Hq * D}, 1, {r * att_});
+    row_shard(p + ".mlp.fc", cfg_.fc_dim(), fc_rows);
+    params_.set_shard(p + ".mlp.proj.weight", {C, int64_t(cfg_.d_ff)}, 1, {r * ff_});
+  }
 }
 
 Decoder::LayerParams Decoder::layer_params(int l, bool grads) {
@@ -64,15 +126,15 @@ Decoder::LayerParams Decoder::layer_params(int l, bool grads) {
     if (!params_.has(p + n)) return nullptr;
     return grads ? params_.grad_ptr(p + n) : params_.ptr(p + n);
   };
-  return {get("norm1.weight"), get("norm1.bias"), get("attn.qkv.weight"), get("attn.qkv.bias"),
-          get("attn.proj.weight"), get("attn.proj.bias"), get("norm2.weight"), get("norm2.bias"),
-          get("mlp.fc.weight"), get("mlp.fc.bias"), get("mlp.proj.weight"), get("mlp.proj.bias")};
+  return {get("norm1.weight"),  get("norm1.bias"),       get("attn.qkv.weight"),
+          get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
+          get("norm2.weight"),  get("norm2.bias"),       get("mlp.fc.weight"),
+          get("mlp.fc.bias"),   get("mlp.proj.weight"),  get("mlp.proj.bias")};
 }
 
 void Decoder::ensure_buffers(int N) {
   if (N <= N_) return;
-  const int64_t C = cfg_.d_model, Q = cfg_.qkv_dim(), A = int64_t(cfg_.n_head) * cfg_.head_dim,
-                H = cfg_.n_head, F = cfg_.d_ff, FC = cfg_.fc_dim(), L = cfg_.n_layer;
+  const int64_t C = cfg_.d_model, Q = qkv_, A = att_, H = hq_, F = ff_, FC = fc_, L = cfg_.n_layer;
   // Two passes: the first measures, the second assigns pointers into one arena.
   std::vector<float*> slots;
   int64_t total = 0;
@@ -137,7 +199,7 @@ void Decoder::ensure_buffers(int N) {
     dqkv_ = take(Q);
     dfc_ = take(FC);
     dact_ = take(F);
-    int64_t logits = (int64_t(kHeadChunk) * cfg_.vocab + 15) / 16 * 16;
+    int64_t logits = (int64_t(kHeadChunk) * vocab_ + 15) / 16 * 16;
     logits_ = base ? base + total : nullptr;
     total += logits;
     if (pass == 0) {
@@ -146,6 +208,24 @@ void Decoder::ensure_buffers(int N) {
     }
   }
   N_ = N;
+  if (sp_on()) {
+    full_a_.assign(size_t(N) * cfg_.d_model, 0.f);
+    full_b_.assign(size_t(N) * cfg_.d_model, 0.f);
+  }
+}
+
+void Decoder::tp_all_reduce(float* x, int64_t n) {
+  tp_.comm->all_reduce(x, n, DType::F32, comm::ReduceOp::Sum);
+}
+
+void Decoder::sp_all_gather(float* full, int N, int C) {
+  std::vector<int64_t> counts(tp_.size, int64_t(N / tp_.size) * C);
+  tp_.comm->all_gather(full, counts, DType::F32);
+}
+
+void Decoder::sp_reduce_scatter(const float* full, float* out, int N, int C) {
+  std::vector<int64_t> counts(tp_.size, int64_t(N / tp_.size) * C);
+  tp_.comm->reduce_scatter(full, out, counts, DType::F32, comm::ReduceOp::Sum);
 }
 
 void Decoder::round_act(float* x, int64_t n) const {
@@ -161,9 +241,8 @@ void Decoder::norm_forward(float* out, float* mean, float* rstd, const float* in
   round_act(out, int64_t(N) * cfg_.d_model);
 }
 
-void Decoder::norm_backward(float* dinp, float* dw, float* db, const float* dout,
-                            const float* inp, const float* w, const float* mean, const float* rstd,
-                            int N) {
+void Decoder::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                            const float* w, const float* mean, const float* rstd, int N) {
   if (cfg_.family == Family::GPT2)
     be_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, cfg_.d_model);
   else
@@ -174,21 +253,61 @@ void Decoder::norm_backward(float* dinp, float* dw, float* db, const float* dout
 void Decoder::embed_forward(const ModelInput& in) {
   const int C = cfg_.d_model;
   float* x = acts_[0].x_in;
-  be_.embedding_forward(x, in.tokens, params_.ptr("embed.wte"), in.N, C, false);
+  if (!tp_on()) {
+    be_.embedding_forward(x, in.tokens, params_.ptr("embed.wte"), in.N, C, false);
+    if (cfg_.uses_positions_table())
+      be_.embedding_forward(x, in.positions, params_.ptr("embed.wpe"), in.N, C, true);
+    round_act(x, int64_t(in.N) * C);
+    return;
+  }
+  // Vocabulary-parallel: each rank looks up the tokens of its vocabulary slice (zero rows for
+  // the others); the sum over ranks (all-reduce, or reduce-scatter along tokens under SP) is
+  // the embedding.
+  const int N = in.N, Nl = local_rows(N), r0 = row0(N);
+  float* full = sp_on() ? full_a_.data() : x;
+  std::fill(full, full + int64_t(N) * C, 0.f);
+  local_ids_.resize(N);
+  for (int i = 0; i < N; ++i) {
+    int32_t id = in.tokens[i] - v0_;
+    if (id >= 0 && id < vocab_)
+      be_.embedding_forward(full + int64_t(i) * C, &id, params_.ptr("embed.wte"), 1, C, true);
+  }
+  if (sp_on())
+    sp_reduce_scatter(full, x, N, C);
+  else
+    tp_all_reduce(x, int64_t(N) * C);
   if (cfg_.uses_positions_table())
-    be_.embedding_forward(x, in.positions, params_.ptr("embed.wpe"), in.N, C, true);
-  round_act(x, int64_t(in.N) * C);
+    be_.embedding_forward(x, in.positions + r0, params_.ptr("embed.wpe"), Nl, C, true);
+  round_act(x, int64_t(Nl) * C);
 }
 
 void Decoder::embed_backward(const ModelInput& in) {
   const int C = cfg_.d_model;
-  be_.embedding_backward(params_.grad_ptr("embed.wte"), dres_, in.tokens, in.N, C);
+  if (!tp_on()) {
+    be_.embedding_backward(params_.grad_ptr("embed.wte"), dres_, in.tokens, in.N, C);
+    if (cfg_.uses_positions_table())
+      be_.embedding_backward(params_.grad_ptr("embed.wpe"), dres_, in.positions, in.N, C);
+    return;
+  }
+  const int N = in.N;
+  const float* d = dres_;
+  if (sp_on()) {  // every token's gradient, gathered along the sequence
+    std::copy(dres_, dres_ + int64_t(local_rows(N)) * C, full_a_.data() + int64_t(row0(N)) * C);
+    sp_all_gather(full_a_.data(), N, C);
+    d = full_a_.data();
+  }
+  for (int i = 0; i < N; ++i) {
+    int32_t id = in.tokens[i] - v0_;
+    if (id >= 0 && id < vocab_)
+      be_.embedding_backward(params_.grad_ptr("embed.wte"), d + int64_t(i) * C, &id, 1, C);
+  }
+  // Positions are replicated: every rank adds the full gradient, identically.
   if (cfg_.uses_positions_table())
-    be_.embedding_backward(params_.grad_ptr("embed.wpe"), dres_, in.positions, in.N, C);
+    be_.embedding_backward(params_.grad_ptr("embed.wpe"), d, in.positions, N, C);
 }
 
 void Decoder::attention_core(const ModelInput& in, const LayerActs& a) {
-  const int Hq = cfg_.n_head, Hkv = cfg_.n_kv_head, D = cfg_.head_dim, Q = cfg_.qkv_dim();
+  const int Hq = hq_, Hkv = hkv_, D = cfg_.head_dim, Q = qkv_;
   const float* q = a.qkv;
   const float* k = a.qkv + Hq * D;
   const float* v = k + Hkv * D;
@@ -197,12 +316,69 @@ void Decoder::attention_core(const ModelInput& in, const LayerActs& a) {
   round_act(a.att, int64_t(in.N) * Hq * D);
 }
 
+// Row-parallel linear output: the local product (bias on rank 0 only, so the sum over ranks
+// holds it once) summed over the tensor-parallel group: all-reduce (g), or reduce-scatter
+// along tokens under SP. Returns this rank's rows of the result.
+float* Decoder::row_parallel_out(const float* inp, const float* w, const float* b, int N, int IC) {
+  const int C = cfg_.d_model;
+  if (!tp_on()) {
+    be_.matmul_forward(tmp_, inp, w, b, N, IC, C);
+    return tmp_;
+  }
+  be_.matmul_forward(tmp_, inp, w, tp_.rank == 0 ? b : nullptr, N, IC, C);
+  if (!sp_on()) {
+    tp_all_reduce(tmp_, int64_t(N) * C);
+    return tmp_;
+  }
+  sp_reduce_scatter(tmp_, full_b_.data(), N, C);
+  return full_b_.data();
+}
+
+// Backward of the column-parallel input (f): the input gradient [N, C] is a partial sum per
+// rank: all-reduce it, or reduce-scatter it along tokens under SP. Returns this rank's rows.
+float* Decoder::column_parallel_input_grad(float* dinp, int N) {
+  const int C = cfg_.d_model;
+  if (!tp_on()) return dinp;
+  if (!sp_on()) {
+    tp_all_reduce(dinp, int64_t(N) * C);
+    return dinp;
+  }
+  sp_reduce_scatter(dinp, full_b_.data(), N, C);
+  return full_b_.data();
+}
+
+// The gradient of a block's output for all tokens: under SP, gathered from the ranks' rows.
+const float* Decoder::full_rows(const float* local, int N) {
+  if (!sp_on()) return local;
+  const int C = cfg_.d_model;
+  std::copy(local, local + int64_t(local_rows(N)) * C, full_a_.data() + int64_t(row0(N)) * C);
+  sp_all_gather(full_a_.data(), N, C);
+  return full_a_.data();
+}
+
+// Under SP each rank's norm sees only its tokens: its weight gradient is a partial sum,
+// reduced over the group (into zeroed scratch first, since gradients accumulate).
+void Decoder::norm_backward_tp(float* dinp, float* dw, float* db, const float* dout,
+                               const float* inp, const float* w, const float* mean,
+                               const float* rstd, int N) {
+  if (!sp_on()) return norm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N);
+  const int C = cfg_.d_model;
+  ce_stats_.assign(2 * size_t(C), 0.f);
+  float* sw = ce_stats_.data();
+  float* sb = db ? sw + C : nullptr;
+  norm_backward(dinp, sw, sb, dout, inp, w, mean, rstd, N);
+  tp_all_reduce(sw, 2 * int64_t(C));
+  be_.add_inplace(dw, sw, C);
+  if (db) be_.add_inplace(db, sb, C);
+}
+
 void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out) {
-  const int N = in.N, C = cfg_.d_model, Q = cfg_.qkv_dim(), Hq = cfg_.n_head,
-            Hkv = cfg_.n_kv_head, D = cfg_.head_dim, A = Hq * D, F = cfg_.d_ff,
-            FC = cfg_.fc_dim();
+  const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, Q = qkv_, Hq = hq_, Hkv = hkv_,
+            D = cfg_.head_dim, A = att_, F = ff_, FC = fc_;
+  const int64_t mine = int64_t(row0(N)) * C;  // this rank's rows of a full [N, C] buffer
   LayerParams p = layer_params(l, false);
-  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x_in, p.ln1_w, p.ln1_b, N);
+  norm_forward(a.ln1 + mine, a.ln1_mean, a.ln1_rstd, a.x_in, p.ln1_w, p.ln1_b, Nl);
+  if (sp_on()) sp_all_gather(a.ln1, N, C);
   be_.matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, Q);
   if (cfg_.uses_rope()) {
     be_.rope_forward(a.qkv, in.positions, N, Hq, D, Q, cfg_.rope_theta);
@@ -210,11 +386,12 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   }
   round_act(a.qkv, int64_t(N) * Q);
   attention_core(in, a);
-  be_.matmul_forward(tmp_, a.att, p.proj_w, p.proj_b, N, A, C);
-  round_act(tmp_, int64_t(N) * C);
-  be_.add(a.x_mid, a.x_in, tmp_, int64_t(N) * C);
-  round_act(a.x_mid, int64_t(N) * C);
-  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, p.ln2_w, p.ln2_b, N);
+  float* o = row_parallel_out(a.att, p.proj_w, p.proj_b, N, A);
+  round_act(o, int64_t(Nl) * C);
+  be_.add(a.x_mid, a.x_in, o, int64_t(Nl) * C);
+  round_act(a.x_mid, int64_t(Nl) * C);
+  norm_forward(a.ln2 + mine, a.ln2_mean, a.ln2_rstd, a.x_mid, p.ln2_w, p.ln2_b, Nl);
+  if (sp_on()) sp_all_gather(a.ln2, N, C);
   be_.matmul_forward(a.fc, a.ln2, p.fc_w, p.fc_b, N, C, FC);
   round_act(a.fc, int64_t(N) * FC);
   if (cfg_.family == Family::GPT2)
@@ -223,20 +400,19 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
     be_.swiglu_forward(a.act, a.fc, N, F);
   round_act(a.act, int64_t(N) * F);
   if (!x_out) return;  // recomputation needs the layer's internals, not its output
-  be_.matmul_forward(tmp_, a.act, p.mp_w, p.mp_b, N, F, C);
-  round_act(tmp_, int64_t(N) * C);
-  be_.add(x_out, a.x_mid, tmp_, int64_t(N) * C);
-  round_act(x_out, int64_t(N) * C);
+  o = row_parallel_out(a.act, p.mp_w, p.mp_b, N, F);
+  round_act(o, int64_t(Nl) * C);
+  be_.add(x_out, a.x_mid, o, int64_t(Nl) * C);
+  round_act(x_out, int64_t(Nl) * C);
 }
 
 void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres) {
-  const int N = in.N, C = cfg_.d_model, Q = cfg_.qkv_dim(), Hq = cfg_.n_head,
-            Hkv = cfg_.n_kv_head, D = cfg_.head_dim, A = Hq * D, F = cfg_.d_ff,
-            FC = cfg_.fc_dim();
+  const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, Q = qkv_, Hq = hq_, Hkv = hkv_,
+            D = cfg_.head_dim, A = att_, F = ff_, FC = fc_;
   LayerParams p = layer_params(l, false);
   LayerParams g = layer_params(l, true);
   // MLP branch: x_out = x_mid + act * mp_w^T + mp_b.
-  be_.matmul_backward(dact_, g.mp_w, g.mp_b, dres, a.act, p.mp_w, N, F, C);
+  be_.matmul_backward(dact_, g.mp_w, g.mp_b, full_rows(dres, N), a.act, p.mp_w, N, F, C);
   round_act(dact_, int64_t(N) * F);
   if (cfg_.family == Family::GPT2)
     be_.gelu_backward(dfc_, a.fc, dact_, int64_t(N) * F);
@@ -244,12 +420,13 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     be_.swiglu_backward(dfc_, a.fc, dact_, N, F);
   round_act(dfc_, int64_t(N) * FC);
   be_.matmul_backward(dln_, g.fc_w, g.fc_b, dfc_, a.ln2, p.fc_w, N, C, FC);
-  round_act(dln_, int64_t(N) * C);
-  norm_backward(dtmp_, g.ln2_w, g.ln2_b, dln_, a.x_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, N);
-  be_.add_inplace(dres, dtmp_, int64_t(N) * C);
-  round_act(dres, int64_t(N) * C);
+  float* dl = column_parallel_input_grad(dln_, N);
+  round_act(dl, int64_t(Nl) * C);
+  norm_backward_tp(dtmp_, g.ln2_w, g.ln2_b, dl, a.x_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, Nl);
+  be_.add_inplace(dres, dtmp_, int64_t(Nl) * C);
+  round_act(dres, int64_t(Nl) * C);
   // Attention branch: x_mid = x_in + att * proj_w^T + proj_b.
-  be_.matmul_backward(datt_, g.proj_w, g.proj_b, dres, a.att, p.proj_w, N, A, C);
+  be_.matmul_backward(datt_, g.proj_w, g.proj_b, full_rows(dres, N), a.att, p.proj_w, N, A, C);
   round_act(datt_, int64_t(N) * A);
   const float* q = a.qkv;
   const float* k = q + A;
@@ -263,10 +440,11 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
   }
   round_act(dqkv_, int64_t(N) * Q);
   be_.matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, p.qkv_w, N, C, Q);
-  round_act(dln_, int64_t(N) * C);
-  norm_backward(dtmp_, g.ln1_w, g.ln1_b, dln_, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, N);
-  be_.add_inplace(dres, dtmp_, int64_t(N) * C);
-  round_act(dres, int64_t(N) * C);
+  dl = column_parallel_input_grad(dln_, N);
+  round_act(dl, int64_t(Nl) * C);
+  norm_backward_tp(dtmp_, g.ln1_w, g.ln1_b, dl, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, Nl);
+  be_.add_inplace(dres, dtmp_, int64_t(Nl) * C);
+  round_act(dres, int64_t(Nl) * C);
 }
 
 const float* Decoder::head_weight() {
@@ -277,18 +455,25 @@ float* Decoder::head_grad() {
 }
 
 double Decoder::head(const ModelInput& in, float dloss, bool grads) {
-  const int N = in.N, C = cfg_.d_model, V = cfg_.vocab;
+  const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, V = vocab_;
+  const int64_t mine = int64_t(row0(N)) * C;
   const float* lnf_b = cfg_.bias ? params_.ptr("final_norm.bias") : nullptr;
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x_final_, params_.ptr("final_norm.weight"), lnf_b, N);
+  norm_forward(lnf_ + mine, lnf_mean_, lnf_rstd_, x_final_, params_.ptr("final_norm.weight"), lnf_b,
+               Nl);
+  if (sp_on()) sp_all_gather(lnf_, N, C);
   const float* W = head_weight();
   // Logits exist for kHeadChunk rows at a time: computed, turned into loss and gradient in
-  // place, and consumed by the head's backward before the next chunk overwrites them.
+  // place, and consumed by the head's backward before the next chunk overwrites them. Under
+  // tensor parallelism each rank holds its vocabulary slice of every row's logits.
   for (int r0 = 0; r0 < N; r0 += kHeadChunk) {
     int n = std::min(kHeadChunk, N - r0);
     be_.matmul_forward(logits_, lnf_ + int64_t(r0) * C, W, nullptr, n, C, V);
     round_act(logits_, int64_t(n) * V);
-    be_.cross_entropy(losses_ + r0, grads ? logits_ : nullptr, logits_, in.targets + r0, n, V,
-                      dloss);
+    if (tp_on())
+      vocab_parallel_cross_entropy(losses_ + r0, logits_, in.targets + r0, n, dloss, grads);
+    else
+      be_.cross_entropy(losses_ + r0, grads ? logits_ : nullptr, logits_, in.targets + r0, n, V,
+                        dloss);
     if (grads) {
       round_act(logits_, int64_t(n) * V);
       be_.matmul_backward(dln_ + int64_t(r0) * C, head_grad(), nullptr, logits_,
@@ -299,11 +484,55 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   for (int i = 0; i < N; ++i) sum += losses_[i];  // fixed order: bit-reproducible
   if (grads) {
     round_act(dln_, int64_t(N) * C);
+    float* dl = column_parallel_input_grad(dln_, N);
     float* gb = cfg_.bias ? params_.grad_ptr("final_norm.bias") : nullptr;
-    norm_backward(dres_, params_.grad_ptr("final_norm.weight"), gb, dln_, x_final_,
-                  params_.ptr("final_norm.weight"), lnf_mean_, lnf_rstd_, N);
+    norm_backward_tp(dres_, params_.grad_ptr("final_norm.weight"), gb, dl, x_final_,
+                     params_.ptr("final_norm.weight"), lnf_mean_, lnf_rstd_, Nl);
   }
   return sum;
+}
+
+// Cross-entropy over a vocabulary split across the tensor-parallel group, without gathering
+// logits: the row maxima, the sums of exponentials and the target logits are all-reduced
+// (3 numbers per row), and each rank turns its slice of logits into its slice of the gradient
+// in place.
+void Decoder::vocab_parallel_cross_entropy(float* losses, float* logits, const int32_t* targets,
+                                           int n, float dloss, bool grads) {
+  const int V = vocab_;
+  ce_stats_.assign(3 * size_t(n), 0.f);
+  float* mx = ce_stats_.data();
+  float* se = mx + n;
+  float* tl = se + n;
+  for (int i = 0; i < n; ++i) {
+    const float* row = logits + int64_t(i) * V;
+    mx[i] = *std::max_element(row, row + V);
+  }
+  tp_.comm->all_reduce(mx, n, DType::F32, comm::ReduceOp::Max);
+  for (int i = 0; i < n; ++i) {
+    const float* row = logits + int64_t(i) * V;
+    double s = 0;
+    for (int j = 0; j < V; ++j) s += std::exp(double(row[j]) - mx[i]);
+    se[i] = static_cast<float>(s);
+    int t = targets[i] - v0_;
+    tl[i] = targets[i] >= 0 && t >= 0 && t < V ? row[t] : 0.f;
+  }
+  tp_all_reduce(se, 2 * int64_t(n));
+  for (int i = 0; i < n; ++i) {
+    float* row = logits + int64_t(i) * V;
+    if (targets[i] < 0) {
+      losses[i] = 0;
+      if (grads) std::fill(row, row + V, 0.f);
+      continue;
+    }
+    losses[i] = static_cast<float>(std::log(double(se[i])) + mx[i] - tl[i]);
+    if (!grads) continue;
+    const int t = targets[i] - v0_;
+    const double inv = 1.0 / se[i];
+    for (int j = 0; j < V; ++j) {
+      double p = std::exp(double(row[j]) - mx[i]) * inv;
+      row[j] = static_cast<float>((p - (j == t ? 1.0 : 0.0)) * dloss);
+    }
+  }
 }
 
 static void check_input(const ModelInput& in, const ModelConfig& cfg) {
@@ -315,28 +544,43 @@ static void check_input(const ModelInput& in, const ModelConfig& cfg) {
   for (int i = 0; i < in.N; ++i) {
     LOOM_CHECK(in.tokens[i] >= 0 && in.tokens[i] < cfg.vocab, "token id ", in.tokens[i],
                " at position ", i, " is outside the vocabulary [0, ", cfg.vocab, ")");
-    LOOM_CHECK(in.positions[i] >= 0 && in.positions[i] < cfg.max_seq, "position ",
-               in.positions[i], " exceeds model.max_seq ", cfg.max_seq);
+    LOOM_CHECK(in.positions[i] >= 0 && in.positions[i] < cfg.max_seq, "position ", in.positions[i],
+               " exceeds model.max_seq ", cfg.max_seq);
     if (in.targets)
       LOOM_CHECK(in.targets[i] >= -1 && in.targets[i] < cfg.vocab, "target id ", in.targets[i],
                  " at position ", i, " is outside the vocabulary");
   }
 }
 
+void Decoder::forward_blocks(const ModelInput& in) {
+  const int L = cfg_.n_layer;
+  for (int l = 0; l < L; ++l) {
+    if (before_block) before_block(l, false);
+    block_forward(l, in, acts_[l], l + 1 < L ? acts_[l + 1].x_in : x_final_);
+    if (after_block) after_block(l, false);
+  }
+}
+
 double Decoder::run(const ModelInput& in, float dloss, bool grads) {
   check_input(in, cfg_);
+  LOOM_CHECK(!sp_on() || in.N % tp_.size == 0, "sequence parallelism splits the ", in.N,
+             " tokens of a micro-batch over parallel.tp = ", tp_.size,
+             " ranks: make micro_batch * seq_len divisible by it");
   ensure_buffers(in.N);
   const int L = cfg_.n_layer;
   embed_forward(in);
-  for (int l = 0; l < L; ++l)
-    block_forward(l, in, acts_[l], l + 1 < L ? acts_[l + 1].x_in : x_final_);
+  forward_blocks(in);
   double loss = head(in, dloss, grads);
   if (!grads) return loss;
   for (int l = L - 1; l >= 0; --l) {
     const LayerActs& a = acts_[l];
-    if (recompute_ == Recompute::Full) block_forward(l, in, a, nullptr);
-    else if (recompute_ == Recompute::Selective) attention_core(in, a);
+    if (before_block) before_block(l, true);
+    if (recompute_ == Recompute::Full)
+      block_forward(l, in, a, nullptr);
+    else if (recompute_ == Recompute::Selective)
+      attention_core(in, a);
     block_backward(l, in, a, dres_);
+    if (after_block) after_block(l, true);
     if (on_grads_ready) on_grads_ready(l);
   }
   embed_backward(in);
@@ -355,21 +599,21 @@ double Decoder::forward_loss(const ModelInput& in) {
 }
 
 void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits) {
+  LOOM_CHECK(!tp_on(),
+             "forward_logits gathers full logits: not supported under tensor parallelism");
   ModelInput fwd = in;
   fwd.targets = nullptr;
   check_input(fwd, cfg_);
   ensure_buffers(in.N);
-  const int L = cfg_.n_layer, C = cfg_.d_model, V = cfg_.vocab;
+  const int C = cfg_.d_model, V = cfg_.vocab;
   embed_forward(fwd);
-  for (int l = 0; l < L; ++l)
-    block_forward(l, fwd, acts_[l], l + 1 < L ? acts_[l + 1].x_in : x_final_);
+  forward_blocks(fwd);
   const float* lnf_b = cfg_.bias ? params_.ptr("final_norm.bias") : nullptr;
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x_final_, params_.ptr("final_norm.weight"), lnf_b,
-               in.N);
+  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x_final_, params_.ptr("final_norm.weight"), lnf_b, in.N);
   for (size_t i = 0; i < rows.size(); ++i) {
     LOOM_CHECK(rows[i] >= 0 && rows[i] < in.N, "logit row ", rows[i], " out of range");
-    be_.matmul_forward(logits + i * int64_t(V), lnf_ + int64_t(rows[i]) * C, head_weight(),
-                       nullptr, 1, C, V);
+    be_.matmul_forward(logits + i * int64_t(V), lnf_ + int64_t(rows[i]) * C, head_weight(), nullptr,
+                       1, C, V);
   }
 }
 

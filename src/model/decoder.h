@@ -1,13 +1,17 @@
 // The decoder: embedding -> n_layer x [norm, attention, residual, norm, MLP, residual] ->
 // final norm -> output head fused with softmax cross-entropy. Every layer has an explicit
-// forward and backward over plain buffers; nothing here knows about parallelism, precision
-// policies beyond "round activations to this dtype", or the optimizer.
+// forward and backward over plain buffers; nothing here knows about data parallelism, precision
+// policies beyond "round activations to this dtype", or the optimizer. Tensor and sequence
+// parallelism are a layout handed in from outside (TensorParallel): the same code runs with
+// local head counts and widths and calls the conjugate communication operators where the
+// layout says; with the default layout (one rank) it is the single-process model, bit for bit.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "model/model_config.h"
@@ -34,10 +38,24 @@ struct ModelInput {
   int nseq = 0;
 };
 
+// Megatron-style tensor parallelism over `size` ranks (docs/parallel.md): attention split by
+// heads (query and KV heads), the MLP column- then row-parallel, vocabulary-parallel embedding
+// and output head with a cross-entropy that never gathers logits. With sequence_parallel, the
+// residual stream, norms and their inputs are split along tokens too, and all-gather /
+// reduce-scatter replace the all-reduces.
+struct TensorParallel {
+  int size = 1, rank = 0;
+  bool sequence_parallel = false;
+  comm::Communicator* comm = nullptr;  // the tensor-parallel group (size > 1)
+  // Throws naming the field when the model does not split over `size` ranks.
+  void validate(const ModelConfig& cfg) const;
+};
+
 class Decoder {
  public:
   Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute = Recompute::None,
-          DType act_dtype = DType::F32);
+          DType act_dtype = DType::F32, const TensorParallel& tp = {});
+  const TensorParallel& tensor_parallel() const { return tp_; }
 
   const ModelConfig& config() const { return cfg_; }
   ParamSet& params() { return params_; }
@@ -56,6 +74,10 @@ class Decoder {
   // Called after backward has finished the gradients of block `layer` (last to first), then
   // with -1 for the embedding: the hook for overlapping gradient communication.
   std::function<void(int layer)> on_grads_ready;
+  // Called just before block `layer` runs (forward, or backward including its recomputation)
+  // and just after: the hooks for parameters that live elsewhere between uses (ZeRO-3 gathers
+  // a block's parameters in before_block and frees them in after_block).
+  std::function<void(int layer, bool backward)> before_block, after_block;
 
   // Bytes held in activation buffers for the last batch size.
   size_t activation_bytes() const { return arena_.size() * sizeof(float); }
@@ -75,6 +97,7 @@ class Decoder {
   void ensure_buffers(int N);
   void embed_forward(const ModelInput& in);
   void embed_backward(const ModelInput& in);
+  void forward_blocks(const ModelInput& in);  // every block, with the before/after hooks
   void block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out);
   void attention_core(const ModelInput& in, const LayerActs& a);
   void block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres);
@@ -89,7 +112,32 @@ class Decoder {
   void round_act(float* x, int64_t n) const;
   double run(const ModelInput& in, float dloss, bool grads);
 
+  // Tensor-parallel pieces (identity when tp_.size == 1).
+  bool tp_on() const { return tp_.size > 1; }
+  bool sp_on() const { return tp_.size > 1 && tp_.sequence_parallel; }
+  void shard_params();
+  void tp_all_reduce(float* x, int64_t n);
+  // Sequence parallel: this rank's rows [r*N/tp, (r+1)*N/tp) of a [N, C] buffer, gathered in
+  // place; reduce-scatter of a full partial-sum buffer into this rank's rows of `out`.
+  void sp_all_gather(float* full, int N, int C);
+  void sp_reduce_scatter(const float* full, float* out, int N, int C);
+  int local_rows(int N) const { return sp_on() ? N / tp_.size : N; }
+  int row0(int N) const { return sp_on() ? tp_.rank * (N / tp_.size) : 0; }
+  void vocab_parallel_cross_entropy(float* losses, float* logits, const int32_t* targets, int n,
+                                    float dloss, bool grads);
+  float* row_parallel_out(const float* inp, const float* w, const float* b, int N, int IC);
+  float* column_parallel_input_grad(float* dinp, int N);
+  const float* full_rows(const float* local, int N);
+  void norm_backward_tp(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N);
+
   ModelConfig cfg_;
+  TensorParallel tp_;
+  // Local sizes on this tensor-parallel rank.
+  int hq_ = 0, hkv_ = 0, qkv_ = 0, att_ = 0, ff_ = 0, fc_ = 0, vocab_ = 0, v0_ = 0;
+  std::vector<float> full_a_, full_b_;  // SP scratch: [N, C] each
+  std::vector<int32_t> local_ids_;
+  std::vector<float> ce_stats_;
   Backend& be_;
   Recompute recompute_;
   DType act_dtype_;

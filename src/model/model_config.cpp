@@ -5,7 +5,9 @@
 
 namespace loom {
 
-const char* family_name(Family f) { return f == Family::GPT2 ? "gpt2" : "llama"; }
+const char* family_name(Family f) {
+  return f == Family::GPT2 ? "gpt2" : "llama";
+}
 
 static ModelConfig gpt2(const char* name, int layers, int d, int heads, int vocab, int seq) {
   ModelConfig c;
@@ -56,8 +58,10 @@ ModelConfig model_preset(const std::string& name) {
   if (name == "gpt2-124m") return gpt2("gpt2-124m", 12, 768, 12, 50304, 1024);
   if (name == "gpt2-350m") return gpt2("gpt2-350m", 24, 1024, 16, 50304, 1024);
   // Llama 3.2 1B shapes (tied embeddings, as that model ships) and Llama 3 8B shapes.
-  if (name == "llama-1b") return llama("llama-1b", 16, 2048, 32, 8, 8192, 128256, 8192, 500000.f, true);
-  if (name == "llama-8b") return llama("llama-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.f, false);
+  if (name == "llama-1b")
+    return llama("llama-1b", 16, 2048, 32, 8, 8192, 128256, 8192, 500000.f, true);
+  if (name == "llama-8b")
+    return llama("llama-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.f, false);
   std::string all;
   for (auto& n : model_preset_names()) all += (all.empty() ? "" : ", ") + n;
   fail("unknown model preset '", name, "' (known: ", all, ")");
@@ -116,7 +120,8 @@ std::string ModelConfig::fingerprint() const {
 ModelConfig model_config_from(const Config& cfg) {
   ModelConfig c = model_preset(cfg.get_string("model.preset", "tiny"));
   std::string fam = cfg.get_string("model.family", family_name(c.family));
-  LOOM_CHECK(fam == "gpt2" || fam == "llama", "model.family must be gpt2 or llama, got '", fam, "'");
+  LOOM_CHECK(fam == "gpt2" || fam == "llama", "model.family must be gpt2 or llama, got '", fam,
+             "'");
   Family f = fam == "gpt2" ? Family::GPT2 : Family::Llama;
   if (f != c.family) {  // switching family switches its defining choices
     c.family = f;
@@ -133,9 +138,8 @@ ModelConfig model_config_from(const Config& cfg) {
   LOOM_CHECK(c.n_head > 0, "model.n_head must be positive, got ", c.n_head);
   c.head_dim = static_cast<int>(
       cfg.get_int("model.head_dim", width_changed ? c.d_model / c.n_head : c.head_dim));
-  c.d_ff = static_cast<int>(cfg.get_int("model.d_ff", c.d_model != old_d && f == Family::GPT2
-                                                          ? 4 * c.d_model
-                                                          : c.d_ff));
+  c.d_ff = static_cast<int>(
+      cfg.get_int("model.d_ff", c.d_model != old_d && f == Family::GPT2 ? 4 * c.d_model : c.d_ff));
   c.vocab = static_cast<int>(cfg.get_int("model.vocab", c.vocab));
   c.max_seq = static_cast<int>(cfg.get_int("model.max_seq", c.max_seq));
   c.norm_eps = static_cast<float>(cfg.get_double("model.norm_eps", c.norm_eps));

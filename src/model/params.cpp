@@ -37,18 +37,53 @@ const ParamInfo& ParamSet::info(const std::string& name) const {
   return infos_[it->second];
 }
 
+void ParamSet::set_shard(const std::string& name, const Shape& global_shape, int dim,
+                         std::vector<int64_t> global_index) {
+  auto it = index_.find(name);
+  LOOM_CHECK(it != index_.end(), "no parameter named '", name, "'");
+  ParamInfo& p = infos_[it->second];
+  LOOM_CHECK(dim == 0 || dim == 1, name, ": shard dimension must be 0 or 1");
+  LOOM_CHECK(global_shape.size() == p.shape.size(), name, ": shard of another rank");
+  LOOM_CHECK(dim == 1 || static_cast<int64_t>(global_index.size()) == p.shape[0], name,
+             ": one global row per local row");
+  p.global_shape = global_shape;
+  p.shard_dim = dim;
+  p.global_index = std::move(global_index);
+}
+
 void ParamSet::init(uint64_t seed) {
   for (auto& p : infos_) {
     float* dst = data() + p.offset;
     switch (p.init) {
-      case ParamInit::Zeros: std::fill(dst, dst + p.numel, 0.f); break;
-      case ParamInit::Ones: std::fill(dst, dst + p.numel, 1.f); break;
-      case ParamInit::Normal: fill_normal(dst, p.numel, seed, name_key(p.name), 0, 0.f, p.std); break;
+      case ParamInit::Zeros:
+        std::fill(dst, dst + p.numel, 0.f);
+        break;
+      case ParamInit::Ones:
+        std::fill(dst, dst + p.numel, 1.f);
+        break;
+      case ParamInit::Normal: {
+        const uint64_t key = name_key(p.name);
+        if (!p.sharded()) {
+          fill_normal(dst, p.numel, seed, key, 0, 0.f, p.std);
+          break;
+        }
+        // Draw each local element at its global index: the same values as one process.
+        const int64_t rows = p.shape[0], cols = p.numel / rows;
+        const int64_t gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+        for (int64_t i = 0; i < rows; ++i) {
+          uint64_t first =
+              p.shard_dim == 0 ? p.global_index[i] * cols : i * gcols + p.global_index[0];
+          fill_normal(dst + i * cols, cols, seed, key, first, 0.f, p.std);
+        }
+        break;
+      }
     }
   }
 }
 
-void ParamSet::zero_grad() { std::memset(grad(), 0, sizeof(float) * total_); }
+void ParamSet::zero_grad() {
+  std::memset(grad(), 0, sizeof(float) * total_);
+}
 
 std::map<std::string, Tensor> ParamSet::tensors() {
   std::map<std::string, Tensor> m;

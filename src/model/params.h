@@ -22,12 +22,23 @@ struct ParamInfo {
   bool decay = true;  // weight decay applies (matrices); not to norms, biases, embeddings
   ParamInit init = ParamInit::Normal;
   float std = 0.02f;
+  // Tensor parallelism (model/tensor_parallel.h): a sharded parameter is a slice of a global
+  // tensor of shape global_shape, along dimension shard_dim: for rows (0), global_index[i] is
+  // the global row of local row i; for columns (1), global_index[0] is the first global column.
+  // Unsharded parameters (shard_dim -1) are replicated across the tensor-parallel group.
+  Shape global_shape;
+  int shard_dim = -1;
+  std::vector<int64_t> global_index;
+  bool sharded() const { return shard_dim >= 0; }
 };
 
 class ParamSet {
  public:
   void add(const std::string& name, const Shape& shape, bool decay, ParamInit init,
            float std = 0.f);
+  // Marks `name` as a tensor-parallel shard (see ParamInfo); before init().
+  void set_shard(const std::string& name, const Shape& global_shape, int dim,
+                 std::vector<int64_t> global_index);
   void allocate();  // after every add(): zero-filled values and grads
 
   // Draws every parameter from the counter-based RNG keyed by (seed, name, element index), so

@@ -1,12 +1,18 @@
 #include "train/trainer.h"
 
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
 
 #include "ckpt/checkpoint.h"
+#include "comm/process_groups.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
 #include "kernels/cpu/sgemm_peak.h"
+#include "parallel/data_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "train/data_source.h"
 
 namespace loom {
@@ -41,7 +47,65 @@ static TrainOptions train_options_from(const Config& c) {
   return o;
 }
 
-Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
+namespace {
+
+// A data-parallel rank's view of the global batch: of every `world` consecutive micro-batches
+// the source yields, rank r keeps the r-th. Rank r's micro-batch j is thus the single process's
+// micro-batch j * world + r (the loader order of data::Loader's rank/world split), the ranks'
+// micro-batches are disjoint and their union is the global batch, and the position (state) is
+// the same on every rank. Each rank reads the others' rows and drops them: cheap next to a
+// training step on CPU.
+class DpShardSource : public BatchSource {
+ public:
+  DpShardSource(std::unique_ptr<BatchSource> src, int rank, int world)
+      : src_(std::move(src)), rank_(rank), world_(world) {}
+  void next(Batch& b) override {
+    for (int r = 0; r < world_; ++r) src_->next(r == rank_ ? b : drop_);
+  }
+  Json state() const override { return src_->state(); }
+  void restore(const Json& state) override { src_->restore(state); }
+  int vocab() const override { return src_->vocab(); }
+  std::string describe() const override {
+    return cat(src_->describe(), " (data-parallel rank ", rank_, " of ", world_, ")");
+  }
+
+ private:
+  std::unique_ptr<BatchSource> src_;
+  int rank_, world_;
+  Batch drop_;
+};
+
+// LOOM_FAULT_INJECT=<rank>:<step>[:error] kills that rank (SIGKILL), or makes it throw, when
+// it starts that step: the failure tests check that the job ends with a message naming the
+// rank instead of hanging.
+void maybe_inject_fault(int rank, int64_t step) {
+  const char* f = std::getenv("LOOM_FAULT_INJECT");
+  if (!f) return;
+  int r = -1;
+  long long s = -1;
+  char mode[16] = "";
+  int n = std::sscanf(f, "%d:%lld:%15s", &r, &s, mode);
+  if (n < 2 || r != rank || s != step) return;
+  if (std::string(mode) == "error") fail("injected fault at step ", step);
+  std::raise(SIGKILL);
+}
+
+}  // namespace
+
+std::string Trainer::checkpoint_root() const {
+  if (!dp_) return opt_.out_dir + "/checkpoints";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "/rank_%05d", rank_);
+  return opt_.out_dir + "/checkpoints" + buf;
+}
+
+std::string Trainer::layout_name() const {
+  const auto& d = pg_->generator().dims();
+  return cat("tp=", d.tp, " sp=", model_->tensor_parallel().sequence_parallel, " cp=", d.cp,
+             " dp=", d.dp, " pp=", d.pp, " zero=", dp_->zero());
+}
+
+Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   config_text_ = cfg_.dump();
   opt_ = train_options_from(cfg_);
   set_num_threads(opt_.threads);
@@ -54,6 +118,9 @@ Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
   Recompute rc = recompute_from_name(cfg_.get_string("train.recompute", "none"));
 
   AdamWConfig acfg = adamw_config_from(cfg_);
+  comm::ParallelDims dims = comm::ParallelDims::from(cfg_);
+  parallel::DataParallelOptions dpo = parallel::DataParallelOptions::from(cfg_);
+  const bool sequence_parallel = cfg_.get_bool("parallel.sp", false);
   train_data_ = make_batch_source(cfg_, opt_, mcfg_, "train");
   if (opt_.eval_interval > 0) {
     valid_data_ = make_batch_source(cfg_, opt_, mcfg_, "valid");
@@ -63,25 +130,53 @@ Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
   LOOM_CHECK(train_data_->vocab() <= mcfg_.vocab, "the data's vocabulary (", train_data_->vocab(),
              ") exceeds model.vocab (", mcfg_.vocab, ")");
 
-  model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute);
+  comm::Communicator& w = world ? *world : comm::world();
+  if (w.size() > 1 || dpo.zero > 0) {
+    pg_ = std::make_unique<comm::ProcessGroups>(w, dims);
+    const auto& d = pg_->generator().dims();
+    LOOM_CHECK(d.cp == 1 && d.pp == 1 && d.ep == 1,
+               "parallel.cp, parallel.pp and parallel.ep > 1 are not implemented yet");
+    LOOM_CHECK(!sequence_parallel || d.tp > 1, "parallel.sp needs parallel.tp > 1");
+    rank_ = w.rank();
+    if (rank_ != 0) opt_.quiet = true;
+    train_data_ =
+        std::make_unique<DpShardSource>(std::move(train_data_), pg_->dp().rank(), pg_->dp().size());
+  }
+
+  TensorParallel tp;
+  if (pg_) tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
+  model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute, tp);
   model_->params().init(opt_.seed);
   if (policy_.compute != DType::F32)
     round_to(policy_.compute, model_->params().data(), model_->params().total());
-  optim_ = std::make_unique<AdamW>(model_->params(), acfg, policy_.compute, cpu_backend());
+  if (pg_) {
+    dp_ = std::make_unique<parallel::DataParallel>(*model_, pg_->dp(), dpo, acfg, policy_.compute,
+                                                   cpu_backend());
+    norm_weights_ = parallel::grad_norm_weights(model_->params(), pg_->tp().rank());
+  } else
+    optim_ = std::make_unique<AdamW>(model_->params(), acfg, policy_.compute, cpu_backend());
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
 
   make_dirs(opt_.out_dir);
-  bool resumed = opt_.resume && ckpt::find_latest_checkpoint(checkpoint_root()).has_value() &&
-                 resume_from(checkpoint_root());
-  metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed);
-  write_file_atomic(opt_.out_dir + "/config.toml", config_text_);
+  bool resumed = dp_ ? opt_.resume && resume_distributed()
+                     : opt_.resume && ckpt::find_latest_checkpoint(checkpoint_root()).has_value() &&
+                           resume_from(checkpoint_root());
+  if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
+    metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed);
+    write_file_atomic(opt_.out_dir + "/config.toml", config_text_);
+  }
 
-  peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops : measure_sgemm_peak_gflops(num_threads());
+  peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops
+                 : rank_ != 0         ? 1.0  // only rank 0 reports MFU
+                                      : measure_sgemm_peak_gflops(num_threads());
   if (!opt_.quiet) {
     log_info("model ", mcfg_.name, ": ", mcfg_.fingerprint(), ", ", mcfg_.num_params(),
              " parameters, ", flops_per_token_ / 1e6, " MFLOP/token");
     log_info("data: ", train_data_->describe());
+    if (pg_)
+      log_info("parallel: ", pg_->describe(), ", ZeRO-", dp_->zero(), ", ", dp_->num_buckets(),
+               " gradient buckets");
     log_info("precision ", policy_.name, ", recompute ", recompute_name(rc), ", ", num_threads(),
              " threads, MFU against ", peak_gflops_, " GFLOP/s (",
              opt_.peak_gflops > 0 ? "train.peak_gflops" : "measured sgemm peak", ")");
@@ -91,29 +186,52 @@ Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
 Trainer::~Trainer() = default;
 
 StepResult Trainer::train_step() {
+  maybe_inject_fault(rank_, step_);
   double t0 = now_seconds();
   StepResult r;
   r.step = step_;
   r.lr = sched_.at(step_);
   // Gather the step's micro-batches first: the loss is a mean over every target token of the
-  // global batch, so each token's gradient weight needs their total.
+  // global batch, so each token's gradient weight needs their total (over all DP ranks).
   int64_t valid = 0;
   for (auto& b : micro_) {
     train_data_->next(b);
     valid += b.valid_targets();
   }
+  if (dp_) valid = pg_->dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
   LOOM_CHECK(valid > 0, "a global batch without any target token");
   const double scale = policy_.loss_scaling ? scaler_.scale() : 1.0;
   ParamSet& P = model_->params();
-  P.zero_grad();
-  double loss_sum = 0;
-  for (auto& b : micro_)
-    loss_sum += model_->forward_backward(b.input(), static_cast<float>(scale / valid));
-  r.loss = loss_sum / valid;
   Backend& be = cpu_backend();
-  if (inject_ != 1.f) be.scale_inplace(P.grad(), inject_, P.total());
+  double loss_sum = 0, sq = 0;
+  if (!dp_) {
+    P.zero_grad();
+    for (auto& b : micro_)
+      loss_sum += model_->forward_backward(b.input(), static_cast<float>(scale / valid));
+    if (inject_ != 1.f) be.scale_inplace(P.grad(), inject_, P.total());
+    sq = be.sum_squares(P.grad(), P.total());
+  } else {
+    LOOM_CHECK(inject_ == 1.f, "inject_gradient_factor is for single-process tests");
+    // Gradient buckets reduce during backward of the last micro-batch (every micro-batch under
+    // ZeRO-2/3); each element's reduced gradient is then counted on exactly one DP rank.
+    dp_->start_step(static_cast<int>(micro_.size()));
+    for (size_t j = 0; j < micro_.size(); ++j) {
+      dp_->start_micro(static_cast<int>(j));
+      loss_sum += model_->forward_backward(micro_[j].input(), static_cast<float>(scale / valid));
+      dp_->finish_micro();
+    }
+    // Tensor-parallel ranks of one DP group hold the same loss; the squared gradient norm
+    // counts sharded parameters on every TP rank and replicated ones on TP rank 0.
+    loss_sum = pg_->dp().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
+    sq = pg_->tp_dp().all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
+  }
+  finish_step(r, loss_sum, valid, sq, scale);
+  r.seconds = now_seconds() - t0;
+  return r;
+}
 
-  double sq = be.sum_squares(P.grad(), P.total());
+void Trainer::finish_step(StepResult& r, double loss_sum, int64_t valid, double sq, double scale) {
+  r.loss = loss_sum / valid;
   bool finite = std::isfinite(sq);
   r.grad_norm = std::sqrt(sq) / scale;
   bool proceed = policy_.loss_scaling ? scaler_.update(finite) : finite;
@@ -123,12 +241,13 @@ StepResult Trainer::train_step() {
     float grad_scale = static_cast<float>(1.0 / scale);
     if (opt_.clip_grad > 0 && r.grad_norm > opt_.clip_grad)
       grad_scale *= static_cast<float>(opt_.clip_grad / r.grad_norm);
-    optim_->step(r.lr, grad_scale);
+    if (dp_)
+      dp_->step(r.lr, grad_scale);
+    else
+      optim_->step(r.lr, grad_scale);
   }
   r.skipped = !proceed;
   ++step_;
-  r.seconds = now_seconds() - t0;
-  return r;
 }
 
 double Trainer::evaluate() {
@@ -159,7 +278,7 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
   j["step_seconds"] = r.seconds;
   if (policy_.loss_scaling) j["loss_scale"] = scaler_.scale();
   if (r.skipped) j["skipped"] = true;
-  metrics_->write(j);
+  if (metrics_) metrics_->write(j);
   ++steps_this_run_;
   if (opt_.quiet || ((r.step + 1) % opt_.log_interval != 0 && r.step + 1 != opt_.steps)) return;
   double elapsed = now_seconds() - started_;
@@ -175,8 +294,22 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
 }
 
 double Trainer::run() {
+  if (dp_) {
+    // One rank failing must end the whole job (with its rank named), not leave the others
+    // waiting in a collective.
+    try {
+      return run_loop();
+    } catch (const std::exception& e) {
+      comm::abort_job(e.what());
+    }
+  }
+  return run_loop();
+}
+
+double Trainer::run_loop() {
   started_ = now_seconds();
-  const int64_t tokens = int64_t(opt_.micro_batch) * opt_.seq_len * opt_.grad_accum;
+  const int64_t tokens =
+      int64_t(opt_.micro_batch) * opt_.seq_len * opt_.grad_accum * (pg_ ? pg_->dp().size() : 1);
   if (step_ >= opt_.steps && !opt_.quiet)
     log_info("already at step ", step_, " of ", opt_.steps, ": nothing to do");
   double last = NAN;
@@ -189,7 +322,7 @@ double Trainer::run() {
       Json j = Json::object();
       j["step"] = step_;
       j["valid_loss"] = vl;
-      metrics_->write(j);
+      if (metrics_) metrics_->write(j);
       if (!opt_.quiet) log_info("step ", step_, " | validation loss ", vl);
     }
     bool at_interval = opt_.checkpoint_interval > 0 && step_ % opt_.checkpoint_interval == 0;
@@ -199,6 +332,7 @@ double Trainer::run() {
 }
 
 void Trainer::save_checkpoint() {
+  if (dp_) return save_distributed();
   ckpt::TrainerState st;
   st.step = step_;
   st.seed = opt_.seed;
@@ -215,6 +349,7 @@ void Trainer::save_checkpoint() {
 }
 
 bool Trainer::resume_from(const std::string& path) {
+  LOOM_CHECK(!dp_, "a distributed run resumes from its own per-rank checkpoints");
   ckpt::Checkpoint c(path);
   const Json& extra = c.state().extra;
   std::string fp =
@@ -231,6 +366,82 @@ bool Trainer::resume_from(const std::string& path) {
   train_data_->restore(c.state().data);
   step_ = c.state().step;
   if (!opt_.quiet) log_info("resumed from ", c.dir(), " at step ", step_);
+  return true;
+}
+
+// Distributed checkpoints: every rank writes its own step directory under
+// <out_dir>/checkpoints/rank_NNNNN with the tensors it holds, each with its placement
+// (ShardInfo): ZeRO-0 whole parameters (replica = DP rank), ZeRO >= 1 the rank's slice of each
+// flattened parameter and of its optimizer state. Resuming needs the same layout.
+ckpt::TensorList Trainer::shard_list(
+    const std::vector<parallel::DataParallel::StateSlice>& slices) const {
+  ckpt::TensorList out;
+  for (const auto& sl : slices) {
+    ckpt::ShardInfo info;
+    if (dp_->zero() == 0) {
+      info.replica_id = pg_->dp().rank();  // every DP rank holds the whole (TP-local) tensor
+    } else {
+      info.global_shape = {sl.global_numel};
+      info.global_offset = {sl.offset};
+    }
+    out.push_back({sl.name, sl.tensor, info});
+  }
+  return out;
+}
+
+void Trainer::save_distributed() {
+  ckpt::TrainerState st;
+  st.step = step_;
+  st.seed = opt_.seed;
+  st.data = train_data_->state();
+  st.config_text = config_text_;
+  st.extra["model_fingerprint"] = mcfg_.fingerprint();
+  st.extra["optimizer_steps"] = dp_->steps_taken();
+  st.extra["precision"] = policy_.name;
+  st.extra["layout"] = layout_name();
+  st.extra["rank"] = rank_;
+  if (policy_.loss_scaling) st.extra["loss_scaler"] = scaler_.state();
+  double t0 = now_seconds();
+  std::string dir = ckpt::save_checkpoint(checkpoint_root(), st, shard_list(dp_->param_slices()),
+                                          shard_list(dp_->state_slices()), opt_.keep_last);
+  pg_->world().barrier();  // every rank's part committed before the run moves on
+  if (!opt_.quiet)
+    log_info("saved checkpoint ", dir, " on every rank (", now_seconds() - t0, " s)");
+}
+
+bool Trainer::resume_distributed() {
+  // The ranks agree on the newest step that every rank committed.
+  auto latest = ckpt::find_latest_checkpoint(checkpoint_root());
+  int64_t mine = -1;
+  if (latest) ckpt::parse_step_dir_name(std::filesystem::path(*latest).filename().string(), &mine);
+  comm::Communicator& w = pg_->world();
+  int64_t lo = -w.all_reduce_scalar(-mine, comm::ReduceOp::Max);
+  int64_t hi = w.all_reduce_scalar(mine, comm::ReduceOp::Max);
+  if (hi < 0) return false;  // a fresh run
+  LOOM_CHECK(lo >= 0, "some ranks have checkpoints under ", opt_.out_dir,
+             "/checkpoints and others none: was the run started with another world size?");
+  auto steps = ckpt::list_checkpoint_steps(checkpoint_root());
+  int64_t have = std::find(steps.begin(), steps.end(), lo) != steps.end() ? 1 : 0;
+  LOOM_CHECK(-w.all_reduce_scalar(-have, comm::ReduceOp::Max) == 1, "step ", lo,
+             " is missing from some rank's checkpoints: cannot resume consistently");
+  ckpt::Checkpoint c(checkpoint_root() + "/" + ckpt::step_dir_name(lo));
+  const Json& extra = c.state().extra;
+  LOOM_CHECK(extra.at("model_fingerprint").as_string() == mcfg_.fingerprint(), c.dir(),
+             ": checkpoint is for model '", extra.at("model_fingerprint").as_string(),
+             "', but this run's model is '", mcfg_.fingerprint(), "'");
+  LOOM_CHECK(extra.at("layout").as_string() == layout_name(), c.dir(), ": checkpoint layout '",
+             extra.at("layout").as_string(), "' differs from this run's '", layout_name(), "'");
+  LOOM_CHECK(extra.at("precision").as_string() == policy_.name, c.dir(),
+             ": checkpoint was trained with precision '", extra.at("precision").as_string(),
+             "', this run uses '", policy_.name, "'");
+  c.restore_model(shard_list(dp_->param_slices()));
+  c.restore_optim(shard_list(dp_->state_slices()));
+  dp_->sync_model_from_master();
+  dp_->set_steps_taken(extra.at("optimizer_steps").as_int());
+  if (policy_.loss_scaling) scaler_.restore(extra.at("loss_scaler"));
+  train_data_->restore(c.state().data);
+  step_ = c.state().step;
+  if (!opt_.quiet) log_info("resumed every rank from step ", step_, " (", layout_name(), ")");
   return true;
 }
 

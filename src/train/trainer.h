@@ -5,15 +5,22 @@
 #include <memory>
 #include <string>
 
+#include "ckpt/safetensors.h"
 #include "core/config.h"
 #include "model/decoder.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "parallel/data_parallel.h"
 #include "precision/policy.h"
 #include "train/batch.h"
 #include "train/metrics.h"
 
 namespace loom {
+
+namespace comm {
+class Communicator;
+class ProcessGroups;
+}  // namespace comm
 
 struct TrainOptions {
   int64_t steps = 100;
@@ -44,7 +51,10 @@ struct StepResult {
 class Trainer {
  public:
   // Reads every key it knows from cfg and rejects the rest (unknown keys are errors).
-  explicit Trainer(const Config& cfg);
+  // Under a launcher (loom launch, mpirun, srun) the ranks train one model together with the
+  // layout of [parallel] (docs/parallel.md); `world` overrides the launcher's world (tests pass
+  // a one-rank communicator to get a single-process reference inside an MPI job).
+  explicit Trainer(const Config& cfg, comm::Communicator* world = nullptr);
   ~Trainer();
 
   // Trains until options().steps, saving checkpoints and writing metrics; returns last loss.
@@ -58,7 +68,11 @@ class Trainer {
   Decoder& model() { return *model_; }
   const TrainOptions& options() const { return opt_; }
   int64_t step() const { return step_; }
-  std::string checkpoint_root() const { return opt_.out_dir + "/checkpoints"; }
+  // Distributed runs keep one checkpoint root per rank: <out_dir>/checkpoints/rank_00003.
+  std::string checkpoint_root() const;
+  bool distributed() const { return dp_ != nullptr; }
+  comm::ProcessGroups* groups() { return pg_.get(); }
+  parallel::DataParallel* data_parallel() { return dp_.get(); }
   const PrecisionPolicy& precision() const { return policy_; }
   const LossScaler& loss_scaler() const { return scaler_; }
   // For tests: multiply every gradient by this before the overflow check (forces inf).
@@ -66,6 +80,12 @@ class Trainer {
 
  private:
   void log_step(const StepResult& r, int64_t tokens);
+  double run_loop();
+  void finish_step(StepResult& r, double loss_sum, int64_t valid, double sq, double scale);
+  void save_distributed();
+  ckpt::TensorList shard_list(const std::vector<parallel::DataParallel::StateSlice>& s) const;
+  bool resume_distributed();
+  std::string layout_name() const;
 
   Config cfg_;
   std::string config_text_;
@@ -86,6 +106,12 @@ class Trainer {
   double started_ = 0;
   int64_t steps_this_run_ = 0;
   float inject_ = 1.f;
+  // Distributed state (null in a single-process run).
+  std::unique_ptr<comm::Communicator> self_world_;
+  std::unique_ptr<comm::ProcessGroups> pg_;
+  std::unique_ptr<parallel::DataParallel> dp_;
+  std::vector<double> norm_weights_;  // per parameter: counted in the global grad norm
+  int rank_ = 0;
 };
 
 }  // namespace loom

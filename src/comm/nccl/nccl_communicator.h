@@ -1,0 +1,35 @@
+// The NCCL implementation of comm::Communicator: collectives on device buffers of one GPU per
+// rank, run on the communicator's own CUDA stream so they overlap the compute stream.
+//
+// Ordering: every *_async call first makes the communication stream wait for the work already
+// queued on the compute stream (an event), so it reduces what compute produced; Work::wait()
+// then makes the compute stream wait for the collective (device-side) and blocks the host until
+// it is done; Work::test() polls. NCCL has no message tags: sends to one peer are matched in
+// issue order (the `tag` argument is ignored).
+//
+// Bootstrap: the ncclUniqueId of rank 0 reaches the other ranks either through an existing
+// communicator (MPI world: a host broadcast of 128 bytes) or through a file (rendezvous on a
+// shared filesystem, no MPI needed).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace loom::comm {
+
+// compute_stream: the cudaStream_t the ranks' kernels run on (e.g. CudaBackend::stream());
+// nullptr means the legacy default stream.
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device,
+                                                     void* compute_stream,
+                                                     const std::string& name = "nccl");
+// Rank 0 writes the id to `path` (atomically); the others poll for it up to timeout_s. Use a
+// path unique to the job (a stale file from an earlier job would hand out a dead id).
+std::unique_ptr<Communicator> make_nccl_communicator_file(const std::string& path, int rank,
+                                                          int size, int device,
+                                                          void* compute_stream,
+                                                          double timeout_s = 300.0,
+                                                          const std::string& name = "nccl");
+
+}  // namespace loom::comm

@@ -1,0 +1,399 @@
+#include "parallel/data_parallel.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace loom::parallel {
+
+DataParallelOptions DataParallelOptions::from(const Config& cfg) {
+  DataParallelOptions o;
+  o.zero = static_cast<int>(cfg.get_int("parallel.zero", o.zero));
+  double mb = cfg.get_double("parallel.bucket_mb", 4.0);
+  o.overlap = cfg.get_bool("parallel.overlap_grad_reduce", o.overlap);
+  LOOM_CHECK(o.zero >= 0 && o.zero <= 3, "parallel.zero must be 0, 1, 2 or 3, got ", o.zero);
+  LOOM_CHECK(mb > 0, "parallel.bucket_mb must be positive, got ", mb);
+  o.bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(mb * 1024 * 1024 / 4));
+  return o;
+}
+
+static int64_t page_size() {
+  static const int64_t p = sysconf(_SC_PAGESIZE);
+  return p;
+}
+
+void release_memory(float* p, int64_t n) {
+  if (n <= 0) return;
+  const uintptr_t page = page_size();
+  uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + uintptr_t(n) * sizeof(float);
+  uintptr_t a = (begin + page - 1) / page * page, b = end / page * page;
+  if (a >= b) {
+    std::memset(p, 0, n * sizeof(float));
+    return;
+  }
+  std::memset(p, 0, a - begin);
+  std::memset(reinterpret_cast<void*>(b), 0, end - b);
+  // Private anonymous memory reads back as zeros after MADV_DONTNEED: freed and zeroed at once.
+  if (madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) != 0)
+    std::memset(reinterpret_cast<void*>(a), 0, b - a);
+}
+
+int64_t resident_bytes(const void* p, int64_t bytes) {
+  if (!p || bytes <= 0) return 0;
+  const uintptr_t page = page_size();
+  uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  uintptr_t a = begin / page * page, b = (end + page - 1) / page * page;
+  std::vector<unsigned char> vec((b - a) / page);
+  if (mincore(reinterpret_cast<void*>(a), b - a, vec.data()) != 0) return bytes;
+  int64_t total = 0;
+  for (size_t i = 0; i < vec.size(); ++i) {
+    if (!(vec[i] & 1)) continue;
+    uintptr_t lo = std::max(begin, a + i * page), hi = std::min(end, a + (i + 1) * page);
+    total += static_cast<int64_t>(hi - lo);
+  }
+  return total;
+}
+
+static int block_of(const std::string& name) {  // "blocks.<l>.…" -> l, else -1
+  if (name.rfind("blocks.", 0) != 0) return -1;
+  return std::stoi(name.substr(7));
+}
+
+DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataParallelOptions& opt,
+                           const AdamWConfig& adam, DType param_dtype, Backend& backend)
+    : model_(model),
+      P_(model.params()),
+      dp_(dp),
+      opt_(opt),
+      adam_(adam),
+      param_dtype_(param_dtype),
+      be_(backend),
+      n_layer_(model.config().n_layer) {
+  LOOM_CHECK(opt.zero >= 0 && opt.zero <= 3, "parallel.zero must be 0..3, got ", opt.zero);
+  total_ = P_.total();
+  const int D = dp_.size();
+  shard_ = (total_ + D - 1) / D;
+  lo_ = std::min(int64_t(dp_.rank()) * shard_, total_);
+  hi_ = std::min(lo_ + shard_, total_);
+  const int64_t state_n = opt_.zero == 0 ? total_ : hi_ - lo_;
+  const int64_t state_lo = opt_.zero == 0 ? 0 : lo_;
+  m_ = Tensor::zeros({state_n});
+  v_ = Tensor::zeros({state_n});
+  if (param_dtype_ != DType::F32 || opt_.zero == 3) {
+    master_ = Tensor::zeros({state_n});
+    if (state_n > 0)
+      std::memcpy(master_.data<float>(), P_.data() + state_lo, sizeof(float) * state_n);
+  }
+  if (opt_.zero >= 1) gshard_ = Tensor::zeros({hi_ - lo_});
+
+  for (const ParamInfo& p : P_.infos()) {
+    int b = block_of(p.name);
+    stage_of_param_.push_back(b >= 0                           ? n_layer_ - 1 - b
+                              : p.name.rfind("embed.", 0) == 0 ? n_layer_
+                                                               : 0);
+  }
+  build_buckets();
+
+  model_.on_grads_ready = [this](int layer) { on_ready(layer); };
+  if (opt_.zero >= 2) release_memory(P_.grad(), total_);
+  if (opt_.zero == 3) {
+    units_.resize(n_layer_);
+    for (const ParamInfo& p : P_.infos()) {
+      int b = block_of(p.name);
+      if (b < 0) continue;
+      Unit& u = units_[b];
+      if (u.hi == 0) u.lo = p.offset;
+      u.hi = p.offset + p.numel;
+    }
+    for (auto& u : units_) {
+      u.counts = counts_of(u.lo, u.hi);
+      release_memory(P_.data() + u.lo, u.hi - u.lo);
+    }
+    resident_ranges_ = {{0, units_.front().lo}, {units_.back().hi, total_}};
+    model_.before_block = [this](int l, bool bwd) { unit_before(l, bwd); };
+    model_.after_block = [this](int l, bool bwd) { unit_after(l, bwd); };
+  }
+}
+
+DataParallel::~DataParallel() {
+  for (auto& b : buckets_) b.work.wait();
+  for (auto& u : units_) u.work.wait();
+  model_.on_grads_ready = nullptr;
+  model_.before_block = nullptr;
+  model_.after_block = nullptr;
+}
+
+std::vector<int64_t> DataParallel::counts_of(int64_t lo, int64_t hi) const {
+  std::vector<int64_t> c(dp_.size());
+  for (int r = 0; r < dp_.size(); ++r) {
+    int64_t a = std::max(lo, std::min(int64_t(r) * shard_, total_));
+    int64_t b = std::min(hi, std::min(int64_t(r + 1) * shard_, total_));
+    c[r] = std::max<int64_t>(0, b - a);
+  }
+  return c;
+}
+
+void DataParallel::build_buckets() {
+  // Walk parameters from the end of the flat buffer (the order backward finishes them), closing
+  // a bucket once it holds bucket_elems elements. Each bucket is one contiguous range.
+  const auto& infos = P_.infos();
+  Bucket cur;
+  bool open = false;
+  for (int i = static_cast<int>(infos.size()) - 1; i >= 0; --i) {
+    const ParamInfo& p = infos[i];
+    if (!open) {
+      cur = Bucket{};
+      cur.hi = i + 1 < static_cast<int>(infos.size()) ? infos[i + 1].offset : total_;
+      open = true;
+    }
+    cur.lo = p.offset;
+    cur.stage = std::max(cur.stage, stage_of_param_[i]);
+    if (cur.hi - cur.lo >= opt_.bucket_elems || i == 0) {
+      if (i == 0) cur.lo = 0;
+      buckets_.push_back(cur);
+      open = false;
+    }
+  }
+  for (auto& b : buckets_) {
+    b.counts = counts_of(b.lo, b.hi);
+    b.own_lo = std::max(b.lo, lo_);
+  }
+}
+
+bool DataParallel::reduces_now() const {
+  return opt_.zero >= 2 || micro_ == micros_ - 1;
+}
+
+void DataParallel::start_step(int micro_batches) {
+  LOOM_CHECK(micro_batches > 0, "a step needs at least one micro-batch");
+  micros_ = micro_batches;
+  if (opt_.zero <= 1) P_.zero_grad();  // ZeRO-2/3 keep the full buffer zero (released)
+  if (gshard_.defined() && gshard_.numel() > 0) gshard_.fill(0.f);
+}
+
+void DataParallel::start_micro(int m) {
+  micro_ = m;
+  for (auto& b : buckets_) b.launched = false;
+}
+
+void DataParallel::launch(Bucket& b) {
+  b.launched = true;
+  ++started_;
+  float* send = P_.grad() + b.lo;
+  if (opt_.zero == 0) {
+    b.work = dp_.all_reduce_async(send, b.hi - b.lo, DType::F32, comm::ReduceOp::Sum);
+    return;
+  }
+  int64_t mine = b.counts[dp_.rank()];
+  float* recv;
+  if (opt_.zero == 1) {
+    recv = mine > 0 ? gshard_.data<float>() + (b.own_lo - lo_) : nullptr;
+  } else {
+    b.scratch.resize(std::max<int64_t>(1, mine));
+    recv = b.scratch.data();
+  }
+  static float dummy;
+  b.work = dp_.reduce_scatter_async(send, recv ? recv : &dummy, b.counts, DType::F32,
+                                    comm::ReduceOp::Sum);
+}
+
+void DataParallel::on_ready(int layer) {
+  if (!reduces_now() || !opt_.overlap) return;
+  const int stage = layer >= 0 ? n_layer_ - 1 - layer : n_layer_;
+  for (auto& b : buckets_)
+    if (!b.launched && b.stage <= stage) {
+      launch(b);
+      ++started_in_backward_;
+    }
+  // Drive MPI's progress engine for what is in flight while backward continues.
+  for (auto& b : buckets_)
+    if (b.launched) b.work.test();
+}
+
+void DataParallel::complete(Bucket& b) {
+  if (opt_.zero < 2) return;
+  int64_t mine = b.counts[dp_.rank()];
+  if (mine > 0) be_.add_inplace(gshard_.data<float>() + (b.own_lo - lo_), b.scratch.data(), mine);
+  std::vector<float>().swap(b.scratch);  // transient: only while the reduction is in flight
+  release_memory(P_.grad() + b.lo, b.hi - b.lo);
+}
+
+void DataParallel::finish_micro() {
+  if (!reduces_now()) return;
+  for (auto& b : buckets_)
+    if (!b.launched) launch(b);
+  double t0 = now_seconds();
+  for (auto& b : buckets_) b.work.wait();
+  exposed_seconds_ += now_seconds() - t0;
+  for (auto& b : buckets_) complete(b);
+}
+
+double DataParallel::grad_sq_local(const std::vector<double>& weights) const {
+  const float* g = opt_.zero == 0 ? P_.grad() : gshard_.data<float>() - lo_;
+  double sum = 0;
+  const auto& infos = P_.infos();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    double w = weights.empty() ? 1.0 : weights[i];
+    if (w == 0) continue;
+    int64_t a = std::max(infos[i].offset, lo_), b = std::min(infos[i].offset + infos[i].numel, hi_);
+    if (a < b) sum += w * be_.sum_squares(g + a, b - a);
+  }
+  return sum;
+}
+
+float* DataParallel::shard_weights() {
+  if (master_.defined()) return master_.data<float>();
+  return P_.data() + (opt_.zero == 0 ? 0 : lo_);
+}
+
+void DataParallel::adam_range(float* w, const float* g, int64_t lo, int64_t hi, double lr,
+                              float gs) {
+  float* m = m_.data<float>();
+  float* v = v_.data<float>();
+  for (const ParamInfo& p : P_.infos()) {
+    int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
+    if (a >= b) continue;
+    int64_t k = a - lo;
+    be_.adamw(w + k, g + k, m + k, v + k, b - a, static_cast<float>(lr),
+              static_cast<float>(adam_.beta1), static_cast<float>(adam_.beta2),
+              static_cast<float>(adam_.eps), p.decay ? static_cast<float>(adam_.weight_decay) : 0.f,
+              gs, t_);
+  }
+}
+
+void DataParallel::write_own_params(int64_t lo, int64_t hi) {
+  if (!master_.defined()) return;  // the model buffer holds the weights themselves
+  const int64_t base = opt_.zero == 0 ? 0 : lo_;
+  int64_t a = opt_.zero == 0 ? lo : std::max(lo, lo_), b = opt_.zero == 0 ? hi : std::min(hi, hi_);
+  if (a >= b) return;
+  std::memcpy(P_.data() + a, master_.data<float>() + (a - base), sizeof(float) * (b - a));
+  if (param_dtype_ != DType::F32) round_to(param_dtype_, P_.data() + a, static_cast<size_t>(b - a));
+}
+
+void DataParallel::gather_range_async(int64_t lo, int64_t hi, comm::Work* work,
+                                      std::vector<int64_t>* counts) {
+  *counts = counts_of(lo, hi);
+  write_own_params(lo, hi);
+  *work = dp_.all_gather_async(P_.data() + lo, *counts, DType::F32);
+}
+
+void DataParallel::step(double lr, float grad_scale) {
+  ++t_;
+  if (opt_.zero == 0) {
+    adam_range(shard_weights(), P_.grad(), 0, total_, lr, grad_scale);
+    write_own_params(0, total_);
+    return;
+  }
+  adam_range(shard_weights(), gshard_.data<float>(), lo_, hi_, lr, grad_scale);
+  sync_model_from_master();
+}
+
+void DataParallel::sync_model_from_master() {
+  if (opt_.zero == 0) {
+    write_own_params(0, total_);
+    return;
+  }
+  if (opt_.zero <= 2) {
+    comm::Work w;
+    std::vector<int64_t> counts;
+    gather_range_async(0, total_, &w, &counts);
+    w.wait();
+    return;
+  }
+  for (int l = 0; l < n_layer_; ++l) release_unit(l);
+  for (auto [lo, hi] : resident_ranges_) {
+    comm::Work w;
+    std::vector<int64_t> counts;
+    gather_range_async(lo, hi, &w, &counts);
+    w.wait();
+  }
+}
+
+void DataParallel::ensure_gathered(int l) {
+  Unit& u = units_[l];
+  if (u.state != Unit::Released) return;
+  gather_range_async(u.lo, u.hi, &u.work, &u.counts);
+  u.state = Unit::InFlight;
+}
+
+void DataParallel::release_unit(int l) {
+  Unit& u = units_[l];
+  if (u.state == Unit::Released) return;
+  u.work.wait();
+  release_memory(P_.data() + u.lo, u.hi - u.lo);
+  u.state = Unit::Released;
+}
+
+void DataParallel::unit_before(int l, bool backward) {
+  ensure_gathered(l);
+  units_[l].work.wait();
+  units_[l].state = Unit::Resident;
+  int next = backward ? l - 1 : l + 1;  // prefetch the block that runs next
+  if (next >= 0 && next < n_layer_) ensure_gathered(next);
+}
+
+void DataParallel::unit_after(int l, bool backward) {
+  if (!backward && l == n_layer_ - 1) return;  // backward starts with this block
+  release_unit(l);
+}
+
+std::vector<DataParallel::StateSlice> DataParallel::state_slices() {
+  std::vector<StateSlice> out;
+  const int64_t lo = opt_.zero == 0 ? 0 : lo_, hi = opt_.zero == 0 ? total_ : hi_;
+  for (const ParamInfo& p : P_.infos()) {
+    int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
+    if (a >= b) continue;
+    auto add = [&](const char* prefix, Tensor& buf) {
+      out.push_back({std::string(prefix) + p.name,
+                     Tensor::view_of(buf.data<float>() + (a - lo), {b - a}, DType::F32), p.numel,
+                     a - p.offset});
+    };
+    add("exp_avg.", m_);
+    add("exp_avg_sq.", v_);
+    if (master_.defined()) add("master.", master_);
+  }
+  return out;
+}
+
+std::vector<float> DataParallel::reduced_grad_shard() const {
+  LOOM_CHECK(opt_.zero >= 1, "reduced_grad_shard: ZeRO-0 keeps the full gradient in the model");
+  const float* g = gshard_.data<float>();
+  return std::vector<float>(g, g + (hi_ - lo_));
+}
+
+std::vector<DataParallel::StateSlice> DataParallel::param_slices() {
+  std::vector<StateSlice> out;
+  if (opt_.zero == 0) {
+    for (const ParamInfo& p : P_.infos())
+      out.push_back(
+          {p.name, Tensor::view_of(P_.data() + p.offset, p.shape, DType::F32), p.numel, 0});
+    return out;
+  }
+  float* w = master_.defined() ? master_.data<float>() - lo_ : P_.data();
+  for (const ParamInfo& p : P_.infos()) {
+    int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
+    if (a >= b) continue;
+    out.push_back({p.name, Tensor::view_of(w + a, {b - a}, DType::F32), p.numel, a - p.offset});
+  }
+  return out;
+}
+
+MemoryUse DataParallel::memory_use() const {
+  MemoryUse u;
+  u.params = resident_bytes(P_.data(), total_ * 4);
+  u.grads = resident_bytes(P_.grad(), total_ * 4);
+  if (gshard_.defined()) u.grads += resident_bytes(gshard_.data<float>(), gshard_.nbytes());
+  for (auto& b : buckets_)
+    u.grads += resident_bytes(b.scratch.data(), int64_t(b.scratch.capacity()) * 4);
+  for (const Tensor* t : {&m_, &v_, &master_})
+    if (t->defined()) u.optim += resident_bytes(t->data<float>(), t->nbytes());
+  return u;
+}
+
+}  // namespace loom::parallel

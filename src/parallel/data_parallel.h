@@ -1,0 +1,167 @@
+// Data parallelism over a Decoder's flat parameter and gradient buffers, from plain DDP to
+// ZeRO-3, as one engine (docs/parallel.md):
+//
+//   zero 0  every rank keeps everything; gradients all-reduced in buckets.
+//   zero 1  optimizer state and fp32 master weights sharded: gradients reduce-scattered in
+//           buckets (last micro-batch only), each rank steps its shard, parameters all-gathered.
+//   zero 2  gradients sharded too: buckets reduce-scattered after every micro-batch into a
+//           shard accumulator and their full-size pages released.
+//   zero 3  parameters sharded too: each block's parameters gathered just before use (the next
+//           block's gather prefetched) and released after; embeddings, final norm and head stay
+//           gathered between steps.
+//
+// Shards are contiguous ranges of the flat buffer, ceil(total / dp) elements each (the last
+// ranks may hold fewer or none), so any size works. Buckets are contiguous runs of whole
+// parameters in backward order; a bucket's reduction starts (asynchronously) in the Decoder's
+// on_grads_ready hook as soon as all its gradients are final, overlapping the rest of backward.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "model/decoder.h"
+#include "optim/adamw.h"
+
+namespace loom {
+class Config;
+}
+
+namespace loom::parallel {
+
+struct DataParallelOptions {
+  int zero = 0;                    // 0..3
+  int64_t bucket_elems = 1 << 20;  // gradient elements per bucket (parallel.bucket_mb)
+  bool overlap = true;             // start reductions during backward (false: after it)
+  static DataParallelOptions from(const Config& cfg);
+};
+
+// Resident (physically backed) bytes of each kind of training state on this rank, measured
+// with mincore() over the buffers that hold them.
+struct MemoryUse {
+  int64_t params = 0, grads = 0, optim = 0;
+  int64_t total() const { return params + grads + optim; }
+};
+
+class DataParallel {
+ public:
+  DataParallel(Decoder& model, comm::Communicator& dp, const DataParallelOptions& opt,
+               const AdamWConfig& adam, DType param_dtype, Backend& backend);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // One optimizer step of `micro_batches` forward_backward calls:
+  //   start_step(k); for m in 0..k-1 { start_micro(m); model.forward_backward(...);
+  //   finish_micro(); } then grad_sq_local() / step().
+  void start_step(int micro_batches);
+  void start_micro(int m);
+  void finish_micro();
+
+  // Sum of squared reduced gradients over the elements this rank owns (each element of the
+  // model counted on exactly one data-parallel rank), with each parameter weighted by
+  // `weights` (by parameter index; empty = all 1: TP-replicated parameters pass 0 on all but
+  // one tensor-parallel rank). All-reduce the result over the groups that own disjoint parts.
+  double grad_sq_local(const std::vector<double>& weights = {}) const;
+
+  // AdamW on this rank's shard with each gradient multiplied by grad_scale, then the
+  // parameters brought back into place (all-gathered for ZeRO-1/2; gathered on demand for 3).
+  void step(double lr, float grad_scale);
+  int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+
+  // Optimizer state of this rank's shard: per parameter, the slice [a, b) of its flattened
+  // elements this rank owns, named "exp_avg.<param>" etc. (global_offset = a).
+  struct StateSlice {
+    std::string name;
+    Tensor tensor;         // 1-D view
+    int64_t global_numel;  // the flattened parameter's size
+    int64_t offset;        // where the slice starts within it
+  };
+  std::vector<StateSlice> state_slices();
+  // The weights this rank keeps authoritative copies of, named by parameter: ZeRO-0 every
+  // parameter whole (offset 0); ZeRO >= 1 the owned slice of each flattened parameter (from the
+  // fp32 master when there is one). Restoring them, then sync_model_from_master(), resumes.
+  std::vector<StateSlice> param_slices();
+  // After loading the shard's master weights (ZeRO-3, or a separate master copy): refresh the
+  // model's parameters from them everywhere.
+  void sync_model_from_master();
+
+  // The reduced gradient of this rank's shard (ZeRO >= 1), for tests and inspection.
+  std::vector<float> reduced_grad_shard() const;
+  MemoryUse memory_use() const;
+  int zero() const { return opt_.zero; }
+  int64_t shard_begin() const { return lo_; }
+  int64_t shard_end() const { return hi_; }
+  size_t num_buckets() const { return buckets_.size(); }
+  // Seconds this rank spent waiting for gradient reductions after backward (finish_micro),
+  // summed since construction: the part of DP communication not hidden behind backward.
+  double exposed_comm_seconds() const { return exposed_seconds_; }
+  // Bucket reductions started so far, and how many of them started inside backward (from the
+  // on_grads_ready hook) rather than after it.
+  int64_t reductions_started() const { return started_; }
+  int64_t reductions_started_in_backward() const { return started_in_backward_; }
+
+ private:
+  struct Bucket {
+    int64_t lo = 0, hi = 0;  // flat range
+    int stage = 0;           // ready once backward reached this stage
+    bool launched = false;
+    comm::Work work;
+    std::vector<int64_t> counts;  // per rank: its shard's intersection with [lo, hi)
+    int64_t own_lo = 0;           // this rank's intersection start (when counts[rank] > 0)
+    std::vector<float> scratch;   // reduce-scatter target for ZeRO-2/3
+  };
+  struct Unit {  // ZeRO-3: one block's parameters
+    int64_t lo = 0, hi = 0;
+    std::vector<int64_t> counts;
+    enum State { Released, InFlight, Resident } state = Released;
+    comm::Work work;
+  };
+
+  void build_buckets();
+  void on_ready(int layer);
+  void launch(Bucket& b);
+  void complete(Bucket& b);
+  bool reduces_now() const;
+  std::vector<int64_t> counts_of(int64_t lo, int64_t hi) const;
+  void gather_range_async(int64_t lo, int64_t hi, comm::Work* work, std::vector<int64_t>* counts);
+  void write_own_params(int64_t lo, int64_t hi);  // master -> model (rounded) on [lo,hi)∩shard
+  void unit_before(int layer, bool backward);
+  void unit_after(int layer, bool backward);
+  void ensure_gathered(int layer);
+  void release_unit(int layer);
+  float* shard_weights();
+  void adam_range(float* w, const float* g, int64_t lo, int64_t hi, double lr, float gs);
+
+  Decoder& model_;
+  ParamSet& P_;
+  comm::Communicator& dp_;
+  DataParallelOptions opt_;
+  AdamWConfig adam_;
+  DType param_dtype_;
+  Backend& be_;
+  int n_layer_;
+  int64_t total_, shard_, lo_, hi_;  // shard_: ceil(total / dp); [lo_, hi_): this rank's
+  std::vector<int> stage_of_param_;
+  std::vector<Bucket> buckets_;
+  std::vector<Unit> units_;
+  std::vector<std::pair<int64_t, int64_t>> resident_ranges_;  // ZeRO-3: non-block params
+  Tensor m_, v_, master_, gshard_;  // shard-sized (full-size for ZeRO-0's m_, v_)
+  int micro_ = 0, micros_ = 1;
+  int64_t t_ = 0;
+  double exposed_seconds_ = 0;
+  int64_t started_ = 0, started_in_backward_ = 0;
+};
+
+// Zeroes [p, p+n) and returns its whole pages to the kernel (madvise), so memory that is not
+// needed between uses stops counting against the process.
+void release_memory(float* p, int64_t n);
+// Resident bytes of [p, p+bytes), measured with mincore().
+int64_t resident_bytes(const void* p, int64_t bytes);
+
+}  // namespace loom::parallel

@@ -1,0 +1,21 @@
+// Tensor/sequence parallelism applied from outside: the layout a Decoder is built with, and the
+// bookkeeping that follows from it (which parameters are replicated across the TP group).
+#pragma once
+
+#include <vector>
+
+#include "comm/process_groups.h"
+#include "model/decoder.h"
+
+namespace loom::parallel {
+
+// The Decoder layout for this rank of `groups` (its TP group), with or without SP.
+TensorParallel tensor_parallel_layout(comm::ProcessGroups& groups, bool sequence_parallel);
+
+// Per-parameter weights for the global gradient norm so that every element of the model
+// counts exactly once over the TP group: sharded parameters count on every rank (each holds a
+// different piece), replicated ones (norms, row-parallel biases, position table) only on TP
+// rank 0. Combine with DataParallel::grad_sq_local, all-reduced over tp x dp.
+std::vector<double> grad_norm_weights(const ParamSet& params, int tp_rank);
+
+}  // namespace loom::parallel

@@ -1,0 +1,180 @@
+// The trainer on N real MPI ranks: `loom train`'s code path with [parallel] settings must give
+// the single-process losses (same global batch), resume bit-identically from its per-rank
+// checkpoints, and reject layouts that do not fit the world.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <tuple>
+
+#include "comm/communicator.h"
+#include "comm/process_groups.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "mpi_main.h"
+#include "parallel/data_parallel.h"
+#include "parity_util.h"
+#include "train/trainer.h"
+
+using namespace loom;
+using loom::testing_parallel::rel_diff;
+
+namespace {
+
+comm::Communicator& W() {
+  return comm::world();
+}
+
+std::string rank_dir(const std::string& name) {
+  std::string d = testing::TempDir() + "/loom_dp_" + name + "_" + std::to_string(W().rank());
+  remove_all(d);
+  make_dirs(d);
+  return d;
+}
+
+Config config(const std::string& dir, int steps, int grad_accum, int zero) {
+  std::string text;
+  for (int i = 0; i < 300; ++i)
+    text += "a distributed fox " + std::to_string(i * 7 % 13) + " jumps over " + std::to_string(i) +
+            " lazy dogs.\n";
+  write_file_atomic(dir + "/corpus.txt", text);
+  Config c = Config::parse(
+      "[model]\npreset = \"tiny\"\nn_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 16\n"
+      "[train]\nmicro_batch = 2\nseq_len = 16\nquiet = true\npeak_gflops = 100\n"
+      "keep_last = 3\nclip_grad = 0.5\n"
+      "[optim]\nlr = 1e-2\nwarmup_steps = 2\n",
+      "test.toml");
+  c.set("train.steps", std::to_string(steps), "test");
+  c.set("train.grad_accum", std::to_string(grad_accum), "test");
+  c.set("train.out_dir", "\"" + dir + "/run\"", "test");
+  c.set("data.paths", "\"" + dir + "/corpus.txt\"", "test");
+  c.set("parallel.zero", std::to_string(zero), "test");
+  c.set("parallel.bucket_mb", "0.01", "test");
+  return c;
+}
+
+std::vector<double> reference_losses(int steps, int grad_accum) {
+  std::string d = rank_dir("ref");
+  auto self = comm::make_self_communicator();
+  Config c = config(d, steps, grad_accum, 0);
+  Trainer t(c, self.get());
+  std::vector<double> out;
+  for (int i = 0; i < steps; ++i) out.push_back(t.train_step().loss);
+  return out;
+}
+
+void check_trainer_parity(int zero, int tp = 1, bool sp = false) {
+  const int D = W().size() / tp, A = 2, steps = 10;
+  auto ref = reference_losses(steps, A * D);  // one process, the same global batch
+  std::string d = rank_dir("z" + std::to_string(zero));
+  Config c = config(d, steps, A, zero);
+  c.set("parallel.tp", std::to_string(tp), "test");
+  c.set("parallel.sp", sp ? "true" : "false", "test");
+  Trainer t(c);
+  ASSERT_TRUE(t.distributed());
+  EXPECT_EQ(t.groups()->dp().size(), D);
+  for (int i = 0; i < steps; ++i) {
+    double loss = t.train_step().loss;
+    EXPECT_LT(rel_diff(loss, ref[i]), 1e-5) << "step " << i << ": " << loss << " vs " << ref[i];
+  }
+  EXPECT_LT(ref.back(), ref.front());
+}
+
+}  // namespace
+
+TEST(TrainerDp, Zero0MatchesOneProcess) {
+  check_trainer_parity(0);
+}
+TEST(TrainerDp, Zero1MatchesOneProcess) {
+  check_trainer_parity(1);
+}
+TEST(TrainerDp, Zero2MatchesOneProcess) {
+  check_trainer_parity(2);
+}
+TEST(TrainerDp, Zero3MatchesOneProcess) {
+  check_trainer_parity(3);
+}
+TEST(TrainerDp, Tp2MatchesOneProcess) {
+  check_trainer_parity(0, 2);
+}
+TEST(TrainerDp, Tp2SequenceParallelZero1MatchesOneProcess) {
+  check_trainer_parity(1, 2, true);
+}
+
+// Reduced precision: bf16 weights re-rounded from a sharded fp32 master (ZeRO-1), and fp16
+// with dynamic loss scaling (the overflow decision is global). A gradient summed in another
+// order can flip a bf16/fp16 rounding, so the tolerance is the format's, not fp32's.
+TEST(TrainerDp, ReducedPrecisionPoliciesMatchOneProcess) {
+  for (const char* policy : {"bf16", "fp16"}) {
+    const int D = W().size(), A = 2, steps = 6;
+    std::string dr = rank_dir("prec_ref"), dd = rank_dir("prec_dp");
+    auto self = comm::make_self_communicator();
+    Config rc = config(dr, steps, A * D, 0);
+    rc.set("precision.policy", std::string("\"") + policy + "\"", "test");
+    Trainer ref(rc, self.get());
+    Config c = config(dd, steps, A, 1);
+    c.set("precision.policy", std::string("\"") + policy + "\"", "test");
+    Trainer t(c);
+    for (int i = 0; i < steps; ++i) {
+      double a = ref.train_step().loss, b = t.train_step().loss;
+      EXPECT_LT(rel_diff(a, b), 1e-2) << policy << " step " << i << ": " << b << " vs " << a;
+    }
+  }
+}
+
+TEST(TrainerDp, ResumeIsBitIdenticalUnderTheSameLayout) {
+  // (zero, tp, sp): DP layouts, and tensor + sequence parallel with ZeRO-1.
+  for (auto [zero, tp, sp] :
+       {std::tuple{0, 1, false}, {1, 1, false}, {3, 1, false}, {1, 2, true}}) {
+    std::string d1 = rank_dir("resume_a"), d2 = rank_dir("resume_b");
+    auto cfg = [&](const std::string& d, int z) {
+      Config c = config(d, 6, 2, z);
+      c.set("parallel.tp", std::to_string(tp), "test");
+      c.set("parallel.sp", sp ? "true" : "false", "test");
+      return c;
+    };
+    std::vector<double> straight, resumed;
+    {
+      Trainer t(cfg(d1, zero));
+      for (int i = 0; i < 6; ++i) straight.push_back(t.train_step().loss);
+    }
+    {
+      Trainer t(cfg(d2, zero));
+      for (int i = 0; i < 3; ++i) resumed.push_back(t.train_step().loss);
+      t.save_checkpoint();
+    }
+    {
+      Trainer t(cfg(d2, zero));
+      EXPECT_EQ(t.step(), 3);
+      for (int i = 3; i < 6; ++i) resumed.push_back(t.train_step().loss);
+    }
+    for (int i = 0; i < 6; ++i)
+      EXPECT_EQ(straight[i], resumed[i]) << "zero " << zero << " step " << i;
+    // Another layout's checkpoint is refused with a message naming both layouts.
+    if (zero == 1 && tp == 1) {
+      try {
+        Trainer t(cfg(d2, 2));
+        ADD_FAILURE() << "resumed a ZeRO-1 checkpoint under ZeRO-2";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("layout"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+TEST(TrainerDp, LayoutsThatDoNotFitTheWorldAreClearErrors) {
+  std::string d = rank_dir("bad");
+  Config c = config(d, 2, 1, 0);
+  c.set("parallel.tp", "3", "test");
+  try {
+    Trainer t(c);
+    ADD_FAILURE() << "tp=3 accepted on " << W().size() << " ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not divisible by tp*cp*pp"), std::string::npos)
+        << e.what();
+  }
+  Config z = config(d, 2, 1, 0);
+  z.set("parallel.zero", "4", "test");
+  EXPECT_THROW(Trainer t(z), Error);
+}
+
+LOOM_MPI_TEST_MAIN()
