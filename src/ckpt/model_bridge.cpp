@@ -5,6 +5,8 @@
 namespace loom::ckpt {
 
 HfModelShape hf_shape_of(const ModelConfig& c) {
+  LOOM_CHECK(!c.is_moe(), "model '", c.name, "' has mixture-of-experts layers (", c.n_experts,
+             " experts): Hugging Face export of MoE models is not supported");
   HfModelShape s;
   s.family = family_name(c.family);
   s.n_layer = c.n_layer;

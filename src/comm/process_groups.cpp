@@ -132,6 +132,7 @@ ProcessGroups::ProcessGroups(Communicator& world, ParallelDims dims)
   dp_ = make("dp");
   pp_ = make("pp");
   ep_ = make("ep");
+  edp_ = make("edp");
   tp_dp_ = make("tp-dp");
 }
 

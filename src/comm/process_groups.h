@@ -63,6 +63,8 @@ class ProcessGroups {
   Communicator& dp() { return *dp_; }
   Communicator& pp() { return *pp_; }
   Communicator& ep() { return *ep_; }
+  // Expert-data parallel: the data-parallel ranks that hold the same experts (dp / ep of them).
+  Communicator& edp() { return *edp_; }
   Communicator& tp_dp() { return *tp_dp_; }  // model-parallel x data-parallel (norm reductions)
   std::string describe() const;
 
@@ -70,7 +72,7 @@ class ProcessGroups {
   Communicator& world_;
   RankGenerator gen_;
   RankCoords coords_;
-  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, ep_, tp_dp_;
+  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, ep_, edp_, tp_dp_;
 };
 
 }  // namespace loom::comm

@@ -35,10 +35,30 @@ void TensorParallel::validate(const ModelConfig& c) const {
 }
 
 Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, DType act_dtype,
-                 const TensorParallel& tp)
-    : cfg_(cfg), tp_(tp), be_(backend), recompute_(recompute), act_dtype_(act_dtype) {
+                 const TensorParallel& tp, const ExpertParallel& ep, const PipelineStage& pp)
+    : cfg_(cfg),
+      tp_(tp),
+      ep_(ep),
+      pp_(pp),
+      be_(backend),
+      recompute_(recompute),
+      act_dtype_(act_dtype) {
+  for (size_t c = 0; c < pp_.chunks.size(); ++c) {
+    auto [b, e] = pp_.chunks[c];
+    LOOM_CHECK(0 <= b && b < e && e <= cfg.n_layer, "pipeline chunk ", c, " holds layers [", b,
+               ", ", e, ") of ", cfg.n_layer);
+  }
+  LOOM_CHECK(pp_.whole() || !pp_.first || pp_.chunks.front().first == 0,
+             "the first pipeline stage must start at layer 0");
+  LOOM_CHECK(pp_.whole() || !pp_.last || pp_.chunks.back().second == cfg.n_layer,
+             "the last pipeline stage must end at the last layer");
   cfg_.validate();
   tp_.validate(cfg_);
+  ep_.validate(cfg_);
+  LOOM_CHECK(!cfg_.is_moe() || tp_.size == 1,
+             "mixture-of-experts layers with parallel.tp = ", tp_.size,
+             " (expert tensor parallelism) are not implemented: use parallel.tp = 1 ",
+             "with parallel.ep to split the experts");
   LOOM_CHECK(act_dtype == DType::F32 || act_dtype == DType::BF16 || act_dtype == DType::F16,
              "activation dtype must be fp32, bf16 or fp16, got ", dtype_name(act_dtype));
   const int T = tp_.size;
@@ -51,7 +71,15 @@ Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, 
   vocab_ = cfg_.vocab / T;
   v0_ = tp_.rank * vocab_;
   build_params();
+  if (cfg_.is_moe()) {
+    moe_.resize(cfg_.n_layer);
+    for (int l = 0; l < cfg_.n_layer; ++l)
+      if (cfg_.is_moe_layer(l) && holds_layer(l))
+        moe_[l] = std::make_unique<MoeLayer>(cfg_, ep_, be_);
+  }
 }
+
+Decoder::~Decoder() = default;
 
 void Decoder::build_params() {
   const int64_t C = cfg_.d_model, V = cfg_.vocab;
@@ -69,21 +97,53 @@ void Decoder::build_params() {
     if (b) params_.add(n + ".bias", {out}, false, ParamInit::Zeros);
   };
   const int64_t Vl = vocab_;
-  params_.add("embed.wte", {Vl, C}, false, ParamInit::Normal, std);
-  if (cfg_.uses_positions_table())
+  // Under pipeline parallelism each rank builds only what its stages hold (same names, so the
+  // same initial values); a tied embedding is on the first and the last stage.
+  if (pp_.first || (pp_.last && cfg_.tied))
+    params_.add("embed.wte", {Vl, C}, false, ParamInit::Normal, std);
+  if (pp_.first && cfg_.uses_positions_table())
     params_.add("embed.wpe", {cfg_.max_seq, C}, false, ParamInit::Normal, std);
   for (int l = 0; l < cfg_.n_layer; ++l) {
+    if (!holds_layer(l)) continue;
     std::string p = "blocks." + std::to_string(l);
     norm(p + ".norm1");
     linear(p + ".attn.qkv", qkv_, C, std);
     linear(p + ".attn.proj", C, att_, proj_std);
     norm(p + ".norm2");
+    if (cfg_.is_moe_layer(l)) {
+      params_.add(p + ".moe.router.weight", {int64_t(cfg_.n_experts), C}, true, ParamInit::Normal,
+                  std);
+      continue;
+    }
     linear(p + ".mlp.fc", fc_, C, std);
     linear(p + ".mlp.proj", C, ff_, proj_std);
   }
-  norm("final_norm");
-  if (!cfg_.tied) params_.add("head.weight", {Vl, C}, true, ParamInit::Normal, std);
+  if (pp_.last) {
+    norm("final_norm");
+    if (!cfg_.tied) params_.add("head.weight", {Vl, C}, true, ParamInit::Normal, std);
+  }
   (void)V;
+  // Expert weights sit after every other parameter, so that under expert parallelism (where
+  // each rank holds other experts) the data-parallel engine treats one contiguous tail apart.
+  // This rank's experts [e0, e0 + El) draw the values of those experts in one process.
+  const int64_t El = cfg_.n_experts / ep_.size, e0 = int64_t(ep_.rank) * El;
+  const int64_t H = cfg_.fc_dim(), F = cfg_.d_ff;
+  std::vector<int64_t> experts;
+  for (int64_t e = 0; e < El; ++e) experts.push_back(e0 + e);
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    if (!cfg_.is_moe_layer(l) || !holds_layer(l)) continue;
+    std::string p = "blocks." + std::to_string(l) + ".moe.experts.";
+    params_.add(p + "w1", {El, H, C}, true, ParamInit::Normal, std);
+    params_.add(p + "w2", {El, C, F}, true, ParamInit::Normal, proj_std);
+    for (const char* n : {"w1", "w2"}) {
+      params_.mark_expert(p + n);
+      if (ep_.size > 1) {
+        Shape global = params_.info(p + n).shape;
+        global[0] = cfg_.n_experts;
+        params_.set_shard(p + n, global, 0, experts);
+      }
+    }
+  }
   if (tp_on()) shard_params();
   params_.allocate();
 }
@@ -102,8 +162,8 @@ void Decoder::shard_params() {
   };
   std::vector<int64_t> vocab_rows;
   rows(v0_, vocab_, vocab_rows);
-  params_.set_shard("embed.wte", {cfg_.vocab, C}, 0, vocab_rows);
-  if (!cfg_.tied) params_.set_shard("head.weight", {cfg_.vocab, C}, 0, vocab_rows);
+  if (params_.has("embed.wte")) params_.set_shard("embed.wte", {cfg_.vocab, C}, 0, vocab_rows);
+  if (params_.has("head.weight")) params_.set_shard("head.weight", {cfg_.vocab, C}, 0, vocab_rows);
   const int64_t Hq = cfg_.n_head, Hkv = cfg_.n_kv_head;
   std::vector<int64_t> qkv_rows, fc_rows;
   rows(r * hq_ * D, hq_ * D, qkv_rows);                     // this rank's query heads
@@ -112,12 +172,21 @@ void Decoder::shard_params() {
   rows(r * ff_, ff_, fc_rows);                              // GeLU input, or SwiGLU gate
   if (cfg_.family == Family::Llama) rows(cfg_.d_ff + r * ff_, ff_, fc_rows);  // SwiGLU up
   for (int l = 0; l < cfg_.n_layer; ++l) {
+    if (!holds_layer(l)) continue;
     std::string p = "blocks." + std::to_string(l);
     row_shard(p + ".attn.qkv", cfg_.qkv_dim(), qkv_rows);
     params_.set_shard(p + ".attn.proj.weight", {C, Hq * D}, 1, {r * att_});
     row_shard(p + ".mlp.fc", cfg_.fc_dim(), fc_rows);
     params_.set_shard(p + ".mlp.proj.weight", {C, int64_t(cfg_.d_ff)}, 1, {r * ff_});
   }
+}
+
+MoeWeights Decoder::moe_weights(int l, bool grads) {
+  std::string p = "blocks." + std::to_string(l) + ".moe.";
+  auto get = [&](const std::string& n) {
+    return grads ? params_.grad_ptr(p + n) : params_.ptr(p + n);
+  };
+  return {get("router.weight"), get("experts.w1"), get("experts.w2")};
 }
 
 Decoder::LayerParams Decoder::layer_params(int l, bool grads) {
@@ -199,7 +268,7 @@ void Decoder::ensure_buffers(int N) {
     dqkv_ = take(Q);
     dfc_ = take(FC);
     dact_ = take(F);
-    int64_t logits = (int64_t(kHeadChunk) * vocab_ + 15) / 16 * 16;
+    int64_t logits = (int64_t(head_chunk()) * vocab_ + 15) / 16 * 16;
     logits_ = base ? base + total : nullptr;
     total += logits;
     if (pass == 0) {
@@ -226,6 +295,11 @@ void Decoder::sp_all_gather(float* full, int N, int C) {
 void Decoder::sp_reduce_scatter(const float* full, float* out, int N, int C) {
   std::vector<int64_t> counts(tp_.size, int64_t(N / tp_.size) * C);
   tp_.comm->reduce_scatter(full, out, counts, DType::F32, comm::ReduceOp::Sum);
+}
+
+int Decoder::head_chunk() const {
+  constexpr int64_t kLogitFloats = int64_t(16) << 20;
+  return static_cast<int>(std::clamp<int64_t>(kLogitFloats / vocab_, 16, 256));
 }
 
 void Decoder::round_act(float* x, int64_t n) const {
@@ -392,6 +466,15 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   round_act(a.x_mid, int64_t(Nl) * C);
   norm_forward(a.ln2 + mine, a.ln2_mean, a.ln2_rstd, a.x_mid, p.ln2_w, p.ln2_b, Nl);
   if (sp_on()) sp_all_gather(a.ln2, N, C);
+  if (moe_.size() && moe_[l]) {
+    // The MoE layer keeps its own state for backward, so recomputation stops before it.
+    if (!x_out) return;
+    aux_sum_ += double(N) * moe_[l]->forward(tmp_, a.ln2, N, moe_weights(l, false));
+    round_act(tmp_, int64_t(N) * C);
+    be_.add(x_out, a.x_mid, tmp_, int64_t(N) * C);
+    round_act(x_out, int64_t(N) * C);
+    return;
+  }
   be_.matmul_forward(a.fc, a.ln2, p.fc_w, p.fc_b, N, C, FC);
   round_act(a.fc, int64_t(N) * FC);
   if (cfg_.family == Family::GPT2)
@@ -411,15 +494,20 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
             D = cfg_.head_dim, A = att_, F = ff_, FC = fc_;
   LayerParams p = layer_params(l, false);
   LayerParams g = layer_params(l, true);
-  // MLP branch: x_out = x_mid + act * mp_w^T + mp_b.
-  be_.matmul_backward(dact_, g.mp_w, g.mp_b, full_rows(dres, N), a.act, p.mp_w, N, F, C);
-  round_act(dact_, int64_t(N) * F);
-  if (cfg_.family == Family::GPT2)
-    be_.gelu_backward(dfc_, a.fc, dact_, int64_t(N) * F);
-  else
-    be_.swiglu_backward(dfc_, a.fc, dact_, N, F);
-  round_act(dfc_, int64_t(N) * FC);
-  be_.matmul_backward(dln_, g.fc_w, g.fc_b, dfc_, a.ln2, p.fc_w, N, C, FC);
+  if (moe_.size() && moe_[l]) {  // x_out = x_mid + moe(ln2)
+    moe_[l]->backward(dln_, dres, a.ln2, N, moe_weights(l, false), moe_weights(l, true),
+                      dloss_ * static_cast<float>(N));
+  } else {
+    // MLP branch: x_out = x_mid + act * mp_w^T + mp_b.
+    be_.matmul_backward(dact_, g.mp_w, g.mp_b, full_rows(dres, N), a.act, p.mp_w, N, F, C);
+    round_act(dact_, int64_t(N) * F);
+    if (cfg_.family == Family::GPT2)
+      be_.gelu_backward(dfc_, a.fc, dact_, int64_t(N) * F);
+    else
+      be_.swiglu_backward(dfc_, a.fc, dact_, N, F);
+    round_act(dfc_, int64_t(N) * FC);
+    be_.matmul_backward(dln_, g.fc_w, g.fc_b, dfc_, a.ln2, p.fc_w, N, C, FC);
+  }
   float* dl = column_parallel_input_grad(dln_, N);
   round_act(dl, int64_t(Nl) * C);
   norm_backward_tp(dtmp_, g.ln2_w, g.ln2_b, dl, a.x_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, Nl);
@@ -462,11 +550,12 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
                Nl);
   if (sp_on()) sp_all_gather(lnf_, N, C);
   const float* W = head_weight();
-  // Logits exist for kHeadChunk rows at a time: computed, turned into loss and gradient in
+  // Logits exist for head_chunk() rows at a time: computed, turned into loss and gradient in
   // place, and consumed by the head's backward before the next chunk overwrites them. Under
   // tensor parallelism each rank holds its vocabulary slice of every row's logits.
-  for (int r0 = 0; r0 < N; r0 += kHeadChunk) {
-    int n = std::min(kHeadChunk, N - r0);
+  const int chunk = head_chunk();
+  for (int r0 = 0; r0 < N; r0 += chunk) {
+    int n = std::min(chunk, N - r0);
     be_.matmul_forward(logits_, lnf_ + int64_t(r0) * C, W, nullptr, n, C, V);
     round_act(logits_, int64_t(n) * V);
     if (tp_on())
@@ -561,16 +650,87 @@ void Decoder::forward_blocks(const ModelInput& in) {
   }
 }
 
+bool Decoder::holds_layer(int l) const {
+  if (pp_.whole()) return true;
+  for (auto [b, e] : pp_.chunks)
+    if (l >= b && l < e) return true;
+  return false;
+}
+
+std::pair<int, int> Decoder::chunk_range(int chunk) const {
+  LOOM_CHECK(chunk >= 0 && chunk < num_chunks(), "pipeline chunk ", chunk, " of ", num_chunks());
+  return pp_.whole() ? std::make_pair(0, cfg_.n_layer) : pp_.chunks[chunk];
+}
+
+void Decoder::stage_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out) {
+  check_input(in, cfg_);
+  LOOM_CHECK(!sp_on() || in.N % tp_.size == 0, "sequence parallelism needs the ", in.N,
+             " tokens of a micro-batch to split over parallel.tp = ", tp_.size);
+  ensure_buffers(in.N);
+  auto [b, e] = chunk_range(chunk);
+  aux_sum_ = 0;
+  const int64_t n = stage_act_elems(in.N);
+  if (is_first_stage(chunk)) {
+    embed_forward(in);
+  } else {
+    LOOM_CHECK(x_in, "pipeline chunk ", chunk, " needs its input activation");
+    std::copy(x_in, x_in + n, acts_[b].x_in);
+  }
+  float* out = x_final_;
+  if (!is_last_stage(chunk)) {
+    if (!x_out) {
+      stage_out_.resize(size_t(n));
+      x_out = stage_out_.data();
+    }
+    out = x_out;
+  }
+  for (int l = b; l < e; ++l) block_forward(l, in, acts_[l], l + 1 < e ? acts_[l + 1].x_in : out);
+}
+
+double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_in,
+                               const float* dx_out, float* dx_in, float dloss) {
+  LOOM_CHECK(in.targets, "stage_backward needs targets");
+  stage_forward(chunk, in, x_in, nullptr);  // recompute from the kept chunk input
+  auto [b, e] = chunk_range(chunk);
+  const int64_t n = stage_act_elems(in.N);
+  dloss_ = dloss;
+  double loss = aux_sum_;
+  if (is_last_stage(chunk)) {
+    loss += head(in, dloss, true);
+  } else {
+    LOOM_CHECK(dx_out, "pipeline chunk ", chunk, " needs its output gradient");
+    std::copy(dx_out, dx_out + n, dres_);
+  }
+  for (int l = e - 1; l >= b; --l) {
+    const LayerActs& a = acts_[l];
+    if (recompute_ == Recompute::Full)
+      block_forward(l, in, a, nullptr);
+    else if (recompute_ == Recompute::Selective)
+      attention_core(in, a);
+    block_backward(l, in, a, dres_);
+  }
+  if (is_first_stage(chunk))
+    embed_backward(in);
+  else
+    std::copy(dres_, dres_ + n, dx_in);
+  return loss;
+}
+
 double Decoder::run(const ModelInput& in, float dloss, bool grads) {
+  LOOM_CHECK(pp_.whole() || (pp_.first && pp_.last && num_chunks() == 1 &&
+                             pp_.chunks[0] == std::make_pair(0, cfg_.n_layer)),
+             "a pipeline stage runs through stage_forward / stage_backward");
   check_input(in, cfg_);
   LOOM_CHECK(!sp_on() || in.N % tp_.size == 0, "sequence parallelism splits the ", in.N,
              " tokens of a micro-batch over parallel.tp = ", tp_.size,
              " ranks: make micro_batch * seq_len divisible by it");
   ensure_buffers(in.N);
   const int L = cfg_.n_layer;
+  aux_sum_ = 0;
+  dloss_ = dloss;
   embed_forward(in);
   forward_blocks(in);
-  double loss = head(in, dloss, grads);
+  double loss = head(in, dloss, grads) + aux_sum_;
   if (!grads) return loss;
   for (int l = L - 1; l >= 0; --l) {
     const LayerActs& a = acts_[l];

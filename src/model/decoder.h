@@ -9,12 +9,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "model/model_config.h"
+#include "model/moe_layer.h"
 #include "model/params.h"
 
 namespace loom {
@@ -51,11 +54,24 @@ struct TensorParallel {
   void validate(const ModelConfig& cfg) const;
 };
 
+// Pipeline parallelism: the layer ranges (model chunks, in chunk order) this rank holds, and
+// whether it holds the first stage (embedding; its first chunk starts at layer 0) and the last
+// (final norm, output head and loss; its last chunk ends at n_layer). Empty chunks: the whole
+// model (one stage). A tied embedding lives on both the first and the last stage.
+struct PipelineStage {
+  std::vector<std::pair<int, int>> chunks;  // [begin, end) per chunk
+  bool first = true, last = true;
+  bool whole() const { return chunks.empty(); }
+};
+
 class Decoder {
  public:
   Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute = Recompute::None,
-          DType act_dtype = DType::F32, const TensorParallel& tp = {});
+          DType act_dtype = DType::F32, const TensorParallel& tp = {},
+          const ExpertParallel& ep = {}, const PipelineStage& pp = {});
+  ~Decoder();
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const ExpertParallel& expert_parallel() const { return ep_; }
 
   const ModelConfig& config() const { return cfg_; }
   ParamSet& params() { return params_; }
@@ -65,6 +81,9 @@ class Decoder {
   // Forward and backward in one call (the head is fused with the loss). Each token's loss
   // gradient is `dloss` (e.g. 1 / tokens in the global batch, times a loss scale); parameter
   // gradients ACCUMULATE into params().grad(). Returns the sum of the per-token losses.
+  // A MoE model adds each MoE layer's auxiliary load-balancing loss weighted by the micro-
+  // batch's token count N (a per-token term, averaged like the language-model loss; its
+  // gradient weight is dloss * N), included in the returned sum (and in last_aux_loss()).
   double forward_backward(const ModelInput& in, float dloss);
   // Forward only; returns the sum of per-token losses.
   double forward_loss(const ModelInput& in);
@@ -79,6 +98,32 @@ class Decoder {
   // a block's parameters in before_block and frees them in after_block).
   std::function<void(int layer, bool backward)> before_block, after_block;
 
+  // Pipeline stages (parallel/pipeline.h drives them). Activations are [local_rows(N), C].
+  // stage_forward runs chunk `chunk` on x_in (ignored on the first stage, which embeds the
+  // tokens) and writes its output to x_out (ignored on the last stage). stage_backward
+  // recomputes the chunk from its input (so only chunk inputs are kept between forward and
+  // backward, whatever the number of micro-batches in flight), then runs backward from dx_out
+  // (or from the loss on the last stage) and writes the chunk's input gradient to dx_in
+  // (embedding gradients on the first stage). Gradients accumulate; no hooks are called.
+  // Returns this chunk's part of the loss sum (head loss on the last stage, MoE aux losses).
+  const PipelineStage& pipeline_stage() const { return pp_; }
+  int num_chunks() const { return pp_.whole() ? 1 : static_cast<int>(pp_.chunks.size()); }
+  bool holds_layer(int l) const;
+  bool is_first_stage(int chunk) const { return pp_.first && chunk == 0; }
+  bool is_last_stage(int chunk) const { return pp_.last && chunk == num_chunks() - 1; }
+  int64_t stage_act_elems(int N) const { return int64_t(local_rows(N)) * cfg_.d_model; }
+  void stage_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out);
+  double stage_backward(int chunk, const ModelInput& in, const float* x_in, const float* dx_out,
+                        float* dx_in, float dloss);
+
+  // The N-weighted auxiliary loss summed over MoE layers in the last forward (0 when dense).
+  double last_aux_loss() const { return aux_sum_; }
+  // Layer l's MoE layer (routing statistics), or nullptr for a dense layer.
+  const MoeLayer* moe_layer(int l) const { return moe_.empty() ? nullptr : moe_[l].get(); }
+
+  // Rows of logits materialised at once: as many as fit in ~64 MB (more rows per chunk make
+  // the head's weight-gradient GEMM less memory-bound), at least 16, at most 256.
+  int head_chunk() const;
   // Bytes held in activation buffers for the last batch size.
   size_t activation_bytes() const { return arena_.size() * sizeof(float); }
 
@@ -131,8 +176,17 @@ class Decoder {
   void norm_backward_tp(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N);
 
+  MoeWeights moe_weights(int l, bool grads);
+
   ModelConfig cfg_;
   TensorParallel tp_;
+  ExpertParallel ep_;
+  PipelineStage pp_;
+  std::vector<float> stage_out_;  // scratch output of a recomputed chunk
+  std::pair<int, int> chunk_range(int chunk) const;
+  std::vector<std::unique_ptr<MoeLayer>> moe_;  // per layer (null for dense layers)
+  double aux_sum_ = 0;
+  float dloss_ = 0;
   // Local sizes on this tensor-parallel rank.
   int hq_ = 0, hkv_ = 0, qkv_ = 0, att_ = 0, ff_ = 0, fc_ = 0, vocab_ = 0, v0_ = 0;
   std::vector<float> full_a_, full_b_;  // SP scratch: [N, C] each
@@ -152,7 +206,6 @@ class Decoder {
   // backward scratch
   float *dres_ = nullptr, *dln_ = nullptr, *dtmp_ = nullptr, *datt_ = nullptr, *dqkv_ = nullptr,
         *dfc_ = nullptr, *dact_ = nullptr, *tmp_ = nullptr;
-  static constexpr int kHeadChunk = 64;  // rows of logits materialised at once
 };
 
 }  // namespace loom

@@ -46,7 +46,8 @@ static ModelConfig llama(const char* name, int layers, int d, int heads, int kv,
 }
 
 std::vector<std::string> model_preset_names() {
-  return {"tiny", "tiny-llama", "gpt2-124m", "gpt2-350m", "llama-1b", "llama-8b"};
+  return {"tiny",     "tiny-llama", "gpt2-124m",      "gpt2-350m",   "llama-1b",
+          "llama-8b", "tiny-moe",   "tiny-llama-moe", "mixtral-8x7b"};
 }
 
 ModelConfig model_preset(const std::string& name) {
@@ -62,6 +63,18 @@ ModelConfig model_preset(const std::string& name) {
     return llama("llama-1b", 16, 2048, 32, 8, 8192, 128256, 8192, 500000.f, true);
   if (name == "llama-8b")
     return llama("llama-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.f, false);
+  // Mixture of experts: 8 experts, top-2, every layer (Mixtral's shape) in both families.
+  auto moe = [](ModelConfig c) {
+    c.n_experts = 8;
+    c.top_k = 2;
+    return c;
+  };
+  if (name == "tiny-moe") return moe(gpt2("tiny-moe", 4, 128, 4, 256, 128));
+  if (name == "tiny-llama-moe")
+    return moe(llama("tiny-llama-moe", 4, 128, 4, 2, 352, 256, 128, 10000.f, false));
+  // Mixtral 8x7B: Mistral 7B's attention (GQA 32/8), 8 SwiGLU experts of width 14336, top-2.
+  if (name == "mixtral-8x7b")
+    return moe(llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, 1e6f, false));
   std::string all;
   for (auto& n : model_preset_names()) all += (all.empty() ? "" : ", ") + n;
   fail("unknown model preset '", name, "' (known: ", all, ")");
@@ -85,6 +98,22 @@ void ModelConfig::validate() const {
   LOOM_CHECK(max_seq > 0, "model.max_seq must be positive, got ", max_seq);
   LOOM_CHECK(norm_eps > 0, "model.norm_eps must be positive");
   LOOM_CHECK(init_std > 0, "model.init_std must be positive");
+  LOOM_CHECK(n_experts >= 0, "model.n_experts must be >= 0 (0: dense), got ", n_experts);
+  if (n_experts == 0) return;
+  LOOM_CHECK(top_k >= 1 && top_k <= n_experts, "model.top_k (", top_k,
+             ") must be between 1 and model.n_experts (", n_experts, ")");
+  LOOM_CHECK(moe_router == "softmax" || moe_router == "sigmoid",
+             "model.moe_router must be softmax or sigmoid, got '", moe_router, "'");
+  LOOM_CHECK(capacity_factor >= 0, "model.capacity_factor must be >= 0 (0: dropless), got ",
+             capacity_factor);
+  LOOM_CHECK(aux_loss_coeff >= 0, "model.aux_loss_coeff must be >= 0, got ", aux_loss_coeff);
+  LOOM_CHECK(moe_layer_freq >= 1, "model.moe_layer_freq must be >= 1, got ", moe_layer_freq);
+}
+
+int ModelConfig::num_moe_layers() const {
+  int n = 0;
+  for (int l = 0; l < n_layer; ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
 }
 
 int64_t ModelConfig::num_params() const {
@@ -97,15 +126,22 @@ int64_t ModelConfig::num_params() const {
   int64_t embed = static_cast<int64_t>(vocab) * C +
                   (uses_positions_table() ? static_cast<int64_t>(max_seq) * C : 0);
   int64_t head = tied ? 0 : static_cast<int64_t>(vocab) * C;
-  return embed + n_layer * per_layer + norm + head;
+  // A MoE layer: router [E, C] and E experts (w1 [fc_dim, C], w2 [C, d_ff]) instead of the MLP.
+  const int64_t moe_mlp =
+      n_experts * C + static_cast<int64_t>(n_experts) * (int64_t(fc_dim()) * C + C * d_ff);
+  const int64_t moe = num_moe_layers();
+  return embed + n_layer * per_layer + moe * (moe_mlp - mlp) + norm + head;
 }
 
 double ModelConfig::train_flops_per_token(int seq) const {
   // Every parameter used in a matmul costs 6 FLOPs per token (2 forward, 4 backward); the
   // output head counts even when tied. Embedding lookups, norms and biases are not matmuls.
   double C = d_model;
-  double matmul = n_layer * (static_cast<double>(qkv_dim()) * C + C * n_head * head_dim +
-                             static_cast<double>(fc_dim()) * C + C * d_ff) +
+  // A MoE layer's token uses the router and top_k experts (the active parameters).
+  const double mlp = static_cast<double>(fc_dim()) * C + C * d_ff;
+  const int moe = num_moe_layers();
+  double matmul = n_layer * (static_cast<double>(qkv_dim()) * C + C * n_head * head_dim) +
+                  (n_layer - moe) * mlp + moe * (n_experts * C + top_k * mlp) +
                   static_cast<double>(vocab) * C;
   double attn = 6.0 * n_layer * seq * static_cast<double>(n_head) * head_dim;  // causal: half of 12
   return 6.0 * matmul + attn;
@@ -114,7 +150,11 @@ double ModelConfig::train_flops_per_token(int seq) const {
 std::string ModelConfig::fingerprint() const {
   return cat(family_name(family), " layers=", n_layer, " d=", d_model, " heads=", n_head, "/",
              n_kv_head, " head_dim=", head_dim, " ff=", d_ff, " vocab=", vocab,
-             " max_seq=", max_seq, " tied=", tied, " bias=", bias);
+             " max_seq=", max_seq, " tied=", tied, " bias=", bias,
+             // Dense models keep their fingerprint (checkpoints stay compatible).
+             n_experts == 0 ? std::string()
+                            : cat(" experts=", n_experts, " top_k=", top_k, " router=", moe_router,
+                                  " moe_freq=", moe_layer_freq));
 }
 
 ModelConfig model_config_from(const Config& cfg) {
@@ -147,6 +187,12 @@ ModelConfig model_config_from(const Config& cfg) {
   c.init_std = static_cast<float>(cfg.get_double("model.init_std", c.init_std));
   c.tied = cfg.get_bool("model.tied", c.tied);
   c.bias = cfg.get_bool("model.bias", c.bias);
+  c.n_experts = static_cast<int>(cfg.get_int("model.n_experts", c.n_experts));
+  c.top_k = static_cast<int>(cfg.get_int("model.top_k", c.top_k));
+  c.moe_router = cfg.get_string("model.moe_router", c.moe_router);
+  c.capacity_factor = cfg.get_double("model.capacity_factor", c.capacity_factor);
+  c.aux_loss_coeff = cfg.get_double("model.aux_loss_coeff", c.aux_loss_coeff);
+  c.moe_layer_freq = static_cast<int>(cfg.get_int("model.moe_layer_freq", c.moe_layer_freq));
   c.validate();
   return c;
 }

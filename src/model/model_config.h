@@ -30,11 +30,24 @@ struct ModelConfig {
   float init_std = 0.02f;
   bool tied = true;  // output head shares the token embedding
   bool bias = true;  // linear and norm biases
+  // Mixture of experts (docs/parallel.md): n_experts = 0 is a dense model. A MoE layer replaces
+  // the MLP with a router (top_k of n_experts, softmax or sigmoid scores) and n_experts expert
+  // MLPs of width d_ff (GeLU for gpt2, SwiGLU for llama; no biases). Layer l is a MoE layer when
+  // l % moe_layer_freq == 0 (1: every layer). capacity_factor 0 = dropless routing.
+  int n_experts = 0;
+  int top_k = 2;
+  std::string moe_router = "softmax";  // softmax | sigmoid
+  double capacity_factor = 0.0;
+  double aux_loss_coeff = 0.01;
+  int moe_layer_freq = 1;
 
   bool uses_rope() const { return family == Family::Llama; }
   bool uses_positions_table() const { return family == Family::GPT2; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim; }
   int fc_dim() const { return family == Family::Llama ? 2 * d_ff : d_ff; }
+  bool is_moe() const { return n_experts > 0; }
+  bool is_moe_layer(int l) const { return n_experts > 0 && l % moe_layer_freq == 0; }
+  int num_moe_layers() const;
 
   // Throws naming the field for impossible shapes (heads not dividing width, ...).
   void validate() const;
@@ -47,7 +60,8 @@ struct ModelConfig {
   std::string fingerprint() const;
 };
 
-// Named presets: tiny, tiny-llama, gpt2-124m, gpt2-350m, llama-1b, llama-8b (and *-moe later).
+// Named presets: tiny, tiny-llama, gpt2-124m, gpt2-350m, llama-1b, llama-8b tiny-moe,
+// tiny-llama-moe, mixtral-8x7b.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 

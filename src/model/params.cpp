@@ -51,6 +51,12 @@ void ParamSet::set_shard(const std::string& name, const Shape& global_shape, int
   p.global_index = std::move(global_index);
 }
 
+void ParamSet::mark_expert(const std::string& name) {
+  auto it = index_.find(name);
+  LOOM_CHECK(it != index_.end(), "no parameter named '", name, "'");
+  infos_[it->second].expert = true;
+}
+
 void ParamSet::init(uint64_t seed) {
   for (auto& p : infos_) {
     float* dst = data() + p.offset;

@@ -30,6 +30,9 @@ struct ParamInfo {
   int shard_dim = -1;
   std::vector<int64_t> global_index;
   bool sharded() const { return shard_dim >= 0; }
+  // An expert's weights (mixture of experts): under expert parallelism each rank holds other
+  // experts, so these are reduced over the expert-data-parallel group, not the data-parallel one.
+  bool expert = false;
 };
 
 class ParamSet {
@@ -39,6 +42,7 @@ class ParamSet {
   // Marks `name` as a tensor-parallel shard (see ParamInfo); before init().
   void set_shard(const std::string& name, const Shape& global_shape, int dim,
                  std::vector<int64_t> global_index);
+  void mark_expert(const std::string& name);
   void allocate();  // after every add(): zero-filled values and grads
 
   // Draws every parameter from the counter-based RNG keyed by (seed, name, element index), so

@@ -66,7 +66,8 @@ static int block_of(const std::string& name) {  // "blocks.<l>.…" -> l, else -
 }
 
 DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataParallelOptions& opt,
-                           const AdamWConfig& adam, DType param_dtype, Backend& backend)
+                           const AdamWConfig& adam, DType param_dtype, Backend& backend,
+                           comm::Communicator* expert_dp)
     : model_(model),
       P_(model.params()),
       dp_(dp),
@@ -76,7 +77,31 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
       be_(backend),
       n_layer_(model.config().n_layer) {
   LOOM_CHECK(opt.zero >= 0 && opt.zero <= 3, "parallel.zero must be 0..3, got ", opt.zero);
+  LOOM_CHECK(opt.zero < 3 || !model.config().is_moe(),
+             "parallel.zero = 3 with mixture-of-experts layers is not implemented: use zero <= 2");
+  LOOM_CHECK(opt.zero < 3 || model.pipeline_stage().whole(),
+             "parallel.zero = 3 with pipeline parallelism is not implemented: use zero <= 2");
   total_ = P_.total();
+  if (model.expert_parallel().size > 1) {
+    // The decoder puts every expert weight after the other parameters.
+    LOOM_CHECK(expert_dp, "expert parallelism needs the expert-data-parallel group");
+    edp_ = expert_dp;
+    expert_lo_ = total_;
+    for (const ParamInfo& p : P_.infos())
+      if (p.expert) expert_lo_ = std::min(expert_lo_, p.offset);
+    for (const ParamInfo& p : P_.infos())
+      LOOM_CHECK(p.expert == (p.offset >= expert_lo_), p.name,
+                 ": expert weights must follow every other parameter");
+    expert_hi_ = total_;
+    total_ = expert_lo_;
+    em_ = Tensor::zeros({expert_hi_ - expert_lo_});
+    ev_ = Tensor::zeros({expert_hi_ - expert_lo_});
+    if (param_dtype_ != DType::F32) {
+      emaster_ = Tensor::zeros({expert_hi_ - expert_lo_});
+      std::memcpy(emaster_.data<float>(), P_.data() + expert_lo_,
+                  sizeof(float) * (expert_hi_ - expert_lo_));
+    }
+  }
   const int D = dp_.size();
   shard_ = (total_ + D - 1) / D;
   lo_ = std::min(int64_t(dp_.rank()) * shard_, total_);
@@ -145,11 +170,13 @@ void DataParallel::build_buckets() {
   const auto& infos = P_.infos();
   Bucket cur;
   bool open = false;
-  for (int i = static_cast<int>(infos.size()) - 1; i >= 0; --i) {
+  int n = static_cast<int>(infos.size());
+  while (n > 0 && infos[n - 1].offset >= total_) --n;  // expert weights reduce apart
+  for (int i = n - 1; i >= 0; --i) {
     const ParamInfo& p = infos[i];
     if (!open) {
       cur = Bucket{};
-      cur.hi = i + 1 < static_cast<int>(infos.size()) ? infos[i + 1].offset : total_;
+      cur.hi = i + 1 < n ? infos[i + 1].offset : total_;
       open = true;
     }
     cur.lo = p.offset;
@@ -174,6 +201,7 @@ void DataParallel::start_step(int micro_batches) {
   LOOM_CHECK(micro_batches > 0, "a step needs at least one micro-batch");
   micros_ = micro_batches;
   if (opt_.zero <= 1) P_.zero_grad();  // ZeRO-2/3 keep the full buffer zero (released)
+  if (experts_apart()) std::fill(P_.grad() + expert_lo_, P_.grad() + expert_hi_, 0.f);
   if (gshard_.defined() && gshard_.numel() > 0) gshard_.fill(0.f);
 }
 
@@ -225,6 +253,10 @@ void DataParallel::complete(Bucket& b) {
 }
 
 void DataParallel::finish_micro() {
+  // Expert gradients: summed over the ranks that hold the same experts, once per step.
+  if (experts_apart() && micro_ == micros_ - 1 && edp_->size() > 1)
+    edp_->all_reduce(P_.grad() + expert_lo_, expert_hi_ - expert_lo_, DType::F32,
+                     comm::ReduceOp::Sum);
   if (!reduces_now()) return;
   for (auto& b : buckets_)
     if (!b.launched) launch(b);
@@ -244,6 +276,12 @@ double DataParallel::grad_sq_local(const std::vector<double>& weights) const {
     int64_t a = std::max(infos[i].offset, lo_), b = std::min(infos[i].offset + infos[i].numel, hi_);
     if (a < b) sum += w * be_.sum_squares(g + a, b - a);
   }
+  // Expert weights: replicated over the expert-data-parallel group, counted on its rank 0.
+  if (experts_apart() && edp_->rank() == 0)
+    for (size_t i = 0; i < infos.size(); ++i)
+      if (infos[i].expert && (weights.empty() || weights[i] != 0))
+        sum += (weights.empty() ? 1.0 : weights[i]) *
+               be_.sum_squares(P_.grad() + infos[i].offset, infos[i].numel);
   return sum;
 }
 
@@ -283,8 +321,27 @@ void DataParallel::gather_range_async(int64_t lo, int64_t hi, comm::Work* work,
   *work = dp_.all_gather_async(P_.data() + lo, *counts, DType::F32);
 }
 
+void DataParallel::expert_adam(double lr, float gs) {
+  if (!experts_apart()) return;
+  float* w = emaster_.defined() ? emaster_.data<float>() - expert_lo_ : P_.data();
+  for (const ParamInfo& p : P_.infos()) {
+    if (!p.expert) continue;
+    const int64_t k = p.offset - expert_lo_;
+    be_.adamw(w + p.offset, P_.grad() + p.offset, em_.data<float>() + k, ev_.data<float>() + k,
+              p.numel, static_cast<float>(lr), static_cast<float>(adam_.beta1),
+              static_cast<float>(adam_.beta2), static_cast<float>(adam_.eps),
+              p.decay ? static_cast<float>(adam_.weight_decay) : 0.f, gs, t_);
+  }
+  if (emaster_.defined()) {
+    const int64_t n = expert_hi_ - expert_lo_;
+    std::memcpy(P_.data() + expert_lo_, emaster_.data<float>(), sizeof(float) * n);
+    round_to(param_dtype_, P_.data() + expert_lo_, static_cast<size_t>(n));
+  }
+}
+
 void DataParallel::step(double lr, float grad_scale) {
   ++t_;
+  expert_adam(lr, grad_scale);
   if (opt_.zero == 0) {
     adam_range(shard_weights(), P_.grad(), 0, total_, lr, grad_scale);
     write_own_params(0, total_);
@@ -295,6 +352,11 @@ void DataParallel::step(double lr, float grad_scale) {
 }
 
 void DataParallel::sync_model_from_master() {
+  if (emaster_.defined()) {
+    const int64_t n = expert_hi_ - expert_lo_;
+    std::memcpy(P_.data() + expert_lo_, emaster_.data<float>(), sizeof(float) * n);
+    round_to(param_dtype_, P_.data() + expert_lo_, static_cast<size_t>(n));
+  }
   if (opt_.zero == 0) {
     write_own_params(0, total_);
     return;
@@ -358,6 +420,18 @@ std::vector<DataParallel::StateSlice> DataParallel::state_slices() {
     add("exp_avg_sq.", v_);
     if (master_.defined()) add("master.", master_);
   }
+  for (const ParamInfo& p : P_.infos()) {  // expert weights: whole, on every edp rank
+    if (!experts_apart() || !p.expert) continue;
+    auto add = [&](const char* prefix, Tensor& buf) {
+      out.push_back(
+          {std::string(prefix) + p.name,
+           Tensor::view_of(buf.data<float>() + (p.offset - expert_lo_), {p.numel}, DType::F32),
+           p.numel, 0});
+    };
+    add("exp_avg.", em_);
+    add("exp_avg_sq.", ev_);
+    if (emaster_.defined()) add("master.", emaster_);
+  }
   return out;
 }
 
@@ -381,6 +455,12 @@ std::vector<DataParallel::StateSlice> DataParallel::param_slices() {
     if (a >= b) continue;
     out.push_back({p.name, Tensor::view_of(w + a, {b - a}, DType::F32), p.numel, a - p.offset});
   }
+  for (const ParamInfo& p : P_.infos())
+    if (experts_apart() && p.expert) {
+      float* src = emaster_.defined() ? emaster_.data<float>() + (p.offset - expert_lo_)
+                                      : P_.data() + p.offset;
+      out.push_back({p.name, Tensor::view_of(src, {p.numel}, DType::F32), p.numel, 0});
+    }
   return out;
 }
 

@@ -49,8 +49,13 @@ struct MemoryUse {
 
 class DataParallel {
  public:
+  // Under expert parallelism (the model's expert_parallel().size > 1) the experts' weights (the
+  // tail of the flat buffer, ParamInfo::expert) differ between the data-parallel ranks: they
+  // are kept apart, all-reduced over `expert_dp` (the ranks holding the same experts) and
+  // stepped whole on each of them (ZeRO-0 for experts, whatever `zero` says for the rest).
   DataParallel(Decoder& model, comm::Communicator& dp, const DataParallelOptions& opt,
-               const AdamWConfig& adam, DType param_dtype, Backend& backend);
+               const AdamWConfig& adam, DType param_dtype, Backend& backend,
+               comm::Communicator* expert_dp = nullptr);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -136,6 +141,9 @@ class DataParallel {
   void ensure_gathered(int layer);
   void release_unit(int layer);
   float* shard_weights();
+  // Expert-parallel experts: [expert_lo_, expert_hi_) of the flat buffer (empty otherwise).
+  bool experts_apart() const { return expert_hi_ > expert_lo_; }
+  void expert_adam(double lr, float gs);
   void adam_range(float* w, const float* g, int64_t lo, int64_t hi, double lr, float gs);
 
   Decoder& model_;
@@ -152,6 +160,9 @@ class DataParallel {
   std::vector<Unit> units_;
   std::vector<std::pair<int64_t, int64_t>> resident_ranges_;  // ZeRO-3: non-block params
   Tensor m_, v_, master_, gshard_;  // shard-sized (full-size for ZeRO-0's m_, v_)
+  comm::Communicator* edp_ = nullptr;
+  int64_t expert_lo_ = 0, expert_hi_ = 0;
+  Tensor em_, ev_, emaster_;  // the experts' optimizer state (and fp32 master)
   int micro_ = 0, micros_ = 1;
   int64_t t_ = 0;
   double exposed_seconds_ = 0;

@@ -11,6 +11,14 @@ TensorParallel tensor_parallel_layout(comm::ProcessGroups& groups, bool sequence
   return tp;
 }
 
+ExpertParallel expert_parallel_layout(comm::ProcessGroups& groups) {
+  ExpertParallel ep;
+  ep.size = groups.ep().size();
+  ep.rank = groups.ep().rank();
+  ep.comm = &groups.ep();
+  return ep;
+}
+
 std::vector<double> grad_norm_weights(const ParamSet& params, int tp_rank) {
   std::vector<double> w;
   for (const ParamInfo& p : params.infos()) w.push_back(p.sharded() || tp_rank == 0 ? 1.0 : 0.0);

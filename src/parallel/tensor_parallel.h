@@ -12,6 +12,9 @@ namespace loom::parallel {
 // The Decoder layout for this rank of `groups` (its TP group), with or without SP.
 TensorParallel tensor_parallel_layout(comm::ProcessGroups& groups, bool sequence_parallel);
 
+// The Decoder's expert-parallel layout for this rank of `groups` (its EP group).
+ExpertParallel expert_parallel_layout(comm::ProcessGroups& groups);
+
 // Per-parameter weights for the global gradient norm so that every element of the model
 // counts exactly once over the TP group: sharded parameters count on every rank (each holds a
 // different piece), replicated ones (norms, row-parallel biases, position table) only on TP

@@ -102,7 +102,8 @@ std::string Trainer::checkpoint_root() const {
 std::string Trainer::layout_name() const {
   const auto& d = pg_->generator().dims();
   return cat("tp=", d.tp, " sp=", model_->tensor_parallel().sequence_parallel, " cp=", d.cp,
-             " dp=", d.dp, " pp=", d.pp, " zero=", dp_->zero());
+             " dp=", d.dp, " pp=", d.pp, " zero=", dp_->zero(),
+             d.ep > 1 ? cat(" ep=", d.ep) : std::string());
 }
 
 Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
@@ -134,8 +135,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   if (w.size() > 1 || dpo.zero > 0) {
     pg_ = std::make_unique<comm::ProcessGroups>(w, dims);
     const auto& d = pg_->generator().dims();
-    LOOM_CHECK(d.cp == 1 && d.pp == 1 && d.ep == 1,
-               "parallel.cp, parallel.pp and parallel.ep > 1 are not implemented yet");
+    LOOM_CHECK(d.cp == 1 && d.pp == 1, "parallel.cp and parallel.pp > 1 are not implemented yet");
     LOOM_CHECK(!sequence_parallel || d.tp > 1, "parallel.sp needs parallel.tp > 1");
     rank_ = w.rank();
     if (rank_ != 0) opt_.quiet = true;
@@ -144,14 +144,18 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   }
 
   TensorParallel tp;
-  if (pg_) tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
-  model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute, tp);
+  ExpertParallel ep;
+  if (pg_) {
+    tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
+    ep = parallel::expert_parallel_layout(*pg_);
+  }
+  model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute, tp, ep);
   model_->params().init(opt_.seed);
   if (policy_.compute != DType::F32)
     round_to(policy_.compute, model_->params().data(), model_->params().total());
   if (pg_) {
     dp_ = std::make_unique<parallel::DataParallel>(*model_, pg_->dp(), dpo, acfg, policy_.compute,
-                                                   cpu_backend());
+                                                   cpu_backend(), &pg_->edp());
     norm_weights_ = parallel::grad_norm_weights(model_->params(), pg_->tp().rank());
   } else
     optim_ = std::make_unique<AdamW>(model_->params(), acfg, policy_.compute, cpu_backend());
@@ -203,11 +207,13 @@ StepResult Trainer::train_step() {
   const double scale = policy_.loss_scaling ? scaler_.scale() : 1.0;
   ParamSet& P = model_->params();
   Backend& be = cpu_backend();
-  double loss_sum = 0, sq = 0;
+  double loss_sum = 0, sq = 0, aux_sum = 0;
   if (!dp_) {
     P.zero_grad();
-    for (auto& b : micro_)
+    for (auto& b : micro_) {
       loss_sum += model_->forward_backward(b.input(), static_cast<float>(scale / valid));
+      aux_sum += model_->last_aux_loss();
+    }
     if (inject_ != 1.f) be.scale_inplace(P.grad(), inject_, P.total());
     sq = be.sum_squares(P.grad(), P.total());
   } else {
@@ -218,13 +224,16 @@ StepResult Trainer::train_step() {
     for (size_t j = 0; j < micro_.size(); ++j) {
       dp_->start_micro(static_cast<int>(j));
       loss_sum += model_->forward_backward(micro_[j].input(), static_cast<float>(scale / valid));
+      aux_sum += model_->last_aux_loss();
       dp_->finish_micro();
     }
+    if (mcfg_.is_moe()) aux_sum = pg_->dp().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
     // Tensor-parallel ranks of one DP group hold the same loss; the squared gradient norm
     // counts sharded parameters on every TP rank and replicated ones on TP rank 0.
     loss_sum = pg_->dp().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
     sq = pg_->tp_dp().all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
   }
+  r.aux_loss = aux_sum / valid;
   finish_step(r, loss_sum, valid, sq, scale);
   r.seconds = now_seconds() - t0;
   return r;
@@ -266,12 +275,16 @@ double Trainer::evaluate() {
 
 void Trainer::log_step(const StepResult& r, int64_t tokens) {
   double tps = tokens / r.seconds;
-  double gflops = flops_per_token_ * tps / 1e9;
+  // Per rank: the model's FLOPs are split over every rank of the job, and MFU compares one
+  // rank's share with one rank's peak.
+  const int ranks = pg_ ? pg_->world().size() : 1;
+  double gflops = flops_per_token_ * tps / ranks / 1e9;
   Json j = Json::object();
   j["step"] = r.step + 1;
   j["loss"] = r.loss;
   j["lr"] = r.lr;
   j["grad_norm"] = r.grad_norm;
+  if (mcfg_.is_moe()) j["aux_loss"] = r.aux_loss;
   j["tokens_per_s"] = tps;
   j["gflops"] = gflops;
   j["mfu"] = gflops / peak_gflops_;
@@ -283,11 +296,12 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
   if (opt_.quiet || ((r.step + 1) % opt_.log_interval != 0 && r.step + 1 != opt_.steps)) return;
   double elapsed = now_seconds() - started_;
   double eta = elapsed / steps_this_run_ * (opt_.steps - r.step - 1);
-  char buf[320];
+  char buf[320], aux[48] = "";
+  if (mcfg_.is_moe()) std::snprintf(aux, sizeof aux, " (aux %.4f)", r.aux_loss);
   std::snprintf(buf, sizeof buf,
-                "step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | "
+                "step %6lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | "
                 "%.1f GFLOP/s | MFU %.1f%% | ETA %.0fs%s",
-                static_cast<long long>(r.step + 1), static_cast<long long>(opt_.steps), r.loss,
+                static_cast<long long>(r.step + 1), static_cast<long long>(opt_.steps), r.loss, aux,
                 r.lr, r.grad_norm, tps, gflops, 100 * gflops / peak_gflops_, eta,
                 r.skipped ? " | skipped" : "");
   log_info(buf);

@@ -44,6 +44,7 @@ struct TrainOptions {
 struct StepResult {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0;
+  double aux_loss = 0;   // MoE load-balancing loss (already included in loss)
   bool skipped = false;  // fp16 overflow or non-finite gradients
   double seconds = 0;
 };

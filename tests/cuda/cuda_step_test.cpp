@@ -55,7 +55,7 @@ void check_step(const std::string& preset, std::vector<int32_t> cu, double grad_
   const float dloss = 1.f / b.N;
   const double want = m.forward_backward(
       {b.tokens.data(), b.targets.data(), b.positions.data(), b.cu.data(), b.N, b.nseq}, dloss);
-  GpuModel g(m, b, 256);
+  GpuModel g(m, b, m.head_chunk());
   const double got = g.step(b, dloss);
   gpu()->sync();
   EXPECT_NEAR(got, want, 1e-5 * std::fabs(want)) << preset;
@@ -92,7 +92,7 @@ TEST(CudaStep, Bf16TrainingTracksFp32CpuLossCurve) {
   m.params().init(6);
   const int64_t P = m.params().total();
   std::vector<float> cm(P, 0.f), cv(P, 0.f);
-  GpuModel g(m, b, 256);
+  GpuModel g(m, b, m.head_chunk());
   DevBuf gm(std::vector<float>(P, 0.f)), gv(std::vector<float>(P, 0.f));
   const GemmMath saved = gpu()->gemm_math();
   gpu()->set_gemm_math(GemmMath::BF16);

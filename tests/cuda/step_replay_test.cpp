@@ -30,7 +30,8 @@ void check_replay(const std::string& preset) {
   };
   std::vector<float> params(m.params().data(), m.params().data() + m.params().total());
   std::vector<float> grads(m.params().total(), 0.f);
-  test::StepReplay r(cpu_backend(), cfg, m.params(), params.data(), grads.data(), b.N, 64, alloc,
+  test::StepReplay r(cpu_backend(), cfg, m.params(), params.data(), grads.data(), b.N,
+                     m.head_chunk(), alloc,
                      [](float* d, const float* s, size_t n) { std::memcpy(d, s, n * 4); });
   const double got = r.forward_backward(b.tokens.data(), b.targets.data(), b.positions.data(),
                                         b.cu.data(), b.nseq, dloss);

@@ -208,3 +208,30 @@ TEST(Trainer, KeepsLastNCheckpoints) {
   for (auto& e : std::filesystem::directory_iterator(d + "/run/checkpoints")) n += e.is_directory();
   EXPECT_EQ(n, 2);  // keep_last = 2
 }
+
+TEST(Trainer, MoeModelTrainsAndLogsAuxLoss) {
+  std::string d = test_dir("moe");
+  Config c = tiny_config(d, 6);
+  c.set("model.preset", "\"tiny-moe\"", "test");
+  c.set("model.n_experts", "4", "test");
+  c.set("model.aux_loss_coeff", "0.05", "test");
+  Trainer t(c);
+  double first = 0, last = 0;
+  for (int i = 0; i < 6; ++i) {
+    StepResult r = t.train_step();
+    // The aux loss is part of the loss: at least coeff per MoE layer (2 layers), finite.
+    EXPECT_GE(r.aux_loss, 2 * 0.05 * (1 - 1e-6));
+    EXPECT_LT(r.aux_loss, r.loss);
+    if (i == 0) first = r.loss;
+    last = r.loss;
+  }
+  EXPECT_LT(last, first);
+  std::string d2 = test_dir("moe_run");
+  Config c2 = tiny_config(d2, 2);
+  c2.set("model.preset", "\"tiny-llama-moe\"", "test");
+  c2.set("model.n_experts", "4", "test");
+  Trainer t2(c2);
+  t2.run();  // writes metrics with aux_loss and a checkpoint
+  std::string metrics = read_file(d2 + "/run/metrics.jsonl");
+  EXPECT_NE(metrics.find("\"aux_loss\""), std::string::npos);
+}

@@ -1,0 +1,176 @@
+#include "model/moe_layer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace loom {
+
+void ExpertParallel::validate(const ModelConfig& c) const {
+  LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, "expert-parallel rank ", rank,
+             " outside a group of ", size);
+  if (size == 1) return;
+  LOOM_CHECK(c.is_moe(), "parallel.ep = ", size, " needs a mixture-of-experts model ",
+             "(model.n_experts > 0)");
+  LOOM_CHECK(c.n_experts % size == 0, "model.n_experts (", c.n_experts,
+             ") must be divisible by parallel.ep (", size, "): use an ep that divides it");
+  LOOM_CHECK(comm && comm->size() == size, "expert parallelism needs its group's communicator");
+}
+
+MoeLayer::MoeLayer(const ModelConfig& cfg, const ExpertParallel& ep, Backend& backend)
+    : cfg_(cfg), ep_(ep), be_(backend) {
+  C_ = cfg.d_model;
+  E_ = cfg.n_experts;
+  El_ = E_ / ep.size;
+  k_ = cfg.top_k;
+  F_ = cfg.d_ff;
+  H_ = cfg.fc_dim();
+  score_ = cfg.moe_router == "sigmoid" ? cpu::RouterScore::Sigmoid : cpu::RouterScore::Softmax;
+  act_ = cfg.family == Family::Llama ? cpu::MoeActivation::SwiGLU : cpu::MoeActivation::GeLU;
+}
+
+static size_t sz(int64_t n) {
+  return static_cast<size_t>(std::max<int64_t>(n, 1));
+}
+
+double MoeLayer::forward(float* y, const float* x, int N, const MoeWeights& w) {
+  const int C = C_, E = E_, k = k_;
+  N_ = N;
+  // Router: logits [N, E] (kept in scores_ until the scores overwrite them).
+  std::vector<float> logits(size_t(N) * E);
+  be_.matmul_forward(logits.data(), x, w.router, nullptr, N, C, E);
+  scores_.resize(size_t(N) * E);
+  topk_idx_.resize(size_t(N) * k);
+  topk_w_.resize(size_t(N) * k);
+  // Top-k weights are renormalised to sum to 1 (Mixtral); with k = 1 the raw score is kept so
+  // the router still gets a gradient (Switch).
+  cpu::moe_router_forward(scores_.data(), topk_idx_.data(), topk_w_.data(), logits.data(), N, E, k,
+                          score_, k > 1);
+  const double aux = cpu::moe_aux_loss(nullptr, scores_.data(), topk_idx_.data(), N, E, k,
+                                       static_cast<float>(cfg_.aux_loss_coeff), 0.f);
+  const int cap = cfg_.capacity_factor > 0 ? cpu::moe_capacity(N, E, k, cfg_.capacity_factor) : -1;
+  routing_ = cpu::moe_plan_routing(topk_idx_.data(), N, E, k, cap);
+  stats_.assigned.assign(E, 0);
+  for (size_t i = 0; i < topk_idx_.size(); ++i) ++stats_.assigned[topk_idx_[i]];
+  stats_.dropped = routing_.dropped;
+  const int rows = routing_.rows();
+  xp_.resize(sz(int64_t(rows) * C));
+  cpu::moe_permute(xp_.data(), x, routing_, C);
+  plan_exchange();
+  const int R = local_offsets_[El_];
+  xe_.resize(sz(int64_t(R) * C));
+  dispatch(xp_.data(), xe_.data());
+  h_.resize(sz(int64_t(R) * H_));
+  a_.resize(sz(int64_t(R) * F_));
+  ye_.resize(sz(int64_t(R) * C));
+  cpu::moe_grouped_mlp_forward(ye_.data(), h_.data(), a_.data(), xe_.data(), w.w1, w.w2,
+                               local_offsets_.data(), El_, C, F_, act_);
+  yp_.resize(sz(int64_t(rows) * C));
+  combine(ye_.data(), yp_.data());
+  cpu::moe_unpermute(y, yp_.data(), topk_w_.data(), routing_, C);
+  return aux;
+}
+
+void MoeLayer::backward(float* dx, const float* dy, const float* x, int N, const MoeWeights& w,
+                        const MoeWeights& g, float aux_dloss) {
+  LOOM_CHECK(N == N_, "MoE backward for ", N, " tokens after a forward of ", N_);
+  const int C = C_, E = E_, k = k_, rows = routing_.rows(), R = local_offsets_[El_];
+  dyp_.resize(sz(int64_t(rows) * C));
+  dtopk_w_.resize(size_t(N) * k);
+  cpu::moe_unpermute_backward(dyp_.data(), dtopk_w_.data(), dy, yp_.data(), topk_w_.data(),
+                              routing_, C);
+  dye_.resize(sz(int64_t(R) * C));
+  dispatch(dyp_.data(), dye_.data());
+  dxe_.resize(sz(int64_t(R) * C));
+  scratch_.resize(sz(int64_t(R) * (F_ + H_)));
+  cpu::moe_grouped_mlp_backward(dxe_.data(), g.w1, g.w2, scratch_.data(), dye_.data(), xe_.data(),
+                                h_.data(), a_.data(), w.w1, w.w2, local_offsets_.data(), El_, C, F_,
+                                act_);
+  dxp_.resize(sz(int64_t(rows) * C));
+  combine(dxe_.data(), dxp_.data());
+  cpu::moe_permute_backward(dx, dxp_.data(), routing_, C);
+  // Router: the top-k weights' gradient plus the auxiliary loss's gradient on the scores.
+  dscores_.assign(size_t(N) * E, 0.f);
+  cpu::moe_aux_loss(dscores_.data(), scores_.data(), topk_idx_.data(), N, E, k,
+                    static_cast<float>(cfg_.aux_loss_coeff), aux_dloss);
+  dlogits_.resize(size_t(N) * E);
+  cpu::moe_router_backward(dlogits_.data(), dtopk_w_.data(), dscores_.data(), scores_.data(),
+                           topk_idx_.data(), N, E, k, score_, k > 1);
+  dxr_.resize(size_t(N) * C);
+  be_.matmul_backward(dxr_.data(), g.router, nullptr, dlogits_.data(), x, w.router, N, C, E);
+  be_.add_inplace(dx, dxr_.data(), int64_t(N) * C);
+}
+
+void MoeLayer::plan_exchange() {
+  const int P = ep_.size, El = El_;
+  const auto& off = routing_.offsets;
+  local_offsets_.assign(El + 1, 0);
+  if (P == 1) {
+    local_offsets_ = off;
+    stats_.a2a_send_elems = 0;
+    return;
+  }
+  // How many rows each source rank sends for each of this rank's experts.
+  std::vector<int32_t> send_counts(size_t(P) * El), recv_counts(size_t(P) * El);
+  int64_t most = 0;
+  for (int d = 0; d < P; ++d) {
+    for (int e = 0; e < El; ++e) send_counts[size_t(d) * El + e] = routing_.counts[d * El + e];
+    most = std::max<int64_t>(most, off[(d + 1) * El] - off[d * El]);
+  }
+  ep_.comm->all_to_all(send_counts.data(), recv_counts.data(), El, DType::I32);
+  block_ = std::max<int64_t>(1, ep_.comm->all_reduce_scalar(most, comm::ReduceOp::Max));
+  // Grouped order: expert by expert, and within an expert source rank by source rank.
+  for (int e = 0; e < El; ++e) {
+    int64_t n = 0;
+    for (int s = 0; s < P; ++s) n += recv_counts[size_t(s) * El + e];
+    local_offsets_[e + 1] = static_cast<int32_t>(local_offsets_[e] + n);
+  }
+  recv_pos_.assign(local_offsets_[El], 0);
+  for (int s = 0; s < P; ++s) {
+    int64_t in_block = 0;
+    for (int e = 0; e < El; ++e) {
+      int64_t before = 0;  // rows of expert e from sources < s
+      for (int t = 0; t < s; ++t) before += recv_counts[size_t(t) * El + e];
+      for (int i = 0; i < recv_counts[size_t(s) * El + e]; ++i)
+        recv_pos_[local_offsets_[e] + before + i] = int64_t(s) * block_ + in_block++;
+    }
+  }
+  send_buf_.resize(size_t(P) * block_ * C_);
+  recv_buf_.resize(size_t(P) * block_ * C_);
+  stats_.a2a_send_elems = 2 * int64_t(P) * block_ * C_;
+}
+
+void MoeLayer::dispatch(const float* local, float* grouped) {
+  const int P = ep_.size, C = C_, R = local_offsets_[El_];
+  if (P == 1) {
+    std::memcpy(grouped, local, sizeof(float) * size_t(R) * C);
+    return;
+  }
+  const auto& off = routing_.offsets;
+  for (int d = 0; d < P; ++d) {
+    const int64_t a = off[d * El_], n = off[(d + 1) * El_] - a;
+    std::memcpy(send_buf_.data() + size_t(d) * block_ * C, local + a * C, sizeof(float) * n * C);
+  }
+  ep_.comm->all_to_all(send_buf_.data(), recv_buf_.data(), block_ * C, DType::F32);
+  for (int r = 0; r < R; ++r)
+    std::memcpy(grouped + int64_t(r) * C, recv_buf_.data() + recv_pos_[r] * C, sizeof(float) * C);
+}
+
+void MoeLayer::combine(const float* grouped, float* local) {
+  const int P = ep_.size, C = C_, R = local_offsets_[El_];
+  if (P == 1) {
+    std::memcpy(local, grouped, sizeof(float) * size_t(R) * C);
+    return;
+  }
+  for (int r = 0; r < R; ++r)
+    std::memcpy(send_buf_.data() + recv_pos_[r] * C, grouped + int64_t(r) * C, sizeof(float) * C);
+  ep_.comm->all_to_all(send_buf_.data(), recv_buf_.data(), block_ * C, DType::F32);
+  const auto& off = routing_.offsets;
+  for (int d = 0; d < P; ++d) {
+    const int64_t a = off[d * El_], n = off[(d + 1) * El_] - a;
+    std::memcpy(local + a * C, recv_buf_.data() + size_t(d) * block_ * C, sizeof(float) * n * C);
+  }
+}
+
+}  // namespace loom

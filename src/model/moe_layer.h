@@ -1,0 +1,88 @@
+// One mixture-of-experts layer (the MLP of a MoE block): router, top-k routing with an optional
+// capacity, permutation into expert-grouped rows, the experts' MLPs as a grouped GEMM, and the
+// weighted combination back into token order, each with its backward (kernels/cpu/moe.h).
+//
+// Expert parallelism: with an EP group of P ranks, this rank holds experts
+// [rank * E/P, (rank+1) * E/P). After the local permutation the rows for each rank's experts are
+// contiguous; they are dispatched with an all-to-all (blocks padded to the largest count over
+// the group), computed by their owner, and combined back with a second all-to-all. Backward
+// runs the same exchange for the gradients. With P = 1 the exchange is skipped and the layer is
+// the single-process computation.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/moe.h"
+#include "model/model_config.h"
+
+namespace loom {
+
+// Experts split over `size` ranks (the EP group); size 1 = every expert local.
+struct ExpertParallel {
+  int size = 1, rank = 0;
+  comm::Communicator* comm = nullptr;  // the expert-parallel group (size > 1)
+  // Throws naming the values when the model's experts do not split over the group.
+  void validate(const ModelConfig& cfg) const;
+};
+
+struct MoeWeights {
+  float* router = nullptr;  // [E, C] (every expert: routing is replicated)
+  float* w1 = nullptr;      // [E_local, H, C], H = fc_dim
+  float* w2 = nullptr;      // [E_local, C, F]
+};
+
+// Routing statistics of the last forward (this rank's tokens).
+struct MoeStats {
+  std::vector<int64_t> assigned;  // [E] (token, slot) pairs per expert before dropping
+  int64_t dropped = 0;
+  int64_t a2a_send_elems = 0;  // floats this rank sent in the forward dispatch + combine
+};
+
+class MoeLayer {
+ public:
+  MoeLayer(const ModelConfig& cfg, const ExpertParallel& ep, Backend& backend);
+
+  // y[N, C] (written) = MoE(x[N, C]); keeps what backward needs. Returns the auxiliary
+  // load-balancing loss of these N tokens (coefficient included).
+  double forward(float* y, const float* x, int N, const MoeWeights& w);
+  // dx[N, C] (written) from dy[N, C]; weight gradients accumulate into g. aux_dloss is the
+  // auxiliary loss's weight in the objective (its gradient scale).
+  void backward(float* dx, const float* dy, const float* x, int N, const MoeWeights& w,
+                const MoeWeights& g, float aux_dloss);
+
+  const MoeStats& stats() const { return stats_; }
+  const std::vector<int32_t>& topk() const { return topk_idx_; }  // [N, k] of the last forward
+
+ private:
+  // Rows of the local permuted buffer [rows, C] <-> expert-grouped rows of this rank's experts
+  // [R, C] (gathered from every rank): forward sends the rows to their experts' owners.
+  void plan_exchange();
+  void dispatch(const float* local, float* grouped);  // [rows, C] -> [R, C]
+  void combine(const float* grouped, float* local);   // [R, C] -> [rows, C]
+
+  ModelConfig cfg_;
+  ExpertParallel ep_;
+  Backend& be_;
+  int C_, E_, El_, k_, F_, H_;
+  cpu::RouterScore score_;
+  cpu::MoeActivation act_;
+  // Saved between forward and backward.
+  int N_ = 0;
+  std::vector<float> scores_, topk_w_, xp_, yp_, xe_, h_, a_, ye_;
+  std::vector<int32_t> topk_idx_;
+  cpu::MoeRouting routing_;
+  std::vector<int32_t> local_offsets_;  // [El + 1] expert-grouped rows of this rank's experts
+  // Exchange plan (EP > 1): block size (rows) and where each grouped row sits in the received
+  // blocks [P, B, C].
+  int64_t block_ = 0;
+  std::vector<int64_t> recv_pos_;
+  std::vector<float> send_buf_, recv_buf_;
+  // Backward scratch.
+  std::vector<float> dscores_, dlogits_, dtopk_w_, dyp_, dye_, dxe_, dxp_, scratch_, dxr_;
+  MoeStats stats_;
+};
+
+}  // namespace loom

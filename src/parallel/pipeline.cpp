@@ -1,0 +1,118 @@
+#include "parallel/pipeline.h"
+
+#include "core/error.h"
+
+namespace loom::parallel {
+
+PipelineStage pipeline_stage_of(const pp::StageLayout& layout, int rank) {
+  PipelineStage st;
+  for (int c = 0; c < layout.v; ++c) {
+    const pp::LayerRange& r = layout.of(rank, c);
+    st.chunks.push_back({r.begin, r.end});
+  }
+  st.first = rank == 0;
+  st.last = rank == layout.p - 1;
+  return st;
+}
+
+PipelineRunner::PipelineRunner(Decoder& model, comm::Communicator& pp, pp::Schedule schedule)
+    : model_(model), pp_(pp), schedule_(std::move(schedule)) {
+  LOOM_CHECK(schedule_.p == pp.size(), "a schedule for ", schedule_.p,
+             " pipeline ranks on a group of ", pp.size());
+  LOOM_CHECK(model.num_chunks() == schedule_.v, "the model stage has ", model.num_chunks(),
+             " chunks but the schedule ", schedule_.v, " per rank");
+  const int p = pp.size(), r = pp.rank();
+  if (p > 1 && model.config().tied) {
+    const bool end = r == 0 || r == p - 1;
+    tied_ = pp.split(end ? 0 : 1, r, "pp-tied-embedding");
+    if (!end) tied_.reset();
+  }
+}
+
+int PipelineRunner::tag(int microbatch, int stage, int kind) const {
+  return (microbatch * schedule_.num_stages() + stage) * 2 + kind;
+}
+
+float* PipelineRunner::buffer(std::map<std::pair<int, int>, std::vector<float>>& m, int mb,
+                              int chunk) {
+  auto& v = m[{mb, chunk}];
+  v.resize(size_t(n_));
+  return v.data();
+}
+
+double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
+  LOOM_CHECK(static_cast<int>(micro.size()) == schedule_.m, "the schedule runs ", schedule_.m,
+             " micro-batches per step, got ", micro.size());
+  n_ = model_.stage_act_elems(micro[0].N);
+  for (const auto& in : micro)
+    LOOM_CHECK(model_.stage_act_elems(in.N) == n_,
+               "pipeline micro-batches must all have the same number of tokens");
+  const int p = schedule_.p, me = pp_.rank();
+  std::map<std::pair<int, int>, comm::Work> recv_act, recv_grad;
+  std::vector<comm::Work> sends;
+  double loss = 0;
+  for (const pp::Action& a : schedule_.ranks[me]) {
+    const int mb = a.microbatch, c = a.chunk, stage = schedule_.stage_of(me, c);
+    const ModelInput& in = micro[mb];
+    switch (a.op) {
+      case pp::Op::RecvAct:  // from stage - 1
+        recv_act[{mb, c}] =
+            pp_.recv_async(buffer(act_in_, mb, c), n_, DType::F32, a.peer, tag(mb, stage, 0));
+        break;
+      case pp::Op::RecvGrad:  // from stage + 1
+        recv_grad[{mb, c}] =
+            pp_.recv_async(buffer(grad_in_, mb, c), n_, DType::F32, a.peer, tag(mb, stage, 1));
+        break;
+      case pp::Op::SendAct:
+        sends.push_back(pp_.send_async(act_out_[{mb, c}].data(), n_, DType::F32, a.peer,
+                                       tag(mb, stage + 1, 0)));
+        break;
+      case pp::Op::SendGrad:
+        sends.push_back(pp_.send_async(grad_out_[{mb, c}].data(), n_, DType::F32, a.peer,
+                                       tag(mb, stage - 1, 1)));
+        break;
+      case pp::Op::Forward: {
+        const float* x_in = nullptr;
+        if (!model_.is_first_stage(c)) {
+          // Stage s-1 on this rank (p = 1 with v > 1): its output is local.
+          if (p == 1) act_in_[{mb, c}] = act_out_[{mb, c - 1}];
+          auto it = recv_act.find({mb, c});
+          if (it != recv_act.end()) it->second.wait();
+          x_in = act_in_.at({mb, c}).data();
+        }
+        if (!model_.is_last_stage(c)) model_.stage_forward(c, in, x_in, buffer(act_out_, mb, c));
+        break;
+      }
+      case pp::Op::Backward: {
+        const float* x_in = model_.is_first_stage(c) ? nullptr : act_in_.at({mb, c}).data();
+        const float* dx_out = nullptr;
+        if (!model_.is_last_stage(c)) {
+          if (p == 1) grad_in_[{mb, c}] = grad_out_[{mb, c + 1}];
+          auto it = recv_grad.find({mb, c});
+          if (it != recv_grad.end()) it->second.wait();
+          dx_out = grad_in_.at({mb, c}).data();
+        }
+        float* dx_in = model_.is_first_stage(c) ? nullptr : buffer(grad_out_, mb, c);
+        loss += model_.stage_backward(c, in, x_in, dx_out, dx_in, dloss);
+        break;
+      }
+    }
+  }
+  for (auto& w : sends) w.wait();
+  if (tied_) {
+    ParamSet& P = model_.params();
+    const ParamInfo& e = P.info("embed.wte");
+    tied_->all_reduce(P.grad() + e.offset, e.numel, DType::F32, comm::ReduceOp::Sum);
+  }
+  return loss;
+}
+
+std::vector<double> PipelineRunner::grad_norm_weights() const {
+  std::vector<double> w;
+  const bool last_only = tied_ && pp_.rank() != 0;
+  for (const ParamInfo& p : model_.params().infos())
+    w.push_back(last_only && p.name == "embed.wte" ? 0.0 : 1.0);
+  return w;
+}
+
+}  // namespace loom::parallel

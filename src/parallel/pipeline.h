@@ -1,0 +1,56 @@
+// Pipeline parallelism at run time: a rank walks its action list from a schedule
+// (schedule/pipeline_schedule.h: GPipe, 1F1B, interleaved) and runs each action on its Decoder
+// stage: receives are posted asynchronously and waited just before the compute that needs them,
+// sends are asynchronous and waited at the end of the step. Between a chunk's forward and its
+// backward only the chunk's input activation is kept (the backward recomputes the chunk), so
+// any number of micro-batches in flight costs one [tokens, C] buffer each.
+//
+// Tied embeddings: the first stage (embedding) and the last stage (head) both hold embed.wte;
+// after the step's backwards their gradients are summed over the two ranks so the copies stay
+// equal after every optimizer step. The loss lives on the last stage (plus MoE aux losses on
+// whichever stage holds the layer): run() returns this rank's part; sum it over the pipeline.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/decoder.h"
+#include "parallel/schedule/pipeline_schedule.h"
+#include "parallel/schedule/stage_layers.h"
+
+namespace loom::parallel {
+
+// The Decoder stage of pipeline rank `rank` under `layout` (chunks c = 0..v-1 hold stage
+// c*p + rank).
+PipelineStage pipeline_stage_of(const pp::StageLayout& layout, int rank);
+
+class PipelineRunner {
+ public:
+  // Collective over `pp` (builds the first/last-stage group for tied embeddings).
+  PipelineRunner(Decoder& model, comm::Communicator& pp, pp::Schedule schedule);
+
+  // One step's forwards and backwards over micro[0..m-1] (every pipeline rank passes the same
+  // micro-batches); gradients accumulate with per-token weight dloss. Returns this rank's part
+  // of the loss sum. Tied embedding gradients are summed across first and last stage.
+  double run(const std::vector<ModelInput>& micro, float dloss);
+
+  const pp::Schedule& schedule() const { return schedule_; }
+  // Per parameter: 1 if this rank counts it in the global gradient norm (a tied embedding
+  // counts on the first stage only), else 0. Multiply into other weights.
+  std::vector<double> grad_norm_weights() const;
+
+ private:
+  int tag(int microbatch, int stage, int kind) const;
+  float* buffer(std::map<std::pair<int, int>, std::vector<float>>& m, int mb, int chunk);
+
+  Decoder& model_;
+  comm::Communicator& pp_;
+  pp::Schedule schedule_;
+  std::unique_ptr<comm::Communicator> tied_;  // first + last stage (p > 1, tied embeddings)
+  int64_t n_ = 0;                             // elements of one activation
+  std::map<std::pair<int, int>, std::vector<float>> act_in_, act_out_, grad_in_, grad_out_;
+};
+
+}  // namespace loom::parallel
