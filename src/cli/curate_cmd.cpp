@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "comm/communicator.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -39,9 +40,23 @@ static int curate_run(const Args& args) {
   ro.progress_interval = o.get_double("progress");
   if (const char* c = std::getenv("LOOM_CURATE_CRASH_AFTER_DOCS"))
     ro.crash_after_docs = std::atoll(c);
-  Json report = p.run(ro);
-  std::fputs(curate::report_text(report).c_str(), stdout);
-  std::printf("\nreport: %s/report.json, report.txt, report.html\n", p.out_dir().c_str());
+  // Under a launcher the shards are divided among the ranks (docs/curate.md). A rank that
+  // fails ends the whole job, naming itself, instead of leaving the others in a collective.
+  comm::Communicator& world = comm::world();
+  Json report;
+  if (world.size() > 1) {
+    try {
+      report = p.run(ro);
+    } catch (const std::exception& e) {
+      comm::abort_job(e.what());
+    }
+  } else {
+    report = p.run(ro);
+  }
+  if (world.rank() == 0) {
+    std::fputs(curate::report_text(report).c_str(), stdout);
+    std::printf("\nreport: %s/report.json, report.txt, report.html\n", p.out_dir().c_str());
+  }
   return 0;
 }
 

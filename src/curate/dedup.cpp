@@ -11,10 +11,14 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "curate/collective.h"
+#include "curate/dedup_dist.h"
+#include "curate/lsh_runs.h"
 #include "curate/readers.h"
 #include "curate/stages.h"
 #include "curate/text.h"
@@ -123,6 +127,35 @@ void UnionFind::unite(uint32_t a, uint32_t b) {
     parent_[a] = b;
 }
 
+std::vector<std::string> read_lines(const std::string& path) {
+  std::string data = read_file(path);
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < data.size()) {
+    size_t nl = data.find('\n', start);
+    out.push_back(data.substr(start, nl - start));
+    start = nl + 1;
+  }
+  return out;
+}
+
+double sorted_jaccard(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
+  if (a.empty() && b.empty()) return 1;  // two empty texts are the same text
+  size_t i = 0, j = 0, inter = 0;
+  while (i < a.size() && j < b.size()) {
+    if (a[i] < b[j]) {
+      ++i;
+    } else if (b[j] < a[i]) {
+      ++j;
+    } else {
+      ++inter;
+      ++i;
+      ++j;
+    }
+  }
+  return static_cast<double>(inter) / static_cast<double>(a.size() + b.size() - inter);
+}
+
 namespace {
 
 void for_each_shard(size_t n, int workers, const std::function<void(size_t)>& fn) {
@@ -163,18 +196,6 @@ void read_shard(const std::string& file, const GlobalInput& in,
   while (r->next(d, reject)) fn(d);
 }
 
-std::vector<std::string> read_lines(const std::string& path) {
-  std::string data = read_file(path);
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start < data.size()) {
-    size_t nl = data.find('\n', start);
-    out.push_back(data.substr(start, nl - start));
-    start = nl + 1;
-  }
-  return out;
-}
-
 std::string id_line(const std::string& id) {
   std::string s = id;
   for (char& c : s)
@@ -200,6 +221,7 @@ class ExactDedup : public Stage {
     size_t n = in.shard_files.size();
     for_each_shard(n, in.workers, [&](size_t i) {
       std::string base = cat(in.work_dir, "/", i);
+      if (!in.owns(i)) return;                                                // another rank's
       if (file_exists(base + ".hash") && file_exists(base + ".ids")) return;  // resumed
       std::string hashes, ids;
       read_shard(in.shard_files[i], in, [&](Doc& d) {
@@ -210,6 +232,8 @@ class ExactDedup : public Stage {
       write_file_atomic(base + ".ids", ids);
       write_file_atomic(base + ".hash", hashes);
     });
+    dist_ = in.distributed();
+    if (dist_) return prepare_distributed(in);
     d_ = Decisions();
     hashes_.clear();
     for (size_t i = 0; i < n; ++i) {
@@ -242,116 +266,57 @@ class ExactDedup : public Stage {
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
-    uint64_t g = d_.offset[static_cast<size_t>(ctx.shard)] + static_cast<uint64_t>(ctx.doc_index);
-    LOOM_CHECK(g < d_.offset[static_cast<size_t>(ctx.shard) + 1] &&
-                   hashes_[g] == hash128(normalize_for_dedup(doc.text)),
+    const size_t shard = static_cast<size_t>(ctx.shard);
+    uint64_t g =
+        (dist_ ? dd_.begin(shard) : d_.offset[shard]) + static_cast<uint64_t>(ctx.doc_index);
+    const uint64_t end = dist_ ? dd_.end(shard) : d_.offset[shard + 1];
+    LOOM_CHECK(g < end && (dist_ ? own_hashes_[shard][g - dd_.begin(shard)] : hashes_[g]) ==
+                              hash128(normalize_for_dedup(doc.text)),
                "exact_dedup: shard ", ctx.shard, " changed since its hashes were computed");
-    uint32_t r = d_.rep[g];
+    uint32_t r, size;
+    if (dist_) {
+      auto f = dd_.fate(static_cast<uint32_t>(g));
+      r = f.rep;
+      size = f.size;
+    } else {
+      r = d_.rep[g];
+      size = d_.size[r];
+    }
     if (r != g) {
-      doc.record["duplicate_of"] = d_.ids[r];
+      doc.record["duplicate_of"] = dist_ ? dd_.rep_id(static_cast<uint32_t>(g)) : d_.ids[r];
       return "exact_duplicate";
     }
-    if (d_.size[g] > 1) ctx.count("docs_with_duplicates");
+    if (size > 1) ctx.count("docs_with_duplicates");
     return "";
   }
 
  private:
+  // Across ranks: this rank's hashes go to the ranks owning their ranges (dedup_dist.h).
+  void prepare_distributed(const GlobalInput& in) {
+    dd_.load_ids(in);
+    own_hashes_.assign(in.shard_files.size(), {});
+    std::vector<std::pair<Hash128, uint32_t>> mine;
+    for (size_t i = 0; i < in.shard_files.size(); ++i) {
+      if (!in.owns(i)) continue;
+      std::string base = cat(in.work_dir, "/", i);
+      std::string h = read_file(base + ".hash");
+      LOOM_CHECK(h.size() == (dd_.end(i) - dd_.begin(i)) * sizeof(Hash128), base,
+                 ".hash does not match ", base, ".ids: remove ", in.work_dir, " and rerun");
+      auto& hs = own_hashes_[i];
+      hs.resize(h.size() / sizeof(Hash128));
+      std::memcpy(hs.data(), h.data(), h.size());
+      for (size_t k = 0; k < hs.size(); ++k)
+        mine.push_back({hs[k], static_cast<uint32_t>(dd_.begin(i) + k)});
+    }
+    resolve_exact(in, mine, dd_);
+  }
+
+  bool dist_ = false;
   Decisions d_;
   std::vector<Hash128> hashes_;
+  RankDecisions dd_;
+  std::vector<std::vector<Hash128>> own_hashes_;  // per shard, this rank's only
 };
-
-// One LSH bucket entry: document `doc` has hash `hash` in band `band`. Sorted by (band, hash,
-// doc), equal (band, hash) runs are the buckets and each starts with its smallest document.
-struct BandEntry {
-  uint64_t hash;
-  uint32_t band, doc;
-  bool operator<(const BandEntry& o) const {
-    if (band != o.band) return band < o.band;
-    if (hash != o.hash) return hash < o.hash;
-    return doc < o.doc;
-  }
-};
-
-// Sequential reader of a sorted run file of BandEntry records.
-class RunReader {
- public:
-  explicit RunReader(const std::string& path) : path_(path) {
-    f_ = std::fopen(path.c_str(), "rb");
-    LOOM_CHECK(f_, path, ": cannot open LSH run file");
-    buf_.resize(4096);
-    fill();
-  }
-  ~RunReader() {
-    if (f_) std::fclose(f_);
-  }
-  RunReader(const RunReader&) = delete;
-  RunReader& operator=(const RunReader&) = delete;
-  bool done() const { return pos_ == n_; }
-  const BandEntry& head() const { return buf_[pos_]; }
-  void pop() {
-    if (++pos_ == n_) fill();
-  }
-
- private:
-  void fill() {
-    n_ = std::fread(buf_.data(), sizeof(BandEntry), buf_.size(), f_);
-    LOOM_CHECK(n_ > 0 || !std::ferror(f_), path_, ": read error");
-    pos_ = 0;
-  }
-  std::string path_;
-  std::FILE* f_ = nullptr;
-  std::vector<BandEntry> buf_;
-  size_t pos_ = 0, n_ = 0;
-};
-
-// Reads a shard's .sig file (bands x 8 bytes per document) in pieces, so a large shard never
-// has to fit in memory.
-class SigReader {
- public:
-  SigReader(const std::string& path, size_t rec) : path_(path), rec_(rec) {
-    f_ = std::fopen(path.c_str(), "rb");
-    LOOM_CHECK(f_, path, ": cannot open");
-  }
-  ~SigReader() { std::fclose(f_); }
-  SigReader(const SigReader&) = delete;
-  SigReader& operator=(const SigReader&) = delete;
-  // The next document's band hashes, or nullptr at the end of the file.
-  const uint64_t* next() {
-    if (pos_ == have_) {
-      buf_.resize(rec_ / 8 * 1024);
-      size_t got = std::fread(buf_.data(), 1, buf_.size() * 8, f_);
-      LOOM_CHECK(got % rec_ == 0 && !std::ferror(f_), path_, ": truncated signature file");
-      have_ = got / rec_;
-      pos_ = 0;
-      if (have_ == 0) return nullptr;
-    }
-    return buf_.data() + (pos_++) * (rec_ / 8);
-  }
-
- private:
-  std::string path_;
-  size_t rec_;
-  std::FILE* f_;
-  std::vector<uint64_t> buf_;
-  size_t pos_ = 0, have_ = 0;
-};
-
-double sorted_jaccard(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
-  if (a.empty() && b.empty()) return 1;  // two empty texts are the same text
-  size_t i = 0, j = 0, inter = 0;
-  while (i < a.size() && j < b.size()) {
-    if (a[i] < b[j]) {
-      ++i;
-    } else if (b[j] < a[i]) {
-      ++j;
-    } else {
-      ++inter;
-      ++i;
-      ++j;
-    }
-  }
-  return static_cast<double>(inter) / static_cast<double>(a.size() + b.size() - inter);
-}
 
 class FuzzyDedup : public Stage {
  public:
@@ -386,6 +351,7 @@ class FuzzyDedup : public Stage {
     size_t n = in.shard_files.size();
     for_each_shard(n, in.workers, [&](size_t i) {
       std::string base = cat(in.work_dir, "/", i);
+      if (!in.owns(i)) return;                                               // another rank's
       if (file_exists(base + ".sig") && file_exists(base + ".ids")) return;  // resumed
       std::string sigs, ids;
       read_shard(in.shard_files[i], in, [&](Doc& d) {
@@ -396,6 +362,8 @@ class FuzzyDedup : public Stage {
       write_file_atomic(base + ".ids", ids);
       write_file_atomic(base + ".sig", sigs);
     });
+    dist_ = in.distributed();
+    if (dist_) return prepare_distributed(in);
     d_ = Decisions();
     for (size_t i = 0; i < n; ++i) {
       std::string base = cat(in.work_dir, "/", i);
@@ -451,27 +419,37 @@ class FuzzyDedup : public Stage {
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
-    uint64_t g = d_.offset[static_cast<size_t>(ctx.shard)] + static_cast<uint64_t>(ctx.doc_index);
-    LOOM_CHECK(
-        g < d_.offset[static_cast<size_t>(ctx.shard) + 1] && id_line(d_.ids[g]) == id_line(doc.id),
-        "fuzzy_dedup: shard ", ctx.shard, " changed since its signatures were computed");
-    uint32_t r = d_.rep[g];
-    doc.record["cluster_id"] = d_.ids[r];
-    doc.record["cluster_size"] = static_cast<int64_t>(d_.size[r]);
+    const size_t shard = static_cast<size_t>(ctx.shard);
+    uint64_t g =
+        (dist_ ? dd_.begin(shard) : d_.offset[shard]) + static_cast<uint64_t>(ctx.doc_index);
+    const uint64_t end = dist_ ? dd_.end(shard) : d_.offset[shard + 1];
+    LOOM_CHECK(g < end && id_line(dist_ ? dd_.own_id(static_cast<uint32_t>(g)) : d_.ids[g]) ==
+                              id_line(doc.id),
+               "fuzzy_dedup: shard ", ctx.shard, " changed since its signatures were computed");
+    uint32_t r, size;
+    if (dist_) {
+      auto f = dd_.fate(static_cast<uint32_t>(g));
+      r = f.rep;
+      size = f.size;
+    } else {
+      r = d_.rep[g];
+      size = d_.size[r];
+    }
+    const std::string& rep_id = dist_ ? dd_.rep_id(static_cast<uint32_t>(g)) : d_.ids[r];
+    doc.record["cluster_id"] = rep_id;
+    doc.record["cluster_size"] = static_cast<int64_t>(size);
     if (r != g) {
-      doc.record["duplicate_of"] = d_.ids[r];
+      doc.record["duplicate_of"] = rep_id;
       return "near_duplicate";
     }
-    if (d_.size[r] > 1) {
+    if (size > 1) {
       ctx.count("clusters");
-      ctx.score("cluster_size", static_cast<double>(d_.size[r]), 0, 100);
+      ctx.score("cluster_size", static_cast<double>(size), 0, 100);
     }
     return "";
   }
 
  private:
-  using PairFn = std::function<void(uint32_t, uint32_t)>;
-
   // Every band hash in memory; one band's (hash, doc) keys sorted at a time.
   void buckets_in_memory(const GlobalInput& in, size_t N, const PairFn& on_pair) const {
     const int B = hasher_->params().bands;
@@ -508,14 +486,9 @@ class FuzzyDedup : public Stage {
     buf.reserve(cap);
     std::vector<std::string> run_files;
     auto flush = [&] {
-      std::sort(buf.begin(), buf.end());
       // ".tmp." in the name: the pipeline deletes these if a killed run leaves them behind.
       std::string path = cat(in.work_dir, "/lsh.tmp.run", run_files.size());
-      std::FILE* f = std::fopen(path.c_str(), "wb");
-      LOOM_CHECK(f, path, ": cannot create LSH run file");
-      size_t w = std::fwrite(buf.data(), sizeof(BandEntry), buf.size(), f);
-      bool ok = std::fclose(f) == 0 && w == buf.size();
-      LOOM_CHECK(ok, path, ": write failed (disk full?)");
+      write_sorted_run(path, buf);
       run_files.push_back(path);
       buf.clear();
     };
@@ -530,32 +503,7 @@ class FuzzyDedup : public Stage {
     }
     if (!buf.empty()) flush();
     std::vector<BandEntry>().swap(buf);  // give the budget back to the merge
-    {
-      std::vector<std::unique_ptr<RunReader>> runs;
-      for (auto& f : run_files) runs.push_back(std::make_unique<RunReader>(f));
-      auto later = [&](size_t a, size_t b) { return runs[b]->head() < runs[a]->head(); };
-      std::vector<size_t> heap;
-      for (size_t k = 0; k < runs.size(); ++k)
-        if (!runs[k]->done()) heap.push_back(k);
-      std::make_heap(heap.begin(), heap.end(), later);
-      bool have = false;
-      BandEntry first{};
-      while (!heap.empty()) {
-        std::pop_heap(heap.begin(), heap.end(), later);
-        size_t k = heap.back();
-        BandEntry e = runs[k]->head();
-        runs[k]->pop();
-        if (runs[k]->done())
-          heap.pop_back();
-        else
-          std::push_heap(heap.begin(), heap.end(), later);
-        if (have && e.band == first.band && e.hash == first.hash)
-          on_pair(first.doc, e.doc);
-        else
-          first = e;
-        have = true;
-      }
-    }
+    pairs_from_runs(run_files, on_pair);
     for (auto& f : run_files) std::remove(f.c_str());
     return run_files.size();
   }
@@ -594,10 +542,108 @@ class FuzzyDedup : public Stage {
     return joined;
   }
 
+  // Across ranks (dedup_dist.h): this rank's band entries go to the ranks owning their hash
+  // ranges, whose buckets give candidate pairs; components are joined on rank 0.
+  void prepare_distributed(const GlobalInput& in) {
+    auto& c = *in.comm;
+    const int B = hasher_->params().bands;
+    const size_t rec = static_cast<size_t>(B) * 8;
+    dd_.load_ids(in);
+    for (size_t i = 0; i < in.shard_files.size(); ++i) {
+      if (!in.owns(i)) continue;
+      std::string base = cat(in.work_dir, "/", i);
+      LOOM_CHECK(std::filesystem::file_size(base + ".sig") == (dd_.end(i) - dd_.begin(i)) * rec,
+                 base, ".sig does not match ", base,
+                 ".ids (different fuzzy_dedup settings?): remove ", in.work_dir, " and rerun");
+    }
+    // This rank's entries, shard by shard, in pieces.
+    size_t shard = 0;
+    uint32_t doc = 0;
+    std::unique_ptr<SigReader> reader;
+    auto produce = [&](std::vector<BandEntry>& out, size_t max) {
+      while (out.size() + static_cast<size_t>(B) <= std::max(max, static_cast<size_t>(B))) {
+        if (!reader) {
+          while (shard < in.shard_files.size() && !in.owns(shard)) ++shard;
+          if (shard == in.shard_files.size()) return;
+          reader = std::make_unique<SigReader>(cat(in.work_dir, "/", shard, ".sig"), rec);
+          doc = static_cast<uint32_t>(dd_.begin(shard));
+        }
+        const uint64_t* h = reader->next();
+        if (!h) {
+          reader.reset();
+          ++shard;
+          continue;
+        }
+        for (int b = 0; b < B; ++b) out.push_back({h[b], static_cast<uint32_t>(b), doc});
+        ++doc;
+      }
+    };
+    int64_t candidates = 0;
+    std::vector<DocPair> pairs;
+    size_t runs = distributed_buckets(in, budget_, produce, [&](uint32_t first, uint32_t other) {
+      ++candidates;
+      pairs.push_back({first, other});
+    });
+    int64_t distinct = 0;
+    if (verify_ > 0) {
+      pairs = verify_distributed(
+          in, dd_, pairs, verify_,
+          [&](const std::vector<uint32_t>& docs) { return shingle_sets(in, docs); }, distinct);
+    }
+    std::vector<int64_t> totals = {candidates, static_cast<int64_t>(runs), distinct,
+                                   static_cast<int64_t>(pairs.size())};
+    sum_i64(c, totals);
+    resolve_components(in, pairs, dd_);
+    if (c.rank() != 0) return;
+    Json info = Json::object();
+    info["documents"] = static_cast<int64_t>(dd_.total());
+    info["candidate_pairs"] = totals[0];
+    info["spill_runs"] = totals[1];
+    info["memory_budget_bytes"] = static_cast<int64_t>(budget_);
+    info["ranks"] = static_cast<int64_t>(c.size());
+    if (verify_ > 0) {
+      info["verified_pairs"] = totals[2];
+      info["pairs_above_threshold"] = totals[3];
+    }
+    write_file_atomic(in.work_dir + "/lsh.json", info.dump(1));
+    log_info("curate: fuzzy_dedup: ", dd_.total(), " documents on ", c.size(), " ranks, ",
+             totals[0], " candidate pairs",
+             totals[1] ? cat(", ", totals[1], " sorted runs spilled to disk") : std::string(),
+             verify_ > 0 ? cat(", ", totals[3], " of ", totals[2], " distinct pairs verified")
+                         : std::string());
+  }
+
+  // Sorted, distinct shingle sets of this rank's documents `docs` (sorted), read from its shards.
+  std::vector<std::vector<uint64_t>> shingle_sets(const GlobalInput& in,
+                                                  const std::vector<uint32_t>& docs) const {
+    std::vector<std::vector<uint64_t>> sets(docs.size());
+    for_each_shard(in.shard_files.size(), in.workers, [&](size_t i) {
+      if (!in.owns(i)) return;
+      auto lo = std::lower_bound(docs.begin(), docs.end(), dd_.begin(i));
+      if (lo == docs.end() || *lo >= dd_.end(i)) return;  // none needed from this shard
+      uint64_t g = dd_.begin(i);
+      read_shard(in.shard_files[i], in, [&](Doc& d) {
+        LOOM_CHECK(g < dd_.end(i), in.shard_files[i],
+                   ": has more documents than when its signatures were computed");
+        auto it = std::lower_bound(docs.begin(), docs.end(), g);
+        if (it != docs.end() && *it == g) {
+          auto& s = sets[static_cast<size_t>(it - docs.begin())];
+          s = hasher_->shingles(d.text);
+          std::sort(s.begin(), s.end());
+          s.erase(std::unique(s.begin(), s.end()), s.end());
+        }
+        ++g;
+      });
+    });
+    return sets;
+  }
+
   std::unique_ptr<MinHasher> hasher_;
   double verify_ = 0;
   size_t budget_ = 0;
+  bool dist_ = false;
   Decisions d_;
+  RankDecisions dd_;
 };
 
 }  // namespace

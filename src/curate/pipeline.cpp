@@ -12,9 +12,11 @@
 #include <set>
 #include <thread>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "curate/collective.h"
 #include "curate/text.h"
 #include "curate/writer.h"
 
@@ -317,7 +319,12 @@ Pipeline::ShardResult Pipeline::run_shard(size_t seg, const InputShard& shard,
 
 Json Pipeline::run(const RunOptions& opt) {
   double t0 = now_seconds();
+  comm::Communicator& c = opt.comm ? *opt.comm : comm::world();
+  const int ranks = c.size(), me = c.rank();
+  auto owns = [&](size_t i) { return static_cast<int>(i % static_cast<size_t>(ranks)) == me; };
   int workers = opt.workers > 0 ? opt.workers : workers_;
+  if (workers <= 0 && ranks > 1)  // `loom launch` gives each rank its share of the cores
+    if (const char* t = std::getenv("OMP_NUM_THREADS")) workers = std::atoi(t);
   if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<InputShard> shards = plan_shards(input_paths_, reader_.format, files_per_shard_);
 
@@ -332,19 +339,27 @@ Json Pipeline::run(const RunOptions& opt) {
   }
   run["shards"] = sl;
   std::string run_path = out_dir_ + "/run.json";
-  if (opt.restart) remove_all(out_dir_);
+  if (opt.restart && me == 0) remove_all(out_dir_);
+  c.barrier();
   if (file_exists(run_path)) {
     Json prev = Json::parse(read_file(run_path), run_path);
     LOOM_CHECK(prev.at("config").as_string() == identity_ && prev.at("shards").dump() == sl.dump(),
                out_dir_,
                " holds a run with a different config or input; use --restart to "
                "discard it or choose another output.dir");
-    log_info("curate: resuming the run in ", out_dir_);
+    if (me == 0) log_info("curate: resuming the run in ", out_dir_);
   }
-  for (const char* d : {"kept", "rejected", "stats", "work"}) make_dirs(cat(out_dir_, "/", d));
-  for (size_t seg = 0; seg + 1 < segments_.size(); ++seg) make_dirs(cat(out_dir_, "/work/s", seg));
-  remove_stale_temps(out_dir_);  // temporaries of a killed run are never outputs
-  write_file_atomic(run_path, run.dump(1));
+  c.barrier();  // every rank has read run.json before rank 0 rewrites it
+  if (me == 0) {
+    for (const char* d : {"kept", "rejected", "stats", "work"}) make_dirs(cat(out_dir_, "/", d));
+    for (size_t seg = 0; seg + 1 < segments_.size(); ++seg) {
+      make_dirs(cat(out_dir_, "/work/s", seg));
+      make_dirs(cat(out_dir_, "/work/", stages_[segments_[seg + 1].begin].name));
+    }
+    remove_stale_temps(out_dir_);  // temporaries of a killed run are never outputs
+    write_file_atomic(run_path, run.dump(1));
+  }
+  c.barrier();  // directories exist and no rank writes a temporary before the cleanup is over
 
   int64_t total_bytes = 0;
   for (auto& s : shards) total_bytes += static_cast<int64_t>(s.bytes);
@@ -364,14 +379,19 @@ Json Pipeline::run(const RunOptions& opt) {
       gi.text_field = reader_.text_field;
       gi.id_field = reader_.id_field;
       gi.workers = workers;
-      make_dirs(gi.work_dir);
-      log_info("curate: ", g.name, ": preparing over ", shards.size(), " shards");
+      gi.comm = &c;
+      gi.rank = me;
+      gi.ranks = ranks;
+      if (me == 0)
+        log_info("curate: ", g.name, ": preparing over ", shards.size(), " shards",
+                 ranks > 1 ? cat(" on ", ranks, " ranks") : std::string());
       g.stage->prepare(gi);
     }
     Progress progress;
-    progress.total_shards = static_cast<int64_t>(shards.size());
     std::vector<size_t> todo;
     for (size_t i = 0; i < shards.size(); ++i) {
+      if (!owns(i)) continue;
+      ++progress.total_shards;
       std::string sp =
           cat(out_dir_, "/stats/s", seg, "-", shard_name(static_cast<int>(i)), ".json");
       if (file_exists(sp) && file_exists(kept_path(static_cast<int>(i), last, seg))) {
@@ -382,11 +402,12 @@ Json Pipeline::run(const RunOptions& opt) {
         progress.total_bytes += seg == 0 ? static_cast<int64_t>(shards[i].bytes) : 0;
       }
     }
-    if (todo.size() < shards.size())
-      log_info("curate: segment ", seg, ": ", shards.size() - todo.size(),
+    std::string label = ranks > 1 ? cat("segment ", seg, " rank ", me) : cat("segment ", seg);
+    if (static_cast<int64_t>(todo.size()) < progress.total_shards)
+      log_info("curate: ", label, ": ", progress.total_shards - static_cast<int64_t>(todo.size()),
                " shards already finished, ", todo.size(), " to run");
     {
-      ProgressPrinter printer(progress, opt.progress_interval, cat("segment ", seg));
+      ProgressPrinter printer(progress, opt.progress_interval, label);
       parallel_for(todo.size(), workers, [&](size_t k) {
         size_t i = todo[k];
         seg_stats[seg][i] =
@@ -398,7 +419,49 @@ Json Pipeline::run(const RunOptions& opt) {
     shards_this_run += static_cast<int64_t>(todo.size());
   }
 
-  // Merge per-shard stats in shard order into the report.
+  if (ranks > 1) {
+    // Rank 0 gathers every rank's shard stats and writes the report; the others get it back.
+    std::vector<int64_t> counts = {docs_this_run, bytes_this_run, shards_this_run};
+    sum_i64(c, counts);
+    docs_this_run = counts[0];
+    bytes_this_run = counts[1];
+    shards_this_run = counts[2];
+    std::string mine;
+    for (size_t seg = 0; seg < segments_.size(); ++seg)
+      for (size_t i = 0; i < shards.size(); ++i)
+        if (owns(i)) {
+          Json e = Json::object();
+          e["segment"] = static_cast<int64_t>(seg);
+          e["shard"] = static_cast<int64_t>(i);
+          e["stats"] = seg_stats[seg][i];
+          mine += e.dump() + "\n";
+        }
+    auto all = gather_bytes(c, std::move(mine), 0);
+    std::string report_json;
+    if (me == 0) {
+      for (auto& block : all)
+        for (auto line : split_lines(block)) {
+          if (line.empty()) continue;
+          Json e = Json::parse(std::string(line), "rank stats");
+          seg_stats[static_cast<size_t>(e.at("segment").as_int())]
+                   [static_cast<size_t>(e.at("shard").as_int())] = e.at("stats");
+        }
+      report_json = make_report(seg_stats, shards.size(), total_bytes, now_seconds() - t0, workers,
+                                ranks, shards_this_run, docs_this_run, bytes_this_run)
+                        .dump(1);
+    }
+    report_json = broadcast_bytes(c, std::move(report_json), 0);
+    return Json::parse(report_json, out_dir_ + "/report.json");
+  }
+  return make_report(seg_stats, shards.size(), total_bytes, now_seconds() - t0, workers, ranks,
+                     shards_this_run, docs_this_run, bytes_this_run);
+}
+
+// Merges per-shard stats in shard order into the report and writes it.
+Json Pipeline::make_report(const std::vector<std::vector<Json>>& seg_stats, size_t nshards,
+                           int64_t total_bytes, double elapsed, int workers, int ranks,
+                           int64_t shards_this_run, int64_t docs_this_run,
+                           int64_t bytes_this_run) const {
   StageStats reader_total;
   std::vector<StageStats> totals(stages_.size());
   Json errors = Json::array();
@@ -415,11 +478,10 @@ Json Pipeline::run(const RunOptions& opt) {
       if (seg + 1 == segments_.size()) kept += js.at("kept").as_int();
     }
   }
-  double elapsed = now_seconds() - t0;
   Json report = Json::object();
   Json in = Json::object();
   in["format"] = reader_.format;
-  in["shards"] = static_cast<int64_t>(shards.size());
+  in["shards"] = static_cast<int64_t>(nshards);
   in["bytes"] = total_bytes;
   report["input"] = in;
   Json out = Json::object();
@@ -432,6 +494,7 @@ Json Pipeline::run(const RunOptions& opt) {
   Json runj = Json::object();
   runj["seconds"] = elapsed;
   runj["workers"] = workers;
+  if (ranks > 1) runj["ranks"] = ranks;
   runj["shards_processed"] = shards_this_run;
   runj["docs_per_s"] = static_cast<double>(docs_this_run) / std::max(1e-9, elapsed);
   runj["mb_per_s"] = static_cast<double>(bytes_this_run) / 1e6 / std::max(1e-9, elapsed);

@@ -21,15 +21,26 @@
 #include "curate/readers.h"
 #include "curate/stage.h"
 
-namespace loom::curate {
+namespace loom {
+
+namespace comm {
+class Communicator;
+}
+
+namespace curate {
 
 struct Progress;
 
+// Several ranks (mpirun, `loom launch`): shard i belongs to rank i % ranks, which reads it and
+// writes its kept/rejected/stats outputs (the output directory is shared); dedup stages decide
+// together (dedup_dist.h) with the same results as one process; rank 0 writes run.json and the
+// report from every rank's shard stats.
 struct RunOptions {
-  int workers = 0;                // 0: from the config (pipeline.workers), else all cores
-  bool restart = false;           // discard a previous run in the output directory
-  double progress_interval = 5;   // seconds between progress lines; <= 0 for none
-  int64_t crash_after_docs = -1;  // testing: _exit after this many documents (simulated kill)
+  int workers = 0;                     // 0: from the config (pipeline.workers), else all cores
+  bool restart = false;                // discard a previous run in the output directory
+  double progress_interval = 5;        // seconds between progress lines; <= 0 for none
+  int64_t crash_after_docs = -1;       // testing: _exit after this many documents (simulated kill)
+  comm::Communicator* comm = nullptr;  // the ranks of the run; null: comm::world()
 };
 
 struct StageSpec {
@@ -54,6 +65,9 @@ class Pipeline {
   struct ShardResult;
   ShardResult run_shard(size_t seg, const InputShard& shard, const std::string& in_file, bool last,
                         Progress& progress, int64_t crash_after);
+  Json make_report(const std::vector<std::vector<Json>>& seg_stats, size_t shards,
+                   int64_t total_bytes, double seconds, int workers, int ranks,
+                   int64_t shards_this_run, int64_t docs_this_run, int64_t bytes_this_run) const;
   std::string kept_path(int shard, bool last, size_t seg) const;
 
   ReaderOptions reader_;
@@ -72,4 +86,5 @@ class Pipeline {
 std::string report_text(const Json& report);
 std::string report_html(const Json& report);
 
-}  // namespace loom::curate
+}  // namespace curate
+}  // namespace loom

@@ -13,6 +13,10 @@
 #include "curate/document.h"
 #include "curate/stats.h"
 
+namespace loom::comm {
+class Communicator;
+}
+
 namespace loom::curate {
 
 struct StageContext {
@@ -32,12 +36,20 @@ struct StageContext {
 };
 
 // What a global stage (deduplication) sees before its segment runs: every shard the previous
-// segment produced, in order.
+// segment produced, in order. In a run over several ranks, shard i belongs to rank
+// i % ranks: a rank reads only its own shards and the stage decides with the others through
+// `comm`; with one rank (comm null or of size 1) it decides alone.
 struct GlobalInput {
   std::vector<std::string> shard_files;  // JSONL
   std::string work_dir;                  // for the stage's resumable intermediate files
   std::string text_field, id_field;
   int workers = 1;
+  comm::Communicator* comm = nullptr;
+  int rank = 0, ranks = 1;
+  bool owns(size_t shard) const {
+    return static_cast<int>(shard % static_cast<size_t>(ranks)) == rank;
+  }
+  bool distributed() const { return ranks > 1; }
 };
 
 class Stage {
