@@ -134,6 +134,8 @@ ProcessGroups::ProcessGroups(Communicator& world, ParallelDims dims)
   ep_ = make("ep");
   edp_ = make("edp");
   tp_dp_ = make("tp-dp");
+  dp_cp_ = make("dp-cp");
+  tp_dp_cp_ = make("tp-dp-cp");
 }
 
 std::string ProcessGroups::describe() const {

@@ -66,13 +66,17 @@ class ProcessGroups {
   // Expert-data parallel: the data-parallel ranks that hold the same experts (dp / ep of them).
   Communicator& edp() { return *edp_; }
   Communicator& tp_dp() { return *tp_dp_; }  // model-parallel x data-parallel (norm reductions)
+  // Context-parallel ranks join data parallelism for gradient reduction: dp x cp, and
+  // tp x dp x cp for the gradient norm.
+  Communicator& dp_cp() { return *dp_cp_; }
+  Communicator& tp_dp_cp() { return *tp_dp_cp_; }
   std::string describe() const;
 
  private:
   Communicator& world_;
   RankGenerator gen_;
   RankCoords coords_;
-  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, ep_, edp_, tp_dp_;
+  std::unique_ptr<Communicator> tp_, cp_, dp_, pp_, ep_, edp_, tp_dp_, dp_cp_, tp_dp_cp_;
 };
 
 }  // namespace loom::comm

@@ -230,12 +230,17 @@ void Decoder::ensure_buffers(int N) {
     shared.ln2_rstd = take(1);
     shared.fc = take(FC);
     shared.act = take(F);
+    // A pipeline stage allocates only the layers it holds (the first of them keeps the shared
+    // set); with the whole model that is every layer, and layer 0 keeps the shared set.
+    int first_held = -1;
     for (int l = 0; l < L; ++l) {
       LayerActs& a = acts_[l];
+      if (!holds_layer(l)) continue;
+      if (first_held < 0) first_held = l;
       a = shared;
       a.x_in = take(C);
       if (recompute_ == Recompute::Full) continue;  // everything else is recomputed
-      if (l == 0) continue;                         // layer 0 keeps the shared set
+      if (l == first_held) continue;
       float* att = a.att;
       float* lse = a.lse;
       a.ln1 = take(C);
@@ -268,7 +273,8 @@ void Decoder::ensure_buffers(int N) {
     dqkv_ = take(Q);
     dfc_ = take(FC);
     dact_ = take(F);
-    int64_t logits = (int64_t(head_chunk()) * vocab_ + 15) / 16 * 16;
+    // Logits exist only where the head runs (the whole model, or the last pipeline stage).
+    int64_t logits = pp_.last ? (int64_t(head_chunk()) * vocab_ + 15) / 16 * 16 : 0;
     logits_ = base ? base + total : nullptr;
     total += logits;
     if (pass == 0) {
@@ -380,8 +386,28 @@ void Decoder::embed_backward(const ModelInput& in) {
     be_.embedding_backward(params_.grad_ptr("embed.wpe"), d, in.positions, N, C);
 }
 
+void Decoder::set_context_parallel(const ContextParallel& cp) {
+  LOOM_CHECK(cp.size >= 1 && cp.rank >= 0 && cp.rank < cp.size, "context-parallel rank ", cp.rank,
+             " of ", cp.size);
+  LOOM_CHECK(cp.size == 1 || cp.comm, "context parallelism needs its communicator");
+  LOOM_CHECK(cp.size == 1 || !cfg_.is_moe(),
+             "context parallelism with a MoE model is not supported yet (parallel.cp with "
+             "model.n_experts > 0)");
+  cp_ = cp;
+  ring_ = cp.size > 1 ? std::make_unique<RingAttention>(cp, be_) : nullptr;
+}
+
 void Decoder::attention_core(const ModelInput& in, const LayerActs& a) {
   const int Hq = hq_, Hkv = hkv_, D = cfg_.head_dim, Q = qkv_;
+  if (ring_) {
+    LOOM_CHECK(in.cp && static_cast<int>(in.cp->shards.size()) == cp_.size,
+               "a context-parallel model needs ModelInput::cp (the shards of ", cp_.size,
+               " ranks)");
+    ring_->forward(a.att, a.lse, a.qkv, Q, Hq, Hkv, D, 1.f / std::sqrt(static_cast<float>(D)),
+                   *in.cp);
+    round_act(a.att, int64_t(in.N) * Hq * D);
+    return;
+  }
   const float* q = a.qkv;
   const float* k = a.qkv + Hq * D;
   const float* v = k + Hkv * D;
@@ -519,9 +545,13 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
   const float* q = a.qkv;
   const float* k = q + A;
   const float* v = k + Hkv * D;
-  be_.attention_backward(dqkv_, dqkv_ + A, dqkv_ + A + Hkv * D, datt_, q, k, v, a.att, a.lse, Q,
-                         in.cu_seqlens, in.nseq, Hq, Hkv, D,
-                         1.f / std::sqrt(static_cast<float>(D)));
+  if (ring_)
+    ring_->backward(dqkv_, datt_, q, a.att, a.lse, Q, Hq, Hkv, D,
+                    1.f / std::sqrt(static_cast<float>(D)), *in.cp);
+  else
+    be_.attention_backward(dqkv_, dqkv_ + A, dqkv_ + A + Hkv * D, datt_, q, k, v, a.att, a.lse, Q,
+                           in.cu_seqlens, in.nseq, Hq, Hkv, D,
+                           1.f / std::sqrt(static_cast<float>(D)));
   if (cfg_.uses_rope()) {
     be_.rope_backward(dqkv_, in.positions, N, Hq, D, Q, cfg_.rope_theta);
     be_.rope_backward(dqkv_ + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);

@@ -19,6 +19,7 @@
 #include "model/model_config.h"
 #include "model/moe_layer.h"
 #include "model/params.h"
+#include "model/ring_attention.h"
 
 namespace loom {
 
@@ -39,6 +40,9 @@ struct ModelInput {
   const int32_t* cu_seqlens = nullptr;  // [nseq + 1]
   int N = 0;
   int nseq = 0;
+  // Context parallelism: the tokens above are this rank's share (CpBatch::shards[cp rank]:
+  // gathered rows, their positions, local_cu_seqlens) and `cp` holds every rank's shard.
+  const CpBatch* cp = nullptr;
 };
 
 // Megatron-style tensor parallelism over `size` ranks (docs/parallel.md): attention split by
@@ -71,6 +75,10 @@ class Decoder {
           const ExpertParallel& ep = {}, const PipelineStage& pp = {});
   ~Decoder();
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // Context parallelism (ring attention over cp.comm); inputs then carry ModelInput::cp.
+  void set_context_parallel(const ContextParallel& cp);
+  const ContextParallel& context_parallel() const { return cp_; }
+  RingAttention* ring_attention() { return ring_.get(); }
   const ExpertParallel& expert_parallel() const { return ep_; }
 
   const ModelConfig& config() const { return cfg_; }
@@ -182,6 +190,8 @@ class Decoder {
   TensorParallel tp_;
   ExpertParallel ep_;
   PipelineStage pp_;
+  ContextParallel cp_;
+  std::unique_ptr<RingAttention> ring_;
   std::vector<float> stage_out_;  // scratch output of a recomputed chunk
   std::pair<int, int> chunk_range(int chunk) const;
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // per layer (null for dense layers)

@@ -1,6 +1,9 @@
 #include "parallel/pipeline.h"
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "core/log.h"
 
 namespace loom::parallel {
 
@@ -50,7 +53,9 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
   const int p = schedule_.p, me = pp_.rank();
   std::map<std::pair<int, int>, comm::Work> recv_act, recv_grad;
   std::vector<comm::Work> sends;
-  double loss = 0;
+  double loss = 0, busy = 0;
+  aux_ = 0;
+  const double t_start = now_seconds();
   for (const pp::Action& a : schedule_.ranks[me]) {
     const int mb = a.microbatch, c = a.chunk, stage = schedule_.stage_of(me, c);
     const ModelInput& in = micro[mb];
@@ -80,7 +85,12 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
           if (it != recv_act.end()) it->second.wait();
           x_in = act_in_.at({mb, c}).data();
         }
-        if (!model_.is_last_stage(c)) model_.stage_forward(c, in, x_in, buffer(act_out_, mb, c));
+        if (!model_.is_last_stage(c)) {
+          float* out = buffer(act_out_, mb, c);
+          const double t = now_seconds();
+          model_.stage_forward(c, in, x_in, out);
+          busy += now_seconds() - t;
+        }
         break;
       }
       case pp::Op::Backward: {
@@ -93,12 +103,17 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
           dx_out = grad_in_.at({mb, c}).data();
         }
         float* dx_in = model_.is_first_stage(c) ? nullptr : buffer(grad_out_, mb, c);
+        const double t = now_seconds();
         loss += model_.stage_backward(c, in, x_in, dx_out, dx_in, dloss);
+        busy += now_seconds() - t;
+        aux_ += model_.last_aux_loss();
         break;
       }
     }
   }
   for (auto& w : sends) w.wait();
+  const double total = now_seconds() - t_start;
+  idle_ = total > 0 ? std::max(0.0, 1.0 - busy / total) : 0.0;
   if (tied_) {
     ParamSet& P = model_.params();
     const ParamInfo& e = P.info("embed.wte");

@@ -37,6 +37,12 @@ class PipelineRunner {
   double run(const std::vector<ModelInput>& micro, float dloss);
 
   const pp::Schedule& schedule() const { return schedule_; }
+  // Of the last run(): the MoE auxiliary losses (N-weighted, already in run()'s return value)
+  // of this rank's chunks, and this rank's idle fraction, 1 - (seconds inside forward and
+  // backward computations) / (seconds from entering run() until its sends completed): the
+  // pipeline bubble plus time spent waiting for neighbours' messages.
+  double last_aux_loss() const { return aux_; }
+  double last_idle_fraction() const { return idle_; }
   // Per parameter: 1 if this rank counts it in the global gradient norm (a tied embedding
   // counts on the first stage only), else 0. Multiply into other weights.
   std::vector<double> grad_norm_weights() const;
@@ -50,6 +56,7 @@ class PipelineRunner {
   pp::Schedule schedule_;
   std::unique_ptr<comm::Communicator> tied_;  // first + last stage (p > 1, tied embeddings)
   int64_t n_ = 0;                             // elements of one activation
+  double aux_ = 0, idle_ = 0;
   std::map<std::pair<int, int>, std::vector<float>> act_in_, act_out_, grad_in_, grad_out_;
 };
 

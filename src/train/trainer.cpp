@@ -12,6 +12,9 @@
 #include "core/log.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
+#include "parallel/schedule/pipeline_schedule.h"
+#include "parallel/schedule/stage_layers.h"
 #include "parallel/tensor_parallel.h"
 #include "train/data_source.h"
 
@@ -103,7 +106,7 @@ std::string Trainer::layout_name() const {
   const auto& d = pg_->generator().dims();
   return cat("tp=", d.tp, " sp=", model_->tensor_parallel().sequence_parallel, " cp=", d.cp,
              " dp=", d.dp, " pp=", d.pp, " zero=", dp_->zero(),
-             d.ep > 1 ? cat(" ep=", d.ep) : std::string());
+             d.ep > 1 ? cat(" ep=", d.ep) : std::string(), pp_layout_);
 }
 
 Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
@@ -122,6 +125,13 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   comm::ParallelDims dims = comm::ParallelDims::from(cfg_);
   parallel::DataParallelOptions dpo = parallel::DataParallelOptions::from(cfg_);
   const bool sequence_parallel = cfg_.get_bool("parallel.sp", false);
+  // Pipeline: virtual stages per rank, schedule, and the first/last stage's layer counts
+  // (-1 = even split).
+  const int vp = static_cast<int>(cfg_.get_int("parallel.vp", 1));
+  const pp::ScheduleKind pp_kind = pp::parse_schedule_kind(
+      cfg_.get_string("parallel.pp_schedule", vp > 1 ? "interleaved" : "1f1b"));
+  const int pp_first = static_cast<int>(cfg_.get_int("parallel.pp_first_stage_layers", -1));
+  const int pp_last = static_cast<int>(cfg_.get_int("parallel.pp_last_stage_layers", -1));
   train_data_ = make_batch_source(cfg_, opt_, mcfg_, "train");
   if (opt_.eval_interval > 0) {
     valid_data_ = make_batch_source(cfg_, opt_, mcfg_, "valid");
@@ -132,10 +142,33 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
              ") exceeds model.vocab (", mcfg_.vocab, ")");
 
   comm::Communicator& w = world ? *world : comm::world();
-  if (w.size() > 1 || dpo.zero > 0) {
+  PipelineStage stage;  // the whole model unless parallel.pp > 1
+  pp::StageLayout layout;
+  if (w.size() > 1 || dpo.zero > 0 || dims.pp > 1 || vp > 1) {
     pg_ = std::make_unique<comm::ProcessGroups>(w, dims);
     const auto& d = pg_->generator().dims();
-    LOOM_CHECK(d.cp == 1 && d.pp == 1, "parallel.cp and parallel.pp > 1 are not implemented yet");
+    LOOM_CHECK(opt_.seq_len % (2 * d.cp) == 0, "train.seq_len = ", opt_.seq_len,
+               " is not divisible by 2*cp = ", 2 * d.cp,
+               " (context parallelism cuts every sequence into 2*cp chunks); use a multiple of ",
+               2 * d.cp);
+    LOOM_CHECK(d.cp == 1 || d.pp == 1,
+               "parallel.cp > 1 together with parallel.pp > 1 is not supported yet");
+    LOOM_CHECK(vp >= 1, "parallel.vp must be positive, got ", vp);
+    LOOM_CHECK(vp == 1 || pp_kind == pp::ScheduleKind::Interleaved, "parallel.vp = ", vp,
+               " needs parallel.pp_schedule = \"interleaved\", got \"",
+               pp::schedule_kind_name(pp_kind), "\"");
+    if (d.pp > 1 || vp > 1) {
+      LOOM_CHECK(opt_.eval_interval == 0,
+                 "train.eval_interval > 0 is not supported with parallel.pp > 1 yet (set it to 0)");
+      layout = pp::assign_layers(mcfg_.n_layer, d.pp, vp, pp_first, pp_last);
+      stage = parallel::pipeline_stage_of(layout, pg_->pp().rank());
+      std::string split;
+      for (const auto& r : layout.stages) split += cat(split.empty() ? "" : ",", r.size());
+      pp_layout_ = cat(" vp=", vp, " stages=", split);
+    } else {
+      LOOM_CHECK(pp_first < 0 && pp_last < 0,
+                 "parallel.pp_first_stage_layers / pp_last_stage_layers need parallel.pp > 1");
+    }
     LOOM_CHECK(!sequence_parallel || d.tp > 1, "parallel.sp needs parallel.tp > 1");
     rank_ = w.rank();
     if (rank_ != 0) opt_.quiet = true;
@@ -149,14 +182,25 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
     ep = parallel::expert_parallel_layout(*pg_);
   }
-  model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute, tp, ep);
+  model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute, tp, ep, stage);
   model_->params().init(opt_.seed);
   if (policy_.compute != DType::F32)
     round_to(policy_.compute, model_->params().data(), model_->params().total());
   if (pg_) {
-    dp_ = std::make_unique<parallel::DataParallel>(*model_, pg_->dp(), dpo, acfg, policy_.compute,
-                                                   cpu_backend(), &pg_->edp());
+    // Context-parallel ranks join data parallelism for the gradient reduction (dp x cp).
+    if (pg_->cp().size() > 1)
+      model_->set_context_parallel({pg_->cp().size(), pg_->cp().rank(), &pg_->cp()});
+    dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
+                                                   policy_.compute, cpu_backend(), &pg_->edp());
     norm_weights_ = parallel::grad_norm_weights(model_->params(), pg_->tp().rank());
+    if (!stage.whole()) {
+      // One schedule step runs the rank's grad_accum micro-batches through the pipeline.
+      pipe_ = std::make_unique<parallel::PipelineRunner>(
+          *model_, pg_->pp(), pp::make_schedule(pp_kind, layout.p, opt_.grad_accum, vp));
+      // A tied embedding counts on the first stage only.
+      std::vector<double> pw = pipe_->grad_norm_weights();
+      for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
+    }
   } else
     optim_ = std::make_unique<AdamW>(model_->params(), acfg, policy_.compute, cpu_backend());
   micro_.resize(opt_.grad_accum);
@@ -181,6 +225,11 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     if (pg_)
       log_info("parallel: ", pg_->describe(), ", ZeRO-", dp_->zero(), ", ", dp_->num_buckets(),
                " gradient buckets");
+    if (pipe_)
+      log_info("pipeline: ", pp::schedule_kind_name(pp_kind), ", p=", layout.p, " v=", vp,
+               " m=", opt_.grad_accum, ", layers per stage ",
+               pp_layout_.substr(pp_layout_.find("stages=") + 7),
+               ", ideal bubble (p-1)/(v*m) = ", double(layout.p - 1) / (vp * opt_.grad_accum));
     log_info("precision ", policy_.name, ", recompute ", recompute_name(rc), ", ", num_threads(),
              " threads, MFU against ", peak_gflops_, " GFLOP/s (",
              opt_.peak_gflops > 0 ? "train.peak_gflops" : "measured sgemm peak", ")");
@@ -216,6 +265,30 @@ StepResult Trainer::train_step() {
     }
     if (inject_ != 1.f) be.scale_inplace(P.grad(), inject_, P.total());
     sq = be.sum_squares(P.grad(), P.total());
+  } else if (pipe_) {
+    LOOM_CHECK(inject_ == 1.f, "inject_gradient_factor is for single-process tests");
+    // The pipeline accumulates every micro-batch's gradients, then one DP reduction.
+    std::vector<ModelInput> in;
+    for (auto& b : micro_) in.push_back(b.input());
+    dp_->start_step(1);
+    dp_->start_micro(0);
+    loss_sum = pipe_->run(in, static_cast<float>(scale / valid));
+    aux_sum = pipe_->last_aux_loss();
+    dp_->finish_micro();
+    // The loss lives on the last stage (aux losses on the stages holding MoE layers): summing
+    // over the pipeline gives every rank the loss, rank 0 included, which logs it.
+    loss_sum = pg_->pp().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
+    loss_sum = pg_->dp().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
+    if (mcfg_.is_moe()) {
+      aux_sum = pg_->pp().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
+      aux_sum = pg_->dp().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
+    }
+    // Every stage's parameters are distinct (a tied embedding counts once): sum over all ranks.
+    sq = pg_->world().all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
+    std::vector<float> idle(size_t(pg_->pp().size()), 0.f);
+    idle[size_t(pg_->pp().rank())] = static_cast<float>(pipe_->last_idle_fraction());
+    pg_->pp().all_reduce(idle.data(), int64_t(idle.size()), DType::F32, comm::ReduceOp::Sum);
+    r.pp_idle.assign(idle.begin(), idle.end());
   } else {
     LOOM_CHECK(inject_ == 1.f, "inject_gradient_factor is for single-process tests");
     // Gradient buckets reduce during backward of the last micro-batch (every micro-batch under
@@ -223,15 +296,18 @@ StepResult Trainer::train_step() {
     dp_->start_step(static_cast<int>(micro_.size()));
     for (size_t j = 0; j < micro_.size(); ++j) {
       dp_->start_micro(static_cast<int>(j));
-      loss_sum += model_->forward_backward(micro_[j].input(), static_cast<float>(scale / valid));
+      loss_sum +=
+          model_->forward_backward(model_input(micro_[j]), static_cast<float>(scale / valid));
       aux_sum += model_->last_aux_loss();
       dp_->finish_micro();
     }
     if (mcfg_.is_moe()) aux_sum = pg_->dp().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
     // Tensor-parallel ranks of one DP group hold the same loss; the squared gradient norm
     // counts sharded parameters on every TP rank and replicated ones on TP rank 0.
-    loss_sum = pg_->dp().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
-    sq = pg_->tp_dp().all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
+    // Under CP each rank holds the loss of its share of the tokens: sum over dp x cp.
+    loss_sum = grad_group().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
+    comm::Communicator& norm_group = pg_->cp().size() > 1 ? pg_->tp_dp_cp() : pg_->tp_dp();
+    sq = norm_group.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
   }
   r.aux_loss = aux_sum / valid;
   finish_step(r, loss_sum, valid, sq, scale);
@@ -267,10 +343,38 @@ double Trainer::evaluate() {
   Batch b;
   for (int i = 0; i < opt_.eval_batches; ++i) {
     valid_data_->next(b);
-    sum += model_->forward_loss(b.input());
+    sum += model_->forward_loss(model_input(b));
     n += b.valid_targets();
   }
+  // Under CP each rank's loss covers its share of the tokens.
+  if (pg_ && pg_->cp().size() > 1) sum = pg_->cp().all_reduce_scalar(sum, comm::ReduceOp::Sum);
   return sum / std::max<int64_t>(1, n);
+}
+
+comm::Communicator& Trainer::grad_group() const {
+  return pg_->cp().size() > 1 ? pg_->dp_cp() : pg_->dp();
+}
+
+// The model's input for a micro-batch: the batch itself, or under context parallelism this
+// rank's share of it (every document cut into 2*cp chunks, chunks r and 2cp-1-r kept, with
+// their positions for RoPE), which stays valid until the next call for the same batch.
+ModelInput Trainer::model_input(const Batch& b) {
+  if (!pg_ || pg_->cp().size() == 1) return b.input();
+  const int cp = pg_->cp().size(), r = pg_->cp().rank();
+  CpLocal& l = cp_local_[&b];
+  l.batch = CpBatch::make(b.cu_seqlens.data(), static_cast<int>(b.cu_seqlens.size()) - 1, cp);
+  const cpu::CpShard& s = l.batch.shards[size_t(r)];
+  l.tokens.resize(size_t(s.rows()));
+  l.targets.resize(size_t(s.rows()));
+  for (int i = 0; i < s.rows(); ++i) {
+    l.tokens[size_t(i)] = b.tokens[size_t(s.global_rows[size_t(i)])];
+    l.targets[size_t(i)] = b.targets[size_t(s.global_rows[size_t(i)])];
+  }
+  ModelInput in{l.tokens.data(),    l.targets.data(),
+                s.positions.data(), s.local_cu_seqlens.data(),
+                s.rows(),           static_cast<int>(s.local_cu_seqlens.size()) - 1};
+  in.cp = &l.batch;
+  return in;
 }
 
 void Trainer::log_step(const StepResult& r, int64_t tokens) {
@@ -291,6 +395,16 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
   j["step_seconds"] = r.seconds;
   if (policy_.loss_scaling) j["loss_scale"] = scaler_.scale();
   if (r.skipped) j["skipped"] = true;
+  double bubble = 0;
+  if (!r.pp_idle.empty()) {
+    Json idle = Json::array();
+    for (double f : r.pp_idle) {
+      idle.push_back(f);
+      bubble += f / r.pp_idle.size();
+    }
+    j["pp_idle"] = idle;  // per pipeline rank
+    j["pp_bubble"] = bubble;
+  }
   if (metrics_) metrics_->write(j);
   ++steps_this_run_;
   if (opt_.quiet || ((r.step + 1) % opt_.log_interval != 0 && r.step + 1 != opt_.steps)) return;
@@ -298,12 +412,19 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
   double eta = elapsed / steps_this_run_ * (opt_.steps - r.step - 1);
   char buf[320], aux[48] = "";
   if (mcfg_.is_moe()) std::snprintf(aux, sizeof aux, " (aux %.4f)", r.aux_loss);
+  std::string pp_info;
+  if (!r.pp_idle.empty()) {
+    pp_info =
+        cat(" | bubble ", static_cast<int>(std::lround(100 * bubble)), "% (idle per stage rank");
+    for (double f : r.pp_idle) pp_info += cat(" ", static_cast<int>(std::lround(100 * f)), "%");
+    pp_info += ")";
+  }
   std::snprintf(buf, sizeof buf,
                 "step %6lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | "
-                "%.1f GFLOP/s | MFU %.1f%% | ETA %.0fs%s",
+                "%.1f GFLOP/s | MFU %.1f%% | ETA %.0fs%s%s",
                 static_cast<long long>(r.step + 1), static_cast<long long>(opt_.steps), r.loss, aux,
                 r.lr, r.grad_norm, tps, gflops, 100 * gflops / peak_gflops_, eta,
-                r.skipped ? " | skipped" : "");
+                r.skipped ? " | skipped" : "", pp_info.c_str());
   log_info(buf);
 }
 
@@ -393,7 +514,7 @@ ckpt::TensorList Trainer::shard_list(
   for (const auto& sl : slices) {
     ckpt::ShardInfo info;
     if (dp_->zero() == 0) {
-      info.replica_id = pg_->dp().rank();  // every DP rank holds the whole (TP-local) tensor
+      info.replica_id = grad_group().rank();  // every DP rank holds the whole (TP-local) tensor
     } else {
       info.global_shape = {sl.global_numel};
       info.global_offset = {sl.offset};

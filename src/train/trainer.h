@@ -2,6 +2,7 @@
 // metrics, driven by a config. `loom train` is a thin wrapper around Trainer::run().
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 #include "precision/policy.h"
 #include "train/batch.h"
 #include "train/metrics.h"
@@ -47,6 +49,10 @@ struct StepResult {
   double aux_loss = 0;   // MoE load-balancing loss (already included in loss)
   bool skipped = false;  // fp16 overflow or non-finite gradients
   double seconds = 0;
+  // Pipeline parallelism: each pipeline rank's idle fraction in this step (pipeline bubble
+  // plus waiting for messages; PipelineRunner::last_idle_fraction), by pipeline rank. Empty
+  // without a pipeline.
+  std::vector<double> pp_idle;
 };
 
 class Trainer {
@@ -74,6 +80,7 @@ class Trainer {
   bool distributed() const { return dp_ != nullptr; }
   comm::ProcessGroups* groups() { return pg_.get(); }
   parallel::DataParallel* data_parallel() { return dp_.get(); }
+  parallel::PipelineRunner* pipeline() { return pipe_.get(); }  // null unless parallel.pp > 1
   const PrecisionPolicy& precision() const { return policy_; }
   const LossScaler& loss_scaler() const { return scaler_; }
   // For tests: multiply every gradient by this before the overflow check (forces inf).
@@ -87,6 +94,8 @@ class Trainer {
   ckpt::TensorList shard_list(const std::vector<parallel::DataParallel::StateSlice>& s) const;
   bool resume_distributed();
   std::string layout_name() const;
+  comm::Communicator& grad_group() const;  // dp, or dp x cp under context parallelism
+  ModelInput model_input(const Batch& b);
 
   Config cfg_;
   std::string config_text_;
@@ -112,6 +121,13 @@ class Trainer {
   std::unique_ptr<comm::ProcessGroups> pg_;
   std::unique_ptr<parallel::DataParallel> dp_;
   std::vector<double> norm_weights_;  // per parameter: counted in the global grad norm
+  std::unique_ptr<parallel::PipelineRunner> pipe_;
+  struct CpLocal {  // this rank's share of a micro-batch under context parallelism
+    CpBatch batch;
+    std::vector<int32_t> tokens, targets;
+  };
+  std::map<const Batch*, CpLocal> cp_local_;
+  std::string pp_layout_;  // stage split and virtual stages, part of the checkpoint layout
   int rank_ = 0;
 };
 
