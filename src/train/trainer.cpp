@@ -144,7 +144,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   comm::Communicator& w = world ? *world : comm::world();
   PipelineStage stage;  // the whole model unless parallel.pp > 1
   pp::StageLayout layout;
-  if (w.size() > 1 || dpo.zero > 0 || dims.pp > 1 || vp > 1) {
+  if (w.size() > 1 || dpo.zero > 0 || dims.pp > 1 || vp > 1 || dims.cp > 1) {
     pg_ = std::make_unique<comm::ProcessGroups>(w, dims);
     const auto& d = pg_->generator().dims();
     LOOM_CHECK(opt_.seq_len % (2 * d.cp) == 0, "train.seq_len = ", opt_.seq_len,
