@@ -14,13 +14,19 @@ find_library(OPENBLAS_LIBRARY NAMES openblas
              PATHS /usr/lib/x86_64-linux-gnu/openblas-openmp /usr/lib/aarch64-linux-gnu/openblas-openmp
              NO_DEFAULT_PATH)
 find_library(OPENBLAS_LIBRARY NAMES openblas)
-if(NOT OPENBLAS_LIBRARY OR NOT CBLAS_INCLUDE_DIR)
-  message(FATAL_ERROR "OpenBLAS not found: run scripts/setup.sh (libopenblas-openmp-dev)")
-endif()
-message(STATUS "OpenBLAS: ${OPENBLAS_LIBRARY}")
+option(LOOM_USE_OPENBLAS "Use OpenBLAS when found (OFF: always the portable GEMM)" ON)
 add_library(loom_blas INTERFACE)
-target_include_directories(loom_blas INTERFACE ${CBLAS_INCLUDE_DIR})
-target_link_libraries(loom_blas INTERFACE ${OPENBLAS_LIBRARY})
+if(LOOM_USE_OPENBLAS AND OPENBLAS_LIBRARY AND CBLAS_INCLUDE_DIR)
+  set(LOOM_HAVE_OPENBLAS ON)
+  message(STATUS "OpenBLAS: ${OPENBLAS_LIBRARY}")
+  target_include_directories(loom_blas INTERFACE ${CBLAS_INCLUDE_DIR})
+  target_link_libraries(loom_blas INTERFACE ${OPENBLAS_LIBRARY})
+else()
+  # A bare toolchain (the GPU machine): the kernels fall back to their portable GEMM.
+  set(LOOM_HAVE_OPENBLAS OFF)
+  message(WARNING "OpenBLAS not found (scripts/setup.sh installs libopenblas-openmp-dev): "
+                  "using the portable GEMM, which is much slower")
+endif()
 
 find_package(MPI COMPONENTS CXX QUIET)
 set(LOOM_HAVE_MPI ${MPI_CXX_FOUND})

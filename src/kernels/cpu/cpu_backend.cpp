@@ -1,7 +1,7 @@
 #include "kernels/backend.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 namespace loom {
@@ -120,7 +120,7 @@ Backend& cpu_backend() {
 void set_num_threads(int n) {
   if (n <= 0) return;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+  cpu::set_blas_threads(n);
 }
 
 int num_threads() {

@@ -1,9 +1,9 @@
-// GEMM and the linear layer on OpenBLAS (row-major cblas_sgemm).
-#include <cblas.h>
+// GEMM and the linear layer on the BLAS (blas.h: OpenBLAS, or the portable fallback).
 
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 
@@ -13,10 +13,6 @@ namespace {
 // OpenBLAS runs a GEMM on one thread when M*N*K is at most 65536 * GEMM_MULTITHREAD_THRESHOLD
 // (4 by default); batches of such GEMMs are spread over OpenMP threads instead.
 constexpr double kSingleThreadedGemmWork = 65536.0 * 4.0;
-
-CBLAS_TRANSPOSE op(bool trans) {
-  return trans ? CblasTrans : CblasNoTrans;
-}
 
 void check_gemm_args(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb, int ldc) {
   LOOM_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: negative size M=", M, " N=", N, " K=", K);
@@ -43,8 +39,7 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
   check_gemm_args(trans_a, trans_b, M, N, K, lda, ldb, ldc);
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_c(M, N, beta, C, ldc);
-  cblas_sgemm(CblasRowMajor, op(trans_a), op(trans_b), M, N, K, alpha, A, lda, B, ldb, beta, C,
-              ldc);
+  blas_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
@@ -72,8 +67,7 @@ void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, 
     if (K == 0) {
       scale_c(M, N, beta, c, ldc);
     } else {
-      cblas_sgemm(CblasRowMajor, op(trans_a), op(trans_b), M, N, K, alpha, a, lda, bb, ldb, beta, c,
-                  ldc);
+      blas_sgemm(trans_a, trans_b, M, N, K, alpha, a, lda, bb, ldb, beta, c, ldc);
     }
   }
 }
