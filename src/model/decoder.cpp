@@ -55,10 +55,11 @@ Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, 
   cfg_.validate();
   tp_.validate(cfg_);
   ep_.validate(cfg_);
-  LOOM_CHECK(!cfg_.is_moe() || tp_.size == 1,
-             "mixture-of-experts layers with parallel.tp = ", tp_.size,
-             " (expert tensor parallelism) are not implemented: use parallel.tp = 1 ",
-             "with parallel.ep to split the experts");
+  // The expert-tensor-parallel group is a slice of the tensor-parallel one (tokens and routing
+  // are replicated over TP; each ETP group splits the experts' width).
+  LOOM_CHECK(tp_.size % ep_.tp_size == 0, "parallel.etp (", ep_.tp_size,
+             ") must divide parallel.tp (", tp_.size, "): use etp = 1 (experts replicated over ",
+             "the TP group) or a divisor of tp");
   LOOM_CHECK(act_dtype == DType::F32 || act_dtype == DType::BF16 || act_dtype == DType::F16,
              "activation dtype must be fp32, bf16 or fp16, got ", dtype_name(act_dtype));
   const int T = tp_.size;
@@ -130,17 +131,26 @@ void Decoder::build_params() {
   const int64_t H = cfg_.fc_dim(), F = cfg_.d_ff;
   std::vector<int64_t> experts;
   for (int64_t e = 0; e < El; ++e) experts.push_back(e0 + e);
+  // Expert tensor parallelism: this rank's rows of w1 (GeLU input, or SwiGLU gate and up) and
+  // first column of w2.
+  const int T = ep_.tp_size;
+  const int64_t Fl = F / T, Hl = H / T, f0 = ep_.tp_rank * Fl;
+  std::vector<int64_t> w1_rows;
+  for (int64_t i = 0; i < Fl; ++i) w1_rows.push_back(f0 + i);
+  if (cfg_.family == Family::Llama)
+    for (int64_t i = 0; i < Fl; ++i) w1_rows.push_back(F + f0 + i);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     if (!cfg_.is_moe_layer(l) || !holds_layer(l)) continue;
     std::string p = "blocks." + std::to_string(l) + ".moe.experts.";
-    params_.add(p + "w1", {El, H, C}, true, ParamInit::Normal, std);
-    params_.add(p + "w2", {El, C, F}, true, ParamInit::Normal, proj_std);
+    params_.add(p + "w1", {El, Hl, C}, true, ParamInit::Normal, std);
+    params_.add(p + "w2", {El, C, Fl}, true, ParamInit::Normal, proj_std);
     for (const char* n : {"w1", "w2"}) {
       params_.mark_expert(p + n);
-      if (ep_.size > 1) {
-        Shape global = params_.info(p + n).shape;
-        global[0] = cfg_.n_experts;
+      if (ep_.size > 1 || T > 1) {
+        const bool w1 = n[1] == '1';
+        Shape global = w1 ? Shape{cfg_.n_experts, H, C} : Shape{cfg_.n_experts, C, F};
         params_.set_shard(p + n, global, 0, experts);
+        if (T > 1) params_.set_inner_shard(p + n, w1 ? 1 : 2, w1 ? w1_rows : std::vector{f0});
       }
     }
   }
@@ -176,6 +186,7 @@ void Decoder::shard_params() {
     std::string p = "blocks." + std::to_string(l);
     row_shard(p + ".attn.qkv", cfg_.qkv_dim(), qkv_rows);
     params_.set_shard(p + ".attn.proj.weight", {C, Hq * D}, 1, {r * att_});
+    if (cfg_.is_moe_layer(l)) continue;  // router replicated; experts sharded by ETP only
     row_shard(p + ".mlp.fc", cfg_.fc_dim(), fc_rows);
     params_.set_shard(p + ".mlp.proj.weight", {C, int64_t(cfg_.d_ff)}, 1, {r * ff_});
   }
@@ -495,10 +506,12 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   if (moe_.size() && moe_[l]) {
     // The MoE layer keeps its own state for backward, so recomputation stops before it.
     if (!x_out) return;
+    // Under TP every rank routes all N tokens (ln2 is replicated, or gathered under SP) and
+    // gets the whole output; it keeps its own rows.
     aux_sum_ += double(N) * moe_[l]->forward(tmp_, a.ln2, N, moe_weights(l, false));
     round_act(tmp_, int64_t(N) * C);
-    be_.add(x_out, a.x_mid, tmp_, int64_t(N) * C);
-    round_act(x_out, int64_t(N) * C);
+    be_.add(x_out, a.x_mid, tmp_ + mine, int64_t(Nl) * C);
+    round_act(x_out, int64_t(Nl) * C);
     return;
   }
   be_.matmul_forward(a.fc, a.ln2, p.fc_w, p.fc_b, N, C, FC);
@@ -520,9 +533,14 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
             D = cfg_.head_dim, A = att_, F = ff_, FC = fc_;
   LayerParams p = layer_params(l, false);
   LayerParams g = layer_params(l, true);
+  float* dl = nullptr;
   if (moe_.size() && moe_[l]) {  // x_out = x_mid + moe(ln2)
-    moe_[l]->backward(dln_, dres, a.ln2, N, moe_weights(l, false), moe_weights(l, true),
-                      dloss_ * static_cast<float>(N));
+    // Every TP rank runs the whole layer on all tokens: the input gradient it gets is already
+    // complete (not a partial sum), and its weight gradients are whole (router, replicated
+    // experts) or its expert-tensor-parallel slice's.
+    moe_[l]->backward(dln_, full_rows(dres, N), a.ln2, N, moe_weights(l, false),
+                      moe_weights(l, true), dloss_ * static_cast<float>(N));
+    dl = dln_ + int64_t(row0(N)) * C;
   } else {
     // MLP branch: x_out = x_mid + act * mp_w^T + mp_b.
     be_.matmul_backward(dact_, g.mp_w, g.mp_b, full_rows(dres, N), a.act, p.mp_w, N, F, C);
@@ -533,8 +551,8 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
       be_.swiglu_backward(dfc_, a.fc, dact_, N, F);
     round_act(dfc_, int64_t(N) * FC);
     be_.matmul_backward(dln_, g.fc_w, g.fc_b, dfc_, a.ln2, p.fc_w, N, C, FC);
+    dl = column_parallel_input_grad(dln_, N);
   }
-  float* dl = column_parallel_input_grad(dln_, N);
   round_act(dl, int64_t(Nl) * C);
   norm_backward_tp(dtmp_, g.ln2_w, g.ln2_b, dl, a.x_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, Nl);
   be_.add_inplace(dres, dtmp_, int64_t(Nl) * C);

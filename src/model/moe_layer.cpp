@@ -10,6 +10,17 @@ namespace loom {
 void ExpertParallel::validate(const ModelConfig& c) const {
   LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, "expert-parallel rank ", rank,
              " outside a group of ", size);
+  LOOM_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "expert-tensor-parallel rank ",
+             tp_rank, " outside a group of ", tp_size);
+  if (tp_size > 1) {
+    LOOM_CHECK(c.is_moe(), "parallel.etp = ", tp_size, " needs a mixture-of-experts model ",
+               "(model.n_experts > 0)");
+    LOOM_CHECK(c.d_ff % tp_size == 0, "model.d_ff (", c.d_ff,
+               ") is the expert FFN width and must be divisible by parallel.etp (", tp_size,
+               "): use an etp that divides it");
+    LOOM_CHECK(tp_comm && tp_comm->size() == tp_size,
+               "expert tensor parallelism needs its group's communicator");
+  }
   if (size == 1) return;
   LOOM_CHECK(c.is_moe(), "parallel.ep = ", size, " needs a mixture-of-experts model ",
              "(model.n_experts > 0)");
@@ -24,8 +35,8 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, const ExpertParallel& ep, Backend& ba
   E_ = cfg.n_experts;
   El_ = E_ / ep.size;
   k_ = cfg.top_k;
-  F_ = cfg.d_ff;
-  H_ = cfg.fc_dim();
+  F_ = cfg.d_ff / ep.tp_size;
+  H_ = cfg.fc_dim() / ep.tp_size;
   score_ = cfg.moe_router == "sigmoid" ? cpu::RouterScore::Sigmoid : cpu::RouterScore::Softmax;
   act_ = cfg.family == Family::Llama ? cpu::MoeActivation::SwiGLU : cpu::MoeActivation::GeLU;
 }
@@ -66,6 +77,10 @@ double MoeLayer::forward(float* y, const float* x, int N, const MoeWeights& w) {
   ye_.resize(sz(int64_t(R) * C));
   cpu::moe_grouped_mlp_forward(ye_.data(), h_.data(), a_.data(), xe_.data(), w.w1, w.w2,
                                local_offsets_.data(), El_, C, F_, act_);
+  // Each expert-tensor-parallel rank holds a slice of the experts' width: its output is a
+  // partial sum over the group (row-parallel w2).
+  if (ep_.tp_size > 1)
+    ep_.tp_comm->all_reduce(ye_.data(), int64_t(R) * C, DType::F32, comm::ReduceOp::Sum);
   yp_.resize(sz(int64_t(rows) * C));
   combine(ye_.data(), yp_.data());
   cpu::moe_unpermute(y, yp_.data(), topk_w_.data(), routing_, C);
@@ -87,6 +102,8 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int N, const
   cpu::moe_grouped_mlp_backward(dxe_.data(), g.w1, g.w2, scratch_.data(), dye_.data(), xe_.data(),
                                 h_.data(), a_.data(), w.w1, w.w2, local_offsets_.data(), El_, C, F_,
                                 act_);
+  if (ep_.tp_size > 1)  // column-parallel w1: the input gradient is a partial sum
+    ep_.tp_comm->all_reduce(dxe_.data(), int64_t(R) * C, DType::F32, comm::ReduceOp::Sum);
   dxp_.resize(sz(int64_t(rows) * C));
   combine(dxe_.data(), dxp_.data());
   cpu::moe_permute_backward(dx, dxp_.data(), routing_, C);

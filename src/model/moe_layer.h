@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -21,9 +22,16 @@
 namespace loom {
 
 // Experts split over `size` ranks (the EP group); size 1 = every expert local.
+// Expert tensor parallelism (Megatron's ETP): each expert's MLP split over `tp_size` ranks of
+// the tensor-parallel group, w1 by rows of H (GeLU input, or SwiGLU gate and up alike) and w2
+// by columns of F; the partial expert outputs (and input gradients) are all-reduced over that
+// group. tp_size 1 = every rank of a TP group computes the experts whole (replicated).
 struct ExpertParallel {
   int size = 1, rank = 0;
   comm::Communicator* comm = nullptr;  // the expert-parallel group (size > 1)
+  int tp_size = 1, tp_rank = 0;
+  comm::Communicator* tp_comm = nullptr;         // the expert-tensor-parallel group (tp_size > 1)
+  std::shared_ptr<comm::Communicator> tp_owner;  // when that group was split off for the layout
   // Throws naming the values when the model's experts do not split over the group.
   void validate(const ModelConfig& cfg) const;
 };
@@ -66,7 +74,7 @@ class MoeLayer {
   ModelConfig cfg_;
   ExpertParallel ep_;
   Backend& be_;
-  int C_, E_, El_, k_, F_, H_;
+  int C_, E_, El_, k_, F_, H_;  // F_, H_: this rank's slice of the expert MLP width
   cpu::RouterScore score_;
   cpu::MoeActivation act_;
   // Saved between forward and backward.

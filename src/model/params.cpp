@@ -51,6 +51,19 @@ void ParamSet::set_shard(const std::string& name, const Shape& global_shape, int
   p.global_index = std::move(global_index);
 }
 
+void ParamSet::set_inner_shard(const std::string& name, int dim, std::vector<int64_t> inner_index) {
+  auto it = index_.find(name);
+  LOOM_CHECK(it != index_.end(), "no parameter named '", name, "'");
+  ParamInfo& p = infos_[it->second];
+  LOOM_CHECK(p.shard_dim == 0 && p.shape.size() == 3, name,
+             ": an inner shard needs a 3-D parameter sharded along dimension 0");
+  LOOM_CHECK(dim == 1 || dim == 2, name, ": inner shard dimension must be 1 or 2");
+  LOOM_CHECK(dim == 2 || static_cast<int64_t>(inner_index.size()) == p.shape[1], name,
+             ": one global row per local row");
+  p.inner_dim = dim;
+  p.inner_index = std::move(inner_index);
+}
+
 void ParamSet::mark_expert(const std::string& name) {
   auto it = index_.find(name);
   LOOM_CHECK(it != index_.end(), "no parameter named '", name, "'");
@@ -71,6 +84,18 @@ void ParamSet::init(uint64_t seed) {
         const uint64_t key = name_key(p.name);
         if (!p.sharded()) {
           fill_normal(dst, p.numel, seed, key, 0, 0.f, p.std);
+          break;
+        }
+        if (p.inner_dim > 0) {  // expert [E_local, A, B] split inside each expert too
+          const int64_t A = p.shape[1], B = p.shape[2];
+          const int64_t gA = p.global_shape[1], gB = p.global_shape[2];
+          for (int64_t e = 0; e < p.shape[0]; ++e)
+            for (int64_t a = 0; a < A; ++a) {
+              const int64_t base = p.global_index[e] * gA * gB;
+              const int64_t first = p.inner_dim == 1 ? base + p.inner_index[a] * gB
+                                                     : base + a * gB + p.inner_index[0];
+              fill_normal(dst + (e * A + a) * B, B, seed, key, first, 0.f, p.std);
+            }
           break;
         }
         // Draw each local element at its global index: the same values as one process.

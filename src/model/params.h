@@ -30,6 +30,11 @@ struct ParamInfo {
   int shard_dim = -1;
   std::vector<int64_t> global_index;
   bool sharded() const { return shard_dim >= 0; }
+  // Expert tensor parallelism: an expert weight [E_local, A, B] (shard_dim 0 over experts) may
+  // also be split inside each expert, along inner_dim 1 (inner_index[i] = global A-row of local
+  // row i) or 2 (inner_index[0] = first global B-column).
+  int inner_dim = -1;
+  std::vector<int64_t> inner_index;
   // An expert's weights (mixture of experts): under expert parallelism each rank holds other
   // experts, so these are reduced over the expert-data-parallel group, not the data-parallel one.
   bool expert = false;
@@ -43,6 +48,8 @@ class ParamSet {
   void set_shard(const std::string& name, const Shape& global_shape, int dim,
                  std::vector<int64_t> global_index);
   void mark_expert(const std::string& name);
+  // Marks a 3-D expert shard (set_shard along dim 0 first) as split inside each expert too.
+  void set_inner_shard(const std::string& name, int dim, std::vector<int64_t> inner_index);
   void allocate();  // after every add(): zero-filled values and grads
 
   // Draws every parameter from the counter-based RNG keyed by (seed, name, element index), so

@@ -12,13 +12,18 @@ namespace loom::parallel {
 // The Decoder layout for this rank of `groups` (its TP group), with or without SP.
 TensorParallel tensor_parallel_layout(comm::ProcessGroups& groups, bool sequence_parallel);
 
-// The Decoder's expert-parallel layout for this rank of `groups` (its EP group).
-ExpertParallel expert_parallel_layout(comm::ProcessGroups& groups);
+// The Decoder's expert-parallel layout for this rank of `groups` (its EP group), with the
+// experts' MLPs split over `etp` ranks of the TP group (consecutive TP ranks; etp = tp uses the
+// TP communicator, 1 < etp < tp splits one off: collective over the TP group). Throws naming
+// the values when etp does not divide parallel.tp.
+ExpertParallel expert_parallel_layout(comm::ProcessGroups& groups, int etp = 1);
 
 // Per-parameter weights for the global gradient norm so that every element of the model
 // counts exactly once over the TP group: sharded parameters count on every rank (each holds a
 // different piece), replicated ones (norms, row-parallel biases, position table) only on TP
-// rank 0. Combine with DataParallel::grad_sq_local, all-reduced over tp x dp.
-std::vector<double> grad_norm_weights(const ParamSet& params, int tp_rank);
+// rank 0. Expert weights are replicated over TP unless split by expert tensor parallelism:
+// they count on the first `etp` TP ranks (one whole copy). Combine with
+// DataParallel::grad_sq_local, all-reduced over tp x dp.
+std::vector<double> grad_norm_weights(const ParamSet& params, int tp_rank, int etp = 1);
 
 }  // namespace loom::parallel

@@ -125,6 +125,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   comm::ParallelDims dims = comm::ParallelDims::from(cfg_);
   parallel::DataParallelOptions dpo = parallel::DataParallelOptions::from(cfg_);
   const bool sequence_parallel = cfg_.get_bool("parallel.sp", false);
+  // Expert tensor parallelism: the experts' MLPs split over etp ranks of the TP group.
+  const int etp = static_cast<int>(cfg_.get_int("parallel.etp", 1));
   // Pipeline: virtual stages per rank, schedule, and the first/last stage's layer counts
   // (-1 = even split).
   const int vp = static_cast<int>(cfg_.get_int("parallel.vp", 1));
@@ -180,8 +182,9 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   ExpertParallel ep;
   if (pg_) {
     tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
-    ep = parallel::expert_parallel_layout(*pg_);
+    ep = parallel::expert_parallel_layout(*pg_, etp);
   }
+  LOOM_CHECK(etp == ep.tp_size, "parallel.etp (", etp, ") must divide parallel.tp (", tp.size, ")");
   model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute, tp, ep, stage);
   model_->params().init(opt_.seed);
   if (policy_.compute != DType::F32)
@@ -192,7 +195,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       model_->set_context_parallel({pg_->cp().size(), pg_->cp().rank(), &pg_->cp()});
     dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
                                                    policy_.compute, cpu_backend(), &pg_->edp());
-    norm_weights_ = parallel::grad_norm_weights(model_->params(), pg_->tp().rank());
+    norm_weights_ = parallel::grad_norm_weights(model_->params(), pg_->tp().rank(), etp);
     if (!stage.whole()) {
       // One schedule step runs the rank's grad_accum micro-batches through the pipeline.
       pipe_ = std::make_unique<parallel::PipelineRunner>(

@@ -80,8 +80,10 @@ void check_trainer_parity(int zero, int tp = 1, bool sp = false) {
 }
 
 // A MoE model (4 experts, top-2, dropless) with its experts split over parallel.ep ranks.
-void check_trainer_moe(int ep, int zero) {
-  const int D = W().size(), A = 2, steps = 10;
+// With tp > 1, the dense part is tensor-parallel and the experts are split over etp ranks of
+// each TP group (parallel.etp; 1 = replicated).
+void check_trainer_moe(int ep, int zero, int tp = 1, int etp = 1) {
+  const int D = W().size() / tp, A = 2, steps = 10;
   auto moe = [](Config& c) {
     c.set("model.n_experts", "4", "test");
     c.set("model.aux_loss_coeff", "0.02", "test");
@@ -95,9 +97,12 @@ void check_trainer_moe(int ep, int zero) {
   Config c = config(d, steps, A, zero);
   moe(c);
   c.set("parallel.ep", std::to_string(ep), "test");
+  c.set("parallel.tp", std::to_string(tp), "test");
+  c.set("parallel.etp", std::to_string(etp), "test");
   Trainer t(c);
   EXPECT_EQ(t.groups()->ep().size(), ep);
   EXPECT_EQ(t.model().expert_parallel().size, ep);
+  EXPECT_EQ(t.model().expert_parallel().tp_size, etp);
   for (int i = 0; i < steps; ++i) {
     StepResult a = ref.train_step(), b = t.train_step();
     EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
@@ -114,6 +119,14 @@ TEST(TrainerDp, MoeExpertParallelMatchesOneProcess) {
 TEST(TrainerDp, MoeExpertParallelHalfZero1MatchesOneProcess) {
   if (W().size() != 4) GTEST_SKIP() << "needs 4 ranks";
   check_trainer_moe(2, 1);  // EP2 x DP2: experts reduced over the expert-data-parallel pairs
+}
+
+TEST(TrainerDp, MoeTensorParallelExpertTensorParallelMatchesOneProcess) {
+  // TP2 with the experts split over the TP pair (etp = 2); on 4 ranks also EP2 over the DP pair.
+  check_trainer_moe(W().size() / 2, 0, 2, 2);
+}
+TEST(TrainerDp, MoeTensorParallelReplicatedExpertsMatchesOneProcess) {
+  check_trainer_moe(1, 1, 2, 1);  // etp = 1: every TP rank computes the experts whole
 }
 
 TEST(TrainerDp, Zero0MatchesOneProcess) {
