@@ -7,11 +7,12 @@
 #include <string_view>
 #include <vector>
 
+#include "core/utf8.h"  // utf8_append, used by the stages
+
 namespace loom::curate {
 
 // Decodes one code point at s[i], advancing i. Invalid bytes decode as -1 and advance by one.
 int32_t utf8_next(std::string_view s, size_t& i);
-void utf8_append(std::string& out, int32_t cp);
 bool utf8_valid(std::string_view s);
 size_t utf8_length(std::string_view s);  // code points (invalid bytes count one each)
 bool is_ascii(std::string_view s);

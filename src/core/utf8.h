@@ -1,0 +1,29 @@
+// UTF-8 encoding of one code point (the decoders differ by what they must tolerate and live
+// with their users: JSON, curation's repair, the tokenizer's pre-tokeniser).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace loom {
+
+// Appends code point `cp` (at most 0x10FFFF) to `out` as 1 to 4 bytes.
+inline void utf8_append(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+}  // namespace loom
