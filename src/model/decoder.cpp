@@ -401,10 +401,16 @@ void Decoder::set_context_parallel(const ContextParallel& cp) {
   LOOM_CHECK(cp.size >= 1 && cp.rank >= 0 && cp.rank < cp.size, "context-parallel rank ", cp.rank,
              " of ", cp.size);
   LOOM_CHECK(cp.size == 1 || cp.comm, "context parallelism needs its communicator");
-  LOOM_CHECK(cp.size == 1 || !cfg_.is_moe(),
-             "context parallelism with a MoE model is not supported yet (parallel.cp with "
-             "model.n_experts > 0)");
+  // MoE under CP: routing and experts are per token (local rows); the auxiliary loss's
+  // statistics are summed over the CP group. A capacity keeps each expert's first assignments
+  // in the micro-batch's token order, which no rank sees: refused.
+  LOOM_CHECK(cp.size == 1 || !cfg_.is_moe() || cfg_.capacity_factor <= 0,
+             "context parallelism with a MoE capacity is not supported (parallel.cp = ", cp.size,
+             " with model.capacity_factor = ", cfg_.capacity_factor,
+             "); use dropless routing (capacity_factor = 0)");
   cp_ = cp;
+  for (auto& m : moe_)
+    if (m) m->set_token_group(cp.size > 1 ? cp.comm : nullptr);
   ring_ = cp.size > 1 ? std::make_unique<RingAttention>(cp, be_) : nullptr;
 }
 

@@ -58,8 +58,7 @@ double MoeLayer::forward(float* y, const float* x, int N, const MoeWeights& w) {
   // the router still gets a gradient (Switch).
   cpu::moe_router_forward(scores_.data(), topk_idx_.data(), topk_w_.data(), logits.data(), N, E, k,
                           score_, k > 1);
-  const double aux = cpu::moe_aux_loss(nullptr, scores_.data(), topk_idx_.data(), N, E, k,
-                                       static_cast<float>(cfg_.aux_loss_coeff), 0.f);
+  const double aux = aux_loss(nullptr, 0.f);
   const int cap = cfg_.capacity_factor > 0 ? cpu::moe_capacity(N, E, k, cfg_.capacity_factor) : -1;
   routing_ = cpu::moe_plan_routing(topk_idx_.data(), N, E, k, cap);
   stats_.assigned.assign(E, 0);
@@ -109,14 +108,51 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int N, const
   cpu::moe_permute_backward(dx, dxp_.data(), routing_, C);
   // Router: the top-k weights' gradient plus the auxiliary loss's gradient on the scores.
   dscores_.assign(size_t(N) * E, 0.f);
-  cpu::moe_aux_loss(dscores_.data(), scores_.data(), topk_idx_.data(), N, E, k,
-                    static_cast<float>(cfg_.aux_loss_coeff), aux_dloss);
+  aux_loss(dscores_.data(), aux_dloss);
   dlogits_.resize(size_t(N) * E);
   cpu::moe_router_backward(dlogits_.data(), dtopk_w_.data(), dscores_.data(), scores_.data(),
                            topk_idx_.data(), N, E, k, score_, k > 1);
   dxr_.resize(size_t(N) * C);
   be_.matmul_backward(dxr_.data(), g.router, nullptr, dlogits_.data(), x, w.router, N, C, E);
   be_.add_inplace(dx, dxr_.data(), int64_t(N) * C);
+}
+
+double MoeLayer::aux_loss(float* dscores, float aux_dloss) {
+  const int N = N_, E = E_, k = k_;
+  const float coeff = static_cast<float>(cfg_.aux_loss_coeff);
+  if (!token_group_ || token_group_->size() == 1)
+    return cpu::moe_aux_loss(dscores, scores_.data(), topk_idx_.data(), N, E, k, coeff, aux_dloss);
+  if (dscores) {
+    // d(aux)/d(score[t, e]) = coeff * E * f_e / N_group for every token of the group; the
+    // objective weights the micro-batch's aux loss by its N_group tokens and the decoder passes
+    // aux_dloss = dloss * N (this rank's tokens), so each local score gets
+    // aux_dloss * coeff * E * f_e / N, as in the single-process kernel with the group's f_e.
+    if (N == 0) return 0.0;
+    for (int t = 0; t < N; ++t)
+      for (int e = 0; e < E; ++e)
+        dscores[size_t(t) * E + e] +=
+            static_cast<float>(double(aux_dloss) * coeff * E * group_f_[size_t(e)] / N);
+    return 0.0;
+  }
+  // One all-reduce of [assigned per expert, score sum per expert, tokens] over the group:
+  // counts are exact in fp32 at these sizes; the score sums are accumulated in double locally.
+  std::vector<double> score_sum(E, 0.0);
+  for (int t = 0; t < N; ++t)
+    for (int e = 0; e < E; ++e) score_sum[size_t(e)] += scores_[size_t(t) * E + e];
+  std::vector<float> buf(size_t(2 * E + 1), 0.f);
+  for (size_t i = 0; i < topk_idx_.size(); ++i) buf[size_t(topk_idx_[i])] += 1.f;
+  for (int e = 0; e < E; ++e) buf[size_t(E + e)] = static_cast<float>(score_sum[size_t(e)]);
+  buf[size_t(2 * E)] = static_cast<float>(N);
+  token_group_->all_reduce(buf.data(), int64_t(buf.size()), DType::F32, comm::ReduceOp::Sum);
+  const double n_group = buf[size_t(2 * E)];
+  group_f_.assign(size_t(E), 0.0);
+  if (n_group == 0) return 0.0;
+  double loss = 0.0;
+  for (int e = 0; e < E; ++e) {
+    group_f_[size_t(e)] = buf[size_t(e)] / (n_group * k);
+    loss += group_f_[size_t(e)] * (buf[size_t(E + e)] / n_group);
+  }
+  return double(coeff) * E * loss;
 }
 
 void MoeLayer::plan_exchange() {

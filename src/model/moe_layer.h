@@ -61,6 +61,12 @@ class MoeLayer {
   void backward(float* dx, const float* dy, const float* x, int N, const MoeWeights& w,
                 const MoeWeights& g, float aux_dloss);
 
+  // Context parallelism: this rank's N tokens are its share of the micro-batch, whose other
+  // tokens live on the ranks of `group` (the CP group). The auxiliary loss's statistics (tokens
+  // per expert f_e, mean router score P_e) are then summed over that group, so the loss and
+  // its gradient are those of the whole micro-batch. nullptr = the tokens are the whole batch.
+  void set_token_group(comm::Communicator* group) { token_group_ = group; }
+
   const MoeStats& stats() const { return stats_; }
   const std::vector<int32_t>& topk() const { return topk_idx_; }  // [N, k] of the last forward
 
@@ -68,6 +74,9 @@ class MoeLayer {
   // Rows of the local permuted buffer [rows, C] <-> expert-grouped rows of this rank's experts
   // [R, C] (gathered from every rank): forward sends the rows to their experts' owners.
   void plan_exchange();
+  // The auxiliary loss of the micro-batch (forward: dscores null) or its gradient added into
+  // dscores with weight aux_dloss; over the token group's statistics when there is one.
+  double aux_loss(float* dscores, float aux_dloss);
   void dispatch(const float* local, float* grouped);  // [rows, C] -> [R, C]
   void combine(const float* grouped, float* local);   // [R, C] -> [rows, C]
 
@@ -91,6 +100,8 @@ class MoeLayer {
   // Backward scratch.
   std::vector<float> dscores_, dlogits_, dtopk_w_, dyp_, dye_, dxe_, dxp_, scratch_, dxr_;
   MoeStats stats_;
+  comm::Communicator* token_group_ = nullptr;
+  std::vector<double> group_f_;  // [E] the token group's f_e (kept for backward)
 };
 
 }  // namespace loom

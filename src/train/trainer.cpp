@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -153,8 +154,6 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                " is not divisible by 2*cp = ", 2 * d.cp,
                " (context parallelism cuts every sequence into 2*cp chunks); use a multiple of ",
                2 * d.cp);
-    LOOM_CHECK(d.cp == 1 || d.pp == 1,
-               "parallel.cp > 1 together with parallel.pp > 1 is not supported yet");
     LOOM_CHECK(vp >= 1, "parallel.vp must be positive, got ", vp);
     LOOM_CHECK(vp == 1 || pp_kind == pp::ScheduleKind::Interleaved, "parallel.vp = ", vp,
                " needs parallel.pp_schedule = \"interleaved\", got \"",
@@ -193,8 +192,19 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     // Context-parallel ranks join data parallelism for the gradient reduction (dp x cp).
     if (pg_->cp().size() > 1)
       model_->set_context_parallel({pg_->cp().size(), pg_->cp().rank(), &pg_->cp()});
+    // Experts split by EP are reduced over the ranks holding the same experts: edp, and under
+    // CP also every CP rank of them (edp x cp; the EP all-to-all stays within one CP rank).
+    comm::Communicator* edp = &pg_->edp();
+    if (pg_->cp().size() > 1) {
+      int index = 0;
+      auto members = pg_->generator().group_of("edp-cp", w.rank(), &index);
+      int pos =
+          static_cast<int>(std::find(members.begin(), members.end(), w.rank()) - members.begin());
+      edp_cp_ = w.split(index, pos, "edp-cp");
+      edp = edp_cp_.get();
+    }
     dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
-                                                   policy_.compute, cpu_backend(), &pg_->edp());
+                                                   policy_.compute, cpu_backend(), edp);
     norm_weights_ = parallel::grad_norm_weights(model_->params(), pg_->tp().rank(), etp);
     if (!stage.whole()) {
       // One schedule step runs the rank's grad_accum micro-batches through the pipeline.
@@ -272,7 +282,9 @@ StepResult Trainer::train_step() {
     LOOM_CHECK(inject_ == 1.f, "inject_gradient_factor is for single-process tests");
     // The pipeline accumulates every micro-batch's gradients, then one DP reduction.
     std::vector<ModelInput> in;
-    for (auto& b : micro_) in.push_back(b.input());
+    // Under CP each stage runs ring attention over its CP group on the rank's rows; the
+    // activations passed between stages are those rows (pp peers share the cp coordinate).
+    for (auto& b : micro_) in.push_back(model_input(b));
     dp_->start_step(1);
     dp_->start_micro(0);
     loss_sum = pipe_->run(in, static_cast<float>(scale / valid));
@@ -280,11 +292,12 @@ StepResult Trainer::train_step() {
     dp_->finish_micro();
     // The loss lives on the last stage (aux losses on the stages holding MoE layers): summing
     // over the pipeline gives every rank the loss, rank 0 included, which logs it.
+    // Under CP each rank holds its share of the tokens: the data sum runs over dp x cp.
     loss_sum = pg_->pp().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
-    loss_sum = pg_->dp().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
+    loss_sum = grad_group().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
     if (mcfg_.is_moe()) {
       aux_sum = pg_->pp().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
-      aux_sum = pg_->dp().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
+      aux_sum = grad_group().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
     }
     // Every stage's parameters are distinct (a tied embedding counts once): sum over all ranks.
     sq = pg_->world().all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
@@ -304,7 +317,8 @@ StepResult Trainer::train_step() {
       aux_sum += model_->last_aux_loss();
       dp_->finish_micro();
     }
-    if (mcfg_.is_moe()) aux_sum = pg_->dp().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
+    // Under CP each rank's aux losses are weighted by its share of the tokens: sum over dp x cp.
+    if (mcfg_.is_moe()) aux_sum = grad_group().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
     // Tensor-parallel ranks of one DP group hold the same loss; the squared gradient norm
     // counts sharded parameters on every TP rank and replicated ones on TP rank 0.
     // Under CP each rank holds the loss of its share of the tokens: sum over dp x cp.

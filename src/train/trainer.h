@@ -119,6 +119,7 @@ class Trainer {
   // Distributed state (null in a single-process run).
   std::unique_ptr<comm::Communicator> self_world_;
   std::unique_ptr<comm::ProcessGroups> pg_;
+  std::unique_ptr<comm::Communicator> edp_cp_;  // expert-data x context parallel (cp > 1)
   std::unique_ptr<parallel::DataParallel> dp_;
   std::vector<double> norm_weights_;  // per parameter: counted in the global grad norm
   std::unique_ptr<parallel::PipelineRunner> pipe_;

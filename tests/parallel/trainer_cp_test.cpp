@@ -1,7 +1,8 @@
 // `loom train` with context parallelism on real MPI ranks: the trainer with parallel.cp (ring
 // attention, sequences split with causal load balancing, CP ranks joining DP for the gradient
 // reduction), alone and with DP + ZeRO-1, must give the single-process losses and grad norms on
-// the same global batch for 10 steps, and resume bit-identically from its checkpoints.
+// the same global batch for 10 steps (MoE models too, alone and with EP), and resume
+// bit-identically from its checkpoints.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -51,8 +52,9 @@ Config config(const std::string& dir, int steps, int grad_accum, const std::stri
   return c;
 }
 
-void check_trainer_cp(const char* family, int cp, int zero, int tp = 1, bool sp = false) {
-  const int D = W().size() / (cp * tp), A = 2, steps = 10;
+void check_trainer_cp(const char* family, int cp, int zero, int tp = 1, bool sp = false, int ep = 1,
+                      int pp = 1, int vp = 1) {
+  const int D = W().size() / (cp * tp * pp), A = 2 * pp, steps = 10;
   std::string dr = rank_dir("ref");
   auto self = comm::make_self_communicator();
   Trainer ref(config(dr, steps, A * D, family), self.get());  // one process, same global batch
@@ -62,14 +64,24 @@ void check_trainer_cp(const char* family, int cp, int zero, int tp = 1, bool sp 
   c.set("parallel.tp", std::to_string(tp), "test");
   c.set("parallel.sp", sp ? "true" : "false", "test");
   c.set("parallel.zero", std::to_string(zero), "test");
+  c.set("parallel.ep", std::to_string(ep), "test");
+  c.set("parallel.pp", std::to_string(pp), "test");
+  if (vp > 1) {
+    c.set("parallel.vp", std::to_string(vp), "test");
+    c.set("parallel.pp_schedule", "\"interleaved\"", "test");
+  }
   Trainer t(c);
   EXPECT_EQ(t.groups()->cp().size(), cp);
   EXPECT_EQ(t.model().context_parallel().size, cp);
+  EXPECT_EQ(t.groups()->pp().size(), pp);
   for (int i = 0; i < steps; ++i) {
     StepResult a = ref.train_step(), b = t.train_step();
     EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5)
         << "cp " << cp << " step " << i << ": " << b.loss << " vs " << a.loss;
     EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-5) << "grad norm, step " << i;
+    if (a.aux_loss > 0) {  // MoE: the aux loss is the whole micro-batch's on every layout
+      EXPECT_LT(rel_diff(b.aux_loss, a.aux_loss), 1e-5) << "aux loss, step " << i;
+    }
   }
 }
 
@@ -84,6 +96,30 @@ TEST(TrainerCp, CpWorldLlamaZero1MatchesOneProcess) {
 TEST(TrainerCp, Cp2Dp2Zero1MatchesOneProcess) {
   if (W().size() != 4) GTEST_SKIP() << "needs 4 ranks";
   check_trainer_cp("tiny-llama", 2, 1);
+}
+
+// MoE under CP: the aux loss's statistics summed over the CP group; with EP the experts'
+// gradients reduced over edp x cp.
+TEST(TrainerCp, CpWorldMoeMatchesOneProcess) {
+  check_trainer_cp("tiny-moe", W().size(), 0);
+}
+TEST(TrainerCp, Cp2Ep2LlamaMoeZero1MatchesOneProcess) {
+  if (W().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_trainer_cp("tiny-llama-moe", 2, 1, 1, false, 2);
+}
+
+// PP x CP: each stage runs ring attention over its CP group; stages exchange the rank's rows.
+TEST(TrainerCp, Pp2Cp2MatchesOneProcess) {
+  if (W().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_trainer_cp("tiny-llama", 2, 0, 1, false, 1, 2);  // 1F1B, untied embeddings
+}
+TEST(TrainerCp, Pp2Cp2InterleavedGpt2Zero1MatchesOneProcess) {
+  if (W().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_trainer_cp("tiny", 2, 1, 1, false, 1, 2, 2);  // tied embeddings, virtual stages
+}
+TEST(TrainerCp, Pp2Cp2MoeMatchesOneProcess) {
+  if (W().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_trainer_cp("tiny-moe", 2, 1, 1, false, 1, 2);
 }
 
 TEST(TrainerCp, ResumeIsBitIdenticalUnderTheSameLayout) {
