@@ -55,7 +55,8 @@ std::string names_of(const M& m) {
 
 GpuSpec gpu_preset(const std::string& name) {
   auto it = gpus().find(name);
-  LOOM_CHECK(it != gpus().end(), "unknown GPU '", name, "' (known: ", names_of(gpus()), ")");
+  LOOM_CHECK(it != gpus().end(), "unknown GPU '", name, "' (known: ", names_of(gpus()),
+             "; or custom with every figure in the file)");
   return it->second;
 }
 
@@ -92,6 +93,14 @@ void validate(const ClusterSpec& c) {
   pos(c.gpu_mtbf_hours, "gpu_mtbf_hours");
   pos(c.ckpt_write_gbs, "ckpt_write_gbs");
   LOOM_CHECK(c.restart_minutes >= 0, "cluster '", c.name, "': restart_minutes must be >= 0");
+  LOOM_CHECK(c.gpu.peak_fp32_tflops >= 0 && c.gpu.gemm_dim0 >= 0 && c.gpu.cache_mb >= 0 &&
+                 c.gpu.cache_bw_gbs >= 0,
+             "cluster '", c.name,
+             "': peak_fp32_tflops, gemm_dim0, cache_mb and cache_bw_gbs must be >= 0 (0: default)");
+  LOOM_CHECK(c.reduce_bw_gbs >= 0 && c.reduce_scatter_bw_gbs >= 0, "cluster '", c.name,
+             "': reduce_bw_gbs and reduce_scatter_bw_gbs must be >= 0 (0: free / same)");
+  LOOM_CHECK(c.link_eff >= 0 && c.link_eff <= 1, "cluster '", c.name,
+             "': link_eff must be in [0, 1] (0: default), got ", c.link_eff);
   LOOM_CHECK(c.gpu.gemm_eff_bf16 > 0 && c.gpu.gemm_eff_bf16 <= 1, "cluster '", c.name,
              "': gpu.gemm_eff_bf16 must be in (0, 1]");
 }

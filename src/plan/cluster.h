@@ -18,6 +18,18 @@ struct GpuSpec {
   // of the time (cuBLAS). Hardware calibration, not per-run tuning: see docs/plan.md.
   double gemm_eff_bf16 = 0.8;
   double gemm_eff_fp8 = 0.6;
+  // fp32 GEMM peak; 0: TF32 tensor cores at half the bf16 peak. CPU clusters set it from a
+  // measured sgemm (there fp32 is the training precision and uses gemm_eff_bf16's curve).
+  double peak_fp32_tflops = 0;
+  // GEMM shape constant d0 of this device's efficiency curve; 0: Efficiency::gemm_dim0 (the
+  // GPU value). A calibration fits it from measured GEMM shapes (src/plan/calibration.h).
+  double gemm_dim0 = 0;
+  // Last-level cache per device and the bandwidth elementwise work reaches in it (as the
+  // planner counts elementwise bytes); 0: none modelled (GPUs: their L2
+  // is small next to one layer's activations). On a CPU the activations of one layer of a
+  // small model stay in L3, so elementwise work whose tensors fit runs at this bandwidth.
+  double cache_mb = 0;
+  double cache_bw_gbs = 0;
 };
 
 struct ClusterSpec {
@@ -34,6 +46,17 @@ struct ClusterSpec {
   double gpu_mtbf_hours = 54.0 * 24 * 16384 / 419;
   double ckpt_write_gbs = 1000;  // aggregate checkpoint storage write bandwidth
   double restart_minutes = 10;   // detect, replace, relaunch, reload
+  // Achieved collective bandwidth / the bandwidths above; 0: Efficiency::link_eff_* (nominal
+  // link rates). A calibrated cluster file holds measured bus bandwidths and sets 1.
+  double link_eff = 0;
+  // Rate at which a rank sums received data in all-reduce and reduce-scatter (GB/s); 0: free
+  // (GPUs: NCCL's reduction keeps up with the link). On a CPU the cores sum from memory.
+  double reduce_bw_gbs = 0;
+  double reduce_scatter_bw_gbs = 0;  // the same in reduce-scatter; 0: reduce_bw_gbs
+  // false where collectives are memory copies made by the ranks' own cores (MPI over shared
+  // memory on a CPU node): then no communication hides under compute, whatever the overlap
+  // switches say, because the copies take the same cores the compute needs.
+  bool comm_overlaps_compute = true;
 
   int64_t world() const { return gpus_per_node * nodes; }
 };

@@ -33,6 +33,7 @@ const std::vector<std::string>& known_keys() {
                                                 "model.dropout",
                                                 "cluster.preset",
                                                 "cluster.gpu",
+                                                "cluster.name",
                                                 "cluster.gpus_per_node",
                                                 "cluster.nodes",
                                                 "cluster.intra_bw_gbs",
@@ -48,6 +49,14 @@ const std::vector<std::string>& known_keys() {
                                                 "cluster.hbm_bw_gbs",
                                                 "cluster.gemm_eff_bf16",
                                                 "cluster.gemm_eff_fp8",
+                                                "cluster.peak_fp32_tflops",
+                                                "cluster.gemm_dim0",
+                                                "cluster.cache_mb",
+                                                "cluster.cache_bw_gbs",
+                                                "cluster.link_eff",
+                                                "cluster.reduce_bw_gbs",
+                                                "cluster.reduce_scatter_bw_gbs",
+                                                "cluster.comm_overlaps_compute",
                                                 "train.global_batch",
                                                 "train.micro_batch",
                                                 "train.precision",
@@ -111,11 +120,19 @@ PlanInput read_plan_input(const Config& cfg) {
   std::string cpreset = cfg.get_string("cluster.preset", "");
   if (!cpreset.empty()) c = cluster_preset(cpreset);
   std::string gpu = cfg.get_string("cluster.gpu", "");
-  if (!gpu.empty()) c.gpu = gpu_preset(gpu);
+  // "custom": no datasheet; every figure comes from the file (e.g. a measured CPU node written
+  // by bench/plan_calibrate.sh), and validate() names any that is missing.
+  if (gpu == "custom") {
+    c.gpu = GpuSpec{};
+    c.gpu.name = "custom";
+  } else if (!gpu.empty()) {
+    c.gpu = gpu_preset(gpu);
+  }
   LOOM_CHECK(!cpreset.empty() || !gpu.empty(),
              "missing field 'cluster.preset' (one of dgx-a100, dgx-h100, dgx-h200, dgx-b200) or "
              "'cluster.gpu' (a100, a100-40gb, h100, h200, b200) with cluster link figures");
   if (cpreset.empty()) c.name = "custom-" + c.gpu.name;
+  c.name = cfg.get_string("cluster.name", c.name);
   c.gpus_per_node = get_int(cfg, "cluster.gpus_per_node", c.gpus_per_node);
   c.nodes = get_int(cfg, "cluster.nodes", c.nodes);
   c.intra_bw_gbs = cfg.get_double("cluster.intra_bw_gbs", c.intra_bw_gbs);
@@ -131,6 +148,15 @@ PlanInput read_plan_input(const Config& cfg) {
   c.gpu.hbm_bw_gbs = cfg.get_double("cluster.hbm_bw_gbs", c.gpu.hbm_bw_gbs);
   c.gpu.gemm_eff_bf16 = cfg.get_double("cluster.gemm_eff_bf16", c.gpu.gemm_eff_bf16);
   c.gpu.gemm_eff_fp8 = cfg.get_double("cluster.gemm_eff_fp8", c.gpu.gemm_eff_fp8);
+  c.gpu.peak_fp32_tflops = cfg.get_double("cluster.peak_fp32_tflops", c.gpu.peak_fp32_tflops);
+  c.gpu.gemm_dim0 = cfg.get_double("cluster.gemm_dim0", c.gpu.gemm_dim0);
+  c.gpu.cache_mb = cfg.get_double("cluster.cache_mb", c.gpu.cache_mb);
+  c.gpu.cache_bw_gbs = cfg.get_double("cluster.cache_bw_gbs", c.gpu.cache_bw_gbs);
+  c.link_eff = cfg.get_double("cluster.link_eff", c.link_eff);
+  c.reduce_bw_gbs = cfg.get_double("cluster.reduce_bw_gbs", c.reduce_bw_gbs);
+  c.reduce_scatter_bw_gbs =
+      cfg.get_double("cluster.reduce_scatter_bw_gbs", c.reduce_scatter_bw_gbs);
+  c.comm_overlaps_compute = cfg.get_bool("cluster.comm_overlaps_compute", c.comm_overlaps_compute);
 
   TrainSpec& t = in.train;
   LOOM_CHECK(cfg.has("train.global_batch"),

@@ -15,7 +15,8 @@ const Efficiency& default_efficiency() {
 double gemm_efficiency(const ClusterSpec& c, Precision p, double M, double N, double K,
                        const Efficiency& e) {
   double top = p == Precision::fp8 ? c.gpu.gemm_eff_fp8 : c.gpu.gemm_eff_bf16;
-  return top / (1 + e.gemm_dim0 * (1 / M + 1 / N + 1 / K));
+  double d0 = c.gpu.gemm_dim0 > 0 ? c.gpu.gemm_dim0 : e.gemm_dim0;
+  return top / (1 + d0 * (1 / M + 1 / N + 1 / K));
 }
 
 namespace {
@@ -26,18 +27,27 @@ namespace {
 struct Link {
   double bw = 0, lat = 0;
   std::string name;
+  double reduce = 0, reduce_scatter = 0;  // bytes/s at which received data is summed; 0: free
 };
 Link link_for(const ClusterSpec& c, const Efficiency& e, int64_t stride, int64_t size) {
-  if (size <= 1) return {1e30, 0, "none"};
+  if (size <= 1) return {1e30, 0, "none", 0, 0};
+  const double sum = c.reduce_bw_gbs * 1e9;
+  const double rs_sum = c.reduce_scatter_bw_gbs > 0 ? c.reduce_scatter_bw_gbs * 1e9 : sum;
+  double intra = c.link_eff > 0 ? c.link_eff : e.link_eff_intra;
+  double inter = c.link_eff > 0 ? c.link_eff : e.link_eff_inter;
   if (stride * size <= c.gpus_per_node)
-    return {c.intra_bw_gbs * 1e9 * e.link_eff_intra, c.intra_lat_us * 1e-6, "nvlink"};
-  return {c.inter_bw_gbs * 1e9 * e.link_eff_inter, c.inter_lat_us * 1e-6, "network"};
+    return {c.intra_bw_gbs * 1e9 * intra, c.intra_lat_us * 1e-6, "nvlink", sum, rs_sum};
+  return {c.inter_bw_gbs * 1e9 * inter, c.inter_lat_us * 1e-6, "network", sum, rs_sum};
 }
 
-// Ring collectives: bytes is the full buffer size on each rank.
+// Ring collectives: bytes is the full buffer size on each rank. Summing (all-reduce,
+// reduce-scatter) costs (g-1)/g of the buffer at the link's summing rate where it has one.
+double summing(double bytes, int64_t g, double rate) {
+  return rate > 0 ? double(g - 1) / g * bytes / rate : 0;
+}
 double all_reduce(double bytes, int64_t g, const Link& l) {
   if (g <= 1) return 0;
-  return 2.0 * (g - 1) / g * bytes / l.bw + 2.0 * (g - 1) * l.lat;
+  return 2.0 * (g - 1) / g * bytes / l.bw + 2.0 * (g - 1) * l.lat + summing(bytes, g, l.reduce);
 }
 double gather_or_scatter(double bytes, int64_t g, const Link& l) {
   if (g <= 1) return 0;
@@ -63,9 +73,16 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
   const double k = m.moe() ? double(m.top_k) : 1.0;
   const double hbm = c.gpu.hbm_bw_gbs * 1e9;
   const double peak_bf16 = c.gpu.peak_bf16_tflops * 1e12;
+  const double peak_fp32 =
+      c.gpu.peak_fp32_tflops > 0 ? c.gpu.peak_fp32_tflops * 1e12 : peak_bf16 / 2;  // TF32
   const double peak_gemm = t.precision == Precision::fp8    ? c.gpu.peak_fp8_tflops * 1e12
-                           : t.precision == Precision::fp32 ? peak_bf16 / 2  // TF32
+                           : t.precision == Precision::fp32 ? peak_fp32
                                                             : peak_bf16;
+  // Attention runs in bf16 under bf16/fp16/fp8 training, in fp32 under fp32.
+  const double peak_attn = t.precision == Precision::fp32 ? peak_fp32 : peak_bf16;
+  // Bytes of one activation element (elementwise traffic, TP/SP and pipeline messages).
+  const double act = t.precision == Precision::fp32 ? 4 : 2;
+  const bool overlap_ok = c.comm_overlaps_compute;
   auto gemm = [&](double M, double N, double K) {
     return 2 * M * N * K / (peak_gemm * gemm_efficiency(c, t.precision, M, N, K, e));
   };
@@ -97,33 +114,39 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
   // dropout mask and output, AV read: ~13 bytes per score).
   double attn_flops = attention_flops_per_token(m, m.seq) * n / tp * (t.flash_attention ? 0.5 : 1);
   double attn_eff = c.gpu.gemm_eff_bf16 * e.attention_rel;
-  double attn_f = attn_flops / (peak_bf16 * attn_eff);
+  double attn_f = attn_flops / (peak_attn * attn_eff);
   double attn_b = attn_f * (t.flash_attention ? 2.5 : 2.0);  // flash bwd: 5 GEMMs vs 2
   if (!t.flash_attention) {
     double scores = n * m.seq * double(m.heads) / tp;
     attn_f += scores * 13 / hbm;
     attn_b += scores * 26 / hbm;
   }
-  double elem = e.elementwise_bytes * n * (h / (sp ? tp : 1) + k * up / tp) / hbm;
+  // elementwise_bytes is counted for 2-byte activations.
+  // Its tensors stream from the cache instead of HBM when one layer's fit there.
+  const double elem_elems = n * (h / (sp ? tp : 1) + k * up / tp);
+  const double elem_bw = c.gpu.cache_bw_gbs > 0 && elem_elems * act <= c.gpu.cache_mb * 1e6
+                             ? c.gpu.cache_bw_gbs * 1e9
+                             : hbm;
+  double elem = e.elementwise_bytes * act / 2 * elem_elems / elem_bw;
   L.attn_fwd = attn_f;
   L.compute_fwd = g + attn_f + elem;
   L.compute_bwd = 2 * g + attn_b + 2 * elem;
 
   // TP: two all-reduces per layer per pass (or all-gather + reduce-scatter with SP: same bytes).
   if (t.tp > 1) {
-    double per_pass = 2 * all_reduce(n * h * 2, t.tp, tp_link);
-    L.tp_fwd = per_pass * (t.tp_comm_overlap ? 1 - e.tp_overlap : 1);
+    double per_pass = 2 * all_reduce(n * h * act, t.tp, tp_link);
+    L.tp_fwd = per_pass * (t.tp_comm_overlap && overlap_ok ? 1 - e.tp_overlap : 1);
   }
   // CP: ring exchange of K and V chunks, hidden behind the attention it feeds.
   if (t.cp > 1) {
-    double kv_bytes = n * 2 * kvd / std::min<double>(tp, double(m.kv())) * 2;
+    double kv_bytes = n * 2 * kvd / std::min<double>(tp, double(m.kv())) * act;
     double ring = double(t.cp - 1) * (kv_bytes / cp_link.bw + cp_link.lat);
     L.cp_fwd = std::max(0.0, ring - attn_f);
     L.cp_bwd = std::max(0.0, 2 * ring - attn_b);
   }
   // EP: dispatch and combine all-to-alls of the k routed copies, forward and backward.
   // Each rank sends its n k routed token copies, (ep-1)/ep of them leave the rank.
-  if (m.moe() && t.ep > 1) L.ep = 2 * gather_or_scatter(n * k * h * 2, t.ep, ep_link);
+  if (m.moe() && t.ep > 1) L.ep = 2 * gather_or_scatter(n * k * h * act, t.ep, ep_link);
   double layer_fwd = L.compute_fwd + L.tp_fwd + L.cp_fwd + L.ep;
   double layer_bwd = L.compute_bwd + L.tp_fwd + L.cp_bwd + L.ep;
   double layer_recompute = t.recompute == Recompute::full        ? layer_fwd
@@ -131,7 +154,10 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
                                                                  : 0;
 
   // ---- stages ----
-  double logits = 3 * gemm(n, V / tp, h) + 16 * n * V / tp / hbm;
+  const double logit_bw = c.gpu.cache_bw_gbs > 0 && n * V / tp * act <= c.gpu.cache_mb * 1e6
+                              ? c.gpu.cache_bw_gbs * 1e9
+                              : hbm;
+  double logits = 3 * gemm(n, V / tp, h) + 8 * act * n * V / tp / logit_bw;
   StageParams first = stage_params(m, t, Stage::first), last = stage_params(m, t, Stage::last);
   int64_t middle_layers = pipeline_slots(m, t) / t.pp;
   double per_layer = layer_fwd + layer_bwd + layer_recompute;
@@ -151,7 +177,7 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
   r.bubble = double(t.pp - 1) / t.vp * r.stage_time;
   r.pipeline = mb * r.stage_time + r.bubble;
   if (t.pp > 1) {
-    double bytes = n * h * 2 / tp;  // activations cross stages split over TP ranks
+    double bytes = n * h * act / tp;  // activations cross stages split over TP ranks
     r.p2p = double(mb) * 2 * t.vp * (bytes / pp_link.bw + pp_link.lat);
   }
 
@@ -162,7 +188,8 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
     if (d <= 1 || params <= 0) return std::pair<double, double>{0, 0};
     double grads = params * sb.grad, weights = params * sb.weight;
     if (t.zero_stage == 0) return std::pair<double, double>{all_reduce(grads, d, dp_link), 0};
-    double rs = gather_or_scatter(grads, d, dp_link), ag = gather_or_scatter(weights, d, dp_link);
+    double rs = gather_or_scatter(grads, d, dp_link) + summing(grads, d, dp_link.reduce_scatter),
+           ag = gather_or_scatter(weights, d, dp_link);
     if (t.zero_stage == 3) return std::pair<double, double>{rs * mb, 2 * ag * mb};
     return std::pair<double, double>{rs, ag};
   };
@@ -177,7 +204,7 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
     fwd_window *= double(mb);
   }
   auto exposed = [&](double comm, double window, bool overlap) {
-    if (!overlap) return comm;
+    if (!overlap || !overlap_ok) return comm;
     return std::max(comm * (1 - e.dp_overlap), comm - window);
   };
   r.dp_exposed = exposed(reduce, bwd_window, t.overlap_grad_reduce) +
