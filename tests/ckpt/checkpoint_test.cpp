@@ -13,19 +13,11 @@
 namespace loom::ckpt {
 namespace {
 
+using testing::error_of;
 using testing::random_tensor;
 using testing::same_tensor;
 using testing::ScratchDir;
 namespace fs = std::filesystem;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TensorMap model_tensors(uint32_t seed) {
   return {{"embed.wte", random_tensor({11, 8}, DType::F32, seed)},

@@ -11,19 +11,11 @@
 namespace loom::ckpt {
 namespace {
 
+using testing::error_of;
 using testing::random_tensor;
 using testing::same_tensor;
 using testing::ScratchDir;
 namespace fs = std::filesystem;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 HfModelShape tiny_gpt2() {
   HfModelShape s;

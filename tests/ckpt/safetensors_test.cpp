@@ -11,6 +11,7 @@
 namespace loom::ckpt {
 namespace {
 
+using testing::error_of;
 using testing::random_tensor;
 using testing::same_tensor;
 using testing::ScratchDir;
@@ -24,15 +25,6 @@ std::string raw_file(const std::string& header, const std::string& data) {
   uint64_t n = header.size();
   for (int b = 0; b < 8; ++b) out[b] = static_cast<char>(n >> (8 * b));
   return out + header + data;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Safetensors, RoundTripsEveryDtypeAndMetadata) {

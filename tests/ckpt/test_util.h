@@ -5,9 +5,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 
+#include "core/error.h"
 #include "core/fs.h"
 #include "core/tensor.h"
 
@@ -62,6 +64,16 @@ inline ::testing::AssertionResult same_tensor(const Tensor& a, const Tensor& b) 
   if (a.nbytes() && std::memcmp(ca.raw(), cb.raw(), a.nbytes()) != 0)
     return ::testing::AssertionFailure() << "contents differ";
   return ::testing::AssertionSuccess();
+}
+
+// The message of the loom::Error that f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace loom::ckpt::testing
