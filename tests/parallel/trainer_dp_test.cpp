@@ -14,6 +14,7 @@
 #include "parallel/data_parallel.h"
 #include "parity_util.h"
 #include "train/trainer.h"
+#include "trainer_fixture.h"
 
 using namespace loom;
 using loom::testing_parallel::rel_diff;
@@ -25,30 +26,14 @@ comm::Communicator& W() {
 }
 
 std::string rank_dir(const std::string& name) {
-  std::string d = testing::TempDir() + "/loom_dp_" + name + "_" + std::to_string(W().rank());
-  remove_all(d);
-  make_dirs(d);
-  return d;
+  return testing_parallel::rank_dir("dp", name, W().rank());
 }
 
 Config config(const std::string& dir, int steps, int grad_accum, int zero) {
-  std::string text;
-  for (int i = 0; i < 300; ++i)
-    text += "a distributed fox " + std::to_string(i * 7 % 13) + " jumps over " + std::to_string(i) +
-            " lazy dogs.\n";
-  write_file_atomic(dir + "/corpus.txt", text);
-  Config c = Config::parse(
-      "[model]\npreset = \"tiny\"\nn_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 16\n"
-      "[train]\nmicro_batch = 2\nseq_len = 16\nquiet = true\npeak_gflops = 100\n"
-      "keep_last = 3\nclip_grad = 0.5\n"
-      "[optim]\nlr = 1e-2\nwarmup_steps = 2\n",
-      "test.toml");
-  c.set("train.steps", std::to_string(steps), "test");
-  c.set("train.grad_accum", std::to_string(grad_accum), "test");
-  c.set("train.out_dir", "\"" + dir + "/run\"", "test");
-  c.set("data.paths", "\"" + dir + "/corpus.txt\"", "test");
+  Config c =
+      testing_parallel::tiny_run_config(dir, "a distributed fox ", 2, "1e-2", steps, grad_accum);
+  c.set("model.preset", "\"tiny\"", "test");
   c.set("parallel.zero", std::to_string(zero), "test");
-  c.set("parallel.bucket_mb", "0.01", "test");
   return c;
 }
 

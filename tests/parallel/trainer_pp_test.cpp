@@ -14,6 +14,7 @@
 #include "mpi_main.h"
 #include "parity_util.h"
 #include "train/trainer.h"
+#include "trainer_fixture.h"
 
 using namespace loom;
 using loom::testing_parallel::rel_diff;
@@ -25,30 +26,13 @@ comm::Communicator& W() {
 }
 
 std::string rank_dir(const std::string& name) {
-  std::string d = testing::TempDir() + "/loom_pp_" + name + "_" + std::to_string(W().rank());
-  remove_all(d);
-  make_dirs(d);
-  return d;
+  return testing_parallel::rank_dir("pp", name, W().rank());
 }
 
 Config config(const std::string& dir, int steps, int grad_accum, const std::string& family) {
-  std::string text;
-  for (int i = 0; i < 300; ++i)
-    text += "a pipelined fox " + std::to_string(i * 7 % 13) + " jumps over " + std::to_string(i) +
-            " lazy dogs.\n";
-  write_file_atomic(dir + "/corpus.txt", text);
-  Config c = Config::parse(
-      "[model]\nn_layer = 4\nd_model = 32\nn_head = 2\nmax_seq = 16\n"
-      "[train]\nmicro_batch = 2\nseq_len = 16\nquiet = true\npeak_gflops = 100\n"
-      "keep_last = 3\nclip_grad = 0.5\n"
-      "[optim]\nlr = 5e-3\nwarmup_steps = 2\n",
-      "test.toml");
+  Config c =
+      testing_parallel::tiny_run_config(dir, "a pipelined fox ", 4, "5e-3", steps, grad_accum);
   c.set("model.preset", "\"" + family + "\"", "test");
-  c.set("train.steps", std::to_string(steps), "test");
-  c.set("train.grad_accum", std::to_string(grad_accum), "test");
-  c.set("train.out_dir", "\"" + dir + "/run\"", "test");
-  c.set("data.paths", "\"" + dir + "/corpus.txt\"", "test");
-  c.set("parallel.bucket_mb", "0.01", "test");
   return c;
 }
 

@@ -1,0 +1,46 @@
+// Shared by the trainer-level multi-process tests (trainer_dp/pp/cp/5d): a scratch directory per
+// rank and a tiny byte-level run over a generated corpus, which each test then adapts.
+#pragma once
+
+#include <string>
+
+#include <gtest/gtest.h>
+#include "core/config.h"
+#include "core/fs.h"
+
+namespace loom::testing_parallel {
+
+// <TempDir>/loom_<suite>_<name>_<rank>, emptied.
+inline std::string rank_dir(const std::string& suite, const std::string& name, int rank) {
+  std::string d = testing::TempDir() + "/loom_" + suite + "_" + name + "_" + std::to_string(rank);
+  remove_all(d);
+  make_dirs(d);
+  return d;
+}
+
+// Writes dir/corpus.txt (300 lines starting with `line_start`) and returns a config that trains
+// an n_layer-deep, 32-wide model on it for `steps` steps of `grad_accum` micro-batches of 2x16,
+// with its output in dir/run. The model preset is left to the caller.
+inline Config tiny_run_config(const std::string& dir, const std::string& line_start, int n_layer,
+                              const std::string& lr, int steps, int grad_accum) {
+  std::string text;
+  for (int i = 0; i < 300; ++i)
+    text += line_start + std::to_string(i * 7 % 13) + " jumps over " + std::to_string(i) +
+            " lazy dogs.\n";
+  write_file_atomic(dir + "/corpus.txt", text);
+  Config c = Config::parse("[model]\nn_layer = " + std::to_string(n_layer) +
+                               "\nd_model = 32\nn_head = 2\nmax_seq = 16\n"
+                               "[train]\nmicro_batch = 2\nseq_len = 16\nquiet = true\n"
+                               "peak_gflops = 100\nkeep_last = 3\nclip_grad = 0.5\n"
+                               "[optim]\nlr = " +
+                               lr + "\nwarmup_steps = 2\n",
+                           "test.toml");
+  c.set("train.steps", std::to_string(steps), "test");
+  c.set("train.grad_accum", std::to_string(grad_accum), "test");
+  c.set("train.out_dir", "\"" + dir + "/run\"", "test");
+  c.set("data.paths", "\"" + dir + "/corpus.txt\"", "test");
+  c.set("parallel.bucket_mb", "0.01", "test");
+  return c;
+}
+
+}  // namespace loom::testing_parallel
