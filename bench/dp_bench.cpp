@@ -12,40 +12,13 @@
 
 #include "comm/communicator.h"
 #include "core/log.h"
-#include "core/rng.h"
 #include "parallel/data_parallel.h"
+#include "train/batch.h"
 
 using namespace loom;
 using namespace loom::parallel;
 
 namespace {
-
-struct Batch {
-  std::vector<int32_t> tokens, targets, positions, cu;
-  ModelInput input() const {
-    return {tokens.data(),
-            targets.data(),
-            positions.data(),
-            cu.data(),
-            static_cast<int>(tokens.size()),
-            static_cast<int>(cu.size()) - 1};
-  }
-};
-
-Batch make_batch(int rows, int T, int vocab, uint64_t seed) {
-  Batch b;
-  b.cu.push_back(0);
-  for (int r = 0; r < rows; ++r) {
-    for (int t = 0; t < T; ++t) {
-      uint64_t i = uint64_t(r) * T + t;
-      b.tokens.push_back(static_cast<int32_t>(uniform_at(seed, 1, i) * vocab));
-      b.targets.push_back(static_cast<int32_t>(uniform_at(seed, 2, i) * vocab));
-      b.positions.push_back(t);
-    }
-    b.cu.push_back(static_cast<int32_t>(b.tokens.size()));
-  }
-  return b;
-}
 
 int arg(int argc, char** argv, const char* name, int def) {
   for (int i = 1; i + 1 < argc; ++i)
@@ -68,7 +41,7 @@ int main(int argc, char** argv) {
   cfg.max_seq = 64;
   const int steps = arg(argc, argv, "--steps", 4), rows = arg(argc, argv, "--rows", 4), T = 64;
   const double bucket_mb = arg(argc, argv, "--bucket-kb", 1024) / 1024.0;
-  Batch batch = make_batch(rows, T, cfg.vocab, 100 + rank);
+  Batch batch = synthetic_batch(rows, T, cfg.vocab, 100 + rank);
   AdamWConfig ac;
 
   if (rank == 0)

@@ -22,38 +22,12 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
+#include "train/batch.h"
 
 using namespace loom;
 using namespace loom::parallel;
 
 namespace {
-
-struct Batch {
-  std::vector<int32_t> tokens, targets, positions, cu;
-  ModelInput input() const {
-    return {tokens.data(),
-            targets.data(),
-            positions.data(),
-            cu.data(),
-            static_cast<int>(tokens.size()),
-            static_cast<int>(cu.size()) - 1};
-  }
-};
-
-Batch make_batch(int rows, int T, int vocab, uint64_t seed) {
-  Batch b;
-  b.cu.push_back(0);
-  for (int r = 0; r < rows; ++r) {
-    for (int t = 0; t < T; ++t) {
-      uint64_t i = uint64_t(r) * T + t;
-      b.tokens.push_back(static_cast<int32_t>(uniform_at(seed, 1, i) * vocab));
-      b.targets.push_back(static_cast<int32_t>(uniform_at(seed, 2, i) * vocab));
-      b.positions.push_back(t);
-    }
-    b.cu.push_back(static_cast<int32_t>(b.tokens.size()));
-  }
-  return b;
-}
 
 ModelConfig model(int layers, int d, int vocab) {
   ModelConfig c = model_preset("tiny");
@@ -96,7 +70,7 @@ void bubble(comm::Communicator& w) {
     PipelineRunner runner(m, pg.pp(), pp::make_schedule(k.kind, p, k.m, k.v));
     std::vector<Batch> mb;
     std::vector<ModelInput> in;
-    for (int j = 0; j < k.m; ++j) mb.push_back(make_batch(4, 128, cfg.vocab, 10 + j));
+    for (int j = 0; j < k.m; ++j) mb.push_back(synthetic_batch(4, 128, cfg.vocab, 10 + j));
     for (auto& b : mb) in.push_back(b.input());
     double idle = 0;
     const int reps = 3;
@@ -182,7 +156,7 @@ void moe(comm::Communicator& w) {
         ep, ep, "step", "layer", "tokens per expert (all ranks)", "max/mean", "CV",
         "all-to-all per rank per step (fwd + bwd)");
   for (int step = 0; step < 20; ++step) {
-    Batch b = make_batch(4, 64, cfg.vocab, 100 + step * ep + w.rank());
+    Batch b = synthetic_batch(4, 64, cfg.vocab, 100 + step * ep + w.rank());
     ddp.start_step(1);
     ddp.start_micro(0);
     m.forward_backward(b.input(), 1.f / (4 * 64 * ep));

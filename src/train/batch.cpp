@@ -1,5 +1,7 @@
 #include "train/batch.h"
 
+#include "core/rng.h"
+
 namespace loom {
 
 int64_t Batch::valid_targets() const {
@@ -30,6 +32,16 @@ void Batch::set_rows(int rows, int cols) {
   for (int r = 0; r <= rows; ++r) cu_seqlens[r] = r * cols;
   for (int r = 0; r < rows; ++r)
     for (int t = 0; t < cols; ++t) positions[static_cast<size_t>(r) * cols + t] = t;
+}
+
+Batch synthetic_batch(int B, int T, int vocab, uint64_t seed) {
+  Batch b;
+  b.set_rows(B, T);
+  for (size_t i = 0; i < b.tokens.size(); ++i) {
+    b.tokens[i] = static_cast<int32_t>(uniform_at(seed, 1, i) * vocab);
+    b.targets[i] = static_cast<int32_t>(uniform_at(seed, 2, i) * vocab);
+  }
+  return b;
 }
 
 }  // namespace loom

@@ -20,6 +20,10 @@ struct Batch {
   void set_rows(int B, int T);
 };
 
+// B rows of T random tokens and targets in [0, vocab), drawn from the counter-based RNG by
+// (seed, element): the same batch for the same arguments (benchmarks, tests).
+Batch synthetic_batch(int B, int T, int vocab, uint64_t seed);
+
 // Where batches come from. Deterministic for its seed and resumable from state().
 class BatchSource {
  public:

@@ -10,7 +10,6 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/rng.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/decoder.h"
 #include "optim/adamw.h"
@@ -49,12 +48,7 @@ Json run_train_bench(const TrainBenchOptions& o) {
   model.params().init(1);
   AdamW optim(model.params(), AdamWConfig{}, policy.compute, cpu_backend());
 
-  Batch b;
-  b.set_rows(o.batch, o.seq);
-  for (size_t i = 0; i < b.tokens.size(); ++i) {
-    b.tokens[i] = static_cast<int32_t>(uniform_at(7, 1, i) * mc.vocab);
-    b.targets[i] = static_cast<int32_t>(uniform_at(7, 2, i) * mc.vocab);
-  }
+  Batch b = synthetic_batch(o.batch, o.seq, mc.vocab, 7);
   const double tokens = double(o.batch) * o.seq;
   const double flops = mc.train_flops_per_token(o.seq) * tokens;
   std::vector<double> times, cpu_times;
