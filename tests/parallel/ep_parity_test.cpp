@@ -89,14 +89,8 @@ void check_ep(Family f, int ep, int zero) {
     loss = pg.dp().all_reduce_scalar(loss, comm::ReduceOp::Sum);
     double norm = std::sqrt(pg.dp().all_reduce_scalar(ddp.grad_sq_local(), comm::ReduceOp::Sum));
     if (k == 0 && zero == 0) {
-      float gmax = 0;
-      for (float g : ref.first_grads) gmax = std::max(gmax, std::fabs(g));
-      for (const ParamInfo& p : P.infos()) {
-        const ParamInfo& rp = refm.params().info(p.name);
-        for (int64_t e = 0; e < p.numel; ++e)
-          ASSERT_NEAR(P.grad()[p.offset + e], ref.first_grads[global_index(p, rp, e)], 1e-5 * gmax)
-              << p.name << " element " << e;
-      }
+      ASSERT_NO_FATAL_FAILURE(testing_parallel::expect_grads_match_reference(
+          P, refm.params(), ref.first_grads, global_index));
     }
     EXPECT_LT(rel_diff(loss / valid, ref.losses[k]), 1e-5)
         << "step " << k << ": " << loss / valid << " vs " << ref.losses[k];

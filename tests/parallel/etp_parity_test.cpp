@@ -103,14 +103,8 @@ void check_etp(Family f, int tp, int ep, int etp, bool sp, int zero = 0,
     double norm =
         std::sqrt(pg.tp_dp().all_reduce_scalar(ddp.grad_sq_local(weights), comm::ReduceOp::Sum));
     if (k == 0 && zero == 0) {
-      float gmax = 0;
-      for (float g : ref.first_grads) gmax = std::max(gmax, std::fabs(g));
-      for (const ParamInfo& p : P.infos()) {
-        const ParamInfo& rp = refm.params().info(p.name);
-        for (int64_t e = 0; e < p.numel; ++e)
-          ASSERT_NEAR(P.grad()[p.offset + e], ref.first_grads[global_index(p, rp, e)], 1e-5 * gmax)
-              << p.name << " element " << e;
-      }
+      ASSERT_NO_FATAL_FAILURE(testing_parallel::expect_grads_match_reference(
+          P, refm.params(), ref.first_grads, global_index));
     }
     EXPECT_LT(rel_diff(loss / valid, ref.losses[k]), 1e-5)
         << "step " << k << ": " << loss / valid << " vs " << ref.losses[k];

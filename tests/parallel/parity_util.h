@@ -2,6 +2,9 @@
 // and the single-process reference run that every layout must reproduce.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -102,6 +105,22 @@ inline StepLog reference_run(const ModelConfig& cfg, int steps, int micros, int 
 
 inline double rel_diff(double a, double b) {
   return std::fabs(a - b) / std::max(1e-30, std::max(std::fabs(a), std::fabs(b)));
+}
+
+// Asserts that this rank's gradients equal the single-process ones (`ref_grads`, laid out as
+// `ref`'s parameters) at their global positions, within 1e-5 of the largest reference gradient.
+// global_index(local info, reference info, local element) names the layout's mapping.
+template <typename GlobalIndex>
+void expect_grads_match_reference(const ParamSet& P, const ParamSet& ref,
+                                  const std::vector<float>& ref_grads, GlobalIndex global_index) {
+  float gmax = 0;
+  for (float g : ref_grads) gmax = std::max(gmax, std::fabs(g));
+  for (const ParamInfo& p : P.infos()) {
+    const ParamInfo& rp = ref.info(p.name);
+    for (int64_t e = 0; e < p.numel; ++e)
+      ASSERT_NEAR(P.grad()[p.offset + e], ref_grads[global_index(p, rp, e)], 1e-5 * gmax)
+          << p.name << " element " << e;
+  }
 }
 
 }  // namespace loom::testing_parallel
