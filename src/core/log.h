@@ -27,5 +27,8 @@ void log_debug(const Args&... a) {
 
 // Seconds since an arbitrary fixed point (steady clock).
 double now_seconds();
+// CPU seconds used by this process, all threads: a load-independent companion to wall time on
+// a shared machine, where other processes steal the cores.
+double process_cpu_seconds();
 
 }  // namespace loom

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -226,6 +227,10 @@ Pipeline::ShardResult Pipeline::run_shard(size_t seg, const InputShard& shard,
                        zstd_, zstd_level_);
   StageStats reader_stats;
   std::vector<StageStats> stats(sg.end - sg.begin);
+  // Seconds this worker spent in the reader, in each stage and in the writers: steady-clock
+  // reads (tens of nanoseconds) around each call, cheap enough for millions of short documents.
+  std::vector<double> stage_seconds(sg.end - sg.begin);
+  double reader_seconds = 0, writer_seconds = 0;
   StageContext ctx;
   ctx.shard = shard.index;
   Doc doc;
@@ -241,10 +246,13 @@ Pipeline::ShardResult Pipeline::run_shard(size_t seg, const InputShard& shard,
       d.record["rejected_stage"] = *stage;
       d.record["rejected_reason"] = *reason;
     }
+    double w0 = now_seconds();
     w.write_line(d.record.dump());
+    writer_seconds += now_seconds() - w0;
   };
   static const std::string kReader = "reader";
-  while (reader->next(doc, reject)) {
+  for (double r0 = now_seconds(); reader->next(doc, reject); r0 = now_seconds()) {
+    reader_seconds += now_seconds() - r0;
     ++reader_stats.docs_in;
     reader_stats.bytes_in += doc.input_bytes;
     if (!reject.empty()) {
@@ -260,7 +268,9 @@ Pipeline::ShardResult Pipeline::run_shard(size_t seg, const InputShard& shard,
         ++st.docs_in;
         st.bytes_in += static_cast<int64_t>(doc.text.size());
         ctx.stats = &st;
+        double s0 = now_seconds();
         std::string why = stages_[s].stage->process(doc, ctx);
+        stage_seconds[s - sg.begin] += now_seconds() - s0;
         if (!why.empty()) {
           ++st.reasons[why];
           write(rejected, doc, &stages_[s].name, &why);
@@ -309,6 +319,11 @@ Pipeline::ShardResult Pipeline::run_shard(size_t seg, const InputShard& shard,
   r.stats["kept"] = static_cast<int64_t>(kept.lines());
   r.stats["rejected"] = static_cast<int64_t>(rejected.lines());
   r.stats["seconds"] = now_seconds() - t0;
+  Json secs = Json::object();
+  if (seg == 0) secs["reader"] = reader_seconds;
+  for (size_t s = sg.begin; s < sg.end; ++s) secs[stages_[s].name] = stage_seconds[s - sg.begin];
+  secs["writer"] = writer_seconds;
+  r.stats["stage_seconds"] = secs;
   for (auto& e : reader->errors) log_warn("curate: ", e.where, ": ", e.message);
   // Written last: its presence is what marks the shard finished.
   write_file_atomic(cat(out_dir_, "/stats/s", seg, "-", shard_name(shard.index), ".json"),
@@ -318,7 +333,7 @@ Pipeline::ShardResult Pipeline::run_shard(size_t seg, const InputShard& shard,
 }
 
 Json Pipeline::run(const RunOptions& opt) {
-  double t0 = now_seconds();
+  double t0 = now_seconds(), cpu0 = process_cpu_seconds();
   comm::Communicator& c = opt.comm ? *opt.comm : comm::world();
   const int ranks = c.size(), me = c.rank();
   auto owns = [&](size_t i) { return static_cast<int>(i % static_cast<size_t>(ranks)) == me; };
@@ -363,7 +378,10 @@ Json Pipeline::run(const RunOptions& opt) {
 
   int64_t total_bytes = 0;
   for (auto& s : shards) total_bytes += static_cast<int64_t>(s.bytes);
-  int64_t docs_this_run = 0, bytes_this_run = 0, shards_this_run = 0;
+  RunTotals this_run;
+  this_run.workers = workers;
+  this_run.ranks = ranks;
+  this_run.prepare_seconds.assign(stages_.size(), 0);
   std::vector<std::vector<Json>> seg_stats(segments_.size(), std::vector<Json>(shards.size()));
 
   for (size_t seg = 0; seg < segments_.size(); ++seg) {
@@ -385,7 +403,9 @@ Json Pipeline::run(const RunOptions& opt) {
       if (me == 0)
         log_info("curate: ", g.name, ": preparing over ", shards.size(), " shards",
                  ranks > 1 ? cat(" on ", ranks, " ranks") : std::string());
+      double p0 = now_seconds();
       g.stage->prepare(gi);
+      this_run.prepare_seconds[segments_[seg].begin] = now_seconds() - p0;
     }
     Progress progress;
     std::vector<size_t> todo;
@@ -414,18 +434,25 @@ Json Pipeline::run(const RunOptions& opt) {
             run_shard(seg, shards[i], in_files[i], last, progress, opt.crash_after_docs).stats;
       });
     }
-    docs_this_run += progress.docs;
-    bytes_this_run += progress.bytes;
-    shards_this_run += static_cast<int64_t>(todo.size());
+    this_run.docs += progress.docs;
+    this_run.bytes += progress.bytes;
+    this_run.shards += static_cast<int64_t>(todo.size());
   }
 
   if (ranks > 1) {
     // Rank 0 gathers every rank's shard stats and writes the report; the others get it back.
-    std::vector<int64_t> counts = {docs_this_run, bytes_this_run, shards_this_run};
+    // Times travel as microseconds: the ranks' CPU and prepare seconds add up.
+    auto us = [](double sec) { return static_cast<int64_t>(sec * 1e6); };
+    std::vector<int64_t> counts = {this_run.docs, this_run.bytes, this_run.shards,
+                                   us(process_cpu_seconds() - cpu0)};
+    for (double p : this_run.prepare_seconds) counts.push_back(us(p));
     sum_i64(c, counts);
-    docs_this_run = counts[0];
-    bytes_this_run = counts[1];
-    shards_this_run = counts[2];
+    this_run.docs = counts[0];
+    this_run.bytes = counts[1];
+    this_run.shards = counts[2];
+    this_run.cpu_seconds = static_cast<double>(counts[3]) * 1e-6;
+    for (size_t i = 0; i < stages_.size(); ++i)
+      this_run.prepare_seconds[i] = static_cast<double>(counts[4 + i]) * 1e-6;
     std::string mine;
     for (size_t seg = 0; seg < segments_.size(); ++seg)
       for (size_t i = 0; i < shards.size(); ++i)
@@ -446,28 +473,29 @@ Json Pipeline::run(const RunOptions& opt) {
           seg_stats[static_cast<size_t>(e.at("segment").as_int())]
                    [static_cast<size_t>(e.at("shard").as_int())] = e.at("stats");
         }
-      report_json = make_report(seg_stats, shards.size(), total_bytes, now_seconds() - t0, workers,
-                                ranks, shards_this_run, docs_this_run, bytes_this_run)
-                        .dump(1);
+      this_run.seconds = now_seconds() - t0;
+      report_json = make_report(seg_stats, shards.size(), total_bytes, this_run).dump(1);
     }
     report_json = broadcast_bytes(c, std::move(report_json), 0);
     return Json::parse(report_json, out_dir_ + "/report.json");
   }
-  return make_report(seg_stats, shards.size(), total_bytes, now_seconds() - t0, workers, ranks,
-                     shards_this_run, docs_this_run, bytes_this_run);
+  this_run.seconds = now_seconds() - t0;
+  this_run.cpu_seconds = process_cpu_seconds() - cpu0;
+  return make_report(seg_stats, shards.size(), total_bytes, this_run);
 }
 
 // Merges per-shard stats in shard order into the report and writes it.
 Json Pipeline::make_report(const std::vector<std::vector<Json>>& seg_stats, size_t nshards,
-                           int64_t total_bytes, double elapsed, int workers, int ranks,
-                           int64_t shards_this_run, int64_t docs_this_run,
-                           int64_t bytes_this_run) const {
+                           int64_t total_bytes, const RunTotals& this_run) const {
   StageStats reader_total;
   std::vector<StageStats> totals(stages_.size());
   Json errors = Json::array();
   int64_t error_count = 0, kept = 0, rejected = 0;
+  std::map<std::string, double> busy;  // seconds per stage name, "reader", "writer"
   for (size_t seg = 0; seg < segments_.size(); ++seg) {
     for (auto& js : seg_stats[seg]) {
+      if (js.contains("stage_seconds"))  // absent in stats of shards run by older versions
+        for (auto& [name, sec] : js.at("stage_seconds").as_object()) busy[name] += sec.as_double();
       if (seg == 0) reader_total.merge(StageStats::from_json(js.at("reader")));
       for (size_t s = segments_[seg].begin; s < segments_[seg].end; ++s)
         totals[s].merge(StageStats::from_json(js.at("stages").at(stages_[s].name)));
@@ -492,12 +520,17 @@ Json Pipeline::make_report(const std::vector<std::vector<Json>>& seg_stats, size
   out["all_docs_accounted"] = kept + rejected == reader_total.docs_in;
   report["output"] = out;
   Json runj = Json::object();
-  runj["seconds"] = elapsed;
-  runj["workers"] = workers;
-  if (ranks > 1) runj["ranks"] = ranks;
-  runj["shards_processed"] = shards_this_run;
-  runj["docs_per_s"] = static_cast<double>(docs_this_run) / std::max(1e-9, elapsed);
-  runj["mb_per_s"] = static_cast<double>(bytes_this_run) / 1e6 / std::max(1e-9, elapsed);
+  const double elapsed = std::max(1e-9, this_run.seconds);
+  runj["seconds"] = this_run.seconds;
+  runj["workers"] = this_run.workers;
+  if (this_run.ranks > 1) runj["ranks"] = this_run.ranks;
+  runj["shards_processed"] = this_run.shards;
+  runj["docs_per_s"] = static_cast<double>(this_run.docs) / elapsed;
+  runj["mb_per_s"] = static_cast<double>(this_run.bytes) / 1e6 / elapsed;
+  // Per core: the input this run read over the CPU seconds of every thread (and rank) it used.
+  runj["cpu_seconds"] = this_run.cpu_seconds;
+  runj["mb_per_cpu_second"] =
+      static_cast<double>(this_run.bytes) / 1e6 / std::max(1e-9, this_run.cpu_seconds);
   report["run"] = runj;
   Json stages = Json::array();
   Json rj = reader_total.to_json();
@@ -511,6 +544,24 @@ Json Pipeline::make_report(const std::vector<std::vector<Json>>& seg_stats, size
     stages.push_back(j);
   }
   report["stages"] = stages;
+  // Where the time went: worker seconds per stage over all shards (resumed ones included, as
+  // their stats recorded them) plus a global stage's prepare() in this run, and the MB/s of the
+  // stage's own input per second of it.
+  Json timing = Json::array();
+  auto add_timing = [&](const std::string& name, int64_t bytes, double prepare) {
+    Json t = Json::object();
+    double sec = busy[name] + prepare;
+    t["name"] = name;
+    t["seconds"] = sec;
+    if (prepare > 0) t["prepare_seconds"] = prepare;
+    t["mb_per_s"] = static_cast<double>(bytes) / 1e6 / std::max(1e-9, sec);
+    timing.push_back(t);
+  };
+  add_timing("reader", reader_total.bytes_in, 0);
+  for (size_t s = 0; s < stages_.size(); ++s)
+    add_timing(stages_[s].name, totals[s].bytes_in, this_run.prepare_seconds[s]);
+  add_timing("writer", reader_total.bytes_in, 0);
+  report["timing"] = timing;
   Json ej = Json::object();
   ej["count"] = error_count;
   ej["first"] = errors;

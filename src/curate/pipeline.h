@@ -65,9 +65,15 @@ class Pipeline {
   struct ShardResult;
   ShardResult run_shard(size_t seg, const InputShard& shard, const std::string& in_file, bool last,
                         Progress& progress, int64_t crash_after);
+  // What this run (not the resumed part before it) did, summed over ranks.
+  struct RunTotals {
+    double seconds = 0, cpu_seconds = 0;
+    int workers = 1, ranks = 1;
+    int64_t shards = 0, docs = 0, bytes = 0;
+    std::vector<double> prepare_seconds;  // per stage: a global stage's prepare()
+  };
   Json make_report(const std::vector<std::vector<Json>>& seg_stats, size_t shards,
-                   int64_t total_bytes, double seconds, int workers, int ranks,
-                   int64_t shards_this_run, int64_t docs_this_run, int64_t bytes_this_run) const;
+                   int64_t total_bytes, const RunTotals& this_run) const;
   std::string kept_path(int shard, bool last, size_t seg) const;
 
   ReaderOptions reader_;

@@ -34,7 +34,11 @@ std::string report_text(const Json& r) {
   s += cat("this run: ", fmt("%.2f", run.at("seconds").as_double()), " s, ",
            fmt("%.0f", run.at("docs_per_s").as_double()), " docs/s, ",
            fmt("%.2f", run.at("mb_per_s").as_double()), " MB/s, ", run.at("workers").as_int(),
-           " workers, ", run.at("shards_processed").as_int(), " shards processed\n\n");
+           " workers, ", run.at("shards_processed").as_int(), " shards processed\n");
+  if (run.contains("cpu_seconds"))
+    s += cat("per core: ", fmt("%.2f", run.at("mb_per_cpu_second").as_double()), " MB/s (",
+             fmt("%.2f", run.at("cpu_seconds").as_double()), " CPU seconds)\n");
+  s += "\n";
   char line[256];
   std::snprintf(line, sizeof line, "%-22s %10s %10s %8s %12s %12s\n", "stage", "docs in",
                 "docs out", "kept", "MB in", "MB out");
@@ -47,6 +51,16 @@ std::string report_text(const Json& r) {
                   static_cast<double>(st.at("bytes_in").as_int()) / 1e6,
                   static_cast<double>(st.at("bytes_out").as_int()) / 1e6);
     s += line;
+  }
+  if (r.contains("timing")) {
+    std::snprintf(line, sizeof line, "\n%-22s %10s %10s   (worker seconds; MB/s of its input)\n",
+                  "time", "seconds", "MB/s");
+    s += line;
+    for (auto& t : r.at("timing").as_array()) {
+      std::snprintf(line, sizeof line, "%-22s %10.3f %10.1f\n", t.at("name").as_string().c_str(),
+                    t.at("seconds").as_double(), t.at("mb_per_s").as_double());
+      s += line;
+    }
   }
   for (auto& st : r.at("stages").as_array()) {
     auto& reasons = st.at("reasons").as_object();

@@ -18,14 +18,6 @@
 
 namespace loom {
 
-// CPU seconds used by this process (all threads): a load-independent companion to wall time
-// on a shared machine, where other processes steal the cores.
-static double cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static double load_average() {
   double l[1] = {0};
   return getloadavg(l, 1) == 1 ? l[0] : -1;
@@ -53,23 +45,23 @@ Json run_train_bench(const TrainBenchOptions& o) {
   const double flops = mc.train_flops_per_token(o.seq) * tokens;
   std::vector<double> times, cpu_times;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
-    double t0 = now_seconds(), c0 = cpu_seconds();
+    double t0 = now_seconds(), c0 = process_cpu_seconds();
     model.params().zero_grad();
     model.forward_backward(b.input(), static_cast<float>(1.0 / tokens));
     optim.step(1e-4, 1.f);
     if (s >= o.warmup) {
       times.push_back(now_seconds() - t0);
-      cpu_times.push_back(cpu_seconds() - c0);
+      cpu_times.push_back(process_cpu_seconds() - c0);
     }
   }
   std::sort(times.begin(), times.end());
   std::sort(cpu_times.begin(), cpu_times.end());
   double median = times[times.size() / 2];
   double cpu_median = cpu_times[cpu_times.size() / 2];
-  double c0 = cpu_seconds(), w0 = now_seconds();
+  double c0 = process_cpu_seconds(), w0 = now_seconds();
   double peak = measure_sgemm_peak_gflops(o.threads);
   // The sgemm measurement's own CPU time per wall second tells how many cores it really had.
-  double sgemm_cores = (cpu_seconds() - c0) / (now_seconds() - w0);
+  double sgemm_cores = (process_cpu_seconds() - c0) / (now_seconds() - w0);
   double gflops = flops / median / 1e9;
   double gflops_per_core = flops / cpu_median / 1e9;
 

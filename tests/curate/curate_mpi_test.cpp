@@ -110,6 +110,7 @@ std::vector<std::string> files_under(const std::string& dir) {
 Json without_seconds(const std::string& path) {
   Json j = Json::parse(read_file(path), path);
   j.as_object().erase("seconds");
+  j.as_object().erase("stage_seconds");
   return j;
 }
 
