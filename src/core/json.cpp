@@ -1,9 +1,11 @@
 #include "core/json.h"
 
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/utf8.h"
@@ -72,40 +74,89 @@ size_t Json::size() const {
   return 0;
 }
 
-void json_escape(std::string& out, std::string_view s) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
+namespace {
+
+// Bytes that a JSON string cannot hold as they are: '"', '\\' and the C0 controls. Both the
+// writer and the parser copy the runs between them in bulk, found eight bytes at a time.
+constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
+
+inline uint64_t load_le64(const char* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);
+  if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
+  return w;
+}
+
+// High bit of each byte of w that equals c (exact: no carries cross bytes).
+inline uint64_t bytes_equal(uint64_t w, unsigned char c) {
+  uint64_t z = w ^ (kOnes * c);
+  return ~(((z & ~kHigh) + ~kHigh) | z) & kHigh;
+}
+
+// High bit of each byte of w below 0x20.
+inline uint64_t bytes_below_space(uint64_t w) {
+  return ~(((w & ~kHigh) | kHigh) - kOnes * 0x20) & ~w & kHigh;
+}
+
+// Index of the first byte at or after i that is '"', '\\' or a control character (s.size()
+// if none).
+size_t next_special(std::string_view s, size_t i) {
+  const size_t n = s.size();
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w = load_le64(s.data() + i);
+    uint64_t special = bytes_equal(w, '"') | bytes_equal(w, '\\') | bytes_below_space(w);
+    if (special) return i + static_cast<size_t>(std::countr_zero(special)) / 8;
+  }
+  for (; i < n; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '"' || c == '\\' || c < 0x20) return i;
+  }
+  return n;
+}
+
+void append_escape(std::string& out, unsigned char c) {
+  switch (c) {
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    case '\r':
+      out += "\\r";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
+    case '\b':
+      out += "\\b";
+      break;
+    case '\f':
+      out += "\\f";
+      break;
+    default: {  // the other controls as \u00xx (lowercase hex)
+      static const char hex[] = "0123456789abcdef";
+      const char u[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+      out.append(u, 6);
     }
+  }
+}
+
+}  // namespace
+
+void json_escape(std::string& out, std::string_view s) {
+  out.reserve(out.size() + s.size() + 2);
+  out += '"';
+  size_t i = 0;
+  for (;;) {
+    size_t j = next_special(s, i);
+    out.append(s.data() + i, j - i);
+    if (j == s.size()) break;
+    append_escape(out, static_cast<unsigned char>(s[j]));
+    i = j + 1;
   }
   out += '"';
 }
@@ -239,7 +290,7 @@ class Parser {
       ws();
       if (p_ >= t_.size() || t_[p_] != ':') error("expected ':' after key");
       ++p_;
-      o[k] = value(depth + 1);
+      o.insert_or_assign(std::move(k), value(depth + 1));
       ws();
       if (p_ < t_.size() && t_[p_] == ',') {
         ++p_;
@@ -295,14 +346,14 @@ class Parser {
     ++p_;  // opening quote
     std::string s;
     for (;;) {
+      size_t plain_end = next_special(t_, p_);
+      s.append(t_.data() + p_, plain_end - p_);
+      p_ = plain_end;
       if (p_ >= t_.size()) error("unterminated string");
       char c = t_[p_++];
       if (c == '"') return s;
       if (static_cast<unsigned char>(c) < 0x20) error("control character inside a string");
-      if (c != '\\') {
-        s += c;
-        continue;
-      }
+      // c is a backslash
       if (p_ >= t_.size()) error("unterminated escape");
       char e = t_[p_++];
       switch (e) {

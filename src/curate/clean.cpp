@@ -2,6 +2,7 @@
 
 #include <utf8proc.h>
 
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -13,6 +14,41 @@
 #include "curate/text.h"
 
 namespace loom::curate {
+
+// Word-at-a-time byte classification: each helper sets the high bit of the bytes of w (eight
+// bytes, first byte lowest) that match, exactly (no carry crosses a byte).
+constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
+
+static inline uint64_t load_le64(const char* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);
+  if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
+  return w;
+}
+
+static inline uint64_t bytes_equal(uint64_t w, unsigned char c) {
+  uint64_t z = w ^ (kOnes * c);
+  return ~(((z & ~kHigh) + ~kHigh) | z) & kHigh;
+}
+
+// Bytes outside the printable ASCII range 0x21..0x7E (space, controls, DEL, non-ASCII).
+static inline uint64_t bytes_not_printable(uint64_t w) {
+  uint64_t low = w & ~kHigh;
+  uint64_t below = ~((low | kHigh) - kOnes * 0x21);  // low < 0x21
+  uint64_t del = low + kOnes;                        // low == 0x7F
+  return (w | below | del) & kHigh;
+}
+
+// Index of the first non-ASCII byte at or after i (s.size() if none).
+static size_t ascii_run_end(std::string_view s, size_t i) {
+  const size_t n = s.size();
+  for (; i + 8 <= n; i += 8) {
+    uint64_t high = load_le64(s.data() + i) & kHigh;
+    if (high) return i + static_cast<size_t>(std::countr_zero(high)) / 8;
+  }
+  while (i < n && static_cast<unsigned char>(s[i]) < 0x80) ++i;
+  return i;
+}
 
 // Length of the valid prefix of s[i..): ASCII eight bytes at a time, other code points decoded.
 static size_t valid_run(std::string_view s, size_t i) {
@@ -126,65 +162,86 @@ static int cp1252_byte(int32_t cp) {
   }
 }
 
-static std::string fix_mojibake_once(std::string_view s, int64_t* fixes) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t start = i;
-    int32_t cp = utf8_next(s, i);
-    int lead = cp1252_byte(cp);
-    int need = lead >= 0xC2 && lead <= 0xDF   ? 1
-               : lead >= 0xE0 && lead <= 0xEF ? 2
-               : lead >= 0xF0 && lead <= 0xF4 ? 3
-                                              : 0;
-    if (need > 0) {
-      // Do the next `need` characters map back to continuation bytes?
-      std::string bytes(1, static_cast<char>(lead));
-      size_t j = i;
-      bool ok = true;
-      for (int k = 0; k < need && ok; ++k) {
-        if (j >= s.size()) {
-          ok = false;
-          break;
-        }
-        int b = cp1252_byte(utf8_next(s, j));
-        ok = b >= 0x80 && b <= 0xBF;
-        bytes += static_cast<char>(b);
-      }
-      if (ok) {
-        size_t p = 0;
-        int32_t dec = utf8_next(bytes, p);
-        if (dec >= 0x80 && p == bytes.size()) {
-          utf8_append(out, dec);
-          if (fixes) ++*fixes;
-          i = j;
-          continue;
-        }
-      }
-    }
-    out.append(s.substr(start, i - start));
-  }
-  return out;
-}
-
 // Every mojibake sequence starts with a code point in U+00C2..U+00F4 (a UTF-8 lead byte read
-// as latin-1), which UTF-8 writes as 0xC3 0x82..0xB4: text without a 0xC3 byte has none.
+// as latin-1), which UTF-8 writes as 0xC3 0x82..0xB4: text without a 0xC3 byte has none. And
+// 0xC3 is never a continuation byte, so each one starts a code point (utf8_next's reading,
+// valid or not): the search can jump from one 0xC3 to the next and keep the rest as it is.
 static bool may_have_mojibake(std::string_view s) {
   return s.find('\xC3') != std::string_view::npos;
 }
 
-std::string fix_mojibake(std::string_view s, int64_t* fixes) {
-  if (!may_have_mojibake(s)) return std::string(s);
-  std::string cur(s);
-  for (int round = 0; round < 3; ++round) {  // double-encoded text needs two rounds
-    int64_t n = 0;
-    std::string next = fix_mojibake_once(cur, &n);
-    if (n == 0) break;
-    if (fixes) *fixes += n;
-    cur = std::move(next);
+// The character that the code points at s[i..) spell as cp1252/latin-1 bytes, if they spell a
+// UTF-8 multi-byte sequence; on success `i` moves past them.
+static int32_t mojibake_at(std::string_view s, size_t& i) {
+  size_t j = i;
+  int lead = cp1252_byte(utf8_next(s, j));
+  int need = lead >= 0xC2 && lead <= 0xDF   ? 1
+             : lead >= 0xE0 && lead <= 0xEF ? 2
+             : lead >= 0xF0 && lead <= 0xF4 ? 3
+                                            : 0;
+  if (need == 0) return -1;
+  char bytes[4] = {static_cast<char>(lead)};
+  for (int k = 1; k <= need; ++k) {  // do the next `need` characters map to continuation bytes?
+    if (j >= s.size()) return -1;
+    int b = cp1252_byte(utf8_next(s, j));
+    if (b < 0x80 || b > 0xBF) return -1;
+    bytes[k] = static_cast<char>(b);
   }
-  return cur;
+  std::string_view seq(bytes, static_cast<size_t>(need) + 1);
+  size_t p = 0;
+  int32_t dec = utf8_next(seq, p);
+  if (dec < 0x80 || p != seq.size()) return -1;
+  i = j;
+  return dec;
+}
+
+// One round of reversal into `out`; returns false (out untouched) if nothing was reversed.
+static bool fix_mojibake_once(std::string_view s, int64_t* fixes, std::string& out) {
+  size_t i = 0, copied = 0;
+  bool changed = false;
+  while ((i = s.find('\xC3', i)) != std::string_view::npos) {
+    size_t start = i;
+    int32_t dec = mojibake_at(s, i);
+    if (dec < 0) {
+      utf8_next(s, i);  // keep this code point as it is
+      continue;
+    }
+    if (!changed) {
+      out.clear();
+      out.reserve(s.size());
+      changed = true;
+    }
+    out.append(s.substr(copied, start - copied));
+    utf8_append(out, static_cast<uint32_t>(dec));
+    copied = i;
+    if (fixes) ++*fixes;
+  }
+  if (changed) out.append(s.substr(copied));
+  return changed;
+}
+
+// All rounds (double-encoded text needs two); returns false (out untouched) if s has none.
+static bool fix_mojibake_into(std::string_view s, int64_t* fixes, std::string& out) {
+  if (!may_have_mojibake(s)) return false;
+  std::string cur, next;
+  std::string_view view = s;
+  bool changed = false;
+  for (int round = 0; round < 3; ++round) {
+    int64_t n = 0;
+    if (!fix_mojibake_once(view, &n, next)) break;
+    if (fixes) *fixes += n;
+    cur.swap(next);
+    view = cur;
+    changed = true;
+  }
+  if (changed) out = std::move(cur);
+  return changed;
+}
+
+std::string fix_mojibake(std::string_view s, int64_t* fixes) {
+  std::string out;
+  if (!fix_mojibake_into(s, fixes, out)) out.assign(s);
+  return out;
 }
 
 // Code points that normalisation leaves alone whatever surrounds them: combining class 0,
@@ -281,7 +338,7 @@ static bool normalize_into(std::string_view s, bool compat, std::string& out) {
         if (!flush(i)) return false;
         region = npos;
       }
-      while (i < s.size() && static_cast<unsigned char>(s[i]) < 0x80) ++i;
+      i = ascii_run_end(s, i);
       last_inert = i - 1;
       continue;
     }
@@ -309,23 +366,49 @@ std::string unicode_normalize(std::string_view s, const std::string& form) {
   return out;
 }
 
+// Index of the first byte at or after i that the whitespace pass must look at: anything but
+// printable ASCII and spaces that are written as they are. A space after a printable
+// character is one (never in the indentation, never a second space); with collapse_spaces
+// off, every space is. Needs s[i - 1] printable or such a space.
+static size_t plain_run_end(std::string_view s, size_t i, bool collapse_spaces) {
+  const size_t n = s.size();
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w = load_le64(s.data() + i);
+    uint64_t spaces = bytes_equal(w, ' ');
+    uint64_t stop = bytes_not_printable(w) & ~spaces;
+    if (collapse_spaces) {
+      uint64_t space_before = (spaces << 8) | (s[i - 1] == ' ' ? 0x80 : 0);
+      stop |= spaces & space_before;
+    }
+    if (stop) return i + static_cast<size_t>(std::countr_zero(stop)) / 8;
+  }
+  for (; i < n; ++i) {
+    unsigned char ch = static_cast<unsigned char>(s[i]);
+    bool plain = (ch > 0x20 && ch < 0x7F) || (ch == ' ' && (!collapse_spaces || s[i - 1] != ' '));
+    if (!plain) return i;
+  }
+  return n;
+}
+
 std::string clean_text(std::string_view in, const CleanOptions& opt, CleanCounts* counts) {
   CleanCounts local;
   CleanCounts& c = counts ? *counts : local;
   // Each step rewrites only when it changes something; `s` views the latest version.
   std::string a, b;
   std::string_view s = in;
-  if (repair_utf8_into(s, opt.replace_invalid, &c.invalid_bytes, a)) s = a;
-  if (opt.fix_mojibake && may_have_mojibake(s)) {
-    b = fix_mojibake(s, &c.mojibake_fixes);
-    a.swap(b);
-    s = a;
-  }
   c.normalized_changed = false;
-  if (opt.normalize != "none" && normalize_into(s, opt.normalize == "nfkc", b)) {
-    c.normalized_changed = true;
-    a.swap(b);
-    s = a;
+  // ASCII is valid UTF-8, holds no mojibake (no 0xC3) and is its own NFC and NFKC.
+  if (ascii_run_end(s, 0) != s.size()) {
+    if (repair_utf8_into(s, opt.replace_invalid, &c.invalid_bytes, a)) s = a;
+    if (opt.fix_mojibake && fix_mojibake_into(s, &c.mojibake_fixes, b)) {
+      a.swap(b);
+      s = a;
+    }
+    if (opt.normalize != "none" && normalize_into(s, opt.normalize == "nfkc", b)) {
+      c.normalized_changed = true;
+      a.swap(b);
+      s = a;
+    }
   }
 
   // Control characters and whitespace, in one pass. The output is never longer than the input.
@@ -356,11 +439,8 @@ std::string clean_text(std::string_view in, const CleanOptions& opt, CleanCounts
   };
   while (i < n) {
     unsigned char ch = static_cast<unsigned char>(s[i]);
-    if (ch > 0x20 && ch < 0x7F) {  // printable ASCII: copy the whole run
-      size_t j = i + 1;
-      while (j<n&& static_cast<unsigned char>(s[j])> 0x20 &&
-             static_cast<unsigned char>(s[j]) < 0x7F)
-        ++j;
+    if (ch > 0x20 && ch < 0x7F) {  // printable ASCII: copy the run, single spaces included
+      size_t j = plain_run_end(s, i + 1, opt.collapse_spaces);
       std::memcpy(o, s.data() + i, j - i);
       o += j - i;
       i = j;

@@ -42,3 +42,101 @@ TEST(Json, TypedAccessRejectsWrongTypes) {
   EXPECT_THROW(j.at("s").as_int(), Error);
   EXPECT_THROW(j.at("missing"), Error);
 }
+
+// The writer and the string parser copy runs of plain bytes eight at a time: put the bytes that
+// need work at every offset of a block, and at its ends.
+TEST(Json, EscapesEveryByteAtEveryOffset) {
+  for (int c = 0; c < 256; ++c) {
+    std::string expect_escape;
+    switch (c) {
+      case '"':
+        expect_escape = "\\\"";
+        break;
+      case '\\':
+        expect_escape = "\\\\";
+        break;
+      case '\n':
+        expect_escape = "\\n";
+        break;
+      case '\r':
+        expect_escape = "\\r";
+        break;
+      case '\t':
+        expect_escape = "\\t";
+        break;
+      case '\b':
+        expect_escape = "\\b";
+        break;
+      case '\f':
+        expect_escape = "\\f";
+        break;
+      default:
+        if (c < 0x20) {
+          const char* hex = "0123456789abcdef";
+          expect_escape = std::string("\\u00") + hex[c >> 4] + hex[c & 15];
+        } else {
+          expect_escape = std::string(1, static_cast<char>(c));  // DEL and non-ASCII as they are
+        }
+    }
+    for (size_t before = 0; before < 18; ++before) {
+      std::string s =
+          std::string(before, 'a') + static_cast<char>(c) + std::string(17 - before, 'b');
+      std::string out = "x";
+      json_escape(out, s);
+      ASSERT_EQ(out, "x\"" + std::string(before, 'a') + expect_escape +
+                         std::string(17 - before, 'b') + "\"")
+          << "byte " << c << " after " << before;
+      // Every byte reads back as itself (invalid UTF-8 included: strings hold bytes).
+      ASSERT_EQ(Json::parse(out.substr(1)).as_string(), s) << "byte " << c << " after " << before;
+    }
+  }
+  std::string out;
+  json_escape(out, "");
+  EXPECT_EQ(out, "\"\"");
+}
+
+TEST(Json, ParsesEscapesAtEveryOffset) {
+  const std::pair<const char*, const char*> escapes[] = {
+      {"\\\"", "\""},
+      {"\\\\", "\\"},
+      {"\\/", "/"},
+      {"\\n\\t", "\n\t"},
+      {"\\u00e9", "\xC3\xA9"},
+      {"\\ud83d\\ude00", "\xF0\x9F\x98\x80"},  // surrogate pair
+      {"\\ud83dx", "\xEF\xBF\xBDx"},           // lone high surrogate
+      {"\\ude00", "\xEF\xBF\xBD"},             // lone low surrogate
+  };
+  for (auto [escaped, text] : escapes) {
+    for (size_t before = 0; before < 18; ++before) {
+      std::string head(before, 'a'), tail(17 - before, 'b');
+      Json j = Json::parse("\"" + head + escaped + tail + "\"");
+      ASSERT_EQ(j.as_string(), head + text + tail) << escaped << " after " << before;
+    }
+  }
+  EXPECT_THROW(Json::parse(R"("abc\ud83d\u0041")"), Error);  // high surrogate, no low one
+  EXPECT_THROW(Json::parse(R"("abcdefghij\u12")"), Error);
+  EXPECT_THROW(Json::parse(R"("abcdefghij\x")"), Error);
+  EXPECT_THROW(Json::parse("\"abcdefghij\\"), Error);
+}
+
+TEST(Json, StringErrorsPointAtTheByte) {
+  auto message = [](const std::string& text) {
+    try {
+      Json::parse(text, "t");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // The column is the one after the offending byte, as the parser reads it.
+  EXPECT_NE(message("[\"abcdefghijklmnop\x01q\"]").find("t:1:20: control character"),
+            std::string::npos)
+      << message("[\"abcdefghijklmnop\x01q\"]");
+  // A raw newline is already counted as the next line.
+  EXPECT_NE(message("\"abc\ndefghijklmnop\"").find("t:2:1: control character"), std::string::npos);
+  EXPECT_NE(message("[1,\n\"abcdefghijklmnopqrs").find("t:2:21: unterminated string"),
+            std::string::npos)
+      << message("[1,\n\"abcdefghijklmnopqrs");
+  // Duplicate keys: the last one wins.
+  EXPECT_EQ(Json::parse(R"({"a": 1, "a": 2})").at("a").as_int(), 2);
+}

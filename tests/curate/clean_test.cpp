@@ -137,3 +137,72 @@ TEST(Clean, AsciiAndInertTextIsCopiedAsIs) {
             "abcdefghijklmnop\xEF\xBF\xBDqrstuvwxyz");
   EXPECT_EQ(n, 1);
 }
+
+// The whitespace pass copies runs of printable ASCII and single spaces eight bytes at a time:
+// put double spaces, tabs, controls and non-ASCII at every offset of a block.
+TEST(Clean, WhitespaceRulesHoldAtEveryOffset) {
+  CleanOptions collapse, keep;
+  keep.collapse_spaces = false;
+  for (size_t k = 1; k < 20; ++k) {
+    std::string word(k, 'x');
+    auto clean = [](const std::string& s, const CleanOptions& o) { return clean_text(s, o); };
+    ASSERT_EQ(clean(word + "  y   z  ", collapse), word + " y z") << k;
+    ASSERT_EQ(clean(word + "  y   z  ", keep), word + "  y   z") << k;
+    ASSERT_EQ(clean(word + " \t y", collapse), word + " y") << k;
+    ASSERT_EQ(clean(word + "\t\ty", keep), word + "  y") << k;
+    ASSERT_EQ(clean("t\n    " + word + " a  b\n    c  d", collapse),
+              "t\n    " + word + " a b\n    c d")
+        << k;
+    ASSERT_EQ(clean(word + "  \ny", collapse), word + "\ny") << k;  // trailing spaces trimmed
+    CleanCounts c;
+    ASSERT_EQ(clean_text(word + "\x7F" + word + "\x01 " + word, collapse, &c),
+              word + word + " " + word)
+        << k;
+    ASSERT_EQ(c.control_chars, 2) << k;
+    ASSERT_EQ(clean(word + " caf\xC3\xA9  \xC2\xA0 ok", collapse), word + " caf\xC3\xA9 ok") << k;
+    ASSERT_EQ(clean(word + "\xE2\x80\xA8next", collapse), word + "\nnext") << k;  // U+2028
+  }
+}
+
+// ASCII skips repair, mojibake and normalisation; text with one non-ASCII byte anywhere must
+// still get all three.
+TEST(Clean, NonAsciiAfterLongAsciiRunsIsStillCleaned) {
+  CleanOptions o;
+  for (size_t k = 0; k < 20; ++k) {
+    std::string head = std::string(k, 'a') + "w";
+    CleanCounts c;
+    ASSERT_EQ(clean_text(head + " Cafe\xCC\x81", o, &c), head + " Caf\xC3\xA9") << k;  // NFC
+    ASSERT_TRUE(c.normalized_changed) << k;
+    CleanCounts m;
+    ASSERT_EQ(clean_text(head + " Caf\xC3\x83\xC2\xA9", o, &m), head + " Caf\xC3\xA9") << k;
+    ASSERT_EQ(m.mojibake_fixes, 1) << k;
+    CleanCounts r;
+    ASSERT_EQ(clean_text(head + " x\xFF", o, &r), head + " x\xEF\xBF\xBD") << k;
+    ASSERT_EQ(r.invalid_bytes, 1) << k;
+    CleanCounts a;
+    ASSERT_EQ(clean_text(head + " plain", o, &a), head + " plain") << k;
+    ASSERT_FALSE(a.normalized_changed);
+  }
+}
+
+// The mojibake search jumps between 0xC3 bytes: those that start no mojibake, and 0xC3 in
+// invalid UTF-8 (fix_mojibake on its own does not repair first), are kept as they are.
+TEST(Clean, MojibakeSearchKeepsEverythingElse) {
+  int64_t fixes = 0;
+  EXPECT_EQ(fix_mojibake("caf\xC3\xA9 and caf\xC3\x83\xC2\xA9 and \xC3\x83", &fixes),
+            "caf\xC3\xA9 and caf\xC3\xA9 and \xC3\x83");
+  EXPECT_EQ(fixes, 1);
+  fixes = 0;
+  EXPECT_EQ(fix_mojibake("abc\xC3", &fixes), "abc\xC3");
+  EXPECT_EQ(fix_mojibake("\xC3\x28\xC3\x83\xC2\xA9\xFF", &fixes), "\xC3\x28\xC3\xA9\xFF");
+  EXPECT_EQ(fixes, 1);
+  // Truncated: the lead asks for more continuation characters than the text holds.
+  EXPECT_EQ(fix_mojibake("x\xC3\xA2\xE2\x82\xAC"), "x\xC3\xA2\xE2\x82\xAC");
+  // Triple encoding takes three rounds, the most there are: 4 + 2 + 1 sequences reversed.
+  int64_t triple = 0;
+  EXPECT_EQ(
+      fix_mojibake("Caf\xC3\x83\xC6\x92\xC3\x86\xE2\x80\x99\xC3\x83\xE2\x80\x9A\xC3\x82\xC2\xA9",
+                   &triple),
+      "Caf\xC3\xA9");
+  EXPECT_EQ(triple, 7);
+}
