@@ -1,13 +1,12 @@
 #include "core/json.h"
 
-#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
+#include "core/swar.h"
 #include "core/utf8.h"
 
 namespace loom {
@@ -78,34 +77,15 @@ namespace {
 
 // Bytes that a JSON string cannot hold as they are: '"', '\\' and the C0 controls. Both the
 // writer and the parser copy the runs between them in bulk, found eight bytes at a time.
-constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
-
-inline uint64_t load_le64(const char* p) {
-  uint64_t w;
-  std::memcpy(&w, p, 8);
-  if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
-  return w;
-}
-
-// High bit of each byte of w that equals c (exact: no carries cross bytes).
-inline uint64_t bytes_equal(uint64_t w, unsigned char c) {
-  uint64_t z = w ^ (kOnes * c);
-  return ~(((z & ~kHigh) + ~kHigh) | z) & kHigh;
-}
-
-// High bit of each byte of w below 0x20.
-inline uint64_t bytes_below_space(uint64_t w) {
-  return ~(((w & ~kHigh) | kHigh) - kOnes * 0x20) & ~w & kHigh;
-}
 
 // Index of the first byte at or after i that is '"', '\\' or a control character (s.size()
 // if none).
 size_t next_special(std::string_view s, size_t i) {
   const size_t n = s.size();
   for (; i + 8 <= n; i += 8) {
-    uint64_t w = load_le64(s.data() + i);
-    uint64_t special = bytes_equal(w, '"') | bytes_equal(w, '\\') | bytes_below_space(w);
-    if (special) return i + static_cast<size_t>(std::countr_zero(special)) / 8;
+    uint64_t w = swar::load8(s.data() + i);
+    uint64_t special = swar::equal(w, '"') | swar::equal(w, '\\') | swar::below(w, 0x20);
+    if (special) return i + swar::first(special);
   }
   for (; i < n; ++i) {
     unsigned char c = static_cast<unsigned char>(s[i]);

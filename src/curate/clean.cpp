@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/swar.h"
 #include "curate/document.h"
 #include "curate/stage.h"
 #include "curate/stages.h"
@@ -15,36 +16,17 @@
 
 namespace loom::curate {
 
-// Word-at-a-time byte classification: each helper sets the high bit of the bytes of w (eight
-// bytes, first byte lowest) that match, exactly (no carry crosses a byte).
-constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
-
-static inline uint64_t load_le64(const char* p) {
-  uint64_t w;
-  std::memcpy(&w, p, 8);
-  if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
-  return w;
-}
-
-static inline uint64_t bytes_equal(uint64_t w, unsigned char c) {
-  uint64_t z = w ^ (kOnes * c);
-  return ~(((z & ~kHigh) + ~kHigh) | z) & kHigh;
-}
-
 // Bytes outside the printable ASCII range 0x21..0x7E (space, controls, DEL, non-ASCII).
 static inline uint64_t bytes_not_printable(uint64_t w) {
-  uint64_t low = w & ~kHigh;
-  uint64_t below = ~((low | kHigh) - kOnes * 0x21);  // low < 0x21
-  uint64_t del = low + kOnes;                        // low == 0x7F
-  return (w | below | del) & kHigh;
+  return (w & swar::kHigh) | swar::below(w, 0x21) | swar::equal(w, 0x7F);
 }
 
 // Index of the first non-ASCII byte at or after i (s.size() if none).
 static size_t ascii_run_end(std::string_view s, size_t i) {
   const size_t n = s.size();
   for (; i + 8 <= n; i += 8) {
-    uint64_t high = load_le64(s.data() + i) & kHigh;
-    if (high) return i + static_cast<size_t>(std::countr_zero(high)) / 8;
+    uint64_t high = swar::load8(s.data() + i) & swar::kHigh;
+    if (high) return i + swar::first(high);
   }
   while (i < n && static_cast<unsigned char>(s[i]) < 0x80) ++i;
   return i;
@@ -55,9 +37,7 @@ static size_t valid_run(std::string_view s, size_t i) {
   const size_t n = s.size();
   while (i < n) {
     if (i + 8 <= n) {
-      uint64_t w;
-      std::memcpy(&w, s.data() + i, 8);
-      if (!(w & 0x8080808080808080ULL)) {
+      if (!(swar::load8(s.data() + i) & swar::kHigh)) {
         i += 8;
         continue;
       }
@@ -373,14 +353,14 @@ std::string unicode_normalize(std::string_view s, const std::string& form) {
 static size_t plain_run_end(std::string_view s, size_t i, bool collapse_spaces) {
   const size_t n = s.size();
   for (; i + 8 <= n; i += 8) {
-    uint64_t w = load_le64(s.data() + i);
-    uint64_t spaces = bytes_equal(w, ' ');
+    uint64_t w = swar::load8(s.data() + i);
+    uint64_t spaces = swar::equal(w, ' ');
     uint64_t stop = bytes_not_printable(w) & ~spaces;
     if (collapse_spaces) {
       uint64_t space_before = (spaces << 8) | (s[i - 1] == ' ' ? 0x80 : 0);
       stop |= spaces & space_before;
     }
-    if (stop) return i + static_cast<size_t>(std::countr_zero(stop)) / 8;
+    if (stop) return i + swar::first(stop);
   }
   for (; i < n; ++i) {
     unsigned char ch = static_cast<unsigned char>(s[i]);

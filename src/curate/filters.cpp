@@ -4,12 +4,14 @@
 // prefixed by the filter; every threshold is a config key of the same name.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/swar.h"
 #include "curate/flat_table.h"
 #include "curate/stages.h"
 #include "curate/text.h"
@@ -37,6 +39,42 @@ bool has_alpha(std::string_view w) {
   return false;
 }
 
+// Tests on the bytes of a short word held in a uint64_t (detail::load_short_in), all eight
+// lanes at once; bytes of 0x80 and above are never ASCII letters.
+using swar::ascii_in_range, swar::kHigh, swar::kOnes;
+
+constexpr uint64_t ascii_lower_word(uint64_t x) {
+  return x | (ascii_in_range(x, 'A', 'Z') >> 2);
+}
+
+constexpr bool has_ascii_letter_word(uint64_t x) {
+  return ascii_in_range(x | (kOnes * 0x20), 'a', 'z') != 0;
+}
+
+// The stop words of up to seven bytes as integers (their bytes, with the length in the top
+// byte, which they leave free), so a short word is looked up without a string comparison.
+class ShortStopWords {
+ public:
+  void add(std::string_view w) {
+    if (w.empty() || w.size() >= 8) return;
+    uint64_t key = 0;
+    std::memcpy(&key, w.data(), w.size());
+    keys_.push_back(key | (static_cast<uint64_t>(w.size()) << 56));
+    std::sort(keys_.begin(), keys_.end());
+  }
+  // Whether the word of n < 8 bytes whose lowercased bytes are `lowered` is a stop word.
+  bool contains(uint64_t lowered, size_t n) const {
+    uint64_t key = lowered | (static_cast<uint64_t>(n) << 56);
+    if (keys_.size() > 16) return std::binary_search(keys_.begin(), keys_.end(), key);
+    bool found = false;  // the usual handful: compare with all, no branches
+    for (uint64_t k : keys_) found |= k == key;
+    return found;
+  }
+
+ private:
+  std::vector<uint64_t> keys_;
+};
+
 // ---------------------------------------------------------------------------------------------
 class GopherQuality : public Stage {
  public:
@@ -53,7 +91,10 @@ class GopherQuality : public Stage {
     for (auto& w :
          p.get_list("stop_words", {"the", "be", "to", "of", "and", "that", "have", "with"}))
       stop_.insert(ascii_lower(w));
-    for (auto& w : stop_) max_stop_len_ = std::max(max_stop_len_, w.size());
+    for (auto& w : stop_) {
+      max_stop_len_ = std::max(max_stop_len_, w.size());
+      short_stop_.add(w);
+    }
     LOOM_CHECK(max_stop_len_ <= 64, p.key("stop_words"), ": stop words are at most 64 bytes");
   }
 
@@ -69,6 +110,15 @@ class GopherQuality : public Stage {
     int64_t stops = 0;
     size_t total_chars = 0, alpha_words = 0;
     for (auto w : words) {
+      uint64_t bytes;
+      if (w.size() < 8 && detail::load_short_in(t, w, bytes)) {
+        // Most words: one read of their bytes answers all three questions. A word with an
+        // ASCII letter has a letter; one without letters or non-ASCII bytes has none.
+        total_chars += w.size() - detail::continuation_bytes(bytes);
+        alpha_words += has_ascii_letter_word(bytes) || ((bytes & kHigh) && has_alpha(w));
+        stops += short_stop_.contains(ascii_lower_word(bytes), w.size());
+        continue;
+      }
       total_chars += utf8_length(w);
       alpha_words += has_alpha(w);
       if (w.size() <= max_stop_len_) {
@@ -116,6 +166,7 @@ class GopherQuality : public Stage {
   int64_t min_words_, max_words_, min_stop_;
   double min_avg_, max_avg_, max_symbol_, max_bullet_, max_ellipsis_, min_alpha_;
   std::set<std::string, std::less<>> stop_;
+  ShortStopWords short_stop_;  // the stop words shorter than 8 bytes, for words as short
   size_t max_stop_len_ = 0;
 };
 
@@ -129,7 +180,7 @@ std::pair<size_t, size_t> find_duplicates(const std::vector<std::string_view>& x
   for (size_t i = 0; i < xs.size(); ++i) {
     bool inserted;
     table.find_or_insert_checked(
-        hash64(xs[i], 3), static_cast<uint32_t>(i), [&](uint32_t j) { return xs[j] == xs[i]; },
+        table_hash(xs[i]), static_cast<uint32_t>(i), [&](uint32_t j) { return xs[j] == xs[i]; },
         inserted);
     if (!inserted) {
       ++dup;
@@ -144,12 +195,100 @@ std::pair<size_t, size_t> find_duplicates(const std::vector<std::string_view>& x
   return find_duplicates(xs, table);
 }
 
+// The word n-grams of a document as equivalence classes, one n at a time. Words are equal when
+// their hashes are; n-grams when their words are. Going from n to n+1 refines the classes: an
+// n-gram that occurs once stays unique when extended, so each step revisits only the positions
+// whose n-gram repeats (in prose, a small part of the text past n = 3) instead of hashing every
+// position again.
+class NgramClasses {
+ public:
+  // Starts at n = 1 over the words with these hashes.
+  void reset(const std::vector<uint64_t>& word_hash, FlatTable& table) {
+    const size_t W = word_hash.size();
+    LOOM_CHECK(W < UINT32_MAX, "gopher_repetition: too many words in one document");
+    word_id_.resize(W);
+    assign_classes(word_hash, table, word_id_.data());
+    class_ = word_id_;
+    word_repeats_.resize(W);
+    repeated_.resize(W);
+    size_t kept = 0;
+    for (size_t i = 0; i < W; ++i) {
+      bool repeats = count_[word_id_[i]] > 1;
+      word_repeats_[i] = repeats;
+      repeated_[kept] = static_cast<uint32_t>(i);
+      kept += repeats;  // compacting without a branch: whether a word repeats is unpredictable
+    }
+    repeated_.resize(kept);
+    n_ = 1;
+  }
+
+  // From n to n + 1.
+  void advance(FlatTable& table) {
+    const size_t W = word_repeats_.size();
+    // The (n+1)-gram at p is (n-gram at p, word at p + n): it can repeat only if both do.
+    keys_.resize(repeated_.size());
+    size_t kept = 0;
+    for (uint32_t p : repeated_) {
+      size_t next = std::min<size_t>(p + n_, W - 1);  // W - 1 stands in past the end
+      bool extends = p + n_ < W && word_repeats_[next];
+      keys_[kept] = (static_cast<uint64_t>(class_[p]) << 32) | word_id_[next];
+      repeated_[kept] = p;
+      kept += extends;
+    }
+    repeated_.resize(kept);
+    keys_.resize(kept);
+    ids_.resize(kept);
+    assign_classes(keys_, table, ids_.data());
+    size_t still = 0;
+    for (size_t j = 0; j < kept; ++j) {
+      uint32_t p = repeated_[j];
+      class_[p] = ids_[j];
+      repeated_[still] = p;
+      still += count_[ids_[j]] > 1;
+    }
+    repeated_.resize(still);
+    ++n_;
+  }
+
+  size_t n() const { return n_; }
+  // Positions whose n-gram occurs more than once, ascending; every other n-gram is unique.
+  const std::vector<uint32_t>& repeated() const { return repeated_; }
+  uint32_t class_at(uint32_t p) const { return class_[p]; }  // for p in repeated()
+  uint32_t occurrences(uint32_t cls) const { return count_[cls]; }
+  size_t classes() const { return count_.size(); }  // an upper bound of the class names
+
+ private:
+  // Names each key by the index of its first occurrence (not by a running count of distinct
+  // keys: that would chain every lookup to the one before) and counts each in count_.
+  void assign_classes(const std::vector<uint64_t>& keys, FlatTable& table, uint32_t* id) {
+    constexpr size_t kAhead = 16;  // probes in flight
+    table.reset(keys.size());
+    count_.assign(keys.size(), 0);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (i + kAhead < keys.size()) table.prefetch(keys[i + kAhead]);
+      uint32_t c = table.find_or_assign(keys[i], static_cast<uint32_t>(i));
+      id[i] = c;
+      ++count_[c];
+    }
+  }
+
+  size_t n_ = 0;
+  std::vector<uint32_t> word_id_;      // the classes of n = 1
+  std::vector<uint8_t> word_repeats_;  // whether the word at p occurs more than once
+  std::vector<uint32_t> class_;        // class of the n-gram at p, for p in repeated_
+  std::vector<uint32_t> count_;        // occurrences of each class
+  std::vector<uint32_t> repeated_, ids_;
+  std::vector<uint64_t> keys_;
+};
+
 // Per-thread buffers of the repetition filter, reused across documents.
 struct RepetitionScratch {
   std::vector<std::string_view> paras, lines, words;
-  std::vector<uint64_t> word_hash, gram;
+  std::vector<uint64_t> word_hash;
   std::vector<size_t> char_prefix;  // characters of words [0, i)
-  std::vector<FlatTable::Slot*> slot_of;
+  std::vector<size_t> long_words;   // the words of 8 bytes or more
+  std::vector<uint8_t> seen;
+  NgramClasses grams;
   FlatTable table;
 };
 
@@ -179,20 +318,19 @@ class GopherRepetition : public Stage {
     std::string_view text = doc.text;
     double len = static_cast<double>(utf8_length(text));
     if (len == 0) return "gopher_rep_empty";
-    // Paragraphs: separated by two or more newlines.
+    // Paragraphs: separated by two or more newlines, so runs of lines with empty lines between
+    // them. The trimmed text starts and ends with a non-empty line (or is one empty line).
     auto& paras = sc.paras;
     paras.clear();
     std::string_view st = trim_view(text);
-    size_t start = 0;
-    while (start <= st.size()) {
-      size_t p = st.find("\n\n", start);
-      if (p == std::string_view::npos) {
-        paras.push_back(st.substr(start));
-        break;
-      }
-      paras.push_back(st.substr(start, p - start));
-      while (p < st.size() && st[p] == '\n') ++p;
-      start = p;
+    auto& st_lines = sc.lines;  // scratch until the lines of the whole text below
+    split_lines(st, st_lines);
+    for (size_t j = 0; j < st_lines.size();) {
+      size_t k = j;
+      while (k + 1 < st_lines.size() && !st_lines[k + 1].empty()) ++k;
+      const char* b = st_lines[j].data();
+      paras.emplace_back(b, static_cast<size_t>(st_lines[k].data() + st_lines[k].size() - b));
+      for (j = k + 1; j < st_lines.size() && st_lines[j].empty();) ++j;
     }
     auto [pd, pc] = find_duplicates(paras, sc.table);
     double para_frac = static_cast<double>(pd) / static_cast<double>(paras.size());
@@ -212,73 +350,74 @@ class GopherRepetition : public Stage {
       if (line_frac > dup_line_) return "gopher_rep_dup_line_frac";
       if (static_cast<double>(lc) / len > dup_line_char_) return "gopher_rep_dup_line_char_frac";
     }
-    // Word n-grams, hashed; an n-gram's characters are its words joined by single spaces.
+    // Word n-grams; an n-gram's characters are its words joined by single spaces.
     auto& words = sc.words;
     split_words(text, words);
     const size_t W = words.size();
     sc.word_hash.resize(W);
     sc.char_prefix.resize(W + 1);
     sc.char_prefix[0] = 0;
+    // Most words are short: one read gives both their characters and the input of their hash,
+    // and the hashes of the short ones are then computed in a loop that vectorises.
+    sc.long_words.clear();
     for (size_t i = 0; i < W; ++i) {
-      sc.word_hash[i] = hash64(words[i], 7);
-      sc.char_prefix[i + 1] = sc.char_prefix[i] + utf8_length(words[i]);
-    }
-    auto gram_len = [&](size_t i, int n) {
-      return static_cast<size_t>(n - 1) + sc.char_prefix[i + static_cast<size_t>(n)] -
-             sc.char_prefix[i];
-    };
-    // gram[i] holds the hash of the n words from i; going from n to n+1 folds in one word, so
-    // every n costs one pass (hash(i, n) = fold over k < n of (h ^ word[i+k]) * P + k).
-    auto& gram = sc.gram;
-    gram.assign(W, 0xcbf29ce484222325ULL);
-    int have = 0;  // gram[] is for n = have
-    auto advance_to = [&](int n) {
-      for (; have < n; ++have) {
-        size_t k = static_cast<size_t>(have);
-        for (size_t i = 0; i + k < W; ++i)
-          gram[i] = (gram[i] ^ sc.word_hash[i + k]) * 0x100000001b3ULL + k;
+      std::string_view w = words[i];
+      uint64_t bytes;
+      size_t chars;
+      if (w.size() < 8 && detail::load_short_in(text, w, bytes)) {
+        sc.word_hash[i] = bytes | (static_cast<uint64_t>(w.size()) << 56);
+        chars = w.size() - detail::continuation_bytes(bytes);
+      } else {
+        sc.long_words.push_back(i);
+        chars = utf8_length(w);
       }
+      sc.char_prefix[i + 1] = sc.char_prefix[i] + chars;
+    }
+    for (size_t i = 0; i < W; ++i) sc.word_hash[i] = detail::hash64_packed(sc.word_hash[i], 7);
+    for (size_t i : sc.long_words) sc.word_hash[i] = hash64(words[i], 7);
+    auto gram_len = [&](size_t i, size_t n) {
+      return n - 1 + sc.char_prefix[i + n] - sc.char_prefix[i];
+    };
+    NgramClasses& grams = sc.grams;
+    if (W > 0) grams.reset(sc.word_hash, sc.table);
+    auto advance_to = [&](size_t n) {
+      while (grams.n() < n) grams.advance(sc.table);
     };
     for (auto& [n, thr] : top_) {
       if (W < static_cast<size_t>(n)) continue;
-      advance_to(n);
-      size_t m = W - static_cast<size_t>(n) + 1;
-      sc.table.reset(m);
-      sc.slot_of.resize(m);
-      for (size_t i = 0; i < m; ++i) {
-        bool inserted;
-        FlatTable::Slot& s = sc.table.find_or_insert(gram[i], inserted);
-        ++s.value;
-        sc.slot_of[i] = &s;
-      }
-      uint32_t best = 0;
+      advance_to(static_cast<size_t>(n));
+      // The most frequent n-gram; ties go to the first seen. When none repeats, the first.
+      uint32_t best = 1;
       size_t best_pos = 0;
-      for (size_t i = 0; i < m; ++i) {  // most frequent; ties go to the first seen
-        uint32_t c = sc.slot_of[i]->value;
+      for (uint32_t p : grams.repeated()) {
+        uint32_t c = grams.occurrences(grams.class_at(p));
         if (c > best) {
           best = c;
-          best_pos = i;
+          best_pos = p;
         }
       }
-      double frac = static_cast<double>(gram_len(best_pos, n) * best) / len;
+      double frac = static_cast<double>(gram_len(best_pos, static_cast<size_t>(n)) * best) / len;
       ctx.score(score_name_.at(n), frac, 0, 1);
       if (frac > thr) return reason_.at(n);
     }
     for (auto& [n, thr] : dup_) {
       if (W < static_cast<size_t>(n)) continue;
-      advance_to(n);
-      size_t m = W - static_cast<size_t>(n) + 1;
-      sc.table.reset(m);
+      advance_to(static_cast<size_t>(n));
+      const size_t step = static_cast<size_t>(n);
+      sc.seen.assign(grams.classes(), 0);
       size_t dup_chars = 0;
-      // As in datatrove: after a repeated n-gram, skip past it so overlaps count once.
-      for (size_t i = 0; i < m;) {
-        bool inserted;
-        sc.table.find_or_insert(gram[i], inserted);
-        if (!inserted) {
-          dup_chars += gram_len(i, n);
-          i += static_cast<size_t>(n);
+      // As in datatrove: after a repeated n-gram, skip past it so overlaps count once. Unique
+      // n-grams only move the scan forward by one, so the scan visits repeated positions alone.
+      size_t next = 0;
+      for (uint32_t p : grams.repeated()) {
+        if (p < next) continue;
+        uint8_t& seen = sc.seen[grams.class_at(p)];
+        if (seen) {
+          dup_chars += gram_len(p, step);
+          next = p + step;
         } else {
-          ++i;
+          seen = 1;
+          next = p + 1;
         }
       }
       double frac = static_cast<double>(dup_chars) / len;
@@ -435,9 +574,14 @@ class C4Filter : public Stage {
 
 // ---------------------------------------------------------------------------------------------
 bool ends_terminal_any(std::string_view l) {
-  static const char* kStops[] = {".", "!",  "?",  "\"", "'", "”", "’",
-                                 "»", "。", "！", "？", "…", "؟", "।"};
-  for (const char* s : kStops)
+  if (l.empty()) return false;
+  // The ASCII marks are single bytes, and a multi-byte one ends in a byte of 0x80 or above:
+  // the last byte decides which of the two lists can match.
+  char last = l.back();
+  if (static_cast<unsigned char>(last) < 0x80)
+    return last == '.' || last == '!' || last == '?' || last == '"' || last == '\'';
+  static constexpr std::string_view kStops[] = {"”", "’", "»", "。", "！", "？", "…", "؟", "।"};
+  for (std::string_view s : kStops)
     if (ends_with(l, s)) return true;
   return false;
 }
@@ -475,15 +619,7 @@ class FineWebFilter : public Stage {
     double dup = chars > 0 ? static_cast<double>(find_duplicates(lines).second) / chars : 0;
     ctx.score("char_dup_ratio", dup, 0, 0.2);
     if (dup > char_dup_) return "fineweb_char_dup_ratio";
-    size_t words = 0;
-    {
-      bool in = false;
-      for (char c : doc.text) {
-        bool sp = c == ' ' || c == '\n' || c == '\t';
-        if (!sp && !in) ++words;
-        in = !sp;
-      }
-    }
+    size_t words = count_space_separated(doc.text);
     double lr = static_cast<double>(count_substr(doc.text, "\n")) /
                 static_cast<double>(std::max<size_t>(1, words));
     ctx.score("newline_word_ratio", lr, 0, 1);

@@ -1,4 +1,4 @@
-// Open-addressing hash tables for the per-document counting in the filters (n-gram counts,
+// Open-addressing hash tables for the per-document counting in the filters (n-gram classes,
 // duplicate lines). They are meant to live in thread_local scratch and be reused for every
 // document: reset() is O(1) (an epoch bump), so a document touches only the slots it uses and
 // allocates nothing once the table has grown to the largest document seen.
@@ -14,7 +14,7 @@ class FlatTable {
  public:
   struct Slot {
     uint64_t key;
-    uint32_t value;  // a count, or the index of the first element with this key
+    uint32_t value;  // the index of the first element with this key
     uint32_t epoch;  // the slot is in use when it equals the table's epoch
   };
 
@@ -35,25 +35,21 @@ class FlatTable {
     ++epoch_;
   }
 
-  // The slot for `key`, inserted with value 0 if it was absent (`inserted` says which).
-  Slot& find_or_insert(uint64_t key, bool& inserted) {
+  // The value of `key`, or `fresh` (stored as its value) if it was absent. Branch-free past
+  // the probe: whether a key is new is unpredictable, and a mispredicted branch per key costs
+  // more than the table access.
+  uint32_t find_or_assign(uint64_t key, uint32_t fresh) {
     size_t i = index(key);
-    for (;;) {
-      Slot& s = slots_[i];
-      if (s.epoch != epoch_) {
-        s.key = key;
-        s.value = 0;
-        s.epoch = epoch_;
-        inserted = true;
-        return s;
-      }
-      if (s.key == key) {
-        inserted = false;
-        return s;
-      }
-      i = (i + 1) & mask_;
-    }
+    while (slots_[i].epoch == epoch_ && slots_[i].key != key) i = (i + 1) & mask_;
+    Slot& s = slots_[i];
+    uint32_t value = s.epoch == epoch_ ? s.value : fresh;
+    s = Slot{key, value, epoch_};
+    return value;
   }
+
+  // Loads the slot where a probe for `key` starts: a batch of lookups that prefetches a few
+  // keys ahead overlaps the cache misses of large tables instead of waiting on each in turn.
+  void prefetch(uint64_t key) const { __builtin_prefetch(&slots_[index(key)]); }
 
   // Like find_or_insert for keys that are hashes of longer values: same(value) decides whether
   // an occupied slot with an equal hash holds an equal element; if not, probing continues, so

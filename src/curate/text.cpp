@@ -3,7 +3,11 @@
 #include <utf8proc.h>
 
 #include <array>
+#include <bit>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace loom::curate {
 
@@ -46,10 +50,17 @@ int32_t utf8_next(std::string_view s, size_t& i) {
   return cp;
 }
 
+// Eight bytes at a time: the filters call these on every word and on whole documents.
+
 bool is_ascii(std::string_view s) {
-  for (unsigned char c : s)
-    if (c >= 0x80) return false;
-  return true;
+  size_t i = 0;
+  uint64_t any = 0;
+  for (; i + 32 <= s.size(); i += 32)  // four loads per test of the high bits
+    any |= swar::load8(s.data() + i) | swar::load8(s.data() + i + 8) |
+           swar::load8(s.data() + i + 16) | swar::load8(s.data() + i + 24);
+  for (; i + 8 <= s.size(); i += 8) any |= swar::load8(s.data() + i);
+  any |= detail::load_tail(s, s.size() - i);
+  return (any & swar::kHigh) == 0;
 }
 
 bool utf8_valid(std::string_view s) {
@@ -65,9 +76,11 @@ bool utf8_valid(std::string_view s) {
 }
 
 size_t utf8_length(std::string_view s) {
-  size_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
+  size_t i = 0, continuation = 0;
+  for (; i + 8 <= s.size(); i += 8)
+    continuation += detail::continuation_bytes(swar::load8(s.data() + i));
+  continuation += detail::continuation_bytes(detail::load_tail(s, s.size() - i));
+  return s.size() - continuation;
 }
 
 bool is_alpha_cp(int32_t cp) {
@@ -95,18 +108,46 @@ std::vector<std::string_view> split_lines(std::string_view text) {
   return lines;
 }
 
+// Bit k set when byte k of the 64 at p is '\n'.
+static inline uint64_t newline_mask64(const unsigned char* p) {
+#if defined(__SSE2__)
+  uint64_t mask = 0;
+  for (int k = 0; k < 4; ++k) {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+    auto bits = _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('\n')));
+    mask |= static_cast<uint64_t>(static_cast<uint16_t>(bits)) << (16 * k);
+  }
+  return mask;
+#else
+  uint64_t mask = 0;
+  for (int k = 0; k < 64; ++k) mask |= static_cast<uint64_t>(p[k] == '\n') << k;
+  return mask;
+#endif
+}
+
+// Newlines found 64 bytes at a time: lines are short, and a memchr call per line costs more
+// than the search.
 void split_lines(std::string_view text, std::vector<std::string_view>& lines) {
   lines.clear();
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
   size_t start = 0;
-  for (;;) {
-    size_t nl = text.find('\n', start);
-    if (nl == std::string_view::npos) {
-      lines.push_back(text.substr(start));
-      break;
+  for (size_t block = 0; block < n; block += 64) {
+    uint64_t mask;
+    if (block + 64 <= n) {
+      mask = newline_mask64(p + block);
+    } else {
+      unsigned char pad[64] = {};
+      std::memcpy(pad, p + block, n - block);
+      mask = newline_mask64(pad) & ((uint64_t{1} << (n - block)) - 1);
     }
-    lines.push_back(text.substr(start, nl - start));
-    start = nl + 1;
+    for (; mask; mask &= mask - 1) {
+      size_t nl = block + static_cast<size_t>(std::countr_zero(mask));
+      lines.push_back(text.substr(start, nl - start));
+      start = nl + 1;
+    }
   }
+  lines.push_back(text.substr(start));
 }
 
 static bool ascii_space(char c) {
@@ -131,19 +172,153 @@ static constexpr auto kByteClass = [] {
   return t;
 }();
 
+// Bit k of `space` (`punct`) set when byte k of the 64 at p is ASCII whitespace (space,
+// \t \n \v \f \r) (ASCII punctuation): the classes of kByteClass, 64 bytes at a time.
+struct ByteMasks {
+  uint64_t space = 0, punct = 0;
+};
+
+static inline ByteMasks byte_masks64(const unsigned char* p) {
+  ByteMasks m;
+#if defined(__SSE2__)
+  // x - lo <= hi - lo, unsigned, as min(x - lo, hi - lo) == x - lo.
+  auto in_range = [](__m128i v, char lo, char hi) {
+    __m128i d = _mm_sub_epi8(v, _mm_set1_epi8(lo));
+    return _mm_cmpeq_epi8(_mm_min_epu8(d, _mm_set1_epi8(static_cast<char>(hi - lo))), d);
+  };
+  for (int k = 0; k < 4; ++k) {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+    __m128i space = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(' ')), in_range(v, '\t', '\r'));
+    // Punctuation: printable ASCII other than space, digits and letters.
+    __m128i alnum = _mm_or_si128(in_range(v, '0', '9'),
+                                 in_range(_mm_or_si128(v, _mm_set1_epi8(0x20)), 'a', 'z'));
+    __m128i punct = _mm_andnot_si128(alnum, in_range(v, '!', '~'));
+    m.space |= static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(space))) << (16 * k);
+    m.punct |= static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(punct))) << (16 * k);
+  }
+#else
+  for (int k = 0; k < 64; ++k) {
+    m.space |= static_cast<uint64_t>(kByteClass[p[k]] & 1) << k;
+    m.punct |= static_cast<uint64_t>((kByteClass[p[k]] >> 1) & 1) << k;
+  }
+#endif
+  return m;
+}
+
+namespace {
+
+// Finds whitespace and non-whitespace bytes 64 at a time: words are a few bytes long, so a
+// byte loop spends most of its time on mispredicted branches.
+class SpaceScanner {
+ public:
+  explicit SpaceScanner(std::string_view text)
+      : p_(reinterpret_cast<const unsigned char*>(text.data())), n_(text.size()) {
+    load(0);
+  }
+  // The first position >= i whose byte is (is_space) or is not (!is_space) whitespace, or the
+  // text's size if there is none. Positions must not decrease between calls.
+  size_t next(size_t i, bool is_space) {
+    for (;;) {
+      if (i >= n_) return n_;
+      if (i >= block_ + 64) load(i & ~size_t{63});
+      uint64_t m = (is_space ? masks_.space : ~masks_.space) >> (i - block_);
+      if (m) return i + static_cast<size_t>(std::countr_zero(m));
+      i = block_ + 64;
+    }
+  }
+  // [b, e) without leading and trailing punctuation, when it lies in the block of the last
+  // call (e may be the block's end); false otherwise.
+  bool trim_punct(size_t& b, size_t& e) const {
+    if (b < block_ || e > block_ + 64) return false;
+    uint64_t range = (~uint64_t{0} << (b - block_)) & (~uint64_t{0} >> (64 - (e - block_)));
+    uint64_t kept = range & ~masks_.punct;
+    e = kept ? block_ + 64 - static_cast<size_t>(std::countl_zero(kept)) : b;
+    b = kept ? block_ + static_cast<size_t>(std::countr_zero(kept)) : b;
+    return true;
+  }
+
+ private:
+  void load(size_t block) {
+    block_ = block;
+    if (block + 64 <= n_) {
+      masks_ = byte_masks64(p_ + block);
+      return;
+    }
+    // The last partial block, padded with spaces (bytes past the end end a word).
+    unsigned char pad[64];
+    std::memset(pad, ' ', sizeof(pad));
+    if (block < n_) std::memcpy(pad, p_ + block, n_ - block);
+    masks_ = byte_masks64(pad);
+  }
+
+  const unsigned char* p_;
+  size_t n_;
+  size_t block_ = 0;
+  ByteMasks masks_;
+};
+
+}  // namespace
+
 void split_words(std::string_view text, std::vector<std::string_view>& words) {
   words.clear();
   const unsigned char* p = reinterpret_cast<const unsigned char*>(text.data());
-  size_t i = 0, n = text.size();
+  SpaceScanner scan(text);
+  const size_t n = text.size();
+  size_t i = scan.next(0, false);
   while (i < n) {
-    while (i < n && (kByteClass[p[i]] & 1)) ++i;
     size_t b = i;
-    while (i < n && !(kByteClass[p[i]] & 1)) ++i;
+    i = scan.next(i, true);
     size_t e = i;
-    while (b < e && (kByteClass[p[b]] & 2)) ++b;
-    while (e > b && (kByteClass[p[e - 1]] & 2)) --e;
+    if (!scan.trim_punct(b, e)) {  // a word across blocks
+      while (b < e && (kByteClass[p[b]] & 2)) ++b;
+      while (e > b && (kByteClass[p[e - 1]] & 2)) --e;
+    }
     if (e > b) words.push_back(text.substr(b, e - b));
+    i = scan.next(i, false);
   }
+}
+
+// Bit k set when byte k of the 64 at p is ' ', '\n' or '\t'.
+static inline uint64_t blank_mask64(const unsigned char* p) {
+#if defined(__SSE2__)
+  uint64_t mask = 0;
+  for (int k = 0; k < 4; ++k) {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+    __m128i blank = _mm_or_si128(
+        _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(' ')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\n'))),
+        _mm_cmpeq_epi8(v, _mm_set1_epi8('\t')));
+    mask |= static_cast<uint64_t>(static_cast<uint16_t>(_mm_movemask_epi8(blank))) << (16 * k);
+  }
+  return mask;
+#else
+  uint64_t mask = 0;
+  for (int k = 0; k < 64; ++k)
+    mask |= static_cast<uint64_t>(p[k] == ' ' || p[k] == '\n' || p[k] == '\t') << k;
+  return mask;
+#endif
+}
+
+// A run starts at each non-blank byte after a blank one (or at the start): count those
+// 64 bytes at a time instead of branching on every byte.
+size_t count_space_separated(std::string_view text) {
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t runs = 0;
+  uint64_t before = 1;  // whether the byte before the block is blank (the start counts as one)
+  for (size_t block = 0; block < n; block += 64) {
+    uint64_t blank;
+    if (block + 64 <= n) {
+      blank = blank_mask64(p + block);
+    } else {
+      unsigned char pad[64];
+      std::memset(pad, ' ', sizeof(pad));  // blank past the end: starts no run
+      std::memcpy(pad, p + block, n - block);
+      blank = blank_mask64(pad);
+    }
+    runs += static_cast<size_t>(std::popcount(~blank & ((blank << 1) | before)));
+    before = blank >> 63;
+  }
+  return runs;
 }
 
 std::string_view trim_view(std::string_view s) {
@@ -167,30 +342,28 @@ bool starts_with(std::string_view s, std::string_view prefix) {
   return s.size() >= prefix.size() && s.substr(0, prefix.size()) == prefix;
 }
 
-// 64-bit multiply-mix hash over 8-byte words; two lanes with different seeds give 128 bits.
-static inline uint64_t mix(uint64_t x) {
-  x ^= x >> 32;
-  x *= 0xd6e8feb86659fd93ULL;
-  x ^= x >> 32;
-  x *= 0xd6e8feb86659fd93ULL;
-  x ^= x >> 32;
-  return x;
-}
-
-uint64_t hash64(std::string_view s, uint64_t seed) {
-  const uint64_t k = 0x9E3779B97F4A7C15ULL;
-  uint64_t h = seed ^ (s.size() * k);
+// Four independent lanes over 32-byte stripes (the round of xxHash64), so the multiplies
+// overlap instead of forming one chain through the whole string as in hash64.
+uint64_t table_hash(std::string_view s) {
+  constexpr uint64_t kP1 = 0x9E3779B185EBCA87ULL, kP2 = 0xC2B2AE3D27D4EB4FULL;
+  auto round = [](uint64_t acc, uint64_t w) { return std::rotl(acc + w * kP2, 31) * kP1; };
+  const char* p = s.data();
+  const size_t n = s.size();
   size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    uint64_t w;
-    std::memcpy(&w, s.data() + i, 8);
-    h = (h ^ mix(w + k)) * 0xff51afd7ed558ccdULL;
-    h = (h << 31) | (h >> 33);
+  uint64_t h = kP1 ^ n;
+  if (n >= 32) {
+    uint64_t a = kP1 + kP2, b = kP2, c = 0, d = 0 - kP1;
+    for (; i + 32 <= n; i += 32) {
+      a = round(a, swar::load8(p + i));
+      b = round(b, swar::load8(p + i + 8));
+      c = round(c, swar::load8(p + i + 16));
+      d = round(d, swar::load8(p + i + 24));
+    }
+    h ^= std::rotl(a, 1) + std::rotl(b, 7) + std::rotl(c, 12) + std::rotl(d, 18);
   }
-  uint64_t tail = 0;
-  std::memcpy(&tail, s.data() + i, s.size() - i);
-  h ^= mix(tail ^ (static_cast<uint64_t>(s.size() - i) << 56));
-  return mix(h);
+  for (; i + 8 <= n; i += 8) h = round(h, swar::load8(p + i));
+  h = round(h, detail::load_tail(s, n - i));
+  return detail::hash_mix(h);
 }
 
 Hash128 hash128(std::string_view s) {

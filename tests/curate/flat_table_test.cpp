@@ -8,23 +8,23 @@
 
 using loom::curate::FlatTable;
 
-TEST(FlatTable, CountsKeysAndResetEmptiesIt) {
+TEST(FlatTable, AssignsFirstValuesAndResetEmptiesIt) {
   FlatTable t;
   t.reset(4);
-  bool inserted;
-  for (uint64_t k : {5ull, 7ull, 5ull, 0ull, 5ull}) ++t.find_or_insert(k, inserted).value;
-  EXPECT_EQ(t.find_or_insert(5, inserted).value, 3u);
-  EXPECT_FALSE(inserted);
-  EXPECT_EQ(t.find_or_insert(0, inserted).value, 1u);  // key 0 is an ordinary key
+  std::vector<uint32_t> got;
+  uint32_t i = 0;
+  for (uint64_t k : {5ull, 7ull, 5ull, 0ull, 5ull}) got.push_back(t.find_or_assign(k, i++));
+  EXPECT_EQ(got, (std::vector<uint32_t>{0, 1, 0, 3, 0}));  // key 0 is an ordinary key
   t.reset(4);
-  EXPECT_EQ(t.find_or_insert(5, inserted).value, 0u);
-  EXPECT_TRUE(inserted);
-  // Growing past the first capacity keeps every key distinct.
+  EXPECT_EQ(t.find_or_assign(5, 9), 9u);
+  // Growing past the first capacity keeps every key distinct (keys that share their low bits
+  // probe past each other).
   t.reset(10000);
-  for (uint64_t k = 0; k < 10000; ++k) t.find_or_insert(k * 1024, inserted).value = 1;
-  size_t fresh = 0;
-  for (uint64_t k = 0; k < 10000; ++k) fresh += (t.find_or_insert(k * 1024, inserted), inserted);
-  EXPECT_EQ(fresh, 0u);
+  for (uint32_t k = 0; k < 10000; ++k) {
+    t.prefetch(uint64_t{k} * 1024);
+    ASSERT_EQ(t.find_or_assign(uint64_t{k} * 1024, k), k);
+  }
+  for (uint32_t k = 0; k < 10000; ++k) ASSERT_EQ(t.find_or_assign(uint64_t{k} * 1024, 0), k);
 }
 
 TEST(FlatTable, CheckedInsertKeepsCollidingElementsApart) {
