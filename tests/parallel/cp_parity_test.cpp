@@ -29,28 +29,9 @@ using namespace loom::testing_parallel;
 
 namespace {
 
-constexpr int kSteps = 10, kRows = 2, kT = 16;
-
-int world_size() {
-  return comm::world().size();
-}
-
-// Re-cuts a micro-batch's rows into documents of the given lengths (positions restart at each
-// document): a packed batch. The lengths must sum to the token count.
-void pack_docs(MicroBatch& m, const std::vector<int>& lens) {
-  m.cu.assign(1, 0);
-  m.positions.clear();
-  for (int L : lens) {
-    for (int t = 0; t < L; ++t) m.positions.push_back(t);
-    m.cu.push_back(m.cu.back() + L);
-  }
-  ASSERT_EQ(size_t(m.cu.back()), m.tokens.size());
-}
-
-MicroBatch micro(int step, int first_seq, bool packed, int vocab) {
-  MicroBatch m = make_micro(step, first_seq, kRows, kT, vocab);
-  if (packed) pack_docs(m, {8, 16, 8});  // each divisible by 2*CP for CP <= 4
-  return m;
+// Packed micro-batches: each document's length divisible by 2*CP for CP <= 4.
+std::vector<int> doc_lens(bool packed) {
+  return packed ? std::vector<int>{8, 16, 8} : std::vector<int>{};
 }
 
 // This rank's share of a micro-batch under CP: rows gathered by global_rows.
@@ -77,40 +58,18 @@ LocalMicro shard(const MicroBatch& m, int cp, int rank) {
   return l;
 }
 
-StepLog reference(const ModelConfig& cfg, int micros, bool packed) {
-  Decoder m(cfg, cpu_backend());
-  m.params().init(5);
-  AdamWConfig ac;
-  ac.weight_decay = 0.1;
-  AdamW opt(m.params(), ac, DType::F32, cpu_backend());
-  StepLog log;
-  ParamSet& P = m.params();
-  for (int k = 0; k < kSteps; ++k) {
-    std::vector<MicroBatch> mb;
-    int64_t valid = 0;
-    for (int j = 0; j < micros; ++j) {
-      mb.push_back(micro(k, j * kRows, packed, cfg.vocab));
-      valid += mb.back().valid;
-    }
-    P.zero_grad();
-    double loss = 0;
-    for (auto& b : mb) loss += m.forward_backward(b.input(), 1.f / valid);
-    double norm = std::sqrt(cpu_backend().sum_squares(P.grad(), P.total()));
-    opt.step(1e-2, norm > kClip ? static_cast<float>(kClip / norm) : 1.f);
-    log.losses.push_back(loss / valid);
-    log.norms.push_back(norm);
-  }
-  return log;
+// This rank's CP shares of its micro-batches, as model inputs (`shares` holds what they point to).
+std::vector<ModelInput> cp_inputs(const std::vector<MicroBatch>& mb, comm::Communicator& cp,
+                                  std::vector<LocalMicro>& shares) {
+  shares.clear();
+  for (const MicroBatch& g : mb) shares.push_back(shard(g, cp.size(), cp.rank()));
+  std::vector<ModelInput> in;
+  for (const LocalMicro& l : shares) in.push_back(l.input(cp.rank()));
+  return in;
 }
 
-// A MoE model: 4 experts, top-2, dropless, with an auxiliary loss (its statistics span the
-// whole micro-batch, so under CP they are summed over the CP group).
-ModelConfig moe_model(Family f) {
-  ModelConfig c = tiny_model(f, 32, 4, 2, 8);
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.aux_loss_coeff = 0.05;
-  return c;
+StepLog reference(const ModelConfig& cfg, int micros, bool packed) {
+  return reference_run(cfg, kSteps, micros, kRows, kT, 5, doc_lens(packed));
 }
 
 void check_cp(Family f, int cp, bool packed, int zero, int tp = 1, bool moe = false, int ep = 1) {
@@ -120,9 +79,9 @@ void check_cp(Family f, int cp, bool packed, int zero, int tp = 1, bool moe = fa
   dims.ep = ep;
   comm::Communicator& w = comm::world();
   comm::ProcessGroups pg(w, dims);
-  const int D = pg.dp().size(), dr = pg.dp().rank(), A = 2;
-  ModelConfig cfg = moe ? moe_model(f) : tiny_model(f, 32, 4, 2, 8);
-  StepLog ref = reference(cfg, A * D, packed);
+  const int D = pg.dp().size(), dr = pg.dp().rank();
+  ModelConfig cfg = moe ? tiny_moe_model(f) : tiny_model(f, 32, 4, 2, 8);
+  StepLog ref = reference(cfg, kMicros * D, packed);
 
   TensorParallel tpl;
   if (tp > 1) tpl = {tp, pg.tp().rank(), false, &pg.tp()};
@@ -138,40 +97,19 @@ void check_cp(Family f, int cp, bool packed, int zero, int tp = 1, bool moe = fa
       index,
       static_cast<int>(std::find(members.begin(), members.end(), w.rank()) - members.begin()),
       "edp-cp");
-  DataParallelOptions o;
-  o.zero = zero;
-  o.bucket_elems = 2000;
-  AdamWConfig ac;
-  ac.weight_decay = 0.1;
   // CP ranks join DP: gradients are reduced (and ZeRO shards spread) over dp x cp.
-  DataParallel ddp(model, pg.dp_cp(), o, ac, DType::F32, cpu_backend(), edp_cp.get());
+  DataParallel ddp = parity_ddp(model, pg.dp_cp(), zero, edp_cp.get());
   std::vector<double> weights(model.params().infos().size(), 1.0);
   if (tp > 1) weights = grad_norm_weights(model.params(), pg.tp().rank());
-  for (int k = 0; k < kSteps; ++k) {
-    std::vector<LocalMicro> mb;
-    int64_t valid = 0;
-    for (int j = 0; j < A; ++j) {
-      MicroBatch g = micro(k, (j * D + dr) * kRows, packed, cfg.vocab);
-      valid += g.valid;
-      mb.push_back(shard(g, cp, pg.cp().rank()));
-    }
-    valid = pg.dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
-    ddp.start_step(A);
-    double loss = 0;
-    for (int j = 0; j < A; ++j) {
-      ddp.start_micro(j);
-      loss += model.forward_backward(mb[size_t(j)].input(pg.cp().rank()), 1.f / valid);
-      ddp.finish_micro();
-    }
-    loss = pg.dp_cp().all_reduce_scalar(loss, comm::ReduceOp::Sum);
-    double norm =
-        std::sqrt(pg.tp_dp_cp().all_reduce_scalar(ddp.grad_sq_local(weights), comm::ReduceOp::Sum));
-    EXPECT_LT(rel_diff(loss / valid, ref.losses[size_t(k)]), 1e-5)
-        << "cp " << cp << (packed ? " packed" : "") << " step " << k << ": " << loss / valid
-        << " vs " << ref.losses[size_t(k)];
-    EXPECT_LT(rel_diff(norm, ref.norms[size_t(k)]), 1e-5) << "grad norm, step " << k;
-    ddp.step(1e-2, norm > kClip ? static_cast<float>(kClip / norm) : 1.f);
-  }
+  auto run_step = [&](int k) {
+    std::vector<MicroBatch> mb = rank_micros(k, kMicros, D, dr, cfg.vocab, doc_lens(packed));
+    const int64_t valid = global_valid(mb, pg.dp());
+    std::vector<LocalMicro> shares;
+    return RankStep{accumulate_micros(model, ddp, cp_inputs(mb, pg.cp(), shares), 1.f / valid),
+                    valid};
+  };
+  expect_steps_match_reference(ref, ddp, {pg.dp_cp(), pg.tp_dp_cp(), weights}, run_step,
+                               "cp " + std::to_string(cp) + (packed ? " packed " : " "));
   EXPECT_LT(ref.losses.back(), ref.losses.front());
 }
 
@@ -187,7 +125,7 @@ void check_pp_cp(Family f, pp::ScheduleKind kind, int p, int v, int cp, bool pac
   dims.cp = cp;
   comm::ProcessGroups pg(comm::world(), dims);
   const int D = pg.dp().size(), dr = pg.dp().rank(), m = 4;
-  ModelConfig cfg = moe ? moe_model(f) : tiny_model(f, 32, 4, 2, 8);
+  ModelConfig cfg = moe ? tiny_moe_model(f) : tiny_model(f, 32, 4, 2, 8);
   cfg.n_layer = 4;
   StepLog ref = reference(cfg, m * D, packed);
 
@@ -196,39 +134,18 @@ void check_pp_cp(Family f, pp::ScheduleKind kind, int p, int v, int cp, bool pac
                 pipeline_stage_of(layout, pg.pp().rank()));
   model.params().init(5);
   model.set_context_parallel({cp, pg.cp().rank(), &pg.cp()});
-  DataParallelOptions o;
-  o.zero = zero;
-  o.bucket_elems = 2000;
-  AdamWConfig ac;
-  ac.weight_decay = 0.1;
-  DataParallel ddp(model, pg.dp_cp(), o, ac, DType::F32, cpu_backend());
+  DataParallel ddp = parity_ddp(model, pg.dp_cp(), zero);
   PipelineRunner runner(model, pg.pp(), pp::make_schedule(kind, p, m, v));
-  const std::vector<double> weights = runner.grad_norm_weights();
-  for (int k = 0; k < kSteps; ++k) {
-    std::vector<LocalMicro> mb;
-    int64_t valid = 0;
-    for (int j = 0; j < m; ++j) {
-      MicroBatch g = micro(k, (j * D + dr) * kRows, packed, cfg.vocab);
-      valid += g.valid;
-      mb.push_back(shard(g, cp, pg.cp().rank()));
-    }
-    std::vector<ModelInput> in;
-    for (auto& l : mb) in.push_back(l.input(pg.cp().rank()));
-    valid = pg.dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
-    ddp.start_step(1);  // the pipeline accumulates every micro-batch, then one reduction
-    ddp.start_micro(0);
-    double loss = runner.run(in, 1.f / valid);
-    ddp.finish_micro();
-    loss = pg.pp().all_reduce_scalar(loss, comm::ReduceOp::Sum);
-    loss = pg.dp_cp().all_reduce_scalar(loss, comm::ReduceOp::Sum);
-    double norm =
-        std::sqrt(pg.world().all_reduce_scalar(ddp.grad_sq_local(weights), comm::ReduceOp::Sum));
-    EXPECT_LT(rel_diff(loss / valid, ref.losses[size_t(k)]), 1e-5)
-        << "pp " << p << " x cp " << cp << " step " << k << ": " << loss / valid << " vs "
-        << ref.losses[size_t(k)];
-    EXPECT_LT(rel_diff(norm, ref.norms[size_t(k)]), 1e-5) << "grad norm, step " << k;
-    ddp.step(1e-2, norm > kClip ? static_cast<float>(kClip / norm) : 1.f);
-  }
+  auto run_step = [&](int k) {
+    std::vector<MicroBatch> mb = rank_micros(k, m, D, dr, cfg.vocab, doc_lens(packed));
+    const int64_t valid = global_valid(mb, pg.dp());
+    std::vector<LocalMicro> shares;
+    return RankStep{
+        pipeline_step(runner, ddp, cp_inputs(mb, pg.cp(), shares), 1.f / valid, pg.pp()), valid};
+  };
+  expect_steps_match_reference(ref, ddp, {pg.dp_cp(), pg.world(), runner.grad_norm_weights()},
+                               run_step,
+                               "pp " + std::to_string(p) + " x cp " + std::to_string(cp) + " ");
   EXPECT_LT(ref.losses.back(), ref.losses.front());
 }
 
@@ -282,7 +199,7 @@ TEST(ContextParallel, MoeCapacityIsAClearError) {
   comm::ParallelDims dims;
   dims.cp = world_size();
   comm::ProcessGroups pg(comm::world(), dims);
-  ModelConfig cfg = moe_model(Family::GPT2);
+  ModelConfig cfg = tiny_moe_model(Family::GPT2);
   cfg.capacity_factor = 1.5;
   Decoder model(cfg, cpu_backend());
   try {

@@ -18,8 +18,6 @@ using namespace loom::testing_parallel;
 
 namespace {
 
-constexpr int kSteps = 10, kRows = 2, kT = 16, kMicros = 2;  // per rank: 2 micro-batches
-
 ModelConfig dp_model(Family f) {
   // Odd widths: the flat buffer, and most tensors, do not divide by the DP size.
   return f == Family::GPT2 ? tiny_model(f, 33, 3, 3, 11) : tiny_model(f, 33, 3, 1, 8);
@@ -42,29 +40,15 @@ DpRun dp_run(const ModelConfig& cfg, int zero, bool overlap, int64_t bucket_elem
   o.zero = zero;
   o.overlap = overlap;
   o.bucket_elems = bucket_elems;
-  AdamWConfig ac;
-  ac.weight_decay = 0.1;
-  DataParallel ddp(m, dp, o, ac, DType::F32, cpu_backend());
+  DataParallel ddp(m, dp, o, parity_adamw(), DType::F32, cpu_backend());
   DpRun out;
   out.lo = ddp.shard_begin();
   out.hi = ddp.shard_end();
   out.buckets = ddp.num_buckets();
   for (int k = 0; k < kSteps; ++k) {
-    // Rank r's micro-batch j is the single process's micro-batch j * D + r.
-    std::vector<MicroBatch> mb;
-    int64_t valid = 0;
-    for (int j = 0; j < kMicros; ++j) {
-      mb.push_back(make_micro(k, (j * D + r) * kRows, kRows, kT, cfg.vocab));
-      valid += mb.back().valid;
-    }
-    valid = dp.all_reduce_scalar(valid, comm::ReduceOp::Sum);
-    ddp.start_step(kMicros);
-    double loss = 0;
-    for (int j = 0; j < kMicros; ++j) {
-      ddp.start_micro(j);
-      loss += m.forward_backward(mb[j].input(), 1.f / valid);
-      ddp.finish_micro();
-    }
+    std::vector<MicroBatch> mb = rank_micros(k, kMicros, D, r, cfg.vocab);
+    const int64_t valid = global_valid(mb, dp);
+    double loss = accumulate_micros(m, ddp, inputs(mb), 1.f / valid);
     loss = dp.all_reduce_scalar(loss, comm::ReduceOp::Sum);
     double norm = std::sqrt(dp.all_reduce_scalar(ddp.grad_sq_local(), comm::ReduceOp::Sum));
     if (k == 0) {

@@ -23,12 +23,6 @@ using namespace loom::testing_parallel;
 
 namespace {
 
-constexpr int kSteps = 10, kRows = 2, kT = 16;
-
-int world_size() {
-  return comm::world().size();
-}
-
 ModelConfig pp_model(Family f, int layers) {
   ModelConfig c = tiny_model(f, 32, 4, 2, 8);
   c.n_layer = layers;
@@ -57,39 +51,15 @@ void check_pp(Family f, pp::ScheduleKind kind, int p, int v, int m, int zero, in
     ASSERT_EQ(0, std::memcmp(P.data() + q.offset, refm.params().data() + rq.offset, q.numel * 4))
         << q.name;
   }
-  DataParallelOptions o;
-  o.zero = zero;
-  o.bucket_elems = 2000;
-  AdamWConfig ac;
-  ac.weight_decay = 0.1;
-  DataParallel ddp(model, pg.dp(), o, ac, DType::F32, cpu_backend());
+  DataParallel ddp = parity_ddp(model, pg.dp(), zero);
   PipelineRunner runner(model, pg.pp(), pp::make_schedule(kind, p, m, v));
-  const std::vector<double> weights = runner.grad_norm_weights();
-  for (int k = 0; k < steps; ++k) {
-    std::vector<MicroBatch> mb;
-    std::vector<ModelInput> in;
-    int64_t valid = 0;
-    for (int j = 0; j < m; ++j) {
-      mb.push_back(make_micro(k, (j * D + dr) * kRows, kRows, kT, cfg.vocab));
-      valid += mb.back().valid;
-    }
-    for (auto& b : mb) in.push_back(b.input());
-    valid = pg.dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
-    ddp.start_step(1);  // the pipeline accumulates every micro-batch, then one reduction
-    ddp.start_micro(0);
-    double loss = runner.run(in, 1.f / valid);
-    ddp.finish_micro();
-    loss = pg.pp().all_reduce_scalar(loss, comm::ReduceOp::Sum);
-    loss = pg.dp().all_reduce_scalar(loss, comm::ReduceOp::Sum);
-    double norm =
-        std::sqrt(pg.world().all_reduce_scalar(ddp.grad_sq_local(weights), comm::ReduceOp::Sum));
-    EXPECT_LT(rel_diff(loss / valid, ref.losses[k]), 1e-5)
-        << pp::schedule_kind_name(kind) << " step " << k << ": " << loss / valid << " vs "
-        << ref.losses[k];
-    EXPECT_LT(rel_diff(norm, ref.norms[k]), 1e-5) << "grad norm, step " << k;
-    float gs = norm > kClip ? static_cast<float>(kClip / norm) : 1.f;
-    ddp.step(1e-2, gs);
-  }
+  auto run_step = [&](int k) {
+    std::vector<MicroBatch> mb = rank_micros(k, m, D, dr, cfg.vocab);
+    const int64_t valid = global_valid(mb, pg.dp());
+    return RankStep{pipeline_step(runner, ddp, inputs(mb), 1.f / valid, pg.pp()), valid};
+  };
+  expect_steps_match_reference(ref, ddp, {pg.dp(), pg.world(), runner.grad_norm_weights()},
+                               run_step, std::string(pp::schedule_kind_name(kind)) + " ");
   // Tied embeddings: the first and last stage's copies are still identical.
   if (cfg.tied && p > 1 && (pg.pp().rank() == 0 || pg.pp().rank() == p - 1)) {
     const ParamInfo& e = P.info("embed.wte");

@@ -18,8 +18,6 @@ using namespace loom::testing_parallel;
 
 namespace {
 
-constexpr int kSteps = 10, kRows = 2, kT = 16, kMicros = 2;
-
 ModelConfig tp_model(Family f) {
   // 4 query heads, 2 KV heads (GQA for Llama), vocab 62 (even: splits over TP = 2).
   return tiny_model(f, 32, 4, 2, 8, 62);
@@ -34,65 +32,19 @@ int64_t global_index(const ParamInfo& p, const ParamInfo& ref, int64_t e) {
 }
 
 void check_tp(Family f, int tp, bool sp, int zero, Recompute rc = Recompute::None) {
-  comm::Communicator& w = comm::world();
   comm::ParallelDims dims;
   dims.tp = tp;
-  comm::ProcessGroups pg(w, dims);
-  const int D = pg.dp().size(), dr = pg.dp().rank();
+  comm::ProcessGroups pg(comm::world(), dims);
   ModelConfig cfg = tp_model(f);
-  StepLog ref = reference_run(cfg, kSteps, kMicros * D, kRows, kT);
-  Decoder refm(cfg, cpu_backend());
-  refm.params().init(5);
-
+  Reference ref(cfg, pg.dp().size());
   Decoder m(cfg, cpu_backend(), rc, DType::F32, tensor_parallel_layout(pg, sp));
   m.params().init(5);
-  ParamSet& P = m.params();
-  // Initial weights: every local element equals the single-process element it stands for.
-  for (const ParamInfo& p : P.infos()) {
-    const ParamInfo& rp = refm.params().info(p.name);
-    for (int64_t e = 0; e < p.numel; ++e)
-      ASSERT_EQ(P.data()[p.offset + e], refm.params().data()[global_index(p, rp, e)])
-          << p.name << " element " << e;
-  }
-  DataParallelOptions o;
-  o.zero = zero;
-  o.bucket_elems = 2000;
-  AdamWConfig ac;
-  ac.weight_decay = 0.1;
-  DataParallel ddp(m, pg.dp(), o, ac, DType::F32, cpu_backend());
-  auto weights = grad_norm_weights(P, pg.tp().rank());
-  for (int k = 0; k < kSteps; ++k) {
-    std::vector<MicroBatch> mb;
-    int64_t valid = 0;
-    for (int j = 0; j < kMicros; ++j) {
-      mb.push_back(make_micro(k, (j * D + dr) * kRows, kRows, kT, cfg.vocab));
-      valid += mb.back().valid;
-    }
-    valid = pg.dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
-    ddp.start_step(kMicros);
-    double loss = 0;
-    for (int j = 0; j < kMicros; ++j) {
-      ddp.start_micro(j);
-      loss += m.forward_backward(mb[j].input(), 1.f / valid);
-      ddp.finish_micro();
-    }
-    loss = pg.dp().all_reduce_scalar(loss, comm::ReduceOp::Sum);
-    double norm =
-        std::sqrt(pg.tp_dp().all_reduce_scalar(ddp.grad_sq_local(weights), comm::ReduceOp::Sum));
-    if (k == 0 && zero == 0) {  // reduced gradients against the single-process ones
-      ASSERT_NO_FATAL_FAILURE(testing_parallel::expect_grads_match_reference(
-          P, refm.params(), ref.first_grads, global_index));
-    }
-    EXPECT_LT(rel_diff(loss / valid, ref.losses[k]), 1e-5)
-        << "step " << k << ": " << loss / valid << " vs " << ref.losses[k];
-    EXPECT_LT(rel_diff(norm, ref.norms[k]), 1e-5) << "grad norm, step " << k;
-    float gs = norm > kClip ? static_cast<float>(kClip / norm) : 1.f;
-    ddp.step(1e-2, gs);
-  }
-}
-
-int world_size() {
-  return comm::world().size();
+  expect_trains_like_reference(
+      ref, m,
+      {.dp = pg.dp(),
+       .zero = zero,
+       .sums = {pg.dp(), pg.tp_dp(), grad_norm_weights(m.params(), pg.tp().rank())}},
+      global_index);
 }
 
 }  // namespace

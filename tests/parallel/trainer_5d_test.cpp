@@ -17,23 +17,11 @@
 
 using namespace loom;
 using loom::testing_parallel::rel_diff;
+using loom::testing_parallel::W;
 
 namespace {
 
-comm::Communicator& W() {
-  return comm::world();
-}
-
-std::string rank_dir(const std::string& name) {
-  return testing_parallel::rank_dir("5d", name, W().rank());
-}
-
-Config config(const std::string& dir, int steps, int grad_accum, const std::string& family) {
-  Config c = testing_parallel::tiny_run_config(dir, "a five-dimensional fox ", 4, "5e-3", steps,
-                                               grad_accum);
-  c.set("model.preset", "\"" + family + "\"", "test");
-  return c;
-}
+const testing_parallel::TrainerRuns runs{"5d", "a five-dimensional fox "};
 
 void check_combo(const char* family, const std::vector<std::pair<const char*, std::string>>& set,
                  int dp, bool moe) {
@@ -43,13 +31,13 @@ void check_combo(const char* family, const std::vector<std::pair<const char*, st
     c.set("model.n_experts", "4", "test");
     c.set("model.aux_loss_coeff", "0.02", "test");
   };
-  std::string dr = rank_dir("ref");
+  std::string dr = runs.dir("ref");
   auto self = comm::make_self_communicator();
-  Config rc = config(dr, steps, A * dp, family);
+  Config rc = runs.config(dr, steps, A * dp, family);
   extra(rc);
   Trainer ref(rc, self.get());
-  std::string d = rank_dir("combo");
-  Config c = config(d, steps, A, family);
+  std::string d = runs.dir("combo");
+  Config c = runs.config(d, steps, A, family);
   extra(c);
   for (const auto& [k, v] : set) c.set(k, v, "test");
   Trainer t(c);

@@ -18,32 +18,20 @@
 
 using namespace loom;
 using loom::testing_parallel::rel_diff;
+using loom::testing_parallel::W;
 
 namespace {
 
-comm::Communicator& W() {
-  return comm::world();
-}
-
-std::string rank_dir(const std::string& name) {
-  return testing_parallel::rank_dir("cp", name, W().rank());
-}
-
-Config config(const std::string& dir, int steps, int grad_accum, const std::string& family) {
-  Config c =
-      testing_parallel::tiny_run_config(dir, "a contextual fox ", 4, "5e-3", steps, grad_accum);
-  c.set("model.preset", "\"" + family + "\"", "test");
-  return c;
-}
+const testing_parallel::TrainerRuns runs{"cp", "a contextual fox "};
 
 void check_trainer_cp(const char* family, int cp, int zero, int tp = 1, bool sp = false, int ep = 1,
                       int pp = 1, int vp = 1) {
   const int D = W().size() / (cp * tp * pp), A = 2 * pp, steps = 10;
-  std::string dr = rank_dir("ref");
+  std::string dr = runs.dir("ref");
   auto self = comm::make_self_communicator();
-  Trainer ref(config(dr, steps, A * D, family), self.get());  // one process, same global batch
-  std::string d = rank_dir("cp");
-  Config c = config(d, steps, A, family);
+  Trainer ref(runs.config(dr, steps, A * D, family), self.get());  // one process, same global batch
+  std::string d = runs.dir("cp");
+  Config c = runs.config(d, steps, A, family);
   c.set("parallel.cp", std::to_string(cp), "test");
   c.set("parallel.tp", std::to_string(tp), "test");
   c.set("parallel.sp", sp ? "true" : "false", "test");
@@ -107,34 +95,19 @@ TEST(TrainerCp, Pp2Cp2MoeMatchesOneProcess) {
 }
 
 TEST(TrainerCp, ResumeIsBitIdenticalUnderTheSameLayout) {
-  std::string d1 = rank_dir("resume_a"), d2 = rank_dir("resume_b");
+  std::string d1 = runs.dir("resume_a"), d2 = runs.dir("resume_b");
   auto cfg = [&](const std::string& d) {
-    Config c = config(d, 6, 2, "tiny-llama");
+    Config c = runs.config(d, 6, 2, "tiny-llama");
     c.set("parallel.cp", "2", "test");
     c.set("parallel.zero", "1", "test");
     return c;
   };
-  std::vector<double> straight, resumed;
-  {
-    Trainer t(cfg(d1));
-    for (int i = 0; i < 6; ++i) straight.push_back(t.train_step().loss);
-  }
-  {
-    Trainer t(cfg(d2));
-    for (int i = 0; i < 3; ++i) resumed.push_back(t.train_step().loss);
-    t.save_checkpoint();
-  }
-  {
-    Trainer t(cfg(d2));
-    EXPECT_EQ(t.step(), 3);
-    for (int i = 3; i < 6; ++i) resumed.push_back(t.train_step().loss);
-  }
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i;
+  testing_parallel::expect_resume_bit_identical(cfg(d1), cfg(d2), cfg(d2));
 }
 
 TEST(TrainerCp, BadContextParallelSettingsAreClearErrors) {
-  std::string d = rank_dir("bad");
-  Config c = config(d, 2, 1, "tiny");
+  std::string d = runs.dir("bad");
+  Config c = runs.config(d, 2, 1, "tiny");
   c.set("parallel.cp", std::to_string(W().size()), "test");
   c.set("train.seq_len", "6", "test");  // not divisible by 2*cp
   try {

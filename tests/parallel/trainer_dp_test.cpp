@@ -18,27 +18,22 @@
 
 using namespace loom;
 using loom::testing_parallel::rel_diff;
+using loom::testing_parallel::W;
 
 namespace {
 
-comm::Communicator& W() {
-  return comm::world();
-}
+const testing_parallel::TrainerRuns runs{"dp", "a distributed fox "};
 
-std::string rank_dir(const std::string& name) {
-  return testing_parallel::rank_dir("dp", name, W().rank());
-}
-
+// A 2-layer GPT-2 at lr 1e-2: the runs here are for data parallelism, not the model.
 Config config(const std::string& dir, int steps, int grad_accum, int zero) {
-  Config c =
-      testing_parallel::tiny_run_config(dir, "a distributed fox ", 2, "1e-2", steps, grad_accum);
+  Config c = testing_parallel::tiny_run_config(dir, runs.line_start, 2, "1e-2", steps, grad_accum);
   c.set("model.preset", "\"tiny\"", "test");
   c.set("parallel.zero", std::to_string(zero), "test");
   return c;
 }
 
 std::vector<double> reference_losses(int steps, int grad_accum) {
-  std::string d = rank_dir("ref");
+  std::string d = runs.dir("ref");
   auto self = comm::make_self_communicator();
   Config c = config(d, steps, grad_accum, 0);
   Trainer t(c, self.get());
@@ -50,7 +45,7 @@ std::vector<double> reference_losses(int steps, int grad_accum) {
 void check_trainer_parity(int zero, int tp = 1, bool sp = false) {
   const int D = W().size() / tp, A = 2, steps = 10;
   auto ref = reference_losses(steps, A * D);  // one process, the same global batch
-  std::string d = rank_dir("z" + std::to_string(zero));
+  std::string d = runs.dir("z" + std::to_string(zero));
   Config c = config(d, steps, A, zero);
   c.set("parallel.tp", std::to_string(tp), "test");
   c.set("parallel.sp", sp ? "true" : "false", "test");
@@ -73,12 +68,12 @@ void check_trainer_moe(int ep, int zero, int tp = 1, int etp = 1) {
     c.set("model.n_experts", "4", "test");
     c.set("model.aux_loss_coeff", "0.02", "test");
   };
-  std::string dr = rank_dir("moe_ref");
+  std::string dr = runs.dir("moe_ref");
   auto self = comm::make_self_communicator();
   Config rc = config(dr, steps, A * D, 0);
   moe(rc);
   Trainer ref(rc, self.get());
-  std::string d = rank_dir("moe_ep" + std::to_string(ep));
+  std::string d = runs.dir("moe_ep" + std::to_string(ep));
   Config c = config(d, steps, A, zero);
   moe(c);
   c.set("parallel.ep", std::to_string(ep), "test");
@@ -139,7 +134,7 @@ TEST(TrainerDp, Tp2SequenceParallelZero1MatchesOneProcess) {
 TEST(TrainerDp, ReducedPrecisionPoliciesMatchOneProcess) {
   for (const char* policy : {"bf16", "fp16"}) {
     const int D = W().size(), A = 2, steps = 6;
-    std::string dr = rank_dir("prec_ref"), dd = rank_dir("prec_dp");
+    std::string dr = runs.dir("prec_ref"), dd = runs.dir("prec_dp");
     auto self = comm::make_self_communicator();
     Config rc = config(dr, steps, A * D, 0);
     rc.set("precision.policy", std::string("\"") + policy + "\"", "test");
@@ -158,30 +153,15 @@ TEST(TrainerDp, ResumeIsBitIdenticalUnderTheSameLayout) {
   // (zero, tp, sp): DP layouts, and tensor + sequence parallel with ZeRO-1.
   for (auto [zero, tp, sp] :
        {std::tuple{0, 1, false}, {1, 1, false}, {3, 1, false}, {1, 2, true}}) {
-    std::string d1 = rank_dir("resume_a"), d2 = rank_dir("resume_b");
+    std::string d1 = runs.dir("resume_a"), d2 = runs.dir("resume_b");
     auto cfg = [&](const std::string& d, int z) {
       Config c = config(d, 6, 2, z);
       c.set("parallel.tp", std::to_string(tp), "test");
       c.set("parallel.sp", sp ? "true" : "false", "test");
       return c;
     };
-    std::vector<double> straight, resumed;
-    {
-      Trainer t(cfg(d1, zero));
-      for (int i = 0; i < 6; ++i) straight.push_back(t.train_step().loss);
-    }
-    {
-      Trainer t(cfg(d2, zero));
-      for (int i = 0; i < 3; ++i) resumed.push_back(t.train_step().loss);
-      t.save_checkpoint();
-    }
-    {
-      Trainer t(cfg(d2, zero));
-      EXPECT_EQ(t.step(), 3);
-      for (int i = 3; i < 6; ++i) resumed.push_back(t.train_step().loss);
-    }
-    for (int i = 0; i < 6; ++i)
-      EXPECT_EQ(straight[i], resumed[i]) << "zero " << zero << " step " << i;
+    testing_parallel::expect_resume_bit_identical(cfg(d1, zero), cfg(d2, zero), cfg(d2, zero),
+                                                  "zero " + std::to_string(zero) + " ");
     // Another layout's checkpoint is refused with a message naming both layouts.
     if (zero == 1 && tp == 1) {
       try {
@@ -195,7 +175,7 @@ TEST(TrainerDp, ResumeIsBitIdenticalUnderTheSameLayout) {
 }
 
 TEST(TrainerDp, LayoutsThatDoNotFitTheWorldAreClearErrors) {
-  std::string d = rank_dir("bad");
+  std::string d = runs.dir("bad");
   Config c = config(d, 2, 1, 0);
   c.set("parallel.tp", "3", "test");
   try {

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
+#include "comm/communicator.h"
 #include "core/config.h"
 #include "core/fs.h"
+#include "train/trainer.h"
 
 namespace loom::testing_parallel {
 
@@ -42,5 +45,50 @@ inline Config tiny_run_config(const std::string& dir, const std::string& line_st
   c.set("parallel.bucket_mb", "0.01", "test");
   return c;
 }
+
+// A run resumed from its checkpoint continues exactly: 6 steps straight through (`straight`)
+// against 3 steps, a checkpoint, and 3 more steps in a new trainer (`before`, then `after`:
+// one directory, not straight's). `label` starts the failure message.
+inline void expect_resume_bit_identical(const Config& straight, const Config& before,
+                                        const Config& after, const std::string& label = "") {
+  std::vector<double> straight_losses, resumed_losses;
+  {
+    Trainer t(straight);
+    for (int i = 0; i < 6; ++i) straight_losses.push_back(t.train_step().loss);
+  }
+  {
+    Trainer t(before);
+    for (int i = 0; i < 3; ++i) resumed_losses.push_back(t.train_step().loss);
+    t.save_checkpoint();
+  }
+  {
+    Trainer t(after);
+    EXPECT_EQ(t.step(), 3);
+    for (int i = 3; i < 6; ++i) resumed_losses.push_back(t.train_step().loss);
+  }
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(straight_losses[i], resumed_losses[i]) << label << "step " << i;
+}
+
+inline comm::Communicator& W() {
+  return comm::world();
+}
+
+// One trainer test file's runs: its scratch directories (named after `suite`) and its corpus
+// (lines starting with `line_start`), so that test files running at once do not collide.
+struct TrainerRuns {
+  std::string suite, line_start;
+
+  // This rank's directory `name`, emptied.
+  std::string dir(const std::string& name) const { return rank_dir(suite, name, W().rank()); }
+
+  // A 4-layer run of the model preset `family` at lr 5e-3 (tiny_run_config).
+  Config config(const std::string& dir, int steps, int grad_accum,
+                const std::string& family) const {
+    Config c = tiny_run_config(dir, line_start, 4, "5e-3", steps, grad_accum);
+    c.set("model.preset", "\"" + family + "\"", "test");
+    return c;
+  }
+};
 
 }  // namespace loom::testing_parallel

@@ -18,23 +18,11 @@
 
 using namespace loom;
 using loom::testing_parallel::rel_diff;
+using loom::testing_parallel::W;
 
 namespace {
 
-comm::Communicator& W() {
-  return comm::world();
-}
-
-std::string rank_dir(const std::string& name) {
-  return testing_parallel::rank_dir("pp", name, W().rank());
-}
-
-Config config(const std::string& dir, int steps, int grad_accum, const std::string& family) {
-  Config c =
-      testing_parallel::tiny_run_config(dir, "a pipelined fox ", 4, "5e-3", steps, grad_accum);
-  c.set("model.preset", "\"" + family + "\"", "test");
-  return c;
-}
+const testing_parallel::TrainerRuns runs{"pp", "a pipelined fox "};
 
 struct PpCase {
   const char* family;
@@ -46,11 +34,12 @@ struct PpCase {
 
 void check_trainer_pp(const PpCase& k) {
   const int D = W().size() / k.pp, A = 4, steps = 10;
-  std::string dr = rank_dir("ref");
+  std::string dr = runs.dir("ref");
   auto self = comm::make_self_communicator();
-  Trainer ref(config(dr, steps, A * D, k.family), self.get());  // one process, same global batch
-  std::string d = rank_dir("pp");
-  Config c = config(d, steps, A, k.family);
+  Trainer ref(runs.config(dr, steps, A * D, k.family),
+              self.get());  // one process, same global batch
+  std::string d = runs.dir("pp");
+  Config c = runs.config(d, steps, A, k.family);
   c.set("parallel.pp", std::to_string(k.pp), "test");
   c.set("parallel.vp", std::to_string(k.vp), "test");
   c.set("parallel.pp_schedule", std::string("\"") + k.schedule + "\"", "test");
@@ -105,30 +94,16 @@ TEST(TrainerPp, Pp2Dp2Zero1MatchesOneProcess) {
 
 TEST(TrainerPp, ResumeIsBitIdenticalUnderTheSameLayout) {
   const int p = W().size() >= 4 ? 2 : W().size(), zero = W().size() >= 4 ? 1 : 0;
-  std::string d1 = rank_dir("resume_a"), d2 = rank_dir("resume_b");
+  std::string d1 = runs.dir("resume_a"), d2 = runs.dir("resume_b");
   auto cfg = [&](const std::string& d, const char* schedule) {
-    Config c = config(d, 6, 2, "tiny");
+    Config c = runs.config(d, 6, 2, "tiny");
     c.set("parallel.pp", std::to_string(p), "test");
     c.set("parallel.zero", std::to_string(zero), "test");
     c.set("parallel.pp_schedule", std::string("\"") + schedule + "\"", "test");
     return c;
   };
-  std::vector<double> straight, resumed;
-  {
-    Trainer t(cfg(d1, "1f1b"));
-    for (int i = 0; i < 6; ++i) straight.push_back(t.train_step().loss);
-  }
-  {
-    Trainer t(cfg(d2, "1f1b"));
-    for (int i = 0; i < 3; ++i) resumed.push_back(t.train_step().loss);
-    t.save_checkpoint();
-  }
-  {
-    Trainer t(cfg(d2, "gpipe"));  // the schedule is not part of the state
-    EXPECT_EQ(t.step(), 3);
-    for (int i = 3; i < 6; ++i) resumed.push_back(t.train_step().loss);
-  }
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i;
+  // The schedule is not part of the state: 1F1B's checkpoint resumes under GPipe.
+  testing_parallel::expect_resume_bit_identical(cfg(d1, "1f1b"), cfg(d2, "1f1b"), cfg(d2, "gpipe"));
   // Another stage split is another layout: refused, naming both.
   if (p == 2) {
     Config c = cfg(d2, "1f1b");
@@ -144,7 +119,7 @@ TEST(TrainerPp, ResumeIsBitIdenticalUnderTheSameLayout) {
 }
 
 TEST(TrainerPp, BadPipelineSettingsAreClearErrors) {
-  std::string d = rank_dir("bad");
+  std::string d = runs.dir("bad");
   auto expect_error = [&](Config c, const std::string& what) {
     try {
       Trainer t(c);
@@ -153,20 +128,20 @@ TEST(TrainerPp, BadPipelineSettingsAreClearErrors) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
-  Config c = config(d, 2, 3, "tiny");
+  Config c = runs.config(d, 2, 3, "tiny");
   c.set("parallel.pp", std::to_string(W().size()), "test");
   c.set("model.n_layer", "3", "test");
   expect_error(c, "do not split evenly");  // 3 layers over 2 or 4 stages
-  Config v = config(d, 2, 3, "tiny");
+  Config v = runs.config(d, 2, 3, "tiny");
   v.set("parallel.pp", "2", "test");
   v.set("parallel.vp", "2", "test");
   v.set("parallel.pp_schedule", "\"1f1b\"", "test");
   expect_error(v, "interleaved");
-  Config m = config(d, 2, 3, "tiny");  // 3 micro-batches do not fit interleaved p=2
+  Config m = runs.config(d, 2, 3, "tiny");  // 3 micro-batches do not fit interleaved p=2
   m.set("parallel.pp", "2", "test");
   m.set("parallel.vp", "2", "test");
   if (W().size() == 2) expect_error(m, "3");
-  Config e = config(d, 2, 2, "tiny");
+  Config e = runs.config(d, 2, 2, "tiny");
   e.set("parallel.pp", "2", "test");
   e.set("train.eval_interval", "1", "test");
   expect_error(e, "eval_interval");
