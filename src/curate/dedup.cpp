@@ -212,10 +212,51 @@ struct Decisions {
   std::vector<uint32_t> size;  // cluster size, indexed by representative
 };
 
-class ExactDedup : public Stage {
+// What both dedup stages share: the decisions prepare() made, in one process (d_) or across
+// ranks (dd_, when dist_), and where a document processed later finds its own.
+class DedupStage : public Stage {
+ public:
+  bool global() const override { return true; }
+
+ protected:
+  struct DocFate {
+    uint64_t g;                   // global index of the document
+    uint32_t rep, size;           // its group's representative and size (itself and 1 if alone)
+    const std::string* rep_id;    // the representative's id
+    const std::string* recorded;  // the id prepare() read at g, to check the input is the same
+  };
+  // The document at ctx.doc_index of ctx.shard; throws if the shard now holds more documents
+  // than prepare() saw.
+  DocFate fate(const StageContext& ctx, const char* stage) const {
+    const size_t shard = static_cast<size_t>(ctx.shard);
+    DocFate f;
+    f.g = (dist_ ? dd_.begin(shard) : d_.offset[shard]) + static_cast<uint64_t>(ctx.doc_index);
+    const uint64_t end = dist_ ? dd_.end(shard) : d_.offset[shard + 1];
+    LOOM_CHECK(f.g < end, stage, ": shard ", ctx.shard, " changed since prepare read it");
+    const auto g32 = static_cast<uint32_t>(f.g);
+    if (dist_) {
+      auto rs = dd_.fate(g32);
+      f.rep = rs.rep;
+      f.size = rs.size;
+      f.rep_id = &dd_.rep_id(g32);
+      f.recorded = &dd_.own_id(g32);
+    } else {
+      f.rep = d_.rep[f.g];
+      f.size = d_.size[f.rep];
+      f.rep_id = &d_.ids[f.rep];
+      f.recorded = &d_.ids[f.g];
+    }
+    return f;
+  }
+
+  bool dist_ = false;
+  Decisions d_;
+  RankDecisions dd_;
+};
+
+class ExactDedup : public DedupStage {
  public:
   explicit ExactDedup(const StageParams& p) {}
-  bool global() const override { return true; }
 
   void prepare(const GlobalInput& in) override {
     size_t n = in.shard_files.size();
@@ -266,27 +307,16 @@ class ExactDedup : public Stage {
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
+    DocFate f = fate(ctx, "exact_dedup");
     const size_t shard = static_cast<size_t>(ctx.shard);
-    uint64_t g =
-        (dist_ ? dd_.begin(shard) : d_.offset[shard]) + static_cast<uint64_t>(ctx.doc_index);
-    const uint64_t end = dist_ ? dd_.end(shard) : d_.offset[shard + 1];
-    LOOM_CHECK(g < end && (dist_ ? own_hashes_[shard][g - dd_.begin(shard)] : hashes_[g]) ==
-                              hash128(normalize_for_dedup(doc.text)),
+    LOOM_CHECK((dist_ ? own_hashes_[shard][f.g - dd_.begin(shard)] : hashes_[f.g]) ==
+                   hash128(normalize_for_dedup(doc.text)),
                "exact_dedup: shard ", ctx.shard, " changed since its hashes were computed");
-    uint32_t r, size;
-    if (dist_) {
-      auto f = dd_.fate(static_cast<uint32_t>(g));
-      r = f.rep;
-      size = f.size;
-    } else {
-      r = d_.rep[g];
-      size = d_.size[r];
-    }
-    if (r != g) {
-      doc.record["duplicate_of"] = dist_ ? dd_.rep_id(static_cast<uint32_t>(g)) : d_.ids[r];
+    if (f.rep != f.g) {
+      doc.record["duplicate_of"] = *f.rep_id;
       return "exact_duplicate";
     }
-    if (size > 1) ctx.count("docs_with_duplicates");
+    if (f.size > 1) ctx.count("docs_with_duplicates");
     return "";
   }
 
@@ -311,14 +341,11 @@ class ExactDedup : public Stage {
     resolve_exact(in, mine, dd_);
   }
 
-  bool dist_ = false;
-  Decisions d_;
   std::vector<Hash128> hashes_;
-  RankDecisions dd_;
   std::vector<std::vector<Hash128>> own_hashes_;  // per shard, this rank's only
 };
 
-class FuzzyDedup : public Stage {
+class FuzzyDedup : public DedupStage {
  public:
   explicit FuzzyDedup(const StageParams& p) {
     std::string preset = p.get_string("preset", "default");
@@ -343,7 +370,6 @@ class FuzzyDedup : public Stage {
     budget_ = static_cast<size_t>(mb * 1024 * 1024);
     hasher_ = std::make_unique<MinHasher>(mp);
   }
-  bool global() const override { return true; }
 
   void prepare(const GlobalInput& in) override {
     const int B = hasher_->params().bands;
@@ -419,32 +445,18 @@ class FuzzyDedup : public Stage {
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
-    const size_t shard = static_cast<size_t>(ctx.shard);
-    uint64_t g =
-        (dist_ ? dd_.begin(shard) : d_.offset[shard]) + static_cast<uint64_t>(ctx.doc_index);
-    const uint64_t end = dist_ ? dd_.end(shard) : d_.offset[shard + 1];
-    LOOM_CHECK(g < end && id_line(dist_ ? dd_.own_id(static_cast<uint32_t>(g)) : d_.ids[g]) ==
-                              id_line(doc.id),
-               "fuzzy_dedup: shard ", ctx.shard, " changed since its signatures were computed");
-    uint32_t r, size;
-    if (dist_) {
-      auto f = dd_.fate(static_cast<uint32_t>(g));
-      r = f.rep;
-      size = f.size;
-    } else {
-      r = d_.rep[g];
-      size = d_.size[r];
-    }
-    const std::string& rep_id = dist_ ? dd_.rep_id(static_cast<uint32_t>(g)) : d_.ids[r];
-    doc.record["cluster_id"] = rep_id;
-    doc.record["cluster_size"] = static_cast<int64_t>(size);
-    if (r != g) {
-      doc.record["duplicate_of"] = rep_id;
+    DocFate f = fate(ctx, "fuzzy_dedup");
+    LOOM_CHECK(id_line(*f.recorded) == id_line(doc.id), "fuzzy_dedup: shard ", ctx.shard,
+               " changed since its signatures were computed");
+    doc.record["cluster_id"] = *f.rep_id;
+    doc.record["cluster_size"] = static_cast<int64_t>(f.size);
+    if (f.rep != f.g) {
+      doc.record["duplicate_of"] = *f.rep_id;
       return "near_duplicate";
     }
-    if (size > 1) {
+    if (f.size > 1) {
       ctx.count("clusters");
-      ctx.score("cluster_size", static_cast<double>(size), 0, 100);
+      ctx.score("cluster_size", static_cast<double>(f.size), 0, 100);
     }
     return "";
   }
@@ -641,9 +653,6 @@ class FuzzyDedup : public Stage {
   std::unique_ptr<MinHasher> hasher_;
   double verify_ = 0;
   size_t budget_ = 0;
-  bool dist_ = false;
-  Decisions d_;
-  RankDecisions dd_;
 };
 
 }  // namespace

@@ -483,17 +483,49 @@ double Trainer::run_loop() {
   return last;
 }
 
-void Trainer::save_checkpoint() {
-  if (dp_) return save_distributed();
+// What a checkpoint holds besides tensors, in one process and distributed alike.
+ckpt::TrainerState Trainer::checkpoint_state(int64_t optimizer_steps) const {
   ckpt::TrainerState st;
   st.step = step_;
   st.seed = opt_.seed;
   st.data = train_data_->state();
   st.config_text = config_text_;
   st.extra["model_fingerprint"] = mcfg_.fingerprint();
-  st.extra["optimizer_steps"] = optim_->steps_taken();
+  st.extra["optimizer_steps"] = optimizer_steps;
   st.extra["precision"] = policy_.name;
+  if (dp_) {
+    st.extra["layout"] = layout_name();
+    st.extra["rank"] = rank_;
+  }
   if (policy_.loss_scaling) st.extra["loss_scaler"] = scaler_.state();
+  return st;
+}
+
+// Refuses a checkpoint of another model, precision or (distributed) layout, then restores
+// what checkpoint_state() recorded; returns the optimizer's step count.
+int64_t Trainer::restore_state(const ckpt::Checkpoint& c) {
+  const Json& extra = c.state().extra;
+  auto recorded = [&](const char* key) {
+    return extra.contains(key) ? extra.at(key).as_string() : std::string();
+  };
+  LOOM_CHECK(recorded("model_fingerprint") == mcfg_.fingerprint(), c.dir(),
+             ": checkpoint is for model '", recorded("model_fingerprint"),
+             "', but this run's model is '", mcfg_.fingerprint(), "'");
+  if (dp_)
+    LOOM_CHECK(recorded("layout") == layout_name(), c.dir(), ": checkpoint layout '",
+               recorded("layout"), "' differs from this run's '", layout_name(), "'");
+  LOOM_CHECK(recorded("precision") == policy_.name, c.dir(),
+             ": checkpoint was trained with precision '", recorded("precision"),
+             "', this run uses '", policy_.name, "'");
+  if (policy_.loss_scaling) scaler_.restore(extra.at("loss_scaler"));
+  train_data_->restore(c.state().data);
+  step_ = c.state().step;
+  return extra.at("optimizer_steps").as_int();
+}
+
+void Trainer::save_checkpoint() {
+  if (dp_) return save_distributed();
+  ckpt::TrainerState st = checkpoint_state(optim_->steps_taken());
   double t0 = now_seconds();
   std::string dir = ckpt::save_checkpoint(checkpoint_root(), st, model_->params().tensors(),
                                           optim_->state_tensors(), opt_.keep_last);
@@ -503,20 +535,10 @@ void Trainer::save_checkpoint() {
 bool Trainer::resume_from(const std::string& path) {
   LOOM_CHECK(!dp_, "a distributed run resumes from its own per-rank checkpoints");
   ckpt::Checkpoint c(path);
-  const Json& extra = c.state().extra;
-  std::string fp =
-      extra.contains("model_fingerprint") ? extra.at("model_fingerprint").as_string() : "";
-  LOOM_CHECK(fp == mcfg_.fingerprint(), c.dir(), ": checkpoint is for model '", fp,
-             "', but this run's model is '", mcfg_.fingerprint(), "'");
-  std::string prec = extra.contains("precision") ? extra.at("precision").as_string() : "";
-  LOOM_CHECK(prec == policy_.name, c.dir(), ": checkpoint was trained with precision '", prec,
-             "', this run uses '", policy_.name, "'");
+  int64_t optimizer_steps = restore_state(c);
   c.restore_model(model_->params().tensors());
   c.restore_optim(optim_->state_tensors());
-  optim_->set_steps_taken(extra.at("optimizer_steps").as_int());
-  if (policy_.loss_scaling) scaler_.restore(extra.at("loss_scaler"));
-  train_data_->restore(c.state().data);
-  step_ = c.state().step;
+  optim_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet) log_info("resumed from ", c.dir(), " at step ", step_);
   return true;
 }
@@ -542,17 +564,7 @@ ckpt::TensorList Trainer::shard_list(
 }
 
 void Trainer::save_distributed() {
-  ckpt::TrainerState st;
-  st.step = step_;
-  st.seed = opt_.seed;
-  st.data = train_data_->state();
-  st.config_text = config_text_;
-  st.extra["model_fingerprint"] = mcfg_.fingerprint();
-  st.extra["optimizer_steps"] = dp_->steps_taken();
-  st.extra["precision"] = policy_.name;
-  st.extra["layout"] = layout_name();
-  st.extra["rank"] = rank_;
-  if (policy_.loss_scaling) st.extra["loss_scaler"] = scaler_.state();
+  ckpt::TrainerState st = checkpoint_state(dp_->steps_taken());
   double t0 = now_seconds();
   std::string dir = ckpt::save_checkpoint(checkpoint_root(), st, shard_list(dp_->param_slices()),
                                           shard_list(dp_->state_slices()), opt_.keep_last);
@@ -577,22 +589,11 @@ bool Trainer::resume_distributed() {
   LOOM_CHECK(-w.all_reduce_scalar(-have, comm::ReduceOp::Max) == 1, "step ", lo,
              " is missing from some rank's checkpoints: cannot resume consistently");
   ckpt::Checkpoint c(checkpoint_root() + "/" + ckpt::step_dir_name(lo));
-  const Json& extra = c.state().extra;
-  LOOM_CHECK(extra.at("model_fingerprint").as_string() == mcfg_.fingerprint(), c.dir(),
-             ": checkpoint is for model '", extra.at("model_fingerprint").as_string(),
-             "', but this run's model is '", mcfg_.fingerprint(), "'");
-  LOOM_CHECK(extra.at("layout").as_string() == layout_name(), c.dir(), ": checkpoint layout '",
-             extra.at("layout").as_string(), "' differs from this run's '", layout_name(), "'");
-  LOOM_CHECK(extra.at("precision").as_string() == policy_.name, c.dir(),
-             ": checkpoint was trained with precision '", extra.at("precision").as_string(),
-             "', this run uses '", policy_.name, "'");
+  int64_t optimizer_steps = restore_state(c);
   c.restore_model(shard_list(dp_->param_slices()));
   c.restore_optim(shard_list(dp_->state_slices()));
   dp_->sync_model_from_master();
-  dp_->set_steps_taken(extra.at("optimizer_steps").as_int());
-  if (policy_.loss_scaling) scaler_.restore(extra.at("loss_scaler"));
-  train_data_->restore(c.state().data);
-  step_ = c.state().step;
+  dp_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet) log_info("resumed every rank from step ", step_, " (", layout_name(), ")");
   return true;
 }

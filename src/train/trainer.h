@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
 #include "core/config.h"
 #include "model/decoder.h"
@@ -90,6 +91,8 @@ class Trainer {
   void log_step(const StepResult& r, int64_t tokens);
   double run_loop();
   void finish_step(StepResult& r, double loss_sum, int64_t valid, double sq, double scale);
+  ckpt::TrainerState checkpoint_state(int64_t optimizer_steps) const;
+  int64_t restore_state(const ckpt::Checkpoint& c);
   void save_distributed();
   ckpt::TensorList shard_list(const std::vector<parallel::DataParallel::StateSlice>& s) const;
   bool resume_distributed();

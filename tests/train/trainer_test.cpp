@@ -178,7 +178,24 @@ TEST(Trainer, CheckpointFromAnotherShapeIsRejected) {
     Trainer t(other);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("checkpoint"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("checkpoint is for model"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Trainer, CheckpointOfAnotherPrecisionIsRejected) {
+  std::string d = test_dir("precision");
+  Config c = tiny_config(d, 2);
+  Trainer(c).run();
+  Config other = c;
+  other.set("precision.policy", "bf16", "test");
+  try {
+    Trainer t(other);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("trained with precision 'fp32', this run uses 'bf16'"),
+              std::string::npos)
+        << e.what();
   }
 }
 
