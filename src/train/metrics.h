@@ -1,19 +1,24 @@
 // Machine-readable metrics: one JSON object per line, flushed as written, so a crashed run's
-// log is complete up to its last step and any tool (jq, pandas) can read it.
+// log is complete up to its last step and any tool (jq, pandas) can read it; and, optionally,
+// the same numbers as TensorBoard scalars.
 #pragma once
 
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "core/json.h"
+#include "core/tfevents.h"
 
 namespace loom {
 
 class MetricsLog {
  public:
   MetricsLog() = default;
-  // append=true continues an existing log (resume); otherwise starts a new one.
-  MetricsLog(const std::string& path, bool append);
+  // append=true continues an existing log (resume); otherwise starts a new one. With a
+  // tensorboard_dir, every numeric field of a record that has a "step" is also a scalar of
+  // that name in a new event file there.
+  MetricsLog(const std::string& path, bool append, const std::string& tensorboard_dir = "");
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
@@ -23,6 +28,7 @@ class MetricsLog {
  private:
   std::string path_;
   FILE* f_ = nullptr;
+  std::unique_ptr<TfEventsWriter> tensorboard_;
 };
 
 }  // namespace loom

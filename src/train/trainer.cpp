@@ -39,6 +39,7 @@ static TrainOptions train_options_from(const Config& c) {
   o.clip_grad = c.get_double("train.clip_grad", o.clip_grad);
   o.peak_gflops = c.get_double("train.peak_gflops", o.peak_gflops);
   o.quiet = c.get_bool("train.quiet", o.quiet);
+  o.tensorboard = c.get_bool("train.tensorboard", o.tensorboard);
   LOOM_CHECK(o.steps > 0, "train.steps must be positive, got ", o.steps);
   LOOM_CHECK(o.micro_batch > 0, "train.micro_batch must be positive, got ", o.micro_batch);
   LOOM_CHECK(o.seq_len > 0, "train.seq_len must be positive, got ", o.seq_len);
@@ -224,7 +225,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                      : opt_.resume && ckpt::find_latest_checkpoint(checkpoint_root()).has_value() &&
                            resume_from(checkpoint_root());
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
-    metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed);
+    metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed,
+                                            opt_.tensorboard ? opt_.out_dir + "/tensorboard" : "");
     write_file_atomic(opt_.out_dir + "/config.toml", config_text_);
   }
 

@@ -38,9 +38,10 @@ struct TrainOptions {
   std::string out_dir = "runs/default";
   int64_t checkpoint_interval = 0;  // 0 = only at the end
   int keep_last = 3;
-  bool resume = true;      // continue from out_dir/checkpoints/latest when it exists
-  double clip_grad = 1.0;  // global L2 norm; 0 = off
-  double peak_gflops = 0;  // MFU denominator; 0 = measure this machine's sgemm peak
+  bool tensorboard = true;  // metrics also as TensorBoard scalars in <out_dir>/tensorboard
+  bool resume = true;       // continue from out_dir/checkpoints/latest when it exists
+  double clip_grad = 1.0;   // global L2 norm; 0 = off
+  double peak_gflops = 0;   // MFU denominator; 0 = measure this machine's sgemm peak
   bool quiet = false;
 };
 

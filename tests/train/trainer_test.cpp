@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/tfevents_reader.h"
 #include "train/trainer.h"
 
 using namespace loom;
@@ -89,6 +90,32 @@ TEST(Trainer, ResumeIsBitIdentical) {
     ASSERT_EQ(losses_b.size(), 3u);  // the resumed run logs steps 4..6
     for (int i = 0; i < 3; ++i) EXPECT_EQ(losses_a[3 + i], losses_b[i]) << precision;
   }
+}
+
+TEST(Trainer, MetricsAreAlsoTensorBoardScalars) {
+  std::string d = test_dir("tensorboard");
+  Config c = tiny_config(d, 3);
+  c.set("train.eval_interval", "3", "test");
+  Trainer(c).run();
+  std::vector<std::string> files;
+  for (auto& e : std::filesystem::directory_iterator(d + "/run/tensorboard"))
+    files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  auto events = test::read_events(files[0]);
+  ASSERT_EQ(events.size(), 5u);  // file version, 3 steps, 1 evaluation
+  std::ifstream log(d + "/run/metrics.jsonl");
+  std::string line;
+  for (size_t i = 1; std::getline(log, line); ++i) {
+    Json j = Json::parse(line);
+    EXPECT_EQ(events[i].step, j.at("step").as_int());
+    const char* key = j.contains("loss") ? "loss" : "valid_loss";
+    EXPECT_EQ(events[i].scalars.at(key), static_cast<float>(j.at(key).as_double())) << line;
+    EXPECT_EQ(events[i].scalars.count("step"), 0u);
+  }
+  c.set("train.tensorboard", "false", "test");
+  c.set("train.out_dir", "\"" + d + "/run_plain\"", "test");
+  Trainer(c).run();
+  EXPECT_FALSE(std::filesystem::exists(d + "/run_plain/tensorboard"));
 }
 
 TEST(Trainer, LossDecreasesOnText) {
@@ -178,8 +205,7 @@ TEST(Trainer, CheckpointFromAnotherShapeIsRejected) {
     Trainer t(other);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("checkpoint is for model"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("checkpoint is for model"), std::string::npos) << e.what();
   }
 }
 
