@@ -36,16 +36,20 @@ std::string_view language_sample(std::string_view text, size_t max_bytes, std::s
   for (int w = 0; w < kSampleWindows; ++w) {
     size_t begin = (n - width) * static_cast<size_t>(w) / (kSampleWindows - 1);
     size_t end = begin + width;
-    // Start after a space when one is near, else at the next character boundary.
-    size_t b = begin;
-    while (b < end && b - begin < kWordSlack && !space(text[b])) ++b;
-    begin = b < end && space(text[b]) ? b + 1 : begin;
-    while (begin < end && continuation(text[begin])) ++begin;
-    // End at a space when one is near (never before the start), else at a boundary.
-    size_t e = end;
-    while (e > begin && end - e < kWordSlack && !space(text[e - 1])) --e;
-    end = e > begin && space(text[e - 1]) ? e : end;
-    while (end > begin && end < n && continuation(text[end])) --end;
+    // Inside the text, start after a space when one is near, else at the next character
+    // boundary; end at a space when one is near (never before the start), else at a boundary.
+    if (begin > 0) {
+      size_t b = begin;
+      while (b < end && b - begin < kWordSlack && !space(text[b])) ++b;
+      begin = b < end && space(text[b]) ? b + 1 : begin;
+      while (begin < end && continuation(text[begin])) ++begin;
+    }
+    if (end < n) {
+      size_t e = end;
+      while (e > begin && end - e < kWordSlack && !space(text[e - 1])) --e;
+      end = e > begin && space(text[e - 1]) ? e : end;
+      while (end > begin && continuation(text[end])) --end;
+    }
     if (end <= begin) continue;
     if (!scratch.empty()) scratch += '\n';
     scratch.append(text.substr(begin, end - begin));

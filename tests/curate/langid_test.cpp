@@ -75,6 +75,8 @@ TEST(LangId, SampleOfLongDocumentsCoversStartMiddleAndEnd) {
   std::string_view sample = language_sample(doc, 4096, scratch);
   EXPECT_LE(sample.size(), 4096u);
   EXPECT_GT(sample.size(), 3800u);
+  EXPECT_EQ(sample.substr(0, 6), "alpha ");  // the first window starts at the first byte
+  EXPECT_EQ(sample.substr(sample.size() - 6), "delta ");  // and the last ends at the last
   for (const char* word : {"alpha", "bravo", "čaj", "delta"})
     EXPECT_NE(sample.find(word), std::string_view::npos) << word;
   size_t lines = 0;
