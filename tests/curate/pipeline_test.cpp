@@ -120,6 +120,18 @@ TEST(Pipeline, EndToEndKeptRejectedDedupAndReport) {
   EXPECT_EQ(saved.at("output").dump(), report.at("output").dump());
   EXPECT_NE(read_file(t / "out/report.txt").find("gopher_short_doc"), std::string::npos);
   EXPECT_NE(read_file(t / "out/report.html").find("<svg"), std::string::npos);
+  // Where the time went: the reader, every stage in order (the dedup one with its prepare) and
+  // the writers; and the run's MB per CPU second.
+  auto& timing = report.at("timing").as_array();
+  ASSERT_EQ(timing.size(), st.size() + 1);
+  for (size_t i = 0; i < st.size(); ++i)
+    EXPECT_EQ(timing[i].at("name").as_string(), st[i].at("name").as_string());
+  EXPECT_EQ(timing.back().at("name").as_string(), "writer");
+  for (auto& x : timing) EXPECT_GE(x.at("seconds").as_double(), 0) << x.dump();
+  EXPECT_TRUE(timing[5].contains("prepare_seconds"));  // fuzzy_dedup
+  EXPECT_GT(report.at("run").at("cpu_seconds").as_double(), 0);
+  EXPECT_GT(report.at("run").at("mb_per_cpu_second").as_double(), 0);
+  EXPECT_NE(read_file(t / "out/report.txt").find("per core: "), std::string::npos);
 }
 
 // ---- the CLI as a process --------------------------------------------------------------------
