@@ -770,6 +770,15 @@ double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_i
   return loss;
 }
 
+double Decoder::stage_forward_loss(int chunk, const ModelInput& in, const float* x_in,
+                                   float* x_out) {
+  LOOM_CHECK(in.targets, "stage_forward_loss needs targets");
+  stage_forward(chunk, in, x_in, x_out);
+  double loss = aux_sum_;
+  if (is_last_stage(chunk)) loss += head(in, 0.f, false);
+  return loss;
+}
+
 double Decoder::run(const ModelInput& in, float dloss, bool grads) {
   LOOM_CHECK(pp_.whole() || (pp_.first && pp_.last && num_chunks() == 1 &&
                              pp_.chunks[0] == std::make_pair(0, cfg_.n_layer)),

@@ -123,6 +123,10 @@ class Decoder {
   void stage_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out);
   double stage_backward(int chunk, const ModelInput& in, const float* x_in, const float* dx_out,
                         float* dx_in, float dloss);
+  // Forward only (evaluation): stage_forward, then this chunk's part of the loss sum as
+  // stage_backward would return it (head loss on the last stage, MoE aux losses); no backward,
+  // no gradient touched.
+  double stage_forward_loss(int chunk, const ModelInput& in, const float* x_in, float* x_out);
 
   // The N-weighted auxiliary loss summed over MoE layers in the last forward (0 when dense).
   double last_aux_loss() const { return aux_sum_; }

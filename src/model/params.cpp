@@ -1,5 +1,7 @@
 #include "model/params.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -26,9 +28,23 @@ void ParamSet::add(const std::string& name, const Shape& shape, bool decay, Para
   infos_.push_back(p);
 }
 
+// Anonymous pages read as zeros and become resident only when written, unlike a zero-filled
+// allocation, which touches every page up front.
+static std::shared_ptr<void> map_zero_pages(int64_t n, Tensor* view) {
+  if (n <= 0) {
+    *view = Tensor::zeros({0});
+    return nullptr;
+  }
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  LOOM_CHECK(p != MAP_FAILED, "out of memory mapping ", bytes, " bytes of parameters");
+  *view = Tensor::view_of(p, {n}, DType::F32);
+  return std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
+}
+
 void ParamSet::allocate() {
-  values_ = Tensor::zeros({total_});
-  grads_ = Tensor::zeros({total_});
+  value_pages_ = map_zero_pages(total_, &values_);
+  grad_pages_ = map_zero_pages(total_, &grads_);
 }
 
 const ParamInfo& ParamSet::info(const std::string& name) const {
@@ -70,46 +86,67 @@ void ParamSet::mark_expert(const std::string& name) {
   infos_[it->second].expert = true;
 }
 
-void ParamSet::init(uint64_t seed) {
-  for (auto& p : infos_) {
-    float* dst = data() + p.offset;
+// A parameter's local elements as rows, each drawn from one run of consecutive global indices:
+// the whole tensor when it is not sharded, each local row of a tensor-parallel shard, each
+// (expert, row) of an expert shard split inside the experts too.
+static int64_t draw_row_length(const ParamInfo& p) {
+  if (!p.sharded()) return p.numel;
+  if (p.inner_dim > 0) return p.shape[2];
+  return p.numel / p.shape[0];
+}
+
+// The global index of the first element of local row `row` (see draw_row_length).
+static uint64_t draw_row_first(const ParamInfo& p, int64_t row) {
+  if (!p.sharded()) return 0;
+  if (p.inner_dim > 0) {  // expert [E_local, A, B] split inside each expert too
+    const int64_t A = p.shape[1], gA = p.global_shape[1], gB = p.global_shape[2];
+    const int64_t e = row / A, a = row % A;
+    const int64_t base = p.global_index[e] * gA * gB;
+    return p.inner_dim == 1 ? base + p.inner_index[a] * gB : base + a * gB + p.inner_index[0];
+  }
+  const int64_t cols = p.numel / p.shape[0];
+  const int64_t gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+  return p.shard_dim == 0 ? p.global_index[row] * cols : row * gcols + p.global_index[0];
+}
+
+void ParamSet::draw(uint64_t seed, int64_t begin, int64_t end, float* out) const {
+  LOOM_CHECK(0 <= begin && begin <= end && end <= total_, "ParamSet::draw: range [", begin, ", ",
+             end, ") outside the buffer of ", total_);
+  for (const ParamInfo& p : infos_) {
+    // The parameter's local elements [i0, i1) that fall in [begin, end).
+    const int64_t i0 = std::max(begin, p.offset) - p.offset;
+    const int64_t i1 = std::min(end, p.offset + p.numel) - p.offset;
+    if (i0 >= i1) continue;
+    float* dst = out + (p.offset + i0 - begin);
     switch (p.init) {
       case ParamInit::Zeros:
-        std::fill(dst, dst + p.numel, 0.f);
+        std::fill(dst, dst + (i1 - i0), 0.f);
         break;
       case ParamInit::Ones:
-        std::fill(dst, dst + p.numel, 1.f);
+        std::fill(dst, dst + (i1 - i0), 1.f);
         break;
       case ParamInit::Normal: {
+        // Each local element drawn at its global index: the same values as one process, and
+        // the same values whichever part of the parameter is drawn.
         const uint64_t key = name_key(p.name);
-        if (!p.sharded()) {
-          fill_normal(dst, p.numel, seed, key, 0, 0.f, p.std);
-          break;
-        }
-        if (p.inner_dim > 0) {  // expert [E_local, A, B] split inside each expert too
-          const int64_t A = p.shape[1], B = p.shape[2];
-          const int64_t gA = p.global_shape[1], gB = p.global_shape[2];
-          for (int64_t e = 0; e < p.shape[0]; ++e)
-            for (int64_t a = 0; a < A; ++a) {
-              const int64_t base = p.global_index[e] * gA * gB;
-              const int64_t first = p.inner_dim == 1 ? base + p.inner_index[a] * gB
-                                                     : base + a * gB + p.inner_index[0];
-              fill_normal(dst + (e * A + a) * B, B, seed, key, first, 0.f, p.std);
-            }
-          break;
-        }
-        // Draw each local element at its global index: the same values as one process.
-        const int64_t rows = p.shape[0], cols = p.numel / rows;
-        const int64_t gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
-        for (int64_t i = 0; i < rows; ++i) {
-          uint64_t first =
-              p.shard_dim == 0 ? p.global_index[i] * cols : i * gcols + p.global_index[0];
-          fill_normal(dst + i * cols, cols, seed, key, first, 0.f, p.std);
+        const int64_t len = draw_row_length(p);
+        for (int64_t r = i0 / len; r * len < i1; ++r) {
+          const int64_t a = std::max(i0, r * len), b = std::min(i1, (r + 1) * len);
+          fill_normal(dst + (a - i0), b - a, seed, key, draw_row_first(p, r) + (a - r * len), 0.f,
+                      p.std);
         }
         break;
       }
     }
   }
+}
+
+void ParamSet::init(uint64_t seed) {
+  draw(seed, 0, total_, data());
+}
+
+void ParamSet::init_ranges(uint64_t seed, const std::vector<Range>& ranges) {
+  for (auto [begin, end] : ranges) draw(seed, begin, end, data() + begin);
 }
 
 void ParamSet::zero_grad() {

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -50,11 +52,20 @@ class ParamSet {
   void mark_expert(const std::string& name);
   // Marks a 3-D expert shard (set_shard along dim 0 first) as split inside each expert too.
   void set_inner_shard(const std::string& name, int dim, std::vector<int64_t> inner_index);
-  void allocate();  // after every add(): zero-filled values and grads
+  // After every add(): zero-filled values and grads, on fresh pages that take no memory until
+  // written (a ZeRO-3 rank initialises and uses only part of the buffer).
+  void allocate();
 
   // Draws every parameter from the counter-based RNG keyed by (seed, name, element index), so
   // any sharded layout that knows a slice's global offset draws the same values.
   void init(uint64_t seed);
+  // init() restricted to the flat ranges [begin, end): exactly init()'s values there, and no
+  // other element (or page) of the buffer is touched.
+  using Range = std::pair<int64_t, int64_t>;
+  void init_ranges(uint64_t seed, const std::vector<Range>& ranges);
+  // Writes init()'s values of the flat elements [begin, end) to out[0, end - begin), e.g. into
+  // a shard kept elsewhere; the padding between parameters is left as it is.
+  void draw(uint64_t seed, int64_t begin, int64_t end, float* out) const;
   void zero_grad();
 
   int64_t total() const { return total_; }
@@ -76,6 +87,7 @@ class ParamSet {
   std::vector<ParamInfo> infos_;
   std::map<std::string, size_t> index_;
   int64_t total_ = 0;
+  std::shared_ptr<void> value_pages_, grad_pages_;  // own the mappings values_/grads_ view
   Tensor values_, grads_;
 };
 

@@ -96,11 +96,6 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
     total_ = expert_lo_;
     em_ = Tensor::zeros({expert_hi_ - expert_lo_});
     ev_ = Tensor::zeros({expert_hi_ - expert_lo_});
-    if (param_dtype_ != DType::F32) {
-      emaster_ = Tensor::zeros({expert_hi_ - expert_lo_});
-      std::memcpy(emaster_.data<float>(), P_.data() + expert_lo_,
-                  sizeof(float) * (expert_hi_ - expert_lo_));
-    }
   }
   const int D = dp_.size();
   shard_ = (total_ + D - 1) / D;
@@ -110,10 +105,17 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
   const int64_t state_lo = opt_.zero == 0 ? 0 : lo_;
   m_ = Tensor::zeros({state_n});
   v_ = Tensor::zeros({state_n});
-  if (param_dtype_ != DType::F32 || opt_.zero == 3) {
-    master_ = Tensor::zeros({state_n});
-    if (state_n > 0)
-      std::memcpy(master_.data<float>(), P_.data() + state_lo, sizeof(float) * state_n);
+  if (param_dtype_ != DType::F32 || opt_.zero == 3) master_ = Tensor::zeros({state_n});
+  if (opt_.zero == 3) build_units();
+  if (opt_.init_seed) draw_initial_weights(*opt_.init_seed);
+  // The master copies start from the model's weights, except a ZeRO-3 shard drawn in place.
+  const bool shard_drawn = opt_.zero == 3 && opt_.init_seed;
+  if (master_.defined() && !shard_drawn && state_n > 0)
+    std::memcpy(master_.data<float>(), P_.data() + state_lo, sizeof(float) * state_n);
+  if (experts_apart() && param_dtype_ != DType::F32) {
+    emaster_ = Tensor::zeros({expert_hi_ - expert_lo_});
+    std::memcpy(emaster_.data<float>(), P_.data() + expert_lo_,
+                sizeof(float) * (expert_hi_ - expert_lo_));
   }
   if (opt_.zero >= 1) gshard_ = Tensor::zeros({hi_ - lo_});
 
@@ -128,22 +130,43 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
   model_.on_grads_ready = [this](int layer) { on_ready(layer); };
   if (opt_.zero >= 2) release_memory(P_.grad(), total_);
   if (opt_.zero == 3) {
-    units_.resize(n_layer_);
-    for (const ParamInfo& p : P_.infos()) {
-      int b = block_of(p.name);
-      if (b < 0) continue;
-      Unit& u = units_[b];
-      if (u.hi == 0) u.lo = p.offset;
-      u.hi = p.offset + p.numel;
-    }
-    for (auto& u : units_) {
-      u.counts = counts_of(u.lo, u.hi);
-      release_memory(P_.data() + u.lo, u.hi - u.lo);
-    }
-    resident_ranges_ = {{0, units_.front().lo}, {units_.back().hi, total_}};
+    // A model initialised outside holds every block: keep only the gathered parameters. (Drawn
+    // here, the blocks' pages were never written.)
+    if (!opt_.init_seed)
+      for (auto& u : units_) release_memory(P_.data() + u.lo, u.hi - u.lo);
     model_.before_block = [this](int l, bool bwd) { unit_before(l, bwd); };
     model_.after_block = [this](int l, bool bwd) { unit_after(l, bwd); };
   }
+}
+
+void DataParallel::build_units() {
+  units_.resize(n_layer_);
+  for (const ParamInfo& p : P_.infos()) {
+    int b = block_of(p.name);
+    if (b < 0) continue;
+    Unit& u = units_[b];
+    if (u.hi == 0) u.lo = p.offset;
+    u.hi = p.offset + p.numel;
+  }
+  for (auto& u : units_) u.counts = counts_of(u.lo, u.hi);
+  resident_ranges_ = {{0, units_.front().lo}, {units_.back().hi, total_}};
+}
+
+void DataParallel::draw_initial_weights(uint64_t seed) {
+  auto round = [&](float* p, int64_t n) {
+    if (param_dtype_ != DType::F32) round_to(param_dtype_, p, static_cast<size_t>(n));
+  };
+  if (opt_.zero < 3) {
+    P_.init(seed);
+    round(P_.data(), P_.total());
+    return;
+  }
+  // Blocks are gathered from the owners' master shards on use: draw the shard straight into the
+  // master, and into the model only the parameters that stay gathered.
+  P_.init_ranges(seed, resident_ranges_);
+  for (auto [lo, hi] : resident_ranges_) round(P_.data() + lo, hi - lo);
+  P_.draw(seed, lo_, hi_, master_.data<float>());
+  round(master_.data<float>(), hi_ - lo_);
 }
 
 DataParallel::~DataParallel() {

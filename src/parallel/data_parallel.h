@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,11 @@ struct DataParallelOptions {
   int zero = 0;                    // 0..3
   int64_t bucket_elems = 1 << 20;  // gradient elements per bucket (parallel.bucket_mb)
   bool overlap = true;             // start reductions during backward (false: after it)
+  // Set: the model comes uninitialised and the engine draws its initial weights (ParamSet::init
+  // with this seed, rounded to the parameter dtype). ZeRO-3 then draws only what this rank
+  // keeps, its master shard and the parameters that stay gathered, and never touches the pages
+  // of the other ranks' blocks: no rank ever holds the whole model.
+  std::optional<uint64_t> init_seed;
   static DataParallelOptions from(const Config& cfg);
 };
 
@@ -129,6 +135,8 @@ class DataParallel {
   };
 
   void build_buckets();
+  void build_units();  // ZeRO-3: units_ and resident_ranges_
+  void draw_initial_weights(uint64_t seed);
   void on_ready(int layer);
   void launch(Bucket& b);
   void complete(Bucket& b);

@@ -122,6 +122,57 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
   return loss;
 }
 
+double PipelineRunner::forward_only(const std::vector<ModelInput>& micro) {
+  // Windows of m micro-batches hold at most the activation buffers of a training step.
+  const size_t window = size_t(schedule_.m);
+  double loss = 0;
+  for (size_t j = 0; j < micro.size(); j += window)
+    loss += forward_window(micro.data() + j, static_cast<int>(std::min(window, micro.size() - j)));
+  return loss;
+}
+
+// Chunk by chunk, micro-batch by micro-batch within a chunk: the forward of (chunk c,
+// micro-batch j) on rank r waits only for (c, j, r-1), or (c-1, j, p-1) on rank 0, and for this
+// rank's earlier (c', j') -- all earlier in the order (c, j, r), so the ranks never wait on each
+// other in a cycle, and stage s+1 runs micro-batch j while stage s runs j+1. Every receive is
+// posted up front; the sends are waited at the end of the window, so every message of the window
+// is matched inside it.
+double PipelineRunner::forward_window(const ModelInput* micro, int m) {
+  const int p = schedule_.p, v = schedule_.v, me = pp_.rank();
+  const int from = (me + p - 1) % p, to = (me + 1) % p;
+  n_ = model_.stage_act_elems(micro[0].N);
+  for (int j = 0; j < m; ++j)
+    LOOM_CHECK(model_.stage_act_elems(micro[j].N) == n_,
+               "pipeline micro-batches must all have the same number of tokens");
+  std::map<std::pair<int, int>, comm::Work> recv_act;
+  if (p > 1)
+    for (int c = 0; c < v; ++c)
+      for (int j = 0; j < m && !model_.is_first_stage(c); ++j)
+        recv_act[{j, c}] = pp_.recv_async(buffer(act_in_, j, c), n_, DType::F32, from,
+                                          tag(j, schedule_.stage_of(me, c), 0));
+  std::vector<comm::Work> sends;
+  double loss = 0;
+  for (int c = 0; c < v; ++c) {
+    const int stage = schedule_.stage_of(me, c);
+    for (int j = 0; j < m; ++j) {
+      const float* x_in = nullptr;
+      if (!model_.is_first_stage(c)) {
+        if (p == 1)  // stage s-1 is this rank's previous chunk
+          act_in_[{j, c}] = act_out_[{j, c - 1}];
+        else
+          recv_act.at({j, c}).wait();
+        x_in = act_in_.at({j, c}).data();
+      }
+      float* x_out = model_.is_last_stage(c) ? nullptr : buffer(act_out_, j, c);
+      loss += model_.stage_forward_loss(c, micro[j], x_in, x_out);
+      if (x_out && p > 1)
+        sends.push_back(pp_.send_async(x_out, n_, DType::F32, to, tag(j, stage + 1, 0)));
+    }
+  }
+  for (auto& w : sends) w.wait();
+  return loss;
+}
+
 std::vector<double> PipelineRunner::grad_norm_weights() const {
   std::vector<double> w;
   const bool last_only = tied_ && pp_.rank() != 0;

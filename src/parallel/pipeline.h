@@ -36,6 +36,14 @@ class PipelineRunner {
   // of the loss sum. Tied embedding gradients are summed across first and last stage.
   double run(const std::vector<ModelInput>& micro, float dloss);
 
+  // Evaluation: forward passes only, each micro-batch through every stage with activations sent
+  // between stages as in run(); no backward, no gradient touched, and last_aux_loss() /
+  // last_idle_fraction() keep the last run()'s values. `micro` may hold any number of
+  // micro-batches (every pipeline rank passes the same ones); they run in windows of the
+  // schedule's m, chunk by chunk. Returns this rank's part of the loss sum (head loss on the
+  // last stage, MoE aux losses where their layers are): sum it over the pipeline.
+  double forward_only(const std::vector<ModelInput>& micro);
+
   const pp::Schedule& schedule() const { return schedule_; }
   // Of the last run(): the MoE auxiliary losses (N-weighted, already in run()'s return value)
   // of this rank's chunks, and this rank's idle fraction, 1 - (seconds inside forward and
@@ -50,6 +58,7 @@ class PipelineRunner {
  private:
   int tag(int microbatch, int stage, int kind) const;
   float* buffer(std::map<std::pair<int, int>, std::vector<float>>& m, int mb, int chunk);
+  double forward_window(const ModelInput* micro, int m);
 
   Decoder& model_;
   comm::Communicator& pp_;

@@ -160,8 +160,6 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                " needs parallel.pp_schedule = \"interleaved\", got \"",
                pp::schedule_kind_name(pp_kind), "\"");
     if (d.pp > 1 || vp > 1) {
-      LOOM_CHECK(opt_.eval_interval == 0,
-                 "train.eval_interval > 0 is not supported with parallel.pp > 1 yet (set it to 0)");
       layout = pp::assign_layers(mcfg_.n_layer, d.pp, vp, pp_first, pp_last);
       stage = parallel::pipeline_stage_of(layout, pg_->pp().rank());
       std::string split;
@@ -186,10 +184,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   }
   LOOM_CHECK(etp == ep.tp_size, "parallel.etp (", etp, ") must divide parallel.tp (", tp.size, ")");
   model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute, tp, ep, stage);
-  model_->params().init(opt_.seed);
-  if (policy_.compute != DType::F32)
-    round_to(policy_.compute, model_->params().data(), model_->params().total());
   if (pg_) {
+    // The data-parallel engine draws the initial weights: under ZeRO-3 only what this rank
+    // keeps (its shard and the parameters that stay gathered), never the whole model.
+    dpo.init_seed = opt_.seed;
     // Context-parallel ranks join data parallelism for the gradient reduction (dp x cp).
     if (pg_->cp().size() > 1)
       model_->set_context_parallel({pg_->cp().size(), pg_->cp().rank(), &pg_->cp()});
@@ -215,8 +213,12 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       std::vector<double> pw = pipe_->grad_norm_weights();
       for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
     }
-  } else
+  } else {
+    model_->params().init(opt_.seed);
+    if (policy_.compute != DType::F32)
+      round_to(policy_.compute, model_->params().data(), model_->params().total());
     optim_ = std::make_unique<AdamW>(model_->params(), acfg, policy_.compute, cpu_backend());
+  }
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
 
@@ -359,15 +361,37 @@ double Trainer::evaluate() {
   valid_data_->restore(valid_start_);  // the same validation batches every time
   double sum = 0;
   int64_t n = 0;
-  Batch b;
-  for (int i = 0; i < opt_.eval_batches; ++i) {
-    valid_data_->next(b);
-    sum += model_->forward_loss(model_input(b));
-    n += b.valid_targets();
+  if (pipe_) {
+    sum = pipeline_eval_sum(n);
+  } else {
+    Batch b;
+    for (int i = 0; i < opt_.eval_batches; ++i) {
+      valid_data_->next(b);
+      sum += model_->forward_loss(model_input(b));
+      n += b.valid_targets();
+    }
   }
-  // Under CP each rank's loss covers its share of the tokens.
+  // Every DP rank evaluates the same batches, so no DP reduction. Under CP each rank's loss
+  // covers its share of the tokens.
   if (pg_ && pg_->cp().size() > 1) sum = pg_->cp().all_reduce_scalar(sum, comm::ReduceOp::Sum);
   return sum / std::max<int64_t>(1, n);
+}
+
+// The validation loss sum under pipeline parallelism: the eval batches run forward only through
+// the stages (PipelineRunner::forward_only); the head loss lives on the last stage and MoE aux
+// losses on the stages holding their layers, so the sum over the pipeline is every rank's.
+// Adds the batches' target tokens to `valid`.
+double Trainer::pipeline_eval_sum(int64_t& valid) {
+  std::vector<Batch> batches(size_t(std::max(0, opt_.eval_batches)));
+  for (auto& b : batches) {
+    valid_data_->next(b);
+    valid += b.valid_targets();
+  }
+  std::vector<ModelInput> in;
+  for (const auto& b : batches) in.push_back(model_input(b));
+  const double sum = pipe_->forward_only(in);
+  for (const auto& b : batches) cp_local_.erase(&b);  // these batches die here
+  return pg_->pp().all_reduce_scalar(sum, comm::ReduceOp::Sum);
 }
 
 comm::Communicator& Trainer::grad_group() const {

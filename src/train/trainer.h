@@ -100,6 +100,7 @@ class Trainer {
   std::string layout_name() const;
   comm::Communicator& grad_group() const;  // dp, or dp x cp under context parallelism
   ModelInput model_input(const Batch& b);
+  double pipeline_eval_sum(int64_t& valid);  // evaluate() under pipeline parallelism
 
   Config cfg_;
   std::string config_text_;

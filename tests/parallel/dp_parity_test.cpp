@@ -4,7 +4,11 @@
 // once, gradient accumulation reducing only on the last micro-batch.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -17,6 +21,23 @@ using namespace loom::parallel;
 using namespace loom::testing_parallel;
 
 namespace {
+
+// Resets this process's peak resident set size to its current one (Linux: clear_refs 5).
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.close();
+  return !f.fail();
+}
+
+// The peak resident set size (VmHWM) in bytes.
+int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
 
 ModelConfig dp_model(Family f) {
   // Odd widths: the flat buffer, and most tensors, do not divide by the DP size.
@@ -31,15 +52,21 @@ struct DpRun {
   int64_t started = 0, started_in_backward = 0;
 };
 
-DpRun dp_run(const ModelConfig& cfg, int zero, bool overlap, int64_t bucket_elems) {
+// engine_draws: the model comes uninitialised and the engine draws its weights (the trainer's
+// way; under ZeRO-3 only what each rank keeps).
+DpRun dp_run(const ModelConfig& cfg, int zero, bool overlap, int64_t bucket_elems,
+             bool engine_draws) {
   comm::Communicator& dp = comm::world();
   const int D = dp.size(), r = dp.rank();
   Decoder m(cfg, cpu_backend());
-  m.params().init(5);
   DataParallelOptions o;
   o.zero = zero;
   o.overlap = overlap;
   o.bucket_elems = bucket_elems;
+  if (engine_draws)
+    o.init_seed = 5;
+  else
+    m.params().init(5);
   DataParallel ddp(m, dp, o, parity_adamw(), DType::F32, cpu_backend());
   DpRun out;
   out.lo = ddp.shard_begin();
@@ -74,11 +101,12 @@ DpRun dp_run(const ModelConfig& cfg, int zero, bool overlap, int64_t bucket_elem
   return out;
 }
 
-void check_parity(Family f, int zero, bool overlap = true, int64_t bucket_elems = 3000) {
+void check_parity(Family f, int zero, bool overlap = true, int64_t bucket_elems = 3000,
+                  bool engine_draws = false) {
   ModelConfig cfg = dp_model(f);
   const int D = comm::world().size();
   StepLog ref = reference_run(cfg, kSteps, kMicros * D, kRows, kT);
-  DpRun run = dp_run(cfg, zero, overlap, bucket_elems);
+  DpRun run = dp_run(cfg, zero, overlap, bucket_elems, engine_draws);
   ASSERT_EQ(run.log.losses.size(), ref.losses.size());
   if (bucket_elems < 10000) {
     EXPECT_GT(run.buckets, 2u) << "the test needs several buckets";
@@ -138,6 +166,73 @@ TEST(DataParallel, Zero3MatchesOneProcess) {
 }
 TEST(DataParallel, Zero3LlamaOneBigBucketMatchesOneProcess) {
   check_parity(Family::Llama, 3, true, 1 << 30);
+}
+TEST(DataParallel, Zero3DrawingItsOwnWeightsMatchesOneProcess) {
+  check_parity(Family::GPT2, 3, true, 3000, true);
+  check_parity(Family::Llama, 3, true, 1 << 30, true);
+}
+TEST(DataParallel, Zero1DrawingItsOwnWeightsMatchesOneProcess) {
+  check_parity(Family::Llama, 1, true, 3000, true);
+}
+
+// ZeRO-3 drawing its own weights (the trainer's way) never materialises the whole model: the
+// peak resident memory of building the model and the engine is the rank's shard-sized state
+// plus the parameters that stay gathered (on the old way, init() then release, it was that plus
+// the whole model, twice: values and zero-filled gradients), the other ranks' block pages are
+// never touched, and every parameter, gathered as the forward pass gathers it, is bit for bit
+// one process's init().
+TEST(DataParallel, Zero3DrawsOnlyWhatTheRankKeeps) {
+  ModelConfig cfg = dp_model(Family::GPT2);
+  cfg.n_layer = 4;
+  cfg.d_model = 256;
+  cfg.n_head = cfg.n_kv_head = 4;
+  cfg.head_dim = 64;
+  cfg.d_ff = 1024;
+  Decoder ref(cfg, cpu_backend());
+  ref.params().init(5);  // also starts the threads of fill_normal before the measurement
+  const bool measured = reset_peak_rss();
+  const int64_t base = peak_rss_bytes();
+  Decoder m(cfg, cpu_backend());
+  DataParallelOptions o;
+  o.zero = 3;
+  o.init_seed = 5;
+  DataParallel ddp(m, comm::world(), o, parity_adamw(), DType::F32, cpu_backend());
+  const int64_t growth = peak_rss_bytes() - base;
+
+  ParamSet& P = m.params();
+  const int64_t full = P.total() * 4, page = sysconf(_SC_PAGESIZE);
+  const int64_t state = 4 * (ddp.shard_end() - ddp.shard_begin()) * 4;  // m, v, master, grads
+  int64_t gathered = 0;  // the parameters outside the blocks
+  for (const ParamInfo& p : P.infos())
+    if (p.name.rfind("blocks.", 0) != 0) gathered += p.numel * 4;
+  EXPECT_GT(full, 4 * gathered) << "the test needs blocks to dominate the model";
+  if (measured) {
+    EXPECT_LT(growth, state + gathered + full / 8)
+        << "peak resident growth " << growth << " B; whole model " << full << " B, shard state "
+        << state << " B, gathered parameters " << gathered << " B";
+  } else {
+    ADD_FAILURE() << "/proc/self/clear_refs cannot reset the peak RSS here";
+  }
+  EXPECT_LE(resident_bytes(P.data(), full), gathered + 4 * page);
+  EXPECT_LE(resident_bytes(P.grad(), full), page);
+
+  auto expect_same = [&](const ParamInfo& p) {
+    const float* want = ref.params().ptr(p.name);
+    EXPECT_EQ(std::memcmp(P.data() + p.offset, want, p.numel * 4), 0) << p.name;
+  };
+  for (const auto& s : ddp.param_slices())  // the master shard
+    EXPECT_EQ(std::memcmp(s.tensor.data<float>(), ref.params().ptr(s.name) + s.offset,
+                          s.tensor.numel() * 4),
+              0)
+        << "master slice of " << s.name;
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    m.before_block(l, false);
+    for (const ParamInfo& p : P.infos())
+      if (p.name.rfind("blocks." + std::to_string(l) + ".", 0) == 0) expect_same(p);
+    m.after_block(l, false);
+  }
+  for (const ParamInfo& p : P.infos())
+    if (p.name.rfind("blocks.", 0) != 0) expect_same(p);
 }
 
 // Sharded state is really released: resident bytes (mincore) of gradients under ZeRO-2 and of
