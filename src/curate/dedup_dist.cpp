@@ -35,26 +35,41 @@ std::vector<T> concat_arrays(const std::vector<std::string>& blocks) {
   return out;
 }
 
+// The connected components of the edges' graph: the documents the edges name, sorted, and a
+// union-find over their positions. Positions follow document order, so a component's root
+// (UnionFind keeps the smallest index) is its smallest document, as in the one-process run.
+struct Components {
+  std::vector<uint32_t> nodes;
+  UnionFind uf;
+
+  explicit Components(const std::vector<DocPair>& edges)
+      : nodes(documents_of(edges)), uf(nodes.size()) {
+    for (auto& [a, b] : edges) uf.unite(index(a), index(b));
+  }
+  static std::vector<uint32_t> documents_of(const std::vector<DocPair>& edges) {
+    std::vector<uint32_t> docs;
+    docs.reserve(edges.size() * 2);
+    for (auto& [a, b] : edges) {
+      docs.push_back(a);
+      docs.push_back(b);
+    }
+    std::sort(docs.begin(), docs.end());
+    docs.erase(std::unique(docs.begin(), docs.end()), docs.end());
+    return docs;
+  }
+  uint32_t index(uint32_t doc) const {
+    return static_cast<uint32_t>(std::lower_bound(nodes.begin(), nodes.end(), doc) - nodes.begin());
+  }
+};
+
 // A spanning forest of the edges' graph: the same connected components from at most one edge
 // per document, so what travels to rank 0 is bounded by the documents in some pair.
-std::vector<DocPair> spanning_edges(std::vector<DocPair> edges) {
-  std::vector<uint32_t> nodes;
-  nodes.reserve(edges.size() * 2);
-  for (auto& [a, b] : edges) {
-    nodes.push_back(a);
-    nodes.push_back(b);
-  }
-  std::sort(nodes.begin(), nodes.end());
-  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-  auto idx = [&](uint32_t g) {
-    return static_cast<uint32_t>(std::lower_bound(nodes.begin(), nodes.end(), g) - nodes.begin());
-  };
-  UnionFind uf(nodes.size());
-  for (auto& [a, b] : edges) uf.unite(idx(a), idx(b));
+std::vector<DocPair> spanning_edges(const std::vector<DocPair>& edges) {
+  Components cc(edges);
   std::vector<DocPair> out;
-  for (uint32_t k = 0; k < nodes.size(); ++k) {
-    uint32_t r = uf.find(k);
-    if (r != k) out.push_back({nodes[r], nodes[k]});
+  for (uint32_t k = 0; k < cc.nodes.size(); ++k) {
+    uint32_t r = cc.uf.find(k);
+    if (r != k) out.push_back({cc.nodes[r], cc.nodes[k]});
   }
   return out;
 }
@@ -177,26 +192,12 @@ void resolve_components(const GlobalInput& in, const std::vector<DocPair>& edges
   auto all = gather_bytes(c, std::move(mine), 0);
   std::vector<RankDecisions::Found> found;
   if (c.rank() == 0) {
-    std::vector<DocPair> es = concat_arrays<DocPair>(all);
-    std::vector<uint32_t> nodes;
-    for (auto& [a, b] : es) {
-      nodes.push_back(a);
-      nodes.push_back(b);
-    }
-    std::sort(nodes.begin(), nodes.end());
-    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-    auto idx = [&](uint32_t g) {
-      return static_cast<uint32_t>(std::lower_bound(nodes.begin(), nodes.end(), g) - nodes.begin());
-    };
-    // Node indices follow document order, so the smallest index of a component (UnionFind's
-    // root) is its smallest document, as in the one-process run.
-    UnionFind uf(nodes.size());
-    for (auto& [a, b] : es) uf.unite(idx(a), idx(b));
-    std::vector<uint32_t> size(nodes.size(), 0);
-    for (uint32_t k = 0; k < nodes.size(); ++k) ++size[uf.find(k)];
-    for (uint32_t k = 0; k < nodes.size(); ++k) {
-      uint32_t r = uf.find(k);
-      found.push_back({nodes[k], nodes[r], size[r]});
+    Components cc(concat_arrays<DocPair>(all));
+    std::vector<uint32_t> size(cc.nodes.size(), 0);
+    for (uint32_t k = 0; k < cc.nodes.size(); ++k) ++size[cc.uf.find(k)];
+    for (uint32_t k = 0; k < cc.nodes.size(); ++k) {
+      uint32_t r = cc.uf.find(k);
+      found.push_back({cc.nodes[k], cc.nodes[r], size[r]});
     }
   }
   d.deliver(in, found);
