@@ -59,6 +59,14 @@ class Communicator {
   // In place: buf holds sum(counts) elements and this rank's block already sits at its
   // displacement; afterwards every rank holds every block.
   virtual Work all_gather_async(void* buf, const std::vector<int64_t>& counts, DType t) = 0;
+  // Reduce-scatter of fp32 sums with bf16 payloads: send holds sum(counts) bf16 values (this
+  // rank's contribution, already rounded); recv[counts[rank]] (fp32) <- the sum over ranks of
+  // their bf16 blocks for this rank, accumulated in fp32 in rank order 0, 1, ..., size-1 (the
+  // same bits on every implementation; the sum is not rounded back to bf16). Half the bytes of
+  // an fp32 reduce-scatter on the wire; a reduction op over bf16 (MPI's or NCCL's) would round
+  // every partial sum to bf16 instead.
+  virtual Work reduce_scatter_bf16_async(const uint16_t* send, float* recv,
+                                         const std::vector<int64_t>& counts) = 0;
   virtual Work broadcast_async(void* buf, int64_t n, DType t, int root) = 0;
   virtual Work send_async(const void* buf, int64_t n, DType t, int peer, int tag = 0) = 0;
   virtual Work recv_async(void* buf, int64_t n, DType t, int peer, int tag = 0) = 0;
@@ -80,6 +88,9 @@ class Communicator {
   void reduce_scatter(const void* send, void* recv, const std::vector<int64_t>& counts, DType t,
                       ReduceOp op) {
     reduce_scatter_async(send, recv, counts, t, op).wait();
+  }
+  void reduce_scatter_bf16(const uint16_t* send, float* recv, const std::vector<int64_t>& counts) {
+    reduce_scatter_bf16_async(send, recv, counts).wait();
   }
   void all_gather(void* buf, const std::vector<int64_t>& counts, DType t) {
     all_gather_async(buf, counts, t).wait();

@@ -61,7 +61,7 @@ int to_int(int64_t n, const std::string& comm) {
 // One request plus what must outlive it (count arrays) and a completion step (averaging).
 struct MpiWork : Work::Impl {
   MPI_Request req = MPI_REQUEST_NULL;
-  std::vector<int> counts, displs;
+  std::vector<int> counts, displs, recv_counts, recv_displs;
   std::function<void()> on_done;
   std::string what;
   bool done = false;
@@ -146,6 +146,38 @@ class MpiCommunicator : public Communicator {
               name_, "reduce_scatter");
     int64_t mine = counts[rank_];
     if (op == ReduceOp::Avg) w->on_done = [=, s = 1.0 / size_] { scale(recv, mine, t, s); };
+    return Work(w);
+  }
+
+  // An all-to-all of the bf16 blocks (each rank sends block r to rank r: the other ranks'
+  // blocks once, what a ring reduce-scatter sends) and the sum in fp32 on arrival. Not an MPI
+  // user-defined op: its partial results have the operand type, so every hop would round to
+  // bf16, in an order that depends on MPI's algorithm.
+  Work reduce_scatter_bf16_async(const uint16_t* send, float* recv,
+                                 const std::vector<int64_t>& counts) override {
+    LOOM_CHECK(static_cast<int>(counts.size()) == size_, name_, ": reduce_scatter needs ", size_,
+               " counts, got ", counts.size());
+    auto w = start("reduce_scatter_bf16");
+    const int mine = to_int(counts[rank_], name_);
+    auto blocks = std::make_shared<std::vector<uint16_t>>(int64_t(mine) * size_);
+    int64_t off = 0;
+    for (int r = 0; r < size_; ++r) {
+      w->counts.push_back(to_int(counts[r], name_));
+      w->displs.push_back(to_int(off, name_));
+      off += counts[r];
+      w->recv_counts.push_back(mine);
+      w->recv_displs.push_back(to_int(int64_t(r) * mine, name_));
+    }
+    check_mpi(
+        MPI_Ialltoallv(send, w->counts.data(), w->displs.data(), MPI_UINT16_T, blocks->data(),
+                       w->recv_counts.data(), w->recv_displs.data(), MPI_UINT16_T, comm_, &w->req),
+        name_, "reduce_scatter_bf16");
+    w->on_done = [blocks, recv, mine, n = size_] {
+      const uint16_t* b = blocks->data();
+      for (int64_t i = 0; i < mine; ++i) recv[i] = bf16_to_f32(b[i]);
+      for (int r = 1; r < n; ++r)
+        for (int64_t i = 0; i < mine; ++i) recv[i] += bf16_to_f32(b[int64_t(r) * mine + i]);
+    };
     return Work(w);
   }
 

@@ -41,6 +41,12 @@ class SelfCommunicator : public Communicator {
     std::memmove(recv, send, counts[0] * dtype_size(t));
     return {};
   }
+  Work reduce_scatter_bf16_async(const uint16_t* send, float* recv,
+                                 const std::vector<int64_t>& counts) override {
+    LOOM_CHECK(counts.size() == 1, name_, ": reduce_scatter needs one count per rank");
+    for (int64_t i = 0; i < counts[0]; ++i) recv[i] = bf16_to_f32(send[i]);
+    return {};
+  }
   Work all_gather_async(void*, const std::vector<int64_t>& counts, DType) override {
     LOOM_CHECK(counts.size() == 1, name_, ": all_gather needs one count per rank");
     return {};

@@ -19,6 +19,10 @@ DataParallelOptions DataParallelOptions::from(const Config& cfg) {
   o.overlap = cfg.get_bool("parallel.overlap_grad_reduce", o.overlap);
   LOOM_CHECK(o.zero >= 0 && o.zero <= 3, "parallel.zero must be 0, 1, 2 or 3, got ", o.zero);
   LOOM_CHECK(mb > 0, "parallel.bucket_mb must be positive, got ", mb);
+  const std::string reduce = cfg.get_string("parallel.grad_reduce_dtype", "fp32");
+  LOOM_CHECK(reduce == "fp32" || reduce == "bf16",
+             "parallel.grad_reduce_dtype must be \"fp32\" or \"bf16\", got \"", reduce, "\"");
+  o.grad_reduce_dtype = reduce == "bf16" ? DType::BF16 : DType::F32;
   o.bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(mb * 1024 * 1024 / 4));
   return o;
 }
@@ -81,6 +85,13 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
              "parallel.zero = 3 with mixture-of-experts layers is not implemented: use zero <= 2");
   LOOM_CHECK(opt.zero < 3 || model.pipeline_stage().whole(),
              "parallel.zero = 3 with pipeline parallelism is not implemented: use zero <= 2");
+  LOOM_CHECK(opt.grad_reduce_dtype == DType::F32 || opt.grad_reduce_dtype == DType::BF16,
+             "parallel.grad_reduce_dtype must be fp32 or bf16, got ",
+             dtype_name(opt.grad_reduce_dtype));
+  // The experts' gradients are all-reduced over their own group, in fp32 only.
+  LOOM_CHECK(opt.grad_reduce_dtype == DType::F32 || model.expert_parallel().size <= 1,
+             "parallel.grad_reduce_dtype = \"bf16\" with expert parallelism (parallel.ep = ",
+             model.expert_parallel().size, ") is not implemented: use \"fp32\"");
   total_ = P_.total();
   if (model.expert_parallel().size > 1) {
     // The decoder puts every expert weight after the other parameters.
@@ -236,12 +247,17 @@ void DataParallel::start_micro(int m) {
 void DataParallel::launch(Bucket& b) {
   b.launched = true;
   ++started_;
-  float* send = P_.grad() + b.lo;
-  if (opt_.zero == 0) {
-    b.work = dp_.all_reduce_async(send, b.hi - b.lo, DType::F32, comm::ReduceOp::Sum);
+  if (bf16_reduce()) {
+    launch_bf16(b);
     return;
   }
+  float* send = P_.grad() + b.lo;
   int64_t mine = b.counts[dp_.rank()];
+  if (opt_.zero == 0) {
+    b.work = dp_.all_reduce_async(send, b.hi - b.lo, DType::F32, comm::ReduceOp::Sum);
+    wire_bytes_ += 2 * 4 * (b.hi - b.lo - mine);
+    return;
+  }
   float* recv;
   if (opt_.zero == 1) {
     recv = mine > 0 ? gshard_.data<float>() + (b.own_lo - lo_) : nullptr;
@@ -252,6 +268,38 @@ void DataParallel::launch(Bucket& b) {
   static float dummy;
   b.work = dp_.reduce_scatter_async(send, recv ? recv : &dummy, b.counts, DType::F32,
                                     comm::ReduceOp::Sum);
+  wire_bytes_ += 4 * (b.hi - b.lo - mine);
+}
+
+// bf16: a reduce-scatter of the rounded gradients, summed in fp32, for every ZeRO level (ZeRO-0
+// into scratch, then gather_bf16_sums).
+void DataParallel::launch_bf16(Bucket& b) {
+  const int64_t n = b.hi - b.lo, mine = b.counts[dp_.rank()];
+  const float* g = P_.grad() + b.lo;
+  b.wire.resize(n);
+  for (int64_t i = 0; i < n; ++i) b.wire[i] = f32_to_bf16(g[i]);
+  float* recv;
+  if (opt_.zero == 1) {
+    recv = mine > 0 ? gshard_.data<float>() + (b.own_lo - lo_) : nullptr;
+  } else {
+    b.scratch.resize(std::max<int64_t>(1, mine));
+    recv = b.scratch.data();
+  }
+  static float dummy;
+  b.work = dp_.reduce_scatter_bf16_async(b.wire.data(), recv ? recv : &dummy, b.counts);
+  wire_bytes_ += 2 * (n - mine);
+}
+
+// bf16 ZeRO-0, second half of the all-reduce: this rank's sums, rounded to bf16 (so that every
+// rank ends with the same gradients), all-gathered into the bucket's bf16 buffer. Started in
+// bucket order after backward: collectives must start in the same order on every rank, and the
+// moment a reduce-scatter is seen complete during backward differs between ranks.
+void DataParallel::gather_bf16_sums(Bucket& b) {
+  b.work.wait();
+  const int64_t n = b.hi - b.lo, mine = b.counts[dp_.rank()], at = b.own_lo - b.lo;
+  for (int64_t i = 0; i < mine; ++i) b.wire[at + i] = f32_to_bf16(b.scratch[i]);
+  b.work = dp_.all_gather_async(b.wire.data(), b.counts, DType::BF16);
+  wire_bytes_ += 2 * (n - mine);
 }
 
 void DataParallel::on_ready(int layer) {
@@ -268,6 +316,12 @@ void DataParallel::on_ready(int layer) {
 }
 
 void DataParallel::complete(Bucket& b) {
+  if (bf16_reduce() && opt_.zero == 0) {
+    float* g = P_.grad() + b.lo;
+    for (int64_t i = 0; i < b.hi - b.lo; ++i) g[i] = bf16_to_f32(b.wire[i]);
+    std::vector<float>().swap(b.scratch);
+  }
+  std::vector<uint16_t>().swap(b.wire);
   if (opt_.zero < 2) return;
   int64_t mine = b.counts[dp_.rank()];
   if (mine > 0) be_.add_inplace(gshard_.data<float>() + (b.own_lo - lo_), b.scratch.data(), mine);
@@ -284,6 +338,8 @@ void DataParallel::finish_micro() {
   for (auto& b : buckets_)
     if (!b.launched) launch(b);
   double t0 = now_seconds();
+  if (bf16_reduce() && opt_.zero == 0)
+    for (auto& b : buckets_) gather_bf16_sums(b);
   for (auto& b : buckets_) b.work.wait();
   exposed_seconds_ += now_seconds() - t0;
   for (auto& b : buckets_) complete(b);
@@ -492,8 +548,10 @@ MemoryUse DataParallel::memory_use() const {
   u.params = resident_bytes(P_.data(), total_ * 4);
   u.grads = resident_bytes(P_.grad(), total_ * 4);
   if (gshard_.defined()) u.grads += resident_bytes(gshard_.data<float>(), gshard_.nbytes());
-  for (auto& b : buckets_)
+  for (auto& b : buckets_) {
     u.grads += resident_bytes(b.scratch.data(), int64_t(b.scratch.capacity()) * 4);
+    u.grads += resident_bytes(b.wire.data(), int64_t(b.wire.capacity()) * 2);
+  }
   for (const Tensor* t : {&m_, &v_, &master_})
     if (t->defined()) u.optim += resident_bytes(t->data<float>(), t->nbytes());
   return u;

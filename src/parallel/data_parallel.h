@@ -10,6 +10,10 @@
 //           block's gather prefetched) and released after; embeddings, final norm and head stay
 //           gathered between steps.
 //
+// Gradients are reduced in fp32, or (grad_reduce_dtype = BF16, Megatron's reduced-precision
+// reduction) rounded to bf16 and sent as bf16, half the bytes, with the sums accumulated in
+// fp32 (Communicator::reduce_scatter_bf16_async); the optimizer steps in fp32 either way.
+//
 // Shards are contiguous ranges of the flat buffer, ceil(total / dp) elements each (the last
 // ranks may hold fewer or none), so any size works. Buckets are contiguous runs of whole
 // parameters in backward order; a bucket's reduction starts (asynchronously) in the Decoder's
@@ -38,6 +42,11 @@ struct DataParallelOptions {
   int zero = 0;                    // 0..3
   int64_t bucket_elems = 1 << 20;  // gradient elements per bucket (parallel.bucket_mb)
   bool overlap = true;             // start reductions during backward (false: after it)
+  // parallel.grad_reduce_dtype: F32, or BF16: each rank's gradients rounded to bf16 (nearest
+  // even) and communicated as bf16, the sums accumulated in fp32. ZeRO >= 1 keep that fp32 sum;
+  // ZeRO-0's all-reduce is a bf16 reduce-scatter then a bf16 all-gather of the sums, so its
+  // reduced gradients are those sums rounded to bf16 (the same on every rank).
+  DType grad_reduce_dtype = DType::F32;
   // Set: the model comes uninitialised and the engine draws its initial weights (ParamSet::init
   // with this seed, rounded to the parameter dtype). ZeRO-3 then draws only what this rank
   // keeps, its master shard and the parameters that stay gathered, and never touches the pages
@@ -116,6 +125,11 @@ class DataParallel {
   // on_grads_ready hook) rather than after it.
   int64_t reductions_started() const { return started_; }
   int64_t reductions_started_in_backward() const { return started_in_backward_; }
+  // Bytes of gradient data this rank has put on the wire for reductions since construction,
+  // counted as a bandwidth-optimal (ring) algorithm moves them: a reduce-scatter or all-gather
+  // of a bucket of n elements sends the n - own elements of the other ranks' blocks, an
+  // all-reduce twice that, at the element size of the payload (4 for fp32, 2 for bf16).
+  int64_t grad_wire_bytes() const { return wire_bytes_; }
 
  private:
   struct Bucket {
@@ -125,7 +139,10 @@ class DataParallel {
     comm::Work work;
     std::vector<int64_t> counts;  // per rank: its shard's intersection with [lo, hi)
     int64_t own_lo = 0;           // this rank's intersection start (when counts[rank] > 0)
-    std::vector<float> scratch;   // reduce-scatter target for ZeRO-2/3
+    std::vector<float> scratch;   // reduce-scatter target for ZeRO-2/3 (and bf16 ZeRO-0)
+    // bf16 reduction: this rank's gradients rounded to bf16 (ZeRO-0: then every rank's sums,
+    // gathered); transient, like scratch.
+    std::vector<uint16_t> wire;
   };
   struct Unit {  // ZeRO-3: one block's parameters
     int64_t lo = 0, hi = 0;
@@ -139,6 +156,9 @@ class DataParallel {
   void draw_initial_weights(uint64_t seed);
   void on_ready(int layer);
   void launch(Bucket& b);
+  void launch_bf16(Bucket& b);
+  void gather_bf16_sums(Bucket& b);
+  bool bf16_reduce() const { return opt_.grad_reduce_dtype == DType::BF16; }
   void complete(Bucket& b);
   bool reduces_now() const;
   std::vector<int64_t> counts_of(int64_t lo, int64_t hi) const;
@@ -175,6 +195,7 @@ class DataParallel {
   int64_t t_ = 0;
   double exposed_seconds_ = 0;
   int64_t started_ = 0, started_in_backward_ = 0;
+  int64_t wire_bytes_ = 0;
 };
 
 // Zeroes [p, p+n) and returns its whole pages to the kernel (madvise), so memory that is not

@@ -2,6 +2,7 @@
 // empty counts included, plus process groups built from the rank generator.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -115,6 +116,39 @@ TEST(CommMpi, ProcessGroupsMatchTheGenerator) {
   for (int i = 0; i < pg.dp().size(); ++i)
     EXPECT_EQ(pg.dp().world_rank_of(i), pg.generator().group_of("dp", W().rank())[i]);
   EXPECT_EQ(pg.tp_dp().size(), n);
+}
+
+// bf16 payloads summed in fp32: the sum is exactly the rank-order fp32 sum of every rank's bf16
+// values (computed here from the values each rank sends), not rounded back to bf16. Values with
+// 3 significant bf16 digits and wide exponents make an fp32 sum differ from a bf16 one.
+float bf16_value(int rank, int64_t i) {
+  return round_bf16(
+      std::ldexp(1.f + 0.37f * float((i * 7 + rank * 13) % 11), int((i + 3 * rank) % 9) - 4) *
+      (rank % 2 ? -1.f : 1.f) / 3.f);
+}
+
+TEST(CommMpi, ReduceScatterBf16SumsInFp32UnevenAndEmpty) {
+  const int r = W().rank(), n = W().size();
+  std::vector<int64_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[i] = i == 1 ? 0 : 3 * i + 5;  // rank 1 receives nothing
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
+  std::vector<uint16_t> send(total);
+  for (int64_t i = 0; i < total; ++i) send[i] = f32_to_bf16(bf16_value(r, i));
+  std::vector<float> recv(std::max<int64_t>(1, counts[r]), -1.f);
+  Work w = W().reduce_scatter_bf16_async(send.data(), recv.data(), counts);
+  w.wait();
+  int64_t off = 0;
+  for (int i = 0; i < r; ++i) off += counts[i];
+  int rounded_differs = 0;
+  for (int64_t i = 0; i < counts[r]; ++i) {
+    float want = 0;
+    for (int q = 0; q < n; ++q) want += bf16_value(q, off + i);
+    EXPECT_EQ(recv[i], want) << "element " << i;
+    rounded_differs += round_bf16(want) != want;
+  }
+  if (counts[r] > 0) {
+    EXPECT_GT(rounded_differs, 0) << "the values should tell an fp32 sum from a bf16 one";
+  }
 }
 
 TEST(CommMpi, ReductionsOverBf16AreRejected) {

@@ -156,6 +156,41 @@ class NcclCommunicator : public Communicator {
     return end();
   }
 
+  // The bf16 blocks exchanged on the device (ncclBfloat16 sends and receives, each rank's
+  // block r to rank r), then summed in fp32 in rank order. The sum runs on the host (the comm
+  // library has no kernels): correct, blocking and slow; the data-parallel engine that uses it
+  // works on host buffers today. A device kernel would keep it on the stream.
+  Work reduce_scatter_bf16_async(const uint16_t* send, float* recv,
+                                 const std::vector<int64_t>& counts) override {
+    check_counts(counts, "reduce_scatter_bf16");
+    const int64_t mine = counts[rank_];
+    uint16_t* blocks = nullptr;
+    if (mine > 0) LOOM_CUDA_OK(cudaMalloc(&blocks, size_ * mine * sizeof(uint16_t)));
+    begin();
+    LOOM_NCCL_CHECK(ncclGroupStart());
+    int64_t displ = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (counts[r] > 0)
+        LOOM_NCCL_CHECK(ncclSend(send + displ, counts[r], ncclBfloat16, r, comm_, stream_));
+      if (mine > 0)
+        LOOM_NCCL_CHECK(ncclRecv(blocks + r * mine, mine, ncclBfloat16, r, comm_, stream_));
+      displ += counts[r];
+    }
+    LOOM_NCCL_CHECK(ncclGroupEnd());
+    end().wait();
+    if (mine == 0) return {};
+    std::vector<uint16_t> host(size_ * mine);
+    LOOM_CUDA_OK(
+        cudaMemcpy(host.data(), blocks, host.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    LOOM_CUDA_OK(cudaFree(blocks));
+    std::vector<float> sum(mine);
+    for (int64_t i = 0; i < mine; ++i) sum[i] = bf16_to_f32(host[i]);
+    for (int r = 1; r < size_; ++r)
+      for (int64_t i = 0; i < mine; ++i) sum[i] += bf16_to_f32(host[r * mine + i]);
+    LOOM_CUDA_OK(cudaMemcpy(recv, sum.data(), mine * sizeof(float), cudaMemcpyHostToDevice));
+    return {};
+  }
+
   Work all_gather_async(void* buf, const std::vector<int64_t>& counts, DType t) override {
     check_counts(counts, "all_gather");
     const size_t es = dtype_size(t);
