@@ -24,8 +24,10 @@ static void collect(const std::string& path, std::vector<std::string>& out) {
 }
 
 ByteTextSource::ByteTextSource(const std::vector<std::string>& paths, int micro_batch, int seq_len,
-                               uint64_t seed, double valid_fraction, const std::string& split)
-    : B_(micro_batch), T_(seq_len), seed_(seed), split_(split) {
+                               uint64_t seed, double valid_fraction, const std::string& split,
+                               int rank, int world)
+    : B_(micro_batch), T_(seq_len), seed_(seed), rank_(rank), world_(world), split_(split) {
+  LOOM_CHECK(world >= 1 && rank >= 0 && rank < world, "data-parallel rank ", rank, " of ", world);
   LOOM_CHECK(split == "train" || split == "valid", "unknown split '", split, "'");
   LOOM_CHECK(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must lie in [0, 1)");
   std::vector<std::string> files;
@@ -47,14 +49,16 @@ void ByteTextSource::next(Batch& b) {
   b.set_rows(B_, T_);
   const uint64_t key = name_key("data.byte_text." + split_);
   const size_t span = end_ - begin_ - T_ - 1;
-  for (int r = 0; r < B_; ++r, ++sample_) {
-    size_t start = begin_ + static_cast<size_t>(uniform_at(seed_, key, sample_) * span);
+  const int64_t first = sample_ + static_cast<int64_t>(rank_) * B_;
+  for (int r = 0; r < B_; ++r) {
+    size_t start = begin_ + static_cast<size_t>(uniform_at(seed_, key, first + r) * span);
     for (int t = 0; t < T_; ++t) {
       size_t i = static_cast<size_t>(r) * T_ + t;
       b.tokens[i] = static_cast<unsigned char>(text_[start + t]);
       b.targets[i] = static_cast<unsigned char>(text_[start + t + 1]);
     }
   }
+  sample_ += static_cast<int64_t>(world_) * B_;
 }
 
 Json ByteTextSource::state() const {

@@ -20,7 +20,8 @@ static std::vector<std::string> split_list(const std::string& s) {
 }
 
 std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOptions& opt,
-                                               const ModelConfig& model, const std::string& split) {
+                                               const ModelConfig& model, const std::string& split,
+                                               int dp_rank, int dp_size) {
   const std::string kind = cfg.get_string("data.source", "text");
   const uint64_t seed =
       static_cast<uint64_t>(cfg.get_int("data.seed", static_cast<int64_t>(opt.seed)));
@@ -28,7 +29,7 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
     auto paths = split_list(cfg.get_string("data.paths", "/usr/share/common-licenses"));
     double valid_fraction = cfg.get_double("data.valid_fraction", 0.05);
     return std::make_unique<ByteTextSource>(paths, opt.micro_batch, opt.seq_len, seed,
-                                            valid_fraction, split);
+                                            valid_fraction, split, dp_rank, dp_size);
   }
   LOOM_CHECK(kind == "tokens", "data.source must be 'text' or 'tokens', got '", kind, "'");
   data::LoaderConfig lc;
@@ -44,14 +45,17 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
              lc.weights.size(), " entries for ", lc.prefixes.size(), " prefixes");
   lc.seq_len = opt.seq_len;
   lc.micro_batch = opt.micro_batch;
+  lc.rank = dp_rank;
+  lc.world = dp_size;
   lc.seed = seed;
   lc.split = cfg.get_string("data.split", lc.split);
   lc.which = split == "train" ? data::Split::Train : data::Split::Valid;
   lc.packed = cfg.get_bool("data.packed", false);
   lc.cache_dir = cfg.get_string("data.cache_dir", "");
   lc.log = !opt.quiet;
-  // Enough samples for the whole run; validation draws the same eval batches every time.
-  lc.num_samples = split == "train" ? opt.steps * opt.micro_batch * opt.grad_accum
+  // Enough samples for the whole run over every rank; validation draws the same eval batches
+  // every time.
+  lc.num_samples = split == "train" ? opt.steps * opt.micro_batch * opt.grad_accum * dp_size
                                     : static_cast<int64_t>(opt.eval_batches) * opt.micro_batch;
   int vocab = model.vocab;
   std::string tok = cfg.get_string("data.tokenizer", "");

@@ -15,8 +15,11 @@ namespace loom {
 
 struct TrainOptions;
 
-// `split` is "train" or "valid".
+// `split` is "train" or "valid". Data-parallel rank `dp_rank` of `dp_size` reads only its own
+// rows: its micro-batch j is the one-process run's micro-batch j * dp_size + dp_rank, so a DP run
+// sees the data of the one-process run with dp_size times the gradient accumulation.
 std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOptions& opt,
-                                               const ModelConfig& model, const std::string& split);
+                                               const ModelConfig& model, const std::string& split,
+                                               int dp_rank = 0, int dp_size = 1);
 
 }  // namespace loom

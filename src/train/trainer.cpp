@@ -54,32 +54,6 @@ static TrainOptions train_options_from(const Config& c) {
 
 namespace {
 
-// A data-parallel rank's view of the global batch: of every `world` consecutive micro-batches
-// the source yields, rank r keeps the r-th. Rank r's micro-batch j is thus the single process's
-// micro-batch j * world + r (the loader order of data::Loader's rank/world split), the ranks'
-// micro-batches are disjoint and their union is the global batch, and the position (state) is
-// the same on every rank. Each rank reads the others' rows and drops them: cheap next to a
-// training step on CPU.
-class DpShardSource : public BatchSource {
- public:
-  DpShardSource(std::unique_ptr<BatchSource> src, int rank, int world)
-      : src_(std::move(src)), rank_(rank), world_(world) {}
-  void next(Batch& b) override {
-    for (int r = 0; r < world_; ++r) src_->next(r == rank_ ? b : drop_);
-  }
-  Json state() const override { return src_->state(); }
-  void restore(const Json& state) override { src_->restore(state); }
-  int vocab() const override { return src_->vocab(); }
-  std::string describe() const override {
-    return cat(src_->describe(), " (data-parallel rank ", rank_, " of ", world_, ")");
-  }
-
- private:
-  std::unique_ptr<BatchSource> src_;
-  int rank_, world_;
-  Batch drop_;
-};
-
 // LOOM_FAULT_INJECT=<rank>:<step>[:error] kills that rank (SIGKILL), or makes it throw, when
 // it starts that step: the failure tests check that the job ends with a message naming the
 // rank instead of hanging.
@@ -136,14 +110,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       cfg_.get_string("parallel.pp_schedule", vp > 1 ? "interleaved" : "1f1b"));
   const int pp_first = static_cast<int>(cfg_.get_int("parallel.pp_first_stage_layers", -1));
   const int pp_last = static_cast<int>(cfg_.get_int("parallel.pp_last_stage_layers", -1));
-  train_data_ = make_batch_source(cfg_, opt_, mcfg_, "train");
-  if (opt_.eval_interval > 0) {
+  if (opt_.eval_interval > 0) {  // every data-parallel rank evaluates the same batches
     valid_data_ = make_batch_source(cfg_, opt_, mcfg_, "valid");
     valid_start_ = valid_data_->state();
   }
-  cfg_.check_all_used();
-  LOOM_CHECK(train_data_->vocab() <= mcfg_.vocab, "the data's vocabulary (", train_data_->vocab(),
-             ") exceeds model.vocab (", mcfg_.vocab, ")");
 
   comm::Communicator& w = world ? *world : comm::world();
   PipelineStage stage;  // the whole model unless parallel.pp > 1
@@ -172,9 +142,12 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     LOOM_CHECK(!sequence_parallel || d.tp > 1, "parallel.sp needs parallel.tp > 1");
     rank_ = w.rank();
     if (rank_ != 0) opt_.quiet = true;
-    train_data_ =
-        std::make_unique<DpShardSource>(std::move(train_data_), pg_->dp().rank(), pg_->dp().size());
   }
+  train_data_ = make_batch_source(cfg_, opt_, mcfg_, "train", pg_ ? pg_->dp().rank() : 0,
+                                  pg_ ? pg_->dp().size() : 1);
+  cfg_.check_all_used();
+  LOOM_CHECK(train_data_->vocab() <= mcfg_.vocab, "the data's vocabulary (", train_data_->vocab(),
+             ") exceeds model.vocab (", mcfg_.vocab, ")");
 
   TensorParallel tp;
   ExpertParallel ep;

@@ -10,6 +10,7 @@
 #include "comm/process_groups.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/indexed_dataset.h"
 #include "mpi_main.h"
 #include "parallel/data_parallel.h"
 #include "parity_util.h"
@@ -107,6 +108,37 @@ TEST(TrainerDp, MoeTensorParallelExpertTensorParallelMatchesOneProcess) {
 }
 TEST(TrainerDp, MoeTensorParallelReplicatedExpertsMatchesOneProcess) {
   check_trainer_moe(1, 1, 2, 1);  // etp = 1: every TP rank computes the experts whole
+}
+
+// Token files (data.source = "tokens"): each DP rank's loader reads only its own rows, and the
+// run sees the data of the one-process run with D times the accumulation.
+TEST(TrainerDp, TokenFilesMatchOneProcess) {
+  const int D = W().size(), A = 2, steps = 8;
+  auto tokens_config = [&](const std::string& d, int grad_accum) {
+    Config c = config(d, steps, grad_accum, 1);
+    // The corpus as byte tokens, one document per line.
+    data::IndexedDatasetWriter w(d + "/tok", data::TokenDType::Int32);
+    std::vector<int32_t> doc;
+    for (char ch : read_file(c.get_string("data.paths", ""))) {  // the text source's key: read here
+      doc.push_back(static_cast<unsigned char>(ch));
+      if (ch == '\n') {
+        w.add_document(doc);
+        doc.clear();
+      }
+    }
+    w.finalize();
+    c.set("data.source", "\"tokens\"", "test");
+    c.set("data.prefixes", "\"" + d + "/tok\"", "test");
+    return c;
+  };
+  auto self = comm::make_self_communicator();
+  std::string dr = runs.dir("tok_ref"), d = runs.dir("tok");
+  Trainer ref(tokens_config(dr, A * D), self.get());
+  Trainer t(tokens_config(d, A));
+  for (int i = 0; i < steps; ++i) {
+    double a = ref.train_step().loss, b = t.train_step().loss;
+    EXPECT_LT(rel_diff(b, a), 1e-5) << "step " << i << ": " << b << " vs " << a;
+  }
 }
 
 TEST(TrainerDp, Zero0MatchesOneProcess) {
