@@ -83,8 +83,6 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
   LOOM_CHECK(opt.zero >= 0 && opt.zero <= 3, "parallel.zero must be 0..3, got ", opt.zero);
   LOOM_CHECK(opt.zero < 3 || !model.config().is_moe(),
              "parallel.zero = 3 with mixture-of-experts layers is not implemented: use zero <= 2");
-  LOOM_CHECK(opt.zero < 3 || model.pipeline_stage().whole(),
-             "parallel.zero = 3 with pipeline parallelism is not implemented: use zero <= 2");
   LOOM_CHECK(opt.grad_reduce_dtype == DType::F32 || opt.grad_reduce_dtype == DType::BF16,
              "parallel.grad_reduce_dtype must be fp32 or bf16, got ",
              dtype_name(opt.grad_reduce_dtype));
@@ -151,6 +149,7 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
 }
 
 void DataParallel::build_units() {
+  // A pipeline stage holds only its layers: the other units stay empty and never gathered.
   units_.resize(n_layer_);
   for (const ParamInfo& p : P_.infos()) {
     int b = block_of(p.name);
@@ -160,7 +159,18 @@ void DataParallel::build_units() {
     u.hi = p.offset + p.numel;
   }
   for (auto& u : units_) u.counts = counts_of(u.lo, u.hi);
-  resident_ranges_ = {{0, units_.front().lo}, {units_.back().hi, total_}};
+  // Everything outside the blocks stays gathered: embeddings, final norm, head (of the first
+  // and last pipeline stage; none on a middle stage).
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (const Unit& u : units_)
+    if (u.hi > u.lo) blocks.push_back({u.lo, u.hi});
+  std::sort(blocks.begin(), blocks.end());
+  int64_t at = 0;
+  for (auto [lo, hi] : blocks) {
+    if (lo > at) resident_ranges_.push_back({at, lo});
+    at = std::max(at, hi);
+  }
+  if (at < total_) resident_ranges_.push_back({at, total_});
 }
 
 void DataParallel::draw_initial_weights(uint64_t seed) {
@@ -448,7 +458,7 @@ void DataParallel::sync_model_from_master() {
     return;
   }
   for (int l = 0; l < n_layer_; ++l) release_unit(l);
-  for (auto [lo, hi] : resident_ranges_) {
+  for (auto [lo, hi] : resident_ranges_) {  // the same ranges on every rank of the group
     comm::Work w;
     std::vector<int64_t> counts;
     gather_range_async(lo, hi, &w, &counts);
@@ -471,16 +481,35 @@ void DataParallel::release_unit(int l) {
   u.state = Unit::Released;
 }
 
+// The chunk [begin, end) of this pipeline stage that holds layer l.
+std::pair<int, int> DataParallel::chunk_of(int l) const {
+  for (auto [b, e] : model_.pipeline_stage().chunks)
+    if (l >= b && l < e) return {b, e};
+  fail("layer ", l, " is not on this pipeline stage");
+}
+
 void DataParallel::unit_before(int l, bool backward) {
-  ensure_gathered(l);
+  if (pipelined()) {
+    // The pipeline runner calls this for every block of a chunk, in layer order, before the
+    // chunk's forward or backward (which recomputes the forward first): the first call starts
+    // the gathers of the whole chunk's remaining blocks at once, later calls find them started.
+    LOOM_CHECK(units_[l].hi > units_[l].lo, "layer ", l, " is not on this pipeline stage");
+    const int end = chunk_of(l).second;
+    for (int j = l; j < end; ++j) ensure_gathered(j);
+  } else {
+    ensure_gathered(l);
+  }
   units_[l].work.wait();
   units_[l].state = Unit::Resident;
+  if (pipelined()) return;
   int next = backward ? l - 1 : l + 1;  // prefetch the block that runs next
   if (next >= 0 && next < n_layer_) ensure_gathered(next);
 }
 
 void DataParallel::unit_after(int l, bool backward) {
-  if (!backward && l == n_layer_ - 1) return;  // backward starts with this block
+  // One process: backward starts with the last block. Under a pipeline, another micro-batch's
+  // forward or backward may come first: release every block after each use.
+  if (!pipelined() && !backward && l == n_layer_ - 1) return;
   release_unit(l);
 }
 

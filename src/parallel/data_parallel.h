@@ -8,7 +8,8 @@
 //           shard accumulator and their full-size pages released.
 //   zero 3  parameters sharded too: each block's parameters gathered just before use (the next
 //           block's gather prefetched) and released after; embeddings, final norm and head stay
-//           gathered between steps.
+//           gathered between steps. Under pipeline parallelism the runner calls the block hooks
+//           around each use of a chunk: its blocks are gathered together and released after.
 //
 // Gradients are reduced in fp32, or (grad_reduce_dtype = BF16, Megatron's reduced-precision
 // reduction) rounded to bf16 and sent as bf16, half the bytes, with the sums accumulated in
@@ -164,6 +165,9 @@ class DataParallel {
   std::vector<int64_t> counts_of(int64_t lo, int64_t hi) const;
   void gather_range_async(int64_t lo, int64_t hi, comm::Work* work, std::vector<int64_t>* counts);
   void write_own_params(int64_t lo, int64_t hi);  // master -> model (rounded) on [lo,hi)∩shard
+  // ZeRO-3 under pipeline parallelism: the runner gathers whole chunks around each use.
+  bool pipelined() const { return !model_.pipeline_stage().whole(); }
+  std::pair<int, int> chunk_of(int layer) const;
   void unit_before(int layer, bool backward);
   void unit_after(int layer, bool backward);
   void ensure_gathered(int layer);

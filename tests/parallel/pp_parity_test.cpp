@@ -4,8 +4,12 @@
 // last stage kept in sync; the loss on the last stage. Checked: initial weights bit-identical
 // to the single-process ones, 10 steps of losses and grad norms within 1e-5 relative (grad
 // norm counts the tied embedding once), and every schedule completing for several micro-batch
-// counts (a deadlock shows up as the CTest TIMEOUT).
+// counts (a deadlock shows up as the CTest TIMEOUT). ZeRO-3 under the pipeline (PP2 x DP2): the
+// same parity, the engine's own draw of its shard bit-identical to one process, and only the
+// stage's shard and its embeddings / head resident after a step.
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <cstring>
 
@@ -29,8 +33,52 @@ ModelConfig pp_model(Family f, int layers) {
   return c;
 }
 
+// The elements of the parameters outside the blocks (embeddings, final norm, head): what
+// ZeRO-3 keeps gathered.
+int64_t resident_elems(const ParamSet& P) {
+  int64_t n = 0;
+  for (const ParamInfo& q : P.infos())
+    if (q.name.rfind("blocks.", 0) != 0) n += q.numel;
+  return n;
+}
+
+// ZeRO-3 that drew its own weights (DataParallelOptions::init_seed) on an uninitialised stage:
+// every parameter, block ones gathered through the hooks the runner calls, equals one
+// process's init() bit for bit.
+void expect_drawn_weights_match(Decoder& model, const Decoder& refm) {
+  const ParamSet& P = model.params();
+  auto expect_same = [&](const ParamInfo& q) {
+    const ParamInfo& rq = refm.params().info(q.name);
+    ASSERT_EQ(q.numel, rq.numel) << q.name;
+    EXPECT_EQ(0, std::memcmp(P.data() + q.offset, refm.params().data() + rq.offset, q.numel * 4))
+        << q.name;
+  };
+  for (const ParamInfo& q : P.infos())
+    if (q.name.rfind("blocks.", 0) != 0) expect_same(q);
+  for (auto [b, e] : model.pipeline_stage().chunks)
+    for (int l = b; l < e; ++l) {
+      model.before_block(l, false);
+      for (const ParamInfo& q : P.infos())
+        if (q.name.rfind("blocks." + std::to_string(l) + ".", 0) == 0) expect_same(q);
+      model.after_block(l, false);
+    }
+}
+
+// After a step, ZeRO-3 under the pipeline holds of the parameters only what stays gathered
+// (the stage's embeddings, final norm, head; nothing on a middle stage) plus its shard of the
+// stage in the fp32 master: no page of the blocks, within a page at each range's edges.
+void expect_zero3_stage_memory(const DataParallel& ddp, const ParamSet& P, int D) {
+  const int64_t page = sysconf(_SC_PAGESIZE), resident = resident_elems(P) * 4;
+  const MemoryUse u = ddp.memory_use();
+  EXPECT_GE(u.params, resident);
+  EXPECT_LE(u.params, resident + 4 * page) << "block parameters left gathered";
+  const int64_t shard = (P.total() + D - 1) / D * 4;  // the stage's share / DP, in bytes
+  EXPECT_LE(u.optim, 3 * shard + 6 * page) << "m, v and master of more than the shard";
+  EXPECT_LT(u.params + u.optim / 3, resident + shard + 6 * page);
+}
+
 void check_pp(Family f, pp::ScheduleKind kind, int p, int v, int m, int zero, int steps = kSteps,
-              int layers_per_stage = 2) {
+              int layers_per_stage = 2, bool engine_draws = false) {
   comm::ParallelDims dims;
   dims.pp = p;
   comm::ProcessGroups pg(comm::world(), dims);
@@ -43,15 +91,24 @@ void check_pp(Family f, pp::ScheduleKind kind, int p, int v, int m, int zero, in
   pp::StageLayout layout = pp::assign_layers(cfg.n_layer, p, v);
   Decoder model(cfg, cpu_backend(), Recompute::None, DType::F32, {}, {},
                 pipeline_stage_of(layout, pg.pp().rank()));
-  model.params().init(5);
   ParamSet& P = model.params();
-  for (const ParamInfo& q : P.infos()) {
-    const ParamInfo& rq = refm.params().info(q.name);
-    ASSERT_EQ(q.numel, rq.numel) << q.name;
-    ASSERT_EQ(0, std::memcmp(P.data() + q.offset, refm.params().data() + rq.offset, q.numel * 4))
-        << q.name;
+  if (!engine_draws) {
+    P.init(5);
+    for (const ParamInfo& q : P.infos()) {
+      const ParamInfo& rq = refm.params().info(q.name);
+      ASSERT_EQ(q.numel, rq.numel) << q.name;
+      ASSERT_EQ(0, std::memcmp(P.data() + q.offset, refm.params().data() + rq.offset, q.numel * 4))
+          << q.name;
+    }
   }
-  DataParallel ddp = parity_ddp(model, pg.dp(), zero);
+  DataParallelOptions o;
+  o.zero = zero;
+  o.bucket_elems = 2000;
+  if (engine_draws) o.init_seed = 5;
+  DataParallel ddp(model, pg.dp(), o, parity_adamw(), DType::F32, cpu_backend());
+  if (engine_draws) {
+    ASSERT_NO_FATAL_FAILURE(expect_drawn_weights_match(model, refm));
+  }
   PipelineRunner runner(model, pg.pp(), pp::make_schedule(kind, p, m, v));
   auto run_step = [&](int k) {
     std::vector<MicroBatch> mb = rank_micros(k, m, D, dr, cfg.vocab);
@@ -60,6 +117,9 @@ void check_pp(Family f, pp::ScheduleKind kind, int p, int v, int m, int zero, in
   };
   expect_steps_match_reference(ref, ddp, {pg.dp(), pg.world(), runner.grad_norm_weights()},
                                run_step, std::string(pp::schedule_kind_name(kind)) + " ");
+  if (zero == 3) {
+    ASSERT_NO_FATAL_FAILURE(expect_zero3_stage_memory(ddp, P, D));
+  }
   // Tied embeddings: the first and last stage's copies are still identical.
   if (cfg.tied && p > 1 && (pg.pp().rank() == 0 || pg.pp().rank() == p - 1)) {
     const ParamInfo& e = P.info("embed.wte");
@@ -101,6 +161,42 @@ TEST(PipelineParallel, Pp2Dp2OneFOneBZero1) {
   check_pp(Family::GPT2, pp::ScheduleKind::OneFOneB, 2, 1, 3, 1);
 }
 
+// ZeRO-3 under the pipeline: each DP rank of a stage keeps its shard of the stage's blocks,
+// gathered around every forward and backward of a chunk, the gradients reduce-scattered once
+// after the pipeline; tied embeddings summed between the first and last stage first.
+TEST(PipelineParallel, Pp2Zero3OneFOneBLlama) {
+  if (world_size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  check_pp(Family::Llama, pp::ScheduleKind::OneFOneB, 2, 1, 4, 3);
+}
+TEST(PipelineParallel, Pp2Dp2Zero3GpipeGpt2Tied) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_pp(Family::GPT2, pp::ScheduleKind::GPipe, 2, 1, 4, 3);
+}
+TEST(PipelineParallel, Pp2Dp2Zero3OneFOneBGpt2Tied) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_pp(Family::GPT2, pp::ScheduleKind::OneFOneB, 2, 1, 3, 3);
+}
+TEST(PipelineParallel, Pp2Dp2Zero3GpipeLlama) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_pp(Family::Llama, pp::ScheduleKind::GPipe, 2, 1, 3, 3);
+}
+TEST(PipelineParallel, Pp2Dp2Zero3OneFOneBLlama) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_pp(Family::Llama, pp::ScheduleKind::OneFOneB, 2, 1, 4, 3);
+}
+TEST(PipelineParallel, Pp2Dp2Zero3InterleavedV2Gpt2Tied) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_pp(Family::GPT2, pp::ScheduleKind::Interleaved, 2, 2, 4, 3);
+}
+// The engine draws only its shard and the gathered parameters: bit-identical to one process.
+TEST(PipelineParallel, Zero3DrawsTheStageShardLikeOneProcess) {
+  const int p = 2;
+  check_pp(Family::GPT2, pp::ScheduleKind::OneFOneB, p, 1, 4, 3, kSteps, 2, true);
+  check_pp(Family::Llama, pp::ScheduleKind::GPipe, p, 1, 2, 3, 2, 1, true);
+  if (world_size() == 4)  // a middle stage holds no resident parameter at all
+    check_pp(Family::GPT2, pp::ScheduleKind::OneFOneB, 4, 1, 4, 3, 2, 1, true);
+}
+
 // Every schedule on this world, for several micro-batch counts, runs to completion with the
 // single-process loss (one step, one layer per stage). A schedule that deadlocks hangs here
 // and the test fails by its CTest TIMEOUT.
@@ -122,11 +218,17 @@ TEST(PipelineParallel, BadInputIsAClearError) {
   ModelConfig cfg = pp_model(Family::GPT2, 2 * world_size());
   Decoder model(cfg, cpu_backend(), Recompute::None, DType::F32, {}, {},
                 pipeline_stage_of(pp::assign_layers(cfg.n_layer, world_size()), pg.pp().rank()));
-  // A schedule for another pipeline size, and ZeRO-3, are refused.
+  // A schedule for another pipeline size is refused, and ZeRO-3 of a MoE stage.
   EXPECT_THROW(PipelineRunner(model, pg.pp(), pp::make_gpipe(world_size() + 1, 2)), Error);
+  ModelConfig moe = tiny_moe_model(Family::GPT2);
+  moe.n_layer = 2 * world_size();
+  Decoder moe_model(
+      moe, cpu_backend(), Recompute::None, DType::F32, {}, {},
+      pipeline_stage_of(pp::assign_layers(moe.n_layer, world_size()), pg.pp().rank()));
   DataParallelOptions o;
   o.zero = 3;
-  EXPECT_THROW(DataParallel(model, pg.dp(), o, AdamWConfig{}, DType::F32, cpu_backend()), Error);
+  EXPECT_THROW(DataParallel(moe_model, pg.dp(), o, AdamWConfig{}, DType::F32, cpu_backend()),
+               Error);
 }
 
 LOOM_MPI_TEST_MAIN()
