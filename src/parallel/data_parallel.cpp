@@ -81,8 +81,6 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
       be_(backend),
       n_layer_(model.config().n_layer) {
   LOOM_CHECK(opt.zero >= 0 && opt.zero <= 3, "parallel.zero must be 0..3, got ", opt.zero);
-  LOOM_CHECK(opt.zero < 3 || !model.config().is_moe(),
-             "parallel.zero = 3 with mixture-of-experts layers is not implemented: use zero <= 2");
   LOOM_CHECK(opt.grad_reduce_dtype == DType::F32 || opt.grad_reduce_dtype == DType::BF16,
              "parallel.grad_reduce_dtype must be fp32 or bf16, got ",
              dtype_name(opt.grad_reduce_dtype));
@@ -103,8 +101,15 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
                  ": expert weights must follow every other parameter");
     expert_hi_ = total_;
     total_ = expert_lo_;
-    em_ = Tensor::zeros({expert_hi_ - expert_lo_});
-    ev_ = Tensor::zeros({expert_hi_ - expert_lo_});
+    const int64_t n = expert_hi_ - expert_lo_;
+    eshard_ = opt_.zero == 3 ? (n + edp_->size() - 1) / edp_->size() : n;
+    const int er = opt_.zero == 3 ? edp_->rank() : 0;
+    elo_ = expert_lo_ + std::min(int64_t(er) * eshard_, n);
+    ehi_ = expert_lo_ + std::min(int64_t(er) * eshard_ + eshard_, n);
+    em_ = Tensor::zeros({ehi_ - elo_});
+    ev_ = Tensor::zeros({ehi_ - elo_});
+    if (param_dtype_ != DType::F32 || opt_.zero == 3) emaster_ = Tensor::zeros({ehi_ - elo_});
+    if (opt_.zero == 3) egshard_ = Tensor::zeros({ehi_ - elo_});
   }
   const int D = dp_.size();
   shard_ = (total_ + D - 1) / D;
@@ -121,11 +126,8 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
   const bool shard_drawn = opt_.zero == 3 && opt_.init_seed;
   if (master_.defined() && !shard_drawn && state_n > 0)
     std::memcpy(master_.data<float>(), P_.data() + state_lo, sizeof(float) * state_n);
-  if (experts_apart() && param_dtype_ != DType::F32) {
-    emaster_ = Tensor::zeros({expert_hi_ - expert_lo_});
-    std::memcpy(emaster_.data<float>(), P_.data() + expert_lo_,
-                sizeof(float) * (expert_hi_ - expert_lo_));
-  }
+  if (emaster_.defined() && !shard_drawn && ehi_ > elo_)
+    std::memcpy(emaster_.data<float>(), P_.data() + elo_, sizeof(float) * (ehi_ - elo_));
   if (opt_.zero >= 1) gshard_ = Tensor::zeros({hi_ - lo_});
 
   for (const ParamInfo& p : P_.infos()) {
@@ -138,11 +140,13 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
 
   model_.on_grads_ready = [this](int layer) { on_ready(layer); };
   if (opt_.zero >= 2) release_memory(P_.grad(), total_);
+  if (experts_sharded()) release_memory(P_.grad() + expert_lo_, expert_hi_ - expert_lo_);
   if (opt_.zero == 3) {
     // A model initialised outside holds every block: keep only the gathered parameters. (Drawn
     // here, the blocks' pages were never written.)
     if (!opt_.init_seed)
-      for (auto& u : units_) release_memory(P_.data() + u.lo, u.hi - u.lo);
+      for (auto& u : units_)
+        for (auto& p : u.pieces) release_memory(P_.data() + p.lo, p.hi - p.lo);
     model_.before_block = [this](int l, bool bwd) { unit_before(l, bwd); };
     model_.after_block = [this](int l, bool bwd) { unit_after(l, bwd); };
   }
@@ -150,20 +154,34 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
 
 void DataParallel::build_units() {
   // A pipeline stage holds only its layers: the other units stay empty and never gathered.
+  // A block's parameters are one run of the flat buffer, except its MoE experts, which follow
+  // every other parameter: consecutive parameters of one block (and one group) share a piece.
   units_.resize(n_layer_);
+  int prev_block = -1;
   for (const ParamInfo& p : P_.infos()) {
-    int b = block_of(p.name);
-    if (b < 0) continue;
-    Unit& u = units_[b];
-    if (u.hi == 0) u.lo = p.offset;
-    u.hi = p.offset + p.numel;
+    const int b = block_of(p.name);
+    const bool experts = experts_apart() && p.expert;
+    if (b >= 0) {
+      auto& pieces = units_[b].pieces;
+      if (b != prev_block || pieces.empty() || pieces.back().experts != experts) {
+        Piece piece;
+        piece.lo = piece.hi = p.offset;
+        piece.experts = experts;
+        pieces.push_back(std::move(piece));
+      }
+      pieces.back().hi = p.offset + p.numel;
+    }
+    prev_block = b;
   }
-  for (auto& u : units_) u.counts = counts_of(u.lo, u.hi);
+  for (auto& u : units_)
+    for (auto& p : u.pieces)
+      p.counts = p.experts ? expert_counts_of(p.lo, p.hi) : counts_of(p.lo, p.hi);
   // Everything outside the blocks stays gathered: embeddings, final norm, head (of the first
   // and last pipeline stage; none on a middle stage).
   std::vector<std::pair<int64_t, int64_t>> blocks;
   for (const Unit& u : units_)
-    if (u.hi > u.lo) blocks.push_back({u.lo, u.hi});
+    for (const Piece& p : u.pieces)
+      if (!p.experts) blocks.push_back({p.lo, p.hi});
   std::sort(blocks.begin(), blocks.end());
   int64_t at = 0;
   for (auto [lo, hi] : blocks) {
@@ -188,11 +206,16 @@ void DataParallel::draw_initial_weights(uint64_t seed) {
   for (auto [lo, hi] : resident_ranges_) round(P_.data() + lo, hi - lo);
   P_.draw(seed, lo_, hi_, master_.data<float>());
   round(master_.data<float>(), hi_ - lo_);
+  if (experts_sharded()) {
+    P_.draw(seed, elo_, ehi_, emaster_.data<float>());
+    round(emaster_.data<float>(), ehi_ - elo_);
+  }
 }
 
 DataParallel::~DataParallel() {
   for (auto& b : buckets_) b.work.wait();
-  for (auto& u : units_) u.work.wait();
+  for (auto& u : units_)
+    for (auto& p : u.pieces) p.work.wait();
   model_.on_grads_ready = nullptr;
   model_.before_block = nullptr;
   model_.after_block = nullptr;
@@ -203,6 +226,16 @@ std::vector<int64_t> DataParallel::counts_of(int64_t lo, int64_t hi) const {
   for (int r = 0; r < dp_.size(); ++r) {
     int64_t a = std::max(lo, std::min(int64_t(r) * shard_, total_));
     int64_t b = std::min(hi, std::min(int64_t(r + 1) * shard_, total_));
+    c[r] = std::max<int64_t>(0, b - a);
+  }
+  return c;
+}
+
+std::vector<int64_t> DataParallel::expert_counts_of(int64_t lo, int64_t hi) const {
+  std::vector<int64_t> c(edp_->size());
+  for (int r = 0; r < edp_->size(); ++r) {
+    int64_t a = std::max(lo, std::min(expert_lo_ + int64_t(r) * eshard_, expert_hi_));
+    int64_t b = std::min(hi, std::min(expert_lo_ + int64_t(r + 1) * eshard_, expert_hi_));
     c[r] = std::max<int64_t>(0, b - a);
   }
   return c;
@@ -245,7 +278,10 @@ void DataParallel::start_step(int micro_batches) {
   LOOM_CHECK(micro_batches > 0, "a step needs at least one micro-batch");
   micros_ = micro_batches;
   if (opt_.zero <= 1) P_.zero_grad();  // ZeRO-2/3 keep the full buffer zero (released)
-  if (experts_apart()) std::fill(P_.grad() + expert_lo_, P_.grad() + expert_hi_, 0.f);
+  // (ZeRO-3 releases the experts' gradients after reducing them: zero, and no pages touched.)
+  if (experts_apart() && !experts_sharded())
+    std::fill(P_.grad() + expert_lo_, P_.grad() + expert_hi_, 0.f);
+  if (egshard_.defined() && egshard_.numel() > 0) egshard_.fill(0.f);
   if (gshard_.defined() && gshard_.numel() > 0) gshard_.fill(0.f);
 }
 
@@ -340,10 +376,17 @@ void DataParallel::complete(Bucket& b) {
 }
 
 void DataParallel::finish_micro() {
-  // Expert gradients: summed over the ranks that hold the same experts, once per step.
-  if (experts_apart() && micro_ == micros_ - 1 && edp_->size() > 1)
+  // Expert gradients: summed over the ranks that hold the same experts, once per step (ZeRO-3:
+  // into this rank's shard, and the full-size pages released).
+  if (experts_sharded() && micro_ == micros_ - 1) {
+    static float dummy;
+    edp_->reduce_scatter(P_.grad() + expert_lo_, ehi_ > elo_ ? egshard_.data<float>() : &dummy,
+                         expert_counts_of(expert_lo_, expert_hi_), DType::F32, comm::ReduceOp::Sum);
+    release_memory(P_.grad() + expert_lo_, expert_hi_ - expert_lo_);
+  } else if (experts_apart() && micro_ == micros_ - 1 && edp_->size() > 1) {
     edp_->all_reduce(P_.grad() + expert_lo_, expert_hi_ - expert_lo_, DType::F32,
                      comm::ReduceOp::Sum);
+  }
   if (!reduces_now()) return;
   for (auto& b : buckets_)
     if (!b.launched) launch(b);
@@ -365,8 +408,17 @@ double DataParallel::grad_sq_local(const std::vector<double>& weights) const {
     int64_t a = std::max(infos[i].offset, lo_), b = std::min(infos[i].offset + infos[i].numel, hi_);
     if (a < b) sum += w * be_.sum_squares(g + a, b - a);
   }
-  // Expert weights: replicated over the expert-data-parallel group, counted on its rank 0.
-  if (experts_apart() && edp_->rank() == 0)
+  // ZeRO-3 expert weights: each element on one rank of the expert-data-parallel group.
+  if (experts_sharded())
+    for (size_t i = 0; i < infos.size(); ++i) {
+      const double w = weights.empty() ? 1.0 : weights[i];
+      int64_t a = std::max(infos[i].offset, elo_);
+      int64_t b = std::min(infos[i].offset + infos[i].numel, ehi_);
+      if (infos[i].expert && w != 0 && a < b)
+        sum += w * be_.sum_squares(egshard_.data<float>() + (a - elo_), b - a);
+    }
+  // Otherwise: replicated over the expert-data-parallel group, counted on its rank 0.
+  if (experts_apart() && !experts_sharded() && edp_->rank() == 0)
     for (size_t i = 0; i < infos.size(); ++i)
       if (infos[i].expert && (weights.empty() || weights[i] != 0))
         sum += (weights.empty() ? 1.0 : weights[i]) *
@@ -379,10 +431,8 @@ float* DataParallel::shard_weights() {
   return P_.data() + (opt_.zero == 0 ? 0 : lo_);
 }
 
-void DataParallel::adam_range(float* w, const float* g, int64_t lo, int64_t hi, double lr,
-                              float gs) {
-  float* m = m_.data<float>();
-  float* v = v_.data<float>();
+void DataParallel::adam_range(float* w, const float* g, float* m, float* v, int64_t lo, int64_t hi,
+                              double lr, float gs) {
   for (const ParamInfo& p : P_.infos()) {
     int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
     if (a >= b) continue;
@@ -412,16 +462,12 @@ void DataParallel::gather_range_async(int64_t lo, int64_t hi, comm::Work* work,
 
 void DataParallel::expert_adam(double lr, float gs) {
   if (!experts_apart()) return;
-  float* w = emaster_.defined() ? emaster_.data<float>() - expert_lo_ : P_.data();
-  for (const ParamInfo& p : P_.infos()) {
-    if (!p.expert) continue;
-    const int64_t k = p.offset - expert_lo_;
-    be_.adamw(w + p.offset, P_.grad() + p.offset, em_.data<float>() + k, ev_.data<float>() + k,
-              p.numel, static_cast<float>(lr), static_cast<float>(adam_.beta1),
-              static_cast<float>(adam_.beta2), static_cast<float>(adam_.eps),
-              p.decay ? static_cast<float>(adam_.weight_decay) : 0.f, gs, t_);
-  }
-  if (emaster_.defined()) {
+  // [elo_, ehi_): every expert weight here (ZeRO 0-2), or this rank's shard of them (ZeRO-3,
+  // whose ranks gather them on use).
+  float* w = emaster_.defined() ? emaster_.data<float>() : P_.data() + elo_;
+  const float* g = experts_sharded() ? egshard_.data<float>() : P_.grad() + elo_;
+  adam_range(w, g, em_.data<float>(), ev_.data<float>(), elo_, ehi_, lr, gs);
+  if (emaster_.defined() && !experts_sharded()) {
     const int64_t n = expert_hi_ - expert_lo_;
     std::memcpy(P_.data() + expert_lo_, emaster_.data<float>(), sizeof(float) * n);
     round_to(param_dtype_, P_.data() + expert_lo_, static_cast<size_t>(n));
@@ -432,16 +478,18 @@ void DataParallel::step(double lr, float grad_scale) {
   ++t_;
   expert_adam(lr, grad_scale);
   if (opt_.zero == 0) {
-    adam_range(shard_weights(), P_.grad(), 0, total_, lr, grad_scale);
+    adam_range(shard_weights(), P_.grad(), m_.data<float>(), v_.data<float>(), 0, total_, lr,
+               grad_scale);
     write_own_params(0, total_);
     return;
   }
-  adam_range(shard_weights(), gshard_.data<float>(), lo_, hi_, lr, grad_scale);
+  adam_range(shard_weights(), gshard_.data<float>(), m_.data<float>(), v_.data<float>(), lo_, hi_,
+             lr, grad_scale);
   sync_model_from_master();
 }
 
 void DataParallel::sync_model_from_master() {
-  if (emaster_.defined()) {
+  if (emaster_.defined() && !experts_sharded()) {
     const int64_t n = expert_hi_ - expert_lo_;
     std::memcpy(P_.data() + expert_lo_, emaster_.data<float>(), sizeof(float) * n);
     round_to(param_dtype_, P_.data() + expert_lo_, static_cast<size_t>(n));
@@ -466,18 +514,35 @@ void DataParallel::sync_model_from_master() {
   }
 }
 
+// A dense piece from the owners' master shards over dp_; an expert piece from the owners'
+// expert master shards over edp_.
+void DataParallel::gather_piece_async(Piece& p) {
+  if (!p.experts) {
+    gather_range_async(p.lo, p.hi, &p.work, &p.counts);
+    return;
+  }
+  const int64_t a = std::max(p.lo, elo_), b = std::min(p.hi, ehi_);
+  if (a < b) {
+    std::memcpy(P_.data() + a, emaster_.data<float>() + (a - elo_), sizeof(float) * (b - a));
+    if (param_dtype_ != DType::F32) round_to(param_dtype_, P_.data() + a, size_t(b - a));
+  }
+  p.work = edp_->all_gather_async(P_.data() + p.lo, p.counts, DType::F32);
+}
+
 void DataParallel::ensure_gathered(int l) {
   Unit& u = units_[l];
   if (u.state != Unit::Released) return;
-  gather_range_async(u.lo, u.hi, &u.work, &u.counts);
+  for (auto& p : u.pieces) gather_piece_async(p);
   u.state = Unit::InFlight;
 }
 
 void DataParallel::release_unit(int l) {
   Unit& u = units_[l];
   if (u.state == Unit::Released) return;
-  u.work.wait();
-  release_memory(P_.data() + u.lo, u.hi - u.lo);
+  for (auto& p : u.pieces) {
+    p.work.wait();
+    release_memory(P_.data() + p.lo, p.hi - p.lo);
+  }
   u.state = Unit::Released;
 }
 
@@ -493,13 +558,13 @@ void DataParallel::unit_before(int l, bool backward) {
     // The pipeline runner calls this for every block of a chunk, in layer order, before the
     // chunk's forward or backward (which recomputes the forward first): the first call starts
     // the gathers of the whole chunk's remaining blocks at once, later calls find them started.
-    LOOM_CHECK(units_[l].hi > units_[l].lo, "layer ", l, " is not on this pipeline stage");
+    LOOM_CHECK(!units_[l].pieces.empty(), "layer ", l, " is not on this pipeline stage");
     const int end = chunk_of(l).second;
     for (int j = l; j < end; ++j) ensure_gathered(j);
   } else {
     ensure_gathered(l);
   }
-  units_[l].work.wait();
+  for (auto& p : units_[l].pieces) p.work.wait();
   units_[l].state = Unit::Resident;
   if (pipelined()) return;
   int next = backward ? l - 1 : l + 1;  // prefetch the block that runs next
@@ -528,13 +593,15 @@ std::vector<DataParallel::StateSlice> DataParallel::state_slices() {
     add("exp_avg_sq.", v_);
     if (master_.defined()) add("master.", master_);
   }
-  for (const ParamInfo& p : P_.infos()) {  // expert weights: whole, on every edp rank
+  // Expert weights: whole on every edp rank, or (ZeRO-3) this rank's slice of each.
+  for (const ParamInfo& p : P_.infos()) {
     if (!experts_apart() || !p.expert) continue;
+    int64_t a = std::max(p.offset, elo_), b = std::min(p.offset + p.numel, ehi_);
+    if (a >= b) continue;
     auto add = [&](const char* prefix, Tensor& buf) {
-      out.push_back(
-          {std::string(prefix) + p.name,
-           Tensor::view_of(buf.data<float>() + (p.offset - expert_lo_), {p.numel}, DType::F32),
-           p.numel, 0});
+      out.push_back({std::string(prefix) + p.name,
+                     Tensor::view_of(buf.data<float>() + (a - elo_), {b - a}, DType::F32), p.numel,
+                     a - p.offset});
     };
     add("exp_avg.", em_);
     add("exp_avg_sq.", ev_);
@@ -563,25 +630,28 @@ std::vector<DataParallel::StateSlice> DataParallel::param_slices() {
     if (a >= b) continue;
     out.push_back({p.name, Tensor::view_of(w + a, {b - a}, DType::F32), p.numel, a - p.offset});
   }
-  for (const ParamInfo& p : P_.infos())
-    if (experts_apart() && p.expert) {
-      float* src = emaster_.defined() ? emaster_.data<float>() + (p.offset - expert_lo_)
-                                      : P_.data() + p.offset;
-      out.push_back({p.name, Tensor::view_of(src, {p.numel}, DType::F32), p.numel, 0});
-    }
+  for (const ParamInfo& p : P_.infos()) {
+    if (!experts_apart() || !p.expert) continue;
+    int64_t a = std::max(p.offset, elo_), b = std::min(p.offset + p.numel, ehi_);
+    if (a >= b) continue;
+    float* src = emaster_.defined() ? emaster_.data<float>() + (a - elo_) : P_.data() + a;
+    out.push_back({p.name, Tensor::view_of(src, {b - a}, DType::F32), p.numel, a - p.offset});
+  }
   return out;
 }
 
 MemoryUse DataParallel::memory_use() const {
   MemoryUse u;
-  u.params = resident_bytes(P_.data(), total_ * 4);
-  u.grads = resident_bytes(P_.grad(), total_ * 4);
-  if (gshard_.defined()) u.grads += resident_bytes(gshard_.data<float>(), gshard_.nbytes());
+  // The whole flat buffer, the expert-parallel experts included.
+  u.params = resident_bytes(P_.data(), P_.total() * 4);
+  u.grads = resident_bytes(P_.grad(), P_.total() * 4);
+  for (const Tensor* t : {&gshard_, &egshard_})
+    if (t->defined()) u.grads += resident_bytes(t->data<float>(), t->nbytes());
   for (auto& b : buckets_) {
     u.grads += resident_bytes(b.scratch.data(), int64_t(b.scratch.capacity()) * 4);
     u.grads += resident_bytes(b.wire.data(), int64_t(b.wire.capacity()) * 2);
   }
-  for (const Tensor* t : {&m_, &v_, &master_})
+  for (const Tensor* t : {&m_, &v_, &master_, &em_, &ev_, &emaster_})
     if (t->defined()) u.optim += resident_bytes(t->data<float>(), t->nbytes());
   return u;
 }

@@ -8,8 +8,9 @@
 //           shard accumulator and their full-size pages released.
 //   zero 3  parameters sharded too: each block's parameters gathered just before use (the next
 //           block's gather prefetched) and released after; embeddings, final norm and head stay
-//           gathered between steps. Under pipeline parallelism the runner calls the block hooks
-//           around each use of a chunk: its blocks are gathered together and released after.
+//           gathered between steps (MoE experts too, sharded over the expert-data-parallel
+//           group under expert parallelism). Under pipeline parallelism the runner calls the block
+//           hooks around each use of a chunk: its blocks are gathered together and released after.
 //
 // Gradients are reduced in fp32, or (grad_reduce_dtype = BF16, Megatron's reduced-precision
 // reduction) rounded to bf16 and sent as bf16, half the bytes, with the sums accumulated in
@@ -67,8 +68,10 @@ class DataParallel {
  public:
   // Under expert parallelism (the model's expert_parallel().size > 1) the experts' weights (the
   // tail of the flat buffer, ParamInfo::expert) differ between the data-parallel ranks: they
-  // are kept apart, all-reduced over `expert_dp` (the ranks holding the same experts) and
-  // stepped whole on each of them (ZeRO-0 for experts, whatever `zero` says for the rest).
+  // are kept apart and reduced over `expert_dp` (the ranks holding the same experts). ZeRO 0-2:
+  // all-reduced and stepped whole on each of them (ZeRO-0 for experts). ZeRO-3: sharded over
+  // `expert_dp` like the dense part over `dp` (reduce-scattered once per step, each rank steps
+  // its shard, a block's experts gathered around its use with the block's other parameters).
   DataParallel(Decoder& model, comm::Communicator& dp, const DataParallelOptions& opt,
                const AdamWConfig& adam, DType param_dtype, Backend& backend,
                comm::Communicator* expert_dp = nullptr);
@@ -145,11 +148,19 @@ class DataParallel {
     // gathered); transient, like scratch.
     std::vector<uint16_t> wire;
   };
-  struct Unit {  // ZeRO-3: one block's parameters
+  // ZeRO-3: a contiguous run of one block's parameters, gathered over the data-parallel group
+  // or, for expert-parallel experts, over the expert-data-parallel group.
+  struct Piece {
     int64_t lo = 0, hi = 0;
+    bool experts = false;  // expert-parallel experts: sharded over edp_
     std::vector<int64_t> counts;
-    enum State { Released, InFlight, Resident } state = Released;
     comm::Work work;
+  };
+  // ZeRO-3: one block's parameters. A MoE block's experts lie after every other parameter, so
+  // its unit has two pieces: the dense part and the experts.
+  struct Unit {
+    std::vector<Piece> pieces;
+    enum State { Released, InFlight, Resident } state = Released;
   };
 
   void build_buckets();
@@ -163,7 +174,9 @@ class DataParallel {
   void complete(Bucket& b);
   bool reduces_now() const;
   std::vector<int64_t> counts_of(int64_t lo, int64_t hi) const;
+  std::vector<int64_t> expert_counts_of(int64_t lo, int64_t hi) const;
   void gather_range_async(int64_t lo, int64_t hi, comm::Work* work, std::vector<int64_t>* counts);
+  void gather_piece_async(Piece& p);
   void write_own_params(int64_t lo, int64_t hi);  // master -> model (rounded) on [lo,hi)∩shard
   // ZeRO-3 under pipeline parallelism: the runner gathers whole chunks around each use.
   bool pipelined() const { return !model_.pipeline_stage().whole(); }
@@ -175,8 +188,12 @@ class DataParallel {
   float* shard_weights();
   // Expert-parallel experts: [expert_lo_, expert_hi_) of the flat buffer (empty otherwise).
   bool experts_apart() const { return expert_hi_ > expert_lo_; }
+  // ZeRO-3 with expert parallelism: the experts sharded over edp_ too ([elo_, ehi_) here).
+  bool experts_sharded() const { return experts_apart() && opt_.zero == 3; }
   void expert_adam(double lr, float gs);
-  void adam_range(float* w, const float* g, int64_t lo, int64_t hi, double lr, float gs);
+  // AdamW on the flat range [lo, hi): w, g, m, v hold its elements from index 0.
+  void adam_range(float* w, const float* g, float* m, float* v, int64_t lo, int64_t hi, double lr,
+                  float gs);
 
   Decoder& model_;
   ParamSet& P_;
@@ -194,7 +211,11 @@ class DataParallel {
   Tensor m_, v_, master_, gshard_;  // shard-sized (full-size for ZeRO-0's m_, v_)
   comm::Communicator* edp_ = nullptr;
   int64_t expert_lo_ = 0, expert_hi_ = 0;
-  Tensor em_, ev_, emaster_;  // the experts' optimizer state (and fp32 master)
+  // The experts' part this rank steps: all of [expert_lo_, expert_hi_), or under ZeRO-3 its
+  // shard over edp_ (ceil(experts / edp) elements each, like the dense shards).
+  int64_t eshard_ = 0, elo_ = 0, ehi_ = 0;
+  Tensor em_, ev_, emaster_;  // the experts' optimizer state (and fp32 master), on [elo_, ehi_)
+  Tensor egshard_;            // ZeRO-3: the experts' reduced gradients on [elo_, ehi_)
   int micro_ = 0, micros_ = 1;
   int64_t t_ = 0;
   double exposed_seconds_ = 0;

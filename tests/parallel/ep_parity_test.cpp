@@ -1,11 +1,18 @@
 // Expert parallelism against one process, as real MPI jobs: a MoE model (4 experts, top-2,
 // dropless) with its experts split over EP = 2 or 4 ranks (tokens dispatched and combined with
 // all-to-all), alone and with data parallelism (EP2 x DP2, expert gradients reduced over the
-// expert-data-parallel group) and ZeRO-1 for the dense part. Checked: initial expert weights
-// bit-identical to the single-process experts they stand for, gradients after the first step
-// within 1e-5 of the largest, and 10 steps of losses (aux loss included) and grad norms within
-// 1e-5 relative. Also the all-to-all exchange on its own (dispatch then combine is exact).
+// expert-data-parallel group) and ZeRO-1 for the dense part; and ZeRO-3 (experts sharded over DP
+// with ep = 1, over the expert-data-parallel group with ep > 1, gathered with their block).
+// Checked: initial expert weights bit-identical to the single-process experts they stand for,
+// gradients after the first step within 1e-5 of the largest, and 10 steps of losses (aux loss
+// included) and grad norms within 1e-5 relative. Also the all-to-all exchange on its own
+// (dispatch then combine is exact).
 #include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
 
 #include "comm/communicator.h"
 #include "comm/process_groups.h"
@@ -46,6 +53,81 @@ void check_ep(Family f, int ep, int zero) {
   expect_trains_like_reference(
       ref, m, {.dp = pg.dp(), .zero = zero, .expert_dp = &pg.edp(), .sums = {pg.dp(), pg.dp(), {}}},
       global_index);
+}
+
+// ZeRO-3 of a MoE model that draws its own weights (DataParallelOptions::init_seed): every
+// parameter (a block's dense part and experts gathered through the block hooks) and every
+// master slice equal one process's init() at their global positions; between steps the rank
+// holds of the parameters only the non-block ones, and of the optimizer state its dense shard
+// over DP plus (EP) its expert shard over edp.
+void check_zero3_draws(Family f, int ep) {
+  comm::ParallelDims dims;
+  dims.ep = ep;
+  comm::ProcessGroups pg(comm::world(), dims);
+  ModelConfig cfg = tiny_moe_model(f);
+  Reference ref(cfg, pg.dp().size());
+  Decoder m(cfg, cpu_backend(), Recompute::None, DType::F32, {}, expert_parallel_layout(pg));
+  DataParallelOptions o;
+  o.zero = 3;
+  o.bucket_elems = 2000;
+  o.init_seed = 5;
+  DataParallel ddp(m, pg.dp(), o, parity_adamw(), DType::F32, cpu_backend(), &pg.edp());
+  const ParamSet& P = m.params();
+  const ParamSet& R = ref.model.params();
+  auto expect_same = [&](const ParamInfo& p) {
+    const ParamInfo& rp = R.info(p.name);
+    for (int64_t e = 0; e < p.numel; ++e)
+      ASSERT_EQ(P.data()[p.offset + e], R.data()[global_index(p, rp, e)])
+          << p.name << " element " << e;
+  };
+  for (const auto& s : ddp.param_slices()) {
+    const ParamInfo& p = P.info(s.name);
+    for (int64_t i = 0; i < s.tensor.numel(); ++i)
+      ASSERT_EQ(s.tensor.data<float>()[i], R.data()[global_index(p, R.info(s.name), s.offset + i)])
+          << "master slice of " << s.name << " element " << i;
+  }
+  int64_t kept = 0, experts = 0;  // elements of the non-block parameters, of the experts
+  for (const ParamInfo& p : P.infos()) {
+    if (p.name.rfind("blocks.", 0) != 0) kept += p.numel;
+    if (p.expert) experts += p.numel;
+  }
+  const int64_t page = sysconf(_SC_PAGESIZE), pieces = 2 * cfg.n_layer;
+  EXPECT_GT(P.total(), 4 * kept) << "the test needs blocks to dominate the model";
+  // Only partial pages at the blocks' edges (zeroed) stay resident besides the kept parameters.
+  EXPECT_LE(ddp.memory_use().params, kept * 4 + (2 * pieces + 2) * page);
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    m.before_block(l, false);
+    for (const ParamInfo& p : P.infos())
+      if (p.name.rfind("blocks." + std::to_string(l) + ".", 0) == 0) {
+        ASSERT_NO_FATAL_FAILURE(expect_same(p));
+      }
+    m.after_block(l, false);
+  }
+  for (const ParamInfo& p : P.infos())
+    if (p.name.rfind("blocks.", 0) != 0) {
+      ASSERT_NO_FATAL_FAILURE(expect_same(p));
+    }
+
+  const int D = pg.dp().size(), dr = pg.dp().rank();
+  std::vector<MicroBatch> mb = rank_micros(0, kMicros, D, dr, cfg.vocab);
+  accumulate_micros(m, ddp, inputs(mb), 1.f / global_valid(mb, pg.dp()));
+  ddp.step(1e-2, 1.f);
+  // Dense elements are sharded over DP; with EP the experts apart over edp, without it with the
+  // rest.
+  const int64_t dense = ep > 1 ? P.total() - experts : P.total();
+  const int64_t shard = (dense + D - 1) / D * 4;
+  const int64_t eshard = ep > 1 ? (experts + pg.edp().size() - 1) / pg.edp().size() * 4 : 0;
+  const MemoryUse u = ddp.memory_use();
+  EXPECT_GE(u.params, kept * 4);
+  EXPECT_LE(u.params, kept * 4 + (2 * pieces + 2) * page) << "block parameters left gathered";
+  EXPECT_LE(u.optim, 3 * (shard + eshard) + 6 * page) << "m, v and master of more than the shard";
+  EXPECT_LE(u.grads, shard + eshard + (2 * pieces + 4) * page)
+      << "full-size gradients left resident";
+  if (comm::world().rank() == 0)
+    std::printf(
+        "ZeRO-3 MoE ep=%d dp=%d: %lld parameters, resident params %lld grads %lld optim %lld B\n",
+        ep, D, static_cast<long long>(P.total()), static_cast<long long>(u.params),
+        static_cast<long long>(u.grads), static_cast<long long>(u.optim));
 }
 
 }  // namespace
@@ -110,6 +192,35 @@ TEST(ExpertParallel, Ep2Dp2Gpt2Zero1) {
 TEST(ExpertParallel, Ep2Dp2Llama) {
   if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   check_ep(Family::Llama, 2, 0);
+}
+
+// ZeRO-3: the dense part sharded over DP and gathered block by block; the experts with it
+// (ep = 1) or sharded over the expert-data-parallel group (ep > 1).
+TEST(ExpertParallel, Dp2Zero3Gpt2) {
+  if (world_size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  check_ep(Family::GPT2, 1, 3);
+}
+TEST(ExpertParallel, Ep2Zero3Llama) {
+  if (world_size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  check_ep(Family::Llama, 2, 3);
+}
+TEST(ExpertParallel, Dp4Zero3Llama) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_ep(Family::Llama, 1, 3);
+}
+TEST(ExpertParallel, Ep2Dp2Zero3Gpt2) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_ep(Family::GPT2, 2, 3);
+}
+TEST(ExpertParallel, Ep4Zero3Gpt2) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_ep(Family::GPT2, 4, 3);
+}
+TEST(ExpertParallel, Zero3DrawsLikeOneProcess) {
+  for (int ep : {1, 2}) {
+    SCOPED_TRACE("ep = " + std::to_string(ep));
+    check_zero3_draws(ep == 1 ? Family::GPT2 : Family::Llama, ep);
+  }
 }
 
 TEST(ExpertParallel, BadLayoutsAreClearErrors) {

@@ -6,7 +6,8 @@
 // norm counts the tied embedding once), and every schedule completing for several micro-batch
 // counts (a deadlock shows up as the CTest TIMEOUT). ZeRO-3 under the pipeline (PP2 x DP2): the
 // same parity, the engine's own draw of its shard bit-identical to one process, and only the
-// stage's shard and its embeddings / head resident after a step.
+// stage's shard and its embeddings / head resident after a step; also for MoE stages, with the
+// experts gathered with their block (ep = 1) or sharded over the expert-data-parallel group.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include "mpi_main.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "parallel/tensor_parallel.h"
 #include "parity_util.h"
 
 using namespace loom;
@@ -27,10 +29,25 @@ using namespace loom::testing_parallel;
 
 namespace {
 
-ModelConfig pp_model(Family f, int layers) {
-  ModelConfig c = tiny_model(f, 32, 4, 2, 8);
+ModelConfig pp_model(Family f, int layers, bool moe = false) {
+  ModelConfig c = moe ? tiny_moe_model(f) : tiny_model(f, 32, 4, 2, 8);
   c.n_layer = layers;
   return c;
+}
+
+// The flat index, in one process's ParamSet (where the parameter is `ref`), of element e of this
+// rank's parameter `local` (expert-parallel experts hold some of the experts).
+int64_t ref_index(const ParamInfo& local, const ParamInfo& ref, int64_t e) {
+  if (!local.sharded()) return ref.offset + e;
+  const int64_t cols = local.numel / local.shape[0];
+  return ref.offset + local.global_index[e / cols] * cols + e % cols;
+}
+
+// Every element of `q` equals the one-process element it stands for, bit for bit.
+void expect_param_matches(const ParamSet& P, const ParamInfo& q, const ParamSet& R) {
+  const ParamInfo& rq = R.info(q.name);
+  for (int64_t e = 0; e < q.numel; ++e)
+    ASSERT_EQ(P.data()[q.offset + e], R.data()[ref_index(q, rq, e)]) << q.name << " element " << e;
 }
 
 // The elements of the parameters outside the blocks (embeddings, final norm, head): what
@@ -47,12 +64,7 @@ int64_t resident_elems(const ParamSet& P) {
 // process's init() bit for bit.
 void expect_drawn_weights_match(Decoder& model, const Decoder& refm) {
   const ParamSet& P = model.params();
-  auto expect_same = [&](const ParamInfo& q) {
-    const ParamInfo& rq = refm.params().info(q.name);
-    ASSERT_EQ(q.numel, rq.numel) << q.name;
-    EXPECT_EQ(0, std::memcmp(P.data() + q.offset, refm.params().data() + rq.offset, q.numel * 4))
-        << q.name;
-  };
+  auto expect_same = [&](const ParamInfo& q) { expect_param_matches(P, q, refm.params()); };
   for (const ParamInfo& q : P.infos())
     if (q.name.rfind("blocks.", 0) != 0) expect_same(q);
   for (auto [b, e] : model.pipeline_stage().chunks)
@@ -67,45 +79,48 @@ void expect_drawn_weights_match(Decoder& model, const Decoder& refm) {
 // After a step, ZeRO-3 under the pipeline holds of the parameters only what stays gathered
 // (the stage's embeddings, final norm, head; nothing on a middle stage) plus its shard of the
 // stage in the fp32 master: no page of the blocks, within a page at each range's edges.
-void expect_zero3_stage_memory(const DataParallel& ddp, const ParamSet& P, int D) {
+// `shard`: the stage's share over DP in bytes (under EP, plus its experts' share over edp).
+void expect_zero3_stage_memory(const DataParallel& ddp, const ParamSet& P, int64_t shard) {
   const int64_t page = sysconf(_SC_PAGESIZE), resident = resident_elems(P) * 4;
+  int64_t pieces = 0;  // the runs of block parameters, each with a partial page at its edges
+  for (const ParamInfo& q : P.infos()) pieces += q.expert ? 1 : 0;
   const MemoryUse u = ddp.memory_use();
   EXPECT_GE(u.params, resident);
-  EXPECT_LE(u.params, resident + 4 * page) << "block parameters left gathered";
-  const int64_t shard = (P.total() + D - 1) / D * 4;  // the stage's share / DP, in bytes
+  EXPECT_LE(u.params, resident + (4 + 2 * pieces) * page) << "block parameters left gathered";
   EXPECT_LE(u.optim, 3 * shard + 6 * page) << "m, v and master of more than the shard";
   EXPECT_LT(u.params + u.optim / 3, resident + shard + 6 * page);
 }
 
+// moe: a MoE model (4 experts, top-2) with its experts split over `ep` ranks of each stage's DP
+// group.
 void check_pp(Family f, pp::ScheduleKind kind, int p, int v, int m, int zero, int steps = kSteps,
-              int layers_per_stage = 2, bool engine_draws = false) {
+              int layers_per_stage = 2, bool engine_draws = false, bool moe = false, int ep = 1) {
   comm::ParallelDims dims;
   dims.pp = p;
+  dims.ep = ep;
   comm::ProcessGroups pg(comm::world(), dims);
   const int D = pg.dp().size(), dr = pg.dp().rank();
-  ModelConfig cfg = pp_model(f, layers_per_stage * p * v);
+  ModelConfig cfg = pp_model(f, layers_per_stage * p * v, moe);
   StepLog ref = reference_run(cfg, steps, m * D, kRows, kT);
   Decoder refm(cfg, cpu_backend());
   refm.params().init(5);
 
   pp::StageLayout layout = pp::assign_layers(cfg.n_layer, p, v);
-  Decoder model(cfg, cpu_backend(), Recompute::None, DType::F32, {}, {},
+  Decoder model(cfg, cpu_backend(), Recompute::None, DType::F32, {},
+                moe ? expert_parallel_layout(pg) : ExpertParallel{},
                 pipeline_stage_of(layout, pg.pp().rank()));
   ParamSet& P = model.params();
   if (!engine_draws) {
     P.init(5);
-    for (const ParamInfo& q : P.infos()) {
-      const ParamInfo& rq = refm.params().info(q.name);
-      ASSERT_EQ(q.numel, rq.numel) << q.name;
-      ASSERT_EQ(0, std::memcmp(P.data() + q.offset, refm.params().data() + rq.offset, q.numel * 4))
-          << q.name;
-    }
+    for (const ParamInfo& q : P.infos())
+      ASSERT_NO_FATAL_FAILURE(expect_param_matches(P, q, refm.params()));
   }
   DataParallelOptions o;
   o.zero = zero;
   o.bucket_elems = 2000;
   if (engine_draws) o.init_seed = 5;
-  DataParallel ddp(model, pg.dp(), o, parity_adamw(), DType::F32, cpu_backend());
+  DataParallel ddp(model, pg.dp(), o, parity_adamw(), DType::F32, cpu_backend(),
+                   ep > 1 ? &pg.edp() : nullptr);
   if (engine_draws) {
     ASSERT_NO_FATAL_FAILURE(expect_drawn_weights_match(model, refm));
   }
@@ -118,7 +133,11 @@ void check_pp(Family f, pp::ScheduleKind kind, int p, int v, int m, int zero, in
   expect_steps_match_reference(ref, ddp, {pg.dp(), pg.world(), runner.grad_norm_weights()},
                                run_step, std::string(pp::schedule_kind_name(kind)) + " ");
   if (zero == 3) {
-    ASSERT_NO_FATAL_FAILURE(expect_zero3_stage_memory(ddp, P, D));
+    int64_t experts = 0;
+    for (const ParamInfo& q : P.infos()) experts += q.expert && ep > 1 ? q.numel : 0;
+    const int E = pg.edp().size();
+    const int64_t shard = (P.total() - experts + D - 1) / D * 4 + (experts + E - 1) / E * 4;
+    ASSERT_NO_FATAL_FAILURE(expect_zero3_stage_memory(ddp, P, shard));
   }
   // Tied embeddings: the first and last stage's copies are still identical.
   if (cfg.tied && p > 1 && (pg.pp().rank() == 0 || pg.pp().rank() == p - 1)) {
@@ -188,6 +207,20 @@ TEST(PipelineParallel, Pp2Dp2Zero3InterleavedV2Gpt2Tied) {
   if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   check_pp(Family::GPT2, pp::ScheduleKind::Interleaved, 2, 2, 4, 3);
 }
+// MoE stages under ZeRO-3: a block's experts (after every other parameter of the stage) are
+// gathered and released with it, sharded over DP (ep = 1) or over the expert-data-parallel group.
+TEST(PipelineParallel, Pp2Zero3MoeGpipeGpt2) {
+  if (world_size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  check_pp(Family::GPT2, pp::ScheduleKind::GPipe, 2, 1, 4, 3, kSteps, 2, true, true);
+}
+TEST(PipelineParallel, Pp2Dp2Zero3MoeOneFOneBLlama) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_pp(Family::Llama, pp::ScheduleKind::OneFOneB, 2, 1, 4, 3, kSteps, 2, true, true);
+}
+TEST(PipelineParallel, Pp2Ep2Zero3MoeInterleavedV2Gpt2Tied) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check_pp(Family::GPT2, pp::ScheduleKind::Interleaved, 2, 2, 4, 3, kSteps, 1, false, true, 2);
+}
 // The engine draws only its shard and the gathered parameters: bit-identical to one process.
 TEST(PipelineParallel, Zero3DrawsTheStageShardLikeOneProcess) {
   const int p = 2;
@@ -218,17 +251,8 @@ TEST(PipelineParallel, BadInputIsAClearError) {
   ModelConfig cfg = pp_model(Family::GPT2, 2 * world_size());
   Decoder model(cfg, cpu_backend(), Recompute::None, DType::F32, {}, {},
                 pipeline_stage_of(pp::assign_layers(cfg.n_layer, world_size()), pg.pp().rank()));
-  // A schedule for another pipeline size is refused, and ZeRO-3 of a MoE stage.
+  // A schedule for another pipeline size is refused.
   EXPECT_THROW(PipelineRunner(model, pg.pp(), pp::make_gpipe(world_size() + 1, 2)), Error);
-  ModelConfig moe = tiny_moe_model(Family::GPT2);
-  moe.n_layer = 2 * world_size();
-  Decoder moe_model(
-      moe, cpu_backend(), Recompute::None, DType::F32, {}, {},
-      pipeline_stage_of(pp::assign_layers(moe.n_layer, world_size()), pg.pp().rank()));
-  DataParallelOptions o;
-  o.zero = 3;
-  EXPECT_THROW(DataParallel(moe_model, pg.dp(), o, AdamWConfig{}, DType::F32, cpu_backend()),
-               Error);
 }
 
 LOOM_MPI_TEST_MAIN()

@@ -63,12 +63,13 @@ void check_trainer_parity(int zero, int tp = 1, bool sp = false) {
 // A MoE model (4 experts, top-2, dropless) with its experts split over parallel.ep ranks.
 // With tp > 1, the dense part is tensor-parallel and the experts are split over etp ranks of
 // each TP group (parallel.etp; 1 = replicated).
+void moe(Config& c) {
+  c.set("model.n_experts", "4", "test");
+  c.set("model.aux_loss_coeff", "0.02", "test");
+}
+
 void check_trainer_moe(int ep, int zero, int tp = 1, int etp = 1) {
   const int D = W().size() / tp, A = 2, steps = 10;
-  auto moe = [](Config& c) {
-    c.set("model.n_experts", "4", "test");
-    c.set("model.aux_loss_coeff", "0.02", "test");
-  };
   std::string dr = runs.dir("moe_ref");
   auto self = comm::make_self_communicator();
   Config rc = config(dr, steps, A * D, 0);
@@ -108,6 +109,27 @@ TEST(TrainerDp, MoeTensorParallelExpertTensorParallelMatchesOneProcess) {
 }
 TEST(TrainerDp, MoeTensorParallelReplicatedExpertsMatchesOneProcess) {
   check_trainer_moe(1, 1, 2, 1);  // etp = 1: every TP rank computes the experts whole
+}
+
+// ZeRO-3 of a MoE model: the experts gathered with their block, sharded over DP (ep = 1) or
+// over the expert-data-parallel group (ep > 1); the engine draws the initial weights.
+TEST(TrainerDp, MoeZero3MatchesOneProcess) {
+  check_trainer_moe(1, 3);
+  check_trainer_moe(2, 3);  // on 4 ranks EP2 x DP2: the experts sharded over the edp pairs
+}
+
+TEST(TrainerDp, MoeZero3ResumeIsBitIdentical) {
+  for (int ep : {1, 2}) {
+    std::string d1 = runs.dir("moe_resume_a"), d2 = runs.dir("moe_resume_b");
+    auto cfg = [&](const std::string& d) {
+      Config c = config(d, 6, 2, 3);
+      moe(c);
+      c.set("parallel.ep", std::to_string(ep), "test");
+      return c;
+    };
+    testing_parallel::expect_resume_bit_identical(cfg(d1), cfg(d2), cfg(d2),
+                                                  "MoE zero 3, ep " + std::to_string(ep) + " ");
+  }
 }
 
 // Token files (data.source = "tokens"): each DP rank's loader reads only its own rows, and the
