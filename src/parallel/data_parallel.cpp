@@ -290,6 +290,17 @@ void DataParallel::start_micro(int m) {
   for (auto& b : buckets_) b.launched = false;
 }
 
+// Where a bucket's reduce-scatter leaves this rank's sums: straight in the gradient shard under
+// ZeRO-1, in scratch under ZeRO-2/3 (added to the shard when complete) and under bf16 ZeRO-0
+// (gathered back to every rank).
+float* DataParallel::reduce_target(Bucket& b) {
+  const int64_t mine = b.counts[dp_.rank()];
+  static float nothing;  // a valid address for a rank that receives no elements
+  if (opt_.zero == 1) return mine > 0 ? gshard_.data<float>() + (b.own_lo - lo_) : &nothing;
+  b.scratch.resize(std::max<int64_t>(1, mine));
+  return b.scratch.data();
+}
+
 void DataParallel::launch(Bucket& b) {
   b.launched = true;
   ++started_;
@@ -304,16 +315,8 @@ void DataParallel::launch(Bucket& b) {
     wire_bytes_ += 2 * 4 * (b.hi - b.lo - mine);
     return;
   }
-  float* recv;
-  if (opt_.zero == 1) {
-    recv = mine > 0 ? gshard_.data<float>() + (b.own_lo - lo_) : nullptr;
-  } else {
-    b.scratch.resize(std::max<int64_t>(1, mine));
-    recv = b.scratch.data();
-  }
-  static float dummy;
-  b.work = dp_.reduce_scatter_async(send, recv ? recv : &dummy, b.counts, DType::F32,
-                                    comm::ReduceOp::Sum);
+  b.work =
+      dp_.reduce_scatter_async(send, reduce_target(b), b.counts, DType::F32, comm::ReduceOp::Sum);
   wire_bytes_ += 4 * (b.hi - b.lo - mine);
 }
 
@@ -324,15 +327,7 @@ void DataParallel::launch_bf16(Bucket& b) {
   const float* g = P_.grad() + b.lo;
   b.wire.resize(n);
   for (int64_t i = 0; i < n; ++i) b.wire[i] = f32_to_bf16(g[i]);
-  float* recv;
-  if (opt_.zero == 1) {
-    recv = mine > 0 ? gshard_.data<float>() + (b.own_lo - lo_) : nullptr;
-  } else {
-    b.scratch.resize(std::max<int64_t>(1, mine));
-    recv = b.scratch.data();
-  }
-  static float dummy;
-  b.work = dp_.reduce_scatter_bf16_async(b.wire.data(), recv ? recv : &dummy, b.counts);
+  b.work = dp_.reduce_scatter_bf16_async(b.wire.data(), reduce_target(b), b.counts);
   wire_bytes_ += 2 * (n - mine);
 }
 

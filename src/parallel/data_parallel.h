@@ -169,6 +169,7 @@ class DataParallel {
   void on_ready(int layer);
   void launch(Bucket& b);
   void launch_bf16(Bucket& b);
+  float* reduce_target(Bucket& b);
   void gather_bf16_sums(Bucket& b);
   bool bf16_reduce() const { return opt_.grad_reduce_dtype == DType::BF16; }
   void complete(Bucket& b);
