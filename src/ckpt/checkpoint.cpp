@@ -174,6 +174,12 @@ std::string shape_fingerprint(const TensorMap& tensors) {
   return shape_fingerprint(to_list(tensors));
 }
 
+std::string rank_dir_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank_%05d", rank);
+  return buf;
+}
+
 std::string step_dir_name(int64_t step) {
   LOOM_CHECK(step >= 0, "negative checkpoint step ", step);
   char buf[32];

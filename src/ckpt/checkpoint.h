@@ -42,6 +42,8 @@ std::string shape_fingerprint(const TensorMap& tensors);
 
 std::string step_dir_name(int64_t step);                           // "step_00000042"
 bool parse_step_dir_name(const std::string& name, int64_t* step);  // false for other names
+// A distributed run's per-rank checkpoint root under <out_dir>/checkpoints: "rank_00003".
+std::string rank_dir_name(int rank);
 
 // Writes the checkpoint for `state.step` under `root` (created if missing), updates `latest`,
 // and, with keep_last > 0, then deletes older step directories so that keep_last remain,

@@ -1,7 +1,9 @@
-// `loom ckpt`: inspect checkpoints; export to / import from Hugging Face safetensors.
+// `loom ckpt`: inspect checkpoints; export to / import from Hugging Face safetensors; consolidate
+// a distributed run's per-rank checkpoints into one.
 #include <cstdio>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/consolidate.h"
 #include "ckpt/hf_export.h"
 #include "ckpt/model_bridge.h"
 #include "cli/command.h"
@@ -87,20 +89,42 @@ static int import_cmd(const Args& args) {
   return 0;
 }
 
+static int consolidate_cmd(const Args& args) {
+  Options o("loom ckpt consolidate RUN_DIR --out ROOT [--step N]",
+            "Places the per-rank checkpoints of a distributed run (data parallelism with ZeRO\n"
+            "0-3, pipeline, context and expert parallelism; not tensor parallelism) into whole\n"
+            "tensors and writes a one-process checkpoint under ROOT, which export, generate and a\n"
+            "one-process train read.");
+  o.positional("run_dir", "a distributed run's out_dir, or its checkpoints directory")
+      .value("out", "", "checkpoints root to write", true)
+      .value("step", "-1", "the step to consolidate (default: the newest every rank committed)");
+  if (!o.parse(args)) return 0;
+  ckpt::ConsolidateResult r =
+      ckpt::consolidate({o.get("run_dir"), o.get("out"), o.get_int("step")});
+  std::printf("consolidated step %lld of %d ranks (%s) -> %s\n", static_cast<long long>(r.step),
+              r.ranks, r.layout.c_str(), r.dir.c_str());
+  if (r.replica_mismatches > 0)
+    std::printf("warning: %lld elements differed between replicas (lowest rank's copy taken)\n",
+                static_cast<long long>(r.replica_mismatches));
+  return 0;
+}
+
 int run_ckpt(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::printf(
-        "usage: loom ckpt <inspect|export|import> ...\n\n"
+        "usage: loom ckpt <inspect|export|import|consolidate> ...\n\n"
         "  inspect PATH                 step, model and tensors of a checkpoint\n"
         "  export PATH --out DIR        Hugging Face safetensors + config.json\n"
-        "  import HF_DIR --out ROOT     Hugging Face model -> Loom checkpoint\n");
+        "  import HF_DIR --out ROOT     Hugging Face model -> Loom checkpoint\n"
+        "  consolidate RUN --out ROOT   distributed run's per-rank checkpoints -> one\n");
     return args.empty() ? 2 : 0;
   }
   Args rest(args.begin() + 1, args.end());
   if (args[0] == "inspect") return inspect(rest);
   if (args[0] == "export") return export_cmd(rest);
   if (args[0] == "import") return import_cmd(rest);
-  fail("unknown ckpt command '", args[0], "' (inspect, export, import)");
+  if (args[0] == "consolidate") return consolidate_cmd(rest);
+  fail("unknown ckpt command '", args[0], "' (inspect, export, import, consolidate)");
 }
 
 }  // namespace loom::cli

@@ -73,9 +73,7 @@ void maybe_inject_fault(int rank, int64_t step) {
 
 std::string Trainer::checkpoint_root() const {
   if (!dp_) return opt_.out_dir + "/checkpoints";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "/rank_%05d", rank_);
-  return opt_.out_dir + "/checkpoints" + buf;
+  return opt_.out_dir + "/checkpoints/" + ckpt::rank_dir_name(rank_);
 }
 
 std::string Trainer::layout_name() const {

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <tuple>
 
+#include "ckpt/checkpoint.h"
+#include "ckpt/consolidate.h"
 #include "comm/communicator.h"
 #include "comm/process_groups.h"
 #include "core/error.h"
@@ -93,7 +95,141 @@ void check_trainer_moe(int ep, int zero, int tp = 1, int etp = 1) {
   }
 }
 
+// `loom ckpt consolidate`: a distributed run's per-rank checkpoints, placed into one one-process
+// checkpoint, hold exactly the weights the ranks hold, and a one-process trainer resumed from it
+// continues with the distributed run's losses (its global batch: grad_accum * dp).
+struct ConsolidateCase {
+  int zero, pp, ep;
+  std::string precision;
+  int cp = 1;
+};
+
+std::string case_label(const ConsolidateCase& k) {
+  return cat("zero=", k.zero, " pp=", k.pp, " ep=", k.ep, " cp=", k.cp, " ", k.precision, ": ");
+}
+
+// The consolidated elements [offset, offset + n) of `name` (model, or optimizer state).
+bool same_bits(const ckpt::SafetensorsReader& f, const std::string& name, int64_t offset,
+               const Tensor& t) {
+  if (!f.contains(name)) return false;
+  Tensor whole = f.view(name);
+  return offset + t.numel() <= whole.numel() &&
+         std::memcmp(whole.data<float>() + offset, t.data<float>(), t.nbytes()) == 0;
+}
+
+// This rank's weights against the consolidated checkpoint, bit for bit: its authoritative slices
+// (fp32 master slices where the policy keeps master weights) and, below ZeRO-3, the whole
+// (all-gathered) parameters its model computes with.
+void expect_rank_weights_in(Trainer& t, const ckpt::Checkpoint& one, const std::string& label) {
+  const int ep_rank = t.groups()->ep().rank();
+  auto offset_of = [&](const std::string& name, int64_t numel) {
+    bool split = t.model().expert_parallel().size > 1 && name.find(".moe.experts.") != name.npos;
+    return split ? int64_t(ep_rank) * numel : int64_t(0);
+  };
+  const bool master = t.precision().compute != DType::F32 && t.data_parallel()->zero() >= 1;
+  for (const auto& sl : t.data_parallel()->param_slices())
+    EXPECT_TRUE(same_bits(master ? one.optim() : one.model(), (master ? "master." : "") + sl.name,
+                          offset_of(sl.name, sl.global_numel) + sl.offset, sl.tensor))
+        << label << "slice of " << sl.name << " at " << sl.offset << " on rank " << W().rank();
+  if (t.data_parallel()->zero() == 3) return;  // the parameters are released between steps
+  for (const auto& [name, w] : t.model().params().tensors())
+    EXPECT_TRUE(same_bits(one.model(), name, offset_of(name, w.numel()), w))
+        << label << name << " on rank " << W().rank();
+}
+
+void check_consolidate(const ConsolidateCase& k) {
+  const int A = 2, half = 3, steps = 6, D = W().size() / (k.pp * k.cp);
+  const std::string label = case_label(k);
+  const std::string shared = testing::TempDir() + "/loom_dp_consolidate";
+  if (W().rank() == 0) remove_all(shared);
+  W().barrier();
+  auto adapt = [&](Config& c) {
+    c.set("precision.policy", "\"" + k.precision + "\"", "test");
+    if (k.ep > 1) moe(c);
+  };
+  Config c = config(runs.dir("consolidate"), steps, A, k.zero);
+  adapt(c);
+  c.set("parallel.pp", std::to_string(k.pp), "test");
+  c.set("parallel.ep", std::to_string(k.ep), "test");
+  c.set("parallel.cp", std::to_string(k.cp), "test");
+  c.set("train.out_dir", "\"" + shared + "/run\"", "test");
+  Trainer t(c);
+  for (int i = 0; i < half; ++i) t.train_step();
+  t.save_checkpoint();
+  int64_t ok = 1;
+  if (W().rank() == 0) {
+    try {
+      ckpt::ConsolidateResult r = ckpt::consolidate({shared + "/run", shared + "/one"});
+      EXPECT_EQ(r.step, half) << label;
+      EXPECT_EQ(r.ranks, W().size()) << label;
+      EXPECT_EQ(r.replica_mismatches, 0) << label;
+    } catch (const Error& e) {
+      ADD_FAILURE() << label << e.what();
+      ok = 0;
+    }
+  }
+  if (W().all_reduce_scalar(-ok, comm::ReduceOp::Max) == 0) return;  // some rank failed
+  expect_rank_weights_in(t, ckpt::Checkpoint(shared + "/one"), label);
+  std::vector<double> distributed;
+  for (int i = half; i < steps; ++i) distributed.push_back(t.train_step().loss);
+  if (W().rank() == 0) {
+    auto self = comm::make_self_communicator();
+    Config oc = config(runs.dir("consolidate_one"), steps, A * D, 0);
+    adapt(oc);
+    Trainer one(oc, self.get());
+    EXPECT_TRUE(one.resume_from(shared + "/one")) << label;
+    EXPECT_EQ(one.step(), half) << label;
+    // The parity tolerance of each policy against one process (MatchesOneProcess tests).
+    const double tol = k.precision == "fp32" ? 1e-5 : 1e-2;
+    for (int i = half; i < steps; ++i) {
+      double loss = one.train_step().loss, want = distributed[i - half];
+      EXPECT_LT(rel_diff(loss, want), tol)
+          << label << "step " << i << ": " << loss << " vs " << want;
+    }
+  }
+  W().barrier();
+}
+
 }  // namespace
+
+TEST(TrainerDp, ConsolidatedCheckpointHoldsTheRunsWeightsAndContinuesInOneProcess) {
+  const int world = W().size();
+  for (const ConsolidateCase& k : std::vector<ConsolidateCase>{{0, 1, 1, "bf16"},
+                                                               {1, 1, 1, "fp32"},
+                                                               {3, 1, 1, "fp32"},
+                                                               {1, 1, 1, "bf16"},
+                                                               {3, 1, 1, "bf16"},
+                                                               {1, 2, 1, "fp32"},
+                                                               {3, 2, 1, "fp32"},
+                                                               {1, 1, world, "fp32"},
+                                                               {3, 1, world, "fp32"},
+                                                               {1, 1, 1, "fp32", 2}})
+    check_consolidate(k);
+}
+
+TEST(TrainerDp, ConsolidateRefusesTensorParallelCheckpoints) {
+  const std::string shared = testing::TempDir() + "/loom_dp_consolidate_tp";
+  if (W().rank() == 0) remove_all(shared);
+  W().barrier();
+  Config c = config(runs.dir("consolidate_tp"), 2, 1, 1);
+  c.set("parallel.tp", "2", "test");
+  c.set("train.out_dir", "\"" + shared + "/run\"", "test");
+  {
+    Trainer t(c);
+    t.train_step();
+    t.save_checkpoint();
+  }
+  if (W().rank() == 0) {
+    try {
+      ckpt::consolidate({shared + "/run", shared + "/one"});
+      ADD_FAILURE() << "consolidated a tensor-parallel checkpoint";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor parallelism"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(file_exists(shared + "/one")) << "a refused consolidation wrote output";
+  }
+  W().barrier();
+}
 
 TEST(TrainerDp, MoeExpertParallelMatchesOneProcess) {
   check_trainer_moe(W().size(), 0);

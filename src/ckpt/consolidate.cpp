@@ -1,0 +1,367 @@
+#include "ckpt/consolidate.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "comm/process_groups.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/log.h"
+#include "model/decoder.h"
+#include "precision/policy.h"
+
+namespace loom::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string join(const std::string& a, const std::string& b) {
+  return (fs::path(a) / b).string();
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size() && i < 16; ++i) s += cat(i ? ", " : "", ranks[i]);
+  if (ranks.size() > 16) s += cat(" and ", ranks.size() - 16, " more");
+  return s;
+}
+
+// The directory holding rank_NNNNN/: the run's checkpoints/ or the path itself.
+std::string ranks_root(const std::string& input) {
+  const std::string nested = join(input, "checkpoints");
+  const std::string root = fs::is_directory(join(nested, rank_dir_name(0))) ? nested : input;
+  if (fs::is_directory(join(root, rank_dir_name(0)))) return root;
+  LOOM_CHECK(!fs::exists(join(root, "latest")) && !fs::exists(join(nested, "latest")), input,
+             ": this is a one-process checkpoint already (no rank_NNNNN directories); use it "
+             "directly");
+  fail(input, ": no distributed checkpoint here (expected ", rank_dir_name(0), " under ", input,
+       " or ", nested, ")");
+}
+
+std::string step_dir(const std::string& root, int rank, int64_t step) {
+  return join(join(root, rank_dir_name(rank)), step_dir_name(step));
+}
+
+std::string layout_of(const TrainerState& st, const std::string& where) {
+  LOOM_CHECK(st.extra.contains("layout"), where,
+             ": state.json has no extra \"layout\": not a distributed checkpoint");
+  return st.extra.at("layout").as_string();
+}
+
+// Ranks of [0, world) without a committed directory for `step`.
+std::vector<int> ranks_missing(const std::string& root, int world, int64_t step) {
+  std::vector<int> missing;
+  for (int r = 0; r < world; ++r)
+    if (!fs::is_directory(step_dir(root, r, step))) missing.push_back(r);
+  return missing;
+}
+
+// The requested step, or the newest step of rank 0 that every rank of its layout committed.
+int64_t choose_step(const std::string& root, int64_t requested) {
+  const auto steps = list_checkpoint_steps(join(root, rank_dir_name(0)));
+  LOOM_CHECK(!steps.empty(), join(root, rank_dir_name(0)), ": no committed checkpoint");
+  std::vector<int64_t> candidates;
+  if (requested >= 0) {
+    LOOM_CHECK(std::find(steps.begin(), steps.end(), requested) != steps.end(), root,
+               ": rank 0 has no checkpoint of step ", requested, " (it has steps ", steps.front(),
+               "..", steps.back(), ")");
+    candidates = {requested};
+  } else {
+    candidates.assign(steps.rbegin(), steps.rend());
+  }
+  std::string first_problem;
+  for (int64_t s : candidates) {
+    const std::string where = step_dir(root, 0, s);
+    Checkpoint c0(where);
+    const int world = DistributedLayout::parse(layout_of(c0.state(), where)).world();
+    auto missing = ranks_missing(root, world, s);
+    if (missing.empty()) return s;
+    const std::string problem = cat("step ", s, " is missing from rank(s) ", rank_list(missing),
+                                    " of ", world, " under ", root);
+    if (first_problem.empty()) first_problem = problem;
+    if (requested < 0) log_warn("consolidate: ", problem, "; trying an older step");
+  }
+  fail(requested >= 0 ? first_problem
+                      : cat("no step was committed by every rank: ", first_problem));
+}
+
+bool is_expert_tensor(const std::string& param) {
+  return param.find(".moe.experts.") != std::string::npos;
+}
+
+// Where the stored tensors go: the one-process model's parameters and AdamW's state.
+struct Destination {
+  Tensor tensor;
+  std::string param;  // the parameter it belongs to
+};
+
+struct Piece {
+  int rank;
+  int64_t offset, length;  // flat range within the destination
+  const float* data;
+};
+
+// Every piece of one destination tensor, then placed with coverage and replica checks.
+struct Placement {
+  std::map<std::string, Destination> dst;
+  std::map<std::string, std::vector<Piece>> pieces;
+  std::vector<std::string> problems;
+  int64_t mismatches = 0;
+
+  void problem(std::string p) {
+    if (problems.size() < 20) problems.push_back(std::move(p));
+  }
+};
+
+// The destination name of a stored optimizer tensor, "" when the one-process optimizer keeps no
+// such state (the fp32 master weights of a ZeRO-3 run whose policy has none: they equal the
+// model's weights, placed from model.safetensors).
+std::string optim_destination(const std::string& name, bool has_master) {
+  return name.rfind("master.", 0) == 0 && !has_master ? std::string() : name;
+}
+
+// A placement as a flat range: the global element count and where the piece starts, when the
+// piece is contiguous in the flattened global tensor (a slice of a flattened tensor, a whole
+// tensor, or whole rows at a row offset). False otherwise.
+bool flat_range(const ShardInfo& shard, const Shape& local, int64_t* global, int64_t* offset) {
+  const Shape& g = shard.global_shape;
+  const Shape off = shard.global_offset.empty() ? Shape(g.size(), 0) : shard.global_offset;
+  if (g.size() != local.size() || off.size() != g.size()) return false;
+  int64_t inner = 1;
+  for (size_t d = 1; d < g.size(); ++d) {
+    if (g[d] != local[d] || off[d] != 0) return false;
+    inner *= g[d];
+  }
+  *global = numel_of(g);
+  *offset = g.empty() ? 0 : off[0] * inner;
+  return true;
+}
+
+void add_pieces(Placement& pl, const SafetensorsReader& file, int rank, int ep_rank, int ep,
+                bool optim, bool has_master) {
+  for (const auto& e : file.entries()) {
+    const std::string name = optim ? optim_destination(e.name, has_master) : e.name;
+    if (name.empty()) continue;
+    auto it = pl.dst.find(name);
+    if (it == pl.dst.end()) {
+      pl.problem(cat(file.path(), ": tensor '", e.name, "' is not in the model"));
+      continue;
+    }
+    if (e.dtype != DType::F32) {
+      pl.problem(
+          cat(file.path(), ": tensor '", e.name, "' is ", dtype_name(e.dtype), ", expected F32"));
+      continue;
+    }
+    const int64_t local = numel_of(e.shape);
+    int64_t global = local, offset = 0;
+    if (e.shard.sharded() && !flat_range(e.shard, e.shape, &global, &offset)) {
+      pl.problem(cat(file.path(), ": tensor '", e.name, "' ", shape_str(e.shape), " at offset ",
+                     shape_str(e.shard.global_offset), " of global shape ",
+                     shape_str(e.shard.global_shape),
+                     " is not a contiguous range of the flattened tensor"));
+      continue;
+    }
+    // An expert-parallel rank's experts are a contiguous block of the global expert dimension.
+    const int split = is_expert_tensor(it->second.param) ? ep : 1;
+    const int64_t want = it->second.tensor.numel();
+    if (global * split != want) {
+      pl.problem(cat(file.path(), ": tensor '", e.name, "' is a piece of ", global * split,
+                     " elements, the model's has ", want));
+      continue;
+    }
+    if (offset < 0 || offset + local > global) {
+      pl.problem(cat(file.path(), ": tensor '", e.name, "' at offset ", offset, " with ", local,
+                     " elements overruns its ", global));
+      continue;
+    }
+    const int64_t base = split > 1 ? int64_t(ep_rank) * global : 0;
+    pl.pieces[name].push_back({rank, base + offset, local, file.view(e.name).data<float>()});
+  }
+}
+
+// Copies one destination's pieces in (offset, rank) order: a gap is an error; elements held
+// twice (replicas) keep the first copy, and differing copies are counted.
+void place(Placement& pl, const std::string& name, std::vector<Piece>& pieces) {
+  float* out = pl.dst.at(name).tensor.data<float>();
+  const int64_t n = pl.dst.at(name).tensor.numel();
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.rank < b.rank;
+  });
+  int64_t covered = 0, differing = 0;
+  for (const Piece& p : pieces) {
+    if (p.offset > covered) break;
+    const int64_t end = p.offset + p.length, seen = std::min(end, covered);
+    if (seen > p.offset &&
+        std::memcmp(out + p.offset, p.data, sizeof(float) * (seen - p.offset)) != 0) {
+      for (int64_t i = p.offset; i < seen; ++i)
+        differing += std::memcmp(out + i, p.data + (i - p.offset), sizeof(float)) != 0;
+    }
+    if (end > covered) {
+      std::memcpy(out + covered, p.data + (covered - p.offset), sizeof(float) * (end - covered));
+      covered = end;
+    }
+  }
+  if (covered < n) {
+    std::vector<int> holders;
+    for (const Piece& p : pieces) holders.push_back(p.rank);
+    std::sort(holders.begin(), holders.end());
+    holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+    pl.problem(cat("tensor '", name, "': elements [", covered, ", ", n, ") of ", n,
+                   " are on no rank", holders.empty() ? "" : " (pieces from rank(s) ",
+                   rank_list(holders), holders.empty() ? "" : ")"));
+  }
+  if (differing > 0) {
+    log_warn("consolidate: tensor '", name, "': ", differing,
+             " elements differ between replicas; the lowest rank's copy was taken");
+    pl.mismatches += differing;
+  }
+}
+
+// Every rank's checkpoint must be of the same model, precision, layout and step as rank 0's.
+void check_same_run(const Checkpoint& c0, const Checkpoint& c, int rank) {
+  auto text = [](const Checkpoint& k, const char* key) {
+    return k.state().extra.contains(key) ? k.state().extra.at(key).dump() : std::string("-");
+  };
+  LOOM_CHECK(c.state().step == c0.state().step, c.dir(), ": step ", c.state().step, ", rank 0 has ",
+             c0.state().step);
+  // Ranks may differ in per-host paths (data, output); rank 0's config is the one recorded.
+  if (c.state().config_text != c0.state().config_text)
+    log_warn("consolidate: ", c.dir(),
+             ": the run's config text differs from rank 0's; keeping "
+             "rank 0's");
+  for (const char* key : {"model_fingerprint", "precision", "layout", "optimizer_steps"})
+    LOOM_CHECK(text(c, key) == text(c0, key), c.dir(), ": extra \"", key, "\" is ", text(c, key),
+               ", rank 0 has ", text(c0, key));
+  if (c.state().extra.contains("rank"))
+    LOOM_CHECK(c.state().extra.at("rank").as_int() == rank, c.dir(), ": written by rank ",
+               c.state().extra.at("rank").as_int(), ", found under ", rank_dir_name(rank));
+}
+
+// Rank 0's state without the distributed keys: what a one-process run records.
+TrainerState one_process_state(const TrainerState& s0, const std::string& layout, int ranks) {
+  TrainerState st = s0;
+  st.fingerprint.clear();  // recomputed from the whole tensors on save
+  st.extra = Json::object();
+  for (const auto& [key, value] : s0.extra.as_object())
+    if (key != "layout" && key != "rank") st.extra[key] = value;
+  st.extra["consolidated_from"] = Json(cat(layout, " on ", ranks, " ranks"));
+  return st;
+}
+
+}  // namespace
+
+DistributedLayout DistributedLayout::parse(const std::string& text) {
+  DistributedLayout l;
+  std::istringstream in(text);
+  std::string item;
+  std::map<std::string, int*> fields = {{"tp", &l.tp}, {"cp", &l.cp}, {"dp", &l.dp},
+                                        {"pp", &l.pp}, {"ep", &l.ep}, {"zero", &l.zero}};
+  while (in >> item) {
+    const size_t eq = item.find('=');
+    LOOM_CHECK(eq != std::string::npos && eq > 0, "layout '", text, "': malformed entry '", item,
+               "'");
+    auto it = fields.find(item.substr(0, eq));
+    if (it == fields.end()) continue;  // sp, vp, stages: no bearing on placement
+    try {
+      *it->second = std::stoi(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      fail("layout '", text, "': '", item, "' is not a number");
+    }
+  }
+  LOOM_CHECK(l.tp > 0 && l.cp > 0 && l.dp > 0 && l.pp > 0 && l.ep > 0 && l.dp % l.ep == 0,
+             "layout '", text, "': sizes must be positive and ep must divide dp");
+  return l;
+}
+
+ConsolidateResult consolidate(const ConsolidateOptions& opt) {
+  LOOM_CHECK(!opt.out.empty(), "consolidate: no output directory");
+  const std::string root = ranks_root(opt.input);
+  const int64_t step = choose_step(root, opt.step);
+
+  // Every rank's checkpoint of that step, of one run and layout.
+  std::vector<std::unique_ptr<Checkpoint>> ranks;
+  ranks.push_back(std::make_unique<Checkpoint>(step_dir(root, 0, step)));
+  const Checkpoint& c0 = *ranks[0];
+  const std::string layout_text = layout_of(c0.state(), c0.dir());
+  const DistributedLayout layout = DistributedLayout::parse(layout_text);
+  LOOM_CHECK(layout.tp == 1, c0.dir(), ": layout '", layout_text,
+             "' uses tensor parallelism (tp > 1), whose shards do not place into global tensors "
+             "yet (the fused QKV rows are not contiguous; docs/parallel.md, \"Not done yet\"): "
+             "cannot consolidate");
+  for (int r = 1; r < layout.world(); ++r) {
+    ranks.push_back(std::make_unique<Checkpoint>(step_dir(root, r, step)));
+    check_same_run(c0, *ranks.back(), r);
+  }
+
+  // The one-process model and optimizer state, to be filled.
+  const Config cfg = Config::parse(c0.state().config_text, c0.dir() + "/state.json");
+  Decoder model(model_config_from(cfg), cpu_backend());
+  const std::string model_fp = c0.state().extra.contains("model_fingerprint")
+                                   ? c0.state().extra.at("model_fingerprint").as_string()
+                                   : std::string();
+  LOOM_CHECK(model_fp == model.config().fingerprint(), c0.dir(), ": recorded model '", model_fp,
+             "' differs from the config's '", model.config().fingerprint(), "'");
+  const PrecisionPolicy policy = precision_from_name(
+      c0.state().extra.contains("precision") ? c0.state().extra.at("precision").as_string()
+                                             : std::string("fp32"));
+  const bool has_master = policy.compute != DType::F32;  // as AdamW keeps them
+  Placement model_pl, optim_pl;
+  TensorMap optim;
+  for (const auto& [name, t] : model.params().tensors()) {
+    model_pl.dst[name] = {t, name};
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq.", "master."}) {
+      if (std::strcmp(prefix, "master.") == 0 && !has_master) continue;
+      Tensor state = Tensor::zeros(t.shape());
+      optim[prefix + name] = state;
+      optim_pl.dst[prefix + name] = {state, name};
+    }
+  }
+
+  const comm::RankGenerator gen(
+      layout.world(), comm::ParallelDims{layout.tp, layout.cp, layout.ep, layout.dp, layout.pp});
+  for (int r = 0; r < layout.world(); ++r) {
+    const int ep_rank = gen.coords(r).ep;
+    add_pieces(model_pl, ranks[r]->model(), r, ep_rank, layout.ep, false, has_master);
+    add_pieces(optim_pl, ranks[r]->optim(), r, ep_rank, layout.ep, true, has_master);
+  }
+  for (Placement* pl : {&model_pl, &optim_pl})
+    for (auto& [name, d] : pl->dst) place(*pl, name, pl->pieces[name]);
+  std::vector<std::string> problems = model_pl.problems;
+  problems.insert(problems.end(), optim_pl.problems.begin(), optim_pl.problems.end());
+  if (!problems.empty()) {
+    std::string msg;
+    for (const auto& p : problems) msg += "\n  " + p;
+    fail(root, ": step ", step, " of layout '", layout_text,
+         "' does not consolidate into whole tensors:", msg);
+  }
+  // The one-process model holds the weights rounded to the compute dtype; ZeRO >= 1 ranks store
+  // their fp32 master slices instead (rounding values already rounded changes nothing).
+  if (policy.compute != DType::F32)
+    round_to(policy.compute, model.params().data(), model.params().total());
+
+  const TrainerState st = one_process_state(c0.state(), layout_text, layout.world());
+  const bool created = !fs::exists(opt.out);
+  ConsolidateResult res;
+  try {
+    res.dir = save_checkpoint(opt.out, st, model.params().tensors(), optim);
+  } catch (...) {
+    if (created) remove_all(opt.out);
+    throw;
+  }
+  res.step = step;
+  res.ranks = layout.world();
+  res.layout = layout_text;
+  res.replica_mismatches = model_pl.mismatches + optim_pl.mismatches;
+  return res;
+}
+
+}  // namespace loom::ckpt
