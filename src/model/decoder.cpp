@@ -717,6 +717,15 @@ std::pair<int, int> Decoder::chunk_range(int chunk) const {
 }
 
 void Decoder::stage_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out) {
+  chunk_forward(chunk, in, x_in, x_out, false);
+}
+
+// for_backward: the recomputation that starts stage_backward. Its last block runs inside the
+// backward's hooks (before_block(e-1, true) here, after_block(e-1, true) after the block's
+// backward), as in forward_backward, where the last block stays gathered into backward: the
+// block is not released and gathered again between its forward and its backward.
+void Decoder::chunk_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out,
+                            bool for_backward) {
   check_input(in, cfg_);
   LOOM_CHECK(!sp_on() || in.N % tp_.size == 0, "sequence parallelism needs the ", in.N,
              " tokens of a micro-batch to split over parallel.tp = ", tp_.size);
@@ -738,13 +747,18 @@ void Decoder::stage_forward(int chunk, const ModelInput& in, const float* x_in, 
     }
     out = x_out;
   }
-  for (int l = b; l < e; ++l) block_forward(l, in, acts_[l], l + 1 < e ? acts_[l + 1].x_in : out);
+  for (int l = b; l < e; ++l) {
+    const bool into_backward = for_backward && l == e - 1;
+    if (before_block) before_block(l, into_backward);
+    block_forward(l, in, acts_[l], l + 1 < e ? acts_[l + 1].x_in : out);
+    if (after_block && !into_backward) after_block(l, false);
+  }
 }
 
 double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_in,
                                const float* dx_out, float* dx_in, float dloss) {
   LOOM_CHECK(in.targets, "stage_backward needs targets");
-  stage_forward(chunk, in, x_in, nullptr);  // recompute from the kept chunk input
+  chunk_forward(chunk, in, x_in, nullptr, true);  // recompute from the kept chunk input
   auto [b, e] = chunk_range(chunk);
   const int64_t n = stage_act_elems(in.N);
   dloss_ = dloss;
@@ -757,11 +771,13 @@ double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_i
   }
   for (int l = e - 1; l >= b; --l) {
     const LayerActs& a = acts_[l];
+    if (before_block && l != e - 1) before_block(l, true);  // e-1: since its recomputation
     if (recompute_ == Recompute::Full)
       block_forward(l, in, a, nullptr);
     else if (recompute_ == Recompute::Selective)
       attention_core(in, a);
     block_backward(l, in, a, dres_);
+    if (after_block) after_block(l, true);
   }
   if (is_first_stage(chunk))
     embed_backward(in);

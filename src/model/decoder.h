@@ -112,7 +112,9 @@ class Decoder {
   // recomputes the chunk from its input (so only chunk inputs are kept between forward and
   // backward, whatever the number of micro-batches in flight), then runs backward from dx_out
   // (or from the loss on the last stage) and writes the chunk's input gradient to dx_in
-  // (embedding gradients on the first stage). Gradients accumulate; no hooks are called.
+  // (embedding gradients on the first stage). Gradients accumulate. Both call before_block /
+  // after_block around each block as forward_backward does (the recomputation's blocks as
+  // forward uses, except the last, whose hooks span its recomputation and its backward).
   // Returns this chunk's part of the loss sum (head loss on the last stage, MoE aux losses).
   const PipelineStage& pipeline_stage() const { return pp_; }
   int num_chunks() const { return pp_.whole() ? 1 : static_cast<int>(pp_.chunks.size()); }
@@ -155,6 +157,9 @@ class Decoder {
   void embed_forward(const ModelInput& in);
   void embed_backward(const ModelInput& in);
   void forward_blocks(const ModelInput& in);  // every block, with the before/after hooks
+  // stage_forward's body; for_backward: stage_backward's recomputation (see there for hooks).
+  void chunk_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out,
+                     bool for_backward);
   void block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out);
   void attention_core(const ModelInput& in, const LayerActs& a);
   void block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres);

@@ -529,6 +529,7 @@ void DataParallel::ensure_gathered(int l) {
   if (u.state != Unit::Released) return;
   for (auto& p : u.pieces) gather_piece_async(p);
   u.state = Unit::InFlight;
+  max_gathered_ = std::max(max_gathered_, ++gathered_);
 }
 
 void DataParallel::release_unit(int l) {
@@ -539,6 +540,7 @@ void DataParallel::release_unit(int l) {
     release_memory(P_.data() + p.lo, p.hi - p.lo);
   }
   u.state = Unit::Released;
+  --gathered_;
 }
 
 // The chunk [begin, end) of this pipeline stage that holds layer l.
@@ -548,27 +550,24 @@ std::pair<int, int> DataParallel::chunk_of(int l) const {
   fail("layer ", l, " is not on this pipeline stage");
 }
 
+// Gathers block l (waits for it), then prefetches the block that runs next: l+1 forward, l-1
+// backward; under a pipeline only within l's chunk (the next action's chunk is unknown here).
+// The hooks come in the same order on every DP rank (the same model code, and under a pipeline
+// the same action list), so the gathers start in the same order on all of them.
 void DataParallel::unit_before(int l, bool backward) {
-  if (pipelined()) {
-    // The pipeline runner calls this for every block of a chunk, in layer order, before the
-    // chunk's forward or backward (which recomputes the forward first): the first call starts
-    // the gathers of the whole chunk's remaining blocks at once, later calls find them started.
-    LOOM_CHECK(!units_[l].pieces.empty(), "layer ", l, " is not on this pipeline stage");
-    const int end = chunk_of(l).second;
-    for (int j = l; j < end; ++j) ensure_gathered(j);
-  } else {
-    ensure_gathered(l);
-  }
+  LOOM_CHECK(!units_[l].pieces.empty(), "layer ", l, " is not on this pipeline stage");
+  ensure_gathered(l);
   for (auto& p : units_[l].pieces) p.work.wait();
   units_[l].state = Unit::Resident;
-  if (pipelined()) return;
-  int next = backward ? l - 1 : l + 1;  // prefetch the block that runs next
-  if (next >= 0 && next < n_layer_) ensure_gathered(next);
+  const auto [b, e] = pipelined() ? chunk_of(l) : std::make_pair(0, n_layer_);
+  const int next = backward ? l - 1 : l + 1;
+  if (next >= b && next < e) ensure_gathered(next);
 }
 
 void DataParallel::unit_after(int l, bool backward) {
   // One process: backward starts with the last block. Under a pipeline, another micro-batch's
-  // forward or backward may come first: release every block after each use.
+  // forward or backward may come first: release every block after each use (the Decoder keeps
+  // a chunk's last block inside the backward's hooks from its recomputation on).
   if (!pipelined() && !backward && l == n_layer_ - 1) return;
   release_unit(l);
 }

@@ -9,8 +9,8 @@
 //   zero 3  parameters sharded too: each block's parameters gathered just before use (the next
 //           block's gather prefetched) and released after; embeddings, final norm and head stay
 //           gathered between steps (MoE experts too, sharded over the expert-data-parallel
-//           group under expert parallelism). Under pipeline parallelism the runner calls the block
-//           hooks around each use of a chunk: its blocks are gathered together and released after.
+//           group under expert parallelism). Under pipeline parallelism the same, block by block
+//           within a chunk, with nothing kept between a chunk's uses.
 //
 // Gradients are reduced in fp32, or (grad_reduce_dtype = BF16, Megatron's reduced-precision
 // reduction) rounded to bf16 and sent as bf16, half the bytes, with the sums accumulated in
@@ -134,6 +134,10 @@ class DataParallel {
   // of a bucket of n elements sends the n - own elements of the other ranks' blocks, an
   // all-reduce twice that, at the element size of the payload (4 for fp32, 2 for bf16).
   int64_t grad_wire_bytes() const { return wire_bytes_; }
+  // ZeRO-3: the most block units gathered (in flight or resident) at once since construction
+  // or the last reset: at most the block in use and the prefetched next one.
+  int max_gathered_units() const { return max_gathered_; }
+  void reset_max_gathered_units() { max_gathered_ = gathered_; }
 
  private:
   struct Bucket {
@@ -179,7 +183,7 @@ class DataParallel {
   void gather_range_async(int64_t lo, int64_t hi, comm::Work* work, std::vector<int64_t>* counts);
   void gather_piece_async(Piece& p);
   void write_own_params(int64_t lo, int64_t hi);  // master -> model (rounded) on [lo,hi)∩shard
-  // ZeRO-3 under pipeline parallelism: the runner gathers whole chunks around each use.
+  // ZeRO-3 under pipeline parallelism: prefetch within a chunk, release after every use.
   bool pipelined() const { return !model_.pipeline_stage().whole(); }
   std::pair<int, int> chunk_of(int layer) const;
   void unit_before(int layer, bool backward);
@@ -222,6 +226,7 @@ class DataParallel {
   double exposed_seconds_ = 0;
   int64_t started_ = 0, started_in_backward_ = 0;
   int64_t wire_bytes_ = 0;
+  int gathered_ = 0, max_gathered_ = 0;  // ZeRO-3: units not Released now, and the peak
 };
 
 // Zeroes [p, p+n) and returns its whole pages to the kernel (madvise), so memory that is not

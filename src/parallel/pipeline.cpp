@@ -43,27 +43,6 @@ float* PipelineRunner::buffer(std::map<std::pair<int, int>, std::vector<float>>&
   return v.data();
 }
 
-// stage_forward / stage_backward call no block hooks: the runner calls them around each use of
-// a chunk, for every block of it in layer order, so parameters that live elsewhere between uses
-// (ZeRO-3) are gathered before and released after. Every data-parallel rank of a stage walks
-// the same action list, so these gathers start in the same order on all of them.
-std::pair<int, int> PipelineRunner::layers_of(int chunk) const {
-  const PipelineStage& st = model_.pipeline_stage();
-  return st.whole() ? std::make_pair(0, model_.config().n_layer) : st.chunks.at(size_t(chunk));
-}
-
-void PipelineRunner::gather_chunk(int chunk, bool backward) {
-  if (!model_.before_block) return;
-  auto [b, e] = layers_of(chunk);
-  for (int l = b; l < e; ++l) model_.before_block(l, backward);
-}
-
-void PipelineRunner::release_chunk(int chunk, bool backward) {
-  if (!model_.after_block) return;
-  auto [b, e] = layers_of(chunk);
-  for (int l = b; l < e; ++l) model_.after_block(l, backward);
-}
-
 double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
   LOOM_CHECK(static_cast<int>(micro.size()) == schedule_.m, "the schedule runs ", schedule_.m,
              " micro-batches per step, got ", micro.size());
@@ -108,11 +87,9 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
         }
         if (!model_.is_last_stage(c)) {
           float* out = buffer(act_out_, mb, c);
-          gather_chunk(c, false);
           const double t = now_seconds();
           model_.stage_forward(c, in, x_in, out);
           busy += now_seconds() - t;
-          release_chunk(c, false);
         }
         break;
       }
@@ -126,11 +103,9 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
           dx_out = grad_in_.at({mb, c}).data();
         }
         float* dx_in = model_.is_first_stage(c) ? nullptr : buffer(grad_out_, mb, c);
-        gather_chunk(c, true);
         const double t = now_seconds();
         loss += model_.stage_backward(c, in, x_in, dx_out, dx_in, dloss);
         busy += now_seconds() - t;
-        release_chunk(c, true);
         aux_ += model_.last_aux_loss();
         break;
       }
@@ -189,9 +164,7 @@ double PipelineRunner::forward_window(const ModelInput* micro, int m) {
         x_in = act_in_.at({j, c}).data();
       }
       float* x_out = model_.is_last_stage(c) ? nullptr : buffer(act_out_, j, c);
-      gather_chunk(c, false);
       loss += model_.stage_forward_loss(c, micro[j], x_in, x_out);
-      release_chunk(c, false);
       if (x_out && p > 1)
         sends.push_back(pp_.send_async(x_out, n_, DType::F32, to, tag(j, stage + 1, 0)));
     }

@@ -7,8 +7,9 @@
 //
 // Tied embeddings: the first stage (embedding) and the last stage (head) both hold embed.wte;
 // after the step's backwards their gradients are summed over the two ranks so the copies stay
-// equal after every optimizer step. Under ZeRO-3 each chunk's parameters are gathered before
-// every forward and backward of it and released after (the Decoder's block hooks). The loss lives
+// equal after every optimizer step. Under ZeRO-3 the stage's forward and backward gather each
+// block just before its use and release it after (the Decoder's block hooks), every DP rank of
+// the stage in the same order: they walk the same action list. The loss lives
 // on the last stage (plus MoE aux losses on whichever stage holds the layer): run() returns this
 // rank's part; sum it over the pipeline.
 #pragma once
@@ -61,11 +62,6 @@ class PipelineRunner {
   int tag(int microbatch, int stage, int kind) const;
   float* buffer(std::map<std::pair<int, int>, std::vector<float>>& m, int mb, int chunk);
   double forward_window(const ModelInput* micro, int m);
-  // The Decoder's before_block / after_block hooks for every block of `chunk` (ZeRO-3 gathers
-  // the chunk's parameters before its forward or backward and releases them after).
-  std::pair<int, int> layers_of(int chunk) const;
-  void gather_chunk(int chunk, bool backward);
-  void release_chunk(int chunk, bool backward);
 
   Decoder& model_;
   comm::Communicator& pp_;

@@ -5,14 +5,18 @@
 // to the single-process ones, 10 steps of losses and grad norms within 1e-5 relative (grad
 // norm counts the tied embedding once), and every schedule completing for several micro-batch
 // counts (a deadlock shows up as the CTest TIMEOUT). ZeRO-3 under the pipeline (PP2 x DP2): the
-// same parity, the engine's own draw of its shard bit-identical to one process, and only the
-// stage's shard and its embeddings / head resident after a step; also for MoE stages, with the
-// experts gathered with their block (ep = 1) or sharded over the expert-data-parallel group.
+// same parity, at most two blocks gathered at once, the engine's own draw of its shard
+// bit-identical to one process, and only the stage's shard and its embeddings / head resident after
+// a step; also for MoE stages, with the experts gathered with their block (ep = 1) or sharded over
+// the expert-data-parallel group.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <set>
+#include <string>
 
 #include "comm/communicator.h"
 #include "comm/process_groups.h"
@@ -82,19 +86,28 @@ void expect_drawn_weights_match(Decoder& model, const Decoder& refm) {
 // `shard`: the stage's share over DP in bytes (under EP, plus its experts' share over edp).
 void expect_zero3_stage_memory(const DataParallel& ddp, const ParamSet& P, int64_t shard) {
   const int64_t page = sysconf(_SC_PAGESIZE), resident = resident_elems(P) * 4;
-  int64_t pieces = 0;  // the runs of block parameters, each with a partial page at its edges
-  for (const ParamInfo& q : P.infos()) pieces += q.expert ? 1 : 0;
+  // The runs of block parameters (one per block beyond the first two, one per expert
+  // parameter), each with a partial page at its edges.
+  int64_t pieces = 0;
+  std::set<std::string> blocks;
+  for (const ParamInfo& q : P.infos()) {
+    pieces += q.expert ? 1 : 0;
+    if (q.name.rfind("blocks.", 0) == 0) blocks.insert(q.name.substr(0, q.name.find('.', 7)));
+  }
+  pieces += std::max<int64_t>(0, int64_t(blocks.size()) - 2);
   const MemoryUse u = ddp.memory_use();
   EXPECT_GE(u.params, resident);
   EXPECT_LE(u.params, resident + (4 + 2 * pieces) * page) << "block parameters left gathered";
   EXPECT_LE(u.optim, 3 * shard + 6 * page) << "m, v and master of more than the shard";
-  EXPECT_LT(u.params + u.optim / 3, resident + shard + 6 * page);
+  EXPECT_LT(u.params + u.optim / 3, resident + shard + (6 + 2 * pieces) * page);
 }
 
 // moe: a MoE model (4 experts, top-2) with its experts split over `ep` ranks of each stage's DP
-// group.
+// group. Under ZeRO-3 at most two blocks (the one in use and the prefetched next one) are ever
+// gathered at once, in training and in evaluation.
 void check_pp(Family f, pp::ScheduleKind kind, int p, int v, int m, int zero, int steps = kSteps,
-              int layers_per_stage = 2, bool engine_draws = false, bool moe = false, int ep = 1) {
+              int layers_per_stage = 2, bool engine_draws = false, bool moe = false, int ep = 1,
+              Recompute recompute = Recompute::None) {
   comm::ParallelDims dims;
   dims.pp = p;
   dims.ep = ep;
@@ -106,7 +119,7 @@ void check_pp(Family f, pp::ScheduleKind kind, int p, int v, int m, int zero, in
   refm.params().init(5);
 
   pp::StageLayout layout = pp::assign_layers(cfg.n_layer, p, v);
-  Decoder model(cfg, cpu_backend(), Recompute::None, DType::F32, {},
+  Decoder model(cfg, cpu_backend(), recompute, DType::F32, {},
                 moe ? expert_parallel_layout(pg) : ExpertParallel{},
                 pipeline_stage_of(layout, pg.pp().rank()));
   ParamSet& P = model.params();
@@ -137,6 +150,12 @@ void check_pp(Family f, pp::ScheduleKind kind, int p, int v, int m, int zero, in
     for (const ParamInfo& q : P.infos()) experts += q.expert && ep > 1 ? q.numel : 0;
     const int E = pg.edp().size();
     const int64_t shard = (P.total() - experts + D - 1) / D * 4 + (experts + E - 1) / E * 4;
+    ASSERT_NO_FATAL_FAILURE(expect_zero3_stage_memory(ddp, P, shard));
+    EXPECT_LE(ddp.max_gathered_units(), 2) << "blocks gathered at once in training";
+    ddp.reset_max_gathered_units();
+    std::vector<MicroBatch> eval = rank_micros(steps, m + 1, D, dr, cfg.vocab);
+    runner.forward_only(inputs(eval));
+    EXPECT_LE(ddp.max_gathered_units(), 2) << "blocks gathered at once in evaluation";
     ASSERT_NO_FATAL_FAILURE(expect_zero3_stage_memory(ddp, P, shard));
   }
   // Tied embeddings: the first and last stage's copies are still identical.
@@ -181,8 +200,8 @@ TEST(PipelineParallel, Pp2Dp2OneFOneBZero1) {
 }
 
 // ZeRO-3 under the pipeline: each DP rank of a stage keeps its shard of the stage's blocks,
-// gathered around every forward and backward of a chunk, the gradients reduce-scattered once
-// after the pipeline; tied embeddings summed between the first and last stage first.
+// gathered block by block around every forward and backward of it, the gradients reduce-scattered
+// once after the pipeline; tied embeddings summed between the first and last stage first.
 TEST(PipelineParallel, Pp2Zero3OneFOneBLlama) {
   if (world_size() != 2) GTEST_SKIP() << "needs 2 ranks";
   check_pp(Family::Llama, pp::ScheduleKind::OneFOneB, 2, 1, 4, 3);
@@ -228,6 +247,18 @@ TEST(PipelineParallel, Zero3DrawsTheStageShardLikeOneProcess) {
   check_pp(Family::Llama, pp::ScheduleKind::GPipe, p, 1, 2, 3, 2, 1, true);
   if (world_size() == 4)  // a middle stage holds no resident parameter at all
     check_pp(Family::GPT2, pp::ScheduleKind::OneFOneB, 4, 1, 4, 3, 2, 1, true);
+}
+
+// Four blocks per stage: ZeRO-3 gathers them one at a time within the stage (plus the prefetched
+// next one), also with the backward recomputing each block, with parity to one process.
+TEST(PipelineParallel, Zero3GathersOneBlockAtATime) {
+  if (world_size() != 2 && world_size() != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  check_pp(Family::GPT2, pp::ScheduleKind::OneFOneB, 2, 1, 4, 3, 3, 4, true);
+  check_pp(Family::Llama, pp::ScheduleKind::GPipe, 2, 1, 3, 3, 3, 4, false, false, 1,
+           Recompute::Full);
+  check_pp(Family::GPT2, pp::ScheduleKind::Interleaved, 2, 2, 4, 3, 3, 3, false, false, 1,
+           Recompute::Selective);
+  check_pp(Family::Llama, pp::ScheduleKind::OneFOneB, 2, 1, 4, 3, 3, 4, true, true);
 }
 
 // Every schedule on this world, for several micro-batch counts, runs to completion with the
