@@ -94,10 +94,6 @@ int64_t choose_step(const std::string& root, int64_t requested) {
                       : cat("no step was committed by every rank: ", first_problem));
 }
 
-bool is_expert_tensor(const std::string& param) {
-  return param.find(".moe.experts.") != std::string::npos;
-}
-
 // Where the stored tensors go: the one-process model's parameters and AdamW's state.
 struct Destination {
   Tensor tensor;
@@ -146,7 +142,28 @@ bool flat_range(const ShardInfo& shard, const Shape& local, int64_t* global, int
   return true;
 }
 
-void add_pieces(Placement& pl, const SafetensorsReader& file, int rank, int ep_rank, int ep,
+// The local elements [begin, begin + n) of parameter `p` (data holds them) as pieces of the
+// global tensor: one per run of consecutive global elements (model/params.h, global_row_first).
+void add_mapped(std::vector<Piece>& out, int rank, const ParamInfo& p, int64_t begin, int64_t n,
+                const float* data) {
+  const int64_t len = local_row_length(p), end = begin + n;
+  for (int64_t i = begin; i < end;) {
+    const int64_t row = i / len, row_end = std::min(end, (row + 1) * len);
+    const int64_t global = global_row_first(p, row) + (i - row * len);
+    const float* src = data + (i - begin);
+    Piece* last = out.empty() ? nullptr : &out.back();
+    if (last && last->rank == rank && last->data + last->length == src &&
+        last->offset + last->length == global)
+      last->length += row_end - i;
+    else
+      out.push_back({rank, global, row_end - i, src});
+    i = row_end;
+  }
+}
+
+// `local`: the rank's parameters as its model built them (their local shapes and where they
+// sit in the global tensors).
+void add_pieces(Placement& pl, const SafetensorsReader& file, int rank, const ParamSet& local,
                 bool optim, bool has_master) {
   for (const auto& e : file.entries()) {
     const std::string name = optim ? optim_destination(e.name, has_master) : e.name;
@@ -161,30 +178,34 @@ void add_pieces(Placement& pl, const SafetensorsReader& file, int rank, int ep_r
           cat(file.path(), ": tensor '", e.name, "' is ", dtype_name(e.dtype), ", expected F32"));
       continue;
     }
-    const int64_t local = numel_of(e.shape);
-    int64_t global = local, offset = 0;
-    if (e.shard.sharded() && !flat_range(e.shard, e.shape, &global, &offset)) {
+    if (!local.has(it->second.param)) {
+      pl.problem(cat(file.path(), ": tensor '", e.name, "' is not in this rank's model"));
+      continue;
+    }
+    const ParamInfo& info = local.info(it->second.param);
+    // The stored piece as a flat range of the rank's local parameter (ZeRO >= 1: a slice).
+    const int64_t n = numel_of(e.shape);
+    int64_t whole = n, offset = 0;
+    if (e.shard.sharded() && !flat_range(e.shard, e.shape, &whole, &offset)) {
       pl.problem(cat(file.path(), ": tensor '", e.name, "' ", shape_str(e.shape), " at offset ",
                      shape_str(e.shard.global_offset), " of global shape ",
                      shape_str(e.shard.global_shape),
                      " is not a contiguous range of the flattened tensor"));
       continue;
     }
-    // An expert-parallel rank's experts are a contiguous block of the global expert dimension.
-    const int split = is_expert_tensor(it->second.param) ? ep : 1;
     const int64_t want = it->second.tensor.numel();
-    if (global * split != want) {
-      pl.problem(cat(file.path(), ": tensor '", e.name, "' is a piece of ", global * split,
-                     " elements, the model's has ", want));
+    if (whole != info.numel || global_numel(info) != want) {
+      pl.problem(cat(file.path(), ": tensor '", e.name, "' is a piece of ", whole,
+                     " elements, the rank's parameter has ", info.numel, " (", global_numel(info),
+                     " in the whole tensor), the model's has ", want));
       continue;
     }
-    if (offset < 0 || offset + local > global) {
-      pl.problem(cat(file.path(), ": tensor '", e.name, "' at offset ", offset, " with ", local,
-                     " elements overruns its ", global));
+    if (offset < 0 || offset + n > whole) {
+      pl.problem(cat(file.path(), ": tensor '", e.name, "' at offset ", offset, " with ", n,
+                     " elements overruns its ", whole));
       continue;
     }
-    const int64_t base = split > 1 ? int64_t(ep_rank) * global : 0;
-    pl.pieces[name].push_back({rank, base + offset, local, file.view(e.name).data<float>()});
+    add_mapped(pl.pieces[name], rank, info, offset, n, file.view(e.name).data<float>());
   }
 }
 
@@ -257,6 +278,76 @@ TrainerState one_process_state(const TrainerState& s0, const std::string& layout
   return st;
 }
 
+// A communicator that only names a group's size and rank: enough to build a rank's model for
+// its parameters' layout (no collective runs while consolidating).
+class LayoutOnlyCommunicator : public comm::Communicator {
+ public:
+  LayoutOnlyCommunicator(int size, int rank) : size_(size), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int world_rank_of(int r) const override { return r; }
+  std::string name() const override { return "layout-only"; }
+  comm::Work all_reduce_async(void*, int64_t, DType, comm::ReduceOp) override { refuse(); }
+  comm::Work reduce_scatter_async(const void*, void*, const std::vector<int64_t>&, DType,
+                                  comm::ReduceOp) override {
+    refuse();
+  }
+  comm::Work all_gather_async(void*, const std::vector<int64_t>&, DType) override { refuse(); }
+  comm::Work reduce_scatter_bf16_async(const uint16_t*, float*,
+                                       const std::vector<int64_t>&) override {
+    refuse();
+  }
+  comm::Work broadcast_async(void*, int64_t, DType, int) override { refuse(); }
+  comm::Work send_async(const void*, int64_t, DType, int, int) override { refuse(); }
+  comm::Work recv_async(void*, int64_t, DType, int, int) override { refuse(); }
+  comm::Work all_to_all_async(const void*, void*, int64_t, DType) override { refuse(); }
+  void barrier() override { refuse(); }
+  void all_reduce_f64(double*, int64_t, comm::ReduceOp) override { refuse(); }
+  std::unique_ptr<Communicator> split(int, int, const std::string&) override { refuse(); }
+
+ private:
+  [[noreturn]] static void refuse() {
+    fail("consolidate: a layout-only communicator ran a collective");
+  }
+  int size_, rank_;
+};
+
+// The model each rank built, by its (TP, EP) coordinates: its parameters' local shapes and
+// global placement (pipeline stages hold subsets of the same parameters, so the whole model
+// stands for every stage). Values are untouched pages, so no memory is used.
+class RankModels {
+ public:
+  RankModels(const ModelConfig& cfg, const DistributedLayout& layout)
+      : cfg_(cfg), layout_(layout) {}
+  const ParamSet& params(const comm::RankCoords& c) {
+    auto& slot = models_[{c.tp, c.ep}];
+    if (!slot.model) {
+      slot.tp_comm = std::make_unique<LayoutOnlyCommunicator>(layout_.tp, c.tp);
+      slot.ep_comm = std::make_unique<LayoutOnlyCommunicator>(layout_.ep, c.ep);
+      TensorParallel tp;
+      tp.size = layout_.tp;
+      tp.rank = c.tp;
+      tp.comm = layout_.tp > 1 ? slot.tp_comm.get() : nullptr;
+      ExpertParallel ep;
+      ep.size = layout_.ep;
+      ep.rank = c.ep;
+      ep.comm = layout_.ep > 1 ? slot.ep_comm.get() : nullptr;
+      slot.model =
+          std::make_unique<Decoder>(cfg_, cpu_backend(), Recompute::None, DType::F32, tp, ep);
+    }
+    return slot.model->params();
+  }
+
+ private:
+  struct Slot {
+    std::unique_ptr<LayoutOnlyCommunicator> tp_comm, ep_comm;
+    std::unique_ptr<Decoder> model;
+  };
+  ModelConfig cfg_;
+  DistributedLayout layout_;
+  std::map<std::pair<int, int>, Slot> models_;
+};
+
 }  // namespace
 
 DistributedLayout DistributedLayout::parse(const std::string& text) {
@@ -293,10 +384,6 @@ ConsolidateResult consolidate(const ConsolidateOptions& opt) {
   const Checkpoint& c0 = *ranks[0];
   const std::string layout_text = layout_of(c0.state(), c0.dir());
   const DistributedLayout layout = DistributedLayout::parse(layout_text);
-  LOOM_CHECK(layout.tp == 1, c0.dir(), ": layout '", layout_text,
-             "' uses tensor parallelism (tp > 1), whose shards do not place into global tensors "
-             "yet (the fused QKV rows are not contiguous; docs/parallel.md, \"Not done yet\"): "
-             "cannot consolidate");
   for (int r = 1; r < layout.world(); ++r) {
     ranks.push_back(std::make_unique<Checkpoint>(step_dir(root, r, step)));
     check_same_run(c0, *ranks.back(), r);
@@ -304,6 +391,10 @@ ConsolidateResult consolidate(const ConsolidateOptions& opt) {
 
   // The one-process model and optimizer state, to be filled.
   const Config cfg = Config::parse(c0.state().config_text, c0.dir() + "/state.json");
+  const int64_t etp = cfg.get_int("parallel.etp", 1);
+  LOOM_CHECK(etp == 1, c0.dir(), ": the run splits its experts with expert tensor parallelism ",
+             "(parallel.etp = ", etp, "), whose shards consolidation does not place yet ",
+             "(docs/parallel.md, \"Not done yet\"): cannot consolidate");
   Decoder model(model_config_from(cfg), cpu_backend());
   const std::string model_fp = c0.state().extra.contains("model_fingerprint")
                                    ? c0.state().extra.at("model_fingerprint").as_string()
@@ -328,10 +419,11 @@ ConsolidateResult consolidate(const ConsolidateOptions& opt) {
 
   const comm::RankGenerator gen(
       layout.world(), comm::ParallelDims{layout.tp, layout.cp, layout.ep, layout.dp, layout.pp});
+  RankModels rank_models(model.config(), layout);
   for (int r = 0; r < layout.world(); ++r) {
-    const int ep_rank = gen.coords(r).ep;
-    add_pieces(model_pl, ranks[r]->model(), r, ep_rank, layout.ep, false, has_master);
-    add_pieces(optim_pl, ranks[r]->optim(), r, ep_rank, layout.ep, true, has_master);
+    const ParamSet& local = rank_models.params(gen.coords(r));
+    add_pieces(model_pl, ranks[r]->model(), r, local, false, has_master);
+    add_pieces(optim_pl, ranks[r]->optim(), r, local, true, has_master);
   }
   for (Placement* pl : {&model_pl, &optim_pl})
     for (auto& [name, d] : pl->dst) place(*pl, name, pl->pieces[name]);

@@ -3,14 +3,16 @@
 // `loom ckpt export`, `loom generate --ckpt` and a one-process `loom train` read as their own.
 //
 // A distributed run writes <out_dir>/checkpoints/rank_NNNNN/step_XXXXXXXX/ per rank, every
-// tensor a piece of a parameter (or of its optimizer state) flattened: ZeRO-0 whole tensors
-// (replicas), ZeRO >= 1 the rank's slice [a, a + n) with ShardInfo global_shape {numel} and
-// global_offset {a}. Pipeline stages hold different parameters under the one-process names (a
-// tied embedding on the first and the last stage); context-parallel ranks are data-parallel
-// replicas for the weights; expert-parallel ranks hold experts [e * E/ep, (e + 1) * E/ep) of
-// each MoE layer under the one-process name with a local shape, so their placement comes from
-// the rank's EP coordinate (the layout recorded in state.json extra "layout"). Tensor
-// parallelism is refused: its shards do not place into global tensors yet.
+// tensor a piece of the rank's local parameter (or of its optimizer state) flattened: ZeRO-0 the
+// whole local tensor (replicas), ZeRO >= 1 the rank's slice [a, a + n) with ShardInfo
+// global_shape {local numel} and global_offset {a}. A rank's local parameter is where its
+// tensor-parallel (TP) and expert-parallel (EP) coordinates put it: consolidation builds each
+// rank's model for the layout recorded in state.json extra "layout" and places every local
+// element where that model's ParamInfo says (model/params.h, global_row_first: a TP shard of the
+// fused QKV weight is its query heads' rows, then its key and value heads' rows). Pipeline
+// stages hold different parameters under the one-process names (a tied embedding on the first
+// and the last stage); context-parallel ranks are data-parallel replicas for the weights.
+// Expert tensor parallelism (parallel.etp > 1) is refused.
 #pragma once
 
 #include <cstdint>

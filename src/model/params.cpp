@@ -86,17 +86,13 @@ void ParamSet::mark_expert(const std::string& name) {
   infos_[it->second].expert = true;
 }
 
-// A parameter's local elements as rows, each drawn from one run of consecutive global indices:
-// the whole tensor when it is not sharded, each local row of a tensor-parallel shard, each
-// (expert, row) of an expert shard split inside the experts too.
-static int64_t draw_row_length(const ParamInfo& p) {
+int64_t local_row_length(const ParamInfo& p) {
   if (!p.sharded()) return p.numel;
   if (p.inner_dim > 0) return p.shape[2];
   return p.numel / p.shape[0];
 }
 
-// The global index of the first element of local row `row` (see draw_row_length).
-static uint64_t draw_row_first(const ParamInfo& p, int64_t row) {
+int64_t global_row_first(const ParamInfo& p, int64_t row) {
   if (!p.sharded()) return 0;
   if (p.inner_dim > 0) {  // expert [E_local, A, B] split inside each expert too
     const int64_t A = p.shape[1], gA = p.global_shape[1], gB = p.global_shape[2];
@@ -129,10 +125,10 @@ void ParamSet::draw(uint64_t seed, int64_t begin, int64_t end, float* out) const
         // Each local element drawn at its global index: the same values as one process, and
         // the same values whichever part of the parameter is drawn.
         const uint64_t key = name_key(p.name);
-        const int64_t len = draw_row_length(p);
+        const int64_t len = local_row_length(p);
         for (int64_t r = i0 / len; r * len < i1; ++r) {
           const int64_t a = std::max(i0, r * len), b = std::min(i1, (r + 1) * len);
-          fill_normal(dst + (a - i0), b - a, seed, key, draw_row_first(p, r) + (a - r * len), 0.f,
+          fill_normal(dst + (a - i0), b - a, seed, key, global_row_first(p, r) + (a - r * len), 0.f,
                       p.std);
         }
         break;

@@ -42,6 +42,19 @@ struct ParamInfo {
   bool expert = false;
 };
 
+// Where a parameter's local elements sit in its global tensor (the one-process parameter):
+// the local elements are rows of local_row_length(p) elements, and local row `row` holds the
+// consecutive global (flattened) elements from global_row_first(p, row). An unsharded parameter
+// is one row at 0; a tensor-parallel row shard one row per local row; a column shard one row per
+// row; an expert shard split inside the experts one row per (expert, row). Initialisation draws
+// (ParamSet::draw) and checkpoint consolidation (ckpt/consolidate.h) both place by it.
+int64_t local_row_length(const ParamInfo& p);
+int64_t global_row_first(const ParamInfo& p, int64_t row);
+// The element count of the global tensor.
+inline int64_t global_numel(const ParamInfo& p) {
+  return p.sharded() ? numel_of(p.global_shape) : p.numel;
+}
+
 class ParamSet {
  public:
   void add(const std::string& name, const Shape& shape, bool decay, ParamInit init,

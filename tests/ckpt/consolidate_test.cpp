@@ -1,6 +1,8 @@
 // Consolidation of synthetic per-rank checkpoints: slices placed into whole tensors in the
 // one-process format, the newest step every rank committed, and clear errors for missing ranks,
-// missing steps, uncovered elements and tensor-parallel layouts (with nothing written).
+// missing steps, uncovered elements, pieces that do not fit a rank's tensor-parallel shard and
+// expert tensor parallelism (with nothing written). tests/parallel/trainer_dp_test.cpp places
+// real tensor-parallel runs.
 #include "ckpt/consolidate.h"
 
 #include <gtest/gtest.h>
@@ -52,7 +54,8 @@ Tensor filled(const std::string& name, int64_t begin, int64_t end) {
 // the r-th part of every flattened parameter and its moments), as DataParallel's slices are.
 // `skip` names a tensor this rank leaves out.
 void write_zero1_rank(const std::string& root, int rank, int ranks, int64_t step,
-                      const std::string& skip = "", const std::string& layout = "") {
+                      const std::string& skip = "", const std::string& layout = "",
+                      const std::string& config = kConfig) {
   TensorList model, optim;
   for (const auto& [name, shape] : model_shapes()) {
     const int64_t n = numel_of(shape), per = (n + ranks - 1) / ranks;
@@ -67,7 +70,7 @@ void write_zero1_rank(const std::string& root, int rank, int ranks, int64_t step
   }
   TrainerState st;
   st.step = step;
-  st.config_text = kConfig;
+  st.config_text = config;
   st.data = Json::object();
   st.data["kind"] = "byte_text";
   st.data["sample"] = step * 8;
@@ -155,12 +158,27 @@ TEST(Consolidate, UncoveredElementsAreErrorsAndNothingIsWritten) {
   EXPECT_FALSE(file_exists(d / "one"));
 }
 
-TEST(Consolidate, RefusesTensorParallelLayouts) {
+// Under tp = 2 each rank's QKV weight is half the rows: pieces of the whole tensor's size are not
+// this rank's shard.
+TEST(Consolidate, PiecesThatAreNotTheRanksTensorParallelShardAreErrors) {
   ScratchDir d;
   for (int r = 0; r < 2; ++r)
     write_zero1_rank(d.path(), r, 2, 2, "", "tp=2 sp=0 cp=1 dp=1 pp=1 zero=1");
   std::string e = error_of({d.path(), d / "one"});
-  EXPECT_NE(e.find("tensor parallelism (tp > 1)"), std::string::npos) << e;
+  EXPECT_NE(e.find("tensor 'blocks.0.attn.qkv.weight' is a piece of 3072 elements, the rank's "
+                   "parameter has 1536 (3072 in the whole tensor)"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(file_exists(d / "one"));
+}
+
+TEST(Consolidate, RefusesExpertTensorParallelRuns) {
+  ScratchDir d;
+  const std::string config = std::string(kConfig) + "[parallel]\ntp = 2\netp = 2\n";
+  for (int r = 0; r < 2; ++r)
+    write_zero1_rank(d.path(), r, 2, 2, "", "tp=2 sp=0 cp=1 dp=1 pp=1 zero=1", config);
+  std::string e = error_of({d.path(), d / "one"});
+  EXPECT_NE(e.find("expert tensor parallelism (parallel.etp = 2)"), std::string::npos) << e;
   EXPECT_FALSE(file_exists(d / "one"));
 }
 

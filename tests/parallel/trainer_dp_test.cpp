@@ -101,44 +101,57 @@ void check_trainer_moe(int ep, int zero, int tp = 1, int etp = 1) {
 struct ConsolidateCase {
   int zero, pp, ep;
   std::string precision;
-  int cp = 1;
+  int cp = 1, tp = 1;
+  bool sp = false;
 };
 
 std::string case_label(const ConsolidateCase& k) {
-  return cat("zero=", k.zero, " pp=", k.pp, " ep=", k.ep, " cp=", k.cp, " ", k.precision, ": ");
+  return cat("zero=", k.zero, " pp=", k.pp, " ep=", k.ep, " cp=", k.cp, " tp=", k.tp, " sp=", k.sp,
+             " ", k.precision, ": ");
 }
 
-// The consolidated elements [offset, offset + n) of `name` (model, or optimizer state).
-bool same_bits(const ckpt::SafetensorsReader& f, const std::string& name, int64_t offset,
-               const Tensor& t) {
+// Where element `i` of a rank's local parameter sits in the whole tensor, from the shard's
+// ParamInfo as the model describes it: a row shard (TP rows, or EP experts) puts local row r at
+// global row global_index[r]; a column shard puts its columns from global_index[0].
+int64_t global_position(const ParamInfo& p, int64_t i) {
+  if (!p.sharded()) return i;
+  const int64_t cols = p.numel / p.shape[0], row = i / cols, col = i % cols;
+  if (p.shard_dim == 0) return p.global_index[row] * cols + col;
+  return row * p.global_shape[1] + p.global_index[0] + col;
+}
+
+// The consolidated tensor `name` (model, or optimizer state) holds t's bits where `param`'s local
+// elements [offset, offset + t.numel()) go.
+bool same_bits(const ckpt::SafetensorsReader& f, const std::string& name, const ParamInfo& param,
+               int64_t offset, const Tensor& t) {
   if (!f.contains(name)) return false;
   Tensor whole = f.view(name);
-  return offset + t.numel() <= whole.numel() &&
-         std::memcmp(whole.data<float>() + offset, t.data<float>(), t.nbytes()) == 0;
+  if (whole.numel() != (param.sharded() ? numel_of(param.global_shape) : param.numel)) return false;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (std::memcmp(whole.data<float>() + global_position(param, offset + i), t.data<float>() + i,
+                    sizeof(float)) != 0)
+      return false;
+  return true;
 }
 
 // This rank's weights against the consolidated checkpoint, bit for bit: its authoritative slices
 // (fp32 master slices where the policy keeps master weights) and, below ZeRO-3, the whole
 // (all-gathered) parameters its model computes with.
 void expect_rank_weights_in(Trainer& t, const ckpt::Checkpoint& one, const std::string& label) {
-  const int ep_rank = t.groups()->ep().rank();
-  auto offset_of = [&](const std::string& name, int64_t numel) {
-    bool split = t.model().expert_parallel().size > 1 && name.find(".moe.experts.") != name.npos;
-    return split ? int64_t(ep_rank) * numel : int64_t(0);
-  };
+  const ParamSet& params = t.model().params();
   const bool master = t.precision().compute != DType::F32 && t.data_parallel()->zero() >= 1;
   for (const auto& sl : t.data_parallel()->param_slices())
     EXPECT_TRUE(same_bits(master ? one.optim() : one.model(), (master ? "master." : "") + sl.name,
-                          offset_of(sl.name, sl.global_numel) + sl.offset, sl.tensor))
+                          params.info(sl.name), sl.offset, sl.tensor))
         << label << "slice of " << sl.name << " at " << sl.offset << " on rank " << W().rank();
   if (t.data_parallel()->zero() == 3) return;  // the parameters are released between steps
   for (const auto& [name, w] : t.model().params().tensors())
-    EXPECT_TRUE(same_bits(one.model(), name, offset_of(name, w.numel()), w))
+    EXPECT_TRUE(same_bits(one.model(), name, params.info(name), 0, w))
         << label << name << " on rank " << W().rank();
 }
 
 void check_consolidate(const ConsolidateCase& k) {
-  const int A = 2, half = 3, steps = 6, D = W().size() / (k.pp * k.cp);
+  const int A = 2, half = 3, steps = 6, D = W().size() / (k.pp * k.cp * k.tp);
   const std::string label = case_label(k);
   const std::string shared = testing::TempDir() + "/loom_dp_consolidate";
   if (W().rank() == 0) remove_all(shared);
@@ -152,6 +165,8 @@ void check_consolidate(const ConsolidateCase& k) {
   c.set("parallel.pp", std::to_string(k.pp), "test");
   c.set("parallel.ep", std::to_string(k.ep), "test");
   c.set("parallel.cp", std::to_string(k.cp), "test");
+  c.set("parallel.tp", std::to_string(k.tp), "test");
+  c.set("parallel.sp", k.sp ? "true" : "false", "test");
   c.set("train.out_dir", "\"" + shared + "/run\"", "test");
   Trainer t(c);
   for (int i = 0; i < half; ++i) t.train_step();
@@ -203,16 +218,29 @@ TEST(TrainerDp, ConsolidatedCheckpointHoldsTheRunsWeightsAndContinuesInOneProces
                                                                {3, 2, 1, "fp32"},
                                                                {1, 1, world, "fp32"},
                                                                {3, 1, world, "fp32"},
-                                                               {1, 1, 1, "fp32", 2}})
+                                                               {1, 1, 1, "fp32", 2},
+                                                               // Tensor parallelism (with
+                                                               // sequence parallelism, ZeRO
+                                                               // over the DP ranks of 4).
+                                                               {0, 1, 1, "fp32", 1, 2},
+                                                               {1, 1, 1, "fp32", 1, 2, true},
+                                                               {3, 1, 1, "fp32", 1, 2},
+                                                               {1, 1, 1, "bf16", 1, 2, true}})
     check_consolidate(k);
+  if (world == 4) {
+    check_consolidate({1, 2, 1, "fp32", 1, 2, true});  // TP2 x PP2
+    check_consolidate({1, 1, 2, "fp32", 1, 2});        // TP2 x EP2, experts replicated over TP
+  }
 }
 
-TEST(TrainerDp, ConsolidateRefusesTensorParallelCheckpoints) {
-  const std::string shared = testing::TempDir() + "/loom_dp_consolidate_tp";
+TEST(TrainerDp, ConsolidateRefusesExpertTensorParallelCheckpoints) {
+  const std::string shared = testing::TempDir() + "/loom_dp_consolidate_etp";
   if (W().rank() == 0) remove_all(shared);
   W().barrier();
-  Config c = config(runs.dir("consolidate_tp"), 2, 1, 1);
+  Config c = config(runs.dir("consolidate_etp"), 2, 1, 1);
+  moe(c);
   c.set("parallel.tp", "2", "test");
+  c.set("parallel.etp", "2", "test");
   c.set("train.out_dir", "\"" + shared + "/run\"", "test");
   {
     Trainer t(c);
@@ -222,9 +250,10 @@ TEST(TrainerDp, ConsolidateRefusesTensorParallelCheckpoints) {
   if (W().rank() == 0) {
     try {
       ckpt::consolidate({shared + "/run", shared + "/one"});
-      ADD_FAILURE() << "consolidated a tensor-parallel checkpoint";
+      ADD_FAILURE() << "consolidated an expert-tensor-parallel checkpoint";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("tensor parallelism"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("expert tensor parallelism"), std::string::npos)
+          << e.what();
     }
     EXPECT_FALSE(file_exists(shared + "/one")) << "a refused consolidation wrote output";
   }
