@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/reshard.h"
 #include "comm/process_groups.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -125,40 +126,19 @@ std::string optim_destination(const std::string& name, bool has_master) {
   return name.rfind("master.", 0) == 0 && !has_master ? std::string() : name;
 }
 
-// A placement as a flat range: the global element count and where the piece starts, when the
-// piece is contiguous in the flattened global tensor (a slice of a flattened tensor, a whole
-// tensor, or whole rows at a row offset). False otherwise.
-bool flat_range(const ShardInfo& shard, const Shape& local, int64_t* global, int64_t* offset) {
-  const Shape& g = shard.global_shape;
-  const Shape off = shard.global_offset.empty() ? Shape(g.size(), 0) : shard.global_offset;
-  if (g.size() != local.size() || off.size() != g.size()) return false;
-  int64_t inner = 1;
-  for (size_t d = 1; d < g.size(); ++d) {
-    if (g[d] != local[d] || off[d] != 0) return false;
-    inner *= g[d];
-  }
-  *global = numel_of(g);
-  *offset = g.empty() ? 0 : off[0] * inner;
-  return true;
-}
-
 // The local elements [begin, begin + n) of parameter `p` (data holds them) as pieces of the
 // global tensor: one per run of consecutive global elements (model/params.h, global_row_first).
 void add_mapped(std::vector<Piece>& out, int rank, const ParamInfo& p, int64_t begin, int64_t n,
                 const float* data) {
-  const int64_t len = local_row_length(p), end = begin + n;
-  for (int64_t i = begin; i < end;) {
-    const int64_t row = i / len, row_end = std::min(end, (row + 1) * len);
-    const int64_t global = global_row_first(p, row) + (i - row * len);
-    const float* src = data + (i - begin);
+  for_each_global_run(p, begin, n, [&](int64_t local, int64_t global, int64_t len) {
+    const float* src = data + (local - begin);
     Piece* last = out.empty() ? nullptr : &out.back();
     if (last && last->rank == rank && last->data + last->length == src &&
         last->offset + last->length == global)
-      last->length += row_end - i;
+      last->length += len;
     else
-      out.push_back({rank, global, row_end - i, src});
-    i = row_end;
-  }
+      out.push_back({rank, global, len, src});
+  });
 }
 
 // `local`: the rank's parameters as its model built them (their local shapes and where they

@@ -7,6 +7,8 @@
 #include <filesystem>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/consolidate.h"
+#include "ckpt/reshard.h"
 #include "comm/process_groups.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -36,6 +38,7 @@ static TrainOptions train_options_from(const Config& c) {
   o.checkpoint_interval = c.get_int("train.checkpoint_interval", o.checkpoint_interval);
   o.keep_last = static_cast<int>(c.get_int("train.keep_last", o.keep_last));
   o.resume = c.get_bool("train.resume", o.resume);
+  o.init_from = c.get_string("train.init_from", o.init_from);
   o.clip_grad = c.get_double("train.clip_grad", o.clip_grad);
   o.peak_gflops = c.get_double("train.peak_gflops", o.peak_gflops);
   o.quiet = c.get_bool("train.quiet", o.quiet);
@@ -197,6 +200,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   bool resumed = dp_ ? opt_.resume && resume_distributed()
                      : opt_.resume && ckpt::find_latest_checkpoint(checkpoint_root()).has_value() &&
                            resume_from(checkpoint_root());
+  if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
     metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed,
                                             opt_.tensorboard ? opt_.out_dir + "/tensorboard" : "");
@@ -500,7 +504,7 @@ ckpt::TrainerState Trainer::checkpoint_state(int64_t optimizer_steps) const {
 
 // Refuses a checkpoint of another model, precision or (distributed) layout, then restores
 // what checkpoint_state() recorded; returns the optimizer's step count.
-int64_t Trainer::restore_state(const ckpt::Checkpoint& c) {
+int64_t Trainer::restore_state(const ckpt::Checkpoint& c, bool same_layout) {
   const Json& extra = c.state().extra;
   auto recorded = [&](const char* key) {
     return extra.contains(key) ? extra.at(key).as_string() : std::string();
@@ -508,7 +512,7 @@ int64_t Trainer::restore_state(const ckpt::Checkpoint& c) {
   LOOM_CHECK(recorded("model_fingerprint") == mcfg_.fingerprint(), c.dir(),
              ": checkpoint is for model '", recorded("model_fingerprint"),
              "', but this run's model is '", mcfg_.fingerprint(), "'");
-  if (dp_)
+  if (dp_ && same_layout)
     LOOM_CHECK(recorded("layout") == layout_name(), c.dir(), ": checkpoint layout '",
                recorded("layout"), "' differs from this run's '", layout_name(), "'");
   LOOM_CHECK(recorded("precision") == policy_.name, c.dir(),
@@ -593,6 +597,57 @@ bool Trainer::resume_distributed() {
   dp_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet) log_info("resumed every rank from step ", step_, " (", layout_name(), ")");
   return true;
+}
+
+// The data position is a global sample count: it means the same place in the data only under
+// the same global batch (micro_batch * grad_accum * dp) and sequence length as the checkpoint's
+// run, whose dp is that of the layout it was consolidated from (1 for a one-process run).
+void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
+  const Config saved = Config::parse(c.state().config_text, c.dir() + "/state.json");
+  const TrainOptions defaults;
+  const int64_t micro = saved.get_int("train.micro_batch", defaults.micro_batch);
+  const int64_t accum = saved.get_int("train.grad_accum", defaults.grad_accum);
+  const int64_t seq = saved.get_int("train.seq_len", defaults.seq_len);
+  int64_t dp = 1;
+  const Json& extra = c.state().extra;
+  if (extra.contains("consolidated_from")) {
+    const std::string from = extra.at("consolidated_from").as_string();
+    dp = ckpt::DistributedLayout::parse(from.substr(0, from.find(" on "))).dp;
+  }
+  const int64_t theirs = micro * accum * dp;
+  const int our_dp = pg_ ? pg_->dp().size() : 1;
+  const int64_t ours = int64_t(opt_.micro_batch) * opt_.grad_accum * our_dp;
+  LOOM_CHECK(theirs == ours && seq == opt_.seq_len, c.dir(), ": trained with a global batch of ",
+             theirs, " samples (micro_batch ", micro, " x grad_accum ", accum, " x dp ", dp,
+             ") of ", seq, " tokens; this run's is ", ours, " (", opt_.micro_batch, " x ",
+             opt_.grad_accum, " x ", our_dp, ") of ", opt_.seq_len,
+             ": set train.micro_batch and train.grad_accum so that the products match");
+}
+
+// train.init_from: every rank reads the whole tensors of a one-process checkpoint (mapped, only
+// the rows it needs) and extracts its pieces by the placement consolidation uses
+// (ckpt/reshard.h), then continues the run's step, optimizer, loss scale and data position.
+void Trainer::start_from_one_process(const std::string& path) {
+  if (!dp_) {
+    check_same_global_batch(ckpt::Checkpoint(path));
+    resume_from(path);
+    return;
+  }
+  ckpt::Checkpoint c(path);
+  LOOM_CHECK(!c.state().extra.contains("layout"), c.dir(),
+             ": a rank's checkpoint of a distributed run; consolidate the run's checkpoints first "
+             "(loom ckpt consolidate)");
+  const int64_t etp = cfg_.get_int("parallel.etp", 1);
+  LOOM_CHECK(etp == 1, "train.init_from: parallel.etp = ", etp,
+             " (expert tensor parallelism) cannot start from a one-process checkpoint yet");
+  check_same_global_batch(c);
+  const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
+  ckpt::fill_from_whole(c, model_->params(), shard_list(dp_->param_slices()),
+                        shard_list(dp_->state_slices()));
+  dp_->sync_model_from_master();
+  dp_->set_steps_taken(optimizer_steps);
+  if (!opt_.quiet)
+    log_info("started every rank from ", c.dir(), " at step ", step_, " (", layout_name(), ")");
 }
 
 }  // namespace loom

@@ -40,8 +40,11 @@ struct TrainOptions {
   int keep_last = 3;
   bool tensorboard = true;  // metrics also as TensorBoard scalars in <out_dir>/tensorboard
   bool resume = true;       // continue from out_dir/checkpoints/latest when it exists
-  double clip_grad = 1.0;   // global L2 norm; 0 = off
-  double peak_gflops = 0;   // MFU denominator; 0 = measure this machine's sgemm peak
+  // A one-process checkpoint (a step dir or checkpoints root, e.g. `loom ckpt consolidate`'s
+  // output) to start from when the run has no checkpoint of its own yet, under any layout.
+  std::string init_from;
+  double clip_grad = 1.0;  // global L2 norm; 0 = off
+  double peak_gflops = 0;  // MFU denominator; 0 = measure this machine's sgemm peak
   bool quiet = false;
 };
 
@@ -93,10 +96,12 @@ class Trainer {
   double run_loop();
   void finish_step(StepResult& r, double loss_sum, int64_t valid, double sq, double scale);
   ckpt::TrainerState checkpoint_state(int64_t optimizer_steps) const;
-  int64_t restore_state(const ckpt::Checkpoint& c);
+  int64_t restore_state(const ckpt::Checkpoint& c, bool same_layout = true);
   void save_distributed();
   ckpt::TensorList shard_list(const std::vector<parallel::DataParallel::StateSlice>& s) const;
   bool resume_distributed();
+  void start_from_one_process(const std::string& path);
+  void check_same_global_batch(const ckpt::Checkpoint& c) const;
   std::string layout_name() const;
   comm::Communicator& grad_group() const;  // dp, or dp x cp under context parallelism
   ModelInput model_input(const Batch& b);

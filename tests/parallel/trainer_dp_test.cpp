@@ -205,6 +205,69 @@ void check_consolidate(const ConsolidateCase& k) {
   W().barrier();
 }
 
+// train.init_from: a run of layout B started from the one-process checkpoint consolidated from
+// layout A's run holds the consolidated tensors bit for bit and continues with A's losses (the
+// same global batch: B's grad_accum is A's times A's dp over B's).
+struct Layout {
+  int zero, tp = 1, pp = 1;
+  bool sp = false;
+  int dp() const { return W().size() / (tp * pp); }
+};
+
+std::string layout_label(const Layout& l) {
+  return cat("zero=", l.zero, " tp=", l.tp, " pp=", l.pp, " sp=", l.sp, " dp=", l.dp());
+}
+
+Config layout_config(const std::string& dir, const Layout& l, int grad_accum,
+                     const std::string& precision, const std::string& out) {
+  Config c = config(dir, 6, grad_accum, l.zero);
+  c.set("precision.policy", "\"" + precision + "\"", "test");
+  c.set("parallel.tp", std::to_string(l.tp), "test");
+  c.set("parallel.pp", std::to_string(l.pp), "test");
+  c.set("parallel.sp", l.sp ? "true" : "false", "test");
+  c.set("train.out_dir", "\"" + out + "\"", "test");
+  return c;
+}
+
+void check_init_from(const Layout& a, const Layout& b, const std::string& precision = "fp32") {
+  const int A = 2, half = 3, steps = 6;
+  const std::string label = cat(layout_label(a), " -> ", layout_label(b), " ", precision, ": ");
+  const std::string shared = testing::TempDir() + "/loom_dp_init_from";
+  if (W().rank() == 0) remove_all(shared);
+  W().barrier();
+  std::vector<double> continued;  // A's losses after the checkpoint
+  {
+    Trainer ta(layout_config(runs.dir("init_from_a"), a, A, precision, shared + "/a"));
+    for (int i = 0; i < half; ++i) ta.train_step();
+    ta.save_checkpoint();
+    int64_t ok = 1;
+    if (W().rank() == 0) {
+      try {
+        ckpt::consolidate({shared + "/a", shared + "/one"});
+      } catch (const Error& e) {
+        ADD_FAILURE() << label << e.what();
+        ok = 0;
+      }
+    }
+    if (W().all_reduce_scalar(-ok, comm::ReduceOp::Max) == 0) return;
+    for (int i = half; i < steps; ++i) continued.push_back(ta.train_step().loss);
+  }
+  ASSERT_EQ(A * a.dp() % b.dp(), 0) << label;
+  Config cb =
+      layout_config(runs.dir("init_from_b"), b, A * a.dp() / b.dp(), precision, shared + "/b");
+  cb.set("train.init_from", "\"" + shared + "/one\"", "test");
+  Trainer tb(cb);
+  EXPECT_EQ(tb.step(), half) << label;
+  EXPECT_EQ(tb.data_parallel()->steps_taken(), half) << label;
+  expect_rank_weights_in(tb, ckpt::Checkpoint(shared + "/one"), label);
+  const double tol = precision == "fp32" ? 1e-5 : 1e-2;
+  for (int i = half; i < steps; ++i) {
+    const double loss = tb.train_step().loss, want = continued[i - half];
+    EXPECT_LT(rel_diff(loss, want), tol) << label << "step " << i << ": " << loss << " vs " << want;
+  }
+  W().barrier();
+}
+
 }  // namespace
 
 TEST(TrainerDp, ConsolidatedCheckpointHoldsTheRunsWeightsAndContinuesInOneProcess) {
@@ -231,6 +294,41 @@ TEST(TrainerDp, ConsolidatedCheckpointHoldsTheRunsWeightsAndContinuesInOneProces
     check_consolidate({1, 2, 1, "fp32", 1, 2, true});  // TP2 x PP2
     check_consolidate({1, 1, 2, "fp32", 1, 2});        // TP2 x EP2, experts replicated over TP
   }
+}
+
+TEST(TrainerDp, InitFromConsolidatedCheckpointContinuesUnderAnotherLayout) {
+  if (W().size() == 2) {
+    check_init_from({1}, {0, 2});                   // DP2 ZeRO-1 -> TP2
+    check_init_from({0, 2, 1, true}, {3});          // TP2 with SP -> DP2 ZeRO-3
+    check_init_from({3}, {1, 1, 2});                // DP2 ZeRO-3 -> PP2
+    check_init_from({1}, {0, 2, 1, true}, "bf16");  // master weights -> TP2 with SP
+  } else if (W().size() == 4) {
+    check_init_from({1, 2}, {3});           // TP2 x DP2 -> DP4 ZeRO-3
+    check_init_from({2}, {1, 2, 2, true});  // DP4 ZeRO-2 -> TP2 x PP2 with SP
+  }
+}
+
+TEST(TrainerDp, InitFromRefusesAnotherGlobalBatch) {
+  const std::string shared = testing::TempDir() + "/loom_dp_init_from_batch";
+  if (W().rank() == 0) remove_all(shared);
+  W().barrier();
+  const Layout dp{1};
+  {
+    Trainer ta(layout_config(runs.dir("init_batch_a"), dp, 1, "fp32", shared + "/a"));
+    ta.train_step();
+    ta.save_checkpoint();
+    if (W().rank() == 0) ckpt::consolidate({shared + "/a", shared + "/one"});
+    W().barrier();
+  }
+  Config cb = layout_config(runs.dir("init_batch_b"), dp, 2, "fp32", shared + "/b");
+  cb.set("train.init_from", "\"" + shared + "/one\"", "test");
+  try {
+    Trainer tb(cb);
+    ADD_FAILURE() << "started from a checkpoint of another global batch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("global batch"), std::string::npos) << e.what();
+  }
+  W().barrier();
 }
 
 TEST(TrainerDp, ConsolidateRefusesExpertTensorParallelCheckpoints) {
