@@ -770,13 +770,8 @@ double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_i
     std::copy(dx_out, dx_out + n, dres_);
   }
   for (int l = e - 1; l >= b; --l) {
-    const LayerActs& a = acts_[l];
     if (before_block && l != e - 1) before_block(l, true);  // e-1: since its recomputation
-    if (recompute_ == Recompute::Full)
-      block_forward(l, in, a, nullptr);
-    else if (recompute_ == Recompute::Selective)
-      attention_core(in, a);
-    block_backward(l, in, a, dres_);
+    recompute_and_backward(l, in);
     if (after_block) after_block(l, true);
   }
   if (is_first_stage(chunk))
@@ -784,6 +779,16 @@ double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_i
   else
     std::copy(dres_, dres_ + n, dx_in);
   return loss;
+}
+
+// Block l's backward into dres_, after recomputing what the recompute mode did not keep.
+void Decoder::recompute_and_backward(int l, const ModelInput& in) {
+  const LayerActs& a = acts_[l];
+  if (recompute_ == Recompute::Full)
+    block_forward(l, in, a, nullptr);
+  else if (recompute_ == Recompute::Selective)
+    attention_core(in, a);
+  block_backward(l, in, a, dres_);
 }
 
 double Decoder::stage_forward_loss(int chunk, const ModelInput& in, const float* x_in,
@@ -812,13 +817,8 @@ double Decoder::run(const ModelInput& in, float dloss, bool grads) {
   double loss = head(in, dloss, grads) + aux_sum_;
   if (!grads) return loss;
   for (int l = L - 1; l >= 0; --l) {
-    const LayerActs& a = acts_[l];
     if (before_block) before_block(l, true);
-    if (recompute_ == Recompute::Full)
-      block_forward(l, in, a, nullptr);
-    else if (recompute_ == Recompute::Selective)
-      attention_core(in, a);
-    block_backward(l, in, a, dres_);
+    recompute_and_backward(l, in);
     if (after_block) after_block(l, true);
     if (on_grads_ready) on_grads_ready(l);
   }

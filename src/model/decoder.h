@@ -163,6 +163,7 @@ class Decoder {
   void block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out);
   void attention_core(const ModelInput& in, const LayerActs& a);
   void block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres);
+  void recompute_and_backward(int l, const ModelInput& in);
   void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                     const float* b, int N);
   void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
