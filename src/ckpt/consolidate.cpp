@@ -254,7 +254,8 @@ TrainerState one_process_state(const TrainerState& s0, const std::string& layout
   st.extra = Json::object();
   for (const auto& [key, value] : s0.extra.as_object())
     if (key != "layout" && key != "rank") st.extra[key] = value;
-  st.extra["consolidated_from"] = Json(cat(layout, " on ", ranks, " ranks"));
+  st.extra["consolidated_from"] = layout;  // the distributed layout (DistributedLayout::parse)
+  st.extra["consolidated_ranks"] = static_cast<int64_t>(ranks);
   return st;
 }
 

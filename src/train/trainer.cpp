@@ -610,10 +610,8 @@ void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
   const int64_t seq = saved.get_int("train.seq_len", defaults.seq_len);
   int64_t dp = 1;
   const Json& extra = c.state().extra;
-  if (extra.contains("consolidated_from")) {
-    const std::string from = extra.at("consolidated_from").as_string();
-    dp = ckpt::DistributedLayout::parse(from.substr(0, from.find(" on "))).dp;
-  }
+  if (extra.contains("consolidated_from"))
+    dp = ckpt::DistributedLayout::parse(extra.at("consolidated_from").as_string()).dp;
   const int64_t theirs = micro * accum * dp;
   const int our_dp = pg_ ? pg_->dp().size() : 1;
   const int64_t ours = int64_t(opt_.micro_batch) * opt_.grad_accum * our_dp;
