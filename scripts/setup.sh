@@ -6,8 +6,12 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   build-essential cmake ninja-build ccache pkg-config
-  # trainer core
-  libopenblas-openmp-dev
+  # trainer core: fp32 GEMMs (OpenBLAS), bf16 GEMMs on AVX512-BF16 CPUs (oneDNN), configs (toml++)
+  libopenblas-openmp-dev libdnnl-dev libtomlplusplus-dev
+  # loom serve: HTTP
+  libcpp-httplib-dev
+  # fuzz targets (libFuzzer) and the sanitizer build
+  clang libclang-rt-dev
   # tests
   libgtest-dev
   # multi-process runs
