@@ -1,0 +1,130 @@
+// The serving engine's contracts, fixed first so that the engine (infer/), the model runner
+// (model side) and the HTTP server (serve/) are built against one set of types:
+//
+//   HTTP server --(Engine: submit / cancel / stats)--> engine --(ModelRunner: forward)--> model
+//
+// The engine owns the paged KV cache (blocks of `block_size` tokens from one pool), the
+// continuous-batching scheduler, prefix caching and sampling. A model runner only runs a batch
+// of sequence chunks against the cache the engine hands it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace loom::infer {
+
+// ---- engine <-> model ------------------------------------------------------------------------
+
+// Shape of the KV cache a model needs. The pool stores, per layer, keys and values as
+// [num_blocks, block_size, n_kv_head, head_dim] in `dtype` (fp32 or bf16).
+struct KvSpec {
+  int n_layer = 0, n_kv_head = 0, head_dim = 0;
+  DType dtype = DType::F32;
+};
+
+// The cache memory the engine owns: per layer, base pointers of the key and value pools.
+// Element (block b, slot s, head h, dim d) of layer l's keys is at
+//   k[l] + ((int64_t(b) * block_size + s) * n_kv_head + h) * head_dim + d   (in elements).
+struct KvCacheView {
+  KvSpec spec;
+  int block_size = 16;
+  int num_blocks = 0;
+  std::vector<void*> k, v;  // [n_layer], element type spec.dtype
+};
+
+// One sequence's work in a step: `n` new tokens (a prefill chunk, or 1 for a decode) at
+// positions start_pos .. start_pos + n - 1. Positions below start_pos are already in the cache.
+// The runner writes the new tokens' keys/values into the slots the block table gives (token at
+// position p lives in block block_table[p / block_size], slot p % block_size) and attends to
+// positions [0, start_pos + n) causally.
+struct SeqChunk {
+  const int32_t* tokens = nullptr;       // [n]
+  int n = 0;
+  int start_pos = 0;
+  const int32_t* block_table = nullptr;  // covers at least start_pos + n positions
+  int num_blocks = 0;
+  bool want_logits = false;  // logits of the chunk's last token are needed (decode, last chunk)
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual int vocab() const = 0;
+  virtual int max_seq() const = 0;  // longest sequence (prompt + completion) the model takes
+  virtual KvSpec kv_spec() const = 0;
+  // Runs every chunk of the batch. logits: [number of chunks with want_logits, vocab], in batch
+  // order, fp32 (the log-softmax is the engine's business).
+  virtual void forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
+                       float* logits) = 0;
+};
+
+// ---- server <-> engine -----------------------------------------------------------------------
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  float min_p = 0.0f;        // 0 = off
+  float repetition_penalty = 1.0f;  // 1 = off (divides positive logits of seen tokens)
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;  // OpenAI semantics
+  int max_tokens = 16;
+  std::vector<std::string> stop;          // stop strings (not included in the output)
+  std::vector<int32_t> stop_token_ids;    // besides the model's end-of-text token
+  bool ignore_eos = false;
+  std::optional<uint64_t> seed;           // same seed + same prompt = same text, any batch
+  int n = 1;                              // completions per prompt
+  int logprobs = -1;                      // -1: none; k >= 0: sampled token + top-k alternatives
+};
+
+struct Usage {
+  int prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0;
+};
+
+// One step of one completion, delivered to the submitter's callback (on the engine's thread:
+// keep it short and never block in it).
+struct TokenEvent {
+  int64_t request_id = 0;
+  int index = 0;                 // which of the n completions
+  std::vector<int32_t> tokens;   // tokens appended this step (may be empty at the end)
+  std::string text;              // their text, held back while it may still become a stop string
+  std::vector<float> logprobs;   // per token, when requested
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;  // per token, top-k
+  bool finished = false;
+  std::string finish_reason;     // "stop" | "length" | "abort" when finished
+  Usage usage;                   // of this completion, filled in the finished event
+};
+
+struct EngineStats {
+  int64_t requests_total = 0, requests_running = 0, requests_waiting = 0;
+  int64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
+  int64_t preemptions_total = 0;
+  int kv_blocks_total = 0, kv_blocks_used = 0;
+};
+
+// Thrown by Engine::submit: the request can never run (400), or the queue is full (503).
+struct RequestRejected {
+  int http_status = 400;
+  std::string message;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Queues a request; `on_event` receives its tokens. Returns the request id. Throws
+  // RequestRejected for a prompt that cannot fit (prompt + max_tokens > max_seq, or more blocks
+  // than the pool holds), bad parameters, or a full queue.
+  virtual int64_t submit(std::vector<int32_t> prompt, const SamplingParams& params,
+                         std::function<void(const TokenEvent&)> on_event) = 0;
+  // Cancels a request (client gone): its sequences leave at the next step and free their blocks;
+  // a final event with finish_reason "abort" is delivered.
+  virtual void cancel(int64_t request_id) = 0;
+  virtual EngineStats stats() const = 0;
+};
+
+}  // namespace loom::infer
