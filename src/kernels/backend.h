@@ -83,9 +83,12 @@ struct Backend {
 
   // Fused softmax + cross-entropy over a vocabulary of V for N rows of logits. losses[i] =
   // -log softmax(logits[i])[targets[i]]; then, if dlogits is non-null, dlogits (which may alias
-  // logits) = (softmax - onehot) * dloss. Rows with target < 0 are ignored (loss 0, grad 0).
+  // logits) = (softmax - onehot) * dloss * weights[i] (weights nullable: 1 for every row; a
+  // weight may be negative, as DPO's and GRPO's are). Rows with target < 0 are ignored (loss 0,
+  // grad 0). losses[i] is unweighted: -losses[i] is the row's log-probability of its target.
   virtual void cross_entropy(float* losses, float* dlogits, const float* logits,
-                             const int32_t* targets, int N, int V, float dloss) = 0;
+                             const int32_t* targets, int N, int V, float dloss,
+                             const float* weights) = 0;
 
   // Causal attention, tile by tile with an online softmax (memory linear in sequence length).
   // Tokens of `nseq` sequences are concatenated; sequence s spans [cu_seqlens[s],

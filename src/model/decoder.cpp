@@ -194,9 +194,7 @@ void Decoder::shard_params() {
 
 MoeWeights Decoder::moe_weights(int l, bool grads) {
   std::string p = "blocks." + std::to_string(l) + ".moe.";
-  auto get = [&](const std::string& n) {
-    return grads ? params_.grad_ptr(p + n) : params_.ptr(p + n);
-  };
+  auto get = [&](const std::string& n) { return grads ? grad_of(p + n) : params_.ptr(p + n); };
   return {get("router.weight"), get("experts.w1"), get("experts.w2")};
 }
 
@@ -204,7 +202,7 @@ Decoder::LayerParams Decoder::layer_params(int l, bool grads) {
   std::string p = "blocks." + std::to_string(l) + ".";
   auto get = [&](const std::string& n) -> float* {
     if (!params_.has(p + n)) return nullptr;
-    return grads ? params_.grad_ptr(p + n) : params_.ptr(p + n);
+    return grads ? grad_of(p + n) : params_.ptr(p + n);
   };
   return {get("norm1.weight"),  get("norm1.bias"),       get("attn.qkv.weight"),
           get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
@@ -212,8 +210,13 @@ Decoder::LayerParams Decoder::layer_params(int l, bool grads) {
           get("mlp.fc.bias"),   get("mlp.proj.weight"),  get("mlp.proj.bias")};
 }
 
+float* Decoder::grad_of(const std::string& name) {
+  return params_.has(name) ? params_.trainable_grad_ptr(name) : nullptr;
+}
+
 void Decoder::ensure_buffers(int N) {
-  if (N <= N_) return;
+  if (N <= b_->N) return;
+  const bool fwd = b_->forward_only;
   const int64_t C = cfg_.d_model, Q = qkv_, A = att_, H = hq_, F = ff_, FC = fc_, L = cfg_.n_layer;
   // Two passes: the first measures, the second assigns pointers into one arena.
   std::vector<float*> slots;
@@ -227,7 +230,7 @@ void Decoder::ensure_buffers(int N) {
   };
   for (int pass = 0; pass < 2; ++pass) {
     total = 0;
-    acts_.assign(L, LayerActs{});
+    b_->layers.assign(L, LayerActs{});
     LayerActs shared{};
     shared.ln1 = take(C);
     shared.ln1_mean = take(1);
@@ -244,11 +247,21 @@ void Decoder::ensure_buffers(int N) {
     // A pipeline stage allocates only the layers it holds (the first of them keeps the shared
     // set); with the whole model that is every layer, and layer 0 keeps the shared set.
     int first_held = -1;
+    // Forward only: the residual stream alternates between two buffers, layer by layer.
+    float* x_pair[2] = {nullptr, nullptr};
+    if (fwd) {
+      x_pair[0] = take(C);
+      x_pair[1] = take(C);
+    }
     for (int l = 0; l < L; ++l) {
-      LayerActs& a = acts_[l];
+      LayerActs& a = b_->layers[l];
       if (!holds_layer(l)) continue;
       if (first_held < 0) first_held = l;
       a = shared;
+      if (fwd) {
+        a.x_in = x_pair[l % 2];
+        continue;
+      }
       a.x_in = take(C);
       if (recompute_ == Recompute::Full) continue;  // everything else is recomputed
       if (l == first_held) continue;
@@ -271,32 +284,34 @@ void Decoder::ensure_buffers(int N) {
         a.lse = lse;
       }
     }
-    x_final_ = take(C);
-    lnf_ = take(C);
-    lnf_mean_ = take(1);
-    lnf_rstd_ = take(1);
-    losses_ = take(1);
-    dres_ = take(C);
-    dln_ = take(C);
-    dtmp_ = take(C);
-    tmp_ = take(C);
-    datt_ = take(A);
-    dqkv_ = take(Q);
-    dfc_ = take(FC);
-    dact_ = take(F);
+    b_->x_final = take(C);
+    b_->lnf = take(C);
+    b_->lnf_mean = take(1);
+    b_->lnf_rstd = take(1);
+    b_->losses = take(1);
+    b_->tmp = take(C);
+    if (!fwd) {
+      b_->dres = take(C);
+      b_->dln = take(C);
+      b_->dtmp = take(C);
+      b_->datt = take(A);
+      b_->dqkv = take(Q);
+      b_->dfc = take(FC);
+      b_->dact = take(F);
+    }
     // Logits exist only where the head runs (the whole model, or the last pipeline stage).
     int64_t logits = pp_.last ? (int64_t(head_chunk()) * vocab_ + 15) / 16 * 16 : 0;
-    logits_ = base ? base + total : nullptr;
+    b_->logits = base ? base + total : nullptr;
     total += logits;
     if (pass == 0) {
-      arena_.assign(static_cast<size_t>(total), 0.f);
-      base = arena_.data();
+      b_->mem.assign(static_cast<size_t>(total), 0.f);
+      base = b_->mem.data();
     }
   }
-  N_ = N;
+  b_->N = N;
   if (sp_on()) {
-    full_a_.assign(size_t(N) * cfg_.d_model, 0.f);
-    full_b_.assign(size_t(N) * cfg_.d_model, 0.f);
+    b_->full_a.assign(size_t(N) * cfg_.d_model, 0.f);
+    b_->full_b.assign(size_t(N) * cfg_.d_model, 0.f);
   }
 }
 
@@ -343,7 +358,7 @@ void Decoder::norm_backward(float* dinp, float* dw, float* db, const float* dout
 
 void Decoder::embed_forward(const ModelInput& in) {
   const int C = cfg_.d_model;
-  float* x = acts_[0].x_in;
+  float* x = b_->layers[0].x_in;
   if (!tp_on()) {
     be_.embedding_forward(x, in.tokens, params_.ptr("embed.wte"), in.N, C, false);
     if (cfg_.uses_positions_table())
@@ -355,7 +370,7 @@ void Decoder::embed_forward(const ModelInput& in) {
   // the others); the sum over ranks (all-reduce, or reduce-scatter along tokens under SP) is
   // the embedding.
   const int N = in.N, Nl = local_rows(N), r0 = row0(N);
-  float* full = sp_on() ? full_a_.data() : x;
+  float* full = sp_on() ? b_->full_a.data() : x;
   std::fill(full, full + int64_t(N) * C, 0.f);
   local_ids_.resize(N);
   for (int i = 0; i < N; ++i) {
@@ -374,27 +389,30 @@ void Decoder::embed_forward(const ModelInput& in) {
 
 void Decoder::embed_backward(const ModelInput& in) {
   const int C = cfg_.d_model;
+  float* gwte = grad_of("embed.wte");
+  float* gwpe = cfg_.uses_positions_table() ? grad_of("embed.wpe") : nullptr;
+  // Frozen tables: nothing to accumulate (the same on every tensor-parallel rank, so the
+  // gather below is skipped by all of them).
+  if (!gwte && !gwpe) return;
   if (!tp_on()) {
-    be_.embedding_backward(params_.grad_ptr("embed.wte"), dres_, in.tokens, in.N, C);
-    if (cfg_.uses_positions_table())
-      be_.embedding_backward(params_.grad_ptr("embed.wpe"), dres_, in.positions, in.N, C);
+    if (gwte) be_.embedding_backward(gwte, b_->dres, in.tokens, in.N, C);
+    if (gwpe) be_.embedding_backward(gwpe, b_->dres, in.positions, in.N, C);
     return;
   }
   const int N = in.N;
-  const float* d = dres_;
+  const float* d = b_->dres;
   if (sp_on()) {  // every token's gradient, gathered along the sequence
-    std::copy(dres_, dres_ + int64_t(local_rows(N)) * C, full_a_.data() + int64_t(row0(N)) * C);
-    sp_all_gather(full_a_.data(), N, C);
-    d = full_a_.data();
+    std::copy(b_->dres, b_->dres + int64_t(local_rows(N)) * C,
+              b_->full_a.data() + int64_t(row0(N)) * C);
+    sp_all_gather(b_->full_a.data(), N, C);
+    d = b_->full_a.data();
   }
-  for (int i = 0; i < N; ++i) {
+  for (int i = 0; i < N && gwte; ++i) {
     int32_t id = in.tokens[i] - v0_;
-    if (id >= 0 && id < vocab_)
-      be_.embedding_backward(params_.grad_ptr("embed.wte"), d + int64_t(i) * C, &id, 1, C);
+    if (id >= 0 && id < vocab_) be_.embedding_backward(gwte, d + int64_t(i) * C, &id, 1, C);
   }
   // Positions are replicated: every rank adds the full gradient, identically.
-  if (cfg_.uses_positions_table())
-    be_.embedding_backward(params_.grad_ptr("embed.wpe"), d, in.positions, N, C);
+  if (gwpe) be_.embedding_backward(gwpe, d, in.positions, N, C);
 }
 
 void Decoder::set_context_parallel(const ContextParallel& cp) {
@@ -414,8 +432,14 @@ void Decoder::set_context_parallel(const ContextParallel& cp) {
   ring_ = cp.size > 1 ? std::make_unique<RingAttention>(cp, be_) : nullptr;
 }
 
-void Decoder::attention_core(const ModelInput& in, const LayerActs& a) {
+void Decoder::attention_core(int l, const ModelInput& in, const LayerActs& a) {
   const int Hq = hq_, Hkv = hkv_, D = cfg_.head_dim, Q = qkv_;
+  if (attention_override_) {
+    attention_override_->forward(l, a.qkv, Q, Hq, Hkv, D, 1.f / std::sqrt(static_cast<float>(D)),
+                                 a.att);
+    round_act(a.att, int64_t(in.N) * Hq * D);
+    return;
+  }
   if (ring_) {
     LOOM_CHECK(in.cp && static_cast<int>(in.cp->shards.size()) == cp_.size,
                "a context-parallel model needs ModelInput::cp (the shards of ", cp_.size,
@@ -439,16 +463,16 @@ void Decoder::attention_core(const ModelInput& in, const LayerActs& a) {
 float* Decoder::row_parallel_out(const float* inp, const float* w, const float* b, int N, int IC) {
   const int C = cfg_.d_model;
   if (!tp_on()) {
-    be_.matmul_forward(tmp_, inp, w, b, N, IC, C);
-    return tmp_;
+    be_.matmul_forward(b_->tmp, inp, w, b, N, IC, C);
+    return b_->tmp;
   }
-  be_.matmul_forward(tmp_, inp, w, tp_.rank == 0 ? b : nullptr, N, IC, C);
+  be_.matmul_forward(b_->tmp, inp, w, tp_.rank == 0 ? b : nullptr, N, IC, C);
   if (!sp_on()) {
-    tp_all_reduce(tmp_, int64_t(N) * C);
-    return tmp_;
+    tp_all_reduce(b_->tmp, int64_t(N) * C);
+    return b_->tmp;
   }
-  sp_reduce_scatter(tmp_, full_b_.data(), N, C);
-  return full_b_.data();
+  sp_reduce_scatter(b_->tmp, b_->full_b.data(), N, C);
+  return b_->full_b.data();
 }
 
 // Backward of the column-parallel input (f): the input gradient [N, C] is a partial sum per
@@ -460,17 +484,17 @@ float* Decoder::column_parallel_input_grad(float* dinp, int N) {
     tp_all_reduce(dinp, int64_t(N) * C);
     return dinp;
   }
-  sp_reduce_scatter(dinp, full_b_.data(), N, C);
-  return full_b_.data();
+  sp_reduce_scatter(dinp, b_->full_b.data(), N, C);
+  return b_->full_b.data();
 }
 
 // The gradient of a block's output for all tokens: under SP, gathered from the ranks' rows.
 const float* Decoder::full_rows(const float* local, int N) {
   if (!sp_on()) return local;
   const int C = cfg_.d_model;
-  std::copy(local, local + int64_t(local_rows(N)) * C, full_a_.data() + int64_t(row0(N)) * C);
-  sp_all_gather(full_a_.data(), N, C);
-  return full_a_.data();
+  std::copy(local, local + int64_t(local_rows(N)) * C, b_->full_a.data() + int64_t(row0(N)) * C);
+  sp_all_gather(b_->full_a.data(), N, C);
+  return b_->full_a.data();
 }
 
 // Under SP each rank's norm sees only its tokens: its weight gradient is a partial sum,
@@ -485,7 +509,7 @@ void Decoder::norm_backward_tp(float* dinp, float* dw, float* db, const float* d
   float* sb = db ? sw + C : nullptr;
   norm_backward(dinp, sw, sb, dout, inp, w, mean, rstd, N);
   tp_all_reduce(sw, 2 * int64_t(C));
-  be_.add_inplace(dw, sw, C);
+  if (dw) be_.add_inplace(dw, sw, C);
   if (db) be_.add_inplace(db, sb, C);
 }
 
@@ -502,7 +526,7 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
     be_.rope_forward(a.qkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
   }
   round_act(a.qkv, int64_t(N) * Q);
-  attention_core(in, a);
+  attention_core(l, in, a);
   float* o = row_parallel_out(a.att, p.proj_w, p.proj_b, N, A);
   round_act(o, int64_t(Nl) * C);
   be_.add(a.x_mid, a.x_in, o, int64_t(Nl) * C);
@@ -514,9 +538,9 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
     if (!x_out) return;
     // Under TP every rank routes all N tokens (ln2 is replicated, or gathered under SP) and
     // gets the whole output; it keeps its own rows.
-    aux_sum_ += double(N) * moe_[l]->forward(tmp_, a.ln2, N, moe_weights(l, false));
-    round_act(tmp_, int64_t(N) * C);
-    be_.add(x_out, a.x_mid, tmp_ + mine, int64_t(Nl) * C);
+    aux_sum_ += double(N) * moe_[l]->forward(b_->tmp, a.ln2, N, moe_weights(l, false));
+    round_act(b_->tmp, int64_t(N) * C);
+    be_.add(x_out, a.x_mid, b_->tmp + mine, int64_t(Nl) * C);
     round_act(x_out, int64_t(Nl) * C);
     return;
   }
@@ -544,48 +568,48 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     // Every TP rank runs the whole layer on all tokens: the input gradient it gets is already
     // complete (not a partial sum), and its weight gradients are whole (router, replicated
     // experts) or its expert-tensor-parallel slice's.
-    moe_[l]->backward(dln_, full_rows(dres, N), a.ln2, N, moe_weights(l, false),
+    moe_[l]->backward(b_->dln, full_rows(dres, N), a.ln2, N, moe_weights(l, false),
                       moe_weights(l, true), dloss_ * static_cast<float>(N));
-    dl = dln_ + int64_t(row0(N)) * C;
+    dl = b_->dln + int64_t(row0(N)) * C;
   } else {
     // MLP branch: x_out = x_mid + act * mp_w^T + mp_b.
-    be_.matmul_backward(dact_, g.mp_w, g.mp_b, full_rows(dres, N), a.act, p.mp_w, N, F, C);
-    round_act(dact_, int64_t(N) * F);
+    be_.matmul_backward(b_->dact, g.mp_w, g.mp_b, full_rows(dres, N), a.act, p.mp_w, N, F, C);
+    round_act(b_->dact, int64_t(N) * F);
     if (cfg_.family == Family::GPT2)
-      be_.gelu_backward(dfc_, a.fc, dact_, int64_t(N) * F);
+      be_.gelu_backward(b_->dfc, a.fc, b_->dact, int64_t(N) * F);
     else
-      be_.swiglu_backward(dfc_, a.fc, dact_, N, F);
-    round_act(dfc_, int64_t(N) * FC);
-    be_.matmul_backward(dln_, g.fc_w, g.fc_b, dfc_, a.ln2, p.fc_w, N, C, FC);
-    dl = column_parallel_input_grad(dln_, N);
+      be_.swiglu_backward(b_->dfc, a.fc, b_->dact, N, F);
+    round_act(b_->dfc, int64_t(N) * FC);
+    be_.matmul_backward(b_->dln, g.fc_w, g.fc_b, b_->dfc, a.ln2, p.fc_w, N, C, FC);
+    dl = column_parallel_input_grad(b_->dln, N);
   }
   round_act(dl, int64_t(Nl) * C);
-  norm_backward_tp(dtmp_, g.ln2_w, g.ln2_b, dl, a.x_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, Nl);
-  be_.add_inplace(dres, dtmp_, int64_t(Nl) * C);
+  norm_backward_tp(b_->dtmp, g.ln2_w, g.ln2_b, dl, a.x_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, Nl);
+  be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
   round_act(dres, int64_t(Nl) * C);
   // Attention branch: x_mid = x_in + att * proj_w^T + proj_b.
-  be_.matmul_backward(datt_, g.proj_w, g.proj_b, full_rows(dres, N), a.att, p.proj_w, N, A, C);
-  round_act(datt_, int64_t(N) * A);
+  be_.matmul_backward(b_->datt, g.proj_w, g.proj_b, full_rows(dres, N), a.att, p.proj_w, N, A, C);
+  round_act(b_->datt, int64_t(N) * A);
   const float* q = a.qkv;
   const float* k = q + A;
   const float* v = k + Hkv * D;
   if (ring_)
-    ring_->backward(dqkv_, datt_, q, a.att, a.lse, Q, Hq, Hkv, D,
+    ring_->backward(b_->dqkv, b_->datt, q, a.att, a.lse, Q, Hq, Hkv, D,
                     1.f / std::sqrt(static_cast<float>(D)), *in.cp);
   else
-    be_.attention_backward(dqkv_, dqkv_ + A, dqkv_ + A + Hkv * D, datt_, q, k, v, a.att, a.lse, Q,
-                           in.cu_seqlens, in.nseq, Hq, Hkv, D,
+    be_.attention_backward(b_->dqkv, b_->dqkv + A, b_->dqkv + A + Hkv * D, b_->datt, q, k, v, a.att,
+                           a.lse, Q, in.cu_seqlens, in.nseq, Hq, Hkv, D,
                            1.f / std::sqrt(static_cast<float>(D)));
   if (cfg_.uses_rope()) {
-    be_.rope_backward(dqkv_, in.positions, N, Hq, D, Q, cfg_.rope_theta);
-    be_.rope_backward(dqkv_ + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
+    be_.rope_backward(b_->dqkv, in.positions, N, Hq, D, Q, cfg_.rope_theta);
+    be_.rope_backward(b_->dqkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
   }
-  round_act(dqkv_, int64_t(N) * Q);
-  be_.matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, p.qkv_w, N, C, Q);
-  dl = column_parallel_input_grad(dln_, N);
+  round_act(b_->dqkv, int64_t(N) * Q);
+  be_.matmul_backward(b_->dln, g.qkv_w, g.qkv_b, b_->dqkv, a.ln1, p.qkv_w, N, C, Q);
+  dl = column_parallel_input_grad(b_->dln, N);
   round_act(dl, int64_t(Nl) * C);
-  norm_backward_tp(dtmp_, g.ln1_w, g.ln1_b, dl, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, Nl);
-  be_.add_inplace(dres, dtmp_, int64_t(Nl) * C);
+  norm_backward_tp(b_->dtmp, g.ln1_w, g.ln1_b, dl, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, Nl);
+  be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
   round_act(dres, int64_t(Nl) * C);
 }
 
@@ -593,44 +617,51 @@ const float* Decoder::head_weight() {
   return cfg_.tied ? params_.ptr("embed.wte") : params_.ptr("head.weight");
 }
 float* Decoder::head_grad() {
-  return cfg_.tied ? params_.grad_ptr("embed.wte") : params_.grad_ptr("head.weight");
+  return grad_of(cfg_.tied ? "embed.wte" : "head.weight");
+}
+
+// The final norm of this rank's rows into lnf (gathered to all N rows under SP).
+void Decoder::final_norm(int N) {
+  const int64_t mine = int64_t(row0(N)) * cfg_.d_model;
+  const float* lnf_b = cfg_.bias ? params_.ptr("final_norm.bias") : nullptr;
+  norm_forward(b_->lnf + mine, b_->lnf_mean, b_->lnf_rstd, b_->x_final,
+               params_.ptr("final_norm.weight"), lnf_b, local_rows(N));
+  if (sp_on()) sp_all_gather(b_->lnf, N, cfg_.d_model);
 }
 
 double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, V = vocab_;
-  const int64_t mine = int64_t(row0(N)) * C;
-  const float* lnf_b = cfg_.bias ? params_.ptr("final_norm.bias") : nullptr;
-  norm_forward(lnf_ + mine, lnf_mean_, lnf_rstd_, x_final_, params_.ptr("final_norm.weight"), lnf_b,
-               Nl);
-  if (sp_on()) sp_all_gather(lnf_, N, C);
+  final_norm(N);
   const float* W = head_weight();
+  const float* w = in.loss_weights;
   // Logits exist for head_chunk() rows at a time: computed, turned into loss and gradient in
   // place, and consumed by the head's backward before the next chunk overwrites them. Under
   // tensor parallelism each rank holds its vocabulary slice of every row's logits.
   const int chunk = head_chunk();
   for (int r0 = 0; r0 < N; r0 += chunk) {
     int n = std::min(chunk, N - r0);
-    be_.matmul_forward(logits_, lnf_ + int64_t(r0) * C, W, nullptr, n, C, V);
-    round_act(logits_, int64_t(n) * V);
+    be_.matmul_forward(b_->logits, b_->lnf + int64_t(r0) * C, W, nullptr, n, C, V);
+    round_act(b_->logits, int64_t(n) * V);
+    const float* wr = w ? w + r0 : nullptr;
     if (tp_on())
-      vocab_parallel_cross_entropy(losses_ + r0, logits_, in.targets + r0, n, dloss, grads);
+      vocab_parallel_cross_entropy(b_->losses + r0, b_->logits, in.targets + r0, n, dloss, wr,
+                                   grads);
     else
-      be_.cross_entropy(losses_ + r0, grads ? logits_ : nullptr, logits_, in.targets + r0, n, V,
-                        dloss);
+      be_.cross_entropy(b_->losses + r0, grads ? b_->logits : nullptr, b_->logits, in.targets + r0,
+                        n, V, dloss, wr);
     if (grads) {
-      round_act(logits_, int64_t(n) * V);
-      be_.matmul_backward(dln_ + int64_t(r0) * C, head_grad(), nullptr, logits_,
-                          lnf_ + int64_t(r0) * C, W, n, C, V);
+      round_act(b_->logits, int64_t(n) * V);
+      be_.matmul_backward(b_->dln + int64_t(r0) * C, head_grad(), nullptr, b_->logits,
+                          b_->lnf + int64_t(r0) * C, W, n, C, V);
     }
   }
-  double sum = 0;
-  for (int i = 0; i < N; ++i) sum += losses_[i];  // fixed order: bit-reproducible
+  double sum = 0;  // fixed order: bit-reproducible
+  for (int i = 0; i < N; ++i) sum += w ? double(w[i]) * b_->losses[i] : b_->losses[i];
   if (grads) {
-    round_act(dln_, int64_t(N) * C);
-    float* dl = column_parallel_input_grad(dln_, N);
-    float* gb = cfg_.bias ? params_.grad_ptr("final_norm.bias") : nullptr;
-    norm_backward_tp(dres_, params_.grad_ptr("final_norm.weight"), gb, dl, x_final_,
-                     params_.ptr("final_norm.weight"), lnf_mean_, lnf_rstd_, Nl);
+    round_act(b_->dln, int64_t(N) * C);
+    float* dl = column_parallel_input_grad(b_->dln, N);
+    norm_backward_tp(b_->dres, grad_of("final_norm.weight"), grad_of("final_norm.bias"), dl,
+                     b_->x_final, params_.ptr("final_norm.weight"), b_->lnf_mean, b_->lnf_rstd, Nl);
   }
   return sum;
 }
@@ -640,7 +671,7 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
 // (3 numbers per row), and each rank turns its slice of logits into its slice of the gradient
 // in place.
 void Decoder::vocab_parallel_cross_entropy(float* losses, float* logits, const int32_t* targets,
-                                           int n, float dloss, bool grads) {
+                                           int n, float dloss, const float* weights, bool grads) {
   const int V = vocab_;
   ce_stats_.assign(3 * size_t(n), 0.f);
   float* mx = ce_stats_.data();
@@ -671,9 +702,10 @@ void Decoder::vocab_parallel_cross_entropy(float* losses, float* logits, const i
     if (!grads) continue;
     const int t = targets[i] - v0_;
     const double inv = 1.0 / se[i];
+    const double g = weights ? double(dloss) * weights[i] : dloss;
     for (int j = 0; j < V; ++j) {
       double p = std::exp(double(row[j]) - mx[i]) * inv;
-      row[j] = static_cast<float>((p - (j == t ? 1.0 : 0.0)) * dloss);
+      row[j] = static_cast<float>((p - (j == t ? 1.0 : 0.0)) * g);
     }
   }
 }
@@ -699,7 +731,7 @@ void Decoder::forward_blocks(const ModelInput& in) {
   const int L = cfg_.n_layer;
   for (int l = 0; l < L; ++l) {
     if (before_block) before_block(l, false);
-    block_forward(l, in, acts_[l], l + 1 < L ? acts_[l + 1].x_in : x_final_);
+    block_forward(l, in, b_->layers[l], l + 1 < L ? b_->layers[l + 1].x_in : b_->x_final);
     if (after_block) after_block(l, false);
   }
 }
@@ -737,9 +769,9 @@ void Decoder::chunk_forward(int chunk, const ModelInput& in, const float* x_in, 
     embed_forward(in);
   } else {
     LOOM_CHECK(x_in, "pipeline chunk ", chunk, " needs its input activation");
-    std::copy(x_in, x_in + n, acts_[b].x_in);
+    std::copy(x_in, x_in + n, b_->layers[b].x_in);
   }
-  float* out = x_final_;
+  float* out = b_->x_final;
   if (!is_last_stage(chunk)) {
     if (!x_out) {
       stage_out_.resize(size_t(n));
@@ -750,7 +782,7 @@ void Decoder::chunk_forward(int chunk, const ModelInput& in, const float* x_in, 
   for (int l = b; l < e; ++l) {
     const bool into_backward = for_backward && l == e - 1;
     if (before_block) before_block(l, into_backward);
-    block_forward(l, in, acts_[l], l + 1 < e ? acts_[l + 1].x_in : out);
+    block_forward(l, in, b_->layers[l], l + 1 < e ? b_->layers[l + 1].x_in : out);
     if (after_block && !into_backward) after_block(l, false);
   }
 }
@@ -767,7 +799,7 @@ double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_i
     loss += head(in, dloss, true);
   } else {
     LOOM_CHECK(dx_out, "pipeline chunk ", chunk, " needs its output gradient");
-    std::copy(dx_out, dx_out + n, dres_);
+    std::copy(dx_out, dx_out + n, b_->dres);
   }
   for (int l = e - 1; l >= b; --l) {
     if (before_block && l != e - 1) before_block(l, true);  // e-1: since its recomputation
@@ -777,18 +809,18 @@ double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_i
   if (is_first_stage(chunk))
     embed_backward(in);
   else
-    std::copy(dres_, dres_ + n, dx_in);
+    std::copy(b_->dres, b_->dres + n, dx_in);
   return loss;
 }
 
-// Block l's backward into dres_, after recomputing what the recompute mode did not keep.
+// Block l's backward into b_->dres, after recomputing what the recompute mode did not keep.
 void Decoder::recompute_and_backward(int l, const ModelInput& in) {
-  const LayerActs& a = acts_[l];
+  const LayerActs& a = b_->layers[l];
   if (recompute_ == Recompute::Full)
     block_forward(l, in, a, nullptr);
   else if (recompute_ == Recompute::Selective)
-    attention_core(in, a);
-  block_backward(l, in, a, dres_);
+    attention_core(l, in, a);
+  block_backward(l, in, a, b_->dres);
 }
 
 double Decoder::stage_forward_loss(int chunk, const ModelInput& in, const float* x_in,
@@ -827,33 +859,73 @@ double Decoder::run(const ModelInput& in, float dloss, bool grads) {
   return loss;
 }
 
-double Decoder::forward_backward(const ModelInput& in, float dloss) {
+// Sequence sums of log p(target) = -loss over the rows with a target, in token order.
+void Decoder::collect_outputs(const ModelInput& in, StepOutputs* out) const {
+  LOOM_CHECK(cp_.size == 1, "sequence log-probabilities under context parallelism are not ",
+             "supported yet (parallel.cp = ", cp_.size, ")");
+  out->seq_logprobs.assign(in.nseq, 0.0);
+  for (int s = 0; s < in.nseq; ++s)
+    for (int i = in.cu_seqlens[s]; i < in.cu_seqlens[s + 1]; ++i)
+      if (in.targets[i] >= 0) out->seq_logprobs[s] -= b_->losses[i];
+  if (!out->want_token_logprobs) return;
+  out->token_logprobs.assign(in.N, 0.f);
+  for (int i = 0; i < in.N; ++i)
+    if (in.targets[i] >= 0) out->token_logprobs[i] = -b_->losses[i];
+}
+
+double Decoder::forward_backward(const ModelInput& in, float dloss, StepOutputs* out) {
   LOOM_CHECK(in.targets, "forward_backward needs targets");
-  return run(in, dloss, true);
+  double loss = run(in, dloss, true);
+  if (out) collect_outputs(in, out);
+  return loss;
 }
 
-double Decoder::forward_loss(const ModelInput& in) {
+// For the length of a forward-only pass: the forward-only buffers and an attention override;
+// back to the training buffers and the model's own attention on exit, errors included.
+struct Decoder::ForwardOnlyScope {
+  Decoder& d;
+  ForwardOnlyScope(Decoder& dec, ForwardAttention* attention) : d(dec) {
+    d.use_forward_only_buffers(true);
+    d.attention_override_ = attention;
+  }
+  ~ForwardOnlyScope() {
+    d.attention_override_ = nullptr;
+    d.use_forward_only_buffers(false);
+  }
+};
+
+double Decoder::forward_loss(const ModelInput& in, StepOutputs* out) {
   LOOM_CHECK(in.targets, "forward_loss needs targets");
-  return run(in, 0.f, false);
+  ForwardOnlyScope scope(*this, nullptr);
+  double loss = run(in, 0.f, false);
+  if (out) collect_outputs(in, out);
+  return loss;
 }
 
-void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits) {
+void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
+                             ForwardAttention* attention) {
   LOOM_CHECK(!tp_on(),
              "forward_logits gathers full logits: not supported under tensor parallelism");
+  LOOM_CHECK(pp_.whole(), "forward_logits runs the whole model, not a pipeline stage");
+  LOOM_CHECK(!attention || cp_.size == 1, "an attention override excludes context parallelism");
   ModelInput fwd = in;
   fwd.targets = nullptr;
   check_input(fwd, cfg_);
+  LOOM_CHECK(rows.size() <= size_t(in.N), "forward_logits: ", rows.size(),
+             " logit rows for a micro-batch of ", in.N, " tokens");
+  for (int r : rows)
+    LOOM_CHECK(r >= 0 && r < in.N, "logit row ", r, " outside the micro-batch of ", in.N);
+  ForwardOnlyScope scope(*this, attention);
   ensure_buffers(in.N);
-  const int C = cfg_.d_model, V = cfg_.vocab;
+  const int C = cfg_.d_model, V = cfg_.vocab, n = static_cast<int>(rows.size());
   embed_forward(fwd);
   forward_blocks(fwd);
-  const float* lnf_b = cfg_.bias ? params_.ptr("final_norm.bias") : nullptr;
-  norm_forward(lnf_, lnf_mean_, lnf_rstd_, x_final_, params_.ptr("final_norm.weight"), lnf_b, in.N);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    LOOM_CHECK(rows[i] >= 0 && rows[i] < in.N, "logit row ", rows[i], " out of range");
-    be_.matmul_forward(logits + i * int64_t(V), lnf_ + int64_t(rows[i]) * C, head_weight(), nullptr,
-                       1, C, V);
-  }
+  final_norm(in.N);
+  // The chosen rows side by side, then one GEMM (a batch of decodes is one GEMM, not n GEMVs).
+  for (int i = 0; i < n; ++i)
+    std::copy_n(b_->lnf + int64_t(rows[i]) * C, C, b_->tmp + int64_t(i) * C);
+  be_.matmul_forward(logits, b_->tmp, head_weight(), nullptr, n, C, V);
+  round_act(logits, int64_t(n) * V);
 }
 
 }  // namespace loom

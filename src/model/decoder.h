@@ -43,6 +43,31 @@ struct ModelInput {
   // Context parallelism: the tokens above are this rank's share (CpBatch::shards[cp rank]:
   // gathered rows, their positions, local_cu_seqlens) and `cp` holds every rank's shard.
   const CpBatch* cp = nullptr;
+  // [N] per-token loss weights (nullptr = 1 everywhere): token i's loss enters the returned
+  // sum as w[i] * loss[i] and its gradient is scaled by w[i]. 0 masks a token exactly as a
+  // target of -1 does (SFT prompt masking); negative weights are allowed (DPO, GRPO).
+  const float* loss_weights = nullptr;
+};
+
+// What a forward reports besides the loss sum, for post-training (DPO, GRPO) and evaluation.
+struct StepOutputs {
+  // Per sequence of the micro-batch (cu_seqlens): the sum over its tokens with a target
+  // (target >= 0) of log p(target), unweighted, summed in fp64 in token order.
+  std::vector<double> seq_logprobs;
+  // Per token, filled when want_token_logprobs: log p(target), 0 where target < 0.
+  bool want_token_logprobs = false;
+  std::vector<float> token_logprobs;
+};
+
+// A layer's attention core in a forward-only pass when its keys and values are not just the
+// micro-batch's own (the serving engine's paged KV cache): applied from outside the model.
+class ForwardAttention {
+ public:
+  virtual ~ForwardAttention() = default;
+  // qkv: [N, ld] rows of layer `layer` (Hq query heads, then Hkv key and Hkv value heads of D
+  // dims, RoPE applied); writes out[N, Hq * D].
+  virtual void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
+                       float* out) = 0;
 };
 
 // Megatron-style tensor parallelism over `size` ranks (docs/parallel.md): attention split by
@@ -74,6 +99,9 @@ class Decoder {
           DType act_dtype = DType::F32, const TensorParallel& tp = {},
           const ExpertParallel& ep = {}, const PipelineStage& pp = {});
   ~Decoder();
+  // b_ points into the object itself.
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
   const TensorParallel& tensor_parallel() const { return tp_; }
   // Context parallelism (ring attention over cp.comm); inputs then carry ModelInput::cp.
   void set_context_parallel(const ContextParallel& cp);
@@ -87,16 +115,23 @@ class Decoder {
   DType act_dtype() const { return act_dtype_; }
 
   // Forward and backward in one call (the head is fused with the loss). Each token's loss
-  // gradient is `dloss` (e.g. 1 / tokens in the global batch, times a loss scale); parameter
-  // gradients ACCUMULATE into params().grad(). Returns the sum of the per-token losses.
+  // gradient is `dloss` (e.g. 1 / tokens in the global batch, times a loss scale) times its
+  // loss weight; parameter gradients ACCUMULATE into params().grad(), except frozen
+  // parameters' (ParamInfo::trainable), which are never written and whose weight-gradient GEMMs
+  // are skipped. Returns the sum of the (weighted) per-token losses; `out` (nullable) receives
+  // the sequences' log-probabilities (whole model only: no pipeline or context parallelism).
   // A MoE model adds each MoE layer's auxiliary load-balancing loss weighted by the micro-
   // batch's token count N (a per-token term, averaged like the language-model loss; its
   // gradient weight is dloss * N), included in the returned sum (and in last_aux_loss()).
-  double forward_backward(const ModelInput& in, float dloss);
-  // Forward only; returns the sum of per-token losses.
-  double forward_loss(const ModelInput& in);
-  // Forward only; logits [rows.size(), vocab] for the given token rows.
-  void forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits);
+  double forward_backward(const ModelInput& in, float dloss, StepOutputs* out = nullptr);
+  // Forward only, keeping one layer's activations at a time (evaluation, reference models);
+  // returns the sum of the (weighted) per-token losses, as forward_backward would.
+  double forward_loss(const ModelInput& in, StepOutputs* out = nullptr);
+  // Forward only, one layer's activations at a time: logits [rows.size(), vocab] of the given
+  // token rows. `attention` (nullable) replaces every layer's attention core (the serving
+  // engine's KV cache); without it, packed causal attention over in.cu_seqlens.
+  void forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
+                      ForwardAttention* attention = nullptr);
 
   // Called after backward has finished the gradients of block `layer` (last to first), then
   // with -1 for the embedding: the hook for overlapping gradient communication.
@@ -138,8 +173,10 @@ class Decoder {
   // Rows of logits materialised at once: as many as fit in ~64 MB (more rows per chunk make
   // the head's weight-gradient GEMM less memory-bound), at least 16, at most 256.
   int head_chunk() const;
-  // Bytes held in activation buffers for the last batch size.
-  size_t activation_bytes() const { return arena_.size() * sizeof(float); }
+  // Bytes held in the training activation buffers for the largest batch so far.
+  size_t activation_bytes() const { return train_buf_.mem.size() * sizeof(float); }
+  // Bytes held in the forward-only buffers (forward_loss, forward_logits).
+  size_t forward_only_bytes() const { return infer_buf_.mem.size() * sizeof(float); }
 
  private:
   struct LayerParams {
@@ -153,7 +190,12 @@ class Decoder {
 
   void build_params();
   LayerParams layer_params(int l, bool grads);
+  float* grad_of(const std::string& name);  // nullptr when absent or frozen
+  // Sizes the active buffers (train_buf_, or infer_buf_ in a forward-only pass) for N tokens.
   void ensure_buffers(int N);
+  void use_forward_only_buffers(bool on) { b_ = on ? &infer_buf_ : &train_buf_; }
+  struct ForwardOnlyScope;
+  void collect_outputs(const ModelInput& in, StepOutputs* out) const;
   void embed_forward(const ModelInput& in);
   void embed_backward(const ModelInput& in);
   void forward_blocks(const ModelInput& in);  // every block, with the before/after hooks
@@ -161,7 +203,7 @@ class Decoder {
   void chunk_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out,
                      bool for_backward);
   void block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out);
-  void attention_core(const ModelInput& in, const LayerActs& a);
+  void attention_core(int l, const ModelInput& in, const LayerActs& a);
   void block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres);
   void recompute_and_backward(int l, const ModelInput& in);
   void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
@@ -170,6 +212,7 @@ class Decoder {
                      const float* w, const float* mean, const float* rstd, int N);
   // Final norm + head over chunks of rows; with grads, fills dres (d of the last residual).
   double head(const ModelInput& in, float dloss, bool grads);
+  void final_norm(int N);
   const float* head_weight();
   float* head_grad();
   void round_act(float* x, int64_t n) const;
@@ -187,7 +230,7 @@ class Decoder {
   int local_rows(int N) const { return sp_on() ? N / tp_.size : N; }
   int row0(int N) const { return sp_on() ? tp_.rank * (N / tp_.size) : 0; }
   void vocab_parallel_cross_entropy(float* losses, float* logits, const int32_t* targets, int n,
-                                    float dloss, bool grads);
+                                    float dloss, const float* weights, bool grads);
   float* row_parallel_out(const float* inp, const float* w, const float* b, int N, int IC);
   float* column_parallel_input_grad(float* dinp, int N);
   const float* full_rows(const float* local, int N);
@@ -209,7 +252,6 @@ class Decoder {
   float dloss_ = 0;
   // Local sizes on this tensor-parallel rank.
   int hq_ = 0, hkv_ = 0, qkv_ = 0, att_ = 0, ff_ = 0, fc_ = 0, vocab_ = 0, v0_ = 0;
-  std::vector<float> full_a_, full_b_;  // SP scratch: [N, C] each
   std::vector<int32_t> local_ids_;
   std::vector<float> ce_stats_;
   Backend& be_;
@@ -217,15 +259,32 @@ class Decoder {
   DType act_dtype_;
   ParamSet params_;
 
-  int N_ = 0;  // tokens the buffers are sized for
-  std::vector<float> arena_;
-  std::vector<LayerActs> acts_;  // per layer (views into the arena; shared under recompute)
-  float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  float* logits_ = nullptr;  // [chunk, vocab]
-  float* losses_ = nullptr;  // [N]
-  // backward scratch
-  float *dres_ = nullptr, *dln_ = nullptr, *dtmp_ = nullptr, *datt_ = nullptr, *dqkv_ = nullptr,
-        *dfc_ = nullptr, *dact_ = nullptr, *tmp_ = nullptr;
+  // Activation buffers: one arena, and views into it. Training keeps what the recompute mode
+  // says; a forward-only pass keeps one layer (every layer shares one set of views, and the
+  // residual stream alternates between two buffers). Two instances, so that evaluation or
+  // generation between training steps never reallocates the training arena.
+  struct Buffers {
+    bool forward_only = false;
+    int N = 0;  // tokens the buffers are sized for
+    std::vector<float> mem;
+    std::vector<LayerActs> layers;  // per layer (views into mem; shared under recompute)
+    float *x_final = nullptr, *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;
+    float* logits = nullptr;  // [chunk, vocab]
+    float* losses = nullptr;  // [N]
+    float* tmp = nullptr;     // [N, C] row-parallel output
+    // backward scratch (training only)
+    float *dres = nullptr, *dln = nullptr, *dtmp = nullptr, *datt = nullptr, *dqkv = nullptr,
+          *dfc = nullptr, *dact = nullptr;
+    std::vector<float> full_a, full_b;  // SP scratch: [N, C] each
+  };
+  Buffers train_buf_, infer_buf_ = forward_only_buffers();
+  static Buffers forward_only_buffers() {
+    Buffers b;
+    b.forward_only = true;
+    return b;
+  }
+  Buffers* b_ = &train_buf_;
+  ForwardAttention* attention_override_ = nullptr;  // during forward_logits only
 };
 
 }  // namespace loom

@@ -86,6 +86,18 @@ void ParamSet::mark_expert(const std::string& name) {
   infos_[it->second].expert = true;
 }
 
+void ParamSet::set_trainable(const std::string& name, bool trainable) {
+  auto it = index_.find(name);
+  LOOM_CHECK(it != index_.end(), "no parameter named '", name, "'");
+  infos_[it->second].trainable = trainable;
+}
+
+bool ParamSet::any_frozen() const {
+  for (const ParamInfo& p : infos_)
+    if (!p.trainable) return true;
+  return false;
+}
+
 int64_t local_row_length(const ParamInfo& p) {
   if (!p.sharded()) return p.numel;
   if (p.inner_dim > 0) return p.shape[2];

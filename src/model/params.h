@@ -40,6 +40,9 @@ struct ParamInfo {
   // An expert's weights (mixture of experts): under expert parallelism each rank holds other
   // experts, so these are reduced over the expert-data-parallel group, not the data-parallel one.
   bool expert = false;
+  // A frozen parameter (trainable = false: LoRA's base, a reference model) gets no gradient:
+  // the model never writes its gradient buffer and skips the GEMMs that would compute it.
+  bool trainable = true;
 };
 
 // Where a parameter's local elements sit in its global tensor (the one-process parameter):
@@ -63,6 +66,9 @@ class ParamSet {
   void set_shard(const std::string& name, const Shape& global_shape, int dim,
                  std::vector<int64_t> global_index);
   void mark_expert(const std::string& name);
+  // Freezes (or unfreezes) a parameter; any time, since it only steers backward.
+  void set_trainable(const std::string& name, bool trainable);
+  bool any_frozen() const;
   // Marks a 3-D expert shard (set_shard along dim 0 first) as split inside each expert too.
   void set_inner_shard(const std::string& name, int dim, std::vector<int64_t> inner_index);
   // After every add(): zero-filled values and grads, on fresh pages that take no memory until
@@ -91,6 +97,11 @@ class ParamSet {
   bool has(const std::string& name) const { return index_.count(name) > 0; }
   float* ptr(const std::string& name) { return data() + info(name).offset; }
   float* grad_ptr(const std::string& name) { return grad() + info(name).offset; }
+  // The gradient a backward pass accumulates into: nullptr for a frozen parameter.
+  float* trainable_grad_ptr(const std::string& name) {
+    const ParamInfo& p = info(name);
+    return p.trainable ? grad() + p.offset : nullptr;
+  }
 
   // Views of each parameter (or gradient), by name.
   std::map<std::string, Tensor> tensors();

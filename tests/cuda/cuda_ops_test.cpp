@@ -226,7 +226,7 @@ TEST(CudaOps, DeviceSideInputErrorsThrowAtSync) {
   gpu()->sync();  // the flag is cleared after being reported
   std::vector<int32_t> targets = {0, 7};
   DevBuf gtg(targets), logits(random_floats(2 * 5, 1)), losses(2 * 4);
-  gpu()->cross_entropy(losses.f(), nullptr, logits.f(), gtg.i(), 2, 5, 1.f);
+  gpu()->cross_entropy(losses.f(), nullptr, logits.f(), gtg.i(), 2, 5, 1.f, nullptr);
   EXPECT_THROW(gpu()->sync(), Error);
 }
 
@@ -368,16 +368,16 @@ TEST(CudaOps, CrossEntropyIgnoredTargetsAndAliasedGradient) {
     auto logits = random_floats(size_t(N) * V, 80, -6, 6);
     std::vector<int32_t> t = {0, V - 1, -1, 5 % V, -1, V / 2};
     std::vector<float> losses(N), dl = logits;
-    cpu().cross_entropy(losses.data(), dl.data(), dl.data(), t.data(), N, V, 0.125f);
+    cpu().cross_entropy(losses.data(), dl.data(), dl.data(), t.data(), N, V, 0.125f, nullptr);
     DevBuf gl(logits), gt(t), gloss(N * 4);
     gloss.poison();
-    gpu()->cross_entropy(gloss.f(), gl.f(), gl.f(), gt.i(), N, V, 0.125f);
+    gpu()->cross_entropy(gloss.f(), gl.f(), gl.f(), gt.i(), N, V, 0.125f, nullptr);
     EXPECT_TRUE(close(gloss.get(), losses, 1e-5, 1e-5)) << "V=" << V;
     EXPECT_TRUE(close(gl.get(), dl, 1e-4, 1e-9)) << "V=" << V;
     // Loss only (no gradient).
     DevBuf gl2(logits);
     gloss.poison();
-    gpu()->cross_entropy(gloss.f(), nullptr, gl2.f(), gt.i(), N, V, 1.f);
+    gpu()->cross_entropy(gloss.f(), nullptr, gl2.f(), gt.i(), N, V, 1.f, nullptr);
     EXPECT_TRUE(close(gloss.get(), losses, 1e-5, 1e-5));
     EXPECT_TRUE(same_bits(gl2.get(), logits)) << "logits must be left alone";
   }

@@ -225,7 +225,7 @@ class StepReplay {
       tag("head matmul");
       be_.matmul_forward(logits_, lnf_ + int64_t(r0) * C, W, nullptr, n, C, V);
       tag("cross-entropy");
-      be_.cross_entropy(losses_ + r0, logits_, logits_, in_.targets + r0, n, V, dloss);
+      be_.cross_entropy(losses_ + r0, logits_, logits_, in_.targets + r0, n, V, dloss, nullptr);
       tag("head matmul");
       be_.matmul_backward(dln_ + int64_t(r0) * C, dW, nullptr, logits_, lnf_ + int64_t(r0) * C, W,
                           n, C, V);

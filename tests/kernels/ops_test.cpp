@@ -542,7 +542,8 @@ TEST(CrossEntropy, LossAndGradientMatchReference) {
   const std::vector<int32_t> targets = {3, -1, 0, 36, 5, -7};  // rows 1 and 5 are ignored
   const Vec l64 = to_f64(logits);
   std::vector<float> losses(N, kNaN), dlogits(N * V, kNaN);
-  be().cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V, dloss);
+  be().cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V, dloss,
+                     nullptr);
   EXPECT_TRUE(all_close(losses, ref::cross_entropy(l64, targets, N, V), 1e-6, 1e-5));
   EXPECT_EQ(losses[1], 0.0f);
   EXPECT_EQ(losses[5], 0.0f);
@@ -555,6 +556,31 @@ TEST(CrossEntropy, LossAndGradientMatchReference) {
   EXPECT_TRUE(all_close(dlogits, g, 1e-7, 1e-5));  // zeros on ignored rows included
 }
 
+// Per-row weights scale each row's gradient (negative weights included, as DPO and GRPO use);
+// the reported losses stay unweighted.
+TEST(CrossEntropy, RowWeightsScaleEachRowsGradient) {
+  const int N = 5, V = 29;
+  const float dloss = 0.5f;
+  const auto logits = random_floats(N * V, 114, -3, 3);
+  const std::vector<int32_t> targets = {2, 28, -1, 0, 7};
+  const std::vector<float> w = {1.0f, 0.0f, 3.0f, -2.5f, 0.125f};
+  const Vec l64 = to_f64(logits);
+  std::vector<float> losses(N, kNaN), dlogits(N * V, kNaN);
+  be().cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V, dloss,
+                     w.data());
+  EXPECT_TRUE(all_close(losses, ref::cross_entropy(l64, targets, N, V), 1e-6, 1e-5));
+  const Vec g = numeric_gradient(
+      [&](const Vec& v) {
+        const Vec l = ref::cross_entropy(v, targets, N, V);
+        double s = 0;
+        for (int i = 0; i < N; ++i) s += dloss * w[i] * l[i];
+        return s;
+      },
+      l64);
+  EXPECT_TRUE(all_close(dlogits, g, 1e-7, 1e-5));
+  for (int j = 0; j < V; ++j) EXPECT_EQ(dlogits[1 * V + j], 0.0f);  // weight 0: no gradient
+}
+
 TEST(CrossEntropy, StableForHugeLogitsAndLargeVocabulary) {
   const int N = 3, V = 50304;
   auto logits = random_floats(N * V, 111, -10, 10);
@@ -562,7 +588,8 @@ TEST(CrossEntropy, StableForHugeLogitsAndLargeVocabulary) {
   const std::vector<int32_t> targets = {17, 50303, 0};
   const Vec l64 = to_f64(logits);
   std::vector<float> losses(N), dlogits(N * V, kNaN);
-  be().cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V, 1.0f);
+  be().cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V, 1.0f,
+                     nullptr);
   EXPECT_TRUE(all_close(losses, ref::cross_entropy(l64, targets, N, V), 1e-4, 1e-5));
   // Analytic gradient: softmax - onehot.
   Vec expected = ref::softmax(l64, N, V);
@@ -575,9 +602,11 @@ TEST(CrossEntropy, GradientMayOverwriteLogits) {
   const auto logits = random_floats(N * V, 112, -5, 5);
   const std::vector<int32_t> targets = {0, 299, -1, 150};
   std::vector<float> losses_sep(N), dlogits(N * V), losses_alias(N);
-  be().cross_entropy(losses_sep.data(), dlogits.data(), logits.data(), targets.data(), N, V, 0.5f);
+  be().cross_entropy(losses_sep.data(), dlogits.data(), logits.data(), targets.data(), N, V, 0.5f,
+                     nullptr);
   auto buf = logits;
-  be().cross_entropy(losses_alias.data(), buf.data(), buf.data(), targets.data(), N, V, 0.5f);
+  be().cross_entropy(losses_alias.data(), buf.data(), buf.data(), targets.data(), N, V, 0.5f,
+                     nullptr);
   EXPECT_TRUE(same_bits(losses_sep, losses_alias));
   EXPECT_TRUE(same_bits(dlogits, buf));
 }
@@ -587,9 +616,9 @@ TEST(CrossEntropy, TargetOutsideVocabularyIsAnErrorWithNoOutput) {
   const auto logits = random_floats(N * V, 113);
   const std::vector<int32_t> targets = {1, 10, 2};
   std::vector<float> losses(N, 42.0f), dlogits(N * V, 42.0f);
-  EXPECT_THROW(
-      be().cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V, 1.0f),
-      Error);
+  EXPECT_THROW(be().cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N,
+                                  V, 1.0f, nullptr),
+               Error);
   EXPECT_TRUE(all_close(losses, Vec(N, 42.0), 0, 0));
   EXPECT_TRUE(all_close(dlogits, Vec(N * V, 42.0), 0, 0));
 }

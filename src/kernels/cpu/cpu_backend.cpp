@@ -88,8 +88,8 @@ class CpuBackend final : public Backend {
     cpu::softmax_backward(dinp, out, dout, rows, cols);
   }
   void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                     int N, int V, float dloss) override {
-    cpu::cross_entropy(losses, dlogits, logits, targets, N, V, dloss);
+                     int N, int V, float dloss, const float* weights) override {
+    cpu::cross_entropy(losses, dlogits, logits, targets, N, V, dloss, weights);
   }
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,

@@ -39,7 +39,7 @@ void scale_inplace(float* x, float s, int64_t n);
 void softmax_forward(float* out, const float* inp, int rows, int cols);
 void softmax_backward(float* dinp, const float* out, const float* dout, int rows, int cols);
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                   int N, int V, float dloss);
+                   int N, int V, float dloss, const float* weights = nullptr);
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,
                        float scale);

@@ -10,11 +10,12 @@
 namespace loom::cpu {
 
 // Per row: m = max(x); S = sum exp(x - m) (float exps, double sum); loss = log S + m - x[t];
-// dlogits = exp(x - m) / S * dloss - dloss * onehot(t). dlogits may be logits itself: the
+// dlogits = (exp(x - m) / S - onehot(t)) * g with g = dloss * weights[i] (weights nullable).
+// dlogits may be logits itself: the
 // row max and target logit are read before the row is overwritten, and each element is read
 // before it is written at the same index.
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                   int N, int V, float dloss) {
+                   int N, int V, float dloss, const float* weights) {
   LOOM_CHECK(V > 0, "cross_entropy: vocabulary size V=", V, " must be positive");
   for (int i = 0; i < N; ++i)
     LOOM_CHECK(targets[i] < V, "cross_entropy: target ", targets[i], " at row ", i,
@@ -42,10 +43,11 @@ void cross_entropy(float* losses, float* dlogits, const float* logits, const int
 #pragma omp simd
       for (int j = 0; j < V; ++j) dx[j] = fast_exp(x[j] - m);
       sum = ordered_sum<double>(V, [dx](int64_t j) { return dx[j]; });
-      const float scale = static_cast<float>(dloss / sum);
+      const float g = weights != nullptr ? dloss * weights[i] : dloss;
+      const float scale = static_cast<float>(g / sum);
 #pragma omp simd
       for (int j = 0; j < V; ++j) dx[j] *= scale;
-      dx[t] -= dloss;
+      dx[t] -= g;
     }
     if (losses != nullptr) losses[i] = static_cast<float>(std::log(sum) + m - xt);
   }

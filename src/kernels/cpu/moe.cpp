@@ -269,7 +269,7 @@ void moe_grouped_mlp_backward(float* dx, float* dw1, float* dw2, float* scratch,
   for (int e = 0; e < E; ++e) {
     const int n = offsets[e + 1] - offsets[e];
     if (n > 0)
-      matmul_backward(da + at(offsets[e], F), dw2 + at(e, int64_t{C} * F), nullptr,
+      matmul_backward(da + at(offsets[e], F), dw2 ? dw2 + at(e, int64_t{C} * F) : nullptr, nullptr,
                       dy + at(offsets[e], C), a + at(offsets[e], F), w2 + at(e, int64_t{C} * F), n,
                       F, C);
   }
@@ -280,7 +280,7 @@ void moe_grouped_mlp_backward(float* dx, float* dw1, float* dw2, float* scratch,
   for (int e = 0; e < E; ++e) {
     const int n = offsets[e + 1] - offsets[e];
     if (n > 0)
-      matmul_backward(dx + at(offsets[e], C), dw1 + at(e, int64_t{H} * C), nullptr,
+      matmul_backward(dx + at(offsets[e], C), dw1 ? dw1 + at(e, int64_t{H} * C) : nullptr, nullptr,
                       dh + at(offsets[e], H), x + at(offsets[e], C), w1 + at(e, int64_t{H} * C), n,
                       C, H);
   }

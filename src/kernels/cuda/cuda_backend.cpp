@@ -402,9 +402,11 @@ void CudaBackend::softmax_backward(float* dinp, const float* out, const float* d
 }
 
 void CudaBackend::cross_entropy(float* losses, float* dlogits, const float* logits,
-                                const int32_t* targets, int N, int V, float dloss) {
+                                const int32_t* targets, int N, int V, float dloss,
+                                const float* weights) {
   LOOM_CHECK(V > 0, "cross_entropy: vocabulary size V=", V, " must be positive");
-  cuda::cross_entropy(impl_->stream, losses, dlogits, logits, targets, N, V, dloss, impl_->err);
+  cuda::cross_entropy(impl_->stream, losses, dlogits, logits, targets, N, V, dloss, weights,
+                      impl_->err);
 }
 
 // ------------------------------------------------------------------------------- attention

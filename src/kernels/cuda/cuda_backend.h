@@ -129,7 +129,7 @@ class CudaBackend final : public Backend {
   void softmax_backward(float* dinp, const float* out, const float* dout, int rows,
                         int cols) override;
   void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                     int N, int V, float dloss) override;
+                     int N, int V, float dloss, const float* weights) override;
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,
                          float scale) override;

@@ -55,7 +55,8 @@ void softmax_forward(cudaStream_t st, float* out, const float* inp, int rows, in
 void softmax_backward(cudaStream_t st, float* dinp, const float* out, const float* dout, int rows,
                       int cols);
 void cross_entropy(cudaStream_t st, float* losses, float* dlogits, const float* logits,
-                   const int32_t* targets, int N, int V, float dloss, DeviceError* err);
+                   const int32_t* targets, int N, int V, float dloss, const float* weights,
+                   DeviceError* err);
 void layernorm_forward(cudaStream_t st, float* out, float* mean, float* rstd, const float* inp,
                        const float* weight, const float* bias, int N, int C, float eps);
 // partial: colred_chunks(N) * 2 * C floats of scratch.

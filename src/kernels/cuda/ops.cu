@@ -285,7 +285,8 @@ __device__ __forceinline__ void combine_ms(float& m, float& s, float m2, float s
 }
 
 __global__ void k_cross_entropy(float* losses, float* dlogits, const float* logits,
-                                const int32_t* targets, int V, float dloss, DeviceError* err) {
+                                const int32_t* targets, int V, float dloss, const float* weights,
+                                DeviceError* err) {
   const int row = blockIdx.x;
   const float* x = logits + int64_t{row} * V;
   float* dx = dlogits ? dlogits + int64_t{row} * V : nullptr;
@@ -331,10 +332,11 @@ __global__ void k_cross_entropy(float* losses, float* dlogits, const float* logi
   }
   if (threadIdx.x == 0 && losses) losses[row] = logf(s) + m - xt;
   if (!dx) return;
-  const float scale = dloss / s;
+  const float w = weights ? dloss * weights[row] : dloss;  // per-row weight (DPO, GRPO, masks)
+  const float scale = w / s;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     float g = expf(x[j] - m) * scale;
-    if (j == t) g -= dloss;
+    if (j == t) g -= w;
     dx[j] = g;
   }
 }
@@ -649,9 +651,10 @@ void softmax_backward(cudaStream_t st, float* dinp, const float* out, const floa
 }
 
 void cross_entropy(cudaStream_t st, float* losses, float* dlogits, const float* logits,
-                   const int32_t* targets, int N, int V, float dloss, DeviceError* err) {
+                   const int32_t* targets, int N, int V, float dloss, const float* weights,
+                   DeviceError* err) {
   if (N <= 0) return;
-  k_cross_entropy<<<N, 512, 0, st>>>(losses, dlogits, logits, targets, V, dloss, err);
+  k_cross_entropy<<<N, 512, 0, st>>>(losses, dlogits, logits, targets, V, dloss, weights, err);
   LOOM_CUDA_LAUNCHED("cross_entropy");
 }
 

@@ -1,0 +1,289 @@
+// The step API post-training and serving build on: per-token loss weights, per-sequence
+// log-probabilities, frozen parameters, and the forward-only path (with an attention override).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/decoder.h"
+#include "model/reference_decoder.h"
+
+using namespace loom;
+
+namespace {
+
+ModelConfig tiny(Family f) {
+  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
+  c.n_layer = 2;
+  c.d_model = 16;
+  c.n_head = 4;
+  c.n_kv_head = f == Family::GPT2 ? 4 : 2;
+  c.head_dim = 4;
+  c.d_ff = f == Family::GPT2 ? 64 : 24;
+  c.vocab = 32;
+  c.max_seq = 16;
+  c.init_std = 0.2f;
+  return c;
+}
+
+struct Data {
+  std::vector<int32_t> tokens, targets, positions, cu;
+  std::vector<float> weights;
+  ModelInput input() const {
+    ModelInput in{tokens.data(),
+                  targets.data(),
+                  positions.data(),
+                  cu.data(),
+                  static_cast<int>(tokens.size()),
+                  static_cast<int>(cu.size()) - 1};
+    in.loss_weights = weights.empty() ? nullptr : weights.data();
+    return in;
+  }
+};
+
+// Packed sequences of the given lengths; each target is the next token of its sequence (the
+// last one a random id), as a language-model batch has it.
+Data make_data(const std::vector<int>& lens, int vocab, uint64_t seed) {
+  Data d;
+  d.cu.push_back(0);
+  for (int len : lens) {
+    const size_t first = d.tokens.size();
+    for (int t = 0; t < len; ++t) {
+      d.tokens.push_back(static_cast<int32_t>(uniform_at(seed, 1, d.tokens.size()) * vocab));
+      d.positions.push_back(t);
+    }
+    for (int t = 0; t < len; ++t)
+      d.targets.push_back(t + 1 < len ? d.tokens[first + t + 1]
+                                      : static_cast<int32_t>(uniform_at(seed, 2, first) * vocab));
+    d.cu.push_back(static_cast<int32_t>(d.tokens.size()));
+  }
+  return d;
+}
+
+std::vector<float> grads(Decoder& m) {
+  return {m.params().grad(), m.params().grad() + m.params().total()};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+}  // namespace
+
+// A weight of 0 masks a token exactly as a target of -1 does: same loss, same gradient bits.
+TEST(StepApi, ZeroWeightEqualsIgnoredTarget) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder m(tiny(f), cpu_backend());
+    m.params().init(7);
+    Data masked = make_data({7, 5}, 32, 3);
+    masked.weights.assign(masked.tokens.size(), 1.f);
+    Data ignored = masked;
+    ignored.weights.clear();
+    for (int i : {0, 1, 2, 8}) {  // a "prompt" and one token of the second sequence
+      masked.weights[i] = 0.f;
+      ignored.targets[i] = -1;
+    }
+    m.params().zero_grad();
+    const double a = m.forward_backward(masked.input(), 0.25f);
+    const auto ga = grads(m);
+    m.params().zero_grad();
+    const double b = m.forward_backward(ignored.input(), 0.25f);
+    EXPECT_EQ(a, b) << family_name(f);
+    EXPECT_TRUE(same_bits(ga, grads(m))) << family_name(f);
+  }
+}
+
+// Weights scale each token's loss and gradient: a weight of 2 everywhere doubles every gradient
+// exactly (scaling by a power of two is exact), and mixed weights (negative included) match
+// finite differences of the weighted loss.
+TEST(StepApi, WeightsScaleLossAndGradient) {
+  Decoder m(tiny(Family::Llama), cpu_backend());
+  m.params().init(9);
+  Data d = make_data({6, 6}, 32, 5);
+  m.params().zero_grad();
+  const double plain = m.forward_backward(d.input(), 1.f);
+  const auto g1 = grads(m);
+  d.weights.assign(d.tokens.size(), 2.f);
+  m.params().zero_grad();
+  EXPECT_EQ(m.forward_backward(d.input(), 1.f), 2 * plain);
+  const auto g2 = grads(m);
+  for (size_t i = 0; i < g1.size(); ++i) ASSERT_EQ(g2[i], 2 * g1[i]) << i;
+
+  for (size_t i = 0; i < d.weights.size(); ++i) d.weights[i] = float(int(i % 5) - 2) * 0.5f;
+  ParamSet& P = m.params();
+  P.zero_grad();
+  m.forward_backward(d.input(), 1.f);
+  const auto analytic = grads(m);
+  const float eps = 1e-2f;
+  int checked = 0;
+  for (const ParamInfo& p : P.infos())
+    for (int k = 0; k < 3; ++k) {
+      const int64_t i = p.offset + (p.numel - 1) * k / 2;
+      const float saved = P.data()[i];
+      P.data()[i] = saved + eps;
+      const double lp = m.forward_loss(d.input());
+      P.data()[i] = saved - eps;
+      const double lm = m.forward_loss(d.input());
+      P.data()[i] = saved;
+      const double numeric = (lp - lm) / (2 * eps), a = analytic[i];
+      EXPECT_NEAR(a, numeric, 2e-2 * std::max(std::fabs(a), std::fabs(numeric)) + 2e-3) << p.name;
+      ++checked;
+    }
+  EXPECT_GT(checked, 20);
+}
+
+// Per-sequence sums of log p(target) (and per-token values) against a float64 forward written
+// from the definitions; the same from forward_backward and the forward-only forward_loss.
+TEST(StepApi, SequenceLogProbsMatchFloat64Reference) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder m(tiny(f), cpu_backend());
+    m.params().init(11);
+    Data d = make_data({9, 4, 7}, 32, 8);
+    d.targets[10] = -1;  // excluded from its sequence's sum
+    ref::ReferenceDecoder reference(m);
+    StepOutputs fb, fo;
+    fo.want_token_logprobs = true;
+    m.params().zero_grad();
+    const double loss_fb = m.forward_backward(d.input(), 1.f, &fb);
+    const double loss_fo = m.forward_loss(d.input(), &fo);
+    EXPECT_EQ(loss_fb, loss_fo) << family_name(f);
+    ASSERT_EQ(fb.seq_logprobs.size(), 3u);
+    EXPECT_TRUE(fb.token_logprobs.empty());  // not asked for
+    ASSERT_EQ(fo.token_logprobs.size(), d.tokens.size());
+    double total = 0;
+    for (int s = 0; s < 3; ++s) {
+      const std::vector<int32_t> seq(d.tokens.begin() + d.cu[s], d.tokens.begin() + d.cu[s + 1]);
+      const auto lp = reference.log_probs(seq);
+      double want = 0;
+      for (int i = d.cu[s]; i < d.cu[s + 1]; ++i) {
+        const int t = d.targets[i];
+        const double r = t >= 0 ? lp[i - d.cu[s]][t] : 0.0;
+        want += r;
+        EXPECT_NEAR(fo.token_logprobs[i], r, 1e-4) << family_name(f) << " token " << i;
+      }
+      EXPECT_NEAR(fb.seq_logprobs[s], want, 1e-4 * (1 + std::fabs(want))) << "sequence " << s;
+      EXPECT_EQ(fb.seq_logprobs[s], fo.seq_logprobs[s]);
+      total += fb.seq_logprobs[s];
+    }
+    EXPECT_NEAR(-total, loss_fb, 1e-3);
+  }
+}
+
+// Frozen parameters: their gradient buffers are never written (a sentinel survives), and every
+// other gradient is bit-identical to the run where nothing is frozen.
+TEST(StepApi, FrozenParametersGetNoGradientAndChangeNothingElse) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder m(tiny(f), cpu_backend());
+    m.params().init(13);
+    Data d = make_data({8, 8}, 32, 2);
+    m.params().zero_grad();
+    m.forward_backward(d.input(), 0.5f);
+    const auto full = grads(m);
+
+    ParamSet& P = m.params();
+    std::vector<std::string> frozen = {"embed.wte", "blocks.0.attn.qkv.weight",
+                                       "blocks.1.mlp.fc.weight", "blocks.0.norm2.weight",
+                                       "final_norm.weight"};
+    if (f == Family::Llama) frozen.push_back("head.weight");
+    if (f == Family::GPT2) frozen.push_back("embed.wpe");
+    for (const auto& n : frozen) P.set_trainable(n, false);
+    EXPECT_TRUE(P.any_frozen());
+    P.zero_grad();
+    const float sentinel = 12345.f;
+    for (const auto& n : frozen) {
+      const ParamInfo& p = P.info(n);
+      std::fill(P.grad() + p.offset, P.grad() + p.offset + p.numel, sentinel);
+    }
+    m.forward_backward(d.input(), 0.5f);
+    for (const ParamInfo& p : P.infos()) {
+      const bool is_frozen = !p.trainable;
+      for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+        if (is_frozen)
+          ASSERT_EQ(P.grad()[i], sentinel) << p.name;
+        else
+          ASSERT_EQ(P.grad()[i], full[i]) << p.name << " " << family_name(f);
+      }
+    }
+  }
+}
+
+// The forward-only path keeps one layer's activations: it needs less memory than training,
+// gives the training forward's loss bit for bit, and its logits are the reference's.
+TEST(StepApi, ForwardOnlyPathMatchesTrainingForward) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    ModelConfig c = tiny(f);
+    c.n_layer = 4;
+    Decoder m(c, cpu_backend());
+    m.params().init(17);
+    Data d = make_data({12, 10}, 32, 4);
+    m.params().zero_grad();
+    const double trained = m.forward_backward(d.input(), 1.f);
+    EXPECT_EQ(m.forward_loss(d.input()), trained);
+    EXPECT_LT(m.forward_only_bytes(), m.activation_bytes() / 2);
+
+    const std::vector<int> rows = {11, 0, 21, 12};
+    std::vector<float> logits(rows.size() * c.vocab);
+    m.forward_logits(d.input(), rows, logits.data());
+    ref::ReferenceDecoder reference(m);
+    const std::vector<int32_t> s0(d.tokens.begin(), d.tokens.begin() + 12),
+        s1(d.tokens.begin() + 12, d.tokens.end());
+    const auto lp0 = reference.log_probs(s0), lp1 = reference.log_probs(s1);
+    const ref::Vec* want[] = {&lp0[11], &lp0[0], &lp1[9], &lp1[0]};
+    for (size_t r = 0; r < rows.size(); ++r) {
+      // Compare log-softmax of the model's logits with the reference's.
+      const float* x = logits.data() + r * c.vocab;
+      double mx = x[0], s = 0;
+      for (int j = 0; j < c.vocab; ++j) mx = std::max(mx, double(x[j]));
+      for (int j = 0; j < c.vocab; ++j) s += std::exp(x[j] - mx);
+      for (int j = 0; j < c.vocab; ++j)
+        ASSERT_NEAR(x[j] - mx - std::log(s), (*want[r])[j], 1e-4) << "row " << rows[r];
+    }
+  }
+}
+
+namespace {
+// An attention override that records its calls and runs the backend's own attention over the
+// packed batch: the logits must not change.
+struct RecordingAttention : ForwardAttention {
+  const ModelInput* in = nullptr;
+  std::vector<int> layers;
+  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
+               float* out) override {
+    layers.push_back(layer);
+    std::vector<float> lse(size_t(in->N) * Hq);
+    cpu_backend().attention_forward(out, lse.data(), qkv, qkv + Hq * D, qkv + (Hq + Hkv) * D, ld,
+                                    in->cu_seqlens, in->nseq, Hq, Hkv, D, scale);
+  }
+};
+}  // namespace
+
+TEST(StepApi, AttentionOverrideReplacesEveryLayersCore) {
+  Decoder m(tiny(Family::Llama), cpu_backend());
+  m.params().init(19);
+  Data d = make_data({5, 9}, 32, 6);
+  const std::vector<int> rows = {4, 13};
+  std::vector<float> plain(2 * 32), overridden(2 * 32);
+  m.forward_logits(d.input(), rows, plain.data());
+  const ModelInput in = d.input();
+  RecordingAttention att;
+  att.in = &in;
+  m.forward_logits(in, rows, overridden.data(), &att);
+  EXPECT_EQ(att.layers, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(same_bits(plain, overridden));
+  // The override is gone afterwards, and training still works (its buffers are untouched).
+  m.params().zero_grad();
+  EXPECT_GT(m.forward_backward(d.input(), 1.f), 0.0);
+  EXPECT_EQ(att.layers.size(), 2u);
+}
+
+TEST(StepApi, BadRowsAreErrors) {
+  Decoder m(tiny(Family::GPT2), cpu_backend());
+  m.params().init(1);
+  Data d = make_data({4}, 32, 1);
+  std::vector<float> logits(5 * 32);
+  EXPECT_THROW(m.forward_logits(d.input(), {4}, logits.data()), Error);
+  EXPECT_THROW(m.forward_logits(d.input(), {0, 1, 2, 3, 0}, logits.data()), Error);
+}
