@@ -215,7 +215,7 @@ int run(int argc, char** argv) {
   auto logits_copy = logits;
   bench("cross_entropy (fused)", loom::cat(N, "x", V), f4 * 2.0 * N * V, 0, [&] {
     be.cross_entropy(losses.data(), logits_copy.data(), logits.data(), targets.data(), N, V,
-                     1.0f / N);
+                     1.0f / N, nullptr);
   });
   bench("adamw", loom::cat(P), f4 * 7.0 * P, 0, [&] {
     be.adamw(param.data(), grad.data(), m.data(), v.data(), P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
