@@ -11,6 +11,7 @@ void blas_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, co
 int blas_threads();
 void set_blas_threads(int n);
 const char* blas_name();  // "openblas" or "portable"
+const char* blas_core();  // the kernels it runs (OpenBLAS's core name), or "portable"
 
 // A cache-blocked OpenMP GEMM with the same contract, always built (and tested) so the
 // fallback cannot rot: correct first, reasonably fast, far from a tuned BLAS.

@@ -16,5 +16,8 @@ void set_blas_threads(int) {}  // portable_sgemm uses the OpenMP thread count
 const char* blas_name() {
   return "portable";
 }
+const char* blas_core() {
+  return "portable";
+}
 
 }  // namespace loom::cpu
