@@ -198,16 +198,81 @@ MoeWeights Decoder::moe_weights(int l, bool grads) {
   return {get("router.weight"), get("experts.w1"), get("experts.w2")};
 }
 
-Decoder::LayerParams Decoder::layer_params(int l, bool grads) {
-  std::string p = "blocks." + std::to_string(l) + ".";
-  auto get = [&](const std::string& n) -> float* {
-    if (!params_.has(p + n)) return nullptr;
-    return grads ? grad_of(p + n) : params_.ptr(p + n);
-  };
-  return {get("norm1.weight"),  get("norm1.bias"),       get("attn.qkv.weight"),
-          get("attn.qkv.bias"), get("attn.proj.weight"), get("attn.proj.bias"),
-          get("norm2.weight"),  get("norm2.bias"),       get("mlp.fc.weight"),
-          get("mlp.fc.bias"),   get("mlp.proj.weight"),  get("mlp.proj.bias")};
+Decoder::Norm Decoder::norm_params(const std::string& prefix) {
+  const std::string w = prefix + ".weight", b = prefix + ".bias";
+  const bool has_b = params_.has(b);
+  return {params_.ptr(w), has_b ? params_.ptr(b) : nullptr, grad_of(w),
+          has_b ? grad_of(b) : nullptr};
+}
+
+Linear Decoder::linear(const std::string& prefix, int in, int out) {
+  const std::string w = prefix + ".weight", b = prefix + ".bias";
+  const bool has_b = params_.has(b);
+  Linear lin;
+  lin.w = params_.ptr(w);
+  lin.b = has_b ? params_.ptr(b) : nullptr;
+  lin.dw = grad_of(w);
+  lin.db = has_b ? grad_of(b) : nullptr;
+  lin.in = in;
+  lin.out = out;
+  if (auto it = adapters_.find(prefix); it != adapters_.end()) lin.adapter = it->second;
+  if (auto it = recipes_.find(prefix); it != recipes_.end()) lin.recipe = it->second;
+  return lin;
+}
+
+Decoder::LayerParams Decoder::layer_params(int l) {
+  const std::string p = "blocks." + std::to_string(l) + ".";
+  const int C = cfg_.d_model;
+  LayerParams lp;
+  lp.ln1 = norm_params(p + "norm1");
+  lp.ln2 = norm_params(p + "norm2");
+  lp.qkv = linear(p + "attn.qkv", C, qkv_);
+  lp.proj = linear(p + "attn.proj", att_, C);
+  if (!cfg_.is_moe_layer(l)) {
+    lp.fc = linear(p + "mlp.fc", C, fc_);
+    lp.mp = linear(p + "mlp.proj", ff_, C);
+  }
+  return lp;
+}
+
+std::vector<Decoder::LinearInfo> Decoder::linears() const {
+  std::vector<LinearInfo> out;
+  const int C = cfg_.d_model;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    if (!holds_layer(l)) continue;
+    const std::string p = "blocks." + std::to_string(l) + ".";
+    out.push_back({p + "attn.qkv", C, qkv_});
+    out.push_back({p + "attn.proj", att_, C});
+    if (cfg_.is_moe_layer(l)) continue;
+    out.push_back({p + "mlp.fc", C, fc_});
+    out.push_back({p + "mlp.proj", ff_, C});
+  }
+  if (pp_.last) out.push_back({"head", C, vocab_});
+  return out;
+}
+
+static void check_linear_name(const std::vector<Decoder::LinearInfo>& all,
+                              const std::string& name) {
+  for (const auto& l : all)
+    if (l.name == name) return;
+  fail("no linear layer named '", name, "' in this model (e.g. blocks.0.attn.qkv, ",
+       "blocks.0.mlp.fc, head)");
+}
+
+void Decoder::attach_adapter(const std::string& name, LinearAdapter* adapter) {
+  check_linear_name(linears(), name);
+  if (adapter)
+    adapters_[name] = adapter;
+  else
+    adapters_.erase(name);
+}
+
+void Decoder::attach_recipe(const std::string& name, GemmRecipe* recipe) {
+  check_linear_name(linears(), name);
+  if (recipe)
+    recipes_[name] = recipe;
+  else
+    recipes_.erase(name);
 }
 
 float* Decoder::grad_of(const std::string& name) {
@@ -460,13 +525,15 @@ void Decoder::attention_core(int l, const ModelInput& in, const LayerActs& a) {
 // Row-parallel linear output: the local product (bias on rank 0 only, so the sum over ranks
 // holds it once) summed over the tensor-parallel group: all-reduce (g), or reduce-scatter
 // along tokens under SP. Returns this rank's rows of the result.
-float* Decoder::row_parallel_out(const float* inp, const float* w, const float* b, int N, int IC) {
+float* Decoder::row_parallel_out(const Linear& lin, const float* inp, int N) {
   const int C = cfg_.d_model;
   if (!tp_on()) {
-    be_.matmul_forward(b_->tmp, inp, w, b, N, IC, C);
+    lin.forward(be_, b_->tmp, inp, N);
     return b_->tmp;
   }
-  be_.matmul_forward(b_->tmp, inp, w, tp_.rank == 0 ? b : nullptr, N, IC, C);
+  Linear local = lin;
+  if (tp_.rank != 0) local.b = nullptr;
+  local.forward(be_, b_->tmp, inp, N);
   if (!sp_on()) {
     tp_all_reduce(b_->tmp, int64_t(N) * C);
     return b_->tmp;
@@ -517,21 +584,21 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, Q = qkv_, Hq = hq_, Hkv = hkv_,
             D = cfg_.head_dim, A = att_, F = ff_, FC = fc_;
   const int64_t mine = int64_t(row0(N)) * C;  // this rank's rows of a full [N, C] buffer
-  LayerParams p = layer_params(l, false);
-  norm_forward(a.ln1 + mine, a.ln1_mean, a.ln1_rstd, a.x_in, p.ln1_w, p.ln1_b, Nl);
+  const LayerParams p = layer_params(l);
+  norm_forward(a.ln1 + mine, a.ln1_mean, a.ln1_rstd, a.x_in, p.ln1.w, p.ln1.b, Nl);
   if (sp_on()) sp_all_gather(a.ln1, N, C);
-  be_.matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, Q);
+  p.qkv.forward(be_, a.qkv, a.ln1, N);
   if (cfg_.uses_rope()) {
     be_.rope_forward(a.qkv, in.positions, N, Hq, D, Q, cfg_.rope_theta);
     be_.rope_forward(a.qkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
   }
   round_act(a.qkv, int64_t(N) * Q);
   attention_core(l, in, a);
-  float* o = row_parallel_out(a.att, p.proj_w, p.proj_b, N, A);
+  float* o = row_parallel_out(p.proj, a.att, N);
   round_act(o, int64_t(Nl) * C);
   be_.add(a.x_mid, a.x_in, o, int64_t(Nl) * C);
   round_act(a.x_mid, int64_t(Nl) * C);
-  norm_forward(a.ln2 + mine, a.ln2_mean, a.ln2_rstd, a.x_mid, p.ln2_w, p.ln2_b, Nl);
+  norm_forward(a.ln2 + mine, a.ln2_mean, a.ln2_rstd, a.x_mid, p.ln2.w, p.ln2.b, Nl);
   if (sp_on()) sp_all_gather(a.ln2, N, C);
   if (moe_.size() && moe_[l]) {
     // The MoE layer keeps its own state for backward, so recomputation stops before it.
@@ -544,7 +611,7 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
     round_act(x_out, int64_t(Nl) * C);
     return;
   }
-  be_.matmul_forward(a.fc, a.ln2, p.fc_w, p.fc_b, N, C, FC);
+  p.fc.forward(be_, a.fc, a.ln2, N);
   round_act(a.fc, int64_t(N) * FC);
   if (cfg_.family == Family::GPT2)
     be_.gelu_forward(a.act, a.fc, int64_t(N) * F);
@@ -552,7 +619,7 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
     be_.swiglu_forward(a.act, a.fc, N, F);
   round_act(a.act, int64_t(N) * F);
   if (!x_out) return;  // recomputation needs the layer's internals, not its output
-  o = row_parallel_out(a.act, p.mp_w, p.mp_b, N, F);
+  o = row_parallel_out(p.mp, a.act, N);
   round_act(o, int64_t(Nl) * C);
   be_.add(x_out, a.x_mid, o, int64_t(Nl) * C);
   round_act(x_out, int64_t(Nl) * C);
@@ -561,8 +628,7 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
 void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, Q = qkv_, Hq = hq_, Hkv = hkv_,
             D = cfg_.head_dim, A = att_, F = ff_, FC = fc_;
-  LayerParams p = layer_params(l, false);
-  LayerParams g = layer_params(l, true);
+  const LayerParams p = layer_params(l);
   float* dl = nullptr;
   if (moe_.size() && moe_[l]) {  // x_out = x_mid + moe(ln2)
     // Every TP rank runs the whole layer on all tokens: the input gradient it gets is already
@@ -573,22 +639,22 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     dl = b_->dln + int64_t(row0(N)) * C;
   } else {
     // MLP branch: x_out = x_mid + act * mp_w^T + mp_b.
-    be_.matmul_backward(b_->dact, g.mp_w, g.mp_b, full_rows(dres, N), a.act, p.mp_w, N, F, C);
+    p.mp.backward(be_, b_->dact, full_rows(dres, N), a.act, N);
     round_act(b_->dact, int64_t(N) * F);
     if (cfg_.family == Family::GPT2)
       be_.gelu_backward(b_->dfc, a.fc, b_->dact, int64_t(N) * F);
     else
       be_.swiglu_backward(b_->dfc, a.fc, b_->dact, N, F);
     round_act(b_->dfc, int64_t(N) * FC);
-    be_.matmul_backward(b_->dln, g.fc_w, g.fc_b, b_->dfc, a.ln2, p.fc_w, N, C, FC);
+    p.fc.backward(be_, b_->dln, b_->dfc, a.ln2, N);
     dl = column_parallel_input_grad(b_->dln, N);
   }
   round_act(dl, int64_t(Nl) * C);
-  norm_backward_tp(b_->dtmp, g.ln2_w, g.ln2_b, dl, a.x_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, Nl);
+  norm_backward_tp(b_->dtmp, p.ln2.dw, p.ln2.db, dl, a.x_mid, p.ln2.w, a.ln2_mean, a.ln2_rstd, Nl);
   be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
   round_act(dres, int64_t(Nl) * C);
   // Attention branch: x_mid = x_in + att * proj_w^T + proj_b.
-  be_.matmul_backward(b_->datt, g.proj_w, g.proj_b, full_rows(dres, N), a.att, p.proj_w, N, A, C);
+  p.proj.backward(be_, b_->datt, full_rows(dres, N), a.att, N);
   round_act(b_->datt, int64_t(N) * A);
   const float* q = a.qkv;
   const float* k = q + A;
@@ -605,10 +671,10 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     be_.rope_backward(b_->dqkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
   }
   round_act(b_->dqkv, int64_t(N) * Q);
-  be_.matmul_backward(b_->dln, g.qkv_w, g.qkv_b, b_->dqkv, a.ln1, p.qkv_w, N, C, Q);
+  p.qkv.backward(be_, b_->dln, b_->dqkv, a.ln1, N);
   dl = column_parallel_input_grad(b_->dln, N);
   round_act(dl, int64_t(Nl) * C);
-  norm_backward_tp(b_->dtmp, g.ln1_w, g.ln1_b, dl, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, Nl);
+  norm_backward_tp(b_->dtmp, p.ln1.dw, p.ln1.db, dl, a.x_in, p.ln1.w, a.ln1_mean, a.ln1_rstd, Nl);
   be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
   round_act(dres, int64_t(Nl) * C);
 }
@@ -618,6 +684,17 @@ const float* Decoder::head_weight() {
 }
 float* Decoder::head_grad() {
   return grad_of(cfg_.tied ? "embed.wte" : "head.weight");
+}
+
+Linear Decoder::head_linear() {
+  Linear lin;
+  lin.w = head_weight();
+  lin.dw = head_grad();
+  lin.in = cfg_.d_model;
+  lin.out = vocab_;
+  if (auto it = adapters_.find("head"); it != adapters_.end()) lin.adapter = it->second;
+  if (auto it = recipes_.find("head"); it != recipes_.end()) lin.recipe = it->second;
+  return lin;
 }
 
 // The final norm of this rank's rows into lnf (gathered to all N rows under SP).
@@ -632,7 +709,7 @@ void Decoder::final_norm(int N) {
 double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, V = vocab_;
   final_norm(N);
-  const float* W = head_weight();
+  const Linear H = head_linear();
   const float* w = in.loss_weights;
   // Logits exist for head_chunk() rows at a time: computed, turned into loss and gradient in
   // place, and consumed by the head's backward before the next chunk overwrites them. Under
@@ -640,7 +717,7 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int chunk = head_chunk();
   for (int r0 = 0; r0 < N; r0 += chunk) {
     int n = std::min(chunk, N - r0);
-    be_.matmul_forward(b_->logits, b_->lnf + int64_t(r0) * C, W, nullptr, n, C, V);
+    H.forward(be_, b_->logits, b_->lnf + int64_t(r0) * C, n);
     round_act(b_->logits, int64_t(n) * V);
     const float* wr = w ? w + r0 : nullptr;
     if (tp_on())
@@ -651,8 +728,7 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
                         n, V, dloss, wr);
     if (grads) {
       round_act(b_->logits, int64_t(n) * V);
-      be_.matmul_backward(b_->dln + int64_t(r0) * C, head_grad(), nullptr, b_->logits,
-                          b_->lnf + int64_t(r0) * C, W, n, C, V);
+      H.backward(be_, b_->dln + int64_t(r0) * C, b_->logits, b_->lnf + int64_t(r0) * C, n);
     }
   }
   double sum = 0;  // fixed order: bit-reproducible
@@ -924,7 +1000,7 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
   // The chosen rows side by side, then one GEMM (a batch of decodes is one GEMM, not n GEMVs).
   for (int i = 0; i < n; ++i)
     std::copy_n(b_->lnf + int64_t(rows[i]) * C, C, b_->tmp + int64_t(i) * C);
-  be_.matmul_forward(logits, b_->tmp, head_weight(), nullptr, n, C, V);
+  head_linear().forward(be_, logits, b_->tmp, n);
   round_act(logits, int64_t(n) * V);
 }
 

@@ -9,13 +9,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
+#include "model/linear.h"
 #include "model/model_config.h"
 #include "model/moe_layer.h"
 #include "model/params.h"
@@ -165,6 +168,17 @@ class Decoder {
   // no gradient touched.
   double stage_forward_loss(int chunk, const ModelInput& in, const float* x_in, float* x_out);
 
+  // Linear layers by name ("blocks.<l>.attn.qkv", "blocks.<l>.attn.proj", "blocks.<l>.mlp.fc",
+  // "blocks.<l>.mlp.proj", "head"; those this rank holds), with their local shapes [in, out]:
+  // what adapters and recipes attach to. The model does not own what is attached.
+  struct LinearInfo {
+    std::string name;
+    int in = 0, out = 0;
+  };
+  std::vector<LinearInfo> linears() const;
+  void attach_adapter(const std::string& linear, LinearAdapter* adapter);  // nullptr detaches
+  void attach_recipe(const std::string& linear, GemmRecipe* recipe);
+
   // The N-weighted auxiliary loss summed over MoE layers in the last forward (0 when dense).
   double last_aux_loss() const { return aux_sum_; }
   // Layer l's MoE layer (routing statistics), or nullptr for a dense layer.
@@ -179,9 +193,13 @@ class Decoder {
   size_t forward_only_bytes() const { return infer_buf_.mem.size() * sizeof(float); }
 
  private:
+  struct Norm {
+    const float *w = nullptr, *b = nullptr;
+    float *dw = nullptr, *db = nullptr;  // nullptr when frozen
+  };
   struct LayerParams {
-    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
-    float *ln2_w, *ln2_b, *fc_w, *fc_b, *mp_w, *mp_b;
+    Norm ln1, ln2;
+    Linear qkv, proj, fc, mp;  // fc and mp (the MLP) unbound in a MoE layer
   };
   struct LayerActs {
     float *x_in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse;
@@ -189,7 +207,10 @@ class Decoder {
   };
 
   void build_params();
-  LayerParams layer_params(int l, bool grads);
+  LayerParams layer_params(int l);
+  Norm norm_params(const std::string& prefix);
+  Linear linear(const std::string& prefix, int in, int out);  // with what is attached to it
+  Linear head_linear();
   float* grad_of(const std::string& name);  // nullptr when absent or frozen
   // Sizes the active buffers (train_buf_, or infer_buf_ in a forward-only pass) for N tokens.
   void ensure_buffers(int N);
@@ -215,6 +236,7 @@ class Decoder {
   void final_norm(int N);
   const float* head_weight();
   float* head_grad();
+  float* row_parallel_out(const Linear& lin, const float* inp, int N);
   void round_act(float* x, int64_t n) const;
   double run(const ModelInput& in, float dloss, bool grads);
 
@@ -231,7 +253,6 @@ class Decoder {
   int row0(int N) const { return sp_on() ? tp_.rank * (N / tp_.size) : 0; }
   void vocab_parallel_cross_entropy(float* losses, float* logits, const int32_t* targets, int n,
                                     float dloss, const float* weights, bool grads);
-  float* row_parallel_out(const float* inp, const float* w, const float* b, int N, int IC);
   float* column_parallel_input_grad(float* dinp, int N);
   const float* full_rows(const float* local, int N);
   void norm_backward_tp(float* dinp, float* dw, float* db, const float* dout, const float* inp,
@@ -285,6 +306,8 @@ class Decoder {
   }
   Buffers* b_ = &train_buf_;
   ForwardAttention* attention_override_ = nullptr;  // during forward_logits only
+  std::map<std::string, LinearAdapter*> adapters_;
+  std::map<std::string, GemmRecipe*> recipes_;
 };
 
 }  // namespace loom

@@ -287,3 +287,93 @@ TEST(StepApi, BadRowsAreErrors) {
   EXPECT_THROW(m.forward_logits(d.input(), {4}, logits.data()), Error);
   EXPECT_THROW(m.forward_logits(d.input(), {0, 1, 2, 3, 0}, logits.data()), Error);
 }
+
+namespace {
+// y += x D^T for a full delta matrix D [out, in]: what a merged adapter would add to W.
+struct DeltaAdapter : LinearAdapter {
+  std::vector<float> D, dD;
+  int in = 0, out = 0;
+  void forward(Backend& be, float* y, const float* x, int N) override {
+    be.gemm(false, true, N, out, in, 1.f, x, in, D.data(), in, 1.f, y, out);
+  }
+  void backward(Backend& be, float* dx, const float* dy, const float* x, int N) override {
+    if (dx) be.gemm(false, false, N, in, out, 1.f, dy, out, D.data(), in, 1.f, dx, in);
+    be.gemm(true, false, out, in, N, 1.f, dy, out, x, in, 1.f, dD.data(), in);
+  }
+};
+
+// Delegates to the backend and counts calls.
+struct CountingRecipe : GemmRecipe {
+  int forwards = 0, backwards = 0;
+  void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N, int in,
+               int out) override {
+    ++forwards;
+    be.matmul_forward(y, x, w, b, N, in, out);
+  }
+  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
+                const float* w, int N, int in, int out) override {
+    ++backwards;
+    be.matmul_backward(dx, dw, db, dy, x, w, N, in, out);
+  }
+};
+}  // namespace
+
+// An adapter on a linear layer acts as a change of its weight: the model with W and adapter
+// D equals the model with weight W + D (logits within fp32 rounding), and the adapter's
+// gradient equals that weight's gradient.
+TEST(Linear, AdapterEqualsMergedWeight) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder m(tiny(f), cpu_backend()), merged(tiny(f), cpu_backend());
+    m.params().init(23);
+    merged.params().init(23);
+    const std::string target = "blocks.1.mlp.fc";
+    int in = 0, out = 0;
+    for (const auto& l : m.linears())
+      if (l.name == target) in = l.in, out = l.out;
+    ASSERT_GT(in * out, 0);
+    DeltaAdapter a;
+    a.in = in, a.out = out;
+    a.D.resize(size_t(in) * out);
+    a.dD.assign(a.D.size(), 0.f);
+    for (size_t i = 0; i < a.D.size(); ++i) a.D[i] = 0.1f * (uniform_at(5, 6, i) - 0.5f);
+    float* W = merged.params().ptr(target + ".weight");
+    for (size_t i = 0; i < a.D.size(); ++i) W[i] += a.D[i];
+    m.attach_adapter(target, &a);
+    m.params().set_trainable(target + ".weight", false);  // LoRA's base: frozen
+
+    Data d = make_data({8, 6}, 32, 7);
+    m.params().zero_grad();
+    merged.params().zero_grad();
+    const double la = m.forward_backward(d.input(), 1.f),
+                 lb = merged.forward_backward(d.input(), 1.f);
+    EXPECT_NEAR(la, lb, 1e-5 * std::fabs(lb)) << family_name(f);
+    const float* g = merged.params().grad_ptr(target + ".weight");
+    for (size_t i = 0; i < a.dD.size(); ++i)
+      ASSERT_NEAR(a.dD[i], g[i], 1e-5f + 1e-4f * std::fabs(g[i])) << i;
+    // Detached, the model is the base again.
+    m.attach_adapter(target, nullptr);
+    Decoder base(tiny(f), cpu_backend());
+    base.params().init(23);
+    EXPECT_EQ(m.forward_loss(d.input()), base.forward_loss(d.input()));
+  }
+}
+
+TEST(Linear, RecipeComputesEveryGemmOfItsLayer) {
+  Decoder m(tiny(Family::GPT2), cpu_backend()), plain(tiny(Family::GPT2), cpu_backend());
+  m.params().init(29);
+  plain.params().init(29);
+  CountingRecipe qkv, head;
+  m.attach_recipe("blocks.0.attn.qkv", &qkv);
+  m.attach_recipe("head", &head);
+  Data d = make_data({8, 8}, 32, 9);
+  m.params().zero_grad();
+  plain.params().zero_grad();
+  EXPECT_EQ(m.forward_backward(d.input(), 1.f), plain.forward_backward(d.input(), 1.f));
+  EXPECT_TRUE(same_bits(grads(m), grads(plain)));
+  EXPECT_EQ(qkv.forwards, 1);
+  EXPECT_EQ(qkv.backwards, 1);
+  EXPECT_EQ(head.forwards, 1);  // 16 rows: one head chunk
+  EXPECT_EQ(head.backwards, 1);
+  EXPECT_THROW(m.attach_recipe("blocks.7.attn.qkv", &qkv), Error);
+  EXPECT_THROW(m.attach_adapter("blocks.0.mlp.gate", nullptr), Error);
+}
