@@ -2,6 +2,8 @@
 //   source = "text"    byte-level fallback over plain-text files (data.paths)
 //   source = "tokens"  Megatron .bin/.idx token files (data.prefixes, data.weights, data.split,
 //                      data.packed, data.cache_dir, data.tokenizer)
+//   source = "chat"    supervised fine-tuning on chat JSONL (data.path, data.tokenizer,
+//                      data.chat_template, data.packed, data.valid_fraction): train/chat_source.h
 #pragma once
 
 #include <memory>

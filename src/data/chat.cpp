@@ -1,0 +1,128 @@
+#include "data/chat.h"
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace loom::data {
+
+std::vector<std::string> ChatTemplate::special_tokens(const std::string& name) {
+  if (name == "chatml") return {"<|im_start|>", "<|im_end|>"};
+  if (name == "llama3")
+    return {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+  fail("unknown chat template '", name, "' (chatml or llama3)");
+}
+
+ChatTemplate::ChatTemplate(const std::string& name, const BpeTokenizer& tok)
+    : name_(name), tok_(tok) {
+  for (const std::string& s : special_tokens(name))
+    LOOM_CHECK(tok.special_id(s) >= 0, "chat template ", name, " needs the special token ", s,
+               ", which the tokenizer does not have (add it as a special token)");
+  end_of_turn_ = tok.special_id(name == "chatml" ? "<|im_end|>" : "<|eot_id|>");
+}
+
+// Appends text: a marker is one special id; other text is encoded as ordinary text, so a user
+// who writes "<|im_end|>" in a message cannot end the turn.
+void ChatTemplate::append(ChatExample& ex, const std::string& text, bool trained,
+                          bool special) const {
+  const size_t before = ex.ids.size();
+  if (special)
+    ex.ids.push_back(tok_.special_id(text));
+  else
+    tok_.encode(text, ex.ids, /*allow_special=*/false);
+  ex.mask.resize(ex.ids.size(), 0);
+  for (size_t i = before; i < ex.ids.size(); ++i) ex.mask[i] = trained ? 1 : 0;
+}
+
+void ChatTemplate::message(ChatExample& ex, const ChatMessage& m) const {
+  const bool trained = m.role == "assistant";
+  if (name_ == "chatml") {
+    append(ex, "<|im_start|>", false, true);
+    append(ex, m.role + "\n", false, false);
+    append(ex, m.content, trained, false);
+    append(ex, "<|im_end|>", trained, true);
+    append(ex, "\n", false, false);
+  } else {
+    append(ex, "<|start_header_id|>", false, true);
+    append(ex, m.role, false, false);
+    append(ex, "<|end_header_id|>", false, true);
+    append(ex, "\n\n", false, false);
+    append(ex, m.content, trained, false);
+    append(ex, "<|eot_id|>", trained, true);
+  }
+}
+
+ChatExample ChatTemplate::render(const std::vector<ChatMessage>& messages) const {
+  ChatExample ex;
+  if (name_ == "llama3") append(ex, "<|begin_of_text|>", false, true);
+  for (const ChatMessage& m : messages) message(ex, m);
+  return ex;
+}
+
+ChatExample ChatTemplate::render_completion(const std::string& prompt,
+                                            const std::string& completion) const {
+  return render({{"user", prompt}, {"assistant", completion}});
+}
+
+std::vector<int32_t> ChatTemplate::prompt_ids(const std::vector<ChatMessage>& messages) const {
+  ChatExample ex = render(messages);
+  if (name_ == "chatml") {
+    append(ex, "<|im_start|>", false, true);
+    append(ex, "assistant\n", false, false);
+  } else {
+    append(ex, "<|start_header_id|>", false, true);
+    append(ex, "assistant", false, false);
+    append(ex, "<|end_header_id|>", false, true);
+    append(ex, "\n\n", false, false);
+  }
+  return ex.ids;
+}
+
+ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::string& where) {
+  LOOM_CHECK(j.is_object(), where, ": expected a JSON object");
+  if (j.contains("messages")) {
+    const Json& ms = j.at("messages");
+    LOOM_CHECK(ms.is_array() && ms.size() > 0, where, ": 'messages' must be a non-empty array");
+    std::vector<ChatMessage> messages;
+    bool any_assistant = false;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      const Json& m = ms.as_array()[i];
+      const std::string at = cat(where, ": messages[", i, "]");
+      LOOM_CHECK(m.is_object() && m.contains("role") && m.contains("content"), at,
+                 " must be an object with 'role' and 'content'");
+      LOOM_CHECK(m.at("role").is_string() && m.at("content").is_string(), at,
+                 ": 'role' and 'content' must be strings");
+      const std::string& role = m.at("role").as_string();
+      LOOM_CHECK(role == "system" || role == "user" || role == "assistant", at, ": role '", role,
+                 "' is not system, user or assistant");
+      any_assistant |= role == "assistant";
+      messages.push_back({role, m.at("content").as_string()});
+    }
+    LOOM_CHECK(any_assistant, where, ": no assistant message, so nothing to learn");
+    return t.render(messages);
+  }
+  LOOM_CHECK(j.contains("prompt") && j.contains("completion"), where,
+             ": expected 'messages', or 'prompt' and 'completion'");
+  LOOM_CHECK(j.at("prompt").is_string() && j.at("completion").is_string(), where,
+             ": 'prompt' and 'completion' must be strings");
+  return t.render_completion(j.at("prompt").as_string(), j.at("completion").as_string());
+}
+
+std::vector<ChatExample> load_chat_jsonl(const std::string& path, const ChatTemplate& t) {
+  const std::string text = read_file(path);
+  std::vector<ChatExample> out;
+  size_t line = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    ++line;
+    const std::string_view l(text.data() + pos, end - pos);
+    pos = end + 1;
+    if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
+    const std::string where = cat(path, ":", line);
+    out.push_back(parse_chat_example(Json::parse(l, where), t, where));
+  }
+  LOOM_CHECK(!out.empty(), path, ": no examples");
+  return out;
+}
+
+}  // namespace loom::data

@@ -1,0 +1,67 @@
+// Chat data for supervised fine-tuning: conversations ({"messages": [{"role", "content"}]}) or
+// prompt/completion pairs, rendered by a chat template into token ids with a loss mask that
+// covers only what the model must learn to write (assistant turns with their end-of-turn
+// token, or the completion), as TRL's assistant-only / completion-only loss does.
+//
+// Templates (the text Hugging Face's own templates produce):
+//   chatml   <|im_start|>{role}\n{content}<|im_end|>\n ... ; generation prompt
+//            "<|im_start|>assistant\n"
+//   llama3   <|begin_of_text|> then <|start_header_id|>{role}<|end_header_id|>\n\n{content}
+//            <|eot_id|> per message; generation prompt the assistant header
+// The template's markers must be special tokens of the tokenizer (one id each); a tokenizer
+// without them is refused with the missing token named.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/json.h"
+#include "data/bpe.h"
+
+namespace loom::data {
+
+struct ChatMessage {
+  std::string role;  // system | user | assistant
+  std::string content;
+};
+
+// One training example: ids and, per id, whether its prediction is trained (the loss mask of
+// the token itself: position i's target is ids[i + 1], trained when mask[i + 1]).
+struct ChatExample {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+};
+
+class ChatTemplate {
+ public:
+  // "chatml" or "llama3"; throws on another name or when `tok` lacks a marker token.
+  ChatTemplate(const std::string& name, const BpeTokenizer& tok);
+  const std::string& name() const { return name_; }
+  // The marker tokens this template needs (for adding them to a tokenizer).
+  static std::vector<std::string> special_tokens(const std::string& name);
+
+  // A conversation, assistant turns trained (content and end-of-turn token).
+  ChatExample render(const std::vector<ChatMessage>& messages) const;
+  // Prompt as a user turn, completion as the assistant's reply (only the reply trained).
+  ChatExample render_completion(const std::string& prompt, const std::string& completion) const;
+  // Ids of a conversation followed by the assistant's generation prompt (for serving).
+  std::vector<int32_t> prompt_ids(const std::vector<ChatMessage>& messages) const;
+  int32_t end_of_turn() const { return end_of_turn_; }
+
+ private:
+  void append(ChatExample& ex, const std::string& text, bool trained, bool special) const;
+  void message(ChatExample& ex, const ChatMessage& m) const;
+  std::string name_;
+  const BpeTokenizer& tok_;
+  int32_t end_of_turn_ = -1;
+};
+
+// One JSONL line: {"messages": [...]} or {"prompt": "...", "completion": "..."}; `where`
+// names the file and line in errors.
+ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::string& where);
+
+// Every example of a chat JSONL file; malformed lines are errors naming file and line.
+std::vector<ChatExample> load_chat_jsonl(const std::string& path, const ChatTemplate& t);
+
+}  // namespace loom::data

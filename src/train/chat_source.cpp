@@ -1,0 +1,145 @@
+#include "train/chat_source.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+
+namespace loom {
+
+ChatSource::ChatSource(const std::string& path, const std::string& tokenizer_spec,
+                       const std::string& template_name, int micro_batch, int seq_len, bool packed,
+                       uint64_t seed, double valid_fraction, const std::string& split, int rank,
+                       int world)
+    : path_(path),
+      template_(template_name),
+      B_(micro_batch),
+      T_(seq_len),
+      packed_(packed),
+      seed_(seed),
+      rank_(rank),
+      world_(world),
+      split_(split) {
+  LOOM_CHECK(!tokenizer_spec.empty(), "data.source = \"chat\" needs data.tokenizer");
+  LOOM_CHECK(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must be in [0, 1), ",
+             "got ", valid_fraction);
+  tok_ = data::load_tokenizer(tokenizer_spec);
+  data::ChatTemplate t(template_name, *tok_);
+  std::vector<data::ChatExample> all = data::load_chat_jsonl(path, t);
+  const int64_t n = static_cast<int64_t>(all.size());
+  int64_t held = static_cast<int64_t>(valid_fraction * n);
+  if (valid_fraction > 0) held = std::max<int64_t>(1, held);
+  LOOM_CHECK(held < n, path, ": ", n, " examples leave none for training after holding out ", held,
+             " for validation (data.valid_fraction)");
+  if (split == "train")
+    examples_.assign(all.begin(), all.end() - held);
+  else
+    examples_.assign(all.end() - held, all.end());
+  LOOM_CHECK(!examples_.empty(), path, ": no examples for the '", split,
+             "' split (raise data.valid_fraction)");
+  shuffle();
+}
+
+void ChatSource::shuffle() {
+  const int64_t n = static_cast<int64_t>(examples_.size());
+  order_.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) order_[size_t(i)] = i;
+  if (split_ != "train") return;         // validation: file order, every time
+  for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates, draws keyed by (seed, epoch, i)
+    const int64_t j = std::min<int64_t>(
+        i, int64_t(uniform_at(seed_ + 0x5f7, uint64_t(epoch_), uint64_t(i)) * (i + 1)));
+    std::swap(order_[size_t(i)], order_[size_t(j)]);
+  }
+}
+
+const data::ChatExample& ChatSource::take() {
+  if (cursor_ == static_cast<int64_t>(order_.size())) {
+    ++epoch_;
+    cursor_ = 0;
+    shuffle();
+  }
+  return examples_[size_t(order_[size_t(cursor_++)])];
+}
+
+void ChatSource::pack(Batch& b) {
+  const int N = B_ * T_;
+  b.B = packed_ ? 1 : B_;
+  b.T = packed_ ? N : T_;
+  b.tokens.assign(size_t(N), 0);
+  b.targets.assign(size_t(N), -1);
+  b.positions.assign(size_t(N), 0);
+  b.cu_seqlens.assign(1, 0);
+  int used = 0;
+  auto place = [&](const data::ChatExample& ex, int room) {
+    const int len = std::min<int>(static_cast<int>(ex.ids.size()), room);
+    if (len < static_cast<int>(ex.ids.size())) ++truncated_;
+    for (int i = 0; i < len; ++i) {
+      b.tokens[size_t(used + i)] = ex.ids[size_t(i)];
+      b.positions[size_t(used + i)] = i;
+      if (i + 1 < len && ex.mask[size_t(i + 1)])
+        b.targets[size_t(used + i)] = ex.ids[size_t(i + 1)];
+    }
+    used += len;
+    b.cu_seqlens.push_back(used);
+  };
+  if (packed_) {
+    // Greedy: examples in order while they fit whole; an example longer than a whole
+    // micro-batch is cut; the first that does not fit waits for the next micro-batch.
+    while (used < N) {
+      const data::ChatExample& ex = take();
+      const int len = static_cast<int>(ex.ids.size());
+      if (used > 0 && len > N - used) {
+        --cursor_;  // put it back (cursor_ > 0: take() just advanced it)
+        break;
+      }
+      place(ex, N - used);
+    }
+  } else {
+    for (int r = 0; r < B_; ++r) {
+      place(take(), T_);
+      const int pad = (r + 1) * T_ - used;  // the rest of the row: its own sequence
+      if (pad > 0) {
+        for (int i = 0; i < pad; ++i) b.positions[size_t(used + i)] = i;
+        used += pad;
+        b.cu_seqlens.push_back(used);
+      }
+    }
+  }
+  if (used < N) {  // padding: one sequence without targets
+    for (int i = used; i < N; ++i) b.positions[size_t(i)] = i - used;
+    b.cu_seqlens.push_back(N);
+  }
+}
+
+void ChatSource::next(Batch& b) {
+  // Rank r's micro-batch j is the one-process micro-batch j * world + r: every rank packs
+  // every rank's micro-batch (cheap: copies of short id lists) and keeps its own.
+  Batch other;
+  for (int r = 0; r < world_; ++r) pack(r == rank_ ? b : other);
+}
+
+Json ChatSource::state() const {
+  Json j = Json::object();
+  j["epoch"] = epoch_;
+  j["cursor"] = cursor_;
+  j["truncated"] = truncated_;
+  return j;
+}
+
+void ChatSource::restore(const Json& s) {
+  epoch_ = s.at("epoch").as_int();
+  cursor_ = s.at("cursor").as_int();
+  truncated_ = s.at("truncated").as_int();
+  LOOM_CHECK(epoch_ >= 0 && cursor_ >= 0 && cursor_ <= static_cast<int64_t>(examples_.size()),
+             "chat data state (epoch ", epoch_, ", cursor ", cursor_, ") does not fit ", path_,
+             " (", examples_.size(), " examples)");
+  shuffle();
+}
+
+std::string ChatSource::describe() const {
+  return cat("chat ", path_, " (", examples_.size(), " ", split_, " examples, template ", template_,
+             packed_ ? ", packed" : ", one per row", ")");
+}
+
+}  // namespace loom

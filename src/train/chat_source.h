@@ -1,0 +1,55 @@
+// Supervised fine-tuning batches from chat JSONL (data.source = "chat"): every example is
+// rendered by the chat template (data/chat.h) and becomes its own sequence of a micro-batch,
+// with targets only where the template trains (assistant turns or completions; -1 elsewhere).
+// Packed (data.packed = true, default): examples are laid end to end in B*T tokens with
+// cu_seqlens between them (no attention across examples; Megatron's packed fine-tuning),
+// the rest padded; unpacked: one example per row of T tokens. Longer examples are cut to T
+// (counted). Order: a permutation per epoch from the counter-based RNG (seed, epoch), so the
+// source is deterministic and resumable; the last data.valid_fraction of the file (at least
+// one example) is held out for validation.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/bpe.h"
+#include "data/chat.h"
+#include "train/batch.h"
+
+namespace loom {
+
+class ChatSource : public BatchSource {
+ public:
+  ChatSource(const std::string& path, const std::string& tokenizer_spec,
+             const std::string& template_name, int micro_batch, int seq_len, bool packed,
+             uint64_t seed, double valid_fraction, const std::string& split, int rank = 0,
+             int world = 1);
+
+  void next(Batch& b) override;
+  Json state() const override;
+  void restore(const Json& state) override;
+  int vocab() const override { return tok_->vocab_size(); }
+  std::string describe() const override;
+  int64_t truncated() const { return truncated_; }
+
+ private:
+  // The next micro-batch of the one-process order into b (advances the cursor).
+  void pack(Batch& b);
+  const data::ChatExample& take();  // the next example of the epoch order
+
+  std::unique_ptr<data::BpeTokenizer> tok_;
+  std::vector<data::ChatExample> examples_;  // this split's
+  std::string path_, template_;
+  int B_, T_;
+  bool packed_;
+  uint64_t seed_;
+  int rank_, world_;
+  int64_t epoch_ = 0, cursor_ = 0;  // position in the epoch's permutation
+  std::vector<int64_t> order_;      // the permutation of epoch_
+  int64_t truncated_ = 0;
+  std::string split_;
+  void shuffle();
+};
+
+}  // namespace loom
