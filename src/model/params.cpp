@@ -133,15 +133,22 @@ void ParamSet::draw(uint64_t seed, int64_t begin, int64_t end, float* out) const
       case ParamInit::Ones:
         std::fill(dst, dst + (i1 - i0), 1.f);
         break;
-      case ParamInit::Normal: {
+      case ParamInit::Normal:
+      case ParamInit::Uniform: {
         // Each local element drawn at its global index: the same values as one process, and
         // the same values whichever part of the parameter is drawn.
         const uint64_t key = name_key(p.name);
         const int64_t len = local_row_length(p);
         for (int64_t r = i0 / len; r * len < i1; ++r) {
           const int64_t a = std::max(i0, r * len), b = std::min(i1, (r + 1) * len);
-          fill_normal(dst + (a - i0), b - a, seed, key, global_row_first(p, r) + (a - r * len), 0.f,
-                      p.std);
+          const int64_t first = global_row_first(p, r) + (a - r * len);
+          if (p.init == ParamInit::Normal) {
+            fill_normal(dst + (a - i0), b - a, seed, key, first, 0.f, p.std);
+          } else {
+            for (int64_t k = 0; k < b - a; ++k)
+              dst[a - i0 + k] =
+                  p.std * (2.f * uniform_at(seed, key, static_cast<uint64_t>(first + k)) - 1.f);
+          }
         }
         break;
       }

@@ -14,7 +14,8 @@
 
 namespace loom {
 
-enum class ParamInit { Normal, Zeros, Ones };
+// Normal: N(0, std^2); Uniform: U(-std, std) (std is then the bound); Zeros; Ones.
+enum class ParamInit { Normal, Uniform, Zeros, Ones };
 
 struct ParamInfo {
   std::string name;
