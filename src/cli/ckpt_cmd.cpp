@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "infer/generator.h"
 #include "model/decoder.h"
 
 namespace loom::cli {
@@ -48,8 +49,8 @@ static int export_cmd(const Args& args) {
       .value("dtype", "fp32", "weight dtype in the exported file");
   if (!o.parse(args)) return 0;
   ckpt::Checkpoint c(o.get("path"));
-  Decoder model(model_of(c), cpu_backend());
-  c.restore_model(model.params().tensors());
+  auto loaded = load_model_from_checkpoint(o.get("path"));  // LoRA adapters merged
+  Decoder& model = *loaded;
   ckpt::export_hf(o.get("out"), ckpt::hf_shape_of(model.config()), model.params().tensors(),
                   dtype_from_name(o.get("dtype")));
   std::printf("exported %s -> %s\n", c.dir().c_str(), o.get("out").c_str());
@@ -109,6 +110,31 @@ static int consolidate_cmd(const Args& args) {
   return 0;
 }
 
+static int merge_cmd(const Args& args) {
+  Options o("loom ckpt merge PATH --out ROOT",
+            "Folds a LoRA run's adapters into its base model (train.pretrained) and writes a\n"
+            "whole checkpoint at step 0 under ROOT, which generate, export and training read.");
+  o.positional("path", "a LoRA run's step directory or checkpoints root (uses latest)")
+      .value("out", "", "checkpoints root to write", true);
+  if (!o.parse(args)) return 0;
+  ckpt::Checkpoint c(o.get("path"));
+  LOOM_CHECK(c.state().extra.contains("lora"), c.dir(),
+             ": not a LoRA checkpoint (nothing to merge)");
+  auto model = load_model_from_checkpoint(o.get("path"));
+  // The run's config is kept for the record (its model section rebuilds the model); the
+  // missing "lora" entry makes the checkpoint a whole model.
+  const Config run = Config::parse(c.state().config_text, c.dir() + "/state.json:config_text");
+  ckpt::TrainerState st;
+  st.config_text = c.state().config_text;
+  st.extra["model_fingerprint"] = model->config().fingerprint();
+  st.extra["precision"] = run.get_string("precision.policy", "fp32");
+  st.extra["merged_from"] = c.dir();
+  std::string dir =
+      ckpt::save_checkpoint(o.get("out"), st, model->params().tensors(), ckpt::TensorMap{});
+  std::printf("merged %s -> %s\n", c.dir().c_str(), dir.c_str());
+  return 0;
+}
+
 int run_ckpt(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::printf(
@@ -116,7 +142,8 @@ int run_ckpt(const Args& args) {
         "  inspect PATH                 step, model and tensors of a checkpoint\n"
         "  export PATH --out DIR        Hugging Face safetensors + config.json\n"
         "  import HF_DIR --out ROOT     Hugging Face model -> Loom checkpoint\n"
-        "  consolidate RUN --out ROOT   distributed run's per-rank checkpoints -> one\n");
+        "  consolidate RUN --out ROOT   distributed run's per-rank checkpoints -> one\n"
+        "  merge PATH --out ROOT        LoRA adapters folded into their base -> whole model\n");
     return args.empty() ? 2 : 0;
   }
   Args rest(args.begin() + 1, args.end());
@@ -124,7 +151,8 @@ int run_ckpt(const Args& args) {
   if (args[0] == "export") return export_cmd(rest);
   if (args[0] == "import") return import_cmd(rest);
   if (args[0] == "consolidate") return consolidate_cmd(rest);
-  fail("unknown ckpt command '", args[0], "' (inspect, export, import, consolidate)");
+  if (args[0] == "merge") return merge_cmd(rest);
+  fail("unknown ckpt command '", args[0], "' (inspect, export, import, consolidate, merge)");
 }
 
 }  // namespace loom::cli

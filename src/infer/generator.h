@@ -12,7 +12,8 @@
 
 namespace loom {
 
-// Builds the model a checkpoint was trained with and loads its weights.
+// Builds the model a checkpoint was trained with and loads its weights (a LoRA checkpoint: its
+// base from train.pretrained with the adapters merged in).
 std::unique_ptr<Decoder> load_model_from_checkpoint(const std::string& path);
 
 // Appends `n` sampled tokens to `tokens`; on_token sees each new one as it is produced.

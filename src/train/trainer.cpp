@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/consolidate.h"
@@ -39,6 +40,7 @@ static TrainOptions train_options_from(const Config& c) {
   o.keep_last = static_cast<int>(c.get_int("train.keep_last", o.keep_last));
   o.resume = c.get_bool("train.resume", o.resume);
   o.init_from = c.get_string("train.init_from", o.init_from);
+  o.pretrained = c.get_string("train.pretrained", o.pretrained);
   o.clip_grad = c.get_double("train.clip_grad", o.clip_grad);
   o.peak_gflops = c.get_double("train.peak_gflops", o.peak_gflops);
   o.quiet = c.get_bool("train.quiet", o.quiet);
@@ -146,6 +148,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   }
   train_data_ = make_batch_source(cfg_, opt_, mcfg_, "train", pg_ ? pg_->dp().rank() : 0,
                                   pg_ ? pg_->dp().size() : 1);
+  std::optional<LoraConfig> lora_cfg;  // read before every key must have been used
+  if (lora_enabled(cfg_)) lora_cfg = lora_config_from(cfg_, opt_.seed);
   cfg_.check_all_used();
   LOOM_CHECK(train_data_->vocab() <= mcfg_.vocab, "the data's vocabulary (", train_data_->vocab(),
              ") exceeds model.vocab (", mcfg_.vocab, ")");
@@ -187,11 +191,25 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       std::vector<double> pw = pipe_->grad_norm_weights();
       for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
     }
+    LOOM_CHECK(!lora_cfg, "LoRA under data, tensor, pipeline or context parallelism ",
+               "is not supported yet: run it in one process (no parallel.* and no launcher)");
+    if (!opt_.pretrained.empty()) load_pretrained(opt_.pretrained);
   } else {
-    model_->params().init(opt_.seed);
-    if (policy_.compute != DType::F32)
-      round_to(policy_.compute, model_->params().data(), model_->params().total());
-    optim_ = std::make_unique<AdamW>(model_->params(), acfg, policy_.compute, cpu_backend());
+    ParamSet& P = model_->params();
+    P.init(opt_.seed);
+    // Pretrained weights are the fp32 truth: the optimizer's master copy takes them before the
+    // model's copy is rounded to the compute type (a fresh model's master is its rounded draw).
+    const bool pretrained = !opt_.pretrained.empty();
+    if (pretrained) load_pretrained(opt_.pretrained);
+    if (lora_cfg) {
+      LOOM_CHECK(pretrained, "LoRA fine-tunes a pretrained model: set train.pretrained to its ",
+                 "checkpoint");
+      lora_ = std::make_unique<Lora>(*model_, *lora_cfg);
+    }
+    if (!pretrained && policy_.compute != DType::F32)
+      round_to(policy_.compute, P.data(), P.total());
+    optim_ = std::make_unique<AdamW>(trained_params(), acfg, policy_.compute, cpu_backend());
+    if (pretrained && policy_.compute != DType::F32) round_to(policy_.compute, P.data(), P.total());
   }
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
@@ -222,6 +240,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                " m=", opt_.grad_accum, ", layers per stage ",
                pp_layout_.substr(pp_layout_.find("stages=") + 7),
                ", ideal bubble (p-1)/(v*m) = ", double(layout.p - 1) / (vp * opt_.grad_accum));
+    if (!opt_.pretrained.empty()) log_info("pretrained weights: ", opt_.pretrained);
+    if (lora_)
+      log_info(lora_->config().describe(), ": ", lora_->target_names().size(), " adapters, ",
+               lora_->params().total(), " trainable parameters (base frozen)");
     log_info("precision ", policy_.name, ", recompute ", recompute_name(rc), ", ", num_threads(),
              " threads, MFU against ", peak_gflops_, " GFLOP/s (",
              opt_.peak_gflops > 0 ? "train.peak_gflops" : "measured sgemm peak", ")");
@@ -246,17 +268,17 @@ StepResult Trainer::train_step() {
   if (dp_) valid = pg_->dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
   LOOM_CHECK(valid > 0, "a global batch without any target token");
   const double scale = policy_.loss_scaling ? scaler_.scale() : 1.0;
-  ParamSet& P = model_->params();
   Backend& be = cpu_backend();
   double loss_sum = 0, sq = 0, aux_sum = 0;
   if (!dp_) {
-    P.zero_grad();
+    ParamSet& T = trained_params();  // under LoRA the base has no gradients to clear
+    T.zero_grad();
     for (auto& b : micro_) {
       loss_sum += model_->forward_backward(b.input(), static_cast<float>(scale / valid));
       aux_sum += model_->last_aux_loss();
     }
-    if (inject_ != 1.f) be.scale_inplace(P.grad(), inject_, P.total());
-    sq = be.sum_squares(P.grad(), P.total());
+    if (inject_ != 1.f) be.scale_inplace(T.grad(), inject_, T.total());
+    sq = be.sum_squares(T.grad(), T.total());
   } else if (pipe_) {
     LOOM_CHECK(inject_ == 1.f, "inject_gradient_factor is for single-process tests");
     // The pipeline accumulates every micro-batch's gradients, then one DP reduction.
@@ -499,6 +521,7 @@ ckpt::TrainerState Trainer::checkpoint_state(int64_t optimizer_steps) const {
     st.extra["rank"] = rank_;
   }
   if (policy_.loss_scaling) st.extra["loss_scaler"] = scaler_.state();
+  if (lora_) st.extra["lora"] = lora_->config().describe();
   return st;
 }
 
@@ -528,7 +551,8 @@ void Trainer::save_checkpoint() {
   if (dp_) return save_distributed();
   ckpt::TrainerState st = checkpoint_state(optim_->steps_taken());
   double t0 = now_seconds();
-  std::string dir = ckpt::save_checkpoint(checkpoint_root(), st, model_->params().tensors(),
+  // Under LoRA only the adapters: the base is train.pretrained, named in the saved config.
+  std::string dir = ckpt::save_checkpoint(checkpoint_root(), st, trained_params().tensors(),
                                           optim_->state_tensors(), opt_.keep_last);
   if (!opt_.quiet) log_info("saved checkpoint ", dir, " (", now_seconds() - t0, " s)");
 }
@@ -537,7 +561,7 @@ bool Trainer::resume_from(const std::string& path) {
   LOOM_CHECK(!dp_, "a distributed run resumes from its own per-rank checkpoints");
   ckpt::Checkpoint c(path);
   int64_t optimizer_steps = restore_state(c);
-  c.restore_model(model_->params().tensors());
+  c.restore_model(trained_params().tensors());
   c.restore_optim(optim_->state_tensors());
   optim_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet) log_info("resumed from ", c.dir(), " at step ", step_);
@@ -625,6 +649,27 @@ void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
 // train.init_from: every rank reads the whole tensors of a one-process checkpoint (mapped, only
 // the rows it needs) and extracts its pieces by the placement consolidation uses
 // (ckpt/reshard.h), then continues the run's step, optimizer, loss scale and data position.
+ParamSet& Trainer::trained_params() {
+  return lora_ ? lora_->params() : model_->params();
+}
+
+// The model's parameters from a checkpoint of the same model (a one-process or consolidated
+// checkpoint, or a Hugging Face import); nothing else of it is used.
+void Trainer::load_pretrained(const std::string& path) {
+  ckpt::Checkpoint c(path);
+  LOOM_CHECK(!c.state().extra.contains("layout"), c.dir(),
+             ": a rank's checkpoint of a distributed run; consolidate the run's checkpoints first "
+             "(loom ckpt consolidate)");
+  LOOM_CHECK(!c.state().extra.contains("lora"), c.dir(),
+             ": a LoRA checkpoint holds adapters only; merge it first (loom ckpt merge)");
+  if (!dp_) {
+    c.restore_model(model_->params().tensors());
+  } else {
+    ckpt::fill_from_whole(c, model_->params(), shard_list(dp_->param_slices()), {});
+    dp_->sync_model_from_master();
+  }
+}
+
 void Trainer::start_from_one_process(const std::string& path) {
   if (!dp_) {
     check_same_global_batch(ckpt::Checkpoint(path));

@@ -10,6 +10,7 @@
 #include "ckpt/safetensors.h"
 #include "core/config.h"
 #include "model/decoder.h"
+#include "model/lora.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "parallel/data_parallel.h"
@@ -43,6 +44,10 @@ struct TrainOptions {
   // A one-process checkpoint (a step dir or checkpoints root, e.g. `loom ckpt consolidate`'s
   // output) to start from when the run has no checkpoint of its own yet, under any layout.
   std::string init_from;
+  // Weights only (Megatron's --pretrained-checkpoint): a checkpoint whose model parameters
+  // start this run, at step 0 with a fresh optimizer and data order (fine-tuning). A run's own
+  // checkpoint, when it has one, still wins (resume). With LoRA: the frozen base, always.
+  std::string pretrained;
   double clip_grad = 1.0;  // global L2 norm; 0 = off
   double peak_gflops = 0;  // MFU denominator; 0 = measure this machine's sgemm peak
   bool quiet = false;
@@ -78,6 +83,7 @@ class Trainer {
   bool resume_from(const std::string& path);  // a step dir or a checkpoints root
 
   Decoder& model() { return *model_; }
+  Lora* lora() { return lora_.get(); }
   const TrainOptions& options() const { return opt_; }
   int64_t step() const { return step_; }
   // Distributed runs keep one checkpoint root per rank: <out_dir>/checkpoints/rank_00003.
@@ -101,6 +107,8 @@ class Trainer {
   ckpt::TensorList shard_list(const std::vector<parallel::DataParallel::StateSlice>& s) const;
   bool resume_distributed();
   void start_from_one_process(const std::string& path);
+  void load_pretrained(const std::string& path);
+  ParamSet& trained_params();  // what the optimizer steps: the adapters under LoRA
   void check_same_global_batch(const ckpt::Checkpoint& c) const;
   std::string layout_name() const;
   comm::Communicator& grad_group() const;  // dp, or dp x cp under context parallelism
@@ -115,6 +123,7 @@ class Trainer {
   LossScaler scaler_;
   LrSchedule sched_;
   std::unique_ptr<Decoder> model_;
+  std::unique_ptr<Lora> lora_;  // LoRA fine-tuning ([lora] rank > 0): adapters on the model
   std::unique_ptr<AdamW> optim_;
   std::unique_ptr<BatchSource> train_data_, valid_data_;
   Json valid_start_;
