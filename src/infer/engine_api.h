@@ -44,7 +44,7 @@ struct KvCacheView {
 // position p lives in block block_table[p / block_size], slot p % block_size) and attends to
 // positions [0, start_pos + n) causally.
 struct SeqChunk {
-  const int32_t* tokens = nullptr;       // [n]
+  const int32_t* tokens = nullptr;  // [n]
   int n = 0;
   int start_pos = 0;
   const int32_t* block_table = nullptr;  // covers at least start_pos + n positions
@@ -67,19 +67,19 @@ class ModelRunner {
 // ---- server <-> engine -----------------------------------------------------------------------
 
 struct SamplingParams {
-  float temperature = 1.0f;  // 0 = greedy
-  int top_k = 0;             // 0 = off
-  float top_p = 1.0f;        // 1 = off
-  float min_p = 0.0f;        // 0 = off
+  float temperature = 1.0f;         // 0 = greedy
+  int top_k = 0;                    // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off
   float repetition_penalty = 1.0f;  // 1 = off (divides positive logits of seen tokens)
   float presence_penalty = 0.0f, frequency_penalty = 0.0f;  // OpenAI semantics
   int max_tokens = 16;
-  std::vector<std::string> stop;          // stop strings (not included in the output)
-  std::vector<int32_t> stop_token_ids;    // besides the model's end-of-text token
+  std::vector<std::string> stop;        // stop strings (not included in the output)
+  std::vector<int32_t> stop_token_ids;  // besides the model's end-of-text token
   bool ignore_eos = false;
-  std::optional<uint64_t> seed;           // same seed + same prompt = same text, any batch
-  int n = 1;                              // completions per prompt
-  int logprobs = -1;                      // -1: none; k >= 0: sampled token + top-k alternatives
+  std::optional<uint64_t> seed;  // same seed + same prompt = same text, any batch
+  int n = 1;                     // completions per prompt
+  int logprobs = -1;             // -1: none; k >= 0: sampled token + top-k alternatives
 };
 
 struct Usage {
@@ -90,14 +90,14 @@ struct Usage {
 // keep it short and never block in it).
 struct TokenEvent {
   int64_t request_id = 0;
-  int index = 0;                 // which of the n completions
-  std::vector<int32_t> tokens;   // tokens appended this step (may be empty at the end)
-  std::string text;              // their text, held back while it may still become a stop string
-  std::vector<float> logprobs;   // per token, when requested
+  int index = 0;                // which of the n completions
+  std::vector<int32_t> tokens;  // tokens appended this step (may be empty at the end)
+  std::string text;             // their text, held back while it may still become a stop string
+  std::vector<float> logprobs;  // per token, when requested
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;  // per token, top-k
   bool finished = false;
-  std::string finish_reason;     // "stop" | "length" | "abort" when finished
-  Usage usage;                   // of this completion, filled in the finished event
+  std::string finish_reason;  // "stop" | "length" | "abort" when finished
+  Usage usage;                // of this completion, filled in the finished event
 };
 
 struct EngineStats {

@@ -1,0 +1,351 @@
+#include "infer/engine.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "infer/request_sampling.h"
+
+namespace loom::infer {
+
+struct LoomEngine::Completion {
+  Request* request = nullptr;
+  int index = 0;
+  Sequence seq;
+  int generated = 0;
+  std::string text;  // decoded output so far
+  size_t sent = 0;   // bytes of text already delivered
+  bool done = false;
+};
+
+struct LoomEngine::Request {
+  int64_t id = 0;
+  SamplingParams params;
+  std::function<void(const TokenEvent&)> on_event;
+  std::vector<std::unique_ptr<Completion>> completions;
+  uint64_t seed = 0;
+  int prompt_len = 0;
+  int open = 0;  // completions not finished
+};
+
+LoomEngine::LoomEngine(ModelRunner& runner, const EngineConfig& cfg)
+    : runner_(runner),
+      cfg_(cfg),
+      cache_(runner.kv_spec(), cfg.block_size,
+             cfg.num_blocks > 0
+                 ? cfg.num_blocks
+                 : KvCache::blocks_for_bytes(runner.kv_spec(), cfg.block_size, cfg.kv_cache_bytes)),
+      scheduler_(cfg.scheduler, cache_) {
+  stats_.kv_blocks_total = cache_.num_blocks();
+  logits_.resize(size_t(runner.vocab()));
+}
+
+LoomEngine::~LoomEngine() {
+  stop(0);
+}
+
+int64_t LoomEngine::submit(std::vector<int32_t> prompt, const SamplingParams& params,
+                           std::function<void(const TokenEvent&)> on_event) {
+  if (!accepting_) throw RequestRejected{503, "the server is shutting down"};
+  try {
+    validate(params, runner_.vocab());
+  } catch (const Error& e) {
+    throw RequestRejected{400, e.what()};
+  }
+  if (prompt.empty()) throw RequestRejected{400, "the prompt is empty"};
+  for (int32_t t : prompt)
+    if (t < 0 || t >= runner_.vocab())
+      throw RequestRejected{
+          400, cat("token id ", t, " outside the vocabulary [0, ", runner_.vocab(), ")")};
+  const int64_t total = int64_t(prompt.size()) + params.max_tokens;
+  if (total > runner_.max_seq())
+    throw RequestRejected{400, cat("this model's maximum context length is ", runner_.max_seq(),
+                                   " tokens; the prompt has ", prompt.size(),
+                                   " and max_tokens asks for ", params.max_tokens)};
+  const int64_t blocks = (total + cfg_.block_size - 1) / cfg_.block_size;
+  if (blocks > cache_.num_blocks())
+    throw RequestRejected{400, cat("the request needs ", blocks, " KV-cache blocks; the pool has ",
+                                   cache_.num_blocks())};
+  if (in_flight_.load() >= cfg_.max_queue)
+    throw RequestRejected{503, cat("the queue is full (", cfg_.max_queue, " requests)")};
+  auto r = std::make_unique<Request>();
+  r->id = next_id_++;
+  r->params = params;
+  r->on_event = std::move(on_event);
+  r->prompt_len = static_cast<int>(prompt.size());
+  r->seed = params.seed ? *params.seed : cfg_.seed * 0x9e3779b97f4a7c15ull + uint64_t(r->id);
+  for (int i = 0; i < params.n; ++i) {
+    auto c = std::make_unique<Completion>();
+    c->request = r.get();
+    c->index = i;
+    c->seq.id = r->id * 1024 + i;
+    c->seq.tokens = prompt;
+    c->seq.prompt_len = r->prompt_len;
+    c->seq.owner = c.get();
+    r->completions.push_back(std::move(c));
+  }
+  r->open = params.n;
+  const int64_t id = r->id;
+  ++in_flight_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(std::move(r));
+    ++stats_.requests_total;
+  }
+  wake_.notify_one();
+  return id;
+}
+
+void LoomEngine::cancel(int64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(id);
+  }
+  wake_.notify_one();
+}
+
+EngineStats LoomEngine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void LoomEngine::take_inbox() {
+  std::vector<std::unique_ptr<Request>> in;
+  std::vector<int64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& r : in) {
+    for (auto& c : r->completions) {
+      if (r->params.max_tokens == 0) continue;  // finished below, never scheduled
+      scheduler_.add(&c->seq);
+    }
+    Request* raw = r.get();
+    requests_[r->id] = std::move(r);
+    if (raw->params.max_tokens == 0)
+      for (auto& c : raw->completions) finish(*c, "length");
+  }
+  for (int64_t id : cancels) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    for (auto& c : it->second->completions)
+      if (!c->done) {
+        scheduler_.remove(&c->seq);
+        finish(*c, "abort");
+      }
+  }
+}
+
+bool LoomEngine::is_stop_token(const Completion& c, int32_t t) const {
+  const SamplingParams& p = c.request->params;
+  if (!p.ignore_eos)
+    for (int32_t e : cfg_.eos_ids)
+      if (t == e) return true;
+  for (int32_t s : p.stop_token_ids)
+    if (t == s) return true;
+  return false;
+}
+
+// Bytes at the end of s that could start a multi-byte UTF-8 character still incomplete.
+static size_t incomplete_utf8_tail(const std::string& s) {
+  for (size_t k = 1; k <= 3 && k <= s.size(); ++k) {
+    const unsigned char ch = static_cast<unsigned char>(s[s.size() - k]);
+    if ((ch & 0xC0) != 0x80) {  // a lead byte (or ASCII): how long should its character be?
+      const size_t len = ch >= 0xF0 ? 4 : ch >= 0xE0 ? 3 : ch >= 0xC0 ? 2 : 1;
+      return len > k ? k : 0;
+    }
+  }
+  return 0;
+}
+
+void LoomEngine::emit(Completion& c, const std::vector<int32_t>& new_tokens,
+                      const std::vector<float>& logprobs,
+                      const std::vector<std::vector<std::pair<int32_t, float>>>& top, bool finished,
+                      const std::string& reason) {
+  Request& r = *c.request;
+  TokenEvent ev;
+  ev.request_id = r.id;
+  ev.index = c.index;
+  ev.tokens = new_tokens;
+  ev.logprobs = logprobs;
+  ev.top_logprobs = top;
+  // Text: everything decoded so far, minus what could still become a stop string or is an
+  // incomplete character; all of it at the end.
+  size_t ready = c.text.size();
+  if (!finished) {
+    size_t hold = incomplete_utf8_tail(c.text);
+    for (const std::string& s : r.params.stop)
+      for (size_t k = std::min(s.size() - 1, c.text.size()); k > hold; --k)
+        if (c.text.compare(c.text.size() - k, k, s, 0, k) == 0) {
+          hold = k;
+          break;
+        }
+    ready = c.text.size() - hold;
+  }
+  if (ready > c.sent) {
+    ev.text = c.text.substr(c.sent, ready - c.sent);
+    c.sent = ready;
+  }
+  ev.finished = finished;
+  ev.finish_reason = reason;
+  if (finished) {
+    ev.usage.prompt_tokens = r.prompt_len;
+    ev.usage.completion_tokens = c.generated;
+    ev.usage.cached_prompt_tokens = c.seq.cached_prompt_tokens;
+  }
+  if (r.on_event) r.on_event(ev);
+}
+
+void LoomEngine::finish(Completion& c, const std::string& reason) {
+  if (c.done) return;
+  c.done = true;
+  emit(c, {}, {}, {}, true, reason);
+  Request& r = *c.request;
+  if (--r.open == 0) {
+    --in_flight_;
+    requests_.erase(r.id);  // destroys c
+  }
+}
+
+bool LoomEngine::step() {
+  take_inbox();
+  std::vector<ScheduledChunk> chunks = scheduler_.schedule();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.requests_running = scheduler_.num_running();
+    stats_.requests_waiting = scheduler_.num_waiting();
+    stats_.kv_blocks_used = cache_.num_used();
+    stats_.preemptions_total = scheduler_.preemptions();
+  }
+  if (chunks.empty()) return false;
+  std::vector<SeqChunk> batch;
+  int want = 0;
+  for (const ScheduledChunk& s : chunks) {
+    SeqChunk c;
+    c.tokens = s.seq->tokens.data() + s.start;
+    c.n = s.n;
+    c.start_pos = s.start;
+    c.block_table = s.seq->blocks.data();
+    c.num_blocks = static_cast<int>(s.seq->blocks.size());
+    c.want_logits = s.want_logits;
+    want += s.want_logits;
+    batch.push_back(c);
+  }
+  const int V = runner_.vocab();
+  logits_.resize(size_t(want) * V);
+  runner_.forward(batch, cache_.view(), logits_.data());
+  scheduler_.after_step(chunks);
+  int64_t prompt_tokens = 0, generated = 0;
+  int row = 0;
+  std::vector<Completion*> finished;
+  std::vector<std::string> reasons;
+  for (const ScheduledChunk& s : chunks) {
+    Completion* c = static_cast<Completion*>(s.seq->owner);
+    if (s.start < c->seq.prompt_len) prompt_tokens += std::min(s.n, c->seq.prompt_len - s.start);
+    if (!s.want_logits) continue;
+    float* x = logits_.data() + int64_t(row++) * V;
+    Request& r = *c->request;
+    const SampledToken t = sample(x, V, r.params, c->seq.tokens, c->seq.prompt_len, r.seed,
+                                  uint64_t(c->index), uint64_t(c->generated));
+    ++generated;
+    ++c->generated;
+    std::string reason;
+    std::vector<int32_t> shown;
+    if (is_stop_token(*c, t.token)) {
+      reason = "stop";
+    } else {
+      shown.push_back(t.token);
+      c->seq.tokens.push_back(t.token);
+      if (cfg_.detokenize) {
+        const std::vector<int32_t> out(c->seq.tokens.begin() + c->seq.prompt_len,
+                                       c->seq.tokens.end());
+        c->text = cfg_.detokenize(out);
+        for (const std::string& st : r.params.stop) {
+          const size_t at = c->text.find(st);
+          if (at != std::string::npos) {
+            c->text.resize(at);
+            reason = "stop";
+          }
+        }
+      }
+      if (reason.empty() &&
+          (c->generated >= r.params.max_tokens || int(c->seq.tokens.size()) >= runner_.max_seq()))
+        reason = "length";
+    }
+    std::vector<float> lp;
+    std::vector<std::vector<std::pair<int32_t, float>>> top;
+    if (r.params.logprobs >= 0) {
+      lp.push_back(t.logprob);
+      top.push_back(t.top);
+    }
+    emit(*c, shown, lp, top, false, "");
+    if (!reason.empty()) {
+      finished.push_back(c);
+      reasons.push_back(reason);
+    }
+  }
+  for (size_t i = 0; i < finished.size(); ++i) {
+    scheduler_.remove(&finished[i]->seq);
+    finish(*finished[i], reasons[i]);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.prompt_tokens_total += prompt_tokens;
+  stats_.generation_tokens_total += generated;
+  stats_.kv_blocks_used = cache_.num_used();
+  return true;
+}
+
+void LoomEngine::run_until_idle() {
+  while (true) {
+    if (step()) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (inbox_.empty() && cancels_.empty() && scheduler_.empty()) return;
+  }
+}
+
+void LoomEngine::start() {
+  LOOM_CHECK(!thread_.joinable(), "the engine is running already");
+  thread_ = std::thread([this] {
+    while (!stopping_) {
+      if (step()) continue;
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait_for(lock, std::chrono::milliseconds(50),
+                     [this] { return stopping_ || !inbox_.empty() || !cancels_.empty(); });
+    }
+  });
+}
+
+void LoomEngine::stop(double drain_seconds) {
+  accepting_ = false;
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(drain_seconds);
+  while (thread_.joinable() && in_flight_.load() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  // Whatever is left is cancelled, with its final event.
+  take_inbox();
+  std::vector<int64_t> left;
+  for (auto& [id, r] : requests_) left.push_back(id);
+  for (int64_t id : left) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request* r = it->second.get();
+    for (auto& c : r->completions)
+      if (!c->done) {
+        scheduler_.remove(&c->seq);
+        finish(*c, "abort");
+        if (requests_.find(id) == requests_.end()) break;
+      }
+  }
+}
+
+}  // namespace loom::infer

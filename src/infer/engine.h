@@ -1,0 +1,81 @@
+// The serving engine: requests in, token events out, continuous batching over a paged KV cache
+// (scheduler.h) driving a ModelRunner. One thread runs steps (start()), or the caller drives it
+// (step() / run_until_idle(): batch generation, tests). submit() and cancel() may be called from
+// any thread; events are delivered on the stepping thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "infer/engine_api.h"
+#include "infer/kv_cache.h"
+#include "infer/scheduler.h"
+
+namespace loom::infer {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  int block_size = 16;
+  int64_t kv_cache_bytes = int64_t(256) << 20;  // the pool's size, unless num_blocks is set
+  int num_blocks = 0;
+  int max_queue = 1024;          // requests waiting or running; more are refused (503)
+  std::vector<int32_t> eos_ids;  // end of text / end of turn: finish with "stop"
+  // Text of a list of ids (the tokenizer's decode); empty function: no text, no stop strings.
+  std::function<std::string(const std::vector<int32_t>&)> detokenize;
+  uint64_t seed = 0;  // streams of requests without a seed
+};
+
+class LoomEngine : public Engine {
+ public:
+  LoomEngine(ModelRunner& runner, const EngineConfig& cfg);
+  ~LoomEngine() override;
+
+  int64_t submit(std::vector<int32_t> prompt, const SamplingParams& params,
+                 std::function<void(const TokenEvent&)> on_event) override;
+  void cancel(int64_t request_id) override;
+  EngineStats stats() const override;
+
+  void start();  // a thread runs steps until stop()
+  // Stops taking requests, lets those in flight finish for up to drain_seconds, cancels the
+  // rest, joins the thread.
+  void stop(double drain_seconds = 0);
+  bool step();  // one step; false when there was nothing to do
+  void run_until_idle();
+  const KvCache& cache() const { return cache_; }
+
+ private:
+  struct Completion;
+  struct Request;
+  void take_inbox();
+  void finish(Completion& c, const std::string& reason);
+  void emit(Completion& c, const std::vector<int32_t>& new_tokens,
+            const std::vector<float>& logprobs,
+            const std::vector<std::vector<std::pair<int32_t, float>>>& top, bool finished,
+            const std::string& reason);
+  bool is_stop_token(const Completion& c, int32_t t) const;
+
+  ModelRunner& runner_;
+  EngineConfig cfg_;
+  KvCache cache_;
+  Scheduler scheduler_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<std::unique_ptr<Request>> inbox_;
+  std::vector<int64_t> cancels_;
+  std::map<int64_t, std::unique_ptr<Request>> requests_;  // owned by the stepping thread
+  std::atomic<int64_t> next_id_{1};
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<bool> accepting_{true}, stopping_{false};
+  std::thread thread_;
+  EngineStats stats_;  // guarded by mu_
+  std::vector<float> logits_;
+};
+
+}  // namespace loom::infer

@@ -1,0 +1,61 @@
+// The serving engine's paged KV cache: one pool of fixed-size blocks (block_size tokens of every
+// layer's keys and values), handed to sequences one block at a time, with reference counts so
+// that sequences sharing a prompt prefix share its blocks (prefix caching, as vLLM's automatic
+// prefix caching: a full block is known by the hash of its tokens and of the blocks before it,
+// and the tokens themselves are compared, so a hash collision cannot share wrong values).
+// A block nobody references but that holds a cached prefix stays findable until its memory is
+// needed: free blocks are handed out first, then those, least recently released first.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <unordered_map>
+#include <vector>
+
+#include "infer/engine_api.h"
+
+namespace loom::infer {
+
+class KvCache {
+ public:
+  KvCache(const KvSpec& spec, int block_size, int num_blocks);
+  // How many blocks a memory budget buys (keys and values of every layer, in spec.dtype).
+  static int blocks_for_bytes(const KvSpec& spec, int block_size, int64_t bytes);
+  static int64_t bytes_per_block(const KvSpec& spec, int block_size);
+
+  const KvCacheView& view() const { return view_; }
+  int block_size() const { return view_.block_size; }
+  int num_blocks() const { return view_.num_blocks; }
+  int num_available() const;  // free + cached-but-unreferenced
+  int num_used() const { return num_blocks() - num_available(); }
+
+  // A block for new tokens (reference count 1), or -1 when none is left.
+  int32_t allocate();
+  void retain(int32_t block);
+  void release(int32_t block);
+  int refcount(int32_t block) const { return ref_[size_t(block)]; }
+
+  // Prefix caching. The hash of a full block given the hash of the blocks before it (0 for the
+  // first) and its tokens.
+  static uint64_t block_hash(uint64_t parent, const int32_t* tokens, int n);
+  // A cached block with this hash and these tokens (its reference taken), or -1.
+  int32_t lookup(uint64_t hash, const int32_t* tokens);
+  // Marks a full block as holding these tokens under this hash (first publisher wins).
+  void publish(int32_t block, uint64_t hash, const int32_t* tokens);
+
+ private:
+  void forget(int32_t block);                // drops a block's cache entry (before reuse)
+  std::vector<std::vector<uint8_t>> k_, v_;  // per layer
+  KvCacheView view_;
+  std::vector<int> ref_;
+  std::vector<uint64_t> hash_;
+  std::vector<bool> cached_;
+  std::vector<std::vector<int32_t>> tokens_;  // of cached blocks
+  std::unordered_multimap<uint64_t, int32_t> by_hash_;
+  std::vector<int32_t> free_;  // never cached, or forgotten
+  std::list<int32_t> lru_;     // cached, unreferenced, oldest first
+  std::vector<std::list<int32_t>::iterator> lru_pos_;
+  std::vector<bool> in_lru_;
+};
+
+}  // namespace loom::infer

@@ -1,0 +1,82 @@
+#include "infer/model_runner.h"
+
+#include "core/error.h"
+#include "kernels/cpu/paged_attention.h"
+
+namespace loom::infer {
+namespace {
+
+// Layer by layer: write the chunks' new keys and values into the cache, then let every new
+// query attend to its sequence's cached positions.
+struct PagedAttention : ForwardAttention {
+  const std::vector<SeqChunk>* batch = nullptr;
+  const KvCacheView* cache = nullptr;
+  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
+               float* out) override {
+    cpu::PagedKv kv;
+    kv.k = cache->k[size_t(layer)];
+    kv.v = cache->v[size_t(layer)];
+    kv.dtype = cache->spec.dtype;
+    kv.block_size = cache->block_size;
+    kv.Hkv = Hkv;
+    kv.D = D;
+    int64_t row = 0;
+    for (const SeqChunk& c : *batch) {
+      const float* q = qkv + row * ld;
+      cpu::paged_kv_write(kv, c.block_table, c.start_pos, c.n, q + Hq * D, q + (Hq + Hkv) * D, ld);
+      cpu::paged_attention_forward(out + row * Hq * D, q, ld, c.n, c.start_pos, Hq, scale, kv,
+                                   c.block_table);
+      row += c.n;
+    }
+  }
+};
+
+}  // namespace
+
+DecoderRunner::DecoderRunner(Decoder& model) : model_(model) {
+  LOOM_CHECK(model.tensor_parallel().size == 1 && model.pipeline_stage().whole(),
+             "serving runs a whole one-process model (tensor-parallel serving is not built yet)");
+}
+
+KvSpec DecoderRunner::kv_spec() const {
+  const ModelConfig& c = model_.config();
+  KvSpec s;
+  s.n_layer = c.n_layer;
+  s.n_kv_head = c.n_kv_head;
+  s.head_dim = c.head_dim;
+  s.dtype = model_.act_dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+  return s;
+}
+
+void DecoderRunner::forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
+                            float* logits) {
+  LOOM_CHECK(!batch.empty(), "an empty batch");
+  tokens_.clear();
+  positions_.clear();
+  cu_.assign(1, 0);
+  std::vector<int> rows;
+  for (const SeqChunk& c : batch) {
+    LOOM_CHECK(c.n > 0 && c.start_pos >= 0 && c.start_pos + c.n <= max_seq(), "sequence chunk ",
+               "of ", c.n, " tokens at position ", c.start_pos, " exceeds the model's ", max_seq());
+    LOOM_CHECK(int64_t(c.num_blocks) * cache.block_size >= c.start_pos + c.n, "a block table of ",
+               c.num_blocks, " blocks for ", c.start_pos + c.n, " positions");
+    for (int i = 0; i < c.n; ++i) {
+      tokens_.push_back(c.tokens[i]);
+      positions_.push_back(c.start_pos + i);
+    }
+    cu_.push_back(static_cast<int32_t>(tokens_.size()));
+    if (c.want_logits) rows.push_back(static_cast<int>(tokens_.size()) - 1);
+  }
+  ModelInput in;
+  in.tokens = tokens_.data();
+  in.positions = positions_.data();
+  in.cu_seqlens = cu_.data();
+  in.N = static_cast<int>(tokens_.size());
+  in.nseq = static_cast<int>(batch.size());
+  PagedAttention att;
+  att.batch = &batch;
+  att.cache = &cache;
+  model_.forward_logits(in, rows, logits, &att);
+}
+
+}  // namespace loom::infer

@@ -1,0 +1,28 @@
+// The Decoder as the serving engine's ModelRunner: a batch of sequence chunks runs as one packed
+// forward-only pass (Decoder::forward_logits), with each layer's attention core replaced by
+// attention over the paged KV cache (the chunk's new keys and values written into its blocks
+// first). Keys and values are cached in the model's compute type (bf16 halves the cache).
+#pragma once
+
+#include <vector>
+
+#include "infer/engine_api.h"
+#include "model/decoder.h"
+
+namespace loom::infer {
+
+class DecoderRunner : public ModelRunner {
+ public:
+  explicit DecoderRunner(Decoder& model);
+  int vocab() const override { return model_.config().vocab; }
+  int max_seq() const override { return model_.config().max_seq; }
+  KvSpec kv_spec() const override;
+  void forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
+               float* logits) override;
+
+ private:
+  Decoder& model_;
+  std::vector<int32_t> tokens_, positions_, cu_;
+};
+
+}  // namespace loom::infer

@@ -1,0 +1,280 @@
+// The serving engine with the real Decoder: greedy output equals the no-cache forward's greedy
+// output token for token (both families, shared prefixes, chunked prefill on and off, a pool so
+// small it forces preemption, one or many requests at once); logprobs equal the full forward's
+// log-softmax; seeds reproduce across batch compositions; stops, cancellation, errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/rng.h"
+#include "infer/engine.h"
+#include "infer/generator.h"
+#include "infer/model_runner.h"
+#include "model/decoder.h"
+
+using namespace loom;
+using namespace loom::infer;
+
+namespace {
+
+ModelConfig tiny(Family f) {
+  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
+  c.n_layer = 2, c.d_model = 32, c.n_head = 4, c.n_kv_head = f == Family::GPT2 ? 4 : 2;
+  c.head_dim = 8, c.d_ff = 64, c.vocab = 64, c.max_seq = 96, c.init_std = 0.3f;
+  return c;
+}
+
+std::vector<int32_t> prompt(int len, uint64_t seed, const std::vector<int32_t>& prefix = {}) {
+  std::vector<int32_t> p = prefix;
+  for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(uniform_at(seed, 1, i) * 64));
+  return p;
+}
+
+// The reference: re-run the whole sequence for every token (no cache), greedy.
+std::vector<int32_t> no_cache_greedy(Decoder& m, std::vector<int32_t> p, int n) {
+  SamplingOptions o;
+  o.temperature = 0;
+  const size_t before = p.size();
+  generate(m, p, n, o);
+  return std::vector<int32_t>(p.begin() + long(before), p.end());
+}
+
+struct Collected {
+  std::map<int64_t, std::map<int, std::vector<int32_t>>> tokens;
+  std::map<int64_t, std::map<int, std::vector<float>>> logprobs;
+  std::map<int64_t, std::map<int, std::string>> reason;
+  std::map<int64_t, std::map<int, Usage>> usage;
+  std::function<void(const TokenEvent&)> sink() {
+    return [this](const TokenEvent& e) {
+      auto& t = tokens[e.request_id][e.index];
+      t.insert(t.end(), e.tokens.begin(), e.tokens.end());
+      auto& l = logprobs[e.request_id][e.index];
+      l.insert(l.end(), e.logprobs.begin(), e.logprobs.end());
+      if (e.finished) {
+        reason[e.request_id][e.index] = e.finish_reason;
+        usage[e.request_id][e.index] = e.usage;
+      }
+    };
+  }
+};
+
+SamplingParams greedy(int n) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = n;
+  p.ignore_eos = true;
+  return p;
+}
+
+}  // namespace
+
+TEST(Engine, GreedyEqualsNoCacheForwardUnderEverySchedule) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder m(tiny(f), cpu_backend());
+    m.params().init(5);
+    const auto shared = prompt(20, 9);
+    std::vector<std::vector<int32_t>> prompts = {prompt(7, 1), prompt(5, 2, shared),
+                                                 prompt(9, 3, shared), prompt(33, 4), shared};
+    std::vector<std::vector<int32_t>> want;
+    for (auto& p : prompts) want.push_back(no_cache_greedy(m, p, 12));
+    DecoderRunner runner(m);
+    struct Setup {
+      const char* name;
+      int blocks, budget;
+      bool chunked, together;
+    };
+    for (Setup s :
+         {Setup{"many at once", 64, 256, true, true}, Setup{"one at a time", 64, 256, true, false},
+          Setup{"small chunks", 64, 8, true, true}, Setup{"no chunking", 64, 64, false, true},
+          Setup{"preemption", 7, 32, true, true}}) {
+      EngineConfig cfg;
+      cfg.block_size = 8;
+      cfg.num_blocks = s.blocks;
+      cfg.scheduler.max_batched_tokens = s.budget;
+      cfg.scheduler.chunked_prefill = s.chunked;
+      LoomEngine e(runner, cfg);
+      Collected got;
+      std::vector<int64_t> ids;
+      for (auto& p : prompts) {
+        ids.push_back(e.submit(p, greedy(12), got.sink()));
+        if (!s.together) e.run_until_idle();
+      }
+      e.run_until_idle();
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(got.tokens[ids[i]][0], want[i]) << family_name(f) << ", " << s.name << ", " << i;
+        EXPECT_EQ(got.reason[ids[i]][0], "length");
+      }
+      if (std::string(s.name) == "preemption") {
+        EXPECT_GT(e.stats().preemptions_total, 0);
+      }
+      if (std::string(s.name) == "one at a time") {  // later prompts found the shared prefix
+        EXPECT_EQ(got.usage[ids[2]][0].cached_prompt_tokens, 16);
+      }
+      EXPECT_EQ(e.cache().num_used(), 0);  // every block back
+    }
+  }
+}
+
+TEST(Engine, LogprobsAreTheFullForwardsLogSoftmax) {
+  Decoder m(tiny(Family::Llama), cpu_backend());
+  m.params().init(7);
+  DecoderRunner runner(m);
+  LoomEngine e(runner, EngineConfig{});
+  SamplingParams p = greedy(6);
+  p.logprobs = 3;
+  std::vector<int32_t> seqv = prompt(10, 2);
+  Collected got;
+  const int64_t id = e.submit(seqv, p, got.sink());
+  e.run_until_idle();
+  const auto& toks = got.tokens[id][0];
+  const auto& lps = got.logprobs[id][0];
+  ASSERT_EQ(toks.size(), 6u);
+  ASSERT_EQ(lps.size(), 6u);
+  for (size_t k = 0; k < toks.size(); ++k) {
+    std::vector<float> logits(64);
+    std::vector<int32_t> pos(seqv.size()), cu = {0, int32_t(seqv.size())};
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
+    ModelInput in{seqv.data(), nullptr, pos.data(), cu.data(), int(seqv.size()), 1};
+    m.forward_logits(in, {int(seqv.size()) - 1}, logits.data());
+    double mx = logits[0], z = 0;
+    for (float x : logits) mx = std::max(mx, double(x));
+    for (float x : logits) z += std::exp(x - mx);
+    EXPECT_NEAR(lps[k], logits[size_t(toks[k])] - mx - std::log(z), 1e-4) << k;
+    seqv.push_back(toks[k]);
+  }
+}
+
+TEST(Engine, SeededSamplingIgnoresTheRestOfTheBatch) {
+  Decoder m(tiny(Family::GPT2), cpu_backend());
+  m.params().init(3);
+  DecoderRunner runner(m);
+  SamplingParams p;
+  p.temperature = 1.0f, p.top_p = 0.9f, p.max_tokens = 10, p.seed = 42, p.ignore_eos = true;
+  p.n = 2;
+  auto run = [&](int others) {
+    LoomEngine e(runner, EngineConfig{});
+    Collected got;
+    SamplingParams q = p;
+    q.seed.reset();
+    for (int i = 0; i < others; ++i) e.submit(prompt(5 + i, 10 + i), q, got.sink());
+    const int64_t id = e.submit(prompt(8, 1), p, got.sink());
+    e.run_until_idle();
+    return got.tokens[id];
+  };
+  auto alone = run(0), crowded = run(3);
+  EXPECT_EQ(alone[0], crowded[0]);
+  EXPECT_EQ(alone[1], crowded[1]);
+  EXPECT_NE(alone[0], alone[1]);  // the n completions differ
+}
+
+TEST(Engine, StopsCancellationAndBadRequests) {
+  Decoder m(tiny(Family::GPT2), cpu_backend());
+  m.params().init(3);
+  DecoderRunner runner(m);
+  EngineConfig cfg;
+  cfg.detokenize = [](const std::vector<int32_t>& ids) {
+    std::string s;
+    for (int32_t t : ids) s += char('a' + t % 26);
+    return s;
+  };
+  const auto p = prompt(6, 4);
+  const auto free_run = no_cache_greedy(m, p, 10);
+  // A stop token ends the completion without being part of it.
+  {
+    LoomEngine e(runner, cfg);
+    SamplingParams s = greedy(10);
+    s.stop_token_ids = {free_run[3]};
+    Collected got;
+    const int64_t id = e.submit(p, s, got.sink());
+    e.run_until_idle();
+    std::vector<int32_t> want(free_run.begin(), free_run.begin() + 3);
+    auto first = std::find(free_run.begin(), free_run.end(), free_run[3]);
+    want.assign(free_run.begin(), first);
+    EXPECT_EQ(got.tokens[id][0], want);
+    EXPECT_EQ(got.reason[id][0], "stop");
+  }
+  // A stop string cuts the text before it.
+  {
+    LoomEngine e(runner, cfg);
+    SamplingParams s = greedy(10);
+    std::string text = cfg.detokenize(free_run);
+    s.stop = {text.substr(4, 2)};
+    std::string streamed;
+    bool done = false;
+    e.submit(p, s, [&](const TokenEvent& ev) {
+      streamed += ev.text;
+      if (ev.finished) {
+        done = true;
+        EXPECT_EQ(ev.finish_reason, "stop");
+      }
+    });
+    e.run_until_idle();
+    EXPECT_TRUE(done);
+    EXPECT_EQ(streamed, text.substr(0, text.find(s.stop[0])));
+  }
+  // Cancellation frees the blocks at once and delivers "abort".
+  {
+    LoomEngine e(runner, cfg);
+    Collected got;
+    const int64_t id = e.submit(p, greedy(50), got.sink());
+    e.step();
+    e.step();
+    EXPECT_GT(e.cache().num_used(), 0);
+    e.cancel(id);
+    e.run_until_idle();
+    EXPECT_EQ(got.reason[id][0], "abort");
+    EXPECT_EQ(e.cache().num_used(), 0);
+  }
+  // Requests that can never run are refused with 400; a full queue with 503.
+  {
+    EngineConfig small = cfg;
+    small.max_queue = 1;
+    LoomEngine e(runner, small);
+    auto status = [&](std::vector<int32_t> pr, SamplingParams s) {
+      try {
+        e.submit(std::move(pr), s, {});
+        return 200;
+      } catch (const RequestRejected& r) {
+        return r.http_status;
+      }
+    };
+    EXPECT_EQ(status(prompt(90, 1), greedy(10)), 400);  // beyond max_seq
+    EXPECT_EQ(status({}, greedy(1)), 400);
+    EXPECT_EQ(status({64}, greedy(1)), 400);  // outside the vocabulary
+    SamplingParams bad = greedy(1);
+    bad.top_p = 0;
+    EXPECT_EQ(status(p, bad), 400);
+    EXPECT_EQ(status(p, greedy(5)), 200);
+    EXPECT_EQ(status(p, greedy(5)), 503);
+  }
+}
+
+TEST(Engine, ThreadedEngineServesConcurrentSubmitters) {
+  Decoder m(tiny(Family::Llama), cpu_backend());
+  m.params().init(11);
+  DecoderRunner runner(m);
+  const auto p = prompt(12, 8);
+  const auto want = no_cache_greedy(m, p, 8);
+  LoomEngine e(runner, EngineConfig{});
+  e.start();
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
+  std::vector<std::vector<int32_t>> outs(6);
+  for (int i = 0; i < 6; ++i)
+    e.submit(p, greedy(8), [&, i](const TokenEvent& ev) {
+      std::lock_guard<std::mutex> l(mu);
+      outs[size_t(i)].insert(outs[size_t(i)].end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.finished) {
+        ++done;
+        cv.notify_all();
+      }
+    });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::seconds(30), [&] { return done == 6; }));
+  }
+  e.stop(1.0);
+  for (auto& o : outs) EXPECT_EQ(o, want);
+}
