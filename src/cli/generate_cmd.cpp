@@ -1,71 +1,236 @@
-// `loom generate`: samples text from a checkpoint, encoding the prompt and decoding the output
-// with the tokenizer the run was trained with (byte-level models use raw bytes).
+// `loom generate`: samples text from a checkpoint through the serving engine (paged KV cache,
+// continuous batching), encoding prompts and decoding the output with the tokenizer the run was
+// trained with (byte-level models use raw bytes). One prompt streams to stdout; a JSONL file of
+// prompts runs at full batch into a JSONL file (synthetic data), resumable and with progress.
 #include <cstdio>
+#include <fstream>
+#include <map>
 
 #include "ckpt/checkpoint.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/fs.h"
+#include "core/json.h"
+#include "core/log.h"
 #include "data/bpe.h"
+#include "data/chat.h"
+#include "infer/engine.h"
 #include "infer/generator.h"
+#include "infer/model_runner.h"
+#include "infer/request_sampling.h"
 
 namespace loom::cli {
+namespace {
 
-int run_generate(const Args& args) {
-  Options o("loom generate --ckpt PATH [--prompt TEXT] [--tokens N] [sampling options]",
-            "Samples a continuation of the prompt from a trained checkpoint and prints it.");
-  o.value("ckpt", "", "checkpoint: a step directory or a checkpoints root (uses latest)", true)
-      .value("prompt", "\n", "prompt text")
-      .value("tokens", "200", "number of tokens to generate")
-      .value("temperature", "0.8", "softmax temperature; 0 = greedy")
-      .value("top-k", "40", "sample among the k most likely tokens; 0 = all")
-      .value("top-p", "0.95", "nucleus: smallest set with this much probability; 1 = all")
-      .value("seed", "0", "sampling seed")
-      .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)");
-  if (!o.parse(args)) return 0;
-  SamplingOptions s;
-  s.temperature = static_cast<float>(o.get_double("temperature"));
-  s.top_k = static_cast<int>(o.get_int("top-k"));
-  s.top_p = static_cast<float>(o.get_double("top-p"));
-  s.seed = static_cast<uint64_t>(o.get_int("seed"));
-  validate(s);
-  int n = static_cast<int>(o.get_int("tokens"));
-  LOOM_CHECK(n >= 0, "--tokens must be >= 0");
-  auto model = load_model_from_checkpoint(o.get("ckpt"));
-  std::string prompt = o.get("prompt");
-  LOOM_CHECK(!prompt.empty(), "--prompt must not be empty");
-  // Models trained on token files name their tokenizer in the run's config; byte-level
-  // models (vocab 256) read and write raw bytes.
-  ckpt::Checkpoint c(o.get("ckpt"));
-  std::string spec = o.get("tokenizer");
+// The tokenizer of a checkpoint's run (or --tokenizer); null for a byte-level model.
+std::unique_ptr<data::BpeTokenizer> tokenizer_for(const std::string& ckpt,
+                                                  const std::string& spec_opt,
+                                                  const Decoder& model) {
+  ckpt::Checkpoint c(ckpt);
+  std::string spec = spec_opt;
   if (spec.empty())
     spec = Config::parse(c.state().config_text, c.dir() + "/state.json")
                .get_string("data.tokenizer", "");
-  std::unique_ptr<data::BpeTokenizer> tok;
-  std::vector<int32_t> tokens;
-  if (!spec.empty()) {
-    tok = data::load_tokenizer(spec);
-    LOOM_CHECK(tok->vocab_size() <= model->config().vocab, "tokenizer ", spec, " has ",
-               tok->vocab_size(), " tokens, more than the model's vocabulary of ",
-               model->config().vocab);
-    tok->encode(prompt, tokens);
-  } else {
-    LOOM_CHECK(model->config().vocab == 256, "the checkpoint names no data.tokenizer and its ",
-               "vocabulary (", model->config().vocab, ") is not byte-level");
-    for (unsigned char ch : prompt) tokens.push_back(ch);
+  if (spec.empty()) {
+    LOOM_CHECK(model.config().vocab == 256, "the checkpoint names no data.tokenizer and its ",
+               "vocabulary (", model.config().vocab, ") is not byte-level: pass --tokenizer");
+    return nullptr;
   }
-  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-  generate(*model, tokens, n, s, [&](int32_t t) {
-    std::string piece;
-    if (tok)
-      tok->decode_append(t, piece);
-    else
-      piece.push_back(static_cast<char>(t));
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-  });
-  std::fputc('\n', stdout);
+  auto tok = data::load_tokenizer(spec);
+  LOOM_CHECK(tok->vocab_size() <= model.config().vocab, "tokenizer ", spec, " has ",
+             tok->vocab_size(), " tokens, more than the model's vocabulary of ",
+             model.config().vocab);
+  return tok;
+}
+
+int64_t ranged(const Options& o, const std::string& name, int64_t lo, int64_t hi) {
+  const int64_t v = o.get_int(name);
+  LOOM_CHECK(v >= lo && v <= hi, "--", name, " must lie in [", lo, ", ", hi, "], got ", v);
+  return v;
+}
+
+}  // namespace
+
+int run_generate(const Args& args) {
+  Options o("loom generate --ckpt PATH (--prompt TEXT | --input PROMPTS.jsonl --output OUT.jsonl)",
+            "Samples continuations from a trained checkpoint through the serving engine.\n"
+            "With --input, every line ({\"prompt\": ...} or {\"messages\": [...]}, optional\n"
+            "\"max_tokens\") runs at full batch; results go to --output in input order, and a\n"
+            "rerun skips the lines already written.");
+  o.value("ckpt", "", "checkpoint: a step directory or a checkpoints root (uses latest)", true)
+      .value("prompt", "\n", "prompt text")
+      .value("input", "", "JSONL file of prompts (batch generation)")
+      .value("output", "", "JSONL file of results (with --input)")
+      .value("tokens", "200", "tokens to generate at most (max_tokens)")
+      .value("temperature", "0.8", "softmax temperature; 0 = greedy")
+      .value("top-k", "40", "sample among the k most likely tokens; 0 = all")
+      .value("top-p", "0.95", "nucleus: smallest set with this much probability; 1 = all")
+      .value("min-p", "0", "drop tokens less likely than min-p times the most likely")
+      .value("repetition-penalty", "1", "divides the logits of tokens seen before")
+      .multi("stop", "stop string (repeatable)")
+      .value("seed", "0", "sampling seed")
+      .flag("ignore-eos", "keep going past the end-of-text token")
+      .value("chat-template", "", "chatml or llama3: prompts are user messages in this template")
+      .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
+      .value("max-num-seqs", "64", "sequences batched at once")
+      .value("kv-cache-mb", "256", "KV cache size");
+  if (!o.parse(args)) return 0;
+  auto model = load_model_from_checkpoint(o.get("ckpt"));
+  auto tok = tokenizer_for(o.get("ckpt"), o.get("tokenizer"), *model);
+  std::unique_ptr<data::ChatTemplate> chat;
+  if (!o.get("chat-template").empty()) {
+    LOOM_CHECK(tok, "--chat-template needs a tokenizer with the template's special tokens");
+    chat = std::make_unique<data::ChatTemplate>(o.get("chat-template"), *tok);
+  }
+
+  infer::SamplingParams sp;
+  sp.max_tokens = static_cast<int>(ranged(o, "tokens", 0, model->config().max_seq));
+  sp.temperature = static_cast<float>(o.get_double("temperature"));
+  sp.top_k = static_cast<int>(ranged(o, "top-k", 0, model->config().vocab));
+  sp.top_p = static_cast<float>(o.get_double("top-p"));
+  sp.min_p = static_cast<float>(o.get_double("min-p"));
+  sp.repetition_penalty = static_cast<float>(o.get_double("repetition-penalty"));
+  sp.stop = o.all("stop");
+  sp.seed = static_cast<uint64_t>(ranged(o, "seed", 0, INT64_MAX));
+  sp.ignore_eos = o.has("ignore-eos");
+  infer::validate(sp, model->config().vocab);
+
+  infer::EngineConfig ec;
+  ec.scheduler.max_num_seqs = static_cast<int>(ranged(o, "max-num-seqs", 1, 4096));
+  ec.kv_cache_bytes = ranged(o, "kv-cache-mb", 1, 1 << 20) << 20;
+  if (tok) {
+    if (int32_t eot = tok->eot_id(); eot >= 0) ec.eos_ids.push_back(eot);
+    if (chat) ec.eos_ids.push_back(chat->end_of_turn());
+    ec.detokenize = [&](const std::vector<int32_t>& ids) { return tok->decode(ids); };
+  } else {
+    ec.detokenize = [](const std::vector<int32_t>& ids) {
+      std::string s;
+      for (int32_t t : ids) s.push_back(static_cast<char>(t));
+      return s;
+    };
+  }
+  auto encode = [&](const Json& line, const std::string& where) {
+    std::vector<int32_t> ids;
+    if (line.is_object() && line.contains("messages")) {
+      LOOM_CHECK(chat, where, ": a 'messages' prompt needs --chat-template");
+      std::vector<data::ChatMessage> ms;
+      for (const Json& m : line.at("messages").as_array())
+        ms.push_back({m.at("role").as_string(), m.at("content").as_string()});
+      return chat->prompt_ids(ms);
+    }
+    const std::string text = line.is_string() ? line.as_string() : line.at("prompt").as_string();
+    LOOM_CHECK(!text.empty(), where, ": empty prompt");
+    if (chat) return chat->prompt_ids({{"user", text}});
+    if (tok) {
+      tok->encode(text, ids);
+    } else {
+      for (unsigned char ch : text) ids.push_back(ch);
+    }
+    return ids;
+  };
+
+  infer::DecoderRunner runner(*model);
+  infer::LoomEngine engine(runner, ec);
+
+  if (o.get("input").empty()) {
+    const std::string prompt = o.get("prompt");
+    LOOM_CHECK(!prompt.empty(), "--prompt must not be empty");
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    engine.submit(encode(Json(prompt), "--prompt"), sp, [](const infer::TokenEvent& e) {
+      std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+      std::fflush(stdout);
+    });
+    engine.run_until_idle();
+    std::fputc('\n', stdout);
+    return 0;
+  }
+
+  // Batch generation: results in input order; lines already in the output are skipped.
+  LOOM_CHECK(!o.get("output").empty(), "--input needs --output");
+  const std::string in_text = read_file(o.get("input"));
+  std::vector<std::pair<Json, std::string>> lines;
+  for (size_t pos = 0, n = 0; pos < in_text.size(); ++n) {
+    size_t end = in_text.find('\n', pos);
+    if (end == std::string::npos) end = in_text.size();
+    std::string_view l(in_text.data() + pos, end - pos);
+    pos = end + 1;
+    if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string where = cat(o.get("input"), ":", n + 1);
+    lines.push_back({Json::parse(l, where), where});
+  }
+  size_t done = 0;
+  if (file_exists(o.get("output"))) {
+    const std::string prev = read_file(o.get("output"));
+    for (size_t pos = 0; pos < prev.size();) {
+      size_t end = prev.find('\n', pos);
+      if (end == std::string::npos) break;  // a cut last line is written again
+      ++done;
+      pos = end + 1;
+    }
+    LOOM_CHECK(done <= lines.size(), o.get("output"), " has ", done, " results for ", lines.size(),
+               " prompts: not this input's output");
+  }
+  std::ofstream out(o.get("output"), std::ios::app);
+  LOOM_CHECK(out.good(), "cannot write ", o.get("output"));
+  struct Result {
+    std::string text, reason;
+    infer::Usage usage;
+    bool finished = false;
+  };
+  std::map<size_t, Result> results;
+  size_t next_write = done;
+  const double t0 = now_seconds();
+  int64_t generated = 0;
+  auto flush = [&] {
+    while (results.count(next_write) && results[next_write].finished) {
+      const Result& r = results[next_write];
+      Json j = Json::object();
+      j["index"] = static_cast<int64_t>(next_write);
+      j["text"] = r.text;
+      j["finish_reason"] = r.reason;
+      j["prompt_tokens"] = r.usage.prompt_tokens;
+      j["completion_tokens"] = r.usage.completion_tokens;
+      out << j.dump() << '\n';
+      results.erase(next_write++);
+    }
+    out.flush();
+  };
+  for (size_t i = done; i < lines.size(); ++i) {
+    infer::SamplingParams p = sp;
+    if (lines[i].first.is_object() && lines[i].first.contains("max_tokens"))
+      p.max_tokens = static_cast<int>(lines[i].first.at("max_tokens").as_int());
+    try {
+      engine.submit(encode(lines[i].first, lines[i].second), p, [&, i](const infer::TokenEvent& e) {
+        Result& r = results[i];
+        r.text += e.text;
+        generated += static_cast<int64_t>(e.tokens.size());
+        if (e.finished) {
+          r.finished = true;
+          r.reason = e.finish_reason;
+          r.usage = e.usage;
+        }
+      });
+    } catch (const infer::RequestRejected& r) {
+      fail(lines[i].second, ": ", r.message);
+    }
+  }
+  double last = 0;
+  while (engine.step()) {
+    flush();
+    const double t = now_seconds() - t0;
+    if (t - last >= 2) {
+      last = t;
+      const double rate = (next_write - done) / std::max(t, 1e-9);
+      log_info("generated ", next_write, "/", lines.size(), " prompts, ", generated / t,
+               " tokens/s, ETA ", rate > 0 ? (lines.size() - next_write) / rate : 0.0, " s");
+    }
+  }
+  engine.run_until_idle();
+  flush();
+  log_info("wrote ", next_write - done, " results to ", o.get("output"), " (", generated,
+           " tokens in ", now_seconds() - t0, " s)");
   return 0;
 }
 
