@@ -13,17 +13,24 @@ int run_launch(const Args& args);
 #ifdef LOOM_HAVE_CURATE
 int run_curate(const Args& args);
 #endif
+#ifdef LOOM_HAVE_SERVE
+int run_serve(const Args& args);
+#endif
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> all = {
       {"train", "train a GPT-2 or Llama-style model from a config file", run_train},
-      {"generate", "sample text from a checkpoint (temperature, top-k, top-p)", run_generate},
+      {"generate", "sample text from a checkpoint, or a JSONL file of prompts at full batch",
+       run_generate},
       {"bench", "benchmarks: 'loom bench train' measures training throughput", run_bench},
       {"ckpt", "inspect checkpoints; export/import Hugging Face safetensors", run_ckpt},
       {"plan", "predict memory, step time, MFU and goodput at scale; search layouts", run_plan},
       {"tokenize", "JSONL -> Megatron-compatible token files (.bin/.idx)", run_tokenize},
       {"launch", "run N ranks of a loom command (mpirun), rank-prefixed output", run_launch},
       {"tokenizer", "train a BPE vocabulary; encode/decode (GPT-2, tiktoken, Loom)", run_tokenizer},
+#ifdef LOOM_HAVE_SERVE
+      {"serve", "OpenAI-compatible HTTP server (continuous batching, paged KV cache)", run_serve},
+#endif
 #ifdef LOOM_HAVE_CURATE
       {"curate", "clean, filter and deduplicate raw text into training JSONL + report", run_curate},
 #endif

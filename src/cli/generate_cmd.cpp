@@ -9,6 +9,7 @@
 #include "ckpt/checkpoint.h"
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/serving_setup.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -23,27 +24,6 @@
 
 namespace loom::cli {
 namespace {
-
-// The tokenizer of a checkpoint's run (or --tokenizer); null for a byte-level model.
-std::unique_ptr<data::BpeTokenizer> tokenizer_for(const std::string& ckpt,
-                                                  const std::string& spec_opt,
-                                                  const Decoder& model) {
-  ckpt::Checkpoint c(ckpt);
-  std::string spec = spec_opt;
-  if (spec.empty())
-    spec = Config::parse(c.state().config_text, c.dir() + "/state.json")
-               .get_string("data.tokenizer", "");
-  if (spec.empty()) {
-    LOOM_CHECK(model.config().vocab == 256, "the checkpoint names no data.tokenizer and its ",
-               "vocabulary (", model.config().vocab, ") is not byte-level: pass --tokenizer");
-    return nullptr;
-  }
-  auto tok = data::load_tokenizer(spec);
-  LOOM_CHECK(tok->vocab_size() <= model.config().vocab, "tokenizer ", spec, " has ",
-             tok->vocab_size(), " tokens, more than the model's vocabulary of ",
-             model.config().vocab);
-  return tok;
-}
 
 int64_t ranged(const Options& o, const std::string& name, int64_t lo, int64_t hi) {
   const int64_t v = o.get_int(name);
@@ -78,7 +58,7 @@ int run_generate(const Args& args) {
       .value("kv-cache-mb", "256", "KV cache size");
   if (!o.parse(args)) return 0;
   auto model = load_model_from_checkpoint(o.get("ckpt"));
-  auto tok = tokenizer_for(o.get("ckpt"), o.get("tokenizer"), *model);
+  auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
   std::unique_ptr<data::ChatTemplate> chat;
   if (!o.get("chat-template").empty()) {
     LOOM_CHECK(tok, "--chat-template needs a tokenizer with the template's special tokens");
@@ -100,17 +80,7 @@ int run_generate(const Args& args) {
   infer::EngineConfig ec;
   ec.scheduler.max_num_seqs = static_cast<int>(ranged(o, "max-num-seqs", 1, 4096));
   ec.kv_cache_bytes = ranged(o, "kv-cache-mb", 1, 1 << 20) << 20;
-  if (tok) {
-    if (int32_t eot = tok->eot_id(); eot >= 0) ec.eos_ids.push_back(eot);
-    if (chat) ec.eos_ids.push_back(chat->end_of_turn());
-    ec.detokenize = [&](const std::vector<int32_t>& ids) { return tok->decode(ids); };
-  } else {
-    ec.detokenize = [](const std::vector<int32_t>& ids) {
-      std::string s;
-      for (int32_t t : ids) s.push_back(static_cast<char>(t));
-      return s;
-    };
-  }
+  set_text_codec(ec, tok.get(), chat.get());
   auto encode = [&](const Json& line, const std::string& where) {
     std::vector<int32_t> ids;
     if (line.is_object() && line.contains("messages")) {

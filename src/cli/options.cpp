@@ -62,8 +62,10 @@ bool Options::parse(const Args& args) {
         LOOM_CHECK(i + 1 < args.size(), "option --", name, " needs a value");
         val = args[++i];
       }
-      if (o->kind == Opt::Multi) multi_[name].push_back(val);
-      else values_[name] = val;
+      if (o->kind == Opt::Multi)
+        multi_[name].push_back(val);
+      else
+        values_[name] = val;
       continue;
     }
     LOOM_CHECK(next_pos < positionals.size(), "unexpected argument '", a, "' (see --help)");
@@ -103,7 +105,9 @@ double Options::get_double(const std::string& name) const {
   return v;
 }
 
-bool Options::has(const std::string& name) const { return values_.count(name) > 0; }
+bool Options::has(const std::string& name) const {
+  return values_.count(name) > 0;
+}
 
 const std::vector<std::string>& Options::all(const std::string& name) const {
   static const std::vector<std::string> none;

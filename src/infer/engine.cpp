@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "infer/request_sampling.h"
 
@@ -309,7 +310,14 @@ void LoomEngine::start() {
   LOOM_CHECK(!thread_.joinable(), "the engine is running already");
   thread_ = std::thread([this] {
     while (!stopping_) {
-      if (step()) continue;
+      try {
+        if (step()) continue;
+      } catch (const std::exception& e) {
+        // A failed step (the model, a callback) ends the requests in it, not the server.
+        log_warn("engine step failed, cancelling every request: ", e.what());
+        abort_all();
+        continue;
+      }
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait_for(lock, std::chrono::milliseconds(50),
                      [this] { return stopping_ || !inbox_.empty() || !cancels_.empty(); });
@@ -331,7 +339,11 @@ void LoomEngine::stop(double drain_seconds) {
     wake_.notify_all();
     thread_.join();
   }
-  // Whatever is left is cancelled, with its final event.
+  abort_all();
+}
+
+// Every request still open ends with "abort" and frees its blocks.
+void LoomEngine::abort_all() {
   take_inbox();
   std::vector<int64_t> left;
   for (auto& [id, r] : requests_) left.push_back(id);

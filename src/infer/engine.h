@@ -54,6 +54,7 @@ class LoomEngine : public Engine {
   struct Completion;
   struct Request;
   void take_inbox();
+  void abort_all();
   void finish(Completion& c, const std::string& reason);
   void emit(Completion& c, const std::vector<int32_t>& new_tokens,
             const std::vector<float>& logprobs,

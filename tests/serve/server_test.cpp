@@ -1,0 +1,285 @@
+// `loom serve`'s HTTP API over loopback with the real engine and a tiny model: response shapes
+// as OpenAI defines them, errors and their statuses, streaming with [DONE] and usage, a client
+// that disconnects cancels its request, /health answers while busy, tokenize round trips.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <thread>
+
+#include "core/json.h"
+#include "core/rng.h"
+#include "data/bpe.h"
+#include "data/chat.h"
+#include "infer/engine.h"
+#include "infer/generator.h"
+#include "infer/model_runner.h"
+#include "model/decoder.h"
+#include "serve/server.h"
+
+using namespace loom;
+
+namespace {
+
+data::BpeTokenizer byte_tokenizer() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
+  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
+  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
+}
+
+struct Fixture : testing::Test {
+  data::BpeTokenizer tok = byte_tokenizer();
+  std::unique_ptr<data::ChatTemplate> chat;
+  std::unique_ptr<Decoder> model;
+  std::unique_ptr<infer::DecoderRunner> runner;
+  std::unique_ptr<infer::LoomEngine> engine;
+  std::unique_ptr<serve::Server> server;
+  std::thread http;
+  int port = 0;
+
+  // run_engine false: requests queue up and are never run (queue limits, timeouts).
+  void start(int max_queue = 64, bool run_engine = true, double timeout = 600) {
+    ModelConfig c = model_preset("tiny-llama");
+    c.n_layer = 2, c.d_model = 32, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 8, c.d_ff = 64;
+    c.vocab = 260, c.max_seq = 256, c.init_std = 0.3f;
+    model = std::make_unique<Decoder>(c, cpu_backend());
+    model->params().init(1);
+    chat = std::make_unique<data::ChatTemplate>("chatml", tok);
+    runner = std::make_unique<infer::DecoderRunner>(*model);
+    infer::EngineConfig ec;
+    ec.max_queue = max_queue;
+    ec.detokenize = [this](const std::vector<int32_t>& ids) {
+      std::string s;
+      for (int32_t t : ids)
+        if (t < tok.vocab_size()) tok.decode_append(t, s);
+      return s;
+    };
+    engine = std::make_unique<infer::LoomEngine>(*runner, ec);
+    if (run_engine) engine->start();
+    serve::ServerOptions so;
+    so.request_timeout_seconds = timeout;
+    so.port = 0;
+    so.model_name = "tiny";
+    so.max_seq = c.max_seq;
+    server = std::make_unique<serve::Server>(*engine, &tok, chat.get(), so);
+    port = server->bind();
+    http = std::thread([this] { server->run(); });
+    server->set_ready(true);
+  }
+  void TearDown() override {
+    if (engine) engine->stop(0);
+    if (server) server->stop();
+    if (http.joinable()) http.join();
+  }
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+  std::pair<int, Json> post(const std::string& path, const std::string& body) {
+    auto r = client().Post(path.c_str(), body, "application/json");
+    EXPECT_TRUE(r) << path;
+    if (!r) return {0, Json()};
+    return {r->status, Json::parse(r->body)};
+  }
+  // The no-cache greedy continuation's text, for checking what the API returns.
+  std::string greedy_text(const std::vector<int32_t>& prompt, int n) {
+    std::vector<int32_t> p = prompt;
+    SamplingOptions o;
+    o.temperature = 0;
+    generate(*model, p, n, o);
+    std::vector<int32_t> out(p.begin() + long(prompt.size()), p.end());
+    std::string s;
+    for (int32_t t : out) {
+      if (t == 256 || t == 258) break;  // end of text / end of turn
+      if (t < tok.vocab_size()) s += tok.decode(std::vector<int32_t>{t});
+    }
+    return s;
+  }
+};
+
+std::vector<int32_t> bytes(const std::string& s) {
+  std::vector<int32_t> ids;
+  for (unsigned char c : s) ids.push_back(c);
+  return ids;
+}
+
+}  // namespace
+
+TEST_F(Fixture, CompletionsAndChatHaveOpenAIsShapes) {
+  start();
+  auto h = client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto [ms, models] = post("/v1/models", "{}");
+  EXPECT_EQ(ms, 404);  // GET only
+  auto g = client().Get("/v1/models");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(Json::parse(g->body).at("data").as_array()[0].at("id").as_string(), "tiny");
+
+  auto [s1, c] = post("/v1/completions",
+                      R"({"model": "tiny", "prompt": "hello", "max_tokens": 6, "temperature": 0,
+                          "n": 2, "logprobs": 2})");
+  ASSERT_EQ(s1, 200) << c.dump();
+  EXPECT_EQ(c.at("object").as_string(), "text_completion");
+  ASSERT_EQ(c.at("choices").size(), 2u);
+  const Json& ch = c.at("choices").as_array()[0];
+  EXPECT_EQ(ch.at("text").as_string(), greedy_text(bytes("hello"), 6));
+  EXPECT_EQ(c.at("choices").as_array()[1].at("text").as_string(), ch.at("text").as_string());
+  EXPECT_EQ(ch.at("logprobs").at("top_logprobs").size(), ch.at("logprobs").at("tokens").size());
+  EXPECT_EQ(c.at("usage").at("prompt_tokens").as_int(), 5);
+  EXPECT_EQ(c.at("usage").at("total_tokens").as_int(),
+            5 + c.at("usage").at("completion_tokens").as_int());
+
+  const std::string chat_body =
+      R"({"messages": [{"role": "system", "content": "be brief"},
+                       {"role": "user", "content": [{"type": "text", "text": "hi there, how are you today?"}]}],
+          "max_completion_tokens": 5, "temperature": 0, "logprobs": true, "top_logprobs": 1})";
+  auto [s2, cc] = post("/v1/chat/completions", chat_body);
+  ASSERT_EQ(s2, 200) << cc.dump();
+  EXPECT_EQ(cc.at("object").as_string(), "chat.completion");
+  const Json& m = cc.at("choices").as_array()[0].at("message");
+  EXPECT_EQ(m.at("role").as_string(), "assistant");
+  const auto prompt =
+      chat->prompt_ids({{"system", "be brief"}, {"user", "hi there, how are you today?"}});
+  EXPECT_EQ(m.at("content").as_string(), greedy_text(prompt, 5));
+  EXPECT_TRUE(cc.at("choices").as_array()[0].at("logprobs").at("content").is_array());
+  // The same conversation again: its prompt's full blocks come from the prefix cache.
+  auto [s3, again] = post("/v1/chat/completions", chat_body);
+  ASSERT_EQ(s3, 200);
+  EXPECT_GE(again.at("usage").at("prompt_tokens_details").at("cached_tokens").as_int(), 16);
+}
+
+TEST_F(Fixture, BadRequestsGetTheRightStatusAndAnErrorObject) {
+  start();
+  auto expect = [&](const std::string& path, const std::string& body, int status,
+                    const std::string& param) {
+    auto [s, j] = post(path, body);
+    EXPECT_EQ(s, status) << body;
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << j.dump();
+    EXPECT_FALSE(j.at("error").at("message").as_string().empty());
+    if (!param.empty()) {
+      EXPECT_EQ(j.at("error").at("param").as_string(), param) << body;
+    }
+  };
+  expect("/v1/completions", "{not json", 400, "");
+  expect("/v1/completions", "[1]", 400, "");
+  expect("/v1/completions", R"({"max_tokens": 3})", 400, "prompt");
+  expect("/v1/completions", R"({"prompt": "x", "max_tokens": "3"})", 400, "max_tokens");
+  expect("/v1/completions", R"({"prompt": "x", "temperature": 7})", 400, "temperature");
+  expect("/v1/completions", R"({"prompt": "x", "n": 1e400})", 400, "n");
+  expect("/v1/completions", R"({"prompt": [1, -2]})", 400, "prompt");
+  expect("/v1/completions", R"({"prompt": "x", "max_tokens": 300})", 400, "prompt");  // > context
+  expect("/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "model");
+  expect("/v1/chat/completions", R"({"messages": []})", 400, "messages");
+  expect("/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "x"}]})", 400,
+         "messages[0].role");
+  auto r = client().Get("/v2/nothing");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_TRUE(Json::parse(r->body).contains("error"));
+}
+
+TEST_F(Fixture, StreamingSendsDeltasUsageAndDone) {
+  start();
+  std::string body;
+  auto r = client().Post("/v1/chat/completions",
+                         R"({"messages": [{"role": "user", "content": "stream please"}],
+                             "max_tokens": 8, "temperature": 0, "stream": true,
+                             "stream_options": {"include_usage": true}})",
+                         "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  std::string text, finish;
+  bool done = false, usage = false, role = false;
+  size_t pos = 0;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = r->body.find("\n\n", pos);
+    const std::string data = r->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    Json j = Json::parse(data);
+    EXPECT_EQ(j.at("object").as_string(), "chat.completion.chunk");
+    if (j.contains("usage")) {
+      usage = true;
+      EXPECT_EQ(j.at("choices").size(), 0u);
+      continue;
+    }
+    const Json& c = j.at("choices").as_array()[0];
+    if (c.at("delta").contains("role")) role = true;
+    if (c.at("delta").contains("content")) text += c.at("delta").at("content").as_string();
+    if (!c.at("finish_reason").is_null()) finish = c.at("finish_reason").as_string();
+  }
+  EXPECT_TRUE(done && usage && role);
+  EXPECT_FALSE(finish.empty());
+  EXPECT_EQ(text, greedy_text(chat->prompt_ids({{"user", "stream please"}}), 8));
+}
+
+TEST_F(Fixture, DisconnectCancelsAndHealthAnswersWhileBusy) {
+  start();
+  // A long stream, dropped by the client after its first chunk.
+  {
+    httplib::Client c = client();
+    int chunks = 0;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = R"({"prompt": "go on", "max_tokens": 240, "stream": true, "ignore_eos": true})";
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 2; };
+    c.send(req);
+    EXPECT_GE(chunks, 1);
+  }
+  // The engine lets go of the sequence at once: no block stays in use.
+  bool freed = false;
+  for (int i = 0; i < 200 && !freed; ++i) {
+    freed = engine->stats().requests_running == 0 && engine->cache().num_used() == 0;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(freed);
+  // Busy: two long requests in flight; /health still answers at once.
+  std::thread a([&] {
+    post("/v1/completions", R"({"prompt": "a", "max_tokens": 200, "ignore_eos": true})");
+  });
+  std::thread b([&] {
+    post("/v1/completions", R"({"prompt": "b", "max_tokens": 200, "ignore_eos": true})");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto h = client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("loom:num_requests_running"), std::string::npos);
+  EXPECT_NE(m->body.find("loom:time_to_first_token_seconds_bucket"), std::string::npos);
+  a.join();
+  b.join();
+}
+
+TEST_F(Fixture, FullQueueIs503AndTokenizeRoundTrips) {
+  start(/*max_queue=*/1, /*run_engine=*/false, /*timeout=*/1.0);
+  int waited = 0;
+  std::thread queued(
+      [&] { waited = post("/v1/completions", R"({"prompt": "a", "max_tokens": 4})").first; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto [s, j] = post("/v1/completions", R"({"prompt": "b", "max_tokens": 2})");
+  EXPECT_EQ(s, 503) << j.dump();
+  EXPECT_EQ(j.at("error").at("type").as_string(), "server_error");
+  queued.join();
+  EXPECT_EQ(waited, 504);  // never run: the request timed out, and was cancelled
+  auto [s1, t] = post("/tokenize", R"({"prompt": "héllo"})");
+  ASSERT_EQ(s1, 200);
+  EXPECT_EQ(t.at("count").as_int(), 6);
+  auto [s2, d] = post("/detokenize", "{\"tokens\": " + t.at("tokens").dump() + "}");
+  ASSERT_EQ(s2, 200);
+  EXPECT_EQ(d.at("prompt").as_string(), "héllo");
+  auto [s3, e] = post("/detokenize", R"({"tokens": [99999]})");
+  EXPECT_EQ(s3, 400);
+}
