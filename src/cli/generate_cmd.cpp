@@ -57,6 +57,14 @@ int run_generate(const Args& args) {
       .value("max-num-seqs", "64", "sequences batched at once")
       .value("kv-cache-mb", "256", "KV cache size");
   if (!o.parse(args)) return 0;
+  // Options first, in the names the user typed, before any file is read.
+  const double temperature = o.get_double("temperature"), top_p = o.get_double("top-p"),
+               min_p = o.get_double("min-p"), rep = o.get_double("repetition-penalty");
+  LOOM_CHECK(temperature >= 0 && temperature <= 100, "--temperature must lie in [0, 100], got ",
+             temperature);
+  LOOM_CHECK(top_p > 0 && top_p <= 1, "--top-p must lie in (0, 1], got ", top_p);
+  LOOM_CHECK(min_p >= 0 && min_p <= 1, "--min-p must lie in [0, 1], got ", min_p);
+  LOOM_CHECK(rep > 0 && rep <= 10, "--repetition-penalty must lie in (0, 10], got ", rep);
   auto model = load_model_from_checkpoint(o.get("ckpt"));
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
   std::unique_ptr<data::ChatTemplate> chat;
@@ -67,11 +75,11 @@ int run_generate(const Args& args) {
 
   infer::SamplingParams sp;
   sp.max_tokens = static_cast<int>(ranged(o, "tokens", 0, model->config().max_seq));
-  sp.temperature = static_cast<float>(o.get_double("temperature"));
+  sp.temperature = static_cast<float>(temperature);
   sp.top_k = static_cast<int>(ranged(o, "top-k", 0, model->config().vocab));
-  sp.top_p = static_cast<float>(o.get_double("top-p"));
-  sp.min_p = static_cast<float>(o.get_double("min-p"));
-  sp.repetition_penalty = static_cast<float>(o.get_double("repetition-penalty"));
+  sp.top_p = static_cast<float>(top_p);
+  sp.min_p = static_cast<float>(min_p);
+  sp.repetition_penalty = static_cast<float>(rep);
   sp.stop = o.all("stop");
   sp.seed = static_cast<uint64_t>(ranged(o, "seed", 0, INT64_MAX));
   sp.ignore_eos = o.has("ignore-eos");
