@@ -16,7 +16,8 @@ $LOOM curate --config configs/main/curate.toml --restart --progress 0
 shards=(runs/main/curated/kept/*.jsonl)
 inputs=()
 for f in "${shards[@]}"; do inputs+=(--input "$f"); done
-$LOOM tokenizer train "${inputs[@]}" --vocab-size 4096 --out runs/main/tokenizer
+$LOOM tokenizer train "${inputs[@]}" --vocab-size 4096 --out runs/main/tokenizer \
+  --special "<|endoftext|>" --special "<|im_start|>" --special "<|im_end|>"
 $LOOM tokenize "${inputs[@]}" --tokenizer loom:runs/main/tokenizer \
   --out runs/main/tokens/python_docs --append-eod
 $LOOM train --config configs/main/train.toml

@@ -2,6 +2,7 @@
 // continuous batching), encoding prompts and decoding the output with the tokenizer the run was
 // trained with (byte-level models use raw bytes). One prompt streams to stdout; a JSONL file of
 // prompts runs at full batch into a JSONL file (synthetic data), resumable and with progress.
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -38,7 +39,8 @@ int run_generate(const Args& args) {
             "Samples continuations from a trained checkpoint through the serving engine.\n"
             "With --input, every line ({\"prompt\": ...} or {\"messages\": [...]}, optional\n"
             "\"max_tokens\") runs at full batch; results go to --output in input order, and a\n"
-            "rerun skips the lines already written.");
+            "rerun skips the lines already written. Lines with an \"answer\" are scored: exact\n"
+            "match of the trimmed text, reported at the end (a synthetic-task evaluation).");
   o.value("ckpt", "", "checkpoint: a step directory or a checkpoints root (uses latest)", true)
       .value("prompt", "\n", "prompt text")
       .value("input", "", "JSONL file of prompts (batch generation)")
@@ -153,12 +155,20 @@ int run_generate(const Args& args) {
   std::ofstream out(o.get("output"), std::ios::app);
   LOOM_CHECK(out.good(), "cannot write ", o.get("output"));
   struct Result {
-    std::string text, reason;
+    std::string text, reason, answer;
+    bool scored = false;
     infer::Usage usage;
     bool finished = false;
   };
   std::map<size_t, Result> results;
   size_t next_write = done;
+  int64_t scored = 0, correct = 0;
+  auto trim = [](std::string s) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+    size_t i = 0;
+    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+    return s.substr(i);
+  };
   const double t0 = now_seconds();
   int64_t generated = 0;
   auto flush = [&] {
@@ -170,6 +180,13 @@ int run_generate(const Args& args) {
       j["finish_reason"] = r.reason;
       j["prompt_tokens"] = r.usage.prompt_tokens;
       j["completion_tokens"] = r.usage.completion_tokens;
+      if (r.scored) {
+        const bool ok = trim(r.text) == trim(r.answer);
+        j["answer"] = r.answer;
+        j["exact_match"] = ok;
+        ++scored;
+        correct += ok;
+      }
       out << j.dump() << '\n';
       results.erase(next_write++);
     }
@@ -180,6 +197,10 @@ int run_generate(const Args& args) {
     if (lines[i].first.is_object() && lines[i].first.contains("max_tokens"))
       p.max_tokens = static_cast<int>(lines[i].first.at("max_tokens").as_int());
     try {
+      if (lines[i].first.is_object() && lines[i].first.contains("answer")) {
+        results[i].scored = true;
+        results[i].answer = lines[i].first.at("answer").as_string();
+      }
       engine.submit(encode(lines[i].first, lines[i].second), p, [&, i](const infer::TokenEvent& e) {
         Result& r = results[i];
         r.text += e.text;
@@ -209,6 +230,9 @@ int run_generate(const Args& args) {
   flush();
   log_info("wrote ", next_write - done, " results to ", o.get("output"), " (", generated,
            " tokens in ", now_seconds() - t0, " s)");
+  if (scored > 0)
+    std::printf("exact match: %lld/%lld (%.1f%%)\n", static_cast<long long>(correct),
+                static_cast<long long>(scored), 100.0 * correct / scored);
   return 0;
 }
 

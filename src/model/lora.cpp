@@ -143,6 +143,10 @@ Lora::~Lora() {
     model_.params().set_trainable(infos[i].name, was_trainable_[i]);
 }
 
+void Lora::set_attached(bool attached) {
+  for (auto& a : adapters_) model_.attach_adapter(a->name, attached ? a.get() : nullptr);
+}
+
 std::vector<std::string> Lora::target_names() const {
   std::vector<std::string> out;
   for (const auto& a : adapters_) out.push_back(a->name);

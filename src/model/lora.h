@@ -51,6 +51,8 @@ class Lora {
   std::vector<std::string> target_names() const;
   // W += scale * B A for every adapter (then detach to get the merged model).
   void merge_into_base();
+  // Detached, the model is its base again (DPO's reference model without a second copy).
+  void set_attached(bool attached);
 
  private:
   struct Adapter;

@@ -38,28 +38,8 @@ ChatSource::ChatSource(const std::string& path, const std::string& tokenizer_spe
     examples_.assign(all.end() - held, all.end());
   LOOM_CHECK(!examples_.empty(), path, ": no examples for the '", split,
              "' split (raise data.valid_fraction)");
-  shuffle();
-}
-
-void ChatSource::shuffle() {
-  const int64_t n = static_cast<int64_t>(examples_.size());
-  order_.resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) order_[size_t(i)] = i;
-  if (split_ != "train") return;         // validation: file order, every time
-  for (int64_t i = n - 1; i > 0; --i) {  // Fisher-Yates, draws keyed by (seed, epoch, i)
-    const int64_t j = std::min<int64_t>(
-        i, int64_t(uniform_at(seed_ + 0x5f7, uint64_t(epoch_), uint64_t(i)) * (i + 1)));
-    std::swap(order_[size_t(i)], order_[size_t(j)]);
-  }
-}
-
-const data::ChatExample& ChatSource::take() {
-  if (cursor_ == static_cast<int64_t>(order_.size())) {
-    ++epoch_;
-    cursor_ = 0;
-    shuffle();
-  }
-  return examples_[size_t(order_[size_t(cursor_++)])];
+  order_ = std::make_unique<EpochOrder>(static_cast<int64_t>(examples_.size()), seed,
+                                        /*shuffle=*/split == "train");
 }
 
 void ChatSource::pack(Batch& b) {
@@ -87,17 +67,17 @@ void ChatSource::pack(Batch& b) {
     // Greedy: examples in order while they fit whole; an example longer than a whole
     // micro-batch is cut; the first that does not fit waits for the next micro-batch.
     while (used < N) {
-      const data::ChatExample& ex = take();
+      const data::ChatExample& ex = examples_[size_t(order_->next())];
       const int len = static_cast<int>(ex.ids.size());
       if (used > 0 && len > N - used) {
-        --cursor_;  // put it back (cursor_ > 0: take() just advanced it)
+        order_->put_back();
         break;
       }
       place(ex, N - used);
     }
   } else {
     for (int r = 0; r < B_; ++r) {
-      place(take(), T_);
+      place(examples_[size_t(order_->next())], T_);
       const int pad = (r + 1) * T_ - used;  // the rest of the row: its own sequence
       if (pad > 0) {
         for (int i = 0; i < pad; ++i) b.positions[size_t(used + i)] = i;
@@ -120,21 +100,14 @@ void ChatSource::next(Batch& b) {
 }
 
 Json ChatSource::state() const {
-  Json j = Json::object();
-  j["epoch"] = epoch_;
-  j["cursor"] = cursor_;
+  Json j = order_->state();
   j["truncated"] = truncated_;
   return j;
 }
 
 void ChatSource::restore(const Json& s) {
-  epoch_ = s.at("epoch").as_int();
-  cursor_ = s.at("cursor").as_int();
+  order_->restore(s);
   truncated_ = s.at("truncated").as_int();
-  LOOM_CHECK(epoch_ >= 0 && cursor_ >= 0 && cursor_ <= static_cast<int64_t>(examples_.size()),
-             "chat data state (epoch ", epoch_, ", cursor ", cursor_, ") does not fit ", path_,
-             " (", examples_.size(), " examples)");
-  shuffle();
 }
 
 std::string ChatSource::describe() const {

@@ -16,6 +16,7 @@
 #include "data/bpe.h"
 #include "data/chat.h"
 #include "train/batch.h"
+#include "train/epoch_order.h"
 
 namespace loom {
 
@@ -36,7 +37,6 @@ class ChatSource : public BatchSource {
  private:
   // The next micro-batch of the one-process order into b (advances the cursor).
   void pack(Batch& b);
-  const data::ChatExample& take();  // the next example of the epoch order
 
   std::unique_ptr<data::BpeTokenizer> tok_;
   std::vector<data::ChatExample> examples_;  // this split's
@@ -45,11 +45,9 @@ class ChatSource : public BatchSource {
   bool packed_;
   uint64_t seed_;
   int rank_, world_;
-  int64_t epoch_ = 0, cursor_ = 0;  // position in the epoch's permutation
-  std::vector<int64_t> order_;      // the permutation of epoch_
+  std::unique_ptr<EpochOrder> order_;
   int64_t truncated_ = 0;
   std::string split_;
-  void shuffle();
 };
 
 }  // namespace loom

@@ -6,6 +6,7 @@
 #include "data/bpe.h"
 #include "train/byte_text_source.h"
 #include "train/chat_source.h"
+#include "train/preference_source.h"
 #include "train/token_file_source.h"
 #include "train/trainer.h"
 
@@ -40,7 +41,16 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
         opt.micro_batch, opt.seq_len, cfg.get_bool("data.packed", true), seed,
         cfg.get_double("data.valid_fraction", 0.05), split, dp_rank, dp_size);
   }
-  LOOM_CHECK(kind == "tokens", "data.source must be 'text', 'tokens' or 'chat', got '", kind, "'");
+  if (kind == "preference") {
+    const std::string path = cfg.get_string("data.path", "");
+    LOOM_CHECK(!path.empty(), "data.source = \"preference\" needs data.path (a JSONL file)");
+    return std::make_unique<PreferenceSource>(
+        path, cfg.get_string("data.tokenizer", ""), cfg.get_string("data.chat_template", "chatml"),
+        opt.micro_batch, opt.seq_len, seed, cfg.get_double("data.valid_fraction", 0.05), split,
+        dp_rank, dp_size);
+  }
+  LOOM_CHECK(kind == "tokens", "data.source must be 'text', 'tokens', 'chat' or 'preference', ",
+             "got '", kind, "'");
   data::LoaderConfig lc;
   lc.prefixes = split_list(cfg.get_string("data.prefixes", ""));
   LOOM_CHECK(!lc.prefixes.empty(), "data.prefixes must name at least one token file prefix");

@@ -4,6 +4,8 @@
 //                      data.packed, data.cache_dir, data.tokenizer)
 //   source = "chat"    supervised fine-tuning on chat JSONL (data.path, data.tokenizer,
 //                      data.chat_template, data.packed, data.valid_fraction): train/chat_source.h
+//   source = "preference"  DPO pairs (data.path, data.tokenizer, data.chat_template,
+//                      data.valid_fraction): train.micro_batch pairs per micro-batch
 #pragma once
 
 #include <memory>

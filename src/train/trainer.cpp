@@ -45,6 +45,9 @@ static TrainOptions train_options_from(const Config& c) {
   o.peak_gflops = c.get_double("train.peak_gflops", o.peak_gflops);
   o.quiet = c.get_bool("train.quiet", o.quiet);
   o.tensorboard = c.get_bool("train.tensorboard", o.tensorboard);
+  o.mode = c.get_string("train.mode", o.mode);
+  LOOM_CHECK(o.mode == "pretrain" || o.mode == "sft" || o.mode == "dpo",
+             "train.mode must be pretrain, sft or dpo, got '", o.mode, "'");
   LOOM_CHECK(o.steps > 0, "train.steps must be positive, got ", o.steps);
   LOOM_CHECK(o.micro_batch > 0, "train.micro_batch must be positive, got ", o.micro_batch);
   LOOM_CHECK(o.seq_len > 0, "train.seq_len must be positive, got ", o.seq_len);
@@ -148,6 +151,16 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   }
   train_data_ = make_batch_source(cfg_, opt_, mcfg_, "train", pg_ ? pg_->dp().rank() : 0,
                                   pg_ ? pg_->dp().size() : 1);
+  if (opt_.mode == "dpo") {
+    dpo_beta_ = cfg_.get_double("dpo.beta", 0.1);
+    LOOM_CHECK(dpo_beta_ > 0 && dpo_beta_ <= 100, "dpo.beta must lie in (0, 100], got ", dpo_beta_);
+    dpo_loss_ = dpo_loss_from_name(cfg_.get_string("dpo.loss", "sigmoid"));
+    LOOM_CHECK(cfg_.get_string("data.source", "text") == "preference",
+               "train.mode = \"dpo\" needs data.source = \"preference\"");
+  }
+  if (opt_.mode == "sft")
+    LOOM_CHECK(cfg_.get_string("data.source", "text") == "chat",
+               "train.mode = \"sft\" needs data.source = \"chat\"");
   std::optional<LoraConfig> lora_cfg;  // read before every key must have been used
   if (lora_enabled(cfg_)) lora_cfg = lora_config_from(cfg_, opt_.seed);
   cfg_.check_all_used();
@@ -191,6 +204,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       std::vector<double> pw = pipe_->grad_norm_weights();
       for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
     }
+    LOOM_CHECK(opt_.mode != "dpo", "DPO under data, tensor, pipeline or context parallelism is ",
+               "not supported yet: run it in one process");
     LOOM_CHECK(!lora_cfg, "LoRA under data, tensor, pipeline or context parallelism ",
                "is not supported yet: run it in one process (no parallel.* and no launcher)");
     if (!opt_.pretrained.empty()) load_pretrained(opt_.pretrained);
@@ -210,6 +225,12 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       round_to(policy_.compute, P.data(), P.total());
     optim_ = std::make_unique<AdamW>(trained_params(), acfg, policy_.compute, cpu_backend());
     if (pretrained && policy_.compute != DType::F32) round_to(policy_.compute, P.data(), P.total());
+    if (opt_.mode == "dpo" && !lora_) {
+      // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
+      reference_ =
+          std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute);
+      std::copy(P.data(), P.data() + P.total(), reference_->params().data());
+    }
   }
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
@@ -254,6 +275,7 @@ Trainer::~Trainer() = default;
 
 StepResult Trainer::train_step() {
   maybe_inject_fault(rank_, step_);
+  if (opt_.mode == "dpo") return dpo_step();
   double t0 = now_seconds();
   StepResult r;
   r.step = step_;
@@ -358,6 +380,23 @@ double Trainer::evaluate() {
   valid_data_->restore(valid_start_);  // the same validation batches every time
   double sum = 0;
   int64_t n = 0;
+  if (opt_.mode == "dpo") {
+    DpoStats total;
+    Batch b;
+    for (int i = 0; i < opt_.eval_batches; ++i) {
+      valid_data_->next(b);
+      const DpoStats s = dpo_micro(b, false, 1);
+      total.loss += s.loss;
+      total.correct += s.correct;
+      total.reward_chosen += s.reward_chosen;
+      total.reward_rejected += s.reward_rejected;
+      total.pairs += s.pairs;
+    }
+    eval_extra_ = {
+        {"valid_reward_accuracy", total.correct / total.pairs},
+        {"valid_reward_margin", (total.reward_chosen - total.reward_rejected) / total.pairs}};
+    return total.loss / total.pairs;
+  }
   if (pipe_) {
     sum = pipeline_eval_sum(n);
   } else {
@@ -435,6 +474,7 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
   j["step_seconds"] = r.seconds;
   if (policy_.loss_scaling) j["loss_scale"] = scaler_.scale();
   if (r.skipped) j["skipped"] = true;
+  for (const auto& [k, v] : r.extra) j[k] = v;
   double bubble = 0;
   if (!r.pp_idle.empty()) {
     Json idle = Json::array();
@@ -450,7 +490,7 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
   if (opt_.quiet || ((r.step + 1) % opt_.log_interval != 0 && r.step + 1 != opt_.steps)) return;
   double elapsed = now_seconds() - started_;
   double eta = elapsed / steps_this_run_ * (opt_.steps - r.step - 1);
-  char buf[320], aux[48] = "";
+  char buf[640], aux[48] = "";
   if (mcfg_.is_moe()) std::snprintf(aux, sizeof aux, " (aux %.4f)", r.aux_loss);
   std::string pp_info;
   if (!r.pp_idle.empty()) {
@@ -459,6 +499,7 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
     for (double f : r.pp_idle) pp_info += cat(" ", static_cast<int>(std::lround(100 * f)), "%");
     pp_info += ")";
   }
+  for (const auto& [k, v] : r.extra) pp_info += cat(" | ", k, " ", std::lround(v * 1000) / 1000.0);
   std::snprintf(buf, sizeof buf,
                 "step %6lld/%lld | loss %.4f%s | lr %.2e | grad norm %.3f | %.0f tok/s | "
                 "%.1f GFLOP/s | MFU %.1f%% | ETA %.0fs%s%s",
@@ -497,8 +538,13 @@ double Trainer::run_loop() {
       Json j = Json::object();
       j["step"] = step_;
       j["valid_loss"] = vl;
+      std::string more;
+      for (const auto& [k, v] : eval_extra_) {
+        j[k] = v;
+        more += cat(" | ", k, " ", v);
+      }
       if (metrics_) metrics_->write(j);
-      if (!opt_.quiet) log_info("step ", step_, " | validation loss ", vl);
+      if (!opt_.quiet) log_info("step ", step_, " | validation loss ", vl, more);
     }
     bool at_interval = opt_.checkpoint_interval > 0 && step_ % opt_.checkpoint_interval == 0;
     if (at_interval || step_ == opt_.steps) save_checkpoint();
@@ -649,6 +695,70 @@ void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
 // train.init_from: every rank reads the whole tensors of a one-process checkpoint (mapped, only
 // the rows it needs) and extracts its pieces by the placement consolidation uses
 // (ckpt/reshard.h), then continues the run's step, optimizer, loss scale and data position.
+Trainer::DpoStats Trainer::dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step) {
+  ModelInput in = b.input();
+  StepOutputs ref, pol;
+  if (lora_) {
+    lora_->set_attached(false);
+    model_->forward_loss(in, &ref);
+    lora_->set_attached(true);
+  } else {
+    reference_->forward_loss(in, &ref);
+  }
+  model_->forward_loss(in, &pol);
+  DpoStats st;
+  st.pairs = in.nseq / 2;
+  std::vector<float> w(size_t(in.N), 0.f);
+  for (int64_t k = 0; k < st.pairs; ++k) {
+    const size_t c = size_t(2 * k), r = c + 1;
+    const DpoPair p = dpo_pair(pol.seq_logprobs[c], pol.seq_logprobs[r], ref.seq_logprobs[c],
+                               ref.seq_logprobs[r], dpo_beta_, dpo_loss_);
+    st.loss += p.loss;
+    st.reward_chosen += p.reward_chosen;
+    st.reward_rejected += p.reward_rejected;
+    st.correct += p.reward_chosen > p.reward_rejected;
+    // The model's loss is sum_i w_i (-log p_i), whose gradient is -sum_i w_i d log p_i; the
+    // DPO gradient is sum_s dL/dpi_s d pi_s with pi_s = sum_{i in s} log p_i: w_i = -dL/dpi_s.
+    const double d[2] = {p.d_chosen, p.d_rejected};
+    for (int s = 0; s < 2; ++s)
+      for (int i = in.cu_seqlens[c + s]; i < in.cu_seqlens[c + s + 1]; ++i)
+        w[size_t(i)] = static_cast<float>(-d[s] / double(pairs_in_step));
+  }
+  if (backward) {
+    in.loss_weights = w.data();
+    model_->forward_backward(in, 1.f);
+  }
+  return st;
+}
+
+StepResult Trainer::dpo_step() {
+  const double t0 = now_seconds();
+  StepResult r;
+  r.step = step_;
+  r.lr = sched_.at(step_);
+  const int64_t pairs = int64_t(opt_.micro_batch) * opt_.grad_accum;
+  ParamSet& T = trained_params();
+  T.zero_grad();
+  DpoStats total;
+  for (auto& b : micro_) {
+    train_data_->next(b);
+    const DpoStats s = dpo_micro(b, true, pairs);
+    total.loss += s.loss;
+    total.reward_chosen += s.reward_chosen;
+    total.reward_rejected += s.reward_rejected;
+    total.correct += s.correct;
+    total.pairs += s.pairs;
+  }
+  const double sq = cpu_backend().sum_squares(T.grad(), T.total());
+  r.extra = {{"rewards_chosen", total.reward_chosen / total.pairs},
+             {"rewards_rejected", total.reward_rejected / total.pairs},
+             {"reward_margin", (total.reward_chosen - total.reward_rejected) / total.pairs},
+             {"reward_accuracy", total.correct / total.pairs}};
+  finish_step(r, total.loss, total.pairs, sq, 1.0);
+  r.seconds = now_seconds() - t0;
+  return r;
+}
+
 ParamSet& Trainer::trained_params() {
   return lora_ ? lora_->params() : model_->params();
 }

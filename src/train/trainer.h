@@ -17,6 +17,7 @@
 #include "parallel/pipeline.h"
 #include "precision/policy.h"
 #include "train/batch.h"
+#include "train/dpo.h"
 #include "train/metrics.h"
 
 namespace loom {
@@ -51,6 +52,9 @@ struct TrainOptions {
   double clip_grad = 1.0;  // global L2 norm; 0 = off
   double peak_gflops = 0;  // MFU denominator; 0 = measure this machine's sgemm peak
   bool quiet = false;
+  // pretrain (next-token loss over the data's targets: pre-training and SFT alike) or dpo
+  // (data.source = "preference"; [dpo] beta, loss).
+  std::string mode = "pretrain";
 };
 
 struct StepResult {
@@ -63,6 +67,8 @@ struct StepResult {
   // plus waiting for messages; PipelineRunner::last_idle_fraction), by pipeline rank. Empty
   // without a pipeline.
   std::vector<double> pp_idle;
+  // Mode-specific figures for metrics.jsonl and the log (DPO: rewards, margin, accuracy).
+  std::vector<std::pair<std::string, double>> extra;
 };
 
 class Trainer {
@@ -77,7 +83,18 @@ class Trainer {
   // Trains until options().steps, saving checkpoints and writing metrics; returns last loss.
   double run();
   StepResult train_step();
-  double evaluate();  // mean loss over eval_batches fixed validation batches
+  // Mean loss over eval_batches fixed validation batches (DPO: the DPO loss of held-out pairs;
+  // last_eval_extra() then holds their reward accuracy and margin).
+  double evaluate();
+  const std::vector<std::pair<std::string, double>>& last_eval_extra() const { return eval_extra_; }
+  // DPO on one micro-batch of pairs: the pairs' DPO losses (summed) and statistics; with
+  // `backward`, the policy's gradients of the loss scaled by 1 / pairs_in_step.
+  struct DpoStats {
+    double loss = 0, reward_chosen = 0, reward_rejected = 0, correct = 0;
+    int64_t pairs = 0;
+  };
+  DpoStats dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step);
+
 
   void save_checkpoint();
   bool resume_from(const std::string& path);  // a step dir or a checkpoints root
@@ -108,6 +125,7 @@ class Trainer {
   bool resume_distributed();
   void start_from_one_process(const std::string& path);
   void load_pretrained(const std::string& path);
+  StepResult dpo_step();
   ParamSet& trained_params();  // what the optimizer steps: the adapters under LoRA
   void check_same_global_batch(const ckpt::Checkpoint& c) const;
   std::string layout_name() const;
@@ -124,6 +142,11 @@ class Trainer {
   LrSchedule sched_;
   std::unique_ptr<Decoder> model_;
   std::unique_ptr<Lora> lora_;  // LoRA fine-tuning ([lora] rank > 0): adapters on the model
+  // DPO: the frozen reference (the starting weights; under LoRA the base itself, adapters off).
+  std::unique_ptr<Decoder> reference_;
+  double dpo_beta_ = 0.1;
+  DpoLoss dpo_loss_ = DpoLoss::Sigmoid;
+  std::vector<std::pair<std::string, double>> eval_extra_;
   std::unique_ptr<AdamW> optim_;
   std::unique_ptr<BatchSource> train_data_, valid_data_;
   Json valid_start_;

@@ -1,0 +1,124 @@
+#include "train/preference_source.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace loom {
+namespace {
+
+std::vector<data::ChatMessage> messages_of(const Json& v, const std::string& role,
+                                           const std::string& where, const std::string& field) {
+  if (v.is_string()) return {{role, v.as_string()}};
+  LOOM_CHECK(v.is_array() && v.size() > 0, where, ": '", field,
+             "' must be a string or a non-empty list of messages");
+  std::vector<data::ChatMessage> out;
+  for (const Json& m : v.as_array()) {
+    LOOM_CHECK(m.is_object() && m.contains("role") && m.contains("content") &&
+                   m.at("role").is_string() && m.at("content").is_string(),
+               where, ": '", field, "' messages need string 'role' and 'content'");
+    out.push_back({m.at("role").as_string(), m.at("content").as_string()});
+  }
+  return out;
+}
+
+}  // namespace
+
+PreferenceSource::PreferenceSource(const std::string& path, const std::string& tokenizer_spec,
+                                   const std::string& template_name, int pairs_per_batch,
+                                   int seq_len, uint64_t seed, double valid_fraction,
+                                   const std::string& split, int rank, int world)
+    : path_(path),
+      template_(template_name),
+      split_(split),
+      B_(pairs_per_batch),
+      T_(seq_len),
+      rank_(rank),
+      world_(world) {
+  LOOM_CHECK(!tokenizer_spec.empty(), "data.source = \"preference\" needs data.tokenizer");
+  tok_ = data::load_tokenizer(tokenizer_spec);
+  data::ChatTemplate t(template_name, *tok_);
+  const std::string text = read_file(path);
+  std::vector<Pair> all;
+  size_t line = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    ++line;
+    const std::string_view l(text.data() + pos, end - pos);
+    pos = end + 1;
+    if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string where = cat(path, ":", line);
+    const Json j = Json::parse(l, where);
+    LOOM_CHECK(
+        j.is_object() && j.contains("prompt") && j.contains("chosen") && j.contains("rejected"),
+        where, ": expected 'prompt', 'chosen' and 'rejected'");
+    std::vector<data::ChatMessage> prompt = messages_of(j.at("prompt"), "user", where, "prompt");
+    Pair p;
+    for (int which = 0; which < 2; ++which) {
+      const char* field = which == 0 ? "chosen" : "rejected";
+      std::vector<data::ChatMessage> conv = prompt;
+      for (auto& m : messages_of(j.at(field), "assistant", where, field)) conv.push_back(m);
+      LOOM_CHECK(conv.back().role == "assistant", where, ": '", field,
+                 "' must end with an assistant reply");
+      (which == 0 ? p.chosen : p.rejected) = t.render(conv);
+    }
+    all.push_back(std::move(p));
+  }
+  const int64_t n = static_cast<int64_t>(all.size());
+  LOOM_CHECK(n > 0, path, ": no preference pairs");
+  LOOM_CHECK(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must lie in [0, 1)");
+  int64_t held = static_cast<int64_t>(valid_fraction * n);
+  if (valid_fraction > 0) held = std::max<int64_t>(1, held);
+  LOOM_CHECK(held < n, path, ": ", n, " pairs leave none for training");
+  if (split == "train")
+    pairs_.assign(all.begin(), all.end() - held);
+  else
+    pairs_.assign(all.end() - held, all.end());
+  LOOM_CHECK(!pairs_.empty(), path, ": no pairs for the '", split, "' split");
+  order_ =
+      std::make_unique<EpochOrder>(static_cast<int64_t>(pairs_.size()), seed, split == "train");
+}
+
+void PreferenceSource::fill(Batch& b) {
+  b.set_rows(2 * B_, T_);
+  std::fill(b.tokens.begin(), b.tokens.end(), 0);
+  std::fill(b.targets.begin(), b.targets.end(), -1);
+  for (int k = 0; k < B_; ++k) {
+    const Pair& p = pairs_[size_t(order_->next())];
+    for (int which = 0; which < 2; ++which) {
+      const data::ChatExample& ex = which == 0 ? p.chosen : p.rejected;
+      const size_t row = size_t(2 * k + which) * T_;
+      const int len = std::min<int>(static_cast<int>(ex.ids.size()), T_);
+      truncated_ += len < static_cast<int>(ex.ids.size());
+      for (int i = 0; i < len; ++i) {
+        b.tokens[row + i] = ex.ids[size_t(i)];
+        if (i + 1 < len && ex.mask[size_t(i + 1)]) b.targets[row + i] = ex.ids[size_t(i + 1)];
+      }
+    }
+  }
+}
+
+void PreferenceSource::next(Batch& b) {
+  Batch other;
+  for (int r = 0; r < world_; ++r) fill(r == rank_ ? b : other);
+}
+
+Json PreferenceSource::state() const {
+  Json j = order_->state();
+  j["truncated"] = truncated_;
+  return j;
+}
+
+void PreferenceSource::restore(const Json& s) {
+  order_->restore(s);
+  truncated_ = s.at("truncated").as_int();
+}
+
+std::string PreferenceSource::describe() const {
+  return cat("preference pairs ", path_, " (", pairs_.size(), " ", split_, " pairs, template ",
+             template_, ", ", B_, " pairs = ", 2 * B_, " rows per micro-batch)");
+}
+
+}  // namespace loom
