@@ -8,8 +8,8 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   # trainer core: fp32 GEMMs (OpenBLAS), bf16 GEMMs on AVX512-BF16 CPUs (oneDNN), configs (toml++)
   libopenblas-openmp-dev libdnnl-dev libtomlplusplus-dev
-  # loom serve: HTTP
-  libcpp-httplib-dev
+  # loom serve: HTTP (and curl, which the main job uses to query it)
+  libcpp-httplib-dev curl
   # fuzz targets (libFuzzer) and the sanitizer build
   clang libclang-rt-dev
   # tests
