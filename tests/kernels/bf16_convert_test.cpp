@@ -98,7 +98,10 @@ TEST(Bf16Convert, RandomBitPatternsMatchScalar) {
     s ^= s << 13;
     s ^= s >> 7;
     s ^= s << 17;
-    f = bits_f32(static_cast<uint32_t>(s >> 16));
+    uint32_t bits = static_cast<uint32_t>(s >> 16);
+    // A quarter of the values are exact ties, which uniform bits almost never hit.
+    if ((s & 3) == 0) bits = (bits & 0xffff0000u) | 0x8000u;
+    f = bits_f32(bits);
   }
   expect_matches_scalar(src);
 }

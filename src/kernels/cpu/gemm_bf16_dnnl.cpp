@@ -9,6 +9,8 @@
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -23,20 +25,33 @@ using dnnl::memory;
 using Dims = memory::dims;
 
 struct Key {
-  bool trans_a, trans_b, c_bf16;
-  int M, N, K, lda, ldb, ldc, batch, threads;
-  int64_t stride_a, stride_b, stride_c;
-  float alpha, beta;
-  bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
+  bool trans_a = false, trans_b = false, c_bf16 = false;
+  int M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0, batch = 0, threads = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  float alpha = 0, beta = 0;
+  auto fields() const {
+    return std::tie(trans_a, trans_b, c_bf16, M, N, K, lda, ldb, ldc, batch, threads, stride_a,
+                    stride_b, stride_c, alpha, beta);
+  }
+  bool operator==(const Key& o) const { return fields() == o.fields(); }
 };
 
 struct KeyHash {
   size_t operator()(const Key& k) const {
-    // FNV-1a over the bytes; Key is zero-initialised before filling, so padding is stable.
-    const auto* p = reinterpret_cast<const unsigned char*>(&k);
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    std::apply([&](const auto&... f) { (mix(as_bits(f)), ...); }, k.fields());
     return static_cast<size_t>(h);
+  }
+  template <typename T>
+  static uint64_t as_bits(const T& v) {
+    if constexpr (std::is_same_v<T, float>) {
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      return u;
+    } else {
+      return static_cast<uint64_t>(v);
+    }
   }
 };
 
@@ -136,7 +151,6 @@ bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
                     int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b,
                     float beta, void* C, bool c_bf16, int ldc, int64_t stride_c, int batch) {
   Key key;
-  std::memset(&key, 0, sizeof(key));
   key.trans_a = trans_a;
   key.trans_b = trans_b;
   key.c_bf16 = c_bf16;
