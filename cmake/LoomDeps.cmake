@@ -28,6 +28,22 @@ else()
                   "using the portable GEMM, which is much slower")
 endif()
 
+# oneDNN (Debian libdnnl-dev, OpenMP-threaded like OpenBLAS, so both share libgomp's pool) runs
+# the bf16 GEMMs on CPUs with AVX512-BF16. Optional: without it bf16 GEMMs convert to fp32.
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+find_library(DNNL_LIBRARY NAMES dnnl)
+option(LOOM_USE_DNNL "Use oneDNN for bf16 GEMMs when found (OFF: convert to fp32 and use sgemm)" ON)
+add_library(loom_dnnl INTERFACE)
+if(LOOM_USE_DNNL AND DNNL_LIBRARY AND DNNL_INCLUDE_DIR)
+  set(LOOM_HAVE_DNNL ON)
+  message(STATUS "oneDNN: ${DNNL_LIBRARY}")
+  target_include_directories(loom_dnnl INTERFACE ${DNNL_INCLUDE_DIR})
+  target_link_libraries(loom_dnnl INTERFACE ${DNNL_LIBRARY})
+else()
+  set(LOOM_HAVE_DNNL OFF)
+  message(STATUS "oneDNN not used: bf16 GEMMs convert to fp32 and run on the fp32 GEMM")
+endif()
+
 find_package(MPI COMPONENTS CXX QUIET)
 set(LOOM_HAVE_MPI ${MPI_CXX_FOUND})
 

@@ -1,0 +1,121 @@
+// fp32 <-> bf16 array conversions. The AVX512 path does the rounding in integer arithmetic
+// rather than with VCVTNEPS2BF16, because that instruction flushes denormal inputs to zero and
+// so would not be bit-identical to f32_to_bf16.
+
+#include "kernels/cpu/bf16_convert.h"
+
+#include <algorithm>
+
+#include "core/dtype.h"
+#include "kernels/cpu/parallel.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+// GCC 12 reports the deliberately undefined vectors inside its own AVX512 intrinsics
+// (_mm512_undefined_epi32) as maybe-uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace loom::cpu {
+namespace {
+
+// Elements per OpenMP chunk: a conversion is memory bound, so only large arrays are split.
+constexpr size_t kChunk = size_t{1} << 16;
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bw"))) void f32_to_bf16_avx512(const float* src, uint16_t* dst,
+                                                                    size_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i inf_bits = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32(0x00400000);
+  const __m512i round_base = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  size_t i = 0;
+  auto convert = [&](__m512i u) {
+    // NaN: keep the payload's top bits and set the quiet bit, like f32_to_bf16.
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(round_base, lsb));
+    const __m512i bits = _mm512_mask_or_epi32(rounded, nan, u, quiet);
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
+  };
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_loadu_si512(src + i);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), convert(u));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512i u = _mm512_maskz_loadu_epi32(m, src + i);
+    _mm256_mask_storeu_epi16(dst + i, m, convert(u));
+  }
+}
+
+__attribute__((target("avx512f,avx512bw"))) void bf16_to_f32_avx512(const uint16_t* src, float* dst,
+                                                                    size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, src + i);
+    _mm512_mask_storeu_epi32(dst + i, m, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+#endif
+
+template <typename Fn>
+void chunked(size_t n, Fn&& fn) {
+  const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) if (chunks > 1 && \
+                                              worth_parallel(static_cast <int64_t>(n)))
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t begin = static_cast<size_t>(c) * kChunk;
+    fn(begin, std::min(kChunk, n - begin));
+  }
+}
+
+}  // namespace
+
+bool bf16_convert_uses_avx512() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has;
+#else
+  return false;
+#endif
+}
+
+void f32_to_bf16_array_portable(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+void bf16_to_f32_array_portable(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
+void f32_to_bf16_array(const float* src, uint16_t* dst, size_t n) {
+  const bool avx512 = bf16_convert_uses_avx512();
+  chunked(n, [&](size_t begin, size_t count) {
+#if defined(__x86_64__)
+    if (avx512) return f32_to_bf16_avx512(src + begin, dst + begin, count);
+#endif
+    (void)avx512;
+    f32_to_bf16_array_portable(src + begin, dst + begin, count);
+  });
+}
+
+void bf16_to_f32_array(const uint16_t* src, float* dst, size_t n) {
+  const bool avx512 = bf16_convert_uses_avx512();
+  chunked(n, [&](size_t begin, size_t count) {
+#if defined(__x86_64__)
+    if (avx512) return bf16_to_f32_avx512(src + begin, dst + begin, count);
+#endif
+    (void)avx512;
+    bf16_to_f32_array_portable(src + begin, dst + begin, count);
+  });
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,51 @@
+// The door to bf16 GEMMs: A and B in bf16 (uint16_t storage, as core/dtype.h's f32_to_bf16
+// writes it), products summed in fp32, C in fp32 or bf16. Same contract as blas.h's sgemm:
+//   C[M,N] = alpha * op(A) op(B) + beta * C, row-major, op(X) = X or X^T, leading dimensions
+//   at least the stored width; beta == 0 overwrites C (NaNs in C included).
+// Two paths, chosen once at run time:
+//   - oneDNN's matmul primitive, when Loom was built with oneDNN (LOOM_USE_DNNL) and the CPU
+//     has AVX512-BF16. Primitives are cached per shape and run on the OpenMP thread count in
+//     force at the call (set_num_threads), in the same libgomp pool as OpenBLAS.
+//   - otherwise the fallback: convert A and B to fp32 and run the fp32 GEMM (blas.h). A notice
+//     saying why is logged once. LOOM_BF16_GEMM=fallback in the environment forces it.
+// Both paths compute the same fp32 sums up to summation order; a bf16 C is the round-to-
+// nearest-even rounding of the fp32 result (the fallback rounds with f32_to_bf16; oneDNN rounds
+// in its kernel, which flushes results below 2^-126 to zero).
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+// fp32 C: beta != 0 accumulates into C (weight gradients).
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc);
+// bf16 C: beta != 0 reads C as bf16, adds in fp32 and rounds once.
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, uint16_t* C, int ldc);
+
+// `batch` independent GEMMs of one shape, matrix b at X + b * stride_x (attention heads, MoE
+// experts of equal size). A stride of 0 shares that operand across the batch.
+void gemm_bf16_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                       const uint16_t* A, int lda, int64_t stride_a, const uint16_t* B, int ldb,
+                       int64_t stride_b, float beta, float* C, int ldc, int64_t stride_c,
+                       int batch);
+void gemm_bf16_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                       const uint16_t* A, int lda, int64_t stride_a, const uint16_t* B, int ldb,
+                       int64_t stride_b, float beta, uint16_t* C, int ldc, int64_t stride_c,
+                       int batch);
+
+enum class Bf16GemmPath { OneDnn, Fallback };
+
+// The path the calls above take now, and its name ("onednn" or "fallback (<reason>)").
+Bf16GemmPath bf16_gemm_path();
+const char* bf16_gemm_path_name();
+
+// Tests and benchmarks: force the fallback (true) or go back to the automatic choice (false).
+void force_bf16_gemm_fallback(bool force);
+
+// What the automatic choice would find: oneDNN linked in, and the CPU's AVX512-BF16.
+bool bf16_gemm_onednn_built();
+bool cpu_has_avx512_bf16();
+
+}  // namespace loom::cpu

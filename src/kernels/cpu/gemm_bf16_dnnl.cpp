@@ -1,0 +1,192 @@
+// bf16 GEMMs on oneDNN's matmul primitive. Creating a primitive costs far more than running a
+// small GEMM, so primitives are cached per shape, layout, scaling and thread count (oneDNN
+// fixes its work split for the OpenMP thread count in force when the primitive is created).
+// Each call brings its own scratchpad, so calls from several threads never share one.
+
+#include <omp.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/cpu/gemm_bf16_dnnl.h"
+
+namespace loom::cpu::detail {
+namespace {
+
+using dnnl::memory;
+using Dims = memory::dims;
+
+struct Key {
+  bool trans_a = false, trans_b = false, c_bf16 = false;
+  int M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0, batch = 0, threads = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  float alpha = 0, beta = 0;
+  auto fields() const {
+    return std::tie(trans_a, trans_b, c_bf16, M, N, K, lda, ldb, ldc, batch, threads, stride_a,
+                    stride_b, stride_c, alpha, beta);
+  }
+  bool operator==(const Key& o) const { return fields() == o.fields(); }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    std::apply([&](const auto&... f) { (mix(as_bits(f)), ...); }, k.fields());
+    return static_cast<size_t>(h);
+  }
+  template <typename T>
+  static uint64_t as_bits(const T& v) {
+    if constexpr (std::is_same_v<T, float>) {
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      return u;
+    } else {
+      return static_cast<uint64_t>(v);
+    }
+  }
+};
+
+struct Entry {
+  bool usable = false;  // false: oneDNN offered only a reference kernel or refused the layout
+  dnnl::matmul prim;
+  memory::desc a_md, b_md, c_md, scratch_md;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// Row-major (optionally transposed-in-storage) matrix of `rows` x `cols` logical elements,
+// with a leading batch dimension when batch > 1 (size 1, i.e. broadcast, for stride 0).
+memory::desc matrix_md(memory::data_type type, int batch, int64_t stride, int rows, int cols,
+                       bool transposed, int ld) {
+  const Dims inner_strides = transposed ? Dims{1, ld} : Dims{ld, 1};
+  if (batch == 1) return memory::desc(Dims{rows, cols}, type, inner_strides);
+  const int64_t b = stride == 0 ? 1 : batch;
+  return memory::desc(Dims{b, rows, cols}, type,
+                      Dims{stride == 0 ? int64_t{1} : stride, inner_strides[0], inner_strides[1]});
+}
+
+std::shared_ptr<Entry> make_entry(const Key& k) {
+  auto e = std::make_shared<Entry>();
+  using dt = memory::data_type;
+  e->a_md = matrix_md(dt::bf16, k.batch, k.stride_a, k.M, k.K, k.trans_a, k.lda);
+  e->b_md = matrix_md(dt::bf16, k.batch, k.stride_b, k.K, k.N, k.trans_b, k.ldb);
+  e->c_md = matrix_md(k.c_bf16 ? dt::bf16 : dt::f32, k.batch, k.stride_c, k.M, k.N, false, k.ldc);
+  try {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+    if (k.beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(k.beta);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->a_md, e->b_md, e->c_md), attr,
+                                          cpu_engine());
+    const std::string impl = pd.impl_info_str();
+    if (impl.rfind("ref", 0) == 0) {
+      log_warn("bf16 GEMM: oneDNN has only its reference kernel (", impl, ") for M=", k.M,
+               " N=", k.N, " K=", k.K, " trans_a=", k.trans_a, " trans_b=", k.trans_b,
+               "; this shape converts to fp32 instead");
+      return e;
+    }
+    e->scratch_md = pd.scratchpad_desc();
+    e->prim = dnnl::matmul(pd);
+    e->usable = true;
+  } catch (const dnnl::error& err) {
+    log_warn("bf16 GEMM: oneDNN refused M=", k.M, " N=", k.N, " K=", k.K, " (", err.what(),
+             "); this shape converts to fp32 instead");
+  }
+  return e;
+}
+
+std::shared_ptr<Entry> lookup(const Key& key) {
+  static std::mutex mu;
+  static std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash> cache;
+  // A bound on the cache's size, so a caller cycling through endless shapes cannot grow it
+  // without limit; training and serving use a few dozen shapes.
+  constexpr size_t kMaxEntries = 4096;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  auto entry = make_entry(key);  // outside the lock: creation takes milliseconds
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() >= kMaxEntries) cache.clear();
+  return cache.emplace(key, std::move(entry)).first->second;
+}
+
+// 64-byte aligned per-thread scratchpad.
+void* scratchpad(size_t bytes) {
+  thread_local std::vector<unsigned char> buffer;
+  if (buffer.size() < bytes + 64) buffer.resize(bytes + 64);
+  auto p = reinterpret_cast<uintptr_t>(buffer.data());
+  return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
+}
+
+}  // namespace
+
+bool dnnl_built() {
+  return true;
+}
+
+bool dnnl_isa_has_bf16() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto need = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & need) == need;
+}
+
+bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+                    int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b,
+                    float beta, void* C, bool c_bf16, int ldc, int64_t stride_c, int batch) {
+  Key key;
+  key.trans_a = trans_a;
+  key.trans_b = trans_b;
+  key.c_bf16 = c_bf16;
+  key.M = M;
+  key.N = N;
+  key.K = K;
+  key.lda = lda;
+  key.ldb = ldb;
+  key.ldc = ldc;
+  key.batch = batch;
+  // Inside a parallel region oneDNN runs on the calling thread alone.
+  key.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (batch > 1) {
+    key.stride_a = stride_a;
+    key.stride_b = stride_b;
+    key.stride_c = stride_c;
+  }
+  key.alpha = alpha;
+  key.beta = beta;
+  const std::shared_ptr<Entry> e = lookup(key);
+  if (!e->usable) return false;
+  dnnl::engine& engine = cpu_engine();
+  thread_local dnnl::stream stream(engine);
+  try {
+    memory a(e->a_md, engine, const_cast<uint16_t*>(A));
+    memory b(e->b_md, engine, const_cast<uint16_t*>(B));
+    memory c(e->c_md, engine, C);
+    memory s(e->scratch_md, engine, scratchpad(e->scratch_md.get_size()));
+    e->prim.execute(
+        stream,
+        {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, s}});
+    stream.wait();
+  } catch (const dnnl::error& err) {
+    throw Error(cat("bf16 GEMM: oneDNN matmul M=", M, " N=", N, " K=", K, " failed: ", err.what()));
+  }
+  return true;
+}
+
+}  // namespace loom::cpu::detail

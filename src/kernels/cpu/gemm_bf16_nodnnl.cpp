@@ -1,0 +1,17 @@
+// A build without oneDNN: every bf16 GEMM takes the fp32 fallback.
+#include "kernels/cpu/gemm_bf16_dnnl.h"
+
+namespace loom::cpu::detail {
+
+bool dnnl_built() {
+  return false;
+}
+bool dnnl_isa_has_bf16() {
+  return false;
+}
+bool dnnl_gemm_bf16(bool, bool, int, int, int, float, const uint16_t*, int, int64_t,
+                    const uint16_t*, int, int64_t, float, void*, bool, int, int64_t, int) {
+  return false;
+}
+
+}  // namespace loom::cpu::detail
