@@ -15,7 +15,7 @@ struct TrainBenchOptions {
 };
 
 // Runs the benchmark, prints a readable report, returns the figures (tokens_per_s, gflops,
-// sgemm_peak_gflops, ratio_to_sgemm_peak, peak_rss_mb, ...).
+// gemm_path, gemm_peak_gflops, ratio_to_gemm_peak, activation_mb, peak_rss_mb, ...).
 Json run_train_bench(const TrainBenchOptions& o);
 
 }  // namespace loom

@@ -232,6 +232,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       std::copy(P.data(), P.data() + P.total(), reference_->params().data());
     }
   }
+  // bf16 GEMMs where the CPU has them natively (kept off under ZeRO-3, whose point is not to hold
+  // every weight at once: the recipe keeps a bf16 copy of each).
+  if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3))
+    bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
 
@@ -275,6 +279,7 @@ Trainer::~Trainer() = default;
 
 StepResult Trainer::train_step() {
   maybe_inject_fault(rank_, step_);
+  if (bf16_gemms_) bf16_gemms_->new_weights();  // stepped (or loaded) since the last use
   if (opt_.mode == "dpo") return dpo_step();
   double t0 = now_seconds();
   StepResult r;
@@ -376,6 +381,7 @@ void Trainer::finish_step(StepResult& r, double loss_sum, int64_t valid, double 
 }
 
 double Trainer::evaluate() {
+  if (bf16_gemms_) bf16_gemms_->new_weights();
   LOOM_CHECK(valid_data_, "evaluation needs train.eval_interval > 0");
   valid_data_->restore(valid_start_);  // the same validation batches every time
   double sum = 0;

@@ -15,6 +15,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "precision/bf16_gemms.h"
 #include "precision/policy.h"
 #include "train/batch.h"
 #include "train/dpo.h"
@@ -144,6 +145,7 @@ class Trainer {
   std::unique_ptr<Lora> lora_;  // LoRA fine-tuning ([lora] rank > 0): adapters on the model
   // DPO: the frozen reference (the starting weights; under LoRA the base itself, adapters off).
   std::unique_ptr<Decoder> reference_;
+  std::unique_ptr<Bf16Gemms> bf16_gemms_;  // bf16 policy on an AVX512-BF16 CPU
   double dpo_beta_ = 0.1;
   DpoLoss dpo_loss_ = DpoLoss::Sigmoid;
   std::vector<std::pair<std::string, double>> eval_extra_;

@@ -1,0 +1,70 @@
+#include "precision/bf16_gemms.h"
+
+#include "core/log.h"
+#include "kernels/cpu/bf16_convert.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_bf16.h"
+
+namespace loom {
+
+void Bf16Gemms::new_weights() {
+  for (auto& [w, fresh] : fresh_) fresh = false;
+}
+
+const uint16_t* Bf16Gemms::weight(const float* w, int64_t n) {
+  std::vector<uint16_t>& c = weights_[w];
+  bool& fresh = fresh_[w];
+  if (!fresh || c.size() != size_t(n)) {
+    c.resize(size_t(n));
+    cpu::f32_to_bf16_array(w, c.data(), size_t(n));
+    fresh = true;
+    ++conversions_;
+  }
+  return c.data();
+}
+
+void Bf16Gemms::forward(Backend&, float* y, const float* x, const float* w, const float* b, int N,
+                        int in, int out) {
+  if (N == 0 || out == 0) return;
+  const uint16_t* wb = weight(w, int64_t(out) * in);
+  a_.resize(size_t(N) * in);
+  cpu::f32_to_bf16_array(x, a_.data(), a_.size());
+  float beta = 0.f;
+  if (b != nullptr) {  // y seeded with the bias, the GEMM adds onto it
+    for (int i = 0; i < N; ++i) std::copy(b, b + out, y + int64_t(i) * out);
+    beta = 1.f;
+  }
+  cpu::gemm_bf16(false, true, N, out, in, 1.f, a_.data(), in, wb, in, beta, y, out);
+}
+
+void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float* dy,
+                         const float* x, const float* w, int N, int in, int out) {
+  if (N == 0) return;
+  b_.resize(size_t(N) * out);
+  cpu::f32_to_bf16_array(dy, b_.data(), b_.size());
+  if (dx != nullptr)  // dx[N, in] = dy W
+    cpu::gemm_bf16(false, false, N, in, out, 1.f, b_.data(), out, weight(w, int64_t(out) * in),
+                   in, 0.f, dx, in);
+  if (dw != nullptr) {  // dW[out, in] += dy^T x
+    a_.resize(size_t(N) * in);
+    cpu::f32_to_bf16_array(x, a_.data(), a_.size());
+    cpu::gemm_bf16(true, false, out, in, N, 1.f, b_.data(), out, a_.data(), in, 1.f, dw, in);
+  }
+  if (db != nullptr)  // column sums of dy, as the fp32 path computes them
+    cpu::matmul_backward(nullptr, nullptr, db, dy, x, w, N, in, out);
+}
+
+std::unique_ptr<Bf16Gemms> attach_bf16_gemms(Decoder& model, bool quiet) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) {
+    if (!quiet)
+      log_info("bf16 policy: GEMMs stay fp32 sgemm on bf16 values (bf16 GEMM path: ",
+               cpu::bf16_gemm_path_name(), ")");
+    return nullptr;
+  }
+  auto r = std::make_unique<Bf16Gemms>();
+  for (const auto& l : model.linears()) model.attach_recipe(l.name, r.get());
+  if (!quiet) log_info("bf16 policy: linear layers' GEMMs in bf16 (oneDNN, AVX512-BF16)");
+  return r;
+}
+
+}  // namespace loom

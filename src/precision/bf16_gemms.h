@@ -1,0 +1,45 @@
+// The bf16 policy's GEMMs at bf16 speed on CPUs with AVX512-BF16 (oneDNN, kernels/cpu/
+// gemm_bf16.h), attached to every Linear of a Decoder from outside as its GEMM recipe.
+//
+// Why this is exact: under the bf16 policy every GEMM input is already a bf16 value (weights
+// are rounded from the fp32 master after each step, activations and their gradients where a GPU
+// stores bf16), so converting them to bf16 storage loses nothing, and the products summed in
+// fp32 are those of the fp32 GEMM on the same values up to summation order.
+//
+// Weights are converted once per optimizer step (new_weights() drops the converted copies;
+// the trainer calls it after every step and load); activations and gradients per call.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "model/decoder.h"
+#include "model/linear.h"
+
+namespace loom {
+
+class Bf16Gemms : public GemmRecipe {
+ public:
+  void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N,
+               int in, int out) override;
+  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
+                const float* w, int N, int in, int out) override;
+  // The weights changed (optimizer step, checkpoint load): convert them again on next use.
+  void new_weights();
+  int64_t weight_conversions() const { return conversions_; }
+
+ private:
+  const uint16_t* weight(const float* w, int64_t n);
+  std::unordered_map<const float*, std::vector<uint16_t>> weights_;
+  std::unordered_map<const float*, bool> fresh_;
+  std::vector<uint16_t> a_, b_;  // converted activations / gradients
+  int64_t conversions_ = 0;
+};
+
+// Attaches one Bf16Gemms to every linear layer of `model` when the CPU runs bf16 GEMMs natively
+// (AVX512-BF16 and oneDNN); otherwise logs why the fp32 GEMMs stay (never silently) and returns
+// nullptr. The caller owns the result and keeps it alive as long as the model runs.
+std::unique_ptr<Bf16Gemms> attach_bf16_gemms(Decoder& model, bool quiet = false);
+
+}  // namespace loom
