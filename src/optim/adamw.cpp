@@ -45,6 +45,7 @@ void AdamW::step(double lr, float grad_scale) {
   ++t_;
   float* w = master_.defined() ? master_.data<float>() : params_.data();
   for (const ParamInfo& p : params_.infos()) {
+    if (!p.trainable) continue;  // frozen: as a learning rate of 0 (no decay either)
     be_.adamw(w + p.offset, params_.grad() + p.offset, m_.data<float>() + p.offset,
               v_.data<float>() + p.offset, p.numel, static_cast<float>(lr),
               static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),

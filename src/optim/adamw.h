@@ -26,7 +26,8 @@ class AdamW {
   // param_dtype: the precision the model computes with (fp32: master == model weights).
   AdamW(ParamSet& params, const AdamWConfig& cfg, DType param_dtype, Backend& backend);
 
-  // One step at learning rate `lr`; each gradient is multiplied by grad_scale first.
+  // One step at learning rate `lr`; each gradient is multiplied by grad_scale first. Frozen
+  // parameters (ParamInfo::trainable false) are left as they are.
   void step(double lr, float grad_scale);
   int64_t steps_taken() const { return t_; }
 

@@ -46,6 +46,12 @@ static TrainOptions train_options_from(const Config& c) {
   o.quiet = c.get_bool("train.quiet", o.quiet);
   o.tensorboard = c.get_bool("train.tensorboard", o.tensorboard);
   o.mode = c.get_string("train.mode", o.mode);
+  o.freeze = c.get_string("train.freeze", o.freeze);
+  o.device = c.get_string("train.device", o.device);
+  LOOM_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
+             "train.device must be cpu, cuda or auto, got '", o.device, "'");
+  LOOM_CHECK(o.device != "cuda", "train.device = \"cuda\": the trainer does not run on the CUDA ",
+             "backend yet (the CUDA kernels are built and tested apart); use cpu or auto");
   LOOM_CHECK(o.mode == "pretrain" || o.mode == "sft" || o.mode == "dpo",
              "train.mode must be pretrain, sft or dpo, got '", o.mode, "'");
   LOOM_CHECK(o.steps > 0, "train.steps must be positive, got ", o.steps);
@@ -75,6 +81,31 @@ void maybe_inject_fault(int rank, int64_t step) {
   if (n < 2 || r != rank || s != step) return;
   if (std::string(mode) == "error") fail("injected fault at step ", step);
   std::raise(SIGKILL);
+}
+
+// Freezes every parameter whose name starts with one of the comma-separated prefixes; each
+// prefix must name at least one. Returns how many were frozen.
+int freeze_by_prefixes(ParamSet& P, const std::string& list) {
+  int frozen = 0;
+  for (size_t pos = 0; pos <= list.size();) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) end = list.size();
+    std::string prefix = list.substr(pos, end - pos);
+    pos = end + 1;
+    prefix.erase(0, prefix.find_first_not_of(' '));
+    prefix.erase(prefix.find_last_not_of(' ') + 1);
+    if (prefix.empty()) continue;
+    int hit = 0;
+    for (const ParamInfo& p : P.infos())
+      if (p.name.rfind(prefix, 0) == 0) {
+        P.set_trainable(p.name, false);
+        ++hit;
+      }
+    LOOM_CHECK(hit > 0, "train.freeze: '", prefix, "' names no parameter (names look like ",
+               "embed.wte, blocks.0.attn.qkv.weight, final_norm.weight)");
+    frozen += hit;
+  }
+  return frozen;
 }
 
 }  // namespace
@@ -204,6 +235,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       std::vector<double> pw = pipe_->grad_norm_weights();
       for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
     }
+    LOOM_CHECK(opt_.freeze.empty(), "train.freeze under data, tensor, pipeline or context ",
+               "parallelism is not supported yet: run it in one process");
     LOOM_CHECK(opt_.mode != "dpo", "DPO under data, tensor, pipeline or context parallelism is ",
                "not supported yet: run it in one process");
     LOOM_CHECK(!lora_cfg, "LoRA under data, tensor, pipeline or context parallelism ",
@@ -220,6 +253,11 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       LOOM_CHECK(pretrained, "LoRA fine-tunes a pretrained model: set train.pretrained to its ",
                  "checkpoint");
       lora_ = std::make_unique<Lora>(*model_, *lora_cfg);
+    }
+    if (!opt_.freeze.empty()) {
+      LOOM_CHECK(!lora_, "train.freeze with LoRA: the base is frozen already");
+      const int n = freeze_by_prefixes(P, opt_.freeze);
+      if (!opt_.quiet) log_info("frozen: ", n, " parameters (train.freeze)");
     }
     if (!pretrained && policy_.compute != DType::F32)
       round_to(policy_.compute, P.data(), P.total());

@@ -56,6 +56,12 @@ struct TrainOptions {
   // pretrain (next-token loss over the data's targets: pre-training and SFT alike) or dpo
   // (data.source = "preference"; [dpo] beta, loss).
   std::string mode = "pretrain";
+  // Parameters kept frozen (comma-separated names or name prefixes, e.g. "embed.,blocks.0."):
+  // no gradients, no updates. One process only for now.
+  std::string freeze;
+  // cpu, cuda or auto (cuda when a GPU and a CUDA build are there). The trainer runs on the CPU
+  // backend only so far: cuda is refused with the reason.
+  std::string device = "cpu";
 };
 
 struct StepResult {

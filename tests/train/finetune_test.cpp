@@ -150,3 +150,44 @@ TEST(Finetune, ClearErrors) {
   tpl.set("data.chat_template", "\"llama3\"", "test");  // markers missing from the tokenizer
   EXPECT_THROW(Trainer t(tpl), Error);
 }
+
+// train.freeze equals a learning rate of 0 for those parameters: they never move, and every
+// other parameter ends bit-identical to a run that trains everything but puts the frozen ones
+// back after each step (without clipping, whose global norm would see their gradients).
+TEST(Finetune, FrozenParametersActAsLearningRateZero) {
+  const std::string d = test_dir("freeze");
+  auto config = [&](const std::string& out, bool freeze) {
+    Config c = chat_config(d, out, 5);
+    c.set("train.clip_grad", "0", "test");
+    if (freeze) c.set("train.freeze", "\"embed., blocks.0.attn\"", "test");
+    return c;
+  };
+  Trainer frozen(config(d + "/f", true)), reference(config(d + "/r", false));
+  ParamSet &F = frozen.model().params(), &R = reference.model().params();
+  const std::vector<float> start = copy(R);
+  for (int s = 0; s < 5; ++s) {
+    frozen.train_step();
+    reference.train_step();
+    for (const ParamInfo& p : F.infos())
+      if (!p.trainable)
+        std::copy(start.begin() + p.offset, start.begin() + p.offset + p.numel,
+                  R.data() + p.offset);
+  }
+  int frozen_count = 0;
+  for (const ParamInfo& p : F.infos()) {
+    frozen_count += !p.trainable;
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+      if (!p.trainable) {
+        ASSERT_EQ(F.data()[i], start[size_t(i)]) << p.name;
+      }
+      ASSERT_EQ(F.data()[i], R.data()[i]) << p.name;
+    }
+  }
+  EXPECT_EQ(frozen_count, 3);  // embed.wte and blocks.0.attn.{qkv,proj}.weight
+  Config bad = config(d + "/b", false);
+  bad.set("train.freeze", "\"embedding.\"", "test");
+  EXPECT_THROW(Trainer t(bad), Error);
+  Config gpu = config(d + "/g", false);
+  gpu.set("train.device", "\"cuda\"", "test");
+  EXPECT_THROW(Trainer t(gpu), Error);
+}
