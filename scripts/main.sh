@@ -7,7 +7,8 @@
 #   5. generate a sample from the final checkpoint
 #   6. fine-tune it (SFT, ChatML, loss on the replies only) on a synthetic instruction set and
 #      score held-out prompts before and after (exact match)
-#   7. serve the fine-tuned model over the OpenAI-compatible HTTP API and ask it once
+#   7. a few steps of GRPO on the same task with exact-match rewards (loom rl), scored again
+#   8. serve the result over the OpenAI-compatible HTTP API and ask it once
 # No arguments and no downloads beyond Debian packages (installed by scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,8 +42,17 @@ $LOOM generate --ckpt runs/main/sft_run/checkpoints --input runs/main/sft/heldou
   --output runs/main/sft/sft_answers.jsonl --chat-template chatml --temperature 0 --tokens 16
 
 echo
+echo "=== GRPO: reinforcement learning on the same task, exact-match rewards ==="
+rm -rf runs/main/rl runs/main/sft/rl_answers.jsonl
+$LOOM rl --ckpt runs/main/sft_run/checkpoints --env reverse --out runs/main/rl --steps 10 \
+  --prompts 8 --group 8 --max-tokens 16 --lr 1e-5
+echo "held-out prompts, after GRPO:"
+$LOOM generate --ckpt runs/main/rl/checkpoints --input runs/main/sft/heldout.jsonl \
+  --output runs/main/sft/rl_answers.jsonl --chat-template chatml --temperature 0 --tokens 16
+
+echo
 echo "=== serving the fine-tuned model (loom serve, OpenAI-compatible) ==="
-$LOOM serve --ckpt runs/main/sft_run/checkpoints --port 0 > runs/main/serve.out 2> runs/main/serve.log &
+$LOOM serve --ckpt runs/main/rl/checkpoints --port 0 > runs/main/serve.out 2> runs/main/serve.log &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q "listening on" runs/main/serve.out && break; sleep 0.1; done

@@ -10,6 +10,7 @@ int run_plan(const Args& args);
 int run_tokenize(const Args& args);
 int run_tokenizer(const Args& args);
 int run_launch(const Args& args);
+int run_rl(const Args& args);
 #ifdef LOOM_HAVE_CURATE
 int run_curate(const Args& args);
 #endif
@@ -26,6 +27,7 @@ const std::vector<Command>& commands() {
       {"ckpt", "inspect checkpoints; export/import Hugging Face safetensors", run_ckpt},
       {"plan", "predict memory, step time, MFU and goodput at scale; search layouts", run_plan},
       {"tokenize", "JSONL -> Megatron-compatible token files (.bin/.idx)", run_tokenize},
+      {"rl", "GRPO on a built-in verifiable task (one process, synchronous)", run_rl},
       {"launch", "run N ranks of a loom command (mpirun), rank-prefixed output", run_launch},
       {"tokenizer", "train a BPE vocabulary; encode/decode (GPT-2, tiktoken, Loom)", run_tokenizer},
 #ifdef LOOM_HAVE_SERVE

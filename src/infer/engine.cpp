@@ -15,6 +15,7 @@ struct LoomEngine::Completion {
   Sequence seq;
   int generated = 0;
   std::string text;  // decoded output so far
+  int32_t stop_token = -1;
   size_t sent = 0;   // bytes of text already delivered
   bool done = false;
 };
@@ -195,6 +196,7 @@ void LoomEngine::emit(Completion& c, const std::vector<int32_t>& new_tokens,
     ev.usage.prompt_tokens = r.prompt_len;
     ev.usage.completion_tokens = c.generated;
     ev.usage.cached_prompt_tokens = c.seq.cached_prompt_tokens;
+    ev.stop_token = c.stop_token;
   }
   if (r.on_event) r.on_event(ev);
 }
@@ -256,6 +258,7 @@ bool LoomEngine::step() {
     std::vector<int32_t> shown;
     if (is_stop_token(*c, t.token)) {
       reason = "stop";
+      c->stop_token = t.token;
     } else {
       shown.push_back(t.token);
       c->seq.tokens.push_back(t.token);

@@ -47,6 +47,9 @@ class LoomEngine : public Engine {
   // rest, joins the thread.
   void stop(double drain_seconds = 0);
   bool step();  // one step; false when there was nothing to do
+  // The model's weights changed: cached prefixes are stale. Call on the stepping thread (or
+  // with no thread running), between steps.
+  void weights_updated() { cache_.drop_cached(); }
   void run_until_idle();
   const KvCache& cache() const { return cache_; }
 

@@ -98,6 +98,7 @@ struct TokenEvent {
   bool finished = false;
   std::string finish_reason;  // "stop" | "length" | "abort" when finished
   Usage usage;                // of this completion, filled in the finished event
+  int32_t stop_token = -1;    // the stop token that ended it (finish_reason "stop"), if any
 };
 
 struct EngineStats {

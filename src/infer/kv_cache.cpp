@@ -94,6 +94,15 @@ void KvCache::release(int32_t b) {
   }
 }
 
+void KvCache::drop_cached() {
+  for (int32_t b = 0; b < num_blocks(); ++b) forget(b);
+  for (int32_t b : lru_) {
+    in_lru_[size_t(b)] = false;
+    free_.push_back(b);
+  }
+  lru_.clear();
+}
+
 uint64_t KvCache::block_hash(uint64_t parent, const int32_t* tokens, int n) {
   uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
   for (int i = 0; i < n; ++i) {  // splitmix64 over (hash, token)

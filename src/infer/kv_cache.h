@@ -42,6 +42,8 @@ class KvCache {
   int32_t lookup(uint64_t hash, const int32_t* tokens);
   // Marks a full block as holding these tokens under this hash (first publisher wins).
   void publish(int32_t block, uint64_t hash, const int32_t* tokens);
+  // Forgets every cached prefix (the weights changed: cached keys and values are stale).
+  void drop_cached();
 
  private:
   void forget(int32_t block);                // drops a block's cache entry (before reuse)

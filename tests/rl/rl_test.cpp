@@ -1,0 +1,175 @@
+// GRPO: the loss's per-token weights against numeric derivatives (clipping, KL, importance
+// weights), advantages, the built-in environments' exact rewards, and a synchronous run that
+// raises the reward of a tiny model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "rl/env.h"
+#include "rl/grpo.h"
+#include "rl/grpo_trainer.h"
+
+using namespace loom;
+using namespace loom::rl;
+
+namespace {
+
+std::vector<GrpoSample> random_samples(bool with_ref, bool with_gen) {
+  std::vector<GrpoSample> s(4);
+  for (size_t k = 0; k < s.size(); ++k) {
+    s[k].advantage = (k % 2 ? -1.0 : 1.0) * (0.5 + 0.3 * double(k));
+    for (size_t t = 0; t < 3 + k; ++t) {
+      const double u = uniform_at(1, k, t), v = uniform_at(2, k, t);
+      s[k].logp.push_back(-1 - 2 * u);
+      s[k].logp_old.push_back(-1 - 2 * u + 0.6 * (v - 0.5));  // ratios 0.74 .. 1.35: some clip
+      if (with_ref) s[k].logp_ref.push_back(-1 - 2 * u + 0.3 * (uniform_at(3, k, t) - 0.5));
+      if (with_gen)
+        s[k].logp_gen.push_back(s[k].logp_old.back() + 0.2 * (uniform_at(4, k, t) - 0.5));
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(Grpo, TokenWeightsAreMinusTheLossGradient) {
+  for (bool token_level : {true, false})
+    for (double beta : {0.0, 0.1})
+      for (bool gen : {false, true}) {
+        GrpoConfig c;
+        c.beta = beta;
+        c.token_level = token_level;
+        auto s = random_samples(beta > 0, gen);
+        std::vector<std::vector<double>> w;
+        const GrpoStats st = grpo_token_weights(s, c, &w);
+        EXPECT_GT(st.clip_fraction, 0.0);  // the case covers active clipping
+        for (size_t k = 0; k < s.size(); ++k)
+          for (size_t t = 0; t < s[k].logp.size(); ++t) {
+            const double e = 1e-6, saved = s[k].logp[t];
+            s[k].logp[t] = saved + e;
+            const double lp = grpo_token_weights(s, c, nullptr).loss;
+            s[k].logp[t] = saved - e;
+            const double lm = grpo_token_weights(s, c, nullptr).loss;
+            s[k].logp[t] = saved;
+            EXPECT_NEAR(w[k][t], -(lp - lm) / (2 * e), 1e-6)
+                << "sample " << k << " token " << t << " beta " << beta;
+          }
+      }
+}
+
+TEST(Grpo, ClippingAndKlAtTheirDefinitions) {
+  GrpoConfig c;
+  GrpoSample up;  // A > 0, ratio e^0.5 = 1.65 > 1.28: clipped, no gradient
+  up.advantage = 1;
+  up.logp = {-1.0};
+  up.logp_old = {-1.5};
+  std::vector<std::vector<double>> w;
+  auto st = grpo_token_weights({up}, c, &w);
+  EXPECT_EQ(w[0][0], 0.0);
+  EXPECT_NEAR(st.loss, -1.28, 1e-12);
+  GrpoSample down = up;  // A < 0 with the same ratio: unclipped side, gradient rho * A
+  down.advantage = -1;
+  st = grpo_token_weights({down}, c, &w);
+  EXPECT_NEAR(w[0][0], -std::exp(0.5), 1e-12);
+  c.beta = 0.5;  // k3 of ref - logp = 0.2
+  GrpoSample kl;
+  kl.advantage = 0;
+  kl.logp = {-2.0};
+  kl.logp_old = {-2.0};
+  kl.logp_ref = {-1.8};
+  st = grpo_token_weights({kl}, c, &w);
+  EXPECT_NEAR(st.kl, std::exp(0.2) - 0.2 - 1, 1e-12);
+  EXPECT_NEAR(w[0][0], -0.5 * (1 - std::exp(0.2)), 1e-12);
+}
+
+TEST(Grpo, GroupAdvantages) {
+  GrpoConfig c;
+  auto a = group_advantages({1, 0, 0, 1}, c);
+  const double sd = std::sqrt(1.0 / 3.0);  // unbiased std of {1, 0, 0, 1}
+  EXPECT_NEAR(a[0], 0.5 / (sd + 1e-6), 1e-9);
+  EXPECT_NEAR(a[1], -0.5 / (sd + 1e-6), 1e-9);
+  for (double x : group_advantages({0.3, 0.3, 0.3}, c)) EXPECT_EQ(x, 0.0);
+  c.scale_by_std = false;  // Dr. GRPO
+  EXPECT_NEAR(group_advantages({1, 0}, c)[0], 0.5, 1e-12);
+}
+
+TEST(Environments, RewardsAreExactChecks) {
+  auto ar = make_environment("arithmetic");
+  Task t = ar->task(1, 5);
+  EXPECT_EQ(ar->task(1, 5).prompt, t.prompt);  // the same index, the same task
+  EXPECT_EQ(ar->reward(t, t.answer), 1.0);
+  EXPECT_EQ(ar->reward(t, "The answer is " + t.answer + "."), 1.0);
+  EXPECT_EQ(ar->reward(t, t.answer + "1"), 0.0);
+  EXPECT_EQ(ar->reward(t, "\xff\xfe garbage"), 0.0);
+  auto rv = make_environment("reverse");
+  t = rv->task(1, 2);
+  EXPECT_EQ(rv->reward(t, " " + t.answer + "\n"), 1.0);
+  EXPECT_EQ(rv->reward(t, t.prompt), 0.0);
+  auto cd = make_environment("countdown");
+  Task c;
+  c.numbers = {3, 5, 7};
+  c.answer = "22";
+  EXPECT_EQ(cd->reward(c, "3 * 5 + 7"), 1.0);
+  EXPECT_EQ(cd->reward(c, "(7 + 5) * 3 - 14"), 0.0);  // 14 is not one of the numbers
+  EXPECT_EQ(cd->reward(c, "5 * 5 - 3"), 0.0);         // 5 used twice
+  EXPECT_EQ(cd->reward(c, "22"), 0.0);
+  EXPECT_EQ(cd->reward(c, std::string(100, '(') + "3" + std::string(100, ')')), 0.0);
+  long long v = 0;
+  EXPECT_TRUE(eval_countdown("(3 + 5) * 7", {3, 5, 7}, &v));
+  EXPECT_EQ(v, 56);
+  // Every generated countdown task is solvable by construction.
+  for (uint64_t i = 0; i < 20; ++i) EXPECT_GT(std::stoll(cd->task(9, i).answer), 0);
+  EXPECT_THROW(make_environment("chess"), Error);
+}
+
+namespace {
+// Rewards replies made of the letter 'a': a tiny random model learns it within a few steps.
+struct LetterA : Environment {
+  std::string name() const override { return "letter-a"; }
+  Task task(uint64_t, uint64_t i) const override {
+    return {"say a " + std::to_string(i % 7), "", {}};
+  }
+  double reward(const Task&, const std::string& reply) const override {
+    if (reply.empty()) return 0;
+    double a = 0;
+    for (char ch : reply) a += ch == 'a';
+    return a / double(reply.size());
+  }
+};
+
+data::BpeTokenizer byte_tokenizer() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
+  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
+  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
+}
+}  // namespace
+
+TEST(GrpoTrainer, RaisesTheRewardOfATinyModel) {
+  ModelConfig c = model_preset("tiny-llama");
+  c.n_layer = 2, c.d_model = 32, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 8, c.d_ff = 64;
+  c.vocab = 260, c.max_seq = 64, c.init_std = 0.02f;
+  Decoder m(c, cpu_backend());
+  m.params().init(3);
+  auto tok = byte_tokenizer();
+  data::ChatTemplate chat("chatml", tok);
+  LetterA env;
+  RlOptions o;
+  o.prompts_per_step = 4;
+  o.group_size = 8;
+  o.max_tokens = 6;
+  o.lr = 1e-2;
+  o.grpo.beta = 0.01;
+  GrpoTrainer t(m, tok, chat, env, o);
+  double first = 0, last = 0;
+  for (int s = 0; s < 30; ++s) {
+    const RlStepStats st = t.step();
+    EXPECT_TRUE(std::isfinite(st.loss));
+    EXPECT_EQ(st.groups, 4);
+    if (s < 5) first += st.reward_mean / 5;
+    if (s >= 25) last += st.reward_mean / 5;
+  }
+  EXPECT_GT(last, first + 0.2) << "reward " << first << " -> " << last;
+}
