@@ -127,6 +127,28 @@ std::shared_ptr<Entry> lookup(const Key& key) {
   return cache.emplace(key, std::move(entry)).first->second;
 }
 
+// A fork/join of the OpenMP team costs microseconds on an idle machine and a scheduler time
+// slice (milliseconds) when the other core is busy; below this many multiply-adds (~8 us on
+// one core at 250 GFLOP/s) a GEMM runs on the calling thread. OpenBLAS does the same below
+// 65536 * 4 for fp32 (gemm.cpp); bf16 is about 4x faster per core, hence 4x the work.
+constexpr double kSingleThreadedWork = 65536.0 * 16.0;
+
+// Sets the calling thread's OpenMP thread count for a scope (n = 0: leaves it alone).
+class OmpThreadsOverride {
+ public:
+  explicit OmpThreadsOverride(int n) : saved_(n > 0 ? omp_get_max_threads() : 0) {
+    if (n > 0) omp_set_num_threads(n);
+  }
+  ~OmpThreadsOverride() {
+    if (saved_ > 0) omp_set_num_threads(saved_);
+  }
+  OmpThreadsOverride(const OmpThreadsOverride&) = delete;
+  OmpThreadsOverride& operator=(const OmpThreadsOverride&) = delete;
+
+ private:
+  int saved_;
+};
+
 // 64-byte aligned per-thread scratchpad.
 void* scratchpad(size_t bytes) {
   thread_local std::vector<unsigned char> buffer;
@@ -161,8 +183,13 @@ bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
   key.ldb = ldb;
   key.ldc = ldc;
   key.batch = batch;
-  // Inside a parallel region oneDNN runs on the calling thread alone.
-  key.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  // Inside a parallel region oneDNN runs on the calling thread alone; small GEMMs are run
+  // there too (see kSingleThreadedWork), by lowering the OpenMP thread count while the
+  // primitive is created and run.
+  const double work = static_cast<double>(M) * N * K * batch;
+  const bool one_thread = omp_in_parallel() || work <= kSingleThreadedWork;
+  key.threads = one_thread ? 1 : omp_get_max_threads();
+  const OmpThreadsOverride override_threads(one_thread ? 1 : 0);
   if (batch > 1) {
     key.stride_a = stride_a;
     key.stride_b = stride_b;
