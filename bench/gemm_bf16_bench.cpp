@@ -23,6 +23,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/gemm_bf16_peak.h"
@@ -234,6 +235,28 @@ int main(int argc, char** argv) {
       std::printf("%-8s %-9s %-8s %-18s %9.1f %9.1f %9.1f %9.2f\n", batch.name, label, "total", "",
                   gf(t.sgemm), gf(t.bf16), gf(t.fallback), t.bf16 > 0 ? t.sgemm / t.bf16 : 0.0);
     }
+  }
+  {
+    // Array conversions (bf16_convert.h) against their portable loops: GB/s of bytes read and
+    // written, on a 768 x 50304 matrix (the lm head / embedding weight).
+    const size_t n = size_t(768) * 50304;
+    const auto f = filled(n, 9);
+    std::vector<uint16_t> h(n);
+    std::vector<float> back(n);
+    auto gbs = [&](double t, double bytes_per_elem) { return n * bytes_per_elem / t * 1e-9; };
+    const double t_narrow =
+        time_best([&] { loom::cpu::f32_to_bf16_array(f.data(), h.data(), n); }, min_time);
+    const double t_narrow_portable =
+        time_best([&] { loom::cpu::f32_to_bf16_array_portable(f.data(), h.data(), n); }, min_time);
+    const double t_widen =
+        time_best([&] { loom::cpu::bf16_to_f32_array(h.data(), back.data(), n); }, min_time);
+    const double t_widen_portable = time_best(
+        [&] { loom::cpu::bf16_to_f32_array_portable(h.data(), back.data(), n); }, min_time);
+    std::printf(
+        "\nconversions, %zu elements (%s): fp32->bf16 %.1f GB/s (portable, 1 thread "
+        "%.1f); bf16->fp32 %.1f GB/s (portable, 1 thread %.1f)\n",
+        n, loom::cpu::bf16_convert_uses_avx512() ? "avx512" : "portable", gbs(t_narrow, 6),
+        gbs(t_narrow_portable, 6), gbs(t_widen, 6), gbs(t_widen_portable, 6));
   }
   const double sgemm_peak = loom::measure_sgemm_peak_gflops(threads);
   const double bf16_peak = loom::measure_bf16_gemm_peak_gflops(threads);

@@ -6,6 +6,8 @@
 // bf16 values are exact in fp32), plus, for a bf16 C, half a bf16 ulp of the result.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -163,6 +165,9 @@ void all_shapes(Path p) {
     for (bool tb : {false, true}) {
       run_and_check(p, Shape{ta, tb, 33, 7, 65, 3}, 0.5f, 0.0f);
       run_and_check(p, Shape{ta, tb, 33, 7, 65, 3}, -2.0f, 0.25f);
+      // Above the single-thread threshold (2^20 multiply-adds): oneDNN splits the work.
+      run_and_check(p, Shape{ta, tb, 200, 150, 64, 3}, 1.0f, 0.0f);
+      run_and_check(p, Shape{ta, tb, 200, 150, 64, 3}, 1.0f, 1.0f);
     }
 }
 
@@ -308,4 +313,18 @@ TEST(GemmBf16Env, FallbackForcedByEnvironment) {
   float C = 0.0f;
   cpu::gemm_bf16(false, false, 1, 1, 2, 1.0f, A, 2, B, 1, 0.0f, &C, 1);
   EXPECT_EQ(C, 4.0f);
+}
+
+TEST(GemmBf16, SmallGemmsLeaveTheThreadCountAsSet) {
+  // Small GEMMs run oneDNN on one thread by lowering the OpenMP thread count for the call.
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(3);
+  const Shape s{false, true, 8, 8, 8, 0};
+  const Operands o = make_operands(s, 0.0f, 5);
+  std::vector<float> C = o.C0;
+  cpu::gemm_bf16(false, true, 8, 8, 8, 1.0f, o.A.data(), o.lda, o.B.data(), o.ldb, 0.0f, C.data(),
+                 o.ldc);
+  EXPECT_EQ(omp_get_max_threads(), 3);
+  omp_set_num_threads(saved);
+  expect_near_reference(s, o, 1.0f, 0.0f, C, false, "8x8x8");
 }

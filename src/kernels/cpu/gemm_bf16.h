@@ -9,8 +9,9 @@
 //   - otherwise the fallback: convert A and B to fp32 and run the fp32 GEMM (blas.h). A notice
 //     saying why is logged once. LOOM_BF16_GEMM=fallback in the environment forces it.
 // Both paths compute the same fp32 sums up to summation order; a bf16 C is the round-to-
-// nearest-even rounding of the fp32 result (the fallback rounds with f32_to_bf16; oneDNN rounds
-// in its kernel, which flushes results below 2^-126 to zero).
+// nearest-even rounding of the fp32 result. One difference below 2^-126 (~1.2e-38): the oneDNN
+// path treats denormal inputs, products and results as zero (VDPBF16PS does), the fallback
+// keeps them.
 #pragma once
 
 #include <cstdint>

@@ -10,10 +10,10 @@
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
-#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/gemm_bf16_dnnl.h"
@@ -28,10 +28,10 @@ struct Key {
   bool trans_a = false, trans_b = false, c_bf16 = false;
   int M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0, batch = 0, threads = 0;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
-  float alpha = 0, beta = 0;
+  uint32_t alpha_bits = 0, beta_bits = 0;  // compared as bits, so equal keys hash equally
   auto fields() const {
     return std::tie(trans_a, trans_b, c_bf16, M, N, K, lda, ldb, ldc, batch, threads, stride_a,
-                    stride_b, stride_c, alpha, beta);
+                    stride_b, stride_c, alpha_bits, beta_bits);
   }
   bool operator==(const Key& o) const { return fields() == o.fields(); }
 };
@@ -40,18 +40,8 @@ struct KeyHash {
   size_t operator()(const Key& k) const {
     uint64_t h = 1469598103934665603ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    std::apply([&](const auto&... f) { (mix(as_bits(f)), ...); }, k.fields());
+    std::apply([&](const auto&... f) { (mix(static_cast<uint64_t>(f)), ...); }, k.fields());
     return static_cast<size_t>(h);
-  }
-  template <typename T>
-  static uint64_t as_bits(const T& v) {
-    if constexpr (std::is_same_v<T, float>) {
-      uint32_t u;
-      std::memcpy(&u, &v, 4);
-      return u;
-    } else {
-      return static_cast<uint64_t>(v);
-    }
   }
 };
 
@@ -86,10 +76,10 @@ std::shared_ptr<Entry> make_entry(const Key& k) {
   try {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
-    if (k.beta != 0.0f) {
+    if (bits_f32(k.alpha_bits) != 1.0f) attr.set_output_scales(0, {bits_f32(k.alpha_bits)});
+    if (bits_f32(k.beta_bits) != 0.0f) {
       dnnl::post_ops ops;
-      ops.append_sum(k.beta);
+      ops.append_sum(bits_f32(k.beta_bits));
       attr.set_post_ops(ops);
     }
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->a_md, e->b_md, e->c_md), attr,
@@ -127,6 +117,28 @@ std::shared_ptr<Entry> lookup(const Key& key) {
   return cache.emplace(key, std::move(entry)).first->second;
 }
 
+// A fork/join of the OpenMP team costs microseconds on an idle machine and a scheduler time
+// slice (milliseconds) when the other core is busy; below this many multiply-adds (~8 us on
+// one core at 250 GFLOP/s) a GEMM runs on the calling thread. OpenBLAS does the same below
+// 65536 * 4 for fp32 (gemm.cpp); bf16 is about 4x faster per core, hence 4x the work.
+constexpr double kSingleThreadedWork = 65536.0 * 16.0;
+
+// Sets the calling thread's OpenMP thread count for a scope (n = 0: leaves it alone).
+class OmpThreadsOverride {
+ public:
+  explicit OmpThreadsOverride(int n) : saved_(n > 0 ? omp_get_max_threads() : 0) {
+    if (n > 0) omp_set_num_threads(n);
+  }
+  ~OmpThreadsOverride() {
+    if (saved_ > 0) omp_set_num_threads(saved_);
+  }
+  OmpThreadsOverride(const OmpThreadsOverride&) = delete;
+  OmpThreadsOverride& operator=(const OmpThreadsOverride&) = delete;
+
+ private:
+  int saved_;
+};
+
 // 64-byte aligned per-thread scratchpad.
 void* scratchpad(size_t bytes) {
   thread_local std::vector<unsigned char> buffer;
@@ -161,15 +173,20 @@ bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
   key.ldb = ldb;
   key.ldc = ldc;
   key.batch = batch;
-  // Inside a parallel region oneDNN runs on the calling thread alone.
-  key.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  // Inside a parallel region oneDNN runs on the calling thread alone; small GEMMs are run
+  // there too (see kSingleThreadedWork), by lowering the OpenMP thread count while the
+  // primitive is created and run.
+  const double work = static_cast<double>(M) * N * K * batch;
+  const bool one_thread = omp_in_parallel() || work <= kSingleThreadedWork;
+  key.threads = one_thread ? 1 : omp_get_max_threads();
+  const OmpThreadsOverride override_threads(one_thread ? 1 : 0);
   if (batch > 1) {
     key.stride_a = stride_a;
     key.stride_b = stride_b;
     key.stride_c = stride_c;
   }
-  key.alpha = alpha;
-  key.beta = beta;
+  key.alpha_bits = f32_bits(alpha);
+  key.beta_bits = f32_bits(beta);
   const std::shared_ptr<Entry> e = lookup(key);
   if (!e->usable) return false;
   dnnl::engine& engine = cpu_engine();
