@@ -75,6 +75,13 @@ Server::Server(infer::Engine& engine, const data::BpeTokenizer* tok, const data:
   http_->new_task_queue = [] { return new httplib::ThreadPool(64); };
   http_->set_read_timeout(30, 0);
   http_->set_write_timeout(30, 0);
+  // Debian's compiled cpp-httplib listens with a backlog of 5: a burst of clients would see
+  // refused connections. The socket is captured here and listened on again with room for 1024.
+  http_->set_socket_options([this](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof(yes));
+    socket_ = static_cast<int>(sock);
+  });
   routes();
 }
 
@@ -87,6 +94,7 @@ int Server::bind() {
                                   : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
   LOOM_CHECK(port > 0, "cannot listen on ", opt_.host, ":", opt_.port,
              " (in use, or not an address of this machine)");
+  if (socket_ >= 0) ::listen(socket_, 1024);
   return port;
 }
 
@@ -233,8 +241,18 @@ void Server::routes() {
   auto generate = [this](bool chat, const httplib::Request& req, httplib::Response& res) {
     ApiRequest r;
     std::vector<std::vector<int32_t>> prompts;
+    // Generation requests hold an HTTP worker while they wait; past this many the server answers
+    // 429 so that workers stay free for /health and /metrics.
+    struct Slot {
+      std::atomic<int>& n;
+      ~Slot() { --n; }
+    } slot{in_flight_};
+    const int busy = ++in_flight_;
     try {
       if (!ready_) throw ApiError{503, "the model is loading", "server_error", ""};
+      if (busy > kMaxInFlight)
+        throw ApiError{429, cat("too many concurrent requests (", kMaxInFlight, ")"),
+                       "rate_limit_error", ""};
       r = parse_request(req.body, chat, opt_.default_max_tokens);
       if (!r.model.empty() && r.model != opt_.model_name)
         throw ApiError{404, cat("The model `", r.model, "` does not exist."),
@@ -352,6 +370,7 @@ void Server::routes() {
     }
     // Streamed: the provider runs on this worker thread until every choice ended.
     const bool include_usage = r.include_usage;
+    ++in_flight_;  // the stream holds its worker until the provider ends (released below)
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -389,6 +408,7 @@ void Server::routes() {
           return sink.is_writable ? sink.is_writable() : true;
         },
         [this, ex](bool success) {
+          --in_flight_;
           // On a closed connection (or an error): cancel whatever is still running.
           std::vector<int64_t> ids;
           {

@@ -55,6 +55,9 @@ class Server {
   std::atomic<bool> ready_{false};
   std::unique_ptr<Metrics> metrics_;
   std::atomic<int64_t> next_id_{1};
+  std::atomic<int> in_flight_{0};          // generation requests being answered
+  int socket_ = -1;                        // the listening socket (for its backlog)
+  static constexpr int kMaxInFlight = 60;  // of 64 HTTP workers: 4 stay for /health, /metrics
 };
 
 }  // namespace loom::serve

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -282,4 +283,30 @@ TEST_F(Fixture, FullQueueIs503AndTokenizeRoundTrips) {
   EXPECT_EQ(d.at("prompt").as_string(), "héllo");
   auto [s3, e] = post("/detokenize", R"({"tokens": [99999]})");
   EXPECT_EQ(s3, 400);
+}
+
+// A burst of clients at once: every one gets an answer (200, or 429 past the concurrency
+// limit), none a refused or reset connection (the listen backlog is raised past cpp-httplib's 5).
+TEST_F(Fixture, ABurstOfClientsAllGetAnAnswer) {
+  start();
+  std::atomic<int> ok{0}, limited{0}, failed{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 100; ++i)
+    clients.emplace_back([&, i] {
+      auto r = client().Post("/v1/completions",
+                             "{\"prompt\": \"x" + std::to_string(i) + "\", \"max_tokens\": 2}",
+                             "application/json");
+      if (!r)
+        ++failed;
+      else if (r->status == 200)
+        ++ok;
+      else if (r->status == 429)
+        ++limited;
+      else
+        ++failed;
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(ok + limited, 100);
+  EXPECT_GT(ok.load(), 0);
 }
