@@ -192,8 +192,9 @@ Config Config::parse(const std::string& text, const std::string& where) {
 Config Config::load(const std::string& path) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
-  LOOM_CHECK(std::filesystem::exists(st), path, ": config file not found");
-  LOOM_CHECK(!std::filesystem::is_directory(st), path, ": is a directory, not a config file");
+  LOOM_CHECK(std::filesystem::exists(st), path, ": cannot open config file (no such file)");
+  LOOM_CHECK(!std::filesystem::is_directory(st), path,
+             ": cannot open config file (it is a directory)");
   return parse(read_file(path), path);
 }
 
