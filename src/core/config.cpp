@@ -271,6 +271,27 @@ double Config::get_double(const std::string& key, double def) const {
   return e->float_value;
 }
 
+int64_t Config::get_int(const std::string& key, int64_t def, int64_t lo, int64_t hi) const {
+  const int64_t v = get_int(key, def);
+  if (has(key))
+    LOOM_CHECK(v >= lo && v <= hi, where(key), ": '", key, "' = ", v, " is out of range [", lo,
+               ", ", hi, "]");
+  return v;
+}
+
+double Config::get_double(const std::string& key, double def, double lo, double hi) const {
+  const double v = get_double(key, def);
+  if (has(key))
+    LOOM_CHECK(v >= lo && v <= hi, where(key), ": '", key, "' = ", values_.at(key).text,
+               " is out of range [", lo, ", ", hi, "]");
+  return v;
+}
+
+std::string Config::where(const std::string& key) const {
+  auto it = values_.find(key);
+  return it == values_.end() ? std::string() : it->second.where;
+}
+
 bool Config::get_bool(const std::string& key, bool def) const {
   const Entry* e = find(key);
   if (!e) return def;

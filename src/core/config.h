@@ -34,6 +34,12 @@ class Config {
   int64_t get_int(const std::string& key, int64_t def) const;
   double get_double(const std::string& key, double def) const;
   bool get_bool(const std::string& key, bool def) const;
+  // As above, and a value outside [lo, hi] fails naming the key, the bounds and where it was
+  // set (the default is not checked: it is the caller's to choose).
+  int64_t get_int(const std::string& key, int64_t def, int64_t lo, int64_t hi) const;
+  double get_double(const std::string& key, double def, double lo, double hi) const;
+  // Where a key was set ("run.toml:12", "--set"), for a caller's own range errors; "" if unset.
+  std::string where(const std::string& key) const;
   // An array of scalars gives its elements' text; a string is split at commas (the older
   // "a,b,c" spelling, kept so existing configs and --set overrides still work).
   std::vector<std::string> get_string_list(const std::string& key,

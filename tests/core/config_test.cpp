@@ -188,3 +188,19 @@ TEST(Config, DumpReadsBackToTheSameValues) {
   EXPECT_EQ(back.get_string("p", ""), "/tmp/x");
   EXPECT_EQ(back.dump(), c.dump());
 }
+
+TEST(Config, RangeCheckedGettersNameKeyBoundsAndWhereSet) {
+  Config c = Config::parse("[train]\nsteps = 0\nlr = 2.5\nwarmup = 10\n", "r.toml");
+  c.set_override("train.micro_batch=100000");
+  expect_contains(error_of([&] { c.get_int("train.steps", 1, 1, 1000000); }),
+                  {"r.toml:2", "'train.steps' = 0", "[1, 1000000]"});
+  expect_contains(error_of([&] { c.get_double("train.lr", 0.1, 0, 1); }),
+                  {"r.toml:3", "'train.lr' = 2.5", "out of range"});
+  expect_contains(error_of([&] { c.get_int("train.micro_batch", 1, 1, 4096); }),
+                  {"command line", "'train.micro_batch'"});
+  EXPECT_EQ(c.get_int("train.warmup", 0, 0, 10), 10);   // bounds are inclusive
+  EXPECT_EQ(c.get_int("train.absent", -5, 0, 10), -5);  // the default is the caller's
+  EXPECT_EQ(c.where("train.warmup"), "r.toml:4");
+  EXPECT_EQ(c.where("train.micro_batch"), "command line");
+  EXPECT_EQ(c.where("train.absent"), "");
+}
