@@ -1,21 +1,19 @@
 #include "curate/dedup.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "curate/collective.h"
 #include "curate/dedup_dist.h"
 #include "curate/lsh_runs.h"
@@ -158,28 +156,6 @@ double sorted_jaccard(const std::vector<uint64_t>& a, const std::vector<uint64_t
 
 namespace {
 
-void for_each_shard(size_t n, int workers, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::exception_ptr err;
-  std::mutex mu;
-  auto body = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> l(mu);
-        if (!err) err = std::current_exception();
-        next = n;
-      }
-    }
-  };
-  std::vector<std::thread> th;
-  for (int k = 1; k < std::min<int>(workers, static_cast<int>(n)); ++k) th.emplace_back(body);
-  body();
-  for (auto& t : th) t.join();
-  if (err) std::rethrow_exception(err);
-}
-
 // Reads every document of an intermediate shard, calling fn(doc).
 void read_shard(const std::string& file, const GlobalInput& in,
                 const std::function<void(Doc&)>& fn) {
@@ -260,7 +236,7 @@ class ExactDedup : public DedupStage {
 
   void prepare(const GlobalInput& in) override {
     size_t n = in.shard_files.size();
-    for_each_shard(n, in.workers, [&](size_t i) {
+    parallel_for(n, in.workers, [&](size_t i) {
       std::string base = cat(in.work_dir, "/", i);
       if (!in.owns(i)) return;                                                // another rank's
       if (file_exists(base + ".hash") && file_exists(base + ".ids")) return;  // resumed
@@ -375,7 +351,7 @@ class FuzzyDedup : public DedupStage {
     const int B = hasher_->params().bands;
     const size_t rec = static_cast<size_t>(B) * 8;
     size_t n = in.shard_files.size();
-    for_each_shard(n, in.workers, [&](size_t i) {
+    parallel_for(n, in.workers, [&](size_t i) {
       std::string base = cat(in.work_dir, "/", i);
       if (!in.owns(i)) return;                                               // another rank's
       if (file_exists(base + ".sig") && file_exists(base + ".ids")) return;  // resumed
@@ -531,7 +507,7 @@ class FuzzyDedup : public DedupStage {
     std::vector<char> needed(N, 0);
     for (auto& [a, b] : pairs) needed[a] = needed[b] = 1;
     std::vector<std::vector<uint64_t>> sets(N);
-    for_each_shard(in.shard_files.size(), in.workers, [&](size_t i) {
+    parallel_for(in.shard_files.size(), in.workers, [&](size_t i) {
       uint64_t g = d_.offset[i];
       read_shard(in.shard_files[i], in, [&](Doc& d) {
         LOOM_CHECK(g < d_.offset[i + 1], in.shard_files[i],
@@ -629,7 +605,7 @@ class FuzzyDedup : public DedupStage {
   std::vector<std::vector<uint64_t>> shingle_sets(const GlobalInput& in,
                                                   const std::vector<uint32_t>& docs) const {
     std::vector<std::vector<uint64_t>> sets(docs.size());
-    for_each_shard(in.shard_files.size(), in.workers, [&](size_t i) {
+    parallel_for(in.shard_files.size(), in.workers, [&](size_t i) {
       if (!in.owns(i)) return;
       auto lo = std::lower_bound(docs.begin(), docs.end(), dd_.begin(i));
       if (lo == docs.end() || *lo >= dd_.end(i)) return;  // none needed from this shard

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "curate/collective.h"
 #include "curate/text.h"
 #include "curate/writer.h"
@@ -117,34 +118,6 @@ struct Progress {
 };
 
 namespace {
-
-// Runs fn(i) for i in [0, n) on `workers` threads; the first exception stops the others and
-// is rethrown here.
-void parallel_for(size_t n, int workers, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex mu;
-  auto body = [&] {
-    for (;;) {
-      size_t i = next.fetch_add(1);
-      if (i >= n || failed) return;
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-    }
-  };
-  int t = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(1, workers)), n));
-  std::vector<std::thread> threads;
-  for (int k = 1; k < t; ++k) threads.emplace_back(body);
-  body();
-  for (auto& th : threads) th.join();
-  if (error) std::rethrow_exception(error);
-}
 
 // Prints progress lines from a background thread until stopped.
 class ProgressPrinter {

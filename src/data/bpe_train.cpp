@@ -6,11 +6,11 @@
 #include <deque>
 #include <mutex>
 #include <queue>
-#include <thread>
 
 #include "core/error.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "data/line_reader.h"
 
 namespace loom::data {
@@ -66,33 +66,32 @@ PieceCounts count_pieces(const std::vector<std::string>& inputs, const BpeTrainO
   std::condition_variable cv_work, cv_space;
   std::deque<LineBlock> queue;
   bool done = false;
-  std::string error;
-  std::vector<std::thread> workers;
-  for (int t = 0; t < n; ++t) {
-    workers.emplace_back([&, t] {
-      while (true) {
-        LineBlock b;
-        {
-          std::unique_lock lk(mu);
-          cv_work.wait(lk, [&] { return !queue.empty() || done; });
-          if (queue.empty()) return;
-          b = std::move(queue.front());
-          queue.pop_front();
-        }
-        cv_space.notify_one();
-        try {
+  // A failing worker empties the queue and stops the reader; join() rethrows its error.
+  WorkerGroup workers(
+      n,
+      [&](int t) {
+        while (true) {
+          LineBlock b;
+          {
+            std::unique_lock lk(mu);
+            cv_work.wait(lk, [&] { return !queue.empty() || done; });
+            if (queue.empty()) return;
+            b = std::move(queue.front());
+            queue.pop_front();
+          }
+          cv_space.notify_one();
           block_texts(b, reader.path(b.file), opt.text_field, opt, partial[size_t(t)]);
-        } catch (const Error& e) {
+        }
+      },
+      [&] {
+        {
           std::lock_guard lk(mu);
-          if (error.empty()) error = e.what();
           done = true;
           queue.clear();
-          cv_space.notify_all();
-          return;
         }
-      }
-    });
-  }
+        cv_space.notify_all();
+        cv_work.notify_all();
+      });
   double t0 = now_seconds(), last = t0;
   LineBlock b;
   try {
@@ -118,7 +117,7 @@ PieceCounts count_pieces(const std::vector<std::string>& inputs, const BpeTrainO
       done = true;
     }
     cv_work.notify_all();
-    for (auto& w : workers) w.join();
+    workers.join_quietly();
     throw;
   }
   {
@@ -126,8 +125,7 @@ PieceCounts count_pieces(const std::vector<std::string>& inputs, const BpeTrainO
     done = true;
   }
   cv_work.notify_all();
-  for (auto& w : workers) w.join();
-  if (!error.empty()) throw Error(error);
+  workers.join();
   PieceCounts total = std::move(partial[0]);
   for (size_t t = 1; t < partial.size(); ++t)
     for (auto& [k, v] : partial[t]) total[k] += v;

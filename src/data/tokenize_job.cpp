@@ -5,12 +5,12 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "data/indexed_dataset.h"
 #include "data/line_reader.h"
 #include "data/unicode.h"
@@ -99,38 +99,44 @@ TokenizeStats tokenize_jsonl(const BpeTokenizer& tok, const TokenizeOptions& opt
   std::condition_variable cv_work, cv_done;
   std::deque<LineBlock> todo;
   std::map<uint64_t, std::pair<size_t, BlockResult>> done;  // seq -> (file, result)
-  bool stop = false;
-  std::vector<std::thread> workers;
-  auto shutdown = [&] {
+  bool stop = false, worker_failed = false;
+  // A worker that throws wakes the writer below, which then rethrows its exception.
+  WorkerGroup workers(
+      n_workers,
+      [&](int) {
+        while (true) {
+          LineBlock b;
+          {
+            std::unique_lock lk(mu);
+            cv_work.wait(lk, [&] { return !todo.empty() || stop; });
+            if (todo.empty()) return;
+            b = std::move(todo.front());
+            todo.pop_front();
+          }
+          BlockResult r;
+          process_block(tok, opt, eod, b, r);
+          {
+            std::lock_guard lk(mu);
+            done.emplace(b.seq, std::make_pair(b.file, std::move(r)));
+          }
+          cv_done.notify_all();
+        }
+      },
+      [&] {
+        {
+          std::lock_guard lk(mu);
+          stop = worker_failed = true;
+        }
+        cv_work.notify_all();
+        cv_done.notify_all();
+      });
+  auto stop_workers = [&] {
     {
       std::lock_guard lk(mu);
       stop = true;
     }
     cv_work.notify_all();
-    for (auto& w : workers) w.join();
-    workers.clear();
   };
-  for (int t = 0; t < n_workers; ++t) {
-    workers.emplace_back([&] {
-      while (true) {
-        LineBlock b;
-        {
-          std::unique_lock lk(mu);
-          cv_work.wait(lk, [&] { return !todo.empty() || stop; });
-          if (todo.empty()) return;
-          b = std::move(todo.front());
-          todo.pop_front();
-        }
-        BlockResult r;
-        process_block(tok, opt, eod, b, r);
-        {
-          std::lock_guard lk(mu);
-          done.emplace(b.seq, std::make_pair(b.file, std::move(r)));
-        }
-        cv_done.notify_all();
-      }
-    });
-  }
 
   TokenizeStats st;
   st.input_bytes = reader.total_bytes();
@@ -144,7 +150,12 @@ TokenizeStats tokenize_jsonl(const BpeTokenizer& tok, const TokenizeOptions& opt
     std::pair<size_t, BlockResult> item;
     {
       std::unique_lock lk(mu);
-      cv_done.wait(lk, [&] { return done.count(next_write) > 0; });
+      cv_done.wait(lk, [&] { return done.count(next_write) > 0 || worker_failed; });
+      if (done.count(next_write) == 0) {
+        lk.unlock();
+        workers.join();  // rethrows the worker's exception
+        fail("tokenize: a worker stopped without a result for block ", next_write);
+      }
       item = std::move(done[next_write]);
       done.erase(next_write);
     }
@@ -188,10 +199,12 @@ TokenizeStats tokenize_jsonl(const BpeTokenizer& tok, const TokenizeOptions& opt
     }
     while (next_write < submitted) write_next();
   } catch (...) {
-    shutdown();
+    stop_workers();
+    workers.join_quietly();
     throw;  // the writer's destructor removes the temporary outputs
   }
-  shutdown();
+  stop_workers();
+  workers.join();
   writer.finalize();
   st.seconds = now_seconds() - t0;
   if (opt.progress) {

@@ -12,15 +12,6 @@
 
 namespace loom {
 
-static std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::string item;
-  std::istringstream in(s);
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOptions& opt,
                                                const ModelConfig& model, const std::string& split,
                                                int dp_rank, int dp_size) {
@@ -28,7 +19,7 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
   const uint64_t seed =
       static_cast<uint64_t>(cfg.get_int("data.seed", static_cast<int64_t>(opt.seed)));
   if (kind == "text") {
-    auto paths = split_list(cfg.get_string("data.paths", "/usr/share/common-licenses"));
+    auto paths = cfg.get_string_list("data.paths", {"/usr/share/common-licenses"});
     double valid_fraction = cfg.get_double("data.valid_fraction", 0.05);
     return std::make_unique<ByteTextSource>(paths, opt.micro_batch, opt.seq_len, seed,
                                             valid_fraction, split, dp_rank, dp_size);
@@ -52,9 +43,9 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
   LOOM_CHECK(kind == "tokens", "data.source must be 'text', 'tokens', 'chat' or 'preference', ",
              "got '", kind, "'");
   data::LoaderConfig lc;
-  lc.prefixes = split_list(cfg.get_string("data.prefixes", ""));
+  lc.prefixes = cfg.get_string_list("data.prefixes", {});
   LOOM_CHECK(!lc.prefixes.empty(), "data.prefixes must name at least one token file prefix");
-  for (auto& w : split_list(cfg.get_string("data.weights", ""))) {
+  for (auto& w : cfg.get_string_list("data.weights", {})) {
     char* end = nullptr;
     double v = std::strtod(w.c_str(), &end);
     LOOM_CHECK(*end == 0 && v > 0, "data.weights: '", w, "' is not a positive number");

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run HERE (the CI/dev machine): copies the two Debian libraries the CPU reference side of the
-# GPU tests needs (OpenBLAS, GoogleTest) into build-gpudeps/, which the GPU machine lacks (it
-# has only the CUDA toolkit, CMake and ninja). build-gpudeps/ is git-ignored (/build*/); pass
-# it to the device tool as a carried path. About 41 MiB.
+# Run HERE (the CI/dev machine): copies the Debian libraries the CPU reference side of the
+# GPU tests needs (OpenBLAS, GoogleTest, and the toml++ headers src/core uses header-only) into
+# build-gpudeps/, which the GPU machine lacks (it has only the CUDA toolkit, CMake and ninja).
+# build-gpudeps/ is git-ignored (/build*/); pass it to the device tool as a carried path.
+# About 42 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=build-gpudeps
@@ -13,6 +14,7 @@ cp /usr/include/x86_64-linux-gnu/openblas-openmp/*.h "$D/include/"
 cp -L /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so "$D/lib/libopenblas.so.0"
 cp -L /lib/x86_64-linux-gnu/libgfortran.so.5 /lib/x86_64-linux-gnu/libquadmath.so.0 "$D/lib/"
 cp -r /usr/include/gtest "$D/include/"
+cp -r /usr/include/toml++ "$D/include/"
 cp /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.a \
    "$D/lib/x86_64-linux-gnu/"
 # GTest's CMake package; gmock targets are dropped (not shipped).

@@ -84,8 +84,12 @@ TEST(PlanInput, MalformedConfigsNameTheProblem) {
   EXPECT_NE(e.find("missing field 'train.global_batch'"), std::string::npos) << e;
   e = error_of("[model]\npreset = \"llama3-8b\"\n[train]\nglobal_batch = 8\n");
   EXPECT_NE(e.find("missing field 'cluster.preset'"), std::string::npos) << e;
+  e = error_of(std::string(kGood) + "micro_batch = \"two\"\n");
+  EXPECT_NE(e.find("plan.toml:12: 'train.micro_batch' must be an integer"), std::string::npos) << e;
+  // A bare word is not a TOML value: a syntax error naming the line, column and the line's text.
   e = error_of(std::string(kGood) + "micro_batch = two\n");
-  EXPECT_NE(e.find("'train.micro_batch' must be an integer"), std::string::npos) << e;
+  EXPECT_NE(e.find("plan.toml:12:"), std::string::npos) << e;
+  EXPECT_NE(e.find("micro_batch = two"), std::string::npos) << e;
 }
 
 TEST(PlanInput, ExampleConfigsLoadAndFit) {
