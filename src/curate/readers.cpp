@@ -31,6 +31,25 @@ static bool wanted(const std::string& path, const std::string& format) {
   return true;
 }
 
+// The wanted files under dir, recursively. Errors (a subdirectory that cannot be opened, an
+// entry whose type cannot be read) name the path: the iterator's own exception does not.
+static std::vector<std::string> list_input_dir(const std::string& dir, const std::string& format) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, ec), end;
+  LOOM_CHECK(!ec, "cannot read input directory '", dir, "': ", ec.message());
+  while (it != end) {
+    const fs::path entry = it->path();
+    bool regular = it->is_regular_file(ec);
+    LOOM_CHECK(!ec, "cannot read input '", entry.string(), "': ", ec.message());
+    if (regular && wanted(entry.string(), format)) found.push_back(entry.string());
+    it.increment(ec);
+    // A failed increment is opening the entry just seen (a subdirectory) or reading its parent.
+    LOOM_CHECK(!ec, "cannot read input directory '", entry.string(), "': ", ec.message());
+  }
+  return found;
+}
+
 std::vector<InputShard> plan_shards(const std::vector<std::string>& paths,
                                     const std::string& format, int files_per_shard) {
   std::vector<std::string> files;
@@ -44,15 +63,18 @@ std::vector<InputShard> plan_shards(const std::vector<std::string>& paths,
       globfree(&g);
       LOOM_CHECK(!matches.empty(), "input pattern '", p, "' matches no files");
     } else {
-      LOOM_CHECK(fs::exists(p), "input path '", p, "' does not exist");
+      std::error_code ec;
+      bool there = fs::exists(p, ec);
+      LOOM_CHECK(!ec, "input path '", p, "': ", ec.message());
+      LOOM_CHECK(there, "input path '", p, "' does not exist");
       matches.push_back(p);
     }
     for (auto& m : matches) {
-      if (fs::is_directory(m)) {
-        std::vector<std::string> found;
-        for (auto& e : fs::recursive_directory_iterator(m))
-          if (e.is_regular_file() && wanted(e.path().string(), format))
-            found.push_back(e.path().string());
+      std::error_code ec;
+      bool dir = fs::is_directory(m, ec);
+      LOOM_CHECK(!ec, "input path '", m, "': ", ec.message());
+      if (dir) {
+        std::vector<std::string> found = list_input_dir(m, format);
         std::sort(found.begin(), found.end());
         files.insert(files.end(), found.begin(), found.end());
       } else {
