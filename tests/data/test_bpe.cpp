@@ -185,8 +185,8 @@ TEST(Bpe, EncodingFromManyThreadsGivesTheSameIds) {
 }
 
 TEST(Bpe, BadFilesGiveClearErrors) {
-  std::string dir = ::testing::TempDir() + "/loom_data/bpe_bad";
-  make_dirs(dir);
+  loom::test::TempDir tmp("bpe_bad");
+  std::string dir = tmp.path;
   write_file_atomic(dir + "/bad.tiktoken", "IQ== 0\nnot-base64! 1\n");
   try {
     load_tiktoken(dir + "/bad.tiktoken", PreTokenizer::Gpt2, {});

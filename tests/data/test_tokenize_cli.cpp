@@ -24,7 +24,7 @@ namespace {
 const std::string kTok = std::string(LOOM_DATA_FIXTURES) + "/tokenizers";
 
 std::string work_dir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "/loom_data/tokenize_cli/" + name;
+  std::string d = loom::test::this_test_dir() + "/" + name;
   remove_all(d);
   make_dirs(d);
   return d;
@@ -34,8 +34,7 @@ std::string work_dir(const std::string& name) {
 int run_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr,
             const std::string& stdin_text = "") {
   // One folder per test: CTest may run this binary's tests as parallel processes.
-  std::string dir = ::testing::TempDir() + "/loom_data/tokenize_cli/io_" +
-                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::string dir = loom::test::this_test_dir() + "/io";
   make_dirs(dir);
   write_file_atomic(dir + "/stdin.txt", stdin_text);
   std::string cmd = std::string(LOOM_DATA_CLI) + " " + args + " < " + dir + "/stdin.txt > " + dir +
