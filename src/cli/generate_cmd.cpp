@@ -26,11 +26,11 @@ int run_generate(const Args& args) {
   if (!o.parse(args)) return 0;
   SamplingOptions s;
   s.temperature = static_cast<float>(o.get_double("temperature"));
-  s.top_k = o.get_int32("top-k", 0);
+  s.top_k = static_cast<int>(o.get_int("top-k"));
   s.top_p = static_cast<float>(o.get_double("top-p"));
   s.seed = static_cast<uint64_t>(o.get_int("seed"));
   validate(s);
-  int n = o.get_int32("tokens", 0);
+  int n = static_cast<int>(o.get_int("tokens"));
   LOOM_CHECK(n >= 0, "--tokens must be >= 0");
   auto model = load_model_from_checkpoint(o.get("ckpt"));
   std::string prompt = o.get("prompt");
