@@ -3,6 +3,7 @@
 #include <gumbo.h>
 
 #include <algorithm>
+#include <cctype>
 #include <csetjmp>
 #include <cstdlib>
 #include <cstring>
@@ -369,10 +370,77 @@ class ParseMemory {
   std::jmp_buf over_;
 };
 
+// How deep the tags of a page nest, estimated from its text before gumbo sees it: gumbo's
+// time grows with the square of the depth (100,000 nested <div>: 9 s), so a page past
+// kPrescanFactor * max_depth is refused without parsing. Start tags count +1 and end tags -1;
+// void elements, self-closing tags, comments, <script>/<style> contents and the tags HTML
+// closes implicitly (p, li, td, ...) are not counted, so ordinary sloppy markup stays far
+// below the bound; the parsed tree's depth is still checked against max_depth exactly.
+constexpr size_t kPrescanFactor = 8;
+
+bool uncounted_tag(std::string_view name) {
+  static const char* kNames[] = {
+      "area",  "base",  "br",       "col",      "embed",   "hr",     "img",      "input",
+      "link",  "meta",  "param",    "source",   "track",   "wbr",    "p",        "li",
+      "dt",    "dd",    "tr",       "td",       "th",      "option", "optgroup", "thead",
+      "tbody", "tfoot", "colgroup", "rb",       "rt",      "rp",     "html",     "head",
+      "body",  "frame", "keygen",   "basefont", "bgsound", "image",  "isindex"};
+  for (const char* n : kNames)
+    if (name == n) return true;
+  return false;
+}
+
+size_t estimated_depth(std::string_view h, size_t stop_after) {
+  size_t depth = 0, deepest = 0;
+  std::string name;
+  for (size_t i = h.find('<'); i != std::string_view::npos && i + 1 < h.size();
+       i = h.find('<', i + 1)) {
+    if (h.compare(i, 4, "<!--") == 0) {
+      size_t end = h.find("-->", i + 4);
+      if (end == std::string_view::npos) break;
+      i = end + 2;
+      continue;
+    }
+    bool closing = h[i + 1] == '/';
+    size_t b = i + 1 + (closing ? 1 : 0), e = b;
+    while (e < h.size() && std::isalnum(static_cast<unsigned char>(h[e]))) ++e;
+    if (e == b || e - b > 16) continue;  // not a tag name: text such as "a < b"
+    name.assign(h.data() + b, e - b);
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    size_t gt = h.find('>', e);
+    if (gt == std::string_view::npos) break;
+    if (closing) {
+      if (!uncounted_tag(name) && depth > 0) --depth;
+    } else if (name == "script" || name == "style" || name == "textarea" || name == "title") {
+      size_t end = h.find("</", gt);  // raw text: markup inside is not markup
+      while (end != std::string_view::npos &&
+             (h.size() - end < name.size() + 2 ||
+              !std::equal(
+                  name.begin(), name.end(), h.begin() + static_cast<long>(end) + 2,
+                  [](char a, char c) { return a == std::tolower(static_cast<unsigned char>(c)); })))
+        end = h.find("</", end + 2);
+      if (end == std::string_view::npos) break;
+      gt = end;
+    } else if (!uncounted_tag(name) && h[gt - 1] != '/') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > stop_after) break;
+    }
+    i = gt;
+  }
+  return deepest;
+}
+
 }  // namespace
 
 Extracted extract_main_text(std::string_view html_in, const ExtractOptions& opt) {
   Extracted out;
+  const size_t prescan_limit = opt.max_depth * kPrescanFactor;
+  if (estimated_depth(html_in, prescan_limit) > prescan_limit) {
+    out.rejected = "too_deep";
+    out.limit = cat("more than ", prescan_limit, " nested start tags (", kPrescanFactor,
+                    " x max_depth = ", opt.max_depth, "), refused before parsing");
+    return out;
+  }
   std::string html = repair_utf8(html_in, true);
   ParseMemory memory(opt.max_parse_bytes);
   GumboOutput* g = memory.parse(html);
