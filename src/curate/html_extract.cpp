@@ -378,24 +378,42 @@ class ParseMemory {
 // below the bound; the parsed tree's depth is still checked against max_depth exactly.
 constexpr size_t kPrescanFactor = 8;
 
-bool uncounted_tag(std::string_view name) {
-  static const char* kNames[] = {
-      "area",  "base",  "br",       "col",      "embed",   "hr",     "img",      "input",
-      "link",  "meta",  "param",    "source",   "track",   "wbr",    "p",        "li",
-      "dt",    "dd",    "tr",       "td",       "th",      "option", "optgroup", "thead",
-      "tbody", "tfoot", "colgroup", "rb",       "rt",      "rp",     "html",     "head",
-      "body",  "frame", "keygen",   "basefont", "bgsound", "image",  "isindex"};
-  for (const char* n : kNames)
-    if (name == n) return true;
+// A lower-cased tag name of up to 8 characters packed into an integer (0: longer, or not a
+// name), so the pre-scan compares integers instead of strings.
+constexpr uint64_t tag_key(std::string_view name) {
+  if (name.empty() || name.size() > 8) return 0;
+  uint64_t k = 0;
+  for (char c : name) k = (k << 8) | static_cast<uint8_t>(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  return k;
+}
+
+bool uncounted_tag(uint64_t key) {
+  static constexpr uint64_t kKeys[] = {
+      tag_key("area"),    tag_key("base"),   tag_key("br"),       tag_key("col"),
+      tag_key("embed"),   tag_key("hr"),     tag_key("img"),      tag_key("input"),
+      tag_key("link"),    tag_key("meta"),   tag_key("param"),    tag_key("source"),
+      tag_key("track"),   tag_key("wbr"),    tag_key("p"),        tag_key("li"),
+      tag_key("dt"),      tag_key("dd"),     tag_key("tr"),       tag_key("td"),
+      tag_key("th"),      tag_key("option"), tag_key("optgroup"), tag_key("thead"),
+      tag_key("tbody"),   tag_key("tfoot"),  tag_key("colgroup"), tag_key("rb"),
+      tag_key("rt"),      tag_key("rp"),     tag_key("html"),     tag_key("head"),
+      tag_key("body"),    tag_key("frame"),  tag_key("keygen"),   tag_key("basefont"),
+      tag_key("bgsound"), tag_key("image"),  tag_key("isindex")};
+  for (uint64_t k : kKeys)
+    if (k == key) return true;
   return false;
 }
 
 size_t estimated_depth(std::string_view h, size_t stop_after) {
+  // Nesting past stop_after needs more tags than that: most pages have far fewer, and
+  // counting '<' (vectorised) costs little next to scanning the tags.
+  if (static_cast<size_t>(std::count(h.begin(), h.end(), '<')) <= stop_after) return 0;
+  static constexpr uint64_t kScript = tag_key("script"), kStyle = tag_key("style"),
+                            kTextarea = tag_key("textarea"), kTitle = tag_key("title");
   size_t depth = 0, deepest = 0;
-  std::string name;
   for (size_t i = h.find('<'); i != std::string_view::npos && i + 1 < h.size();
        i = h.find('<', i + 1)) {
-    if (h.compare(i, 4, "<!--") == 0) {
+    if (h[i + 1] == '!' && h.compare(i, 4, "<!--") == 0) {
       size_t end = h.find("-->", i + 4);
       if (end == std::string_view::npos) break;
       i = end + 2;
@@ -404,24 +422,27 @@ size_t estimated_depth(std::string_view h, size_t stop_after) {
     bool closing = h[i + 1] == '/';
     size_t b = i + 1 + (closing ? 1 : 0), e = b;
     while (e < h.size() && std::isalnum(static_cast<unsigned char>(h[e]))) ++e;
-    if (e == b || e - b > 16) continue;  // not a tag name: text such as "a < b"
-    name.assign(h.data() + b, e - b);
-    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (e == b) continue;  // not a tag: text such as "a < b"
     size_t gt = h.find('>', e);
     if (gt == std::string_view::npos) break;
+    const std::string_view name = h.substr(b, e - b);
+    const uint64_t key = tag_key(name);
     if (closing) {
-      if (!uncounted_tag(name) && depth > 0) --depth;
-    } else if (name == "script" || name == "style" || name == "textarea" || name == "title") {
-      size_t end = h.find("</", gt);  // raw text: markup inside is not markup
-      while (end != std::string_view::npos &&
-             (h.size() - end < name.size() + 2 ||
-              !std::equal(
-                  name.begin(), name.end(), h.begin() + static_cast<long>(end) + 2,
-                  [](char a, char c) { return a == std::tolower(static_cast<unsigned char>(c)); })))
-        end = h.find("</", end + 2);
+      if (!uncounted_tag(key) && depth > 0) --depth;
+    } else if (key != 0 && (key == kScript || key == kStyle || key == kTextarea || key == kTitle)) {
+      // Raw text: markup inside is not markup. Skip to this element's end tag.
+      size_t end = gt;
+      for (;;) {
+        end = h.find("</", end);
+        if (end == std::string_view::npos) break;
+        size_t n = end + 2;
+        while (n < h.size() && std::isalnum(static_cast<unsigned char>(h[n]))) ++n;
+        if (tag_key(h.substr(end + 2, n - end - 2)) == key) break;
+        end += 2;
+      }
       if (end == std::string_view::npos) break;
       gt = end;
-    } else if (!uncounted_tag(name) && h[gt - 1] != '/') {
+    } else if (!uncounted_tag(key) && h[gt - 1] != '/') {
       deepest = std::max(deepest, ++depth);
       if (deepest > stop_after) break;
     }
