@@ -31,11 +31,11 @@ int run_bench(const Args& args) {
       .value("recompute", b.recompute, "none, selective or full");
   if (!o.parse(Args(args.begin() + 1, args.end()))) return 0;
   b.preset = o.get("preset");
-  b.batch = static_cast<int>(o.get_int("batch"));
-  b.seq = static_cast<int>(o.get_int("seq"));
-  b.threads = static_cast<int>(o.get_int("threads"));
-  b.steps = static_cast<int>(o.get_int("steps"));
-  b.warmup = static_cast<int>(o.get_int("warmup"));
+  b.batch = o.get_int32("batch", 1);
+  b.seq = o.get_int32("seq", 1);
+  b.threads = o.get_int32("threads", 0);
+  b.steps = o.get_int32("steps", 1);
+  b.warmup = o.get_int32("warmup", 0);
   b.precision = o.get("precision");
   b.recompute = o.get("recompute");
   Json j = run_train_bench(b);

@@ -35,7 +35,7 @@ static int curate_run(const Args& args) {
   for (auto& s : o.all("set")) cfg.set_override(s);
   curate::Pipeline p(cfg);
   curate::RunOptions ro;
-  ro.workers = static_cast<int>(o.get_int("workers"));
+  ro.workers = o.get_int32("workers", 0);
   ro.restart = o.has("restart");
   ro.progress_interval = o.get_double("progress");
   if (const char* c = std::getenv("LOOM_CURATE_CRASH_AFTER_DOCS"))
@@ -101,9 +101,9 @@ static int curate_train(const Args& args) {
   std::vector<curate::LabelledText> valid(data.end() - static_cast<long>(nvalid), data.end());
   data.resize(data.size() - nvalid);
   curate::ClassifierOptions co;
-  co.dim = static_cast<int>(o.get_int("dim"));
-  co.buckets = static_cast<int>(o.get_int("buckets"));
-  co.epochs = static_cast<int>(o.get_int("epochs"));
+  co.dim = o.get_int32("dim", 1);
+  co.buckets = o.get_int32("buckets", 1);
+  co.epochs = o.get_int32("epochs", 1);
   co.lr = o.get_double("lr");
   co.seed = static_cast<uint64_t>(o.get_int("seed"));
   log_info("train-classifier: ", data.size(), " training and ", valid.size(), " held-out examples");

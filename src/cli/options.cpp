@@ -1,6 +1,7 @@
 #include "cli/options.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -87,13 +88,14 @@ std::string Options::get(const std::string& name) const {
   return o->def;
 }
 
-int64_t Options::get_int(const std::string& name) const {
+int64_t Options::get_int(const std::string& name, int64_t lo, int64_t hi) const {
   std::string s = get(name);
   char* end = nullptr;
   errno = 0;
   long long v = std::strtoll(s.c_str(), &end, 10);
-  LOOM_CHECK(!s.empty() && *end == 0 && errno == 0, "--", name, " must be an integer, got '", s,
-             "'");
+  LOOM_CHECK(!s.empty() && *end == 0, "--", name, " must be an integer, got '", s, "'");
+  LOOM_CHECK(errno != ERANGE && v >= lo && v <= hi, "--", name, " = ", s, " is out of range [", lo,
+             ", ", hi, "]");
   return v;
 }
 
@@ -102,6 +104,7 @@ double Options::get_double(const std::string& name) const {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   LOOM_CHECK(!s.empty() && *end == 0, "--", name, " must be a number, got '", s, "'");
+  LOOM_CHECK(std::isfinite(v), "--", name, " = ", s, " is not a finite number");
   return v;
 }
 

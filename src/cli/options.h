@@ -30,9 +30,14 @@ class Options {
   bool parse(const Args& args);
 
   std::string get(const std::string& name) const;
-  int64_t get_int(const std::string& name) const;
-  double get_double(const std::string& name) const;
-  bool has(const std::string& name) const;  // flag given, or value given explicitly
+  // Integers are range-checked: out of [lo, hi] (or of int64) is an error naming the option
+  // and the value, never a silent wrap when the caller narrows.
+  int64_t get_int(const std::string& name, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) const;
+  int get_int32(const std::string& name, int lo = INT32_MIN, int hi = INT32_MAX) const {
+    return static_cast<int>(get_int(name, lo, hi));
+  }
+  double get_double(const std::string& name) const;  // finite numbers only
+  bool has(const std::string& name) const;           // flag given, or value given explicitly
   const std::vector<std::string>& all(const std::string& name) const;
   std::string help() const;
 

@@ -38,7 +38,7 @@ int run_tokenize(const Args& args) {
   opt.field = o.get("field");
   opt.output_prefix = o.get("out");
   opt.append_eod = o.has("append-eod");
-  int workers = int(o.get_int("workers"));
+  int workers = o.get_int32("workers", 0);
   opt.workers = workers > 0 ? workers : int(std::max(1u, std::thread::hardware_concurrency()));
   opt.skip_errors = on_error == "skip";
   data::TokenizeStats st = data::tokenize_jsonl(*tok, opt);

@@ -41,11 +41,11 @@ int tokenizer_train(const Args& args) {
   if (!o.parse(args)) return 0;
   LOOM_CHECK(!o.all("input").empty(), "missing required option --input (see --help)");
   data::BpeTrainOptions opt;
-  opt.vocab_size = int32_t(o.get_int("vocab-size"));
+  opt.vocab_size = o.get_int32("vocab-size", 1);
   if (!o.all("special").empty()) opt.specials = o.all("special");
   opt.text_field = o.get("field");
   opt.pretokenizer = data::parse_pretokenizer(o.get("pretokenizer"));
-  int threads = int(o.get_int("threads"));
+  int threads = o.get_int32("threads", 0);
   opt.threads = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
   double t0 = now_seconds();
   data::BpeTokenizer tok = data::train_bpe(o.all("input"), opt);
@@ -84,7 +84,15 @@ int tokenizer_decode(const Args& args) {
   Json j = Json::parse(read_stdin(), "stdin");
   LOOM_CHECK(j.is_array(), "stdin: expected a JSON array of token ids");
   std::vector<int32_t> ids;
-  for (auto& v : j.as_array()) ids.push_back(int32_t(v.as_int()));
+  const auto& arr = j.as_array();
+  for (size_t i = 0; i < arr.size(); ++i) {
+    // Checked in 64 bits before narrowing: 4294967297 is not token 1.
+    try {
+      ids.push_back(static_cast<int32_t>(arr[i].as_int(0, int64_t(tok->vocab_size()) - 1)));
+    } catch (const Error& e) {
+      fail("stdin: token id [", i, "]: ", e.what(), " (vocabulary of ", tok->vocab_size(), ")");
+    }
+  }
   std::string text = tok->decode(ids);
   std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;

@@ -21,9 +21,23 @@ bool Json::as_bool() const {
   return i_ != 0;
 }
 int64_t Json::as_int() const {
-  if (type_ == Type::Float && std::floor(d_) == d_) return static_cast<int64_t>(d_);
+  if (type_ == Type::Float) {
+    // A float converts only when it is finite, whole and inside int64's range: casting any
+    // other double to an integer is undefined behaviour.
+    LOOM_CHECK(std::isfinite(d_) && std::floor(d_) == d_ && d_ >= -0x1p63 && d_ < 0x1p63,
+               "expected integer, got ", dump());
+    return static_cast<int64_t>(d_);
+  }
   LOOM_CHECK(type_ == Type::Int, "expected integer, got ", type_name(type_));
   return i_;
+}
+int64_t Json::as_int(int64_t lo, int64_t hi) const {
+  int64_t v = as_int();
+  LOOM_CHECK(v >= lo && v <= hi, "integer ", v, " out of range [", lo, ", ", hi, "]");
+  return v;
+}
+int32_t Json::as_int32() const {
+  return static_cast<int32_t>(as_int(INT32_MIN, INT32_MAX));
 }
 double Json::as_double() const {
   if (type_ == Type::Int) return static_cast<double>(i_);
@@ -406,8 +420,11 @@ class Parser {
       long long v = std::strtoll(num.c_str(), &end, 10);
       if (errno == 0 && *end == 0) return Json(static_cast<int64_t>(v));
     }
+    errno = 0;
     double d = std::strtod(num.c_str(), &end);
     if (*end != 0) error(cat("invalid number '", num, "'"));
+    // Overflow gives +-inf, which JSON cannot hold and no reader expects.
+    if (!std::isfinite(d)) error(cat("number '", num, "' out of range"));
     return Json(d);
   }
 

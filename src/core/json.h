@@ -42,7 +42,10 @@ class Json {
 
   // Typed access; throws loom::Error naming the expected type.
   bool as_bool() const;
+  // A Float converts only when finite, whole and inside int64 (else an error naming it).
   int64_t as_int() const;
+  int64_t as_int(int64_t lo, int64_t hi) const;  // also checks lo <= value <= hi
+  int32_t as_int32() const;
   double as_double() const;
   const std::string& as_string() const;
   const Array& as_array() const;

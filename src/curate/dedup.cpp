@@ -262,7 +262,8 @@ class ExactDedup : public DedupStage {
                  ".ids: remove ", in.work_dir, " and rerun");
       size_t at = hashes_.size();
       hashes_.resize(at + ids.size());
-      std::memcpy(hashes_.data() + at, h.data(), h.size());
+      // An empty shard has no hashes: memcpy with the null data() of an empty vector is UB.
+      if (!h.empty()) std::memcpy(hashes_.data() + at, h.data(), h.size());
       for (auto& id : ids) d_.ids.push_back(std::move(id));
     }
     d_.offset.push_back(d_.ids.size());
@@ -310,7 +311,7 @@ class ExactDedup : public DedupStage {
                  ".hash does not match ", base, ".ids: remove ", in.work_dir, " and rerun");
       auto& hs = own_hashes_[i];
       hs.resize(h.size() / sizeof(Hash128));
-      std::memcpy(hs.data(), h.data(), h.size());
+      if (!h.empty()) std::memcpy(hs.data(), h.data(), h.size());
       for (size_t k = 0; k < hs.size(); ++k)
         mine.push_back({hs[k], static_cast<uint32_t>(dd_.begin(i) + k)});
     }

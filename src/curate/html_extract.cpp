@@ -3,6 +3,9 @@
 #include <gumbo.h>
 
 #include <algorithm>
+#include <cctype>
+#include <csetjmp>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -139,12 +142,100 @@ struct Block {
   bool heading = false, item = false, pre = false;
 };
 
+// Children of an element or template node (others have none).
+const GumboVector* children_of(const GumboNode* n) {
+  if (n->type != GUMBO_NODE_ELEMENT && n->type != GUMBO_NODE_TEMPLATE) return nullptr;
+  return &n->v.element.children;
+}
+
+// Calls visit(node) in document order with an explicit stack (a page can nest elements far
+// deeper than a thread's stack allows recursion). visit returns kDescend, kSkip (not its
+// children) or kStop.
+enum Visit { kDescend, kSkip, kStop };
+template <class F>
+void preorder(const GumboNode* root, F&& visit) {
+  std::vector<std::pair<const GumboNode*, unsigned>> stack;
+  auto enter = [&](const GumboNode* n) {
+    Visit v = visit(n);
+    if (v == kDescend && children_of(n)) stack.push_back({n, 0});
+    return v != kStop;
+  };
+  if (!enter(root)) return;
+  while (!stack.empty()) {
+    auto& [n, next] = stack.back();
+    const GumboVector* c = children_of(n);
+    if (next == c->length) {
+      stack.pop_back();
+      continue;
+    }
+    if (!enter(static_cast<const GumboNode*>(c->data[next++]))) return;
+  }
+}
+
+// Deepest element nesting under root, counting stops once it passes `limit`.
+size_t tree_depth(const GumboNode* root, size_t limit) {
+  std::vector<std::pair<const GumboNode*, unsigned>> stack;
+  size_t deepest = 0;
+  if (children_of(root)) stack.push_back({root, 0});
+  while (!stack.empty()) {
+    deepest = std::max(deepest, stack.size());
+    if (deepest > limit) break;
+    auto& [n, next] = stack.back();
+    const GumboVector* c = children_of(n);
+    if (next == c->length) {
+      stack.pop_back();
+      continue;
+    }
+    auto* child = static_cast<const GumboNode*>(c->data[next++]);
+    if (children_of(child)) stack.push_back({child, 0});
+  }
+  return deepest;
+}
+
 class Walker {
  public:
   explicit Walker(Extracted& out) : out_(out) {}
   std::vector<Block> blocks;
 
-  void walk(const GumboNode* n, bool in_link, bool in_pre, bool drop_header) {
+  // Depth-first over the tree with an explicit stack: each frame holds an element whose
+  // children are being walked and what its descendants inherit (inside a link, inside <pre>,
+  // whether a <header> is still boilerplate).
+  void walk(const GumboNode* root, bool drop_header) {
+    enter(root, false, false, drop_header);
+    while (!stack_.empty()) {
+      Frame& f = stack_.back();
+      const GumboElement& e = f.node->v.element;
+      if (f.next < e.children.length) {
+        const Frame parent = f;  // enter() may grow the stack and move f
+        ++f.next;
+        enter(static_cast<const GumboNode*>(e.children.data[parent.next]), parent.link, parent.pre,
+              parent.drop_header);
+        continue;
+      }
+      if (f.block) flush();
+      if (e.tag == GUMBO_TAG_TD || e.tag == GUMBO_TAG_TH) cur_.text += ' ';
+      stack_.pop_back();
+    }
+  }
+
+  void flush() {
+    std::string_view t = trim_view(cur_.text);
+    if (!t.empty()) {
+      Block b = cur_;
+      b.text = std::string(t);
+      blocks.push_back(std::move(b));
+    }
+    cur_ = Block();
+  }
+
+ private:
+  struct Frame {
+    const GumboNode* node;
+    unsigned next;
+    bool link, pre, drop_header, block;
+  };
+
+  void enter(const GumboNode* n, bool in_link, bool in_pre, bool drop_header) {
     if (n->type == GUMBO_NODE_TEXT || n->type == GUMBO_NODE_WHITESPACE ||
         n->type == GUMBO_NODE_CDATA) {
       add_text(n->v.text.text, in_link, in_pre);
@@ -169,23 +260,9 @@ class Walker {
     bool link = in_link || e.tag == GUMBO_TAG_A;
     // Inside <article>/<main>, a <header> holds the title: keep it.
     bool dh = drop_header && e.tag != GUMBO_TAG_ARTICLE && e.tag != GUMBO_TAG_MAIN;
-    for (unsigned i = 0; i < e.children.length; ++i)
-      walk(static_cast<const GumboNode*>(e.children.data[i]), link, pre, dh);
-    if (block) flush();
-    if (e.tag == GUMBO_TAG_TD || e.tag == GUMBO_TAG_TH) cur_.text += ' ';
+    stack_.push_back({n, 0, link, pre, dh, block});
   }
 
-  void flush() {
-    std::string_view t = trim_view(cur_.text);
-    if (!t.empty()) {
-      Block b = cur_;
-      b.text = std::string(t);
-      blocks.push_back(std::move(b));
-    }
-    cur_ = Block();
-  }
-
- private:
   void add_text(const char* s, bool in_link, bool in_pre) {
     size_t before = cur_.text.size();
     if (in_pre) {
@@ -206,34 +283,198 @@ class Walker {
   }
   Extracted& out_;
   Block cur_;
+  std::vector<Frame> stack_;
 };
 
-const GumboNode* find_tag(const GumboNode* n, GumboTag tag, bool skip_dropped = true) {
-  if (n->type != GUMBO_NODE_ELEMENT) return nullptr;
-  if (n->v.element.tag == tag) return n;
-  if (skip_dropped && dropped_element(n->v.element)) return nullptr;
-  for (unsigned i = 0; i < n->v.element.children.length; ++i)
-    if (auto* f = find_tag(static_cast<const GumboNode*>(n->v.element.children.data[i]), tag,
-                           skip_dropped))
-      return f;
-  return nullptr;
+const GumboNode* find_tag(const GumboNode* root, GumboTag tag, bool skip_dropped = true) {
+  const GumboNode* found = nullptr;
+  preorder(root, [&](const GumboNode* n) {
+    if (n->type != GUMBO_NODE_ELEMENT) return kSkip;
+    if (n->v.element.tag == tag) {
+      found = n;
+      return kStop;
+    }
+    if (skip_dropped && dropped_element(n->v.element)) return kSkip;
+    return kDescend;
+  });
+  return found;
 }
 
-std::string node_text(const GumboNode* n) {
-  if (n->type == GUMBO_NODE_TEXT) return n->v.text.text;
+std::string node_text(const GumboNode* root) {
   std::string s;
-  if (n->type == GUMBO_NODE_ELEMENT)
-    for (unsigned i = 0; i < n->v.element.children.length; ++i)
-      s += node_text(static_cast<const GumboNode*>(n->v.element.children.data[i]));
+  preorder(root, [&](const GumboNode* n) {
+    if (n->type == GUMBO_NODE_TEXT) s += n->v.text.text;
+    return n->type == GUMBO_NODE_ELEMENT ? kDescend : kSkip;
+  });
   return s;
+}
+
+// Gumbo's memory for one parse. Each allocation carries a header linking it into a list, so
+// the bytes live are counted against the limit and a parse abandoned at the limit (gumbo has
+// no way to fail an allocation) frees everything it had allocated. Freeing the list at the end
+// also replaces gumbo_destroy_output, which recurses once per level of nesting.
+class ParseMemory {
+ public:
+  explicit ParseMemory(size_t limit) : limit_(limit) {}
+  ~ParseMemory() {
+    for (Header* h = head_.next; h != &head_;) {
+      Header* next = h->next;
+      std::free(h);
+      h = next;
+    }
+  }
+  ParseMemory(const ParseMemory&) = delete;
+  ParseMemory& operator=(const ParseMemory&) = delete;
+
+  // The parse, or nullptr when it passed the limit. setjmp sits in this frame, which holds no
+  // object with a destructor: the longjmp from allocate() crosses only gumbo's C frames.
+  GumboOutput* parse(const std::string& html) {
+    GumboOptions o = kGumboDefaultOptions;
+    o.allocator = &allocate;
+    o.deallocator = &deallocate;
+    o.userdata = this;
+    o.max_errors = 0;  // parse errors are not used: do not spend memory recording them
+    if (setjmp(over_) != 0) return nullptr;
+    return gumbo_parse_with_options(&o, html.data(), html.size());
+  }
+
+ private:
+  struct alignas(16) Header {
+    Header *prev, *next;
+    size_t size;
+  };
+  static void* allocate(void* self, size_t n) {
+    auto* m = static_cast<ParseMemory*>(self);
+    if (n > m->limit_ - m->live_) std::longjmp(m->over_, 1);
+    auto* h = static_cast<Header*>(std::malloc(sizeof(Header) + n));
+    if (!h) std::longjmp(m->over_, 1);
+    h->size = n;
+    h->prev = &m->head_;
+    h->next = m->head_.next;
+    m->head_.next->prev = h;
+    m->head_.next = h;
+    m->live_ += n;
+    return h + 1;
+  }
+  static void deallocate(void* self, void* p) {
+    if (!p) return;
+    auto* m = static_cast<ParseMemory*>(self);
+    Header* h = static_cast<Header*>(p) - 1;
+    h->prev->next = h->next;
+    h->next->prev = h->prev;
+    m->live_ -= h->size;
+    std::free(h);
+  }
+  Header head_{&head_, &head_, 0};
+  size_t limit_, live_ = 0;
+  std::jmp_buf over_;
+};
+
+// How deep the tags of a page nest, estimated from its text before gumbo sees it: gumbo's
+// time grows with the square of the depth (100,000 nested <div>: 9 s), so a page past
+// kPrescanFactor * max_depth is refused without parsing. Start tags count +1 and end tags -1;
+// void elements, self-closing tags, comments, <script>/<style> contents and the tags HTML
+// closes implicitly (p, li, td, ...) are not counted, so ordinary sloppy markup stays far
+// below the bound; the parsed tree's depth is still checked against max_depth exactly.
+constexpr size_t kPrescanFactor = 8;
+
+// A lower-cased tag name of up to 8 characters packed into an integer (0: longer, or not a
+// name), so the pre-scan compares integers instead of strings.
+constexpr uint64_t tag_key(std::string_view name) {
+  if (name.empty() || name.size() > 8) return 0;
+  uint64_t k = 0;
+  for (char c : name) k = (k << 8) | static_cast<uint8_t>(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  return k;
+}
+
+bool uncounted_tag(uint64_t key) {
+  static constexpr uint64_t kKeys[] = {
+      tag_key("area"),    tag_key("base"),   tag_key("br"),       tag_key("col"),
+      tag_key("embed"),   tag_key("hr"),     tag_key("img"),      tag_key("input"),
+      tag_key("link"),    tag_key("meta"),   tag_key("param"),    tag_key("source"),
+      tag_key("track"),   tag_key("wbr"),    tag_key("p"),        tag_key("li"),
+      tag_key("dt"),      tag_key("dd"),     tag_key("tr"),       tag_key("td"),
+      tag_key("th"),      tag_key("option"), tag_key("optgroup"), tag_key("thead"),
+      tag_key("tbody"),   tag_key("tfoot"),  tag_key("colgroup"), tag_key("rb"),
+      tag_key("rt"),      tag_key("rp"),     tag_key("html"),     tag_key("head"),
+      tag_key("body"),    tag_key("frame"),  tag_key("keygen"),   tag_key("basefont"),
+      tag_key("bgsound"), tag_key("image"),  tag_key("isindex")};
+  for (uint64_t k : kKeys)
+    if (k == key) return true;
+  return false;
+}
+
+size_t estimated_depth(std::string_view h, size_t stop_after) {
+  // Nesting past stop_after needs more tags than that: most pages have far fewer, and
+  // counting '<' (vectorised) costs little next to scanning the tags.
+  if (static_cast<size_t>(std::count(h.begin(), h.end(), '<')) <= stop_after) return 0;
+  static constexpr uint64_t kScript = tag_key("script"), kStyle = tag_key("style"),
+                            kTextarea = tag_key("textarea"), kTitle = tag_key("title");
+  size_t depth = 0, deepest = 0;
+  for (size_t i = h.find('<'); i != std::string_view::npos && i + 1 < h.size();
+       i = h.find('<', i + 1)) {
+    if (h[i + 1] == '!' && h.compare(i, 4, "<!--") == 0) {
+      size_t end = h.find("-->", i + 4);
+      if (end == std::string_view::npos) break;
+      i = end + 2;
+      continue;
+    }
+    bool closing = h[i + 1] == '/';
+    size_t b = i + 1 + (closing ? 1 : 0), e = b;
+    while (e < h.size() && std::isalnum(static_cast<unsigned char>(h[e]))) ++e;
+    if (e == b) continue;  // not a tag: text such as "a < b"
+    size_t gt = h.find('>', e);
+    if (gt == std::string_view::npos) break;
+    const std::string_view name = h.substr(b, e - b);
+    const uint64_t key = tag_key(name);
+    if (closing) {
+      if (!uncounted_tag(key) && depth > 0) --depth;
+    } else if (key != 0 && (key == kScript || key == kStyle || key == kTextarea || key == kTitle)) {
+      // Raw text: markup inside is not markup. Skip to this element's end tag.
+      size_t end = gt;
+      for (;;) {
+        end = h.find("</", end);
+        if (end == std::string_view::npos) break;
+        size_t n = end + 2;
+        while (n < h.size() && std::isalnum(static_cast<unsigned char>(h[n]))) ++n;
+        if (tag_key(h.substr(end + 2, n - end - 2)) == key) break;
+        end += 2;
+      }
+      if (end == std::string_view::npos) break;
+      gt = end;
+    } else if (!uncounted_tag(key) && h[gt - 1] != '/') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > stop_after) break;
+    }
+    i = gt;
+  }
+  return deepest;
 }
 
 }  // namespace
 
 Extracted extract_main_text(std::string_view html_in, const ExtractOptions& opt) {
   Extracted out;
+  const size_t prescan_limit = opt.max_depth * kPrescanFactor;
+  if (estimated_depth(html_in, prescan_limit) > prescan_limit) {
+    out.rejected = "too_deep";
+    out.limit = cat("more than ", prescan_limit, " nested start tags (", kPrescanFactor,
+                    " x max_depth = ", opt.max_depth, "), refused before parsing");
+    return out;
+  }
   std::string html = repair_utf8(html_in, true);
-  GumboOutput* g = gumbo_parse_with_options(&kGumboDefaultOptions, html.data(), html.size());
+  ParseMemory memory(opt.max_parse_bytes);
+  GumboOutput* g = memory.parse(html);
+  if (!g) {
+    out.rejected = "too_large";
+    out.limit = cat("parsing needs more than max_parse_bytes = ", opt.max_parse_bytes);
+    return out;
+  }
+  if (tree_depth(g->root, opt.max_depth) > opt.max_depth) {
+    out.rejected = "too_deep";
+    out.limit = cat("elements nested deeper than max_depth = ", opt.max_depth);
+    return out;
+  }
   const GumboNode* root = g->root;
   if (const GumboNode* t = find_tag(g->root, GUMBO_TAG_TITLE, false)) {
     out.title = std::string(trim_view(node_text(t)));
@@ -248,9 +489,8 @@ Extracted extract_main_text(std::string_view html_in, const ExtractOptions& opt)
     }
   }
   Walker w(out);
-  w.walk(root, false, false, drop_header);
+  w.walk(root, drop_header);
   w.flush();
-  gumbo_destroy_output(&kGumboDefaultOptions, g);
 
   std::string text;
   bool prev_item = false;
@@ -278,6 +518,14 @@ class HtmlExtractStage : public Stage {
     opt_.max_link_density = p.get_double("max_link_density", 0.5);
     opt_.prefer_main = p.get_bool("prefer_main", true);
     only_html_ = p.get_bool("only_html_content_type", true);
+    int64_t mb = p.get_int("max_parse_mb", 256);
+    LOOM_CHECK(mb >= 1 && mb <= (int64_t{1} << 20), "html_extract.max_parse_mb must be in [1, ",
+               int64_t{1} << 20, "], got ", mb);
+    opt_.max_parse_bytes = static_cast<size_t>(mb) << 20;
+    int64_t depth = p.get_int("max_depth", 1000);
+    LOOM_CHECK(depth >= 1 && depth <= 1000000,
+               "html_extract.max_depth must be in [1, 1000000], got ", depth);
+    opt_.max_depth = static_cast<size_t>(depth);
   }
   std::string process(Doc& doc, StageContext& ctx) const override {
     if (only_html_ && doc.record.contains("content_type")) {
@@ -286,6 +534,10 @@ class HtmlExtractStage : public Stage {
     }
     size_t html_bytes = doc.text.size();
     Extracted e = extract_main_text(doc.text, opt_);
+    if (!e.rejected.empty()) {
+      doc.record["rejected_limit"] = "html_extract: " + e.limit;
+      return e.rejected;
+    }
     ctx.count("blocks_dropped_link_density", e.blocks_dropped_links);
     ctx.count("elements_dropped_boilerplate", e.elements_dropped);
     ctx.score(

@@ -5,6 +5,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -150,8 +151,15 @@ bool LineReader::fill() {
   }
   size_t old = buf_.size();
   buf_.resize(old + (1 << 16));
-  size_t r = src_->read(buf_.data() + old, 1 << 16);
+  size_t r;
+  try {
+    r = src_->read(buf_.data() + old, 1 << 16);
+  } catch (...) {
+    buf_.resize(old);  // keep consumed() true for a reader that reports the damage
+    throw;
+  }
   buf_.resize(old + r);
+  filled_ += r;
   if (r == 0) eof_ = true;
   return r > 0;
 }
@@ -205,6 +213,17 @@ size_t LineReader::read_exact(std::string& out, size_t n) {
     pos_ += take;
   }
   return out.size();
+}
+
+uint64_t LineReader::skip(uint64_t n) {
+  uint64_t done = 0;
+  while (done < n) {
+    if (pos_ >= buf_.size() && !fill()) break;
+    size_t take = static_cast<size_t>(std::min<uint64_t>(n - done, buf_.size() - pos_));
+    pos_ += take;
+    done += take;
+  }
+  return done;
 }
 
 }  // namespace loom::curate

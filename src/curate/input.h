@@ -30,8 +30,14 @@ class LineReader {
   bool next(std::string& line, bool& too_long);
   // Exactly n bytes (fewer only at the end of the stream).
   size_t read_exact(std::string& out, size_t n);
+  // Passes over n bytes without keeping them; returns how many there were (fewer at the end).
+  uint64_t skip(uint64_t n);
   uint64_t line_number() const { return lineno_; }
   uint64_t position() const { return src_->position(); }
+  // Decompressed bytes handed out so far (lines with their '\n', read_exact, skip): what the
+  // input really held, whatever its headers claimed.
+  uint64_t consumed() const { return filled_ - (buf_.size() - pos_); }
+  uint64_t buffered() const { return buf_.size() - pos_; }  // decoded, not yet handed out
 
  private:
   bool fill();
@@ -41,6 +47,7 @@ class LineReader {
   size_t pos_ = 0;
   bool eof_ = false;
   uint64_t lineno_ = 0;
+  uint64_t filled_ = 0;  // bytes read from src_ into buf_
 };
 
 }  // namespace loom::curate

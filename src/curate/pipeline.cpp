@@ -269,6 +269,10 @@ Pipeline::ShardResult Pipeline::run_shard(size_t seg, const InputShard& shard,
   }
   progress.bytes += static_cast<int64_t>(reader->position() - last_pos);
   progress.docs += local_docs & 63;
+  if (reader->non_document_records > 0) {
+    reader_stats.counters["non_document_records"] += reader->non_document_records;
+    reader_stats.counters["non_document_bytes"] += reader->non_document_bytes;
+  }
 
   kept.commit();
   rejected.commit();
@@ -289,6 +293,8 @@ Pipeline::ShardResult Pipeline::run_shard(size_t seg, const InputShard& shard,
   }
   r.stats["errors"] = errs;
   r.stats["error_count"] = static_cast<int64_t>(reader->errors.size());
+  r.stats["unread_bytes"] = static_cast<int64_t>(reader->unread_bytes);
+  r.stats["stream_errors"] = reader->stream_errors;
   r.stats["kept"] = static_cast<int64_t>(kept.lines());
   r.stats["rejected"] = static_cast<int64_t>(rejected.lines());
   r.stats["seconds"] = now_seconds() - t0;
@@ -463,7 +469,7 @@ Json Pipeline::make_report(const std::vector<std::vector<Json>>& seg_stats, size
   StageStats reader_total;
   std::vector<StageStats> totals(stages_.size());
   Json errors = Json::array();
-  int64_t error_count = 0, kept = 0, rejected = 0;
+  int64_t error_count = 0, kept = 0, rejected = 0, unread = 0, cut = 0;
   std::map<std::string, double> busy;  // seconds per stage name, "reader", "writer"
   for (size_t seg = 0; seg < segments_.size(); ++seg) {
     for (auto& js : seg_stats[seg]) {
@@ -473,6 +479,8 @@ Json Pipeline::make_report(const std::vector<std::vector<Json>>& seg_stats, size
       for (size_t s = segments_[seg].begin; s < segments_[seg].end; ++s)
         totals[s].merge(StageStats::from_json(js.at("stages").at(stages_[s].name)));
       error_count += js.at("error_count").as_int();
+      if (js.contains("unread_bytes")) unread += js.at("unread_bytes").as_int();
+      if (js.contains("stream_errors")) cut += js.at("stream_errors").as_int();
       for (auto& e : js.at("errors").as_array())
         if (errors.size() < 1000) errors.push_back(e);
       rejected += js.at("rejected").as_int();
@@ -489,8 +497,13 @@ Json Pipeline::make_report(const std::vector<std::vector<Json>>& seg_stats, size
   out["dir"] = out_dir_;
   out["kept_docs"] = kept;
   out["rejected_docs"] = rejected;
-  // Every input document is kept or rejected, never lost.
+  // Every document read is kept or rejected, never lost; and every input byte was read (into
+  // a document, malformed input rejected with its reason, or a non-document WARC record)
+  // unless a stream error cut a file short.
   out["all_docs_accounted"] = kept + rejected == reader_total.docs_in;
+  out["unread_bytes"] = unread;
+  out["stream_errors"] = cut;
+  out["all_input_accounted"] = kept + rejected == reader_total.docs_in && unread == 0 && cut == 0;
   report["output"] = out;
   Json runj = Json::object();
   const double elapsed = std::max(1e-9, this_run.seconds);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <utility>
 
 #include "core/error.h"
 #include "core/json.h"
@@ -30,6 +31,25 @@ static bool wanted(const std::string& path, const std::string& format) {
   return true;
 }
 
+// The wanted files under dir, recursively. Errors (a subdirectory that cannot be opened, an
+// entry whose type cannot be read) name the path: the iterator's own exception does not.
+static std::vector<std::string> list_input_dir(const std::string& dir, const std::string& format) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, ec), end;
+  LOOM_CHECK(!ec, "cannot read input directory '", dir, "': ", ec.message());
+  while (it != end) {
+    const fs::path entry = it->path();
+    bool regular = it->is_regular_file(ec);
+    LOOM_CHECK(!ec, "cannot read input '", entry.string(), "': ", ec.message());
+    if (regular && wanted(entry.string(), format)) found.push_back(entry.string());
+    it.increment(ec);
+    // A failed increment is opening the entry just seen (a subdirectory) or reading its parent.
+    LOOM_CHECK(!ec, "cannot read input directory '", entry.string(), "': ", ec.message());
+  }
+  return found;
+}
+
 std::vector<InputShard> plan_shards(const std::vector<std::string>& paths,
                                     const std::string& format, int files_per_shard) {
   std::vector<std::string> files;
@@ -43,15 +63,18 @@ std::vector<InputShard> plan_shards(const std::vector<std::string>& paths,
       globfree(&g);
       LOOM_CHECK(!matches.empty(), "input pattern '", p, "' matches no files");
     } else {
-      LOOM_CHECK(fs::exists(p), "input path '", p, "' does not exist");
+      std::error_code ec;
+      bool there = fs::exists(p, ec);
+      LOOM_CHECK(!ec, "input path '", p, "': ", ec.message());
+      LOOM_CHECK(there, "input path '", p, "' does not exist");
       matches.push_back(p);
     }
     for (auto& m : matches) {
-      if (fs::is_directory(m)) {
-        std::vector<std::string> found;
-        for (auto& e : fs::recursive_directory_iterator(m))
-          if (e.is_regular_file() && wanted(e.path().string(), format))
-            found.push_back(e.path().string());
+      std::error_code ec;
+      bool dir = fs::is_directory(m, ec);
+      LOOM_CHECK(!ec, "input path '", m, "': ", ec.message());
+      if (dir) {
+        std::vector<std::string> found = list_input_dir(m, format);
         std::sort(found.begin(), found.end());
         files.insert(files.end(), found.begin(), found.end());
       } else {
@@ -102,8 +125,14 @@ class JsonlReader : public DocReader {
         got = lines_.next(line, too_long);
       } catch (const Error& e) {
         if (opt_.fail_on_error) throw;
-        errors.push_back({cat(path_, ":", lines_.line_number() + 1), e.what()});
-        return false;  // a corrupt stream cannot be resynchronised; the rest is lost
+        errors.push_back({cat(path_, ":", lines_.line_number() + 1),
+                          cat(e.what(), " (the rest of the file is unread)")});
+        // A corrupt stream cannot be resynchronised: the rest is reported as unread.
+        ++stream_errors;
+        uint64_t size = file_size_or_zero(path_);
+        unread_bytes +=
+            lines_.buffered() + (size > lines_.position() ? size - lines_.position() : 0);
+        return false;
       }
       if (!got) return false;
       if (!too_long && trim_view(line).empty()) continue;  // blank lines are not documents
@@ -207,43 +236,138 @@ class FileDocReader : public DocReader {
   uint64_t pos_ = 0;
 };
 
+// Strict decimal byte count: digits only, no sign, fits in int64 (strtoll would read "-5" as
+// a negative length and " 12x" as 12).
+bool parse_length(const std::string& s, int64_t& out) {
+  if (s.empty() || s.size() > 18) return false;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  out = v;
+  return true;
+}
+
 // WARC/1.0 (and 1.1) records: response records become documents holding the HTTP body
 // (HTML, content_type text/html), conversion records (WET) hold plain text; request, metadata
 // and warcinfo records are not documents and are only counted.
+//
+// Every byte read belongs to exactly one record: a record runs from its header line through
+// the blank lines after its payload. Junk between records, a header without a usable
+// Content-Length, a truncated record and the part of a record cut by a stream error become
+// documents rejected with a reason (and an error naming the place); after junk or a bad
+// header the reader resynchronises on the next line starting "WARC/".
 class WarcReader : public DocReader {
  public:
   WarcReader(std::string path, const ReaderOptions& opt)
       : path_(std::move(path)), opt_(opt), in_(open_source(path_), 1 << 20) {}
 
   bool next(Doc& doc, std::string& reject) override {
+    if (dead_) return false;
     try {
       return next_record(doc, reject);
     } catch (const Error& e) {
       if (opt_.fail_on_error) throw;
-      errors.push_back({cat(path_, " record ", records_ + 1), e.what()});
-      return false;
+      // The stream cannot be read past this point: what was decoded of the record becomes a
+      // rejected document, the rest of the file is reported as unread.
+      dead_ = true;
+      ++stream_errors;
+      uint64_t size = file_size_or_zero(path_);
+      unread_bytes += size > in_.position() ? size - in_.position() : 0;
+      std::string where = cat(path_, " record ", records_ + 1);
+      errors.push_back({where, cat(e.what(), " (the rest of the file is unread)")});
+      uint64_t partial = record_end() - record_start_;
+      if (partial == 0) return false;
+      reject_doc(doc, where, partial, "");
+      reject = "stream_error";
+      return true;
     }
   }
   uint64_t position() const override { return in_.position(); }
-  int64_t skipped = 0;
 
  private:
+  void reject_doc(Doc& doc, const std::string& where, uint64_t bytes, const std::string& raw) {
+    doc = Doc();
+    doc.source = where;
+    doc.id = where;
+    doc.input_bytes = static_cast<int64_t>(bytes);
+    doc.record = Json::object();
+    doc.record["id_derived"] = true;
+    if (!raw.empty()) doc.record["raw"] = preview(raw);
+  }
+
+  // The next non-blank line and the offset where the record it starts begins (after the
+  // previous record's trailing blank lines, which belong to that record).
+  bool header_line(std::string& line, uint64_t& lineno) {
+    if (has_pending_) {
+      has_pending_ = false;
+      line = std::move(pending_);
+      lineno = pending_lineno_;
+      record_start_ = pending_at_;
+      return true;
+    }
+    record_start_ = in_.consumed();
+    bool too_long;
+    do {
+      if (!in_.next(line, too_long)) return false;
+    } while (trim_view(line).empty());
+    lineno = in_.line_number();
+    return true;
+  }
+  // Reads on to the first line for which stop(line) holds and keeps it for the next record.
+  template <class Stop>
+  void read_until(Stop stop) {
+    std::string line;
+    bool too_long;
+    for (;;) {
+      uint64_t at = in_.consumed();
+      if (!in_.next(line, too_long)) return;
+      if (stop(line, too_long)) {
+        pending_ = std::move(line);
+        pending_at_ = at;
+        pending_lineno_ = in_.line_number();
+        has_pending_ = true;
+        return;
+      }
+    }
+  }
+  // Where the current record ends: before a header line already read for the next one.
+  uint64_t record_end() const { return has_pending_ ? pending_at_ : in_.consumed(); }
+  void end_of_record() {
+    read_until([](const std::string& l, bool) { return !trim_view(l).empty(); });
+  }
+  void resync() {
+    read_until(
+        [](const std::string& l, bool too_long) { return !too_long && starts_with(l, "WARC/"); });
+  }
+
   bool next_record(Doc& doc, std::string& reject) {
     for (;;) {
       std::string line;
-      bool too_long;
-      // Skip the blank lines between records.
-      do {
-        if (!in_.next(line, too_long)) return false;
-      } while (trim_view(line).empty());
+      uint64_t lineno = 0;
+      if (!header_line(line, lineno)) return false;
       ++records_;
-      std::string where = cat(path_, ":", in_.line_number());
-      LOOM_CHECK(starts_with(line, "WARC/"), where, ": expected a WARC record header, got '",
-                 line.substr(0, 40), "'");
-      std::string type, uri, date, rid, content_type;
-      int64_t length = -1;
+      std::string where = cat(path_, ":", lineno);
+      auto bad = [&](const char* why, const std::string& msg, const std::string& raw) {
+        if (opt_.fail_on_error) fail(where, ": ", msg);
+        errors.push_back({where, msg});
+        reject_doc(doc, where, record_end() - record_start_, raw);
+        reject = why;
+        return true;
+      };
+      if (!starts_with(line, "WARC/")) {
+        resync();
+        return bad("not_a_warc_record",
+                   cat("expected a WARC record header, got '", line.substr(0, 40), "': skipped ",
+                       record_end() - record_start_, " bytes to the next record"),
+                   line);
+      }
+      std::string type, uri, date, rid, content_type, length_text;
+      bool has_length = false, too_long;
       for (;;) {
-        LOOM_CHECK(in_.next(line, too_long), where, ": truncated WARC header");
+        if (!in_.next(line, too_long))
+          return bad("truncated_record", "truncated WARC header (the file ends inside it)", "");
         if (!line.empty() && line.back() == '\r') line.pop_back();
         if (line.empty()) break;
         size_t colon = line.find(':');
@@ -260,30 +384,51 @@ class WarcReader : public DocReader {
           rid = val;
         else if (key == "content-type")
           content_type = val;
-        else if (key == "content-length")
-          length = std::strtoll(val.c_str(), nullptr, 10);
+        else if (key == "content-length") {
+          length_text = val;
+          has_length = true;
+        }
       }
-      LOOM_CHECK(length >= 0, where, ": WARC record without Content-Length");
+      int64_t length = 0;
+      if (!parse_length(length_text, length)) {
+        resync();
+        return bad("bad_record_header",
+                   cat(has_length ? cat("Content-Length '", length_text.substr(0, 40),
+                                        "' is not a byte count")
+                                  : std::string("WARC record without Content-Length"),
+                       ": skipped ", record_end() - record_start_, " bytes to the next record"),
+                   "");
+      }
+      const uint64_t claimed = static_cast<uint64_t>(length);
+      const bool is_doc = type == "response" || type == "conversion" || type == "resource";
+      // A payload is held only when it may become a document; a lying Content-Length costs
+      // reading to the end of the file, never memory.
       std::string payload;
-      size_t got = in_.read_exact(payload, static_cast<size_t>(length));
-      bool truncated = got < static_cast<size_t>(length);
-      if (type != "response" && type != "conversion" && type != "resource") {
-        ++skipped;
-        if (truncated) fail(where, ": truncated WARC record");
+      const bool hold = is_doc && claimed <= opt_.max_doc_bytes;
+      uint64_t got =
+          hold ? in_.read_exact(payload, static_cast<size_t>(claimed)) : in_.skip(claimed);
+      if (got < claimed)
+        return bad("truncated_record",
+                   cat("truncated WARC record: Content-Length ", claimed, " but only ", got,
+                       " bytes before the end of the file"),
+                   "");
+      end_of_record();
+      const uint64_t bytes = record_end() - record_start_;
+      if (!is_doc) {
+        ++non_document_records;
+        non_document_bytes += static_cast<int64_t>(bytes);
         continue;
       }
       doc = Doc();
       doc.source = where;
       doc.id = rid.empty() ? where : rid;
-      doc.input_bytes = length;
+      doc.input_bytes = static_cast<int64_t>(bytes);
       doc.record = Json::object();
       if (!uri.empty()) doc.record["url"] = uri;
       if (!date.empty()) doc.record["warc_date"] = date;
       reject.clear();
-      if (truncated) {
-        if (opt_.fail_on_error) fail(where, ": truncated WARC record");
-        errors.push_back({where, "truncated WARC record (payload shorter than Content-Length)"});
-        reject = "truncated_record";
+      if (!hold) {
+        reject = "document_too_large";
         return true;
       }
       std::string body_type;
@@ -324,6 +469,10 @@ class WarcReader : public DocReader {
   ReaderOptions opt_;
   LineReader in_;
   int64_t records_ = 0;
+  uint64_t record_start_ = 0;  // in_.consumed() where the current record began
+  std::string pending_;        // a header line read while finding the end of the last record
+  uint64_t pending_at_ = 0, pending_lineno_ = 0;
+  bool has_pending_ = false, dead_ = false;
 };
 
 // Reads the files of a shard one after another.
@@ -343,6 +492,10 @@ class MultiFileReader : public DocReader {
       bool ok = cur_->next(doc, reject);
       for (auto& e : cur_->errors) errors.push_back(e);
       cur_->errors.clear();
+      unread_bytes += std::exchange(cur_->unread_bytes, 0);
+      stream_errors += std::exchange(cur_->stream_errors, 0);
+      non_document_records += std::exchange(cur_->non_document_records, 0);
+      non_document_bytes += std::exchange(cur_->non_document_bytes, 0);
       if (ok) return true;
       done_ += cur_->position();
       cur_.reset();

@@ -1,7 +1,9 @@
 // Readers turn input shards into documents: JSONL (configurable id/text fields), plain text
 // files, HTML files from a directory tree, and WARC records (gzip, as Common Crawl ships them).
 // Malformed input never disappears: it becomes a document rejected by the "reader" stage with
-// a reason, and an error entry naming the file and line.
+// a reason, and an error entry naming the file and line. A document's input_bytes are the
+// bytes really read for it (never a header's claim), so the reader's documents, the WARC
+// non-document records and the bytes left unread after a stream error add up to the input.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +49,12 @@ class DocReader {
   virtual bool next(Doc& doc, std::string& reject) = 0;
   virtual uint64_t position() const = 0;  // bytes of the shard consumed, for progress
   std::vector<ReadError> errors;          // also counted per reason in the reader's stats
+  // On-disk bytes never read because a stream error (corrupt or truncated compression) ended
+  // a file early: input that no document accounts for.
+  uint64_t unread_bytes = 0;
+  int64_t stream_errors = 0;  // files cut short: what they held past the error is lost
+  // WARC request, metadata and warcinfo records: read and counted, but not documents.
+  int64_t non_document_records = 0, non_document_bytes = 0;
 };
 
 std::unique_ptr<DocReader> open_reader(const InputShard& shard, const ReaderOptions& opt);

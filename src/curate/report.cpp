@@ -19,6 +19,25 @@ static std::string pct(int64_t part, int64_t whole) {
                    : "-";
 }
 
+// Says whether every input byte is in a kept document, a rejected one (with its reason) or a
+// non-document record, or which input was lost and why.
+static std::string accounting_headline(const Json& r) {
+  auto& out = r.at("output");
+  int64_t errors = r.at("errors").at("count").as_int();
+  int64_t unread = out.contains("unread_bytes") ? out.at("unread_bytes").as_int() : 0;
+  if (!out.at("all_docs_accounted").as_bool())
+    return " (WARNING: documents unaccounted for: read but neither kept nor rejected)";
+  int64_t cut = out.contains("stream_errors") ? out.at("stream_errors").as_int() : 0;
+  if (cut > 0 || unread > 0)
+    return cat(" (WARNING: input lost: ", cut, cut == 1 ? " file" : " files", " cut short by ",
+               cut == 1 ? "a stream error" : "stream errors", ", ", unread,
+               " bytes unread; see input errors below; all that was read is kept or rejected)");
+  if (errors > 0)
+    return cat(" (every input byte accounted for: ", errors,
+               " input errors, each a document rejected with its reason)");
+  return " (every input document accounted for)";
+}
+
 std::string report_text(const Json& r) {
   std::string s;
   auto& out = r.at("output");
@@ -28,9 +47,7 @@ std::string report_text(const Json& r) {
            r.at("input").at("format").as_string(), "), ",
            fmt("%.2f", static_cast<double>(r.at("input").at("bytes").as_int()) / 1e6), " MB\n");
   s += cat("kept ", out.at("kept_docs").as_int(), ", rejected ", out.at("rejected_docs").as_int(),
-           out.at("all_docs_accounted").as_bool() ? " (every input document accounted for)"
-                                                  : " (WARNING: documents unaccounted for)",
-           "\n");
+           accounting_headline(r), "\n");
   s += cat("this run: ", fmt("%.2f", run.at("seconds").as_double()), " s, ",
            fmt("%.0f", run.at("docs_per_s").as_double()), " docs/s, ",
            fmt("%.2f", run.at("mb_per_s").as_double()), " MB/s, ", run.at("workers").as_int(),

@@ -154,10 +154,17 @@ BpeTokenizer load_gpt2_tokenizer(const std::string& dir) {
     made[a + b] = true;
     merges.emplace_back(std::move(a), std::move(b));
   }
-  // Multi-byte entries that no merge produces (<|endoftext|>) are special tokens.
+  // Multi-byte entries that no merge produces (<|endoftext|>) are special tokens. Anything
+  // else unproduced means merges are missing: vocab.bpe is cut short or from another model.
+  auto special_like = [](const std::string& t) {
+    return (t.front() == '<' && t.back() == '>') || (t.front() == '[' && t.back() == ']');
+  };
   SpecialTokens specials;
   for (size_t id = 0; id < tokens.size(); ++id) {
     if (tokens[id].size() > 1 && !made.count(tokens[id])) {
+      LOOM_CHECK(special_like(tokens[id]), bpe_path, ": no merge produces token ", id, " ('",
+                 tokens[id], "') of ", enc_path, " (", merges.size(), " merges read over ", line_no,
+                 " lines): the file is cut short or does not match encoder.json");
       specials.emplace_back(tokens[id], int32_t(id));
       tokens[id].clear();
     }

@@ -1,5 +1,8 @@
 #include "data/tokenize_job.h"
 
+#include <signal.h>
+
+#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -82,6 +85,32 @@ void process_block(const BpeTokenizer& tok, const TokenizeOptions& opt, int32_t 
   });
 }
 
+// A killed run leaves its AtomicFile temporaries, PREFIX.bin.tmp.<pid> and PREFIX.idx.tmp.<pid>,
+// behind. Those of this output whose process is gone are removed so reruns do not pile them
+// up; a live process's (a concurrent run over the same prefix) is left alone.
+void remove_stale_temps(const std::string& prefix) {
+  namespace fs = std::filesystem;
+  fs::path p(prefix);
+  fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  std::string base = p.filename().string();
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    for (const char* ext : {".bin.tmp.", ".idx.tmp."}) {
+      std::string head = base + ext;
+      if (name.size() <= head.size() || name.compare(0, head.size(), head) != 0) continue;
+      std::string pid_text = name.substr(head.size());
+      if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9)
+        continue;
+      pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+        log_info("tokenize: removing ", it->path().string(), " left by an interrupted run");
+        fs::remove(it->path(), ec);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TokenizeStats tokenize_jsonl(const BpeTokenizer& tok, const TokenizeOptions& opt) {
@@ -93,6 +122,7 @@ TokenizeStats tokenize_jsonl(const BpeTokenizer& tok, const TokenizeOptions& opt
   LineBlockReader reader(opt.inputs, opt.block_bytes);
   std::string parent = std::filesystem::path(opt.output_prefix).parent_path().string();
   if (!parent.empty()) make_dirs(parent);
+  remove_stale_temps(opt.output_prefix);
   IndexedDatasetWriter writer(opt.output_prefix, dtype_for_vocab(tok.vocab_size()));
 
   std::mutex mu;

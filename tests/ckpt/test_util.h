@@ -12,24 +12,15 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/tensor.h"
+#include "temp_dir.h"
 
 namespace loom::ckpt::testing {
 
-// A fresh directory under the test temp dir, removed when the test ends.
-class ScratchDir {
+// A fresh directory removed when the test ends: the shared helper (tests/temp_dir.h).
+class ScratchDir : public loom::test::TempDir {
  public:
-  ScratchDir() {
-    std::string tmpl = ::testing::TempDir() + "loom_ckpt_XXXXXX";
-    char* p = ::mkdtemp(tmpl.data());
-    if (!p) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~ScratchDir() { remove_all(path_); }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  ScratchDir() : loom::test::TempDir("ckpt") {}
+  const std::string& path() const { return loom::test::TempDir::path; }
 };
 
 // Random values of the tensor's dtype: every byte pattern for integer types, and for float

@@ -4,13 +4,13 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "temp_dir.h"
 
 using namespace loom;
 
 TEST(Fs, AtomicFileCommitsOrLeavesNothing) {
-  std::string dir = testing::TempDir() + "/loom_fs_test";
-  remove_all(dir);
-  make_dirs(dir);
+  loom::test::TempDir tmp("fs_test");
+  std::string dir = tmp.path;
   std::string path = dir + "/out.txt";
   {
     AtomicFile f(path);

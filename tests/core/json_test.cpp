@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "core/error.h"
 #include "core/json.h"
 
@@ -139,4 +141,51 @@ TEST(Json, StringErrorsPointAtTheByte) {
       << message("[1,\n\"abcdefghijklmnopqrs");
   // Duplicate keys: the last one wins.
   EXPECT_EQ(Json::parse(R"({"a": 1, "a": 2})").at("a").as_int(), 2);
+}
+
+static std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Json, AsIntRejectsFloatsItCannotHoldNamingTheValue) {
+  // Each of these was once cast to int64 (undefined behaviour for the out-of-range ones).
+  Json j = Json::parse("[1e300, -1e19, 9.3e18, 2.5, 3.0, -9.2e18]");
+  auto& a = j.as_array();
+  std::string e = error_of([&] { a[0].as_int(); });
+  EXPECT_NE(e.find("expected integer"), std::string::npos) << e;
+  EXPECT_NE(e.find("1e+300"), std::string::npos) << e;
+  EXPECT_THROW(a[1].as_int(), Error);
+  EXPECT_THROW(a[2].as_int(), Error);
+  e = error_of([&] { a[3].as_int(); });
+  EXPECT_NE(e.find("2.5"), std::string::npos) << e;
+  EXPECT_EQ(a[4].as_int(), 3);
+  EXPECT_EQ(a[5].as_int(), -9200000000000000000LL);
+}
+
+TEST(Json, NumbersPastDoubleRangeAreParseErrors) {
+  std::string e = error_of([] { Json::parse("[1E400]", "ids.json"); });
+  EXPECT_NE(e.find("ids.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("1E400"), std::string::npos) << e;
+  EXPECT_NE(e.find("out of range"), std::string::npos) << e;
+  EXPECT_THROW(Json::parse("-1e999"), Error);
+  // Past int64 but inside double: a float, not a truncated integer.
+  Json big = Json::parse("18446744073709551616");
+  EXPECT_EQ(big.type(), Json::Type::Float);
+  EXPECT_THROW(big.as_int(), Error);
+}
+
+TEST(Json, RangedAccessorsNameValueAndRange) {
+  Json j = Json::parse("[4294967297, -1, 7]");
+  auto& a = j.as_array();
+  std::string e = error_of([&] { a[0].as_int32(); });
+  EXPECT_NE(e.find("4294967297"), std::string::npos) << e;
+  EXPECT_NE(e.find("out of range"), std::string::npos) << e;
+  EXPECT_THROW(a[1].as_int(0, 10), Error);
+  EXPECT_EQ(a[2].as_int(0, 10), 7);
+  EXPECT_EQ(a[2].as_int32(), 7);
 }

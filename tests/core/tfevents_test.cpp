@@ -8,6 +8,7 @@
 #include "core/fs.h"
 #include "core/tfevents.h"
 #include "core/tfevents_reader.h"
+#include "temp_dir.h"
 
 using namespace loom;
 
@@ -21,8 +22,8 @@ TEST(TfEvents, Crc32cMatchesTheStandardCheckValues) {
 }
 
 TEST(TfEvents, WrittenScalarsReadBack) {
-  std::string dir = testing::TempDir() + "/loom_tfevents";
-  std::filesystem::remove_all(dir);
+  loom::test::TempDir tmp("tfevents");
+  std::string dir = tmp / "events";
   std::string path;
   {
     TfEventsWriter w(dir);
@@ -44,7 +45,8 @@ TEST(TfEvents, WrittenScalarsReadBack) {
 }
 
 TEST(TfEvents, UnwritableDirectoryIsAnError) {
-  std::string file = testing::TempDir() + "/loom_tfevents_file";
+  loom::test::TempDir tmp("tfevents");
+  std::string file = tmp / "file";
   write_file_atomic(file, "x");
   EXPECT_THROW(TfEventsWriter w(file + "/sub"), Error);
 }

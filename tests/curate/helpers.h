@@ -12,18 +12,13 @@
 #include "core/fs.h"
 #include "curate/document.h"
 #include "curate/stage.h"
+#include "temp_dir.h"
 
 namespace loom::curate::test {
 
-// A fresh directory under /tmp, removed by the caller's TempDir destructor.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/loom_curate_test_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { loom::remove_all(path); }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
+// Scratch directories: the shared RAII helper (tests/temp_dir.h), removed pass or fail.
+struct TempDir : loom::test::TempDir {
+  TempDir() : loom::test::TempDir("curate") {}
 };
 
 struct StageRun {

@@ -281,3 +281,22 @@ TEST(CurateCli, TrainClassifier) {
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.out.find(t / "bad.jsonl:201"), std::string::npos) << bad.out;
 }
+
+TEST(Pipeline, DedupOverAnEmptyShard) {
+  // An empty shard has no hashes: its empty buffers once reached memcpy as null pointers
+  // (undefined behaviour that UBSan reports; the sanitizer build runs this test).
+  TempDir t;
+  make_dirs(t / "in");
+  write_file_atomic(t / "in/a.jsonl", "");
+  write_file_atomic(t / "in/b.jsonl", jline("x", prose(6, 3)) + jline("y", prose(6, 3)));
+  write_file_atomic(t / "in/c.jsonl", "\n");  // only a blank line: no documents either
+  std::string cfg = "[input]\npaths = [\"" + (t / "in") + "\"]\n[output]\ndir = \"" + (t / "out") +
+                    "\"\n[stage.1]\ntype = \"exact_dedup\"\n[stage.2]\ntype = \"fuzzy_dedup\"\n";
+  Pipeline p(Config::parse(cfg, "test.toml"));
+  RunOptions ro;
+  ro.workers = 2;
+  ro.progress_interval = 0;
+  Json report = p.run(ro);
+  EXPECT_EQ(report.at("output").at("kept_docs").as_int(), 1);
+  EXPECT_EQ(report.at("output").at("rejected_docs").as_int(), 1);
+}

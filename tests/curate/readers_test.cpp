@@ -183,3 +183,28 @@ TEST(Readers, HtmlDirectoryShardsAndTextFiles) {
   EXPECT_EQ(tx.docs[0].id, t / "one.txt");
   EXPECT_EQ(tx.docs[0].text, "A plain text document.\n");
 }
+
+TEST(Readers, UnreadableInputEntryIsAnErrorNamingItsPath) {
+  // Tests run as root, where permissions do not bite: a symlink loop is an entry whose type
+  // cannot be read (ELOOP), which the directory iterator once reported as "internal error:
+  // filesystem error" without the path.
+  TempDir t;
+  loom::make_dirs(t / "in/sub");
+  loom::write_file_atomic(t / "in/a.jsonl", "{\"text\": \"x\"}\n");
+  std::filesystem::create_symlink(t / "in/sub/loop", t / "in/sub/loop");
+  try {
+    plan_shards({t / "in"}, "jsonl", 1);
+    FAIL() << "expected an error";
+  } catch (const loom::Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find(t / "in/sub/loop"), std::string::npos) << m;
+    EXPECT_NE(m.find("cannot read input"), std::string::npos) << m;
+  }
+  // A file where a directory is expected (in/a.jsonl/x): the path is named too.
+  try {
+    plan_shards({t / "in/a.jsonl/x"}, "jsonl", 1);
+    FAIL() << "expected an error";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(t / "in/a.jsonl/x"), std::string::npos) << e.what();
+  }
+}

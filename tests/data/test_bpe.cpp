@@ -11,6 +11,7 @@
 #include "core/fs.h"
 #include "core/json.h"
 #include "data/bpe.h"
+#include "temp_dir.h"
 
 using namespace loom;
 using namespace loom::data;
@@ -184,8 +185,8 @@ TEST(Bpe, EncodingFromManyThreadsGivesTheSameIds) {
 }
 
 TEST(Bpe, BadFilesGiveClearErrors) {
-  std::string dir = ::testing::TempDir() + "/loom_data/bpe_bad";
-  make_dirs(dir);
+  loom::test::TempDir tmp("bpe_bad");
+  std::string dir = tmp.path;
   write_file_atomic(dir + "/bad.tiktoken", "IQ== 0\nnot-base64! 1\n");
   try {
     load_tiktoken(dir + "/bad.tiktoken", PreTokenizer::Gpt2, {});
@@ -197,4 +198,29 @@ TEST(Bpe, BadFilesGiveClearErrors) {
   EXPECT_THROW(load_tiktoken(dir + "/few.tiktoken", PreTokenizer::Gpt2, {}), Error);
   EXPECT_THROW(load_tokenizer(dir + "/missing"), Error);
   EXPECT_THROW(gpt2_files().decode(std::vector<int32_t>{50257}), Error);
+}
+
+TEST(Bpe, CutVocabBpeIsAnErrorNamingTheFile) {
+  // Cut at a line boundary the file still parses: the merges it lost must be noticed.
+  loom::test::TempDir dir("bpe_cut");
+  std::string fixture = std::string(LOOM_DATA_FIXTURES) + "/tokenizers/gpt2";
+  write_file_atomic(dir / "encoder.json", read_file(fixture + "/encoder.json"));
+  std::string bpe = read_file(fixture + "/vocab.bpe");
+  size_t cut = bpe.find('\n', bpe.size() / 2) + 1;
+  write_file_atomic(dir / "vocab.bpe", bpe.substr(0, cut));
+  try {
+    load_gpt2_tokenizer(dir.path);
+    FAIL() << "a cut vocab.bpe loaded";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find(dir / "vocab.bpe"), std::string::npos) << m;
+    EXPECT_NE(m.find("cut short"), std::string::npos) << m;
+  }
+  write_file_atomic(dir / "vocab.bpe", bpe.substr(0, cut + 3));  // cut inside a line
+  try {
+    load_gpt2_tokenizer(dir.path);
+    FAIL() << "a cut vocab.bpe loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir / "vocab.bpe"), std::string::npos) << e.what();
+  }
 }

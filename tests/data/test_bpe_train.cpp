@@ -7,6 +7,7 @@
 #include "core/fs.h"
 #include "core/json.h"
 #include "data/bpe_train.h"
+#include "temp_dir.h"
 
 using namespace loom;
 using namespace loom::data;
@@ -15,10 +16,10 @@ namespace {
 
 // A small corpus with a skewed word distribution, written as JSONL and as plain text.
 struct Corpus {
+  loom::test::TempDir tmp{"bpe_train"};  // shared by the tests, removed at exit
   std::string dir, jsonl, txt;
   Corpus() {
-    dir = ::testing::TempDir() + "/loom_data/bpe_train";
-    make_dirs(dir);
+    dir = tmp.path;
     const char* words[] = {"the",    "token", "tokens", "data",
                            "loader", "model", "train",  "caf\xc3\xa9",
                            "12",     "345",   "!",      "\xe4\xb8\xad\xe6\x96\x87",

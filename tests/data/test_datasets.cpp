@@ -13,6 +13,7 @@
 #include "data/indexed_dataset.h"
 #include "data/loader.h"
 #include "data/packed_dataset.h"
+#include "temp_dir.h"
 
 using namespace loom;
 using namespace loom::data;
@@ -25,8 +26,7 @@ int32_t tok(int32_t doc, int32_t k) {
 }
 
 std::string write_docs(const std::string& name, const std::vector<int32_t>& lengths) {
-  std::string dir = ::testing::TempDir() + "/loom_data/datasets/" + name;
-  remove_all(dir);
+  std::string dir = loom::test::this_test_dir() + "/" + name;
   make_dirs(dir);
   IndexedDatasetWriter w(dir + "/data", TokenDType::Int32);
   for (size_t d = 0; d < lengths.size(); ++d) {

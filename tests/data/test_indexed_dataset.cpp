@@ -8,6 +8,7 @@
 #include "core/fs.h"
 #include "core/json.h"
 #include "data/indexed_dataset.h"
+#include "temp_dir.h"
 
 using namespace loom;
 using namespace loom::data;
@@ -27,9 +28,7 @@ std::vector<std::vector<int32_t>> fixture_docs() {
 }
 
 std::string tmp(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "/loom_data/indexed";
-  make_dirs(dir);
-  return dir + "/" + name;
+  return loom::test::this_test_dir() + "/" + name;
 }
 
 // Expects constructing a reader over prefix to fail with a message containing `what`.
@@ -108,7 +107,7 @@ TEST(IndexedDataset, UnfinishedWriterLeavesNoFilesAndRejectsOversizedTokens) {
   }
   EXPECT_FALSE(file_exists(out + ".bin"));
   EXPECT_FALSE(file_exists(out + ".idx"));
-  for (auto& e : std::filesystem::directory_iterator(::testing::TempDir() + "/loom_data/indexed"))
+  for (auto& e : std::filesystem::directory_iterator(loom::test::this_test_dir()))
     EXPECT_EQ(e.path().string().find("unfinished"), std::string::npos) << e.path();
 }
 

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -11,6 +14,7 @@
 #include "data/bpe.h"
 #include "data/indexed_dataset.h"
 #include "data/tokenize_job.h"
+#include "temp_dir.h"
 
 using namespace loom;
 using namespace loom::data;
@@ -20,7 +24,7 @@ namespace {
 const std::string kTok = std::string(LOOM_DATA_FIXTURES) + "/tokenizers";
 
 std::string work_dir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "/loom_data/tokenize_cli/" + name;
+  std::string d = loom::test::this_test_dir() + "/" + name;
   remove_all(d);
   make_dirs(d);
   return d;
@@ -30,8 +34,7 @@ std::string work_dir(const std::string& name) {
 int run_cli(const std::string& args, std::string* out = nullptr, std::string* err = nullptr,
             const std::string& stdin_text = "") {
   // One folder per test: CTest may run this binary's tests as parallel processes.
-  std::string dir = ::testing::TempDir() + "/loom_data/tokenize_cli/io_" +
-                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::string dir = loom::test::this_test_dir() + "/io";
   make_dirs(dir);
   write_file_atomic(dir + "/stdin.txt", stdin_text);
   std::string cmd = std::string(LOOM_DATA_CLI) + " " + args + " < " + dir + "/stdin.txt > " + dir +
@@ -200,4 +203,30 @@ TEST(TokenizerCli, EncodeDecodeAndTrain) {
   EXPECT_EQ(doc.back(), 279);
   doc.pop_back();
   EXPECT_EQ(tok->decode(doc), "the loom trains the tokens 5");
+}
+
+TEST(TokenizeJob, StaleTemporariesOfAKilledRunAreRemoved) {
+  loom::test::TempDir dir("tokenize_stale");
+  write_file_atomic(dir / "in.jsonl", jsonl_line("Hello world") + jsonl_line("again"));
+  // A pid that is certainly gone: a child that has exited and been reaped.
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  std::string stale_bin = dir / ("out.bin.tmp." + std::to_string(dead));
+  std::string stale_idx = dir / ("out.idx.tmp." + std::to_string(dead));
+  std::string live = dir / ("out.bin.tmp." + std::to_string(::getppid()));  // a running process
+  std::string other = dir / ("other.bin.tmp." + std::to_string(dead));      // another output
+  for (auto* f : {&stale_bin, &stale_idx, &live, &other}) write_file_atomic(*f, "partial");
+  TokenizeOptions opt;
+  opt.inputs = {dir / "in.jsonl"};
+  opt.output_prefix = dir / "out";
+  opt.progress = false;
+  tokenize_jsonl(gpt2(), opt);
+  EXPECT_FALSE(file_exists(stale_bin));
+  EXPECT_FALSE(file_exists(stale_idx));
+  EXPECT_TRUE(file_exists(live));
+  EXPECT_TRUE(file_exists(other));
+  EXPECT_TRUE(file_exists(dir / "out.bin"));
+  EXPECT_TRUE(file_exists(dir / "out.idx"));
 }

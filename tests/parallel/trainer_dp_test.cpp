@@ -150,12 +150,25 @@ void expect_rank_weights_in(Trainer& t, const ckpt::Checkpoint& one, const std::
         << label << name << " on rank " << W().rank();
 }
 
+// The directory every rank shares: emptied by rank 0 first, and removed by rank 0 once every
+// rank is done with it, whether the checks passed or not.
+struct SharedScratch {
+  std::string path;
+  explicit SharedScratch(const std::string& name) : path(testing::TempDir() + "/loom_" + name) {
+    if (W().rank() == 0) remove_all(path);
+    W().barrier();
+  }
+  ~SharedScratch() {
+    W().barrier();
+    if (W().rank() == 0) remove_all(path);
+  }
+};
+
 void check_consolidate(const ConsolidateCase& k) {
   const int A = 2, half = 3, steps = 6, D = W().size() / (k.pp * k.cp * k.tp);
   const std::string label = case_label(k);
-  const std::string shared = testing::TempDir() + "/loom_dp_consolidate";
-  if (W().rank() == 0) remove_all(shared);
-  W().barrier();
+  SharedScratch scratch("dp_consolidate");
+  const std::string& shared = scratch.path;
   auto adapt = [&](Config& c) {
     c.set("precision.policy", "\"" + k.precision + "\"", "test");
     if (k.ep > 1) moe(c);
@@ -232,9 +245,8 @@ Config layout_config(const std::string& dir, const Layout& l, int grad_accum,
 void check_init_from(const Layout& a, const Layout& b, const std::string& precision = "fp32") {
   const int A = 2, half = 3, steps = 6;
   const std::string label = cat(layout_label(a), " -> ", layout_label(b), " ", precision, ": ");
-  const std::string shared = testing::TempDir() + "/loom_dp_init_from";
-  if (W().rank() == 0) remove_all(shared);
-  W().barrier();
+  SharedScratch scratch("dp_init_from");
+  const std::string& shared = scratch.path;
   std::vector<double> continued;  // A's losses after the checkpoint
   {
     Trainer ta(layout_config(runs.dir("init_from_a"), a, A, precision, shared + "/a"));
@@ -309,9 +321,8 @@ TEST(TrainerDp, InitFromConsolidatedCheckpointContinuesUnderAnotherLayout) {
 }
 
 TEST(TrainerDp, InitFromRefusesAnotherGlobalBatch) {
-  const std::string shared = testing::TempDir() + "/loom_dp_init_from_batch";
-  if (W().rank() == 0) remove_all(shared);
-  W().barrier();
+  SharedScratch scratch("dp_init_from_batch");
+  const std::string& shared = scratch.path;
   const Layout dp{1};
   {
     Trainer ta(layout_config(runs.dir("init_batch_a"), dp, 1, "fp32", shared + "/a"));
@@ -332,9 +343,8 @@ TEST(TrainerDp, InitFromRefusesAnotherGlobalBatch) {
 }
 
 TEST(TrainerDp, ConsolidateRefusesExpertTensorParallelCheckpoints) {
-  const std::string shared = testing::TempDir() + "/loom_dp_consolidate_etp";
-  if (W().rank() == 0) remove_all(shared);
-  W().barrier();
+  SharedScratch scratch("dp_consolidate_etp");
+  const std::string& shared = scratch.path;
   Config c = config(runs.dir("consolidate_etp"), 2, 1, 1);
   moe(c);
   c.set("parallel.tp", "2", "test");

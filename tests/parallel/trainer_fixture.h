@@ -9,15 +9,18 @@
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "core/fs.h"
+#include "temp_dir.h"
 #include "train/trainer.h"
 
 namespace loom::testing_parallel {
 
-// <TempDir>/loom_<suite>_<name>_<rank>, emptied.
+// <TempDir>/loom_<suite>_<name>_<rank>, emptied, and removed when the test ends (each rank
+// removes its own).
 inline std::string rank_dir(const std::string& suite, const std::string& name, int rank) {
   std::string d = testing::TempDir() + "/loom_" + suite + "_" + name + "_" + std::to_string(rank);
   remove_all(d);
   make_dirs(d);
+  loom::test::remove_at_test_end(d);
   return d;
 }
 

@@ -10,17 +10,16 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/tfevents_reader.h"
+#include "temp_dir.h"
 #include "train/trainer.h"
 
 using namespace loom;
 
 namespace {
 
+// A fresh directory removed when the test ends, pass or fail.
 std::string test_dir(const std::string& name) {
-  std::string d = testing::TempDir() + "/loom_trainer_" + name;
-  remove_all(d);
-  make_dirs(d);
-  return d;
+  return loom::test::scoped_dir("trainer_" + name);
 }
 
 std::string corpus(const std::string& dir) {
