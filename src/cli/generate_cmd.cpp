@@ -195,7 +195,8 @@ int run_generate(const Args& args) {
   for (size_t i = done; i < lines.size(); ++i) {
     infer::SamplingParams p = sp;
     if (lines[i].first.is_object() && lines[i].first.contains("max_tokens"))
-      p.max_tokens = static_cast<int>(lines[i].first.at("max_tokens").as_int());
+      p.max_tokens =
+          static_cast<int>(lines[i].first.at("max_tokens").as_int(0, model->config().max_seq));
     try {
       if (lines[i].first.is_object() && lines[i].first.contains("answer")) {
         results[i].scored = true;

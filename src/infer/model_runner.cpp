@@ -9,25 +9,21 @@ namespace {
 // Layer by layer: write the chunks' new keys and values into the cache, then let every new
 // query attend to its sequence's cached positions.
 struct PagedAttention : ForwardAttention {
-  const std::vector<SeqChunk>* batch = nullptr;
   const KvCacheView* cache = nullptr;
+  std::vector<cpu::PagedChunk> chunks;  // the batch's chunks, rows in batch order
   void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
                float* out) override {
-    cpu::PagedKv kv;
+    cpu::PagedKvLayer kv;
     kv.k = cache->k[size_t(layer)];
     kv.v = cache->v[size_t(layer)];
     kv.dtype = cache->spec.dtype;
+    kv.num_blocks = cache->num_blocks;
     kv.block_size = cache->block_size;
-    kv.Hkv = Hkv;
-    kv.D = D;
-    int64_t row = 0;
-    for (const SeqChunk& c : *batch) {
-      const float* q = qkv + row * ld;
-      cpu::paged_kv_write(kv, c.block_table, c.start_pos, c.n, q + Hq * D, q + (Hq + Hkv) * D, ld);
-      cpu::paged_attention_forward(out + row * Hq * D, q, ld, c.n, c.start_pos, Hq, scale, kv,
-                                   c.block_table);
-      row += c.n;
-    }
+    kv.n_kv_head = Hkv;
+    kv.head_dim = D;
+    const int nc = static_cast<int>(chunks.size());
+    cpu::paged_kv_write(kv, qkv + Hq * D, qkv + (Hq + Hkv) * D, ld, chunks.data(), nc);
+    cpu::paged_attention(out, qkv, ld, kv, chunks.data(), nc, Hq, scale);
   }
 };
 
@@ -74,8 +70,9 @@ void DecoderRunner::forward(const std::vector<SeqChunk>& batch, const KvCacheVie
   in.N = static_cast<int>(tokens_.size());
   in.nseq = static_cast<int>(batch.size());
   PagedAttention att;
-  att.batch = &batch;
   att.cache = &cache;
+  for (const SeqChunk& c : batch)
+    att.chunks.push_back({c.n, c.start_pos, c.block_table, c.num_blocks});
   model_.forward_logits(in, rows, logits, &att);
 }
 

@@ -62,6 +62,18 @@ SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<
   int chosen;
   if (p.temperature == 0) {
     chosen = static_cast<int>(std::max_element(x, x + V) - x);  // lowest id on ties
+  } else if (p.top_k == 0 && p.top_p >= 1 && p.min_p == 0) {
+    // No filter: one pass over the vocabulary in id order, no sort (O(V) per token).
+    const float top = *std::max_element(x, x + V);
+    double total = 0;
+    for (int j = 0; j < V; ++j) total += std::exp((double(x[j]) - top) / p.temperature);
+    double u = uniform_at(seed, stream, draw) * total;
+    chosen = V - 1;
+    for (int j = 0; j < V; ++j)
+      if ((u -= std::exp((double(x[j]) - top) / p.temperature)) < 0) {
+        chosen = j;
+        break;
+      }
   } else {
     std::vector<int> idx(static_cast<size_t>(V));
     std::iota(idx.begin(), idx.end(), 0);

@@ -10,6 +10,7 @@
 #include "data/chat.h"
 #include "model/decoder.h"
 #include "model/reference_decoder.h"
+#include "temp_dir.h"
 #include "train/chat_source.h"
 
 using namespace loom;
@@ -25,27 +26,18 @@ data::BpeTokenizer byte_tokenizer() {
   return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("loom_chat_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
+// The shared scratch directory (removed at the end of the test), with a file writer.
+struct TempDir : loom::test::TempDir {
+  TempDir() : loom::test::TempDir("chat") {}
   std::string file(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name) << text;
-    return (path / name).string();
+    std::ofstream(path + "/" + name) << text;
+    return path + "/" + name;
   }
 };
 
 std::string tokenizer_spec(const TempDir& d) {
-  data::save_loom_tokenizer(byte_tokenizer(), (d.path / "tok").string());
-  return "loom:" + (d.path / "tok").string();
+  data::save_loom_tokenizer(byte_tokenizer(), d.path + "/tok");
+  return "loom:" + d.path + "/tok";
 }
 
 }  // namespace

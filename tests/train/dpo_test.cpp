@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "data/bpe.h"
 #include "model/reference_decoder.h"
+#include "temp_dir.h"
 #include "train/dpo.h"
 #include "train/preference_source.h"
 #include "train/trainer.h"
@@ -40,11 +41,9 @@ TEST(Dpo, LossesAndGradientsMatchTheirDefinitions) {
 
 namespace {
 
+// A fresh directory removed when the test ends, pass or fail.
 std::string dir_for(const std::string& name) {
-  std::string d = testing::TempDir() + "/loom_dpo_" + name;
-  remove_all(d);
-  make_dirs(d);
-  return d;
+  return loom::test::scoped_dir("dpo_" + name);
 }
 
 // Byte tokenizer with ChatML markers, and pairs whose chosen reply is the reversed word and
@@ -61,8 +60,7 @@ void write_data(const std::string& d, int n) {
     std::string w;
     for (int k = 0; k < 4; ++k) w += char('a' + int(uniform_at(5, uint64_t(i), uint64_t(k)) * 6));
     std::string r(w.rbegin(), w.rend());
-    text +=
-        "{\"prompt\": \"rev " + w + "\", \"chosen\": \"" + r + "\", \"rejected\": \"zzzz\"}\n";
+    text += "{\"prompt\": \"rev " + w + "\", \"chosen\": \"" + r + "\", \"rejected\": \"zzzz\"}\n";
   }
   write_file_atomic(d + "/pairs.jsonl", text);
 }

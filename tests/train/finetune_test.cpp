@@ -8,17 +8,16 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "data/bpe.h"
+#include "temp_dir.h"
 #include "train/trainer.h"
 
 using namespace loom;
 
 namespace {
 
+// A fresh directory removed when the test ends, pass or fail.
 std::string test_dir(const std::string& name) {
-  std::string d = testing::TempDir() + "/loom_finetune_" + name;
-  remove_all(d);
-  make_dirs(d);
-  return d;
+  return loom::test::scoped_dir("finetune_" + name);
 }
 
 // A byte tokenizer with ChatML's markers, and a chat file: "reverse" a short string.

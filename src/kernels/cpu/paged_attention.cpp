@@ -1,5 +1,7 @@
 #include "kernels/cpu/paged_attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,88 +10,166 @@
 #include "core/error.h"
 
 namespace loom::cpu {
+
 namespace {
 
-inline int64_t slot_offset(const PagedKv& c, const int32_t* table, int pos) {
-  const int64_t block = table[pos / c.block_size];
-  return ((block * c.block_size + pos % c.block_size) * c.Hkv) * c.D;
-}
-
-// One head's D values of position `pos` as floats.
-inline void load_row(const PagedKv& c, const void* pool, int64_t off, float* dst) {
-  if (c.dtype == DType::F32) {
-    const float* s = static_cast<const float*>(pool) + off;
-    std::copy(s, s + c.D, dst);
-  } else {
-    const uint16_t* s = static_cast<const uint16_t*>(pool) + off;
-    for (int d = 0; d < c.D; ++d) dst[d] = bf16_to_f32(s[d]);
+void check(const PagedKvLayer& c, const PagedChunk* chunks, int nchunks) {
+  LOOM_CHECK(c.dtype == DType::F32 || c.dtype == DType::BF16,
+             "paged attention: cache storage must be fp32 or bf16");
+  LOOM_CHECK(c.block_size > 0 && c.n_kv_head > 0 && c.head_dim > 0 && c.num_blocks > 0,
+             "paged attention: bad cache shape");
+  for (int s = 0; s < nchunks; ++s) {
+    const PagedChunk& ch = chunks[s];
+    LOOM_CHECK(ch.n >= 0 && ch.start_pos >= 0, "paged attention: chunk ", s, " has n ", ch.n,
+               ", start_pos ", ch.start_pos);
+    const int64_t need = (int64_t(ch.start_pos) + ch.n + c.block_size - 1) / c.block_size;
+    LOOM_CHECK(ch.num_blocks >= need, "paged attention: chunk ", s, " covers ", ch.num_blocks,
+               " blocks, needs ", need);
+    for (int64_t b = 0; b < need; ++b)
+      LOOM_CHECK(ch.block_table[b] >= 0 && ch.block_table[b] < c.num_blocks,
+                 "paged attention: chunk ", s, " names block ", ch.block_table[b], " of ",
+                 c.num_blocks);
   }
 }
 
+// Element offset of (position p, kv head h, dim 0) in the pool.
+inline int64_t slot_offset(const PagedKvLayer& c, const int32_t* table, int p, int h) {
+  const int64_t slot = int64_t(table[p / c.block_size]) * c.block_size + p % c.block_size;
+  return (slot * c.n_kv_head + h) * c.head_dim;
+}
+
+// Loads D elements of the pool as fp32.
+inline void load_row(float* dst, const void* base, DType dt, int64_t off, int D) {
+  if (dt == DType::F32) {
+    const float* src = static_cast<const float*>(base) + off;
+    std::copy(src, src + D, dst);
+  } else {
+    const uint16_t* src = static_cast<const uint16_t*>(base) + off;
+    for (int d = 0; d < D; ++d) dst[d] = bf16_to_f32(src[d]);
+  }
+}
+
+constexpr int kQueryTile = 16;
+
 }  // namespace
 
-void paged_kv_write(const PagedKv& c, const int32_t* table, int start, int n, const float* k,
-                    const float* v, int ld) {
-  LOOM_CHECK(c.dtype == DType::F32 || c.dtype == DType::BF16, "paged KV cache dtype must be ",
-             "fp32 or bf16, got ", dtype_name(c.dtype));
-  const int W = c.Hkv * c.D;
-  for (int i = 0; i < n; ++i) {
-    const int64_t off = slot_offset(c, table, start + i);
-    const float* ks = k + int64_t(i) * ld;
-    const float* vs = v + int64_t(i) * ld;
+void paged_kv_write(const PagedKvLayer& c, const float* k_new, const float* v_new, int ld,
+                    const PagedChunk* chunks, int nchunks) {
+  check(c, chunks, nchunks);
+  const int HD = c.n_kv_head * c.head_dim;
+  LOOM_CHECK(ld >= HD, "paged_kv_write: row stride ", ld, " below n_kv_head * head_dim ", HD);
+  std::vector<int64_t> first_row(nchunks + 1, 0);
+  for (int s = 0; s < nchunks; ++s) first_row[s + 1] = first_row[s] + chunks[s].n;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < first_row[nchunks]; ++r) {
+    const int s =
+        int(std::upper_bound(first_row.begin(), first_row.end(), r) - first_row.begin()) - 1;
+    const PagedChunk& ch = chunks[s];
+    const int p = ch.start_pos + int(r - first_row[s]);
+    const int64_t off = slot_offset(c, ch.block_table, p, 0);  // heads are contiguous in a slot
+    const float* kr = k_new + r * ld;
+    const float* vr = v_new + r * ld;
     if (c.dtype == DType::F32) {
-      std::copy(ks, ks + W, static_cast<float*>(c.k) + off);
-      std::copy(vs, vs + W, static_cast<float*>(c.v) + off);
+      std::copy(kr, kr + HD, static_cast<float*>(c.k) + off);
+      std::copy(vr, vr + HD, static_cast<float*>(c.v) + off);
     } else {
       uint16_t* kd = static_cast<uint16_t*>(c.k) + off;
       uint16_t* vd = static_cast<uint16_t*>(c.v) + off;
-      for (int j = 0; j < W; ++j) {
-        kd[j] = f32_to_bf16(ks[j]);
-        vd[j] = f32_to_bf16(vs[j]);
+      for (int i = 0; i < HD; ++i) {
+        kd[i] = f32_to_bf16(kr[i]);
+        vd[i] = f32_to_bf16(vr[i]);
       }
     }
   }
 }
 
-void paged_attention_forward(float* out, const float* q, int ldq, int n, int start, int Hq,
-                             float scale, const PagedKv& c, const int32_t* table) {
-  LOOM_CHECK(c.Hkv > 0 && Hq % c.Hkv == 0, "paged attention: ", Hq, " query heads over ", c.Hkv,
-             " KV heads");
-  const int D = c.D, group = Hq / c.Hkv;
-  const int items = n * Hq;
+void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
+                     const PagedChunk* chunks, int nchunks, int Hq, float scale) {
+  check(c, chunks, nchunks);
+  const int Hkv = c.n_kv_head, D = c.head_dim, bs = c.block_size;
+  LOOM_CHECK(Hq > 0 && Hq % Hkv == 0, "paged attention: ", Hq, " query heads over ", Hkv,
+             " kv heads");
+  LOOM_CHECK(ldq >= Hq * D, "paged attention: q row stride ", ldq, " below Hq * D ", Hq * D);
+  const int group = Hq / Hkv;
+
+  // Work items: (chunk, kv head, tile of up to kQueryTile queries): the query heads of one kv
+  // head share each block of keys/values loaded, and one long prefill still spreads over threads.
+  struct Item {
+    int chunk, kv_head, q0, q1;
+    int64_t row0;
+  };
+  std::vector<Item> items;
+  int64_t row = 0;
+  for (int s = 0; s < nchunks; ++s) {
+    for (int t = 0; t < chunks[s].n; t += kQueryTile)
+      for (int h = 0; h < Hkv; ++h)
+        items.push_back({s, h, t, std::min(chunks[s].n, t + kQueryTile), row});
+    row += chunks[s].n;
+  }
+
 #pragma omp parallel
   {
-    std::vector<float> kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(D)),
-        acc(static_cast<size_t>(D));
-#pragma omp for schedule(dynamic, 4)
-    for (int it = 0; it < items; ++it) {
-      const int i = it / Hq, h = it % Hq, kv = h / group;
-      const float* qi = q + int64_t(i) * ldq + int64_t(h) * D;
-      const int last = start + i;  // causal: positions 0 .. last
-      float m = -std::numeric_limits<float>::infinity();
-      double l = 0;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int p = 0; p <= last; ++p) {
-        const int64_t off = slot_offset(c, table, p) + int64_t(kv) * D;
-        load_row(c, c.k, off, kbuf.data());
-        float s = 0;
-        for (int d = 0; d < D; ++d) s += qi[d] * kbuf[d];
-        s *= scale;
-        // Online softmax: rescale what was accumulated when the running max grows.
-        if (s > m) {
-          const float r = std::exp(m - s);
-          l *= r;
-          for (int d = 0; d < D; ++d) acc[size_t(d)] *= r;
-          m = s;
+    const size_t rows = size_t(kQueryTile) * group;  // (query, head of the group) pairs
+    std::vector<float> kbuf(size_t(bs) * D), vbuf(size_t(bs) * D), acc(rows * D);
+    std::vector<float> scores(bs), m(rows), l(rows);
+#pragma omp for schedule(dynamic)
+    for (size_t w = 0; w < items.size(); ++w) {
+      const Item& it = items[w];
+      const PagedChunk& ch = chunks[it.chunk];
+      const int kvh = it.kv_head;
+      const int nq = it.q1 - it.q0;
+      std::fill(acc.begin(), acc.begin() + size_t(nq) * group * D, 0.0f);
+      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.end(), 0.0f);
+      const int last_pos = ch.start_pos + it.q1 - 1;  // the tile's last query sees [0, last_pos]
+      for (int p0 = 0; p0 <= last_pos; p0 += bs) {
+        // One block of keys/values, converted once and shared by the tile's queries and heads.
+        const int nk = std::min(bs, last_pos + 1 - p0);
+        for (int j = 0; j < nk; ++j) {
+          const int64_t off = slot_offset(c, ch.block_table, p0 + j, kvh);
+          load_row(kbuf.data() + size_t(j) * D, c.k, c.dtype, off, D);
+          load_row(vbuf.data() + size_t(j) * D, c.v, c.dtype, off, D);
         }
-        const float w = std::exp(s - m);
-        l += w;
-        load_row(c, c.v, off, vbuf.data());
-        for (int d = 0; d < D; ++d) acc[size_t(d)] += w * vbuf[size_t(d)];
+        for (int i = 0; i < nq; ++i) {
+          const int qpos = ch.start_pos + it.q0 + i;
+          const int visible = std::min(nk, qpos - p0 + 1);  // causal
+          if (visible <= 0) continue;
+          for (int g = 0; g < group; ++g) {
+            const int head = kvh * group + g;
+            const size_t r = size_t(i) * group + g;
+            const float* qr = q + (it.row0 + it.q0 + i) * ldq + size_t(head) * D;
+            float bmax = -std::numeric_limits<float>::infinity();
+            for (int j = 0; j < visible; ++j) {
+              const float* kr = kbuf.data() + size_t(j) * D;
+              float dot = 0;
+#pragma omp simd reduction(+ : dot)
+              for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
+              scores[j] = dot * scale;
+              bmax = std::max(bmax, scores[j]);
+            }
+            const float new_m = std::max(m[r], bmax);
+            const float correction = std::exp(m[r] - new_m);  // 0 on the first block
+            float* a = acc.data() + r * D;
+            l[r] *= correction;
+            for (int d = 0; d < D; ++d) a[d] *= correction;
+            for (int j = 0; j < visible; ++j) {
+              const float pj = std::exp(scores[j] - new_m);
+              l[r] += pj;
+              const float* vr = vbuf.data() + size_t(j) * D;
+              for (int d = 0; d < D; ++d) a[d] += pj * vr[d];
+            }
+            m[r] = new_m;
+          }
+        }
       }
-      float* o = out + int64_t(i) * Hq * D + int64_t(h) * D;
-      const float inv = static_cast<float>(1.0 / l);
-      for (int d = 0; d < D; ++d) o[d] = acc[size_t(d)] * inv;
+      for (int i = 0; i < nq; ++i) {
+        for (int g = 0; g < group; ++g) {
+          const size_t r = size_t(i) * group + g;
+          float* o = out + (it.row0 + it.q0 + i) * int64_t(Hq) * D + size_t(kvh * group + g) * D;
+          const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+          for (int d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
+        }
+      }
     }
   }
 }

@@ -1,11 +1,10 @@
-// Attention over a paged KV cache (vLLM's layout), for serving: the keys and values of a
-// sequence's earlier tokens live in fixed-size blocks of a pool, found through its block table;
-// queries of new tokens (a prefill chunk, or one decode token) attend causally to every
-// position up to their own. Query length != key length, GQA (Hq % Hkv == 0).
+// Attention over a paged KV cache, for serving: a batch of sequence chunks whose new tokens'
+// queries attend causally to every earlier position of their sequence, with keys and values
+// scattered over fixed-size blocks of one pool (the block table maps position p to block
+// table[p / block_size], slot p % block_size). Storage fp32 or bf16; grouped-query heads.
 //
-// Pool layout, per layer: [num_blocks, block_size, Hkv, D] elements of fp32 or bf16 (bf16
-// halves the cache; values are rounded to nearest even when written, fp32 arithmetic after).
-// Position p of a sequence is slot p % block_size of block block_table[p / block_size].
+// Pool layout (one layer): [num_blocks, block_size, n_kv_head, head_dim] elements, the layout
+// of infer::KvCacheView.
 #pragma once
 
 #include <cstdint>
@@ -14,22 +13,31 @@
 
 namespace loom::cpu {
 
-struct PagedKv {
-  void* k = nullptr;  // [num_blocks, block_size, Hkv, D]
+struct PagedKvLayer {
+  void* k = nullptr;  // element type `dtype`
   void* v = nullptr;
   DType dtype = DType::F32;  // F32 or BF16
-  int block_size = 16, Hkv = 0, D = 0;
+  int num_blocks = 0, block_size = 16, n_kv_head = 0, head_dim = 0;
 };
 
-// Writes the keys and values of n tokens at positions start .. start + n - 1 (rows of k and v
-// are `ld` floats apart, e.g. inside fused QKV rows).
-void paged_kv_write(const PagedKv& cache, const int32_t* block_table, int start, int n,
-                    const float* k, const float* v, int ld);
+// One sequence's chunk: `n` new tokens at positions start_pos .. start_pos + n - 1; their rows
+// follow the previous chunk's rows in q, k_new, v_new and out.
+struct PagedChunk {
+  int n = 0;
+  int start_pos = 0;
+  const int32_t* block_table = nullptr;
+  int num_blocks = 0;  // entries in block_table; must cover start_pos + n positions
+};
 
-// out[i, h*D:(h+1)*D] = softmax(q_i . K[0 .. start+i] * scale) V for query rows i < n (rows of q
-// `ldq` floats apart, of Hq heads; out rows Hq * D contiguous). Each (row, head) is one work
-// item summing in position order: the bits do not depend on the thread count.
-void paged_attention_forward(float* out, const float* q, int ldq, int n, int start, int Hq,
-                             float scale, const PagedKv& cache, const int32_t* block_table);
+// Stores the chunks' new keys and values (rows of n_kv_head * head_dim floats, `ld` apart;
+// converted to bf16 when the pool is bf16) into their slots.
+void paged_kv_write(const PagedKvLayer& cache, const float* k_new, const float* v_new, int ld,
+                    const PagedChunk* chunks, int nchunks);
+
+// out[rows, Hq * D] = causal attention of q (rows `ldq` apart, Hq heads of D) over positions
+// [0, start_pos + i] of each chunk's sequence, read from the cache (written first with
+// paged_kv_write). Online softmax in fp32; parallel over chunks x kv heads x query tiles.
+void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& cache,
+                     const PagedChunk* chunks, int nchunks, int Hq, float scale);
 
 }  // namespace loom::cpu
