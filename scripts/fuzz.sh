@@ -4,9 +4,9 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET ...]    default: 30 s, every target
 #   scripts/fuzz.sh 600 json safetensors                 a developer's longer run
 #
-# Builds the clang ASan+UBSan+libFuzzer configuration in build-asan/ (LOOM_FUZZ_BUILD_DIR) when
+# Builds the clang ASan+UBSan+libFuzzer configuration in build-fuzz/ (LOOM_FUZZ_BUILD_DIR) when
 # needed. Each target starts from its checked-in corpus (tests/fuzz/corpus/<name>) plus the
-# inputs earlier runs found (build-asan/fuzz/corpus/<name>, not checked in). A crash, sanitizer
+# inputs earlier runs found (build-fuzz/fuzz/corpus/<name>, not checked in). A crash, sanitizer
 # report, leak, timeout or out-of-memory is copied into tests/fuzz/corpus/<name>/regress-<sha1>:
 # fix the parser, then commit that file, and the replay tests (FuzzReplay.<name>, every build)
 # keep it fixed.
@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-30}
 shift $(( $# > 0 ? 1 : 0 ))
-BUILD_DIR=${LOOM_FUZZ_BUILD_DIR:-build-asan}
+BUILD_DIR=${LOOM_FUZZ_BUILD_DIR:-build-fuzz}
 CORPUS=tests/fuzz/corpus
 
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
