@@ -53,10 +53,14 @@ for t in "${TARGETS[@]}"; do
   echo "== fuzz $t: ${SECONDS_PER_TARGET}s"
   # -rss_limit_mb/-malloc_limit_mb: one input must not take gigabytes (issue 17: no input
   # exhausts memory). -timeout: one input must not take seconds.
-  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} "$bin" -max_total_time="$SECONDS_PER_TARGET" \
+  # The entry points' files (fuzz_util.h): in memory when /dev/shm exists, removed afterwards.
+  scratch=$(mktemp -d "$([ -d /dev/shm ] && echo /dev/shm || echo "${TMPDIR:-/tmp}")/loom_fuzz_$t.XXXXXX")
+  trap 'rm -rf "$scratch"' EXIT
+  LOOM_FUZZ_SCRATCH="$scratch" ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} "$bin" -max_total_time="$SECONDS_PER_TARGET" \
     -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len="$(max_len "$t")" \
     -print_final_stats=1 -artifact_prefix="$art" "$work" "$CORPUS/$t" >"$log" 2>&1
   rc=$?
+  rm -rf "$scratch"
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   summary+=("$(printf '%-16s %10s execs  rc=%s' "$t" "${execs:-?}" "$rc")")
   found=0

@@ -20,12 +20,15 @@
 namespace loom::fuzz {
 
 // Parsers that read files get the input through a scratch folder: one per process (libFuzzer
-// runs inputs one after another in one process), removed at exit.
+// runs inputs one after another in one process) under $LOOM_FUZZ_SCRATCH when set (fuzz.sh
+// sets and removes it: libFuzzer ends with _Exit, which skips atexit), else under /dev/shm or
+// the temp folder, removed at a normal exit (the replay executables).
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
-    const char* shm = "/dev/shm";
-    std::filesystem::path base = std::filesystem::is_directory(shm)
-                                     ? std::filesystem::path(shm)
+    const char* env = std::getenv("LOOM_FUZZ_SCRATCH");
+    std::filesystem::path base = env && *env ? std::filesystem::path(env)
+                                 : std::filesystem::is_directory("/dev/shm")
+                                     ? "/dev/shm"
                                      : std::filesystem::temp_directory_path();
     std::filesystem::path d = base / ("loom_fuzz_" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
