@@ -32,12 +32,16 @@ inline const std::filesystem::path& scratch_dir() {
                                      : std::filesystem::temp_directory_path();
     std::filesystem::path d = base / ("loom_fuzz_" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(scratch_dir(), ec);
-    });
     return d;
   }();
+  // Registered once `dir` is constructed, so the handler runs before `dir` is destroyed.
+  static const bool cleanup_registered = [] {
+    return std::atexit([] {
+             std::error_code ec;
+             std::filesystem::remove_all(dir, ec);
+           }) == 0;
+  }();
+  (void)cleanup_registered;
   return dir;
 }
 
