@@ -310,8 +310,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
   }
 
   for (const auto& [name, text_json] : shard_meta) {
+    // Not [&]: clang 14 (the sanitizer build) cannot capture a structured binding.
     auto it = std::find_if(entries_.begin(), entries_.end(),
-                           [&](const Entry& e) { return e.name == name; });
+                           [&name = name](const Entry& e) { return e.name == name; });
     LOOM_CHECK(it != entries_.end(), path, ": __metadata__ 'shard.", name,
                "' names no tensor in the file");
     it->shard = shard_from_json(text_json, cat(path, ": __metadata__ 'shard.", name, "'"));

@@ -1,4 +1,5 @@
 // Tokenizer files: GPT-2's encoder.json + vocab.bpe, tiktoken rank files, Loom's own folder.
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -106,6 +107,16 @@ SpecialTokens specials_from_json(const Json& obj, const std::string& where) {
   return out;
 }
 
+// Token ids index a vector, so a file's largest id sets its memory: a few lines claiming id
+// 999999999 must not allocate gigabytes. Ids may leave holes (special tokens' slots) but at
+// most this many, far more than any real vocabulary has.
+constexpr size_t kMaxIdHoles = size_t(1) << 16;
+
+void check_id_bound(size_t max_id, size_t n_entries, const std::string& where) {
+  LOOM_CHECK(max_id < n_entries + kMaxIdHoles, where, ": id ", max_id, " is too large for ",
+             n_entries, " tokens (at most ", kMaxIdHoles, " unused ids are allowed)");
+}
+
 }  // namespace
 
 BpeTokenizer load_gpt2_tokenizer(const std::string& dir) {
@@ -120,9 +131,14 @@ BpeTokenizer load_gpt2_tokenizer(const std::string& dir) {
   std::map<std::string, int32_t> by_text;  // raw bytes -> id
   std::vector<std::string> tokens;
   std::string bytes;
+  size_t max_id = 0;
   for (auto& [text, idj] : enc.as_object()) {
     LOOM_CHECK(idj.type() == Json::Type::Int && idj.as_int() >= 0, enc_path, ": token '", text,
                "' has no valid integer id");
+    max_id = std::max(max_id, size_t(idj.as_int()));
+  }
+  check_id_bound(max_id, enc.as_object().size(), enc_path);
+  for (auto& [text, idj] : enc.as_object()) {
     LOOM_CHECK(gpt2_unmap(text, inv, &bytes), enc_path, ": token '", text,
                "' is not in GPT-2's byte encoding");
     auto id = size_t(idj.as_int());
@@ -175,7 +191,11 @@ BpeTokenizer load_gpt2_tokenizer(const std::string& dir) {
 
 BpeTokenizer load_tiktoken(const std::string& path, PreTokenizer pre, SpecialTokens specials) {
   std::string text = read_file(path);
-  std::vector<std::string> tokens;
+  struct Ranked {
+    size_t rank, line_no;
+    std::string bytes;
+  };
+  std::vector<Ranked> ranked;  // in file order
   std::string bytes;
   size_t line_no = 0;
   for (size_t pos = 0; pos < text.size();) {
@@ -197,11 +217,17 @@ BpeTokenizer load_tiktoken(const std::string& path, PreTokenizer pre, SpecialTok
       LOOM_CHECK(c >= '0' && c <= '9', path, ":", line_no, ": invalid rank '", rank_s, "'");
       rank = rank * 10 + (c - '0');
     }
-    if (tokens.size() <= size_t(rank)) tokens.resize(size_t(rank) + 1);
-    LOOM_CHECK(tokens[size_t(rank)].empty(), path, ":", line_no, ": rank ", rank, " used twice");
-    tokens[size_t(rank)] = bytes;
+    ranked.push_back({size_t(rank), line_no, bytes});
   }
-  LOOM_CHECK(!tokens.empty(), path, ": no tokens");
+  LOOM_CHECK(!ranked.empty(), path, ": no tokens");
+  size_t max_rank = 0;
+  for (const Ranked& r : ranked) max_rank = std::max(max_rank, r.rank);
+  check_id_bound(max_rank, ranked.size(), path);
+  std::vector<std::string> tokens(max_rank + 1);
+  for (Ranked& r : ranked) {
+    LOOM_CHECK(tokens[r.rank].empty(), path, ":", r.line_no, ": rank ", r.rank, " used twice");
+    tokens[r.rank] = std::move(r.bytes);
+  }
   try {
     return BpeTokenizer::from_ranks(std::move(tokens), pre, std::move(specials));
   } catch (const Error& e) {

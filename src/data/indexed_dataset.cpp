@@ -281,6 +281,7 @@ void IndexedDataset::read(int64_t i, int64_t offset, int64_t n, int32_t* out) co
   LOOM_CHECK(
       i >= 0 && i < n_sequences_ && offset >= 0 && n >= 0 && offset + n <= sequence_length(i),
       prefix_, ": read of sequence ", i, " [", offset, ", ", offset + n, ") out of range");
+  if (n == 0) return;  // an empty sequence: `out` may be null, and memcpy must not see it
   const uint8_t* src = bin_->data() + sequence_pointer(i) + offset * int64_t(dtype_size(dtype_));
   switch (dtype_) {
     case TokenDType::UInt16:

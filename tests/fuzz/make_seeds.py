@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of every fuzz entry point into corpus/<name>/seed-*.
+
+Seeds are small (a few KB) valid inputs cut from the repository's fixtures and configs, so the
+fuzzer starts from inputs that reach deep into each parser. Re-run after a format change; the
+regression inputs (corpus/<name>/regress-*) are checked in by hand and never touched here.
+Usage: tests/fuzz/make_seeds.py   (from anywhere)
+"""
+import gzip
+import json
+import pathlib
+import struct
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+CORPUS = HERE / "corpus"
+SEP = b"\n#--loom-fuzz-part--#\n"  # kPartSeparator in fuzz_util.h
+FIX = ROOT / "tests" / "data" / "fixtures"
+
+
+def put(name, seed, data):
+    d = CORPUS / name
+    d.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    assert len(data) <= 8192, (name, seed, len(data))
+    (d / f"seed-{seed}").write_bytes(data)
+
+
+def safetensors(tensors, metadata=None):
+    """tensors: name -> (dtype, shape, bytes); laid out in name order."""
+    header, buf = {}, b""
+    for name in sorted(tensors):
+        dtype, shape, data = tensors[name]
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(buf), len(buf) + len(data)]}
+        buf += data
+    if metadata:
+        header["__metadata__"] = metadata
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + buf
+
+
+def gpt2_bytes_to_unicode():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def main():
+    # JSON: documents of every shape the project reads.
+    put("json", "fixture_docs", (FIX / "megatron" / "fixture_docs.json").read_bytes())
+    cases = (FIX / "tokenizers" / "cases.jsonl").read_text().splitlines()
+    put("json", "case", cases[0])
+    put("json", "numbers", '{"a":[0,-1,1.5e300,-2.25e-300,9223372036854775807,-9223372036854775808],'
+        '"b":{"c":null,"d":true,"e":false},"s":"\\u00e9\\ud83d\\ude00\\n\\t\\"\\\\"}')
+
+    # Config: the run configurations in configs/.
+    for toml in sorted((ROOT / "configs").rglob("*.toml")):
+        text = toml.read_bytes()
+        if len(text) <= 4096:
+            put("config", f"{toml.parent.name}-{toml.stem}", text)
+
+    # safetensors: several dtypes, metadata and a shard placement.
+    st = safetensors({
+        "w": ("F32", [2, 3], struct.pack("<6f", *range(6))),
+        "b": ("BF16", [4], b"\x80\x3f" * 4),
+        "i": ("I64", [2], struct.pack("<2q", 7, -7)),
+        "e": ("F16", [0], b""),
+    }, {"format": "pt", "shard.w": json.dumps({"global_shape": [4, 3], "global_offset": [2, 0],
+                                                 "replica_id": 0})})
+    put("safetensors", "mixed", st)
+    put("safetensors", "empty", safetensors({}))
+
+    # Checkpoint: latest, state.json, model and optimizer files.
+    state = {"format": "loom.checkpoint", "version": 1, "step": 1, "seed": 42,
+             "rng": {"counter": 3}, "data": {"epoch": 0, "sample": 12},
+             "config": "[train]\nsteps = 10\n", "fingerprint": "shapes:1:0123456789abcdef",
+             "extra": {"loss_scale": 1.0}}
+    model = safetensors({"w": ("F32", [2], struct.pack("<2f", 1, 2))})
+    optim = safetensors({"w.m": ("F32", [2], struct.pack("<2f", 0, 0))})
+    put("ckpt_state", "step1", SEP.join([b"step_00000001\n", json.dumps(state).encode(), model, optim]))
+
+    # Megatron .idx + .bin pairs.
+    for kind in ("u16", "i32"):
+        mg = FIX / "megatron"
+        put("indexed", kind, (mg / f"fixture_{kind}.idx").read_bytes() + SEP +
+            (mg / f"fixture_{kind}.bin").read_bytes())
+
+    # GPT-2 tokenizer: the 256 byte tokens, a few merges, <|endoftext|>.
+    b2u = gpt2_bytes_to_unicode()
+    enc = {b2u[b]: b for b in range(256)}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("l", "l"), ("ll", "o"), ("H", "e")]
+    for a, b in merges:
+        enc[a + b] = len(enc)
+    enc["<|endoftext|>"] = len(enc)
+    vocab = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
+    put("tokenizer_gpt2", "small", json.dumps(enc, ensure_ascii=False).encode() + SEP + vocab.encode())
+
+    # tiktoken: the first ranks of GPT-2's file, alone and with a sidecar.
+    lines = (FIX / "tokenizers" / "gpt2.tiktoken").read_bytes().splitlines(keepends=True)
+    ranks = b"".join(lines[:300])
+    put("tiktoken", "gpt2-head", ranks)
+    sidecar = {"pretokenizer": "cl100k", "special_tokens": {"<|endoftext|>": 300, "<|x|>": 301}}
+    put("tiktoken", "gpt2-head-sidecar", ranks + SEP + json.dumps(sidecar).encode())
+
+    # JSONL: good records, a malformed line, missing fields; plain and gzip.
+    jsonl = b"".join(json.dumps(r).encode() + b"\n" for r in [
+        {"id": "a", "text": "Hello world.", "meta": {"n": 1}},
+        {"id": 2, "text": "Second document\nwith two lines."},
+        {"text": ""},
+        {"id": "no-text"},
+    ]) + b"{not json\n\n[1,2]\n"
+    put("curate_jsonl", "mixed", jsonl)
+    put("curate_jsonl", "mixed-gz", gzip.compress(jsonl, mtime=0))
+
+    def warc(typ, uri, ctype, payload):
+        return (f"WARC/1.0\r\nWARC-Type: {typ}\r\nWARC-Target-URI: {uri}\r\n"
+                f"WARC-Date: 2024-01-01T00:00:00Z\r\nWARC-Record-ID: <urn:uuid:{uri[-1]}>\r\n"
+                f"Content-Type: {ctype}\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + \
+            payload + b"\r\n\r\n"
+    html = b"<html><body><p>Hello from the web.</p></body></html>"
+    w = (warc("warcinfo", "urn:info:0", "application/warc-fields", b"software: test\r\n") +
+         warc("request", "http://a.example/1", "application/http; msgtype=request", b"GET / HTTP/1.1\r\n\r\n") +
+         warc("response", "http://a.example/2", "application/http; msgtype=response",
+              b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n\r\n" + html) +
+         warc("conversion", "http://a.example/3", "text/plain", b"Plain text of a page.\n") +
+         warc("response", "http://a.example/4", "application/http; msgtype=response",
+              b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n\r\n\x89PNG"))
+    put("curate_warc", "records", w)
+    put("curate_warc", "records-gz", gzip.compress(w, mtime=0))
+
+    # HTML: the curate test pages.
+    for page in sorted((ROOT / "tests" / "curate" / "data" / "html").rglob("*.htm*")):
+        put("html", page.stem, page.read_bytes())
+
+
+if __name__ == "__main__":
+    main()
