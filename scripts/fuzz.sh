@@ -12,6 +12,8 @@
 # keep it fixed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Compiler cache keys relative to the checkout, so a fresh clone anywhere (CI) reuses them.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 SECONDS_PER_TARGET=${1:-30}
 shift $(( $# > 0 ? 1 : 0 ))
 BUILD_DIR=${LOOM_FUZZ_BUILD_DIR:-build-fuzz}

@@ -6,6 +6,8 @@
 # Extra args go to ctest (e.g. -R Json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Compiler cache keys relative to the checkout, so a fresh clone anywhere (CI) reuses them.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 BUILD_DIR=${LOOM_ASAN_BUILD_DIR:-build-asan}
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   GEN=()
