@@ -825,6 +825,19 @@ void Trainer::load_pretrained(const std::string& path) {
 }
 
 void Trainer::start_from_one_process(const std::string& path) {
+  {
+    // A checkpoint without training state (loom ckpt import, merge, or loom rl's output) has
+    // only weights to give: they start the run at step 0, as train.pretrained would.
+    ckpt::Checkpoint c(path);
+    if (!c.state().extra.contains("optimizer_steps")) {
+      load_pretrained(path);
+      if (bf16_gemms_) bf16_gemms_->new_weights();
+      if (optim_) optim_->sync_master_from_model();
+      if (!opt_.quiet)
+        log_info("started from the weights of ", c.dir(), " (it holds no training state)");
+      return;
+    }
+  }
   if (!dp_) {
     check_same_global_batch(ckpt::Checkpoint(path));
     resume_from(path);

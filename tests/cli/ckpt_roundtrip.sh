@@ -19,4 +19,11 @@ for family in gpt2 llama; do
     echo "$family: generation differs after export/import:"; echo "$a"; echo "$b"; exit 1
   fi
   echo "$family: export/import round trip generates identically"
+  # An imported checkpoint starts training (weights only: it holds no training state).
+  "$loom" train --set model.family=$family --set model.n_layer=2 --set model.d_model=32 \
+    --set model.n_head=2 --set model.max_seq=32 --set train.seq_len=16 --set train.steps=2 \
+    --set train.micro_batch=2 --set train.quiet=true --set train.peak_gflops=1 \
+    --set data.paths="$work/text.txt" --set train.out_dir="$work/$family-ft" \
+    --set train.init_from="$work/$family-imported" >/dev/null
+  echo "$family: training started from the imported checkpoint"
 done
