@@ -5,11 +5,32 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/fs.h"
 
 namespace loom {
 
-MetricsLog::MetricsLog(const std::string& path, bool append, const std::string& tensorboard_dir)
+MetricsLog::MetricsLog(const std::string& path, bool append, const std::string& tensorboard_dir,
+                       int64_t keep_through_step)
     : path_(path) {
+  if (append && keep_through_step >= 0 && file_exists(path)) {
+    const std::string old = read_file(path);
+    std::string kept;
+    for (size_t pos = 0; pos < old.size();) {
+      size_t end = old.find('\n', pos);
+      if (end == std::string::npos) break;  // a cut last line
+      const std::string line = old.substr(pos, end - pos);
+      pos = end + 1;
+      try {
+        const Json j = Json::parse(line, path);
+        if (j.is_object() && j.contains("step") && j.at("step").as_int() > keep_through_step)
+          continue;
+      } catch (const Error&) {
+        continue;  // not a record (a torn write)
+      }
+      kept += line + "\n";
+    }
+    write_file_atomic(path, kept);
+  }
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   LOOM_CHECK(f_, path, ": cannot open metrics log (", std::strerror(errno), ")");
   if (!tensorboard_dir.empty()) tensorboard_ = std::make_unique<TfEventsWriter>(tensorboard_dir);

@@ -18,7 +18,10 @@ class MetricsLog {
   // append=true continues an existing log (resume); otherwise starts a new one. With a
   // tensorboard_dir, every numeric field of a record that has a "step" is also a scalar of
   // that name in a new event file there.
-  MetricsLog(const std::string& path, bool append, const std::string& tensorboard_dir = "");
+  // keep_through_step >= 0 (a resume from that step): rows of later steps, written before a
+  // crash, are dropped first (and a cut last line), so readers see one row per step.
+  MetricsLog(const std::string& path, bool append, const std::string& tensorboard_dir = "",
+             int64_t keep_through_step = -1);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;

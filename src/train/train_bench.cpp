@@ -10,10 +10,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/cpu/gemm_bf16_peak.h"
 #include "kernels/cpu/sgemm_peak.h"
 #include "model/decoder.h"
 #include "optim/adamw.h"
-#include "kernels/cpu/gemm_bf16_peak.h"
 #include "precision/bf16_gemms.h"
 #include "precision/policy.h"
 #include "train/batch.h"
@@ -67,8 +67,8 @@ Json run_train_bench(const TrainBenchOptions& o) {
   double c0 = process_cpu_seconds(), w0 = now_seconds();
   // The peak of the GEMM path used: sgemm, or the bf16 GEMM probe.
   const bool bf16_path = bf16 != nullptr;
-  double peak = bf16_path ? measure_bf16_gemm_peak_gflops(o.threads)
-                          : measure_sgemm_peak_gflops(o.threads);
+  double peak =
+      bf16_path ? measure_bf16_gemm_peak_gflops(o.threads) : measure_sgemm_peak_gflops(o.threads);
   // The sgemm measurement's own CPU time per wall second tells how many cores it really had.
   double sgemm_cores = (process_cpu_seconds() - c0) / (now_seconds() - w0);
   double gflops = flops / median / 1e9;

@@ -47,6 +47,8 @@ static TrainOptions train_options_from(const Config& c) {
   o.tensorboard = c.get_bool("train.tensorboard", o.tensorboard);
   o.mode = c.get_string("train.mode", o.mode);
   o.freeze = c.get_string("train.freeze", o.freeze);
+  o.max_bad_steps = static_cast<int>(c.get_int("train.max_bad_steps", o.max_bad_steps));
+  LOOM_CHECK(o.max_bad_steps >= 0, "train.max_bad_steps must be >= 0");
   o.device = c.get_string("train.device", o.device);
   LOOM_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
              "train.device must be cpu, cuda or auto, got '", o.device, "'");
@@ -81,6 +83,14 @@ void maybe_inject_fault(int rank, int64_t step) {
   if (n < 2 || r != rank || s != step) return;
   if (std::string(mode) == "error") fail("injected fault at step ", step);
   std::raise(SIGKILL);
+}
+
+// Throws naming the first parameter with a non-finite element: a checkpoint (or a run) whose
+// weights are NaN or inf must never be trained on, sampled from, or written over good ones.
+void check_finite(const ParamSet& P, const std::string& where) {
+  for (const ParamInfo& p : P.infos())
+    LOOM_CHECK(cpu_backend().all_finite(P.data() + p.offset, p.numel), where, ": parameter '",
+               p.name, "' holds non-finite values (NaN or inf)");
 }
 
 // Freezes every parameter whose name starts with one of the comma-separated prefixes; each
@@ -284,7 +294,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
     metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed,
-                                            opt_.tensorboard ? opt_.out_dir + "/tensorboard" : "");
+                                            opt_.tensorboard ? opt_.out_dir + "/tensorboard" : "",
+                                            resumed ? step_ : -1);
     write_file_atomic(opt_.out_dir + "/config.toml", config_text_);
   }
 
@@ -577,6 +588,11 @@ double Trainer::run_loop() {
     StepResult r = train_step();
     last = r.loss;
     log_step(r, tokens);
+    bad_steps_ = r.skipped ? bad_steps_ + 1 : 0;
+    if (opt_.max_bad_steps > 0 && bad_steps_ >= opt_.max_bad_steps)
+      fail("stopping: ", bad_steps_, " consecutive steps skipped for non-finite gradients (step ",
+           step_, "): the run has diverged or its weights are not finite; no checkpoint is ",
+           "written, so the newest one on disk stays (train.max_bad_steps)");
     if (opt_.eval_interval > 0 && (step_ % opt_.eval_interval == 0 || step_ == opt_.steps)) {
       double vl = evaluate();
       Json j = Json::object();
@@ -638,6 +654,9 @@ int64_t Trainer::restore_state(const ckpt::Checkpoint& c, bool same_layout) {
 }
 
 void Trainer::save_checkpoint() {
+  // Never write non-finite weights (rotation would then delete good checkpoints).
+  check_finite(model_->params(), cat("step ", step_, " checkpoint"));
+  if (lora_) check_finite(lora_->params(), cat("step ", step_, " checkpoint"));
   if (dp_) return save_distributed();
   ckpt::TrainerState st = checkpoint_state(optim_->steps_taken());
   double t0 = now_seconds();
@@ -652,6 +671,7 @@ bool Trainer::resume_from(const std::string& path) {
   ckpt::Checkpoint c(path);
   int64_t optimizer_steps = restore_state(c);
   c.restore_model(trained_params().tensors());
+  check_finite(trained_params(), c.dir());
   c.restore_optim(optim_->state_tensors());
   optim_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet) log_info("resumed from ", c.dir(), " at step ", step_);
@@ -818,6 +838,7 @@ void Trainer::load_pretrained(const std::string& path) {
              ": a LoRA checkpoint holds adapters only; merge it first (loom ckpt merge)");
   if (!dp_) {
     c.restore_model(model_->params().tensors());
+    check_finite(model_->params(), c.dir());
   } else {
     ckpt::fill_from_whole(c, model_->params(), shard_list(dp_->param_slices()), {});
     dp_->sync_model_from_master();

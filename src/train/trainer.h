@@ -62,6 +62,9 @@ struct TrainOptions {
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there). The trainer runs on the CPU
   // backend only so far: cuda is refused with the reason.
   std::string device = "cpu";
+  // Guard: this many consecutive skipped steps (non-finite gradients) stop the run with an error,
+  // before a checkpoint of bad weights could rotate good ones away. 0 = off.
+  int max_bad_steps = 10;
 };
 
 struct StepResult {
@@ -101,7 +104,6 @@ class Trainer {
     int64_t pairs = 0;
   };
   DpoStats dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step);
-
 
   void save_checkpoint();
   bool resume_from(const std::string& path);  // a step dir or a checkpoints root
@@ -180,6 +182,7 @@ class Trainer {
   std::map<const Batch*, CpLocal> cp_local_;
   std::string pp_layout_;  // stage split and virtual stages, part of the checkpoint layout
   int rank_ = 0;
+  int bad_steps_ = 0;  // consecutive skipped steps (train.max_bad_steps)
 };
 
 }  // namespace loom

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "core/error.h"
 #include "core/fs.h"
@@ -272,4 +273,85 @@ TEST(Trainer, MoeModelTrainsAndLogsAuxLoss) {
   t2.run();  // writes metrics with aux_loss and a checkpoint
   std::string metrics = read_file(d2 + "/run/metrics.jsonl");
   EXPECT_NE(metrics.find("\"aux_loss\""), std::string::npos);
+}
+
+// After a crash and a resume, metrics.jsonl holds each step once: the rows written after the
+// restored step are dropped before the run continues.
+TEST(Trainer, MetricsHoldEachStepOnceAfterAResume) {
+  std::string d = test_dir("metrics_resume");
+  Config c = tiny_config(d, 6);
+  c.set("train.checkpoint_interval", "3", "test");
+  {
+    Trainer t(c);  // 5 steps logged, the checkpoint at 3, then a "crash"
+    for (int i = 0; i < 5; ++i) {
+      auto r = t.train_step();
+      (void)r;
+      if (t.step() == 3) t.save_checkpoint();
+    }
+  }
+  {
+    // The run as run() logs it: rows for steps 1..5 exist now (log_step is inside run()), so
+    // write them the way a crashed run leaves them, a cut line included.
+    std::ofstream f(d + "/run/metrics.jsonl", std::ios::app);
+    for (int s = 1; s <= 5; ++s) f << "{\"step\": " << s << ", \"loss\": 1.0}\n";
+    f << "{\"step\": 6, \"lo";
+  }
+  Trainer resumed(c);
+  EXPECT_EQ(resumed.step(), 3);
+  resumed.run();
+  std::ifstream in(d + "/run/metrics.jsonl");
+  std::map<int64_t, int> rows;
+  for (std::string line; std::getline(in, line);) {
+    Json j = Json::parse(line);
+    if (!j.contains("valid_loss")) ++rows[j.at("step").as_int()];
+  }
+  for (int s = 1; s <= 6; ++s) EXPECT_EQ(rows[s], 1) << "step " << s;
+}
+
+// A diverging run stops with an error after train.max_bad_steps skipped steps, and never writes
+// a checkpoint of non-finite weights: the good one stays the newest.
+TEST(Trainer, DivergedRunStopsAndKeepsTheLastGoodCheckpoint) {
+  std::string d = test_dir("diverge");
+  Config c = tiny_config(d, 40);
+  c.set("train.checkpoint_interval", "2", "test");
+  c.set("train.max_bad_steps", "3", "test");
+  c.set("optim.lr", "1e30", "test");
+  c.set("optim.warmup_steps", "0", "test");
+  c.set("train.clip_grad", "0", "test");
+  {
+    Trainer t(c);
+    EXPECT_THROW(t.run(), Error);
+  }
+  auto latest = ckpt::find_latest_checkpoint(d + "/run/checkpoints");
+  if (latest) {  // whatever was written holds finite weights and resumes
+    ckpt::Checkpoint ck(*latest);
+    Config again = tiny_config(d, 40);
+    again.set("train.checkpoint_interval", "2", "test");
+    Trainer t(again);
+    EXPECT_GT(t.step(), 0);
+  }
+}
+
+// A checkpoint with a NaN weight is refused on load, naming the parameter.
+TEST(Trainer, NonFiniteWeightsInACheckpointAreAnError) {
+  std::string d = test_dir("nan_ckpt");
+  Config c = tiny_config(d, 2);
+  {
+    Trainer t(c);
+    t.train_step();
+    t.save_checkpoint();  // a good one, whose state the bad one copies
+    ckpt::TrainerState st = ckpt::Checkpoint(d + "/run/checkpoints").state();
+    t.model().params().data()[5] = NAN;
+    EXPECT_THROW(t.save_checkpoint(), Error);  // never written by the trainer
+    // Written behind the trainer's back: resume must refuse it.
+    st.step = 2;
+    ckpt::save_checkpoint(d + "/run/checkpoints", st, t.model().params().tensors(),
+                          ckpt::TensorMap{});
+  }
+  try {
+    Trainer t(c);
+    ADD_FAILURE() << "a checkpoint with NaN weights was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
+  }
 }
