@@ -1,5 +1,11 @@
 #include "core/config.h"
 
+// toml++ 3.3's parse_key asserts an invariant that an input such as "[}" breaks (found by
+// fuzz_config; regression input tests/fuzz/corpus/config/regress-e365edc5adcace2f). Its release
+// build reports that input as the syntax error it is; with assertions on (debug and fuzz
+// builds) the assert would abort the process instead. Its asserts guard toml++'s own
+// development, not our inputs: off here, so every build gives the error.
+#define TOML_ASSERT(expr) static_assert(true)
 #include <toml++/toml.h>
 #include <charconv>
 #include <cmath>
@@ -171,7 +177,43 @@ bool looks_like_integer(const std::string& s) {
 
 }  // namespace
 
+// toml++ 3.3 (Debian 12) reaches __builtin_unreachable (undefined behaviour: a crash at best)
+// when its generated is_non_ascii_horizontal_whitespace is asked about code points in three
+// ranges: its 1018-wide buckets 0, 11 and 63 above U+00A0 hold one whitespace character each and
+// no switch case for the rest (found by fuzz_config; regression inputs regress-2f2fe94570b2fd71
+// and regress-e432775fa8041a10). Where toml++ asks is not worth predicting: a config holding any
+// of those code points is refused before toml++ sees it, naming line, column and code point.
+// Everything else, ASCII and the rest of Unicode in strings and comments, is unaffected.
+static bool hits_toml_unreachable(uint32_t c) {
+  if (c <= 0xA0 || c >= 0xFEFF || c == 0x3000) return false;
+  const uint32_t bucket = (c - 0xA0) / 0x3FA;
+  return bucket == 0 || bucket == 11 || bucket == 63;
+}
+
+static void check_toml_safe(const std::string& t, const std::string& where) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < t.size();) {
+    const unsigned char b = static_cast<unsigned char>(t[i]);
+    uint32_t c = b;
+    size_t len = 1;
+    if (b >= 0xC0 && b < 0xE0 && i + 1 < t.size()) {
+      c = (b & 0x1Fu) << 6 | (static_cast<unsigned char>(t[i + 1]) & 0x3Fu), len = 2;
+    } else if (b >= 0xE0 && b < 0xF0 && i + 2 < t.size()) {
+      c = (b & 0x0Fu) << 12 | (static_cast<unsigned char>(t[i + 1]) & 0x3Fu) << 6 |
+          (static_cast<unsigned char>(t[i + 2]) & 0x3Fu),
+      len = 3;
+    }
+    LOOM_CHECK(!hits_toml_unreachable(c), where, ":", line, ":", col, ": character U+", std::hex, c,
+               std::dec, " is not supported in config files (Debian's toml++ 3.3 mishandles ",
+               "it); use ASCII or a \\u escape in a string");
+    if (b == '\n') ++line, col = 0;
+    i += len;
+    ++col;
+  }
+}
+
 Config Config::parse(const std::string& text, const std::string& where) {
+  check_toml_safe(text, where);
   toml::table doc;
   try {
     doc = toml::parse(text, where);
