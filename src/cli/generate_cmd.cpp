@@ -24,15 +24,6 @@
 #include "infer/request_sampling.h"
 
 namespace loom::cli {
-namespace {
-
-int64_t ranged(const Options& o, const std::string& name, int64_t lo, int64_t hi) {
-  const int64_t v = o.get_int(name);
-  LOOM_CHECK(v >= lo && v <= hi, "--", name, " must lie in [", lo, ", ", hi, "], got ", v);
-  return v;
-}
-
-}  // namespace
 
 int run_generate(const Args& args) {
   Options o("loom generate --ckpt PATH (--prompt TEXT | --input PROMPTS.jsonl --output OUT.jsonl)",
@@ -76,20 +67,20 @@ int run_generate(const Args& args) {
   }
 
   infer::SamplingParams sp;
-  sp.max_tokens = static_cast<int>(ranged(o, "tokens", 0, model->config().max_seq));
+  sp.max_tokens = static_cast<int>(o.get_int("tokens", 0, model->config().max_seq));
   sp.temperature = static_cast<float>(temperature);
-  sp.top_k = static_cast<int>(ranged(o, "top-k", 0, model->config().vocab));
+  sp.top_k = static_cast<int>(o.get_int("top-k", 0, model->config().vocab));
   sp.top_p = static_cast<float>(top_p);
   sp.min_p = static_cast<float>(min_p);
   sp.repetition_penalty = static_cast<float>(rep);
   sp.stop = o.all("stop");
-  sp.seed = static_cast<uint64_t>(ranged(o, "seed", 0, INT64_MAX));
+  sp.seed = static_cast<uint64_t>(o.get_int("seed", 0, INT64_MAX));
   sp.ignore_eos = o.has("ignore-eos");
   infer::validate(sp, model->config().vocab);
 
   infer::EngineConfig ec;
-  ec.scheduler.max_num_seqs = static_cast<int>(ranged(o, "max-num-seqs", 1, 4096));
-  ec.kv_cache_bytes = ranged(o, "kv-cache-mb", 1, 1 << 20) << 20;
+  ec.scheduler.max_num_seqs = static_cast<int>(o.get_int("max-num-seqs", 1, 4096));
+  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
   set_text_codec(ec, tok.get(), chat.get());
   auto encode = [&](const Json& line, const std::string& where) {
     std::vector<int32_t> ids;

@@ -26,12 +26,6 @@ void on_signal(int) {
   g_stop = 1;
 }
 
-int64_t ranged(const Options& o, const std::string& name, int64_t lo, int64_t hi) {
-  const int64_t v = o.get_int(name);
-  LOOM_CHECK(v >= lo && v <= hi, "--", name, " must lie in [", lo, ", ", hi, "], got ", v);
-  return v;
-}
-
 }  // namespace
 
 int run_serve(const Args& args) {
@@ -54,10 +48,10 @@ int run_serve(const Args& args) {
   if (!o.parse(args)) return 0;
   serve::ServerOptions so;
   so.host = o.get("host");
-  so.port = static_cast<int>(ranged(o, "port", 0, 65535));
+  so.port = static_cast<int>(o.get_int("port", 0, 65535));
   so.model_name = o.get("model-name");
-  so.default_max_tokens = static_cast<int>(ranged(o, "max-tokens", 1, 1 << 20));
-  const double drain = static_cast<double>(ranged(o, "drain-timeout", 0, 3600));
+  so.default_max_tokens = static_cast<int>(o.get_int("max-tokens", 1, 1 << 20));
+  const double drain = static_cast<double>(o.get_int("drain-timeout", 0, 3600));
 
   auto model = load_model_from_checkpoint(o.get("ckpt"));
   so.max_seq = model->config().max_seq;
@@ -72,10 +66,10 @@ int run_serve(const Args& args) {
     }
   }
   infer::EngineConfig ec;
-  ec.scheduler.max_num_seqs = static_cast<int>(ranged(o, "max-num-seqs", 1, 4096));
-  ec.scheduler.max_batched_tokens = static_cast<int>(ranged(o, "max-batched-tokens", 1, 1 << 20));
-  ec.kv_cache_bytes = ranged(o, "kv-cache-mb", 1, 1 << 20) << 20;
-  ec.max_queue = static_cast<int>(ranged(o, "max-queue", 1, 1 << 20));
+  ec.scheduler.max_num_seqs = static_cast<int>(o.get_int("max-num-seqs", 1, 4096));
+  ec.scheduler.max_batched_tokens = static_cast<int>(o.get_int("max-batched-tokens", 1, 1 << 20));
+  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  ec.max_queue = static_cast<int>(o.get_int("max-queue", 1, 1 << 20));
   set_text_codec(ec, tok.get(), chat.get());
   infer::DecoderRunner runner(*model);
   infer::LoomEngine engine(runner, ec);

@@ -9,53 +9,16 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/decoder.h"
+#include "model/model_test_util.h"
 #include "optim/adamw.h"
 
 using namespace loom;
 
 namespace {
 
-ModelConfig tiny(Family f) {
-  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.n_head = 4;
-  c.n_kv_head = f == Family::GPT2 ? 4 : 2;
-  c.head_dim = 4;
-  c.d_ff = f == Family::GPT2 ? 64 : 24;
-  c.vocab = 32;
-  c.max_seq = 16;
-  c.init_std = 0.2f;  // large weights: every path carries a gradient well above fp32 noise
-  return c;
-}
-
-struct Data {
-  std::vector<int32_t> tokens, targets, positions, cu;
-  ModelInput input() const {
-    return {tokens.data(),
-            targets.data(),
-            positions.data(),
-            cu.data(),
-            static_cast<int>(tokens.size()),
-            static_cast<int>(cu.size()) - 1};
-  }
-};
-
-// Sequences of the given lengths, concatenated (packed), random tokens.
-Data make_data(const std::vector<int>& lens, int vocab, uint64_t seed) {
-  Data d;
-  d.cu.push_back(0);
-  for (int len : lens) {
-    for (int t = 0; t < len; ++t) {
-      size_t i = d.tokens.size();
-      d.tokens.push_back(static_cast<int32_t>(uniform_at(seed, 1, i) * vocab));
-      d.targets.push_back(static_cast<int32_t>(uniform_at(seed, 2, i) * vocab));
-      d.positions.push_back(t);
-    }
-    d.cu.push_back(static_cast<int32_t>(d.tokens.size()));
-  }
-  return d;
-}
+using test::Data;
+using test::make_data;
+using test::tiny;
 
 void gradient_check(Family f) {
   Decoder m(tiny(f), cpu_backend());

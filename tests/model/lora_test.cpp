@@ -9,43 +9,17 @@
 #include "core/rng.h"
 #include "model/decoder.h"
 #include "model/lora.h"
+#include "model/model_test_util.h"
 
 using namespace loom;
 
 namespace {
 
-ModelConfig tiny(Family f) {
-  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
-  c.n_layer = 2, c.d_model = 16, c.n_head = 4, c.n_kv_head = f == Family::GPT2 ? 4 : 2;
-  c.head_dim = 4, c.d_ff = f == Family::GPT2 ? 64 : 24, c.vocab = 32, c.max_seq = 16;
-  c.init_std = 0.2f;
-  return c;
-}
-
-struct Data {
-  std::vector<int32_t> tokens, targets, positions, cu;
-  ModelInput input() const {
-    return {tokens.data(),
-            targets.data(),
-            positions.data(),
-            cu.data(),
-            static_cast<int>(tokens.size()),
-            static_cast<int>(cu.size()) - 1};
-  }
-};
+using test::Data;
+using test::tiny;
 
 Data make_data(const std::vector<int>& lens, uint64_t seed) {
-  Data d;
-  d.cu.push_back(0);
-  for (int len : lens) {
-    for (int t = 0; t < len; ++t) {
-      d.tokens.push_back(static_cast<int32_t>(uniform_at(seed, 1, d.tokens.size()) * 32));
-      d.targets.push_back(static_cast<int32_t>(uniform_at(seed, 2, d.targets.size()) * 32));
-      d.positions.push_back(t);
-    }
-    d.cu.push_back(static_cast<int32_t>(d.tokens.size()));
-  }
-  return d;
+  return test::make_data(lens, 32, seed);
 }
 
 LoraConfig cfg(int r, std::vector<std::string> targets = {"all-linear"}) {

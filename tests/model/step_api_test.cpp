@@ -9,40 +9,15 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/decoder.h"
+#include "model/model_test_util.h"
 #include "model/reference_decoder.h"
 
 using namespace loom;
 
 namespace {
 
-ModelConfig tiny(Family f) {
-  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.n_head = 4;
-  c.n_kv_head = f == Family::GPT2 ? 4 : 2;
-  c.head_dim = 4;
-  c.d_ff = f == Family::GPT2 ? 64 : 24;
-  c.vocab = 32;
-  c.max_seq = 16;
-  c.init_std = 0.2f;
-  return c;
-}
-
-struct Data {
-  std::vector<int32_t> tokens, targets, positions, cu;
-  std::vector<float> weights;
-  ModelInput input() const {
-    ModelInput in{tokens.data(),
-                  targets.data(),
-                  positions.data(),
-                  cu.data(),
-                  static_cast<int>(tokens.size()),
-                  static_cast<int>(cu.size()) - 1};
-    in.loss_weights = weights.empty() ? nullptr : weights.data();
-    return in;
-  }
-};
+using test::Data;
+using test::tiny;
 
 // Packed sequences of the given lengths; each target is the next token of its sequence (the
 // last one a random id), as a language-model batch has it.

@@ -1,0 +1,61 @@
+// What the model tests share: a tiny model of either family, and packed micro-batches.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/rng.h"
+#include "model/decoder.h"
+
+namespace loom::test {
+
+// Two layers, width 16, 4 heads (GQA 4/2 for Llama), vocabulary 32, context 16; large weights
+// so every path carries a gradient well above fp32 noise.
+inline ModelConfig tiny(Family f) {
+  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
+  c.n_layer = 2;
+  c.d_model = 16;
+  c.n_head = 4;
+  c.n_kv_head = f == Family::GPT2 ? 4 : 2;
+  c.head_dim = 4;
+  c.d_ff = f == Family::GPT2 ? 64 : 24;
+  c.vocab = 32;
+  c.max_seq = 16;
+  c.init_std = 0.2f;
+  return c;
+}
+
+// A packed micro-batch: sequences end to end with cu_seqlens between them, and optional
+// per-token loss weights.
+struct Data {
+  std::vector<int32_t> tokens, targets, positions, cu;
+  std::vector<float> weights;
+  ModelInput input() const {
+    ModelInput in{tokens.data(),
+                  targets.data(),
+                  positions.data(),
+                  cu.data(),
+                  static_cast<int>(tokens.size()),
+                  static_cast<int>(cu.size()) - 1};
+    in.loss_weights = weights.empty() ? nullptr : weights.data();
+    return in;
+  }
+};
+
+// Sequences of the given lengths with random tokens and random targets.
+inline Data make_data(const std::vector<int>& lens, int vocab, uint64_t seed) {
+  Data d;
+  d.cu.push_back(0);
+  for (int len : lens) {
+    for (int t = 0; t < len; ++t) {
+      const size_t i = d.tokens.size();
+      d.tokens.push_back(static_cast<int32_t>(uniform_at(seed, 1, i) * vocab));
+      d.targets.push_back(static_cast<int32_t>(uniform_at(seed, 2, i) * vocab));
+      d.positions.push_back(t);
+    }
+    d.cu.push_back(static_cast<int32_t>(d.tokens.size()));
+  }
+  return d;
+}
+
+}  // namespace loom::test
