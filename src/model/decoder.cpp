@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/cpu/bf16_convert.h"
 
 namespace loom {
 
@@ -42,7 +43,8 @@ Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, 
       pp_(pp),
       be_(backend),
       recompute_(recompute),
-      act_dtype_(act_dtype) {
+      act_dtype_(act_dtype),
+      store_bf16_(act_dtype == DType::BF16) {
   for (size_t c = 0; c < pp_.chunks.size(); ++c) {
     auto [b, e] = pp_.chunks[c];
     LOOM_CHECK(0 <= b && b < e && e <= cfg.n_layer, "pipeline chunk ", c, " holds layers [", b,
@@ -284,7 +286,6 @@ void Decoder::ensure_buffers(int N) {
   const bool fwd = b_->forward_only;
   const int64_t C = cfg_.d_model, Q = qkv_, A = att_, H = hq_, F = ff_, FC = fc_, L = cfg_.n_layer;
   // Two passes: the first measures, the second assigns pointers into one arena.
-  std::vector<float*> slots;
   int64_t total = 0;
   float* base = nullptr;
   auto take = [&](int64_t per_token) -> float* {
@@ -293,22 +294,34 @@ void Decoder::ensure_buffers(int N) {
     total += n;
     return p;
   };
+  // A buffer in the policy's storage type: bf16 takes half the floats.
+  auto take_act = [&](int64_t per_token) -> ActBuf {
+    ActBuf a;
+    if (!store_bf16_) {
+      a.f32 = take(per_token);
+      return a;
+    }
+    int64_t n = (per_token * N + 31) / 32 * 16;
+    a.bf16 = base ? reinterpret_cast<uint16_t*>(base + total) : nullptr;
+    total += n;
+    return a;
+  };
   for (int pass = 0; pass < 2; ++pass) {
     total = 0;
     b_->layers.assign(L, LayerActs{});
     LayerActs shared{};
-    shared.ln1 = take(C);
+    shared.ln1 = take_act(C);
     shared.ln1_mean = take(1);
     shared.ln1_rstd = take(1);
-    shared.qkv = take(Q);
-    shared.att = take(A);
+    shared.qkv = take_act(Q);
+    shared.att = take_act(A);
     shared.lse = take(H);
     shared.x_mid = take(C);
-    shared.ln2 = take(C);
+    shared.ln2 = take_act(C);
     shared.ln2_mean = take(1);
     shared.ln2_rstd = take(1);
-    shared.fc = take(FC);
-    shared.act = take(F);
+    shared.fc = take_act(FC);
+    shared.act = take_act(F);  // bf16: the one buffer every layer's recomputed act uses
     // A pipeline stage allocates only the layers it holds (the first of them keeps the shared
     // set); with the whole model that is every layer, and layer 0 keeps the shared set.
     int first_held = -1;
@@ -330,27 +343,23 @@ void Decoder::ensure_buffers(int N) {
       a.x_in = take(C);
       if (recompute_ == Recompute::Full) continue;  // everything else is recomputed
       if (l == first_held) continue;
-      float* att = a.att;
-      float* lse = a.lse;
-      a.ln1 = take(C);
+      a.ln1 = take_act(C);
       a.ln1_mean = take(1);
       a.ln1_rstd = take(1);
-      a.qkv = take(Q);
-      a.att = take(A);
-      a.lse = take(H);
+      a.qkv = take_act(Q);
+      if (recompute_ != Recompute::Selective) {  // selective: attention core recomputed, shared
+        a.att = take_act(A);
+        a.lse = take(H);
+      }
       a.x_mid = take(C);
-      a.ln2 = take(C);
+      a.ln2 = take_act(C);
       a.ln2_mean = take(1);
       a.ln2_rstd = take(1);
-      a.fc = take(FC);
-      a.act = take(F);
-      if (recompute_ == Recompute::Selective) {  // attention core recomputed: share it
-        a.att = att;
-        a.lse = lse;
-      }
+      a.fc = take_act(FC);
+      if (!store_bf16_) a.act = take_act(F);
     }
     b_->x_final = take(C);
-    b_->lnf = take(C);
+    b_->lnf = take_act(C);
     b_->lnf_mean = take(1);
     b_->lnf_rstd = take(1);
     b_->losses = take(1);
@@ -363,6 +372,13 @@ void Decoder::ensure_buffers(int N) {
       b_->dqkv = take(Q);
       b_->dfc = take(FC);
       b_->dact = take(F);
+    }
+    if (store_bf16_) {
+      b_->q32 = take(Q);
+      b_->att32 = take(A);
+      // Training: fc's fp32 working copy lives in dfc, which forward does not use and
+      // backward does not need it in (it reads fc back block by block).
+      b_->fc32 = fwd ? take(FC) : b_->dfc;
     }
     // Logits exist only where the head runs (the whole model, or the last pipeline stage).
     int64_t logits = pp_.last ? (int64_t(head_chunk()) * vocab_ + 15) / 16 * 16 : 0;
@@ -389,6 +405,12 @@ void Decoder::sp_all_gather(float* full, int N, int C) {
   tp_.comm->all_gather(full, counts, DType::F32);
 }
 
+void Decoder::sp_all_gather(const ActBuf& full, int N, int C) {
+  if (full.f32) return sp_all_gather(full.f32, N, C);
+  std::vector<int64_t> counts(tp_.size, int64_t(N / tp_.size) * C);
+  tp_.comm->all_gather(full.bf16, counts, DType::BF16);
+}
+
 void Decoder::sp_reduce_scatter(const float* full, float* out, int N, int C) {
   std::vector<int64_t> counts(tp_.size, int64_t(N / tp_.size) * C);
   tp_.comm->reduce_scatter(full, out, counts, DType::F32, comm::ReduceOp::Sum);
@@ -403,13 +425,98 @@ void Decoder::round_act(float* x, int64_t n) const {
   if (act_dtype_ != DType::F32) round_to(act_dtype_, x, static_cast<size_t>(n));
 }
 
-void Decoder::norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                           const float* b, int N) {
-  if (cfg_.family == Family::GPT2)
-    be_.layernorm_forward(out, mean, rstd, inp, w, b, N, cfg_.d_model, cfg_.norm_eps);
-  else
-    be_.rmsnorm_forward(out, rstd, inp, w, N, cfg_.d_model, cfg_.norm_eps);
-  round_act(out, int64_t(N) * cfg_.d_model);
+void Decoder::store_activations_as_fp32() {
+  LOOM_CHECK(train_buf_.N == 0 && infer_buf_.N == 0,
+             "store_activations_as_fp32 must be called before the first forward");
+  store_bf16_ = false;
+}
+
+void Decoder::keep(const ActBuf& buf, float* x, int64_t n) {
+  round_act(x, n);
+  if (buf.bf16) cpu::f32_to_bf16_array(x, buf.bf16, static_cast<size_t>(n));
+}
+
+const float* Decoder::fp32_in(const ActBuf& buf, int64_t n, float* scratch) const {
+  if (buf.f32) return buf.f32;
+  cpu::bf16_to_f32_array(buf.bf16, scratch, static_cast<size_t>(n));
+  return scratch;
+}
+
+int Decoder::block_rows(int width) const {
+  constexpr int kBlockFloats = 1 << 16;  // 256 KiB: stays in L2 between the two passes
+  return std::max(1, kBlockFloats / std::max(1, width));
+}
+
+void Decoder::norm_forward(const ActBuf& out, int64_t offset, float* mean, float* rstd,
+                           const float* inp, const float* w, const float* b, int N) {
+  const int C = cfg_.d_model;
+  auto norm = [&](float* o, float* m, float* r, const float* x, int n) {
+    if (cfg_.family == Family::GPT2)
+      be_.layernorm_forward(o, m, r, x, w, b, n, C, cfg_.norm_eps);
+    else
+      be_.rmsnorm_forward(o, r, x, w, n, C, cfg_.norm_eps);
+  };
+  if (out.f32) {
+    norm(out.f32 + offset, mean, rstd, inp, N);
+    round_act(out.f32 + offset, int64_t(N) * C);
+    return;
+  }
+  // bf16 storage: row blocks normalised into cache-resident scratch, then stored (rounded).
+  const int rows = block_rows(C);
+  blk_a_.resize(size_t(rows) * C);
+  for (int r0 = 0; r0 < N; r0 += rows) {
+    const int n = std::min(rows, N - r0);
+    norm(blk_a_.data(), mean ? mean + r0 : nullptr, rstd + r0, inp + int64_t(r0) * C, n);
+    cpu::f32_to_bf16_array(blk_a_.data(), out.bf16 + offset + int64_t(r0) * C, size_t(n) * C);
+  }
+}
+
+void Decoder::mlp_act_forward(const LayerActs& a, const float* fc32, int N) {
+  const int F = ff_, FC = fc_;
+  auto act = [&](float* o, const float* x, int n) {
+    if (cfg_.family == Family::GPT2)
+      be_.gelu_forward(o, x, int64_t(n) * F);
+    else
+      be_.swiglu_forward(o, x, n, F);
+  };
+  if (a.act.f32) {
+    act(a.act.f32, fc32, N);
+    round_act(a.act.f32, int64_t(N) * F);
+    return;
+  }
+  const int rows = block_rows(FC);
+  blk_a_.resize(size_t(rows) * FC);
+  blk_b_.resize(size_t(rows) * F);
+  for (int r0 = 0; r0 < N; r0 += rows) {
+    const int n = std::min(rows, N - r0);
+    const float* x = fc32 ? fc32 + int64_t(r0) * FC
+                          : fp32_in({nullptr, a.fc.bf16 + int64_t(r0) * FC}, int64_t(n) * FC,
+                                    blk_a_.data());
+    act(blk_b_.data(), x, n);
+    cpu::f32_to_bf16_array(blk_b_.data(), a.act.bf16 + int64_t(r0) * F, size_t(n) * F);
+  }
+}
+
+void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, const float* dact, int N) {
+  const int F = ff_, FC = fc_;
+  auto back = [&](float* d, const float* x, const float* dout, int n) {
+    if (cfg_.family == Family::GPT2)
+      be_.gelu_backward(d, x, dout, int64_t(n) * F);
+    else
+      be_.swiglu_backward(d, x, dout, n, F);
+  };
+  if (a.fc.f32) {
+    back(dfc, a.fc.f32, dact, N);
+  } else {
+    const int rows = block_rows(FC);
+    blk_a_.resize(size_t(rows) * FC);
+    for (int r0 = 0; r0 < N; r0 += rows) {
+      const int n = std::min(rows, N - r0);
+      cpu::bf16_to_f32_array(a.fc.bf16 + int64_t(r0) * FC, blk_a_.data(), size_t(n) * FC);
+      back(dfc + int64_t(r0) * FC, blk_a_.data(), dact + int64_t(r0) * F, n);
+    }
+  }
+  round_act(dfc, int64_t(N) * FC);
 }
 
 void Decoder::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
@@ -497,35 +604,30 @@ void Decoder::set_context_parallel(const ContextParallel& cp) {
   ring_ = cp.size > 1 ? std::make_unique<RingAttention>(cp, be_) : nullptr;
 }
 
-void Decoder::attention_core(int l, const ModelInput& in, const LayerActs& a) {
+void Decoder::attention_core(int l, const ModelInput& in, const LayerActs& a, const float* qkv) {
   const int Hq = hq_, Hkv = hkv_, D = cfg_.head_dim, Q = qkv_;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  float* att = fp32_out(a.att, b_->att32);
   if (attention_override_) {
-    attention_override_->forward(l, a.qkv, Q, Hq, Hkv, D, 1.f / std::sqrt(static_cast<float>(D)),
-                                 a.att);
-    round_act(a.att, int64_t(in.N) * Hq * D);
-    return;
-  }
-  if (ring_) {
+    attention_override_->forward(l, qkv, Q, Hq, Hkv, D, scale, att);
+  } else if (ring_) {
     LOOM_CHECK(in.cp && static_cast<int>(in.cp->shards.size()) == cp_.size,
                "a context-parallel model needs ModelInput::cp (the shards of ", cp_.size,
                " ranks)");
-    ring_->forward(a.att, a.lse, a.qkv, Q, Hq, Hkv, D, 1.f / std::sqrt(static_cast<float>(D)),
-                   *in.cp);
-    round_act(a.att, int64_t(in.N) * Hq * D);
-    return;
+    ring_->forward(att, a.lse, qkv, Q, Hq, Hkv, D, scale, *in.cp);
+  } else {
+    const float* q = qkv;
+    const float* k = qkv + Hq * D;
+    const float* v = k + Hkv * D;
+    be_.attention_forward(att, a.lse, q, k, v, Q, in.cu_seqlens, in.nseq, Hq, Hkv, D, scale);
   }
-  const float* q = a.qkv;
-  const float* k = a.qkv + Hq * D;
-  const float* v = k + Hkv * D;
-  be_.attention_forward(a.att, a.lse, q, k, v, Q, in.cu_seqlens, in.nseq, Hq, Hkv, D,
-                        1.f / std::sqrt(static_cast<float>(D)));
-  round_act(a.att, int64_t(in.N) * Hq * D);
+  keep(a.att, att, int64_t(in.N) * Hq * D);
 }
 
 // Row-parallel linear output: the local product (bias on rank 0 only, so the sum over ranks
 // holds it once) summed over the tensor-parallel group: all-reduce (g), or reduce-scatter
 // along tokens under SP. Returns this rank's rows of the result.
-float* Decoder::row_parallel_out(const Linear& lin, const float* inp, int N) {
+float* Decoder::row_parallel_out(const Linear& lin, ActIn inp, int N) {
   const int C = cfg_.d_model;
   if (!tp_on()) {
     lin.forward(be_, b_->tmp, inp, N);
@@ -582,44 +684,44 @@ void Decoder::norm_backward_tp(float* dinp, float* dw, float* db, const float* d
 
 void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, Q = qkv_, Hq = hq_, Hkv = hkv_,
-            D = cfg_.head_dim, A = att_, F = ff_, FC = fc_;
+            D = cfg_.head_dim, A = att_, FC = fc_;
   const int64_t mine = int64_t(row0(N)) * C;  // this rank's rows of a full [N, C] buffer
   const LayerParams p = layer_params(l);
-  norm_forward(a.ln1 + mine, a.ln1_mean, a.ln1_rstd, a.x_in, p.ln1.w, p.ln1.b, Nl);
+  norm_forward(a.ln1, mine, a.ln1_mean, a.ln1_rstd, a.x_in, p.ln1.w, p.ln1.b, Nl);
   if (sp_on()) sp_all_gather(a.ln1, N, C);
-  p.qkv.forward(be_, a.qkv, a.ln1, N);
+  float* qkv = fp32_out(a.qkv, b_->q32);
+  p.qkv.forward(be_, qkv, a.ln1.in(), N);
   if (cfg_.uses_rope()) {
-    be_.rope_forward(a.qkv, in.positions, N, Hq, D, Q, cfg_.rope_theta);
-    be_.rope_forward(a.qkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
+    be_.rope_forward(qkv, in.positions, N, Hq, D, Q, cfg_.rope_theta);
+    be_.rope_forward(qkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
   }
-  round_act(a.qkv, int64_t(N) * Q);
-  attention_core(l, in, a);
-  float* o = row_parallel_out(p.proj, a.att, N);
+  keep(a.qkv, qkv, int64_t(N) * Q);
+  attention_core(l, in, a, qkv);
+  float* o = row_parallel_out(p.proj, a.att.in(), N);
   round_act(o, int64_t(Nl) * C);
   be_.add(a.x_mid, a.x_in, o, int64_t(Nl) * C);
   round_act(a.x_mid, int64_t(Nl) * C);
-  norm_forward(a.ln2 + mine, a.ln2_mean, a.ln2_rstd, a.x_mid, p.ln2.w, p.ln2.b, Nl);
+  norm_forward(a.ln2, mine, a.ln2_mean, a.ln2_rstd, a.x_mid, p.ln2.w, p.ln2.b, Nl);
   if (sp_on()) sp_all_gather(a.ln2, N, C);
   if (moe_.size() && moe_[l]) {
     // The MoE layer keeps its own state for backward, so recomputation stops before it.
     if (!x_out) return;
     // Under TP every rank routes all N tokens (ln2 is replicated, or gathered under SP) and
     // gets the whole output; it keeps its own rows.
-    aux_sum_ += double(N) * moe_[l]->forward(b_->tmp, a.ln2, N, moe_weights(l, false));
+    moe_in_.resize(size_t(N) * C);
+    const float* x = fp32_in(a.ln2, int64_t(N) * C, moe_in_.data());
+    aux_sum_ += double(N) * moe_[l]->forward(b_->tmp, x, N, moe_weights(l, false));
     round_act(b_->tmp, int64_t(N) * C);
     be_.add(x_out, a.x_mid, b_->tmp + mine, int64_t(Nl) * C);
     round_act(x_out, int64_t(Nl) * C);
     return;
   }
-  p.fc.forward(be_, a.fc, a.ln2, N);
-  round_act(a.fc, int64_t(N) * FC);
-  if (cfg_.family == Family::GPT2)
-    be_.gelu_forward(a.act, a.fc, int64_t(N) * F);
-  else
-    be_.swiglu_forward(a.act, a.fc, N, F);
-  round_act(a.act, int64_t(N) * F);
+  float* fc = fp32_out(a.fc, b_->fc32);
+  p.fc.forward(be_, fc, a.ln2.in(), N);
+  keep(a.fc, fc, int64_t(N) * FC);
+  mlp_act_forward(a, fc, N);
   if (!x_out) return;  // recomputation needs the layer's internals, not its output
-  o = row_parallel_out(p.mp, a.act, N);
+  o = row_parallel_out(p.mp, a.act.in(), N);
   round_act(o, int64_t(Nl) * C);
   be_.add(x_out, a.x_mid, o, int64_t(Nl) * C);
   round_act(x_out, int64_t(Nl) * C);
@@ -627,26 +729,26 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
 
 void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, Q = qkv_, Hq = hq_, Hkv = hkv_,
-            D = cfg_.head_dim, A = att_, F = ff_, FC = fc_;
+            D = cfg_.head_dim, A = att_, F = ff_;
   const LayerParams p = layer_params(l);
   float* dl = nullptr;
   if (moe_.size() && moe_[l]) {  // x_out = x_mid + moe(ln2)
     // Every TP rank runs the whole layer on all tokens: the input gradient it gets is already
     // complete (not a partial sum), and its weight gradients are whole (router, replicated
     // experts) or its expert-tensor-parallel slice's.
-    moe_[l]->backward(b_->dln, full_rows(dres, N), a.ln2, N, moe_weights(l, false),
+    moe_in_.resize(size_t(N) * C);
+    const float* x = fp32_in(a.ln2, int64_t(N) * C, moe_in_.data());
+    moe_[l]->backward(b_->dln, full_rows(dres, N), x, N, moe_weights(l, false),
                       moe_weights(l, true), dloss_ * static_cast<float>(N));
     dl = b_->dln + int64_t(row0(N)) * C;
   } else {
-    // MLP branch: x_out = x_mid + act * mp_w^T + mp_b.
-    p.mp.backward(be_, b_->dact, full_rows(dres, N), a.act, N);
+    // MLP branch: x_out = x_mid + act * mp_w^T + mp_b. Under bf16 storage act was not kept:
+    // recomputed from fc (the same values forward had).
+    if (a.act.bf16) mlp_act_forward(a, nullptr, N);
+    p.mp.backward(be_, b_->dact, full_rows(dres, N), a.act.in(), N);
     round_act(b_->dact, int64_t(N) * F);
-    if (cfg_.family == Family::GPT2)
-      be_.gelu_backward(b_->dfc, a.fc, b_->dact, int64_t(N) * F);
-    else
-      be_.swiglu_backward(b_->dfc, a.fc, b_->dact, N, F);
-    round_act(b_->dfc, int64_t(N) * FC);
-    p.fc.backward(be_, b_->dln, b_->dfc, a.ln2, N);
+    mlp_act_backward(a, b_->dfc, b_->dact, N);
+    p.fc.backward(be_, b_->dln, b_->dfc, a.ln2.in(), N);
     dl = column_parallel_input_grad(b_->dln, N);
   }
   round_act(dl, int64_t(Nl) * C);
@@ -654,16 +756,17 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
   be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
   round_act(dres, int64_t(Nl) * C);
   // Attention branch: x_mid = x_in + att * proj_w^T + proj_b.
-  p.proj.backward(be_, b_->datt, full_rows(dres, N), a.att, N);
+  p.proj.backward(be_, b_->datt, full_rows(dres, N), a.att.in(), N);
   round_act(b_->datt, int64_t(N) * A);
-  const float* q = a.qkv;
+  const float* q = fp32_in(a.qkv, int64_t(N) * Q, b_->q32);
   const float* k = q + A;
   const float* v = k + Hkv * D;
+  const float* att = fp32_in(a.att, int64_t(N) * A, b_->att32);
   if (ring_)
-    ring_->backward(b_->dqkv, b_->datt, q, a.att, a.lse, Q, Hq, Hkv, D,
+    ring_->backward(b_->dqkv, b_->datt, q, att, a.lse, Q, Hq, Hkv, D,
                     1.f / std::sqrt(static_cast<float>(D)), *in.cp);
   else
-    be_.attention_backward(b_->dqkv, b_->dqkv + A, b_->dqkv + A + Hkv * D, b_->datt, q, k, v, a.att,
+    be_.attention_backward(b_->dqkv, b_->dqkv + A, b_->dqkv + A + Hkv * D, b_->datt, q, k, v, att,
                            a.lse, Q, in.cu_seqlens, in.nseq, Hq, Hkv, D,
                            1.f / std::sqrt(static_cast<float>(D)));
   if (cfg_.uses_rope()) {
@@ -671,7 +774,7 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     be_.rope_backward(b_->dqkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
   }
   round_act(b_->dqkv, int64_t(N) * Q);
-  p.qkv.backward(be_, b_->dln, b_->dqkv, a.ln1, N);
+  p.qkv.backward(be_, b_->dln, b_->dqkv, a.ln1.in(), N);
   dl = column_parallel_input_grad(b_->dln, N);
   round_act(dl, int64_t(Nl) * C);
   norm_backward_tp(b_->dtmp, p.ln1.dw, p.ln1.db, dl, a.x_in, p.ln1.w, a.ln1_mean, a.ln1_rstd, Nl);
@@ -701,7 +804,7 @@ Linear Decoder::head_linear() {
 void Decoder::final_norm(int N) {
   const int64_t mine = int64_t(row0(N)) * cfg_.d_model;
   const float* lnf_b = cfg_.bias ? params_.ptr("final_norm.bias") : nullptr;
-  norm_forward(b_->lnf + mine, b_->lnf_mean, b_->lnf_rstd, b_->x_final,
+  norm_forward(b_->lnf, mine, b_->lnf_mean, b_->lnf_rstd, b_->x_final,
                params_.ptr("final_norm.weight"), lnf_b, local_rows(N));
   if (sp_on()) sp_all_gather(b_->lnf, N, cfg_.d_model);
 }
@@ -717,7 +820,7 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int chunk = head_chunk();
   for (int r0 = 0; r0 < N; r0 += chunk) {
     int n = std::min(chunk, N - r0);
-    H.forward(be_, b_->logits, b_->lnf + int64_t(r0) * C, n);
+    H.forward(be_, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     round_act(b_->logits, int64_t(n) * V);
     const float* wr = w ? w + r0 : nullptr;
     if (tp_on())
@@ -728,7 +831,7 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
                         n, V, dloss, wr);
     if (grads) {
       round_act(b_->logits, int64_t(n) * V);
-      H.backward(be_, b_->dln + int64_t(r0) * C, b_->logits, b_->lnf + int64_t(r0) * C, n);
+      H.backward(be_, b_->dln + int64_t(r0) * C, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     }
   }
   double sum = 0;  // fixed order: bit-reproducible
@@ -895,7 +998,7 @@ void Decoder::recompute_and_backward(int l, const ModelInput& in) {
   if (recompute_ == Recompute::Full)
     block_forward(l, in, a, nullptr);
   else if (recompute_ == Recompute::Selective)
-    attention_core(l, in, a);
+    attention_core(l, in, a, fp32_in(a.qkv, int64_t(in.N) * qkv_, b_->q32));
   block_backward(l, in, a, b_->dres);
 }
 
@@ -998,8 +1101,14 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
   forward_blocks(fwd);
   final_norm(in.N);
   // The chosen rows side by side, then one GEMM (a batch of decodes is one GEMM, not n GEMVs).
-  for (int i = 0; i < n; ++i)
-    std::copy_n(b_->lnf + int64_t(rows[i]) * C, C, b_->tmp + int64_t(i) * C);
+  for (int i = 0; i < n; ++i) {
+    float* row = b_->tmp + int64_t(i) * C;
+    const ActBuf& lnf = b_->lnf;
+    if (lnf.f32)
+      std::copy_n(lnf.f32 + int64_t(rows[i]) * C, C, row);
+    else
+      cpu::bf16_to_f32_array(lnf.bf16 + int64_t(rows[i]) * C, row, size_t(C));
+  }
   head_linear().forward(be_, logits, b_->tmp, n);
   round_act(logits, int64_t(n) * V);
 }

@@ -116,6 +116,10 @@ class Decoder {
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }
   DType act_dtype() const { return act_dtype_; }
+  // Under the bf16 policy activations are stored in bf16 (2 bytes each). This keeps them in
+  // fp32 containers holding the same rounded values instead (what fp16 does): the reference
+  // the typed storage is tested against, bit for bit. Before the first forward only.
+  void store_activations_as_fp32();
 
   // Forward and backward in one call (the head is fused with the loss). Each token's loss
   // gradient is `dloss` (e.g. 1 / tokens in the global batch, times a loss scale) times its
@@ -201,9 +205,28 @@ class Decoder {
     Norm ln1, ln2;
     Linear qkv, proj, fc, mp;  // fc and mp (the MLP) unbound in a MoE layer
   };
+  // An activation buffer as the precision policy stores it: fp32, or bf16 (two bytes per value
+  // really stored) under the bf16 policy. Exactly one pointer is set.
+  struct ActBuf {
+    float* f32 = nullptr;
+    uint16_t* bf16 = nullptr;
+    ActIn in(int64_t offset = 0) const {
+      return f32 ? ActIn(f32 + offset) : ActIn(bf16 + offset);
+    }
+  };
+  // Under the bf16 policy the GEMM inputs and what attention and the MLP read back in backward
+  // (ln1, qkv, att, ln2, fc) are kept in bf16, and the MLP activation is not kept at all: it is
+  // recomputed from fc in backward (one elementwise pass) into a buffer all layers share.
   struct LayerActs {
-    float *x_in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse;
-    float *x_mid, *ln2, *ln2_mean, *ln2_rstd, *fc, *act;
+    float* x_in = nullptr;
+    ActBuf ln1;
+    float *ln1_mean = nullptr, *ln1_rstd = nullptr;
+    ActBuf qkv, att;
+    float* lse = nullptr;
+    float* x_mid = nullptr;
+    ActBuf ln2;
+    float *ln2_mean = nullptr, *ln2_rstd = nullptr;
+    ActBuf fc, act;
   };
 
   void build_params();
@@ -224,11 +247,13 @@ class Decoder {
   void chunk_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out,
                      bool for_backward);
   void block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out);
-  void attention_core(int l, const ModelInput& in, const LayerActs& a);
+  // Layer l's attention over qkv's fp32 values into a.att (and a.lse).
+  void attention_core(int l, const ModelInput& in, const LayerActs& a, const float* qkv);
   void block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres);
   void recompute_and_backward(int l, const ModelInput& in);
-  void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                    const float* b, int N);
+  // Normalises N rows of inp into out's rows from `offset` on (typed: bf16 storage rounds).
+  void norm_forward(const ActBuf& out, int64_t offset, float* mean, float* rstd, const float* inp,
+                    const float* w, const float* b, int N);
   void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, const float* mean, const float* rstd, int N);
   // Final norm + head over chunks of rows; with grads, fills dres (d of the last residual).
@@ -236,8 +261,22 @@ class Decoder {
   void final_norm(int N);
   const float* head_weight();
   float* head_grad();
-  float* row_parallel_out(const Linear& lin, const float* inp, int N);
+  float* row_parallel_out(const Linear& lin, ActIn inp, int N);
   void round_act(float* x, int64_t n) const;
+  // Typed storage (bf16 policy). Where an fp32 producer of `buf` writes: buf itself, or the
+  // fp32 scratch whose values are then stored (keep: rounded as the policy says, and written
+  // to bf16 storage; the scratch keeps the rounded values for fp32 readers that follow).
+  static float* fp32_out(const ActBuf& buf, float* scratch) { return buf.f32 ? buf.f32 : scratch; }
+  void keep(const ActBuf& buf, float* x, int64_t n);
+  // buf's fp32 values: itself, or widened into scratch.
+  const float* fp32_in(const ActBuf& buf, int64_t n, float* scratch) const;
+  // The MLP's activation act = gelu(fc) / swiglu(fc) of N rows into a.act (rounded), from fc's
+  // fp32 values (fc32) or, when null, from a.fc's bf16 storage, in cache-sized row blocks.
+  void mlp_act_forward(const LayerActs& a, const float* fc32, int N);
+  // dfc = the activation's backward from dact, reading fc as stored.
+  void mlp_act_backward(const LayerActs& a, float* dfc, const float* dact, int N);
+  // Rows per block of a [N, width] pass that widens bf16 rows into cache-sized scratch.
+  int block_rows(int width) const;
   double run(const ModelInput& in, float dloss, bool grads);
 
   // Tensor-parallel pieces (identity when tp_.size == 1).
@@ -248,6 +287,7 @@ class Decoder {
   // Sequence parallel: this rank's rows [r*N/tp, (r+1)*N/tp) of a [N, C] buffer, gathered in
   // place; reduce-scatter of a full partial-sum buffer into this rank's rows of `out`.
   void sp_all_gather(float* full, int N, int C);
+  void sp_all_gather(const ActBuf& full, int N, int C);
   void sp_reduce_scatter(const float* full, float* out, int N, int C);
   int local_rows(int N) const { return sp_on() ? N / tp_.size : N; }
   int row0(int N) const { return sp_on() ? tp_.rank * (N / tp_.size) : 0; }
@@ -278,7 +318,10 @@ class Decoder {
   Backend& be_;
   Recompute recompute_;
   DType act_dtype_;
+  bool store_bf16_;  // the bf16 policy: activations stored in bf16 (ActBuf)
   ParamSet params_;
+  // Cache-sized fp32 scratch for row-blocked passes over bf16 storage, and MoE's widened input.
+  std::vector<float> blk_a_, blk_b_, moe_in_;
 
   // Activation buffers: one arena, and views into it. Training keeps what the recompute mode
   // says; a forward-only pass keeps one layer (every layer shares one set of views, and the
@@ -289,7 +332,11 @@ class Decoder {
     int N = 0;  // tokens the buffers are sized for
     std::vector<float> mem;
     std::vector<LayerActs> layers;  // per layer (views into mem; shared under recompute)
-    float *x_final = nullptr, *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;
+    float* x_final = nullptr;
+    ActBuf lnf;
+    float *lnf_mean = nullptr, *lnf_rstd = nullptr;
+    // bf16 storage only: fp32 working copies of one layer's qkv, attention output and fc.
+    float *q32 = nullptr, *att32 = nullptr, *fc32 = nullptr;
     float* logits = nullptr;  // [chunk, vocab]
     float* losses = nullptr;  // [N]
     float* tmp = nullptr;     // [N, C] row-parallel output

@@ -2,15 +2,38 @@
 // blocks and head goes through Linear, so that what later work attaches to a linear layer has
 // one place to go:
 //   - an adapter (LoRA: y += B A x * scale), with its own parameters and gradients;
-//   - a GEMM recipe (FP8 / MXFP8: quantised inputs), which replaces the matmul itself.
+//   - a GEMM recipe (bf16, FP8 / MXFP8: quantised inputs), which replaces the matmul itself.
 // Both are applied from outside the model (Decoder::attach_adapter / attach_recipe) by name.
 // Shapes are local: under tensor parallelism a column- or row-parallel layer is a Linear of its
 // shard, and the communication at its edges stays with the caller.
+//
+// The input x is typed (ActIn): the bf16 precision policy stores activations in bf16, two
+// bytes per value, and a bf16 recipe reads them as they are; the fp32 paths (no recipe, an
+// adapter) widen them first, which is exact.
 #pragma once
+
+#include <cstdint>
+#include <vector>
 
 #include "kernels/backend.h"
 
 namespace loom {
+
+// A read-only activation buffer as stored: fp32, or bf16 (uint16_t bit patterns as
+// core/dtype.h's f32_to_bf16 writes them). Exactly one pointer is set.
+struct ActIn {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  ActIn() = default;
+  ActIn(const float* p) : f32(p) {}  // NOLINT: fp32 call sites read as before
+  ActIn(const uint16_t* p) : bf16(p) {}  // NOLINT
+  // The view `offset` elements further on.
+  ActIn at(int64_t offset) const {
+    return f32 ? ActIn(f32 + offset) : ActIn(bf16 + offset);
+  }
+  // fp32 values of elements [0, n): the buffer itself, or a widened copy in `scratch` (resized).
+  const float* widened(int64_t n, std::vector<float>& scratch) const;
+};
 
 class LinearAdapter {
  public:
@@ -23,14 +46,15 @@ class LinearAdapter {
 };
 
 // How the layer's GEMMs are computed (precision recipes: quantise x, W and dy on the way in).
-// Same contract as Backend::matmul_forward / matmul_backward, weight gradient included.
+// Same contract as Backend::matmul_forward / matmul_backward, weight gradient included, with x
+// as stored (fp32 or bf16).
 class GemmRecipe {
  public:
   virtual ~GemmRecipe() = default;
-  virtual void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N,
+  virtual void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N,
                        int in, int out) = 0;
-  virtual void backward(Backend& be, float* dx, float* dw, float* db, const float* dy,
-                        const float* x, const float* w, int N, int in, int out) = 0;
+  virtual void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
+                        const float* w, int N, int in, int out) = 0;
 };
 
 struct Linear {
@@ -42,21 +66,9 @@ struct Linear {
   LinearAdapter* adapter = nullptr;
   GemmRecipe* recipe = nullptr;
 
-  void forward(Backend& be, float* y, const float* x, int N) const {
-    if (recipe)
-      recipe->forward(be, y, x, w, b, N, in, out);
-    else
-      be.matmul_forward(y, x, w, b, N, in, out);
-    if (adapter) adapter->forward(be, y, x, N);
-  }
+  void forward(Backend& be, float* y, ActIn x, int N) const;
   // dx (written, nullable) = dy W; dw += dy^T x; db += sum dy; plus the adapter's share.
-  void backward(Backend& be, float* dx, const float* dy, const float* x, int N) const {
-    if (recipe)
-      recipe->backward(be, dx, dw, db, dy, x, w, N, in, out);
-    else
-      be.matmul_backward(dx, dw, db, dy, x, w, N, in, out);
-    if (adapter) adapter->backward(be, dx, dy, x, N);
-  }
+  void backward(Backend& be, float* dx, const float* dy, ActIn x, int N) const;
 };
 
 }  // namespace loom

@@ -23,35 +23,41 @@ const uint16_t* Bf16Gemms::weight(const float* w, int64_t n) {
   return c.data();
 }
 
-void Bf16Gemms::forward(Backend&, float* y, const float* x, const float* w, const float* b, int N,
+// x as bf16: the stored activation itself (bf16 policy), or converted into a_ (exact: its values
+// are bf16 values already).
+const uint16_t* Bf16Gemms::input(ActIn x, int64_t n) {
+  if (x.bf16) return x.bf16;
+  a_.resize(size_t(n));
+  cpu::f32_to_bf16_array(x.f32, a_.data(), a_.size());
+  return a_.data();
+}
+
+void Bf16Gemms::forward(Backend&, float* y, ActIn x, const float* w, const float* b, int N,
                         int in, int out) {
   if (N == 0 || out == 0) return;
   const uint16_t* wb = weight(w, int64_t(out) * in);
-  a_.resize(size_t(N) * in);
-  cpu::f32_to_bf16_array(x, a_.data(), a_.size());
+  const uint16_t* xb = input(x, int64_t(N) * in);
   float beta = 0.f;
   if (b != nullptr) {  // y seeded with the bias, the GEMM adds onto it
     for (int i = 0; i < N; ++i) std::copy(b, b + out, y + int64_t(i) * out);
     beta = 1.f;
   }
-  cpu::gemm_bf16(false, true, N, out, in, 1.f, a_.data(), in, wb, in, beta, y, out);
+  cpu::gemm_bf16(false, true, N, out, in, 1.f, xb, in, wb, in, beta, y, out);
 }
 
-void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float* dy,
-                         const float* x, const float* w, int N, int in, int out) {
+void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x,
+                         const float* w, int N, int in, int out) {
   if (N == 0) return;
   b_.resize(size_t(N) * out);
   cpu::f32_to_bf16_array(dy, b_.data(), b_.size());
   if (dx != nullptr)  // dx[N, in] = dy W
     cpu::gemm_bf16(false, false, N, in, out, 1.f, b_.data(), out, weight(w, int64_t(out) * in),
                    in, 0.f, dx, in);
-  if (dw != nullptr) {  // dW[out, in] += dy^T x
-    a_.resize(size_t(N) * in);
-    cpu::f32_to_bf16_array(x, a_.data(), a_.size());
-    cpu::gemm_bf16(true, false, out, in, N, 1.f, b_.data(), out, a_.data(), in, 1.f, dw, in);
-  }
-  if (db != nullptr)  // column sums of dy, as the fp32 path computes them
-    cpu::matmul_backward(nullptr, nullptr, db, dy, x, w, N, in, out);
+  if (dw != nullptr)  // dW[out, in] += dy^T x
+    cpu::gemm_bf16(true, false, out, in, N, 1.f, b_.data(), out, input(x, int64_t(N) * in), in,
+                   1.f, dw, in);
+  if (db != nullptr)  // column sums of dy, as the fp32 path computes them (x unused there)
+    cpu::matmul_backward(nullptr, nullptr, db, dy, nullptr, w, N, in, out);
 }
 
 std::unique_ptr<Bf16Gemms> attach_bf16_gemms(Decoder& model, bool quiet) {

@@ -7,7 +7,8 @@
 // fp32 are those of the fp32 GEMM on the same values up to summation order.
 //
 // Weights are converted once per optimizer step (new_weights() drops the converted copies;
-// the trainer calls it after every step and load); activations and gradients per call.
+// the trainer calls it after every step and load); gradients per call; activations are read as
+// stored (bf16 under the bf16 policy) or converted per call.
 #pragma once
 
 #include <memory>
@@ -21,9 +22,9 @@ namespace loom {
 
 class Bf16Gemms : public GemmRecipe {
  public:
-  void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N,
-               int in, int out) override;
-  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
+  void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
+               int out) override;
+  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                 const float* w, int N, int in, int out) override;
   // The weights changed (optimizer step, checkpoint load): convert them again on next use.
   void new_weights();
@@ -31,6 +32,7 @@ class Bf16Gemms : public GemmRecipe {
 
  private:
   const uint16_t* weight(const float* w, int64_t n);
+  const uint16_t* input(ActIn x, int64_t n);
   std::unordered_map<const float*, std::vector<uint16_t>> weights_;
   std::unordered_map<const float*, bool> fresh_;
   std::vector<uint16_t> a_, b_;  // converted activations / gradients

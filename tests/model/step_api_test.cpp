@@ -280,15 +280,16 @@ struct DeltaAdapter : LinearAdapter {
 // Delegates to the backend and counts calls.
 struct CountingRecipe : GemmRecipe {
   int forwards = 0, backwards = 0;
-  void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N, int in,
+  std::vector<float> x32;
+  void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
                int out) override {
     ++forwards;
-    be.matmul_forward(y, x, w, b, N, in, out);
+    be.matmul_forward(y, x.widened(int64_t(N) * in, x32), w, b, N, in, out);
   }
-  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
+  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                 const float* w, int N, int in, int out) override {
     ++backwards;
-    be.matmul_backward(dx, dw, db, dy, x, w, N, in, out);
+    be.matmul_backward(dx, dw, db, dy, x.widened(int64_t(N) * in, x32), w, N, in, out);
   }
 };
 }  // namespace

@@ -4,6 +4,8 @@
 // optimizer steps within 1e-5 relative, for GPT-2 and Llama (GQA) models.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "comm/communicator.h"
 #include "comm/process_groups.h"
 #include "core/error.h"
@@ -47,7 +49,38 @@ void check_tp(Family f, int tp, bool sp, int zero, Recompute rc = Recompute::Non
       global_index);
 }
 
+// The bf16 policy's typed activation storage (bf16 buffers gathered along the sequence under
+// SP) against fp32 containers of the same rounded values, on the same tensor-parallel layout:
+// loss and gradients bit for bit.
+void check_bf16_storage(Family f, bool sp) {
+  comm::ParallelDims dims;
+  dims.tp = 2;
+  comm::ProcessGroups pg(comm::world(), dims);
+  const ModelConfig cfg = tp_model(f);
+  MicroBatch mb = make_micro(0, 0, 2, 16, cfg.vocab);
+  std::vector<float> grads[2];
+  double loss[2];
+  for (int k = 0; k < 2; ++k) {
+    Decoder m(cfg, cpu_backend(), Recompute::None, DType::BF16, tensor_parallel_layout(pg, sp));
+    if (k == 1) m.store_activations_as_fp32();
+    m.params().init(5);
+    round_to(DType::BF16, m.params().data(), size_t(m.params().total()));
+    m.params().zero_grad();
+    loss[k] = m.forward_backward(mb.input(), 1.f / 32);
+    grads[k].assign(m.params().grad(), m.params().grad() + m.params().total());
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
+}
+
 }  // namespace
+
+TEST(TensorParallel, Bf16StorageUnderTp) {
+  check_bf16_storage(Family::GPT2, false);
+}
+TEST(TensorParallel, Bf16StorageUnderSequenceParallelLlama) {
+  check_bf16_storage(Family::Llama, true);
+}
 
 TEST(TensorParallel, Tp2Gpt2) {
   check_tp(Family::GPT2, 2, false, 0);
