@@ -289,7 +289,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
 
   make_dirs(opt_.out_dir);
   bool resumed = dp_ ? opt_.resume && resume_distributed()
-                     : opt_.resume && ckpt::find_latest_checkpoint(checkpoint_root()).has_value() &&
+                     : opt_.resume && ckpt::has_checkpoints(checkpoint_root()) &&
                            resume_from(checkpoint_root());
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
