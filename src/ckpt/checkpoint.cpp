@@ -6,10 +6,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
+#include "ckpt/checksum.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -21,10 +26,13 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "loom.checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;        // 2: the directory holds a commit record
+constexpr int kLegacyVersion = 1;  // written before commit records: loaded unverified
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimFile = "optim.safetensors";
 constexpr const char* kStateFile = "state.json";
+constexpr const char* kCommitFile = "commit.json";
+constexpr const char* kCommitFormat = "loom.checkpoint.commit";
 constexpr const char* kLatestFile = "latest";
 
 std::string join(const std::string& a, const std::string& b) {
@@ -84,18 +92,75 @@ void commit_dir(const std::string& tmp, const std::string& final_dir) {
   remove_all(old);
 }
 
-void prune(const std::string& root, int64_t newest, int keep_last) {
-  std::vector<int64_t> older;
-  for (int64_t s : list_checkpoint_steps(root))
-    if (s < newest) older.push_back(s);
-  const size_t keep_older = static_cast<size_t>(keep_last - 1);
-  if (older.size() <= keep_older) return;
-  for (size_t i = 0; i + keep_older < older.size(); ++i) {
-    const std::string dir = join(root, step_dir_name(older[i]));
-    log_info("checkpoint: removing ", dir, " (keep_last=", keep_last, ")");
-    remove_all(dir);
+// A test hook (LOOM_TEST_CKPT_WRITE_DELAY_S seconds): a slow disk between the two tensor files,
+// so that tests can kill a process in the middle of a (background) checkpoint write.
+void test_write_delay() {
+  const char* env = std::getenv("LOOM_TEST_CKPT_WRITE_DELAY_S");
+  if (!env || !*env) return;
+  char* end = nullptr;
+  const double s = std::strtod(env, &end);
+  LOOM_CHECK(end && *end == '\0' && s >= 0 && s <= 3600, "LOOM_TEST_CKPT_WRITE_DELAY_S='", env,
+             "' is not a number of seconds in [0, 3600]");
+  std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+Json digest_json(const SafetensorsDigest& d) {
+  Json j = Json::object();
+  j["bytes"] = Json(static_cast<int64_t>(d.bytes));
+  j["header"] = Json(hex64(d.header));
+  Json t = Json::object();
+  for (const auto& [name, sum] : d.tensors) t[name] = Json(hex64(sum));
+  j["tensors"] = std::move(t);
+  return j;
+}
+
+Json commit_record(int64_t step, const SafetensorsDigest& model, const SafetensorsDigest& optim,
+                   const std::string& state_text) {
+  Json j = Json::object();
+  j["format"] = Json(kCommitFormat);
+  j["version"] = Json(1);
+  j["step"] = Json(step);
+  j["checksum"] = Json("xxh64");
+  Json files = Json::object();
+  files[kModelFile] = digest_json(model);
+  files[kOptimFile] = digest_json(optim);
+  Json st = Json::object();
+  st["bytes"] = Json(static_cast<int64_t>(state_text.size()));
+  st["xxh64"] = Json(hex64(xxh64(state_text.data(), state_text.size())));
+  files[kStateFile] = std::move(st);
+  j["files"] = std::move(files);
+  return j;
+}
+
+uint64_t recorded_sum(const Json& j, const std::string& key, const std::string& where) {
+  uint64_t v = 0;
+  LOOM_CHECK(j.contains(key) && j.at(key).is_string() && parse_hex64(j.at(key).as_string(), &v),
+             where, ": '", key, "' is missing or not 16 hex digits");
+  return v;
+}
+
+// Throws naming `file` and what differs from its entry `rec` of the commit record.
+void check_file(const SafetensorsReader& file, const Json& rec, const std::string& commit_path) {
+  const std::string where = cat(commit_path, ": entry for ", file.path());
+  LOOM_CHECK(rec.is_object() && rec.contains("tensors") && rec.at("tensors").is_object(), where,
+             " is malformed");
+  const SafetensorsDigest d = file.digest();
+  const int64_t bytes = rec.at("bytes").as_int();
+  LOOM_CHECK(static_cast<int64_t>(d.bytes) == bytes, file.path(), ": ", d.bytes,
+             " bytes, but the commit record says ", bytes, " (truncated or replaced)");
+  const uint64_t header = recorded_sum(rec, "header", where);
+  LOOM_CHECK(d.header == header, file.path(), ": header checksum ", hex64(d.header),
+             " differs from the commit record's ", hex64(header), " (corrupt header)");
+  const auto& want = rec.at("tensors").as_object();
+  LOOM_CHECK(want.size() == d.tensors.size(), file.path(), ": ", d.tensors.size(),
+             " tensors, but the commit record lists ", want.size());
+  for (const auto& [name, sum] : d.tensors) {
+    LOOM_CHECK(rec.at("tensors").contains(name), file.path(), ": tensor '", name,
+               "' is not in the commit record");
+    const uint64_t w = recorded_sum(rec.at("tensors"), name, where);
+    LOOM_CHECK(sum == w, file.path(), ": tensor '", name, "': checksum ", hex64(sum),
+               " differs from the commit record's ", hex64(w), " (corrupt data)");
   }
-  fsync_dir(root);
 }
 
 uint64_t fnv1a(uint64_t h, std::string_view s) {
@@ -138,8 +203,8 @@ TrainerState trainer_state_from_json(const Json& j, const std::string& where) {
     LOOM_CHECK(j.at("format").as_string() == kFormat, "format is '", j.at("format").as_string(),
                "', expected '", kFormat, "'");
     int64_t version = j.at("version").as_int();
-    LOOM_CHECK(version == kVersion, "version ", version, " is not supported (this build reads ",
-               kVersion, ")");
+    LOOM_CHECK(version == kVersion || version == kLegacyVersion, "version ", version,
+               " is not supported (this build reads ", kLegacyVersion, " and ", kVersion, ")");
     s.step = j.at("step").as_int();
     LOOM_CHECK(s.step >= 0, "negative step ", s.step);
     s.seed = static_cast<uint64_t>(j.at("seed").as_int());
@@ -215,18 +280,65 @@ std::string save_checkpoint(const std::string& root, const TrainerState& state,
   try {
     TrainerState st = state;
     if (st.fingerprint.empty()) st.fingerprint = shape_fingerprint(model);
-    write_safetensors(join(tmp, kModelFile), model, {{"format", "pt"}, {"loom.kind", "model"}});
-    write_safetensors(join(tmp, kOptimFile), optim, {{"format", "pt"}, {"loom.kind", "optim"}});
-    write_file_atomic(join(tmp, kStateFile), trainer_state_to_json(st).dump(2) + "\n");
+    SafetensorsDigest model_sums, optim_sums;
+    write_safetensors(join(tmp, kModelFile), model, {{"format", "pt"}, {"loom.kind", "model"}},
+                      &model_sums);
+    test_write_delay();
+    write_safetensors(join(tmp, kOptimFile), optim, {{"format", "pt"}, {"loom.kind", "optim"}},
+                      &optim_sums);
+    const std::string state_text = trainer_state_to_json(st).dump(2) + "\n";
+    write_file_atomic(join(tmp, kStateFile), state_text);
+    // Last, once everything it describes is durable (AtomicFile fsyncs each file).
+    write_file_atomic(join(tmp, kCommitFile),
+                      commit_record(st.step, model_sums, optim_sums, state_text).dump(2) + "\n");
     commit_dir(tmp, final_dir);
   } catch (...) {
     remove_all(tmp);
     throw;
   }
   fsync_dir(root);
+  // Read back what was stored before `latest` names it and rotation deletes anything older.
+  Checkpoint stored(final_dir);
   write_file_atomic(join(root, kLatestFile), name + "\n");
-  if (keep_last > 0) prune(root, state.step, keep_last);
+  if (keep_last > 0) prune_checkpoints(root, state.step, keep_last);
   return final_dir;
+}
+
+void prune_checkpoints(const std::string& root, int64_t newest, int keep_last) {
+  LOOM_CHECK(keep_last >= 1, "checkpoint keep_last must be >= 1 to rotate, got ", keep_last);
+  std::vector<int64_t> older;
+  for (int64_t s : list_checkpoint_steps(root))
+    if (s < newest) older.push_back(s);
+  const size_t keep_older = static_cast<size_t>(keep_last - 1);
+  if (older.size() <= keep_older) return;
+  for (size_t i = 0; i + keep_older < older.size(); ++i) {
+    const std::string dir = join(root, step_dir_name(older[i]));
+    log_info("checkpoint: removing ", dir, " (keep_last=", keep_last, ")");
+    remove_all(dir);
+  }
+  fsync_dir(root);
+}
+
+bool has_checkpoints(const std::string& root) {
+  return file_exists(join(root, kLatestFile)) || !list_checkpoint_steps(root).empty();
+}
+
+void verify_checkpoint(const std::string& step_dir) {
+  int64_t step;
+  LOOM_CHECK(
+      file_exists(join(step_dir, kStateFile)) || parse_step_dir_name(base_name(step_dir), &step),
+      step_dir, ": not a checkpoint step directory");
+  Checkpoint c(step_dir);
+}
+
+uint64_t commit_digest(const std::string& step_dir) {
+  const std::string path = join(step_dir, kCommitFile);
+  try {
+    const std::string text = read_file(path);
+    return xxh64(text.data(), text.size());
+  } catch (const Error& e) {
+    throw CheckpointCorrupt(e.what());
+  }
 }
 
 std::vector<int64_t> list_checkpoint_steps(const std::string& root) {
@@ -299,21 +411,86 @@ void check_tensors_match(const SafetensorsReader& file, const TensorList& expect
 Checkpoint::Checkpoint(const std::string& path) {
   int64_t named_step;
   if (file_exists(join(path, kStateFile)) || parse_step_dir_name(base_name(path), &named_step)) {
-    dir_ = path;
-  } else {
-    auto latest = find_latest_checkpoint(path);
-    LOOM_CHECK(latest.has_value(), path, ": no checkpoint here (neither ", kStateFile, " nor ",
-               kLatestFile, ")");
-    dir_ = *latest;
+    open(path);
+    return;
   }
+  // A root: `latest` first, then older steps; later steps are an abandoned future.
+  const std::string latest_path = join(path, kLatestFile);
+  const std::vector<int64_t> steps = list_checkpoint_steps(path);
+  LOOM_CHECK(file_exists(latest_path) || !steps.empty(), path, ": no checkpoint here (neither ",
+             kStateFile, " nor ", kLatestFile, ")");
+  int64_t bound = INT64_MAX;
+  std::string failures;
+  if (file_exists(latest_path)) {
+    try {
+      const std::string latest = *find_latest_checkpoint(path);
+      parse_step_dir_name(base_name(latest), &bound);
+    } catch (const Error& e) {
+      // `latest` is rewritten after the step directory is committed; a damaged one leaves the
+      // directories themselves to go by.
+      log_warn("checkpoint: ", e.what(), "; looking for the newest step that verifies");
+      failures += cat("\n  ", e.what());
+    }
+  }
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (*it > bound) continue;
+    const std::string dir = join(path, step_dir_name(*it));
+    try {
+      open(dir);
+      if (!failures.empty()) log_warn("checkpoint: resuming from step ", *it, " (", dir, ")");
+      return;
+    } catch (const CheckpointCorrupt& e) {
+      log_warn("checkpoint step ", *it, " skipped: ", e.what());
+      failures += cat("\n  step ", *it, ": ", e.what());
+    }
+  }
+  throw CheckpointCorrupt(cat(path, ": no checkpoint here verifies:", failures));
+}
+
+void Checkpoint::open(const std::string& dir) {
+  dir_ = dir;
+  model_.reset();
+  optim_.reset();
   const std::string state_path = join(dir_, kStateFile);
-  state_ = trainer_state_from_json(Json::parse(read_file(state_path), state_path), state_path);
-  model_ = std::make_unique<SafetensorsReader>(join(dir_, kModelFile));
-  optim_ = std::make_unique<SafetensorsReader>(join(dir_, kOptimFile));
-  int64_t dir_step;
-  if (parse_step_dir_name(base_name(dir_), &dir_step))
-    LOOM_CHECK(dir_step == state_.step, state_path, ": step ", state_.step,
-               " does not match the directory name");
+  const std::string commit_path = join(dir_, kCommitFile);
+  try {
+    const std::string state_text = read_file(state_path);
+    const Json state_json = Json::parse(state_text, state_path);
+    state_ = trainer_state_from_json(state_json, state_path);
+    model_ = std::make_unique<SafetensorsReader>(join(dir_, kModelFile));
+    optim_ = std::make_unique<SafetensorsReader>(join(dir_, kOptimFile));
+    int64_t dir_step;
+    if (parse_step_dir_name(base_name(dir_), &dir_step))
+      LOOM_CHECK(dir_step == state_.step, state_path, ": step ", state_.step,
+                 " does not match the directory name");
+    if (!file_exists(commit_path)) {
+      LOOM_CHECK(state_json.at("version").as_int() == kLegacyVersion, commit_path,
+                 ": missing (every checkpoint of state.json version ", kVersion,
+                 " has a commit record)");
+      log_warn("checkpoint ", dir_, ": written before checksums existed; loaded unverified");
+      return;
+    }
+    const Json commit = Json::parse(read_file(commit_path), commit_path);
+    LOOM_CHECK(commit.is_object() && commit.contains("format") && commit.at("format").is_string() &&
+                   commit.at("format").as_string() == kCommitFormat,
+               commit_path, ": not a Loom commit record");
+    LOOM_CHECK(commit.at("step").as_int() == state_.step, commit_path, ": step ",
+               commit.at("step").as_int(), " differs from state.json's ", state_.step);
+    const Json& files = commit.at("files");
+    const Json& st = files.at(kStateFile);
+    LOOM_CHECK(
+        st.at("bytes").as_int() == static_cast<int64_t>(state_text.size()) &&
+            recorded_sum(st, "xxh64", commit_path) == xxh64(state_text.data(), state_text.size()),
+        state_path, ": size or checksum differs from the commit record (corrupt file)");
+    check_file(*model_, files.at(kModelFile), commit_path);
+    check_file(*optim_, files.at(kOptimFile), commit_path);
+  } catch (const CheckpointCorrupt&) {
+    throw;
+  } catch (const Error& e) {
+    // Every failure names the checkpoint (JSON lookups alone would not say which file).
+    const std::string what = e.what();
+    throw CheckpointCorrupt(what.find(dir_) == std::string::npos ? cat(dir_, ": ", what) : what);
+  }
 }
 
 void Checkpoint::restore_model(const TensorList& dst,

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <numeric>
 
+#include "ckpt/checksum.h"
 #include "core/error.h"
 #include "core/json.h"
+#include "core/parallel.h"
 
 namespace loom::ckpt {
 
@@ -173,13 +175,13 @@ bool safetensors_dtype_from_name(const std::string& name, DType* out) {
   return false;
 }
 
-void write_safetensors(const std::string& path, const TensorMap& tensors,
-                       const Metadata& metadata) {
-  write_safetensors(path, to_list(tensors), metadata);
+void write_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata,
+                       SafetensorsDigest* digest) {
+  write_safetensors(path, to_list(tensors), metadata, digest);
 }
 
-void write_safetensors(const std::string& path, const TensorList& tensors,
-                       const Metadata& metadata) {
+void write_safetensors(const std::string& path, const TensorList& tensors, const Metadata& metadata,
+                       SafetensorsDigest* digest) {
   // Validate everything before creating any file.
   for (const auto& [k, v] : metadata)
     LOOM_CHECK(k.rfind(kShardPrefix, 0) != 0, path, ": metadata key '", k,
@@ -232,22 +234,29 @@ void write_safetensors(const std::string& path, const TensorList& tensors,
   for (int b = 0; b < 8; ++b) len[b] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * b));
 
   AtomicFile out(path);
-  out.write(len, 8);
+  text.insert(0, reinterpret_cast<const char*>(len), 8);
   out.write(text);
+  if (digest) {
+    *digest = {};
+    digest->header = xxh64(text.data(), text.size());
+  }
   std::vector<uint8_t> scratch;
   for (size_t i : order) {
     const Tensor& t = tensors[i].tensor;
-    if (t.is_contiguous()) {
-      out.write(t.raw(), t.nbytes());
-    } else {
+    const void* bytes = t.raw();
+    if (!t.is_contiguous()) {
       scratch.resize(t.nbytes());
       gather_bytes(t, scratch.data());
-      out.write(scratch.data(), scratch.size());
+      bytes = scratch.data();
     }
+    out.write(bytes, t.nbytes());
+    // The buffer just written (for a strided tensor, its gathered copy).
+    if (digest) digest->tensors[tensors[i].name] = xxh64(bytes, t.nbytes());
   }
-  LOOM_CHECK(out.bytes_written() == 8 + text.size() + offset, path, ": wrote ", out.bytes_written(),
-             " bytes, expected ", 8 + text.size() + offset);
+  LOOM_CHECK(out.bytes_written() == text.size() + offset, path, ": wrote ", out.bytes_written(),
+             " bytes, expected ", text.size() + offset);
   out.commit();
+  if (digest) digest->bytes = out.bytes_written();
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path)
@@ -388,6 +397,25 @@ TensorList SafetensorsReader::load_list() const {
   TensorList out;
   for (const Entry& e : entries_) out.push_back(load_named(e.name));
   return out;
+}
+
+SafetensorsDigest SafetensorsReader::digest(int workers) const {
+  SafetensorsDigest d;
+  d.bytes = file_->size();
+  d.header = xxh64(file_->data(), data_start_);
+  std::vector<uint64_t> sums(entries_.size());
+  // Largest first, so that one big tensor does not start last and leave the others idle.
+  std::vector<size_t> order(entries_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return entries_[a].end - entries_[a].begin > entries_[b].end - entries_[b].begin;
+  });
+  parallel_for(order.size(), workers, [&](size_t k) {
+    const Entry& e = entries_[order[k]];
+    sums[order[k]] = xxh64(data_of(e), e.end - e.begin);
+  });
+  for (size_t i = 0; i < entries_.size(); ++i) d.tensors[entries_[i].name] = sums[i];
+  return d;
 }
 
 }  // namespace loom::ckpt

@@ -53,14 +53,24 @@ void check_shard(const ShardInfo& shard, const Shape& local, const std::string& 
 const char* safetensors_dtype_name(DType t);
 bool safetensors_dtype_from_name(const std::string& name, DType* out);  // false if unsupported
 
+// Checksums (ckpt/checksum.h) of one safetensors file: its size, its header (length prefix and
+// JSON) and each tensor's bytes. The tensors tile the data buffer, so together they cover every
+// byte of the file, and a mismatch names the tensor that changed.
+struct SafetensorsDigest {
+  uint64_t bytes = 0;
+  uint64_t header = 0;
+  std::map<std::string, uint64_t> tensors;
+};
+
 // Writes `tensors` (any CPU tensors, contiguous or not) and `metadata` to `path` through
 // AtomicFile: the file appears complete under its final name or not at all. Tensors are laid out
 // largest element size first, then by name, so every tensor is aligned to its element size.
-// Metadata keys starting with "shard." are reserved for shard placement.
+// Metadata keys starting with "shard." are reserved for shard placement. With `digest`, the
+// checksums of the bytes written are stored there.
 void write_safetensors(const std::string& path, const TensorList& tensors,
-                       const Metadata& metadata = {});
+                       const Metadata& metadata = {}, SafetensorsDigest* digest = nullptr);
 void write_safetensors(const std::string& path, const TensorMap& tensors,
-                       const Metadata& metadata = {});
+                       const Metadata& metadata = {}, SafetensorsDigest* digest = nullptr);
 
 // Memory-maps and validates a safetensors file on open; every error names the file and, where
 // there is one, the tensor.
@@ -90,6 +100,9 @@ class SafetensorsReader {
   NamedTensor load_named(const std::string& name) const;
   TensorMap load_all() const;    // owned copies
   TensorList load_list() const;  // owned copies with shard info, in name order
+
+  // Checksums of the mapped bytes (reads the whole file), tensors hashed on `workers` threads.
+  SafetensorsDigest digest(int workers = 4) const;
 
  private:
   const uint8_t* data_of(const Entry& e) const { return file_->data() + data_start_ + e.begin; }

@@ -6,6 +6,7 @@
 #include "ckpt/consolidate.h"
 #include "ckpt/hf_export.h"
 #include "ckpt/model_bridge.h"
+#include "ckpt/verify.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/config.h"
@@ -110,6 +111,37 @@ static int consolidate_cmd(const Args& args) {
   return 0;
 }
 
+static int verify_cmd(const Args& args) {
+  Options o("loom ckpt verify PATH",
+            "Checks every checkpoint of a run against its commit record (sizes and XXH64\n"
+            "checksums of every tensor, header and state.json) and, for a distributed run, every\n"
+            "global commit record against the ranks' parts. Prints one line per checkpoint and\n"
+            "exits 1 when any fails.");
+  o.positional("path", "a run directory, a checkpoints root, a rank's root or a step directory");
+  if (!o.parse(args)) return 0;
+  int bad = 0, total = 0;
+  for (const ckpt::VerifyEntry& e : ckpt::verify_checkpoints(o.get("path"))) {
+    ++total;
+    if (!e.error.empty()) {
+      ++bad;
+      std::printf("BAD %s: %s\n", e.dir.c_str(), e.error.c_str());
+    } else if (!e.note.empty()) {
+      std::printf("ok  %s (step %lld; %s)\n", e.dir.c_str(), static_cast<long long>(e.step),
+                  e.note.c_str());
+    } else {
+      std::printf("ok  %s (step %lld)\n", e.dir.c_str(), static_cast<long long>(e.step));
+    }
+  }
+  std::fflush(stdout);
+  if (bad == 0) {
+    std::printf("%d checkpoints verified\n", total);
+    return 0;
+  }
+  std::fprintf(stderr, "loom ckpt verify: %d of %d checkpoints under %s failed verification\n", bad,
+               total, o.get("path").c_str());
+  return 1;
+}
+
 static int merge_cmd(const Args& args) {
   Options o("loom ckpt merge PATH --out ROOT",
             "Folds a LoRA run's adapters into its base model (train.pretrained) and writes a\n"
@@ -138,8 +170,9 @@ static int merge_cmd(const Args& args) {
 int run_ckpt(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::printf(
-        "usage: loom ckpt <inspect|export|import|consolidate> ...\n\n"
+        "usage: loom ckpt <inspect|verify|export|import|consolidate|merge> ...\n\n"
         "  inspect PATH                 step, model and tensors of a checkpoint\n"
+        "  verify PATH                  checksums of every checkpoint of a run\n"
         "  export PATH --out DIR        Hugging Face safetensors + config.json\n"
         "  import HF_DIR --out ROOT     Hugging Face model -> Loom checkpoint\n"
         "  consolidate RUN --out ROOT   distributed run's per-rank checkpoints -> one\n"
@@ -148,11 +181,13 @@ int run_ckpt(const Args& args) {
   }
   Args rest(args.begin() + 1, args.end());
   if (args[0] == "inspect") return inspect(rest);
+  if (args[0] == "verify") return verify_cmd(rest);
   if (args[0] == "export") return export_cmd(rest);
   if (args[0] == "import") return import_cmd(rest);
   if (args[0] == "consolidate") return consolidate_cmd(rest);
   if (args[0] == "merge") return merge_cmd(rest);
-  fail("unknown ckpt command '", args[0], "' (inspect, export, import, consolidate, merge)");
+  fail("unknown ckpt command '", args[0],
+       "' (inspect, verify, export, import, consolidate, merge)");
 }
 
 }  // namespace loom::cli

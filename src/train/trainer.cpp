@@ -9,6 +9,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/consolidate.h"
+#include "ckpt/global_commit.h"
 #include "ckpt/reshard.h"
 #include "comm/process_groups.h"
 #include "core/error.h"
@@ -39,6 +40,10 @@ static TrainOptions train_options_from(const Config& c) {
   o.checkpoint_interval = c.get_int("train.checkpoint_interval", o.checkpoint_interval);
   o.keep_last = static_cast<int>(c.get_int("train.keep_last", o.keep_last));
   o.resume = c.get_bool("train.resume", o.resume);
+  o.ckpt_async = c.get_bool("train.ckpt_async", o.ckpt_async);
+  o.ckpt_timeout = c.get_double("train.ckpt_timeout", o.ckpt_timeout);
+  LOOM_CHECK(o.ckpt_timeout > 0 && o.ckpt_timeout <= 86400, "train.ckpt_timeout = ", o.ckpt_timeout,
+             " must lie in (0, 86400] seconds");
   o.init_from = c.get_string("train.init_from", o.init_from);
   o.pretrained = c.get_string("train.pretrained", o.pretrained);
   o.clip_grad = c.get_double("train.clip_grad", o.clip_grad);
@@ -289,7 +294,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
 
   make_dirs(opt_.out_dir);
   bool resumed = dp_ ? opt_.resume && resume_distributed()
-                     : opt_.resume && ckpt::find_latest_checkpoint(checkpoint_root()).has_value() &&
+                     : opt_.resume && ckpt::has_checkpoints(checkpoint_root()) &&
                            resume_from(checkpoint_root());
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
@@ -609,6 +614,7 @@ double Trainer::run_loop() {
     bool at_interval = opt_.checkpoint_interval > 0 && step_ % opt_.checkpoint_interval == 0;
     if (at_interval || step_ == opt_.steps) save_checkpoint();
   }
+  finish_checkpoints();
   return last;
 }
 
@@ -657,13 +663,38 @@ void Trainer::save_checkpoint() {
   // Never write non-finite weights (rotation would then delete good checkpoints).
   check_finite(model_->params(), cat("step ", step_, " checkpoint"));
   if (lora_) check_finite(lora_->params(), cat("step ", step_, " checkpoint"));
+  if (!ckpt_writer_) {
+    ckpt::CheckpointWriterOptions wo;
+    wo.async = opt_.ckpt_async;
+    wo.keep_last = dp_ ? 0 : opt_.keep_last;  // distributed: after the global commit
+    wo.timeout_s = opt_.ckpt_timeout;
+    wo.quiet = opt_.quiet;
+    ckpt_writer_ = std::make_unique<ckpt::CheckpointWriter>(checkpoint_root(), wo);
+  }
   if (dp_) return save_distributed();
   ckpt::TrainerState st = checkpoint_state(optim_->steps_taken());
-  double t0 = now_seconds();
   // Under LoRA only the adapters: the base is train.pretrained, named in the saved config.
-  std::string dir = ckpt::save_checkpoint(checkpoint_root(), st, trained_params().tensors(),
-                                          optim_->state_tensors(), opt_.keep_last);
-  if (!opt_.quiet) log_info("saved checkpoint ", dir, " (", now_seconds() - t0, " s)");
+  ckpt_writer_->save(st, ckpt::to_list(trained_params().tensors()),
+                     ckpt::to_list(optim_->state_tensors()));
+  if (opt_.quiet) return;
+  if (opt_.ckpt_async)
+    log_info("checkpoint step ", step_, ": snapshot in ", ckpt_writer_->last_stall_seconds(),
+             " s, writing in the background");
+  else
+    log_info("saved checkpoint ", checkpoint_root(), "/", ckpt::step_dir_name(step_), " (",
+             ckpt_writer_->last_stall_seconds(), " s)");
+}
+
+void Trainer::finish_checkpoints() {
+  if (!ckpt_writer_) return;
+  if (dp_)
+    commit_distributed();
+  else
+    ckpt_writer_->wait();
+}
+
+double Trainer::last_checkpoint_stall() const {
+  return ckpt_writer_ ? ckpt_writer_->last_stall_seconds() : 0.0;
 }
 
 bool Trainer::resume_from(const std::string& path) {
@@ -700,37 +731,109 @@ ckpt::TensorList Trainer::shard_list(
 
 void Trainer::save_distributed() {
   ckpt::TrainerState st = checkpoint_state(dp_->steps_taken());
-  double t0 = now_seconds();
-  std::string dir = ckpt::save_checkpoint(checkpoint_root(), st, shard_list(dp_->param_slices()),
-                                          shard_list(dp_->state_slices()), opt_.keep_last);
-  pg_->world().barrier();  // every rank's part committed before the run moves on
-  if (!opt_.quiet)
-    log_info("saved checkpoint ", dir, " on every rank (", now_seconds() - t0, " s)");
+  commit_distributed();  // asynchronous: the previous step, whose parts are durable by now
+  ckpt_writer_->save(st, shard_list(dp_->param_slices()), shard_list(dp_->state_slices()));
+  if (!opt_.ckpt_async) commit_distributed();
+  if (!opt_.quiet && opt_.ckpt_async)
+    log_info("checkpoint step ", step_, ": snapshot in ", ckpt_writer_->last_stall_seconds(),
+             " s, writing in the background");
 }
 
-bool Trainer::resume_distributed() {
-  // The ranks agree on the newest step that every rank committed.
-  auto latest = ckpt::find_latest_checkpoint(checkpoint_root());
-  int64_t mine = -1;
-  if (latest) ckpt::parse_step_dir_name(std::filesystem::path(*latest).filename().string(), &mine);
+// A step counts as committed only once every rank's part is durable: the ranks exchange their
+// parts' commit digests, rank 0 writes the global commit record (ckpt/global_commit.h), and only
+// after that does any rank rotate older parts away, so the newest committed step always stays.
+void Trainer::commit_distributed() {
+  auto done = ckpt_writer_->wait();  // this rank's write error ends the job (run())
   comm::Communicator& w = pg_->world();
-  int64_t lo = -w.all_reduce_scalar(-mine, comm::ReduceOp::Max);
-  int64_t hi = w.all_reduce_scalar(mine, comm::ReduceOp::Max);
-  if (hi < 0) return false;  // a fresh run
-  LOOM_CHECK(lo >= 0, "some ranks have checkpoints under ", opt_.out_dir,
-             "/checkpoints and others none: was the run started with another world size?");
-  auto steps = ckpt::list_checkpoint_steps(checkpoint_root());
-  int64_t have = std::find(steps.begin(), steps.end(), lo) != steps.end() ? 1 : 0;
-  LOOM_CHECK(-w.all_reduce_scalar(-have, comm::ReduceOp::Max) == 1, "step ", lo,
-             " is missing from some rank's checkpoints: cannot resume consistently");
-  ckpt::Checkpoint c(checkpoint_root() + "/" + ckpt::step_dir_name(lo));
-  int64_t optimizer_steps = restore_state(c);
-  c.restore_model(shard_list(dp_->param_slices()));
-  c.restore_optim(shard_list(dp_->state_slices()));
-  dp_->sync_model_from_master();
-  dp_->set_steps_taken(optimizer_steps);
-  if (!opt_.quiet) log_info("resumed every rank from step ", step_, " (", layout_name(), ")");
-  return true;
+  const int n = w.size(), me = w.rank();
+  std::vector<int64_t> all(size_t(2 * n), 0);
+  all[size_t(2 * me)] = done ? done->step : -1;
+  all[size_t(2 * me + 1)] = done ? static_cast<int64_t>(done->digest) : 0;
+  w.all_gather(all.data(), std::vector<int64_t>(size_t(n), 2), DType::I64);
+  const int64_t step = all[0];
+  for (int r = 1; r < n; ++r)
+    LOOM_CHECK(all[size_t(2 * r)] == step, "checkpoint: rank ", r, " finished step ",
+               all[size_t(2 * r)], " while rank 0 finished step ", step);
+  if (step < 0) return;
+  const std::string shared = opt_.out_dir + "/checkpoints";
+  if (rank_ == 0) {
+    ckpt::GlobalCommit gc;
+    gc.step = step;
+    gc.layout = layout_name();
+    for (int r = 0; r < n; ++r) gc.parts.push_back(static_cast<uint64_t>(all[size_t(2 * r + 1)]));
+    ckpt::write_global_commit(shared, gc);
+  }
+  w.barrier();  // the record is durable before any rank deletes an older part
+  if (opt_.keep_last > 0) ckpt::prune_checkpoints(checkpoint_root(), step, opt_.keep_last);
+  if (rank_ == 0) ckpt::prune_global_commits(shared, checkpoint_root(), step);
+  if (!opt_.quiet)
+    log_info("checkpoint step ", step, " committed on every rank (",
+             ckpt::global_commit_dir(shared), ")");
+}
+
+// The newest step that rank 0 holds a global commit record for and whose part verifies on every
+// rank; parts without a record (a rank killed during the save) are ignored, and a step that
+// fails verification anywhere is skipped for the one before, on every rank alike.
+bool Trainer::resume_distributed() {
+  comm::Communicator& w = pg_->world();
+  const std::string shared = opt_.out_dir + "/checkpoints";
+  const bool mine = ckpt::has_checkpoints(checkpoint_root());
+  if (w.all_reduce_scalar(int64_t(mine ? 1 : 0), comm::ReduceOp::Max) == 0) return false;
+  std::vector<int64_t> committed;
+  if (rank_ == 0) committed = ckpt::list_global_commits(shared);
+  int64_t below = INT64_MAX;
+  for (;;) {
+    // Rank 0 names the candidate and each part's digest: [step, world size, digests...].
+    std::vector<int64_t> rec(size_t(2 + w.size()), -1);
+    if (rank_ == 0) {
+      for (auto it = committed.rbegin(); it != committed.rend() && rec[0] < 0; ++it) {
+        if (*it >= below) continue;
+        try {
+          auto gc = ckpt::read_global_commit(shared, *it);
+          rec[0] = *it;
+          rec[1] = static_cast<int64_t>(gc->parts.size());
+          for (size_t r = 0; r < gc->parts.size() && r < size_t(w.size()); ++r)
+            rec[2 + r] = static_cast<int64_t>(gc->parts[r]);
+        } catch (const ckpt::CheckpointCorrupt& e) {
+          log_warn("checkpoint step ", *it, " skipped: ", e.what());
+        }
+      }
+    }
+    w.broadcast(rec.data(), int64_t(rec.size()), DType::I64, 0);
+    if (rec[0] < 0) {
+      if (rank_ == 0)
+        log_warn("checkpoint: no step under ", shared, " was committed by every rank and ",
+                 "verifies; parts of uncommitted steps are ignored: starting fresh");
+      return false;
+    }
+    // Every rank fails alike (no rank left waiting in a collective).
+    LOOM_CHECK(rec[1] == w.size(), ckpt::global_commit_dir(shared), ": step ", rec[0],
+               " was committed by ", rec[1], " ranks, but this run has ", w.size(),
+               ": consolidate the run's checkpoints (loom ckpt consolidate) and start from them ",
+               "with train.init_from");
+    const int64_t step = rec[0];
+    const std::string dir = checkpoint_root() + "/" + ckpt::step_dir_name(step);
+    std::unique_ptr<ckpt::Checkpoint> c;
+    try {
+      c = std::make_unique<ckpt::Checkpoint>(dir);
+      LOOM_CHECK(ckpt::commit_digest(dir) == static_cast<uint64_t>(rec[2 + rank_]), dir,
+                 ": differs from the part that the global commit record of step ", step,
+                 " lists (replaced after the commit)");
+    } catch (const Error& e) {
+      log_warn("checkpoint step ", step, " skipped on rank ", rank_, ": ", e.what());
+      c.reset();
+    }
+    if (w.all_reduce_scalar(int64_t(c ? 0 : 1), comm::ReduceOp::Max) == 0) {  // all verified
+      int64_t optimizer_steps = restore_state(*c);
+      c->restore_model(shard_list(dp_->param_slices()));
+      c->restore_optim(shard_list(dp_->state_slices()));
+      dp_->sync_model_from_master();
+      dp_->set_steps_taken(optimizer_steps);
+      if (!opt_.quiet) log_info("resumed every rank from step ", step_, " (", layout_name(), ")");
+      return true;
+    }
+    below = step;
+  }
 }
 
 // The data position is a global sample count: it means the same place in the data only under

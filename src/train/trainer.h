@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/checkpoint_writer.h"
 #include "ckpt/safetensors.h"
 #include "core/config.h"
 #include "model/decoder.h"
@@ -41,6 +42,10 @@ struct TrainOptions {
   std::string out_dir = "runs/default";
   int64_t checkpoint_interval = 0;  // 0 = only at the end
   int keep_last = 3;
+  // Checkpoints written by a background thread from a host snapshot while training goes on
+  // (ckpt/checkpoint_writer.h); a save waits at most ckpt_timeout seconds for the previous one.
+  bool ckpt_async = false;
+  double ckpt_timeout = 600;
   bool tensorboard = true;  // metrics also as TensorBoard scalars in <out_dir>/tensorboard
   bool resume = true;       // continue from out_dir/checkpoints/latest when it exists
   // A one-process checkpoint (a step dir or checkpoints root, e.g. `loom ckpt consolidate`'s
@@ -106,6 +111,12 @@ class Trainer {
   DpoStats dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step);
 
   void save_checkpoint();
+  // Waits until the last checkpoint is durable and committed (run() does this at its end; a
+  // trainer destroyed without it still waits for the write, but a distributed run's last step
+  // then lacks its global commit record and resumes from the one before).
+  void finish_checkpoints();
+  // Seconds the last save_checkpoint() held up training (the snapshot when asynchronous).
+  double last_checkpoint_stall() const;
   bool resume_from(const std::string& path);  // a step dir or a checkpoints root
 
   Decoder& model() { return *model_; }
@@ -130,6 +141,7 @@ class Trainer {
   ckpt::TrainerState checkpoint_state(int64_t optimizer_steps) const;
   int64_t restore_state(const ckpt::Checkpoint& c, bool same_layout = true);
   void save_distributed();
+  void commit_distributed();
   ckpt::TensorList shard_list(const std::vector<parallel::DataParallel::StateSlice>& s) const;
   bool resume_distributed();
   void start_from_one_process(const std::string& path);
@@ -183,6 +195,7 @@ class Trainer {
   std::string pp_layout_;  // stage split and virtual stages, part of the checkpoint layout
   int rank_ = 0;
   int bad_steps_ = 0;  // consecutive skipped steps (train.max_bad_steps)
+  std::unique_ptr<ckpt::CheckpointWriter> ckpt_writer_;  // made by the first save
 };
 
 }  // namespace loom

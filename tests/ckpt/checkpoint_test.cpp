@@ -60,8 +60,8 @@ TEST(Checkpoint, SaveThenLoadRestoresEverything) {
   EXPECT_EQ(dir, root / "step_00000042");
   EXPECT_EQ(read_file(root / "latest"), "step_00000042\n");
   EXPECT_EQ(dir_names(root.path()), (std::vector<std::string>{"latest", "step_00000042"}));
-  EXPECT_EQ(dir_names(dir),
-            (std::vector<std::string>{"model.safetensors", "optim.safetensors", "state.json"}));
+  EXPECT_EQ(dir_names(dir), (std::vector<std::string>{"commit.json", "model.safetensors",
+                                                      "optim.safetensors", "state.json"}));
 
   Checkpoint ck(root.path());  // through `latest`
   EXPECT_EQ(ck.dir(), dir);

@@ -5,8 +5,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -65,6 +67,23 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// Corrupts `count` distinct bytes of a safetensors file's data buffer in place (bit-inverted, at
+// seeded positions), as a bad disk or a stray write would: the file keeps its size.
+inline void flip_data_bytes(const std::string& path, int count, uint32_t seed) {
+  std::string bytes = read_file(path);
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const uint64_t begin = 8 + header;
+  ASSERT_GE(bytes.size(), begin + count) << path;
+  std::mt19937_64 rng(seed);
+  std::set<uint64_t> at;
+  while (at.size() < static_cast<size_t>(count)) at.insert(begin + rng() % (bytes.size() - begin));
+  for (uint64_t i : at) bytes[i] = static_cast<char>(~bytes[i]);
+  std::ofstream out(path, std::ios::binary | std::ios::in | std::ios::out);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
 }
 
 }  // namespace loom::ckpt::testing
