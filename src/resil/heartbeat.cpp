@@ -38,12 +38,24 @@ class HeartbeatClient {
  public:
   HeartbeatClient(int fd, int rank) : fd_(fd), rank_(rank) {}
 
-  // Never blocks training: a full socket buffer (a stopped supervisor) drops the line; the
-  // supervisor then sees silence, which is what it is.
+  // Does not block training: a full socket buffer (a stopped supervisor) drops the line, and
+  // the supervisor then sees silence, which is what it is. A line partly sent is finished
+  // (waiting at most a second), so the stream never holds half a line followed by the next.
   void send_line(const Message& m) {
     std::string line = encode(m) + "\n";
     ssize_t n = ::send(fd_, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    (void)n;
+    if (n <= 0 || size_t(n) == line.size()) return;
+    size_t done = size_t(n);
+    double deadline = now_seconds() + 1.0;
+    while (done < line.size() && now_seconds() < deadline) {
+      pollfd p{fd_, POLLOUT, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      n = ::send(fd_, line.data() + done, line.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0)
+        done += size_t(n);
+      else if (n < 0 && errno != EAGAIN && errno != EINTR)
+        return;
+    }
   }
 
   // Reads what the supervisor says; "stop" or a closed connection ends the process: the job is
