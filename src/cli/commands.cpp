@@ -10,6 +10,7 @@ int run_plan(const Args& args);
 int run_tokenize(const Args& args);
 int run_tokenizer(const Args& args);
 int run_launch(const Args& args);
+int run_supervise(const Args& args);
 int run_rl(const Args& args);
 #ifdef LOOM_HAVE_CURATE
 int run_curate(const Args& args);
@@ -28,7 +29,8 @@ const std::vector<Command>& commands() {
       {"plan", "predict memory, step time, MFU and goodput at scale; search layouts", run_plan},
       {"tokenize", "JSONL -> Megatron-compatible token files (.bin/.idx)", run_tokenize},
       {"rl", "GRPO on a built-in verifiable task (one process, synchronous)", run_rl},
-      {"launch", "run N ranks of a loom command (mpirun), rank-prefixed output", run_launch},
+      {"launch", "run N ranks of a loom command (mpirun), supervised and restarted", run_launch},
+      {"supervise", "supervise and restart a job started by srun or mpirun", run_supervise},
       {"tokenizer", "train a BPE vocabulary; encode/decode (GPT-2, tiktoken, Loom)", run_tokenizer},
 #ifdef LOOM_HAVE_SERVE
       {"serve", "OpenAI-compatible HTTP server (continuous batching, paged KV cache)", run_serve},

@@ -92,7 +92,8 @@ void validate(const ClusterSpec& c) {
   pos(c.inter_bw_gbs, "inter_bw_gbs");
   pos(c.gpu_mtbf_hours, "gpu_mtbf_hours");
   pos(c.ckpt_write_gbs, "ckpt_write_gbs");
-  LOOM_CHECK(c.restart_minutes >= 0, "cluster '", c.name, "': restart_minutes must be >= 0");
+  LOOM_CHECK(c.restart_minutes >= 0 || c.restart_minutes == -1, "cluster '", c.name,
+             "': restart_minutes must be >= 0 (or -1: Loom's measured supervisor restart)");
   LOOM_CHECK(c.gpu.peak_fp32_tflops >= 0 && c.gpu.gemm_dim0 >= 0 && c.gpu.cache_mb >= 0 &&
                  c.gpu.cache_bw_gbs >= 0,
              "cluster '", c.name,

@@ -45,7 +45,9 @@ struct ClusterSpec {
   // unexpected interruptions in 54 days on 16,384 H100s, i.e. 54*24*16384/419 GPU-hours.
   double gpu_mtbf_hours = 54.0 * 24 * 16384 / 419;
   double ckpt_write_gbs = 1000;  // aggregate checkpoint storage write bandwidth
-  double restart_minutes = 10;   // detect, replace, relaunch, reload
+  // Detect, relaunch, reload. < 0 (the default): Loom's own supervisor, measured
+  // (reliability.h: loom_restart_seconds); a cluster file may give its own figure.
+  double restart_minutes = -1;
   // Achieved collective bandwidth / the bandwidths above; 0: Efficiency::link_eff_* (nominal
   // link rates). A calibrated cluster file holds measured bus bandwidths and sets 1.
   double link_eff = 0;

@@ -217,6 +217,16 @@ Plan make_plan(PlanInput in, const Efficiency& e) {
   ri.checkpoint_bytes = checkpoint_bytes(in.model, in.train);
   ri.ckpt_write_gbs = in.cluster.ckpt_write_gbs;
   ri.restart_minutes = in.cluster.restart_minutes;
+  p.restart_source = "cluster.restart_minutes";
+  if (ri.restart_minutes < 0) {
+    SupervisorMeasured m;
+    double reload_s = ri.checkpoint_bytes / (ri.ckpt_write_gbs * 1e9);
+    ri.restart_minutes = loom_restart_seconds(p.step.step, reload_s, m) / 60;
+    p.restart_source = cat("Loom's supervisor: hang detected at ", m.hang_detect_ratio,
+                           "x the calibrated timeout, relaunch ", m.relaunch_s,
+                           " s, checkpoint reload; ", m.source);
+  }
+  p.restart_minutes = ri.restart_minutes;
   p.rel = reliability(ri);
   return p;
 }
@@ -308,6 +318,8 @@ Json plan_json(const Plan& p) {
                                        {"checkpoint_save_s", r.checkpoint_save_s},
                                        {"young_interval_s", r.young_interval_s},
                                        {"daly_interval_s", r.daly_interval_s},
+                                       {"restart_minutes", p.restart_minutes},
+                                       {"restart_source", p.restart_source},
                                        {"goodput", r.goodput},
                                        {"wasted_gpu_hours_per_day", r.wasted_gpu_hours_per_day}});
   return j;
@@ -371,6 +383,8 @@ std::string plan_table(const Plan& p) {
                               num("%.0f GB", gb(checkpoint_bytes(m, t))), ")"));
   line("interval Young / Daly",
        cat(num("%.1f", r.young_interval_s / 60), " / ", num("%.1f min", r.daly_interval_s / 60)));
+  line("restart (detect, relaunch, reload)",
+       cat(num("%.1f min", p.restart_minutes), " (", p.restart_source, ")"));
   line("expected goodput", num("%.1f%%", r.goodput * 100));
   line("wasted GPU-hours/day", num("%.0f", r.wasted_gpu_hours_per_day));
   return o;

@@ -29,6 +29,8 @@ struct Plan {
   MemoryBreakdown memory;
   StepBreakdown step;
   Reliability rel;
+  double restart_minutes = 0;  // what the goodput model used
+  std::string restart_source;  // cluster.restart_minutes, or Loom's measured supervisor
 };
 
 // Validates the layout (filling dp) and evaluates everything.

@@ -1,5 +1,6 @@
 #include "plan/reliability.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -34,6 +35,12 @@ Reliability reliability(const ReliabilityInput& in) {
   r.goodput = 1 / daly_wall_per_work(tau, d, R, M);
   r.wasted_gpu_hours_per_day = double(in.gpus) * 24 * (1 - r.goodput);
   return r;
+}
+
+double loom_restart_seconds(double step_s, double reload_s, const SupervisorMeasured& m) {
+  LOOM_CHECK(step_s >= 0 && reload_s >= 0, "loom_restart_seconds: negative time");
+  double timeout = std::clamp(m.timeout_multiplier * step_s, m.timeout_floor_s, m.timeout_cap_s);
+  return timeout * m.hang_detect_ratio + m.relaunch_s + reload_s;
 }
 
 }  // namespace loom::plan

@@ -21,6 +21,7 @@
 #include "parallel/schedule/pipeline_schedule.h"
 #include "parallel/schedule/stage_layers.h"
 #include "parallel/tensor_parallel.h"
+#include "resil/heartbeat.h"
 #include "train/data_source.h"
 
 namespace loom {
@@ -327,12 +328,14 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
              " threads, MFU against ", peak_gflops_, " GFLOP/s (",
              opt_.peak_gflops > 0 ? "train.peak_gflops" : "measured sgemm peak", ")");
   }
+  resil::heartbeat_start(rank_, pg_ ? pg_->world().size() : 1, opt_.out_dir);  // if supervised
 }
 
 Trainer::~Trainer() = default;
 
 StepResult Trainer::train_step() {
   maybe_inject_fault(rank_, step_);
+  resil::heartbeat_section(resil::Section::Data, step_ + 1);
   if (bf16_gemms_) bf16_gemms_->new_weights();  // stepped (or loaded) since the last use
   if (opt_.mode == "dpo") return dpo_step();
   double t0 = now_seconds();
@@ -346,6 +349,7 @@ StepResult Trainer::train_step() {
     train_data_->next(b);
     valid += b.valid_targets();
   }
+  resil::heartbeat_section(resil::Section::ForwardBackward, step_ + 1);
   if (dp_) valid = pg_->dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
   LOOM_CHECK(valid > 0, "a global batch without any target token");
   const double scale = policy_.loss_scaling ? scaler_.scale() : 1.0;
@@ -415,6 +419,7 @@ StepResult Trainer::train_step() {
 }
 
 void Trainer::finish_step(StepResult& r, double loss_sum, int64_t valid, double sq, double scale) {
+  resil::heartbeat_section(resil::Section::Optimizer, step_ + 1);
   r.loss = loss_sum / valid;
   bool finite = std::isfinite(sq);
   r.grad_norm = std::sqrt(sq) / scale;
@@ -591,6 +596,7 @@ double Trainer::run_loop() {
   double last = NAN;
   while (step_ < opt_.steps) {
     StepResult r = train_step();
+    resil::heartbeat_step_done(step_);
     last = r.loss;
     log_step(r, tokens);
     bad_steps_ = r.skipped ? bad_steps_ + 1 : 0;
@@ -599,6 +605,7 @@ double Trainer::run_loop() {
            step_, "): the run has diverged or its weights are not finite; no checkpoint is ",
            "written, so the newest one on disk stays (train.max_bad_steps)");
     if (opt_.eval_interval > 0 && (step_ % opt_.eval_interval == 0 || step_ == opt_.steps)) {
+      resil::heartbeat_section(resil::Section::Eval, step_);
       double vl = evaluate();
       Json j = Json::object();
       j["step"] = step_;
@@ -661,6 +668,7 @@ int64_t Trainer::restore_state(const ckpt::Checkpoint& c, bool same_layout) {
 
 void Trainer::save_checkpoint() {
   // Never write non-finite weights (rotation would then delete good checkpoints).
+  resil::heartbeat_section(resil::Section::Checkpoint, step_);
   check_finite(model_->params(), cat("step ", step_, " checkpoint"));
   if (lora_) check_finite(lora_->params(), cat("step ", step_, " checkpoint"));
   if (!ckpt_writer_) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "plan/cluster.h"
 #include "plan/reliability.h"
 
@@ -75,4 +76,24 @@ TEST(PlanReliability, GoodputFallsWithScaleAndRisesWithFasterStorage) {
   EXPECT_GT(fast, big);
   EXPECT_LT(big, 1.0);
   EXPECT_NEAR(reliability(in).checkpoint_save_s, 1.0, 1e-9);
+}
+
+// Loom's own restart time: the calibrated hang timeout (5 x step, within [10, 600] s) times the
+// measured detection ratio, plus the measured relaunch and the checkpoint read.
+TEST(PlanReliability, LoomRestartFollowsTheSupervisorsCalibratedTimeout) {
+  SupervisorMeasured m;
+  m.hang_detect_ratio = 1.5;
+  m.relaunch_s = 7;
+  EXPECT_DOUBLE_EQ(loom_restart_seconds(1, 3, m), 10 * 1.5 + 7 + 3);  // the floor
+  EXPECT_DOUBLE_EQ(loom_restart_seconds(20, 0, m), 100 * 1.5 + 7);    // 5 x step
+  EXPECT_DOUBLE_EQ(loom_restart_seconds(1000, 0, m), 600 * 1.5 + 7);  // the cap
+  EXPECT_THROW(loom_restart_seconds(-1, 0, m), loom::Error);
+  // Faster detection and restart raise goodput over the report's 10 minutes.
+  ReliabilityInput in;
+  in.gpus = 16384;
+  in.checkpoint_bytes = 5.7e12;
+  in.restart_minutes = 10;
+  double ten = reliability(in).goodput;
+  in.restart_minutes = loom_restart_seconds(10, 5.7, SupervisorMeasured{}) / 60;
+  EXPECT_GT(reliability(in).goodput, ten);
 }
