@@ -14,6 +14,7 @@ class QuantizedWeights::Layer : public GemmRecipe {
  public:
   Layer(WeightType t, const float* w, int in, int out) : type_(t), in_(in), out_(out) {
     const size_t n = size_t(in) * size_t(out);
+    if (t == WeightType::F32) return;  // the model's own weights, read in place
     if (t == WeightType::BF16) {
       bf16_.resize(n);
       cpu::f32_to_bf16_array(w, bf16_.data(), n);
@@ -23,11 +24,16 @@ class QuantizedWeights::Layer : public GemmRecipe {
       cpu::quantize_int8_rows(w, out, in, int8_.data(), scale_.data());
     }
   }
-  void forward(Backend&, float* y, const float* x, const float*, const float* b, int N, int in,
+  void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N, int in,
                int out) override {
     LOOM_CHECK(in == in_ && out == out_, "a quantised linear layer of [", in_, ", ", out_,
                "] called as [", in, ", ", out, "]");
-    if (type_ == WeightType::BF16)
+    if (type_ == WeightType::F32) {
+      if (N <= cpu::kLowpGemvRows)
+        cpu::gemv_f32w(y, x, w, b, N, in, out);
+      else
+        be.matmul_forward(y, x, w, b, N, in, out);
+    } else if (type_ == WeightType::BF16)
       cpu::linear_bf16w(y, x, bf16_.data(), b, N, in, out);
     else
       cpu::linear_int8w(y, x, int8_.data(), scale_.data(), b, N, in, out);
@@ -60,7 +66,6 @@ const char* weight_type_name(WeightType t) {
 }
 
 QuantizedWeights::QuantizedWeights(Decoder& model, WeightType type) : model_(model), type_(type) {
-  if (type == WeightType::F32) return;
   LOOM_CHECK(model.tensor_parallel().size == 1, "weight-only ", weight_type_name(type),
              " serving runs a whole one-process model");
   const std::vector<Decoder::LinearInfo> linears = model.linears();

@@ -2,7 +2,10 @@
 // token, so it runs at the speed the weights stream from memory. Each linear layer's weight
 // (the output head included) is stored once more as bf16 (2 bytes) or int8 with one fp32 scale
 // per output channel, and attached to the model as a GemmRecipe that reads only that copy;
-// activations and accumulation stay fp32. Forward only: the recipe refuses backward.
+// activations and accumulation stay fp32. Forward only: the recipe refuses backward. F32 keeps
+// the model's weights and only routes decode batches (M <= 16 rows) to the same streaming GEMV
+// kernel, which reads them at close to the memory bandwidth where a BLAS GEMM with M = 1 does
+// not.
 #pragma once
 
 #include <memory>
@@ -19,7 +22,7 @@ const char* weight_type_name(WeightType t);
 
 class QuantizedWeights {
  public:
-  // Quantises the model's current weights and attaches the recipes (F32: nothing attached).
+  // Quantises the model's current weights and attaches the recipes (F32: no copy).
   // The model must outlive this object; call again after the weights change.
   QuantizedWeights(Decoder& model, WeightType type);
   ~QuantizedWeights();  // detaches the recipes

@@ -123,6 +123,22 @@ TEST_P(WeightQuant, Bf16GreedyEqualsTheFp32ModelWithBf16RoundedWeights) {
   EXPECT_GT(max_abs_diff(lq, lf), 10 * max_abs_diff(lq, lr));
 }
 
+// fp32 weights through the decode GEMV (no copy): the same greedy output as the model's own
+// BLAS path, logits equal up to summation order.
+TEST_P(WeightQuant, Fp32GemvDecodeEqualsTheBlasPath) {
+  const ModelConfig c = tiny(GetParam());
+  Decoder model(c, cpu_backend()), plain(c, cpu_backend());
+  model.params().init(1);
+  plain.params().init(1);
+  QuantizedWeights q(model, WeightType::F32);
+  EXPECT_EQ(q.stored_bytes(), 0);
+  DecoderRunner rq(model), rp(plain);
+  EXPECT_EQ(engine_greedy(rq, 3, 20), engine_greedy(rp, 3, 20));
+  const std::vector<int32_t> seq = prompt(12, 5);  // 12 rows: the GEMV path (<= 16)
+  const std::vector<float> a = all_logits(model, seq), b = all_logits(plain, seq);
+  EXPECT_LE(max_abs_diff(a, b), 1e-5 * max_abs(b));
+}
+
 // int8 with a per-output-channel scale: the logits' RMS difference from the fp32 model's within
 // 5% of their RMS, and every logit within 10% of the largest logit magnitude (measured here:
 // 2-3% and 2-7%; this tiny model's weights have std 0.3 over rows of 32 to 64, so one step of

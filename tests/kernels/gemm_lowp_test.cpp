@@ -59,6 +59,8 @@ TEST(GemmLowp, Bf16WeightsMatchTheReferenceOnRoundedWeights) {
           w[i] = bf16_to_f32(wb[i]);
         }
         std::vector<float> y(size_t(M) * N, -1.f);
+        gemv_f32w(y.data(), x.data(), w.data(), b.data(), M, K, N);  // fp32 weights, any M
+        check_against_reference(y, x, w, b, M, K, N);
         linear_bf16w(y.data(), x.data(), wb.data(), b.data(), M, K, N);
         check_against_reference(y, x, w, b, M, K, N);
         linear_bf16w(y.data(), x.data(), wb.data(), nullptr, M, K, N);

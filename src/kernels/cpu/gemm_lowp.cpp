@@ -24,6 +24,9 @@ inline float widen(uint16_t w) {
 inline float widen(int8_t w) {
   return float(w);
 }
+inline float widen(float w) {
+  return w;
+}
 
 // Rows [n0, n1) of y for the M inputs, one weight row at a time: y[m, n] = sum_k x[m, k] w[n, k]
 // in a fixed order (16 lanes, each summing k = lane, lane + 16, ...; then the lanes pairwise;
@@ -54,6 +57,9 @@ __attribute__((target("avx512f"))) inline __m512 widen16(const uint16_t* p) {
   // The zero-masked forms: GCC 12 warns that the plain ones read an undefined register.
   const __m512i wide = _mm512_maskz_cvtepu16_epi32(__mmask16(0xFFFF), h);
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xFFFF), wide, 16));
+}
+__attribute__((target("avx512f"))) inline __m512 widen16(const float* p) {
+  return _mm512_loadu_ps(p);
 }
 __attribute__((target("avx512f"))) inline __m512 widen16(const int8_t* p) {
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -152,6 +158,10 @@ void linear_int8w(float* y, const float* x, const int8_t* w, const float* scale,
     gemv(y, x, w, scale, b, M, K, N);
   else
     gemm_blocked(y, x, w, scale, b, M, K, N);
+}
+
+void gemv_f32w(float* y, const float* x, const float* w, const float* b, int M, int K, int N) {
+  gemv(y, x, w, nullptr, b, M, K, N);
 }
 
 void quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale) {

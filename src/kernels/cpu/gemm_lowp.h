@@ -19,6 +19,10 @@ void linear_bf16w(float* y, const float* x, const uint16_t* w, const float* b, i
 void linear_int8w(float* y, const float* x, const int8_t* w, const float* scale, const float* b,
                   int M, int K, int N);
 
+// The decode kernel on fp32 weights (any M, though it is meant for M <= kLowpGemvRows: it
+// streams W once, where a BLAS GEMM with M = 1 reaches a fraction of the read bandwidth).
+void gemv_f32w(float* y, const float* x, const float* w, const float* b, int M, int K, int N);
+
 // Symmetric per-row int8: scale[n] = max|W[n, :]| / 127 (1 for an all-zero row), q = round(W /
 // scale) (to nearest, ties away from zero) in [-127, 127].
 void quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale);
