@@ -8,14 +8,18 @@
 
 namespace loom::cli {
 
+int run_bench_serve(const Args& args);  // bench_serve_cmd.cpp
+
 int run_bench(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::printf(
-        "usage: loom bench train [options]   (loom bench train --help)\n\n"
-        "benchmarks:\n  train   full training steps of a preset vs the sgemm peak\n");
+        "usage: loom bench train|serve [options]   (loom bench train --help)\n\n"
+        "benchmarks:\n  train   full training steps of a preset vs the sgemm peak\n"
+        "  serve   serving latency under a Poisson load; decode vs the bandwidth roofline\n");
     return args.empty() ? 2 : 0;
   }
-  LOOM_CHECK(args[0] == "train", "unknown benchmark '", args[0], "' (known: train)");
+  if (args[0] == "serve") return run_bench_serve(Args(args.begin() + 1, args.end()));
+  LOOM_CHECK(args[0] == "train", "unknown benchmark '", args[0], "' (known: train, serve)");
   Options o("loom bench train [--preset P] [--batch B] [--seq T] [--threads N]",
             "Times full training steps (forward, backward, AdamW) on synthetic tokens and\n"
             "prints tokens/s, achieved GFLOP/s (6*N*tokens + attention) and the ratio to this\n"

@@ -16,6 +16,7 @@
 #include "infer/engine.h"
 #include "infer/generator.h"
 #include "infer/model_runner.h"
+#include "infer/weight_quant.h"
 #include "serve/server.h"
 
 namespace loom::cli {
@@ -44,7 +45,9 @@ int run_serve(const Args& args) {
       .value("kv-cache-mb", "512", "KV cache size")
       .value("max-queue", "256", "requests waiting or running; more get 503")
       .value("max-tokens", "256", "default max_tokens of a request")
-      .value("drain-timeout", "30", "seconds to let requests finish on SIGTERM");
+      .value("drain-timeout", "30", "seconds to let requests finish on SIGTERM")
+      .value("weights", "fp32",
+             "linear weights read as fp32, bf16 or int8 (per-channel scales); fp32 compute");
   if (!o.parse(args)) return 0;
   serve::ServerOptions so;
   so.host = o.get("host");
@@ -52,6 +55,7 @@ int run_serve(const Args& args) {
   so.model_name = o.get("model-name");
   so.default_max_tokens = static_cast<int>(o.get_int("max-tokens", 1, 1 << 20));
   const double drain = static_cast<double>(o.get_int("drain-timeout", 0, 3600));
+  const infer::WeightType weights = infer::weight_type_from_name(o.get("weights"));
 
   auto model = load_model_from_checkpoint(o.get("ckpt"));
   so.max_seq = model->config().max_seq;
@@ -71,6 +75,8 @@ int run_serve(const Args& args) {
   ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
   ec.max_queue = static_cast<int>(o.get_int("max-queue", 1, 1 << 20));
   set_text_codec(ec, tok.get(), chat.get());
+  // Decode streams every weight once per token: narrower copies make it faster.
+  infer::QuantizedWeights quant(*model, weights);
   infer::DecoderRunner runner(*model);
   infer::LoomEngine engine(runner, ec);
   engine.start();
@@ -81,8 +87,9 @@ int run_serve(const Args& args) {
   std::thread http([&] { server.run(); });
   server.set_ready(true);
   log_info("serving ", so.model_name, " (", model->config().num_params(), " parameters, ",
-           engine.cache().num_blocks(), " KV blocks of ", engine.cache().block_size(),
-           " tokens) on http://", so.host, ":", port);
+           infer::weight_type_name(weights), " weights, ", engine.cache().num_blocks(),
+           " KV blocks of ", engine.cache().block_size(), " tokens) on http://", so.host, ":",
+           port);
   std::printf("listening on http://%s:%d\n", so.host.c_str(), port);
   std::fflush(stdout);
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "serve/connection.h"
 #include "serve/openai_api.h"
 
 namespace loom::serve {
@@ -346,10 +347,26 @@ void Server::routes() {
     };
     const double deadline = now() + opt_.request_timeout_seconds;
     if (!stream) {
+      // The client's socket, watched while the answer is generated: one that hangs up cancels
+      // its sequences at once (their blocks freed) instead of running to max_tokens.
+      const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
+      bool gone = false;
       std::unique_lock<std::mutex> lock(ex->mu);
       while (ex->open > 0) {
-        ex->cv.wait_for(lock, std::chrono::milliseconds(100));
+        ex->cv.wait_for(lock, std::chrono::milliseconds(50));
         if (now() > deadline) break;
+        if (fd >= 0 && ex->open > 0 && peer_closed(fd)) {
+          gone = true;
+          break;
+        }
+      }
+      if (gone) {
+        const std::vector<int64_t> ids = ex->engine_ids;
+        lock.unlock();
+        for (int64_t id : ids) engine_.cancel(id);
+        record("abort");
+        res.status = 499;  // nobody reads it: the connection is closed (nginx's "client closed")
+        return;
       }
       if (ex->open > 0) {
         const std::vector<int64_t> ids = ex->engine_ids;

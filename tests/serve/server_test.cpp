@@ -4,6 +4,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -29,11 +34,62 @@ data::BpeTokenizer byte_tokenizer() {
   return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
 }
 
+// The real runner, slowed down: a request then takes long enough that a test sees whether it
+// was cancelled or ran to its end.
+struct SlowRunner : infer::ModelRunner {
+  infer::ModelRunner& inner;
+  int delay_ms;
+  SlowRunner(infer::ModelRunner& r, int ms) : inner(r), delay_ms(ms) {}
+  int vocab() const override { return inner.vocab(); }
+  int max_seq() const override { return inner.max_seq(); }
+  infer::KvSpec kv_spec() const override { return inner.kv_spec(); }
+  void forward(const std::vector<infer::SeqChunk>& batch, const infer::KvCacheView& cache,
+               float* logits) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    inner.forward(batch, cache, logits);
+  }
+};
+
+// A raw HTTP/1.1 exchange on its own socket: the request is sent, then the whole response read
+// (until the server closes: "Connection: close"), or the socket is closed at once (hang_up).
+// Returns the status line's code, 0 when no response came.
+int raw_http(int port, const std::string& path, const std::string& body, bool hang_up = false) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  timeval tv{30, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return 0;
+  }
+  const std::string req = "POST " + path +
+                          " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          "Connection: close\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != ssize_t(req.size()) || hang_up) {
+    ::close(fd);
+    return 0;
+  }
+  std::string resp;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) resp.append(buf, size_t(n));
+  ::close(fd);
+  if (resp.rfind("HTTP/1.1 ", 0) != 0 || resp.size() < 12) return 0;
+  return std::atoi(resp.c_str() + 9);
+}
+
 struct Fixture : testing::Test {
   data::BpeTokenizer tok = byte_tokenizer();
   std::unique_ptr<data::ChatTemplate> chat;
   std::unique_ptr<Decoder> model;
   std::unique_ptr<infer::DecoderRunner> runner;
+  std::unique_ptr<SlowRunner> slow;
+  int step_delay_ms = 0;  // > 0: every engine step takes at least this long
   std::unique_ptr<infer::LoomEngine> engine;
   std::unique_ptr<serve::Server> server;
   std::thread http;
@@ -56,7 +112,9 @@ struct Fixture : testing::Test {
         if (t < tok.vocab_size()) tok.decode_append(t, s);
       return s;
     };
-    engine = std::make_unique<infer::LoomEngine>(*runner, ec);
+    if (step_delay_ms > 0) slow = std::make_unique<SlowRunner>(*runner, step_delay_ms);
+    engine = std::make_unique<infer::LoomEngine>(
+        step_delay_ms > 0 ? static_cast<infer::ModelRunner&>(*slow) : *runner, ec);
     if (run_engine) engine->start();
     serve::ServerOptions so;
     so.request_timeout_seconds = timeout;
@@ -310,4 +368,66 @@ TEST_F(Fixture, ABurstOfClientsAllGetAnAnswer) {
   EXPECT_EQ(failed.load(), 0);
   EXPECT_EQ(ok + limited, 100);
   EXPECT_GT(ok.load(), 0);
+}
+
+// Non-streamed requests whose clients hang up are cancelled at once (the server watches their
+// sockets): their sequences leave and every KV block is freed long before they could have
+// finished. Then 100 concurrent raw-HTTP clients all get a complete answer, and afterwards no
+// block stays in use.
+TEST_F(Fixture, NonStreamedDisconnectsCancelAndFreeBlocks) {
+  step_delay_ms = 20;  // 240 tokens: about 5 s if nothing cancelled them
+  start();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> quitters;
+  std::atomic<int> sent{0};
+  for (int i = 0; i < 8; ++i)
+    quitters.emplace_back([&, i] {
+      const std::string body =
+          "{\"prompt\": \"q" + std::to_string(i) + "\", \"max_tokens\": 240, \"ignore_eos\": true}";
+      // Connected and sent; hung up once the request is running (below), by closing early.
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(uint16_t(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+      const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+      ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+      ++sent;
+      for (int k = 0; k < 250 && engine->stats().requests_running < 8; ++k)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      ::close(fd);
+    });
+  for (auto& t : quitters) t.join();
+  ASSERT_EQ(sent.load(), 8);
+  bool freed = false;
+  for (int i = 0; i < 100 && !freed; ++i) {
+    const infer::EngineStats st = engine->stats();
+    freed = st.requests_running == 0 && st.requests_waiting == 0 && engine->cache().num_used() == 0;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(freed);
+  // Well before 240 steps of 20 ms: they were cancelled, not finished.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(3500));
+  EXPECT_LT(engine->stats().generation_tokens_total, 8 * 240);
+  auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("loom:request_total{outcome=\"abort\"} 8"), std::string::npos) << m->body;
+
+  // 100 concurrent clients, all answered: 200, or 429 past the server's concurrency limit.
+  std::atomic<int> ok{0}, limited{0}, other{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 100; ++i)
+    clients.emplace_back([&, i] {
+      const int s = raw_http(port, "/v1/completions",
+                             "{\"prompt\": \"c" + std::to_string(i) + "\", \"max_tokens\": 3}");
+      (s == 200 ? ok : s == 429 ? limited : other)++;
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(ok + limited, 100);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(engine->cache().num_used(), 0);
+  EXPECT_EQ(engine->stats().requests_running, 0);
 }

@@ -1,0 +1,134 @@
+#include "infer/decode_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "core/error.h"
+#include "infer/load_gen.h"
+
+namespace loom::infer {
+namespace {
+
+double clock_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+double measure_read_bandwidth_gbs(int passes) {
+  // 512 MiB: well past any last-level cache, about the size of gpt2-124m's fp32 weights.
+  const size_t n = size_t(64) << 20;
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+  // Written (by every thread, as the read will be) so the pages exist before timing.
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) buf[i] = i;
+  double best = 0;
+  volatile uint64_t sink = 0;
+  for (int p = 0; p < passes; ++p) {
+    uint64_t sum = 0;
+    const double t = clock_now();
+    // Integer sums: the compiler vectorises them freely (no reassociation concerns), so the
+    // loop is bound by the loads, like a weight-streaming GEMV.
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (size_t i = 0; i < n; ++i) sum += buf[i];
+    const double dt = clock_now() - t;
+    sink = sink + sum;
+    best = std::max(best, double(n * sizeof(uint64_t)) / dt / 1e9);
+  }
+  return best;
+}
+
+double decode_weight_bytes(const Decoder& model, double bytes_per_weight,
+                           double bytes_per_channel) {
+  double linear_elems = 0, channels = 0;
+  for (const Decoder::LinearInfo& l : model.linears()) {
+    linear_elems += double(l.in) * l.out;
+    channels += l.out;
+  }
+  double other = 0;
+  for (const ParamInfo& p : model.params().infos()) {
+    if (p.name == "embed.wte" || p.name == "embed.wpe" || p.name == "head.weight") continue;
+    if (p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0 &&
+        p.shape.size() == 2)
+      continue;  // a linear weight, counted above
+    other += double(p.numel) * 4;
+  }
+  return linear_elems * bytes_per_weight + channels * bytes_per_channel + other;
+}
+
+DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, double weight_bytes,
+                                   const DecodeBenchOptions& o) {
+  LOOM_CHECK(o.output_len >= 2, "decode needs at least 2 output tokens (got ", o.output_len, ")");
+  DecodeBenchResult r;
+  r.streams = o.streams;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = o.output_len;
+  greedy.ignore_eos = true;
+  LoadSpec spec;
+  spec.input_len = o.input_len;
+  spec.vocab = runner.vocab();
+  spec.seed = o.seed;
+  {
+    // One stream: prefill, then decode.
+    LoomEngine e(runner, ec);
+    double t_first = 0;
+    int tokens = 0;
+    const double t0 = clock_now();
+    e.submit(random_prompt(spec, 0), greedy, [&](const TokenEvent& ev) {
+      if (!ev.tokens.empty() && t_first == 0) t_first = clock_now();
+      tokens += int(ev.tokens.size());
+    });
+    e.run_until_idle();
+    const double t1 = clock_now();
+    LOOM_CHECK(tokens == o.output_len, "the single stream produced ", tokens, " of ", o.output_len,
+               " tokens");
+    r.prefill_seconds = t_first - t0;
+    r.single_tokens_per_s = (tokens - 1) / (t1 - t_first);
+  }
+  if (o.streams > 0) {
+    // Many streams at once; the rate counts what is produced once every stream is decoding.
+    LoomEngine e(runner, ec);
+    std::vector<std::vector<double>> times(size_t(o.streams));
+    for (int s = 0; s < o.streams; ++s)
+      e.submit(random_prompt(spec, 1 + s), greedy, [&, s](const TokenEvent& ev) {
+        for (size_t k = 0; k < ev.tokens.size(); ++k) times[size_t(s)].push_back(clock_now());
+      });
+    e.run_until_idle();
+    double last_first = 0, end = 0;
+    for (const auto& t : times) {
+      LOOM_CHECK(!t.empty(), "a stream produced no tokens");
+      last_first = std::max(last_first, t.front());
+      end = std::max(end, t.back());
+    }
+    int64_t after = 0;
+    for (const auto& t : times)
+      after += std::count_if(t.begin(), t.end(), [&](double x) { return x > last_first; });
+    r.batch_tokens_per_s = end > last_first ? double(after) / (end - last_first) : 0;
+  }
+  r.read_bandwidth_gbs = measure_read_bandwidth_gbs();
+  const KvSpec kv = runner.kv_spec();
+  const double kv_per_pos =
+      2.0 * kv.n_layer * kv.n_kv_head * kv.head_dim * (kv.dtype == DType::BF16 ? 2 : 4);
+  const double mean_context = o.input_len + o.output_len / 2.0;
+  r.bytes_per_token = weight_bytes + kv_per_pos * mean_context;
+  r.roofline_tokens_per_s = r.read_bandwidth_gbs * 1e9 / r.bytes_per_token;
+  r.roofline_ratio = r.single_tokens_per_s / r.roofline_tokens_per_s;
+  return r;
+}
+
+Json DecodeBenchResult::to_json() const {
+  Json j = Json::object();
+  j["read_bandwidth_gb_s"] = read_bandwidth_gbs;
+  j["prefill_seconds"] = prefill_seconds;
+  j["single_stream_tokens_per_s"] = single_tokens_per_s;
+  j["bytes_per_token"] = bytes_per_token;
+  j["roofline_tokens_per_s"] = roofline_tokens_per_s;
+  j["roofline_ratio"] = roofline_ratio;
+  j["streams"] = streams;
+  j["streams_aggregate_tokens_per_s"] = batch_tokens_per_s;
+  return j;
+}
+
+}  // namespace loom::infer

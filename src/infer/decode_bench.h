@@ -1,0 +1,43 @@
+// Decode speed against the memory-bandwidth roofline (`loom bench serve --decode`): single-stream
+// decode is bound by the bytes read per token (every linear weight once, plus the KV cache of
+// the context), so its ceiling is a measured streaming-read bandwidth divided by those bytes.
+// Also the aggregate decode rate of many concurrent streams (continuous batching).
+#pragma once
+
+#include "core/json.h"
+#include "infer/engine.h"
+#include "model/decoder.h"
+
+namespace loom::infer {
+
+// GB/s of a large streaming read (a buffer far past the caches, summed by every OpenMP
+// thread): what reading the weights once per token can at best achieve. Best of `passes`.
+double measure_read_bandwidth_gbs(int passes = 3);
+
+// Bytes read per decoded token besides the KV cache: every linear weight (the head included) at
+// `bytes_per_weight`, plus `bytes_per_channel` per output channel (int8 scales), plus every other
+// parameter once in fp32 (norms, biases), minus the embedding tables, of which one row is read.
+double decode_weight_bytes(const Decoder& model, double bytes_per_weight,
+                           double bytes_per_channel = 0);
+
+struct DecodeBenchOptions {
+  int input_len = 128, output_len = 64, streams = 16;
+  uint64_t seed = 0;
+};
+
+struct DecodeBenchResult {
+  double read_bandwidth_gbs = 0;
+  double prefill_seconds = 0;
+  double single_tokens_per_s = 0;  // one stream, after its first token
+  double bytes_per_token = 0;      // weights + the KV cache at the mean decode context
+  double roofline_tokens_per_s = 0, roofline_ratio = 0;
+  int streams = 0;
+  double batch_tokens_per_s = 0;  // all streams decoding: tokens after the last first token
+  Json to_json() const;
+};
+
+// Greedy, ignore_eos, random prompts of input_len; the engine is built here from `ec`.
+DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, double weight_bytes,
+                                   const DecodeBenchOptions& o);
+
+}  // namespace loom::infer

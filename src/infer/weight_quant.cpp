@@ -1,0 +1,107 @@
+#include "infer/weight_quant.h"
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "infer/decode_bench.h"
+#include "kernels/cpu/bf16_convert.h"
+#include "kernels/cpu/gemm_lowp.h"
+
+namespace loom::infer {
+
+// One linear layer's low-precision copy, as the GEMM recipe the model calls instead of its own
+// fp32 matmul (the fp32 weight it is handed is ignored).
+class QuantizedWeights::Layer : public GemmRecipe {
+ public:
+  Layer(WeightType t, const float* w, int in, int out) : type_(t), in_(in), out_(out) {
+    const size_t n = size_t(in) * size_t(out);
+    if (t == WeightType::F32) return;  // the model's own weights, read in place
+    if (t == WeightType::BF16) {
+      bf16_.resize(n);
+      cpu::f32_to_bf16_array(w, bf16_.data(), n);
+    } else {
+      int8_.resize(n);
+      scale_.resize(size_t(out));
+      cpu::quantize_int8_rows(w, out, in, int8_.data(), scale_.data());
+    }
+  }
+  void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N, int in,
+               int out) override {
+    LOOM_CHECK(in == in_ && out == out_, "a quantised linear layer of [", in_, ", ", out_,
+               "] called as [", in, ", ", out, "]");
+    if (type_ == WeightType::F32) {
+      if (N <= cpu::kLowpGemvRows)
+        cpu::gemv_f32w(y, x, w, b, N, in, out);
+      else
+        be.matmul_forward(y, x, w, b, N, in, out);
+    } else if (type_ == WeightType::BF16)
+      cpu::linear_bf16w(y, x, bf16_.data(), b, N, in, out);
+    else
+      cpu::linear_int8w(y, x, int8_.data(), scale_.data(), b, N, in, out);
+  }
+  void backward(Backend&, float*, float*, float*, const float*, const float*, const float*, int,
+                int, int) override {
+    fail("weight-only ", weight_type_name(type_), " weights are for serving (forward only)");
+  }
+  int64_t bytes() const {
+    return int64_t(bf16_.size()) * 2 + int64_t(int8_.size()) + int64_t(scale_.size()) * 4;
+  }
+
+ private:
+  WeightType type_;
+  int in_, out_;
+  std::vector<uint16_t> bf16_;
+  std::vector<int8_t> int8_;
+  std::vector<float> scale_;
+};
+
+WeightType weight_type_from_name(const std::string& name) {
+  if (name == "fp32") return WeightType::F32;
+  if (name == "bf16") return WeightType::BF16;
+  if (name == "int8") return WeightType::INT8;
+  fail("unknown weight type '", name, "' (known: fp32, bf16, int8)");
+}
+
+const char* weight_type_name(WeightType t) {
+  return t == WeightType::F32 ? "fp32" : t == WeightType::BF16 ? "bf16" : "int8";
+}
+
+QuantizedWeights::QuantizedWeights(Decoder& model, WeightType type) : model_(model), type_(type) {
+  LOOM_CHECK(model.tensor_parallel().size == 1, "weight-only ", weight_type_name(type),
+             " serving runs a whole one-process model");
+  const std::vector<Decoder::LinearInfo> linears = model.linears();
+  ParamSet& p = model.params();
+  for (const Decoder::LinearInfo& l : linears) {
+    const std::string w = l.name == "head" ? (p.has("head.weight") ? "head.weight" : "embed.wte")
+                                           : l.name + ".weight";
+    LOOM_CHECK(p.has(w), "linear layer ", l.name, " has no parameter ", w);
+    LOOM_CHECK(p.info(w).numel == int64_t(l.in) * l.out, "parameter ", w, " has ", p.info(w).numel,
+               " elements, not the [", l.out, ", ", l.in, "] of ", l.name);
+    layers_.push_back(std::make_unique<Layer>(type, p.ptr(w), l.in, l.out));
+  }
+  for (size_t i = 0; i < linears.size(); ++i)
+    model.attach_recipe(linears[i].name, layers_[i].get());
+}
+
+QuantizedWeights::~QuantizedWeights() {
+  if (layers_.empty()) return;
+  for (const Decoder::LinearInfo& l : model_.linears()) model_.attach_recipe(l.name, nullptr);
+}
+
+double QuantizedWeights::bytes_per_token() const {
+  switch (type_) {
+    case WeightType::BF16:
+      return decode_weight_bytes(model_, 2);
+    case WeightType::INT8:
+      return decode_weight_bytes(model_, 1, 4);
+    default:
+      return decode_weight_bytes(model_, 4);
+  }
+}
+
+int64_t QuantizedWeights::stored_bytes() const {
+  int64_t n = 0;
+  for (const auto& l : layers_) n += l->bytes();
+  return n;
+}
+
+}  // namespace loom::infer

@@ -1,0 +1,34 @@
+// Linear layers with weight-only low precision, for serving: y[M, N] = x[M, K] W^T (+ b) with W
+// stored [N, K] as bf16 (2 bytes per weight) or int8 with one fp32 scale per output row
+// (W[n, k] = scale[n] * q[n, k]); x, y, the bias and every accumulation are fp32.
+//   - M <= kLowpGemvRows (decode batches): a GEMV-style kernel that streams each weight row from
+//     memory once for all M inputs, widening it in registers (AVX-512 when the CPU has it, a
+//     scalar loop otherwise); output rows are split over the OpenMP threads. The bits of y[m]
+//     depend only on x[m] and W, not on M or the thread count.
+//   - larger M (prefill chunks): compute-bound, so blocks of W are widened to fp32 and multiplied
+//     with the BLAS.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+constexpr int kLowpGemvRows = 16;
+
+void linear_bf16w(float* y, const float* x, const uint16_t* w, const float* b, int M, int K, int N);
+void linear_int8w(float* y, const float* x, const int8_t* w, const float* scale, const float* b,
+                  int M, int K, int N);
+
+// The decode kernel on fp32 weights (any M, though it is meant for M <= kLowpGemvRows: it
+// streams W once, where a BLAS GEMM with M = 1 reaches a fraction of the read bandwidth).
+void gemv_f32w(float* y, const float* x, const float* w, const float* b, int M, int K, int N);
+
+// Symmetric per-row int8: scale[n] = max|W[n, :]| / 127 (1 for an all-zero row), q = round(W /
+// scale) (to nearest, ties away from zero) in [-127, 127].
+void quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale);
+
+// Whether the AVX-512 kernels run (the CPU has AVX512F and tests have not turned them off).
+bool lowp_uses_avx512();
+void set_lowp_avx512(bool on);  // tests: false runs the scalar loops on an AVX-512 machine
+
+}  // namespace loom::cpu
