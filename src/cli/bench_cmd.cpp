@@ -32,7 +32,11 @@ int run_bench(const Args& args) {
       .value("steps", std::to_string(b.steps), "timed steps (the median is reported)")
       .value("warmup", std::to_string(b.warmup), "untimed steps first")
       .value("precision", b.precision, "fp32, bf16 or fp16")
-      .value("recompute", b.recompute, "none, selective or full");
+      .value("recompute", b.recompute, "none, selective or full")
+      .value("fp8", b.fp8,
+             "FP8 recipe on the block linears: none, fp8_tensorwise_current, "
+             "fp8_tensorwise_delayed or mxfp8")
+      .value("fp8-format", b.fp8_format, "e4m3 or hybrid (E5M2 gradients)");
   if (!o.parse(Args(args.begin() + 1, args.end()))) return 0;
   b.preset = o.get("preset");
   b.batch = o.get_int32("batch", 1);
@@ -42,6 +46,8 @@ int run_bench(const Args& args) {
   b.warmup = o.get_int32("warmup", 0);
   b.precision = o.get("precision");
   b.recompute = o.get("recompute");
+  b.fp8 = o.get("fp8");
+  b.fp8_format = o.get("fp8-format");
   Json j = run_train_bench(b);
   std::printf("%s\n", j.dump().c_str());
   return 0;

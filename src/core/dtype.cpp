@@ -104,6 +104,7 @@ uint8_t encode_small(float f, int mbits, int bias, float maxv, uint8_t nan_code)
   float quantum = std::ldexp(1.f, exp - mbits);
   float q = std::nearbyint(a / quantum);  // default rounding mode: nearest even
   float v = q * quantum;
+  if (v == 0.f) return sign;  // rounded to zero (below half the smallest subnormal)
   if (v > maxv) v = maxv;
   // Re-encode v exactly.
   std::frexp(v, &e);

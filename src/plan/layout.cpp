@@ -42,6 +42,18 @@ const char* name(Recompute r) {
   return "?";
 }
 
+const char* name(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::delayed:
+      return "fp8_tensorwise_delayed";
+    case Fp8Recipe::current:
+      return "fp8_tensorwise_current";
+    case Fp8Recipe::mxfp8:
+      return "mxfp8";
+  }
+  return "?";
+}
+
 Precision parse_precision(const std::string& s) {
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16, Precision::fp8})
     if (s == name(p)) return p;
@@ -51,6 +63,12 @@ Optimizer parse_optimizer(const std::string& s) {
   for (Optimizer o : {Optimizer::adam, Optimizer::sgd, Optimizer::adam8bit})
     if (s == name(o)) return o;
   fail("unknown optimizer '", s, "' (valid: adam, sgd, adam8bit)");
+}
+Fp8Recipe parse_fp8_recipe(const std::string& s) {
+  for (Fp8Recipe r : {Fp8Recipe::delayed, Fp8Recipe::current, Fp8Recipe::mxfp8})
+    if (s == name(r)) return r;
+  fail("unknown fp8 recipe '", s,
+       "' (valid: fp8_tensorwise_delayed, fp8_tensorwise_current, mxfp8)");
 }
 Recompute parse_recompute(const std::string& s) {
   for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})

@@ -12,6 +12,8 @@
 namespace loom::plan {
 
 enum class Precision { fp32, bf16, fp16, fp8 };
+// The FP8 recipe of precision fp8 (the trainer's precision.fp8_recipe names; issue 18).
+enum class Fp8Recipe { delayed, current, mxfp8 };
 enum class Optimizer { adam, sgd, adam8bit };
 enum class Recompute { none, selective, full };
 
@@ -19,6 +21,7 @@ struct TrainSpec {
   int64_t global_batch = 0;  // sequences per optimizer step
   int64_t micro_batch = 1;
   Precision precision = Precision::bf16;
+  Fp8Recipe fp8_recipe = Fp8Recipe::delayed;  // precision fp8 only (TE's default on Hopper)
   Optimizer optimizer = Optimizer::adam;
   int zero_stage =
       1;  // 0 replicated, 1 optimizer state sharded (distributed optimizer), 2 +grads, 3 +weights
@@ -41,9 +44,11 @@ struct TrainSpec {
 const char* name(Precision p);
 const char* name(Optimizer o);
 const char* name(Recompute r);
+const char* name(Fp8Recipe r);
 Precision parse_precision(const std::string& s);  // throws listing valid values
 Optimizer parse_optimizer(const std::string& s);
 Recompute parse_recompute(const std::string& s);
+Fp8Recipe parse_fp8_recipe(const std::string& s);
 
 // Fills dp when 0 and checks every constraint; throws loom::Error with a suggestion.
 void resolve_and_validate(const ModelSpec& m, const ClusterSpec& c, TrainSpec& t);

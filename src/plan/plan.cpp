@@ -60,6 +60,7 @@ const std::vector<std::string>& known_keys() {
                                                 "train.global_batch",
                                                 "train.micro_batch",
                                                 "train.precision",
+                                                "train.fp8_recipe",
                                                 "train.optimizer",
                                                 "train.zero_stage",
                                                 "train.recompute",
@@ -164,6 +165,9 @@ PlanInput read_plan_input(const Config& cfg) {
   t.global_batch = get_int(cfg, "train.global_batch", 0);
   t.micro_batch = get_int(cfg, "train.micro_batch", t.micro_batch);
   t.precision = parse_precision(cfg.get_string("train.precision", name(t.precision)));
+  t.fp8_recipe = parse_fp8_recipe(cfg.get_string("train.fp8_recipe", name(t.fp8_recipe)));
+  LOOM_CHECK(t.precision == Precision::fp8 || !cfg.has("train.fp8_recipe"),
+             "train.fp8_recipe is set but train.precision is ", name(t.precision), ", not fp8");
   t.optimizer = parse_optimizer(cfg.get_string("train.optimizer", name(t.optimizer)));
   t.zero_stage = int(get_int(cfg, "train.zero_stage", t.zero_stage));
   t.recompute = parse_recompute(cfg.get_string("train.recompute", name(t.recompute)));
@@ -262,20 +266,22 @@ Json plan_json(const Plan& p) {
                                    {"nodes", c.nodes},
                                    {"gpus_per_node", c.gpus_per_node},
                                    {"gpus", c.world()}});
-  j["layout"] = Json(Json::Object{{"tp", t.tp},
-                                  {"pp", t.pp},
-                                  {"vp", t.vp},
-                                  {"cp", t.cp},
-                                  {"ep", t.ep},
-                                  {"dp", t.dp},
-                                  {"micro_batch", t.micro_batch},
-                                  {"global_batch", t.global_batch},
-                                  {"micro_batches", micro_batches(t)},
-                                  {"precision", name(t.precision)},
-                                  {"optimizer", name(t.optimizer)},
-                                  {"zero_stage", t.zero_stage},
-                                  {"recompute", name(t.recompute)},
-                                  {"sequence_parallel", t.sequence_parallel}});
+  j["layout"] =
+      Json(Json::Object{{"tp", t.tp},
+                        {"pp", t.pp},
+                        {"vp", t.vp},
+                        {"cp", t.cp},
+                        {"ep", t.ep},
+                        {"dp", t.dp},
+                        {"micro_batch", t.micro_batch},
+                        {"global_batch", t.global_batch},
+                        {"micro_batches", micro_batches(t)},
+                        {"precision", name(t.precision)},
+                        {"fp8_recipe", t.precision == Precision::fp8 ? name(t.fp8_recipe) : "none"},
+                        {"optimizer", name(t.optimizer)},
+                        {"zero_stage", t.zero_stage},
+                        {"recompute", name(t.recompute)},
+                        {"sequence_parallel", t.sequence_parallel}});
   const MemoryBreakdown& mem = p.memory;
   j["memory_per_gpu_gb"] = gb(mem.total());
   j["memory"] = Json(Json::Object{{"weights_gb", gb(mem.weights)},

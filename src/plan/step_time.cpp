@@ -131,6 +131,27 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
   L.attn_fwd = attn_f;
   L.compute_fwd = g + attn_f + elem;
   L.compute_bwd = 2 * g + attn_b + 2 * elem;
+  // FP8 recipes' own costs (issue 18): a quantisation pass over every block GEMM input, x in
+  // forward and dy in backward (no fusion into the producing kernel assumed). Bytes per
+  // element: read bf16 (2) + write fp8 (1) + the transposed fp8 copy for the other GEMM (1);
+  // current scaling reads the tensor once more for its amax (2); MXFP8 writes its row- and
+  // column-blocked copies plus a scale byte per 32. Current scaling also max-reduces each
+  // amax over TP (one latency-bound all-reduce per quantised tensor); the weights' pass and
+  // delayed scaling's one amax all-reduce are per step (below, with the optimizer).
+  const bool fp8 = t.precision == Precision::fp8;
+  if (fp8) {
+    const double qb = t.fp8_recipe == Fp8Recipe::current ? 6
+                      : t.fp8_recipe == Fp8Recipe::mxfp8 ? 4 + 2.0 / 32
+                                                         : 4;
+    const double x_elems = n * (2 * h / (sp ? tp : 1) + q / tp + f / tp);
+    const double dy_elems = n * ((q + 2 * kvd) / tp + 2 * h / (sp ? tp : 1) + up / tp);
+    L.compute_fwd += qb * x_elems / hbm;
+    L.compute_bwd += qb * dy_elems / hbm;
+    if (t.fp8_recipe == Fp8Recipe::current && t.tp > 1) {
+      L.compute_fwd += 4 * all_reduce(4, t.tp, tp_link);
+      L.compute_bwd += 4 * all_reduce(4, t.tp, tp_link);
+    }
+  }
 
   // TP: two all-reduces per layer per pass (or all-gather + reduce-scatter with SP: same bytes).
   if (t.tp > 1) {
@@ -218,6 +239,14 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
                                                                   : 2);
   double touched = sb.grad + 2 * (sb.optimizer - master) + 2 * master + sb.weight;
   r.optimizer = local * touched / hbm;
+  if (fp8) {  // the weights' quantisation once per step: read, write, transposed copy (+ amax)
+    const double wq = t.fp8_recipe == Fp8Recipe::current ? 6 : 4;
+    r.optimizer +=
+        heavy.dense * wq / hbm;  // per-rank parameters (embedding included: an upper bound)
+    if (t.fp8_recipe == Fp8Recipe::delayed)  // every amax of the stage in one all-reduce
+      r.optimizer +=
+          all_reduce(heavy.layers * 12 * 4.0, t.dp * t.tp, link_for(c, e, 1, t.dp * t.tp));
+  }
 
   r.step = r.pipeline + r.p2p + r.dp_exposed + r.optimizer;
 

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <vector>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/gemm_bf16_peak.h"
@@ -15,6 +16,7 @@
 #include "model/decoder.h"
 #include "optim/adamw.h"
 #include "precision/bf16_gemms.h"
+#include "precision/fp8_recipes.h"
 #include "precision/policy.h"
 #include "train/batch.h"
 
@@ -44,6 +46,13 @@ Json run_train_bench(const TrainBenchOptions& o) {
   // The bf16 policy runs its GEMMs in bf16 where the CPU can (as the trainer does).
   std::unique_ptr<Bf16Gemms> bf16 =
       policy.compute == DType::BF16 ? attach_bf16_gemms(model, /*quiet=*/true) : nullptr;
+  // FP8 recipes on the block linears, as the trainer attaches them.
+  Config fp8_cfg;
+  if (o.fp8 != "none") {
+    fp8_cfg.set("precision.fp8_recipe", o.fp8, "--fp8");
+    fp8_cfg.set("precision.fp8_format", o.fp8_format, "--fp8-format");
+  }
+  std::unique_ptr<Fp8Recipes> fp8 = attach_fp8_recipes(fp8_cfg, model, /*quiet=*/true);
 
   Batch b = synthetic_batch(o.batch, o.seq, mc.vocab, 7);
   const double tokens = double(o.batch) * o.seq;
@@ -53,6 +62,7 @@ Json run_train_bench(const TrainBenchOptions& o) {
     double t0 = now_seconds(), c0 = process_cpu_seconds();
     model.params().zero_grad();
     if (bf16) bf16->new_weights();
+    if (fp8) fp8->begin_step();
     model.forward_backward(b.input(), static_cast<float>(1.0 / tokens));
     optim.step(1e-4, 1.f);
     if (s >= o.warmup) {
@@ -82,6 +92,7 @@ Json run_train_bench(const TrainBenchOptions& o) {
   j["threads"] = o.threads;
   j["precision"] = o.precision;
   j["recompute"] = o.recompute;
+  j["fp8"] = fp8 ? fp8->options().describe() : "none";
   j["step_seconds_median"] = median;
   j["tokens_per_s"] = tokens / median;
   j["gflops"] = gflops;
@@ -97,6 +108,9 @@ Json run_train_bench(const TrainBenchOptions& o) {
   std::printf("loom bench train: %s (%lld params), batch %d x %d tokens, %d threads, %s\n",
               o.preset.c_str(), static_cast<long long>(mc.num_params()), o.batch, o.seq, o.threads,
               o.precision.c_str());
+  if (fp8)
+    std::printf("  fp8 recipe:               %s on %zu linears\n",
+                fp8->options().describe().c_str(), fp8->names().size());
   std::printf("  step time (median of %d): %.3f s\n", o.steps, median);
   std::printf("  tokens/s:                 %.1f\n", tokens / median);
   std::printf("  achieved:                 %.1f GFLOP/s (6*N*tokens + attention)\n", gflops);

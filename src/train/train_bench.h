@@ -12,6 +12,7 @@ struct TrainBenchOptions {
   std::string preset = "gpt2-124m";
   int batch = 4, seq = 64, threads = 2, steps = 5, warmup = 1;
   std::string precision = "fp32", recompute = "none";
+  std::string fp8 = "none", fp8_format = "e4m3";  // precision.fp8_recipe / fp8_format
 };
 
 // Runs the benchmark, prints a readable report, returns the figures (tokens_per_s, gflops,

@@ -210,6 +210,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                "train.mode = \"sft\" needs data.source = \"chat\"");
   std::optional<LoraConfig> lora_cfg;  // read before every key must have been used
   if (lora_enabled(cfg_)) lora_cfg = lora_config_from(cfg_, opt_.seed);
+  std::optional<Fp8Options> fp8_opt;  // precision.fp8_recipe (issue 18)
+  if (Fp8Options o; Fp8Options::from(cfg_, mcfg_.n_layer, &o)) fp8_opt = o;
   cfg_.check_all_used();
   LOOM_CHECK(train_data_->vocab() <= mcfg_.vocab, "the data's vocabulary (", train_data_->vocab(),
              ") exceeds model.vocab (", mcfg_.vocab, ")");
@@ -290,6 +292,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   // every weight at once: the recipe keeps a bf16 copy of each).
   if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3))
     bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
+  if (fp8_opt) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
+  LOOM_CHECK(
+      !fp8_ || !dp_ || dp_->zero() < 3,
+      "precision.fp8_recipe: not supported with ZeRO-3 (the recipe keeps fp8 weight copies)");
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
 
@@ -337,6 +343,7 @@ StepResult Trainer::train_step() {
   maybe_inject_fault(rank_, step_);
   resil::heartbeat_section(resil::Section::Data, step_ + 1);
   if (bf16_gemms_) bf16_gemms_->new_weights();  // stepped (or loaded) since the last use
+  if (fp8_) fp8_->begin_step();                 // new weights; delayed scaling's history moves on
   if (opt_.mode == "dpo") return dpo_step();
   double t0 = now_seconds();
   StepResult r;
@@ -441,6 +448,7 @@ void Trainer::finish_step(StepResult& r, double loss_sum, int64_t valid, double 
 
 double Trainer::evaluate() {
   if (bf16_gemms_) bf16_gemms_->new_weights();
+  if (fp8_) fp8_->new_weights();
   LOOM_CHECK(valid_data_, "evaluation needs train.eval_interval > 0");
   valid_data_->restore(valid_start_);  // the same validation batches every time
   double sum = 0;
@@ -964,6 +972,7 @@ void Trainer::start_from_one_process(const std::string& path) {
     if (!c.state().extra.contains("optimizer_steps")) {
       load_pretrained(path);
       if (bf16_gemms_) bf16_gemms_->new_weights();
+      if (fp8_) fp8_->new_weights();
       if (optim_) optim_->sync_master_from_model();
       if (!opt_.quiet)
         log_info("started from the weights of ", c.dir(), " (it holds no training state)");

@@ -17,6 +17,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
 #include "precision/bf16_gemms.h"
+#include "precision/fp8_recipes.h"
 #include "precision/policy.h"
 #include "train/batch.h"
 #include "train/dpo.h"
@@ -130,6 +131,7 @@ class Trainer {
   parallel::DataParallel* data_parallel() { return dp_.get(); }
   parallel::PipelineRunner* pipeline() { return pipe_.get(); }  // null unless parallel.pp > 1
   const PrecisionPolicy& precision() const { return policy_; }
+  Fp8Recipes* fp8_recipes() const { return fp8_.get(); }  // nullptr without precision.fp8_recipe
   const LossScaler& loss_scaler() const { return scaler_; }
   // For tests: multiply every gradient by this before the overflow check (forces inf).
   void inject_gradient_factor(float f) { inject_ = f; }
@@ -166,6 +168,7 @@ class Trainer {
   // DPO: the frozen reference (the starting weights; under LoRA the base itself, adapters off).
   std::unique_ptr<Decoder> reference_;
   std::unique_ptr<Bf16Gemms> bf16_gemms_;  // bf16 policy on an AVX512-BF16 CPU
+  std::unique_ptr<Fp8Recipes> fp8_;        // precision.fp8_recipe: FP8 / MXFP8 GEMMs
   double dpo_beta_ = 0.1;
   DpoLoss dpo_loss_ = DpoLoss::Sigmoid;
   std::vector<std::pair<std::string, double>> eval_extra_;

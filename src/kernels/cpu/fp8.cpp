@@ -1,0 +1,347 @@
+// FP8 / E8M0 conversions. Rounding works on the fp32 bit pattern of |v|:
+//   - normal range: add half an fp8 ulp minus one plus the lowest kept bit, clear the dropped
+//     bits (round to nearest even in integer arithmetic, as f32_to_bf16 does);
+//   - subnormal range: |v| + 2^(q+23) - 2^(q+23), where 2^q is the fp8 subnormal quantum: the
+//     fp32 addition rounds |v| to a multiple of 2^q, to nearest even;
+//   - at or above the max normal (inf included): the max normal.
+// The AVX512 loops do exactly these operations on 16 lanes, so both paths give the same bits.
+
+#include "kernels/cpu/fp8.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/parallel.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX512 intrinsics
+
+namespace loom::cpu {
+namespace {
+
+struct Fmt {
+  int shift;              // fp32 mantissa bits dropped: 23 - mantissa bits
+  uint32_t max_bits;      // |max normal| as fp32 bits
+  uint32_t minnorm_bits;  // smallest normal as fp32 bits
+  uint32_t magic_bits;    // 2^(subnormal quantum exponent + 23)
+  uint32_t rebias;        // (127 - bias) << mantissa bits: fp32 exponent field -> fp8's
+  uint8_t max_code, nan_code;
+};
+
+constexpr Fmt kE4M3{20, 0x43E00000u, 0x3C800000u, 0x46800000u, 120u << 3, 0x7E, 0x7F};
+constexpr Fmt kE5M2{21, 0x47600000u, 0x38800000u, 0x43000000u, 112u << 2, 0x7B, 0x7E};
+
+const Fmt& fmt(Fp8Format f) {
+  return f == Fp8Format::E4M3 ? kE4M3 : kE5M2;
+}
+
+constexpr uint32_t kAbs = 0x7fffffffu, kInf = 0x7f800000u;
+constexpr uint16_t kBf16Nan = 0x7fc0;
+
+// |v|'s bits (not NaN) -> the bits of the fp8 value it rounds to.
+inline uint32_t round_abs(const Fmt& F, uint32_t a) {
+  if (a >= F.max_bits) return F.max_bits;
+  if (a < F.minnorm_bits) {
+    const float m = bits_f32(F.magic_bits);
+    return f32_bits((bits_f32(a) + m) - m);  // IEEE order kept: no -ffast-math in Loom
+  }
+  const uint32_t half = (1u << (F.shift - 1)) - 1u;
+  return (a + half + ((a >> F.shift) & 1u)) & ~((1u << F.shift) - 1u);
+}
+
+// Bits of a rounded fp8 value (abs) -> its code without the sign.
+inline uint32_t code_of(const Fmt& F, uint32_t r) {
+  if (r < F.minnorm_bits) return f32_bits(bits_f32(r) + bits_f32(F.magic_bits)) - F.magic_bits;
+  return (r >> F.shift) - F.rebias;
+}
+
+struct Tables {
+  float value[2][256];
+  Tables() {
+    for (int f = 0; f < 2; ++f) {
+      const int mbits = f == 0 ? 3 : 2, bias = f == 0 ? 7 : 15;
+      for (int c = 0; c < 256; ++c) {
+        const int e = (c & 0x7f) >> mbits, m = c & ((1 << mbits) - 1);
+        float v = e == 0 ? std::ldexp(float(m), 1 - bias - mbits)
+                         : std::ldexp(1.f + float(m) / float(1 << mbits), e - bias);
+        if (f == 0 && (c & 0x7f) == 0x7f) v = NAN;
+        if (f == 1 && e == 31) v = m ? NAN : INFINITY;
+        value[f][c] = (c & 0x80) ? -v : v;
+      }
+    }
+  }
+};
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
+std::atomic<bool> g_force_portable{false};
+
+// The element loop shared by every quantiser: v = x[i] * m (m broadcast, or per element),
+// r = fp8 round of v; codes[i] = r's code; deq[i] = bf16 bits of r * X[i] (or of r when X is
+// null), with results below 2^-126 flushed to signed zero.
+void elems_portable(const Fmt& F, const float* x, int64_t n, const float* m, bool m_bcast,
+                    const float* X, uint8_t* codes, uint16_t* deq) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i] * m[m_bcast ? 0 : i];
+    const uint32_t u = f32_bits(v), a = u & kAbs, sign = u & ~kAbs;
+    if (a > kInf) {
+      if (codes) codes[i] = uint8_t(F.nan_code | (sign >> 24));
+      if (deq) deq[i] = kBf16Nan;
+      continue;
+    }
+    const uint32_t r = round_abs(F, a);
+    if (codes) codes[i] = uint8_t(code_of(F, r) | (sign >> 24));
+    if (deq) {
+      uint32_t d = X ? f32_bits(bits_f32(r) * X[i]) : r;
+      if ((d & kAbs) < 0x00800000u) d = 0;  // below bf16's normal range: flushed (see fp8.h)
+      if ((d & kAbs) > kInf) {
+        deq[i] = kBf16Nan;
+        continue;
+      }
+      deq[i] = uint16_t((d | sign) >> 16);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+#define LOOM_AVX512 __attribute__((target("avx512f,avx512bw")))
+
+LOOM_AVX512 inline void elems16(const Fmt& F, __m512 x, __m512 m, __m512 X, bool use_X,
+                                __mmask16 lanes, uint8_t* codes, uint16_t* deq) {
+  const __m512i abs = _mm512_set1_epi32(int(kAbs)), one = _mm512_set1_epi32(1);
+  const __m512i u = _mm512_castps_si512(_mm512_mul_ps(x, m));
+  const __m512i a = _mm512_and_si512(u, abs), sign = _mm512_andnot_si512(abs, u);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(int(kInf)));
+  const __mmask16 big = _mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(int(F.max_bits)));
+  const __mmask16 sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(int(F.minnorm_bits)));
+  const __m512 magic = _mm512_castsi512_ps(_mm512_set1_epi32(int(F.magic_bits)));
+  const __m512i half = _mm512_set1_epi32(int((1u << (F.shift - 1)) - 1u));
+  const __m512i keep = _mm512_set1_epi32(int(~((1u << F.shift) - 1u)));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, unsigned(F.shift)), one);
+  __m512i r = _mm512_and_si512(_mm512_add_epi32(a, _mm512_add_epi32(half, lsb)), keep);
+  const __m512 s = _mm512_add_ps(_mm512_castsi512_ps(a), magic);
+  r = _mm512_mask_mov_epi32(r, sub, _mm512_castps_si512(_mm512_sub_ps(s, magic)));
+  r = _mm512_mask_mov_epi32(r, big, _mm512_set1_epi32(int(F.max_bits)));
+  if (codes) {
+    const __m512i rs = _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(r), magic));
+    __m512i c =
+        _mm512_sub_epi32(_mm512_srli_epi32(r, unsigned(F.shift)), _mm512_set1_epi32(int(F.rebias)));
+    c = _mm512_mask_mov_epi32(c, sub, _mm512_sub_epi32(rs, _mm512_set1_epi32(int(F.magic_bits))));
+    c = _mm512_mask_mov_epi32(c, nan, _mm512_set1_epi32(F.nan_code));
+    c = _mm512_or_si512(c, _mm512_srli_epi32(sign, 24));
+    _mm_mask_storeu_epi8(codes, lanes, _mm512_cvtepi32_epi8(c));
+  }
+  if (deq) {
+    __m512i d = use_X ? _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(r), X)) : r;
+    const __mmask16 tiny =
+        _mm512_cmplt_epu32_mask(_mm512_and_si512(d, abs), _mm512_set1_epi32(0x00800000));
+    d = _mm512_mask_mov_epi32(d, tiny, _mm512_setzero_si512());
+    const __mmask16 dnan =
+        nan | _mm512_cmpgt_epu32_mask(_mm512_and_si512(d, abs), _mm512_set1_epi32(int(kInf)));
+    d = _mm512_srli_epi32(_mm512_or_si512(d, sign), 16);
+    d = _mm512_mask_mov_epi32(d, dnan, _mm512_set1_epi32(kBf16Nan));
+    _mm256_mask_storeu_epi16(deq, lanes, _mm512_cvtepi32_epi16(d));
+  }
+}
+
+LOOM_AVX512 void elems_avx512(const Fmt& F, const float* x, int64_t n, const float* m, bool m_bcast,
+                              const float* X, uint8_t* codes, uint16_t* deq) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t k = std::min<int64_t>(16, n - i);
+    const __mmask16 lanes = static_cast<__mmask16>((1u << k) - 1u);
+    const __m512 xv = _mm512_maskz_loadu_ps(lanes, x + i);
+    const __m512 mv = m_bcast ? _mm512_set1_ps(m[0]) : _mm512_maskz_loadu_ps(lanes, m + i);
+    const __m512 Xv = X ? _mm512_mask_loadu_ps(one, lanes, X + i) : one;
+    elems16(F, xv, mv, Xv, X != nullptr, lanes, codes ? codes + i : nullptr,
+            deq ? deq + i : nullptr);
+  }
+}
+
+LOOM_AVX512 uint32_t amax_bits_avx512(const float* x, int64_t n) {
+  const __m512i abs = _mm512_set1_epi32(int(kAbs));
+  __m512i mx = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_loadu_si512(x + i), abs));
+  if (i < n) {
+    const __mmask16 lanes = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_maskz_loadu_epi32(lanes, x + i), abs));
+  }
+  return _mm512_reduce_max_epu32(mx);
+}
+#endif
+
+bool avx512() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has && !g_force_portable.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+void elems(const Fmt& F, const float* x, int64_t n, const float* m, bool m_bcast, const float* X,
+           uint8_t* codes, uint16_t* deq) {
+#if defined(__x86_64__)
+  if (avx512()) return elems_avx512(F, x, n, m, m_bcast, X, codes, deq);
+#endif
+  elems_portable(F, x, n, m, m_bcast, X, codes, deq);
+}
+
+// The largest |x| as fp32 bits: for non-negative floats the integer order is the float order,
+// and NaN's bits exceed inf's, so a NaN anywhere wins.
+uint32_t amax_bits(const float* x, int64_t n) {
+#if defined(__x86_64__)
+  if (avx512()) return amax_bits_avx512(x, n);
+#endif
+  uint32_t mx = 0;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, f32_bits(x[i]) & kAbs);
+  return mx;
+}
+
+// Elements per OpenMP chunk of the flat loops (memory bound: only large arrays are split).
+constexpr int64_t kChunk = int64_t{1} << 14;
+
+template <typename Fn>
+void chunked(int64_t n, Fn&& fn) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1 && worth_parallel(n))
+  for (int64_t c = 0; c < chunks; ++c) fn(c * kChunk, std::min(kChunk, n - c * kChunk));
+}
+
+// The block scale's multiplier 2^-shared (into the fp8 range) and X = 2^shared, from the code.
+void block_factors(uint8_t scale, float* mult, float* X) {
+  if (scale == 0xFF) {
+    *mult = *X = NAN;
+    return;
+  }
+  *X = e8m0_to_f32(scale);
+  *mult = bits_f32(uint32_t(254 - scale) << 23);  // 2^(127 - scale); scale <= 246 for finite amax
+}
+
+}  // namespace
+
+const char* fp8_format_name(Fp8Format f) {
+  return f == Fp8Format::E4M3 ? "e4m3" : "e5m2";
+}
+
+uint8_t fp8_encode(Fp8Format f, float x) {
+  uint8_t c;
+  const float one = 1.f;
+  elems_portable(fmt(f), &x, 1, &one, true, nullptr, &c, nullptr);
+  return c;
+}
+
+float fp8_decode(Fp8Format f, uint8_t code) {
+  return tables().value[f == Fp8Format::E4M3 ? 0 : 1][code];
+}
+
+float fp8_round(Fp8Format f, float x) {
+  return fp8_decode(f, fp8_encode(f, x));
+}
+
+uint8_t e8m0_block_scale(float amax, Fp8Format elem) {
+  const uint32_t a = f32_bits(amax) & kAbs;
+  if (a >= kInf) return 0xFF;
+  // floor(log2(amax)) is the exponent field minus 127 for a normal amax; a denormal or zero
+  // amax lies below 2^-126, so its shared exponent clamps to -127 either way.
+  const int e = a < 0x00800000u ? -127 : int(a >> 23) - 127;
+  const int shared = std::clamp(e - fp8_emax(elem), -127, 127);
+  return uint8_t(shared + 127);
+}
+
+float e8m0_to_f32(uint8_t code) {
+  if (code == 0xFF) return NAN;
+  if (code == 0) return bits_f32(0x00400000u);  // 2^-127: an fp32 denormal
+  return bits_f32(uint32_t(code) << 23);
+}
+
+float fp8_amax(const float* x, int64_t n) {
+  std::vector<uint32_t> part(size_t((n + kChunk - 1) / kChunk), 0);
+  chunked(n, [&](int64_t b, int64_t k) { part[size_t(b / kChunk)] = amax_bits(x + b, k); });
+  uint32_t mx = 0;
+  for (uint32_t p : part) mx = std::max(mx, p);
+  return bits_f32(mx);
+}
+
+void fp8_quantize(Fp8Format f, const float* x, float scale, uint8_t* q, int64_t n) {
+  chunked(n, [&](int64_t b, int64_t k) {
+    elems(fmt(f), x + b, k, &scale, true, nullptr, q + b, nullptr);
+  });
+}
+
+void fp8_dequantize(Fp8Format f, const uint8_t* q, float scale_inv, float* y, int64_t n) {
+  const float* t = tables().value[f == Fp8Format::E4M3 ? 0 : 1];
+  for (int64_t i = 0; i < n; ++i) y[i] = t[q[i]] * scale_inv;
+}
+
+void fp8_scaled_to_bf16(Fp8Format f, const float* x, float scale, uint16_t* out, int64_t n) {
+  chunked(n, [&](int64_t b, int64_t k) {
+    elems(fmt(f), x + b, k, &scale, true, nullptr, nullptr, out + b);
+  });
+}
+
+void mx_quantize(Fp8Format f, const float* x, int rows, int cols, int ld, bool along_rows,
+                 uint8_t* scales, uint8_t* codes, uint16_t* deq) {
+  const Fmt& F = fmt(f);
+  const int64_t R = rows, C = cols;
+  if (!along_rows) {
+    const int nb = (cols + 31) / 32;
+#pragma omp parallel for schedule(static) if (worth_parallel(R, C))
+    for (int64_t r = 0; r < R; ++r) {
+      float mult[32], X[32];
+      for (int b = 0; b < nb; ++b) {
+        const int c0 = b * 32, k = std::min(32, cols - c0);
+        const float* xr = x + r * ld + c0;
+        const uint8_t s = e8m0_block_scale(bits_f32(amax_bits(xr, k)), f);
+        if (scales) scales[r * nb + b] = s;
+        block_factors(s, &mult[0], &X[0]);
+        std::fill(X + 1, X + k, X[0]);
+        elems(F, xr, k, mult, true, X, codes ? codes + r * C + c0 : nullptr,
+              deq ? deq + r * C + c0 : nullptr);
+      }
+    }
+    return;
+  }
+  // Blocks of 32 rows: per column amaxes over the block's rows, then each row of the block
+  // with per-column factors (vector loops run along the contiguous columns).
+  const int64_t nb = (R + 31) / 32;
+#pragma omp parallel for schedule(static) if (worth_parallel(R, C))
+  for (int64_t b = 0; b < nb; ++b) {
+    std::vector<uint32_t> mx(size_t(C), 0);
+    std::vector<float> mult(static_cast<size_t>(C)), X(static_cast<size_t>(C));
+    const int64_t r0 = b * 32, r1 = std::min(R, r0 + 32);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * ld;
+      for (int64_t c = 0; c < C; ++c)
+        mx[size_t(c)] = std::max(mx[size_t(c)], f32_bits(xr[c]) & kAbs);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const uint8_t s = e8m0_block_scale(bits_f32(mx[size_t(c)]), f);
+      if (scales) scales[b * C + c] = s;
+      block_factors(s, &mult[size_t(c)], &X[size_t(c)]);
+    }
+    for (int64_t r = r0; r < r1; ++r)
+      elems(F, x + r * ld, C, mult.data(), false, X.data(), codes ? codes + r * C : nullptr,
+            deq ? deq + r * C : nullptr);
+  }
+}
+
+void force_fp8_portable(bool force) {
+  g_force_portable.store(force, std::memory_order_relaxed);
+}
+
+bool fp8_uses_avx512() {
+  return avx512();
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,274 @@
+#include "precision/fp8_recipes.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+#include "comm/communicator.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm_bf16.h"
+
+namespace loom {
+
+using cpu::Fp8Format;
+
+const char* fp8_recipe_name(Fp8RecipeKind k) {
+  switch (k) {
+    case Fp8RecipeKind::TensorwiseCurrent:
+      return "fp8_tensorwise_current";
+    case Fp8RecipeKind::TensorwiseDelayed:
+      return "fp8_tensorwise_delayed";
+    case Fp8RecipeKind::Mxfp8:
+      return "mxfp8";
+  }
+  return "?";
+}
+
+bool Fp8Options::from(const Config& cfg, int n_layer, Fp8Options* out) {
+  const std::string name = cfg.get_string("precision.fp8_recipe", "none");
+  Fp8Options o;
+  if (name == "none") {
+    for (const char* k :
+         {"precision.fp8_format", "precision.fp8_margin", "precision.fp8_amax_history",
+          "precision.fp8_amax_compute", "precision.fp8_keep_first", "precision.fp8_keep_last"})
+      LOOM_CHECK(!cfg.has(k), k, " (", cfg.where(k), ") is set but precision.fp8_recipe is not");
+    return false;
+  }
+  bool known = false;
+  for (Fp8RecipeKind k :
+       {Fp8RecipeKind::TensorwiseCurrent, Fp8RecipeKind::TensorwiseDelayed, Fp8RecipeKind::Mxfp8})
+    if (name == fp8_recipe_name(k)) {
+      o.kind = k;
+      known = true;
+    }
+  LOOM_CHECK(known, "precision.fp8_recipe (", cfg.where("precision.fp8_recipe"),
+             "): unknown recipe '", name,
+             "' (expected none, fp8_tensorwise_current, fp8_tensorwise_delayed or mxfp8)");
+  const std::string fmt = cfg.get_string("precision.fp8_format", "e4m3");
+  LOOM_CHECK(fmt == "e4m3" || fmt == "hybrid", "precision.fp8_format (",
+             cfg.where("precision.fp8_format"), ") must be e4m3 or hybrid, got '", fmt, "'");
+  o.hybrid = fmt == "hybrid";
+  const bool per_tensor = o.kind != Fp8RecipeKind::Mxfp8;
+  const bool delayed = o.kind == Fp8RecipeKind::TensorwiseDelayed;
+  LOOM_CHECK(per_tensor || !cfg.has("precision.fp8_margin"),
+             "precision.fp8_margin: mxfp8's block scales have no margin (OCP MX computes them)");
+  for (const char* k : {"precision.fp8_amax_history", "precision.fp8_amax_compute"})
+    LOOM_CHECK(delayed || !cfg.has(k), k, " applies to fp8_tensorwise_delayed only (recipe is ",
+               name, ")");
+  // A margin past 30 would scale every tensor below fp8's smallest subnormal.
+  o.margin = static_cast<int>(cfg.get_int("precision.fp8_margin", 0, 0, 30));
+  o.amax_history = static_cast<int>(cfg.get_int("precision.fp8_amax_history", 1024, 1, 1 << 20));
+  const std::string comp = cfg.get_string("precision.fp8_amax_compute", "max");
+  LOOM_CHECK(comp == "max" || comp == "most_recent", "precision.fp8_amax_compute (",
+             cfg.where("precision.fp8_amax_compute"), ") must be max or most_recent, got '", comp,
+             "'");
+  o.most_recent = comp == "most_recent";
+  o.keep_first = static_cast<int>(cfg.get_int("precision.fp8_keep_first", 0, 0, n_layer));
+  o.keep_last = static_cast<int>(cfg.get_int("precision.fp8_keep_last", 0, 0, n_layer));
+  LOOM_CHECK(o.keep_first + o.keep_last < n_layer, "precision.fp8_keep_first + fp8_keep_last (",
+             o.keep_first + o.keep_last, ") keep all ", n_layer,
+             " blocks in bf16: no layer would use ", name);
+  *out = o;
+  return true;
+}
+
+std::string Fp8Options::describe() const {
+  std::string s = cat(fp8_recipe_name(kind), ", ", hybrid ? "hybrid (E4M3 x, W; E5M2 dy)" : "E4M3");
+  if (kind != Fp8RecipeKind::Mxfp8) s += cat(", margin ", margin);
+  if (kind == Fp8RecipeKind::TensorwiseDelayed)
+    s += cat(", amax history ", amax_history, " (", most_recent ? "most_recent" : "max", ")");
+  return s;
+}
+
+Fp8Linear::Fp8Linear(const Fp8Options& o, comm::Communicator* tp)
+    : opt_(o), fwd_(Fp8Format::E4M3), bwd_(o.hybrid ? Fp8Format::E5M2 : Fp8Format::E4M3), tp_(tp) {
+  if (o.kind == Fp8RecipeKind::TensorwiseDelayed)
+    for (State& s : state_) s.hist.assign(size_t(o.amax_history), 0.f);
+}
+
+float Fp8Linear::tp_max(float amax) const {
+  if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce(&amax, 1, DType::F32, comm::ReduceOp::Max);
+  return amax;
+}
+
+// fmt_max / amax / 2^margin; amax 0 or non-finite keeps `prev` (TE: the scale is only updated
+// from a positive finite amax); a quotient past fp32's range is clamped to its max.
+static float scale_from(float fmt_max, float amax, int margin, float prev) {
+  if (!(amax > 0.f) || !std::isfinite(amax)) return prev;
+  const float s = std::ldexp(fmt_max / amax, -margin);
+  return std::isfinite(s) ? s : FLT_MAX;
+}
+
+float Fp8Linear::tensor_scale(Tensor t, const float* v, int64_t n) {
+  State& s = state_[t];
+  const float amax = tp_max(cpu::fp8_amax(v, n));
+  if (opt_.kind == Fp8RecipeKind::TensorwiseCurrent) {
+    s.scale = scale_from(cpu::fp8_max(format(t)), amax, opt_.margin, 1.f);
+    return s.scale;
+  }
+  // Delayed: this step's amax is recorded for the next steps; a non-finite one is not (that
+  // step's gradients are not finite either, and the trainer skips it).
+  if (std::isfinite(amax)) {
+    s.pending = s.seen ? std::max(s.pending, amax) : amax;
+    s.seen = true;
+  }
+  return s.scale;
+}
+
+void Fp8Linear::roll_history(const float* amax) {
+  for (int t = 0; t < 3; ++t) {
+    State& s = state_[t];
+    if (!s.seen) continue;
+    const float a = amax ? amax[t] : s.pending;
+    s.hist[s.pos] = a;
+    s.pos = (s.pos + 1) % s.hist.size();
+    s.count = std::min(s.count + 1, s.hist.size());
+    const float use = opt_.most_recent ? a : *std::max_element(s.hist.begin(), s.hist.end());
+    s.scale = scale_from(cpu::fp8_max(format(Tensor(t))), use, opt_.margin, s.scale);
+    s.seen = false;
+    s.pending = 0.f;
+  }
+}
+
+std::vector<float> Fp8Linear::history(Tensor t) const {
+  const State& s = state_[t];
+  std::vector<float> h;
+  for (size_t i = 0; i < s.count; ++i)
+    h.push_back(s.hist[(s.pos + s.hist.size() - s.count + i) % s.hist.size()]);
+  return h;
+}
+
+void Fp8Linear::quantise_weight(const float* w, int in, int out) {
+  if (fresh_ && wptr_ == w && wq_.size() == size_t(in) * size_t(out)) return;
+  const int64_t n = int64_t(in) * out;
+  wq_.resize(size_t(n));
+  if (opt_.kind == Fp8RecipeKind::Mxfp8) {
+    wq_t_.resize(size_t(n));
+    cpu::mx_quantize(fwd_, w, out, in, in, false, nullptr, nullptr, wq_.data());
+    cpu::mx_quantize(fwd_, w, out, in, in, true, nullptr, nullptr, wq_t_.data());
+  } else {
+    cpu::fp8_scaled_to_bf16(fwd_, w, tensor_scale(W, w, n), wq_.data(), n);
+  }
+  wptr_ = w;
+  fresh_ = true;
+}
+
+void Fp8Linear::forward(Backend&, float* y, const float* x, const float* w, const float* b, int N,
+                        int in, int out) {
+  if (N == 0 || out == 0) return;
+  quantise_weight(w, in, out);
+  const int64_t nx = int64_t(N) * in;
+  a_.resize(size_t(nx));
+  float alpha = 1.f;
+  if (opt_.kind == Fp8RecipeKind::Mxfp8) {
+    cpu::mx_quantize(fwd_, x, N, in, in, false, nullptr, nullptr, a_.data());
+  } else {
+    const float sx = tensor_scale(X, x, nx);
+    cpu::fp8_scaled_to_bf16(fwd_, x, sx, a_.data(), nx);
+    alpha = (1.f / sx) * (1.f / state_[W].scale);  // scale_inv_x * scale_inv_w
+  }
+  float beta = 0.f;
+  if (b != nullptr) {  // y seeded with the bias, the GEMM adds onto it
+    for (int i = 0; i < N; ++i) std::copy(b, b + out, y + int64_t(i) * out);
+    beta = 1.f;
+  }
+  cpu::gemm_bf16(false, true, N, out, in, alpha, a_.data(), in, wq_.data(), in, beta, y, out);
+}
+
+void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float* dy, const float* x,
+                         const float* w, int N, int in, int out) {
+  if (N == 0) return;
+  quantise_weight(w, in, out);
+  const int64_t ny = int64_t(N) * out, nx = int64_t(N) * in;
+  const bool mx = opt_.kind == Fp8RecipeKind::Mxfp8;
+  b_.resize(size_t(ny));
+  float s_dy = 1.f, s_x = 1.f;
+  if (mx) {
+    if (dx != nullptr) cpu::mx_quantize(bwd_, dy, N, out, out, false, nullptr, nullptr, b_.data());
+  } else {
+    s_dy = tensor_scale(DY, dy, ny);
+    cpu::fp8_scaled_to_bf16(bwd_, dy, s_dy, b_.data(), ny);
+  }
+  if (dx != nullptr) {  // dx[N, in] = dy W, reduced over out: MX blocks of W along out
+    const float alpha = mx ? 1.f : (1.f / s_dy) * (1.f / state_[W].scale);
+    cpu::gemm_bf16(false, false, N, in, out, alpha, b_.data(), out, mx ? wq_t_.data() : wq_.data(),
+                   in, 0.f, dx, in);
+  }
+  if (dw != nullptr) {  // dW[out, in] += dy^T x, reduced over N: MX blocks along the tokens
+    a_.resize(size_t(nx));
+    if (mx) {
+      cpu::mx_quantize(bwd_, dy, N, out, out, true, nullptr, nullptr, b_.data());
+      cpu::mx_quantize(fwd_, x, N, in, in, true, nullptr, nullptr, a_.data());
+    } else {
+      // x's scale as the forward computed it: current scaling sees the same values again (the
+      // amax is not recorded twice: delayed scaling's scale is fixed within the step).
+      s_x = opt_.kind == Fp8RecipeKind::TensorwiseCurrent
+                ? scale_from(cpu::fp8_max(fwd_), tp_max(cpu::fp8_amax(x, nx)), opt_.margin, 1.f)
+                : state_[X].scale;
+      cpu::fp8_scaled_to_bf16(fwd_, x, s_x, a_.data(), nx);
+    }
+    const float alpha = mx ? 1.f : (1.f / s_dy) * (1.f / s_x);
+    cpu::gemm_bf16(true, false, out, in, N, alpha, b_.data(), out, a_.data(), in, 1.f, dw, in);
+  }
+  if (db != nullptr)  // column sums of the fp32 dy, as the fp32 path computes them
+    cpu::matmul_backward(nullptr, nullptr, db, dy, x, w, N, in, out);
+}
+
+Fp8Recipes::Fp8Recipes(Decoder& model, const Fp8Options& o) : opt_(o) {
+  const TensorParallel& tp = model.tensor_parallel();
+  tp_ = tp.size > 1 ? tp.comm : nullptr;
+  const int L = model.config().n_layer;
+  for (const auto& l : model.linears()) {
+    if (l.name.rfind("blocks.", 0) != 0) continue;  // the head stays bf16
+    const int layer = std::stoi(l.name.substr(7));
+    if (layer < o.keep_first || layer >= L - o.keep_last) continue;
+    linears_.push_back(std::make_unique<Fp8Linear>(o, tp_));
+    names_.push_back(l.name);
+    model.attach_recipe(l.name, linears_.back().get());
+  }
+}
+
+Fp8Linear* Fp8Recipes::get(const std::string& name) {
+  for (size_t i = 0; i < names_.size(); ++i)
+    if (names_[i] == name) return linears_[i].get();
+  return nullptr;
+}
+
+void Fp8Recipes::new_weights() {
+  for (auto& l : linears_) l->new_weights();
+}
+
+void Fp8Recipes::begin_step() {
+  new_weights();
+  if (opt_.kind != Fp8RecipeKind::TensorwiseDelayed) return;
+  // Every linear's three amaxes in one buffer and one all-reduce (TE reduces them together).
+  std::vector<float> amax;
+  amax.reserve(linears_.size() * 3);
+  for (auto& l : linears_)
+    for (int t = 0; t < 3; ++t) amax.push_back(l->pending_amax(Fp8Linear::Tensor(t)));
+  if (tp_ != nullptr)
+    tp_->all_reduce(amax.data(), int64_t(amax.size()), DType::F32, comm::ReduceOp::Max);
+  for (size_t i = 0; i < linears_.size(); ++i) linears_[i]->roll_history(&amax[i * 3]);
+}
+
+std::unique_ptr<Fp8Recipes> attach_fp8_recipes(const Config& cfg, Decoder& model, bool quiet) {
+  Fp8Options o;
+  if (!Fp8Options::from(cfg, model.config().n_layer, &o)) return nullptr;
+  return attach_fp8_recipes(o, model, quiet);
+}
+
+std::unique_ptr<Fp8Recipes> attach_fp8_recipes(const Fp8Options& o, Decoder& model, bool quiet) {
+  auto r = std::make_unique<Fp8Recipes>(model, o);
+  if (!quiet)
+    log_info("fp8: ", o.describe(), " on ", r->names().size(), " linear layers (bf16: the head",
+             o.keep_first + o.keep_last > 0
+                 ? cat(", the first ", o.keep_first, " and last ", o.keep_last, " blocks")
+                 : std::string(),
+             "); GEMMs: ", cpu::bf16_gemm_path_name(), " on fp8 values");
+  return r;
+}
+
+}  // namespace loom

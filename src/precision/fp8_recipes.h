@@ -1,0 +1,129 @@
+// FP8 and MXFP8 training recipes (issue 18), as GemmRecipes attached per Linear by name: the
+// GEMM inputs x, W (forward) and dy (backward) are quantised to fp8 the way Transformer Engine's
+// recipes do, then multiplied.
+//   fp8_tensorwise_current: one scale per tensor from its amax now: fmt_max / amax / 2^margin.
+//   fp8_tensorwise_delayed: one scale per tensor from an amax history (TE's DelayedScaling):
+//       the step uses the scale computed from the history of earlier steps; this step's amaxes
+//       (the max over its calls) join the history at the next begin_step().
+//   mxfp8: OCP MX v1.0, 1x32 blocks along the GEMM's reduction dimension, one E8M0 scale each
+//       (kernels/cpu/fp8.h); a short last block is the spec's zero padding.
+// precision.fp8_format = e4m3 (everything E4M3) or hybrid (E5M2 for dy).
+//
+// Why the CPU emulation is cheap and exact: fp8 values (and fp8 values times a power of two, for
+// MX) are exact in bf16, so the GEMM runs as the bf16 GEMM (gemm_bf16.h, fp32 accumulation) of
+// the fp8 values, times scale_inv_a * scale_inv_b afterwards for the per-tensor recipes: the same
+// arithmetic as cuBLASLt's FP8 GEMM with scale pointers, up to summation order. The bias and its
+// gradient stay fp32, as in TE.
+//
+// Under tensor parallelism every per-tensor amax is max-reduced over the TP group (TE's amax
+// reduction), so a split tensor gets the scale one process would give it; MX needs none (its
+// blocks match one process's when the local shards are multiples of 32).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/fp8.h"
+#include "model/decoder.h"
+#include "model/linear.h"
+
+namespace loom {
+
+class Config;
+namespace comm {
+class Communicator;
+}
+
+enum class Fp8RecipeKind { TensorwiseCurrent, TensorwiseDelayed, Mxfp8 };
+const char* fp8_recipe_name(Fp8RecipeKind k);
+
+struct Fp8Options {
+  Fp8RecipeKind kind = Fp8RecipeKind::TensorwiseCurrent;
+  bool hybrid = false;       // E5M2 for gradients
+  int margin = 0;            // scale = fmt_max / amax / 2^margin (per-tensor recipes)
+  int amax_history = 1024;   // delayed: history length (TE's default)
+  bool most_recent = false;  // delayed: amax = the latest entry instead of the history's max
+  int keep_first = 0, keep_last = 0;  // blocks whose linears stay bf16 (the head always does)
+
+  // The [precision] keys: fp8_recipe (none | fp8_tensorwise_current | fp8_tensorwise_delayed |
+  // mxfp8), fp8_format, fp8_margin, fp8_amax_history, fp8_amax_compute (max | most_recent),
+  // fp8_keep_first, fp8_keep_last. Returns false when no recipe is asked for; throws naming the
+  // key on a bad value (and on fp8 keys without a recipe, or keep counts past n_layer).
+  static bool from(const Config& cfg, int n_layer, Fp8Options* out);
+  std::string describe() const;
+};
+
+// The recipe of one linear layer (it keeps that layer's scales and fp8 weight copies).
+class Fp8Linear : public GemmRecipe {
+ public:
+  enum Tensor { X = 0, W = 1, DY = 2 };
+  Fp8Linear(const Fp8Options& o, comm::Communicator* tp);
+
+  void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N, int in,
+               int out) override;
+  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
+                const float* w, int N, int in, int out) override;
+
+  void new_weights() { fresh_ = false; }
+  // Delayed scaling: the amaxes seen since the last call (max over calls) as the history's
+  // newest entry, then new scales. `amax` overrides them (the holder's TP-reduced values).
+  float pending_amax(Tensor t) const { return state_[t].seen ? state_[t].pending : 0.f; }
+  void roll_history(const float* amax = nullptr);
+
+  // Inspection (tests): the scale the next GEMM uses for t (delayed), the history (newest last).
+  float scale(Tensor t) const { return state_[t].scale; }
+  std::vector<float> history(Tensor t) const;
+  cpu::Fp8Format format(Tensor t) const { return t == DY ? bwd_ : fwd_; }
+
+ private:
+  struct State {
+    float scale = 1.f;  // delayed: from the history; current: the last one computed
+    std::vector<float> hist;
+    size_t pos = 0, count = 0;
+    float pending = 0.f;
+    bool seen = false;
+  };
+  float tp_max(float amax) const;
+  // Per-tensor: amax of t's values now (recorded for delayed), and the scale to use.
+  float tensor_scale(Tensor t, const float* v, int64_t n);
+  void quantise_weight(const float* w, int in, int out);
+
+  Fp8Options opt_;
+  cpu::Fp8Format fwd_, bwd_;
+  comm::Communicator* tp_;
+  State state_[3];
+  bool fresh_ = false;
+  const float* wptr_ = nullptr;
+  std::vector<uint16_t> wq_, wq_t_;  // W's fp8 values in bf16 (MX: blocks along in / along out)
+  std::vector<uint16_t> a_, b_, c_;  // scratch: quantised x, dy, and (MX) x/dy blocked along N
+};
+
+// One Fp8Linear per selected linear of a model (all block linears but the first keep_first and
+// last keep_last blocks'; never the head), attached to it; the model must outlive this.
+class Fp8Recipes {
+ public:
+  Fp8Recipes(Decoder& model, const Fp8Options& o);
+  const Fp8Options& options() const { return opt_; }
+  // The weights changed (optimizer step, checkpoint load): quantise them again on next use.
+  void new_weights();
+  // A new training step: new_weights(), and for delayed scaling the step's amaxes (max-reduced
+  // over the TP group in one all-reduce) join the histories and give the scales of this step.
+  void begin_step();
+  const std::vector<std::string>& names() const { return names_; }
+  Fp8Linear* get(const std::string& name);
+
+ private:
+  Fp8Options opt_;
+  comm::Communicator* tp_ = nullptr;
+  std::vector<std::string> names_;
+  std::vector<std::unique_ptr<Fp8Linear>> linears_;
+};
+
+// Reads the [precision] fp8 keys; when a recipe is asked for, attaches it to `model` (replacing
+// any bf16 recipe on those linears) and logs what it did. nullptr when none is asked for.
+std::unique_ptr<Fp8Recipes> attach_fp8_recipes(const Config& cfg, Decoder& model, bool quiet);
+// The same with options already read (Fp8Options::from).
+std::unique_ptr<Fp8Recipes> attach_fp8_recipes(const Fp8Options& o, Decoder& model, bool quiet);
+
+}  // namespace loom
