@@ -24,10 +24,11 @@ class QuantizedWeights::Layer : public GemmRecipe {
       cpu::quantize_int8_rows(w, out, in, int8_.data(), scale_.data());
     }
   }
-  void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N, int in,
+  void forward(Backend& be, float* y, ActIn x_in, const float* w, const float* b, int N, int in,
                int out) override {
     LOOM_CHECK(in == in_ && out == out_, "a quantised linear layer of [", in_, ", ", out_,
                "] called as [", in, ", ", out, "]");
+    const float* x = x_in.widened(int64_t(N) * in, x32_);
     if (type_ == WeightType::F32) {
       if (N <= cpu::kLowpGemvRows)
         cpu::gemv_f32w(y, x, w, b, N, in, out);
@@ -38,8 +39,8 @@ class QuantizedWeights::Layer : public GemmRecipe {
     else
       cpu::linear_int8w(y, x, int8_.data(), scale_.data(), b, N, in, out);
   }
-  void backward(Backend&, float*, float*, float*, const float*, const float*, const float*, int,
-                int, int) override {
+  void backward(Backend&, float*, float*, float*, const float*, ActIn, const float*, int, int,
+                int) override {
     fail("weight-only ", weight_type_name(type_), " weights are for serving (forward only)");
   }
   int64_t bytes() const {
@@ -52,6 +53,7 @@ class QuantizedWeights::Layer : public GemmRecipe {
   std::vector<uint16_t> bf16_;
   std::vector<int8_t> int8_;
   std::vector<float> scale_;
+  std::vector<float> x32_;  // x widened from bf16 storage
 };
 
 WeightType weight_type_from_name(const std::string& name) {

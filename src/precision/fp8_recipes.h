@@ -60,9 +60,9 @@ class Fp8Linear : public GemmRecipe {
   enum Tensor { X = 0, W = 1, DY = 2 };
   Fp8Linear(const Fp8Options& o, comm::Communicator* tp);
 
-  void forward(Backend& be, float* y, const float* x, const float* w, const float* b, int N, int in,
+  void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
                int out) override;
-  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
+  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                 const float* w, int N, int in, int out) override;
 
   void new_weights() { fresh_ = false; }
@@ -97,6 +97,7 @@ class Fp8Linear : public GemmRecipe {
   const float* wptr_ = nullptr;
   std::vector<uint16_t> wq_, wq_t_;  // W's fp8 values in bf16 (MX: blocks along in / along out)
   std::vector<uint16_t> a_, b_, c_;  // scratch: quantised x, dy, and (MX) x/dy blocked along N
+  std::vector<float> x32_;           // x widened from bf16 storage
 };
 
 // One Fp8Linear per selected linear of a model (all block linears but the first keep_first and
