@@ -13,15 +13,15 @@
 namespace loom::rl {
 
 AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data::ChatTemplate& chat,
-                     const Environment& env, const RlOptions& opt, const AsyncOptions& async)
+                     const Environment& env, const RlOptions& opt, const AsyncOptions& async,
+                     const RlRestore& restore)
     : opt_(opt),
       async_(async),
       policy_(policy),
       learner_(policy, opt_),
       buffer_(async.max_staleness),
-      step_(async.start_step) {
+      step_(restore ? restore(policy, learner_.optimizer()) : 0) {
   LOOM_CHECK(async.learner_timeout > 0, "rl.learner_timeout must be positive");
-  LOOM_CHECK(async.start_step >= 0, "a negative start step");
   threads_ =
       async.threads_per_role > 0 ? async.threads_per_role : std::max(1, omp_get_num_procs() / 2);
   snapshot_ = std::make_unique<Decoder>(policy.config(), cpu_backend());

@@ -30,7 +30,6 @@ struct AsyncOptions {
   int64_t max_staleness = 1;     // rl.max_staleness (NeMo RL's max_trajectory_age_steps)
   double learner_timeout = 600;  // seconds either side waits for the other before failing
   int threads_per_role = 0;      // 0: half the cores each (at least 1)
-  int64_t start_step = 0;        // the learner's step (and weight version) after a resume
   // Instrumentation for tests: called on the rollout thread before each batch (target step) and
   // on the learner before each step.
   std::function<void(int64_t)> before_rollout, before_learn;
@@ -39,7 +38,8 @@ struct AsyncOptions {
 class AsyncGrpo {
  public:
   AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data::ChatTemplate& chat,
-            const Environment& env, const RlOptions& opt, const AsyncOptions& async);
+            const Environment& env, const RlOptions& opt, const AsyncOptions& async,
+            const RlRestore& restore = {});
   ~AsyncGrpo();  // stops the rollout thread (after its batch in flight)
   // One learner step: waits for the groups of this step, learns, publishes the new weights.
   RlStepStats step();

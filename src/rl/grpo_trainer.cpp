@@ -170,8 +170,11 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
 
 GrpoTrainer::GrpoTrainer(Decoder& policy, const data::BpeTokenizer& tok,
                          const data::ChatTemplate& chat, const Environment& env,
-                         const RlOptions& opt)
-    : opt_(opt), learner_(policy, opt_), rollout_(policy, tok, chat, env, opt_) {}
+                         const RlOptions& opt, const RlRestore& restore)
+    : opt_(opt),
+      learner_(policy, opt_),
+      step_(restore ? restore(policy, learner_.optimizer()) : 0),
+      rollout_(policy, tok, chat, env, opt_) {}
 
 RlStepStats GrpoTrainer::step() {
   RlStepStats st;

@@ -7,6 +7,7 @@
 // from the current weights, then the learner steps. async_grpo.h overlaps the two.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,21 +67,25 @@ class GrpoLearner {
   std::unique_ptr<AdamW> optim_;
 };
 
+// Restores a learner from a checkpoint after its reference copy of the starting weights is taken
+// and before any rollout reads the weights: writes the policy's weights and the optimizer state,
+// returns the number of steps taken.
+using RlRestore = std::function<int64_t(Decoder& policy, AdamW& optim)>;
+
 class GrpoTrainer {
  public:
   // The policy is trained in place; a reference copy is kept only when grpo.beta > 0.
   GrpoTrainer(Decoder& policy, const data::BpeTokenizer& tok, const data::ChatTemplate& chat,
-              const Environment& env, const RlOptions& opt);
+              const Environment& env, const RlOptions& opt, const RlRestore& restore = {});
   RlStepStats step();
   int64_t steps_taken() const { return step_; }
   GrpoLearner& learner() { return learner_; }
-  void set_steps_taken(int64_t s) { step_ = s; }  // after restoring a checkpoint
 
  private:
   RlOptions opt_;
   GrpoLearner learner_;
-  RolloutWorker rollout_;
   int64_t step_ = 0;
+  RolloutWorker rollout_;
 };
 
 }  // namespace loom::rl
