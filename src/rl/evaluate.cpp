@@ -14,7 +14,7 @@ uint64_t heldout_seed(uint64_t seed) {
 
 double heldout_accuracy(Decoder& model, const data::BpeTokenizer& tok,
                         const data::ChatTemplate& chat, const Environment& env, int tasks,
-                        uint64_t seed, int max_tokens) {
+                        uint64_t seed, int max_tokens, float temperature) {
   LOOM_CHECK(tasks > 0, "held-out evaluation needs at least one task");
   infer::DecoderRunner runner(model);
   infer::EngineConfig ec;
@@ -32,7 +32,8 @@ double heldout_accuracy(Decoder& model, const data::BpeTokenizer& tok,
   for (int i = 0; i < tasks; ++i) {
     task[size_t(i)] = env.task(heldout_seed(seed), uint64_t(i));
     infer::SamplingParams sp;
-    sp.temperature = 0;
+    sp.temperature = temperature;
+    sp.seed = heldout_seed(seed) + uint64_t(i);
     sp.max_tokens = max_tokens;
     engine.submit(chat.prompt_ids({{"user", task[size_t(i)].prompt}}), sp,
                   [&, i](const infer::TokenEvent& e) { reply[size_t(i)] += e.text; });
