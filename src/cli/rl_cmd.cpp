@@ -18,6 +18,7 @@
 #include "rl/async_grpo.h"
 #include "rl/evaluate.h"
 #include "rl/grpo_trainer.h"
+#include "rl/http_env.h"
 #include "train/metrics.h"
 
 namespace loom::cli {
@@ -29,7 +30,12 @@ int run_rl(const Args& args) {
             "data at most --max-staleness steps old (importance-weighted).");
   o.value("ckpt", "", "starting checkpoint (a chat model: its tokenizer has the template's tokens)",
           true)
-      .value("env", "reverse", "arithmetic, reverse or countdown")
+      .value("env", "reverse", "arithmetic, reverse, countdown or http")
+      .value("env-url", "", "--env http: the scoring service (POST prompt+completion -> reward)")
+      .value("env-tasks", "", "--env http: a JSONL task file ({\"prompt\": ..., \"answer\": ...})")
+      .value("env-prompts", "arithmetic", "--env http without --env-tasks: built-in prompts")
+      .value("env-timeout", "10", "--env http: seconds per call")
+      .value("env-retries", "2", "--env http: retries of a call that got no answer or a 5xx")
       .value("out", "", "output directory (metrics.jsonl, checkpoints/)", true)
       .value("steps", "20", "GRPO steps (in all, counting those before a resume)")
       .value("prompts", "8", "prompts per step")
@@ -90,7 +96,23 @@ int run_rl(const Args& args) {
   const int64_t save_every = o.get_int("save-every", 0, 1000000);
   const int64_t eval_every = o.get_int("eval-every", 0, 1000000);
   const int eval_tasks = o.get_int32("eval-tasks", 1, 100000);
-  auto env = rl::make_environment(o.get("env"));
+  std::unique_ptr<rl::Environment> env;
+  std::shared_ptr<rl::HttpEnvStats> http_stats;
+  if (o.get("env") == "http") {
+    rl::HttpEnvOptions ho;
+    ho.url = o.get("env-url");
+    LOOM_CHECK(!ho.url.empty(), "--env http needs --env-url");
+    ho.timeout_s = o.get_double("env-timeout");
+    ho.retries = o.get_int32("env-retries", 0, 100);
+    std::vector<rl::Task> tasks;
+    if (!o.get("env-tasks").empty()) tasks = rl::load_task_file(o.get("env-tasks"));
+    auto prompts = tasks.empty() ? rl::make_environment(o.get("env-prompts")) : nullptr;
+    env = rl::make_http_environment(ho, std::move(tasks), std::move(prompts), &http_stats);
+  } else {
+    LOOM_CHECK(o.get("env-url").empty() && o.get("env-tasks").empty(),
+               "--env-url and --env-tasks need --env http");
+    env = rl::make_environment(o.get("env"));
+  }
 
   auto model = load_model_from_checkpoint(o.get("ckpt"));
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
@@ -175,6 +197,10 @@ int run_rl(const Args& args) {
       log_info("saved ", save(s + 1));
   }
   if (async_loop) async_loop->stop();
+  if (http_stats)
+    log_info("environment calls ", http_stats->calls, ", retries ", http_stats->retries,
+             ", failed ", http_stats->failed, ", malformed ", http_stats->malformed,
+             ", reward out of range ", http_stats->out_of_range);
   log_info("saved ", save(steps));
   return 0;
 }
