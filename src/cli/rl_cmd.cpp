@@ -1,8 +1,11 @@
-// `loom rl`: GRPO on a built-in verifiable task, in one process and synchronously (the
-// asynchronous rollout/learner split is the next step of issue 15). Starts from a checkpoint,
-// writes metrics.jsonl (reward, accuracy, KL, clip fraction, timings) and a checkpoint that
-// generate and serve read.
+// `loom rl`: GRPO on a built-in verifiable task (or an HTTP environment), in one process:
+// synchronous (every step samples groups from the current weights, then updates) or, with
+// --async, a rollout thread and the learner overlapping through the versioned replay buffer
+// (src/rl/async_grpo.h). Writes metrics.jsonl (reward, accuracy, KL, clip fraction, staleness,
+// importance weights, utilisation, timings) and checkpoints (weights + optimizer + step) that
+// resume (--resume) and that generate and serve read.
 #include <cstdio>
+#include <memory>
 
 #include "ckpt/checkpoint.h"
 #include "cli/command.h"
@@ -12,20 +15,29 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "infer/generator.h"
+#include "rl/async_grpo.h"
+#include "rl/evaluate.h"
 #include "rl/grpo_trainer.h"
+#include "rl/http_env.h"
 #include "train/metrics.h"
 
 namespace loom::cli {
 
 int run_rl(const Args& args) {
   Options o("loom rl --ckpt PATH --env arithmetic|reverse|countdown --out DIR [options]",
-            "GRPO from a checkpoint on a built-in task with exact-match rewards (one process,\n"
-            "synchronous: every step samples groups from the current weights, then updates).");
+            "GRPO from a checkpoint on a built-in task with exact-match rewards, in one process:\n"
+            "synchronous by default; --async overlaps a rollout thread with the learner, using\n"
+            "data at most --max-staleness steps old (importance-weighted).");
   o.value("ckpt", "", "starting checkpoint (a chat model: its tokenizer has the template's tokens)",
           true)
-      .value("env", "reverse", "arithmetic, reverse or countdown")
+      .value("env", "reverse", "arithmetic, reverse, countdown or http")
+      .value("env-url", "", "--env http: the scoring service (POST prompt+completion -> reward)")
+      .value("env-tasks", "", "--env http: a JSONL task file ({\"prompt\": ..., \"answer\": ...})")
+      .value("env-prompts", "arithmetic", "--env http without --env-tasks: built-in prompts")
+      .value("env-timeout", "10", "--env http: seconds per call")
+      .value("env-retries", "2", "--env http: retries of a call that got no answer or a 5xx")
       .value("out", "", "output directory (metrics.jsonl, checkpoints/)", true)
-      .value("steps", "20", "GRPO steps")
+      .value("steps", "20", "GRPO steps (in all, counting those before a resume)")
       .value("prompts", "8", "prompts per step")
       .value("group", "8", "completions per prompt (G)")
       .value("max-tokens", "16", "tokens per completion at most")
@@ -34,22 +46,28 @@ int run_rl(const Args& args) {
       .value("beta", "0", "KL coefficient (0: no reference model)")
       .value("eps-low", "0.2", "lower clip range")
       .value("eps-high", "0.28", "upper clip range (DAPO)")
+      .value("is-cap", "2.0", "truncation of the importance weights of stale samples")
       .flag("no-std", "Dr. GRPO: advantages not divided by the group's std")
       .flag("sequence-level", "normalise per sequence, not per token")
+      .flag("async", "overlap rollouts and learning (a rollout thread and the learner)")
+      .value("max-staleness", "1", "with --async: the oldest data used, in steps (0: on policy)")
+      .value("learner-timeout", "600", "seconds either side waits for the other before failing")
+      .value("rollout-timeout", "0",
+             "seconds per generation batch; later groups are dropped (0: none)")
+      .value("threads-per-role", "0", "with --async: OpenMP/BLAS threads each (0: half the cores)")
+      .value("save-every", "0", "checkpoint every N steps (0: only at the end)")
+      .flag("resume", "continue from the newest checkpoint under --out (if any)")
+      .value("eval-every", "0", "held-out greedy accuracy every N steps (0: never)")
+      .value("eval-tasks", "64", "held-out tasks per evaluation")
       .value("seed", "1", "task and sampling seed")
       .value("chat-template", "chatml", "chat template of the prompts")
       .value("tokenizer", "", "tokenizer spec (default: the checkpoint's data.tokenizer)");
   if (!o.parse(args)) return 0;
   rl::RlOptions ro;
-  const int64_t steps = o.get_int("steps");
-  LOOM_CHECK(steps > 0 && steps <= 1000000, "--steps must lie in [1, 1000000]");
-  ro.prompts_per_step = static_cast<int>(o.get_int("prompts"));
-  ro.group_size = static_cast<int>(o.get_int("group"));
-  ro.max_tokens = static_cast<int>(o.get_int("max-tokens"));
-  LOOM_CHECK(ro.prompts_per_step > 0 && ro.prompts_per_step <= 4096,
-             "--prompts must lie in [1, 4096]");
-  LOOM_CHECK(ro.group_size > 1 && ro.group_size <= 128, "--group must lie in [2, 128]");
-  LOOM_CHECK(ro.max_tokens > 0 && ro.max_tokens <= 1 << 16, "--max-tokens must lie in [1, 65536]");
+  const int64_t steps = o.get_int("steps", 1, 1000000);
+  ro.prompts_per_step = o.get_int32("prompts", 1, 4096);
+  ro.group_size = o.get_int32("group", 2, 128);
+  ro.max_tokens = o.get_int32("max-tokens", 1, 1 << 16);
   ro.temperature = static_cast<float>(o.get_double("temperature"));
   LOOM_CHECK(ro.temperature > 0 && ro.temperature <= 10, "--temperature must lie in (0, 10]");
   ro.lr = o.get_double("lr");
@@ -57,13 +75,44 @@ int run_rl(const Args& args) {
   ro.grpo.beta = o.get_double("beta");
   ro.grpo.eps_low = o.get_double("eps-low");
   ro.grpo.eps_high = o.get_double("eps-high");
+  ro.grpo.is_cap = o.get_double("is-cap");
   LOOM_CHECK(
       ro.grpo.beta >= 0 && ro.grpo.eps_low > 0 && ro.grpo.eps_low < 1 && ro.grpo.eps_high > 0,
       "--beta must be >= 0, --eps-low in (0, 1), --eps-high > 0");
+  LOOM_CHECK(ro.grpo.is_cap >= 1 && ro.grpo.is_cap <= 1000, "--is-cap must lie in [1, 1000]");
   ro.grpo.scale_by_std = !o.has("no-std");
   ro.grpo.token_level = !o.has("sequence-level");
-  ro.seed = static_cast<uint64_t>(o.get_int("seed"));
-  auto env = rl::make_environment(o.get("env"));
+  ro.seed = static_cast<uint64_t>(o.get_int("seed", 0, INT64_MAX));
+  ro.rollout_timeout = o.get_double("rollout-timeout");
+  LOOM_CHECK(ro.rollout_timeout >= 0, "--rollout-timeout must be >= 0");
+  const bool async = o.has("async");
+  rl::AsyncOptions ao;
+  ao.max_staleness = o.get_int("max-staleness", 0, 1000);
+  LOOM_CHECK(async || !o.has("max-staleness"), "--max-staleness needs --async");
+  ao.learner_timeout = o.get_double("learner-timeout");
+  LOOM_CHECK(ao.learner_timeout > 0 && ao.learner_timeout <= 86400,
+             "--learner-timeout must lie in (0, 86400] seconds");
+  ao.threads_per_role = o.get_int32("threads-per-role", 0, 4096);
+  const int64_t save_every = o.get_int("save-every", 0, 1000000);
+  const int64_t eval_every = o.get_int("eval-every", 0, 1000000);
+  const int eval_tasks = o.get_int32("eval-tasks", 1, 100000);
+  std::unique_ptr<rl::Environment> env;
+  std::shared_ptr<rl::HttpEnvStats> http_stats;
+  if (o.get("env") == "http") {
+    rl::HttpEnvOptions ho;
+    ho.url = o.get("env-url");
+    LOOM_CHECK(!ho.url.empty(), "--env http needs --env-url");
+    ho.timeout_s = o.get_double("env-timeout");
+    ho.retries = o.get_int32("env-retries", 0, 100);
+    std::vector<rl::Task> tasks;
+    if (!o.get("env-tasks").empty()) tasks = rl::load_task_file(o.get("env-tasks"));
+    auto prompts = tasks.empty() ? rl::make_environment(o.get("env-prompts")) : nullptr;
+    env = rl::make_http_environment(ho, std::move(tasks), std::move(prompts), &http_stats);
+  } else {
+    LOOM_CHECK(o.get("env-url").empty() && o.get("env-tasks").empty(),
+               "--env-url and --env-tasks need --env http");
+    env = rl::make_environment(o.get("env"));
+  }
 
   auto model = load_model_from_checkpoint(o.get("ckpt"));
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
@@ -71,35 +120,88 @@ int run_rl(const Args& args) {
   data::ChatTemplate chat(o.get("chat-template"), *tok);
   const std::string out = o.get("out");
   make_dirs(out);
-  MetricsLog metrics(out + "/metrics.jsonl", false, "");
-  rl::GrpoTrainer t(*model, *tok, chat, *env, ro);
-  log_info("GRPO on ", env->name(), ": ", ro.prompts_per_step, " prompts x ", ro.group_size,
-           " completions per step, ", ro.max_tokens, " tokens at most, lr ", ro.lr, ", beta ",
-           ro.grpo.beta);
+  const std::string root = out + "/checkpoints";
+  ckpt::Checkpoint start(o.get("ckpt"));
+  const std::string fingerprint = model->config().fingerprint();
+
+  // A resume restores the learner (weights, optimizer, step) after the reference model has
+  // copied the starting weights; the rollouts then start from the restored weights.
+  std::optional<std::string> latest;
+  if (o.has("resume")) latest = ckpt::find_latest_checkpoint(root);
+  int64_t first_step = 0;
+  rl::RlRestore restore;
+  if (latest) {
+    restore = [&](Decoder& policy, AdamW& optim) {
+      ckpt::Checkpoint c(*latest);
+      LOOM_CHECK(c.state().extra.contains("rl_adam_steps"), *latest,
+                 ": not a loom rl checkpoint (no rl_adam_steps in state.json)");
+      c.restore_model(policy.params().tensors(), fingerprint);
+      c.restore_optim(optim.state_tensors());
+      optim.set_steps_taken(c.state().extra.at("rl_adam_steps").as_int(0, INT64_MAX));
+      first_step = c.state().step;
+      return first_step;
+    };
+  }
+  std::unique_ptr<rl::GrpoTrainer> sync_loop;
+  std::unique_ptr<rl::AsyncGrpo> async_loop;
+  if (async)
+    async_loop = std::make_unique<rl::AsyncGrpo>(*model, *tok, chat, *env, ro, ao, restore);
+  else
+    sync_loop = std::make_unique<rl::GrpoTrainer>(*model, *tok, chat, *env, ro, restore);
+  rl::GrpoLearner& learner = async ? async_loop->learner() : sync_loop->learner();
+  LOOM_CHECK(first_step <= steps, "the checkpoint ", *latest, " is at step ", first_step,
+             ", past --steps ", steps);
+  if (latest) log_info("resumed from ", *latest, " at step ", first_step);
+  MetricsLog metrics(out + "/metrics.jsonl", latest.has_value(), "", first_step - 1);
+
+  auto save = [&](int64_t step) {
+    // The policy as a whole checkpoint, with the starting run's config (its model and tokenizer)
+    // so generate and serve load it as they load any checkpoint; the optimizer for a resume.
+    ckpt::TrainerState st;
+    st.step = step;
+    st.config_text = start.state().config_text;
+    st.extra["model_fingerprint"] = fingerprint;
+    st.extra["precision"] = "fp32";
+    st.extra["rl"] = cat("grpo ", env->name(), " from ", start.dir());
+    st.extra["rl_adam_steps"] = learner.optimizer().steps_taken();
+    st.extra["rl_weight_version"] = step;
+    st.extra["rl_max_staleness"] = async ? ao.max_staleness : int64_t(0);
+    return ckpt::save_checkpoint(root, st, model->params().tensors(),
+                                 learner.optimizer().state_tensors());
+  };
+
+  log_info("GRPO on ", env->name(),
+           (async ? cat(", async (max staleness ", ao.max_staleness, ")")
+                  : std::string(", synchronous")),
+           ": ", ro.prompts_per_step, " prompts x ", ro.group_size, " completions per step, ",
+           ro.max_tokens, " tokens at most, lr ", ro.lr, ", beta ", ro.grpo.beta);
   const double t0 = now_seconds();
-  for (int64_t s = 0; s < steps; ++s) {
-    const rl::RlStepStats st = t.step();
+  for (int64_t s = first_step; s < steps; ++s) {
+    const rl::RlStepStats st = async ? async_loop->step() : sync_loop->step();
     Json j = st.json();
+    j["wall_seconds"] = now_seconds() - t0;
+    if (eval_every > 0 && ((s + 1) % eval_every == 0 || s + 1 == steps)) {
+      const double acc =
+          rl::heldout_accuracy(*model, *tok, chat, *env, eval_tasks, ro.seed, ro.max_tokens);
+      j["heldout_accuracy"] = acc;
+      log_info("held-out accuracy ", acc, " (", eval_tasks, " greedy replies)");
+    }
     metrics.write(j);
-    const double eta = (now_seconds() - t0) / double(s + 1) * double(steps - s - 1);
+    const double eta = (now_seconds() - t0) / double(s + 1 - first_step) * double(steps - s - 1);
     log_info("step ", s + 1, "/", steps, " | reward ", st.reward_mean, " | accuracy ", st.accuracy,
              " | length ", st.response_length, " | kl ", st.kl, " | clip ", st.clip_fraction,
              " | no-signal groups ", st.zero_advantage_groups, "/", st.groups, " | gen ",
              static_cast<int>(st.generation_tokens_per_s), " tok/s | ETA ", static_cast<int>(eta),
              "s");
+    if (save_every > 0 && (s + 1) % save_every == 0 && s + 1 < steps)
+      log_info("saved ", save(s + 1));
   }
-  // The trained policy as a whole checkpoint, with the starting run's config (its model and
-  // tokenizer) so generate and serve load it as they load any checkpoint.
-  ckpt::Checkpoint start(o.get("ckpt"));
-  ckpt::TrainerState st;
-  st.step = steps;
-  st.config_text = start.state().config_text;
-  st.extra["model_fingerprint"] = model->config().fingerprint();
-  st.extra["precision"] = "fp32";
-  st.extra["rl"] = cat("grpo ", env->name(), " from ", start.dir());
-  const std::string dir =
-      ckpt::save_checkpoint(out + "/checkpoints", st, model->params().tensors(), ckpt::TensorMap{});
-  log_info("saved ", dir);
+  if (async_loop) async_loop->stop();
+  if (http_stats)
+    log_info("environment calls ", http_stats->calls, ", retries ", http_stats->retries,
+             ", failed ", http_stats->failed, ", malformed ", http_stats->malformed,
+             ", reward out of range ", http_stats->out_of_range);
+  log_info("saved ", save(steps));
   return 0;
 }
 

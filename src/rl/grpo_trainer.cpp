@@ -2,6 +2,7 @@
 
 #include "train/batch.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -26,13 +27,21 @@ Json RlStepStats::json() const {
   j["rollout_seconds"] = rollout_seconds;
   j["learner_seconds"] = learner_seconds;
   j["generation_tokens_per_s"] = generation_tokens_per_s;
+  j["train_tokens_per_s"] = train_tokens_per_s;
+  j["is_weight_mean"] = is_weight_mean;
+  j["learner_wait_seconds"] = learner_wait_seconds;
+  j["rollout_utilisation"] = rollout_utilisation;
+  j["learner_utilisation"] = learner_utilisation;
+  Json h = Json::array();
+  for (int64_t n : staleness) h.push_back(Json(n));
+  j["staleness"] = h;
+  j["dropped_timeout"] = dropped_timeout;
+  j["dropped_env"] = dropped_env;
+  j["dropped_stale"] = dropped_stale;
   return j;
 }
 
-GrpoTrainer::GrpoTrainer(Decoder& policy, const data::BpeTokenizer& tok,
-                         const data::ChatTemplate& chat, const Environment& env,
-                         const RlOptions& opt)
-    : policy_(policy), tok_(tok), chat_(chat), env_(env), opt_(opt) {
+GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt) : policy_(policy), opt_(opt) {
   LOOM_CHECK(opt.prompts_per_step > 0 && opt.group_size > 1, "GRPO needs prompts and groups of ",
              "at least 2 completions (group_size = ", opt.group_size, ")");
   LOOM_CHECK(opt.max_tokens > 0, "max_tokens must be positive");
@@ -43,68 +52,29 @@ GrpoTrainer::GrpoTrainer(Decoder& policy, const data::BpeTokenizer& tok,
               reference_->params().data());
   }
   optim_ = std::make_unique<AdamW>(policy.params(), opt.adam, DType::F32, cpu_backend());
-  runner_ = std::make_unique<infer::DecoderRunner>(policy);
-  infer::EngineConfig ec;
-  ec.eos_ids = {chat.end_of_turn()};
-  if (tok.eot_id() >= 0) ec.eos_ids.push_back(tok.eot_id());
-  ec.detokenize = [this](const std::vector<int32_t>& ids) {
-    std::string s;
-    for (int32_t t : ids)
-      if (t < tok_.vocab_size()) tok_.decode_append(t, s);
-    return s;
-  };
-  ec.seed = opt.seed;
-  engine_ = std::make_unique<infer::LoomEngine>(*runner_, ec);
 }
 
-RlStepStats GrpoTrainer::step() {
-  RlStepStats st;
-  st.step = step_;
-  const int P = opt_.prompts_per_step, G = opt_.group_size;
-  // 1. Rollouts from the current weights.
-  const double t0 = now_seconds();
-  struct Completion {
-    std::vector<int32_t> response;  // sampled tokens, the stop token included
-    std::string text;
-  };
-  std::vector<Task> tasks(static_cast<size_t>(P));
-  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(P));
-  std::vector<std::vector<Completion>> outs(static_cast<size_t>(P),
-                                            std::vector<Completion>(static_cast<size_t>(G)));
-  int64_t generated = 0;
-  for (int i = 0; i < P; ++i) {
-    const uint64_t index = uint64_t(step_) * uint64_t(P) + uint64_t(i);
-    tasks[size_t(i)] = env_.task(opt_.seed, index);
-    prompts[size_t(i)] = chat_.prompt_ids({{"user", tasks[size_t(i)].prompt}});
-    infer::SamplingParams sp;
-    sp.temperature = opt_.temperature;
-    sp.max_tokens = opt_.max_tokens;
-    sp.n = G;
-    sp.seed = opt_.seed * 1000003 + index;
-    engine_->submit(prompts[size_t(i)], sp, [&, i](const infer::TokenEvent& e) {
-      Completion& c = outs[size_t(i)][size_t(e.index)];
-      c.response.insert(c.response.end(), e.tokens.begin(), e.tokens.end());
-      c.text += e.text;
-      generated += int64_t(e.tokens.size());
-      if (e.finished && e.stop_token >= 0) c.response.push_back(e.stop_token);
-    });
-  }
-  engine_->run_until_idle();
-  st.rollout_seconds = now_seconds() - t0;
-  st.generation_tokens_per_s = generated / std::max(st.rollout_seconds, 1e-9);
-
-  // 2. Rewards and group-relative advantages.
+void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version, RlStepStats* stp) {
+  RlStepStats& st = *stp;
+  // 1. Rewards and group-relative advantages.
   std::vector<GrpoSample> samples;
-  std::vector<std::pair<int, int>> which;  // (prompt, completion) of each sample
-  double sum = 0, sq = 0, correct = 0, length = 0;
-  for (int i = 0; i < P; ++i) {
-    std::vector<double> r(static_cast<size_t>(G));
-    for (int g = 0; g < G; ++g) {
-      r[size_t(g)] = env_.reward(tasks[size_t(i)], outs[size_t(i)][size_t(g)].text);
-      sum += r[size_t(g)];
-      sq += r[size_t(g)] * r[size_t(g)];
-      correct += r[size_t(g)] >= 1.0;
-      length += double(outs[size_t(i)][size_t(g)].response.size());
+  std::vector<std::pair<size_t, size_t>> which;  // (group, completion) of each sample
+  double sum = 0, sq = 0, correct = 0, length = 0, n = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const PromptGroup& gr = groups[i];
+    const int64_t age = version - gr.version;
+    LOOM_CHECK(age >= 0, "a group of weight version ", gr.version, " reached learner version ",
+               version);
+    if (st.staleness.size() <= size_t(age)) st.staleness.resize(size_t(age) + 1, 0);
+    ++st.staleness[size_t(age)];
+    std::vector<double> r;
+    for (const Rollout& ro : gr.rollouts) {
+      r.push_back(ro.reward);
+      sum += ro.reward;
+      sq += ro.reward * ro.reward;
+      correct += ro.reward >= 1.0;
+      length += double(ro.response.size());
+      n += 1;
     }
     ++st.groups;
     const bool all_equal = std::all_of(r.begin(), r.end(), [&](double x) { return x == r[0]; });
@@ -113,29 +83,30 @@ RlStepStats GrpoTrainer::step() {
       continue;
     }
     const std::vector<double> a = group_advantages(r, opt_.grpo);
-    for (int g = 0; g < G; ++g) {
-      if (outs[size_t(i)][size_t(g)].response.empty()) continue;
+    for (size_t g = 0; g < gr.rollouts.size(); ++g) {
+      if (gr.rollouts[g].response.empty()) continue;
       GrpoSample s;
-      s.advantage = a[size_t(g)];
+      s.advantage = a[g];
       samples.push_back(std::move(s));
       which.push_back({i, g});
     }
   }
-  const double n = double(P) * G;
-  st.reward_mean = sum / n;
-  st.reward_std = std::sqrt(std::max(0.0, sq / n - st.reward_mean * st.reward_mean));
-  st.accuracy = correct / n;
-  st.response_length = length / n;
+  if (n > 0) {
+    st.reward_mean = sum / n;
+    st.reward_std = std::sqrt(std::max(0.0, sq / n - st.reward_mean * st.reward_mean));
+    st.accuracy = correct / n;
+    st.response_length = length / n;
+  }
 
-  // 3. One learner step on the samples that carry a gradient.
+  // 2. One learner step on the samples that carry a gradient.
   const double t1 = now_seconds();
   if (!samples.empty()) {
     Batch b;
     b.cu_seqlens.assign(1, 0);
     std::vector<std::pair<int, int>> span;  // [first response target row, count) per sample
     for (size_t k = 0; k < samples.size(); ++k) {
-      const auto& pr = prompts[size_t(which[k].first)];
-      const auto& resp = outs[size_t(which[k].first)][size_t(which[k].second)].response;
+      const auto& pr = groups[which[k].first].prompt;
+      const auto& resp = groups[which[k].first].rollouts[which[k].second].response;
       const int base = static_cast<int>(b.tokens.size());
       std::vector<int32_t> seq = pr;
       seq.insert(seq.end(), resp.begin(), resp.end());
@@ -158,11 +129,18 @@ RlStepStats GrpoTrainer::step() {
     if (reference_) reference_->forward_loss(in, &ref);
     for (size_t k = 0; k < samples.size(); ++k) {
       auto [first, count] = span[k];
+      const PromptGroup& gr = groups[which[k].first];
+      const Rollout& ro = gr.rollouts[which[k].second];
+      // Generated by older weights: importance-weight by the behaviour log-probs recorded at
+      // sampling. On policy the behaviour policy is these weights: weight 1, exactly the
+      // synchronous algorithm (the engine's log-probs differ from the trainer's in the last bits).
+      const bool stale = gr.version < version;
       for (int t = 0; t < count; ++t) {
         const double lp = now.token_logprobs[size_t(first + t)];
         samples[k].logp.push_back(lp);
-        samples[k].logp_old.push_back(lp);  // on policy: the weights that sampled them
+        samples[k].logp_old.push_back(lp);  // the learner's weights before this step
         if (reference_) samples[k].logp_ref.push_back(ref.token_logprobs[size_t(first + t)]);
+        if (stale) samples[k].logp_gen.push_back(ro.logprobs[size_t(t)]);
       }
     }
     std::vector<std::vector<double>> w;
@@ -179,14 +157,40 @@ RlStepStats GrpoTrainer::step() {
     float scale = 1.f;
     if (opt_.clip_grad > 0 && norm > opt_.clip_grad) scale = float(opt_.clip_grad / norm);
     if (std::isfinite(norm)) optim_->step(opt_.lr, scale);
-    engine_->weights_updated();  // cached prefixes hold the old weights' keys and values
     st.loss = gs.loss;
     st.kl = gs.kl;
     st.clip_fraction = gs.clip_fraction;
+    st.is_weight_mean = gs.mean_is_weight;
     st.grad_norm = norm;
     st.train_tokens = gs.tokens;
   }
   st.learner_seconds = now_seconds() - t1;
+  st.train_tokens_per_s = double(st.train_tokens) / std::max(st.learner_seconds, 1e-9);
+}
+
+GrpoTrainer::GrpoTrainer(Decoder& policy, const data::BpeTokenizer& tok,
+                         const data::ChatTemplate& chat, const Environment& env,
+                         const RlOptions& opt, const RlRestore& restore)
+    : opt_(opt),
+      learner_(policy, opt_),
+      step_(restore ? restore(policy, learner_.optimizer()) : 0),
+      rollout_(policy, tok, chat, env, opt_) {}
+
+RlStepStats GrpoTrainer::step() {
+  RlStepStats st;
+  st.step = step_;
+  // Rollouts from the current weights, then one learner step on them.
+  RolloutBatch rb = rollout_.generate(step_, step_);
+  st.rollout_seconds = rb.seconds;
+  st.generation_tokens_per_s = double(rb.generated_tokens) / std::max(rb.seconds, 1e-9);
+  st.dropped_timeout = rb.dropped_timeout;
+  st.dropped_env = rb.dropped_env;
+  learner_.learn(rb.groups, step_, &st);
+  rollout_.weights_updated();  // cached prefixes hold the old weights' keys and values
+  // Each side idles while the other works.
+  const double total = std::max(st.rollout_seconds + st.learner_seconds, 1e-9);
+  st.rollout_utilisation = st.rollout_seconds / total;
+  st.learner_utilisation = st.learner_seconds / total;
   ++step_;
   return st;
 }

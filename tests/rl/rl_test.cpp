@@ -10,6 +10,7 @@
 #include "rl/env.h"
 #include "rl/grpo.h"
 #include "rl/grpo_trainer.h"
+#include "rl_test_util.h"
 
 using namespace loom;
 using namespace loom::rl;
@@ -124,38 +125,12 @@ TEST(Environments, RewardsAreExactChecks) {
   EXPECT_THROW(make_environment("chess"), Error);
 }
 
-namespace {
-// Rewards replies made of the letter 'a': a tiny random model learns it within a few steps.
-struct LetterA : Environment {
-  std::string name() const override { return "letter-a"; }
-  Task task(uint64_t, uint64_t i) const override {
-    return {"say a " + std::to_string(i % 7), "", {}};
-  }
-  double reward(const Task&, const std::string& reply) const override {
-    if (reply.empty()) return 0;
-    double a = 0;
-    for (char ch : reply) a += ch == 'a';
-    return a / double(reply.size());
-  }
-};
-
-data::BpeTokenizer byte_tokenizer() {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
-}
-}  // namespace
-
 TEST(GrpoTrainer, RaisesTheRewardOfATinyModel) {
-  ModelConfig c = model_preset("tiny-llama");
-  c.n_layer = 2, c.d_model = 32, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 8, c.d_ff = 64;
-  c.vocab = 260, c.max_seq = 64, c.init_std = 0.02f;
-  Decoder m(c, cpu_backend());
+  Decoder m(rltest::tiny_config(), cpu_backend());
   m.params().init(3);
-  auto tok = byte_tokenizer();
+  auto tok = rltest::byte_tokenizer();
   data::ChatTemplate chat("chatml", tok);
-  LetterA env;
+  rltest::LetterA env;
   RlOptions o;
   o.prompts_per_step = 4;
   o.group_size = 8;

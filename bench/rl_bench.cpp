@@ -1,0 +1,252 @@
+// GRPO, synchronous vs asynchronous (max staleness 1 and 2), on the same task, model, seeds and
+// number of samples: wall time to a fixed held-out accuracy, samples/s, rollout and learner
+// utilisation, the longest learner wait; the reward and accuracy curves as JSON and as a
+// self-contained HTML page (inline SVG). Synchronous runs its kernels on all cores; each async
+// role on half of them, so on 2 cores the rollout thread and the learner really overlap.
+// The task is synthetic so that a model from scratch learns it in seconds: reply with the letter
+// 'a' only (a reply counts as correct when all of it is 'a'); held-out accuracy is over sampled
+// replies (temperature 1, as trained; greedy replies flip from 0 to 1 within two steps) to
+// prompts of a seed the training never draws, evaluated after the run on weight snapshots so that
+// evaluation never steals time from the runs. The synchronous baseline runs twice, on all cores
+// and on one (the tiny model's kernels may be faster on one), and the faster is the baseline.
+//   bench_rl [OUT_DIR] [STEPS] [TARGET_ACCURACY]
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/fs.h"
+#include "core/json.h"
+#include "core/log.h"
+#include "kernels/backend.h"
+#include "rl/async_grpo.h"
+#include "rl/evaluate.h"
+#include "rl/grpo_trainer.h"
+
+using namespace loom;
+using namespace loom::rl;
+
+namespace {
+
+struct LetterA : Environment {
+  std::string name() const override { return "letter-a"; }
+  Task task(uint64_t seed, uint64_t i) const override {
+    return {"say a " + std::to_string((seed * 31 + i) % 97), "", {}};
+  }
+  double reward(const Task&, const std::string& reply) const override {
+    if (reply.empty()) return 0;
+    double a = 0;
+    for (char ch : reply) a += ch == 'a';
+    return a / double(reply.size());
+  }
+};
+
+data::BpeTokenizer byte_tokenizer() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
+  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
+  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
+}
+
+ModelConfig bench_config() {
+  ModelConfig c = model_preset("tiny-llama");
+  c.n_layer = 2, c.d_model = 64, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 16, c.d_ff = 128;
+  c.vocab = 260, c.max_seq = 64, c.init_std = 0.02f;
+  return c;
+}
+
+double loadavg() {
+  std::ifstream f("/proc/loadavg");
+  double x = -1;
+  f >> x;
+  return x;
+}
+
+struct Run {
+  std::string name;
+  int64_t staleness = -1;                         // -1: synchronous
+  std::vector<double> wall, reward, accuracy_at;  // per step; accuracy per evaluation
+  std::vector<int64_t> eval_steps;
+  double seconds = 0, max_wait = 0, rollout_util = 0, learner_util = 0, load_before = 0,
+         load_after = 0, time_to_target = -1;
+  int64_t samples = 0;
+};
+
+Run run(const std::string& name, int64_t staleness, int threads, int steps, int eval_every,
+        double target) {
+  Run r;
+  r.name = name;
+  r.staleness = staleness;
+  Decoder model(bench_config(), cpu_backend());
+  model.params().init(7);
+  auto tok = byte_tokenizer();
+  data::ChatTemplate chat("chatml", tok);
+  LetterA env;
+  RlOptions o;
+  o.prompts_per_step = 8;
+  o.group_size = 8;
+  o.max_tokens = 8;
+  o.lr = 3e-3;
+  o.seed = 11;
+  std::vector<std::vector<float>> snaps;
+  auto snapshot = [&](int64_t step) {
+    const ParamSet& P = model.params();
+    snaps.emplace_back(P.data(), P.data() + P.total());
+    r.eval_steps.push_back(step);
+  };
+  snapshot(0);
+  r.load_before = loadavg();
+  const double t0 = now_seconds();
+  std::vector<RlStepStats> stats;
+  double snap_time = 0;  // excluded: the copies are the benchmark's, not the algorithm's
+  if (staleness < 0) {
+    set_num_threads(threads);
+    GrpoTrainer t(model, tok, chat, env, o);
+    for (int s = 0; s < steps; ++s) {
+      stats.push_back(t.step());
+      r.wall.push_back(now_seconds() - t0 - snap_time);
+      const double c0 = now_seconds();
+      if ((s + 1) % eval_every == 0) snapshot(s + 1);
+      snap_time += now_seconds() - c0;
+    }
+  } else {
+    AsyncOptions ao;
+    ao.max_staleness = staleness;
+    ao.threads_per_role = threads;
+    ao.learner_timeout = 300;
+    AsyncGrpo t(model, tok, chat, env, o, ao);
+    for (int s = 0; s < steps; ++s) {
+      stats.push_back(t.step());
+      r.wall.push_back(now_seconds() - t0 - snap_time);
+      const double c0 = now_seconds();
+      if ((s + 1) % eval_every == 0) snapshot(s + 1);
+      snap_time += now_seconds() - c0;
+    }
+    t.stop();
+  }
+  r.seconds = r.wall.back();
+  r.load_after = loadavg();
+  for (const RlStepStats& st : stats) {
+    r.reward.push_back(st.reward_mean);
+    r.samples += st.groups * o.group_size;
+    r.max_wait = std::max(r.max_wait, st.learner_wait_seconds);
+    r.rollout_util += st.rollout_utilisation / double(steps);
+    r.learner_util += st.learner_utilisation / double(steps);
+  }
+  set_num_threads(1);  // evaluation is not timed; one thread is fastest for the tiny model
+  for (size_t k = 0; k < snaps.size(); ++k) {
+    std::memcpy(model.params().data(), snaps[k].data(), snaps[k].size() * sizeof(float));
+    const double acc = heldout_accuracy(model, tok, chat, env, 128, o.seed, o.max_tokens, 1.0f);
+    r.accuracy_at.push_back(acc);
+    if (r.time_to_target < 0 && acc >= target)
+      r.time_to_target = r.eval_steps[k] == 0 ? 0 : r.wall[size_t(r.eval_steps[k] - 1)];
+  }
+  return r;
+}
+
+std::string polyline(const std::vector<double>& x, const std::vector<double>& y, double xmax,
+                     const char* colour) {
+  std::string pts;
+  for (size_t i = 0; i < x.size(); ++i)
+    pts += cat(40 + 540 * x[i] / xmax, ",", 260 - 220 * y[i], " ");
+  return cat("<polyline fill='none' stroke='", colour, "' stroke-width='2' points='", pts, "'/>\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string out = argc > 1 ? argv[1] : "bench_rl_out";
+  const int steps = argc > 2 ? std::stoi(argv[2]) : 40;
+  const double target = argc > 3 ? std::stod(argv[3]) : 0.5;
+  const int eval_every = 2;
+  make_dirs(out);
+  const int cores = std::max(1, omp_get_num_procs()), half = std::max(1, cores / 2);
+  std::vector<Run> runs = {run("sync", -1, cores, steps, eval_every, target),
+                           run("sync-1t", -1, 1, steps, eval_every, target),
+                           run("async-1", 1, half, steps, eval_every, target),
+                           run("async-2", 2, half, steps, eval_every, target)};
+  Json j = Json::object();
+  j["steps"] = steps;
+  j["target_accuracy"] = target;
+  j["cores"] = omp_get_num_procs();
+  Json rs = Json::array();
+  std::printf("%-8s %9s %10s %14s %9s %9s %9s %13s\n", "mode", "wall s", "samples/s", "s to target",
+              "rollout%", "learner%", "max wait", "loadavg");
+  for (const Run& r : runs) {
+    std::printf("%-8s %9.2f %10.1f %14.2f %9.0f %9.0f %9.2f %6.2f->%.2f\n", r.name.c_str(),
+                r.seconds, double(r.samples) / r.seconds, r.time_to_target, 100 * r.rollout_util,
+                100 * r.learner_util, r.max_wait, r.load_before, r.load_after);
+    Json x = Json::object();
+    x["mode"] = r.name;
+    x["max_staleness"] = r.staleness;
+    x["wall_seconds"] = r.seconds;
+    x["samples_per_s"] = double(r.samples) / r.seconds;
+    x["seconds_to_target"] = r.time_to_target;
+    x["rollout_utilisation"] = r.rollout_util;
+    x["learner_utilisation"] = r.learner_util;
+    x["max_learner_wait_seconds"] = r.max_wait;
+    x["loadavg_before"] = r.load_before;
+    x["loadavg_after"] = r.load_after;
+    Json rw = Json::array(), wl = Json::array(), ac = Json::array(), es = Json::array();
+    for (double v : r.reward) rw.push_back(Json(v));
+    for (double v : r.wall) wl.push_back(Json(v));
+    for (double v : r.accuracy_at) ac.push_back(Json(v));
+    for (int64_t v : r.eval_steps) es.push_back(Json(v));
+    x["reward"] = rw;
+    x["wall"] = wl;
+    x["heldout_accuracy"] = ac;
+    x["eval_steps"] = es;
+    rs.push_back(x);
+  }
+  j["runs"] = rs;
+  const Run& sync = runs[1].time_to_target > 0 && (runs[0].time_to_target < 0 ||
+                                                   runs[1].time_to_target < runs[0].time_to_target)
+                        ? runs[1]
+                        : runs[0];
+  std::printf("baseline: %s\n", sync.name.c_str());
+  for (size_t k = 2; k < runs.size(); ++k)
+    if (sync.time_to_target > 0 && runs[k].time_to_target > 0)
+      std::printf("%s reaches accuracy %.2f %.2fx sooner than sync (target 1.3x)\n",
+                  runs[k].name.c_str(), target, sync.time_to_target / runs[k].time_to_target);
+    else
+      std::printf("%s or sync never reached accuracy %.2f in %d steps\n", runs[k].name.c_str(),
+                  target, steps);
+  write_file_atomic(out + "/bench_rl.json", j.dump(2) + "\n");
+  // The curves against wall time: reward (solid) and held-out accuracy (dots), one colour a mode.
+  double xmax = 1e-9;
+  for (const Run& r : runs) xmax = std::max(xmax, r.seconds);
+  const char* colours[] = {"#444", "#999", "#1f77b4", "#d62728"};
+  std::string svg =
+      "<svg xmlns='http://www.w3.org/2000/svg' width='600' height='300'>\n"
+      "<rect width='600' height='300' fill='white'/>\n"
+      "<line x1='40' y1='260' x2='580' y2='260' stroke='black'/>\n"
+      "<line x1='40' y1='40' x2='40' y2='260' stroke='black'/>\n";
+  svg += cat("<text x='300' y='290' font-size='12'>wall seconds (0 .. ", xmax, ")</text>\n");
+  svg += "<text x='2' y='40' font-size='12'>1</text><text x='2' y='260' font-size='12'>0</text>\n";
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const Run& r = runs[k];
+    svg += polyline(r.wall, r.reward, xmax, colours[k]);
+    std::vector<double> ex, ey;
+    for (size_t e = 0; e < r.eval_steps.size(); ++e) {
+      ex.push_back(r.eval_steps[e] == 0 ? 0 : r.wall[size_t(r.eval_steps[e] - 1)]);
+      ey.push_back(r.accuracy_at[e]);
+    }
+    for (size_t e = 0; e < ex.size(); ++e)
+      svg += cat("<circle r='3' fill='", colours[k], "' cx='", 40 + 540 * ex[e] / xmax, "' cy='",
+                 260 - 220 * ey[e], "'/>\n");
+    svg += cat("<text x='460' y='", 60 + 16 * k, "' font-size='12' fill='", colours[k], "'>",
+               r.name, "</text>\n");
+  }
+  svg += "</svg>\n";
+  write_file_atomic(out + "/bench_rl.html",
+                    "<!doctype html><html><head><meta charset='utf-8'><title>loom GRPO: sync vs "
+                    "async</title></head><body><h1>GRPO reward (lines) and held-out accuracy "
+                    "(dots) against wall time</h1>\n" +
+                        svg + "</body></html>\n");
+  std::printf("wrote %s/bench_rl.json and %s/bench_rl.html\n", out.c_str(), out.c_str());
+  return 0;
+}

@@ -1,0 +1,130 @@
+#include "rl/async_grpo.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/backend.h"
+
+namespace loom::rl {
+
+AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data::ChatTemplate& chat,
+                     const Environment& env, const RlOptions& opt, const AsyncOptions& async,
+                     const RlRestore& restore)
+    : opt_(opt),
+      async_(async),
+      policy_(policy),
+      learner_(policy, opt_),
+      buffer_(async.max_staleness),
+      step_(restore ? restore(policy, learner_.optimizer()) : 0) {
+  LOOM_CHECK(async.learner_timeout > 0, "rl.learner_timeout must be positive");
+  threads_ =
+      async.threads_per_role > 0 ? async.threads_per_role : std::max(1, omp_get_num_procs() / 2);
+  snapshot_ = std::make_unique<Decoder>(policy.config(), cpu_backend());
+  const ParamSet& P = policy.params();
+  published_.assign(P.data(), P.data() + P.total());
+  published_version_ = step_;
+  std::memcpy(snapshot_->params().data(), P.data(), size_t(P.total()) * sizeof(float));
+  rollout_ = std::make_unique<RolloutWorker>(*snapshot_, tok, chat, env, opt_);
+  last_learner_end_ = now_seconds();
+  thread_ = std::thread([this] { rollout_loop(); });
+}
+
+AsyncGrpo::~AsyncGrpo() {
+  stop();
+}
+
+void AsyncGrpo::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void AsyncGrpo::rollout_loop() {
+  // Per-thread OpenMP setting: this thread's kernels (and OpenBLAS, which follows the calling
+  // thread's OpenMP setting) use threads_ cores, the learner's the others.
+  omp_set_num_threads(threads_);
+  int64_t have = step_;  // the snapshot holds the starting weights
+  try {
+    for (int64_t s = step_;; ++s) {
+      const double w0 = now_seconds();
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        // Generation for step s may start from version s - max_staleness at the oldest.
+        const bool ok = cv_.wait_for(
+            lock, std::chrono::duration<double>(async_.learner_timeout),
+            [&] { return stopping_ || s - published_version_ <= async_.max_staleness; });
+        if (stopping_) return;
+        LOOM_CHECK(ok, "the rollout side waited ", async_.learner_timeout,
+                   " s (rl.learner_timeout) for weight version ", s - async_.max_staleness,
+                   " but the learner published only ", published_version_);
+        if (published_version_ > have) {
+          std::memcpy(snapshot_->params().data(), published_.data(),
+                      published_.size() * sizeof(float));
+          have = published_version_;
+          rollout_->weights_updated();
+        }
+        rollout_wait_ += now_seconds() - w0;
+      }
+      if (async_.before_rollout) async_.before_rollout(s);
+      const double b0 = now_seconds();
+      RolloutBatch rb = rollout_->generate(s, have);
+      for (PromptGroup& g : rb.groups) buffer_.push(std::move(g));
+      buffer_.drop(s, rb.dropped_timeout, true);
+      buffer_.drop(s, rb.dropped_env, false);
+      std::lock_guard<std::mutex> lock(mu_);
+      rollout_busy_ += now_seconds() - b0;
+      generated_tokens_ += rb.generated_tokens;
+    }
+  } catch (const std::exception& e) {
+    log_warn("rollout thread stopped: ", e.what());
+    buffer_.fail(e.what());
+  }
+}
+
+RlStepStats AsyncGrpo::step() {
+  omp_set_num_threads(threads_);
+  RlStepStats st;
+  st.step = step_;
+  const double t0 = now_seconds();
+  std::vector<PromptGroup> groups =
+      buffer_.take(step_, opt_.prompts_per_step, async_.learner_timeout);
+  st.learner_wait_seconds = now_seconds() - t0;
+  if (async_.before_learn) async_.before_learn(step_);
+  learner_.learn(groups, step_, &st);
+  ++step_;
+  const double t1 = now_seconds();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const ParamSet& P = policy_.params();
+    std::memcpy(published_.data(), P.data(), size_t(P.total()) * sizeof(float));
+    published_version_ = step_;
+    // This step's share of the rollout side's time, since the previous step ended.
+    const double busy = rollout_busy_ - last_rollout_busy_;
+    st.rollout_seconds = busy;
+    st.rollout_utilisation = busy / std::max(t1 - last_learner_end_, 1e-9);
+    st.generation_tokens_per_s = double(generated_tokens_ - last_generated_) / std::max(busy, 1e-9);
+    last_rollout_busy_ = rollout_busy_;
+    last_rollout_wait_ = rollout_wait_;
+    last_generated_ = generated_tokens_;
+  }
+  cv_.notify_all();
+  st.learner_utilisation =
+      (t1 - t0 - st.learner_wait_seconds) / std::max(t1 - last_learner_end_, 1e-9);
+  last_learner_end_ = t1;
+  const ReplayStats b = buffer_.stats();
+  st.dropped_timeout = b.dropped_timeout - last_buffer_.dropped_timeout;
+  st.dropped_env = b.dropped_env - last_buffer_.dropped_env;
+  st.dropped_stale = b.dropped_stale - last_buffer_.dropped_stale;
+  last_buffer_ = b;
+  return st;
+}
+
+}  // namespace loom::rl

@@ -1,0 +1,80 @@
+// Asynchronous GRPO in one process: a rollout thread (the serving engine over its own copy of
+// the weights) and the learner overlap, joined by the versioned replay buffer. Weight version v
+// is the policy after v learner steps. The rollout thread makes the groups of target step s from
+// the newest published version v, and starts them only once s - v <= max_staleness, so it runs
+// at most max_staleness steps ahead; the learner at step s takes the groups of s from the buffer
+// (waiting at most learner_timeout seconds), steps, and publishes version s + 1. The rollout
+// thread picks new weights up between generation batches: rollouts in flight finish on the
+// weights they started with and are tagged with that version (no partial rollouts), and the
+// learner corrects them with truncated importance weights. With max_staleness = 0 every batch is
+// generated from the learner's current weights: the synchronous algorithm, step for step.
+// Each role runs its kernels on threads_per_role OpenMP/BLAS threads, so on 2 cores the two
+// really overlap (one core each).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "rl/grpo_trainer.h"
+#include "rl/replay_buffer.h"
+#include "rl/rollout.h"
+
+namespace loom::rl {
+
+struct AsyncOptions {
+  int64_t max_staleness = 1;     // rl.max_staleness (NeMo RL's max_trajectory_age_steps)
+  double learner_timeout = 600;  // seconds either side waits for the other before failing
+  int threads_per_role = 0;      // 0: half the cores each (at least 1)
+  // Instrumentation for tests: called on the rollout thread before each batch (target step) and
+  // on the learner before each step.
+  std::function<void(int64_t)> before_rollout, before_learn;
+};
+
+class AsyncGrpo {
+ public:
+  AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data::ChatTemplate& chat,
+            const Environment& env, const RlOptions& opt, const AsyncOptions& async,
+            const RlRestore& restore = {});
+  ~AsyncGrpo();  // stops the rollout thread (after its batch in flight)
+  // One learner step: waits for the groups of this step, learns, publishes the new weights.
+  RlStepStats step();
+  int64_t steps_taken() const { return step_; }
+  GrpoLearner& learner() { return learner_; }
+  ReplayStats buffer_stats() const { return buffer_.stats(); }
+  void stop();
+
+ private:
+  void rollout_loop();
+
+  RlOptions opt_;
+  AsyncOptions async_;
+  Decoder& policy_;
+  GrpoLearner learner_;
+  ReplayBuffer buffer_;
+  std::unique_ptr<Decoder> snapshot_;  // the rollout side's weights
+  std::unique_ptr<RolloutWorker> rollout_;
+  int threads_ = 1;
+  int64_t step_ = 0;
+
+  // The published weights: the newest version and its flat parameters.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<float> published_;
+  int64_t published_version_ = 0;
+  bool stopping_ = false;
+  // Rollout thread accounting (under mu_).
+  double rollout_busy_ = 0, rollout_wait_ = 0;
+  int64_t generated_tokens_ = 0;
+  double last_rollout_busy_ = 0, last_rollout_wait_ = 0, last_learner_end_ = 0;
+  int64_t last_generated_ = 0;
+  ReplayStats last_buffer_;
+
+  std::thread thread_;
+};
+
+}  // namespace loom::rl

@@ -1,0 +1,165 @@
+#include "rl/http_env.h"
+
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/json.h"
+
+#ifdef LOOM_RL_HAVE_HTTP
+#include <httplib.h>
+#endif
+
+namespace loom::rl {
+
+std::vector<Task> load_task_file(const std::string& path) {
+  std::ifstream f(path);
+  LOOM_CHECK(f, "cannot open the task file ", path);
+  std::vector<Task> out;
+  std::string line;
+  for (int64_t n = 1; std::getline(f, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = cat(path, ":", n);
+    Json j = Json::parse(line, where);
+    LOOM_CHECK(j.is_object() && j.contains("prompt") && j.at("prompt").is_string(), where,
+               ": a task needs a string \"prompt\"");
+    Task t;
+    t.prompt = j.at("prompt").as_string();
+    LOOM_CHECK(!t.prompt.empty(), where, ": an empty prompt");
+    if (j.contains("answer")) {
+      LOOM_CHECK(j.at("answer").is_string(), where, ": \"answer\" must be a string");
+      t.answer = j.at("answer").as_string();
+    }
+    out.push_back(std::move(t));
+  }
+  LOOM_CHECK(!out.empty(), "the task file ", path, " holds no tasks");
+  return out;
+}
+
+#ifdef LOOM_RL_HAVE_HTTP
+namespace {
+
+class HttpEnvironment : public Environment {
+ public:
+  HttpEnvironment(const HttpEnvOptions& o, std::vector<Task> tasks,
+                  std::unique_ptr<Environment> prompts, std::shared_ptr<HttpEnvStats> stats)
+      : opt_(o), tasks_(std::move(tasks)), prompts_(std::move(prompts)), stats_(std::move(stats)) {
+    const std::string& u = o.url;
+    LOOM_CHECK(u.rfind("http://", 0) == 0, "rl.env_url must start with http://, got '", u, "'");
+    const size_t slash = u.find('/', 7);
+    host_ = u.substr(0, slash);
+    path_ = slash == std::string::npos ? "/" : u.substr(slash);
+    LOOM_CHECK(host_.size() > 7, "rl.env_url '", u, "' names no host");
+    LOOM_CHECK(o.timeout_s > 0 && o.timeout_s <= 3600, "rl.env_timeout must lie in (0, 3600] s");
+    LOOM_CHECK(o.retries >= 0 && o.retries <= 100, "rl.env_retries must lie in [0, 100]");
+    LOOM_CHECK(!tasks_.empty() || prompts_, "an HTTP environment needs tasks");
+  }
+  std::string name() const override { return "http"; }
+  Task task(uint64_t seed, uint64_t index) const override {
+    if (tasks_.empty()) return prompts_->task(seed, index);
+    Task t = tasks_[index % tasks_.size()];
+    return t;
+  }
+  double reward(const Task& t, const std::string& reply) const override {
+    Json body = Json::object();
+    body["prompt"] = t.prompt;
+    body["completion"] = reply;
+    body["answer"] = t.answer;
+    const std::string text = body.dump();
+    const auto ms = std::chrono::milliseconds(int64_t(opt_.timeout_s * 1000));
+    std::string last;
+    double backoff = opt_.backoff_s;
+    for (int attempt = 0; attempt <= opt_.retries; ++attempt) {
+      if (attempt > 0) {
+        count(&HttpEnvStats::retries);
+        std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+        backoff *= 2;
+      }
+      count(&HttpEnvStats::calls);
+      httplib::Client cli(host_);
+      cli.set_connection_timeout(ms);
+      cli.set_read_timeout(ms);
+      cli.set_write_timeout(ms);
+      auto res = cli.Post(path_, text, "application/json");
+      if (!res) {
+        last = cat("no answer (", httplib::to_string(res.error()), ")");
+        continue;
+      }
+      if (res->status >= 500) {
+        last = cat("status ", res->status);
+        continue;
+      }
+      if (res->status != 200) {
+        count(&HttpEnvStats::failed);
+        fail("environment ", opt_.url, ": status ", res->status, " (not retried)");
+      }
+      return parse(res->body);
+    }
+    count(&HttpEnvStats::failed);
+    fail("environment ", opt_.url, ": ", last, " after ", opt_.retries + 1, " tries of ",
+         opt_.timeout_s, " s");
+  }
+
+ private:
+  double parse(const std::string& body) const {
+    Json j;
+    try {
+      j = Json::parse(body, opt_.url);
+    } catch (const Error& e) {
+      count(&HttpEnvStats::malformed);
+      fail("environment ", opt_.url, ": malformed response: ", e.what());
+    }
+    if (!j.is_object() || !j.contains("reward") || !j.at("reward").is_number()) {
+      count(&HttpEnvStats::malformed);
+      fail("environment ", opt_.url,
+           ": the response has no numeric \"reward\": ", body.substr(0, 200));
+    }
+    const double r = j.at("reward").as_double();
+    if (!(r >= 0 && r <= 1)) {
+      count(&HttpEnvStats::out_of_range);
+      fail("environment ", opt_.url, ": reward ", r, " outside [0, 1]");
+    }
+    return r;
+  }
+  void count(int64_t HttpEnvStats::*field) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++((*stats_).*field);
+  }
+
+  HttpEnvOptions opt_;
+  std::vector<Task> tasks_;
+  std::unique_ptr<Environment> prompts_;
+  std::shared_ptr<HttpEnvStats> stats_;
+  std::string host_, path_;
+  mutable std::mutex mu_;
+};
+
+}  // namespace
+
+bool http_environment_available() {
+  return true;
+}
+
+std::unique_ptr<Environment> make_http_environment(const HttpEnvOptions& opt,
+                                                   std::vector<Task> tasks,
+                                                   std::unique_ptr<Environment> prompts,
+                                                   std::shared_ptr<HttpEnvStats>* stats) {
+  auto st = std::make_shared<HttpEnvStats>();
+  if (stats) *stats = st;
+  return std::make_unique<HttpEnvironment>(opt, std::move(tasks), std::move(prompts), st);
+}
+#else
+bool http_environment_available() {
+  return false;
+}
+
+std::unique_ptr<Environment> make_http_environment(const HttpEnvOptions&, std::vector<Task>,
+                                                   std::unique_ptr<Environment>,
+                                                   std::shared_ptr<HttpEnvStats>*) {
+  fail("this build has no HTTP client (install libcpp-httplib-dev: scripts/setup.sh)");
+}
+#endif
+
+}  // namespace loom::rl

@@ -1,0 +1,99 @@
+#include "rl/replay_buffer.h"
+
+#include <chrono>
+
+#include "core/error.h"
+
+namespace loom::rl {
+
+ReplayBuffer::ReplayBuffer(int64_t max_staleness) : max_staleness_(max_staleness) {
+  LOOM_CHECK(max_staleness >= 0 && max_staleness <= 1000,
+             "rl.max_staleness must lie in [0, 1000], got ", max_staleness);
+}
+
+void ReplayBuffer::push(PromptGroup g) {
+  LOOM_CHECK(g.version <= g.target_step, "a rollout group of weight version ", g.version,
+             " targets the earlier learner step ", g.target_step);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.pushed;
+    if (g.target_step - g.version > max_staleness_) {
+      ++stats_.dropped_stale;
+      ++dropped_[g.target_step];  // the learner must not wait for it either
+    } else {
+      groups_[g.target_step].push_back(std::move(g));
+    }
+  }
+  cv_.notify_all();
+}
+
+void ReplayBuffer::drop(int64_t target_step, int64_t n, bool timeout) {
+  if (n <= 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped_[target_step] += n;
+    (timeout ? stats_.dropped_timeout : stats_.dropped_env) += n;
+  }
+  cv_.notify_all();
+}
+
+std::vector<PromptGroup> ReplayBuffer::take(int64_t step, int64_t expected, double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Whatever targets an earlier step is at least one step staler than when it was made for; the
+  // learner has moved on, so it goes (and is counted).
+  for (auto it = groups_.begin(); it != groups_.end() && it->first < step;) {
+    stats_.dropped_stale += int64_t(it->second.size());
+    it = groups_.erase(it);
+  }
+  dropped_.erase(dropped_.begin(), dropped_.lower_bound(step));
+  auto have = [&] {
+    auto g = groups_.find(step);
+    auto d = dropped_.find(step);
+    return (g == groups_.end() ? 0 : int64_t(g->second.size())) +
+           (d == dropped_.end() ? 0 : d->second);
+  };
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, timeout_s));
+  while (failed_.empty() && have() < expected)
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) break;
+  LOOM_CHECK(failed_.empty(), "the rollouts stopped: ", failed_);
+  const int64_t got = have();
+  LOOM_CHECK(got >= expected, "learner step ", step, ": waited ", timeout_s, " s for ", expected,
+             " rollout groups (rl.learner_timeout) but only ", got,
+             " arrived or were dropped; the rollout side is stuck or too slow");
+  std::vector<PromptGroup> out;
+  auto g = groups_.find(step);
+  if (g != groups_.end()) {
+    out = std::move(g->second);
+    groups_.erase(g);
+  }
+  dropped_.erase(step);
+  // The bound is checked again where the data is used, not only where it entered.
+  for (const PromptGroup& x : out)
+    LOOM_CHECK(step - x.version <= max_staleness_ && x.version <= step, "a group of version ",
+               x.version, " reached learner step ", step, " (max_staleness ", max_staleness_, ")");
+  stats_.taken += int64_t(out.size());
+  return out;
+}
+
+void ReplayBuffer::fail(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.empty()) failed_ = why.empty() ? "unknown failure" : why;
+  }
+  cv_.notify_all();
+}
+
+ReplayStats ReplayBuffer::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+int64_t ReplayBuffer::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (auto& [s, v] : groups_) n += int64_t(v.size());
+  return n;
+}
+
+}  // namespace loom::rl

@@ -1,0 +1,170 @@
+// The HTTP environment against an in-process server that answers, fails then answers, hangs,
+// returns garbage and returns rewards out of range; task files with bad lines; and a GRPO step
+// whose environment returns garbage: its groups are dropped and counted, the step goes on.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "rl/grpo_trainer.h"
+#include "rl/http_env.h"
+#include "rl_test_util.h"
+#include "temp_dir.h"
+
+using namespace loom;
+using namespace loom::rl;
+
+namespace {
+
+struct Server {
+  httplib::Server srv;
+  std::thread th;
+  int port = 0;
+  int flaky_calls = 0;
+  Server() {
+    srv.Post("/ok", [](const httplib::Request& q, httplib::Response& r) {
+      Json j = Json::parse(q.body);
+      const bool right = j.at("completion").as_string() == j.at("answer").as_string();
+      r.set_content(cat("{\"reward\": ", right ? 1 : 0, "}"), "application/json");
+    });
+    srv.Post("/flaky", [this](const httplib::Request&, httplib::Response& r) {
+      if (flaky_calls++ < 2) {
+        r.status = 503;
+        return;
+      }
+      r.set_content("{\"reward\": 0.25}", "application/json");
+    });
+    srv.Post("/hang", [](const httplib::Request&, httplib::Response& r) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      r.set_content("{\"reward\": 1}", "application/json");
+    });
+    srv.Post("/garbage", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content("<html>oops", "text/html");
+    });
+    srv.Post("/noreward", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content("{\"score\": 1}", "application/json");
+    });
+    srv.Post("/range", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content("{\"reward\": 7.5}", "application/json");
+    });
+    srv.Post("/missing", [](const httplib::Request&, httplib::Response& r) { r.status = 404; });
+    port = srv.bind_to_any_port("127.0.0.1");
+    th = std::thread([this] { srv.listen_after_bind(); });
+    // Bound wait for the listener (the socket is bound already, so a client connects anyway).
+    for (int i = 0; i < 200 && !srv.is_running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ~Server() {
+    srv.stop();
+    th.join();
+  }
+  std::string url(const std::string& path) const {
+    return "http://127.0.0.1:" + std::to_string(port) + path;
+  }
+};
+
+std::unique_ptr<Environment> env(const Server& s, const std::string& path,
+                                 std::shared_ptr<HttpEnvStats>* st, double timeout = 2) {
+  HttpEnvOptions o;
+  o.url = s.url(path);
+  o.timeout_s = timeout;
+  o.retries = 2;
+  o.backoff_s = 0.01;
+  return make_http_environment(o, {{"Reverse: a b", "b a", {}}}, nullptr, st);
+}
+
+std::string error_of(const Environment& e, const std::string& reply) {
+  try {
+    e.reward(e.task(1, 0), reply);
+  } catch (const Error& x) {
+    return x.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(HttpEnv, ScoresThroughTheServer) {
+  Server s;
+  std::shared_ptr<HttpEnvStats> st;
+  auto e = env(s, "/ok", &st);
+  EXPECT_EQ(e->task(1, 5).prompt, "Reverse: a b");
+  EXPECT_EQ(e->reward(e->task(1, 0), "b a"), 1.0);
+  EXPECT_EQ(e->reward(e->task(1, 0), "a b"), 0.0);
+  EXPECT_EQ(st->calls, 2);
+  auto f = env(s, "/flaky", &st);  // two 503s, then an answer: retried
+  EXPECT_EQ(f->reward(f->task(1, 0), "x"), 0.25);
+  EXPECT_EQ(st->retries, 2);
+  EXPECT_EQ(st->failed, 0);
+}
+
+TEST(HttpEnv, FailuresAreClearErrorsAndCounted) {
+  Server s;
+  std::shared_ptr<HttpEnvStats> st;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto hang = env(s, "/hang", &st, 0.2);
+  EXPECT_NE(error_of(*hang, "x").find("after 3 tries"), std::string::npos);
+  EXPECT_EQ(st->failed, 1);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  auto g = env(s, "/garbage", &st);
+  EXPECT_NE(error_of(*g, "x").find("malformed response"), std::string::npos);
+  EXPECT_EQ(st->malformed, 1);
+  auto n = env(s, "/noreward", &st);
+  EXPECT_NE(error_of(*n, "x").find("no numeric \"reward\""), std::string::npos);
+  auto r = env(s, "/range", &st);
+  EXPECT_NE(error_of(*r, "x").find("reward 7.5 outside [0, 1]"), std::string::npos);
+  EXPECT_EQ(st->out_of_range, 1);
+  auto m = env(s, "/missing", &st);
+  EXPECT_NE(error_of(*m, "x").find("status 404"), std::string::npos);
+  HttpEnvOptions bad;
+  bad.url = "ftp://x";
+  EXPECT_THROW(make_http_environment(bad, {{"p", "", {}}}, nullptr), Error);
+}
+
+TEST(HttpEnv, TaskFilesWithBadLinesNameTheLine) {
+  test::TempDir d("rl_tasks");
+  auto write = [&](const std::string& text) {
+    std::ofstream(d / "t.jsonl") << text;
+    return d / "t.jsonl";
+  };
+  auto tasks =
+      load_task_file(write("{\"prompt\": \"p1\", \"answer\": \"a1\"}\n\n{\"prompt\": \"p2\"}\n"));
+  ASSERT_EQ(tasks.size(), 2u);
+  EXPECT_EQ(tasks[0].answer, "a1");
+  auto msg = [&](const std::string& text) {
+    try {
+      load_task_file(write(text));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(msg("{\"prompt\": \"p\"}\n{\"prompt\": 3}\n").find("t.jsonl:2"), std::string::npos);
+  EXPECT_NE(msg("{\"prompt\": \"p\"}\nnot json\n").find("t.jsonl:2"), std::string::npos);
+  EXPECT_NE(msg("{\"prompt\": \"\"}\n").find("empty prompt"), std::string::npos);
+  EXPECT_NE(msg("\n").find("holds no tasks"), std::string::npos);
+  EXPECT_THROW(load_task_file(d / "absent.jsonl"), Error);
+}
+
+TEST(HttpEnv, AGarbageEnvironmentDropsGroupsNotTheJob) {
+  Server s;
+  std::shared_ptr<HttpEnvStats> st;
+  auto e = env(s, "/garbage", &st);
+  Decoder m(rltest::tiny_config(), cpu_backend());
+  m.params().init(3);
+  auto tok = rltest::byte_tokenizer();
+  data::ChatTemplate chat("chatml", tok);
+  RlOptions o;
+  o.prompts_per_step = 2;
+  o.group_size = 2;
+  o.max_tokens = 3;
+  GrpoTrainer t(m, tok, chat, *e, o);
+  const RlStepStats r = t.step();
+  EXPECT_EQ(r.dropped_env, 2);
+  EXPECT_EQ(r.groups, 0);
+  EXPECT_EQ(st->malformed, 2);
+}

@@ -1,0 +1,57 @@
+// What the GRPO tests share: a byte-level tokenizer with the chat template's tokens, a tiny
+// random Llama-style model, and a task a tiny model learns within a few steps.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "data/bpe.h"
+#include "model/decoder.h"
+#include "rl/env.h"
+
+namespace loom::rl::rltest {
+
+// Rewards replies made of the letter 'a'.
+struct LetterA : Environment {
+  std::string name() const override { return "letter-a"; }
+  Task task(uint64_t, uint64_t i) const override {
+    return {"say a " + std::to_string(i % 7), "", {}};
+  }
+  double reward(const Task&, const std::string& reply) const override {
+    if (reply.empty()) return 0;
+    double a = 0;
+    for (char ch : reply) a += ch == 'a';
+    return a / double(reply.size());
+  }
+};
+
+// Rewards the share of reply bytes below 128: a random byte-level model gets varied rewards
+// from the first step, so every group carries a gradient.
+struct LowBytes : Environment {
+  std::string name() const override { return "low-bytes"; }
+  Task task(uint64_t, uint64_t i) const override {
+    return {"bytes " + std::to_string(i % 5), "", {}};
+  }
+  double reward(const Task&, const std::string& reply) const override {
+    if (reply.empty()) return 0;
+    double low = 0;
+    for (char ch : reply) low += static_cast<unsigned char>(ch) < 128;
+    return low / double(reply.size());
+  }
+};
+
+inline data::BpeTokenizer byte_tokenizer() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
+  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
+  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
+}
+
+inline ModelConfig tiny_config() {
+  ModelConfig c = model_preset("tiny-llama");
+  c.n_layer = 2, c.d_model = 32, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 8, c.d_ff = 64;
+  c.vocab = 260, c.max_seq = 64, c.init_std = 0.02f;
+  return c;
+}
+
+}  // namespace loom::rl::rltest
