@@ -422,7 +422,10 @@ int Decoder::head_chunk() const {
 }
 
 void Decoder::round_act(float* x, int64_t n) const {
-  if (act_dtype_ != DType::F32) round_to(act_dtype_, x, static_cast<size_t>(n));
+  if (act_dtype_ == DType::BF16)
+    cpu::round_bf16_array(x, nullptr, static_cast<size_t>(n));
+  else if (act_dtype_ != DType::F32)
+    round_to(act_dtype_, x, static_cast<size_t>(n));
 }
 
 void Decoder::store_activations_as_fp32() {
@@ -432,8 +435,10 @@ void Decoder::store_activations_as_fp32() {
 }
 
 void Decoder::keep(const ActBuf& buf, float* x, int64_t n) {
-  round_act(x, n);
-  if (buf.bf16) cpu::f32_to_bf16_array(x, buf.bf16, static_cast<size_t>(n));
+  if (buf.bf16)
+    cpu::round_bf16_array(x, buf.bf16, static_cast<size_t>(n));
+  else
+    round_act(x, n);
 }
 
 const float* Decoder::fp32_in(const ActBuf& buf, int64_t n, float* scratch) const {

@@ -57,6 +57,20 @@ void expect_matches_scalar(const std::vector<float>& src) {
     ASSERT_EQ(fast[i], want) << "fp32 bits 0x" << std::hex << f32_bits(src[i]) << " at " << i;
     ASSERT_EQ(portable[i], want) << "fp32 bits 0x" << std::hex << f32_bits(src[i]);
   }
+  // Rounding in place (with and without storing the bits) gives round_bf16 and those bits.
+  for (bool store : {false, true}) {
+    std::vector<float> x = src, xp = src;
+    std::vector<uint16_t> bits(src.size(), 0xabcd), bits_p(src.size(), 0xabcd);
+    cpu::round_bf16_array(x.data(), store ? bits.data() : nullptr, x.size());
+    cpu::round_bf16_array_portable(xp.data(), store ? bits_p.data() : nullptr, xp.size());
+    for (size_t i = 0; i < src.size(); ++i) {
+      const uint32_t want = f32_bits(round_bf16(src[i]));
+      ASSERT_EQ(f32_bits(x[i]), want) << "fp32 bits 0x" << std::hex << f32_bits(src[i]);
+      ASSERT_EQ(f32_bits(xp[i]), want) << "fp32 bits 0x" << std::hex << f32_bits(src[i]);
+      ASSERT_EQ(bits[i], store ? f32_to_bf16(src[i]) : 0xabcd);
+      ASSERT_EQ(bits_p[i], store ? f32_to_bf16(src[i]) : 0xabcd);
+    }
+  }
 }
 
 }  // namespace
@@ -78,6 +92,17 @@ TEST(Bf16Convert, EdgeValuesMatchScalarAtEveryTailLength) {
       // Nothing written past the end.
       ASSERT_EQ(out[offset + len], 0xabcd) << "offset " << offset << " len " << len;
       for (size_t i = 0; i < offset; ++i) ASSERT_EQ(out[i], 0xabcd);
+      // The same for rounding in place with the bits stored.
+      std::vector<float> x(offset + len + 1, 7.f);
+      std::copy(src.begin(), src.end(), x.begin() + offset);
+      std::vector<uint16_t> bits(offset + len + 1, 0xabcd);
+      cpu::round_bf16_array(x.data() + offset, bits.data() + offset, len);
+      for (size_t i = 0; i < len; ++i) {
+        ASSERT_EQ(f32_bits(x[offset + i]), f32_bits(round_bf16(src[i])));
+        ASSERT_EQ(bits[offset + i], f32_to_bf16(src[i]));
+      }
+      ASSERT_EQ(x[offset + len], 7.f);
+      ASSERT_EQ(bits[offset + len], 0xabcd);
     }
   }
   expect_matches_scalar(edges);

@@ -51,6 +51,37 @@ __attribute__((target("avx512f,avx512bw"))) void f32_to_bf16_avx512(const float*
   }
 }
 
+// x[i] = round_bf16(x[i]), and dst[i] = its bits when dst is given: one pass.
+__attribute__((target("avx512f,avx512bw"))) void round_bf16_avx512(float* x, uint16_t* dst,
+                                                                   size_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i inf_bits = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32(0x00400000);
+  const __m512i round_base = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  auto round = [&](__m512i u) {
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(round_base, lsb));
+    return _mm512_and_si512(_mm512_mask_or_epi32(rounded, nan, u, quiet), high);
+  };
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i r = round(_mm512_loadu_si512(x + i));
+    _mm512_storeu_si512(x + i, r);
+    if (dst)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512i r = round(_mm512_maskz_loadu_epi32(m, x + i));
+    _mm512_mask_storeu_epi32(x + i, m, r);
+    if (dst) _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
+}
+
 __attribute__((target("avx512f,avx512bw"))) void bf16_to_f32_avx512(const uint16_t* src, float* dst,
                                                                     size_t n) {
   size_t i = 0;
@@ -115,6 +146,26 @@ void bf16_to_f32_array(const uint16_t* src, float* dst, size_t n) {
 #endif
     (void)avx512;
     bf16_to_f32_array_portable(src + begin, dst + begin, count);
+  });
+}
+
+void round_bf16_array_portable(float* x, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = f32_to_bf16(x[i]);
+    x[i] = bf16_to_f32(h);
+    if (dst) dst[i] = h;
+  }
+}
+
+void round_bf16_array(float* x, uint16_t* dst, size_t n) {
+  const bool avx512 = bf16_convert_uses_avx512();
+  chunked(n, [&](size_t begin, size_t count) {
+    uint16_t* d = dst ? dst + begin : nullptr;
+#if defined(__x86_64__)
+    if (avx512) return round_bf16_avx512(x + begin, d, count);
+#endif
+    (void)avx512;
+    round_bf16_array_portable(x + begin, d, count);
   });
 }
 

@@ -11,10 +11,14 @@ namespace loom::cpu {
 
 void f32_to_bf16_array(const float* src, uint16_t* dst, size_t n);
 void bf16_to_f32_array(const uint16_t* src, float* dst, size_t n);
+// x[i] = round_bf16(x[i]) in place and, when dst is given, dst[i] = the bf16 bits: rounding to
+// the bf16 policy and storing in bf16 in one pass.
+void round_bf16_array(float* x, uint16_t* dst, size_t n);
 
 // The same on one thread, without SIMD intrinsics (the reference and the non-x86 path).
 void f32_to_bf16_array_portable(const float* src, uint16_t* dst, size_t n);
 void bf16_to_f32_array_portable(const uint16_t* src, float* dst, size_t n);
+void round_bf16_array_portable(float* x, uint16_t* dst, size_t n);
 
 // Whether the AVX512 conversion loops run on this CPU (AVX512F + AVX512BW).
 bool bf16_convert_uses_avx512();
