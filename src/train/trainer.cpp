@@ -141,6 +141,7 @@ std::string Trainer::layout_name() const {
 Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   config_text_ = cfg_.dump();
   opt_ = train_options_from(cfg_);
+  guard_ = std::make_unique<LossGuard>(loss_guard_options_from(cfg_));
   set_num_threads(opt_.threads);
   mcfg_ = model_config_from(cfg_);
   LOOM_CHECK(opt_.seq_len <= mcfg_.max_seq, "train.seq_len (", opt_.seq_len,
@@ -605,13 +606,10 @@ double Trainer::run_loop() {
   while (step_ < opt_.steps) {
     StepResult r = train_step();
     resil::heartbeat_step_done(step_);
+    r.loss = guard_->apply_test_spike(step_, r.loss);
     last = r.loss;
     log_step(r, tokens);
-    bad_steps_ = r.skipped ? bad_steps_ + 1 : 0;
-    if (opt_.max_bad_steps > 0 && bad_steps_ >= opt_.max_bad_steps)
-      fail("stopping: ", bad_steps_, " consecutive steps skipped for non-finite gradients (step ",
-           step_, "): the run has diverged or its weights are not finite; no checkpoint is ",
-           "written, so the newest one on disk stays (train.max_bad_steps)");
+    if (guard_step(r)) continue;  // rolled back to the last checkpoint: no eval, no save
     if (opt_.eval_interval > 0 && (step_ % opt_.eval_interval == 0 || step_ == opt_.steps)) {
       resil::heartbeat_section(resil::Section::Eval, step_);
       double vl = evaluate();
