@@ -50,7 +50,9 @@ constexpr const char* kSupervisionHelp =
 
 void supervision_options(Options& o) {
   o.value("max-restarts", "0", "restarts after a failure before giving up")
-      .value("backoff", "1", "seconds before the first restart (doubles each time)")
+      .value("backoff", "1",
+             "seconds before restarting an attempt that failed before its first step (doubles each "
+             "time; one that trained restarts at once)")
       .value("backoff-max", "60", "longest back-off, seconds")
       .value("hang-timeout", "0", "fixed silence timeout in seconds (0: calibrated)")
       .value("timeout-multiplier", "5", "calibrated timeout = this x the longest phase seen")

@@ -148,7 +148,8 @@ int connect_to(const std::string& address) {
 
 }  // namespace
 
-void heartbeat_start(int rank, int world, const std::string& run_dir) {
+void heartbeat_start(int rank, int world, const std::string& run_dir, double setup_seconds,
+                     double restore_seconds) {
   const char* address = std::getenv(kEnvAddress);
   if (detail::g_client || !address || !*address) return;
   const char* token = std::getenv(kEnvToken);
@@ -170,6 +171,8 @@ void heartbeat_start(int rank, int world, const std::string& run_dir) {
   ::gethostname(host, sizeof host - 1);
   hello.host = host;
   hello.run_dir = run_dir;
+  hello.setup_seconds = setup_seconds;
+  hello.restore_seconds = restore_seconds;
   c->send_line(hello);
   detail::g_client = c;
   std::thread([c] { c->watch(); }).detach();

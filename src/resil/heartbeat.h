@@ -28,8 +28,10 @@ void step_done(int64_t step);
 
 // Connects to the supervisor when LOOM_SUPERVISOR is set (throws loom::Error naming the address
 // when it cannot); `run_dir` is where the supervisor may keep its events file. Call once per
-// process; later calls do nothing.
-void heartbeat_start(int rank, int world, const std::string& run_dir);
+// process; later calls do nothing. setup_seconds and restore_seconds (-1: not known) go into the
+// hello for the supervisor's restart-time breakdown (protocol.h).
+void heartbeat_start(int rank, int world, const std::string& run_dir, double setup_seconds = -1,
+                     double restore_seconds = -1);
 
 // `step` counts as the trainer's log does: the first step is 1.
 inline void heartbeat_section(Section s, int64_t step) {

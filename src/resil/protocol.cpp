@@ -19,6 +19,8 @@ std::string encode(const Message& m) {
       j["pid"] = m.pid;
       j["host"] = m.host;
       j["run_dir"] = m.run_dir;
+      if (m.setup_seconds >= 0) j["setup_seconds"] = m.setup_seconds;
+      if (m.restore_seconds >= 0) j["restore_seconds"] = m.restore_seconds;
       break;
     case MsgKind::Section:
       j["ev"] = "section";
@@ -81,6 +83,17 @@ Message decode(const std::string& line, const std::string& where) {
       m.pid = num("pid", 1, INT32_MAX);
       m.host = str("host");
       m.run_dir = str("run_dir");
+      for (auto [k, v] : {std::pair{"setup_seconds", &m.setup_seconds},
+                          std::pair{"restore_seconds", &m.restore_seconds}}) {
+        if (!j.contains(k)) continue;
+        try {
+          *v = j.at(k).as_double();
+        } catch (const Error& e) {
+          fail("field '", k, "': ", e.what());
+        }
+        LOOM_CHECK(std::isfinite(*v) && *v >= 0 && *v <= 1e7, "field '", k, "': ", *v,
+                   " is not a number of seconds in [0, 1e7]");
+      }
     } else if (ev == "section") {
       m.kind = MsgKind::Section;
       m.step = num("step", 0, kMaxStep);

@@ -27,6 +27,11 @@ struct Message {
   int64_t pid = 0;
   std::string host;
   std::string run_dir;  // where the supervisor may write its events file ("" = not known)
+  // Optional (-1 = not sent): the rank's set-up before its hello, in seconds (the trainer: from
+  // its constructor's start, model build included), and the part of it spent reading and
+  // verifying the checkpoint it resumed from; the supervisor's restart-time breakdown.
+  double setup_seconds = -1;
+  double restore_seconds = -1;
   // section / step: the step as the trainer's log counts it (1 = the first step)
   int64_t step = 0;
   std::string section;  // section: its name ([a-z_]{1,32})

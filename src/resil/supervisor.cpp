@@ -200,6 +200,7 @@ class Supervisor {
   Outcome run_attempt();
   void accept_all(double now);
   void read_conn(Conn& c, double now);
+  bool all_connections_closed();
   void handle_line(Conn& c, const std::string& line, double now);
   void bad_heartbeat(const Conn& c, const std::string& why);
   void read_output(bool drain);
@@ -293,7 +294,10 @@ void Supervisor::stop_job() {
   signal_job(SIGCONT);
   signal_job(SIGTERM);
   double t0 = now_seconds();
-  while (child_alive() && now_seconds() - t0 < o_.kill_grace) {
+  // The grace lets the launcher end its ranks itself; once every rank that was connected has
+  // closed its connection (the kernel closes it when the process ends), the ranks are gone and
+  // only the launcher is waited for: it gets SIGKILL at once instead of after the whole grace.
+  while (child_alive() && now_seconds() - t0 < o_.kill_grace && !all_connections_closed()) {
     read_output(false);
     ::usleep(20000);
   }
@@ -310,6 +314,29 @@ void Supervisor::stop_job() {
   for (auto& c : conns_) ::close(c->fd);
   conns_.clear();
   read_output(true);
+  Json j = Json::object();
+  j["event"] = "stopped";  // every process of the job is gone: the restart breakdown's start
+  j["attempt"] = attempt_;
+  j["stop_seconds"] = now_seconds() - t0;
+  events_.write(j);
+}
+
+// True when no connection of this attempt is open any more (each has reached end of file);
+// false while any is open or before any rank connected.
+bool Supervisor::all_connections_closed() {
+  bool any = false;
+  for (auto& c : conns_) {
+    if (c->fd < 0) continue;
+    any = true;
+    char buf[4096];
+    for (;;) {  // what a stopping rank still sent no longer matters: read past it to the end
+      ssize_t n = ::recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0 || (n < 0 && errno == EINTR)) continue;
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) break;  // closed (or reset)
+      return false;                                                    // still open
+    }
+  }
+  return any || !ranks_.empty();
 }
 
 void Supervisor::read_output(bool drain) {
@@ -491,6 +518,13 @@ void Supervisor::handle_line(Conn& c, const std::string& line, double now) {
     j["rank"] = m.rank;
     j["pid"] = m.pid;
     j["host"] = m.host;
+    // Restart-time breakdown: launch = the launcher's and the process's start (mpirun, MPI
+    // init) up to the rank's set-up; setup = the rank's own (model build, restore included).
+    if (m.setup_seconds >= 0) {
+      j["setup_seconds"] = m.setup_seconds;
+      j["launch_seconds"] = std::max(0.0, now - attempt_start_ - m.setup_seconds);
+    }
+    if (m.restore_seconds >= 0) j["restore_seconds"] = m.restore_seconds;
     events_.write(j);
     return;
   }
@@ -759,22 +793,27 @@ int Supervisor::run() {
       say(what, "; the job", world_ > 0 ? cat(" of ", world_, " ranks") : "", " was stopped", why);
       return 1;
     }
-    say(what, "; restart ", attempt_ + 1, " of ", o_.max_restarts, " in ", backoff, " s");
+    // An attempt that trained (a step ended) is no crash loop: its restart starts at once and
+    // the back-off starts over; attempts that fail before their first step wait, doubling.
+    const bool progressed = steps_this_attempt_ > 0;
+    if (progressed) backoff = o_.backoff;
+    const double wait = progressed ? 0.0 : backoff;
+    say(what, "; restart ", attempt_ + 1, " of ", o_.max_restarts, " in ", wait, " s");
     Json j = Json::object();
     j["event"] = "restart";
     j["attempt"] = attempt_ + 1;
-    j["backoff_seconds"] = backoff;
+    j["backoff_seconds"] = wait;
     j["cause"] = what;
     events_.write(j);
     pollfd p{g_signal_pipe[0], POLLIN, 0};
-    if (::poll(&p, 1, int(backoff * 1000)) > 0) {
+    if (::poll(&p, 1, int(wait * 1000)) > 0) {
       char sig = 0;
       if (::read(g_signal_pipe[0], &sig, 1) == 1) {
         say(strsignal(sig), " received during the back-off: not restarting");
         return 128 + sig;
       }
     }
-    backoff = std::min(o_.backoff_max, std::max(backoff * 2, 0.0));
+    if (!progressed) backoff = std::min(o_.backoff_max, std::max(backoff * 2, 0.0));
   }
 }
 

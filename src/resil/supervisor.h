@@ -20,7 +20,9 @@ struct SupervisorOptions {
   // Otherwise silence counts only once some rank has said hello.
   bool expect_heartbeats = true;
   int max_restarts = 0;
-  double backoff = 1;       // seconds before the first restart; doubles after each
+  // Seconds before a restart of an attempt that failed before its first step; doubles after each
+  // such one. An attempt that ended a step restarts at once (and the back-off starts over).
+  double backoff = 1;
   double backoff_max = 60;  // seconds
   double kill_grace = 2;    // seconds between SIGTERM and SIGKILL when stopping the job
   TimeoutPolicy timeouts;

@@ -139,8 +139,10 @@ std::string Trainer::layout_name() const {
 }
 
 Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
+  const double setup_start = now_seconds();  // the supervisor's restart-time breakdown
   config_text_ = cfg_.dump();
   opt_ = train_options_from(cfg_);
+  guard_ = std::make_unique<LossGuard>(loss_guard_options_from(cfg_));
   set_num_threads(opt_.threads);
   mcfg_ = model_config_from(cfg_);
   LOOM_CHECK(opt_.seq_len <= mcfg_.max_seq, "train.seq_len (", opt_.seq_len,
@@ -300,10 +302,12 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
 
   make_dirs(opt_.out_dir);
+  const double restore_start = now_seconds();
   bool resumed = dp_ ? opt_.resume && resume_distributed()
                      : opt_.resume && ckpt::has_checkpoints(checkpoint_root()) &&
                            resume_from(checkpoint_root());
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
+  const double restore_seconds = now_seconds() - restore_start;
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
     metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed,
                                             opt_.tensorboard ? opt_.out_dir + "/tensorboard" : "",
@@ -334,7 +338,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
              " threads, MFU against ", peak_gflops_, " GFLOP/s (",
              opt_.peak_gflops > 0 ? "train.peak_gflops" : "measured sgemm peak", ")");
   }
-  resil::heartbeat_start(rank_, pg_ ? pg_->world().size() : 1, opt_.out_dir);  // if supervised
+  resil::heartbeat_start(rank_, pg_ ? pg_->world().size() : 1, opt_.out_dir,  // if supervised
+                         now_seconds() - setup_start, restore_seconds);
 }
 
 Trainer::~Trainer() = default;
@@ -605,13 +610,10 @@ double Trainer::run_loop() {
   while (step_ < opt_.steps) {
     StepResult r = train_step();
     resil::heartbeat_step_done(step_);
+    r.loss = guard_->apply_test_spike(step_, r.loss);
     last = r.loss;
     log_step(r, tokens);
-    bad_steps_ = r.skipped ? bad_steps_ + 1 : 0;
-    if (opt_.max_bad_steps > 0 && bad_steps_ >= opt_.max_bad_steps)
-      fail("stopping: ", bad_steps_, " consecutive steps skipped for non-finite gradients (step ",
-           step_, "): the run has diverged or its weights are not finite; no checkpoint is ",
-           "written, so the newest one on disk stays (train.max_bad_steps)");
+    if (guard_step(r)) continue;  // rolled back to the last checkpoint: no eval, no save
     if (opt_.eval_interval > 0 && (step_ % opt_.eval_interval == 0 || step_ == opt_.steps)) {
       resil::heartbeat_section(resil::Section::Eval, step_);
       double vl = evaluate();

@@ -21,6 +21,7 @@
 #include "precision/policy.h"
 #include "train/batch.h"
 #include "train/dpo.h"
+#include "train/loss_guard.h"
 #include "train/metrics.h"
 
 namespace loom {
@@ -68,8 +69,9 @@ struct TrainOptions {
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there). The trainer runs on the CPU
   // backend only so far: cuda is refused with the reason.
   std::string device = "cpu";
-  // Guard: this many consecutive skipped steps (non-finite gradients) stop the run with an error,
-  // before a checkpoint of bad weights could rotate good ones away. 0 = off.
+  // Guard: this many consecutive skipped steps (non-finite gradients) stop the run with an error
+  // (or roll it back, train.on_spike = "rollback"), before a checkpoint of bad weights could
+  // rotate good ones away. 0 = off. The loss-spike keys are LossGuardOptions (loss_guard.h).
   int max_bad_steps = 10;
 };
 
@@ -124,6 +126,7 @@ class Trainer {
   Lora* lora() { return lora_.get(); }
   const TrainOptions& options() const { return opt_; }
   int64_t step() const { return step_; }
+  int rollbacks() const { return rollbacks_; }  // loss-guard rollbacks in this process
   // Distributed runs keep one checkpoint root per rank: <out_dir>/checkpoints/rank_00003.
   std::string checkpoint_root() const;
   bool distributed() const { return dp_ != nullptr; }
@@ -155,6 +158,10 @@ class Trainer {
   comm::Communicator& grad_group() const;  // dp, or dp x cp under context parallelism
   ModelInput model_input(const Batch& b);
   double pipeline_eval_sum(int64_t& valid);  // evaluate() under pipeline parallelism
+  // The loss guard's verdict on a finished step (trainer_guard.cpp): warns, throws (stop), or
+  // rolls back to the last good checkpoint and returns true.
+  bool guard_step(const StepResult& r);
+  void roll_back(const std::string& why);
 
   Config cfg_;
   std::string config_text_;
@@ -197,7 +204,8 @@ class Trainer {
   std::map<const Batch*, CpLocal> cp_local_;
   std::string pp_layout_;  // stage split and virtual stages, part of the checkpoint layout
   int rank_ = 0;
-  int bad_steps_ = 0;  // consecutive skipped steps (train.max_bad_steps)
+  std::unique_ptr<LossGuard> guard_;  // train.on_spike, train.max_bad_steps
+  int rollbacks_ = 0;                 // this process's rollbacks (train.max_rollbacks)
   std::unique_ptr<ckpt::CheckpointWriter> ckpt_writer_;  // made by the first save
 };
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # chaos.sh LOOM SEED: a 2-rank tiny training job with a checkpoint every 4 steps suffers
-# kill -9 and SIGSTOP (alternately) of random ranks at random moments (bash's RANDOM, seeded); `loom launch
+# kill -9 and SIGSTOP (alternately) of random ranks at random moments (bash's RANDOM, seeded),
+# the first before any checkpoint is committed; `loom launch
 # --max-restarts` must recover every time, and the final weights and optimizer state of every
 # rank must be bitwise equal to those of an uninterrupted run.
 set -euo pipefail
@@ -44,20 +45,27 @@ attempt_pid() {
 
 faults=0
 while [ $faults -lt "$faults_wanted" ] && kill -0 $sup 2>/dev/null; do
-  # Both ranks up in the newest attempt, and a first checkpoint committed by both (a kill in a
-  # run's very first checkpoint is the global-commit case, src/ckpt's to fix).
+  # Both ranks up in the newest attempt. The first fault is a kill -9 before the run's first
+  # global commit (while its first steps or its first checkpoint run: a partial first step must
+  # be ignored, not refused as another world size); the others wait for a committed checkpoint.
   p0=$(attempt_pid 0); p1=$(attempt_pid 1)
-  if [ -z "$p0" ] || [ -z "$p1" ] || ! ls "$work"/chaos/checkpoints/rank_00001/step_* >/dev/null 2>&1; then
+  if [ -z "$p0" ] || [ -z "$p1" ]; then sleep 0.05; continue; fi
+  committed=$(ls "$work"/chaos/checkpoints/committed/ 2>/dev/null | grep -c "^step_" || true)
+  if [ $faults -eq 0 ]; then
+    if [ "$committed" -gt 0 ]; then echo "the first checkpoint was committed before the first fault"; exit 1; fi
+    :  # at once: the first checkpoint comes 4 steps (a few tenths of a second) after the hellos
+  elif [ "$committed" -eq 0 ]; then
     sleep 0.1; continue
+  else
+    sleep "$((RANDOM % 15)).$((RANDOM % 10))e-1"  # 0 to 1.5 s into the attempt
   fi
-  sleep "$((RANDOM % 15)).$((RANDOM % 10))e-1"  # 0 to 1.5 s into the attempt
   rank=$((RANDOM % 2))
   pid=$([ $rank = 0 ] && echo "$p0" || echo "$p1")
   sig=$([ $((faults % 2)) = 0 ] && echo KILL || echo STOP)  # both kinds, whatever the seed
   before=$(restarts)
   kill -$sig "$pid" 2>/dev/null || continue  # it had already ended
   faults=$((faults + 1))
-  echo "fault $faults: SIG$sig to rank $rank (pid $pid)"
+  echo "fault $faults: SIG$sig to rank $rank (pid $pid), $(ls "$work"/chaos/checkpoints/committed/ 2>/dev/null | grep -c "^step_" || true) step(s) committed"
   for _ in $(seq 600); do  # recovered: a restart logged (60 s at most)
     [ "$(restarts)" -gt "$before" ] && break
     kill -0 $sup 2>/dev/null || break

@@ -35,6 +35,13 @@ TEST(HeartbeatProtocol, RoundTrips) {
   EXPECT_EQ(d.pid, 1234);
   EXPECT_EQ(d.host, "node7");
   EXPECT_EQ(d.run_dir, "/runs/x");
+  EXPECT_EQ(d.setup_seconds, -1);  // not sent: not known
+  EXPECT_EQ(encode(h).find("setup_seconds"), std::string::npos);
+  h.setup_seconds = 4.5;
+  h.restore_seconds = 1.25;
+  d = decode(encode(h), "t");
+  EXPECT_DOUBLE_EQ(d.setup_seconds, 4.5);
+  EXPECT_DOUBLE_EQ(d.restore_seconds, 1.25);
   Message s;
   s.kind = MsgKind::Section;
   s.step = 17;
@@ -75,6 +82,12 @@ TEST(HeartbeatProtocol, MalformedLinesNameSenderAndField) {
   e = error_of(R"({"ev":"hello","token":"t","attempt":0,"rank":-4,"world":2,"pid":9,)"
                R"("host":"h","run_dir":""})");
   EXPECT_NE(e.find("field 'rank'"), std::string::npos) << e;
+  const std::string hello = R"({"ev":"hello","token":"t","attempt":0,"rank":0,"world":2,"pid":9,)"
+                            R"("host":"h","run_dir":"",)";
+  e = error_of(hello + R"("setup_seconds":-2})");
+  EXPECT_NE(e.find("field 'setup_seconds': -2 is not a number of seconds"), std::string::npos) << e;
+  e = error_of(hello + R"("restore_seconds":"soon"})");
+  EXPECT_NE(e.find("field 'restore_seconds'"), std::string::npos) << e;
   std::string longline(500, 'x');
   e = error_of(longline);
   EXPECT_LT(e.size(), 400u) << "the quoted line is cut short";
