@@ -23,7 +23,7 @@ constexpr int kTagHeader = 7101, kTagPayload = 7102;
 // Polling interval of the bounded waits: short against a generation batch, long enough that a
 // waiting rank leaves the (shared) core to the one it waits for.
 void nap() {
-  std::this_thread::sleep_for(std::chrono::microseconds(500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 // LOOM_FAULT_INJECT=<rank>:<step>[:error|:stall], as the trainer reads it: that rollout rank is
