@@ -9,16 +9,24 @@
 // prompts of a seed the training never draws, evaluated after the run on weight snapshots so that
 // evaluation never steals time from the runs. The synchronous baseline runs twice, on all cores
 // and on one (the tiny model's kernels may be faster on one), and the faster is the baseline.
+// The multi-process mode ("mpi-1": max staleness 1, 1 learner rank + 1 rollout rank, one thread
+// each, weights sent as bf16) runs as a child job, `mpirun -n 2 bench_rl --mpi-run OUT STEPS
+// TARGET`, whose learner evaluates its snapshots after the run and writes OUT/bench_rl_mpi.json.
 //   bench_rl [OUT_DIR] [STEPS] [TARGET_ACCURACY]
 #include <omp.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -26,6 +34,7 @@
 #include "rl/async_grpo.h"
 #include "rl/evaluate.h"
 #include "rl/grpo_trainer.h"
+#include "rl/mpi_grpo.h"
 
 using namespace loom;
 using namespace loom::rl;
@@ -76,8 +85,10 @@ struct Run {
   int64_t samples = 0;
 };
 
+// mpi: this process is one rank of a 2-rank job (rank 0 learns, rank 1 generates); only rank 0's
+// Run is filled.
 Run run(const std::string& name, int64_t staleness, int threads, int steps, int eval_every,
-        double target) {
+        double target, bool mpi = false) {
   Run r;
   r.name = name;
   r.staleness = staleness;
@@ -103,7 +114,27 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
   const double t0 = now_seconds();
   std::vector<RlStepStats> stats;
   double snap_time = 0;  // excluded: the copies are the benchmark's, not the algorithm's
-  if (staleness < 0) {
+  if (mpi) {
+    set_num_threads(threads);
+    MpiRlOptions mo;
+    mo.rollout_ranks = 1;
+    mo.max_staleness = staleness;
+    mo.learner_timeout = 300;
+    mo.steps = steps;
+    MpiGrpo t(comm::world(), model, tok, chat, env, o, mo);
+    if (!t.is_learner()) {
+      t.run_rollout();
+      return r;
+    }
+    for (int s = 0; s < steps; ++s) {
+      stats.push_back(t.step());
+      r.wall.push_back(now_seconds() - t0 - snap_time);
+      const double c0 = now_seconds();
+      if ((s + 1) % eval_every == 0) snapshot(s + 1);
+      snap_time += now_seconds() - c0;
+    }
+    t.finish();
+  } else if (staleness < 0) {
     set_num_threads(threads);
     GrpoTrainer t(model, tok, chat, env, o);
     for (int s = 0; s < steps; ++s) {
@@ -156,19 +187,98 @@ std::string polyline(const std::vector<double>& x, const std::vector<double>& y,
   return cat("<polyline fill='none' stroke='", colour, "' stroke-width='2' points='", pts, "'/>\n");
 }
 
+Json vec_json(const std::vector<double>& v) {
+  Json a = Json::array();
+  for (double x : v) a.push_back(Json(x));
+  return a;
+}
+
+std::vector<double> json_vec(const Json& a) {
+  std::vector<double> v;
+  for (const Json& x : a.as_array()) v.push_back(x.as_double());
+  return v;
+}
+
+// The child job's side of the multi-process mode: both ranks run, rank 0 writes the Run.
+int mpi_child(const std::string& out, int steps, double target, int eval_every) {
+  comm::Communicator& w = comm::world();
+  LOOM_CHECK(w.size() == 2, "bench_rl --mpi-run runs as 2 ranks, not ", w.size());
+  const Run r = run("mpi-1", 1, 1, steps, eval_every, target, true);
+  if (w.rank() != 0) return 0;
+  Json j = Json::object();
+  j["seconds"] = r.seconds;
+  j["max_wait"] = r.max_wait;
+  j["rollout_util"] = r.rollout_util;
+  j["learner_util"] = r.learner_util;
+  j["load_before"] = r.load_before;
+  j["load_after"] = r.load_after;
+  j["time_to_target"] = r.time_to_target;
+  j["samples"] = r.samples;
+  j["wall"] = vec_json(r.wall);
+  j["reward"] = vec_json(r.reward);
+  j["accuracy_at"] = vec_json(r.accuracy_at);
+  std::vector<double> es(r.eval_steps.begin(), r.eval_steps.end());
+  j["eval_steps"] = vec_json(es);
+  write_file_atomic(out + "/bench_rl_mpi.json", j.dump(2) + "\n");
+  return 0;
+}
+
+// Runs the multi-process mode as a child job of 2 ranks; false (with a message) if it failed.
+bool run_mpi_mode(const std::string& out, int steps, double target, Run* r) {
+#ifdef LOOM_MPIEXEC
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return false;
+  self[n] = '\0';
+  std::remove((out + "/bench_rl_mpi.json").c_str());
+  const std::string cmd =
+      cat("OMP_NUM_THREADS=1 ", LOOM_MPIEXEC, " --oversubscribe --bind-to none ", "-n 2 '", self,
+          "' --mpi-run '", out, "' ", steps, " ", target);
+  if (std::system(cmd.c_str()) != 0) {
+    std::fprintf(stderr, "the multi-process mode failed: %s\n", cmd.c_str());
+    return false;
+  }
+  const Json j = Json::parse(read_file(out + "/bench_rl_mpi.json"), out + "/bench_rl_mpi.json");
+  r->name = "mpi-1";
+  r->staleness = 1;
+  r->seconds = j.at("seconds").as_double();
+  r->max_wait = j.at("max_wait").as_double();
+  r->rollout_util = j.at("rollout_util").as_double();
+  r->learner_util = j.at("learner_util").as_double();
+  r->load_before = j.at("load_before").as_double();
+  r->load_after = j.at("load_after").as_double();
+  r->time_to_target = j.at("time_to_target").as_double();
+  r->samples = int64_t(j.at("samples").as_double());
+  r->wall = json_vec(j.at("wall"));
+  r->reward = json_vec(j.at("reward"));
+  r->accuracy_at = json_vec(j.at("accuracy_at"));
+  for (double e : json_vec(j.at("eval_steps"))) r->eval_steps.push_back(int64_t(e));
+  return true;
+#else
+  std::fprintf(stderr, "built without MPI: no multi-process mode\n");
+  return false;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const int eval_every = 2;
+  if (argc > 1 && std::string(argv[1]) == "--mpi-run") {
+    LOOM_CHECK(argc == 5, "bench_rl --mpi-run OUT STEPS TARGET");
+    return mpi_child(argv[2], std::stoi(argv[3]), std::stod(argv[4]), eval_every);
+  }
   const std::string out = argc > 1 ? argv[1] : "bench_rl_out";
   const int steps = argc > 2 ? std::stoi(argv[2]) : 40;
   const double target = argc > 3 ? std::stod(argv[3]) : 0.5;
-  const int eval_every = 2;
   make_dirs(out);
   const int cores = std::max(1, omp_get_num_procs()), half = std::max(1, cores / 2);
   std::vector<Run> runs = {run("sync", -1, cores, steps, eval_every, target),
                            run("sync-1t", -1, 1, steps, eval_every, target),
                            run("async-1", 1, half, steps, eval_every, target),
                            run("async-2", 2, half, steps, eval_every, target)};
+  Run m;
+  if (run_mpi_mode(out, steps, target, &m)) runs.push_back(m);
   Json j = Json::object();
   j["steps"] = steps;
   j["target_accuracy"] = target;
@@ -219,7 +329,7 @@ int main(int argc, char** argv) {
   // The curves against wall time: reward (solid) and held-out accuracy (dots), one colour a mode.
   double xmax = 1e-9;
   for (const Run& r : runs) xmax = std::max(xmax, r.seconds);
-  const char* colours[] = {"#444", "#999", "#1f77b4", "#d62728"};
+  const char* colours[] = {"#444", "#999", "#1f77b4", "#d62728", "#2ca02c"};
   std::string svg =
       "<svg xmlns='http://www.w3.org/2000/svg' width='600' height='300'>\n"
       "<rect width='600' height='300' fill='white'/>\n"

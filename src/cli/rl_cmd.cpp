@@ -1,9 +1,10 @@
 // `loom rl`: GRPO on a built-in verifiable task (or an HTTP environment), in one process:
 // synchronous (every step samples groups from the current weights, then updates) or, with
 // --async, a rollout thread and the learner overlapping through the versioned replay buffer
-// (src/rl/async_grpo.h). Writes metrics.jsonl (reward, accuracy, KL, clip fraction, staleness,
-// importance weights, utilisation, timings) and checkpoints (weights + optimizer + step) that
-// resume (--resume) and that generate and serve read.
+// (src/rl/async_grpo.h), or over MPI ranks with --rollout-ranks K under `loom launch -n N`:
+// rank 0 learns, ranks 1..K generate (src/rl/mpi_grpo.h). Writes metrics.jsonl (reward, accuracy,
+// KL, clip fraction, staleness, importance weights, utilisation, timings) and checkpoints (weights
+// + optimizer + step) that resume (--resume) and that generate and serve read.
 #include <cstdio>
 #include <memory>
 
@@ -11,6 +12,7 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "cli/serving_setup.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -19,11 +21,15 @@
 #include "rl/evaluate.h"
 #include "rl/grpo_trainer.h"
 #include "rl/http_env.h"
+#include "rl/mpi_grpo.h"
+#include "rl/weight_sync.h"
 #include "train/metrics.h"
 
 namespace loom::cli {
 
-int run_rl(const Args& args) {
+namespace {
+
+int run_rl_here(const Args& args) {
   Options o("loom rl --ckpt PATH --env arithmetic|reverse|countdown --out DIR [options]",
             "GRPO from a checkpoint on a built-in task with exact-match rewards, in one process:\n"
             "synchronous by default; --async overlaps a rollout thread with the learner, using\n"
@@ -54,6 +60,9 @@ int run_rl(const Args& args) {
       .value("learner-timeout", "600", "seconds either side waits for the other before failing")
       .value("rollout-timeout", "0",
              "seconds per generation batch; later groups are dropped (0: none)")
+      .value("rollout-ranks", "0",
+             "under loom launch -n N: K rollout ranks, rank 0 the learner (K = N - 1)")
+      .value("weight-sync", "bf16", "with --rollout-ranks: weights broadcast as bf16 or f32")
       .value("threads-per-role", "0", "with --async: OpenMP/BLAS threads each (0: half the cores)")
       .value("save-every", "0", "checkpoint every N steps (0: only at the end)")
       .flag("resume", "continue from the newest checkpoint under --out (if any)")
@@ -88,7 +97,19 @@ int run_rl(const Args& args) {
   const bool async = o.has("async");
   rl::AsyncOptions ao;
   ao.max_staleness = o.get_int("max-staleness", 0, 1000);
-  LOOM_CHECK(async || !o.has("max-staleness"), "--max-staleness needs --async");
+  const int rollout_ranks = o.get_int32("rollout-ranks", 0, 1 << 20);
+  const bool mpi = rollout_ranks > 0;
+  LOOM_CHECK(!(mpi && async), "--async runs in one process; --rollout-ranks runs over MPI ranks ",
+             "(both asynchronous): choose one");
+  LOOM_CHECK(async || mpi || !o.has("max-staleness"),
+             "--max-staleness needs --async or --rollout-ranks");
+  LOOM_CHECK(mpi || !o.has("weight-sync"), "--weight-sync needs --rollout-ranks");
+  const DType weight_dtype = rl::weight_sync_dtype(o.get("weight-sync"));
+  if (mpi)
+    rl::check_rl_layout(comm::world().size(), rollout_ranks);
+  else
+    LOOM_CHECK(!comm::launched_distributed(), "loom rl runs on ", comm::world().size(),
+               " ranks only with --rollout-ranks K (K = ranks - 1)");
   ao.learner_timeout = o.get_double("learner-timeout");
   LOOM_CHECK(ao.learner_timeout > 0 && ao.learner_timeout <= 86400,
              "--learner-timeout must lie in (0, 86400] seconds");
@@ -118,6 +139,20 @@ int run_rl(const Args& args) {
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
   LOOM_CHECK(tok, "loom rl needs a tokenizer with the chat template's special tokens");
   data::ChatTemplate chat(o.get("chat-template"), *tok);
+  rl::MpiRlOptions mo;
+  mo.rollout_ranks = rollout_ranks;
+  mo.weight_dtype = weight_dtype;
+  mo.max_staleness = ao.max_staleness;
+  mo.learner_timeout = ao.learner_timeout;
+  mo.steps = steps;
+  if (mpi && comm::world().rank() != 0) {
+    // A rollout rank: the learner's weights arrive in the constructor; it writes nothing.
+    rl::MpiGrpo rollout(comm::world(), *model, *tok, chat, *env, ro, mo);
+    log_info("rollout rank ", comm::world().rank(), " of ", rollout_ranks, ": from step ",
+             rollout.first_step(), ", weights as ", dtype_name(weight_dtype));
+    rollout.run_rollout();
+    return 0;
+  }
   const std::string out = o.get("out");
   make_dirs(out);
   const std::string root = out + "/checkpoints";
@@ -144,11 +179,17 @@ int run_rl(const Args& args) {
   }
   std::unique_ptr<rl::GrpoTrainer> sync_loop;
   std::unique_ptr<rl::AsyncGrpo> async_loop;
-  if (async)
+  std::unique_ptr<rl::MpiGrpo> mpi_loop;
+  if (mpi)
+    mpi_loop =
+        std::make_unique<rl::MpiGrpo>(comm::world(), *model, *tok, chat, *env, ro, mo, restore);
+  else if (async)
     async_loop = std::make_unique<rl::AsyncGrpo>(*model, *tok, chat, *env, ro, ao, restore);
   else
     sync_loop = std::make_unique<rl::GrpoTrainer>(*model, *tok, chat, *env, ro, restore);
-  rl::GrpoLearner& learner = async ? async_loop->learner() : sync_loop->learner();
+  rl::GrpoLearner& learner = mpi     ? mpi_loop->learner()
+                             : async ? async_loop->learner()
+                                     : sync_loop->learner();
   LOOM_CHECK(first_step <= steps, "the checkpoint ", *latest, " is at step ", first_step,
              ", past --steps ", steps);
   if (latest) log_info("resumed from ", *latest, " at step ", first_step);
@@ -165,19 +206,23 @@ int run_rl(const Args& args) {
     st.extra["rl"] = cat("grpo ", env->name(), " from ", start.dir());
     st.extra["rl_adam_steps"] = learner.optimizer().steps_taken();
     st.extra["rl_weight_version"] = step;
-    st.extra["rl_max_staleness"] = async ? ao.max_staleness : int64_t(0);
+    st.extra["rl_max_staleness"] = async || mpi ? ao.max_staleness : int64_t(0);
     return ckpt::save_checkpoint(root, st, model->params().tensors(),
                                  learner.optimizer().state_tensors());
   };
 
   log_info("GRPO on ", env->name(),
-           (async ? cat(", async (max staleness ", ao.max_staleness, ")")
-                  : std::string(", synchronous")),
+           (mpi     ? cat(", over ", rollout_ranks, " rollout rank(s) + 1 learner (max staleness ",
+                          ao.max_staleness, ", weights sent as ", dtype_name(weight_dtype), ")")
+            : async ? cat(", async (max staleness ", ao.max_staleness, ")")
+                    : std::string(", synchronous")),
            ": ", ro.prompts_per_step, " prompts x ", ro.group_size, " completions per step, ",
            ro.max_tokens, " tokens at most, lr ", ro.lr, ", beta ", ro.grpo.beta);
   const double t0 = now_seconds();
   for (int64_t s = first_step; s < steps; ++s) {
-    const rl::RlStepStats st = async ? async_loop->step() : sync_loop->step();
+    const rl::RlStepStats st = mpi     ? mpi_loop->step()
+                               : async ? async_loop->step()
+                                       : sync_loop->step();
     Json j = st.json();
     j["wall_seconds"] = now_seconds() - t0;
     if (eval_every > 0 && ((s + 1) % eval_every == 0 || s + 1 == steps)) {
@@ -197,12 +242,26 @@ int run_rl(const Args& args) {
       log_info("saved ", save(s + 1));
   }
   if (async_loop) async_loop->stop();
+  if (mpi_loop) mpi_loop->finish();
   if (http_stats)
     log_info("environment calls ", http_stats->calls, ", retries ", http_stats->retries,
              ", failed ", http_stats->failed, ", malformed ", http_stats->malformed,
              ", reward out of range ", http_stats->out_of_range);
   log_info("saved ", save(steps));
   return 0;
+}
+
+}  // namespace
+
+int run_rl(const Args& args) {
+  try {
+    return run_rl_here(args);
+  } catch (const Error& e) {
+    // Over MPI one rank's error ends every rank (a rollout rank waiting for weights, the learner
+    // waiting for groups) with the message, instead of leaving them to their timeouts.
+    if (comm::launched_distributed()) comm::abort_job(e.what());
+    throw;
+  }
 }
 
 }  // namespace loom::cli

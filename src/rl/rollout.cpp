@@ -26,7 +26,8 @@ RolloutWorker::RolloutWorker(Decoder& model, const data::BpeTokenizer& tok,
 
 RolloutWorker::~RolloutWorker() = default;
 
-RolloutBatch RolloutWorker::generate(int64_t target_step, int64_t version) {
+RolloutBatch RolloutWorker::generate(int64_t target_step, int64_t version, int part, int parts) {
+  LOOM_CHECK(parts >= 1 && part >= 0 && part < parts, "rollout share ", part, " of ", parts);
   RolloutBatch out;
   const int P = opt_.prompts_per_step, G = opt_.group_size;
   const double t0 = now_seconds();
@@ -35,6 +36,10 @@ RolloutBatch RolloutWorker::generate(int64_t target_step, int64_t version) {
   std::vector<int> open(static_cast<size_t>(P), G);  // completions not yet finished
   std::vector<bool> aborted(static_cast<size_t>(P), false);
   for (int i = 0; i < P; ++i) {
+    if (i % parts != part) {  // another rank's prompt
+      open[size_t(i)] = 0;
+      continue;
+    }
     PromptGroup& g = groups[size_t(i)];
     g.target_step = target_step;
     g.version = version;
@@ -66,12 +71,13 @@ RolloutBatch RolloutWorker::generate(int64_t target_step, int64_t version) {
   while (engine_->step()) {
     if (deadline > 0 && now_seconds() > deadline) {
       for (int i = 0; i < P; ++i)
-        if (open[size_t(i)] > 0) engine_->cancel(ids[size_t(i)]);
+        if (i % parts == part && open[size_t(i)] > 0) engine_->cancel(ids[size_t(i)]);
       break;
     }
   }
   engine_->run_until_idle();  // delivers the cancellations (and anything a step left)
   for (int i = 0; i < P; ++i) {
+    if (i % parts != part) continue;
     PromptGroup& g = groups[size_t(i)];
     if (aborted[size_t(i)] || open[size_t(i)] > 0) {
       ++out.dropped_timeout;

@@ -35,8 +35,9 @@ class RolloutWorker {
                 const Environment& env, const RlOptions& opt);
   ~RolloutWorker();
   // The groups of `target_step` (its P tasks are fixed by the seed and the step), sampled from
-  // the model's current weights, tagged `version`.
-  RolloutBatch generate(int64_t target_step, int64_t version);
+  // the model's current weights, tagged `version`. With parts > 1 only the prompts i with
+  // i % parts == part (one rollout rank's share of the step; the rest come from other ranks).
+  RolloutBatch generate(int64_t target_step, int64_t version, int part = 0, int parts = 1);
   // The model's weights changed: drops cached prefixes (their keys and values are stale).
   void weights_updated() { engine_->weights_updated(); }
 

@@ -1,0 +1,297 @@
+#include "rl/mpi_grpo.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "rl/trajectory_wire.h"
+#include "rl/weight_sync.h"
+
+namespace loom::rl {
+
+namespace {
+
+constexpr int kTagHeader = 7101, kTagPayload = 7102;
+
+// Polling interval of the bounded waits: short against a generation batch, long enough that a
+// waiting rank leaves the (shared) core to the one it waits for.
+void nap() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// LOOM_FAULT_INJECT=<rank>:<step>[:error|:stall], as the trainer reads it: that rollout rank is
+// killed (SIGKILL), throws, or stops answering (sleeps for an hour) when it starts generating
+// that target step. The fault tests check that the learner then ends with a message naming the
+// rank within --learner-timeout instead of hanging.
+void maybe_inject_fault(int rank, int64_t step) {
+  const char* f = std::getenv("LOOM_FAULT_INJECT");
+  if (!f) return;
+  int r = -1;
+  long long s = -1;
+  char mode[16] = "";
+  const int n = std::sscanf(f, "%d:%lld:%15s", &r, &s, mode);
+  if (n < 2 || r != rank || s != step) return;
+  if (std::string(mode) == "error") fail("injected fault at step ", step);
+  if (std::string(mode) == "stall") {
+    log_warn("rollout rank ", rank, ": injected stall at step ", step);
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  std::raise(SIGKILL);
+}
+
+}  // namespace
+
+void check_rl_layout(int world_size, int rollout_ranks) {
+  LOOM_CHECK(world_size >= 2, "--rollout-ranks needs at least 2 ranks (loom launch -n N with ",
+             "N >= 2); this job has ", world_size);
+  LOOM_CHECK(rollout_ranks >= 1 && rollout_ranks <= world_size - 1, "--rollout-ranks ",
+             rollout_ranks, " must lie in [1, ", world_size - 1, "] for ", world_size,
+             " ranks (at least one learner rank and one rollout rank)");
+  LOOM_CHECK(world_size - rollout_ranks == 1, "--rollout-ranks ", rollout_ranks, " leaves ",
+             world_size - rollout_ranks, " learner ranks of ", world_size,
+             ": data parallelism over learner ranks is not supported yet; use --rollout-ranks ",
+             world_size - 1);
+}
+
+MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeTokenizer& tok,
+                 const data::ChatTemplate& chat, const Environment& env, const RlOptions& opt,
+                 const MpiRlOptions& mo, const RlRestore& restore)
+    : world_(world),
+      policy_(policy),
+      opt_(opt),
+      mo_(mo),
+      rank_(world.rank()),
+      buffer_(mo.max_staleness) {
+  check_rl_layout(world.size(), mo.rollout_ranks);
+  LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
+  const int64_t bytes = weight_message_bytes(policy.params().total(), mo.weight_dtype);
+  if (is_learner()) {
+    learner_ = std::make_unique<GrpoLearner>(policy, opt_);
+    step_ = first_ = restore ? restore(policy, learner_->optimizer()) : 0;
+    LOOM_CHECK(mo.steps >= first_, "the run starts at step ", first_, ", past its ", mo.steps,
+               " steps");
+    // Every rollout rank sends every step's message to rank 0: one header receive posted per
+    // rank, re-posted as each message arrives.
+    headers_.assign(size_t(world.size()), std::vector<int64_t>(2, 0));
+    hwork_.resize(size_t(world.size()));
+    if (step_ < mo_.steps)
+      for (int r = 1; r < world.size(); ++r)
+        hwork_[size_t(r)] =
+            world_.recv_async(headers_[size_t(r)].data(), 2, DType::I64, r, kTagHeader);
+    broadcast_weights();
+    progress_broadcasts(0);  // the first weights reach every rollout rank before anything else
+  } else {
+    rollout_ = std::make_unique<RolloutWorker>(policy, tok, chat, env, opt_);
+    wbuf_.resize(size_t(bytes));
+    wwork_ = world_.broadcast_async(wbuf_.data(), bytes, DType::U8, 0);
+    wpending_ = true;
+    wait_work(wwork_, "the learner's first weights");
+    apply_weights();
+    step_ = first_ = have_;
+  }
+  last_step_end_ = now_seconds();
+}
+
+MpiGrpo::~MpiGrpo() = default;
+
+std::string MpiGrpo::rollout_name(int r) const {
+  return cat("rollout rank ", world_.world_rank_of(r));
+}
+
+void MpiGrpo::wait_work(comm::Work& w, const std::string& what) {
+  const double deadline = now_seconds() + mo_.learner_timeout;
+  while (!w.test()) {
+    LOOM_CHECK(now_seconds() < deadline, is_learner() ? "learner" : rollout_name(rank_),
+               ": waited ", mo_.learner_timeout, " s (--learner-timeout) for ", what);
+    nap();
+  }
+}
+
+void MpiGrpo::broadcast_weights() {
+  Inflight f;
+  f.bytes = pack_weights(policy_.params(), mo_.weight_dtype, step_);
+  f.work = world_.broadcast_async(f.bytes.data(), int64_t(f.bytes.size()), DType::U8, 0);
+  hashes_.push_back({step_, weights_hash(policy_.params(), mo_.weight_dtype)});
+  sends_.push_back(std::move(f));
+}
+
+void MpiGrpo::progress_broadcasts(size_t keep) {
+  while (!sends_.empty() && sends_.front().work.test()) sends_.pop_front();
+  while (sends_.size() > keep) {
+    int64_t v = 0;
+    std::memcpy(&v, sends_.front().bytes.data(), 8);
+    wait_work(sends_.front().work, cat("every rollout rank to take weight version ", v));
+    sends_.pop_front();
+  }
+}
+
+RlStepStats MpiGrpo::step() {
+  LOOM_CHECK(is_learner(), "MpiGrpo::step runs on the learner (rank 0)");
+  LOOM_CHECK(step_ < mo_.steps, "learner step ", step_, " is past the run's ", mo_.steps, " steps");
+  RlStepStats st;
+  st.step = step_;
+  const double t0 = now_seconds(), deadline = t0 + mo_.learner_timeout;
+  // 1. One message of this step from every rollout rank, each: header, then payload.
+  const int n = world_.size();
+  std::vector<int> state(size_t(n), 0);  // 0: header pending, 1: payload pending, 2: done
+  std::vector<std::vector<uint8_t>> payload(static_cast<size_t>(n));
+  std::vector<comm::Work> pwork(static_cast<size_t>(n));
+  std::vector<PromptGroup> groups;
+  int64_t dropped_timeout = 0, dropped_env = 0, generated = 0;
+  double busy = 0;
+  for (int done = 0; done < n - 1;) {
+    bool moved = false;
+    for (int r = 1; r < n; ++r) {
+      if (state[size_t(r)] == 0 && hwork_[size_t(r)].test()) {
+        const auto& h = headers_[size_t(r)];
+        LOOM_CHECK(h[0] == step_ && h[1] > 0 && h[1] < (int64_t(1) << 31), "learner step ", step_,
+                   ": ", rollout_name(r), " announced a message for step ", h[0], " of ", h[1],
+                   " bytes");
+        payload[size_t(r)].resize(size_t(h[1]));
+        pwork[size_t(r)] =
+            world_.recv_async(payload[size_t(r)].data(), h[1], DType::U8, r, kTagPayload);
+        state[size_t(r)] = 1;
+        moved = true;
+      }
+      if (state[size_t(r)] == 1 && pwork[size_t(r)].test()) {
+        int64_t target = -1;
+        RolloutBatch b = decode_trajectories(payload[size_t(r)], rollout_name(r), &target);
+        LOOM_CHECK(target == step_, "learner step ", step_, ": ", rollout_name(r),
+                   " sent the groups of step ", target);
+        for (PromptGroup& g : b.groups) {
+          LOOM_CHECK(int(g.task_index % uint64_t(opt_.prompts_per_step)) % (n - 1) == r - 1,
+                     "learner step ", step_, ": ", rollout_name(r), " sent task ", g.task_index,
+                     ", another rank's share");
+          groups.push_back(std::move(g));
+        }
+        dropped_timeout += b.dropped_timeout;
+        dropped_env += b.dropped_env;
+        generated += b.generated_tokens;
+        busy += b.seconds;
+        state[size_t(r)] = 2;
+        ++done;
+        moved = true;
+        // The next step's header may already be on its way.
+        if (step_ + 1 < mo_.steps)
+          hwork_[size_t(r)] =
+              world_.recv_async(headers_[size_t(r)].data(), 2, DType::I64, r, kTagHeader);
+      }
+    }
+    progress_broadcasts(sends_.size());  // drives MPI's progress on the weights in flight
+    if (done == n - 1) break;
+    if (!moved) {
+      if (now_seconds() > deadline) {
+        std::string silent;
+        for (int r = 1; r < n; ++r)
+          if (state[size_t(r)] != 2)
+            silent += cat(silent.empty() ? "" : ", ", world_.world_rank_of(r),
+                          state[size_t(r)] == 0 ? " (nothing)" : " (header only)");
+        fail("learner step ", step_, ": waited ", mo_.learner_timeout,
+             " s (--learner-timeout) for the rollout groups of this step; no message from "
+             "rollout rank(s) ",
+             silent, ": stalled or dead");
+      }
+      nap();
+    }
+  }
+  st.learner_wait_seconds = now_seconds() - t0;
+  // 2. The groups in prompt order (the order of the synchronous run), through the replay buffer
+  // so that the staleness bound is checked and the drops are counted as in the other modes.
+  std::sort(groups.begin(), groups.end(),
+            [](const PromptGroup& a, const PromptGroup& b) { return a.task_index < b.task_index; });
+  for (PromptGroup& g : groups) buffer_.push(std::move(g));
+  buffer_.drop(step_, dropped_timeout, true);
+  buffer_.drop(step_, dropped_env, false);
+  const ReplayStats before = buffer_.stats();
+  groups = buffer_.take(step_, opt_.prompts_per_step, 0);
+  if (mo_.before_learn) mo_.before_learn(step_);
+  learner_->learn(groups, step_, &st);
+  ++step_;
+  // 3. The new weights to the rollout ranks (not after the last step: nobody generates then).
+  if (step_ < mo_.steps) broadcast_weights();
+  progress_broadcasts(size_t(mo_.max_staleness) + 2);
+  const double t1 = now_seconds();
+  const double wall = std::max(t1 - last_step_end_, 1e-9);
+  st.rollout_seconds = busy;
+  st.rollout_utilisation = busy / double(n - 1) / wall;
+  st.generation_tokens_per_s = double(generated) / std::max(busy, 1e-9);
+  st.learner_utilisation = (t1 - t0 - st.learner_wait_seconds) / wall;
+  st.dropped_timeout = dropped_timeout;
+  st.dropped_env = dropped_env;
+  st.dropped_stale = buffer_.stats().dropped_stale - before.dropped_stale;
+  last_step_end_ = t1;
+  return st;
+}
+
+void MpiGrpo::finish() {
+  if (is_learner()) progress_broadcasts(0);
+}
+
+void MpiGrpo::post_weight_recv() {
+  // The learner broadcasts versions first_ .. steps - 1.
+  if (have_ + 1 >= mo_.steps) return;
+  wwork_ = world_.broadcast_async(wbuf_.data(), int64_t(wbuf_.size()), DType::U8, 0);
+  wpending_ = true;
+}
+
+void MpiGrpo::apply_weights() {
+  const int64_t v = unpack_weights(wbuf_, mo_.weight_dtype, policy_.params());
+  LOOM_CHECK(hashes_.empty() || v == have_ + 1, rollout_name(rank_), ": received weight version ",
+             v, " after version ", have_);
+  have_ = v;
+  wpending_ = false;
+  // The hash of what this rank now holds, recomputed from its model (not from the message).
+  hashes_.push_back({v, weights_hash(policy_.params(), mo_.weight_dtype)});
+  rollout_->weights_updated();
+  post_weight_recv();
+}
+
+void MpiGrpo::run_rollout() {
+  LOOM_CHECK(!is_learner(), "MpiGrpo::run_rollout runs on the rollout ranks");
+  const int K = world_.size() - 1, part = rank_ - 1;
+  for (int64_t s = first_; s < mo_.steps; ++s) {
+    // Newer weights between batches, as many as have arrived; then wait (bounded) while the
+    // weights held are too old for step s.
+    while (wpending_ && wwork_.test()) apply_weights();
+    while (s - have_ > mo_.max_staleness) {
+      LOOM_CHECK(wpending_, rollout_name(rank_), ": no weight version ", s - mo_.max_staleness,
+                 " will come (the run ends at ", mo_.steps, ")");
+      wait_work(wwork_, cat("weight version ", have_ + 1, " (step ", s, " needs version ",
+                            s - mo_.max_staleness, " or newer)"));
+      apply_weights();
+    }
+    maybe_inject_fault(world_.world_rank_of(rank_), s);
+    if (mo_.before_rollout) mo_.before_rollout(s);
+    RolloutBatch b = rollout_->generate(s, have_, part, K);
+    ages_.push_back(s - have_);
+    Inflight f;
+    f.bytes = encode_trajectories(b, s);
+    f.header = {s, int64_t(f.bytes.size())};
+    f.header_work = world_.send_async(f.header.data(), 2, DType::I64, 0, kTagHeader);
+    f.work = world_.send_async(f.bytes.data(), int64_t(f.bytes.size()), DType::U8, 0, kTagPayload);
+    sends_.push_back(std::move(f));
+    while (!sends_.empty() && sends_.front().header_work.test() && sends_.front().work.test())
+      sends_.pop_front();
+  }
+  // Every broadcast the learner makes must be taken, or it would wait for this rank.
+  while (wpending_) {
+    wait_work(wwork_, cat("weight version ", have_ + 1, " (the run's last)"));
+    apply_weights();
+  }
+  while (!sends_.empty()) {
+    wait_work(sends_.front().header_work,
+              cat("the learner to take the header of step ", sends_.front().header[0]));
+    wait_work(sends_.front().work,
+              cat("the learner to take the groups of step ", sends_.front().header[0]));
+    sends_.pop_front();
+  }
+}
+
+}  // namespace loom::rl

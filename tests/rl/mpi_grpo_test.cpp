@@ -1,0 +1,244 @@
+// GRPO over MPI ranks (run as 2 and 3 ranks: one learner, 1 or 2 rollout ranks): after every
+// weight sync each rollout rank holds the learner's weights bit for bit (hash of the flat
+// buffer, fp32 and bf16); the staleness bound holds across ranks under a slowed learner and
+// slowed rollouts; with max_staleness 0 and fp32 sync the run is the one-process synchronous
+// run step for step. The stalled-rank test (its own CTest entry) checks that a rollout rank
+// that stops answering ends the learner with an error naming it within --learner-timeout.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/backend.h"
+#include "mpi_main.h"
+#include "rl/grpo_trainer.h"
+#include "rl/mpi_grpo.h"
+#include "rl/weight_sync.h"
+#include "rl_test_util.h"
+
+using namespace loom;
+using namespace loom::rl;
+
+namespace {
+
+comm::Communicator& W() {
+  return comm::world();
+}
+
+RlOptions small_options() {
+  RlOptions o;
+  o.prompts_per_step = 3;
+  o.group_size = 4;
+  o.max_tokens = 5;
+  o.lr = 1e-2;
+  o.grpo.beta = 0.01;
+  return o;
+}
+
+struct Fixture {
+  Decoder model{rltest::tiny_config(), cpu_backend()};
+  data::BpeTokenizer tok = rltest::byte_tokenizer();
+  data::ChatTemplate chat{"chatml", tok};
+  rltest::LowBytes env;
+  Fixture() { model.params().init(3); }
+};
+
+MpiRlOptions mpi_options(int64_t steps, int64_t max_staleness, DType dtype) {
+  MpiRlOptions m;
+  m.rollout_ranks = W().size() - 1;
+  m.weight_dtype = dtype;
+  m.max_staleness = max_staleness;
+  m.learner_timeout = 60;
+  m.steps = steps;
+  return m;
+}
+
+void sleep_s(double s) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+// Every rank's (version, hash) list, gathered on every rank: hashes[rank][i].
+std::vector<std::vector<int64_t>> gather_hashes(const MpiGrpo& g, int64_t versions) {
+  std::vector<int64_t> all(size_t(2 * versions * W().size()), 0);
+  const auto& mine = g.weight_hashes();
+  EXPECT_EQ(int64_t(mine.size()), versions) << "rank " << W().rank();
+  for (size_t i = 0; i < mine.size() && int64_t(i) < versions; ++i) {
+    all[size_t(2 * versions * W().rank()) + 2 * i] = mine[i].first;
+    all[size_t(2 * versions * W().rank()) + 2 * i + 1] = int64_t(mine[i].second);
+  }
+  W().all_gather(all.data(), std::vector<int64_t>(size_t(W().size()), 2 * versions), DType::I64);
+  std::vector<std::vector<int64_t>> out(size_t(W().size()));
+  for (int r = 0; r < W().size(); ++r)
+    out[size_t(r)].assign(all.begin() + 2 * versions * r, all.begin() + 2 * versions * (r + 1));
+  return out;
+}
+
+}  // namespace
+
+TEST(MpiGrpo, LayoutErrors) {
+  EXPECT_NO_THROW(check_rl_layout(3, 2));
+  for (int k : {0, 3, -1}) {
+    try {
+      check_rl_layout(3, k);
+      ADD_FAILURE() << "--rollout-ranks " << k << " of 3 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("must lie in [1, 2]"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(check_rl_layout(1, 1), Error);
+  EXPECT_THROW(check_rl_layout(4, 2), Error);  // two learner ranks: no DP over learners yet
+}
+
+TEST(MpiGrpo, EveryRolloutRankHoldsTheLearnersWeightsAfterEachSync) {
+  for (DType dt : {DType::BF16, DType::F32}) {
+    Fixture f;
+    const int64_t steps = 4;
+    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, small_options(), mpi_options(steps, 1, dt));
+    if (g.is_learner()) {
+      for (int64_t s = 0; s < steps; ++s) g.step();
+      g.finish();
+    } else {
+      g.run_rollout();
+    }
+    // Versions 0..3 were sent (none after the last step) and taken by every rollout rank.
+    const auto h = gather_hashes(g, steps);
+    for (int r = 1; r < W().size(); ++r)
+      for (int64_t i = 0; i < steps; ++i) {
+        EXPECT_EQ(h[size_t(r)][size_t(2 * i)], i) << "rank " << r;
+        EXPECT_EQ(h[size_t(r)][size_t(2 * i + 1)], h[0][size_t(2 * i + 1)])
+            << dtype_name(dt) << ": rollout rank " << r << " holds other weights than the "
+            << "learner sent as version " << i;
+      }
+    // Learning moved the weights: the hashes of successive versions differ (else equal hashes
+    // would prove nothing).
+    for (int64_t i = 1; i < steps; ++i)
+      EXPECT_NE(h[0][size_t(2 * i + 1)], h[0][size_t(2 * i - 1)]) << "version " << i;
+  }
+}
+
+TEST(MpiGrpo, WeightHashSeesOneBf16Step) {
+  Fixture f;
+  ParamSet& P = f.model.params();
+  const uint64_t a = weights_hash(P, DType::BF16), a32 = weights_hash(P, DType::F32);
+  // A change below bf16's resolution is invisible to the bf16 hash but not to the fp32 one; a
+  // change of one bf16 ulp is visible to both.
+  const float x = P.data()[7];
+  P.data()[7] = bits_f32(f32_bits(x) + 1);
+  EXPECT_EQ(weights_hash(P, DType::BF16), a);
+  EXPECT_NE(weights_hash(P, DType::F32), a32);
+  P.data()[7] = bits_f32(f32_bits(round_bf16(x)) + 0x10000);
+  EXPECT_NE(weights_hash(P, DType::BF16), a);
+}
+
+TEST(MpiGrpo, StalenessBoundHoldsAcrossRanks) {
+  // A slowed learner lets the rollout ranks run ahead (up to the bound); slowed rollouts make
+  // the learner wait. Either way no group older than max_staleness is generated or trained on.
+  for (int slow_learner : {1, 0}) {
+    Fixture f;
+    const int64_t steps = 5, S = 1;
+    MpiRlOptions m = mpi_options(steps, S, DType::BF16);
+    if (slow_learner)
+      m.before_learn = [](int64_t) { sleep_s(0.3); };
+    else
+      m.before_rollout = [](int64_t) { sleep_s(0.2); };
+    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, small_options(), m);
+    int64_t oldest = 0, stale_groups = 0;
+    if (g.is_learner()) {
+      for (int64_t s = 0; s < steps; ++s) {
+        const RlStepStats st = g.step();
+        EXPECT_EQ(st.groups, 3) << "step " << s;
+        oldest = std::max(oldest, int64_t(st.staleness.size()) - 1);
+        if (st.staleness.size() > 1) stale_groups += st.staleness[1];
+      }
+      g.finish();
+      EXPECT_EQ(g.buffer_stats().dropped_stale, 0);
+    } else {
+      g.run_rollout();
+      EXPECT_EQ(int64_t(g.generated_ages().size()), steps);
+      for (int64_t a : g.generated_ages()) oldest = std::max(oldest, a);
+    }
+    EXPECT_LE(oldest, S) << "rank " << W().rank() << (slow_learner ? ", slow learner" : "");
+    stale_groups = W().all_reduce_scalar(stale_groups, comm::ReduceOp::Max);
+    // With a slow learner the rollout ranks do run ahead: the bound was exercised, not idle.
+    if (slow_learner) {
+      EXPECT_GT(stale_groups, 0) << "no stale group: the bound was not tested";
+    }
+  }
+}
+
+TEST(MpiGrpo, StalenessZeroReproducesTheSynchronousRun) {
+  set_num_threads(1);
+  const int64_t steps = 4;
+  Fixture f;
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, small_options(), mpi_options(steps, 0, DType::F32));
+  std::vector<RlStepStats> got;
+  if (g.is_learner()) {
+    for (int64_t s = 0; s < steps; ++s) got.push_back(g.step());
+    g.finish();
+  } else {
+    g.run_rollout();
+    return;
+  }
+  // The same run in this process, synchronously.
+  Fixture ref;
+  const RlOptions o = small_options();
+  GrpoTrainer sync(ref.model, ref.tok, ref.chat, ref.env, o);
+  int trained = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const RlStepStats x = sync.step();
+    const RlStepStats& y = got[size_t(s)];
+    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
+    EXPECT_EQ(x.loss, y.loss) << "step " << s;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
+    EXPECT_EQ(x.train_tokens, y.train_tokens) << "step " << s;
+    ASSERT_EQ(y.staleness.size(), 1u) << "step " << s;
+    trained += x.train_tokens > 0;
+  }
+  EXPECT_GT(trained, 0) << "no step had a gradient: the comparison proves nothing";
+  const ParamSet &pa = ref.model.params(), &pb = f.model.params();
+  EXPECT_EQ(std::memcmp(pa.data(), pb.data(), size_t(pa.total()) * sizeof(float)), 0)
+      << "the weights differ after " << steps << " steps";
+}
+
+// Its own CTest entry (rl_mpi_stall): rollout rank 1 stops answering at step 1; the learner must
+// stop with an error naming rank 1 within its 2 s timeout. The job then ends through
+// abort_job, as `loom rl` ends it; the test passes on the line printed after the checks.
+TEST(MpiGrpoFault, StalledRolloutRankStopsTheLearnerWithinTheTimeout) {
+  Fixture f;
+  MpiRlOptions m = mpi_options(4, 1, DType::BF16);
+  m.learner_timeout = 2;
+  m.before_rollout = [](int64_t s) {
+    if (W().rank() == 1 && s == 1) sleep_s(60);
+  };
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, small_options(), m);
+  if (!g.is_learner()) {
+    try {
+      g.run_rollout();
+    } catch (const Error&) {  // the other rollout ranks time out waiting for weights
+      sleep_s(30);
+    }
+    return;
+  }
+  const double t0 = now_seconds();
+  std::string error;
+  try {
+    for (int64_t s = 0; s < 4; ++s) g.step();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const double took = now_seconds() - t0;
+  EXPECT_NE(error.find("no message from rollout rank(s) 1 (nothing)"), std::string::npos) << error;
+  EXPECT_NE(error.find("learner step 1"), std::string::npos) << error;
+  EXPECT_LT(took, 2 + 4.0) << "the learner stopped " << took << " s after it started waiting";
+  if (!testing::Test::HasFailure())
+    std::printf("RL-STALL-TEST-PASSED after %.1f s: %s\n", took, error.c_str());
+  std::fflush(stdout);
+  comm::abort_job("the stall test ends the job: " + error);
+}
+
+LOOM_MPI_TEST_MAIN()
