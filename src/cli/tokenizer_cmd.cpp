@@ -37,7 +37,7 @@ int tokenizer_train(const Args& args) {
       .value("out", "", "output folder", true)
       .value("field", "text", "JSONL field holding the text")
       .value("threads", "0", "counting threads (0: all cores)")
-      .value("pretokenizer", "gpt2", "pre-tokenisation rules: gpt2 or cl100k");
+      .value("pretokenizer", "gpt2", "pre-tokenisation rules: gpt2, cl100k or qwen2");
   if (!o.parse(args)) return 0;
   LOOM_CHECK(!o.all("input").empty(), "missing required option --input (see --help)");
   data::BpeTrainOptions opt;
@@ -60,7 +60,10 @@ int tokenizer_encode(const Args& args) {
   Options o("loom tokenizer encode --vocab PATH < text",
             "Reads UTF-8 text on stdin and prints its token ids as one JSON array. Special-token\n"
             "strings in the text become their ids unless --no-special is given.");
-  o.value("vocab", "", "gpt2:DIR | tiktoken:FILE | loom:DIR, or a path (kind detected)", true)
+  o.value(
+       "vocab", "",
+       "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
+       true)
       .flag("no-special", "encode special-token strings as ordinary text");
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
@@ -78,7 +81,10 @@ int tokenizer_encode(const Args& args) {
 int tokenizer_decode(const Args& args) {
   Options o("loom tokenizer decode --vocab PATH < ids.json",
             "Reads a JSON array of token ids on stdin and writes the decoded bytes to stdout.");
-  o.value("vocab", "", "gpt2:DIR | tiktoken:FILE | loom:DIR, or a path (kind detected)", true);
+  o.value(
+      "vocab", "",
+      "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
+      true);
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
   Json j = Json::parse(read_stdin(), "stdin");
@@ -100,7 +106,10 @@ int tokenizer_decode(const Args& args) {
 
 int tokenizer_info(const Args& args) {
   Options o("loom tokenizer info --vocab PATH", "Prints a vocabulary's size and special tokens.");
-  o.value("vocab", "", "gpt2:DIR | tiktoken:FILE | loom:DIR, or a path (kind detected)", true);
+  o.value(
+      "vocab", "",
+      "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
+      true);
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
   Json info = Json::object();
