@@ -1,6 +1,8 @@
 // `loom ckpt`: inspect checkpoints; export to / import from Hugging Face safetensors; consolidate
 // a distributed run's per-rank checkpoints into one.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/consolidate.h"
@@ -11,6 +13,9 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/bpe.h"
+#include "data/chat.h"
+#include "data/hf_tokenizer.h"
 #include "infer/generator.h"
 #include "model/decoder.h"
 
@@ -40,20 +45,66 @@ static int inspect(const Args& args) {
   return 0;
 }
 
+// The chat template a run trained with: data.chat_template of chat or preference data.
+static std::string run_chat_template(const Config& run) {
+  const std::string source = run.get_string("data.source", "");
+  if (source != "chat" && source != "preference") return "";
+  return run.get_string("data.chat_template", "chatml");
+}
+
 static int export_cmd(const Args& args) {
-  Options o("loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16]",
+  Options o("loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16] [--tokenizer SPEC]",
             "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
-            "(GPT2LMHeadModel or LlamaForCausalLM names and layouts).");
+            "(GPT2LMHeadModel or LlamaForCausalLM names and layouts), generation_config.json and,\n"
+            "when the run names a tokenizer, tokenizer.json + tokenizer_config.json (with the\n"
+            "chat template of chat/preference runs): a directory transformers loads as is.");
   o.positional("path", "a step directory or a checkpoints root (uses latest)")
       .value("out", "", "output directory", true)
-      .value("dtype", "fp32", "weight dtype in the exported file");
+      .value("dtype", "fp32", "weight dtype in the exported file")
+      .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer; none: skip)")
+      .value("chat-template", "", "chatml | llama3 | none (default: the run's, for chat data)");
   if (!o.parse(args)) return 0;
   ckpt::Checkpoint c(o.get("path"));
+  const Config run = Config::parse(c.state().config_text, c.dir() + "/state.json:config_text");
   auto loaded = load_model_from_checkpoint(o.get("path"));  // LoRA adapters merged
   Decoder& model = *loaded;
-  ckpt::export_hf(o.get("out"), ckpt::hf_shape_of(model.config()), model.params().tensors(),
-                  dtype_from_name(o.get("dtype")));
-  std::printf("exported %s -> %s\n", c.dir().c_str(), o.get("out").c_str());
+  ckpt::HfModelShape shape = ckpt::hf_shape_of(model.config());
+
+  std::string spec = o.get("tokenizer");
+  if (spec.empty()) spec = run.get_string("data.tokenizer", "");
+  const Json& extra = c.state().extra;
+  std::string chat = o.get("chat-template");
+  if (chat.empty() && extra.contains("hf_chat_template"))
+    chat = extra.at("hf_chat_template").as_string();
+  if (chat.empty()) chat = run_chat_template(run);
+  if (chat == "none") chat.clear();
+  std::unique_ptr<data::BpeTokenizer> tok;
+  std::vector<int32_t> eos_ids;
+  if (!spec.empty() && spec != "none") {
+    tok = data::load_tokenizer(spec);
+    LOOM_CHECK(tok->vocab_size() <= shape.vocab, "tokenizer ", spec, " has ", tok->vocab_size(),
+               " tokens, more than the model's vocabulary of ", shape.vocab);
+    if (!chat.empty()) data::ChatTemplate check(chat, *tok);  // its markers must be tokens
+    const data::HfSpecialIds ids = data::hf_special_ids(*tok, chat);
+    shape.bos_token_id = ids.bos;
+    eos_ids = ids.eos;
+    if (!eos_ids.empty()) shape.eos_token_id = eos_ids.front();
+  }
+  // An imported model keeps the ids its own config.json named (or left out).
+  if (extra.contains("imported_from")) {
+    auto id = [&](const char* k) { return extra.contains(k) ? int(extra.at(k).as_int()) : -1; };
+    shape.bos_token_id = id("hf_bos_token_id");
+    shape.eos_token_id = id("hf_eos_token_id");
+    eos_ids.clear();
+    if (shape.eos_token_id >= 0) eos_ids.push_back(shape.eos_token_id);
+    if (tok && tok->eot_id() >= 0 && tok->eot_id() != shape.eos_token_id)
+      eos_ids.push_back(tok->eot_id());
+  }
+  ckpt::export_hf(o.get("out"), shape, model.params().tensors(), dtype_from_name(o.get("dtype")), 0,
+                  eos_ids);
+  if (tok) data::save_hf_tokenizer(*tok, o.get("out"), chat, shape.max_seq);
+  std::printf("exported %s -> %s%s\n", c.dir().c_str(), o.get("out").c_str(),
+              tok ? " (with tokenizer.json)" : "");
   return 0;
 }
 
@@ -66,6 +117,30 @@ static int import_cmd(const Args& args) {
   if (!o.parse(args)) return 0;
   ckpt::HfModel hf = ckpt::import_hf(o.get("hf_dir"));
   ModelConfig mc = ckpt::model_config_of(hf.shape);
+  // The model's tokenizer.json, when Loom can read it, travels with the checkpoint (a copy under
+  // ROOT/tokenizer, named as the run's data.tokenizer) so generate and export find it.
+  const std::string hf_tok = (std::filesystem::path(o.get("hf_dir")) / "tokenizer.json").string();
+  std::string tok_dir;
+  std::string chat;  // the model's chat template, when it is one of Loom's
+  if (file_exists(hf_tok)) {
+    try {
+      data::load_hf_tokenizer(hf_tok);
+      const std::string cfg_path =
+          (std::filesystem::path(o.get("hf_dir")) / "tokenizer_config.json").string();
+      if (file_exists(cfg_path)) {
+        const Json tc = Json::parse(read_file(cfg_path), cfg_path);
+        if (tc.is_object() && tc.contains("chat_template") && tc.at("chat_template").is_string())
+          for (const char* name : {"chatml", "llama3"})
+            if (tc.at("chat_template").as_string() == data::ChatTemplate::jinja(name)) chat = name;
+      }
+      tok_dir = std::filesystem::absolute(std::filesystem::path(o.get("out")) / "tokenizer");
+      make_dirs(tok_dir);
+      write_file_atomic(tok_dir + "/tokenizer.json", read_file(hf_tok));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: tokenizer.json not imported: %s\n", e.what());
+      tok_dir.clear();
+    }
+  }
   Decoder model(mc, cpu_backend());
   auto dst = model.params().tensors();
   for (auto& [name, t] : dst) {
@@ -81,10 +156,19 @@ static int import_cmd(const Args& args) {
           "\nvocab = ", mc.vocab, "\nmax_seq = ", mc.max_seq, "\nnorm_eps = ", mc.norm_eps,
           "\nrope_theta = ", mc.rope_theta, "\ntied = ", mc.tied ? "true" : "false",
           "\nbias = ", mc.bias ? "true" : "false", "\n");
+  if (mc.rope_scaling.enabled())
+    cfg += cat("rope_scaling = \"llama3\"\nrope_factor = ", mc.rope_scaling.factor,
+               "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
+               "\nrope_high_freq_factor = ", mc.rope_scaling.high_freq_factor,
+               "\nrope_original_max_seq = ", mc.rope_scaling.original_max_seq, "\n");
+  if (!tok_dir.empty()) cfg += cat("[data]\ntokenizer = \"hf:", tok_dir, "\"\n");
   ckpt::TrainerState st;
   st.config_text = cfg;
   st.extra["model_fingerprint"] = mc.fingerprint();
   st.extra["imported_from"] = o.get("hf_dir");
+  if (hf.shape.bos_token_id >= 0) st.extra["hf_bos_token_id"] = int64_t(hf.shape.bos_token_id);
+  if (hf.shape.eos_token_id >= 0) st.extra["hf_eos_token_id"] = int64_t(hf.shape.eos_token_id);
+  if (!chat.empty()) st.extra["hf_chat_template"] = chat;
   std::string dir = ckpt::save_checkpoint(o.get("out"), st, dst, ckpt::TensorMap{});
   std::printf("imported %s -> %s\n", o.get("hf_dir").c_str(), dir.c_str());
   return 0;

@@ -589,8 +589,9 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   if (sp_on()) sp_all_gather(a.ln1, N, C);
   p.qkv.forward(be_, a.qkv, a.ln1, N);
   if (cfg_.uses_rope()) {
-    be_.rope_forward(a.qkv, in.positions, N, Hq, D, Q, cfg_.rope_theta);
-    be_.rope_forward(a.qkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
+    be_.rope_forward_scaled(a.qkv, in.positions, N, Hq, D, Q, cfg_.rope_theta, cfg_.rope_scaling);
+    be_.rope_forward_scaled(a.qkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta,
+                            cfg_.rope_scaling);
   }
   round_act(a.qkv, int64_t(N) * Q);
   attention_core(l, in, a);
@@ -667,8 +668,10 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
                            a.lse, Q, in.cu_seqlens, in.nseq, Hq, Hkv, D,
                            1.f / std::sqrt(static_cast<float>(D)));
   if (cfg_.uses_rope()) {
-    be_.rope_backward(b_->dqkv, in.positions, N, Hq, D, Q, cfg_.rope_theta);
-    be_.rope_backward(b_->dqkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
+    be_.rope_backward_scaled(b_->dqkv, in.positions, N, Hq, D, Q, cfg_.rope_theta,
+                             cfg_.rope_scaling);
+    be_.rope_backward_scaled(b_->dqkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta,
+                             cfg_.rope_scaling);
   }
   round_act(b_->dqkv, int64_t(N) * Q);
   p.qkv.backward(be_, b_->dln, b_->dqkv, a.ln1, N);
