@@ -8,6 +8,7 @@
 #include "ckpt/consolidate.h"
 #include "ckpt/hf_export.h"
 #include "ckpt/model_bridge.h"
+#include "ckpt/peft.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/config.h"
@@ -18,6 +19,7 @@
 #include "data/hf_tokenizer.h"
 #include "infer/generator.h"
 #include "model/decoder.h"
+#include "model/lora.h"
 
 namespace loom::cli {
 
@@ -52,6 +54,41 @@ static std::string run_chat_template(const Config& run) {
   return run.get_string("data.chat_template", "chatml");
 }
 
+// The model section of a checkpoint's config that reproduces `mc` exactly on later loads.
+static std::string model_section(const ModelConfig& mc) {
+  std::string cfg =
+      cat("[model]\npreset = \"tiny\"\nfamily = \"", family_name(mc.family),
+          "\"\nn_layer = ", mc.n_layer, "\nd_model = ", mc.d_model, "\nn_head = ", mc.n_head,
+          "\nn_kv_head = ", mc.n_kv_head, "\nhead_dim = ", mc.head_dim, "\nd_ff = ", mc.d_ff,
+          "\nvocab = ", mc.vocab, "\nmax_seq = ", mc.max_seq, "\nnorm_eps = ", mc.norm_eps,
+          "\nrope_theta = ", mc.rope_theta, "\ntied = ", mc.tied ? "true" : "false",
+          "\nbias = ", mc.bias ? "true" : "false", "\n");
+  if (mc.rope_scaling.enabled())
+    cfg += cat("rope_scaling = \"llama3\"\nrope_factor = ", mc.rope_scaling.factor,
+               "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
+               "\nrope_high_freq_factor = ", mc.rope_scaling.high_freq_factor,
+               "\nrope_original_max_seq = ", mc.rope_scaling.original_max_seq, "\n");
+  return cfg;
+}
+
+// A LoRA run's adapters as PEFT files (the base is exported on its own).
+static int export_peft_cmd(const ckpt::Checkpoint& c, const Config& run, const std::string& out,
+                           const std::string& base_model) {
+  LOOM_CHECK(c.state().extra.contains("lora"), c.dir(),
+             ": --peft exports a LoRA run's adapters, and this checkpoint has none");
+  const ModelConfig mc = model_config_from(run);
+  const LoraConfig lc = lora_config_from(run, 0);
+  ckpt::PeftAdapters a;
+  a.rank = lc.rank;
+  a.alpha = lc.alpha;
+  a.rslora = lc.rslora;
+  a.tensors = c.model().load_all();
+  const std::string base = base_model.empty() ? run.get_string("train.pretrained", "") : base_model;
+  ckpt::export_peft(out, ckpt::hf_shape_of(mc), a, base);
+  std::printf("exported the LoRA adapters of %s -> %s (PEFT)\n", c.dir().c_str(), out.c_str());
+  return 0;
+}
+
 static int export_cmd(const Args& args) {
   Options o("loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16] [--tokenizer SPEC]",
             "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
@@ -62,10 +99,13 @@ static int export_cmd(const Args& args) {
       .value("out", "", "output directory", true)
       .value("dtype", "fp32", "weight dtype in the exported file")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer; none: skip)")
-      .value("chat-template", "", "chatml | llama3 | none (default: the run's, for chat data)");
+      .value("chat-template", "", "chatml | llama3 | none (default: the run's, for chat data)")
+      .flag("peft", "a LoRA run: write its adapters as PEFT files, not the merged model")
+      .value("base-model", "", "--peft: base_model_name_or_path (default: train.pretrained)");
   if (!o.parse(args)) return 0;
   ckpt::Checkpoint c(o.get("path"));
   const Config run = Config::parse(c.state().config_text, c.dir() + "/state.json:config_text");
+  if (o.has("peft")) return export_peft_cmd(c, run, o.get("out"), o.get("base-model"));
   auto loaded = load_model_from_checkpoint(o.get("path"));  // LoRA adapters merged
   Decoder& model = *loaded;
   ckpt::HfModelShape shape = ckpt::hf_shape_of(model.config());
@@ -108,13 +148,53 @@ static int export_cmd(const Args& args) {
   return 0;
 }
 
+// PEFT adapters onto a Loom base checkpoint: a LoRA checkpoint (adapters only, the base named
+// as train.pretrained), which generate, export and merge read like a LoRA run's.
+static int import_peft_cmd(const std::string& dir, const std::string& base,
+                           const std::string& out) {
+  LOOM_CHECK(!base.empty(), dir, " holds PEFT adapters: name their base with --base CKPT");
+  ckpt::Checkpoint bc(base);
+  LOOM_CHECK(!bc.state().extra.contains("lora"), bc.dir(), ": --base must be a whole model");
+  const ModelConfig mc = model_of(bc);
+  ckpt::PeftAdapters a = ckpt::import_peft(dir, ckpt::hf_shape_of(mc));
+  std::string targets;
+  for (const auto& [name, t] : a.tensors)
+    if (name.size() > 7 && name.compare(name.size() - 7, 7, ".lora_A") == 0)
+      targets += (targets.empty() ? "" : ",") + name.substr(0, name.size() - 7);
+  std::string cfg =
+      model_section(mc) + cat("[lora]\nrank = ", a.rank, "\nalpha = ", a.alpha,
+                              "\nrslora = ", a.rslora ? "true" : "false", "\ntargets = \"", targets,
+                              "\"\n[train]\npretrained = \"",
+                              std::filesystem::absolute(bc.dir()).string(), "\"\n");
+  // A Lora over the base checks every adapter's name and shape before anything is written.
+  {
+    Decoder model(mc, cpu_backend());
+    Lora lora(model, lora_config_from(Config::parse(cfg, "peft import"), 0));
+    auto dst = lora.params().tensors();
+    for (auto& [name, t] : dst) t.copy_from(a.tensors.at(name));
+  }
+  ckpt::TrainerState st;
+  st.config_text = cfg;
+  st.extra["model_fingerprint"] = mc.fingerprint();
+  st.extra["lora"] = lora_config_from(Config::parse(cfg, "peft import"), 0).describe();
+  st.extra["imported_from"] = dir;
+  std::string step = ckpt::save_checkpoint(out, st, a.tensors, ckpt::TensorMap{});
+  std::printf("imported PEFT adapters %s onto %s -> %s\n", dir.c_str(), bc.dir().c_str(),
+              step.c_str());
+  return 0;
+}
+
 static int import_cmd(const Args& args) {
-  Options o("loom ckpt import HF_DIR --out ROOT",
+  Options o("loom ckpt import HF_DIR --out ROOT [--base CKPT]",
             "Reads a Hugging Face GPT-2 or Llama model (config.json + safetensors) and writes a\n"
-            "Loom checkpoint at step 0 under ROOT, usable by generate and as a training start.");
+            "Loom checkpoint at step 0 under ROOT, usable by generate and as a training start.\n"
+            "A PEFT LoRA directory (adapter_config.json) becomes a LoRA checkpoint over --base.");
   o.positional("hf_dir", "directory with config.json and model.safetensors")
-      .value("out", "", "checkpoints root to write", true);
+      .value("out", "", "checkpoints root to write", true)
+      .value("base", "", "PEFT adapters: the Loom checkpoint of their base model");
   if (!o.parse(args)) return 0;
+  if (ckpt::is_peft_dir(o.get("hf_dir")))
+    return import_peft_cmd(o.get("hf_dir"), o.get("base"), o.get("out"));
   ckpt::HfModel hf = ckpt::import_hf(o.get("hf_dir"));
   ModelConfig mc = ckpt::model_config_of(hf.shape);
   // The model's tokenizer.json, when Loom can read it, travels with the checkpoint (a copy under
@@ -148,19 +228,7 @@ static int import_cmd(const Args& args) {
     LOOM_CHECK(it != hf.params.end(), o.get("hf_dir"), ": no weights for ", name);
     t.copy_from(it->second);
   }
-  // The model section below reproduces the imported shape exactly for later loads.
-  std::string cfg =
-      cat("[model]\npreset = \"tiny\"\nfamily = \"", family_name(mc.family),
-          "\"\nn_layer = ", mc.n_layer, "\nd_model = ", mc.d_model, "\nn_head = ", mc.n_head,
-          "\nn_kv_head = ", mc.n_kv_head, "\nhead_dim = ", mc.head_dim, "\nd_ff = ", mc.d_ff,
-          "\nvocab = ", mc.vocab, "\nmax_seq = ", mc.max_seq, "\nnorm_eps = ", mc.norm_eps,
-          "\nrope_theta = ", mc.rope_theta, "\ntied = ", mc.tied ? "true" : "false",
-          "\nbias = ", mc.bias ? "true" : "false", "\n");
-  if (mc.rope_scaling.enabled())
-    cfg += cat("rope_scaling = \"llama3\"\nrope_factor = ", mc.rope_scaling.factor,
-               "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
-               "\nrope_high_freq_factor = ", mc.rope_scaling.high_freq_factor,
-               "\nrope_original_max_seq = ", mc.rope_scaling.original_max_seq, "\n");
+  std::string cfg = model_section(mc);
   if (!tok_dir.empty()) cfg += cat("[data]\ntokenizer = \"hf:", tok_dir, "\"\n");
   ckpt::TrainerState st;
   st.config_text = cfg;
