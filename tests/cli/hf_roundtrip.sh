@@ -43,6 +43,11 @@ has "$work/hf/config.json" '"eos_token_id"'
 has "$work/hf/tokenizer_config.json" '"chat_template"'
 has "$work/hf/tokenizer_config.json" '"eos_token": "<|im_end|>"'
 echo "export: complete transformers directory"
+"$loom" tokenizer export --vocab "loom:$work/tok" --out "$work/tokx" --chat-template chatml \
+  --max-length 64 >/dev/null
+for f in tokenizer.json tokenizer_config.json; do
+  cmp -s "$work/hf/$f" "$work/tokx/$f" || fail "loom tokenizer export wrote another $f"
+done
 
 "$loom" ckpt import "$work/hf" --out "$work/imported" >/dev/null
 a=$("$loom" generate --ckpt "$work/run/checkpoints" --prompt "say w007" --tokens 12 --temperature 0)
