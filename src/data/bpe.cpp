@@ -5,6 +5,7 @@
 #include <queue>
 
 #include "core/error.h"
+#include "data/normalize.h"
 
 namespace loom::data {
 
@@ -138,7 +139,21 @@ void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out,
   encode_ordinary(text.substr(start), out);
 }
 
+void BpeTokenizer::set_nfc(bool on) {
+  LOOM_CHECK(!on || nfc_available(),
+             "NFC normalisation needs utf8proc, which this build did not find (scripts/setup.sh)");
+  nfc_ = on;
+}
+
 void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
+  if (nfc_) {
+    const std::string normal = data::nfc(text);
+    if (normal != text) return encode_normalized(normal, out);
+  }
+  encode_normalized(text, out);
+}
+
+void BpeTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
   ThreadCache& tc = thread_cache(serial_);
   const uint8_t* s = reinterpret_cast<const uint8_t*>(text.data());
   size_t n = text.size();

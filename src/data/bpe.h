@@ -38,6 +38,11 @@ class BpeTokenizer {
                                   PreTokenizer pre, SpecialTokens specials,
                                   bool ignore_merges = false);
 
+  // Unicode NFC applied to the text between special tokens before pre-tokenisation (a
+  // tokenizer.json "normalizer": NFC, as Qwen2's). Needs nfc_available() (normalize.h).
+  void set_nfc(bool on);
+  bool nfc() const { return nfc_; }
+
   BpeTokenizer(BpeTokenizer&&) = default;
   BpeTokenizer& operator=(BpeTokenizer&&) = default;
 
@@ -77,6 +82,7 @@ class BpeTokenizer {
   BpeTokenizer() = default;
   void init_common();
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
+  void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
   void merge_short(int32_t* ids, size_t n, std::vector<int32_t>& out) const;
   void merge_long(const int32_t* ids, size_t n, std::vector<int32_t>& out) const;
   // (rank << 32 | merged id) for the pair, or ~0 if the pair does not merge.
@@ -91,6 +97,7 @@ class BpeTokenizer {
   int32_t byte_id_[256] = {};
   bool merge_rule_ = false;  // GPT-2 merge-list rule
   bool whole_piece_ = true;  // a piece that is a token is that token (not GPT-2's rule)
+  bool nfc_ = false;         // NFC before pre-tokenisation
   std::vector<std::pair<int32_t, int32_t>> merge_list_;
   PreTokenizer pre_ = PreTokenizer::Gpt2;
   SpecialTokens specials_;

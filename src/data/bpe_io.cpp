@@ -242,6 +242,7 @@ void save_loom_tokenizer(const BpeTokenizer& tok, const std::string& dir) {
   Json sp = Json::object();
   for (auto& [text, id] : tok.specials()) sp[text] = int64_t(id);
   meta["special_tokens"] = sp;
+  if (tok.nfc()) meta["normalizer"] = "nfc";
   write_file_atomic((fs::path(dir) / "tokenizer.json").string(), meta.dump(2) + "\n");
 }
 
@@ -254,7 +255,14 @@ BpeTokenizer load_loom_tokenizer(const std::string& dir) {
   SpecialTokens sp = meta.contains("special_tokens")
                          ? specials_from_json(meta.at("special_tokens"), meta_path)
                          : SpecialTokens{};
-  return load_tiktoken((fs::path(dir) / "tokenizer.tiktoken").string(), pre, std::move(sp));
+  BpeTokenizer t =
+      load_tiktoken((fs::path(dir) / "tokenizer.tiktoken").string(), pre, std::move(sp));
+  if (meta.contains("normalizer")) {
+    LOOM_CHECK(meta.at("normalizer").is_string() && meta.at("normalizer").as_string() == "nfc",
+               meta_path, ": normalizer must be \"nfc\"");
+    t.set_nfc(true);
+  }
+  return t;
 }
 
 std::unique_ptr<BpeTokenizer> load_tokenizer(const std::string& spec) {

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "data/chat.h"
+#include "data/normalize.h"
 #include "data/tokenizer_files.h"
 
 namespace loom::data {
@@ -171,9 +172,15 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
              ": missing field 'model' (not a Hugging Face tokenizer.json)");
   Field model = root.at("model", where);
   check_model_options(model, where);
-  if (root.has("normalizer"))
-    fail(where, ": normalizer ", root.at("normalizer", where).j.dump(),
-         " is not supported (Loom's byte-level BPE takes text as it is)");
+  bool use_nfc = false;
+  if (root.has("normalizer")) {
+    const Field n = root.at("normalizer", where);
+    use_nfc = n.type(where) == "NFC";
+    LOOM_CHECK(use_nfc, where, ": normalizer ", n.j.dump(),
+               " is not supported (none, or NFC as Qwen2's)");
+    LOOM_CHECK(nfc_available(), where, ": normalizer NFC needs utf8proc, which this build did ",
+               "not find (scripts/setup.sh installs libutf8proc-dev)");
+  }
   if (root.has("truncation"))
     fail(where, ": 'truncation' is set; Loom encodes whole texts (write null)");
   if (root.has("decoder")) {
@@ -262,8 +269,10 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   }
   const bool ignore_merges = model.boolean("ignore_merges", false, where);
   try {
-    return BpeTokenizer::from_merges(std::move(tokens), merges, pre, std::move(specials),
-                                     ignore_merges);
+    BpeTokenizer t = BpeTokenizer::from_merges(std::move(tokens), merges, pre, std::move(specials),
+                                               ignore_merges);
+    t.set_nfc(use_nfc);
+    return t;
   } catch (const Error& e) {
     fail(where, ": ", e.what());
   }
@@ -296,7 +305,13 @@ Json hf_tokenizer_json(const BpeTokenizer& tok) {
     added.push_back(std::move(a));
   }
   j["added_tokens"] = std::move(added);
-  j["normalizer"] = Json();
+  if (tok.nfc()) {
+    Json n = Json::object();
+    n["type"] = "NFC";
+    j["normalizer"] = std::move(n);
+  } else {
+    j["normalizer"] = Json();
+  }
   auto byte_level = [](bool use_regex) {
     Json b = Json::object();
     b["type"] = "ByteLevel";

@@ -6,7 +6,9 @@
 // without regex. Merges may be "a b" strings or ["a", "b"] pairs; model.ignore_merges is
 // honoured. added_tokens (special or not) become Loom special tokens with their own ids: they
 // are cut out of text before BPE, as Hugging Face does. Ids are the file's own.
-// Refused, naming the field: other models, any normalizer, other pre-tokenizers or regexes,
+// The NFC normalizer (Qwen2) is applied where the build has utf8proc (normalize.h).
+// Refused, naming the field: other models, other normalizers (and NFC without utf8proc), other
+// pre-tokenizers or regexes,
 // add_prefix_space, byte_fallback, dropout, subword prefixes/suffixes, added tokens with
 // lstrip/rstrip/single_word, truncation. Not applied: post_processor (Loom never adds BOS/EOS
 // by itself; chat templates write their own markers) and padding.

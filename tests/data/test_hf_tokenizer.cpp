@@ -8,6 +8,7 @@
 #include "data/bpe.h"
 #include "data/chat.h"
 #include "data/hf_tokenizer.h"
+#include "data/normalize.h"
 #include "hf_tokenizer_util.h"
 #include "temp_dir.h"
 
@@ -157,4 +158,25 @@ TEST(HfTokenizer, TokenizerConfigCarriesTheChatTemplateAndSpecialTokens) {
   BpeTokenizer back = load_hf_tokenizer(tmp.path);
   EXPECT_EQ(back.encode("<|im_start|>hi<|im_end|>"), t.encode("<|im_start|>hi<|im_end|>"));
   EXPECT_THROW(save_hf_tokenizer(t, tmp / "other", "vicuna", 1024), Error);
+}
+
+TEST(HfTokenizer, Qwen2NfcNormalizerComposesBeforeEncoding) {
+  if (!nfc_available()) GTEST_SKIP() << "built without utf8proc: NFC tokenizers are refused";
+  Json j = gpt2_tokenizer_json(false);
+  j["normalizer"]["type"] = "NFC";
+  BpeTokenizer t = hf_tokenizer_from_json(j, "nfc.json");
+  ASSERT_TRUE(t.nfc());
+  // "e" + U+0301 (combining acute) is "é" in NFC: the same ids as the precomposed text.
+  const std::string decomposed =
+                        "caf"
+                        "e\xcc\x81 <|endoftext|>",
+                    composed = "caf\xc3\xa9 <|endoftext|>";
+  EXPECT_EQ(t.encode(decomposed), hf_gpt2().encode(composed));
+  EXPECT_NE(hf_gpt2().encode(decomposed), hf_gpt2().encode(composed));
+  EXPECT_EQ(t.encode("\xff\xfe bytes"), hf_gpt2().encode("\xff\xfe bytes"));  // not UTF-8: as is
+  // Written and read back, in both formats, the normalizer stays.
+  EXPECT_TRUE(hf_tokenizer_from_json(Json::parse(hf_tokenizer_json(t).dump()), "w.json").nfc());
+  loom::test::TempDir tmp("hftok_nfc");
+  save_loom_tokenizer(t, tmp.path);
+  EXPECT_EQ(load_tokenizer("loom:" + tmp.path)->encode(decomposed), t.encode(decomposed));
 }
