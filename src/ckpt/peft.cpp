@@ -1,5 +1,6 @@
 #include "ckpt/peft.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -165,7 +166,16 @@ void export_peft(const std::string& dir, const HfModelShape& shape, const PeftAd
   write_file_atomic(join(dir, kConfigFile), c.dump(2) + "\n");
 }
 
-PeftAdapters import_peft(const std::string& dir, const HfModelShape& shape) {
+namespace {
+
+// A PEFT directory as read: its settings and each module's (lora_A, lora_B), fp32.
+struct PeftFile {
+  PeftAdapters settings;  // rank, alpha, rslora; no tensors
+  std::map<std::string, std::pair<Tensor, Tensor>> modules;
+  std::string st_path;
+};
+
+PeftFile read_peft(const std::string& dir) {
   const std::string cfg_path = join(dir, kConfigFile), st_path = join(dir, kWeightsFile);
   const Json c = Json::parse(read_file(cfg_path), cfg_path);
   LOOM_CHECK(c.is_object(), cfg_path, ": expected a JSON object");
@@ -180,7 +190,8 @@ PeftAdapters import_peft(const std::string& dir, const HfModelShape& shape) {
   };
   LOOM_CHECK(field("peft_type").is_string() && field("peft_type").as_string() == "LORA", cfg_path,
              ": peft_type ", field("peft_type").dump(), " is not supported (LORA)");
-  PeftAdapters a;
+  PeftFile f;
+  PeftAdapters& a = f.settings;
   try {
     a.rank = int(field("r").as_int(1, 4096));
     a.alpha = field("lora_alpha").as_double();
@@ -203,7 +214,8 @@ PeftAdapters import_peft(const std::string& dir, const HfModelShape& shape) {
 
   // Modules of the file, by full Hugging Face module name.
   SafetensorsReader reader(st_path);
-  std::map<std::string, std::pair<Tensor, Tensor>> modules;
+  f.st_path = st_path;
+  auto& modules = f.modules;
   for (const std::string& key : reader.names()) {
     const std::string sa = ".lora_A.weight", sb = ".lora_B.weight";
     auto ends = [&](const std::string& s) {
@@ -217,6 +229,19 @@ PeftAdapters import_peft(const std::string& dir, const HfModelShape& shape) {
     (ends(sa) ? modules[module].first : modules[module].second) = t;
   }
   LOOM_CHECK(!modules.empty(), st_path, ": no LoRA weights");
+  for (const auto& [module, ab] : modules)
+    LOOM_CHECK(ab.first.defined() && ab.second.defined(), st_path, ": module '", module,
+               "' lacks lora_A or lora_B");
+  return f;
+}
+
+}  // namespace
+
+PeftAdapters import_peft(const std::string& dir, const HfModelShape& shape) {
+  PeftFile f = read_peft(dir);
+  PeftAdapters a = f.settings;
+  const auto& modules = f.modules;
+  const std::string& st_path = f.st_path;
   std::set<std::string> used;
   for (const std::string& linear : loom_linears(shape)) {
     const std::vector<Part> parts = parts_of(shape, linear);
@@ -261,6 +286,51 @@ PeftAdapters import_peft(const std::string& dir, const HfModelShape& shape) {
                "' is not a linear layer of this ", shape.family, " model (", shape.n_layer,
                " layers)");
   return a;
+}
+
+void merge_peft(const std::string& dir, const HfModelShape& shape, TensorMap& params) {
+  const PeftFile f = read_peft(dir);
+  const PeftAdapters& a = f.settings;
+  const double scale = a.rslora ? a.alpha / std::sqrt(double(a.rank)) : a.alpha / a.rank;
+  std::set<std::string> used;
+  for (const std::string& linear : loom_linears(shape)) {
+    const auto [out, in] = linear_dims(shape, linear);
+    for (const Part& p : parts_of(shape, linear)) {
+      auto it = f.modules.find(p.module);
+      if (it == f.modules.end()) continue;
+      used.insert(p.module);
+      const Tensor& A = it->second.first;
+      const Tensor& B = it->second.second;
+      const int64_t r0 = p.r1 > 0 ? p.r0 : 0, r1 = p.r1 > 0 ? p.r1 : out, r = a.rank;
+      LOOM_CHECK(A.ndim() == 2 && A.dim(0) == r && A.dim(1) == in && B.ndim() == 2 &&
+                     B.dim(0) == r1 - r0 && B.dim(1) == r,
+                 f.st_path, ": module '", p.module, "' has lora_A ", shape_str(A.shape()),
+                 " and lora_B ", shape_str(B.shape()), "; expected [", r, ", ", in, "] and [",
+                 r1 - r0, ", ", r, "]");
+      auto w = params.find(linear + ".weight");
+      LOOM_CHECK(w != params.end() && w->second.dtype() == DType::F32 &&
+                     w->second.is_contiguous() && w->second.shape() == Shape({out, in}),
+                 "merge_peft: no fp32 weight ", shape_str({out, in}), " for '", linear, "'");
+      float* W = w->second.data<float>();
+      const float* pa = A.data<float>();
+      const float* pb = B.data<float>();
+      // Row by row in double: W[i, :] += scale * B[i, :] A, exact to fp32 rounding.
+      std::vector<double> row(static_cast<size_t>(in));
+      for (int64_t i = 0; i < r1 - r0; ++i) {
+        std::fill(row.begin(), row.end(), 0.0);
+        for (int64_t k = 0; k < r; ++k) {
+          const double b = pb[i * r + k];
+          for (int64_t j = 0; j < in; ++j) row[size_t(j)] += b * pa[k * in + j];
+        }
+        float* wi = W + (r0 + i) * in;
+        for (int64_t j = 0; j < in; ++j) wi[j] = float(wi[j] + scale * row[size_t(j)]);
+      }
+    }
+  }
+  for (const auto& [module, ab] : f.modules)
+    LOOM_CHECK(used.count(module), f.st_path, ": module '", module,
+               "' is not a linear layer of this ", shape.family, " model (", shape.n_layer,
+               " layers)");
 }
 
 }  // namespace loom::ckpt

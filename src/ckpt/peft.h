@@ -34,6 +34,11 @@ void export_peft(const std::string& dir, const HfModelShape& shape, const PeftAd
 // Reads DIR's PEFT files for a base of `shape`; errors name the file and the key or field.
 PeftAdapters import_peft(const std::string& dir, const HfModelShape& shape);
 
+// Adds DIR's adapters to `params` (Loom names, "<linear>.weight" fp32 [out, in]): W += scale *
+// B A per module, each module on its rows. Works for any PEFT LoRA file Loom's model shape has
+// modules for, including different A per module (PEFT's own q_proj + v_proj training).
+void merge_peft(const std::string& dir, const HfModelShape& shape, TensorMap& params);
+
 bool is_peft_dir(const std::string& dir);  // holds adapter_config.json
 
 }  // namespace loom::ckpt

@@ -150,12 +150,27 @@ static int export_cmd(const Args& args) {
 
 // PEFT adapters onto a Loom base checkpoint: a LoRA checkpoint (adapters only, the base named
 // as train.pretrained), which generate, export and merge read like a LoRA run's.
-static int import_peft_cmd(const std::string& dir, const std::string& base,
-                           const std::string& out) {
+static int import_peft_cmd(const std::string& dir, const std::string& base, const std::string& out,
+                           bool merge) {
   LOOM_CHECK(!base.empty(), dir, " holds PEFT adapters: name their base with --base CKPT");
   ckpt::Checkpoint bc(base);
   LOOM_CHECK(!bc.state().extra.contains("lora"), bc.dir(), ": --base must be a whole model");
   const ModelConfig mc = model_of(bc);
+  if (merge) {  // any PEFT LoRA file: base + scale * B A, written as a whole model
+    Decoder model(mc, cpu_backend());
+    auto params = model.params().tensors();
+    bc.restore_model(params);
+    ckpt::merge_peft(dir, ckpt::hf_shape_of(mc), params);
+    ckpt::TrainerState st;
+    st.config_text = model_section(mc);
+    st.extra["model_fingerprint"] = mc.fingerprint();
+    st.extra["imported_from"] = dir;
+    st.extra["merged_onto"] = bc.dir();
+    const std::string step = ckpt::save_checkpoint(out, st, params, ckpt::TensorMap{});
+    std::printf("merged PEFT adapters %s into %s -> %s\n", dir.c_str(), bc.dir().c_str(),
+                step.c_str());
+    return 0;
+  }
   ckpt::PeftAdapters a = ckpt::import_peft(dir, ckpt::hf_shape_of(mc));
   std::string targets;
   for (const auto& [name, t] : a.tensors)
@@ -191,10 +206,11 @@ static int import_cmd(const Args& args) {
             "A PEFT LoRA directory (adapter_config.json) becomes a LoRA checkpoint over --base.");
   o.positional("hf_dir", "directory with config.json and model.safetensors")
       .value("out", "", "checkpoints root to write", true)
-      .value("base", "", "PEFT adapters: the Loom checkpoint of their base model");
+      .value("base", "", "PEFT adapters: the Loom checkpoint of their base model")
+      .flag("merge", "PEFT adapters: fold them into the base (any LoRA file) instead");
   if (!o.parse(args)) return 0;
   if (ckpt::is_peft_dir(o.get("hf_dir")))
-    return import_peft_cmd(o.get("hf_dir"), o.get("base"), o.get("out"));
+    return import_peft_cmd(o.get("hf_dir"), o.get("base"), o.get("out"), o.has("merge"));
   ckpt::HfModel hf = ckpt::import_hf(o.get("hf_dir"));
   ModelConfig mc = ckpt::model_config_of(hf.shape);
   // The model's tokenizer.json, when Loom can read it, travels with the checkpoint (a copy under

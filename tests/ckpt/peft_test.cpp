@@ -100,6 +100,51 @@ TEST(Peft, Gpt2ModulesKeepTheirNamesAndShapes) {
   for (const auto& [n, t] : a.tensors) EXPECT_TRUE(same_tensor(back.tensors.at(n), t)) << n;
 }
 
+// Merging works for any file, including PEFT's own per-module A: each module's rows get
+// scale * B A (compared against a float64 product of the fused adapters, and of per-module ones).
+TEST(Peft, MergeAddsEachModulesUpdateToItsRows) {
+  ScratchDir dir;
+  const HfModelShape s = testing::tiny_llama3();
+  const PeftAdapters a = adapters({{"blocks.1.attn.qkv", 16, 8}, {"head", 13, 8}}, 4, 21);
+  export_peft(dir.path(), s, a, "");
+  const TensorMap base = testing::random_params_of(s, 40);
+  TensorMap merged;
+  for (const auto& [n, t] : base) merged[n] = t.clone();
+  merge_peft(dir.path(), s, merged);
+  const double scale = 16.0 / 2.0;  // rsLoRA: alpha / sqrt(4)
+  for (const std::string linear : {"blocks.1.attn.qkv", "head"}) {
+    const Tensor& W0 = base.at(linear + ".weight");
+    const Tensor& W1 = merged.at(linear + ".weight");
+    for (int64_t i = 0; i < W0.dim(0); ++i) {
+      const auto d =
+          delta_row(a.tensors.at(linear + ".lora_B"), a.tensors.at(linear + ".lora_A"), i);
+      for (int64_t j = 0; j < W0.dim(1); ++j)
+        EXPECT_NEAR(W1.data<float>()[i * 8 + j], W0.data<float>()[i * 8 + j] + scale * d[size_t(j)],
+                    1e-5)
+            << linear << " " << i << "," << j;
+    }
+  }
+  EXPECT_TRUE(
+      same_tensor(merged.at("blocks.0.attn.qkv.weight"), base.at("blocks.0.attn.qkv.weight")));
+  // PEFT's own q_proj + v_proj: a different A for v, which only a merge can take.
+  SafetensorsReader r(dir / "adapter_model.safetensors");
+  TensorMap t = r.load_all();
+  const std::string v = "base_model.model.model.layers.1.self_attn.v_proj.";
+  t[v + "lora_A.weight"] = random_tensor({4, 8}, DType::F32, 77);
+  write_safetensors(dir / "adapter_model.safetensors", t);
+  EXPECT_THROW(import_peft(dir.path(), s), Error);
+  for (const auto& [n, w] : base) merged[n] = w.clone();
+  merge_peft(dir.path(), s, merged);
+  const Tensor& W0 = base.at("blocks.1.attn.qkv.weight");
+  const Tensor& W1 = merged.at("blocks.1.attn.qkv.weight");
+  for (int64_t i = 0; i < 4; ++i) {  // v rows 12..15 use v's own A
+    const auto d = delta_row(t.at(v + "lora_B.weight"), t.at(v + "lora_A.weight"), i);
+    for (int64_t j = 0; j < 8; ++j)
+      EXPECT_NEAR(W1.data<float>()[(12 + i) * 8 + j],
+                  W0.data<float>()[(12 + i) * 8 + j] + scale * d[size_t(j)], 1e-5);
+  }
+}
+
 TEST(Peft, FilesLoomCannotRepresentAreRefused) {
   ScratchDir dir;
   const HfModelShape s = testing::tiny_llama3();

@@ -95,4 +95,8 @@ b=$("$loom" generate --ckpt "$work/peft-imported" --prompt "say w007" --tokens 1
 [ "$a" == "$b" ] || fail "generation differs after the PEFT round trip: '$a' vs '$b'"
 c=$("$loom" generate --ckpt "$work/imported" --prompt "say w007" --tokens 12 --temperature 0)
 [ "$a" != "$c" ] || fail "the adapters did not change greedy text: the comparison above proves nothing"
-echo "peft: LoRA adapters exported and read back onto their base, same greedy text"
+"$loom" ckpt import "$work/peft" --base "$work/imported" --merge --out "$work/peft-merged" >/dev/null
+m=$("$loom" generate --ckpt "$work/peft-merged" --prompt "say w007" --tokens 12 \
+  --temperature 0 --tokenizer "hf:$work/hf")
+[ "$a" == "$m" ] || fail "generation differs after merging the PEFT files: '$a' vs '$m'"
+echo "peft: LoRA adapters exported and read back onto their base (as adapters and merged), same greedy text"
