@@ -1,5 +1,6 @@
 #include "ckpt/hf_export.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@ namespace {
 constexpr const char* kConfigFile = "config.json";
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kGenerationFile = "generation_config.json";
 
 // One exported tensor: rows [row_begin, row_end) of a Loom parameter, transposed or not.
 struct Piece {
@@ -259,6 +261,50 @@ struct ConfigReader {
   }
 };
 
+// rope_scaling: {"rope_type" (or the older "type"): "llama3", factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings}; "default" means none.
+RopeScaling rope_scaling_from(const Json& j, const std::string& where) {
+  LOOM_CHECK(j.is_object(), where, ": rope_scaling must be an object or null");
+  const std::string w = where + ": rope_scaling";
+  ConfigReader r{j, w};
+  const std::string type = r.has("rope_type") ? r.string("rope_type", "") : r.string("type", "");
+  RopeScaling s;
+  if (type == "default") return s;
+  LOOM_CHECK(type == "llama3", where, ": rope_scaling type '", type,
+             "' is not supported (Loom implements llama3)");
+  s.factor = r.number("factor", 0.f);
+  s.low_freq_factor = r.number("low_freq_factor", 0.f);
+  s.high_freq_factor = r.number("high_freq_factor", 0.f);
+  s.original_max_seq = r.positive("original_max_position_embeddings");
+  LOOM_CHECK(std::isfinite(s.factor) && s.factor >= 1.f, w, ": factor must be >= 1, got ",
+             s.factor);
+  LOOM_CHECK(std::isfinite(s.high_freq_factor) && s.low_freq_factor > 0.f &&
+                 s.high_freq_factor > s.low_freq_factor,
+             w, ": need 0 < low_freq_factor < high_freq_factor, got ", s.low_freq_factor, " and ",
+             s.high_freq_factor);
+  return s;
+}
+
+// The layers the weights hold against config.json's count, before anything is sized by the
+// config: a config claiming 10^9 layers is an error naming both, not a 10^9-entry shape table.
+void check_layer_count(const HfModelShape& s, const TensorMap& hf, const std::string& config_path,
+                       const std::string& where) {
+  std::set<long> layers;
+  for (const auto& [name, t] : hf) {
+    std::string n = canonical_hf_name(s, name);
+    const std::string prefix = s.family == "gpt2" ? "transformer.h." : "model.layers.";
+    if (n.rfind(prefix, 0) != 0) continue;
+    char* end = nullptr;
+    const long i = std::strtol(n.c_str() + prefix.size(), &end, 10);
+    if (end && *end == '.' && i >= 0) layers.insert(i);
+  }
+  const long found = layers.empty() ? 0 : *layers.rbegin() + 1;
+  LOOM_CHECK(found == s.n_layer && long(layers.size()) == found, config_path, ": ",
+             s.family == "gpt2" ? "n_layer" : "num_hidden_layers", " = ", s.n_layer, " but ", where,
+             " holds weights of ", layers.size(), " layers",
+             layers.empty() ? std::string() : cat(" (numbered up to ", *layers.rbegin(), ")"));
+}
+
 std::string join(const std::string& a, const std::string& b) {
   return (fs::path(a) / b).string();
 }
@@ -381,12 +427,36 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
     j["max_position_embeddings"] = Json(s.max_seq);
     j["rms_norm_eps"] = float_json(s.norm_eps);
     j["rope_theta"] = float_json(s.rope_theta);
-    j["rope_scaling"] = Json();
+    if (s.rope_scaling.enabled()) {
+      Json r = Json::object();
+      r["rope_type"] = Json("llama3");
+      r["factor"] = float_json(s.rope_scaling.factor);
+      r["low_freq_factor"] = float_json(s.rope_scaling.low_freq_factor);
+      r["high_freq_factor"] = float_json(s.rope_scaling.high_freq_factor);
+      r["original_max_position_embeddings"] = Json(s.rope_scaling.original_max_seq);
+      j["rope_scaling"] = std::move(r);
+    } else {
+      j["rope_scaling"] = Json();
+    }
     j["attention_bias"] = Json(false);
     j["attention_dropout"] = Json(0.0);
     j["mlp_bias"] = Json(false);
     j["pretraining_tp"] = Json(1);
   }
+  return j;
+}
+
+Json hf_generation_config_json(const HfModelShape& s, const std::vector<int32_t>& eos_ids) {
+  Json j = Json::object();
+  if (s.bos_token_id >= 0) j["bos_token_id"] = Json(s.bos_token_id);
+  if (eos_ids.size() > 1) {
+    Json list = Json::array();
+    for (int32_t id : eos_ids) list.push_back(Json(id));
+    j["eos_token_id"] = std::move(list);
+  } else if (!eos_ids.empty() || s.eos_token_id >= 0) {
+    j["eos_token_id"] = Json(eos_ids.empty() ? s.eos_token_id : eos_ids[0]);
+  }
+  j["_from_model_config"] = Json(false);
   return j;
 }
 
@@ -438,8 +508,7 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
     s.tied = r.boolean("tie_word_embeddings", false);
     const std::string act = r.string("hidden_act", "silu");
     LOOM_CHECK(act == "silu", where, ": hidden_act '", act, "' is not supported (Llama uses silu)");
-    LOOM_CHECK(!r.has("rope_scaling"), where, ": rope_scaling ", r.get("rope_scaling").dump(),
-               " is not supported (Loom's RoPE is unscaled)");
+    if (r.has("rope_scaling")) s.rope_scaling = rope_scaling_from(r.get("rope_scaling"), where);
     LOOM_CHECK(!r.boolean("attention_bias", false), where,
                ": attention_bias true is not supported");
     LOOM_CHECK(!r.boolean("mlp_bias", false), where, ": mlp_bias true is not supported");
@@ -495,7 +564,7 @@ TensorMap hf_to_loom(const HfModelShape& s, const TensorMap& hf_in, DType dtype,
 }
 
 void export_hf(const std::string& dir, const HfModelShape& shape, const TensorMap& loom_params,
-               DType out_dtype, uint64_t max_shard_bytes) {
+               DType out_dtype, uint64_t max_shard_bytes, const std::vector<int32_t>& eos_ids) {
   const Json config = hf_config_json(shape, out_dtype);
   const TensorMap hf = loom_to_hf(shape, loom_params, out_dtype);
   make_dirs(dir);
@@ -544,6 +613,11 @@ void export_hf(const std::string& dir, const HfModelShape& shape, const TensorMa
     if ((n == kSingleFile || n == kIndexFile || is_shard_file_name(n)) && !written.count(n))
       remove_all(de.path().string());
   }
+  if (shape.bos_token_id >= 0 || shape.eos_token_id >= 0 || !eos_ids.empty())
+    write_file_atomic(join(dir, kGenerationFile),
+                      hf_generation_config_json(shape, eos_ids).dump(2) + "\n");
+  else if (file_exists(join(dir, kGenerationFile)))
+    remove_all(join(dir, kGenerationFile));  // an earlier export's ids would not be this model's
   write_file_atomic(join(dir, kConfigFile), config.dump(2) + "\n");
 }
 
@@ -555,9 +629,17 @@ HfModel import_hf(const std::string& dir, DType dtype) {
   std::vector<std::unique_ptr<SafetensorsReader>> files;
   TensorMap hf;
   std::string where;
+  // Buffers of dtypes Loom has no type for are read past, but only those a loader skips anyway.
+  auto check_skipped = [&](const SafetensorsReader& f) {
+    for (const auto& s : f.skipped())
+      LOOM_CHECK(ignorable_hf_name(m.shape, s.name), f.path(), ": tensor '", s.name, "' has dtype ",
+                 s.dtype, ", which Loom cannot load (only buffers such as GPT-2's attn.bias mask ",
+                 "are skipped)");
+  };
   const std::string single = join(dir, kSingleFile), index_path = join(dir, kIndexFile);
   if (file_exists(single)) {
-    files.push_back(std::make_unique<SafetensorsReader>(single));
+    files.push_back(std::make_unique<SafetensorsReader>(single, /*skip_foreign=*/true));
+    check_skipped(*files.back());
     for (const std::string& n : files.back()->names()) hf[n] = files.back()->view(n);
     where = single;
   } else {
@@ -574,15 +656,18 @@ HfModel import_hf(const std::string& dir, DType dtype) {
                  ": weight_map '", name, "' names '", file, "', not a file in ", dir);
       auto it = by_file.find(file);
       if (it == by_file.end()) {
-        files.push_back(std::make_unique<SafetensorsReader>(join(dir, file)));
+        files.push_back(std::make_unique<SafetensorsReader>(join(dir, file), true));
+        check_skipped(*files.back());
         it = by_file.emplace(file, files.back().get()).first;
       }
+      if (ignorable_hf_name(m.shape, name) && !it->second->contains(name)) continue;  // skipped
       LOOM_CHECK(it->second->contains(name), index_path, ": weight_map puts '", name, "' in ",
                  it->second->path(), ", which does not contain it");
       hf[name] = it->second->view(name);
     }
     where = index_path;
   }
+  check_layer_count(m.shape, hf, config_path, where);
   m.params = hf_to_loom(m.shape, hf, dtype, where);
   return m;
 }

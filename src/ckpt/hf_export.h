@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "ckpt/safetensors.h"
 #include "core/json.h"
+#include "kernels/rope_scaling.h"
 
 namespace loom::ckpt {
 
@@ -30,6 +32,7 @@ struct HfModelShape {
   int max_seq = 0;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.f;  // Llama only
+  RopeScaling rope_scaling;    // Llama only: rope_scaling {"rope_type": "llama3", ...}
   bool tied = true;            // output head shares the token embedding
   int bos_token_id = -1;       // -1: not written to config.json
   int eos_token_id = -1;
@@ -45,6 +48,9 @@ std::map<std::string, Shape> hf_param_shapes(const HfModelShape& shape);
 
 // config.json contents; `dtype` (F32, BF16 or F16) becomes torch_dtype.
 Json hf_config_json(const HfModelShape& shape, DType dtype);
+// generation_config.json contents: bos_token_id and eos_token_id (`eos_ids` when it has several,
+// such as a chat model's end of turn and <|endoftext|>, else shape.eos_token_id).
+Json hf_generation_config_json(const HfModelShape& shape, const std::vector<int32_t>& eos_ids = {});
 // Reads config.json contents; rejects model types and options Loom cannot represent exactly.
 HfModelShape hf_shape_from_config(const Json& config, const std::string& where);
 
@@ -60,9 +66,11 @@ TensorMap hf_to_loom(const HfModelShape& shape, const TensorMap& hf, DType dtype
 // Writes config.json and the weights into `dir` (created if missing), each file atomically, the
 // weights first so a config.json always describes complete weights. max_shard_bytes > 0 splits
 // the weights into model-0000i-of-0000n.safetensors files of at most that size (a single larger
-// tensor gets a file to itself) plus model.safetensors.index.json.
+// tensor gets a file to itself) plus model.safetensors.index.json. With a bos or eos id in
+// `shape`, generation_config.json too (eos_ids as for hf_generation_config_json).
 void export_hf(const std::string& dir, const HfModelShape& shape, const TensorMap& loom_params,
-               DType out_dtype = DType::F32, uint64_t max_shard_bytes = 0);
+               DType out_dtype = DType::F32, uint64_t max_shard_bytes = 0,
+               const std::vector<int32_t>& eos_ids = {});
 
 struct HfModel {
   HfModelShape shape;

@@ -19,6 +19,7 @@ HfModelShape hf_shape_of(const ModelConfig& c) {
   s.max_seq = c.max_seq;
   s.norm_eps = c.norm_eps;
   s.rope_theta = c.rope_theta;
+  s.rope_scaling = c.rope_scaling;
   s.tied = c.tied;
   // Hugging Face's two families fix these choices; Loom's configs may not mix them.
   LOOM_CHECK(c.bias == (c.family == Family::GPT2), "a ", s.family, " model with bias=", c.bias,
@@ -42,6 +43,7 @@ ModelConfig model_config_of(const HfModelShape& s) {
   c.max_seq = s.max_seq;
   c.norm_eps = s.norm_eps;
   c.rope_theta = s.rope_theta;
+  c.rope_scaling = s.rope_scaling;
   c.tied = s.tied;
   c.bias = c.family == Family::GPT2;
   c.validate();

@@ -259,7 +259,16 @@ void write_safetensors(const std::string& path, const TensorList& tensors, const
   if (digest) digest->bytes = out.bytes_written();
 }
 
-SafetensorsReader::SafetensorsReader(const std::string& path)
+// Element sizes of the safetensors dtypes Loom has no type for (read past when asked to).
+static size_t foreign_dtype_size(const std::string& name) {
+  if (name == "BOOL" || name == "I8") return 1;
+  if (name == "I16") return 2;
+  if (name == "U32") return 4;
+  if (name == "U64" || name == "F64") return 8;
+  return 0;
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path, bool skip_foreign)
     : file_(std::make_shared<MappedFile>(path)) {
   const uint64_t size = file_->size();
   LOOM_CHECK(size >= 8, path, ": ", size,
@@ -278,6 +287,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
   LOOM_CHECK(header.is_object(), path, ": header is not a JSON object");
 
   std::map<std::string, std::string> shard_meta;
+  std::vector<Entry> skipped_ranges;
   for (const auto& [name, v] : header.as_object()) {
     if (name == "__metadata__") {
       LOOM_CHECK(v.is_object(), path, ": __metadata__ is not an object");
@@ -297,7 +307,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
     LOOM_CHECK(v.contains("dtype") && v.at("dtype").is_string(), what,
                ": missing or non-string 'dtype'");
     const std::string& dt = v.at("dtype").as_string();
-    LOOM_CHECK(safetensors_dtype_from_name(dt, &e.dtype), what, ": unsupported dtype '", dt,
+    const bool known = safetensors_dtype_from_name(dt, &e.dtype);
+    const size_t foreign_size = known || !skip_foreign ? 0 : foreign_dtype_size(dt);
+    LOOM_CHECK(known || foreign_size > 0, what, ": unsupported dtype '", dt,
                "' (Loom reads F32, BF16, F16, F8_E4M3, F8_E5M2, I32, I64, U8, U16)");
     LOOM_CHECK(v.contains("shape"), what, ": missing 'shape'");
     e.shape = shape_from_json(v.at("shape"), what + ": shape");
@@ -311,10 +323,15 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
     LOOM_CHECK(e.end <= buffer, what, ": data_offsets [", e.begin, ", ", e.end,
                ") run past the end of the ", buffer, "-byte data buffer (truncated file?)");
     uint64_t want = 0;
-    LOOM_CHECK(byte_size(e.shape, dtype_size(e.dtype), &want), what, ": shape ", shape_str(e.shape),
-               " overflows");
+    LOOM_CHECK(byte_size(e.shape, known ? dtype_size(e.dtype) : foreign_size, &want), what,
+               ": shape ", shape_str(e.shape), " overflows");
     LOOM_CHECK(want == e.end - e.begin, what, ": shape ", shape_str(e.shape), " of ", dt, " needs ",
                want, " bytes but data_offsets [", e.begin, ", ", e.end, ") hold ", e.end - e.begin);
+    if (!known) {
+      skipped_.push_back({e.name, dt, e.shape});
+      skipped_ranges.push_back(std::move(e));  // still part of the buffer's tiling below
+      continue;
+    }
     entries_.push_back(std::move(e));
   }
 
@@ -331,6 +348,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
   // The buffer must be exactly tiled by the tensors: no overlaps, no gaps, no trailing bytes.
   std::vector<const Entry*> by_offset;
   for (const Entry& e : entries_) by_offset.push_back(&e);
+  for (const Entry& e : skipped_ranges) by_offset.push_back(&e);
   std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });

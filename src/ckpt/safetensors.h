@@ -84,11 +84,19 @@ class SafetensorsReader {
     ShardInfo shard;
   };
 
-  explicit SafetensorsReader(const std::string& path);
+  // skip_foreign: tensors of a dtype Loom has no type for (BOOL, I8, I16, U32, U64, F64) are
+  // checked like the others but left out of entries() and listed in skipped() instead (an HF
+  // checkpoint's BOOL attention-mask buffers); otherwise they are an error.
+  explicit SafetensorsReader(const std::string& path, bool skip_foreign = false);
 
   const std::string& path() const { return file_->path(); }
   const Metadata& metadata() const { return metadata_; }          // without the "shard.*" keys
   const std::vector<Entry>& entries() const { return entries_; }  // sorted by name
+  struct Skipped {
+    std::string name, dtype;
+    Shape shape;
+  };
+  const std::vector<Skipped>& skipped() const { return skipped_; }
   std::vector<std::string> names() const;
   bool contains(const std::string& name) const;
   const Entry& entry(const std::string& name) const;  // throws naming file and tensor
@@ -109,6 +117,7 @@ class SafetensorsReader {
   std::shared_ptr<MappedFile> file_;
   uint64_t data_start_ = 0;
   std::vector<Entry> entries_;
+  std::vector<Skipped> skipped_;
   Metadata metadata_;
 };
 

@@ -1,19 +1,26 @@
 // `loom ckpt`: inspect checkpoints; export to / import from Hugging Face safetensors; consolidate
 // a distributed run's per-rank checkpoints into one.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/consolidate.h"
 #include "ckpt/hf_export.h"
 #include "ckpt/model_bridge.h"
+#include "ckpt/peft.h"
 #include "ckpt/verify.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/bpe.h"
+#include "data/chat.h"
+#include "data/hf_tokenizer.h"
 #include "infer/generator.h"
 #include "model/decoder.h"
+#include "model/lora.h"
 
 namespace loom::cli {
 
@@ -41,40 +48,15 @@ static int inspect(const Args& args) {
   return 0;
 }
 
-static int export_cmd(const Args& args) {
-  Options o("loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16]",
-            "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
-            "(GPT2LMHeadModel or LlamaForCausalLM names and layouts).");
-  o.positional("path", "a step directory or a checkpoints root (uses latest)")
-      .value("out", "", "output directory", true)
-      .value("dtype", "fp32", "weight dtype in the exported file");
-  if (!o.parse(args)) return 0;
-  ckpt::Checkpoint c(o.get("path"));
-  auto loaded = load_model_from_checkpoint(o.get("path"));  // LoRA adapters merged
-  Decoder& model = *loaded;
-  ckpt::export_hf(o.get("out"), ckpt::hf_shape_of(model.config()), model.params().tensors(),
-                  dtype_from_name(o.get("dtype")));
-  std::printf("exported %s -> %s\n", c.dir().c_str(), o.get("out").c_str());
-  return 0;
+// The chat template a run trained with: data.chat_template of chat or preference data.
+static std::string run_chat_template(const Config& run) {
+  const std::string source = run.get_string("data.source", "");
+  if (source != "chat" && source != "preference") return "";
+  return run.get_string("data.chat_template", "chatml");
 }
 
-static int import_cmd(const Args& args) {
-  Options o("loom ckpt import HF_DIR --out ROOT",
-            "Reads a Hugging Face GPT-2 or Llama model (config.json + safetensors) and writes a\n"
-            "Loom checkpoint at step 0 under ROOT, usable by generate and as a training start.");
-  o.positional("hf_dir", "directory with config.json and model.safetensors")
-      .value("out", "", "checkpoints root to write", true);
-  if (!o.parse(args)) return 0;
-  ckpt::HfModel hf = ckpt::import_hf(o.get("hf_dir"));
-  ModelConfig mc = ckpt::model_config_of(hf.shape);
-  Decoder model(mc, cpu_backend());
-  auto dst = model.params().tensors();
-  for (auto& [name, t] : dst) {
-    auto it = hf.params.find(name);
-    LOOM_CHECK(it != hf.params.end(), o.get("hf_dir"), ": no weights for ", name);
-    t.copy_from(it->second);
-  }
-  // The model section below reproduces the imported shape exactly for later loads.
+// The model section of a checkpoint's config that reproduces `mc` exactly on later loads.
+static std::string model_section(const ModelConfig& mc) {
   std::string cfg =
       cat("[model]\npreset = \"tiny\"\nfamily = \"", family_name(mc.family),
           "\"\nn_layer = ", mc.n_layer, "\nd_model = ", mc.d_model, "\nn_head = ", mc.n_head,
@@ -82,10 +64,196 @@ static int import_cmd(const Args& args) {
           "\nvocab = ", mc.vocab, "\nmax_seq = ", mc.max_seq, "\nnorm_eps = ", mc.norm_eps,
           "\nrope_theta = ", mc.rope_theta, "\ntied = ", mc.tied ? "true" : "false",
           "\nbias = ", mc.bias ? "true" : "false", "\n");
+  if (mc.rope_scaling.enabled())
+    cfg += cat("rope_scaling = \"llama3\"\nrope_factor = ", mc.rope_scaling.factor,
+               "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
+               "\nrope_high_freq_factor = ", mc.rope_scaling.high_freq_factor,
+               "\nrope_original_max_seq = ", mc.rope_scaling.original_max_seq, "\n");
+  return cfg;
+}
+
+// A LoRA run's adapters as PEFT files (the base is exported on its own).
+static int export_peft_cmd(const ckpt::Checkpoint& c, const Config& run, const std::string& out,
+                           const std::string& base_model) {
+  LOOM_CHECK(c.state().extra.contains("lora"), c.dir(),
+             ": --peft exports a LoRA run's adapters, and this checkpoint has none");
+  const ModelConfig mc = model_config_from(run);
+  const LoraConfig lc = lora_config_from(run, 0);
+  ckpt::PeftAdapters a;
+  a.rank = lc.rank;
+  a.alpha = lc.alpha;
+  a.rslora = lc.rslora;
+  a.tensors = c.model().load_all();
+  const std::string base = base_model.empty() ? run.get_string("train.pretrained", "") : base_model;
+  ckpt::export_peft(out, ckpt::hf_shape_of(mc), a, base);
+  std::printf("exported the LoRA adapters of %s -> %s (PEFT)\n", c.dir().c_str(), out.c_str());
+  return 0;
+}
+
+static int export_cmd(const Args& args) {
+  Options o("loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16] [--tokenizer SPEC]",
+            "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
+            "(GPT2LMHeadModel or LlamaForCausalLM names and layouts), generation_config.json and,\n"
+            "when the run names a tokenizer, tokenizer.json + tokenizer_config.json (with the\n"
+            "chat template of chat/preference runs): a directory transformers loads as is.");
+  o.positional("path", "a step directory or a checkpoints root (uses latest)")
+      .value("out", "", "output directory", true)
+      .value("dtype", "fp32", "weight dtype in the exported file")
+      .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer; none: skip)")
+      .value("chat-template", "", "chatml | llama3 | none (default: the run's, for chat data)")
+      .flag("peft", "a LoRA run: write its adapters as PEFT files, not the merged model")
+      .value("base-model", "", "--peft: base_model_name_or_path (default: train.pretrained)");
+  if (!o.parse(args)) return 0;
+  ckpt::Checkpoint c(o.get("path"));
+  const Config run = Config::parse(c.state().config_text, c.dir() + "/state.json:config_text");
+  if (o.has("peft")) return export_peft_cmd(c, run, o.get("out"), o.get("base-model"));
+  auto loaded = load_model_from_checkpoint(o.get("path"));  // LoRA adapters merged
+  Decoder& model = *loaded;
+  ckpt::HfModelShape shape = ckpt::hf_shape_of(model.config());
+
+  std::string spec = o.get("tokenizer");
+  if (spec.empty()) spec = run.get_string("data.tokenizer", "");
+  const Json& extra = c.state().extra;
+  std::string chat = o.get("chat-template");
+  if (chat.empty() && extra.contains("hf_chat_template"))
+    chat = extra.at("hf_chat_template").as_string();
+  if (chat.empty()) chat = run_chat_template(run);
+  if (chat == "none") chat.clear();
+  std::unique_ptr<data::BpeTokenizer> tok;
+  std::vector<int32_t> eos_ids;
+  if (!spec.empty() && spec != "none") {
+    tok = data::load_tokenizer(spec);
+    LOOM_CHECK(tok->vocab_size() <= shape.vocab, "tokenizer ", spec, " has ", tok->vocab_size(),
+               " tokens, more than the model's vocabulary of ", shape.vocab);
+    if (!chat.empty()) data::ChatTemplate check(chat, *tok);  // its markers must be tokens
+    const data::HfSpecialIds ids = data::hf_special_ids(*tok, chat);
+    shape.bos_token_id = ids.bos;
+    eos_ids = ids.eos;
+    if (!eos_ids.empty()) shape.eos_token_id = eos_ids.front();
+  }
+  // An imported model keeps the ids its own config.json named (or left out).
+  if (extra.contains("imported_from")) {
+    auto id = [&](const char* k) { return extra.contains(k) ? int(extra.at(k).as_int()) : -1; };
+    shape.bos_token_id = id("hf_bos_token_id");
+    shape.eos_token_id = id("hf_eos_token_id");
+    eos_ids.clear();
+    if (shape.eos_token_id >= 0) eos_ids.push_back(shape.eos_token_id);
+    if (tok && tok->eot_id() >= 0 && tok->eot_id() != shape.eos_token_id)
+      eos_ids.push_back(tok->eot_id());
+  }
+  ckpt::export_hf(o.get("out"), shape, model.params().tensors(), dtype_from_name(o.get("dtype")), 0,
+                  eos_ids);
+  if (tok) data::save_hf_tokenizer(*tok, o.get("out"), chat, shape.max_seq);
+  std::printf("exported %s -> %s%s\n", c.dir().c_str(), o.get("out").c_str(),
+              tok ? " (with tokenizer.json)" : "");
+  return 0;
+}
+
+// PEFT adapters onto a Loom base checkpoint: a LoRA checkpoint (adapters only, the base named
+// as train.pretrained), which generate, export and merge read like a LoRA run's.
+static int import_peft_cmd(const std::string& dir, const std::string& base, const std::string& out,
+                           bool merge) {
+  LOOM_CHECK(!base.empty(), dir, " holds PEFT adapters: name their base with --base CKPT");
+  ckpt::Checkpoint bc(base);
+  LOOM_CHECK(!bc.state().extra.contains("lora"), bc.dir(), ": --base must be a whole model");
+  const ModelConfig mc = model_of(bc);
+  if (merge) {  // any PEFT LoRA file: base + scale * B A, written as a whole model
+    Decoder model(mc, cpu_backend());
+    auto params = model.params().tensors();
+    bc.restore_model(params);
+    ckpt::merge_peft(dir, ckpt::hf_shape_of(mc), params);
+    ckpt::TrainerState st;
+    st.config_text = model_section(mc);
+    st.extra["model_fingerprint"] = mc.fingerprint();
+    st.extra["imported_from"] = dir;
+    st.extra["merged_onto"] = bc.dir();
+    const std::string step = ckpt::save_checkpoint(out, st, params, ckpt::TensorMap{});
+    std::printf("merged PEFT adapters %s into %s -> %s\n", dir.c_str(), bc.dir().c_str(),
+                step.c_str());
+    return 0;
+  }
+  ckpt::PeftAdapters a = ckpt::import_peft(dir, ckpt::hf_shape_of(mc));
+  std::string targets;
+  for (const auto& [name, t] : a.tensors)
+    if (name.size() > 7 && name.compare(name.size() - 7, 7, ".lora_A") == 0)
+      targets += (targets.empty() ? "" : ",") + name.substr(0, name.size() - 7);
+  std::string cfg =
+      model_section(mc) + cat("[lora]\nrank = ", a.rank, "\nalpha = ", a.alpha,
+                              "\nrslora = ", a.rslora ? "true" : "false", "\ntargets = \"", targets,
+                              "\"\n[train]\npretrained = \"",
+                              std::filesystem::absolute(bc.dir()).string(), "\"\n");
+  // A Lora over the base checks every adapter's name and shape before anything is written.
+  {
+    Decoder model(mc, cpu_backend());
+    Lora lora(model, lora_config_from(Config::parse(cfg, "peft import"), 0));
+    auto dst = lora.params().tensors();
+    for (auto& [name, t] : dst) t.copy_from(a.tensors.at(name));
+  }
+  ckpt::TrainerState st;
+  st.config_text = cfg;
+  st.extra["model_fingerprint"] = mc.fingerprint();
+  st.extra["lora"] = lora_config_from(Config::parse(cfg, "peft import"), 0).describe();
+  st.extra["imported_from"] = dir;
+  std::string step = ckpt::save_checkpoint(out, st, a.tensors, ckpt::TensorMap{});
+  std::printf("imported PEFT adapters %s onto %s -> %s\n", dir.c_str(), bc.dir().c_str(),
+              step.c_str());
+  return 0;
+}
+
+static int import_cmd(const Args& args) {
+  Options o("loom ckpt import HF_DIR --out ROOT [--base CKPT]",
+            "Reads a Hugging Face GPT-2 or Llama model (config.json + safetensors) and writes a\n"
+            "Loom checkpoint at step 0 under ROOT, usable by generate and as a training start.\n"
+            "A PEFT LoRA directory (adapter_config.json) becomes a LoRA checkpoint over --base.");
+  o.positional("hf_dir", "directory with config.json and model.safetensors")
+      .value("out", "", "checkpoints root to write", true)
+      .value("base", "", "PEFT adapters: the Loom checkpoint of their base model")
+      .flag("merge", "PEFT adapters: fold them into the base (any LoRA file) instead");
+  if (!o.parse(args)) return 0;
+  if (ckpt::is_peft_dir(o.get("hf_dir")))
+    return import_peft_cmd(o.get("hf_dir"), o.get("base"), o.get("out"), o.has("merge"));
+  ckpt::HfModel hf = ckpt::import_hf(o.get("hf_dir"));
+  ModelConfig mc = ckpt::model_config_of(hf.shape);
+  // The model's tokenizer.json, when Loom can read it, travels with the checkpoint (a copy under
+  // ROOT/tokenizer, named as the run's data.tokenizer) so generate and export find it.
+  const std::string hf_tok = (std::filesystem::path(o.get("hf_dir")) / "tokenizer.json").string();
+  std::string tok_dir;
+  std::string chat;  // the model's chat template, when it is one of Loom's
+  if (file_exists(hf_tok)) {
+    try {
+      data::load_hf_tokenizer(hf_tok);
+      const std::string cfg_path =
+          (std::filesystem::path(o.get("hf_dir")) / "tokenizer_config.json").string();
+      if (file_exists(cfg_path)) {
+        const Json tc = Json::parse(read_file(cfg_path), cfg_path);
+        if (tc.is_object() && tc.contains("chat_template") && tc.at("chat_template").is_string())
+          for (const char* name : {"chatml", "llama3"})
+            if (tc.at("chat_template").as_string() == data::ChatTemplate::jinja(name)) chat = name;
+      }
+      tok_dir = std::filesystem::absolute(std::filesystem::path(o.get("out")) / "tokenizer");
+      make_dirs(tok_dir);
+      write_file_atomic(tok_dir + "/tokenizer.json", read_file(hf_tok));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: tokenizer.json not imported: %s\n", e.what());
+      tok_dir.clear();
+    }
+  }
+  Decoder model(mc, cpu_backend());
+  auto dst = model.params().tensors();
+  for (auto& [name, t] : dst) {
+    auto it = hf.params.find(name);
+    LOOM_CHECK(it != hf.params.end(), o.get("hf_dir"), ": no weights for ", name);
+    t.copy_from(it->second);
+  }
+  std::string cfg = model_section(mc);
+  if (!tok_dir.empty()) cfg += cat("[data]\ntokenizer = \"hf:", tok_dir, "\"\n");
   ckpt::TrainerState st;
   st.config_text = cfg;
   st.extra["model_fingerprint"] = mc.fingerprint();
   st.extra["imported_from"] = o.get("hf_dir");
+  if (hf.shape.bos_token_id >= 0) st.extra["hf_bos_token_id"] = int64_t(hf.shape.bos_token_id);
+  if (hf.shape.eos_token_id >= 0) st.extra["hf_eos_token_id"] = int64_t(hf.shape.eos_token_id);
+  if (!chat.empty()) st.extra["hf_chat_template"] = chat;
   std::string dir = ckpt::save_checkpoint(o.get("out"), st, dst, ckpt::TensorMap{});
   std::printf("imported %s -> %s\n", o.get("hf_dir").c_str(), dir.c_str());
   return 0;

@@ -18,7 +18,9 @@ int run_tokenize(const Args& args) {
       "indexed format; uint16 ids when the vocabulary fits, else int32), one document per\n"
       "line. Streaming and multi-threaded; outputs appear only when the run succeeds.");
   o.multi("input", "JSONL file (repeatable; read in the order given)")
-      .value("tokenizer", "", "gpt2:DIR | tiktoken:FILE | loom:DIR, or a path (kind detected)",
+      .value("tokenizer", "",
+             "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind "
+             "detected)",
              true)
       .value("out", "", "output prefix: writes PREFIX.bin and PREFIX.idx", true)
       .value("field", "text", "JSON field holding each document's text")

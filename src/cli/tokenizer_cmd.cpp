@@ -1,6 +1,7 @@
 // `loom tokenizer`: train a byte-level BPE vocabulary, encode and decode with any supported
 // vocabulary (GPT-2 encoder.json + vocab.bpe folder, .tiktoken file, Loom-trained folder).
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -14,6 +15,8 @@
 #include "core/log.h"
 #include "data/bpe.h"
 #include "data/bpe_train.h"
+#include "data/chat.h"
+#include "data/hf_tokenizer.h"
 #include "data/indexed_dataset.h"
 
 namespace loom::cli {
@@ -37,7 +40,7 @@ int tokenizer_train(const Args& args) {
       .value("out", "", "output folder", true)
       .value("field", "text", "JSONL field holding the text")
       .value("threads", "0", "counting threads (0: all cores)")
-      .value("pretokenizer", "gpt2", "pre-tokenisation rules: gpt2 or cl100k");
+      .value("pretokenizer", "gpt2", "pre-tokenisation rules: gpt2, cl100k or qwen2");
   if (!o.parse(args)) return 0;
   LOOM_CHECK(!o.all("input").empty(), "missing required option --input (see --help)");
   data::BpeTrainOptions opt;
@@ -60,7 +63,10 @@ int tokenizer_encode(const Args& args) {
   Options o("loom tokenizer encode --vocab PATH < text",
             "Reads UTF-8 text on stdin and prints its token ids as one JSON array. Special-token\n"
             "strings in the text become their ids unless --no-special is given.");
-  o.value("vocab", "", "gpt2:DIR | tiktoken:FILE | loom:DIR, or a path (kind detected)", true)
+  o.value(
+       "vocab", "",
+       "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
+       true)
       .flag("no-special", "encode special-token strings as ordinary text");
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
@@ -78,7 +84,10 @@ int tokenizer_encode(const Args& args) {
 int tokenizer_decode(const Args& args) {
   Options o("loom tokenizer decode --vocab PATH < ids.json",
             "Reads a JSON array of token ids on stdin and writes the decoded bytes to stdout.");
-  o.value("vocab", "", "gpt2:DIR | tiktoken:FILE | loom:DIR, or a path (kind detected)", true);
+  o.value(
+      "vocab", "",
+      "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
+      true);
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
   Json j = Json::parse(read_stdin(), "stdin");
@@ -100,7 +109,10 @@ int tokenizer_decode(const Args& args) {
 
 int tokenizer_info(const Args& args) {
   Options o("loom tokenizer info --vocab PATH", "Prints a vocabulary's size and special tokens.");
-  o.value("vocab", "", "gpt2:DIR | tiktoken:FILE | loom:DIR, or a path (kind detected)", true);
+  o.value(
+      "vocab", "",
+      "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
+      true);
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
   Json info = Json::object();
@@ -114,11 +126,30 @@ int tokenizer_info(const Args& args) {
   return 0;
 }
 
+int tokenizer_export(const Args& args) {
+  Options o("loom tokenizer export --vocab SPEC --out DIR [--chat-template chatml|llama3]",
+            "Writes a vocabulary as Hugging Face tokenizer.json + tokenizer_config.json.");
+  o.value(
+       "vocab", "",
+       "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
+       true)
+      .value("out", "", "output folder", true)
+      .value("chat-template", "", "chat template written into tokenizer_config.json")
+      .value("max-length", "1024", "model_max_length in tokenizer_config.json");
+  if (!o.parse(args)) return 0;
+  auto tok = data::load_tokenizer(o.get("vocab"));
+  const std::string chat = o.get("chat-template");
+  if (!chat.empty()) data::ChatTemplate check(chat, *tok);  // its markers must be tokens
+  data::save_hf_tokenizer(*tok, o.get("out"), chat, o.get_int("max-length", 1, INT32_MAX));
+  std::printf("wrote %s/tokenizer.json and tokenizer_config.json\n", o.get("out").c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run_tokenizer(const Args& args) {
   const char* usage =
-      "usage: loom tokenizer <train|encode|decode|info> [options]  (--help on each)\n";
+      "usage: loom tokenizer <train|encode|decode|info|export> [options]  (--help on each)\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::fputs(usage, args.empty() ? stderr : stdout);
     return args.empty() ? 2 : 0;
@@ -128,7 +159,8 @@ int run_tokenizer(const Args& args) {
   if (args[0] == "encode") return tokenizer_encode(rest);
   if (args[0] == "decode") return tokenizer_decode(rest);
   if (args[0] == "info") return tokenizer_info(rest);
-  fail("unknown subcommand 'tokenizer ", args[0], "' (train, encode, decode, info)");
+  if (args[0] == "export") return tokenizer_export(rest);
+  fail("unknown subcommand 'tokenizer ", args[0], "' (train, encode, decode, info, export)");
 }
 
 }  // namespace loom::cli

@@ -5,6 +5,7 @@
 #include <queue>
 
 #include "core/error.h"
+#include "data/normalize.h"
 
 namespace loom::data {
 
@@ -50,6 +51,7 @@ BpeTokenizer BpeTokenizer::from_ranks(std::vector<std::string> tokens, PreTokeni
       const int32_t* r = t.by_bytes_.find(b.substr(k));
       if (!r) continue;
       t.pairs_.insert((uint64_t(uint32_t(*l)) << 32) | uint32_t(*r), (uint64_t(id) << 32) | id);
+      t.merge_list_.emplace_back(*l, *r);
     }
   }
   return t;
@@ -57,12 +59,13 @@ BpeTokenizer BpeTokenizer::from_ranks(std::vector<std::string> tokens, PreTokeni
 
 BpeTokenizer BpeTokenizer::from_merges(
     std::vector<std::string> tokens, const std::vector<std::pair<std::string, std::string>>& merges,
-    PreTokenizer pre, SpecialTokens specials) {
+    PreTokenizer pre, SpecialTokens specials, bool ignore_merges) {
   BpeTokenizer t;
   t.tokens_ = std::move(tokens);
   t.pre_ = pre;
   t.specials_ = std::move(specials);
   t.merge_rule_ = true;
+  t.whole_piece_ = ignore_merges;
   t.init_common();
   t.pairs_.reserve(merges.size());
   for (size_t k = 0; k < merges.size(); ++k) {
@@ -73,7 +76,9 @@ BpeTokenizer BpeTokenizer::from_merges(
     LOOM_CHECK(l && r && m, "merge ", k + 1, " ('", a, "' + '", b,
                "') uses or makes a token that is not in the vocabulary");
     uint64_t key = (uint64_t(uint32_t(*l)) << 32) | uint32_t(*r);
-    if (!t.pairs_.find(key)) t.pairs_.insert(key, (uint64_t(k) << 32) | uint32_t(*m));
+    if (t.pairs_.find(key)) continue;  // a repeated merge keeps its first rank
+    t.pairs_.insert(key, (uint64_t(k) << 32) | uint32_t(*m));
+    t.merge_list_.emplace_back(*l, *r);
   }
   return t;
 }
@@ -134,7 +139,21 @@ void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out,
   encode_ordinary(text.substr(start), out);
 }
 
+void BpeTokenizer::set_nfc(bool on) {
+  LOOM_CHECK(!on || nfc_available(),
+             "NFC normalisation needs utf8proc, which this build did not find (scripts/setup.sh)");
+  nfc_ = on;
+}
+
 void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
+  if (nfc_) {
+    const std::string normal = data::nfc(text);
+    if (normal != text) return encode_normalized(normal, out);
+  }
+  encode_normalized(text, out);
+}
+
+void BpeTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
   ThreadCache& tc = thread_cache(serial_);
   const uint8_t* s = reinterpret_cast<const uint8_t*>(text.data());
   size_t n = text.size();
@@ -146,7 +165,7 @@ void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& 
       out.push_back(byte_id_[uint8_t(piece[0])]);
       continue;
     }
-    if (!merge_rule_) {  // tiktoken: a piece that is a token is that token
+    if (whole_piece_) {  // tiktoken: a piece that is a token is that token
       if (const int32_t* id = by_bytes_.find(piece)) {
         out.push_back(*id);
         continue;

@@ -30,10 +30,18 @@ class BpeTokenizer {
   // (tiktoken's rule: rank = id).
   static BpeTokenizer from_ranks(std::vector<std::string> tokens, PreTokenizer pre,
                                  SpecialTokens specials);
-  // GPT-2's rule: merges[k] = (left bytes, right bytes) with rank k.
+  // GPT-2's rule: merges[k] = (left bytes, right bytes) with rank k. ignore_merges (Hugging
+  // Face's BPE option, set by Llama 3's tokenizer.json) first takes a piece that is itself a
+  // token as that token, as tiktoken does.
   static BpeTokenizer from_merges(std::vector<std::string> tokens,
                                   const std::vector<std::pair<std::string, std::string>>& merges,
-                                  PreTokenizer pre, SpecialTokens specials);
+                                  PreTokenizer pre, SpecialTokens specials,
+                                  bool ignore_merges = false);
+
+  // Unicode NFC applied to the text between special tokens before pre-tokenisation (a
+  // tokenizer.json "normalizer": NFC, as Qwen2's). Needs nfc_available() (normalize.h).
+  void set_nfc(bool on);
+  bool nfc() const { return nfc_; }
 
   BpeTokenizer(BpeTokenizer&&) = default;
   BpeTokenizer& operator=(BpeTokenizer&&) = default;
@@ -64,11 +72,17 @@ class BpeTokenizer {
   const std::string& token_bytes(int32_t id) const { return tokens_[size_t(id)]; }
   size_t n_ordinary() const { return tokens_.size(); }
   bool uses_merge_ranks() const { return merge_rule_; }
+  // A piece that is a token encodes as that token (tiktoken files, ignore_merges).
+  bool takes_whole_pieces() const { return whole_piece_; }
+  // Every merge as (left id, right id), lowest rank first: the merge list a Hugging Face
+  // tokenizer.json needs. For rank files, a token's splits in id order (tiktoken's rule).
+  const std::vector<std::pair<int32_t, int32_t>>& merge_list() const { return merge_list_; }
 
  private:
   BpeTokenizer() = default;
   void init_common();
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
+  void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
   void merge_short(int32_t* ids, size_t n, std::vector<int32_t>& out) const;
   void merge_long(const int32_t* ids, size_t n, std::vector<int32_t>& out) const;
   // (rank << 32 | merged id) for the pair, or ~0 if the pair does not merge.
@@ -81,7 +95,10 @@ class BpeTokenizer {
   BytesMap by_bytes_;                // bytes -> id
   U64Map pairs_;                     // (left, right) -> (rank, merged)
   int32_t byte_id_[256] = {};
-  bool merge_rule_ = false;  // GPT-2 merge-list rule (no whole-piece shortcut)
+  bool merge_rule_ = false;  // GPT-2 merge-list rule
+  bool whole_piece_ = true;  // a piece that is a token is that token (not GPT-2's rule)
+  bool nfc_ = false;         // NFC before pre-tokenisation
+  std::vector<std::pair<int32_t, int32_t>> merge_list_;
   PreTokenizer pre_ = PreTokenizer::Gpt2;
   SpecialTokens specials_;
   std::vector<int32_t> special_of_id_;  // id -> index into specials_ or -1
@@ -91,7 +108,9 @@ class BpeTokenizer {
 };
 
 // Loads a tokenizer from a spec: "gpt2:DIR" (encoder.json + vocab.bpe), "tiktoken:FILE",
-// "loom:DIR" (saved by save_loom_tokenizer), or a bare path whose kind is detected.
+// "loom:DIR" (saved by save_loom_tokenizer), "hf:PATH" (a Hugging Face tokenizer.json, or a
+// folder holding one: hf_tokenizer.h), or a bare path whose kind is detected (a .json file or a
+// folder with tokenizer.json but no tokenizer.tiktoken is Hugging Face's).
 // tiktoken files get their pre-tokeniser and special tokens from a sidecar FILE.json
 // ({"pretokenizer": "cl100k", "special_tokens": {"<|endoftext|>": 100257}}) if present, else
 // from the known names gpt2/r50k_base/p50k_base/cl100k_base, else gpt2 rules with

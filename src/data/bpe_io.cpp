@@ -8,45 +8,14 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "data/bpe.h"
+#include "data/hf_tokenizer.h"
+#include "data/tokenizer_files.h"
 
 namespace loom::data {
 
 namespace {
 
 namespace fs = std::filesystem;
-
-// GPT-2 stores bytes as printable code points: printable Latin-1 bytes map to themselves,
-// the other 68 bytes to U+0100.. in byte order.
-std::vector<uint32_t> gpt2_byte_to_codepoint() {
-  std::vector<uint32_t> cp(256, 0);
-  std::vector<bool> direct(256, false);
-  for (int b = '!'; b <= '~'; ++b) direct[size_t(b)] = true;
-  for (int b = 0xA1; b <= 0xAC; ++b) direct[size_t(b)] = true;
-  for (int b = 0xAE; b <= 0xFF; ++b) direct[size_t(b)] = true;
-  uint32_t extra = 0;
-  for (int b = 0; b < 256; ++b) cp[size_t(b)] = direct[size_t(b)] ? uint32_t(b) : 256 + extra++;
-  return cp;
-}
-
-// Decodes a GPT-2 token string (UTF-8 of the mapped code points) back to raw bytes.
-bool gpt2_unmap(std::string_view s, const std::map<uint32_t, uint8_t>& inv, std::string* out) {
-  out->clear();
-  const uint8_t* p = reinterpret_cast<const uint8_t*>(s.data());
-  for (size_t i = 0; i < s.size();) {
-    uint32_t cp = p[i];
-    int len = 1;
-    if (cp >= 0x80) {
-      if ((cp & 0xE0) != 0xC0 || i + 1 >= s.size()) return false;
-      cp = ((cp & 0x1F) << 6) | (p[i + 1] & 0x3F);
-      len = 2;
-    }
-    auto it = inv.find(cp);
-    if (it == inv.end()) return false;
-    out->push_back(char(it->second));
-    i += size_t(len);
-  }
-  return true;
-}
 
 int b64_value(char c) {
   if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -107,25 +76,11 @@ SpecialTokens specials_from_json(const Json& obj, const std::string& where) {
   return out;
 }
 
-// Token ids index a vector, so a file's largest id sets its memory: a few lines claiming id
-// 999999999 must not allocate gigabytes. Ids may leave holes (special tokens' slots) but at
-// most this many, far more than any real vocabulary has.
-constexpr size_t kMaxIdHoles = size_t(1) << 16;
-
-void check_id_bound(size_t max_id, size_t n_entries, const std::string& where) {
-  LOOM_CHECK(max_id < n_entries + kMaxIdHoles, where, ": id ", max_id, " is too large for ",
-             n_entries, " tokens (at most ", kMaxIdHoles, " unused ids are allowed)");
-}
-
 }  // namespace
 
 BpeTokenizer load_gpt2_tokenizer(const std::string& dir) {
   std::string enc_path = (fs::path(dir) / "encoder.json").string();
   std::string bpe_path = (fs::path(dir) / "vocab.bpe").string();
-  std::vector<uint32_t> b2c = gpt2_byte_to_codepoint();
-  std::map<uint32_t, uint8_t> inv;
-  for (int b = 0; b < 256; ++b) inv[b2c[size_t(b)]] = uint8_t(b);
-
   Json enc = Json::parse(read_file(enc_path), enc_path);
   LOOM_CHECK(enc.is_object(), enc_path, ": expected an object of token -> id");
   std::map<std::string, int32_t> by_text;  // raw bytes -> id
@@ -139,7 +94,7 @@ BpeTokenizer load_gpt2_tokenizer(const std::string& dir) {
   }
   check_id_bound(max_id, enc.as_object().size(), enc_path);
   for (auto& [text, idj] : enc.as_object()) {
-    LOOM_CHECK(gpt2_unmap(text, inv, &bytes), enc_path, ": token '", text,
+    LOOM_CHECK(byte_level_decode(text, &bytes), enc_path, ": token '", text,
                "' is not in GPT-2's byte encoding");
     auto id = size_t(idj.as_int());
     if (tokens.size() <= id) tokens.resize(id + 1);
@@ -165,8 +120,9 @@ BpeTokenizer load_gpt2_tokenizer(const std::string& dir) {
                    line.find(' ', sp + 1) == std::string_view::npos,
                bpe_path, ":", line_no, ": expected two tokens separated by one space");
     std::string a, b;
-    LOOM_CHECK(gpt2_unmap(line.substr(0, sp), inv, &a) && gpt2_unmap(line.substr(sp + 1), inv, &b),
-               bpe_path, ":", line_no, ": token not in GPT-2's byte encoding");
+    LOOM_CHECK(
+        byte_level_decode(line.substr(0, sp), &a) && byte_level_decode(line.substr(sp + 1), &b),
+        bpe_path, ":", line_no, ": token not in GPT-2's byte encoding");
     made[a + b] = true;
     merges.emplace_back(std::move(a), std::move(b));
   }
@@ -286,6 +242,7 @@ void save_loom_tokenizer(const BpeTokenizer& tok, const std::string& dir) {
   Json sp = Json::object();
   for (auto& [text, id] : tok.specials()) sp[text] = int64_t(id);
   meta["special_tokens"] = sp;
+  if (tok.nfc()) meta["normalizer"] = "nfc";
   write_file_atomic((fs::path(dir) / "tokenizer.json").string(), meta.dump(2) + "\n");
 }
 
@@ -298,7 +255,14 @@ BpeTokenizer load_loom_tokenizer(const std::string& dir) {
   SpecialTokens sp = meta.contains("special_tokens")
                          ? specials_from_json(meta.at("special_tokens"), meta_path)
                          : SpecialTokens{};
-  return load_tiktoken((fs::path(dir) / "tokenizer.tiktoken").string(), pre, std::move(sp));
+  BpeTokenizer t =
+      load_tiktoken((fs::path(dir) / "tokenizer.tiktoken").string(), pre, std::move(sp));
+  if (meta.contains("normalizer")) {
+    LOOM_CHECK(meta.at("normalizer").is_string() && meta.at("normalizer").as_string() == "nfc",
+               meta_path, ": normalizer must be \"nfc\"");
+    t.set_nfc(true);
+  }
+  return t;
 }
 
 std::unique_ptr<BpeTokenizer> load_tokenizer(const std::string& spec) {
@@ -309,16 +273,24 @@ std::unique_ptr<BpeTokenizer> load_tokenizer(const std::string& spec) {
     if (kind == "gpt2") return make(load_gpt2_tokenizer(path));
     if (kind == "tiktoken") return make(load_tiktoken(path));
     if (kind == "loom") return make(load_loom_tokenizer(path));
+    if (kind == "hf") return make(load_hf_tokenizer(path));
   }
   LOOM_CHECK(file_exists(spec), "tokenizer '", spec,
-             "' not found (expected gpt2:DIR, tiktoken:FILE, loom:DIR or an existing path)");
+             "' not found (expected gpt2:DIR, tiktoken:FILE, loom:DIR, hf:PATH or an existing "
+             "path)");
   if (fs::is_directory(spec)) {
     if (file_exists((fs::path(spec) / "encoder.json").string()))
       return make(load_gpt2_tokenizer(spec));
-    if (file_exists((fs::path(spec) / "tokenizer.json").string()))
+    // Loom's own folder writes its ranks beside a small tokenizer.json; Hugging Face's has none.
+    if (file_exists((fs::path(spec) / "tokenizer.tiktoken").string()))
       return make(load_loom_tokenizer(spec));
-    fail(spec, ": folder has neither encoder.json + vocab.bpe (GPT-2) nor tokenizer.json (Loom)");
+    if (file_exists((fs::path(spec) / "tokenizer.json").string()))
+      return make(load_hf_tokenizer(spec));
+    fail(spec,
+         ": folder has neither encoder.json + vocab.bpe (GPT-2), tokenizer.tiktoken + "
+         "tokenizer.json (Loom) nor tokenizer.json (Hugging Face)");
   }
+  if (fs::path(spec).extension() == ".json") return make(load_hf_tokenizer(spec));
   return make(load_tiktoken(spec));
 }
 

@@ -12,6 +12,31 @@ std::vector<std::string> ChatTemplate::special_tokens(const std::string& name) {
   fail("unknown chat template '", name, "' (chatml or llama3)");
 }
 
+std::string ChatTemplate::end_of_turn_token(const std::string& name) {
+  special_tokens(name);  // refuses unknown names
+  return name == "chatml" ? "<|im_end|>" : "<|eot_id|>";
+}
+
+std::string ChatTemplate::begin_of_text_token(const std::string& name) {
+  special_tokens(name);
+  return name == "chatml" ? "" : "<|begin_of_text|>";
+}
+
+// Kept beside message() and prompt_ids(): the three must produce the same text.
+std::string ChatTemplate::jinja(const std::string& name) {
+  if (name == "chatml")
+    return "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+           "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt "
+           "%}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  if (name == "llama3")
+    return "{{ '<|begin_of_text|>' }}{% for message in messages %}{{ '<|start_header_id|>' + "
+           "message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
+           "{% endfor %}{% if add_generation_prompt %}{{ "
+           "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+  special_tokens(name);  // throws naming the unknown template
+  return "";
+}
+
 ChatTemplate::ChatTemplate(const std::string& name, const BpeTokenizer& tok)
     : name_(name), tok_(tok) {
   for (const std::string& s : special_tokens(name))

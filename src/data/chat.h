@@ -40,6 +40,13 @@ class ChatTemplate {
   const std::string& name() const { return name_; }
   // The marker tokens this template needs (for adding them to a tokenizer).
   static std::vector<std::string> special_tokens(const std::string& name);
+  // The template's end-of-turn marker (<|im_end|>, <|eot_id|>) and its begin-of-text marker
+  // ("" for chatml, which has none).
+  static std::string end_of_turn_token(const std::string& name);
+  static std::string begin_of_text_token(const std::string& name);
+  // The template as Hugging Face Jinja (tokenizer_config.json's chat_template): it renders the
+  // exact text that render() and, with add_generation_prompt, prompt_ids() encode.
+  static std::string jinja(const std::string& name);
 
   // A conversation, assistant turns trained (content and end-of-turn token).
   ChatExample render(const std::vector<ChatMessage>& messages) const;

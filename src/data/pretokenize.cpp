@@ -8,11 +8,20 @@ namespace loom::data {
 PreTokenizer parse_pretokenizer(const std::string& name) {
   if (name == "gpt2") return PreTokenizer::Gpt2;
   if (name == "cl100k" || name == "cl100k_base") return PreTokenizer::Cl100k;
-  fail("unknown pre-tokenizer '", name, "' (expected gpt2 or cl100k)");
+  if (name == "qwen2") return PreTokenizer::Qwen2;
+  fail("unknown pre-tokenizer '", name, "' (expected gpt2, cl100k or qwen2)");
 }
 
 const char* pretokenizer_name(PreTokenizer p) {
-  return p == PreTokenizer::Gpt2 ? "gpt2" : "cl100k";
+  switch (p) {
+    case PreTokenizer::Gpt2:
+      return "gpt2";
+    case PreTokenizer::Cl100k:
+      return "cl100k";
+    case PreTokenizer::Qwen2:
+      return "qwen2";
+  }
+  return "?";
 }
 
 namespace {
@@ -79,7 +88,10 @@ size_t next_piece_gpt2(const uint8_t* s, size_t n, size_t i) {
   return trailing_space_rule(i, end, last_start, n);
 }
 
-size_t next_piece_cl100k(const uint8_t* s, size_t n, size_t i) {
+namespace {
+
+// cl100k's regex and Qwen2's, which differ only in how many digits make one piece.
+size_t next_piece_cl100k_like(const uint8_t* s, size_t n, size_t i, int max_digits) {
   uint8_t c = s[i];
   if (c == '\'' && i + 1 < n) {  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
     uint8_t a = s[i + 1];
@@ -104,9 +116,9 @@ size_t next_piece_cl100k(const uint8_t* s, size_t n, size_t i) {
     if (class_at(s + after0, n - after0, &len1) == CharClass::Letter)
       return run_of(s, n, after0 + size_t(len1), CharClass::Letter);
   }
-  if (c0 == CharClass::Number) {  // \p{N}{1,3}
+  if (c0 == CharClass::Number) {  // \p{N}{1,3} (cl100k), \p{N} (qwen2)
     size_t j = after0;
-    for (int k = 1; k < 3 && j < n; ++k) {
+    for (int k = 1; k < max_digits && j < n; ++k) {
       int len;
       if (class_at(s + j, n - j, &len) != CharClass::Number) break;
       j += size_t(len);
@@ -131,6 +143,16 @@ size_t next_piece_cl100k(const uint8_t* s, size_t n, size_t i) {
   size_t end = space_run(s, n, i, &last_start, &last_newline);
   if (last_newline) return last_newline;
   return trailing_space_rule(i, end, last_start, n);
+}
+
+}  // namespace
+
+size_t next_piece_cl100k(const uint8_t* s, size_t n, size_t i) {
+  return next_piece_cl100k_like(s, n, i, 3);
+}
+
+size_t next_piece_qwen2(const uint8_t* s, size_t n, size_t i) {
+  return next_piece_cl100k_like(s, n, i, 1);
 }
 
 }  // namespace loom::data

@@ -4,6 +4,7 @@
 //   gpt2:   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //   cl100k: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //           ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//   qwen2:  cl100k's with \p{N} instead of \p{N}{1,3} (digits one by one; Qwen2's tokenizer.json)
 //
 // \s is Unicode White_Space (as in tiktoken's Rust regex). Bytes that are not valid UTF-8
 // count as one "other" code point each, so any byte string splits and round-trips.
@@ -16,17 +17,26 @@
 
 namespace loom::data {
 
-enum class PreTokenizer { Gpt2, Cl100k };
+enum class PreTokenizer { Gpt2, Cl100k, Qwen2 };
 
-PreTokenizer parse_pretokenizer(const std::string& name);  // "gpt2" | "cl100k"
+PreTokenizer parse_pretokenizer(const std::string& name);  // "gpt2" | "cl100k" | "qwen2"
 const char* pretokenizer_name(PreTokenizer p);
 
 // End (exclusive) of the piece that starts at byte i < n.
 size_t next_piece_gpt2(const uint8_t* s, size_t n, size_t i);
 size_t next_piece_cl100k(const uint8_t* s, size_t n, size_t i);
+size_t next_piece_qwen2(const uint8_t* s, size_t n, size_t i);
 
 inline size_t next_piece(PreTokenizer p, const uint8_t* s, size_t n, size_t i) {
-  return p == PreTokenizer::Gpt2 ? next_piece_gpt2(s, n, i) : next_piece_cl100k(s, n, i);
+  switch (p) {
+    case PreTokenizer::Gpt2:
+      return next_piece_gpt2(s, n, i);
+    case PreTokenizer::Cl100k:
+      return next_piece_cl100k(s, n, i);
+    case PreTokenizer::Qwen2:
+      return next_piece_qwen2(s, n, i);
+  }
+  return n;
 }
 
 // Calls f(std::string_view piece) for every piece of text, in order.

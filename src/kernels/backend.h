@@ -9,7 +9,9 @@
 
 #include <cstdint>
 
+#include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/rope_scaling.h"
 
 namespace loom {
 
@@ -70,6 +72,19 @@ struct Backend {
                             float theta) = 0;
   virtual void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld,
                              float theta) = 0;
+  // The same with the frequencies scaled (rope_scaling.h). The default serves only unscaled
+  // RoPE, so a backend without the scaled kernel refuses such a model rather than rotating by
+  // the wrong angles.
+  virtual void rope_forward_scaled(float* x, const int32_t* pos, int N, int H, int D, int ld,
+                                   float theta, const RopeScaling& s) {
+    LOOM_CHECK(!s.enabled(), name(), " backend: RoPE scaling (llama3) is not implemented");
+    rope_forward(x, pos, N, H, D, ld, theta);
+  }
+  virtual void rope_backward_scaled(float* dx, const int32_t* pos, int N, int H, int D, int ld,
+                                    float theta, const RopeScaling& s) {
+    LOOM_CHECK(!s.enabled(), name(), " backend: RoPE scaling (llama3) is not implemented");
+    rope_backward(dx, pos, N, H, D, ld, theta);
+  }
 
   // out = a + b; acc += x.
   virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;

@@ -697,8 +697,9 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   float* qkv = fp32_out(a.qkv, b_->q32);
   p.qkv.forward(be_, qkv, a.ln1.in(), N);
   if (cfg_.uses_rope()) {
-    be_.rope_forward(qkv, in.positions, N, Hq, D, Q, cfg_.rope_theta);
-    be_.rope_forward(qkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
+    be_.rope_forward_scaled(qkv, in.positions, N, Hq, D, Q, cfg_.rope_theta, cfg_.rope_scaling);
+    be_.rope_forward_scaled(qkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta,
+                            cfg_.rope_scaling);
   }
   keep(a.qkv, qkv, int64_t(N) * Q);
   attention_core(l, in, a, qkv);
@@ -775,8 +776,10 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
                            a.lse, Q, in.cu_seqlens, in.nseq, Hq, Hkv, D,
                            1.f / std::sqrt(static_cast<float>(D)));
   if (cfg_.uses_rope()) {
-    be_.rope_backward(b_->dqkv, in.positions, N, Hq, D, Q, cfg_.rope_theta);
-    be_.rope_backward(b_->dqkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta);
+    be_.rope_backward_scaled(b_->dqkv, in.positions, N, Hq, D, Q, cfg_.rope_theta,
+                             cfg_.rope_scaling);
+    be_.rope_backward_scaled(b_->dqkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta,
+                             cfg_.rope_scaling);
   }
   round_act(b_->dqkv, int64_t(N) * Q);
   p.qkv.backward(be_, b_->dln, b_->dqkv, a.ln1.in(), N);

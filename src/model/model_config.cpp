@@ -93,6 +93,18 @@ void ModelConfig::validate() const {
              ") must equal d_model / n_head for the gpt2 family");
   LOOM_CHECK(!uses_rope() || head_dim % 2 == 0, "model.head_dim must be even for RoPE, got ",
              head_dim);
+  if (rope_scaling.enabled()) {
+    LOOM_CHECK(uses_rope(), "model.rope_scaling needs RoPE (the llama family)");
+    LOOM_CHECK(rope_scaling.factor >= 1.f, "model.rope_factor must be >= 1, got ",
+               rope_scaling.factor);
+    LOOM_CHECK(rope_scaling.low_freq_factor > 0.f &&
+                   rope_scaling.high_freq_factor > rope_scaling.low_freq_factor,
+               "model.rope_high_freq_factor (", rope_scaling.high_freq_factor,
+               ") must exceed model.rope_low_freq_factor (", rope_scaling.low_freq_factor,
+               "), which must be positive");
+    LOOM_CHECK(rope_scaling.original_max_seq > 0,
+               "model.rope_original_max_seq must be positive, got ", rope_scaling.original_max_seq);
+  }
   LOOM_CHECK(d_ff > 0, "model.d_ff must be positive, got ", d_ff);
   LOOM_CHECK(vocab > 0, "model.vocab must be positive, got ", vocab);
   LOOM_CHECK(max_seq > 0, "model.max_seq must be positive, got ", max_seq);
@@ -154,7 +166,12 @@ std::string ModelConfig::fingerprint() const {
              // Dense models keep their fingerprint (checkpoints stay compatible).
              n_experts == 0 ? std::string()
                             : cat(" experts=", n_experts, " top_k=", top_k, " router=", moe_router,
-                                  " moe_freq=", moe_layer_freq));
+                                  " moe_freq=", moe_layer_freq),
+             // Unscaled RoPE keeps the fingerprint as it was.
+             !rope_scaling.enabled()
+                 ? std::string()
+                 : cat(" rope=llama3/", rope_scaling.factor, "/", rope_scaling.low_freq_factor, "/",
+                       rope_scaling.high_freq_factor, "/", rope_scaling.original_max_seq));
 }
 
 ModelConfig model_config_from(const Config& cfg) {
@@ -184,6 +201,17 @@ ModelConfig model_config_from(const Config& cfg) {
   c.max_seq = static_cast<int>(cfg.get_int("model.max_seq", c.max_seq));
   c.norm_eps = static_cast<float>(cfg.get_double("model.norm_eps", c.norm_eps));
   c.rope_theta = static_cast<float>(cfg.get_double("model.rope_theta", c.rope_theta));
+  const std::string scaling = cfg.get_string("model.rope_scaling", "none");
+  LOOM_CHECK(scaling == "none" || scaling == "llama3",
+             "model.rope_scaling must be none or llama3, ", "got '", scaling, "'");
+  if (scaling == "llama3") {
+    RopeScaling& r = c.rope_scaling;
+    r.factor = static_cast<float>(cfg.get_double("model.rope_factor", 8.0));
+    r.low_freq_factor = static_cast<float>(cfg.get_double("model.rope_low_freq_factor", 1.0));
+    r.high_freq_factor = static_cast<float>(cfg.get_double("model.rope_high_freq_factor", 4.0));
+    r.original_max_seq = static_cast<int>(cfg.get_int("model.rope_original_max_seq", 8192));
+    LOOM_CHECK(r.factor > 0, "model.rope_factor must be positive, got ", r.factor);
+  }
   c.init_std = static_cast<float>(cfg.get_double("model.init_std", c.init_std));
   c.tied = cfg.get_bool("model.tied", c.tied);
   c.bias = cfg.get_bool("model.bias", c.bias);

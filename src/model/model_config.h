@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/rope_scaling.h"
+
 namespace loom {
 
 class Config;
@@ -27,6 +29,9 @@ struct ModelConfig {
   int max_seq = 0;
   float norm_eps = 1e-5f;
   float rope_theta = 10000.f;
+  // Llama 3.1's RoPE frequency scaling (model.rope_scaling = "llama3" with
+  // model.rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_seq).
+  RopeScaling rope_scaling;
   float init_std = 0.02f;
   bool tied = true;  // output head shares the token embedding
   bool bias = true;  // linear and norm biases

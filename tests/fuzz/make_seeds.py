@@ -103,6 +103,36 @@ def main():
     vocab = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
     put("tokenizer_gpt2", "small", json.dumps(enc, ensure_ascii=False).encode() + SEP + vocab.encode())
 
+    # Hugging Face tokenizer.json over the same small vocabulary: GPT-2's layout (ByteLevel,
+    # "a b" merges), and Llama 3's (Split + ByteLevel, ["a", "b"] merges, ignore_merges, added
+    # tokens outside the vocabulary).
+    def byte_level(use_regex):
+        return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                "use_regex": use_regex}
+    hf_vocab = {k: v for k, v in enc.items() if k != "<|endoftext|>"}
+    def added(i, content):
+        return {"id": i, "content": content, "single_word": False, "lstrip": False,
+                "rstrip": False, "normalized": False, "special": True}
+    gpt2_hf = {"version": "1.0", "truncation": None, "padding": None,
+               "added_tokens": [added(enc["<|endoftext|>"], "<|endoftext|>")],
+               "normalizer": None, "pre_tokenizer": byte_level(True), "post_processor": None,
+               "decoder": byte_level(True),
+               "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                         "continuing_subword_prefix": "", "end_of_word_suffix": "",
+                         "fuse_unk": False, "byte_fallback": False, "vocab": enc,
+                         "merges": [f"{a} {b}" for a, b in merges]}}
+    put("tokenizer_hf", "gpt2", json.dumps(gpt2_hf, ensure_ascii=False))
+    llama3_re = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                 "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+    llama3_hf = dict(gpt2_hf)
+    llama3_hf["added_tokens"] = [added(300, "<|begin_of_text|>"), added(301, "<|eot_id|>")]
+    llama3_hf["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": llama3_re}, "behavior": "Isolated", "invert": False},
+        byte_level(False)]}
+    llama3_hf["model"] = dict(gpt2_hf["model"], vocab=hf_vocab, ignore_merges=True,
+                              merges=[[a, b] for a, b in merges])
+    put("tokenizer_hf", "llama3", json.dumps(llama3_hf, ensure_ascii=False))
+
     # tiktoken: the first ranks of GPT-2's file, alone and with a sidecar.
     lines = (FIX / "tokenizers" / "gpt2.tiktoken").read_bytes().splitlines(keepends=True)
     ranks = b"".join(lines[:300])

@@ -480,6 +480,65 @@ TEST(Rope, BackwardMatchesFiniteDifferencesAndInvertsForward) {
   }
 }
 
+// Llama 3.1's frequency scaling, transcribed step by step from transformers'
+// _compute_llama3_parameters (wavelengths, the two thresholds, the smooth blend in between).
+std::vector<double> llama3_inv_freq(int D, double theta, double factor, double low, double high,
+                                    double old_ctx) {
+  std::vector<double> out(D / 2);
+  const double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+  for (int j = 0; j < D / 2; ++j) {
+    const double f = 1.0 / std::pow(theta, 2.0 * j / D);
+    const double wavelen = 2 * M_PI / f;
+    double scaled = wavelen > low_wavelen ? f / factor : f;
+    const double smooth = (old_ctx / wavelen - low) / (high - low);
+    const double smoothed = (1 - smooth) * scaled / factor + smooth * scaled;
+    const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+    out[j] = medium ? smoothed : scaled;
+  }
+  return out;
+}
+
+TEST(Rope, Llama3ScalingMatchesTheTransformersFormula) {
+  const int N = 5, H = 2, D = 160, ld = H * D;
+  const RopeScaling s{8.f, 1.f, 4.f, 64};  // wavelengths 2pi..5.7e4 cross both thresholds
+  const auto inv = llama3_inv_freq(D, 10000.0, 8, 1, 4, 64);
+  int kept = 0, scaled = 0;
+  for (int j = 0; j < D / 2; ++j) {
+    const double f = std::pow(10000.0, -2.0 * j / D);
+    kept += inv[j] == f;
+    scaled += std::abs(inv[j] - f / 8) < 1e-15;
+  }
+  ASSERT_GT(kept, 0);
+  ASSERT_GT(scaled, 0);
+  ASSERT_LT(kept + scaled, D / 2);  // some frequencies are blended
+  const auto pos = rope_positions(N);
+  auto x = random_floats(N * ld, 83);
+  Vec expected = to_f64(x);
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < D / 2; ++j) {
+        const double angle = pos[n] * inv[j];
+        double& a = expected[size_t(n) * ld + h * D + j];
+        double& b = expected[size_t(n) * ld + h * D + j + D / 2];
+        const double a0 = a, b0 = b;
+        a = a0 * std::cos(angle) - b0 * std::sin(angle);
+        b = b0 * std::cos(angle) + a0 * std::sin(angle);
+      }
+  auto y = x;
+  be().rope_forward_scaled(y.data(), pos.data(), N, H, D, ld, 10000.0f, s);
+  EXPECT_TRUE(all_close(y, expected, 2e-6, 1e-5));
+  be().rope_backward_scaled(y.data(), pos.data(), N, H, D, ld, 10000.0f, s);
+  EXPECT_TRUE(all_close(y, to_f64(x), 1e-6, 1e-6)) << "backward undoes forward";
+  // Unscaled through the same entry point is the plain rotation.
+  auto z = x, w = x;
+  be().rope_forward_scaled(z.data(), pos.data(), N, H, D, ld, 10000.0f, RopeScaling{});
+  be().rope_forward(w.data(), pos.data(), N, H, D, ld, 10000.0f);
+  EXPECT_EQ(z, w);
+  EXPECT_THROW(be().rope_forward_scaled(y.data(), pos.data(), N, H, D, ld, 10000.0f,
+                                        RopeScaling{8.f, 4.f, 1.f, 64}),
+               Error);  // low_freq_factor above high_freq_factor
+}
+
 TEST(Rope, BadShapesAreErrors) {
   std::vector<float> x(64);
   std::vector<int32_t> pos = {0, 1};

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/decoder.h"
@@ -76,6 +77,36 @@ TEST(Decoder, ImpossibleShapesAreErrors) {
   c.n_head = 5;  // does not divide width 16
   EXPECT_THROW(c.validate(), Error);
   EXPECT_THROW(model_preset("gpt5"), Error);
+}
+
+// Llama 3.1's RoPE scaling reaches the model from its config keys: it changes the loss of
+// sequences with positions (low frequencies rotate by less), not of position 0 alone, and the
+// backward stays consistent with the forward.
+TEST(Decoder, Llama3RopeScalingFromConfigChangesTheRotation) {
+  Config cfg = Config::parse(
+      "[model]\npreset = \"tiny-llama\"\nrope_scaling = \"llama3\"\nrope_factor = 8\n"
+      "rope_original_max_seq = 4\n",
+      "test.toml");
+  ModelConfig scaled_cfg = model_config_from(cfg);
+  EXPECT_EQ(scaled_cfg.rope_scaling, (RopeScaling{8.f, 1.f, 4.f, 4}));
+  EXPECT_NE(scaled_cfg.fingerprint(), model_preset("tiny-llama").fingerprint());
+  ModelConfig a_cfg = tiny(Family::Llama), b_cfg = a_cfg;
+  b_cfg.rope_scaling = {8.f, 1.f, 4.f, 4};
+  Decoder a(a_cfg, cpu_backend()), b(b_cfg, cpu_backend());
+  a.params().init(5);
+  std::memcpy(b.params().data(), a.params().data(), size_t(a.params().total()) * 4);
+  Data d = make_data({9, 6}, 32, 3);
+  EXPECT_NE(a.forward_loss(d.input()), b.forward_loss(d.input()));
+  Data first = make_data({1, 1}, 32, 3);  // position 0 only: no rotation either way
+  EXPECT_EQ(a.forward_loss(first.input()), b.forward_loss(first.input()));
+  Config bad = Config::parse(
+      "[model]\npreset = \"tiny-llama\"\nrope_scaling = \"llama3\"\n"
+      "rope_low_freq_factor = 4\nrope_high_freq_factor = 1\n",
+      "test.toml");
+  EXPECT_THROW(model_config_from(bad), Error);
+  Config yarn =
+      Config::parse("[model]\npreset = \"tiny-llama\"\nrope_scaling = \"yarn\"\n", "test.toml");
+  EXPECT_THROW(model_config_from(yarn), Error);
 }
 
 TEST(Decoder, GradientCheckGpt2) {

@@ -75,6 +75,14 @@ class CpuBackend final : public Backend {
                      float theta) override {
     cpu::rope_backward(dx, pos, N, H, D, ld, theta);
   }
+  void rope_forward_scaled(float* x, const int32_t* pos, int N, int H, int D, int ld, float theta,
+                           const RopeScaling& s) override {
+    cpu::rope_forward(x, pos, N, H, D, ld, theta, s);
+  }
+  void rope_backward_scaled(float* dx, const int32_t* pos, int N, int H, int D, int ld, float theta,
+                            const RopeScaling& s) override {
+    cpu::rope_backward(dx, pos, N, H, D, ld, theta, s);
+  }
   void add(float* out, const float* a, const float* b, int64_t n) override {
     cpu::add(out, a, b, n);
   }

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "kernels/rope_scaling.h"
+
 namespace loom::cpu {
 
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
@@ -31,8 +33,10 @@ void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
 void swiglu_forward(float* out, const float* inp, int N, int F);
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F);
-void rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld, float theta);
-void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld, float theta);
+void rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld, float theta,
+                  const RopeScaling& scaling = {});
+void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld, float theta,
+                   const RopeScaling& scaling = {});
 void add(float* out, const float* a, const float* b, int64_t n);
 void add_inplace(float* acc, const float* x, int64_t n);
 void scale_inplace(float* x, float s, int64_t n);

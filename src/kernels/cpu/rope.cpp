@@ -14,7 +14,7 @@ namespace {
 // formed and reduced in double, so forward and backward use identical cos/sin and are exact
 // inverses up to float rounding, and large positions lose no precision.
 void rope_rotate(float* x, const int32_t* pos, int N, int H, int D, int ld, float theta,
-                 float sign) {
+                 const RopeScaling& scaling, float sign) {
   LOOM_CHECK(D > 0 && D % 2 == 0, "rope: head dim D=", D, " must be even and positive");
   LOOM_CHECK(ld >= H * D, "rope: row stride ld=", ld, " < H*D=", H * D);
   LOOM_CHECK(theta > 0.0f, "rope: theta=", theta, " must be positive");
@@ -22,7 +22,15 @@ void rope_rotate(float* x, const int32_t* pos, int N, int H, int D, int ld, floa
     LOOM_CHECK(pos[i] >= 0, "rope: negative position ", pos[i], " at row ", i);
   const int half = D / 2;
   double* inv_freq = thread_scratch<double>(half);
-  for (int j = 0; j < half; ++j) inv_freq[j] = std::pow(static_cast<double>(theta), -2.0 * j / D);
+  if (scaling.enabled())
+    LOOM_CHECK(scaling.factor >= 1.f && scaling.low_freq_factor > 0.f &&
+                   scaling.high_freq_factor > scaling.low_freq_factor &&
+                   scaling.original_max_seq > 0,
+               "rope: bad llama3 scaling (factor ", scaling.factor, ", low_freq_factor ",
+               scaling.low_freq_factor, ", high_freq_factor ", scaling.high_freq_factor,
+               ", original_max_seq ", scaling.original_max_seq, ")");
+  for (int j = 0; j < half; ++j)
+    inv_freq[j] = scaling.apply(std::pow(static_cast<double>(theta), -2.0 * j / D));
 
   constexpr int kPairs = 64;  // cos/sin computed per block of pairs, reused for all H heads
 #pragma omp parallel for schedule(static) if (worth_parallel(int64_t{N} * H, D))
@@ -53,13 +61,15 @@ void rope_rotate(float* x, const int32_t* pos, int N, int H, int D, int ld, floa
 
 }  // namespace
 
-void rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld, float theta) {
-  rope_rotate(x, pos, N, H, D, ld, theta, 1.0f);
+void rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld, float theta,
+                  const RopeScaling& scaling) {
+  rope_rotate(x, pos, N, H, D, ld, theta, scaling, 1.0f);
 }
 
 // The rotation is orthogonal, so its gradient is the rotation by the negative angle.
-void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld, float theta) {
-  rope_rotate(dx, pos, N, H, D, ld, theta, -1.0f);
+void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld, float theta,
+                   const RopeScaling& scaling) {
+  rope_rotate(dx, pos, N, H, D, ld, theta, scaling, -1.0f);
 }
 
 }  // namespace loom::cpu
