@@ -66,7 +66,7 @@ int run_bench_serve(const Args& args) {
       .value("model", "", "model name sent over HTTP (default: the server's)")
       .value("preset", "gpt2-124m", "in-process model preset (random weights)")
       .value("ckpt", "", "in-process: a checkpoint instead of a preset")
-      .value("weights", "fp32", "in-process weights for decode: fp32, bf16 or int8")
+      .value("weights", "fp32", "in-process weights for decode: fp32, bf16, int8 or fp8")
       .value("num-prompts", "32", "requests in a load run")
       .value("input-len", "128", "prompt tokens")
       .value("output-len", "64", "tokens generated per request")
@@ -136,6 +136,11 @@ int run_bench_serve(const Args& args) {
   if (runner) {
     out["model_params"] = model->config().num_params();
     out["weights"] = weights;
+    // The low-precision copies (weights and per-channel scales) against bf16's 2 bytes a weight.
+    int64_t linear = 0;
+    for (const Decoder::LinearInfo& l : model->linears()) linear += int64_t(l.in) * l.out;
+    out["stored_weight_bytes"] = quant->stored_bytes();
+    out["bf16_weight_bytes"] = 2 * linear;
     out["threads"] = threads;
   }
   std::printf("loom bench serve: %s, %d prompts of %d tokens, %d output tokens, load %.2f\n",

@@ -47,7 +47,8 @@ int run_serve(const Args& args) {
       .value("max-tokens", "256", "default max_tokens of a request")
       .value("drain-timeout", "30", "seconds to let requests finish on SIGTERM")
       .value("weights", "fp32",
-             "linear weights read as fp32, bf16 or int8 (per-channel scales); fp32 compute");
+             "linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with per-channel "
+             "scales); fp32 compute");
   if (!o.parse(args)) return 0;
   serve::ServerOptions so;
   so.host = o.get("host");

@@ -12,12 +12,19 @@ namespace loom::infer {
 // fp32 matmul (the fp32 weight it is handed is ignored).
 class QuantizedWeights::Layer : public GemmRecipe {
  public:
-  Layer(WeightType t, const float* w, int in, int out) : type_(t), in_(in), out_(out) {
+  Layer(WeightType t, const std::string& name, const float* w, int in, int out)
+      : type_(t), in_(in), out_(out) {
     const size_t n = size_t(in) * size_t(out);
     if (t == WeightType::F32) return;  // the model's own weights, read in place
     if (t == WeightType::BF16) {
       bf16_.resize(n);
       cpu::f32_to_bf16_array(w, bf16_.data(), n);
+    } else if (t == WeightType::FP8) {
+      fp8_.resize(n);
+      scale_.resize(size_t(out));
+      // A NaN or infinite weight has no fp8 scale (and no meaning): refused, naming the layer.
+      LOOM_CHECK(cpu::quantize_fp8_rows(w, out, in, fp8_.data(), scale_.data()), "linear layer ",
+                 name, ": a weight row holds NaN or infinity; it cannot be stored as fp8");
     } else {
       int8_.resize(n);
       scale_.resize(size_t(out));
@@ -36,6 +43,8 @@ class QuantizedWeights::Layer : public GemmRecipe {
         be.matmul_forward(y, x, w, b, N, in, out);
     } else if (type_ == WeightType::BF16)
       cpu::linear_bf16w(y, x, bf16_.data(), b, N, in, out);
+    else if (type_ == WeightType::FP8)
+      cpu::linear_fp8w(y, x, fp8_.data(), scale_.data(), b, N, in, out);
     else
       cpu::linear_int8w(y, x, int8_.data(), scale_.data(), b, N, in, out);
   }
@@ -44,7 +53,8 @@ class QuantizedWeights::Layer : public GemmRecipe {
     fail("weight-only ", weight_type_name(type_), " weights are for serving (forward only)");
   }
   int64_t bytes() const {
-    return int64_t(bf16_.size()) * 2 + int64_t(int8_.size()) + int64_t(scale_.size()) * 4;
+    return int64_t(bf16_.size()) * 2 + int64_t(int8_.size()) + int64_t(fp8_.size()) +
+           int64_t(scale_.size()) * 4;
   }
 
  private:
@@ -52,6 +62,7 @@ class QuantizedWeights::Layer : public GemmRecipe {
   int in_, out_;
   std::vector<uint16_t> bf16_;
   std::vector<int8_t> int8_;
+  std::vector<uint8_t> fp8_;  // E4M3 codes
   std::vector<float> scale_;
   std::vector<float> x32_;  // x widened from bf16 storage
 };
@@ -60,11 +71,22 @@ WeightType weight_type_from_name(const std::string& name) {
   if (name == "fp32") return WeightType::F32;
   if (name == "bf16") return WeightType::BF16;
   if (name == "int8") return WeightType::INT8;
-  fail("unknown weight type '", name, "' (known: fp32, bf16, int8)");
+  if (name == "fp8") return WeightType::FP8;
+  fail("unknown weight type '", name, "' (known: fp32, bf16, int8, fp8)");
 }
 
 const char* weight_type_name(WeightType t) {
-  return t == WeightType::F32 ? "fp32" : t == WeightType::BF16 ? "bf16" : "int8";
+  switch (t) {
+    case WeightType::F32:
+      return "fp32";
+    case WeightType::BF16:
+      return "bf16";
+    case WeightType::INT8:
+      return "int8";
+    case WeightType::FP8:
+      return "fp8";
+  }
+  return "?";
 }
 
 QuantizedWeights::QuantizedWeights(Decoder& model, WeightType type) : model_(model), type_(type) {
@@ -78,7 +100,7 @@ QuantizedWeights::QuantizedWeights(Decoder& model, WeightType type) : model_(mod
     LOOM_CHECK(p.has(w), "linear layer ", l.name, " has no parameter ", w);
     LOOM_CHECK(p.info(w).numel == int64_t(l.in) * l.out, "parameter ", w, " has ", p.info(w).numel,
                " elements, not the [", l.out, ", ", l.in, "] of ", l.name);
-    layers_.push_back(std::make_unique<Layer>(type, p.ptr(w), l.in, l.out));
+    layers_.push_back(std::make_unique<Layer>(type, l.name, p.ptr(w), l.in, l.out));
   }
   for (size_t i = 0; i < linears.size(); ++i)
     model.attach_recipe(linears[i].name, layers_[i].get());
@@ -94,6 +116,7 @@ double QuantizedWeights::bytes_per_token() const {
     case WeightType::BF16:
       return decode_weight_bytes(model_, 2);
     case WeightType::INT8:
+    case WeightType::FP8:
       return decode_weight_bytes(model_, 1, 4);
     default:
       return decode_weight_bytes(model_, 4);

@@ -1,11 +1,12 @@
 // Weight-only low precision for serving: single-stream decode reads every weight once per
 // token, so it runs at the speed the weights stream from memory. Each linear layer's weight
-// (the output head included) is stored once more as bf16 (2 bytes) or int8 with one fp32 scale
-// per output channel, and attached to the model as a GemmRecipe that reads only that copy;
-// activations and accumulation stay fp32. Forward only: the recipe refuses backward. F32 keeps
-// the model's weights and only routes decode batches (M <= 16 rows) to the same streaming GEMV
-// kernel, which reads them at close to the memory bandwidth where a BLAS GEMM with M = 1 does
-// not.
+// (the output head included) is stored once more as bf16 (2 bytes), or int8 or fp8 E4M3 (1 byte)
+// with one fp32 scale per output channel (fp8: 448 / the row's largest magnitude, as
+// kernels/cpu/gemm_lowp.h's quantize_fp8_rows), and attached to the model as a GemmRecipe that
+// reads only that copy; activations and accumulation stay fp32. Forward only: the recipe refuses
+// backward. F32 keeps the model's weights and only routes decode batches (M <= 16 rows) to the same
+// streaming GEMV kernel, which reads them at close to the memory bandwidth where a BLAS GEMM with M
+// = 1 does not.
 #pragma once
 
 #include <memory>
@@ -16,8 +17,8 @@
 
 namespace loom::infer {
 
-enum class WeightType { F32, BF16, INT8 };
-WeightType weight_type_from_name(const std::string& name);  // fp32 | bf16 | int8
+enum class WeightType { F32, BF16, INT8, FP8 };
+WeightType weight_type_from_name(const std::string& name);  // fp32 | bf16 | int8 | fp8
 const char* weight_type_name(WeightType t);
 
 class QuantizedWeights {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 
 #include "comm/communicator.h"
 #include "core/config.h"
@@ -104,14 +105,16 @@ static float scale_from(float fmt_max, float amax, int margin, float prev) {
 
 float Fp8Linear::tensor_scale(Tensor t, const float* v, int64_t n) {
   State& s = state_[t];
-  const float amax = tp_max(cpu::fp8_amax(v, n));
   if (opt_.kind == Fp8RecipeKind::TensorwiseCurrent) {
+    const float amax = tp_max(cpu::fp8_amax(v, n));
     s.scale = scale_from(cpu::fp8_max(format(t)), amax, opt_.margin, 1.f);
     return s.scale;
   }
-  // Delayed: this step's amax is recorded for the next steps; a non-finite one is not (that
-  // step's gradients are not finite either, and the trainer skips it).
-  if (std::isfinite(amax)) {
+  // Delayed: this step's amax is recorded for the next steps (reduced over TP x DP once, in
+  // begin_step); a non-finite one is not (that step's gradients are not finite either, and the
+  // trainer skips it); an evaluation pass records nothing.
+  const float amax = cpu::fp8_amax(v, n);
+  if (record_ && std::isfinite(amax)) {
     s.pending = s.seen ? std::max(s.pending, amax) : amax;
     s.seen = true;
   }
@@ -139,6 +142,63 @@ std::vector<float> Fp8Linear::history(Tensor t) const {
   for (size_t i = 0; i < s.count; ++i)
     h.push_back(s.hist[(s.pos + s.hist.size() - s.count + i) % s.hist.size()]);
   return h;
+}
+
+// fp32 values as their bit patterns: JSON numbers would round-trip too, but bits say "exact".
+static Json bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return Json(int64_t(u));
+}
+
+static float float_of(const Json& j) {
+  const uint32_t u = static_cast<uint32_t>(j.as_int(0, UINT32_MAX));
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+Json Fp8Linear::state() const {
+  Json out = Json::array();
+  for (int t = 0; t < 3; ++t) {
+    const State& s = state_[t];
+    Json h = Json::array();
+    for (float a : history(Tensor(t))) h.push_back(bits_of(a));
+    Json o = Json::object();
+    o["scale"] = bits_of(s.scale);
+    o["history"] = h;
+    if (s.seen) o["pending"] = bits_of(s.pending);
+    out.push_back(o);
+  }
+  return out;
+}
+
+void Fp8Linear::restore(const Json& j, const std::string& where) {
+  LOOM_CHECK(j.is_array() && j.as_array().size() == 3, where,
+             ": expected the states of x, W and dy (3 entries)");
+  for (int t = 0; t < 3; ++t) {
+    const Json& o = j.as_array()[size_t(t)];
+    LOOM_CHECK(o.is_object() && o.contains("scale") && o.contains("history"), where, "[", t,
+               "]: expected an object with scale and history");
+    const Json::Array& h = o.at("history").as_array();
+    LOOM_CHECK(h.size() <= size_t(opt_.amax_history), where, "[", t, "]: ", h.size(),
+               " history entries, but precision.fp8_amax_history is ", opt_.amax_history);
+    State s;
+    s.hist.assign(size_t(opt_.amax_history), 0.f);
+    for (size_t i = 0; i < h.size(); ++i) {
+      s.hist[i] = float_of(h[i]);
+      LOOM_CHECK(std::isfinite(s.hist[i]) && s.hist[i] >= 0.f, where, "[", t, "]: history entry ",
+                 i, " is not a finite amax");
+    }
+    s.count = h.size();
+    s.pos = s.count % s.hist.size();
+    s.scale = float_of(o.at("scale"));
+    LOOM_CHECK(std::isfinite(s.scale) && s.scale > 0.f, where, "[", t, "]: scale ", s.scale,
+               " is not positive and finite");
+    s.seen = o.contains("pending");
+    if (s.seen) s.pending = float_of(o.at("pending"));
+    state_[t] = std::move(s);
+  }
 }
 
 void Fp8Linear::quantise_weight(const float* w, int in, int out) {
@@ -251,9 +311,47 @@ void Fp8Recipes::begin_step() {
   amax.reserve(linears_.size() * 3);
   for (auto& l : linears_)
     for (int t = 0; t < 3; ++t) amax.push_back(l->pending_amax(Fp8Linear::Tensor(t)));
-  if (tp_ != nullptr)
-    tp_->all_reduce(amax.data(), int64_t(amax.size()), DType::F32, comm::ReduceOp::Max);
+  comm::Communicator* g = amax_group_ != nullptr ? amax_group_ : tp_;
+  if (g != nullptr && g->size() > 1)
+    g->all_reduce(amax.data(), int64_t(amax.size()), DType::F32, comm::ReduceOp::Max);
   for (size_t i = 0; i < linears_.size(); ++i) linears_[i]->roll_history(&amax[i * 3]);
+}
+
+void Fp8Recipes::set_evaluating(bool on) {
+  for (auto& l : linears_) l->set_recording(!on);
+}
+
+Json Fp8Recipes::state() const {
+  if (opt_.kind != Fp8RecipeKind::TensorwiseDelayed) return Json();
+  Json layers = Json::object();
+  for (size_t i = 0; i < linears_.size(); ++i) layers[names_[i]] = linears_[i]->state();
+  Json out = Json::object();
+  out["recipe"] = fp8_recipe_name(opt_.kind);
+  out["amax_history"] = opt_.amax_history;
+  out["layers"] = layers;
+  return out;
+}
+
+void Fp8Recipes::restore(const Json* j, const std::string& where) {
+  if (opt_.kind != Fp8RecipeKind::TensorwiseDelayed) return;  // nothing kept between steps
+  if (j == nullptr || j->is_null()) {
+    log_warn(where, ": no fp8 delayed-scaling state (another recipe, or none): the amax ",
+             "histories start empty, so this run is not bit-identical to an uninterrupted one");
+    return;
+  }
+  LOOM_CHECK(j->is_object() && j->contains("layers") && j->contains("amax_history"), where,
+             ": fp8 state without layers or amax_history");
+  const int64_t len = j->at("amax_history").as_int();
+  LOOM_CHECK(len == opt_.amax_history, where, ": fp8 amax histories of length ", len,
+             ", but this run's precision.fp8_amax_history is ", opt_.amax_history);
+  const Json::Object& layers = j->at("layers").as_object();
+  for (const std::string& n : names_)
+    LOOM_CHECK(layers.count(n) == 1, where, ": no fp8 state for ", n,
+               " (the checkpoint's fp8 layers differ: fp8_keep_first / fp8_keep_last)");
+  LOOM_CHECK(layers.size() == names_.size(), where, ": fp8 state for ", layers.size(),
+             " layers, but this run has ", names_.size(), " fp8 layers");
+  for (size_t i = 0; i < linears_.size(); ++i)
+    linears_[i]->restore(layers.at(names_[i]), cat(where, ": fp8 state of ", names_[i]));
 }
 
 std::unique_ptr<Fp8Recipes> attach_fp8_recipes(const Config& cfg, Decoder& model, bool quiet) {

@@ -17,13 +17,17 @@
 //
 // Under tensor parallelism every per-tensor amax is max-reduced over the TP group (TE's amax
 // reduction), so a split tensor gets the scale one process would give it; MX needs none (its
-// blocks match one process's when the local shards are multiples of 32).
+// blocks match one process's when the local shards are multiples of 32). Delayed scaling also
+// max-reduces its step amaxes over the data-parallel ranks (TE's amax reduction group spans
+// TP x DP), so every DP rank keeps the history one process with all their micro-batches would.
+// Current scaling and MX need no DP reduction: a DP rank's micro-batch is one process's.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/json.h"
 #include "kernels/cpu/fp8.h"
 #include "model/decoder.h"
 #include "model/linear.h"
@@ -70,6 +74,13 @@ class Fp8Linear : public GemmRecipe {
   // newest entry, then new scales. `amax` overrides them (the holder's TP-reduced values).
   float pending_amax(Tensor t) const { return state_[t].seen ? state_[t].pending : 0.f; }
   void roll_history(const float* amax = nullptr);
+  // Evaluation passes (forward only, other data) quantise with the current scales but record
+  // no amaxes: the history holds training steps only.
+  void set_recording(bool on) { record_ = on; }
+  // Delayed scaling's state (scales, histories, this step's pending amaxes) as fp32 bit patterns,
+  // exact; restore() throws naming `where` on a malformed or mismatched value.
+  Json state() const;
+  void restore(const Json& j, const std::string& where);
 
   // Inspection (tests): the scale the next GEMM uses for t (delayed), the history (newest last).
   float scale(Tensor t) const { return state_[t].scale; }
@@ -94,6 +105,7 @@ class Fp8Linear : public GemmRecipe {
   comm::Communicator* tp_;
   State state_[3];
   bool fresh_ = false;
+  bool record_ = true;
   const float* wptr_ = nullptr;
   std::vector<uint16_t> wq_, wq_t_;  // W's fp8 values in bf16 (MX: blocks along in / along out)
   std::vector<uint16_t> a_, b_, c_;  // scratch: quantised x, dy, and (MX) x/dy blocked along N
@@ -111,14 +123,42 @@ class Fp8Recipes {
   // A new training step: new_weights(), and for delayed scaling the step's amaxes (max-reduced
   // over the TP group in one all-reduce) join the histories and give the scales of this step.
   void begin_step();
+  // Delayed scaling: the group its step amaxes are max-reduced over (TP x DP of the run; the
+  // TP group by default). Every rank of it must hold the same linear layers.
+  void set_amax_group(comm::Communicator* g) { amax_group_ = g; }
+  // Evaluation passes between steps: true while they run (no amaxes recorded).
+  void set_evaluating(bool on);
+  // Delayed scaling's per-layer state for checkpoints (a null Json for the other recipes,
+  // which keep none), and its restore: a resumed run continues bit-identically. restore(nullptr)
+  // (a checkpoint without fp8 state) keeps fresh histories, with a warning; a state for other
+  // layers or another history length is refused naming `where`.
+  Json state() const;
+  void restore(const Json* j, const std::string& where);
   const std::vector<std::string>& names() const { return names_; }
   Fp8Linear* get(const std::string& name);
 
  private:
   Fp8Options opt_;
   comm::Communicator* tp_ = nullptr;
+  comm::Communicator* amax_group_ = nullptr;  // delayed: the step's amax reduction (TP x DP)
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<Fp8Linear>> linears_;
+};
+
+// Fp8Recipes::set_evaluating(true) for a scope (null: nothing to do).
+class Fp8Evaluating {
+ public:
+  explicit Fp8Evaluating(Fp8Recipes* r) : r_(r) {
+    if (r_) r_->set_evaluating(true);
+  }
+  ~Fp8Evaluating() {
+    if (r_) r_->set_evaluating(false);
+  }
+  Fp8Evaluating(const Fp8Evaluating&) = delete;
+  Fp8Evaluating& operator=(const Fp8Evaluating&) = delete;
+
+ private:
+  Fp8Recipes* r_;
 };
 
 // Reads the [precision] fp8 keys; when a recipe is asked for, attaches it to `model` (replacing

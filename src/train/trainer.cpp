@@ -295,6 +295,9 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3))
     bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
   if (fp8_opt) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
+  // Delayed scaling's amaxes are max-reduced over the ranks of one pipeline stage (TE's amax
+  // reduction group): one process's history under TP, DP and CP alike.
+  if (fp8_ && pg_) fp8_->set_amax_group(pg_->cp().size() > 1 ? &pg_->tp_dp_cp() : &pg_->tp_dp());
   LOOM_CHECK(
       !fp8_ || !dp_ || dp_->zero() < 3,
       "precision.fp8_recipe: not supported with ZeRO-3 (the recipe keeps fp8 weight copies)");
@@ -454,6 +457,7 @@ void Trainer::finish_step(StepResult& r, double loss_sum, int64_t valid, double 
 double Trainer::evaluate() {
   if (bf16_gemms_) bf16_gemms_->new_weights();
   if (fp8_) fp8_->new_weights();
+  Fp8Evaluating fp8_eval(fp8_.get());  // validation amaxes stay out of the training history
   LOOM_CHECK(valid_data_, "evaluation needs train.eval_interval > 0");
   valid_data_->restore(valid_start_);  // the same validation batches every time
   double sum = 0;
@@ -651,6 +655,8 @@ ckpt::TrainerState Trainer::checkpoint_state(int64_t optimizer_steps) const {
   }
   if (policy_.loss_scaling) st.extra["loss_scaler"] = scaler_.state();
   if (lora_) st.extra["lora"] = lora_->config().describe();
+  if (fp8_)
+    if (Json f = fp8_->state(); !f.is_null()) st.extra["fp8"] = f;  // delayed scaling's histories
   return st;
 }
 
@@ -671,6 +677,7 @@ int64_t Trainer::restore_state(const ckpt::Checkpoint& c, bool same_layout) {
              ": checkpoint was trained with precision '", recorded("precision"),
              "', this run uses '", policy_.name, "'");
   if (policy_.loss_scaling) scaler_.restore(extra.at("loss_scaler"));
+  if (fp8_) fp8_->restore(extra.contains("fp8") ? &extra.at("fp8") : nullptr, c.dir());
   train_data_->restore(c.state().data);
   step_ = c.state().step;
   return extra.at("optimizer_steps").as_int();

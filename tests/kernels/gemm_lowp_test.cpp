@@ -1,14 +1,18 @@
-// Weight-only bf16 / int8 linear layers (serving): against a double-precision reference on the
-// same (rounded) weights, the AVX-512 and scalar loops bit for bit, rows independent of the batch
-// and of the thread count, and int8 quantisation's bounds.
+// Weight-only bf16 / int8 / fp8 linear layers (serving): against a double-precision reference on
+// the same (rounded) weights, the AVX-512 and scalar loops bit for bit, rows independent of the
+// batch and of the thread count, int8 and fp8 quantisation's bounds, and every fp8 code decoded
+// exactly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/gemm_lowp.h"
 
 using namespace loom;
@@ -137,4 +141,81 @@ TEST(GemmLowp, RowsDoNotDependOnTheBatchOrThreads) {
   linear_bf16w(serial.data(), x.data(), wb.data(), nullptr, M, K, N);
   set_num_threads(t);
   EXPECT_EQ(serial, all);
+}
+
+// fp8 weights: every E4M3 code but the NaNs, read through one-hot inputs, gives exactly the
+// value fp8.h decodes (GEMV rows and the blocked GEMM, AVX-512 and scalar alike), times its
+// row's scale.
+TEST(GemmLowp, Fp8WeightsDecodeEveryCodeExactly) {
+  Restore restore;
+  const int K = 256, N = 2;
+  std::vector<uint8_t> q(size_t(N) * K);
+  for (int k = 0; k < K; ++k) {
+    const uint8_t c = (k & 0x7F) == 0x7F ? 0 : uint8_t(k);  // no NaN codes
+    q[size_t(k)] = c;
+    q[size_t(K + k)] = c;
+  }
+  const std::vector<float> s = {1.f, 0.375f};
+  std::vector<float> x(size_t(K) * K, 0.f);
+  for (int k = 0; k < K; ++k) x[size_t(k) * K + k] = 1.f;
+  for (bool avx : {true, false}) {
+    set_lowp_avx512(avx);
+    std::vector<float> y(size_t(K) * N);
+    for (int m0 = 0; m0 < K; m0 += kLowpGemvRows)  // decode batches: the GEMV kernel
+      linear_fp8w(y.data() + size_t(m0) * N, x.data() + size_t(m0) * K, q.data(), s.data(), nullptr,
+                  kLowpGemvRows, K, N);
+    std::vector<float> blocked(y.size());  // a prefill chunk: widened rows and the BLAS
+    linear_fp8w(blocked.data(), x.data(), q.data(), s.data(), nullptr, K, K, N);
+    for (int k = 0; k < K; ++k)
+      for (int n = 0; n < N; ++n) {
+        const float want = s[size_t(n)] * fp8_decode(Fp8Format::E4M3, q[size_t(n) * K + k]);
+        ASSERT_EQ(y[size_t(k) * N + n], want) << "code " << k << " avx " << avx;
+        ASSERT_EQ(blocked[size_t(k) * N + n], want) << "code " << k << " avx " << avx;
+      }
+  }
+}
+
+// Per-row E4M3: the row's largest magnitude becomes 448 (code 0x7E), every weight is within
+// E4M3's half step (2^-4 relative, or half the subnormal step 2^-10 of the scaled value) of the
+// original, the product matches the reference on the dequantised weights, and a non-finite row is
+// refused; the AVX-512 and scalar loops give the same bits.
+TEST(GemmLowp, Fp8QuantisationIsBoundedAndTheProductMatchesTheReference) {
+  Restore restore;
+  const int M = 5, K = 67, N = 9;
+  std::vector<float> x = randn(size_t(M) * K, 21), w = randn(size_t(N) * K, 22, 0.05f),
+                     b = randn(N, 23);
+  std::fill(w.begin() + 3 * K, w.begin() + 4 * K, 0.f);  // an all-zero row: scale 1
+  std::vector<uint8_t> q(w.size());
+  std::vector<float> s(static_cast<size_t>(N));
+  ASSERT_TRUE(quantize_fp8_rows(w.data(), N, K, q.data(), s.data()));
+  EXPECT_EQ(s[3], 1.f);
+  std::vector<float> deq(w.size());
+  for (int n = 0; n < N; ++n) {
+    float mx = 0;
+    for (int k = 0; k < K; ++k) mx = std::max(mx, std::fabs(w[size_t(n) * K + k]));
+    bool has_max = false;
+    for (int k = 0; k < K; ++k) {
+      const size_t i = size_t(n) * K + k;
+      deq[i] = s[size_t(n)] * fp8_decode(Fp8Format::E4M3, q[i]);
+      const double scaled = std::fabs(w[i]) / s[size_t(n)];
+      EXPECT_LE(std::fabs(deq[i] - w[i]) / s[size_t(n)], std::max(scaled / 16, 0x1p-10) * 1.0001)
+          << "row " << n << " k " << k;
+      has_max |= mx > 0 && (q[i] & 0x7F) == 0x7E;
+    }
+    EXPECT_TRUE(has_max || mx == 0) << "row " << n;
+  }
+  for (int Mx : {M, 40}) {  // GEMV and blocked paths
+    std::vector<float> xx = randn(size_t(Mx) * K, 24), y(size_t(Mx) * N);
+    linear_fp8w(y.data(), xx.data(), q.data(), s.data(), b.data(), Mx, K, N);
+    check_against_reference(y, xx, deq, b, Mx, K, N);
+  }
+  if (lowp_uses_avx512()) {
+    std::vector<float> a(size_t(M) * N), c(a.size());
+    linear_fp8w(a.data(), x.data(), q.data(), s.data(), b.data(), M, K, N);
+    set_lowp_avx512(false);
+    linear_fp8w(c.data(), x.data(), q.data(), s.data(), b.data(), M, K, N);
+    EXPECT_EQ(a, c);
+  }
+  w[size_t(7) * K + 5] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(quantize_fp8_rows(w.data(), N, K, q.data(), s.data()));
 }

@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/fp8.h"
 
 namespace loom::cpu {
 namespace {
@@ -26,6 +29,15 @@ inline float widen(int8_t w) {
 }
 inline float widen(float w) {
   return w;
+}
+// An E4M3 code (never NaN): a normal one's exponent and mantissa bits moved into fp32's place,
+// its exponent rebiased by 127 - 7 = 120; a subnormal one (exponent bits 0) is m * 2^-9. Exact,
+// and free of fp32 denormals (so the result does not depend on MXCSR's DAZ).
+inline float widen(uint8_t w) {
+  const float mag = (w & 0x78) != 0
+                        ? std::bit_cast<float>(((uint32_t(w) & 0x7F) << 20) + (120u << 23))
+                        : float(w & 7) * 0x1p-9f;
+  return (w & 0x80) != 0 ? -mag : mag;
 }
 
 // Rows [n0, n1) of y for the M inputs, one weight row at a time: y[m, n] = sum_k x[m, k] w[n, k]
@@ -65,6 +77,23 @@ __attribute__((target("avx512f"))) inline __m512 widen16(const int8_t* p) {
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm512_maskz_cvtepi32_ps(__mmask16(0xFFFF),
                                   _mm512_maskz_cvtepi8_epi32(__mmask16(0xFFFF), q));
+}
+
+__attribute__((target("avx512f"))) inline __m512 widen16(const uint8_t* p) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __mmask16 all = 0xFFFF;
+  const __m512i v = _mm512_maskz_cvtepu8_epi32(all, q);
+  const __m512i normal = _mm512_add_epi32(
+      _mm512_maskz_slli_epi32(all, _mm512_and_si512(v, _mm512_set1_epi32(0x7F)), 20),
+      _mm512_set1_epi32(120 << 23));
+  const __m512 sub =
+      _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(all, _mm512_and_si512(v, _mm512_set1_epi32(7))),
+                    _mm512_set1_ps(0x1p-9f));
+  const __mmask16 is_normal = _mm512_test_epi32_mask(v, _mm512_set1_epi32(0x78));
+  const __m512 mag = _mm512_mask_blend_ps(is_normal, sub, _mm512_castsi512_ps(normal));
+  const __m512i sign =
+      _mm512_maskz_slli_epi32(all, _mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
 }
 
 // The same sums as gemv_rows_scalar, 16 lanes in a register; up to 8 inputs share each widened
@@ -160,6 +189,14 @@ void linear_int8w(float* y, const float* x, const int8_t* w, const float* scale,
     gemm_blocked(y, x, w, scale, b, M, K, N);
 }
 
+void linear_fp8w(float* y, const float* x, const uint8_t* w, const float* scale, const float* b,
+                 int M, int K, int N) {
+  if (M <= kLowpGemvRows)
+    gemv(y, x, w, scale, b, M, K, N);
+  else
+    gemm_blocked(y, x, w, scale, b, M, K, N);
+}
+
 void gemv_f32w(float* y, const float* x, const float* w, const float* b, int M, int K, int N) {
   gemv(y, x, w, nullptr, b, M, K, N);
 }
@@ -175,6 +212,24 @@ void quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale) {
     for (int k = 0; k < K; ++k)
       q[int64_t(n) * K + k] = int8_t(std::clamp(std::round(r[k] / s), -127.f, 127.f));
   }
+}
+
+bool quantize_fp8_rows(const float* w, int N, int K, uint8_t* q, float* scale) {
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
+  for (int n = 0; n < N; ++n) {
+    const float* r = w + int64_t(n) * K;
+    const float mx = fp8_amax(r, K);
+    if (!std::isfinite(mx)) {
+      finite = false;
+      continue;
+    }
+    // A row of denormals would overflow 448 / max: clamped, as the training recipes' scales.
+    const float qs = mx > 0 ? std::min(448.f / mx, FLT_MAX) : 1.f;
+    scale[n] = 1.f / qs;
+    fp8_quantize(Fp8Format::E4M3, r, qs, q + int64_t(n) * K, K);
+  }
+  return finite;
 }
 
 bool lowp_uses_avx512() {

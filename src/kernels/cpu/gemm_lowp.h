@@ -1,6 +1,7 @@
 // Linear layers with weight-only low precision, for serving: y[M, N] = x[M, K] W^T (+ b) with W
-// stored [N, K] as bf16 (2 bytes per weight) or int8 with one fp32 scale per output row
-// (W[n, k] = scale[n] * q[n, k]); x, y, the bias and every accumulation are fp32.
+// stored [N, K] as bf16 (2 bytes per weight), or int8 or fp8 E4M3 (1 byte) with one fp32 scale
+// per output row (W[n, k] = scale[n] * q[n, k], q the int8 value or the decoded E4M3 value);
+// x, y, the bias and every accumulation are fp32.
 //   - M <= kLowpGemvRows (decode batches): a GEMV-style kernel that streams each weight row from
 //     memory once for all M inputs, widening it in registers (AVX-512 when the CPU has it, a
 //     scalar loop otherwise); output rows are split over the OpenMP threads. The bits of y[m]
@@ -18,6 +19,10 @@ constexpr int kLowpGemvRows = 16;
 void linear_bf16w(float* y, const float* x, const uint16_t* w, const float* b, int M, int K, int N);
 void linear_int8w(float* y, const float* x, const int8_t* w, const float* scale, const float* b,
                   int M, int K, int N);
+// w holds E4M3 codes (kernels/cpu/fp8.h) as quantize_fp8_rows writes them: never the NaN codes
+// (0x7F, 0xFF), which this kernel does not decode as NaN.
+void linear_fp8w(float* y, const float* x, const uint8_t* w, const float* scale, const float* b,
+                 int M, int K, int N);
 
 // The decode kernel on fp32 weights (any M, though it is meant for M <= kLowpGemvRows: it
 // streams W once, where a BLAS GEMM with M = 1 reaches a fraction of the read bandwidth).
@@ -26,6 +31,11 @@ void gemv_f32w(float* y, const float* x, const float* w, const float* b, int M, 
 // Symmetric per-row int8: scale[n] = max|W[n, :]| / 127 (1 for an all-zero row), q = round(W /
 // scale) (to nearest, ties away from zero) in [-127, 127].
 void quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale);
+
+// Per-row E4M3 (OCP FN, max 448): q = E4M3(W * qs) with qs = 448 / max|W[n, :]| (1 for an
+// all-zero row), rounded to nearest even, saturating at 448; scale[n] = 1 / qs. Returns false (q,
+// scale unspecified) when a row holds a NaN or an infinity.
+bool quantize_fp8_rows(const float* w, int N, int K, uint8_t* q, float* scale);
 
 // Whether the AVX-512 kernels run (the CPU has AVX512F and tests have not turned them off).
 bool lowp_uses_avx512();
