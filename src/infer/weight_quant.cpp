@@ -35,7 +35,7 @@ class QuantizedWeights::Layer : public GemmRecipe {
                int out) override {
     LOOM_CHECK(in == in_ && out == out_, "a quantised linear layer of [", in_, ", ", out_,
                "] called as [", in, ", ", out, "]");
-    const float* x = x_in.widened(int64_t(N) * in, x32_);
+    const float* x = x_in.widened(be, int64_t(N) * in, x32_);
     if (type_ == WeightType::F32) {
       if (N <= cpu::kLowpGemvRows)
         cpu::gemv_f32w(y, x, w, b, N, in, out);

@@ -129,6 +129,13 @@ struct Backend {
   // Reductions used by clipping and overflow checks.
   virtual double sum_squares(const float* x, int64_t n) = 0;
   virtual bool all_finite(const float* x, int64_t n) = 0;
+
+  // Storage in the precision policy's types. round_to: x in place to the precision of t (BF16,
+  // F16, F8E4M3, F8E5M2; F32 leaves it), as core's round_to, and when `store` is not null the
+  // same values also written there in type t (one pass where the backend can). convert: dst
+  // (type dt) <- src (type st), elementwise, rounding to nearest even.
+  virtual void round_to(DType t, float* x, int64_t n, void* store) = 0;
+  virtual void convert(void* dst, DType dt, const void* src, DType st, int64_t n) = 0;
 };
 
 // The CPU backend (OpenBLAS + OpenMP). One instance, stateless.

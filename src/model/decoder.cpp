@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "kernels/cpu/bf16_convert.h"
 
 namespace loom {
 
@@ -422,10 +421,7 @@ int Decoder::head_chunk() const {
 }
 
 void Decoder::round_act(float* x, int64_t n) const {
-  if (act_dtype_ == DType::BF16)
-    cpu::round_bf16_array(x, nullptr, static_cast<size_t>(n));
-  else if (act_dtype_ != DType::F32)
-    round_to(act_dtype_, x, static_cast<size_t>(n));
+  if (act_dtype_ != DType::F32) be_.round_to(act_dtype_, x, n, nullptr);
 }
 
 void Decoder::store_activations_as_fp32() {
@@ -436,14 +432,14 @@ void Decoder::store_activations_as_fp32() {
 
 void Decoder::keep(const ActBuf& buf, float* x, int64_t n) {
   if (buf.bf16)
-    cpu::round_bf16_array(x, buf.bf16, static_cast<size_t>(n));
+    be_.round_to(DType::BF16, x, n, buf.bf16);
   else
     round_act(x, n);
 }
 
 const float* Decoder::fp32_in(const ActBuf& buf, int64_t n, float* scratch) const {
   if (buf.f32) return buf.f32;
-  cpu::bf16_to_f32_array(buf.bf16, scratch, static_cast<size_t>(n));
+  be_.convert(scratch, DType::F32, buf.bf16, DType::BF16, n);
   return scratch;
 }
 
@@ -472,7 +468,8 @@ void Decoder::norm_forward(const ActBuf& out, int64_t offset, float* mean, float
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int n = std::min(rows, N - r0);
     norm(blk_a_.data(), mean ? mean + r0 : nullptr, rstd + r0, inp + int64_t(r0) * C, n);
-    cpu::f32_to_bf16_array(blk_a_.data(), out.bf16 + offset + int64_t(r0) * C, size_t(n) * C);
+    be_.convert(out.bf16 + offset + int64_t(r0) * C, DType::BF16, blk_a_.data(), DType::F32,
+                int64_t(n) * C);
   }
 }
 
@@ -498,7 +495,8 @@ void Decoder::mlp_act_forward(const LayerActs& a, const float* fc32, int N) {
                           : fp32_in({nullptr, a.fc.bf16 + int64_t(r0) * FC}, int64_t(n) * FC,
                                     blk_a_.data());
     act(blk_b_.data(), x, n);
-    cpu::f32_to_bf16_array(blk_b_.data(), a.act.bf16 + int64_t(r0) * F, size_t(n) * F);
+    be_.convert(a.act.bf16 + int64_t(r0) * F, DType::BF16, blk_b_.data(), DType::F32,
+                int64_t(n) * F);
   }
 }
 
@@ -517,7 +515,8 @@ void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, const float* dact
     blk_a_.resize(size_t(rows) * FC);
     for (int r0 = 0; r0 < N; r0 += rows) {
       const int n = std::min(rows, N - r0);
-      cpu::bf16_to_f32_array(a.fc.bf16 + int64_t(r0) * FC, blk_a_.data(), size_t(n) * FC);
+      be_.convert(blk_a_.data(), DType::F32, a.fc.bf16 + int64_t(r0) * FC, DType::BF16,
+                  int64_t(n) * FC);
       back(dfc + int64_t(r0) * FC, blk_a_.data(), dact + int64_t(r0) * F, n);
     }
   }
@@ -1115,7 +1114,7 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
     if (lnf.f32)
       std::copy_n(lnf.f32 + int64_t(rows[i]) * C, C, row);
     else
-      cpu::bf16_to_f32_array(lnf.bf16 + int64_t(rows[i]) * C, row, size_t(C));
+      be_.convert(row, DType::F32, lnf.bf16 + int64_t(rows[i]) * C, DType::BF16, C);
   }
   head_linear().forward(be_, logits, b_->tmp, n);
   round_act(logits, int64_t(n) * V);

@@ -1,13 +1,11 @@
 #include "model/linear.h"
 
-#include "kernels/cpu/bf16_convert.h"
-
 namespace loom {
 
-const float* ActIn::widened(int64_t n, std::vector<float>& scratch) const {
+const float* ActIn::widened(Backend& be, int64_t n, std::vector<float>& scratch) const {
   if (f32) return f32;
   scratch.resize(static_cast<size_t>(n));
-  cpu::bf16_to_f32_array(bf16, scratch.data(), scratch.size());
+  be.convert(scratch.data(), DType::F32, bf16, DType::BF16, n);
   return scratch.data();
 }
 
@@ -24,11 +22,11 @@ void Linear::forward(Backend& be, float* y, ActIn x, int N) const {
   if (recipe) {
     recipe->forward(be, y, x, w, b, N, in, out);
   } else {
-    x32 = x.widened(int64_t(N) * in, widen_scratch());
+    x32 = x.widened(be, int64_t(N) * in, widen_scratch());
     be.matmul_forward(y, x32, w, b, N, in, out);
   }
   if (adapter) {
-    if (!x32) x32 = x.widened(int64_t(N) * in, widen_scratch());
+    if (!x32) x32 = x.widened(be, int64_t(N) * in, widen_scratch());
     adapter->forward(be, y, x32, N);
   }
 }
@@ -38,11 +36,11 @@ void Linear::backward(Backend& be, float* dx, const float* dy, ActIn x, int N) c
   if (recipe) {
     recipe->backward(be, dx, dw, db, dy, x, w, N, in, out);
   } else {
-    x32 = x.widened(int64_t(N) * in, widen_scratch());
+    x32 = x.widened(be, int64_t(N) * in, widen_scratch());
     be.matmul_backward(dx, dw, db, dy, x32, w, N, in, out);
   }
   if (adapter) {
-    if (!x32) x32 = x.widened(int64_t(N) * in, widen_scratch());
+    if (!x32) x32 = x.widened(be, int64_t(N) * in, widen_scratch());
     adapter->backward(be, dx, dy, x32, N);
   }
 }

@@ -31,8 +31,9 @@ struct ActIn {
   ActIn at(int64_t offset) const {
     return f32 ? ActIn(f32 + offset) : ActIn(bf16 + offset);
   }
-  // fp32 values of elements [0, n): the buffer itself, or a widened copy in `scratch` (resized).
-  const float* widened(int64_t n, std::vector<float>& scratch) const;
+  // fp32 values of elements [0, n): the buffer itself, or a copy widened by `be` into `scratch`
+  // (resized).
+  const float* widened(Backend& be, int64_t n, std::vector<float>& scratch) const;
 };
 
 class LinearAdapter {

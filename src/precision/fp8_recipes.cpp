@@ -216,12 +216,12 @@ void Fp8Linear::quantise_weight(const float* w, int in, int out) {
   fresh_ = true;
 }
 
-void Fp8Linear::forward(Backend&, float* y, ActIn x_in, const float* w, const float* b, int N,
+void Fp8Linear::forward(Backend& be, float* y, ActIn x_in, const float* w, const float* b, int N,
                         int in, int out) {
   if (N == 0 || out == 0) return;
   quantise_weight(w, in, out);
   const int64_t nx = int64_t(N) * in;
-  const float* x = x_in.widened(nx, x32_);  // quantised from fp32 values (bf16 storage widened)
+  const float* x = x_in.widened(be, nx, x32_);  // quantised from fp32 values (bf16 storage widened)
   a_.resize(size_t(nx));
   float alpha = 1.f;
   if (opt_.kind == Fp8RecipeKind::Mxfp8) {
@@ -239,12 +239,12 @@ void Fp8Linear::forward(Backend&, float* y, ActIn x_in, const float* w, const fl
   cpu::gemm_bf16(false, true, N, out, in, alpha, a_.data(), in, wq_.data(), in, beta, y, out);
 }
 
-void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x_in,
+void Fp8Linear::backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x_in,
                          const float* w, int N, int in, int out) {
   if (N == 0) return;
   quantise_weight(w, in, out);
   const int64_t ny = int64_t(N) * out, nx = int64_t(N) * in;
-  const float* x = x_in.widened(nx, x32_);
+  const float* x = x_in.widened(be, nx, x32_);
   const bool mx = opt_.kind == Fp8RecipeKind::Mxfp8;
   b_.resize(size_t(ny));
   float s_dy = 1.f, s_x = 1.f;

@@ -284,12 +284,12 @@ struct CountingRecipe : GemmRecipe {
   void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
                int out) override {
     ++forwards;
-    be.matmul_forward(y, x.widened(int64_t(N) * in, x32), w, b, N, in, out);
+    be.matmul_forward(y, x.widened(be, int64_t(N) * in, x32), w, b, N, in, out);
   }
   void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                 const float* w, int N, int in, int out) override {
     ++backwards;
-    be.matmul_backward(dx, dw, db, dy, x.widened(int64_t(N) * in, x32), w, N, in, out);
+    be.matmul_backward(dx, dw, db, dy, x.widened(be, int64_t(N) * in, x32), w, N, in, out);
   }
 };
 }  // namespace

@@ -1,11 +1,45 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/cpu_ops.h"
 
 #include <omp.h>
 
+#include <cstring>
+
 namespace loom {
 namespace {
+
+// fp32 -> fp16 / fp8 and back, element by element (bf16 has its vectorised loops).
+void narrow(void* dst, DType t, const float* x, int64_t n) {
+  auto* u8 = static_cast<uint8_t*>(dst);
+  auto* u16 = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    if (t == DType::F16)
+      u16[i] = f32_to_f16(x[i]);
+    else if (t == DType::F8E4M3)
+      u8[i] = f32_to_e4m3(x[i]);
+    else if (t == DType::F8E5M2)
+      u8[i] = f32_to_e5m2(x[i]);
+    else
+      fail("cpu backend: cannot convert fp32 to ", dtype_name(t));
+  }
+}
+void widen(float* x, const void* src, DType t, int64_t n) {
+  const auto* u8 = static_cast<const uint8_t*>(src);
+  const auto* u16 = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    if (t == DType::F16)
+      x[i] = f16_to_f32(u16[i]);
+    else if (t == DType::F8E4M3)
+      x[i] = e4m3_to_f32(u8[i]);
+    else if (t == DType::F8E5M2)
+      x[i] = e5m2_to_f32(u8[i]);
+    else
+      fail("cpu backend: cannot convert ", dtype_name(t), " to fp32");
+  }
+}
+
 
 // Delegates every op to loom::cpu; the class exists so callers can hold a Backend&.
 class CpuBackend final : public Backend {
@@ -117,6 +151,28 @@ class CpuBackend final : public Backend {
   }
   double sum_squares(const float* x, int64_t n) override { return cpu::sum_squares(x, n); }
   bool all_finite(const float* x, int64_t n) override { return cpu::all_finite(x, n); }
+
+  void round_to(DType t, float* x, int64_t n, void* store) override {
+    if (t == DType::BF16) return cpu::round_bf16_array(x, static_cast<uint16_t*>(store), size_t(n));
+    loom::round_to(t, x, size_t(n));
+    if (store) convert(store, t, x, DType::F32, n);
+  }
+  void convert(void* dst, DType dt, const void* src, DType st, int64_t n) override {
+    if (dt == st) {
+      std::memcpy(dst, src, size_t(n) * dtype_size(dt));
+    } else if (st == DType::F32 && dt == DType::BF16) {
+      cpu::f32_to_bf16_array(static_cast<const float*>(src), static_cast<uint16_t*>(dst), size_t(n));
+    } else if (st == DType::BF16 && dt == DType::F32) {
+      cpu::bf16_to_f32_array(static_cast<const uint16_t*>(src), static_cast<float*>(dst), size_t(n));
+    } else {
+      LOOM_CHECK(st == DType::F32 || dt == DType::F32, "cpu backend: convert ", dtype_name(st),
+                 " to ", dtype_name(dt), " goes through fp32");
+      if (st == DType::F32)
+        narrow(dst, dt, static_cast<const float*>(src), n);
+      else
+        widen(static_cast<float*>(dst), src, st, n);
+    }
+  }
 };
 }  // namespace
 

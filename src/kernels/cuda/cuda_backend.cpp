@@ -587,8 +587,9 @@ bool CudaBackend::all_finite(const float* x, int64_t n) {
   return bad == 0;
 }
 
-void CudaBackend::round_to(DType t, float* x, int64_t n) {
+void CudaBackend::round_to(DType t, float* x, int64_t n, void* store) {
   cuda::round_to(impl_->stream, t, x, n);
+  if (store) cuda::convert(impl_->stream, store, t, x, DType::F32, n);
 }
 
 void CudaBackend::convert(void* dst, DType dt, const void* src, DType st, int64_t n) {

@@ -148,9 +148,9 @@ class CudaBackend final : public Backend {
   // through the backend's pinned staging buffer).
   void adamw_multi(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h);
   // Rounds x in place to the precision of `t` (BF16, F16, F8E4M3, F8E5M2), as core's round_to.
-  void round_to(DType t, float* x, int64_t n);
+  void round_to(DType t, float* x, int64_t n, void* store) override;
   // dst (type dt) <- src (type st), elementwise, round to nearest even; F32/BF16/F16/F8*.
-  void convert(void* dst, DType dt, const void* src, DType st, int64_t n);
+  void convert(void* dst, DType dt, const void* src, DType st, int64_t n) override;
   // Sum of squares of several device arrays in one deterministic reduction.
   double sum_squares_multi(const std::vector<std::pair<const float*, int64_t>>& parts);
 
