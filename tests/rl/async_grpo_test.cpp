@@ -20,24 +20,6 @@ using namespace loom::rl;
 
 namespace {
 
-RlOptions small_options() {
-  RlOptions o;
-  o.prompts_per_step = 3;
-  o.group_size = 4;
-  o.max_tokens = 5;
-  o.lr = 1e-2;
-  o.grpo.beta = 0.01;
-  return o;
-}
-
-struct Fixture {
-  Decoder model{rltest::tiny_config(), cpu_backend()};
-  data::BpeTokenizer tok = rltest::byte_tokenizer();
-  data::ChatTemplate chat{"chatml", tok};
-  rltest::LowBytes env;
-  Fixture() { model.params().init(3); }
-};
-
 void sleep_s(double s) {
   std::this_thread::sleep_for(std::chrono::duration<double>(s));
 }
@@ -46,8 +28,8 @@ void sleep_s(double s) {
 
 TEST(AsyncGrpo, StalenessZeroIsTheSynchronousAlgorithm) {
   set_num_threads(1);  // both runs on one thread per role: the same kernels, the same bits
-  const RlOptions o = small_options();
-  Fixture a, b;
+  const RlOptions o = rltest::small_options();
+  rltest::Fixture a, b;
   GrpoTrainer sync(a.model, a.tok, a.chat, a.env, o);
   AsyncOptions ao;
   ao.max_staleness = 0;
@@ -75,13 +57,13 @@ TEST(AsyncGrpo, StalenessZeroIsTheSynchronousAlgorithm) {
 
 TEST(AsyncGrpo, StalenessBoundHoldsUnderASlowLearner) {
   for (int64_t S : {1, 2}) {
-    Fixture f;
+    rltest::Fixture f;
     AsyncOptions ao;
     ao.max_staleness = S;
     ao.threads_per_role = 1;
     ao.learner_timeout = 60;
     ao.before_learn = [](int64_t) { sleep_s(0.15); };  // the rollouts run ahead as far as allowed
-    AsyncGrpo t(f.model, f.tok, f.chat, f.env, small_options(), ao);
+    AsyncGrpo t(f.model, f.tok, f.chat, f.env, rltest::small_options(), ao);
     std::vector<int64_t> ages(size_t(S) + 1, 0);
     bool weighted = false;
     for (int s = 0; s < 5; ++s) {
@@ -97,13 +79,13 @@ TEST(AsyncGrpo, StalenessBoundHoldsUnderASlowLearner) {
 }
 
 TEST(AsyncGrpo, StalenessBoundHoldsUnderSlowRollouts) {
-  Fixture f;
+  rltest::Fixture f;
   AsyncOptions ao;
   ao.max_staleness = 1;
   ao.threads_per_role = 1;
   ao.learner_timeout = 60;
   ao.before_rollout = [](int64_t) { sleep_s(0.1); };
-  AsyncGrpo t(f.model, f.tok, f.chat, f.env, small_options(), ao);
+  AsyncGrpo t(f.model, f.tok, f.chat, f.env, rltest::small_options(), ao);
   double waited = 0;
   for (int s = 0; s < 4; ++s) {
     const RlStepStats st = t.step();
@@ -114,7 +96,7 @@ TEST(AsyncGrpo, StalenessBoundHoldsUnderSlowRollouts) {
 }
 
 TEST(AsyncGrpo, AStuckRolloutSideStopsTheLearnerWithinTheTimeout) {
-  Fixture f;
+  rltest::Fixture f;
   AsyncOptions ao;
   ao.max_staleness = 1;
   ao.threads_per_role = 1;
@@ -122,7 +104,7 @@ TEST(AsyncGrpo, AStuckRolloutSideStopsTheLearnerWithinTheTimeout) {
   ao.before_rollout = [](int64_t s) {
     if (s >= 1) sleep_s(2.0);  // hangs (for longer than the learner waits)
   };
-  AsyncGrpo t(f.model, f.tok, f.chat, f.env, small_options(), ao);
+  AsyncGrpo t(f.model, f.tok, f.chat, f.env, rltest::small_options(), ao);
   t.step();
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -135,8 +117,8 @@ TEST(AsyncGrpo, AStuckRolloutSideStopsTheLearnerWithinTheTimeout) {
 }
 
 TEST(AsyncGrpo, LateGroupsAreDroppedAndCounted) {
-  Fixture f;
-  RlOptions o = small_options();
+  rltest::Fixture f;
+  RlOptions o = rltest::small_options();
   o.rollout_timeout = 1e-9;  // past the deadline after the first engine step
   GrpoTrainer t(f.model, f.tok, f.chat, f.env, o);
   const RlStepStats st = t.step();

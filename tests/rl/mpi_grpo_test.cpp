@@ -30,24 +30,6 @@ comm::Communicator& W() {
   return comm::world();
 }
 
-RlOptions small_options() {
-  RlOptions o;
-  o.prompts_per_step = 3;
-  o.group_size = 4;
-  o.max_tokens = 5;
-  o.lr = 1e-2;
-  o.grpo.beta = 0.01;
-  return o;
-}
-
-struct Fixture {
-  Decoder model{rltest::tiny_config(), cpu_backend()};
-  data::BpeTokenizer tok = rltest::byte_tokenizer();
-  data::ChatTemplate chat{"chatml", tok};
-  rltest::LowBytes env;
-  Fixture() { model.params().init(3); }
-};
-
 MpiRlOptions mpi_options(int64_t steps, int64_t max_staleness, DType dtype) {
   MpiRlOptions m;
   m.rollout_ranks = W().size() - 1;
@@ -96,9 +78,9 @@ TEST(MpiGrpo, LayoutErrors) {
 
 TEST(MpiGrpo, EveryRolloutRankHoldsTheLearnersWeightsAfterEachSync) {
   for (DType dt : {DType::BF16, DType::F32}) {
-    Fixture f;
+    rltest::Fixture f;
     const int64_t steps = 4;
-    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, small_options(), mpi_options(steps, 1, dt));
+    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), mpi_options(steps, 1, dt));
     if (g.is_learner()) {
       for (int64_t s = 0; s < steps; ++s) g.step();
       g.finish();
@@ -122,7 +104,7 @@ TEST(MpiGrpo, EveryRolloutRankHoldsTheLearnersWeightsAfterEachSync) {
 }
 
 TEST(MpiGrpo, WeightHashSeesOneBf16Step) {
-  Fixture f;
+  rltest::Fixture f;
   ParamSet& P = f.model.params();
   const uint64_t a = weights_hash(P, DType::BF16), a32 = weights_hash(P, DType::F32);
   // A change below bf16's resolution is invisible to the bf16 hash but not to the fp32 one; a
@@ -139,14 +121,14 @@ TEST(MpiGrpo, StalenessBoundHoldsAcrossRanks) {
   // A slowed learner lets the rollout ranks run ahead (up to the bound); slowed rollouts make
   // the learner wait. Either way no group older than max_staleness is generated or trained on.
   for (int slow_learner : {1, 0}) {
-    Fixture f;
+    rltest::Fixture f;
     const int64_t steps = 5, S = 1;
     MpiRlOptions m = mpi_options(steps, S, DType::BF16);
     if (slow_learner)
       m.before_learn = [](int64_t) { sleep_s(0.3); };
     else
       m.before_rollout = [](int64_t) { sleep_s(0.2); };
-    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, small_options(), m);
+    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), m);
     int64_t oldest = 0, stale_groups = 0;
     if (g.is_learner()) {
       for (int64_t s = 0; s < steps; ++s) {
@@ -174,8 +156,8 @@ TEST(MpiGrpo, StalenessBoundHoldsAcrossRanks) {
 TEST(MpiGrpo, StalenessZeroReproducesTheSynchronousRun) {
   set_num_threads(1);
   const int64_t steps = 4;
-  Fixture f;
-  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, small_options(), mpi_options(steps, 0, DType::F32));
+  rltest::Fixture f;
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), mpi_options(steps, 0, DType::F32));
   std::vector<RlStepStats> got;
   if (g.is_learner()) {
     for (int64_t s = 0; s < steps; ++s) got.push_back(g.step());
@@ -185,8 +167,8 @@ TEST(MpiGrpo, StalenessZeroReproducesTheSynchronousRun) {
     return;
   }
   // The same run in this process, synchronously.
-  Fixture ref;
-  const RlOptions o = small_options();
+  rltest::Fixture ref;
+  const RlOptions o = rltest::small_options();
   GrpoTrainer sync(ref.model, ref.tok, ref.chat, ref.env, o);
   int trained = 0;
   for (int64_t s = 0; s < steps; ++s) {
@@ -209,13 +191,13 @@ TEST(MpiGrpo, StalenessZeroReproducesTheSynchronousRun) {
 // stop with an error naming rank 1 within its 2 s timeout. The job then ends through
 // abort_job, as `loom rl` ends it; the test passes on the line printed after the checks.
 TEST(MpiGrpoFault, StalledRolloutRankStopsTheLearnerWithinTheTimeout) {
-  Fixture f;
+  rltest::Fixture f;
   MpiRlOptions m = mpi_options(4, 1, DType::BF16);
   m.learner_timeout = 2;
   m.before_rollout = [](int64_t s) {
     if (W().rank() == 1 && s == 1) sleep_s(60);
   };
-  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, small_options(), m);
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), m);
   if (!g.is_learner()) {
     try {
       g.run_rollout();

@@ -6,8 +6,11 @@
 #include <vector>
 
 #include "data/bpe.h"
+#include "data/chat.h"
+#include "kernels/backend.h"
 #include "model/decoder.h"
 #include "rl/env.h"
+#include "rl/grpo_trainer.h"
 
 namespace loom::rl::rltest {
 
@@ -53,5 +56,25 @@ inline ModelConfig tiny_config() {
   c.vocab = 260, c.max_seq = 64, c.init_std = 0.02f;
   return c;
 }
+
+// Small GRPO settings: 3 prompts x 4 samples of at most 5 tokens per step.
+inline RlOptions small_options() {
+  RlOptions o;
+  o.prompts_per_step = 3;
+  o.group_size = 4;
+  o.max_tokens = 5;
+  o.lr = 1e-2;
+  o.grpo.beta = 0.01;
+  return o;
+}
+
+// A tiny policy, a byte tokenizer with ChatML, and the LowBytes environment.
+struct Fixture {
+  Decoder model{tiny_config(), cpu_backend()};
+  data::BpeTokenizer tok = byte_tokenizer();
+  data::ChatTemplate chat{"chatml", tok};
+  LowBytes env;
+  Fixture() { model.params().init(3); }
+};
 
 }  // namespace loom::rl::rltest
