@@ -8,7 +8,7 @@
 #   6. fine-tune it (SFT, ChatML, loss on the replies only) on a synthetic instruction set and
 #      score held-out prompts before and after (exact match)
 #   7. a few steps of GRPO on the same task with exact-match rewards (loom rl), scored again
-#   8. serve the result over the OpenAI-compatible HTTP API and ask it once
+#   8. serve the result (bf16 weights) over the OpenAI-compatible HTTP API and ask it once
 # No arguments and no downloads beyond Debian packages (installed by scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,7 @@ $LOOM tokenizer train "${inputs[@]}" --vocab-size 4096 --out runs/main/tokenizer
 $LOOM tokenize "${inputs[@]}" --tokenizer loom:runs/main/tokenizer \
   --out runs/main/tokens/python_docs --append-eod
 $LOOM train --config configs/main/train.toml
+$LOOM ckpt verify runs/main  # every checkpoint against its checksums
 echo
 echo "=== sample from runs/main/checkpoints ==="
 $LOOM generate --ckpt runs/main/checkpoints --prompt "The Python interpreter" --tokens 120
@@ -51,8 +52,9 @@ $LOOM generate --ckpt runs/main/rl/checkpoints --input runs/main/sft/heldout.jso
   --output runs/main/sft/rl_answers.jsonl --chat-template chatml --temperature 0 --tokens 16
 
 echo
-echo "=== serving the fine-tuned model (loom serve, OpenAI-compatible) ==="
-$LOOM serve --ckpt runs/main/rl/checkpoints --port 0 > runs/main/serve.out 2> runs/main/serve.log &
+echo "=== serving the fine-tuned model (loom serve, OpenAI-compatible, bf16 weights) ==="
+$LOOM serve --ckpt runs/main/rl/checkpoints --port 0 --weights bf16 \
+  > runs/main/serve.out 2> runs/main/serve.log &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q "listening on" runs/main/serve.out && break; sleep 0.1; done
