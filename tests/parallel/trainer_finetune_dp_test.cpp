@@ -1,0 +1,222 @@
+// Fine-tuning under data parallelism through the trainer: a LoRA run on N MPI ranks (ZeRO 0, 1
+// and 2) gives the one-process losses, gradient norms and adapters for the same global batch,
+// with the base frozen and optimizer state for the adapters only; a DPO run (full, and LoRA)
+// gives the one-process DPO loss, rewards and accuracy (pairs whole on one rank, the loss a
+// mean over the global batch's pairs).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/bpe.h"
+#include "model/lora.h"
+#include "mpi_main.h"
+#include "parallel/data_parallel.h"
+#include "parity_util.h"
+#include "train/trainer.h"
+#include "trainer_fixture.h"
+
+using namespace loom;
+using loom::testing_parallel::rel_diff;
+using loom::testing_parallel::W;
+
+namespace {
+
+const testing_parallel::TrainerRuns runs{"ftdp", "a fine-tuned fox "};
+
+Config config(const std::string& dir, int steps, int grad_accum) {
+  Config c = testing_parallel::tiny_run_config(dir, runs.line_start, 2, "1e-2", steps, grad_accum);
+  c.set("model.preset", "\"tiny\"", "test");
+  return c;
+}
+
+// A pretrained base: a few steps of pre-training in one process, on every rank alike (the same
+// seed and data give the same weights), in this rank's own directory.
+std::string make_base() {
+  const std::string d = runs.dir("base");
+  auto self = comm::make_self_communicator();
+  Trainer t(config(d, 3, 1), self.get());
+  t.run();
+  return d + "/run/checkpoints";
+}
+
+Config lora_config(const std::string& dir, const std::string& base, int steps, int grad_accum) {
+  Config c = config(dir, steps, grad_accum);
+  c.set("train.pretrained", "\"" + base + "\"", "test");
+  c.set("lora.rank", "4", "test");
+  c.set("lora.alpha", "8", "test");
+  c.set("optim.lr", "1e-2", "test");
+  return c;
+}
+
+std::vector<float> copy(const ParamSet& P) {
+  return std::vector<float>(P.data(), P.data() + P.total());
+}
+
+void check_lora_parity(int zero) {
+  const int D = W().size(), A = 2, steps = 8;
+  const std::string base = make_base();
+  auto self = comm::make_self_communicator();
+  Trainer ref(lora_config(runs.dir("lora_ref"), base, steps, A * D), self.get());
+  Config c = lora_config(runs.dir("lora_z" + std::to_string(zero)), base, steps, A);
+  c.set("parallel.zero", std::to_string(zero), "test");
+  Trainer t(c);
+  ASSERT_TRUE(t.distributed());
+  ASSERT_NE(t.lora(), nullptr);
+  const std::vector<float> base_weights = copy(t.model().params());
+  for (int i = 0; i < steps; ++i) {
+    const StepResult a = ref.train_step(), b = t.train_step();
+    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
+    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4)
+        << "grad norm, step " << i << ": " << b.grad_norm << " vs " << a.grad_norm;
+  }
+  // Every rank's adapters (all-gathered after the sharded step under ZeRO 1/2) are one
+  // process's; the base is untouched.
+  const ParamSet &pa = ref.lora()->params(), &pb = t.lora()->params();
+  ASSERT_EQ(pa.total(), pb.total());
+  // Relative to the largest weight: Adam divides by sqrt(v), so a gradient element near zero
+  // whose sum is rounded differently moves by up to ~lr, not by its own (tiny) size.
+  double worst = 0, largest = 0;
+  for (int64_t i = 0; i < pa.total(); ++i) {
+    worst = std::max(worst, double(std::abs(pa.data()[i] - pb.data()[i])));
+    largest = std::max(largest, double(std::abs(pa.data()[i])));
+  }
+  EXPECT_LT(worst, 1e-4 * largest) << "adapter weights differ from one process's";
+  // The adapters were trained: B started at zero and moved (every step's batch differs, so the
+  // losses alone are too noisy to show it in 8 steps).
+  double b_largest = 0;
+  for (const ParamInfo& p : pb.infos())
+    if (p.name.find("lora_B") != std::string::npos)
+      for (int64_t i = 0; i < p.numel; ++i)
+        b_largest = std::max(b_largest, double(std::abs(pb.data()[p.offset + i])));
+  EXPECT_GT(b_largest, 1e-3);
+  EXPECT_EQ(0, std::memcmp(base_weights.data(), t.model().params().data(),
+                           base_weights.size() * sizeof(float)))
+      << "the frozen base changed";
+  // Optimizer state (exp_avg, exp_avg_sq) for the adapters only: this rank's share of them.
+  const int64_t adapters = pb.total();
+  const int64_t mine = zero == 0 ? adapters : (adapters + D - 1) / D;
+  int64_t state = 0;
+  for (const auto& s : t.data_parallel()->state_slices()) state += s.tensor.numel();
+  EXPECT_EQ(state, 2 * mine);
+  EXPECT_LT(adapters, t.model().params().total() / 4);
+}
+
+TEST(TrainerFinetuneDp, LoraZero0MatchesOneProcess) {
+  check_lora_parity(0);
+}
+TEST(TrainerFinetuneDp, LoraZero1MatchesOneProcess) {
+  check_lora_parity(1);
+}
+TEST(TrainerFinetuneDp, LoraZero2MatchesOneProcess) {
+  check_lora_parity(2);
+}
+
+// What LoRA cannot run under yet is refused by name, on every rank alike.
+TEST(TrainerFinetuneDp, LoraRefusesZero3AndTensorParallelism) {
+  const std::string base = make_base();
+  Config z3 = lora_config(runs.dir("lora_bad_z3"), base, 2, 1);
+  z3.set("parallel.zero", "3", "test");
+  EXPECT_THROW({ Trainer t(z3); }, Error);
+  if (W().size() % 2 == 0) {
+    Config tp = lora_config(runs.dir("lora_bad_tp"), base, 2, 1);
+    tp.set("parallel.tp", "2", "test");
+    EXPECT_THROW({ Trainer t(tp); }, Error);
+  }
+}
+
+// Byte tokenizer with ChatML markers and preference pairs (chosen: the reversed word; rejected:
+// "zzzz"), written by every rank into its own directory.
+std::string dpo_data(const std::string& d) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
+  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
+  data::save_loom_tokenizer(data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp),
+                            d + "/tok");
+  std::string text;
+  for (int i = 0; i < 64; ++i) {
+    std::string w;
+    for (int k = 0; k < 4; ++k) w += char('a' + int(uniform_at(5, uint64_t(i), uint64_t(k)) * 6));
+    text += "{\"prompt\": \"rev " + w + "\", \"chosen\": \"" + std::string(w.rbegin(), w.rend()) +
+            "\", \"rejected\": \"zzzz\"}\n";
+  }
+  write_file_atomic(d + "/pairs.jsonl", text);
+  return d;
+}
+
+Config dpo_config(const std::string& data, const std::string& out, int steps, int grad_accum) {
+  Config c = Config::parse(
+      "[model]\npreset = \"tiny-llama\"\nn_layer = 2\nd_model = 32\nn_head = 4\nn_kv_head = 2\n"
+      "d_ff = 64\nvocab = 260\nmax_seq = 48\ninit_std = 0.1\n"
+      "[data]\nsource = \"preference\"\nvalid_fraction = 0.2\n"
+      "[train]\nmode = \"dpo\"\nmicro_batch = 2\nseq_len = 48\nquiet = true\npeak_gflops = 100\n"
+      "[optim]\nlr = 3e-3\nwarmup_steps = 2\nweight_decay = 0.0\n[dpo]\nbeta = 0.5\n"
+      "[parallel]\nbucket_mb = 0.01\n",
+      "test.toml");
+  c.set("data.path", "\"" + data + "/pairs.jsonl\"", "test");
+  c.set("data.tokenizer", "\"loom:" + data + "/tok\"", "test");
+  c.set("train.steps", std::to_string(steps), "test");
+  c.set("train.grad_accum", std::to_string(grad_accum), "test");
+  c.set("train.out_dir", "\"" + out + "\"", "test");
+  return c;
+}
+
+double extra(const StepResult& r, const std::string& key) {
+  for (const auto& [k, v] : r.extra)
+    if (k == key) return v;
+  ADD_FAILURE() << "no " << key << " in the step's figures";
+  return NAN;
+}
+
+// `lora_base`: empty for full DPO, else a checkpoint that LoRA adapts.
+void check_dpo_parity(int zero, const std::string& lora_base) {
+  const int D = W().size(), A = 2, steps = 6;
+  const std::string data = dpo_data(runs.dir("dpo_data"));
+  auto adapt = [&](Config c) {
+    if (!lora_base.empty()) {
+      c.set("train.pretrained", "\"" + lora_base + "\"", "test");
+      c.set("lora.rank", "4", "test");
+      c.set("optim.lr", "1e-2", "test");
+    }
+    return c;
+  };
+  auto self = comm::make_self_communicator();
+  Trainer ref(adapt(dpo_config(data, runs.dir("dpo_ref") + "/run", steps, A * D)), self.get());
+  Config c = adapt(dpo_config(data, runs.dir("dpo_dp") + "/run", steps, A));
+  c.set("parallel.zero", std::to_string(zero), "test");
+  Trainer t(c);
+  ASSERT_TRUE(t.distributed());
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    const StepResult a = ref.train_step(), b = t.train_step();
+    losses.push_back(b.loss);
+    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
+    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4) << "grad norm, step " << i;
+    for (const char* k : {"rewards_chosen", "rewards_rejected", "reward_accuracy"})
+      EXPECT_NEAR(extra(b, k), extra(a, k), 1e-5 + 1e-4 * std::abs(extra(a, k)))
+          << k << ", step " << i;
+  }
+  EXPECT_LT(losses.back(), losses.front());
+}
+
+TEST(TrainerFinetuneDp, DpoZero1MatchesOneProcess) {
+  check_dpo_parity(1, "");
+}
+
+TEST(TrainerFinetuneDp, DpoWithLoraZero0MatchesOneProcess) {
+  // The base: a few full DPO steps in one process (any weights of this model would do).
+  const std::string data = dpo_data(runs.dir("dpo_base_data"));
+  const std::string base = runs.dir("dpo_base");
+  {
+    auto self = comm::make_self_communicator();
+    Trainer t(dpo_config(data, base + "/run", 2, 1), self.get());
+    t.run();
+  }
+  check_dpo_parity(0, base + "/run/checkpoints");
+}
+
+}  // namespace
+
+LOOM_MPI_TEST_MAIN()
