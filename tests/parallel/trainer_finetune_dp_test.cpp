@@ -114,6 +114,19 @@ TEST(TrainerFinetuneDp, LoraZero2MatchesOneProcess) {
   check_lora_parity(2);
 }
 
+// A LoRA run resumes from its per-rank checkpoints (adapter slices and their optimizer state)
+// bit-identically.
+TEST(TrainerFinetuneDp, LoraZero1ResumesBitIdentically) {
+  const std::string base = make_base();
+  auto cfg = [&](const std::string& name) {
+    Config c = lora_config(runs.dir(name), base, 6, 1);
+    c.set("parallel.zero", "1", "test");
+    return c;
+  };
+  const Config split = cfg("lora_resume");
+  testing_parallel::expect_resume_bit_identical(cfg("lora_straight"), split, split, "LoRA: ");
+}
+
 // What LoRA cannot run under yet is refused by name, on every rank alike.
 TEST(TrainerFinetuneDp, LoraRefusesZero3AndTensorParallelism) {
   const std::string base = make_base();
