@@ -207,9 +207,11 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     LOOM_CHECK(cfg_.get_string("data.source", "text") == "preference",
                "train.mode = \"dpo\" needs data.source = \"preference\"");
   }
-  if (opt_.mode == "sft")
-    LOOM_CHECK(cfg_.get_string("data.source", "text") == "chat",
-               "train.mode = \"sft\" needs data.source = \"chat\"");
+  if (opt_.mode == "sft") {
+    const std::string source = cfg_.get_string("data.source", "text");
+    LOOM_CHECK(source == "chat" || source == "chat_tokens",
+               "train.mode = \"sft\" needs data.source = \"chat\" or \"chat_tokens\"");
+  }
   std::optional<LoraConfig> lora_cfg;  // read before every key must have been used
   if (lora_enabled(cfg_)) lora_cfg = lora_config_from(cfg_, opt_.seed);
   std::optional<Fp8Options> fp8_opt;  // precision.fp8_recipe (issue 18)
