@@ -247,13 +247,15 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       edp = edp_cp_.get();
     }
     if (lora_cfg) {
-      // LoRA under data parallelism: every rank holds the whole frozen base (loaded like one
-      // process) and the same adapters (the same seed draws the same A); the engine reduces and
-      // steps the adapters only, so gradients and optimizer state exist for them alone.
+      // LoRA under data (and tensor) parallelism: every rank holds the whole frozen base, or
+      // under TP its whole TP shard (loaded like one process), and the same adapters (the same
+      // seed draws the same A; under TP split like their layers, model/lora.h); the engine
+      // reduces and steps the adapters only, so gradients and optimizer state exist for them
+      // alone.
       const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.tp == 1 && d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1,
-                 "LoRA under tensor, pipeline, context or expert parallelism is not supported ",
-                 "yet: use data parallelism only (parallel.dp, parallel.zero 0-2)");
+      LOOM_CHECK(d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1,
+                 "LoRA under pipeline, context or expert parallelism is not supported yet: use ",
+                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.zero 0-2)");
       LOOM_CHECK(dpo.zero <= 2, "LoRA with parallel.zero = 3: the frozen base is replicated ",
                  "and the adapters are small; use parallel.zero 0, 1 or 2");
       LOOM_CHECK(!opt_.pretrained.empty(),
@@ -1017,8 +1019,20 @@ void Trainer::load_pretrained(const std::string& path) {
              "(loom ckpt consolidate)");
   LOOM_CHECK(!c.state().extra.contains("lora"), c.dir(),
              ": a LoRA checkpoint holds adapters only; merge it first (loom ckpt merge)");
-  if (!dp_ || lora_) {  // under LoRA the base is whole (replicated) on every rank
+  if ((!dp_ || lora_) && model_->tensor_parallel().size == 1) {
+    // Under LoRA the base is whole (replicated) on every rank.
     c.restore_model(model_->params().tensors());
+    check_finite(model_->params(), c.dir());
+  } else if (!dp_ || lora_) {
+    // LoRA under TP (before the engine exists): each rank's whole TP shard of every parameter,
+    // placed by its ParamInfo.
+    ckpt::TensorList whole;
+    for (auto& [name, t] : model_->params().tensors()) {
+      ckpt::ShardInfo info;
+      info.replica_id = pg_ ? pg_->dp().rank() : 0;
+      whole.push_back({name, t, info});
+    }
+    ckpt::fill_from_whole(c, model_->params(), whole, {});
     check_finite(model_->params(), c.dir());
   } else {
     ckpt::fill_from_whole(c, model_->params(), shard_list(dp_->param_slices()), {});

@@ -1,6 +1,7 @@
 // Fine-tuning under data parallelism through the trainer: a LoRA run on N MPI ranks (ZeRO 0, 1
 // and 2) gives the one-process losses, gradient norms and adapters for the same global batch,
-// with the base frozen and optimizer state for the adapters only; a DPO run (full, and LoRA)
+// with the base frozen and optimizer state for the adapters only, and under tensor parallelism
+// (adapters split like their layers); a DPO run (full, and LoRA)
 // gives the one-process DPO loss, rewards and accuracy (pairs whole on one rank, the loss a
 // mean over the global batch's pairs).
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "comm/process_groups.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/bpe.h"
@@ -127,16 +129,63 @@ TEST(TrainerFinetuneDp, LoraZero1ResumesBitIdentically) {
   testing_parallel::expect_resume_bit_identical(cfg("lora_straight"), split, split, "LoRA: ");
 }
 
+// LoRA under tensor parallelism (with and without sequence parallelism): the adapters split like
+// their layers (B by rows on column-parallel layers, A by columns on row-parallel ones) give one
+// process's losses and gradient norms, and every rank's shard holds one process's values.
+void check_lora_tp(bool sp) {
+  const int A = 2, steps = 6;
+  const std::string base = make_base();
+  auto self = comm::make_self_communicator();
+  Trainer ref(lora_config(runs.dir("lora_tp_ref"), base, steps, A * W().size() / 2), self.get());
+  Config c = lora_config(runs.dir("lora_tp"), base, steps, A);
+  c.set("parallel.tp", "2", "test");
+  c.set("parallel.sp", sp ? "true" : "false", "test");
+  Trainer t(c);
+  ASSERT_TRUE(t.distributed());
+  ASSERT_EQ(t.groups()->tp().size(), 2);
+  for (int i = 0; i < steps; ++i) {
+    const StepResult a = ref.train_step(), b = t.train_step();
+    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
+    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4)
+        << "grad norm, step " << i << ": " << b.grad_norm << " vs " << a.grad_norm;
+  }
+  // Each local adapter element against the one-process element it stands for.
+  const ParamSet &pa = ref.lora()->params(), &pb = t.lora()->params();
+  int sharded = 0;
+  double worst = 0, largest = 0;
+  for (const ParamInfo& p : pb.infos()) {
+    const ParamInfo& q = pa.info(p.name);
+    sharded += p.sharded();
+    const int64_t row_len = local_row_length(p);
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const int64_t row = i / row_len, col = i % row_len;
+      const int64_t g = p.sharded() ? global_row_first(p, row) + col : i;
+      const float va = pa.data()[q.offset + g], vb = pb.data()[p.offset + i];
+      worst = std::max(worst, double(std::abs(va - vb)));
+      largest = std::max(largest, double(std::abs(va)));
+    }
+  }
+  EXPECT_GT(sharded, 0);
+  EXPECT_LT(worst, 1e-4 * largest) << "adapter shards differ from one process's adapters";
+}
+
+TEST(TrainerFinetuneDp, LoraTensorParallelMatchesOneProcess) {
+  check_lora_tp(false);
+}
+TEST(TrainerFinetuneDp, LoraTensorAndSequenceParallelMatchesOneProcess) {
+  check_lora_tp(true);
+}
+
 // What LoRA cannot run under yet is refused by name, on every rank alike.
-TEST(TrainerFinetuneDp, LoraRefusesZero3AndTensorParallelism) {
+TEST(TrainerFinetuneDp, LoraRefusesZero3AndPipelineParallelism) {
   const std::string base = make_base();
   Config z3 = lora_config(runs.dir("lora_bad_z3"), base, 2, 1);
   z3.set("parallel.zero", "3", "test");
   EXPECT_THROW({ Trainer t(z3); }, Error);
   if (W().size() % 2 == 0) {
-    Config tp = lora_config(runs.dir("lora_bad_tp"), base, 2, 1);
-    tp.set("parallel.tp", "2", "test");
-    EXPECT_THROW({ Trainer t(tp); }, Error);
+    Config pp = lora_config(runs.dir("lora_bad_pp"), base, 2, 1);
+    pp.set("parallel.pp", "2", "test");
+    EXPECT_THROW({ Trainer t(pp); }, Error);
   }
 }
 
