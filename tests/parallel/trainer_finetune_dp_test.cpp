@@ -8,9 +8,12 @@
 
 #include <cstring>
 
+#include "ckpt/checkpoint.h"
+#include "ckpt/consolidate.h"
 #include "comm/communicator.h"
 #include "comm/process_groups.h"
 #include "core/error.h"
+#include "core/fs.h"
 #include "core/rng.h"
 #include "data/bpe.h"
 #include "model/lora.h"
@@ -132,12 +135,27 @@ TEST(TrainerFinetuneDp, LoraZero1ResumesBitIdentically) {
 // LoRA under tensor parallelism (with and without sequence parallelism): the adapters split like
 // their layers (B by rows on column-parallel layers, A by columns on row-parallel ones) give one
 // process's losses and gradient norms, and every rank's shard holds one process's values.
+//
+// Then `loom ckpt consolidate` places the ranks' adapter shards into one process's adapters:
+// every local element lands, bit for bit, where it stands for.
 void check_lora_tp(bool sp) {
   const int A = 2, steps = 6;
   const std::string base = make_base();
+  // The run's directory, shared by the ranks (consolidation reads every rank's part there).
+  const std::string shared = testing::TempDir() + "/loom_ftdp_lora_tp_shared";
+  if (W().rank() == 0) remove_all(shared);
+  W().barrier();
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      W().barrier();
+      if (W().rank() == 0) remove_all(path);
+    }
+  } cleanup{shared};
   auto self = comm::make_self_communicator();
   Trainer ref(lora_config(runs.dir("lora_tp_ref"), base, steps, A * W().size() / 2), self.get());
   Config c = lora_config(runs.dir("lora_tp"), base, steps, A);
+  c.set("train.out_dir", "\"" + shared + "/run\"", "test");
   c.set("parallel.tp", "2", "test");
   c.set("parallel.sp", sp ? "true" : "false", "test");
   Trainer t(c);
@@ -167,6 +185,34 @@ void check_lora_tp(bool sp) {
   }
   EXPECT_GT(sharded, 0);
   EXPECT_LT(worst, 1e-4 * largest) << "adapter shards differ from one process's adapters";
+
+  t.save_checkpoint();
+  t.finish_checkpoints();
+  int64_t ok = 1;
+  if (W().rank() == 0) {
+    try {
+      ckpt::ConsolidateResult r = ckpt::consolidate({shared + "/run", shared + "/one"});
+      EXPECT_EQ(r.replica_mismatches, 0);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "consolidate: " << e.what();
+      ok = 0;
+    }
+  }
+  if (W().all_reduce_scalar(-ok, comm::ReduceOp::Max) == 0) return;  // rank 0 failed
+  const ckpt::Checkpoint one(shared + "/one");
+  EXPECT_TRUE(one.state().extra.contains("lora"));
+  int64_t differ = 0;
+  for (const ParamInfo& p : pb.infos()) {
+    ASSERT_TRUE(one.model().contains(p.name)) << p.name;
+    const Tensor w = one.model().view(p.name);
+    ASSERT_EQ(w.numel(), global_numel(p)) << p.name;
+    const int64_t row_len = local_row_length(p);
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const int64_t g = global_row_first(p, i / row_len) + i % row_len;
+      differ += std::memcmp(w.data<float>() + g, pb.data() + p.offset + i, sizeof(float)) != 0;
+    }
+  }
+  EXPECT_EQ(differ, 0) << "consolidated adapter elements differ from the ranks' shards";
 }
 
 TEST(TrainerFinetuneDp, LoraTensorParallelMatchesOneProcess) {
