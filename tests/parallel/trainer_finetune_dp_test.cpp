@@ -132,6 +132,36 @@ TEST(TrainerFinetuneDp, LoraZero1ResumesBitIdentically) {
   testing_parallel::expect_resume_bit_identical(cfg("lora_straight"), split, split, "LoRA: ");
 }
 
+// train.init_from a one-process LoRA checkpoint (adapters and their optimizer state): the DP
+// ranks continue with one process's losses (the same global batch).
+TEST(TrainerFinetuneDp, LoraInitFromOneProcessContinuesItsLosses) {
+  const int D = W().size(), A = 2, half = 3, steps = 6;
+  const std::string base = make_base();
+  auto self = comm::make_self_communicator();
+  const std::string one_dir = runs.dir("lora_one");
+  std::vector<double> one_losses;
+  {
+    Trainer one(lora_config(one_dir, base, steps, A * D), self.get());
+    for (int i = 0; i < steps; ++i) {
+      one_losses.push_back(one.train_step().loss);
+      if (i + 1 == half) one.save_checkpoint();
+    }
+    one.finish_checkpoints();
+  }
+  Config c = lora_config(runs.dir("lora_init_from"), base, steps, A);
+  c.set("parallel.zero", "1", "test");
+  c.set("train.init_from",
+        "\"" + one_dir + "/run/checkpoints/step_" +
+            std::string(8 - std::to_string(half).size(), '0') + std::to_string(half) + "\"",
+        "test");
+  Trainer t(c);
+  ASSERT_EQ(t.step(), half);
+  for (int i = half; i < steps; ++i) {
+    const double loss = t.train_step().loss;
+    EXPECT_LT(rel_diff(loss, one_losses[size_t(i)]), 1e-5) << "step " << i;
+  }
+}
+
 // LoRA under tensor parallelism (with and without sequence parallelism): the adapters split like
 // their layers (B by rows on column-parallel layers, A by columns on row-parallel ones) give one
 // process's losses and gradient norms, and every rank's shard holds one process's values.
