@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "model/decoder.h"
+#include "model/lora.h"
 #include "precision/policy.h"
 
 namespace loom::ckpt {
@@ -296,10 +298,13 @@ class LayoutOnlyCommunicator : public comm::Communicator {
 // The model each rank built, by its (TP, EP) coordinates: its parameters' local shapes and
 // global placement (pipeline stages hold subsets of the same parameters, so the whole model
 // stands for every stage). Values are untouched pages, so no memory is used.
+// A LoRA run's checkpoints hold adapters only: then the adapters' parameters (split like their
+// layers under TP, model/lora.h) are what is placed.
 class RankModels {
  public:
-  RankModels(const ModelConfig& cfg, const DistributedLayout& layout)
-      : cfg_(cfg), layout_(layout) {}
+  RankModels(const ModelConfig& cfg, const DistributedLayout& layout,
+             const std::optional<LoraConfig>& lora)
+      : cfg_(cfg), layout_(layout), lora_(lora) {}
   const ParamSet& params(const comm::RankCoords& c) {
     auto& slot = models_[{c.tp, c.ep}];
     if (!slot.model) {
@@ -315,17 +320,20 @@ class RankModels {
       ep.comm = layout_.ep > 1 ? slot.ep_comm.get() : nullptr;
       slot.model =
           std::make_unique<Decoder>(cfg_, cpu_backend(), Recompute::None, DType::F32, tp, ep);
+      if (lora_) slot.lora = std::make_unique<Lora>(*slot.model, *lora_);
     }
-    return slot.model->params();
+    return slot.lora ? slot.lora->params() : slot.model->params();
   }
 
  private:
   struct Slot {
     std::unique_ptr<LayoutOnlyCommunicator> tp_comm, ep_comm;
     std::unique_ptr<Decoder> model;
+    std::unique_ptr<Lora> lora;
   };
   ModelConfig cfg_;
   DistributedLayout layout_;
+  std::optional<LoraConfig> lora_;
   std::map<std::pair<int, int>, Slot> models_;
 };
 
@@ -386,9 +394,17 @@ ConsolidateResult consolidate(const ConsolidateOptions& opt) {
       c0.state().extra.contains("precision") ? c0.state().extra.at("precision").as_string()
                                              : std::string("fp32"));
   const bool has_master = policy.compute != DType::F32;  // as AdamW keeps them
+  // A LoRA run: its adapters, over the one-process model (the base is train.pretrained's).
+  std::optional<LoraConfig> lora_cfg;
+  std::unique_ptr<Lora> lora;
+  if (c0.state().extra.contains("lora")) {
+    lora_cfg = lora_config_from(cfg, 0);
+    lora = std::make_unique<Lora>(model, *lora_cfg);
+  }
+  ParamSet& whole = lora ? lora->params() : model.params();
   Placement model_pl, optim_pl;
   TensorMap optim;
-  for (const auto& [name, t] : model.params().tensors()) {
+  for (const auto& [name, t] : whole.tensors()) {
     model_pl.dst[name] = {t, name};
     for (const char* prefix : {"exp_avg.", "exp_avg_sq.", "master."}) {
       if (std::strcmp(prefix, "master.") == 0 && !has_master) continue;
@@ -400,7 +416,7 @@ ConsolidateResult consolidate(const ConsolidateOptions& opt) {
 
   const comm::RankGenerator gen(
       layout.world(), comm::ParallelDims{layout.tp, layout.cp, layout.ep, layout.dp, layout.pp});
-  RankModels rank_models(model.config(), layout);
+  RankModels rank_models(model.config(), layout, lora_cfg);
   for (int r = 0; r < layout.world(); ++r) {
     const ParamSet& local = rank_models.params(gen.coords(r));
     add_pieces(model_pl, ranks[r]->model(), r, local, false, has_master);
@@ -418,14 +434,13 @@ ConsolidateResult consolidate(const ConsolidateOptions& opt) {
   }
   // The one-process model holds the weights rounded to the compute dtype; ZeRO >= 1 ranks store
   // their fp32 master slices instead (rounding values already rounded changes nothing).
-  if (policy.compute != DType::F32)
-    round_to(policy.compute, model.params().data(), model.params().total());
+  if (policy.compute != DType::F32) round_to(policy.compute, whole.data(), whole.total());
 
   const TrainerState st = one_process_state(c0.state(), layout_text, layout.world());
   const bool created = !fs::exists(opt.out);
   ConsolidateResult res;
   try {
-    res.dir = save_checkpoint(opt.out, st, model.params().tensors(), optim);
+    res.dir = save_checkpoint(opt.out, st, whole.tensors(), optim);
   } catch (...) {
     if (created) remove_all(opt.out);
     throw;

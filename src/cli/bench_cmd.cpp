@@ -1,25 +1,67 @@
-// `loom bench train`: training throughput against the machine's sgemm peak.
+// `loom bench train`: training throughput against the machine's sgemm peak; `loom bench
+// finetune`: LoRA vs full fine-tuning, and SFT with and without packing.
 #include <cstdio>
 
 #include "cli/command.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "train/finetune_bench.h"
 #include "train/train_bench.h"
 
 namespace loom::cli {
 
 int run_bench_serve(const Args& args);  // bench_serve_cmd.cpp
 
+static int run_bench_finetune(const Args& args) {
+  Options o("loom bench finetune [--preset P] [--batch B] [--seq T] [--threads N] [--lora-rank R]",
+            "LoRA against full fine-tuning of a preset on synthetic tokens (fp32): step time, CPU\n"
+            "seconds per step, peak resident memory (each run in its own process), optimizer-\n"
+            "state bytes; then full-fine-tuning SFT on synthetic chat data with and without\n"
+            "packing (real tokens/s, packing efficiency). The last line is one JSON object.");
+  FinetuneBenchOptions b;
+  o.value("preset", b.preset, "model preset")
+      .value("batch", std::to_string(b.batch), "sequences per step")
+      .value("seq", std::to_string(b.seq), "tokens per sequence")
+      .value("threads", std::to_string(b.threads), "threads (OpenMP and BLAS)")
+      .value("steps", std::to_string(b.steps), "timed steps (the median is reported)")
+      .value("warmup", std::to_string(b.warmup), "untimed steps first")
+      .value("lora-rank", std::to_string(b.lora_rank), "LoRA rank")
+      .value("lora-alpha", "8", "LoRA alpha")
+      .value("lora-targets", b.lora_targets, "LoRA targets (all-linear, or names/suffixes)")
+      .flag("no-sft", "skip the SFT packing measurement")
+      .value("sft-examples", std::to_string(b.sft_examples), "synthetic conversations for SFT")
+      .value("timeout", "3600", "seconds each measured configuration may take");
+  if (!o.parse(args)) return 0;
+  b.preset = o.get("preset");
+  b.batch = o.get_int32("batch", 1);
+  b.seq = o.get_int32("seq", 16);
+  b.threads = o.get_int32("threads", 1);
+  b.steps = o.get_int32("steps", 1);
+  b.warmup = o.get_int32("warmup", 0);
+  b.lora_rank = o.get_int32("lora-rank", 1);
+  b.lora_alpha = o.get_double("lora-alpha");
+  b.lora_targets = o.get("lora-targets");
+  b.sft = !o.has("no-sft");
+  b.sft_examples = o.get_int32("sft-examples", 1);
+  b.timeout_s = o.get_double("timeout");
+  Json j = run_finetune_bench(b);
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
 int run_bench(const Args& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::printf(
-        "usage: loom bench train|serve [options]   (loom bench train --help)\n\n"
+        "usage: loom bench train|serve|finetune [options]   (loom bench train --help)\n\n"
         "benchmarks:\n  train   full training steps of a preset vs the sgemm peak\n"
-        "  serve   serving latency under a Poisson load; decode vs the bandwidth roofline\n");
+        "  serve   serving latency under a Poisson load; decode vs the bandwidth roofline\n"
+        "  finetune  LoRA vs full fine-tuning; SFT with and without packing\n");
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "serve") return run_bench_serve(Args(args.begin() + 1, args.end()));
-  LOOM_CHECK(args[0] == "train", "unknown benchmark '", args[0], "' (known: train, serve)");
+  if (args[0] == "finetune") return run_bench_finetune(Args(args.begin() + 1, args.end()));
+  LOOM_CHECK(args[0] == "train", "unknown benchmark '", args[0],
+             "' (known: train, serve, finetune)");
   Options o("loom bench train [--preset P] [--batch B] [--seq T] [--threads N]",
             "Times full training steps (forward, backward, AdamW) on synthetic tokens and\n"
             "prints tokens/s, achieved GFLOP/s (6*N*tokens + attention) and the ratio to this\n"

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "comm/communicator.h"
 #include "core/config.h"
 #include "core/error.h"
 
@@ -51,16 +52,35 @@ LoraConfig lora_config_from(const Config& cfg, uint64_t seed) {
 
 // h = x A^T [N, r] is recomputed in backward (r is small) instead of being kept, so the
 // adapter adds no activation memory and every recompute mode stays as it is.
+//
+// Under tensor parallelism the adapter is split like its layer (in, out are local sizes):
+//   column-parallel (W split by output rows; x whole, y this rank's columns): B split by rows,
+//     A replicated. Forward needs nothing more. Backward: dh = s dy B_local is a partial sum
+//     over the TP ranks: all-reduced before dA += dh^T x (so every rank holds the whole,
+//     identical dA), while dx += dh_partial A stays partial, summed with the layer's own
+//     partial dx by the caller's reduction.
+//   row-parallel (W split by input columns; x this rank's columns, y a partial sum reduced by
+//     the caller): A split by columns, B replicated. Forward: s (x A_local^T) B^T is a partial
+//     sum too, reduced with the layer's. Backward: h = x A_local^T is all-reduced before
+//     dB += s dy^T h (whole and identical on every rank); dh = s dy B is whole (dy is), so
+//     dA_local and dx_local need nothing more.
+// One all-reduce of N x r values per adapted layer and backward: small beside the layer's own.
 struct Lora::Adapter : LinearAdapter {
+  enum class Split { None, Column, Row };
   std::string name;
   int in = 0, out = 0, r = 0;
   float scale = 1.f;
   ParamSet* P = nullptr;
   std::string a_name, b_name;
+  Split split = Split::None;
+  comm::Communicator* tp = nullptr;
   std::vector<float> h, dh;
 
   const float* A() const { return P->data() + P->info(a_name).offset; }
   const float* B() const { return P->data() + P->info(b_name).offset; }
+  void all_reduce(std::vector<float>& v) const {
+    tp->all_reduce(v.data(), int64_t(v.size()), DType::F32, comm::ReduceOp::Sum);
+  }
 
   void forward(Backend& be, float* y, const float* x, int N) override {
     h.resize(size_t(N) * r);
@@ -72,12 +92,14 @@ struct Lora::Adapter : LinearAdapter {
     h.resize(size_t(N) * r);
     dh.resize(size_t(N) * r);
     be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, h.data(), r);
+    if (split == Split::Row) all_reduce(h);
     float* dA = P->trainable_grad_ptr(a_name);
     float* dB = P->trainable_grad_ptr(b_name);
     if (dB) be.gemm(true, false, out, r, N, scale, dy, out, h.data(), r, 1.f, dB, r);
     be.gemm(false, false, N, r, out, scale, dy, out, B(), r, 0.f, dh.data(), r);
-    if (dA) be.gemm(true, false, r, in, N, 1.f, dh.data(), r, x, in, 1.f, dA, in);
     if (dx) be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 1.f, dx, in);
+    if (split == Split::Column) all_reduce(dh);  // after dx, which keeps the partial sum
+    if (dA) be.gemm(true, false, r, in, N, 1.f, dh.data(), r, x, in, 1.f, dA, in);
   }
 };
 
@@ -91,9 +113,6 @@ static bool matches(const std::string& linear, const std::string& target) {
 
 Lora::Lora(Decoder& model, const LoraConfig& cfg) : model_(model), cfg_(cfg) {
   LOOM_CHECK(cfg.rank > 0, "LoRA rank must be positive");
-  LOOM_CHECK(model.tensor_parallel().size == 1,
-             "LoRA under tensor parallelism is not supported yet (parallel.tp = ",
-             model.tensor_parallel().size, ")");
   const auto all = model.linears();
   for (const std::string& t : cfg.targets) {
     bool any = false;
@@ -119,9 +138,24 @@ Lora::Lora(Decoder& model, const LoraConfig& cfg) : model_(model), cfg_(cfg) {
     a->scale = static_cast<float>(cfg.scale());
     a->a_name = l.name + ".lora_A";
     a->b_name = l.name + ".lora_B";
+    // Split like the layer's weight [out, in]: its ParamInfo says along which dimension, and
+    // (counter-based init by global position) the shards draw one process's values.
+    const ParamInfo& w = model.params().info(l.name + ".weight");
+    const int64_t in_global = w.sharded() ? w.global_shape[1] : l.in;
     params_.add(a->a_name, {cfg.rank, l.in}, false, ParamInit::Uniform,
-                1.f / std::sqrt(static_cast<float>(l.in)));
+                1.f / std::sqrt(static_cast<float>(in_global)));
     params_.add(a->b_name, {l.out, cfg.rank}, false, ParamInit::Zeros);
+    if (w.sharded()) {
+      a->tp = model.tensor_parallel().comm;
+      LOOM_CHECK(a->tp, l.name, ": a tensor-parallel layer without its communicator");
+      if (w.shard_dim == 0) {
+        a->split = Adapter::Split::Column;
+        params_.set_shard(a->b_name, {w.global_shape[0], cfg.rank}, 0, w.global_index);
+      } else {
+        a->split = Adapter::Split::Row;
+        params_.set_shard(a->a_name, {cfg.rank, w.global_shape[1]}, 1, w.global_index);
+      }
+    }
     adapters_.push_back(std::move(a));
   }
   params_.allocate();

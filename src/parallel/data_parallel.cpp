@@ -71,9 +71,9 @@ static int block_of(const std::string& name) {  // "blocks.<l>.…" -> l, else -
 
 DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataParallelOptions& opt,
                            const AdamWConfig& adam, DType param_dtype, Backend& backend,
-                           comm::Communicator* expert_dp)
+                           comm::Communicator* expert_dp, ParamSet* trained)
     : model_(model),
-      P_(model.params()),
+      P_(trained ? *trained : model.params()),
       dp_(dp),
       opt_(opt),
       adam_(adam),
@@ -88,6 +88,12 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
   LOOM_CHECK(opt.grad_reduce_dtype == DType::F32 || model.expert_parallel().size <= 1,
              "parallel.grad_reduce_dtype = \"bf16\" with expert parallelism (parallel.ep = ",
              model.expert_parallel().size, ") is not implemented: use \"fp32\"");
+  LOOM_CHECK(!trained || opt.zero <= 2, "parallel.zero = ", opt.zero,
+             " over a separate trained parameter set (LoRA adapters): use ZeRO 0, 1 or 2");
+  LOOM_CHECK(!trained || model.expert_parallel().size <= 1,
+             "a separate trained parameter set (LoRA adapters) under expert parallelism");
+  LOOM_CHECK(!trained || !opt.init_seed,
+             "a separate trained parameter set (LoRA adapters) arrives initialised");
   total_ = P_.total();
   if (model.expert_parallel().size > 1) {
     // The decoder puts every expert weight after the other parameters.

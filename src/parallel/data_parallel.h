@@ -72,9 +72,14 @@ class DataParallel {
   // all-reduced and stepped whole on each of them (ZeRO-0 for experts). ZeRO-3: sharded over
   // `expert_dp` like the dense part over `dp` (reduce-scattered once per step, each rank steps
   // its shard, a block's experts gathered around its use with the block's other parameters).
+  //
+  // `trained` (LoRA): the engine reduces and steps that parameter set instead of the model's
+  // own (adapters named "blocks.<l>.…" like the layers they adapt, so their buckets start as
+  // backward leaves each block); the model's parameters stay as they are, replicated and
+  // frozen. ZeRO 0-2 only (ZeRO-3 gathers the model's blocks, which a frozen base never needs).
   DataParallel(Decoder& model, comm::Communicator& dp, const DataParallelOptions& opt,
                const AdamWConfig& adam, DType param_dtype, Backend& backend,
-               comm::Communicator* expert_dp = nullptr);
+               comm::Communicator* expert_dp = nullptr, ParamSet* trained = nullptr);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;

@@ -25,21 +25,55 @@ ChatSource::ChatSource(const std::string& path, const std::string& tokenizer_spe
   LOOM_CHECK(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must be in [0, 1), ",
              "got ", valid_fraction);
   tok_ = data::load_tokenizer(tokenizer_spec);
+  vocab_ = tok_->vocab_size();
   data::ChatTemplate t(template_name, *tok_);
-  std::vector<data::ChatExample> all = data::load_chat_jsonl(path, t);
-  const int64_t n = static_cast<int64_t>(all.size());
+  examples_ = data::load_chat_jsonl(path, t);
+  select(static_cast<int64_t>(examples_.size()), valid_fraction);
+  // Keep only this split's examples (indices then count from first_).
+  examples_ = std::vector<data::ChatExample>(examples_.begin() + first_,
+                                             examples_.begin() + first_ + count_);
+  first_ = 0;
+}
+
+ChatSource::ChatSource(const std::string& token_prefix, int vocab, int micro_batch, int seq_len,
+                       bool packed, uint64_t seed, double valid_fraction, const std::string& split,
+                       int rank, int world)
+    : path_(token_prefix),
+      template_("as tokenized"),
+      B_(micro_batch),
+      T_(seq_len),
+      packed_(packed),
+      seed_(seed),
+      rank_(rank),
+      world_(world),
+      split_(split) {
+  LOOM_CHECK(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must be in [0, 1), ",
+             "got ", valid_fraction);
+  file_ = std::make_unique<data::ChatTokenFile>(token_prefix);
+  vocab_ = vocab;
+  select(file_->size(), valid_fraction);
+}
+
+void ChatSource::select(int64_t n, double valid_fraction) {
   int64_t held = static_cast<int64_t>(valid_fraction * n);
   if (valid_fraction > 0) held = std::max<int64_t>(1, held);
-  LOOM_CHECK(held < n, path, ": ", n, " examples leave none for training after holding out ", held,
+  LOOM_CHECK(held < n, path_, ": ", n, " examples leave none for training after holding out ", held,
              " for validation (data.valid_fraction)");
-  if (split == "train")
-    examples_.assign(all.begin(), all.end() - held);
-  else
-    examples_.assign(all.end() - held, all.end());
-  LOOM_CHECK(!examples_.empty(), path, ": no examples for the '", split,
+  first_ = split_ == "train" ? 0 : n - held;
+  count_ = split_ == "train" ? n - held : held;
+  LOOM_CHECK(count_ > 0, path_, ": no examples for the '", split_,
              "' split (raise data.valid_fraction)");
-  order_ = std::make_unique<EpochOrder>(static_cast<int64_t>(examples_.size()), seed,
-                                        /*shuffle=*/split == "train");
+  order_ = std::make_unique<EpochOrder>(count_, seed_, /*shuffle=*/split_ == "train");
+}
+
+data::ChatExample ChatSource::example(int64_t i) const {
+  if (!file_) return examples_[size_t(i)];
+  data::ChatExample ex = file_->example(first_ + i);
+  for (size_t k = 0; k < ex.ids.size(); ++k)
+    LOOM_CHECK(ex.ids[k] >= 0 && ex.ids[k] < vocab_, path_, ".bin: example ", first_ + i,
+               " holds token id ", ex.ids[k], " at position ", k, ", outside the vocabulary of ",
+               vocab_);
+  return ex;
 }
 
 void ChatSource::pack(Batch& b) {
@@ -67,7 +101,7 @@ void ChatSource::pack(Batch& b) {
     // Greedy: examples in order while they fit whole; an example longer than a whole
     // micro-batch is cut; the first that does not fit waits for the next micro-batch.
     while (used < N) {
-      const data::ChatExample& ex = examples_[size_t(order_->next())];
+      const data::ChatExample ex = example(order_->next());
       const int len = static_cast<int>(ex.ids.size());
       if (used > 0 && len > N - used) {
         order_->put_back();
@@ -77,7 +111,7 @@ void ChatSource::pack(Batch& b) {
     }
   } else {
     for (int r = 0; r < B_; ++r) {
-      place(examples_[size_t(order_->next())], T_);
+      place(example(order_->next()), T_);
       const int pad = (r + 1) * T_ - used;  // the rest of the row: its own sequence
       if (pad > 0) {
         for (int i = 0; i < pad; ++i) b.positions[size_t(used + i)] = i;
@@ -111,8 +145,8 @@ void ChatSource::restore(const Json& s) {
 }
 
 std::string ChatSource::describe() const {
-  return cat("chat ", path_, " (", examples_.size(), " ", split_, " examples, template ", template_,
-             packed_ ? ", packed" : ", one per row", ")");
+  return cat(file_ ? "chat token files " : "chat ", path_, " (", count_, " ", split_,
+             " examples, template ", template_, packed_ ? ", packed" : ", one per row", ")");
 }
 
 }  // namespace loom

@@ -7,6 +7,10 @@
 // (counted). Order: a permutation per epoch from the counter-based RNG (seed, epoch), so the
 // source is deterministic and resumable; the last data.valid_fraction of the file (at least
 // one example) is held out for validation.
+//
+// The examples come from chat JSONL (parsed and held whole), or from chat token files
+// (data/chat_tokens.h: `loom tokenize --chat`), read from memory-mapped files as they are
+// packed; the same examples give the same batches either way.
 #pragma once
 
 #include <memory>
@@ -15,6 +19,7 @@
 
 #include "data/bpe.h"
 #include "data/chat.h"
+#include "data/chat_tokens.h"
 #include "train/batch.h"
 #include "train/epoch_order.h"
 
@@ -27,19 +32,32 @@ class ChatSource : public BatchSource {
              uint64_t seed, double valid_fraction, const std::string& split, int rank = 0,
              int world = 1);
 
+  // From chat token files PREFIX.{bin,idx} + PREFIX.mask.{bin,idx}; ids must lie below
+  // `vocab` (the tokenizer's, or the model's).
+  ChatSource(const std::string& token_prefix, int vocab, int micro_batch, int seq_len, bool packed,
+             uint64_t seed, double valid_fraction, const std::string& split, int rank = 0,
+             int world = 1);
+
   void next(Batch& b) override;
   Json state() const override;
   void restore(const Json& state) override;
-  int vocab() const override { return tok_->vocab_size(); }
+  int vocab() const override { return vocab_; }
   std::string describe() const override;
   int64_t truncated() const { return truncated_; }
 
  private:
+  // The split's examples [first, first + count) of `total`, and the epoch order over them.
+  void select(int64_t total, double valid_fraction);
   // The next micro-batch of the one-process order into b (advances the cursor).
   void pack(Batch& b);
+  // Example i of this split.
+  data::ChatExample example(int64_t i) const;
 
   std::unique_ptr<data::BpeTokenizer> tok_;
-  std::vector<data::ChatExample> examples_;  // this split's
+  std::vector<data::ChatExample> examples_;    // JSONL: this split's
+  std::unique_ptr<data::ChatTokenFile> file_;  // token files: every example
+  int64_t first_ = 0, count_ = 0;              // this split's examples (of the file's)
+  int vocab_ = 0;
   std::string path_, template_;
   int B_, T_;
   bool packed_;

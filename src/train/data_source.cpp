@@ -32,6 +32,18 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
         opt.micro_batch, opt.seq_len, cfg.get_bool("data.packed", true), seed,
         cfg.get_double("data.valid_fraction", 0.05), split, dp_rank, dp_size);
   }
+  if (kind == "chat_tokens") {
+    // Chat token files (loom tokenize --chat): streamed from PREFIX.{bin,idx} and its loss
+    // mask; data.tokenizer, when set, bounds the ids (else model.vocab does).
+    const std::string prefix = cfg.get_string("data.prefix", "");
+    LOOM_CHECK(!prefix.empty(), "data.source = \"chat_tokens\" needs data.prefix (the PREFIX ",
+               "of `loom tokenize --chat --out PREFIX`)");
+    const std::string tok = cfg.get_string("data.tokenizer", "");
+    const int vocab = tok.empty() ? model.vocab : data::load_tokenizer(tok)->vocab_size();
+    return std::make_unique<ChatSource>(
+        prefix, vocab, opt.micro_batch, opt.seq_len, cfg.get_bool("data.packed", true), seed,
+        cfg.get_double("data.valid_fraction", 0.05), split, dp_rank, dp_size);
+  }
   if (kind == "preference") {
     const std::string path = cfg.get_string("data.path", "");
     LOOM_CHECK(!path.empty(), "data.source = \"preference\" needs data.path (a JSONL file)");
@@ -40,7 +52,8 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
         opt.micro_batch, opt.seq_len, seed, cfg.get_double("data.valid_fraction", 0.05), split,
         dp_rank, dp_size);
   }
-  LOOM_CHECK(kind == "tokens", "data.source must be 'text', 'tokens', 'chat' or 'preference', ",
+  LOOM_CHECK(kind == "tokens",
+             "data.source must be 'text', 'tokens', 'chat', 'chat_tokens' or 'preference', ",
              "got '", kind, "'");
   data::LoaderConfig lc;
   lc.prefixes = cfg.get_string_list("data.prefixes", {});

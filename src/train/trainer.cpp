@@ -207,9 +207,11 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     LOOM_CHECK(cfg_.get_string("data.source", "text") == "preference",
                "train.mode = \"dpo\" needs data.source = \"preference\"");
   }
-  if (opt_.mode == "sft")
-    LOOM_CHECK(cfg_.get_string("data.source", "text") == "chat",
-               "train.mode = \"sft\" needs data.source = \"chat\"");
+  if (opt_.mode == "sft") {
+    const std::string source = cfg_.get_string("data.source", "text");
+    LOOM_CHECK(source == "chat" || source == "chat_tokens",
+               "train.mode = \"sft\" needs data.source = \"chat\" or \"chat_tokens\"");
+  }
   std::optional<LoraConfig> lora_cfg;  // read before every key must have been used
   if (lora_enabled(cfg_)) lora_cfg = lora_config_from(cfg_, opt_.seed);
   std::optional<Fp8Options> fp8_opt;  // precision.fp8_recipe (issue 18)
@@ -244,9 +246,34 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       edp_cp_ = w.split(index, pos, "edp-cp");
       edp = edp_cp_.get();
     }
-    dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
-                                                   policy_.compute, cpu_backend(), edp);
-    norm_weights_ = parallel::grad_norm_weights(model_->params(), pg_->tp().rank(), etp);
+    if (lora_cfg) {
+      // LoRA under data (and tensor) parallelism: every rank holds the whole frozen base, or
+      // under TP its whole TP shard (loaded like one process), and the same adapters (the same
+      // seed draws the same A; under TP split like their layers, model/lora.h); the engine
+      // reduces and steps the adapters only, so gradients and optimizer state exist for them
+      // alone.
+      const auto& d = pg_->generator().dims();
+      LOOM_CHECK(d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1,
+                 "LoRA under pipeline, context or expert parallelism is not supported yet: use ",
+                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.zero 0-2)");
+      LOOM_CHECK(dpo.zero <= 2, "LoRA with parallel.zero = 3: the frozen base is replicated ",
+                 "and the adapters are small; use parallel.zero 0, 1 or 2");
+      LOOM_CHECK(!opt_.pretrained.empty(),
+                 "LoRA fine-tunes a pretrained model: set train.pretrained to its checkpoint");
+      model_->params().init(opt_.seed);
+      load_pretrained(opt_.pretrained);  // dp_ is not there yet: whole tensors on every rank
+      lora_ = std::make_unique<Lora>(*model_, *lora_cfg);
+      if (policy_.compute != DType::F32)
+        round_to(policy_.compute, model_->params().data(), model_->params().total());
+      dpo.init_seed.reset();
+      dp_ = std::make_unique<parallel::DataParallel>(
+          *model_, grad_group(), dpo, acfg, policy_.compute, cpu_backend(), edp, &lora_->params());
+    } else {
+      dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
+                                                     policy_.compute, cpu_backend(), edp);
+    }
+    norm_weights_ = parallel::grad_norm_weights(trained_params(), pg_->tp().rank(), etp);
+    if (!opt_.pretrained.empty() && !lora_) load_pretrained(opt_.pretrained);
     if (!stage.whole()) {
       // One schedule step runs the rank's grad_accum micro-batches through the pipeline.
       pipe_ = std::make_unique<parallel::PipelineRunner>(
@@ -257,11 +284,21 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     }
     LOOM_CHECK(opt_.freeze.empty(), "train.freeze under data, tensor, pipeline or context ",
                "parallelism is not supported yet: run it in one process");
-    LOOM_CHECK(opt_.mode != "dpo", "DPO under data, tensor, pipeline or context parallelism is ",
-               "not supported yet: run it in one process");
-    LOOM_CHECK(!lora_cfg, "LoRA under data, tensor, pipeline or context parallelism ",
-               "is not supported yet: run it in one process (no parallel.* and no launcher)");
-    if (!opt_.pretrained.empty()) load_pretrained(opt_.pretrained);
+    if (opt_.mode == "dpo") {
+      // DPO over data-parallel ranks: a micro-batch's pairs stay together on one rank (the
+      // sources deal out whole micro-batches), so only the sums cross ranks. Each rank keeps
+      // a whole reference model, hence no sharded or split layouts.
+      const auto& d = pg_->generator().dims();
+      LOOM_CHECK(d.tp == 1 && d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1 && dpo.zero <= 2,
+                 "DPO under tensor, pipeline, context or expert parallelism, or with ZeRO-3, is ",
+                 "not supported yet: use data parallelism only (parallel.dp, parallel.zero 0-2)");
+      if (!lora_) {
+        reference_ =
+            std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute);
+        const ParamSet& P = model_->params();  // whole on every rank below ZeRO-3
+        std::copy(P.data(), P.data() + P.total(), reference_->params().data());
+      }
+    }
   } else {
     ParamSet& P = model_->params();
     P.init(opt_.seed);
@@ -928,20 +965,38 @@ StepResult Trainer::dpo_step() {
   StepResult r;
   r.step = step_;
   r.lr = sched_.at(step_);
-  const int64_t pairs = int64_t(opt_.micro_batch) * opt_.grad_accum;
+  // The loss is a mean over the global batch's pairs (every DP rank's), as in one process.
+  const int64_t pairs = int64_t(opt_.micro_batch) * opt_.grad_accum * (dp_ ? pg_->dp().size() : 1);
   ParamSet& T = trained_params();
-  T.zero_grad();
+  if (dp_)
+    dp_->start_step(static_cast<int>(micro_.size()));
+  else
+    T.zero_grad();
   DpoStats total;
-  for (auto& b : micro_) {
+  for (size_t j = 0; j < micro_.size(); ++j) {
+    Batch& b = micro_[j];
     train_data_->next(b);
+    if (dp_) dp_->start_micro(static_cast<int>(j));
     const DpoStats s = dpo_micro(b, true, pairs);
+    if (dp_) dp_->finish_micro();
     total.loss += s.loss;
     total.reward_chosen += s.reward_chosen;
     total.reward_rejected += s.reward_rejected;
     total.correct += s.correct;
     total.pairs += s.pairs;
   }
-  const double sq = cpu_backend().sum_squares(T.grad(), T.total());
+  double sq = 0;
+  if (dp_) {
+    comm::Communicator& g = pg_->dp();
+    total.loss = g.all_reduce_scalar(total.loss, comm::ReduceOp::Sum);
+    total.reward_chosen = g.all_reduce_scalar(total.reward_chosen, comm::ReduceOp::Sum);
+    total.reward_rejected = g.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
+    total.correct = g.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
+    total.pairs = g.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
+    sq = g.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
+  } else {
+    sq = cpu_backend().sum_squares(T.grad(), T.total());
+  }
   r.extra = {{"rewards_chosen", total.reward_chosen / total.pairs},
              {"rewards_rejected", total.reward_rejected / total.pairs},
              {"reward_margin", (total.reward_chosen - total.reward_rejected) / total.pairs},
@@ -964,8 +1019,20 @@ void Trainer::load_pretrained(const std::string& path) {
              "(loom ckpt consolidate)");
   LOOM_CHECK(!c.state().extra.contains("lora"), c.dir(),
              ": a LoRA checkpoint holds adapters only; merge it first (loom ckpt merge)");
-  if (!dp_) {
+  if ((!dp_ || lora_) && model_->tensor_parallel().size == 1) {
+    // Under LoRA the base is whole (replicated) on every rank.
     c.restore_model(model_->params().tensors());
+    check_finite(model_->params(), c.dir());
+  } else if (!dp_ || lora_) {
+    // LoRA under TP (before the engine exists): each rank's whole TP shard of every parameter,
+    // placed by its ParamInfo.
+    ckpt::TensorList whole;
+    for (auto& [name, t] : model_->params().tensors()) {
+      ckpt::ShardInfo info;
+      info.replica_id = pg_ ? pg_->dp().rank() : 0;
+      whole.push_back({name, t, info});
+    }
+    ckpt::fill_from_whole(c, model_->params(), whole, {});
     check_finite(model_->params(), c.dir());
   } else {
     ckpt::fill_from_whole(c, model_->params(), shard_list(dp_->param_slices()), {});
@@ -1002,7 +1069,7 @@ void Trainer::start_from_one_process(const std::string& path) {
              " (expert tensor parallelism) cannot start from a one-process checkpoint yet");
   check_same_global_batch(c);
   const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
-  ckpt::fill_from_whole(c, model_->params(), shard_list(dp_->param_slices()),
+  ckpt::fill_from_whole(c, trained_params(), shard_list(dp_->param_slices()),
                         shard_list(dp_->state_slices()));
   dp_->sync_model_from_master();
   dp_->set_steps_taken(optimizer_steps);

@@ -1,0 +1,360 @@
+// Fine-tuning under data parallelism through the trainer: a LoRA run on N MPI ranks (ZeRO 0, 1
+// and 2) gives the one-process losses, gradient norms and adapters for the same global batch,
+// with the base frozen and optimizer state for the adapters only, and under tensor parallelism
+// (adapters split like their layers); a DPO run (full, and LoRA)
+// gives the one-process DPO loss, rewards and accuracy (pairs whole on one rank, the loss a
+// mean over the global batch's pairs).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/consolidate.h"
+#include "comm/communicator.h"
+#include "comm/process_groups.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/rng.h"
+#include "data/bpe.h"
+#include "model/lora.h"
+#include "mpi_main.h"
+#include "parallel/data_parallel.h"
+#include "parity_util.h"
+#include "train/trainer.h"
+#include "trainer_fixture.h"
+
+using namespace loom;
+using loom::testing_parallel::rel_diff;
+using loom::testing_parallel::W;
+
+namespace {
+
+const testing_parallel::TrainerRuns runs{"ftdp", "a fine-tuned fox "};
+
+Config config(const std::string& dir, int steps, int grad_accum) {
+  Config c = testing_parallel::tiny_run_config(dir, runs.line_start, 2, "1e-2", steps, grad_accum);
+  c.set("model.preset", "\"tiny\"", "test");
+  return c;
+}
+
+// A pretrained base: a few steps of pre-training in one process, on every rank alike (the same
+// seed and data give the same weights), in this rank's own directory.
+std::string make_base() {
+  const std::string d = runs.dir("base");
+  auto self = comm::make_self_communicator();
+  Trainer t(config(d, 3, 1), self.get());
+  t.run();
+  return d + "/run/checkpoints";
+}
+
+Config lora_config(const std::string& dir, const std::string& base, int steps, int grad_accum) {
+  Config c = config(dir, steps, grad_accum);
+  c.set("train.pretrained", "\"" + base + "\"", "test");
+  c.set("lora.rank", "4", "test");
+  c.set("lora.alpha", "8", "test");
+  c.set("optim.lr", "1e-2", "test");
+  return c;
+}
+
+std::vector<float> copy(const ParamSet& P) {
+  return std::vector<float>(P.data(), P.data() + P.total());
+}
+
+void check_lora_parity(int zero) {
+  const int D = W().size(), A = 2, steps = 8;
+  const std::string base = make_base();
+  auto self = comm::make_self_communicator();
+  Trainer ref(lora_config(runs.dir("lora_ref"), base, steps, A * D), self.get());
+  Config c = lora_config(runs.dir("lora_z" + std::to_string(zero)), base, steps, A);
+  c.set("parallel.zero", std::to_string(zero), "test");
+  Trainer t(c);
+  ASSERT_TRUE(t.distributed());
+  ASSERT_NE(t.lora(), nullptr);
+  const std::vector<float> base_weights = copy(t.model().params());
+  for (int i = 0; i < steps; ++i) {
+    const StepResult a = ref.train_step(), b = t.train_step();
+    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
+    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4)
+        << "grad norm, step " << i << ": " << b.grad_norm << " vs " << a.grad_norm;
+  }
+  // Every rank's adapters (all-gathered after the sharded step under ZeRO 1/2) are one
+  // process's; the base is untouched.
+  const ParamSet &pa = ref.lora()->params(), &pb = t.lora()->params();
+  ASSERT_EQ(pa.total(), pb.total());
+  // Relative to the largest weight: Adam divides by sqrt(v), so a gradient element near zero
+  // whose sum is rounded differently moves by up to ~lr, not by its own (tiny) size.
+  double worst = 0, largest = 0;
+  for (int64_t i = 0; i < pa.total(); ++i) {
+    worst = std::max(worst, double(std::abs(pa.data()[i] - pb.data()[i])));
+    largest = std::max(largest, double(std::abs(pa.data()[i])));
+  }
+  EXPECT_LT(worst, 1e-4 * largest) << "adapter weights differ from one process's";
+  // The adapters were trained: B started at zero and moved (every step's batch differs, so the
+  // losses alone are too noisy to show it in 8 steps).
+  double b_largest = 0;
+  for (const ParamInfo& p : pb.infos())
+    if (p.name.find("lora_B") != std::string::npos)
+      for (int64_t i = 0; i < p.numel; ++i)
+        b_largest = std::max(b_largest, double(std::abs(pb.data()[p.offset + i])));
+  EXPECT_GT(b_largest, 1e-3);
+  EXPECT_EQ(0, std::memcmp(base_weights.data(), t.model().params().data(),
+                           base_weights.size() * sizeof(float)))
+      << "the frozen base changed";
+  // Optimizer state (exp_avg, exp_avg_sq) for the adapters only: this rank's share of them.
+  const int64_t adapters = pb.total();
+  const int64_t mine = zero == 0 ? adapters : (adapters + D - 1) / D;
+  int64_t state = 0;
+  for (const auto& s : t.data_parallel()->state_slices()) state += s.tensor.numel();
+  EXPECT_EQ(state, 2 * mine);
+  EXPECT_LT(adapters, t.model().params().total() / 4);
+}
+
+TEST(TrainerFinetuneDp, LoraZero0MatchesOneProcess) {
+  check_lora_parity(0);
+}
+TEST(TrainerFinetuneDp, LoraZero1MatchesOneProcess) {
+  check_lora_parity(1);
+}
+TEST(TrainerFinetuneDp, LoraZero2MatchesOneProcess) {
+  check_lora_parity(2);
+}
+
+// A LoRA run resumes from its per-rank checkpoints (adapter slices and their optimizer state)
+// bit-identically.
+TEST(TrainerFinetuneDp, LoraZero1ResumesBitIdentically) {
+  const std::string base = make_base();
+  auto cfg = [&](const std::string& name) {
+    Config c = lora_config(runs.dir(name), base, 6, 1);
+    c.set("parallel.zero", "1", "test");
+    return c;
+  };
+  const Config split = cfg("lora_resume");
+  testing_parallel::expect_resume_bit_identical(cfg("lora_straight"), split, split, "LoRA: ");
+}
+
+// train.init_from a one-process LoRA checkpoint (adapters and their optimizer state): the DP
+// ranks continue with one process's losses (the same global batch).
+TEST(TrainerFinetuneDp, LoraInitFromOneProcessContinuesItsLosses) {
+  const int D = W().size(), A = 2, half = 3, steps = 6;
+  const std::string base = make_base();
+  auto self = comm::make_self_communicator();
+  const std::string one_dir = runs.dir("lora_one");
+  std::vector<double> one_losses;
+  {
+    Trainer one(lora_config(one_dir, base, steps, A * D), self.get());
+    for (int i = 0; i < steps; ++i) {
+      one_losses.push_back(one.train_step().loss);
+      if (i + 1 == half) one.save_checkpoint();
+    }
+    one.finish_checkpoints();
+  }
+  Config c = lora_config(runs.dir("lora_init_from"), base, steps, A);
+  c.set("parallel.zero", "1", "test");
+  c.set("train.init_from",
+        "\"" + one_dir + "/run/checkpoints/step_" +
+            std::string(8 - std::to_string(half).size(), '0') + std::to_string(half) + "\"",
+        "test");
+  Trainer t(c);
+  ASSERT_EQ(t.step(), half);
+  for (int i = half; i < steps; ++i) {
+    const double loss = t.train_step().loss;
+    EXPECT_LT(rel_diff(loss, one_losses[size_t(i)]), 1e-5) << "step " << i;
+  }
+}
+
+// LoRA under tensor parallelism (with and without sequence parallelism): the adapters split like
+// their layers (B by rows on column-parallel layers, A by columns on row-parallel ones) give one
+// process's losses and gradient norms, and every rank's shard holds one process's values.
+//
+// Then `loom ckpt consolidate` places the ranks' adapter shards into one process's adapters:
+// every local element lands, bit for bit, where it stands for.
+void check_lora_tp(bool sp) {
+  const int A = 2, steps = 6;
+  const std::string base = make_base();
+  // The run's directory, shared by the ranks (consolidation reads every rank's part there).
+  const std::string shared = testing::TempDir() + "/loom_ftdp_lora_tp_shared";
+  if (W().rank() == 0) remove_all(shared);
+  W().barrier();
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      W().barrier();
+      if (W().rank() == 0) remove_all(path);
+    }
+  } cleanup{shared};
+  auto self = comm::make_self_communicator();
+  Trainer ref(lora_config(runs.dir("lora_tp_ref"), base, steps, A * W().size() / 2), self.get());
+  Config c = lora_config(runs.dir("lora_tp"), base, steps, A);
+  c.set("train.out_dir", "\"" + shared + "/run\"", "test");
+  c.set("parallel.tp", "2", "test");
+  c.set("parallel.sp", sp ? "true" : "false", "test");
+  Trainer t(c);
+  ASSERT_TRUE(t.distributed());
+  ASSERT_EQ(t.groups()->tp().size(), 2);
+  for (int i = 0; i < steps; ++i) {
+    const StepResult a = ref.train_step(), b = t.train_step();
+    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
+    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4)
+        << "grad norm, step " << i << ": " << b.grad_norm << " vs " << a.grad_norm;
+  }
+  // Each local adapter element against the one-process element it stands for.
+  const ParamSet &pa = ref.lora()->params(), &pb = t.lora()->params();
+  int sharded = 0;
+  double worst = 0, largest = 0;
+  for (const ParamInfo& p : pb.infos()) {
+    const ParamInfo& q = pa.info(p.name);
+    sharded += p.sharded();
+    const int64_t row_len = local_row_length(p);
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const int64_t row = i / row_len, col = i % row_len;
+      const int64_t g = p.sharded() ? global_row_first(p, row) + col : i;
+      const float va = pa.data()[q.offset + g], vb = pb.data()[p.offset + i];
+      worst = std::max(worst, double(std::abs(va - vb)));
+      largest = std::max(largest, double(std::abs(va)));
+    }
+  }
+  EXPECT_GT(sharded, 0);
+  EXPECT_LT(worst, 1e-4 * largest) << "adapter shards differ from one process's adapters";
+
+  t.save_checkpoint();
+  t.finish_checkpoints();
+  int64_t ok = 1;
+  if (W().rank() == 0) {
+    try {
+      ckpt::ConsolidateResult r = ckpt::consolidate({shared + "/run", shared + "/one"});
+      EXPECT_EQ(r.replica_mismatches, 0);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "consolidate: " << e.what();
+      ok = 0;
+    }
+  }
+  if (W().all_reduce_scalar(-ok, comm::ReduceOp::Max) == 0) return;  // rank 0 failed
+  const ckpt::Checkpoint one(shared + "/one");
+  EXPECT_TRUE(one.state().extra.contains("lora"));
+  int64_t differ = 0;
+  for (const ParamInfo& p : pb.infos()) {
+    ASSERT_TRUE(one.model().contains(p.name)) << p.name;
+    const Tensor w = one.model().view(p.name);
+    ASSERT_EQ(w.numel(), global_numel(p)) << p.name;
+    const int64_t row_len = local_row_length(p);
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const int64_t g = global_row_first(p, i / row_len) + i % row_len;
+      differ += std::memcmp(w.data<float>() + g, pb.data() + p.offset + i, sizeof(float)) != 0;
+    }
+  }
+  EXPECT_EQ(differ, 0) << "consolidated adapter elements differ from the ranks' shards";
+}
+
+TEST(TrainerFinetuneDp, LoraTensorParallelMatchesOneProcess) {
+  check_lora_tp(false);
+}
+TEST(TrainerFinetuneDp, LoraTensorAndSequenceParallelMatchesOneProcess) {
+  check_lora_tp(true);
+}
+
+// What LoRA cannot run under yet is refused by name, on every rank alike.
+TEST(TrainerFinetuneDp, LoraRefusesZero3AndPipelineParallelism) {
+  const std::string base = make_base();
+  Config z3 = lora_config(runs.dir("lora_bad_z3"), base, 2, 1);
+  z3.set("parallel.zero", "3", "test");
+  EXPECT_THROW({ Trainer t(z3); }, Error);
+  if (W().size() % 2 == 0) {
+    Config pp = lora_config(runs.dir("lora_bad_pp"), base, 2, 1);
+    pp.set("parallel.pp", "2", "test");
+    EXPECT_THROW({ Trainer t(pp); }, Error);
+  }
+}
+
+// Byte tokenizer with ChatML markers and preference pairs (chosen: the reversed word; rejected:
+// "zzzz"), written by every rank into its own directory.
+std::string dpo_data(const std::string& d) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
+  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
+  data::save_loom_tokenizer(data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp),
+                            d + "/tok");
+  std::string text;
+  for (int i = 0; i < 64; ++i) {
+    std::string w;
+    for (int k = 0; k < 4; ++k) w += char('a' + int(uniform_at(5, uint64_t(i), uint64_t(k)) * 6));
+    text += "{\"prompt\": \"rev " + w + "\", \"chosen\": \"" + std::string(w.rbegin(), w.rend()) +
+            "\", \"rejected\": \"zzzz\"}\n";
+  }
+  write_file_atomic(d + "/pairs.jsonl", text);
+  return d;
+}
+
+Config dpo_config(const std::string& data, const std::string& out, int steps, int grad_accum) {
+  Config c = Config::parse(
+      "[model]\npreset = \"tiny-llama\"\nn_layer = 2\nd_model = 32\nn_head = 4\nn_kv_head = 2\n"
+      "d_ff = 64\nvocab = 260\nmax_seq = 48\ninit_std = 0.1\n"
+      "[data]\nsource = \"preference\"\nvalid_fraction = 0.2\n"
+      "[train]\nmode = \"dpo\"\nmicro_batch = 2\nseq_len = 48\nquiet = true\npeak_gflops = 100\n"
+      "[optim]\nlr = 3e-3\nwarmup_steps = 2\nweight_decay = 0.0\n[dpo]\nbeta = 0.5\n"
+      "[parallel]\nbucket_mb = 0.01\n",
+      "test.toml");
+  c.set("data.path", "\"" + data + "/pairs.jsonl\"", "test");
+  c.set("data.tokenizer", "\"loom:" + data + "/tok\"", "test");
+  c.set("train.steps", std::to_string(steps), "test");
+  c.set("train.grad_accum", std::to_string(grad_accum), "test");
+  c.set("train.out_dir", "\"" + out + "\"", "test");
+  return c;
+}
+
+double extra(const StepResult& r, const std::string& key) {
+  for (const auto& [k, v] : r.extra)
+    if (k == key) return v;
+  ADD_FAILURE() << "no " << key << " in the step's figures";
+  return NAN;
+}
+
+// `lora_base`: empty for full DPO, else a checkpoint that LoRA adapts.
+void check_dpo_parity(int zero, const std::string& lora_base) {
+  const int D = W().size(), A = 2, steps = 6;
+  const std::string data = dpo_data(runs.dir("dpo_data"));
+  auto adapt = [&](Config c) {
+    if (!lora_base.empty()) {
+      c.set("train.pretrained", "\"" + lora_base + "\"", "test");
+      c.set("lora.rank", "4", "test");
+      c.set("optim.lr", "1e-2", "test");
+    }
+    return c;
+  };
+  auto self = comm::make_self_communicator();
+  Trainer ref(adapt(dpo_config(data, runs.dir("dpo_ref") + "/run", steps, A * D)), self.get());
+  Config c = adapt(dpo_config(data, runs.dir("dpo_dp") + "/run", steps, A));
+  c.set("parallel.zero", std::to_string(zero), "test");
+  Trainer t(c);
+  ASSERT_TRUE(t.distributed());
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    const StepResult a = ref.train_step(), b = t.train_step();
+    losses.push_back(b.loss);
+    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
+    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4) << "grad norm, step " << i;
+    for (const char* k : {"rewards_chosen", "rewards_rejected", "reward_accuracy"})
+      EXPECT_NEAR(extra(b, k), extra(a, k), 1e-5 + 1e-4 * std::abs(extra(a, k)))
+          << k << ", step " << i;
+  }
+  EXPECT_LT(losses.back(), losses.front());
+}
+
+TEST(TrainerFinetuneDp, DpoZero1MatchesOneProcess) {
+  check_dpo_parity(1, "");
+}
+
+TEST(TrainerFinetuneDp, DpoWithLoraZero0MatchesOneProcess) {
+  // The base: a few full DPO steps in one process (any weights of this model would do).
+  const std::string data = dpo_data(runs.dir("dpo_base_data"));
+  const std::string base = runs.dir("dpo_base");
+  {
+    auto self = comm::make_self_communicator();
+    Trainer t(dpo_config(data, base + "/run", 2, 1), self.get());
+    t.run();
+  }
+  check_dpo_parity(0, base + "/run/checkpoints");
+}
+
+}  // namespace
+
+LOOM_MPI_TEST_MAIN()
