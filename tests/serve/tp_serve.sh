@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# `loom launch -n 2 -- serve` end to end: a tiny model trained here answers one greedy request
+# with the same text over 2 tensor-parallel ranks as over one process; SIGTERM stops every rank;
+# 3 ranks, which do not divide the model's 2 heads, fail with a clear error before any port
+# opens.
+set -euo pipefail
+loom=$1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
+work=$(mktemp -d "${TMPDIR:-/tmp}/loom_tp_serve.XXXXXX")
+server=""
+stop_server() {  # SIGTERM, then at most 20 s for every rank to leave
+  kill -TERM "$server" 2>/dev/null || true
+  for _ in $(seq 200); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$server" 2>/dev/null; then echo "server did not stop on SIGTERM"; return 1; fi
+  wait "$server" || true
+  server=""
+}
+cleanup() { [ -n "$server" ] && kill -9 "$server" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+
+"$loom" train --set model.n_layer=2 --set model.d_model=32 --set model.n_head=2 \
+  --set train.steps=2 --set train.micro_batch=2 --set train.seq_len=16 \
+  --set train.peak_gflops=100 --set train.quiet=true --set train.out_dir="$work/run" >/dev/null
+
+# Starts a server (the command in "$@"), waits for its port; sets server and url.
+start() {
+  "$@" --ckpt "$work/run/checkpoints" --port 0 --kv-cache-mb 4 >"$work/out" 2>"$work/err" &
+  server=$!
+  for _ in $(seq 600); do
+    grep -q "listening on" "$work/out" 2>/dev/null && break
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.1
+  done
+  url=$(grep -o 'http://[0-9.:]*' "$work/out" | head -1 || true)
+  [ -n "$url" ] || { echo "server did not start:"; cat "$work/out" "$work/err"; exit 1; }
+}
+complete() {
+  curl -sS -m 60 "$url/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "loom", "prompt": "the quick brown fox", "max_tokens": 16, "temperature": 0}' |
+    python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["text"]))'
+}
+
+start "$loom" serve
+one=$(complete)
+stop_server
+start "$loom" launch -n 2 -- serve
+two=$(complete)
+echo "1 rank:  $one"
+echo "2 ranks: $two"
+[ "$one" = "$two" ] || { echo "tensor-parallel output differs"; exit 1; }
+# SIGTERM to rank 0 alone: it drains, tells rank 1 to stop, and the whole job ends with 0.
+rank0=$(grep -o '(pid [0-9]*' "$work/out" | head -1 | grep -o '[0-9]*' || true)
+[ -n "$rank0" ] || { echo "rank 0 named no pid:"; cat "$work/out"; exit 1; }
+kill -TERM "$rank0"
+for _ in $(seq 200); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$server" 2>/dev/null; then echo "the job did not end after rank 0's SIGTERM"; exit 1; fi
+code=0
+wait "$server" || code=$?
+server=""
+[ "$code" = 0 ] || { echo "the job exited with $code:"; cat "$work/out" "$work/err"; exit 1; }
+grep -q "stopping: draining" "$work/out" || { echo "rank 0 did not drain:"; cat "$work/out"; exit 1; }
+# SIGTERM to the launcher: every rank stops within the bound.
+start "$loom" launch -n 2 -- serve
+[ "$(complete)" = "$one" ] || { echo "tensor-parallel output differs on the second start"; exit 1; }
+stop_server
+
+# 3 ranks over 2 heads: an error naming the field, a non-zero exit, no port.
+if timeout 120 "$loom" launch -n 3 -- serve --ckpt "$work/run/checkpoints" --port 0 \
+  >"$work/out" 2>"$work/err"; then
+  echo "3 ranks over 2 heads started"
+  exit 1
+fi
+grep -q "model.n_head (2) must be divisible by parallel.tp (3)" "$work/out" "$work/err" ||
+  { echo "no clear error:"; cat "$work/out" "$work/err"; exit 1; }
+if grep -q "listening on" "$work/out"; then echo "a port opened"; exit 1; fi
+echo "tp serve: same text over 2 ranks, stopped on SIGTERM, 3 ranks refused"
