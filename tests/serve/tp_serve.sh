@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `loom launch -n 2 -- serve` end to end: a tiny model trained here answers one greedy request
-# with the same text over 2 tensor-parallel ranks as over one process; SIGTERM stops every rank;
-# 3 ranks, which do not divide the model's 2 heads, fail with a clear error before any port
-# opens.
+# with the same text over 2 tensor-parallel ranks as over one process, from its training
+# checkpoint and from a Hugging Face export imported back; SIGTERM to rank 0 drains and ends the
+# job with 0, SIGTERM to the launcher stops every rank; a stopped rank 0 makes rank 1 give up
+# after --tp-timeout (no hang); 3 ranks, which do not divide the model's 2 heads, fail with a
+# clear error before any port opens.
 set -euo pipefail
 loom=$1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -25,7 +27,7 @@ trap cleanup EXIT
 
 # Starts a server (the command in "$@"), waits for its port; sets server and url.
 start() {
-  "$@" --ckpt "$work/run/checkpoints" --port 0 --kv-cache-mb 4 >"$work/out" 2>"$work/err" &
+  "$@" --ckpt "${ckpt:-$work/run/checkpoints}" --port 0 --kv-cache-mb 4 >"$work/out" 2>"$work/err" &
   server=$!
   for _ in $(seq 600); do
     grep -q "listening on" "$work/out" 2>/dev/null && break
@@ -60,10 +62,25 @@ wait "$server" || code=$?
 server=""
 [ "$code" = 0 ] || { echo "the job exited with $code:"; cat "$work/out" "$work/err"; exit 1; }
 grep -q "stopping: draining" "$work/out" || { echo "rank 0 did not drain:"; cat "$work/out"; exit 1; }
-# SIGTERM to the launcher: every rank stops within the bound.
-start "$loom" launch -n 2 -- serve
-[ "$(complete)" = "$one" ] || { echo "tensor-parallel output differs on the second start"; exit 1; }
+# The same model exported to a Hugging Face directory and imported back (a one-process
+# checkpoint without training state); SIGTERM to the launcher stops every rank in the bound.
+"$loom" ckpt export "$work/run/checkpoints" --out "$work/hf" >/dev/null
+"$loom" ckpt import "$work/hf" --out "$work/imported" >/dev/null
+ckpt="$work/imported" start "$loom" launch -n 2 -- serve
+[ "$(complete)" = "$one" ] || { echo "tensor-parallel output differs from the import"; exit 1; }
 stop_server
+# Rank 0 stopped (SIGSTOP): rank 1 hears nothing for --tp-timeout and ends the job with an error.
+start "$loom" launch -n 2 -- serve --tp-timeout 2
+rank0=$(grep -o '(pid [0-9]*' "$work/out" | head -1 | grep -o '[0-9]*' || true)
+kill -STOP "$rank0"
+for _ in $(seq 300); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$server" 2>/dev/null; then echo "rank 1 did not give up on a stopped rank 0"; exit 1; fi
+code=0
+wait "$server" || code=$?
+server=""
+[ "$code" != 0 ] || { echo "a stopped rank 0 ended the job with 0"; exit 1; }
+grep -q "rank 1 failed: tensor-parallel rank 1: waited 2 s (--tp-timeout) for rank 0's next" \
+  "$work/out" "$work/err" || { echo "no timeout error:"; cat "$work/out" "$work/err"; exit 1; }
 
 # 3 ranks over 2 heads: an error naming the field, a non-zero exit, no port.
 if timeout 120 "$loom" launch -n 3 -- serve --ckpt "$work/run/checkpoints" --port 0 \
@@ -74,4 +91,4 @@ fi
 grep -q "model.n_head (2) must be divisible by parallel.tp (3)" "$work/out" "$work/err" ||
   { echo "no clear error:"; cat "$work/out" "$work/err"; exit 1; }
 if grep -q "listening on" "$work/out"; then echo "a port opened"; exit 1; fi
-echo "tp serve: same text over 2 ranks, stopped on SIGTERM, 3 ranks refused"
+echo "tp serve: same text over 2 ranks (checkpoint and import), SIGTERM drains, --tp-timeout bounds, 3 ranks refused"
