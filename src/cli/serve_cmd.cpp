@@ -113,14 +113,18 @@ int run_serve_here(const Args& args) {
   if (tp == 1) {
     model = load_model_from_checkpoint(o.get("ckpt"));
   } else {
-    LOOM_CHECK(weights == infer::WeightType::F32, "--weights ", o.get("weights"),
-               " under tensor parallelism is not supported yet (fp32 only)");
+    LOOM_CHECK(weights == infer::WeightType::F32 || weights == infer::WeightType::BF16,
+               "--weights ", o.get("weights"), " under tensor parallelism is not supported yet ",
+               "(per-channel scales would be per shard): use fp32 or bf16");
     comm::ParallelDims dims;
     dims.tp = tp;
     groups = std::make_unique<comm::ProcessGroups>(world, dims);
     model =
         infer::load_model_shard(o.get("ckpt"), parallel::tensor_parallel_layout(*groups, false));
   }
+  // Decode streams every weight once per token: narrower copies make it faster (every rank
+  // reads its shard's copies).
+  infer::QuantizedWeights quant(*model, weights);
   if (world.rank() != 0) {
     // The engine's cache on rank 0 has this many blocks too (the same config and spec).
     infer::DecoderRunner probe(*model);
@@ -145,9 +149,6 @@ int run_serve_here(const Args& args) {
     }
   }
   set_text_codec(ec, tok.get(), chat.get());
-  // Decode streams every weight once per token: narrower copies make it faster.
-  std::unique_ptr<infer::QuantizedWeights> quant;
-  if (tp == 1) quant = std::make_unique<infer::QuantizedWeights>(*model, weights);
   std::unique_ptr<infer::ModelRunner> runner;
   infer::TpLeaderRunner* leader = nullptr;
   if (tp == 1) {
