@@ -34,10 +34,6 @@ void on_signal(int) {
   g_stop = 1;
 }
 
-}  // namespace
-
-namespace {
-
 // Under tensor parallelism the engine steps on this thread, the one that talks MPI (the
 // communicators are initialised for one calling thread): until SIGTERM, then the drain, then
 // the other ranks are told to stop.
@@ -174,7 +170,13 @@ int run_serve_here(const Args& args) {
   std::printf("listening on http://%s:%d\n", so.host.c_str(), port);
   std::fflush(stdout);
   if (leader) {
-    serve_tensor_parallel(engine, *leader, server, drain);
+    try {
+      serve_tensor_parallel(engine, *leader, server, drain);
+    } catch (const std::exception& e) {
+      // The ranks are out of step (a timeout, a failed forward): end them all with the message
+      // here, before unwinding would meet the HTTP thread still running.
+      comm::abort_job(cat("tensor-parallel serving stopped: ", e.what()));
+    }
   } else {
     while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     log_info("stopping: draining requests for up to ", drain, " s");
