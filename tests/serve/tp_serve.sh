@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `loom launch -n 2 -- serve` end to end: a tiny model trained here answers one greedy request
 # with the same text over 2 tensor-parallel ranks as over one process, from its training
-# checkpoint and from a Hugging Face export imported back; SIGTERM to rank 0 drains and ends the
+# checkpoint, from a Hugging Face export imported back and from a consolidated TP training run
+# (a rank's own checkpoint is refused); SIGTERM to rank 0 drains and ends the
 # job with 0, SIGTERM to the launcher stops every rank; a stopped rank 0 makes rank 1 give up
 # after --tp-timeout (no hang); 3 ranks, which do not divide the model's 2 heads, fail with a
 # clear error before any port opens.
@@ -69,6 +70,25 @@ grep -q "stopping: draining" "$work/out" || { echo "rank 0 did not drain:"; cat 
 ckpt="$work/imported" start "$loom" launch -n 2 -- serve
 [ "$(complete)" = "$one" ] || { echo "tensor-parallel output differs from the import"; exit 1; }
 stop_server
+# A tensor-parallel training run: a rank's checkpoint is refused (consolidate first); what
+# `loom ckpt consolidate` makes of the run serves over 2 ranks as over one process.
+"$loom" launch -n 2 -- train --set model.n_layer=2 --set model.d_model=32 --set model.n_head=2 \
+  --set parallel.tp=2 --set train.steps=2 --set train.micro_batch=2 --set train.seq_len=16 \
+  --set train.peak_gflops=100 --set train.quiet=true --set train.out_dir="$work/dist" >/dev/null
+"$loom" ckpt consolidate "$work/dist" --out "$work/cons" >/dev/null
+ckpt="$work/cons" start "$loom" serve
+cons_one=$(complete)
+stop_server
+ckpt="$work/cons" start "$loom" launch -n 2 -- serve
+[ "$(complete)" = "$cons_one" ] || { echo "TP output differs on the consolidated run"; exit 1; }
+stop_server
+rank_ckpt=$(ls -d "$work/dist/checkpoints/rank_"* | head -1)
+if timeout 120 "$loom" launch -n 2 -- serve --ckpt "$rank_ckpt" --port 0 >"$work/out" 2>&1; then
+  echo "a rank's checkpoint was served"
+  exit 1
+fi
+grep -q "a rank's checkpoint of a distributed run; consolidate" "$work/out" ||
+  { echo "no clear error for a rank's checkpoint:"; cat "$work/out"; exit 1; }
 # Rank 0 stopped (SIGSTOP): rank 1 hears nothing for --tp-timeout and ends the job with an error.
 start "$loom" launch -n 2 -- serve --tp-timeout 2
 rank0=$(grep -o '(pid [0-9]*' "$work/out" | head -1 | grep -o '[0-9]*' || true)
@@ -91,4 +111,4 @@ fi
 grep -q "model.n_head (2) must be divisible by parallel.tp (3)" "$work/out" "$work/err" ||
   { echo "no clear error:"; cat "$work/out" "$work/err"; exit 1; }
 if grep -q "listening on" "$work/out"; then echo "a port opened"; exit 1; fi
-echo "tp serve: same text over 2 ranks (checkpoint and import), SIGTERM drains, --tp-timeout bounds, 3 ranks refused"
+echo "tp serve: same text over 2 ranks (checkpoint, import, consolidated), SIGTERM drains, --tp-timeout bounds, 3 ranks refused"
