@@ -1,6 +1,9 @@
 // `loom serve`: loads a checkpoint into the serving engine and answers OpenAI-compatible HTTP
 // requests (src/serve). SIGTERM or SIGINT: stop taking requests, let those in flight finish for
-// up to --drain-timeout seconds, then exit.
+// up to --drain-timeout seconds, then exit. Over several ranks the model is split over them
+// (infer/tp_serving.h): rank 0 serves HTTP and runs the engine, the others follow its steps.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <thread>
@@ -9,6 +12,8 @@
 #include "cli/command.h"
 #include "cli/options.h"
 #include "cli/serving_setup.h"
+#include "comm/communicator.h"
+#include "comm/process_groups.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -16,7 +21,9 @@
 #include "infer/engine.h"
 #include "infer/generator.h"
 #include "infer/model_runner.h"
+#include "infer/tp_serving.h"
 #include "infer/weight_quant.h"
+#include "parallel/tensor_parallel.h"
 #include "serve/server.h"
 
 namespace loom::cli {
@@ -27,13 +34,35 @@ void on_signal(int) {
   g_stop = 1;
 }
 
-}  // namespace
+// Under tensor parallelism the engine steps on this thread, the one that talks MPI (the
+// communicators are initialised for one calling thread): until SIGTERM, then the drain, then
+// the other ranks are told to stop.
+void serve_tensor_parallel(infer::LoomEngine& engine, infer::TpLeaderRunner& runner,
+                           serve::Server& server, double drain) {
+  const auto idle = [&] {
+    runner.keep_alive();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  while (!g_stop)
+    if (!engine.step()) idle();
+  log_info("stopping: draining requests for up to ", drain, " s");
+  server.set_ready(false);
+  engine.refuse_new();
+  const double until = now_seconds() + drain;
+  while (engine.in_flight() > 0 && now_seconds() < until)
+    if (!engine.step()) idle();
+  engine.stop(0);  // no thread: cancels what is left
+  runner.stop();
+}
 
-int run_serve(const Args& args) {
-  Options o("loom serve --ckpt PATH [--host 127.0.0.1] [--port 8080] [options]",
-            "Serves a checkpoint over an OpenAI-compatible HTTP API: /v1/completions,\n"
-            "/v1/chat/completions (streaming with server-sent events), /v1/models, /health,\n"
-            "/metrics (Prometheus), /tokenize, /detokenize.");
+int run_serve_here(const Args& args) {
+  Options o(
+      "loom serve --ckpt PATH [--host 127.0.0.1] [--port 8080] [options]\n"
+      "  loom launch -n N -- serve --ckpt PATH ... (tensor parallel over N ranks)",
+      "Serves a checkpoint over an OpenAI-compatible HTTP API: /v1/completions,\n"
+      "/v1/chat/completions (streaming with server-sent events), /v1/models, /health,\n"
+      "/metrics (Prometheus), /tokenize, /detokenize. Started as several ranks (loom\n"
+      "launch, mpirun), the model is split over them (tensor parallel) and rank 0 serves.");
   o.value("ckpt", "", "checkpoint: a step directory or a checkpoints root (uses latest)", true)
       .value("host", "127.0.0.1", "address to listen on")
       .value("port", "8080", "port (0: any free port, printed)")
@@ -48,7 +77,10 @@ int run_serve(const Args& args) {
       .value("drain-timeout", "30", "seconds to let requests finish on SIGTERM")
       .value("weights", "fp32",
              "linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with per-channel "
-             "scales); fp32 compute");
+             "scales); fp32 compute")
+      .value("tp", "0", "tensor-parallel ranks (0: every rank started; must equal that number)")
+      .value("tp-timeout", "60",
+             "seconds a rank waits for the others (a step, rank 0's next message) before failing");
   if (!o.parse(args)) return 0;
   serve::ServerOptions so;
   so.host = o.get("host");
@@ -57,8 +89,50 @@ int run_serve(const Args& args) {
   so.default_max_tokens = static_cast<int>(o.get_int("max-tokens", 1, 1 << 20));
   const double drain = static_cast<double>(o.get_int("drain-timeout", 0, 3600));
   const infer::WeightType weights = infer::weight_type_from_name(o.get("weights"));
+  infer::EngineConfig ec;
+  ec.scheduler.max_num_seqs = static_cast<int>(o.get_int("max-num-seqs", 1, 4096));
+  ec.scheduler.max_batched_tokens = static_cast<int>(o.get_int("max-batched-tokens", 1, 1 << 20));
+  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  ec.max_queue = static_cast<int>(o.get_int("max-queue", 1, 1 << 20));
 
-  auto model = load_model_from_checkpoint(o.get("ckpt"));
+  comm::Communicator& world = comm::world();
+  const int ranks = world.size();
+  int tp = static_cast<int>(o.get_int("tp", 0, 4096));
+  if (tp == 0) tp = ranks;
+  LOOM_CHECK(tp == ranks, "--tp ", tp, " with ", ranks, " ranks: serving splits one model over ",
+             "every rank started (start --tp ranks: loom launch -n ", tp, " -- serve ...)");
+  const double tp_timeout = o.get_double("tp-timeout");
+  LOOM_CHECK(tp_timeout > 1, "--tp-timeout must exceed 1 s (rank 0 sends a keep-alive every ",
+             "second while idle), got ", tp_timeout);
+  std::unique_ptr<comm::ProcessGroups> groups;
+  std::unique_ptr<Decoder> model;
+  if (tp == 1) {
+    model = load_model_from_checkpoint(o.get("ckpt"));
+  } else {
+    LOOM_CHECK(weights == infer::WeightType::F32 || weights == infer::WeightType::BF16,
+               "--weights ", o.get("weights"), " under tensor parallelism is not supported yet ",
+               "(per-channel scales would be per shard): use fp32 or bf16");
+    comm::ParallelDims dims;
+    dims.tp = tp;
+    groups = std::make_unique<comm::ProcessGroups>(world, dims);
+    model =
+        infer::load_model_shard(o.get("ckpt"), parallel::tensor_parallel_layout(*groups, false));
+  }
+  // Decode streams every weight once per token: narrower copies make it faster (every rank
+  // reads its shard's copies).
+  infer::QuantizedWeights quant(*model, weights);
+  if (world.rank() != 0) {
+    // The engine's cache on rank 0 has this many blocks too (the same config and spec).
+    infer::DecoderRunner probe(*model);
+    const int blocks =
+        infer::KvCache::blocks_for_bytes(probe.kv_spec(), ec.block_size, ec.kv_cache_bytes);
+    // SIGTERM reaches every rank under loom launch: rank 0 drains and then says stop.
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGINT, SIG_IGN);
+    log_info("tensor-parallel rank ", world.rank(), " of ", tp, ": serving steps for rank 0");
+    infer::run_tp_worker(*model, groups->tp(), ec.block_size, blocks, tp_timeout);
+    return 0;
+  }
   so.max_seq = model->config().max_seq;
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
   std::unique_ptr<data::ChatTemplate> chat;
@@ -70,17 +144,18 @@ int run_serve(const Args& args) {
       log_warn("chat completions off: ", e.what());
     }
   }
-  infer::EngineConfig ec;
-  ec.scheduler.max_num_seqs = static_cast<int>(o.get_int("max-num-seqs", 1, 4096));
-  ec.scheduler.max_batched_tokens = static_cast<int>(o.get_int("max-batched-tokens", 1, 1 << 20));
-  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
-  ec.max_queue = static_cast<int>(o.get_int("max-queue", 1, 1 << 20));
   set_text_codec(ec, tok.get(), chat.get());
-  // Decode streams every weight once per token: narrower copies make it faster.
-  infer::QuantizedWeights quant(*model, weights);
-  infer::DecoderRunner runner(*model);
-  infer::LoomEngine engine(runner, ec);
-  engine.start();
+  std::unique_ptr<infer::ModelRunner> runner;
+  infer::TpLeaderRunner* leader = nullptr;
+  if (tp == 1) {
+    runner = std::make_unique<infer::DecoderRunner>(*model);
+  } else {
+    auto l = std::make_unique<infer::TpLeaderRunner>(*model, groups->tp(), tp_timeout);
+    leader = l.get();
+    runner = std::move(l);
+  }
+  infer::LoomEngine engine(*runner, ec);
+  if (!leader) engine.start();
   serve::Server server(engine, tok.get(), chat.get(), so);
   const int port = server.bind();
   std::signal(SIGTERM, on_signal);
@@ -89,17 +164,42 @@ int run_serve(const Args& args) {
   server.set_ready(true);
   log_info("serving ", so.model_name, " (", model->config().num_params(), " parameters, ",
            infer::weight_type_name(weights), " weights, ", engine.cache().num_blocks(),
-           " KV blocks of ", engine.cache().block_size(), " tokens) on http://", so.host, ":",
-           port);
+           " KV blocks of ", engine.cache().block_size(), " tokens",
+           tp > 1 ? cat(", tensor parallel over ", tp, " ranks") : std::string(), ") on http://",
+           so.host, ":", port, " (pid ", ::getpid(), ": SIGTERM drains, then stops every rank)");
   std::printf("listening on http://%s:%d\n", so.host.c_str(), port);
   std::fflush(stdout);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  log_info("stopping: draining requests for up to ", drain, " s");
+  if (leader) {
+    try {
+      serve_tensor_parallel(engine, *leader, server, drain);
+    } catch (const std::exception& e) {
+      // The ranks are out of step (a timeout, a failed forward): end them all with the message
+      // here, before unwinding would meet the HTTP thread still running.
+      comm::abort_job(cat("tensor-parallel serving stopped: ", e.what()));
+    }
+  } else {
+    while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    log_info("stopping: draining requests for up to ", drain, " s");
+    server.set_ready(false);
+    engine.stop(drain);  // in-flight requests finish (or are cancelled at the deadline)
+  }
   server.set_ready(false);
-  engine.stop(drain);  // in-flight requests finish (or are cancelled at the deadline)
   server.stop();
   http.join();
   return 0;
+}
+
+}  // namespace
+
+int run_serve(const Args& args) {
+  try {
+    return run_serve_here(args);
+  } catch (const Error& e) {
+    // Over several ranks one rank's error ends them all with the message (the others would
+    // otherwise wait out --tp-timeout).
+    if (comm::launched_distributed()) comm::abort_job(e.what());
+    throw;
+  }
 }
 
 }  // namespace loom::cli

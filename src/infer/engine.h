@@ -47,6 +47,10 @@ class LoomEngine : public Engine {
   // rest, joins the thread.
   void stop(double drain_seconds = 0);
   bool step();  // one step; false when there was nothing to do
+  // For a caller that drives step() itself (tensor-parallel serving: steps on the MPI thread):
+  // stop taking requests (submit refuses with 503), and how many are still open.
+  void refuse_new() { accepting_ = false; }
+  int64_t in_flight() const { return in_flight_.load(); }
   // The model's weights changed: cached prefixes are stale. Call on the stepping thread (or
   // with no thread running), between steps.
   void weights_updated() { cache_.drop_cached(); }

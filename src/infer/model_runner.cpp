@@ -30,15 +30,16 @@ struct PagedAttention : ForwardAttention {
 }  // namespace
 
 DecoderRunner::DecoderRunner(Decoder& model) : model_(model) {
-  LOOM_CHECK(model.tensor_parallel().size == 1 && model.pipeline_stage().whole(),
-             "serving runs a whole one-process model (tensor-parallel serving is not built yet)");
+  LOOM_CHECK(model.pipeline_stage().whole(), "serving runs the whole model, not a pipeline stage");
+  LOOM_CHECK(!model.tensor_parallel().sequence_parallel,
+             "serving under tensor parallelism runs without sequence parallelism");
 }
 
 KvSpec DecoderRunner::kv_spec() const {
   const ModelConfig& c = model_.config();
   KvSpec s;
   s.n_layer = c.n_layer;
-  s.n_kv_head = c.n_kv_head;
+  s.n_kv_head = c.n_kv_head / model_.tensor_parallel().size;  // this rank's heads (TP)
   s.head_dim = c.head_dim;
   s.dtype = model_.act_dtype() == DType::BF16 ? DType::BF16 : DType::F32;
   return s;

@@ -90,8 +90,14 @@ const char* weight_type_name(WeightType t) {
 }
 
 QuantizedWeights::QuantizedWeights(Decoder& model, WeightType type) : model_(model), type_(type) {
-  LOOM_CHECK(model.tensor_parallel().size == 1, "weight-only ", weight_type_name(type),
-             " serving runs a whole one-process model");
+  // A tensor-parallel shard's linear weights are whole [out, in] matrices of their own (rows of
+  // the column-parallel layers, columns of the row-parallel ones): fp32 and bf16 treat every
+  // element alone, so a shard reads exactly its part of the whole model's copy. int8 and fp8
+  // scale by the row's largest magnitude, which a row-parallel shard sees only half of.
+  LOOM_CHECK(
+      model.tensor_parallel().size == 1 || type == WeightType::F32 || type == WeightType::BF16,
+      "weight-only ", weight_type_name(type), " under tensor parallelism is not supported ",
+      "(per-channel scales would be per shard); use fp32 or bf16");
   const std::vector<Decoder::LinearInfo> linears = model.linears();
   ParamSet& p = model.params();
   for (const Decoder::LinearInfo& l : linears) {

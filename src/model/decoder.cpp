@@ -1090,8 +1090,8 @@ double Decoder::forward_loss(const ModelInput& in, StepOutputs* out) {
 
 void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
                              ForwardAttention* attention) {
-  LOOM_CHECK(!tp_on(),
-             "forward_logits gathers full logits: not supported under tensor parallelism");
+  LOOM_CHECK(!sp_on(), "forward_logits under sequence parallelism is not supported (its rows ",
+             "would be split over the tensor-parallel ranks)");
   LOOM_CHECK(pp_.whole(), "forward_logits runs the whole model, not a pipeline stage");
   LOOM_CHECK(!attention || cp_.size == 1, "an attention override excludes context parallelism");
   ModelInput fwd = in;
@@ -1116,8 +1116,23 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
     else
       be_.convert(row, DType::F32, lnf.bf16 + int64_t(rows[i]) * C, DType::BF16, C);
   }
-  head_linear().forward(be_, logits, b_->tmp, n);
-  round_act(logits, int64_t(n) * V);
+  if (!tp_on()) {
+    head_linear().forward(be_, logits, b_->tmp, n);
+    round_act(logits, int64_t(n) * V);
+    return;
+  }
+  // Tensor parallelism: each rank's head gives its vocabulary slice [n, V / tp] of every row,
+  // computed into its part of the all-gather's rank-major layout, then interleaved into rows.
+  const int64_t part = int64_t(n) * vocab_;
+  float* mine = logits + tp_.rank * part;
+  head_linear().forward(be_, mine, b_->tmp, n);
+  round_act(mine, part);
+  tp_.comm->all_gather(logits, std::vector<int64_t>(size_t(tp_.size), part), DType::F32);
+  logit_parts_.assign(logits, logits + part * tp_.size);
+  for (int r = 0; r < tp_.size; ++r)
+    for (int i = 0; i < n; ++i)
+      std::copy_n(logit_parts_.data() + r * part + int64_t(i) * vocab_, vocab_,
+                  logits + int64_t(i) * V + int64_t(r) * vocab_);
 }
 
 }  // namespace loom

@@ -136,7 +136,9 @@ class Decoder {
   double forward_loss(const ModelInput& in, StepOutputs* out = nullptr);
   // Forward only, one layer's activations at a time: logits [rows.size(), vocab] of the given
   // token rows. `attention` (nullable) replaces every layer's attention core (the serving
-  // engine's KV cache); without it, packed causal attention over in.cu_seqlens.
+  // engine's KV cache); without it, packed causal attention over in.cu_seqlens. Under tensor
+  // parallelism (not sequence parallelism) every rank of the group calls it with the same input
+  // and gets the full rows (the vocabulary slices all-gathered).
   void forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
                       ForwardAttention* attention = nullptr);
 
@@ -315,6 +317,7 @@ class Decoder {
   int hq_ = 0, hkv_ = 0, qkv_ = 0, att_ = 0, ff_ = 0, fc_ = 0, vocab_ = 0, v0_ = 0;
   std::vector<int32_t> local_ids_;
   std::vector<float> ce_stats_;
+  std::vector<float> logit_parts_;  // forward_logits under TP: the gathered vocabulary slices
   Backend& be_;
   Recompute recompute_;
   DType act_dtype_;

@@ -1,0 +1,66 @@
+// Tensor-parallel serving: one model split over the ranks of a tensor-parallel group (the
+// trainer's layout, parallel/tensor_parallel.h), driven by the engine on rank 0.
+//
+// Each engine step rank 0 broadcasts the step's batch (every chunk's tokens, positions and block
+// table) to the other ranks; every rank then runs the same forward over its shard, keeping its
+// own KV cache for its heads (the same block numbers on every rank: only rank 0 allocates), and
+// Decoder::forward_logits all-gathers the vocabulary slices so that rank 0 samples from whole
+// logits. Rank 0 also sends a keep-alive while idle and a stop message at shutdown, so that no
+// wait on either side is unbounded: a rank that hears nothing for `timeout_s` stops with an
+// error naming what it waited for.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "infer/engine_api.h"
+#include "infer/model_runner.h"
+#include "model/decoder.h"
+
+namespace loom::infer {
+
+// This rank's shard of the model of a one-process checkpoint (a training run's, or what `loom
+// ckpt consolidate` or `loom ckpt import` of a Hugging Face directory wrote), cut as the trainer
+// cuts a run started from such a checkpoint (train.init_from). Refuses, before reading weights,
+// a layout the model does not split over (naming the field), a rank's checkpoint of a
+// distributed run and a LoRA checkpoint (consolidate or merge them first).
+std::unique_ptr<Decoder> load_model_shard(const std::string& path, const TensorParallel& tp);
+
+// Rank 0's runner: forward() sends the batch to the other ranks, then runs its own shard.
+class TpLeaderRunner : public ModelRunner {
+ public:
+  // `model` is rank 0's shard; `tp` its tensor-parallel group (rank 0 of it is this process).
+  TpLeaderRunner(Decoder& model, comm::Communicator& tp, double timeout_s);
+  int vocab() const override { return local_.vocab(); }
+  int max_seq() const override { return local_.max_seq(); }
+  KvSpec kv_spec() const override { return local_.kv_spec(); }
+  void forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
+               float* logits) override;
+  // Call while idle: sends a keep-alive when nothing was sent for a second, so that the other
+  // ranks' waits stay bounded however long no request comes.
+  void keep_alive();
+  // Tells the other ranks to return (once; later calls do nothing).
+  void stop();
+
+ private:
+  void send(int64_t kind, const std::vector<int64_t>& header_rest,
+            const std::vector<int32_t>& payload);
+  DecoderRunner local_;
+  comm::Communicator& tp_;
+  double timeout_s_;
+  double last_send_ = 0;
+  bool stopped_ = false;
+  std::vector<int32_t> payload_;
+};
+
+// Ranks 1.. of the group: runs the steps rank 0 broadcasts, against this rank's own KV cache of
+// `num_blocks` blocks of `block_size` tokens (rank 0's engine must have the same number), until
+// rank 0 says stop. Throws when nothing comes for timeout_s seconds (rank 0 gone or stuck) or a
+// step does not fit this rank's cache.
+void run_tp_worker(Decoder& model, comm::Communicator& tp, int block_size, int num_blocks,
+                   double timeout_s);
+
+}  // namespace loom::infer
