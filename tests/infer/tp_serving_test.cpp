@@ -20,23 +20,14 @@
 #include "mpi_main.h"
 #include "parallel/tensor_parallel.h"
 
+#include "infer_test_util.h"
+
 using namespace loom;
 using namespace loom::infer;
+using loom::infer::test::prompt;
+using loom::infer::test::tiny;
 
 namespace {
-
-ModelConfig tiny(Family f) {
-  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
-  c.n_layer = 2, c.d_model = 32, c.n_head = 4, c.n_kv_head = f == Family::GPT2 ? 4 : 2;
-  c.head_dim = 8, c.d_ff = 64, c.vocab = 64, c.max_seq = 96, c.init_std = 0.3f;
-  return c;
-}
-
-std::vector<int32_t> prompt(int len, uint64_t seed, const std::vector<int32_t>& prefix = {}) {
-  std::vector<int32_t> p = prefix;
-  for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(uniform_at(seed, 1, i) * 64));
-  return p;
-}
 
 struct Output {
   std::map<int64_t, std::vector<int32_t>> tokens;

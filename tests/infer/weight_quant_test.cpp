@@ -17,23 +17,14 @@
 #include "kernels/cpu/gemm_lowp.h"
 #include "model/decoder.h"
 
+#include "infer_test_util.h"
+
 using namespace loom;
 using namespace loom::infer;
+using loom::infer::test::prompt;
+using loom::infer::test::tiny;
 
 namespace {
-
-ModelConfig tiny(Family f) {
-  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
-  c.n_layer = 2, c.d_model = 32, c.n_head = 4, c.n_kv_head = f == Family::GPT2 ? 4 : 2;
-  c.head_dim = 8, c.d_ff = 64, c.vocab = 64, c.max_seq = 96, c.init_std = 0.3f;
-  return c;
-}
-
-std::vector<int32_t> prompt(int len, uint64_t seed) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(uniform_at(seed, 1, i) * 64));
-  return p;
-}
 
 // Greedy continuations of several prompts at once through the engine.
 std::vector<std::vector<int32_t>> engine_greedy(ModelRunner& r, int n_prompts, int tokens) {
