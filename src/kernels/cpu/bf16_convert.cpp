@@ -24,66 +24,61 @@ namespace {
 constexpr size_t kChunk = size_t{1} << 16;
 
 #if defined(__x86_64__)
-__attribute__((target("avx512f,avx512bw"))) void f32_to_bf16_avx512(const float* src, uint16_t* dst,
-                                                                    size_t n) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i inf_bits = _mm512_set1_epi32(0x7f800000);
-  const __m512i quiet = _mm512_set1_epi32(0x00400000);
-  const __m512i round_base = _mm512_set1_epi32(0x7fff);
-  const __m512i one = _mm512_set1_epi32(1);
-  size_t i = 0;
-  auto convert = [&](__m512i u) {
-    // NaN: keep the payload's top bits and set the quiet bit, like f32_to_bf16.
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(round_base, lsb));
-    const __m512i bits = _mm512_mask_or_epi32(rounded, nan, u, quiet);
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
-  };
-  for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_loadu_si512(src + i);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), convert(u));
-  }
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512i u = _mm512_maskz_loadu_epi32(m, src + i);
-    _mm256_mask_storeu_epi16(dst + i, m, convert(u));
-  }
-}
-
-// x[i] = round_bf16(x[i]), and dst[i] = its bits when dst is given: one pass.
-__attribute__((target("avx512f,avx512bw"))) void round_bf16_avx512(float* x, uint16_t* dst,
-                                                                   size_t n) {
+// Round-to-nearest-even of fp32 bit patterns to bf16 (upper 16 bits kept, lower cleared); NaN
+// keeps the payload's top bits and gets the quiet bit, like f32_to_bf16. Free functions, not
+// lambdas: GCC does not give a lambda its enclosing function's target attribute.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512i round_bits_bf16(__m512i u) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
   const __m512i inf_bits = _mm512_set1_epi32(0x7f800000);
   const __m512i quiet = _mm512_set1_epi32(0x00400000);
   const __m512i round_base = _mm512_set1_epi32(0x7fff);
   const __m512i one = _mm512_set1_epi32(1);
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  auto round = [&](__m512i u) {
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(round_base, lsb));
-    return _mm512_and_si512(_mm512_mask_or_epi32(rounded, nan, u, quiet), high);
-  };
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+  const __m512i rounded = _mm512_add_epi32(u, _mm512_add_epi32(round_base, lsb));
+  return _mm512_and_si512(_mm512_mask_or_epi32(rounded, nan, u, quiet), high);
+}
+
+// The 16 bf16 codes of rounded bit patterns.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m256i bf16_codes(__m512i rounded) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void f32_to_bf16_avx512(const float* src,
+                                                                             uint16_t* dst,
+                                                                             size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512i r = round(_mm512_loadu_si512(x + i));
-    _mm512_storeu_si512(x + i, r);
-    if (dst)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    const __m512i u = _mm512_loadu_si512(src + i);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_codes(round_bits_bf16(u)));
   }
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512i r = round(_mm512_maskz_loadu_epi32(m, x + i));
-    _mm512_mask_storeu_epi32(x + i, m, r);
-    if (dst) _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    const __m512i u = _mm512_maskz_loadu_epi32(m, src + i);
+    _mm256_mask_storeu_epi16(dst + i, m, bf16_codes(round_bits_bf16(u)));
   }
 }
 
-__attribute__((target("avx512f,avx512bw"))) void bf16_to_f32_avx512(const uint16_t* src, float* dst,
-                                                                    size_t n) {
+// x[i] = round_bf16(x[i]), and dst[i] = its bits when dst is given: one pass.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void round_bf16_avx512(float* x, uint16_t* dst,
+                                                                            size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i r = round_bits_bf16(_mm512_loadu_si512(x + i));
+    _mm512_storeu_si512(x + i, r);
+    if (dst) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_codes(r));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512i r = round_bits_bf16(_mm512_maskz_loadu_epi32(m, x + i));
+    _mm512_mask_storeu_epi32(x + i, m, r);
+    if (dst) _mm256_mask_storeu_epi16(dst + i, m, bf16_codes(r));
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void bf16_to_f32_avx512(const uint16_t* src,
+                                                                             float* dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));

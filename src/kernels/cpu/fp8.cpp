@@ -112,7 +112,7 @@ void elems_portable(const Fmt& F, const float* x, int64_t n, const float* m, boo
 }
 
 #if defined(__x86_64__)
-#define LOOM_AVX512 __attribute__((target("avx512f,avx512bw")))
+#define LOOM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 LOOM_AVX512 inline void elems16(const Fmt& F, __m512 x, __m512 m, __m512 X, bool use_X,
                                 __mmask16 lanes, uint8_t* codes, uint16_t* deq) {
@@ -176,13 +176,20 @@ LOOM_AVX512 uint32_t amax_bits_avx512(const float* x, int64_t n) {
     const __mmask16 lanes = static_cast<__mmask16>((1u << (n - i)) - 1u);
     mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_maskz_loadu_epi32(lanes, x + i), abs));
   }
-  return _mm512_reduce_max_epu32(mx);
+  // Not _mm512_reduce_max_epu32: GCC 12 warns inside it (-Wuninitialized) when the function
+  // gets AVX-512 from a target attribute rather than -march.
+  alignas(64) uint32_t lanes[16];
+  _mm512_store_si512(lanes, mx);
+  uint32_t r = 0;
+  for (uint32_t v : lanes) r = std::max(r, v);
+  return r;
 }
 #endif
 
 bool avx512() {
 #if defined(__x86_64__)
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
   return has && !g_force_portable.load(std::memory_order_relaxed);
 #else
   return false;
