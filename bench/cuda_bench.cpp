@@ -5,6 +5,10 @@
 //
 //   bench_cuda [--preset gpt2-124m] [--batch 16] [--seq 1024] [--steps 10] [--warmup 3]
 //              [--math bf16|tf32|fp32|fp16] [--peak-tflops X] [--no-profile]
+//   bench_cuda --gemm-sweep [--preset P] [--batch B] [--seq T]
+//      the preset's linear-layer GEMMs (M = B*T tokens) through gemm_ex with bf16 and fp8
+//      (e4m3 x e4m3, per-tensor scales, bf16 output) operands, TFLOP/s each and fp8/bf16:
+//      what the FP8 recipes can gain per GEMM on this card before quantisation costs.
 //
 // Baseline for the ratios: the same shape in PyTorch on the same card
 // (bench/cuda_bench_torch.py prints eager and torch.compile figures in the same format).
@@ -33,6 +37,7 @@ struct Args {
   int batch = 16, seq = 1024, steps = 10, warmup = 3;
   double peak_tflops = 0;
   bool profile = true;
+  bool gemm_sweep = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -59,6 +64,8 @@ Args parse(int argc, char** argv) {
       a.peak_tflops = std::stod(val());
     else if (k == "--no-profile")
       a.profile = false;
+    else if (k == "--gemm-sweep")
+      a.gemm_sweep = true;
     else
       fail("unknown option ", k, " (see the comment at the top of bench/cuda_bench.cpp)");
   }
@@ -219,11 +226,140 @@ int run(const Args& a) {
   return 0;
 }
 
+// Mean ms of `launch` over `reps` launches after warm-up.
+template <typename Fn>
+double time_gemm(CudaBackend& be, Fn&& launch, int reps) {
+  auto st = static_cast<cudaStream_t>(be.stream());
+  for (int i = 0; i < 3; ++i) launch();
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  cudaEventRecord(t0, st);
+  for (int i = 0; i < reps; ++i) launch();
+  cudaEventRecord(t1, st);
+  be.sync();
+  float ms = 0;
+  cudaEventElapsedTime(&ms, t0, t1);
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  return ms / reps;
+}
+
+// Forward GEMMs of one block and the head: y[M,N] = x[M,K] W[N,K]^T, the layout cuBLASLt needs
+// for fp8 (B stored [N,K], trans_b), used for both types so only the operand type differs.
+int gemm_sweep(const Args& a) {
+  if (cuda_device_count() == 0) {
+    std::printf("bench_cuda: no CUDA device: skipped\n");
+    return 0;
+  }
+  CudaBackend be{CudaOptions{}};
+  const ModelConfig cfg = model_preset(a.preset);
+  const int M = a.batch * a.seq;
+  struct Shape {
+    const char* name;
+    int K, N;
+  };
+  const Shape shapes[] = {{"qkv", cfg.d_model, cfg.qkv_dim()},
+                          {"attn-out", cfg.n_head * cfg.head_dim, cfg.d_model},
+                          {"fc", cfg.d_model, cfg.fc_dim()},
+                          {"mlp-out", cfg.d_ff, cfg.d_model},
+                          {"head", cfg.d_model, cfg.vocab}};
+  const bool fp8_ok = be.sm_version() >= 89;
+  std::printf("bench_cuda --gemm-sweep: %s on %s (sm_%d), M = %d tokens%s\n", cfg.name.c_str(),
+              be.device_name().c_str(), be.sm_version(), M,
+              fp8_ok ? "" : " (no fp8 tensor cores before sm_89: fp8 skipped)");
+  // tf32 and f32>bf16: fp32 operands through the fp32 Backend GEMM (what the training step's
+  // replay runs today) on tf32 or bf16 tensor cores; bf16 and fp8: stored narrow operands.
+  std::printf("%-9s %6s %6s | %9s %9s %9s %9s | %s\n", "gemm", "K", "N", "tf32", "f32>bf16", "bf16",
+              "fp8", "fp8/bf16 (TFLOP/s)");
+  size_t max_x = 0, max_w = 0, max_y = 0;
+  for (const auto& sh : shapes) {
+    max_x = std::max(max_x, size_t(M) * sh.K);
+    max_w = std::max(max_w, size_t(sh.N) * sh.K);
+    max_y = std::max(max_y, size_t(M) * sh.N);
+  }
+  DeviceArena& arena = be.arena();
+  BumpRegion& buf = arena.create("sweep", (max_x + max_w + max_y) * 4 * 2 + (4u << 20));
+  float* x32 = buf.take_n<float>(max_x);
+  float* w32 = buf.take_n<float>(max_w);
+  void* x16 = buf.take_n<uint16_t>(max_x);
+  void* w16 = buf.take_n<uint16_t>(max_w);
+  void* x8 = buf.take_n<uint8_t>(max_x);
+  void* w8 = buf.take_n<uint8_t>(max_w);
+  float* y = buf.take_n<float>(max_y);
+  float* scales = buf.take_n<float>(64);
+  {
+    std::vector<float> h(std::max(max_x, max_w));
+    uint64_t s = 7;
+    for (auto& v : h) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<float>((s >> 40) % 2001) / 1000.f - 1.f;
+    }
+    be.upload(x32, h.data(), max_x * 4);
+    be.upload(w32, h.data(), max_w * 4);
+    const float one[2] = {1.f, 1.f};
+    be.upload(scales, one, sizeof one);
+  }
+  be.convert(x16, DType::BF16, x32, DType::F32, int64_t(max_x));
+  be.convert(w16, DType::BF16, w32, DType::F32, int64_t(max_w));
+  be.convert(x8, DType::F8E4M3, x32, DType::F32, int64_t(max_x));
+  be.convert(w8, DType::F8E4M3, w32, DType::F32, int64_t(max_w));
+  double tot[4] = {0, 0, 0, 0}, flops_all = 0;
+  for (const auto& sh : shapes) {
+    GemmEx g;
+    g.trans_b = true;
+    g.M = M;
+    g.N = sh.N;
+    g.K = sh.K;
+    g.lda = sh.K;
+    g.ldb = sh.K;
+    g.ldc = sh.N;
+    g.C = y;
+    const double flops = 2.0 * M * sh.N * sh.K;
+    const int reps = std::max(3, int(2e12 / flops));  // ~2 TFLOP per measurement
+    double ms[4] = {0, 0, 0, 0};
+    // fp32 operands on tf32 tensor cores: the backend's fp32-interface GEMM.
+    be.set_gemm_math(GemmMath::TF32);
+    auto fp32_gemm = [&] {
+      be.gemm(false, true, M, sh.N, sh.K, 1.f, x32, sh.K, w32, sh.K, 0.f, y, sh.N);
+    };
+    ms[0] = time_gemm(be, fp32_gemm, reps);
+    be.set_gemm_math(GemmMath::BF16);
+    ms[1] = time_gemm(be, fp32_gemm, reps);
+    g.a_type = g.b_type = DType::BF16;
+    g.c_type = DType::BF16;
+    g.A = x16;
+    g.B = w16;
+    ms[1] = time_gemm(
+        be, [&] { be.gemm_ex(g); }, reps);
+    if (fp8_ok) {
+      g.a_type = g.b_type = DType::F8E4M3;
+      g.A = x8;
+      g.B = w8;
+      g.a_scale = scales;
+      g.b_scale = scales + 1;
+      ms[2] = time_gemm(
+          be, [&] { be.gemm_ex(g); }, reps);
+    }
+    auto tf = [&](double t) { return t > 0 ? flops / (t * 1e-3) / 1e12 : 0.0; };
+    std::printf("%-9s %6d %6d | %9.1f %9.1f %9.1f %9.1f | %.2fx\n", sh.name, sh.K, sh.N, tf(ms[0]),
+                tf(ms[1]), tf(ms[2]), tf(ms[3]), ms[3] > 0 ? ms[2] / ms[3] : 0.0);
+    for (int i = 0; i < 4; ++i) tot[i] += ms[i];
+    flops_all += flops;
+  }
+  auto tf = [&](double t) { return t > 0 ? flops_all / (t * 1e-3) / 1e12 : 0.0; };
+  std::printf("%-9s %6s %6s | %9.1f %9.1f %9.1f %9.1f | %.2fx (one block's GEMMs + head)\n",
+              "total", "", "", tf(tot[0]), tf(tot[1]), tf(tot[2]), tf(tot[3]),
+              tot[3] > 0 ? tot[2] / tot[3] : 0.0);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    return run(parse(argc, argv));
+    const Args a = parse(argc, argv);
+    return a.gemm_sweep ? gemm_sweep(a) : run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda: %s\n", e.what());
     return 1;

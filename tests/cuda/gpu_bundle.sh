@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Run HERE (the CI/dev machine): copies the Debian libraries the CPU reference side of the
-# GPU tests needs (OpenBLAS, GoogleTest, and the toml++ headers src/core uses header-only) into
-# build-gpudeps/, which the GPU machine lacks (it has only the CUDA toolkit, CMake and ninja).
-# build-gpudeps/ is git-ignored (/build*/); pass it to the device tool as a carried path.
-# About 42 MiB.
+# Run HERE (the CI/dev machine) before a GPU session. Makes two git-ignored folders to pass to
+# the device tool as carried paths (the GPU machine has only the CUDA toolkit, CMake and ninja):
+#   build-gpudeps/  GoogleTest and the toml++ headers (src/core uses them header-only), so the
+#                   CUDA tests can be built there (about 2 MiB);
+#   build-gpucarry/ the CUDA tests and bench_cuda built here with this toolkit, laid out as a
+#                   build folder (tests/cuda/, bench/), plus libgomp, so gpu_check.sh can skip
+#                   the build there (about 25 MiB). Same nvcc major version on both machines.
+# Both builds use the portable CPU GEMM for the CPU reference side (no OpenBLAS to carry: the
+# tests' CPU shapes are small) and no -march=native (the GPU host's CPU may differ).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=build-gpudeps
 rm -rf "$D"
 mkdir -p "$D/include" "$D/lib/x86_64-linux-gnu/cmake"
-cp /usr/include/x86_64-linux-gnu/openblas-openmp/*.h "$D/include/"
-# Under its soname: the binaries ask for libopenblas.so.0 at run time.
-cp -L /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so "$D/lib/libopenblas.so.0"
-cp -L /lib/x86_64-linux-gnu/libgfortran.so.5 /lib/x86_64-linux-gnu/libquadmath.so.0 "$D/lib/"
 cp -r /usr/include/gtest "$D/include/"
 cp -r /usr/include/toml++ "$D/include/"
 cp /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.a \
@@ -21,4 +21,19 @@ cp /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest_main.
 cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$D/lib/x86_64-linux-gnu/cmake/"
 rm -f "$D"/lib/x86_64-linux-gnu/cmake/GTest/GMock*
 sed -i '/GMock/d' "$D/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake"
-du -sh "$D"
+
+TARGETS="cuda_host_tests cuda_step_replay_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests bench_cuda"
+export CCACHE_BASEDIR=$PWD
+cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_NATIVE=OFF \
+  -DLOOM_USE_OPENBLAS=OFF -DLOOM_USE_DNNL=OFF -DCMAKE_CUDA_ARCHITECTURES="80;90" > /dev/null
+cmake --build build-cuda -j "$(nproc)" --target $TARGETS
+C=build-gpucarry
+rm -rf "$C"
+mkdir -p "$C/tests/cuda" "$C/bench" "$C/lib"
+for t in $TARGETS; do
+  [ -x build-cuda/tests/cuda/$t ] && cp build-cuda/tests/cuda/$t "$C/tests/cuda/"
+done
+cp build-cuda/bench/bench_cuda "$C/bench/"
+strip "$C"/tests/cuda/* "$C"/bench/*  # host symbols only: device code and its line info stay
+cp -L /lib/x86_64-linux-gnu/libgomp.so.1 "$C/lib/"
+du -sh "$D" "$C"

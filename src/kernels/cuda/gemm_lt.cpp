@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <vector>
 
 #include "core/error.h"
 
@@ -45,7 +46,11 @@ using Key = std::array<int64_t, 22>;
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  // The heuristic's candidates, best first, and the first that cublasLtMatmul accepted: a
+  // candidate can still be refused at launch (seen for fp8 on Hopper with cuBLAS 13), so run()
+  // moves down the list once and remembers where it landed.
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  size_t chosen = 0;
 };
 
 cublasLtMatrixLayout_t layout(DType t, int rows, int cols, int ld, int batch, int64_t stride) {
@@ -140,6 +145,14 @@ struct LtGemm::Impl {
       LOOM_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
                                                    sizeof bt));
     }
+    if (is_fp8(g.a_type) || is_fp8(g.b_type)) {
+      // Scale pointers are part of the problem the heuristic plans for; run() sets them again
+      // (a plan is shared by calls with other scale buffers). cuBLASLt's A is our B.
+      LOOM_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                   &g.b_scale, sizeof g.b_scale));
+      LOOM_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                   &g.a_scale, sizeof g.a_scale));
+    }
     p.la = g.trans_b ? layout(g.b_type, k, m, g.ldb, g.batch, g.stride_b)
                      : layout(g.b_type, m, k, g.ldb, g.batch, g.stride_b);
     p.lb = g.trans_a ? layout(g.a_type, n, k, g.lda, g.batch, g.stride_a)
@@ -160,10 +173,11 @@ struct LtGemm::Impl {
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
     LOOM_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
-    cublasLtMatmulHeuristicResult_t res{};
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t res[kCandidates] = {};
     int found = 0;
-    const cublasStatus_t hs =
-        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found);
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.la, p.lb, p.lc, p.lc,
+                                                             pref, kCandidates, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatrixLayoutDestroy(p.la);
@@ -176,7 +190,9 @@ struct LtGemm::Impl {
            dtype_name(g.c_type), " compute ", compute, " alignment ", al_a, "/", al_b, "/", al_c,
            " (", cublasLtGetStatusString(hs), ")");
     }
-    p.algo = res.algo;
+    for (int i = 0; i < found; ++i)
+      if (res[i].state == CUBLAS_STATUS_SUCCESS) p.algos.push_back(res[i].algo);
+    LOOM_CHECK(!p.algos.empty(), "gemm (cuda): cuBLASLt returned no usable algorithm");
     return plans.emplace(key, p).first->second;
   }
 };
@@ -228,8 +244,21 @@ void LtGemm::run(cudaStream_t st, const GemmEx& g, int compute) {
     LOOM_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                  &g.a_scale, sizeof g.a_scale));
   }
-  LOOM_LT_CHECK(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.B, p.la, g.A, p.lb, &g.beta, g.C,
-                               p.lc, g.C, p.lc, &p.algo, impl_->ws, impl_->ws_bytes, st));
+  for (;;) {
+    const cublasStatus_t rs =
+        cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.B, p.la, g.A, p.lb, &g.beta, g.C, p.lc, g.C,
+                       p.lc, &p.algos[p.chosen], impl_->ws, impl_->ws_bytes, st);
+    if (rs == CUBLAS_STATUS_NOT_SUPPORTED && p.chosen + 1 < p.algos.size()) {
+      ++p.chosen;  // refused before launch: nothing ran, try the next candidate
+      continue;
+    }
+    if (rs != CUBLAS_STATUS_SUCCESS)
+      fail("gemm (cuda): cublasLtMatmul failed for M=", g.M, " N=", g.N, " K=", g.K, " types ",
+           dtype_name(g.a_type), "/", dtype_name(g.b_type), "->", dtype_name(g.c_type), " after ",
+           p.chosen + 1, " of ", p.algos.size(),
+           " candidate algorithms: ", cublasLtGetStatusString(rs));
+    break;
+  }
 }
 
 }  // namespace loom::cuda
