@@ -390,12 +390,21 @@ struct AttnCase {
   int Hq, Hkv, D, pad;
 };
 
-void check_attention(const AttnCase& c) {
+// Tolerances of one attention path against the CPU backend.
+struct AttnTol {
+  double out_rel, out_abs, lse, dqkv;
+};
+constexpr AttnTol kFp32Tol{2e-4, 2e-5, 2e-5, 1e-3};
+
+// `bf16_inputs`: q, k, v and dO are rounded to bf16 first (both sides see the same values), as
+// the tensor-core kernels stage them; what remains is their rounding of P and dS.
+void check_attention(const AttnCase& c, const AttnTol& tol = kFp32Tol, bool bf16_inputs = false) {
   const int nseq = int(c.cu.size()) - 1;
   const int N = c.cu.back() + 3;  // three rows after the last sequence: never touched
   const int A = c.Hq * c.D;
   const int ld = (c.Hq + 2 * c.Hkv) * c.D + c.pad;
   auto qkv = random_floats(size_t(N) * ld, 90, -2, 2);
+  if (bf16_inputs) round_to(DType::BF16, qkv.data(), qkv.size());
   const float* q = qkv.data();
   const float* k = q + A;
   const float* v = k + c.Hkv * c.D;
@@ -413,10 +422,11 @@ void check_attention(const AttnCase& c) {
                            scale);
   std::string what = "Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
                      " D=" + std::to_string(c.D) + " nseq=" + std::to_string(nseq);
-  EXPECT_TRUE(close(gout.get(), out, 2e-4, 2e-5)) << "out " << what;
-  EXPECT_TRUE(close(glse.get(), lse, 2e-5, 2e-5)) << "lse " << what;
+  EXPECT_TRUE(close(gout.get(), out, tol.out_rel, tol.out_abs)) << "out " << what;
+  EXPECT_TRUE(close(glse.get(), lse, tol.lse, tol.lse)) << "lse " << what;
 
   auto dout = random_floats(out.size(), 91);
+  if (bf16_inputs) round_to(DType::BF16, dout.data(), dout.size());
   for (size_t i = size_t(c.cu.back()) * A; i < dout.size(); ++i) dout[i] = 0.f;
   auto dqkv = test::nan_vector(qkv.size());
   // The CPU writes every head of every row inside the sequences; padding columns stay NaN.
@@ -428,7 +438,10 @@ void check_attention(const AttnCase& c) {
   gpu()->attention_backward(gdqkv.f(), gdqkv.f() + A, gdqkv.f() + A + c.Hkv * c.D, gdo.f(), gq, gk,
                             gv, gout_c.f(), glse_c.f(), ld, c.cu.data(), nseq, c.Hq, c.Hkv, c.D,
                             scale);
-  EXPECT_TRUE(close(gdqkv.get(), dqkv, 1e-3, 1e-4)) << "dqkv " << what;
+  if (bf16_inputs)
+    EXPECT_TRUE(close_scaled(gdqkv.get(), dqkv, tol.dqkv)) << "dqkv " << what;
+  else
+    EXPECT_TRUE(close(gdqkv.get(), dqkv, tol.dqkv, tol.dqkv / 10)) << "dqkv " << what;
 }
 
 TEST(CudaAttention, MatchesCpuAcrossShapes) {
@@ -443,6 +456,35 @@ TEST(CudaAttention, MatchesCpuAcrossShapes) {
       {{7, 50, 90}, 2, 2, 32, 0},  // rows before cu[0] are left alone
   };
   for (const AttnCase& c : cases) check_attention(c);
+}
+
+// The tensor-core kernels (bf16 operands, fp32 softmax and accumulation) on every shape they
+// take: ragged tiles, GQA/MQA, packed and empty sequences, padded head dims, rows before cu[0].
+TEST(CudaAttention, TensorCoresMatchCpuOnBf16Inputs) {
+  LOOM_REQUIRE_GPU();
+  if (gpu()->sm_version() < 80) GTEST_SKIP() << "bf16 tensor cores need sm_80";
+  gpu()->set_attention_math(AttnMath::BF16);
+  // P and dS are rounded to bf16 (relative error 2^-9) before their products.
+  const AttnTol tol{1e-2, 2e-3, 1e-4, 1e-2};
+  const AttnCase cases[] = {
+      {{0, 200}, 4, 4, 64, 0},      {{0, 100, 100, 231, 232, 500}, 4, 2, 64, 5},
+      {{0, 129}, 8, 1, 16, 0},      {{0, 70, 300}, 2, 2, 80, 3},
+      {{0, 96, 130}, 4, 4, 128, 0}, {{7, 50, 90}, 2, 2, 32, 0},
+  };
+  for (const AttnCase& c : cases) {
+    EXPECT_TRUE(gpu()->tensor_core_attention(c.D)) << "D=" << c.D;
+    check_attention(c, tol, true);
+  }
+  EXPECT_FALSE(gpu()->tensor_core_attention(256)) << "D=256 stays on the fp32 kernels";
+  gpu()->set_attention_math(AttnMath::Auto);
+}
+
+TEST(CudaAttention, TensorCoresLongSequence) {
+  LOOM_REQUIRE_GPU();
+  if (gpu()->sm_version() < 80) GTEST_SKIP() << "bf16 tensor cores need sm_80";
+  gpu()->set_attention_math(AttnMath::BF16);
+  check_attention({{0, 1024}, 12, 12, 64, 0}, {1e-2, 2e-3, 1e-4, 1e-2}, true);
+  gpu()->set_attention_math(AttnMath::Auto);
 }
 
 TEST(CudaAttention, LongSequence) {

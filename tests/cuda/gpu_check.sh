@@ -47,6 +47,10 @@ if want test; then
     grep -E "FAILED|Failure|PASSED|error" "$LOG/$t.txt" | head -30
     grep -q "SKIPPED" "$LOG/$t.txt" && [ $t != cuda_host_tests ] && { echo "$t: skipped tests on a GPU"; rc=1; }
   done
+  # cuBLASLt says why it refuses a GEMM at log level 2 (errors).
+  grep -q "FAILED.*CudaGemm" "$LOG/cuda_ops_tests.txt" 2>/dev/null &&
+    CUBLASLT_LOG_LEVEL=2 timeout 60 $B/tests/cuda/cuda_ops_tests --gtest_filter='CudaGemm.*' 2>&1 |
+      grep -iE "error|cublasLt" | head -20
 fi
 if want bench; then
   stamp "bench_cuda (GPT-2 124M, 16 x 1024, bf16 GEMMs)"
@@ -54,6 +58,8 @@ if want bench; then
   stamp "bench_cuda --gemm-sweep (gpt2-124m, llama-1b)"
   timeout 60 $B/bench/bench_cuda --gemm-sweep 2>&1 | tee "$LOG/bench_gemm.txt"
   timeout 60 $B/bench/bench_cuda --gemm-sweep --preset llama-1b --batch 8 --seq 2048 2>&1 | tee -a "$LOG/bench_gemm.txt"
+  stamp "bench_cuda llama-1b (4 x 2048, bf16 GEMMs)"
+  timeout 120 $B/bench/bench_cuda --preset llama-1b --batch 4 --seq 2048 --steps 5 2>&1 | tee "$LOG/bench_cuda_llama.txt"
 fi
 if want torch; then
   stamp "PyTorch baseline (eager, compile)"
@@ -69,7 +75,7 @@ if want sanitize && command -v compute-sanitizer >/dev/null; then
     > "$LOG/sanitizer_memcheck_step.txt" 2>&1 || { echo "memcheck step: rc $?"; rc=1; }
   stamp "racecheck: attention, layernorm"
   timeout 90 $S --tool racecheck $B/tests/cuda/cuda_ops_tests --gtest_brief=1 \
-    --gtest_filter='CudaAttention.MatchesCpu*:CudaOps.LayerNorm*' \
+    --gtest_filter='CudaAttention.MatchesCpu*:CudaAttention.TensorCoresMatch*:CudaOps.LayerNorm*' \
     > "$LOG/sanitizer_racecheck.txt" 2>&1 || { echo "racecheck: rc $?"; rc=1; }
   tail -n 4 "$LOG"/sanitizer_*.txt
 fi

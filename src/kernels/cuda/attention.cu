@@ -307,13 +307,18 @@ void attention_forward(cudaStream_t st, const AttnArgs& a, float* out, float* ls
   }
 }
 
-void attention_backward(cudaStream_t st, const AttnArgs& a, const float* out, const float* lse,
-                        const float* dout, float* dq, float* dk, float* dv, float* delta) {
-  if (a.n_q_items == 0) return;
+void attention_delta(cudaStream_t st, const AttnArgs& a, const float* out, const float* dout,
+                     float* delta) {
   const int64_t warps = int64_t{a.row1 - a.row0} * a.Hq;
   k_attn_delta<<<grid_1d(warps * 32, kThreads, 1, 1 << 30), kThreads, 0, st>>>(
       out, dout, delta, a.row0, a.row1, a.Hq, a.D);
   LOOM_CUDA_LAUNCHED("attention_backward (delta)");
+}
+
+void attention_backward(cudaStream_t st, const AttnArgs& a, const float* out, const float* lse,
+                        const float* dout, float* dq, float* dk, float* dv, float* delta) {
+  if (a.n_q_items == 0) return;
+  attention_delta(st, a, out, dout, delta);
   switch (attn_tile_config(a.D).dmax) {
     case 32:
       return launch_bwd<32>(st, a, lse, dout, dq, dk, dv, delta);

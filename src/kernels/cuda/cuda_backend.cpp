@@ -433,8 +433,14 @@ void check_attention(int ld, const int32_t* cu, int nseq, int Hq, int Hkv, int D
 }
 }  // namespace
 
-void CudaBackend::attn_upload_schedule(const int32_t* cu, int nseq, int D) {
-  const int rows = cuda::attn_tile_config(D).rows;
+bool CudaBackend::tensor_core_attention(int D) const {
+  const bool want = opt_.attention_math == AttnMath::BF16 ||
+                    (opt_.attention_math == AttnMath::Auto &&
+                     (opt_.gemm_math == GemmMath::BF16 || opt_.gemm_math == GemmMath::FP16));
+  return want && sm_ >= 80 && cuda::attention_tc_supported(D);
+}
+
+void CudaBackend::attn_upload_schedule(const int32_t* cu, int nseq, int rows) {
   Impl& m = *impl_;
   if (rows == m.rows_cached && m.cu_cached.size() == size_t(nseq) + 1 &&
       std::equal(cu, cu + nseq + 1, m.cu_cached.begin()))
@@ -462,7 +468,8 @@ void CudaBackend::attention_forward(float* out, float* lse, const float* q, cons
                                     int Hq, int Hkv, int D, float scale) {
   check_attention(ld, cu_seqlens, nseq, Hq, Hkv, D, scale, "attention_forward");
   if (nseq == 0 || cu_seqlens[nseq] == cu_seqlens[0]) return;
-  attn_upload_schedule(cu_seqlens, nseq, D);
+  const bool tc = tensor_core_attention(D);
+  attn_upload_schedule(cu_seqlens, nseq, tc ? cuda::attn_tc_rows : cuda::attn_tile_config(D).rows);
   const Impl& m = *impl_;
   const cuda::AttnArgs a{q,
                          k,
@@ -479,7 +486,10 @@ void CudaBackend::attention_forward(float* out, float* lse, const float* q, cons
                          m.sched.num_k_items(),
                          cu_seqlens[0],
                          cu_seqlens[nseq]};
-  cuda::attention_forward(m.stream, a, out, lse);
+  if (tc)
+    cuda::attention_forward_tc(m.stream, a, out, lse);
+  else
+    cuda::attention_forward(m.stream, a, out, lse);
 }
 
 void CudaBackend::attention_backward(float* dq, float* dk, float* dv, const float* dout,
@@ -491,7 +501,8 @@ void CudaBackend::attention_backward(float* dq, float* dk, float* dv, const floa
   if (nseq == 0 || cu_seqlens[nseq] == cu_seqlens[0]) return;
   LOOM_CHECK(dq != q && dk != k && dv != v,
              "attention_backward: dq/dk/dv must not alias q/k/v (they are read while written)");
-  attn_upload_schedule(cu_seqlens, nseq, D);
+  const bool tc = tensor_core_attention(D);
+  attn_upload_schedule(cu_seqlens, nseq, tc ? cuda::attn_tc_rows : cuda::attn_tile_config(D).rows);
   const Impl& m = *impl_;
   ScratchScope scope(*ws_);
   float* delta = ws_->take_n<float>(size_t(cu_seqlens[nseq]) * Hq, "attention delta");
@@ -510,7 +521,10 @@ void CudaBackend::attention_backward(float* dq, float* dk, float* dv, const floa
                          m.sched.num_k_items(),
                          cu_seqlens[0],
                          cu_seqlens[nseq]};
-  cuda::attention_backward(m.stream, a, out, lse, dout, dq, dk, dv, delta);
+  if (tc)
+    cuda::attention_backward_tc(m.stream, a, out, lse, dout, dq, dk, dv, delta);
+  else
+    cuda::attention_backward(m.stream, a, out, lse, dout, dq, dk, dv, delta);
 }
 
 // ------------------------------------------------------------------------------- optimizer

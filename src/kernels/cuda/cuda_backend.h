@@ -34,9 +34,16 @@ enum class GemmMath : uint8_t { FP32, TF32, BF16, FP16 };
 GemmMath gemm_math_from_name(const std::string& s);  // fp32 | tf32 | bf16 | fp16
 const char* gemm_math_name(GemmMath m);
 
+// Attention on the tensor cores (bf16 q/k/v/dO tiles, P and dS rounded to bf16 for their
+// products, fp32 softmax and accumulation; head dims D % 16 == 0, D <= 128) or in fp32 on the
+// CUDA cores. Auto: tensor cores when gemm_math is BF16 or FP16, whose GEMMs round their inputs
+// alike; fp32 otherwise and for head dims the tensor-core kernels do not take.
+enum class AttnMath : uint8_t { Auto, FP32, BF16 };
+
 struct CudaOptions {
   int device = 0;
   GemmMath gemm_math = GemmMath::TF32;
+  AttnMath attention_math = AttnMath::Auto;
   size_t workspace_bytes = size_t{512} << 20;    // the backend's scratch, allocated up front
   size_t cublaslt_workspace = size_t{32} << 20;  // part of it reserved for cuBLASLt
 };
@@ -156,6 +163,9 @@ class CudaBackend final : public Backend {
 
   void set_gemm_math(GemmMath m) { opt_.gemm_math = m; }
   GemmMath gemm_math() const { return opt_.gemm_math; }
+  void set_attention_math(AttnMath m) { opt_.attention_math = m; }
+  // Whether attention with head dim D runs on the tensor cores under the current options.
+  bool tensor_core_attention(int D) const;
 
   // Memory helpers (synchronous unless named async).
   void upload(void* dst, const void* src, size_t bytes);
@@ -178,7 +188,7 @@ class CudaBackend final : public Backend {
  private:
   struct Impl;
   void check_device_errors();
-  void attn_upload_schedule(const int32_t* cu_seqlens, int nseq, int D);
+  void attn_upload_schedule(const int32_t* cu_seqlens, int nseq, int rows);
 
   CudaOptions opt_;
   DeviceArena arena_;

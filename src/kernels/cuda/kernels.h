@@ -113,8 +113,19 @@ struct AttnArgs {
   int row0, row1;  // cu[0], cu[nseq] (host copies)
 };
 void attention_forward(cudaStream_t st, const AttnArgs& a, float* out, float* lse);
+// delta[row, h] = sum_d dO * O, the first pass of every attention backward.
+void attention_delta(cudaStream_t st, const AttnArgs& a, const float* out, const float* dout,
+                     float* delta);
 // delta: (row1) * Hq floats of scratch.
 void attention_backward(cudaStream_t st, const AttnArgs& a, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* delta);
+
+// ---- tensor-core attention (attention_tc.cu): bf16 operands, fp32 softmax and accumulation;
+// same arguments and outputs as above. Work items are planned with attn_tc_rows rows.
+constexpr int attn_tc_rows = 64;
+bool attention_tc_supported(int D);  // D % 16 == 0 and D <= 128
+void attention_forward_tc(cudaStream_t st, const AttnArgs& a, float* out, float* lse);
+void attention_backward_tc(cudaStream_t st, const AttnArgs& a, const float* out, const float* lse,
+                           const float* dout, float* dq, float* dk, float* dv, float* delta);
 
 }  // namespace loom::cuda
