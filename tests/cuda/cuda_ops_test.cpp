@@ -129,7 +129,11 @@ TEST(CudaGemm, TypedBf16AndFp8) {
     DevBuf dA32(A), dB32(B), dA(A.size() * 2), dB(B.size() * 2), dC(ref.size() * 4);
     gpu()->convert(dA.raw(), ta, dA32.raw(), DType::F32, int64_t(A.size()));
     gpu()->convert(dB.raw(), tb, dB32.raw(), DType::F32, int64_t(B.size()));
-    DevBuf scales(std::vector<float>{sa, sb});
+    // Each scale on its own 64-byte line, as separately allocated scale tensors are.
+    std::vector<float> sc(32, 0.f);
+    sc[0] = sa;
+    sc[16] = sb;
+    DevBuf scales(sc);
     dC.poison();
     GemmEx g;
     g.trans_b = true;
@@ -147,7 +151,7 @@ TEST(CudaGemm, TypedBf16AndFp8) {
     g.ldc = N;
     if (fp8) {
       g.a_scale = scales.f();
-      g.b_scale = scales.f() + 1;
+      g.b_scale = scales.f() + 16;
     }
     gpu()->gemm_ex(g);
     EXPECT_TRUE(close_scaled(dC.get(), ref, 1e-4)) << dtype_name(ta) << " x " << dtype_name(tb);

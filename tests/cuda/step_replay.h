@@ -149,7 +149,7 @@ class StepReplay {
       be_.rope_forward(a.qkv, in_.positions, N, Hq, D, Q, c_.rope_theta);
       be_.rope_forward(a.qkv + A, in_.positions, N, Hkv, D, Q, c_.rope_theta);
     }
-    tag("attention");
+    tag("attention fwd");
     be_.attention_forward(a.att, a.lse, a.qkv, a.qkv + A, a.qkv + A + Hkv * D, Q, in_.cu, in_.nseq,
                           Hq, Hkv, D, scale());
     tag("matmul");
@@ -196,7 +196,7 @@ class StepReplay {
     tag("matmul");
     be_.matmul_backward(datt_, Pl(l, "attn.proj.weight", true), Pl(l, "attn.proj.bias", true),
                         dres_, a.att, Pl(l, "attn.proj.weight", false), N, A, C);
-    tag("attention");
+    tag("attention bwd");
     const float* q = a.qkv;
     be_.attention_backward(dqkv_, dqkv_ + A, dqkv_ + A + Hkv * D, datt_, q, q + A, q + A + Hkv * D,
                            a.att, a.lse, Q, in_.cu, in_.nseq, Hq, Hkv, D, scale());

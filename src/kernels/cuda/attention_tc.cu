@@ -49,8 +49,23 @@ struct Ld {
 
 // Rows [r0, r0 + 64) of one head of a row-major fp32 matrix (row stride ld, the head's first
 // column at base) into a bf16 tile; rows at or past len and columns at or past D are zero.
+// vec4: base and ld allow 16-byte loads (checked on the host), four columns at a time.
 template <int DMAX>
-__device__ void load_tile(bf16* dst, const float* base, int64_t ld, int r0, int len, int D) {
+__device__ void load_tile(bf16* dst, const float* base, int64_t ld, int r0, int len, int D,
+                          bool vec4) {
+  if (vec4) {
+    constexpr int C4 = DMAX / 4;
+    for (int idx = threadIdx.x; idx < kTile * C4; idx += kThreads) {
+      const int i = idx / C4, d = (idx % C4) * 4;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r0 + i < len && d < D)
+        v = *reinterpret_cast<const float4*>(base + int64_t{r0 + i} * ld + d);
+      auto* p = reinterpret_cast<__nv_bfloat162*>(dst + i * Ld<DMAX>::h + d);
+      p[0] = __floats2bfloat162_rn(v.x, v.y);
+      p[1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < kTile * DMAX; idx += kThreads) {
     const int i = idx / DMAX, d = idx % DMAX;
     const bool in = r0 + i < len && d < D;
@@ -141,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) k_attn_fwd_tc(AttnArgs a, float* out
   const bool valid = qi < len;
   const float c = a.scale * kLog2e;  // scores in the exp2 domain
 
-  load_tile<DMAX>(Qs, a.q + int64_t{start} * a.ld + int64_t{h} * a.D, a.ld, q0, len, a.D);
+  load_tile<DMAX>(Qs, a.q + int64_t{start} * a.ld + int64_t{h} * a.D, a.ld, q0, len, a.D, a.vec4);
   for (int i = lane; i < 16 * L::o; i += 32) O[i] = 0.f;
   float m = -INFINITY, l = 0.f;
   const int q_last = min(len, q0 + kRows) - 1;
@@ -150,8 +165,8 @@ __global__ void __launch_bounds__(kThreads) k_attn_fwd_tc(AttnArgs a, float* out
   const float* vb = a.v + int64_t{start} * a.ld + int64_t{kvh} * a.D;
   for (int k0 = 0; k0 <= q_last; k0 += kTile) {
     __syncthreads();  // the previous tile is no longer read
-    load_tile<DMAX>(Ks, kb, a.ld, k0, len, a.D);
-    load_tile<DMAX>(Vs, vb, a.ld, k0, len, a.D);
+    load_tile<DMAX>(Ks, kb, a.ld, k0, len, a.D, a.vec4);
+    load_tile<DMAX>(Vs, vb, a.ld, k0, len, a.D, a.vec4);
     __syncthreads();
     if (k0 > warp_last) continue;  // causal: none of these keys is visible to this warp's rows
     warp_abt<DMAX>(S, Qs + (warp * 16) * L::h, Ks);
@@ -240,8 +255,8 @@ __global__ void __launch_bounds__(kThreads)
   const float c = a.scale * kLog2e;
   const int64_t ldo = int64_t{a.Hq} * a.D;
 
-  load_tile<DMAX>(Qs, a.q + int64_t{start} * a.ld + int64_t{h} * a.D, a.ld, q0, len, a.D);
-  load_tile<DMAX>(Gs, dout + int64_t{start} * ldo + int64_t{h} * a.D, ldo, q0, len, a.D);
+  load_tile<DMAX>(Qs, a.q + int64_t{start} * a.ld + int64_t{h} * a.D, a.ld, q0, len, a.D, a.vec4);
+  load_tile<DMAX>(Gs, dout + int64_t{start} * ldo + int64_t{h} * a.D, ldo, q0, len, a.D, a.vec4);
   const int64_t row = start + (valid ? qi : 0);
   const float lse2 = valid ? lse[row * a.Hq + h] * kLog2e : INFINITY;
   const float dl = valid ? delta[row * a.Hq + h] : 0.f;
@@ -254,8 +269,8 @@ __global__ void __launch_bounds__(kThreads)
   const float* vb = a.v + int64_t{start} * a.ld + int64_t{kvh} * a.D;
   for (int k0 = 0; k0 <= q_last; k0 += kTile) {
     __syncthreads();
-    load_tile<DMAX>(Ks, kb, a.ld, k0, len, a.D);
-    load_tile<DMAX>(Vs, vb, a.ld, k0, len, a.D);
+    load_tile<DMAX>(Ks, kb, a.ld, k0, len, a.D, a.vec4);
+    load_tile<DMAX>(Vs, vb, a.ld, k0, len, a.D, a.vec4);
     __syncthreads();
     if (k0 > warp_last) continue;
     warp_abt<DMAX>(S, Qs + (warp * 16) * L::h, Ks);
@@ -312,8 +327,10 @@ __global__ void __launch_bounds__(kThreads)
   const float c = a.scale * kLog2e;
   const int64_t ldo = int64_t{a.Hq} * a.D;
 
-  load_tile<DMAX>(Ks, a.k + int64_t{start} * a.ld + int64_t{kvh} * a.D, a.ld, k_first, len, a.D);
-  load_tile<DMAX>(Vs, a.v + int64_t{start} * a.ld + int64_t{kvh} * a.D, a.ld, k_first, len, a.D);
+  load_tile<DMAX>(Ks, a.k + int64_t{start} * a.ld + int64_t{kvh} * a.D, a.ld, k_first, len, a.D,
+                  a.vec4);
+  load_tile<DMAX>(Vs, a.v + int64_t{start} * a.ld + int64_t{kvh} * a.D, a.ld, k_first, len, a.D,
+                  a.vec4);
   FragC ak[DMAX / 16], av[DMAX / 16];
 #pragma unroll
   for (int jd = 0; jd < DMAX / 16; ++jd) {
@@ -325,8 +342,10 @@ __global__ void __launch_bounds__(kThreads)
     // Causal: queries before the block's first key see none of its keys.
     for (int q0 = k_first; q0 < len; q0 += kTile) {
       __syncthreads();
-      load_tile<DMAX>(Qs, a.q + int64_t{start} * a.ld + int64_t{h} * a.D, a.ld, q0, len, a.D);
-      load_tile<DMAX>(Gs, dout + int64_t{start} * ldo + int64_t{h} * a.D, ldo, q0, len, a.D);
+      load_tile<DMAX>(Qs, a.q + int64_t{start} * a.ld + int64_t{h} * a.D, a.ld, q0, len, a.D,
+                      a.vec4);
+      load_tile<DMAX>(Gs, dout + int64_t{start} * ldo + int64_t{h} * a.D, ldo, q0, len, a.D,
+                      a.vec4);
       for (int i = threadIdx.x; i < kTile; i += kThreads) {
         const bool in = q0 + i < len;
         const int64_t row = start + q0 + i;

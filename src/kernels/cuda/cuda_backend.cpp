@@ -433,6 +433,12 @@ void check_attention(int ld, const int32_t* cu, int nseq, int Hq, int Hkv, int D
 }
 }  // namespace
 
+namespace {
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+}  // namespace
+
 bool CudaBackend::tensor_core_attention(int D) const {
   const bool want = opt_.attention_math == AttnMath::BF16 ||
                     (opt_.attention_math == AttnMath::Auto &&
@@ -471,25 +477,27 @@ void CudaBackend::attention_forward(float* out, float* lse, const float* q, cons
   const bool tc = tensor_core_attention(D);
   attn_upload_schedule(cu_seqlens, nseq, tc ? cuda::attn_tc_rows : cuda::attn_tile_config(D).rows);
   const Impl& m = *impl_;
-  const cuda::AttnArgs a{q,
-                         k,
-                         v,
-                         ld,
-                         Hq,
-                         Hkv,
-                         D,
-                         scale,
-                         m.cu_dev,
-                         m.q_items_dev,
-                         m.sched.num_q_items(),
-                         m.k_items_dev,
-                         m.sched.num_k_items(),
-                         cu_seqlens[0],
-                         cu_seqlens[nseq]};
-  if (tc)
+  cuda::AttnArgs a{q,
+                   k,
+                   v,
+                   ld,
+                   Hq,
+                   Hkv,
+                   D,
+                   scale,
+                   m.cu_dev,
+                   m.q_items_dev,
+                   m.sched.num_q_items(),
+                   m.k_items_dev,
+                   m.sched.num_k_items(),
+                   cu_seqlens[0],
+                   cu_seqlens[nseq]};
+  if (tc) {
+    a.vec4 = aligned16(q) && aligned16(k) && aligned16(v) && ld % 4 == 0;
     cuda::attention_forward_tc(m.stream, a, out, lse);
-  else
+  } else {
     cuda::attention_forward(m.stream, a, out, lse);
+  }
 }
 
 void CudaBackend::attention_backward(float* dq, float* dk, float* dv, const float* dout,
@@ -506,25 +514,27 @@ void CudaBackend::attention_backward(float* dq, float* dk, float* dv, const floa
   const Impl& m = *impl_;
   ScratchScope scope(*ws_);
   float* delta = ws_->take_n<float>(size_t(cu_seqlens[nseq]) * Hq, "attention delta");
-  const cuda::AttnArgs a{q,
-                         k,
-                         v,
-                         ld,
-                         Hq,
-                         Hkv,
-                         D,
-                         scale,
-                         m.cu_dev,
-                         m.q_items_dev,
-                         m.sched.num_q_items(),
-                         m.k_items_dev,
-                         m.sched.num_k_items(),
-                         cu_seqlens[0],
-                         cu_seqlens[nseq]};
-  if (tc)
+  cuda::AttnArgs a{q,
+                   k,
+                   v,
+                   ld,
+                   Hq,
+                   Hkv,
+                   D,
+                   scale,
+                   m.cu_dev,
+                   m.q_items_dev,
+                   m.sched.num_q_items(),
+                   m.k_items_dev,
+                   m.sched.num_k_items(),
+                   cu_seqlens[0],
+                   cu_seqlens[nseq]};
+  if (tc) {
+    a.vec4 = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) && ld % 4 == 0;
     cuda::attention_backward_tc(m.stream, a, out, lse, dout, dq, dk, dv, delta);
-  else
+  } else {
     cuda::attention_backward(m.stream, a, out, lse, dout, dq, dk, dv, delta);
+  }
 }
 
 // ------------------------------------------------------------------------------- optimizer

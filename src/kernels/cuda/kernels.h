@@ -111,6 +111,9 @@ struct AttnArgs {
   const int32_t* k_items;
   int n_k_items;
   int row0, row1;  // cu[0], cu[nseq] (host copies)
+  // q/k/v (and dO in backward) start 16-byte aligned and ld % 4 == 0: the tensor-core kernels
+  // stage tiles with 16-byte loads.
+  bool vec4 = false;
 };
 void attention_forward(cudaStream_t st, const AttnArgs& a, float* out, float* lse);
 // delta[row, h] = sum_d dO * O, the first pass of every attention backward.
