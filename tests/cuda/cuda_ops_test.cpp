@@ -154,7 +154,26 @@ TEST(CudaGemm, TypedBf16AndFp8) {
       g.b_scale = scales.f() + 16;
     }
     gpu()->gemm_ex(g);
-    EXPECT_TRUE(close_scaled(dC.get(), ref, 1e-4)) << dtype_name(ta) << " x " << dtype_name(tb);
+    // Hopper's fp8 MMA keeps fewer accumulator bits than its bf16 MMA (measured here on an
+    // H200: 1.7e-4 of the largest output at K = 256), hence the looser bound for fp8.
+    EXPECT_TRUE(close_scaled(dC.get(), ref, fp8 ? 1e-3 : 1e-4))
+        << dtype_name(ta) << " x " << dtype_name(tb);
+    if (fp8) {
+      // cuBLASLt refuses scales that are not 16-byte aligned at launch (seen on an H200 with a
+      // scale 4 bytes after the other): the backend says so before calling it.
+      g.b_scale = scales.f() + 1;
+      EXPECT_THROW(
+          {
+            try {
+              gpu()->gemm_ex(g);
+            } catch (const Error& e) {
+              EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos)
+                  << e.what();
+              throw;
+            }
+          },
+          Error);
+    }
   }
 }
 

@@ -68,8 +68,8 @@ struct GemmEx {
   int ldc = 0;
   float alpha = 1.f, beta = 0.f;
   const float* bias = nullptr;
-  const float* a_scale = nullptr;  // fp8 only (device)
-  const float* b_scale = nullptr;  // fp8 only (device)
+  const float* a_scale = nullptr;  // fp8 only (device, 16-byte aligned)
+  const float* b_scale = nullptr;  // fp8 only (device, 16-byte aligned)
   int batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements
 };

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <map>
-#include <vector>
 
 #include "core/error.h"
 
@@ -46,11 +45,7 @@ using Key = std::array<int64_t, 22>;
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  // The heuristic's candidates, best first, and the first that cublasLtMatmul accepted: a
-  // candidate can still be refused at launch (seen for fp8 on Hopper with cuBLAS 13), so run()
-  // moves down the list once and remembers where it landed.
-  std::vector<cublasLtMatmulAlgo_t> algos;
-  size_t chosen = 0;
+  cublasLtMatmulAlgo_t algo{};
 };
 
 cublasLtMatrixLayout_t layout(DType t, int rows, int cols, int ld, int batch, int64_t stride) {
@@ -173,11 +168,10 @@ struct LtGemm::Impl {
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
     LOOM_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
-    constexpr int kCandidates = 8;
-    cublasLtMatmulHeuristicResult_t res[kCandidates] = {};
+    cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.la, p.lb, p.lc, p.lc,
-                                                             pref, kCandidates, res, &found);
+    const cublasStatus_t hs =
+        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatrixLayoutDestroy(p.la);
@@ -190,9 +184,7 @@ struct LtGemm::Impl {
            dtype_name(g.c_type), " compute ", compute, " alignment ", al_a, "/", al_b, "/", al_c,
            " (", cublasLtGetStatusString(hs), ")");
     }
-    for (int i = 0; i < found; ++i)
-      if (res[i].state == CUBLAS_STATUS_SUCCESS) p.algos.push_back(res[i].algo);
-    LOOM_CHECK(!p.algos.empty(), "gemm (cuda): cuBLASLt returned no usable algorithm");
+    p.algo = res.algo;
     return plans.emplace(key, p).first->second;
   }
 };
@@ -228,6 +220,10 @@ void LtGemm::run(cudaStream_t st, const GemmEx& g, int compute) {
                "gemm (cuda): fp8 operands must be A[M,K] (not transposed) and B stored [N,K] "
                "(trans_b), the only layout cuBLASLt supports for fp8");
     LOOM_CHECK(g.a_scale && g.b_scale, "gemm (cuda): fp8 needs per-tensor scales a_scale/b_scale");
+    LOOM_CHECK(pointer_alignment(g.a_scale) >= 16 && pointer_alignment(g.b_scale) >= 16,
+               "gemm (cuda): fp8 scale pointers must be 16-byte aligned (cuBLASLt refuses others "
+               "at launch); got alignments ",
+               pointer_alignment(g.a_scale), " and ", pointer_alignment(g.b_scale));
     LOOM_CHECK(!g.bias, "gemm (cuda): bias is not supported with fp8 operands");
   } else {
     LOOM_CHECK(g.a_type == g.b_type, "gemm (cuda): A and B types differ (", dtype_name(g.a_type),
@@ -244,21 +240,13 @@ void LtGemm::run(cudaStream_t st, const GemmEx& g, int compute) {
     LOOM_LT_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                  &g.a_scale, sizeof g.a_scale));
   }
-  for (;;) {
-    const cublasStatus_t rs =
-        cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.B, p.la, g.A, p.lb, &g.beta, g.C, p.lc, g.C,
-                       p.lc, &p.algos[p.chosen], impl_->ws, impl_->ws_bytes, st);
-    if (rs == CUBLAS_STATUS_NOT_SUPPORTED && p.chosen + 1 < p.algos.size()) {
-      ++p.chosen;  // refused before launch: nothing ran, try the next candidate
-      continue;
-    }
-    if (rs != CUBLAS_STATUS_SUCCESS)
-      fail("gemm (cuda): cublasLtMatmul failed for M=", g.M, " N=", g.N, " K=", g.K, " types ",
-           dtype_name(g.a_type), "/", dtype_name(g.b_type), "->", dtype_name(g.c_type), " after ",
-           p.chosen + 1, " of ", p.algos.size(),
-           " candidate algorithms: ", cublasLtGetStatusString(rs));
-    break;
-  }
+  const cublasStatus_t rs =
+      cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.B, p.la, g.A, p.lb, &g.beta, g.C, p.lc, g.C,
+                     p.lc, &p.algo, impl_->ws, impl_->ws_bytes, st);
+  if (rs != CUBLAS_STATUS_SUCCESS)
+    fail("gemm (cuda): cublasLtMatmul failed for M=", g.M, " N=", g.N, " K=", g.K, " types ",
+         dtype_name(g.a_type), "/", dtype_name(g.b_type), "->", dtype_name(g.c_type), ": ",
+         cublasLtGetStatusString(rs));
 }
 
 }  // namespace loom::cuda
