@@ -4,7 +4,9 @@
 // peak, each op group's share of the step time, and the peak device memory.
 //
 //   bench_cuda [--preset gpt2-124m] [--batch 16] [--seq 1024] [--steps 10] [--warmup 3]
-//              [--math bf16|tf32|fp32|fp16] [--peak-tflops X] [--no-profile]
+//              [--math bf16|tf32|fp32|fp16|fp8] [--peak-tflops X] [--no-profile]
+//      fp8: the blocks' linear layers in fp8 with current scaling (hybrid e4m3/e5m2), the rest
+//      as under bf16; MFU still against the dense bf16 peak.
 //   bench_cuda --gemm-sweep [--preset P] [--batch B] [--seq T]
 //      the preset's linear-layer GEMMs (M = B*T tokens) through gemm_ex with bf16 and fp8
 //      (e4m3 x e4m3, per-tensor scales, bf16 output) operands, TFLOP/s each and fp8/bf16:
@@ -20,12 +22,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "cuda/step_replay.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/fp8_linear.h"
 #include "model/decoder.h"
 
 namespace {
@@ -109,7 +113,10 @@ int run(const Args& a) {
     return 0;
   }
   CudaOptions opt;
-  opt.gemm_math = gemm_math_from_name(a.math);
+  // fp8: the blocks' linear layers in fp8 (current scaling, hybrid e4m3/e5m2: the recipe
+  // `fp8_tensorwise_current` with fp8_format = "hybrid"), everything else as under bf16.
+  const bool fp8 = a.math == "fp8";
+  opt.gemm_math = gemm_math_from_name(fp8 ? "bf16" : a.math);
   CudaBackend be(opt);
   const ModelConfig cfg = model_preset(a.preset);
   LOOM_CHECK(a.seq <= cfg.max_seq, "--seq ", a.seq, " exceeds the preset's max_seq ", cfg.max_seq);
@@ -170,6 +177,18 @@ int run(const Args& a) {
       be, cfg, host.params(), w, g, N, head_chunk,
       [&](size_t n) { return acts.take_n<float>((n + 63) / 64 * 64); },
       [&](float* d, const float* src, size_t n) { be.download(d, src, n * 4); });
+  std::unique_ptr<CudaFp8Linear> fp8_linear;
+  if (fp8) {
+    const int widest = std::max({cfg.d_model, cfg.qkv_dim(), cfg.fc_dim(), cfg.d_ff});
+    const size_t weight = size_t(widest) * std::max(cfg.d_model, cfg.d_ff);
+    fp8_linear = std::make_unique<CudaFp8Linear>(be, true, 0, N, widest, weight);
+    replay.linear.forward = [&](float* y, const float* x, const float* w, const float* b, int n,
+                                int in, int out) { fp8_linear->forward(y, x, w, b, n, in, out); };
+    replay.linear.backward = [&](float* dx, float* dw, float* db, const float* dy, const float* x,
+                                 const float* w, int n, int in, int out) {
+      fp8_linear->backward(dx, dw, db, dy, x, w, n, in, out);
+    };
+  }
   auto stream = static_cast<cudaStream_t>(be.stream());
   GroupTimer timer{{}, stream};
 

@@ -4,13 +4,16 @@
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/step_fixture.h"
 #include "cuda/step_replay.h"
+#include "kernels/cuda/fp8_linear.h"
 #include "model/decoder.h"
+#include "precision/fp8_recipes.h"
 
 namespace loom {
 namespace {
@@ -80,6 +83,51 @@ TEST(CudaStep, TinyLlamaMatchesCpu) {
 TEST(CudaStep, Gpt2_124mMatchesCpu) {
   LOOM_REQUIRE_GPU();
   check_step("gpt2-124m", {0, 256, 512}, 2e-3);
+}
+
+// One step with the blocks' linear layers in fp8 on the GPU (CudaFp8Linear: current scaling,
+// hybrid e4m3/e5m2) against the CPU recipe fp8_tensorwise_current on the same weights: both
+// sides quantise alike (amax, scale, round to nearest even, saturation), so what remains is
+// summation order and Hopper's fp8 accumulation; everything else runs in fp32 on both.
+TEST(CudaStep, Fp8CurrentScalingMatchesCpuRecipe) {
+  LOOM_REQUIRE_GPU();
+  if (gpu()->sm_version() < 89) GTEST_SKIP() << "fp8 tensor cores need sm_89";
+  const GemmMath saved = gpu()->gemm_math();
+  gpu()->set_gemm_math(GemmMath::FP32);
+  for (const char* preset : {"tiny", "tiny-llama"}) {
+    const ModelConfig cfg = model_preset(preset);
+    const test::StepBatch b = test::make_batch(cfg, {0, 64, 100, 128}, 23);
+    Decoder m(cfg, cpu_backend());
+    m.params().init(4);
+    m.params().zero_grad();
+    Fp8Options o;
+    o.kind = Fp8RecipeKind::TensorwiseCurrent;
+    o.hybrid = true;
+    Fp8Recipes recipes(m, o);
+    recipes.begin_step();
+    const float dloss = 1.f / b.N;
+    const double want = m.forward_backward(
+        {b.tokens.data(), b.targets.data(), b.positions.data(), b.cu.data(), b.N, b.nseq}, dloss);
+    GpuModel g(m, b, m.head_chunk());
+    const int widest = std::max({cfg.d_model, cfg.qkv_dim(), cfg.fc_dim(), cfg.d_ff});
+    CudaFp8Linear lin(*gpu(), true, 0, b.N, widest, size_t(widest) * widest);
+    g.replay->linear.forward = [&](float* y, const float* x, const float* w, const float* bias,
+                                   int n, int in,
+                                   int out) { lin.forward(y, x, w, bias, n, in, out); };
+    g.replay->linear.backward = [&](float* dx, float* dw, float* db, const float* dy,
+                                    const float* x, const float* w, int n, int in,
+                                    int out) { lin.backward(dx, dw, db, dy, x, w, n, in, out); };
+    const double got = g.step(b, dloss);
+    gpu()->sync();
+    EXPECT_NEAR(got, want, 2e-3 * std::fabs(want)) << preset;
+    const std::vector<float> grads = g.grads.get();
+    for (const ParamInfo& p : m.params().infos()) {
+      std::vector<float> gg(grads.begin() + p.offset, grads.begin() + p.offset + p.numel);
+      std::vector<float> cg(m.params().grad() + p.offset, m.params().grad() + p.offset + p.numel);
+      EXPECT_TRUE(test::close_scaled(gg, cg, 3e-2)) << preset << " " << p.name;
+    }
+  }
+  gpu()->set_gemm_math(saved);
 }
 
 // 50 AdamW steps on one fixed batch (the loss falls fast): GPU with bf16 GEMM inputs vs the

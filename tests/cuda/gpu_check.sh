@@ -55,11 +55,14 @@ fi
 if want bench; then
   stamp "bench_cuda (GPT-2 124M, 16 x 1024, bf16 GEMMs)"
   timeout 120 $B/bench/bench_cuda 2>&1 | tee "$LOG/bench_cuda.txt"
+  stamp "bench_cuda --math fp8 (block linears in fp8, current scaling, hybrid)"
+  timeout 120 $B/bench/bench_cuda --math fp8 2>&1 | tee "$LOG/bench_cuda_fp8.txt"
   stamp "bench_cuda --gemm-sweep (gpt2-124m, llama-1b)"
   timeout 60 $B/bench/bench_cuda --gemm-sweep 2>&1 | tee "$LOG/bench_gemm.txt"
   timeout 60 $B/bench/bench_cuda --gemm-sweep --preset llama-1b --batch 8 --seq 2048 2>&1 | tee -a "$LOG/bench_gemm.txt"
   stamp "bench_cuda llama-1b (4 x 2048, bf16 GEMMs)"
   timeout 120 $B/bench/bench_cuda --preset llama-1b --batch 4 --seq 2048 --steps 5 2>&1 | tee "$LOG/bench_cuda_llama.txt"
+  timeout 120 $B/bench/bench_cuda --preset llama-1b --batch 4 --seq 2048 --steps 5 --math fp8 2>&1 | tee "$LOG/bench_cuda_llama_fp8.txt"
 fi
 if want torch; then
   stamp "PyTorch baseline (eager, compile)"
@@ -71,7 +74,7 @@ if want sanitize && command -v compute-sanitizer >/dev/null; then
   timeout 150 $S --tool memcheck $B/tests/cuda/cuda_ops_tests --gtest_brief=1 \
     --gtest_filter='-*LongSequence*' > "$LOG/sanitizer_memcheck_ops.txt" 2>&1 || { echo "memcheck ops: rc $?"; rc=1; }
   stamp "memcheck: one training step"
-  timeout 120 $S --tool memcheck $B/tests/cuda/cuda_step_tests --gtest_brief=1 --gtest_filter='CudaStep.Tiny*' \
+  timeout 120 $S --tool memcheck $B/tests/cuda/cuda_step_tests --gtest_brief=1 --gtest_filter='CudaStep.Tiny*:CudaStep.Fp8*' \
     > "$LOG/sanitizer_memcheck_step.txt" 2>&1 || { echo "memcheck step: rc $?"; rc=1; }
   stamp "racecheck: attention, layernorm"
   timeout 90 $S --tool racecheck $B/tests/cuda/cuda_ops_tests --gtest_brief=1 \

@@ -77,6 +77,19 @@ class StepReplay {
   // Timing hook: called with an op-group name before each group of calls (benchmarks).
   std::function<void(const char*)> mark;
 
+  // The blocks' linear layers through another implementation (the fp8 recipe's), with
+  // Backend::matmul_forward / matmul_backward semantics; empty: the backend's. The head stays
+  // on the backend, as the recipes keep it.
+  struct Linear {
+    std::function<void(float* y, const float* x, const float* w, const float* b, int N, int in,
+                       int out)>
+        forward;
+    std::function<void(float* dx, float* dw, float* db, const float* dy, const float* x,
+                       const float* w, int N, int in, int out)>
+        backward;
+  };
+  Linear linear;
+
   // tokens/targets/positions: device arrays of N; cu_seqlens: host array of nseq + 1.
   double forward_backward(const int32_t* tokens, const int32_t* targets, const int32_t* positions,
                           const int32_t* cu_seqlens, int nseq, float dloss) {
@@ -134,6 +147,20 @@ class StepReplay {
       be_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N_, c_.d_model);
   }
   float scale() const { return 1.f / std::sqrt(static_cast<float>(c_.head_dim)); }
+  void linear_forward(float* y, const float* x, const float* w, const float* b, int N, int in,
+                      int out) {
+    if (linear.forward)
+      linear.forward(y, x, w, b, N, in, out);
+    else
+      be_.matmul_forward(y, x, w, b, N, in, out);
+  }
+  void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                       const float* w, int N, int in, int out) {
+    if (linear.backward)
+      linear.backward(dx, dw, db, dy, x, w, N, in, out);
+    else
+      be_.matmul_backward(dx, dw, db, dy, x, w, N, in, out);
+  }
 
   void block_forward(int l, float* x_out) {
     const Acts& a = acts_[l];
@@ -142,8 +169,8 @@ class StepReplay {
     norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x_in, Pl(l, "norm1.weight", false),
                  Pl(l, "norm1.bias", false));
     tag("matmul");
-    be_.matmul_forward(a.qkv, a.ln1, Pl(l, "attn.qkv.weight", false), Pl(l, "attn.qkv.bias", false),
-                       N, C, Q);
+    linear_forward(a.qkv, a.ln1, Pl(l, "attn.qkv.weight", false), Pl(l, "attn.qkv.bias", false), N,
+                   C, Q);
     if (c_.uses_rope()) {
       tag("rope");
       be_.rope_forward(a.qkv, in_.positions, N, Hq, D, Q, c_.rope_theta);
@@ -153,23 +180,23 @@ class StepReplay {
     be_.attention_forward(a.att, a.lse, a.qkv, a.qkv + A, a.qkv + A + Hkv * D, Q, in_.cu, in_.nseq,
                           Hq, Hkv, D, scale());
     tag("matmul");
-    be_.matmul_forward(tmp_, a.att, Pl(l, "attn.proj.weight", false),
-                       Pl(l, "attn.proj.bias", false), N, A, C);
+    linear_forward(tmp_, a.att, Pl(l, "attn.proj.weight", false), Pl(l, "attn.proj.bias", false), N,
+                   A, C);
     tag("residual");
     be_.add(a.x_mid, a.x_in, tmp_, int64_t(N) * C);
     norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.x_mid, Pl(l, "norm2.weight", false),
                  Pl(l, "norm2.bias", false));
     tag("matmul");
-    be_.matmul_forward(a.fc, a.ln2, Pl(l, "mlp.fc.weight", false), Pl(l, "mlp.fc.bias", false), N,
-                       C, FC);
+    linear_forward(a.fc, a.ln2, Pl(l, "mlp.fc.weight", false), Pl(l, "mlp.fc.bias", false), N, C,
+                   FC);
     tag("activation");
     if (c_.family == Family::GPT2)
       be_.gelu_forward(a.act, a.fc, int64_t(N) * F);
     else
       be_.swiglu_forward(a.act, a.fc, N, F);
     tag("matmul");
-    be_.matmul_forward(tmp_, a.act, Pl(l, "mlp.proj.weight", false), Pl(l, "mlp.proj.bias", false),
-                       N, F, C);
+    linear_forward(tmp_, a.act, Pl(l, "mlp.proj.weight", false), Pl(l, "mlp.proj.bias", false), N,
+                   F, C);
     tag("residual");
     be_.add(x_out, a.x_mid, tmp_, int64_t(N) * C);
   }
@@ -179,23 +206,23 @@ class StepReplay {
     const int N = N_, C = c_.d_model, Q = c_.qkv_dim(), Hq = c_.n_head, Hkv = c_.n_kv_head,
               D = c_.head_dim, A = Hq * D, F = c_.d_ff, FC = c_.fc_dim();
     tag("matmul");
-    be_.matmul_backward(dact_, Pl(l, "mlp.proj.weight", true), Pl(l, "mlp.proj.bias", true), dres_,
-                        a.act, Pl(l, "mlp.proj.weight", false), N, F, C);
+    linear_backward(dact_, Pl(l, "mlp.proj.weight", true), Pl(l, "mlp.proj.bias", true), dres_,
+                    a.act, Pl(l, "mlp.proj.weight", false), N, F, C);
     tag("activation");
     if (c_.family == Family::GPT2)
       be_.gelu_backward(dfc_, a.fc, dact_, int64_t(N) * F);
     else
       be_.swiglu_backward(dfc_, a.fc, dact_, N, F);
     tag("matmul");
-    be_.matmul_backward(dln_, Pl(l, "mlp.fc.weight", true), Pl(l, "mlp.fc.bias", true), dfc_, a.ln2,
-                        Pl(l, "mlp.fc.weight", false), N, C, FC);
+    linear_backward(dln_, Pl(l, "mlp.fc.weight", true), Pl(l, "mlp.fc.bias", true), dfc_, a.ln2,
+                    Pl(l, "mlp.fc.weight", false), N, C, FC);
     norm_backward(dtmp_, Pl(l, "norm2.weight", true), Pl(l, "norm2.bias", true), dln_, a.x_mid,
                   Pl(l, "norm2.weight", false), a.ln2_mean, a.ln2_rstd);
     tag("residual");
     be_.add_inplace(dres_, dtmp_, int64_t(N) * C);
     tag("matmul");
-    be_.matmul_backward(datt_, Pl(l, "attn.proj.weight", true), Pl(l, "attn.proj.bias", true),
-                        dres_, a.att, Pl(l, "attn.proj.weight", false), N, A, C);
+    linear_backward(datt_, Pl(l, "attn.proj.weight", true), Pl(l, "attn.proj.bias", true), dres_,
+                    a.att, Pl(l, "attn.proj.weight", false), N, A, C);
     tag("attention bwd");
     const float* q = a.qkv;
     be_.attention_backward(dqkv_, dqkv_ + A, dqkv_ + A + Hkv * D, datt_, q, q + A, q + A + Hkv * D,
@@ -206,8 +233,8 @@ class StepReplay {
       be_.rope_backward(dqkv_ + A, in_.positions, N, Hkv, D, Q, c_.rope_theta);
     }
     tag("matmul");
-    be_.matmul_backward(dln_, Pl(l, "attn.qkv.weight", true), Pl(l, "attn.qkv.bias", true), dqkv_,
-                        a.ln1, Pl(l, "attn.qkv.weight", false), N, C, Q);
+    linear_backward(dln_, Pl(l, "attn.qkv.weight", true), Pl(l, "attn.qkv.bias", true), dqkv_,
+                    a.ln1, Pl(l, "attn.qkv.weight", false), N, C, Q);
     norm_backward(dtmp_, Pl(l, "norm1.weight", true), Pl(l, "norm1.bias", true), dln_, a.x_in,
                   Pl(l, "norm1.weight", false), a.ln1_mean, a.ln1_rstd);
     tag("residual");

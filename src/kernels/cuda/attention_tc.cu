@@ -25,7 +25,7 @@ using bf16 = __nv_bfloat16;
 constexpr int kRows = 64;  // rows a block owns (= AttnTcRows)
 constexpr int kTile = 64;  // rows of the streamed side per tile
 constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
+constexpr int kBlockThreads = 32 * kWarps;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -55,7 +55,7 @@ __device__ void load_tile(bf16* dst, const float* base, int64_t ld, int r0, int 
                           bool vec4) {
   if (vec4) {
     constexpr int C4 = DMAX / 4;
-    for (int idx = threadIdx.x; idx < kTile * C4; idx += kThreads) {
+    for (int idx = threadIdx.x; idx < kTile * C4; idx += kBlockThreads) {
       const int i = idx / C4, d = (idx % C4) * 4;
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
       if (r0 + i < len && d < D)
@@ -66,7 +66,7 @@ __device__ void load_tile(bf16* dst, const float* base, int64_t ld, int r0, int 
     }
     return;
   }
-  for (int idx = threadIdx.x; idx < kTile * DMAX; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < kTile * DMAX; idx += kBlockThreads) {
     const int i = idx / DMAX, d = idx % DMAX;
     const bool in = r0 + i < len && d < D;
     dst[i * Ld<DMAX>::h + d] = __float2bfloat16_rn(in ? base[int64_t{r0 + i} * ld + d] : 0.f);
@@ -132,7 +132,7 @@ constexpr size_t fwd_smem() {
 }
 
 template <int DMAX>
-__global__ void __launch_bounds__(kThreads) k_attn_fwd_tc(AttnArgs a, float* out, float* lse) {
+__global__ void __launch_bounds__(kBlockThreads) k_attn_fwd_tc(AttnArgs a, float* out, float* lse) {
   using L = Ld<DMAX>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
@@ -229,7 +229,7 @@ constexpr size_t bwd_smem() {
 
 // dQ for 64 query rows of one (sequence, query head): dS = P o (dP - delta), dQ = scale dS K.
 template <int DMAX>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kBlockThreads)
     k_attn_dq_tc(AttnArgs a, const float* dout, const float* lse, const float* delta, float* dq) {
   using L = Ld<DMAX>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kThreads)
 // dK, dV for 64 key rows of one (sequence, kv head), over every query head of its GQA group and
 // every query tile at or after the keys: dV += P^T dO, dK += scale dS^T Q.
 template <int DMAX>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kBlockThreads)
     k_attn_dkdv_tc(AttnArgs a, const float* dout, const float* lse, const float* delta, float* dk,
                    float* dv) {
   using L = Ld<DMAX>;
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(kThreads)
                       a.vec4);
       load_tile<DMAX>(Gs, dout + int64_t{start} * ldo + int64_t{h} * a.D, ldo, q0, len, a.D,
                       a.vec4);
-      for (int i = threadIdx.x; i < kTile; i += kThreads) {
+      for (int i = threadIdx.x; i < kTile; i += kBlockThreads) {
         const bool in = q0 + i < len;
         const int64_t row = start + q0 + i;
         L2[i] = in ? lse[row * a.Hq + h] * kLog2e : INFINITY;
@@ -393,7 +393,7 @@ template <int DMAX>
 void launch_fwd_tc(cudaStream_t st, const AttnArgs& a, float* out, float* lse) {
   static const bool once = (allow_smem(k_attn_fwd_tc<DMAX>, fwd_smem<DMAX>()), true);
   (void)once;
-  k_attn_fwd_tc<DMAX><<<dim3(a.n_q_items, a.Hq), kThreads, fwd_smem<DMAX>(), st>>>(a, out, lse);
+  k_attn_fwd_tc<DMAX><<<dim3(a.n_q_items, a.Hq), kBlockThreads, fwd_smem<DMAX>(), st>>>(a, out, lse);
   LOOM_CUDA_LAUNCHED("attention_forward (tensor cores)");
 }
 
@@ -405,11 +405,11 @@ void launch_bwd_tc(cudaStream_t st, const AttnArgs& a, const float* lse, const f
   (void)once;
   if (a.n_k_items > 0) {
     k_attn_dkdv_tc<DMAX>
-        <<<dim3(a.n_k_items, a.Hkv), kThreads, bwd_smem<DMAX>(), st>>>(a, dout, lse, delta, dk, dv);
+        <<<dim3(a.n_k_items, a.Hkv), kBlockThreads, bwd_smem<DMAX>(), st>>>(a, dout, lse, delta, dk, dv);
     LOOM_CUDA_LAUNCHED("attention_backward (dk, dv; tensor cores)");
   }
   k_attn_dq_tc<DMAX>
-      <<<dim3(a.n_q_items, a.Hq), kThreads, bwd_smem<DMAX>(), st>>>(a, dout, lse, delta, dq);
+      <<<dim3(a.n_q_items, a.Hq), kBlockThreads, bwd_smem<DMAX>(), st>>>(a, dout, lse, delta, dq);
   LOOM_CUDA_LAUNCHED("attention_backward (dq; tensor cores)");
 }
 

@@ -123,6 +123,16 @@ void attention_delta(cudaStream_t st, const AttnArgs& a, const float* out, const
 void attention_backward(cudaStream_t st, const AttnArgs& a, const float* out, const float* lse,
                         const float* dout, float* dq, float* dk, float* dv, float* delta);
 
+// ---- per-tensor fp8 quantisation (fp8_quant.cu), the CPU recipes' arithmetic.
+// *amax (device) = max |x| (bit-pattern compare: NaN wins).
+void fp8_amax(cudaStream_t st, const float* x, int64_t n, float* amax);
+// dst = fp8 codes (e4m3, or e5m2) of x[rows, cols] * s, stored [rows, cols] or transposed
+// [cols, rows]; s = fmt_max / *amax / 2^margin (1 if *amax is 0 or not finite); *scale_inv = 1/s.
+void fp8_quantize(cudaStream_t st, void* dst, bool e5m2, const float* x, int rows, int cols,
+                  bool transpose, const float* amax, int margin, float* scale_inv);
+// y[r, :] = b for every row.
+void set_rows(cudaStream_t st, float* y, const float* b, int rows, int cols);
+
 // ---- tensor-core attention (attention_tc.cu): bf16 operands, fp32 softmax and accumulation;
 // same arguments and outputs as above. Work items are planned with attn_tc_rows rows.
 constexpr int attn_tc_rows = 64;

@@ -1,0 +1,115 @@
+// Per-tensor fp8 quantisation on the GPU, the arithmetic of the CPU recipes (precision/
+// fp8_recipes.cpp, kernels/cpu/fp8.cpp): amax = max |x| compared as bit patterns (a NaN wins,
+// as on the CPU), scale = fmt_max / amax / 2^margin (1 when amax is 0 or not finite, fp32's
+// max when the quotient overflows), codes = x * scale rounded to nearest even and saturated to
+// the format's largest finite value. The scale never leaves the device: the quantise kernel
+// derives it from the amax and also writes its inverse, which cuBLASLt reads as the operand's
+// scale pointer.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cfloat>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kernels.h"
+
+namespace loom::cuda {
+namespace {
+
+
+__global__ void k_amax(const float* x, int64_t n, unsigned* amax_bits) {
+  unsigned m = 0;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    m = max(m, __float_as_uint(x[i]) & 0x7fffffffu);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, m);  // max is exact: order cannot matter
+}
+
+__device__ float scale_of(const float* amax, float fmt_max, int margin) {
+  const float a = *amax;
+  if (!(a > 0.f) || !isfinite(a)) return 1.f;
+  const float s = ldexpf(fmt_max / a, -margin);
+  return isfinite(s) ? s : FLT_MAX;
+}
+
+__device__ __nv_fp8_storage_t to_fp8(float v, bool e5m2) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+__global__ void k_quantize(__nv_fp8_storage_t* dst, const float* x, int64_t n, bool e5m2,
+                           const float* amax, float fmt_max, int margin, float* scale_inv) {
+  const float s = scale_of(amax, fmt_max, margin);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = to_fp8(x[i] * s, e5m2);
+}
+
+// dst[c, r] = fp8(x[r, c] * s) through a 32 x 33 shared tile (both sides coalesced).
+__global__ void k_quantize_t(__nv_fp8_storage_t* dst, const float* x, int rows, int cols, bool e5m2,
+                             const float* amax, float fmt_max, int margin, float* scale_inv) {
+  __shared__ float tile[32][33];
+  const float s = scale_of(amax, fmt_max, margin);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+    *scale_inv = 1.f / s;
+  const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = x[int64_t{r} * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) dst[int64_t{c} * rows + r] = to_fp8(tile[threadIdx.x][i] * s, e5m2);
+  }
+}
+
+__global__ void k_set_rows(float* y, const float* b, int rows, int cols) {
+  const int64_t n = int64_t{rows} * cols;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = b[i % cols];
+}
+
+int blocks_for(int64_t n) {
+  return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+}
+
+}  // namespace
+
+void fp8_amax(cudaStream_t st, const float* x, int64_t n, float* amax) {
+  LOOM_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), st));
+  if (n == 0) return;
+  k_amax<<<blocks_for(n), kThreads, 0, st>>>(x, n, reinterpret_cast<unsigned*>(amax));
+  LOOM_CUDA_LAUNCHED("fp8_amax");
+}
+
+void fp8_quantize(cudaStream_t st, void* dst, bool e5m2, const float* x, int rows, int cols,
+                  bool transpose, const float* amax, int margin, float* scale_inv) {
+  const float fmt_max = e5m2 ? 57344.f : 448.f;
+  auto* d = static_cast<__nv_fp8_storage_t*>(dst);
+  if (!transpose) {
+    const int64_t n = int64_t{rows} * cols;
+    k_quantize<<<blocks_for(std::max<int64_t>(n, 1)), kThreads, 0, st>>>(
+        d, x, n, e5m2, amax, fmt_max, margin, scale_inv);
+    LOOM_CUDA_LAUNCHED("fp8_quantize");
+    return;
+  }
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid((cols + 31) / 32, (rows + 31) / 32);
+  k_quantize_t<<<grid, dim3(32, 8), 0, st>>>(d, x, rows, cols, e5m2, amax, fmt_max, margin,
+                                             scale_inv);
+  LOOM_CUDA_LAUNCHED("fp8_quantize (transposed)");
+}
+
+void set_rows(cudaStream_t st, float* y, const float* b, int rows, int cols) {
+  const int64_t n = int64_t{rows} * cols;
+  if (n == 0) return;
+  k_set_rows<<<blocks_for(n), kThreads, 0, st>>>(y, b, rows, cols);
+  LOOM_CUDA_LAUNCHED("set_rows");
+}
+
+}  // namespace loom::cuda
