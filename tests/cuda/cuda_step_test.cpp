@@ -85,6 +85,45 @@ TEST(CudaStep, Gpt2_124mMatchesCpu) {
   check_step("gpt2-124m", {0, 256, 512}, 2e-3);
 }
 
+// One linear layer, forward and backward, CudaFp8Linear against the CPU recipe's Fp8Linear on
+// the same inputs: the same codes and scales on both sides, so the outputs differ only by
+// summation order and Hopper's fp8 accumulation (1e-3 of the largest output).
+TEST(CudaFp8, LinearMatchesCpuRecipe) {
+  LOOM_REQUIRE_GPU();
+  if (gpu()->sm_version() < 89) GTEST_SKIP() << "fp8 tensor cores need sm_89";
+  struct Shape {
+    int N, in, out;
+  };
+  for (bool hybrid : {false, true}) {
+    for (Shape sh : {Shape{128, 128, 384}, Shape{256, 512, 128}}) {
+      const std::string what = std::string(hybrid ? "hybrid " : "e4m3 ") + std::to_string(sh.N) +
+                               "x" + std::to_string(sh.in) + "->" + std::to_string(sh.out);
+      const auto x = test::random_floats(size_t(sh.N) * sh.in, 31, -3, 3);
+      const auto w = test::random_floats(size_t(sh.out) * sh.in, 32, -0.1, 0.1);
+      const auto b = test::random_floats(size_t(sh.out), 33);
+      const auto dy = test::random_floats(size_t(sh.N) * sh.out, 34, -1e-3, 1e-3);
+      Fp8Options o;
+      o.kind = Fp8RecipeKind::TensorwiseCurrent;
+      o.hybrid = hybrid;
+      Fp8Linear cpu_lin(o, nullptr);
+      std::vector<float> y(size_t(sh.N) * sh.out), dx(x.size()), dw(w.size(), 0.f),
+          db(b.size(), 0.f);
+      cpu_lin.forward(cpu_backend(), y.data(), x.data(), w.data(), b.data(), sh.N, sh.in, sh.out);
+      cpu_lin.backward(cpu_backend(), dx.data(), dw.data(), db.data(), dy.data(), x.data(),
+                       w.data(), sh.N, sh.in, sh.out);
+      CudaFp8Linear lin(*gpu(), hybrid, 0, sh.N, std::max(sh.in, sh.out), w.size());
+      DevBuf gx(x), gw(w), gb(b), gdy(dy), gy(y.size() * 4), gdx(dx.size() * 4),
+          gdw(std::vector<float>(w.size(), 0.f)), gdb(std::vector<float>(b.size(), 0.f));
+      lin.forward(gy.f(), gx.f(), gw.f(), gb.f(), sh.N, sh.in, sh.out);
+      lin.backward(gdx.f(), gdw.f(), gdb.f(), gdy.f(), gx.f(), gw.f(), sh.N, sh.in, sh.out);
+      EXPECT_TRUE(test::close_scaled(gy.get(), y, 1e-3)) << "y " << what;
+      EXPECT_TRUE(test::close_scaled(gdx.get(), dx, 1e-3)) << "dx " << what;
+      EXPECT_TRUE(test::close_scaled(gdw.get(), dw, 1e-3)) << "dw " << what;
+      EXPECT_TRUE(test::close_scaled(gdb.get(), db, 1e-5)) << "db " << what;
+    }
+  }
+}
+
 // One step with the blocks' linear layers in fp8 on the GPU (CudaFp8Linear: current scaling,
 // hybrid e4m3/e5m2) against the CPU recipe fp8_tensorwise_current on the same weights: both
 // sides quantise alike (amax, scale, round to nearest even, saturation), so what remains is
