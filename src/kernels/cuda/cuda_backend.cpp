@@ -469,13 +469,10 @@ void CudaBackend::attn_upload_schedule(const int32_t* cu, int nseq, int rows) {
   m.rows_cached = rows;
 }
 
-void CudaBackend::attention_forward(float* out, float* lse, const float* q, const float* k,
-                                    const float* v, int ld, const int32_t* cu_seqlens, int nseq,
-                                    int Hq, int Hkv, int D, float scale) {
-  check_attention(ld, cu_seqlens, nseq, Hq, Hkv, D, scale, "attention_forward");
-  if (nseq == 0 || cu_seqlens[nseq] == cu_seqlens[0]) return;
-  const bool tc = tensor_core_attention(D);
-  attn_upload_schedule(cu_seqlens, nseq, tc ? cuda::attn_tc_rows : cuda::attn_tile_config(D).rows);
+cuda::AttnArgs CudaBackend::attn_args(const float* q, const float* k, const float* v, int ld,
+                                      const int32_t* cu, int nseq, int Hq, int Hkv, int D,
+                                      float scale, bool tc) {
+  attn_upload_schedule(cu, nseq, tc ? cuda::attn_tc_rows : cuda::attn_tile_config(D).rows);
   const Impl& m = *impl_;
   cuda::AttnArgs a{q,
                    k,
@@ -490,14 +487,24 @@ void CudaBackend::attention_forward(float* out, float* lse, const float* q, cons
                    m.sched.num_q_items(),
                    m.k_items_dev,
                    m.sched.num_k_items(),
-                   cu_seqlens[0],
-                   cu_seqlens[nseq]};
-  if (tc) {
-    a.vec4 = aligned16(q) && aligned16(k) && aligned16(v) && ld % 4 == 0;
+                   cu[0],
+                   cu[nseq]};
+  a.vec4 = tc && aligned16(q) && aligned16(k) && aligned16(v) && ld % 4 == 0;
+  return a;
+}
+
+void CudaBackend::attention_forward(float* out, float* lse, const float* q, const float* k,
+                                    const float* v, int ld, const int32_t* cu_seqlens, int nseq,
+                                    int Hq, int Hkv, int D, float scale) {
+  check_attention(ld, cu_seqlens, nseq, Hq, Hkv, D, scale, "attention_forward");
+  if (nseq == 0 || cu_seqlens[nseq] == cu_seqlens[0]) return;
+  const bool tc = tensor_core_attention(D);
+  const cuda::AttnArgs a = attn_args(q, k, v, ld, cu_seqlens, nseq, Hq, Hkv, D, scale, tc);
+  const Impl& m = *impl_;
+  if (tc)
     cuda::attention_forward_tc(m.stream, a, out, lse);
-  } else {
+  else
     cuda::attention_forward(m.stream, a, out, lse);
-  }
 }
 
 void CudaBackend::attention_backward(float* dq, float* dk, float* dv, const float* dout,
@@ -510,27 +517,12 @@ void CudaBackend::attention_backward(float* dq, float* dk, float* dv, const floa
   LOOM_CHECK(dq != q && dk != k && dv != v,
              "attention_backward: dq/dk/dv must not alias q/k/v (they are read while written)");
   const bool tc = tensor_core_attention(D);
-  attn_upload_schedule(cu_seqlens, nseq, tc ? cuda::attn_tc_rows : cuda::attn_tile_config(D).rows);
+  cuda::AttnArgs a = attn_args(q, k, v, ld, cu_seqlens, nseq, Hq, Hkv, D, scale, tc);
   const Impl& m = *impl_;
   ScratchScope scope(*ws_);
   float* delta = ws_->take_n<float>(size_t(cu_seqlens[nseq]) * Hq, "attention delta");
-  cuda::AttnArgs a{q,
-                   k,
-                   v,
-                   ld,
-                   Hq,
-                   Hkv,
-                   D,
-                   scale,
-                   m.cu_dev,
-                   m.q_items_dev,
-                   m.sched.num_q_items(),
-                   m.k_items_dev,
-                   m.sched.num_k_items(),
-                   cu_seqlens[0],
-                   cu_seqlens[nseq]};
   if (tc) {
-    a.vec4 = aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) && ld % 4 == 0;
+    a.vec4 = a.vec4 && aligned16(dout);
     cuda::attention_backward_tc(m.stream, a, out, lse, dout, dq, dk, dv, delta);
   } else {
     cuda::attention_backward(m.stream, a, out, lse, dout, dq, dk, dv, delta);

@@ -27,6 +27,9 @@
 #include "kernels/cuda/arena.h"
 
 namespace loom {
+namespace cuda {
+struct AttnArgs;
+}
 
 // How the fp32 Backend GEMMs use the tensor cores: exact fp32, TF32 inputs, or inputs rounded
 // to bf16 / fp16 (always fp32 accumulation and fp32 output).
@@ -189,6 +192,10 @@ class CudaBackend final : public Backend {
   struct Impl;
   void check_device_errors();
   void attn_upload_schedule(const int32_t* cu_seqlens, int nseq, int rows);
+  // Uploads the schedule (tiles of the tensor-core or fp32 kernels) and fills the arguments.
+  cuda::AttnArgs attn_args(const float* q, const float* k, const float* v, int ld,
+                           const int32_t* cu, int nseq, int Hq, int Hkv, int D, float scale,
+                           bool tc);
 
   CudaOptions opt_;
   DeviceArena arena_;
