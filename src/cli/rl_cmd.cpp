@@ -234,10 +234,10 @@ int run_rl_here(const Args& args) {
     metrics.write(j);
     const double eta = (now_seconds() - t0) / double(s + 1 - first_step) * double(steps - s - 1);
     log_info("step ", s + 1, "/", steps, " | reward ", st.reward_mean, " | accuracy ", st.accuracy,
-             " | length ", st.response_length, " | kl ", st.kl, " | clip ", st.clip_fraction,
-             " | no-signal groups ", st.zero_advantage_groups, "/", st.groups, " | gen ",
-             static_cast<int>(st.generation_tokens_per_s), " tok/s | ETA ", static_cast<int>(eta),
-             "s");
+             " | length ", st.response_length, " | kl ", st.kl, " | entropy ", st.entropy,
+             " | clip ", st.clip_fraction, " | no-signal groups ", st.zero_advantage_groups, "/",
+             st.groups, " | gen ", static_cast<int>(st.generation_tokens_per_s), " tok/s | ETA ",
+             static_cast<int>(eta), "s");
     if (save_every > 0 && (s + 1) % save_every == 0 && s + 1 < steps)
       log_info("saved ", save(s + 1));
   }

@@ -74,4 +74,21 @@ GrpoStats grpo_token_weights(const std::vector<GrpoSample>& samples, const GrpoC
   return st;
 }
 
+void logprob_and_entropy(const float* logits, int V, int target, double* logp, double* entropy) {
+  LOOM_CHECK(V > 0 && target >= 0 && target < V, "log-prob of token ", target,
+             " over a vocabulary of ", V);
+  double mx = -INFINITY;
+  for (int v = 0; v < V; ++v) mx = std::max(mx, double(logits[v]));
+  LOOM_CHECK(std::isfinite(mx), "non-finite logits (max ", mx, ")");
+  double z = 0, zx = 0;  // sum e^(x - mx), sum e^(x - mx) (x - mx)
+  for (int v = 0; v < V; ++v) {
+    const double d = double(logits[v]) - mx, e = std::exp(d);
+    z += e;
+    zx += e * d;
+  }
+  const double lse = std::log(z);  // log-sum-exp - mx
+  *logp = double(logits[target]) - mx - lse;
+  *entropy = lse - zx / z;  // -sum p (x - mx - lse)
+}
+
 }  // namespace loom::rl

@@ -20,6 +20,7 @@ Json RlStepStats::json() const {
   j["loss"] = loss;
   j["kl"] = kl;
   j["clip_fraction"] = clip_fraction;
+  j["entropy"] = entropy;
   j["grad_norm"] = grad_norm;
   j["groups"] = groups;
   j["zero_advantage_groups"] = zero_advantage_groups;
@@ -123,10 +124,20 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       span.push_back({base + first, std::max(0, len - 1 - first)});
     }
     ModelInput in = b.input();
-    StepOutputs now, ref;
-    now.want_token_logprobs = ref.want_token_logprobs = true;
-    policy_.forward_loss(in, &now);
-    if (reference_) reference_->forward_loss(in, &ref);
+    // The logits of the response tokens' rows, from one forward pass each of the policy and
+    // the reference: the log-probs of the sampled tokens and the policy's entropy there.
+    std::vector<int> rows;
+    for (auto [first, count] : span)
+      for (int t = 0; t < count; ++t) rows.push_back(first + t);
+    const int V = policy_.config().vocab;
+    std::vector<float> logits(rows.size() * size_t(V)), ref_logits;
+    policy_.forward_logits(in, rows, logits.data());
+    if (reference_) {
+      ref_logits.resize(logits.size());
+      reference_->forward_logits(in, rows, ref_logits.data());
+    }
+    double entropy_sum = 0;
+    size_t row = 0;
     for (size_t k = 0; k < samples.size(); ++k) {
       auto [first, count] = span[k];
       const PromptGroup& gr = groups[which[k].first];
@@ -135,14 +146,21 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       // sampling. On policy the behaviour policy is these weights: weight 1, exactly the
       // synchronous algorithm (the engine's log-probs differ from the trainer's in the last bits).
       const bool stale = gr.version < version;
-      for (int t = 0; t < count; ++t) {
-        const double lp = now.token_logprobs[size_t(first + t)];
+      for (int t = 0; t < count; ++t, ++row) {
+        const int target = b.targets[size_t(first + t)];
+        double lp = 0, h = 0, rlp = 0, rh = 0;
+        logprob_and_entropy(logits.data() + row * size_t(V), V, target, &lp, &h);
+        entropy_sum += h;
         samples[k].logp.push_back(lp);
         samples[k].logp_old.push_back(lp);  // the learner's weights before this step
-        if (reference_) samples[k].logp_ref.push_back(ref.token_logprobs[size_t(first + t)]);
+        if (reference_) {
+          logprob_and_entropy(ref_logits.data() + row * size_t(V), V, target, &rlp, &rh);
+          samples[k].logp_ref.push_back(rlp);
+        }
         if (stale) samples[k].logp_gen.push_back(ro.logprobs[size_t(t)]);
       }
     }
+    st.entropy = rows.empty() ? 0.0 : entropy_sum / double(rows.size());
     std::vector<std::vector<double>> w;
     const GrpoStats gs = grpo_token_weights(samples, opt_.grpo, &w);
     std::vector<float> weights(b.tokens.size(), 0.f);

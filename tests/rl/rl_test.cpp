@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -85,6 +86,27 @@ TEST(Grpo, ClippingAndKlAtTheirDefinitions) {
   EXPECT_NEAR(w[0][0], -0.5 * (1 - std::exp(0.2)), 1e-12);
 }
 
+TEST(Grpo, LogprobAndEntropyOfALogitRow) {
+  double lp = 0, h = 0;
+  const std::vector<float> flat(5, 0.7f);  // uniform: log p = -log 5, entropy log 5
+  logprob_and_entropy(flat.data(), 5, 2, &lp, &h);
+  EXPECT_NEAR(lp, -std::log(5.0), 1e-12);
+  EXPECT_NEAR(h, std::log(5.0), 1e-12);
+  // Two tokens with p = (1/(1+e), e/(1+e)): entropy -sum p log p, by hand.
+  const std::vector<float> two = {0.f, 1.f};
+  logprob_and_entropy(two.data(), 2, 0, &lp, &h);
+  const double p0 = 1 / (1 + std::exp(1.0)), p1 = 1 - p0;
+  EXPECT_NEAR(lp, std::log(p0), 1e-12);
+  EXPECT_NEAR(h, -(p0 * std::log(p0) + p1 * std::log(p1)), 1e-12);
+  // Large logits stay finite (the max is subtracted first); a near one-hot row has entropy ~0.
+  const std::vector<float> peaked = {1000.f, 0.f, -50.f};
+  logprob_and_entropy(peaked.data(), 3, 1, &lp, &h);
+  EXPECT_NEAR(lp, -1000.0, 1e-9);
+  EXPECT_GE(h, 0.0);
+  EXPECT_LT(h, 1e-12);
+  EXPECT_THROW(logprob_and_entropy(peaked.data(), 3, 3, &lp, &h), Error);
+}
+
 TEST(Grpo, GroupAdvantages) {
   GrpoConfig c;
   auto a = group_advantages({1, 0, 0, 1}, c);
@@ -138,13 +160,25 @@ TEST(GrpoTrainer, RaisesTheRewardOfATinyModel) {
   o.lr = 1e-2;
   o.grpo.beta = 0.01;
   GrpoTrainer t(m, tok, chat, env, o);
-  double first = 0, last = 0;
+  double first = 0, last = 0, h_first = 0, h_last = 0;
   for (int s = 0; s < 30; ++s) {
     const RlStepStats st = t.step();
     EXPECT_TRUE(std::isfinite(st.loss));
     EXPECT_EQ(st.groups, 4);
+    // A distribution over the 260 ids has entropy in [0, log 260].
+    EXPECT_GE(st.entropy, 0.0);
+    EXPECT_LE(st.entropy, std::log(260.0) + 1e-9);
+    if (s == 0) {
+      h_first = st.entropy;
+      // A random model with small weights is close to uniform over its vocabulary.
+      EXPECT_GT(st.entropy, 0.9 * std::log(260.0)) << "step 0";
+    }
+    if (st.train_tokens > 0) h_last = st.entropy;
     if (s < 5) first += st.reward_mean / 5;
     if (s >= 25) last += st.reward_mean / 5;
   }
   EXPECT_GT(last, first + 0.2) << "reward " << first << " -> " << last;
+  std::printf("reward %.3f -> %.3f, entropy %.3f -> %.3f nats\n", first, last, h_first, h_last);
+  // Learning to say "a" concentrates the policy: its entropy falls.
+  EXPECT_LT(h_last, h_first - 0.5) << "entropy " << h_first << " -> " << h_last;
 }
