@@ -30,8 +30,28 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
   published_version_ = step_;
   std::memcpy(snapshot_->params().data(), P.data(), size_t(P.total()) * sizeof(float));
   rollout_ = std::make_unique<RolloutWorker>(*snapshot_, tok, chat, env, opt_);
+  // A resume's buffered groups: the learner takes them as the uninterrupted run would have, and
+  // the rollouts go on after the last step they cover.
+  first_rollout_ = step_;
+  for (const BufferedStep& b : async_.resume_buffer) {
+    LOOM_CHECK(int64_t(b.groups.size()) + b.dropped == opt_.prompts_per_step,
+               "the checkpoint's replay buffer holds ", b.groups.size(), " groups and ", b.dropped,
+               " dropped for step ", b.target_step, ", not the ", opt_.prompts_per_step,
+               " prompts of a step (--prompts changed?)");
+    first_rollout_ = std::max(first_rollout_, b.target_step + 1);
+  }
+  for (int64_t s = step_; s < first_rollout_; ++s) {
+    const bool covered = std::any_of(async_.resume_buffer.begin(), async_.resume_buffer.end(),
+                                     [&](const BufferedStep& b) { return b.target_step == s; });
+    LOOM_CHECK(covered, "the checkpoint's replay buffer skips step ", s, " (resuming at step ",
+               step_, ")");
+  }
+  buffer_.restore(std::move(async_.resume_buffer), step_);
+  async_.resume_buffer.clear();
   last_learner_end_ = now_seconds();
-  thread_ = std::thread([this] { rollout_loop(); });
+  // The snapshot's version is passed by value: the learner may step (on restored groups) before
+  // the thread first runs, so step_ is no longer the snapshot's version by then.
+  thread_ = std::thread([this, version = step_] { rollout_loop(version); });
 }
 
 AsyncGrpo::~AsyncGrpo() {
@@ -47,20 +67,20 @@ void AsyncGrpo::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void AsyncGrpo::rollout_loop() {
+void AsyncGrpo::rollout_loop(int64_t have) {
   // Per-thread OpenMP setting: this thread's kernels (and OpenBLAS, which follows the calling
   // thread's OpenMP setting) use threads_ cores, the learner's the others.
   omp_set_num_threads(threads_);
-  int64_t have = step_;  // the snapshot holds the starting weights
   try {
-    for (int64_t s = step_;; ++s) {
+    for (int64_t s = first_rollout_;; ++s) {
       const double w0 = now_seconds();
       {
         std::unique_lock<std::mutex> lock(mu_);
         // Generation for step s may start from version s - max_staleness at the oldest.
-        const bool ok = cv_.wait_for(
-            lock, std::chrono::duration<double>(async_.learner_timeout),
-            [&] { return stopping_ || s - published_version_ <= async_.max_staleness; });
+        const bool ok =
+            cv_.wait_for(lock, std::chrono::duration<double>(async_.learner_timeout), [&] {
+              return stopping_ || (!paused_ && s - published_version_ <= async_.max_staleness);
+            });
         if (stopping_) return;
         LOOM_CHECK(ok, "the rollout side waited ", async_.learner_timeout,
                    " s (rl.learner_timeout) for weight version ", s - async_.max_staleness,
@@ -72,6 +92,7 @@ void AsyncGrpo::rollout_loop() {
           rollout_->weights_updated();
         }
         rollout_wait_ += now_seconds() - w0;
+        generating_ = true;
       }
       if (async_.before_rollout) async_.before_rollout(s);
       const double b0 = now_seconds();
@@ -79,14 +100,39 @@ void AsyncGrpo::rollout_loop() {
       for (PromptGroup& g : rb.groups) buffer_.push(std::move(g));
       buffer_.drop(s, rb.dropped_timeout, true);
       buffer_.drop(s, rb.dropped_env, false);
-      std::lock_guard<std::mutex> lock(mu_);
-      rollout_busy_ += now_seconds() - b0;
-      generated_tokens_ += rb.generated_tokens;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        rollout_busy_ += now_seconds() - b0;
+        generated_tokens_ += rb.generated_tokens;
+        generating_ = false;
+      }
+      cv_.notify_all();  // a checkpoint may be waiting for this batch
     }
   } catch (const std::exception& e) {
     log_warn("rollout thread stopped: ", e.what());
     buffer_.fail(e.what());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      generating_ = false;
+    }
+    cv_.notify_all();
   }
+}
+
+std::vector<BufferedStep> AsyncGrpo::buffer_contents() {
+  std::unique_lock<std::mutex> lock(mu_);
+  paused_ = true;
+  const bool idle = cv_.wait_for(lock, std::chrono::duration<double>(async_.learner_timeout),
+                                 [&] { return !generating_; });
+  // The buffer's copy is taken with no batch in flight: every group generated so far is in it.
+  std::vector<BufferedStep> out;
+  if (idle) out = buffer_.contents();
+  paused_ = false;
+  lock.unlock();
+  cv_.notify_all();
+  LOOM_CHECK(idle, "checkpoint after step ", step_, ": the rollout batch in flight did not reach ",
+             "the replay buffer within ", async_.learner_timeout, " s (rl.learner_timeout)");
+  return out;
 }
 
 RlStepStats AsyncGrpo::step() {

@@ -20,7 +20,7 @@ Json RlStepStats::json() const {
   j["loss"] = loss;
   j["kl"] = kl;
   j["clip_fraction"] = clip_fraction;
-  j["entropy"] = entropy;
+  if (train_tokens > 0) j["entropy"] = entropy;  // nothing trained: no tokens to measure it on
   j["grad_norm"] = grad_norm;
   j["groups"] = groups;
   j["zero_advantage_groups"] = zero_advantage_groups;

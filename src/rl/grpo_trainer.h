@@ -41,7 +41,7 @@ struct RlStepStats {
   double reward_mean = 0, reward_std = 0, accuracy = 0, response_length = 0;
   double loss = 0, kl = 0, clip_fraction = 0, grad_norm = 0;
   // Mean entropy (nats) of the policy's next-token distribution at the trained response tokens,
-  // before the step (0 when no group carried a gradient).
+  // before the step (0, and left out of json(), when no group carried a gradient).
   double entropy = 0;
   int64_t groups = 0, zero_advantage_groups = 0, train_tokens = 0;
   double rollout_seconds = 0, learner_seconds = 0, generation_tokens_per_s = 0;

@@ -96,4 +96,42 @@ int64_t ReplayBuffer::size() const {
   return n;
 }
 
+std::vector<BufferedStep> ReplayBuffer::contents() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<int64_t, BufferedStep> by_step;
+  for (auto& [s, v] : groups_) {
+    by_step[s].target_step = s;
+    by_step[s].groups = v;
+  }
+  for (auto& [s, n] : dropped_) {
+    by_step[s].target_step = s;
+    by_step[s].dropped = n;
+  }
+  std::vector<BufferedStep> out;
+  for (auto& [s, b] : by_step) out.push_back(std::move(b));
+  return out;
+}
+
+void ReplayBuffer::restore(std::vector<BufferedStep> steps, int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  LOOM_CHECK(groups_.empty() && dropped_.empty(), "the replay buffer is restored only when empty");
+  for (BufferedStep& b : steps) {
+    LOOM_CHECK(b.target_step >= step && b.dropped >= 0, "a buffered step ", b.target_step, " (",
+               b.dropped, " dropped) for a learner resuming at step ", step);
+    for (PromptGroup& g : b.groups) {
+      LOOM_CHECK(g.target_step == b.target_step && g.version >= 0 && g.version <= step,
+                 "a buffered group of task ", g.task_index, " (target step ", g.target_step,
+                 ", weight version ", g.version, ") does not fit a learner resuming at step ",
+                 step);
+      if (b.target_step - g.version > max_staleness_) {  // a resume with a tighter bound
+        ++stats_.dropped_stale;
+        ++dropped_[b.target_step];
+        continue;
+      }
+      groups_[b.target_step].push_back(std::move(g));
+    }
+    if (b.dropped > 0) dropped_[b.target_step] += b.dropped;
+  }
+}
+
 }  // namespace loom::rl

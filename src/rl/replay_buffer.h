@@ -36,6 +36,14 @@ struct PromptGroup {
   std::vector<Rollout> rollouts;
 };
 
+// What the buffer holds for one target step: the groups that arrived and the count of those
+// that never will. A checkpoint saves it and a resume puts it back (rl_checkpoint.h).
+struct BufferedStep {
+  int64_t target_step = 0;
+  std::vector<PromptGroup> groups;
+  int64_t dropped = 0;
+};
+
 struct ReplayStats {
   int64_t pushed = 0, taken = 0;
   int64_t dropped_stale = 0;    // older than max_staleness when pushed or taken
@@ -63,6 +71,14 @@ class ReplayBuffer {
   void fail(const std::string& why);
   ReplayStats stats() const;
   int64_t size() const;  // groups held
+  // Copies of everything held, by target step (ascending), for a checkpoint.
+  std::vector<BufferedStep> contents() const;
+  // A checkpoint's contents back into an empty buffer before the learner at `step` takes
+  // anything: every step must target `step` or later and hold groups of weight versions at
+  // most `step` (the checkpoint's weights); throws naming the step and the group otherwise.
+  // Groups past this buffer's bound (a resume with a smaller max_staleness) are dropped and
+  // counted as stale. Not counted as pushed.
+  void restore(std::vector<BufferedStep> steps, int64_t step);
 
  private:
   const int64_t max_staleness_;

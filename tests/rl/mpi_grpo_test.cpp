@@ -80,7 +80,8 @@ TEST(MpiGrpo, EveryRolloutRankHoldsTheLearnersWeightsAfterEachSync) {
   for (DType dt : {DType::BF16, DType::F32}) {
     rltest::Fixture f;
     const int64_t steps = 4;
-    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), mpi_options(steps, 1, dt));
+    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(),
+              mpi_options(steps, 1, dt));
     if (g.is_learner()) {
       for (int64_t s = 0; s < steps; ++s) g.step();
       g.finish();
@@ -157,7 +158,8 @@ TEST(MpiGrpo, StalenessZeroReproducesTheSynchronousRun) {
   set_num_threads(1);
   const int64_t steps = 4;
   rltest::Fixture f;
-  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), mpi_options(steps, 0, DType::F32));
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(),
+            mpi_options(steps, 0, DType::F32));
   std::vector<RlStepStats> got;
   if (g.is_learner()) {
     for (int64_t s = 0; s < steps; ++s) got.push_back(g.step());
