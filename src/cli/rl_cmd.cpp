@@ -62,7 +62,7 @@ int run_rl_here(const Args& args) {
       .value("rollout-timeout", "0",
              "seconds per generation batch; later groups are dropped (0: none)")
       .value("rollout-ranks", "0",
-             "under loom launch -n N: K rollout ranks, rank 0 the learner (K = N - 1)")
+             "under loom launch -n N: ranks 1..K generate, the other N - K learn (data-parallel)")
       .value("weight-sync", "bf16", "with --rollout-ranks: weights broadcast as bf16 or f32")
       .value("threads-per-role", "0", "with --async: OpenMP/BLAS threads each (0: half the cores)")
       .value("save-every", "0", "checkpoint every N steps (0: only at the end)")
@@ -110,7 +110,7 @@ int run_rl_here(const Args& args) {
     rl::check_rl_layout(comm::world().size(), rollout_ranks);
   else
     LOOM_CHECK(!comm::launched_distributed(), "loom rl runs on ", comm::world().size(),
-               " ranks only with --rollout-ranks K (K = ranks - 1)");
+               " ranks only with --rollout-ranks K (ranks 1..K generate, the others learn)");
   ao.learner_timeout = o.get_double("learner-timeout");
   LOOM_CHECK(ao.learner_timeout > 0 && ao.learner_timeout <= 86400,
              "--learner-timeout must lie in (0, 86400] seconds");
@@ -146,7 +146,21 @@ int run_rl_here(const Args& args) {
   mo.max_staleness = ao.max_staleness;
   mo.learner_timeout = ao.learner_timeout;
   mo.steps = steps;
-  if (mpi && comm::world().rank() != 0) {
+  const int rank = comm::world().rank();
+  if (mpi && rank > rollout_ranks) {
+    // Another data-parallel learner (ranks K+1..N-1): it restores what learner 0 restores
+    // (every learner must start from the same step and weights; MpiGrpo checks), takes the same
+    // steps on its share of the groups, and writes nothing.
+    rl::RlRestore restore;
+    std::optional<std::string> latest;
+    if (o.has("resume")) latest = ckpt::find_latest_checkpoint(o.get("out") + "/checkpoints");
+    if (latest) restore = rl::open_rl_checkpoint(*latest, model->config().fingerprint()).restore;
+    rl::MpiGrpo learner(comm::world(), *model, *tok, chat, *env, ro, mo, restore);
+    for (int64_t s = learner.first_step(); s < steps; ++s) learner.step();
+    learner.finish();
+    return 0;
+  }
+  if (mpi && rank != 0) {
     // A rollout rank: the learner's weights arrive in the constructor; it writes nothing.
     rl::MpiGrpo rollout(comm::world(), *model, *tok, chat, *env, ro, mo);
     log_info("rollout rank ", comm::world().rank(), " of ", rollout_ranks, ": from step ",
@@ -213,7 +227,8 @@ int run_rl_here(const Args& args) {
   };
 
   log_info("GRPO on ", env->name(),
-           (mpi     ? cat(", over ", rollout_ranks, " rollout rank(s) + 1 learner (max staleness ",
+           (mpi     ? cat(", over ", rollout_ranks, " rollout rank(s) + ",
+                          comm::world().size() - rollout_ranks, " learner rank(s) (max staleness ",
                           ao.max_staleness, ", weights sent as ", dtype_name(weight_dtype), ")")
             : async ? cat(", async (max staleness ", ao.max_staleness, ")")
                     : std::string(", synchronous")),

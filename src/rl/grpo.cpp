@@ -21,17 +21,30 @@ std::vector<double> group_advantages(const std::vector<double>& r, const GrpoCon
   return a;
 }
 
-GrpoStats grpo_token_weights(const std::vector<GrpoSample>& samples, const GrpoConfig& c,
-                             std::vector<std::vector<double>>* weights) {
-  GrpoStats st;
-  int64_t total = 0;
-  size_t nonempty = 0;
+GrpoTotals grpo_totals(const std::vector<GrpoSample>& samples) {
+  GrpoTotals t;
   for (const auto& s : samples) {
-    total += int64_t(s.logp.size());
-    nonempty += !s.logp.empty();
+    t.tokens += int64_t(s.logp.size());
+    t.sequences += !s.logp.empty();
   }
+  return t;
+}
+
+GrpoStats grpo_token_weights(const std::vector<GrpoSample>& samples, const GrpoConfig& c,
+                             std::vector<std::vector<double>>* weights, const GrpoTotals* totals) {
+  GrpoStats st;
+  const GrpoTotals local = grpo_totals(samples);
+  const GrpoTotals all = totals ? *totals : local;
+  LOOM_CHECK(all.tokens >= local.tokens && all.sequences >= local.sequences, "GRPO totals of ",
+             all.tokens, " tokens in ", all.sequences, " sequences below this share's ",
+             local.tokens, " in ", local.sequences);
+  const int64_t total = all.tokens;
+  const size_t nonempty = size_t(all.sequences);
   if (weights) weights->assign(samples.size(), {});
-  if (total == 0) return st;
+  if (local.tokens == 0) {
+    st.tokens = total;
+    return st;
+  }
   int64_t clipped = 0;
   double is_sum = 0;
   for (size_t k = 0; k < samples.size(); ++k) {

@@ -42,7 +42,8 @@ Json RlStepStats::json() const {
   return j;
 }
 
-GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt) : policy_(policy), opt_(opt) {
+GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp)
+    : policy_(policy), opt_(opt), dp_(dp && dp->size() > 1 ? dp : nullptr) {
   LOOM_CHECK(opt.prompts_per_step > 0 && opt.group_size > 1, "GRPO needs prompts and groups of ",
              "at least 2 completions (group_size = ", opt.group_size, ")");
   LOOM_CHECK(opt.max_tokens > 0, "max_tokens must be positive");
@@ -57,7 +58,7 @@ GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt) : policy_(policy
 
 void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version, RlStepStats* stp) {
   RlStepStats& st = *stp;
-  // 1. Rewards and group-relative advantages.
+  // 1. Rewards and group-relative advantages (of this learner's share of the groups).
   std::vector<GrpoSample> samples;
   std::vector<std::pair<size_t, size_t>> which;  // (group, completion) of each sample
   double sum = 0, sq = 0, correct = 0, length = 0, n = 0;
@@ -92,6 +93,55 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       which.push_back({i, g});
     }
   }
+
+  // 2. The packed batch of the samples that carry a gradient.
+  const double t1 = now_seconds();
+  Batch b;
+  b.cu_seqlens.assign(1, 0);
+  std::vector<std::pair<int, int>> span;  // [first response target row, count) per sample
+  GrpoTotals totals;
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const auto& pr = groups[which[k].first].prompt;
+    const auto& resp = groups[which[k].first].rollouts[which[k].second].response;
+    const int base = static_cast<int>(b.tokens.size());
+    std::vector<int32_t> seq = pr;
+    seq.insert(seq.end(), resp.begin(), resp.end());
+    const int len = std::min<int>(static_cast<int>(seq.size()), policy_.config().max_seq);
+    for (int t = 0; t < len; ++t) {
+      b.tokens.push_back(seq[size_t(t)]);
+      b.positions.push_back(t);
+      // Row t predicts seq[t + 1]; the response's tokens are the targets.
+      const bool target = t + 1 < len && t + 1 >= static_cast<int>(pr.size());
+      b.targets.push_back(target ? seq[size_t(t + 1)] : -1);
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+    const int first = std::max(0, static_cast<int>(pr.size()) - 1);
+    span.push_back({base + first, std::max(0, len - 1 - first)});
+    totals.tokens += span.back().second;
+    totals.sequences += span.back().second > 0;
+  }
+
+  // 3. Data parallelism: the step's counts over every learner's share (the normalisation of
+  // the GRPO loss is the whole batch's, so that the learners' gradients sum to its gradient).
+  if (dp_) {
+    const int64_t ages = dp_->all_reduce_scalar(int64_t(st.staleness.size()), comm::ReduceOp::Max);
+    st.staleness.resize(size_t(ages), 0);
+    std::vector<double> c = {sum,
+                             sq,
+                             correct,
+                             length,
+                             n,
+                             double(st.groups),
+                             double(st.zero_advantage_groups),
+                             double(totals.tokens),
+                             double(totals.sequences)};
+    for (int64_t x : st.staleness) c.push_back(double(x));
+    dp_->all_reduce_f64(c.data(), int64_t(c.size()), comm::ReduceOp::Sum);
+    sum = c[0], sq = c[1], correct = c[2], length = c[3], n = c[4];
+    st.groups = int64_t(c[5]), st.zero_advantage_groups = int64_t(c[6]);
+    totals.tokens = int64_t(c[7]), totals.sequences = int64_t(c[8]);
+    for (size_t k = 0; k < st.staleness.size(); ++k) st.staleness[k] = int64_t(c[9 + k]);
+  }
   if (n > 0) {
     st.reward_mean = sum / n;
     st.reward_std = std::sqrt(std::max(0.0, sq / n - st.reward_mean * st.reward_mean));
@@ -99,30 +149,8 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
     st.response_length = length / n;
   }
 
-  // 2. One learner step on the samples that carry a gradient.
-  const double t1 = now_seconds();
-  if (!samples.empty()) {
-    Batch b;
-    b.cu_seqlens.assign(1, 0);
-    std::vector<std::pair<int, int>> span;  // [first response target row, count) per sample
-    for (size_t k = 0; k < samples.size(); ++k) {
-      const auto& pr = groups[which[k].first].prompt;
-      const auto& resp = groups[which[k].first].rollouts[which[k].second].response;
-      const int base = static_cast<int>(b.tokens.size());
-      std::vector<int32_t> seq = pr;
-      seq.insert(seq.end(), resp.begin(), resp.end());
-      const int len = std::min<int>(static_cast<int>(seq.size()), policy_.config().max_seq);
-      for (int t = 0; t < len; ++t) {
-        b.tokens.push_back(seq[size_t(t)]);
-        b.positions.push_back(t);
-        // Row t predicts seq[t + 1]; the response's tokens are the targets.
-        const bool target = t + 1 < len && t + 1 >= static_cast<int>(pr.size());
-        b.targets.push_back(target ? seq[size_t(t + 1)] : -1);
-      }
-      b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-      const int first = std::max(0, static_cast<int>(pr.size()) - 1);
-      span.push_back({base + first, std::max(0, len - 1 - first)});
-    }
+  // 4. One learner step, when any learner has a token to train on.
+  if (totals.tokens > 0) {
     ModelInput in = b.input();
     // The logits of the response tokens' rows, from one forward pass each of the policy and
     // the reference: the log-probs of the sampled tokens and the policy's entropy there.
@@ -131,10 +159,12 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       for (int t = 0; t < count; ++t) rows.push_back(first + t);
     const int V = policy_.config().vocab;
     std::vector<float> logits(rows.size() * size_t(V)), ref_logits;
-    policy_.forward_logits(in, rows, logits.data());
-    if (reference_) {
-      ref_logits.resize(logits.size());
-      reference_->forward_logits(in, rows, ref_logits.data());
+    if (!rows.empty()) {
+      policy_.forward_logits(in, rows, logits.data());
+      if (reference_) {
+        ref_logits.resize(logits.size());
+        reference_->forward_logits(in, rows, ref_logits.data());
+      }
     }
     double entropy_sum = 0;
     size_t row = 0;
@@ -160,17 +190,28 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
         if (stale) samples[k].logp_gen.push_back(ro.logprobs[size_t(t)]);
       }
     }
-    st.entropy = rows.empty() ? 0.0 : entropy_sum / double(rows.size());
     std::vector<std::vector<double>> w;
-    const GrpoStats gs = grpo_token_weights(samples, opt_.grpo, &w);
-    std::vector<float> weights(b.tokens.size(), 0.f);
-    for (size_t k = 0; k < samples.size(); ++k)
-      for (int t = 0; t < span[k].second; ++t)
-        weights[size_t(span[k].first + t)] = static_cast<float>(w[k][size_t(t)]);
-    in.loss_weights = weights.data();
+    GrpoStats gs = grpo_token_weights(samples, opt_.grpo, &w, &totals);
     ParamSet& Pm = policy_.params();
     Pm.zero_grad();
-    policy_.forward_backward(in, 1.f);
+    if (!rows.empty()) {
+      std::vector<float> weights(b.tokens.size(), 0.f);
+      for (size_t k = 0; k < samples.size(); ++k)
+        for (int t = 0; t < span[k].second; ++t)
+          weights[size_t(span[k].first + t)] = static_cast<float>(w[k][size_t(t)]);
+      in.loss_weights = weights.data();
+      policy_.forward_backward(in, 1.f);
+    }
+    if (dp_) {
+      // The gradients of the shares sum to the batch's (ZeRO-0's all-reduce, in fp32); every
+      // learner then takes the same AdamW step on the same sum, so their weights stay equal.
+      dp_->all_reduce(Pm.grad(), Pm.total(), DType::F32, comm::ReduceOp::Sum);
+      std::vector<double> parts = {gs.loss, gs.kl, gs.clip_fraction, gs.mean_is_weight,
+                                   entropy_sum};
+      dp_->all_reduce_f64(parts.data(), int64_t(parts.size()), comm::ReduceOp::Sum);
+      gs.loss = parts[0], gs.kl = parts[1], gs.clip_fraction = parts[2];
+      gs.mean_is_weight = parts[3], entropy_sum = parts[4];
+    }
     const double norm = std::sqrt(cpu_backend().sum_squares(Pm.grad(), Pm.total()));
     float scale = 1.f;
     if (opt_.clip_grad > 0 && norm > opt_.clip_grad) scale = float(opt_.clip_grad / norm);
@@ -181,6 +222,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
     st.is_weight_mean = gs.mean_is_weight;
     st.grad_norm = norm;
     st.train_tokens = gs.tokens;
+    st.entropy = entropy_sum / double(totals.tokens);
   }
   st.learner_seconds = now_seconds() - t1;
   st.train_tokens_per_s = double(st.train_tokens) / std::max(st.learner_seconds, 1e-9);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/json.h"
 #include "data/bpe.h"
 #include "data/chat.h"
@@ -57,15 +58,21 @@ struct RlStepStats {
 // and the optimizer.
 class GrpoLearner {
  public:
-  GrpoLearner(Decoder& policy, const RlOptions& opt);
+  // With `dp` (several learner ranks, data parallelism) every learner holds the same weights and
+  // is given its share of each step's groups; the counts, the loss normalisation and the
+  // gradients are summed over `dp`, so every learner takes the step one learner would take on
+  // all the groups (up to the order of floating-point sums).
+  GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp = nullptr);
   // One step on `groups` with the weights of version `version` (steps taken); fills the reward,
-  // loss and staleness fields of `st`.
+  // loss and staleness fields of `st` (the whole step's, under data parallelism). Collective
+  // over `dp`: every learner calls it each step, with a share that may be empty.
   void learn(const std::vector<PromptGroup>& groups, int64_t version, RlStepStats* st);
   AdamW& optimizer() { return *optim_; }
 
  private:
   Decoder& policy_;
   const RlOptions& opt_;
+  comm::Communicator* dp_ = nullptr;  // the learner ranks (null: one learner)
   std::unique_ptr<Decoder> reference_;
   std::unique_ptr<AdamW> optim_;
 };
