@@ -59,6 +59,9 @@ int run_rl_here(const Args& args) {
       .flag("async", "overlap rollouts and learning (a rollout thread and the learner)")
       .value("max-staleness", "1", "with --async: the oldest data used, in steps (0: on policy)")
       .value("learner-timeout", "600", "seconds either side waits for the other before failing")
+      .value("partial-tokens", "0",
+             "with --async: tokens per completion per generation batch; longer completions "
+             "continue in the next batch from newer weights (partial rollouts; 0: off)")
       .value("rollout-timeout", "0",
              "seconds per generation batch; later groups are dropped (0: none)")
       .value("rollout-ranks", "0",
@@ -106,6 +109,10 @@ int run_rl_here(const Args& args) {
              "--max-staleness needs --async or --rollout-ranks");
   LOOM_CHECK(mpi || !o.has("weight-sync"), "--weight-sync needs --rollout-ranks");
   const DType weight_dtype = rl::weight_sync_dtype(o.get("weight-sync"));
+  ro.partial_tokens = o.get_int32("partial-tokens", 0, 1 << 16);
+  LOOM_CHECK(ro.partial_tokens == 0 || async,
+             "--partial-tokens needs --async (partial rollouts continue on newer weights, which "
+             "the synchronous loop never has; over MPI ranks they are not built)");
   if (mpi)
     rl::check_rl_layout(comm::world().size(), rollout_ranks);
   else
@@ -230,7 +237,11 @@ int run_rl_here(const Args& args) {
            (mpi     ? cat(", over ", rollout_ranks, " rollout rank(s) + ",
                           comm::world().size() - rollout_ranks, " learner rank(s) (max staleness ",
                           ao.max_staleness, ", weights sent as ", dtype_name(weight_dtype), ")")
-            : async ? cat(", async (max staleness ", ao.max_staleness, ")")
+            : async ? cat(", async (max staleness ", ao.max_staleness,
+                          ro.partial_tokens > 0
+                              ? cat(", partial rollouts of ", ro.partial_tokens, " tokens a batch")
+                              : std::string(),
+                          ")")
                     : std::string(", synchronous")),
            ": ", ro.prompts_per_step, " prompts x ", ro.group_size, " completions per step, ",
            ro.max_tokens, " tokens at most, lr ", ro.lr, ", beta ", ro.grpo.beta);

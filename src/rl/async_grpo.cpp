@@ -22,6 +22,18 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
       buffer_(async.max_staleness),
       step_(restore ? restore(policy, learner_.optimizer()) : 0) {
   LOOM_CHECK(async.learner_timeout > 0, "rl.learner_timeout must be positive");
+  // Partial rollouts: a completion may take B = ceil(max_tokens / partial_tokens) batches, one
+  // per step, and a group is as old as its first batch's weights; so new groups start at most
+  // max_staleness - (B - 1) steps ahead, and every group finishes within the bound.
+  lead_ = async.max_staleness;
+  if (opt.partial_tokens > 0) {
+    const int64_t batches = (opt.max_tokens + opt.partial_tokens - 1) / opt.partial_tokens;
+    lead_ = async.max_staleness - (batches - 1);
+    LOOM_CHECK(batches >= 2 && lead_ >= 0, "partial rollouts of ", opt.partial_tokens,
+               " tokens per batch take up to ", batches, " batches (steps) for ", opt.max_tokens,
+               " tokens; they need max_staleness >= ", batches - 1, " (got ", async.max_staleness,
+               ") and fewer tokens per batch than max_tokens");
+  }
   threads_ =
       async.threads_per_role > 0 ? async.threads_per_role : std::max(1, omp_get_num_procs() / 2);
   snapshot_ = std::make_unique<Decoder>(policy.config(), cpu_backend());
@@ -34,7 +46,7 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
   // the rollouts go on after the last step they cover.
   first_rollout_ = step_;
   for (const BufferedStep& b : async_.resume_buffer) {
-    LOOM_CHECK(int64_t(b.groups.size()) + b.dropped == opt_.prompts_per_step,
+    LOOM_CHECK(b.complete || int64_t(b.groups.size()) + b.dropped == opt_.prompts_per_step,
                "the checkpoint's replay buffer holds ", b.groups.size(), " groups and ", b.dropped,
                " dropped for step ", b.target_step, ", not the ", opt_.prompts_per_step,
                " prompts of a step (--prompts changed?)");
@@ -68,6 +80,7 @@ void AsyncGrpo::stop() {
 }
 
 void AsyncGrpo::rollout_loop(int64_t have) {
+  std::vector<PromptGroup> carry;  // partial rollouts to continue in the next batch
   // Per-thread OpenMP setting: this thread's kernels (and OpenBLAS, which follows the calling
   // thread's OpenMP setting) use threads_ cores, the learner's the others.
   omp_set_num_threads(threads_);
@@ -77,13 +90,12 @@ void AsyncGrpo::rollout_loop(int64_t have) {
       {
         std::unique_lock<std::mutex> lock(mu_);
         // Generation for step s may start from version s - max_staleness at the oldest.
-        const bool ok =
-            cv_.wait_for(lock, std::chrono::duration<double>(async_.learner_timeout), [&] {
-              return stopping_ || (!paused_ && s - published_version_ <= async_.max_staleness);
-            });
+        const bool ok = cv_.wait_for(
+            lock, std::chrono::duration<double>(async_.learner_timeout),
+            [&] { return stopping_ || (!paused_ && s - published_version_ <= lead_); });
         if (stopping_) return;
         LOOM_CHECK(ok, "the rollout side waited ", async_.learner_timeout,
-                   " s (rl.learner_timeout) for weight version ", s - async_.max_staleness,
+                   " s (rl.learner_timeout) for weight version ", s - lead_,
                    " but the learner published only ", published_version_);
         if (published_version_ > have) {
           std::memcpy(snapshot_->params().data(), published_.data(),
@@ -96,10 +108,21 @@ void AsyncGrpo::rollout_loop(int64_t have) {
       }
       if (async_.before_rollout) async_.before_rollout(s);
       const double b0 = now_seconds();
-      RolloutBatch rb = rollout_->generate(s, have);
-      for (PromptGroup& g : rb.groups) buffer_.push(std::move(g));
-      buffer_.drop(s, rb.dropped_timeout, true);
-      buffer_.drop(s, rb.dropped_env, false);
+      // Partial rollouts: groups already past the bound at step s are not worth continuing;
+      // they go to the buffer with the batch, which drops and counts them as stale.
+      std::vector<PromptGroup> too_old;
+      if (!carry.empty()) {
+        std::vector<PromptGroup> keep;
+        for (PromptGroup& g : carry) {
+          g.target_step = s;
+          (s - g.version > async_.max_staleness ? too_old : keep).push_back(std::move(g));
+        }
+        carry.swap(keep);
+      }
+      RolloutBatch rb =
+          rollout_->generate(s, have, 0, 1, opt_.partial_tokens > 0 ? &carry : nullptr);
+      for (PromptGroup& g : too_old) rb.groups.push_back(std::move(g));
+      buffer_.push_step(s, std::move(rb.groups), rb.dropped_timeout, rb.dropped_env);
       {
         std::lock_guard<std::mutex> lock(mu_);
         rollout_busy_ += now_seconds() - b0;

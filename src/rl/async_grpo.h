@@ -68,6 +68,7 @@ class AsyncGrpo {
   std::unique_ptr<Decoder> snapshot_;  // the rollout side's weights
   std::unique_ptr<RolloutWorker> rollout_;
   int threads_ = 1;
+  int64_t lead_ = 1;  // how far ahead of the learner new groups start (see the constructor)
   int64_t step_ = 0;
 
   // The published weights: the newest version and its flat parameters.

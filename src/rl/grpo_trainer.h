@@ -35,6 +35,9 @@ struct RlOptions {
   GrpoConfig grpo;
   uint64_t seed = 1;
   double rollout_timeout = 0;  // seconds per generation batch (0: none); late groups are dropped
+  // Partial rollouts (--partial-tokens, asynchronous mode): tokens per completion per generation
+  // batch; a longer completion continues in the next batch from newer weights (0: off).
+  int partial_tokens = 0;
 };
 
 struct RlStepStats {
@@ -50,6 +53,7 @@ struct RlStepStats {
   double is_weight_mean = 1, learner_wait_seconds = 0, train_tokens_per_s = 0;
   double rollout_utilisation = 0, learner_utilisation = 0;  // busy / (busy + waiting)
   std::vector<int64_t> staleness;  // groups trained on, by age in steps (0, 1, ...)
+  int64_t spanning_rollouts = 0;   // completions trained on whose tokens span several versions
   int64_t dropped_timeout = 0, dropped_env = 0, dropped_stale = 0;  // groups, this step
   Json json() const;
 };

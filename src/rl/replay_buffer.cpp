@@ -37,6 +37,31 @@ void ReplayBuffer::drop(int64_t target_step, int64_t n, bool timeout) {
   cv_.notify_all();
 }
 
+void ReplayBuffer::push_step(int64_t target_step, std::vector<PromptGroup> groups,
+                             int64_t dropped_timeout, int64_t dropped_env) {
+  for (const PromptGroup& g : groups)
+    LOOM_CHECK(g.version <= g.target_step && g.target_step == target_step,
+               "a rollout group of weight version ", g.version, " for step ", g.target_step,
+               " in the batch of step ", target_step);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (PromptGroup& g : groups) {
+      ++stats_.pushed;
+      if (g.target_step - g.version > max_staleness_) {
+        ++stats_.dropped_stale;
+        ++dropped_[target_step];
+      } else {
+        groups_[target_step].push_back(std::move(g));
+      }
+    }
+    dropped_[target_step] += dropped_timeout + dropped_env;
+    stats_.dropped_timeout += dropped_timeout;
+    stats_.dropped_env += dropped_env;
+    complete_[target_step] = true;
+  }
+  cv_.notify_all();
+}
+
 std::vector<PromptGroup> ReplayBuffer::take(int64_t step, int64_t expected, double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   // Whatever targets an earlier step is at least one step staler than when it was made for; the
@@ -46,6 +71,7 @@ std::vector<PromptGroup> ReplayBuffer::take(int64_t step, int64_t expected, doub
     it = groups_.erase(it);
   }
   dropped_.erase(dropped_.begin(), dropped_.lower_bound(step));
+  complete_.erase(complete_.begin(), complete_.lower_bound(step));
   auto have = [&] {
     auto g = groups_.find(step);
     auto d = dropped_.find(step);
@@ -54,11 +80,12 @@ std::vector<PromptGroup> ReplayBuffer::take(int64_t step, int64_t expected, doub
   };
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, timeout_s));
-  while (failed_.empty() && have() < expected)
+  auto ready = [&] { return have() >= expected || complete_.count(step) > 0; };
+  while (failed_.empty() && !ready())
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) break;
   LOOM_CHECK(failed_.empty(), "the rollouts stopped: ", failed_);
   const int64_t got = have();
-  LOOM_CHECK(got >= expected, "learner step ", step, ": waited ", timeout_s, " s for ", expected,
+  LOOM_CHECK(ready(), "learner step ", step, ": waited ", timeout_s, " s for ", expected,
              " rollout groups (rl.learner_timeout) but only ", got,
              " arrived or were dropped; the rollout side is stuck or too slow");
   std::vector<PromptGroup> out;
@@ -68,6 +95,7 @@ std::vector<PromptGroup> ReplayBuffer::take(int64_t step, int64_t expected, doub
     groups_.erase(g);
   }
   dropped_.erase(step);
+  complete_.erase(step);
   // The bound is checked again where the data is used, not only where it entered.
   for (const PromptGroup& x : out)
     LOOM_CHECK(step - x.version <= max_staleness_ && x.version <= step, "a group of version ",
@@ -107,6 +135,10 @@ std::vector<BufferedStep> ReplayBuffer::contents() const {
     by_step[s].target_step = s;
     by_step[s].dropped = n;
   }
+  for (auto& [s, c] : complete_) {
+    by_step[s].target_step = s;
+    by_step[s].complete = c;
+  }
   std::vector<BufferedStep> out;
   for (auto& [s, b] : by_step) out.push_back(std::move(b));
   return out;
@@ -131,6 +163,7 @@ void ReplayBuffer::restore(std::vector<BufferedStep> steps, int64_t step) {
       groups_[b.target_step].push_back(std::move(g));
     }
     if (b.dropped > 0) dropped_[b.target_step] += b.dropped;
+    if (b.complete) complete_[b.target_step] = true;
   }
 }
 

@@ -23,13 +23,20 @@ namespace loom::rl {
 struct Rollout {
   std::vector<int32_t> response;  // sampled tokens, the stop token included
   std::vector<float> logprobs;    // behaviour log-probs at generation, one per response token
+  // The weight version that generated each response token: one version, or (partial rollouts,
+  // continued over several generation batches) the versions it spans, in order.
+  std::vector<int64_t> versions;
   std::string text;
   double reward = 0;
+  bool finished = false;  // stopped or at its length (false: a partial rollout to continue)
+  bool stopped = false;   // ended by a stop token (the last of `response`)
 };
 
 struct PromptGroup {
   int64_t target_step = 0;  // the learner step it was generated for
-  int64_t version = 0;      // the weight version that generated it (learner steps taken)
+  // The weight version that generated it (learner steps taken); with partial rollouts the
+  // oldest that generated any of its tokens, so that the staleness bound holds for every token.
+  int64_t version = 0;
   uint64_t task_index = 0;
   Task task;
   std::vector<int32_t> prompt;
@@ -42,6 +49,7 @@ struct BufferedStep {
   int64_t target_step = 0;
   std::vector<PromptGroup> groups;
   int64_t dropped = 0;
+  bool complete = false;  // push_step finished it (it may hold fewer than the step's prompts)
 };
 
 struct ReplayStats {
@@ -62,6 +70,11 @@ class ReplayBuffer {
   // `n` groups of `target_step` will never come (timed out, or unscorable): counted, and the
   // learner no longer waits for them.
   void drop(int64_t target_step, int64_t n, bool timeout);
+  // A whole generation batch at once (one lock): its finished groups, its drops, and the mark
+  // that `target_step` is complete: the learner takes what arrived without waiting for the
+  // step's full count (partial rollouts carry unfinished groups to a later step).
+  void push_step(int64_t target_step, std::vector<PromptGroup> groups, int64_t dropped_timeout,
+                 int64_t dropped_env);
   // The learner at `step` (weights version `step`): waits until `expected` groups of that target
   // step have arrived or been dropped, then returns those that arrived (possibly fewer than
   // expected). Groups of earlier target steps still held are dropped as stale. Throws loom::Error
@@ -86,6 +99,7 @@ class ReplayBuffer {
   std::condition_variable cv_;
   std::map<int64_t, std::vector<PromptGroup>> groups_;  // by target step
   std::map<int64_t, int64_t> dropped_;                  // by target step
+  std::map<int64_t, bool> complete_;                    // target steps push_step finished
   ReplayStats stats_;
   std::string failed_;
 };

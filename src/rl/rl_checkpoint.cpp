@@ -15,6 +15,7 @@ std::string encode_replay_buffer(const std::vector<BufferedStep>& buffer) {
     RolloutBatch rb;
     rb.groups = b.groups;
     rb.dropped_timeout = b.dropped;  // the buffer keeps one count per step
+    rb.dropped_env = b.complete;     // and the mark that the step's batch is all there
     const std::vector<uint8_t> msg = encode_trajectories(rb, b.target_step);
     const uint64_t n = msg.size();
     const uint8_t* p = reinterpret_cast<const uint8_t*>(&n);
@@ -60,6 +61,9 @@ std::vector<BufferedStep> decode_replay_buffer(const std::string& hex, const std
     b.target_step = step;
     b.groups = std::move(rb.groups);
     b.dropped = rb.dropped_timeout;
+    LOOM_CHECK(rb.dropped_env <= 1, where, ": rl_replay_buffer: step ", step,
+               " has a completion mark of ", rb.dropped_env);
+    b.complete = rb.dropped_env == 1;
     out.push_back(std::move(b));
     pos += n;
   }

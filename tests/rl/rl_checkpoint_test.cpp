@@ -125,6 +125,7 @@ TEST(RlCheckpoint, CorruptBufferIsAnErrorNamingTheByte) {
   g.rollouts.resize(2);
   g.rollouts[0].response = {5, 6};
   g.rollouts[0].logprobs = {-0.5f, -1.25f};
+  g.rollouts[0].versions = {3, 4};  // a partial rollout continued on version 4
   g.rollouts[0].text = "ab";
   g.rollouts[0].reward = 0.5;
   BufferedStep b;
@@ -139,6 +140,7 @@ TEST(RlCheckpoint, CorruptBufferIsAnErrorNamingTheByte) {
   EXPECT_EQ(back[0].groups[0].version, 3);
   EXPECT_EQ(back[0].groups[0].rollouts[0].logprobs, g.rollouts[0].logprobs);
   EXPECT_EQ(back[0].groups[0].rollouts[0].text, "ab");
+  EXPECT_EQ(back[0].groups[0].rollouts[0].versions, g.rollouts[0].versions);
   auto expect_error = [](const std::string& h, const std::string& what) {
     try {
       decode_replay_buffer(h, "runs/x/step_00000004");

@@ -43,7 +43,17 @@ grep -q "the replay buffer holds [0-9]* groups from the checkpoint" <<<"$log" ||
 [ "$(wc -l < "$work/async1/metrics.jsonl")" -eq 4 ] || { echo "async1: not 4 metrics rows"; exit 1; }
 echo "ok: --async --max-staleness 1 resumes with its buffer"
 
+# Partial rollouts: 12-token completions in slices of 6 span two weight versions.
+"$loom" "${rl[@]}" --out "$work/partial" --steps 4 --async --max-staleness 1 --partial-tokens 6 \
+  --threads-per-role 1 >/dev/null 2>&1
+spans=$(column "$work/partial/metrics.jsonl" spanning_rollouts | awk '{ n += $1 } END { print n + 0 }')
+[ "$spans" -gt 0 ] || { echo "no trained completion spans two weight versions"; exit 1; }
+echo "ok: --partial-tokens ($spans completions trained across two versions)"
+
 # Bad options and states: a clear error, exit status 1, nothing trained.
+expect_fail "--partial-tokens needs --async" "$loom" "${rl[@]}" --out "$work/bad" --partial-tokens 4
+expect_fail "they need max_staleness >= 2 \\(got 1\\)" \
+  "$loom" "${rl[@]}" --out "$work/bad" --async --max-staleness 1 --partial-tokens 4
 expect_fail "--async runs in one process; --rollout-ranks runs over MPI ranks" \
   "$loom" "${rl[@]}" --out "$work/bad" --async --rollout-ranks 1
 expect_fail "--max-staleness needs --async or --rollout-ranks" "$loom" "${rl[@]}" --out "$work/bad" --max-staleness 2
