@@ -38,6 +38,9 @@ struct RlOptions {
   // Partial rollouts (--partial-tokens, asynchronous mode): tokens per completion per generation
   // batch; a longer completion continues in the next batch from newer weights (0: off).
   int partial_tokens = 0;
+  // Logit rows (response tokens) per forward pass of the learner's log-prob and entropy pass
+  // (0: as many as fit in 64 MiB of fp32 logits).
+  int64_t logit_rows = 0;
 };
 
 struct RlStepStats {

@@ -11,6 +11,7 @@
 #include "rl/env.h"
 #include "rl/grpo.h"
 #include "rl/grpo_trainer.h"
+#include "rl/rollout.h"
 #include "rl_test_util.h"
 
 using namespace loom;
@@ -181,4 +182,43 @@ TEST(GrpoTrainer, RaisesTheRewardOfATinyModel) {
   std::printf("reward %.3f -> %.3f, entropy %.3f -> %.3f nats\n", first, last, h_first, h_last);
   // Learning to say "a" concentrates the policy: its entropy falls.
   EXPECT_LT(h_last, h_first - 0.5) << "entropy " << h_first << " -> " << h_last;
+}
+
+// The learner's logit pass in pieces (a few sequences at a time, as a large vocabulary needs)
+// gives the one-pass step: the same loss, KL, entropy and gradient norm up to rounding, and the
+// same weights after the step.
+TEST(GrpoLearner, LogitPassInPiecesIsTheOnePassStep) {
+  rltest::Fixture a, b;
+  RlOptions o = rltest::small_options();  // beta > 0: the reference's pass is split too
+  RolloutWorker w(a.model, a.tok, a.chat, a.env, o);
+  const RolloutBatch rb = w.generate(0, 0);
+  ASSERT_FALSE(rb.groups.empty());
+  RlOptions pieces = o;
+  pieces.logit_rows = 3;  // at most 3 rows a pass (a longer sequence still goes whole)
+  GrpoLearner one(a.model, o), split(b.model, pieces);
+  RlStepStats x, y;
+  // Two steps on the same groups: the second sees them one step old (importance weights) and a
+  // policy away from the reference (KL > 0).
+  one.learn(rb.groups, 0, &x);
+  split.learn(rb.groups, 0, &y);
+  EXPECT_NEAR(x.entropy, y.entropy, 1e-6 * x.entropy);
+  x = y = RlStepStats{};
+  one.learn(rb.groups, 1, &x);
+  split.learn(rb.groups, 1, &y);
+  EXPECT_GT(x.kl, 0.0);
+  EXPECT_NE(x.is_weight_mean, 1.0);
+  ASSERT_GT(x.train_tokens, 3) << "one pass would do: nothing split";
+  EXPECT_EQ(x.train_tokens, y.train_tokens);
+  EXPECT_NEAR(x.loss, y.loss, 1e-6 * (1 + std::abs(x.loss)));
+  EXPECT_NEAR(x.kl, y.kl, 1e-6 * x.kl);
+  EXPECT_NEAR(x.is_weight_mean, y.is_weight_mean, 1e-7);
+  EXPECT_NEAR(x.entropy, y.entropy, 1e-6 * x.entropy);
+  EXPECT_NEAR(x.grad_norm, y.grad_norm, 1e-5 * x.grad_norm);
+  double diff = 0;
+  for (int64_t i = 0; i < a.model.params().total(); ++i)
+    diff =
+        std::max(diff, double(std::abs(a.model.params().data()[i] - b.model.params().data()[i])));
+  EXPECT_LT(diff, 1e-4) << "the weights after the step differ by " << diff;
+  std::printf("logit pass in pieces: weights differ by at most %.3g, loss %.9g vs %.9g\n", diff,
+              x.loss, y.loss);
 }
