@@ -1,17 +1,18 @@
-// GRPO, synchronous vs asynchronous (max staleness 1 and 2), on the same task, model, seeds and
-// number of samples: wall time to a fixed held-out accuracy, samples/s, rollout and learner
-// utilisation, the longest learner wait; the reward and accuracy curves as JSON and as a
-// self-contained HTML page (inline SVG). Synchronous runs its kernels on all cores; each async
-// role on half of them, so on 2 cores the rollout thread and the learner really overlap.
-// The task is synthetic so that a model from scratch learns it in seconds: reply with the letter
-// 'a' only (a reply counts as correct when all of it is 'a'); held-out accuracy is over sampled
-// replies (temperature 1, as trained; greedy replies flip from 0 to 1 within two steps) to
-// prompts of a seed the training never draws, evaluated after the run on weight snapshots so that
-// evaluation never steals time from the runs. The synchronous baseline runs twice, on all cores
-// and on one (the tiny model's kernels may be faster on one), and the faster is the baseline.
-// The multi-process mode ("mpi-1": max staleness 1, 1 learner rank + 1 rollout rank, one thread
-// each, weights sent as bf16) runs as a child job, `mpirun -n 2 bench_rl --mpi-run OUT STEPS
-// TARGET`, whose learner evaluates its snapshots after the run and writes OUT/bench_rl_mpi.json.
+// GRPO, synchronous vs asynchronous (max staleness 1 and 2, and 2 with partial rollouts:
+// "async-2p", completions cut after 4 of their 8 tokens and continued on the next weights), on the
+// same task, model, seeds and number of samples: wall time to a fixed held-out accuracy, samples/s,
+// rollout and learner utilisation, the longest learner wait; the reward and accuracy curves as JSON
+// and as a self-contained HTML page (inline SVG). Synchronous runs its kernels on all cores; each
+// async role on half of them, so on 2 cores the rollout thread and the learner really overlap. The
+// task is synthetic so that a model from scratch learns it in seconds: reply with the letter 'a'
+// only (a reply counts as correct when all of it is 'a'); held-out accuracy is over sampled replies
+// (temperature 1, as trained; greedy replies flip from 0 to 1 within two steps) to prompts of a
+// seed the training never draws, evaluated after the run on weight snapshots so that evaluation
+// never steals time from the runs. The synchronous baseline runs twice, on all cores and on one
+// (the tiny model's kernels may be faster on one), and the faster is the baseline. The
+// multi-process mode ("mpi-1": max staleness 1, 1 learner rank + 1 rollout rank, one thread each,
+// weights sent as bf16) runs as a child job, `mpirun -n 2 bench_rl --mpi-run OUT STEPS TARGET`,
+// whose learner evaluates its snapshots after the run and writes OUT/bench_rl_mpi.json.
 //   bench_rl [OUT_DIR] [STEPS] [TARGET_ACCURACY]
 #include <omp.h>
 
@@ -82,13 +83,14 @@ struct Run {
   std::vector<int64_t> eval_steps;
   double seconds = 0, max_wait = 0, rollout_util = 0, learner_util = 0, load_before = 0,
          load_after = 0, time_to_target = -1;
-  int64_t samples = 0;
+  int64_t samples = 0, spanning = 0;  // spanning: trained completions over several versions
 };
 
 // mpi: this process is one rank of a 2-rank job (rank 0 learns, rank 1 generates); only rank 0's
 // Run is filled.
+// partial > 0: partial rollouts of that many tokens a batch (async only).
 Run run(const std::string& name, int64_t staleness, int threads, int steps, int eval_every,
-        double target, bool mpi = false) {
+        double target, bool mpi = false, int partial = 0) {
   Run r;
   r.name = name;
   r.staleness = staleness;
@@ -103,6 +105,7 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
   o.max_tokens = 8;
   o.lr = 3e-3;
   o.seed = 11;
+  o.partial_tokens = partial;
   std::vector<std::vector<float>> snaps;
   auto snapshot = [&](int64_t step) {
     const ParamSet& P = model.params();
@@ -164,6 +167,7 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
   for (const RlStepStats& st : stats) {
     r.reward.push_back(st.reward_mean);
     r.samples += st.groups * o.group_size;
+    r.spanning += st.spanning_rollouts;
     r.max_wait = std::max(r.max_wait, st.learner_wait_seconds);
     r.rollout_util += st.rollout_utilisation / double(steps);
     r.learner_util += st.learner_utilisation / double(steps);
@@ -276,7 +280,10 @@ int main(int argc, char** argv) {
   std::vector<Run> runs = {run("sync", -1, cores, steps, eval_every, target),
                            run("sync-1t", -1, 1, steps, eval_every, target),
                            run("async-1", 1, half, steps, eval_every, target),
-                           run("async-2", 2, half, steps, eval_every, target)};
+                           run("async-2", 2, half, steps, eval_every, target),
+                           // Partial rollouts: 8-token completions in two slices of 4, the second
+                           // on the newer weights (new groups start at most 1 step ahead).
+                           run("async-2p", 2, half, steps, eval_every, target, false, 4)};
   Run m;
   if (run_mpi_mode(out, steps, target, &m)) runs.push_back(m);
   Json j = Json::object();
@@ -299,6 +306,7 @@ int main(int argc, char** argv) {
     x["rollout_utilisation"] = r.rollout_util;
     x["learner_utilisation"] = r.learner_util;
     x["max_learner_wait_seconds"] = r.max_wait;
+    x["spanning_rollouts"] = r.spanning;
     x["loadavg_before"] = r.load_before;
     x["loadavg_after"] = r.load_after;
     Json rw = Json::array(), wl = Json::array(), ac = Json::array(), es = Json::array();
@@ -329,7 +337,7 @@ int main(int argc, char** argv) {
   // The curves against wall time: reward (solid) and held-out accuracy (dots), one colour a mode.
   double xmax = 1e-9;
   for (const Run& r : runs) xmax = std::max(xmax, r.seconds);
-  const char* colours[] = {"#444", "#999", "#1f77b4", "#d62728", "#2ca02c"};
+  const char* colours[] = {"#444", "#999", "#1f77b4", "#d62728", "#9467bd", "#2ca02c"};
   std::string svg =
       "<svg xmlns='http://www.w3.org/2000/svg' width='600' height='300'>\n"
       "<rect width='600' height='300' fill='white'/>\n"

@@ -22,6 +22,7 @@
 #include "rl/grpo_trainer.h"
 #include "rl/http_env.h"
 #include "rl/mpi_grpo.h"
+#include "rl/rl_checkpoint.h"
 #include "rl/weight_sync.h"
 #include "train/metrics.h"
 
@@ -58,10 +59,13 @@ int run_rl_here(const Args& args) {
       .flag("async", "overlap rollouts and learning (a rollout thread and the learner)")
       .value("max-staleness", "1", "with --async: the oldest data used, in steps (0: on policy)")
       .value("learner-timeout", "600", "seconds either side waits for the other before failing")
+      .value("partial-tokens", "0",
+             "with --async: tokens per completion per generation batch; longer completions "
+             "continue in the next batch from newer weights (partial rollouts; 0: off)")
       .value("rollout-timeout", "0",
              "seconds per generation batch; later groups are dropped (0: none)")
       .value("rollout-ranks", "0",
-             "under loom launch -n N: K rollout ranks, rank 0 the learner (K = N - 1)")
+             "under loom launch -n N: ranks 1..K generate, the other N - K learn (data-parallel)")
       .value("weight-sync", "bf16", "with --rollout-ranks: weights broadcast as bf16 or f32")
       .value("threads-per-role", "0", "with --async: OpenMP/BLAS threads each (0: half the cores)")
       .value("save-every", "0", "checkpoint every N steps (0: only at the end)")
@@ -105,11 +109,15 @@ int run_rl_here(const Args& args) {
              "--max-staleness needs --async or --rollout-ranks");
   LOOM_CHECK(mpi || !o.has("weight-sync"), "--weight-sync needs --rollout-ranks");
   const DType weight_dtype = rl::weight_sync_dtype(o.get("weight-sync"));
+  ro.partial_tokens = o.get_int32("partial-tokens", 0, 1 << 16);
+  LOOM_CHECK(ro.partial_tokens == 0 || async,
+             "--partial-tokens needs --async (partial rollouts continue on newer weights, which "
+             "the synchronous loop never has; over MPI ranks they are not built)");
   if (mpi)
     rl::check_rl_layout(comm::world().size(), rollout_ranks);
   else
     LOOM_CHECK(!comm::launched_distributed(), "loom rl runs on ", comm::world().size(),
-               " ranks only with --rollout-ranks K (K = ranks - 1)");
+               " ranks only with --rollout-ranks K (ranks 1..K generate, the others learn)");
   ao.learner_timeout = o.get_double("learner-timeout");
   LOOM_CHECK(ao.learner_timeout > 0 && ao.learner_timeout <= 86400,
              "--learner-timeout must lie in (0, 86400] seconds");
@@ -145,7 +153,21 @@ int run_rl_here(const Args& args) {
   mo.max_staleness = ao.max_staleness;
   mo.learner_timeout = ao.learner_timeout;
   mo.steps = steps;
-  if (mpi && comm::world().rank() != 0) {
+  const int rank = comm::world().rank();
+  if (mpi && rank > rollout_ranks) {
+    // Another data-parallel learner (ranks K+1..N-1): it restores what learner 0 restores
+    // (every learner must start from the same step and weights; MpiGrpo checks), takes the same
+    // steps on its share of the groups, and writes nothing.
+    rl::RlRestore restore;
+    std::optional<std::string> latest;
+    if (o.has("resume")) latest = ckpt::find_latest_checkpoint(o.get("out") + "/checkpoints");
+    if (latest) restore = rl::open_rl_checkpoint(*latest, model->config().fingerprint()).restore;
+    rl::MpiGrpo learner(comm::world(), *model, *tok, chat, *env, ro, mo, restore);
+    for (int64_t s = learner.first_step(); s < steps; ++s) learner.step();
+    learner.finish();
+    return 0;
+  }
+  if (mpi && rank != 0) {
     // A rollout rank: the learner's weights arrive in the constructor; it writes nothing.
     rl::MpiGrpo rollout(comm::world(), *model, *tok, chat, *env, ro, mo);
     log_info("rollout rank ", comm::world().rank(), " of ", rollout_ranks, ": from step ",
@@ -160,22 +182,25 @@ int run_rl_here(const Args& args) {
   const std::string fingerprint = model->config().fingerprint();
 
   // A resume restores the learner (weights, optimizer, step) after the reference model has
-  // copied the starting weights; the rollouts then start from the restored weights.
+  // copied the starting weights; the rollouts then start from the restored weights, and an
+  // asynchronous run first trains on the groups its checkpoint had buffered.
   std::optional<std::string> latest;
   if (o.has("resume")) latest = ckpt::find_latest_checkpoint(root);
   int64_t first_step = 0;
   rl::RlRestore restore;
   if (latest) {
-    restore = [&](Decoder& policy, AdamW& optim) {
-      ckpt::Checkpoint c(*latest);
-      LOOM_CHECK(c.state().extra.contains("rl_adam_steps"), *latest,
-                 ": not a loom rl checkpoint (no rl_adam_steps in state.json)");
-      c.restore_model(policy.params().tensors(), fingerprint);
-      c.restore_optim(optim.state_tensors());
-      optim.set_steps_taken(c.state().extra.at("rl_adam_steps").as_int(0, INT64_MAX));
-      first_step = c.state().step;
-      return first_step;
-    };
+    rl::RlResumePoint rp = rl::open_rl_checkpoint(*latest, fingerprint);
+    first_step = rp.step;
+    restore = rp.restore;
+    int64_t buffered = 0;
+    for (const rl::BufferedStep& b : rp.buffer) buffered += int64_t(b.groups.size());
+    if (async)
+      ao.resume_buffer = std::move(rp.buffer);
+    else if (buffered > 0)
+      log_warn(*latest, " holds ", buffered, " buffered rollout groups of an asynchronous run; ",
+               mpi ? "over MPI ranks" : "the synchronous loop",
+               " regenerates them from the restored weights instead");
+    if (async) log_info("the replay buffer holds ", buffered, " groups from the checkpoint");
   }
   std::unique_ptr<rl::GrpoTrainer> sync_loop;
   std::unique_ptr<rl::AsyncGrpo> async_loop;
@@ -190,34 +215,44 @@ int run_rl_here(const Args& args) {
   rl::GrpoLearner& learner = mpi     ? mpi_loop->learner()
                              : async ? async_loop->learner()
                                      : sync_loop->learner();
-  LOOM_CHECK(first_step <= steps, "the checkpoint ", *latest, " is at step ", first_step,
-             ", past --steps ", steps);
+  LOOM_CHECK(first_step <= steps, "the checkpoint ", latest.value_or(""), " is at step ",
+             first_step, ", past --steps ", steps);
   if (latest) log_info("resumed from ", *latest, " at step ", first_step);
   MetricsLog metrics(out + "/metrics.jsonl", latest.has_value(), "", first_step - 1);
 
+  rl::RlCheckpointInfo info;
+  info.config_text = start.state().config_text;
+  info.fingerprint = fingerprint;
+  info.description = cat("grpo ", env->name(), " from ", start.dir());
+  info.max_staleness = async || mpi ? ao.max_staleness : int64_t(0);
   auto save = [&](int64_t step) {
-    // The policy as a whole checkpoint, with the starting run's config (its model and tokenizer)
-    // so generate and serve load it as they load any checkpoint; the optimizer for a resume.
-    ckpt::TrainerState st;
-    st.step = step;
-    st.config_text = start.state().config_text;
-    st.extra["model_fingerprint"] = fingerprint;
-    st.extra["precision"] = "fp32";
-    st.extra["rl"] = cat("grpo ", env->name(), " from ", start.dir());
-    st.extra["rl_adam_steps"] = learner.optimizer().steps_taken();
-    st.extra["rl_weight_version"] = step;
-    st.extra["rl_max_staleness"] = async || mpi ? ao.max_staleness : int64_t(0);
-    return ckpt::save_checkpoint(root, st, model->params().tensors(),
-                                 learner.optimizer().state_tensors());
+    // With --async the groups generated ahead of the learner go with the weights (one cut: the
+    // rollout batch in flight reaches the buffer first).
+    const std::vector<rl::BufferedStep> buffer =
+        async_loop ? async_loop->buffer_contents() : std::vector<rl::BufferedStep>{};
+    return rl::save_rl_checkpoint(root, step, info, *model, learner.optimizer(), buffer);
   };
 
   log_info("GRPO on ", env->name(),
-           (mpi     ? cat(", over ", rollout_ranks, " rollout rank(s) + 1 learner (max staleness ",
+           (mpi     ? cat(", over ", rollout_ranks, " rollout rank(s) + ",
+                          comm::world().size() - rollout_ranks, " learner rank(s) (max staleness ",
                           ao.max_staleness, ", weights sent as ", dtype_name(weight_dtype), ")")
-            : async ? cat(", async (max staleness ", ao.max_staleness, ")")
+            : async ? cat(", async (max staleness ", ao.max_staleness,
+                          ro.partial_tokens > 0
+                              ? cat(", partial rollouts of ", ro.partial_tokens, " tokens a batch")
+                              : std::string(),
+                          ")")
                     : std::string(", synchronous")),
            ": ", ro.prompts_per_step, " prompts x ", ro.group_size, " completions per step, ",
            ro.max_tokens, " tokens at most, lr ", ro.lr, ", beta ", ro.grpo.beta);
+  // The starting point of the held-out curve, before any step of a fresh run.
+  std::optional<double> initial_accuracy;
+  if (eval_every > 0 && first_step == 0 && steps > 0) {
+    initial_accuracy =
+        rl::heldout_accuracy(*model, *tok, chat, *env, eval_tasks, ro.seed, ro.max_tokens);
+    log_info("held-out accuracy before training ", *initial_accuracy, " (", eval_tasks,
+             " greedy replies)");
+  }
   const double t0 = now_seconds();
   for (int64_t s = first_step; s < steps; ++s) {
     const rl::RlStepStats st = mpi     ? mpi_loop->step()
@@ -225,6 +260,7 @@ int run_rl_here(const Args& args) {
                                        : sync_loop->step();
     Json j = st.json();
     j["wall_seconds"] = now_seconds() - t0;
+    if (s == 0 && initial_accuracy) j["heldout_accuracy_initial"] = *initial_accuracy;
     if (eval_every > 0 && ((s + 1) % eval_every == 0 || s + 1 == steps)) {
       const double acc =
           rl::heldout_accuracy(*model, *tok, chat, *env, eval_tasks, ro.seed, ro.max_tokens);
@@ -234,7 +270,8 @@ int run_rl_here(const Args& args) {
     metrics.write(j);
     const double eta = (now_seconds() - t0) / double(s + 1 - first_step) * double(steps - s - 1);
     log_info("step ", s + 1, "/", steps, " | reward ", st.reward_mean, " | accuracy ", st.accuracy,
-             " | length ", st.response_length, " | kl ", st.kl, " | clip ", st.clip_fraction,
+             " | length ", st.response_length, " | kl ", st.kl, " | entropy ",
+             st.train_tokens > 0 ? cat(st.entropy) : std::string("-"), " | clip ", st.clip_fraction,
              " | no-signal groups ", st.zero_advantage_groups, "/", st.groups, " | gen ",
              static_cast<int>(st.generation_tokens_per_s), " tok/s | ETA ", static_cast<int>(eta),
              "s");

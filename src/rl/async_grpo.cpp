@@ -22,6 +22,18 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
       buffer_(async.max_staleness),
       step_(restore ? restore(policy, learner_.optimizer()) : 0) {
   LOOM_CHECK(async.learner_timeout > 0, "rl.learner_timeout must be positive");
+  // Partial rollouts: a completion may take B = ceil(max_tokens / partial_tokens) batches, one
+  // per step, and a group is as old as its first batch's weights; so new groups start at most
+  // max_staleness - (B - 1) steps ahead, and every group finishes within the bound.
+  lead_ = async.max_staleness;
+  if (opt.partial_tokens > 0) {
+    const int64_t batches = (opt.max_tokens + opt.partial_tokens - 1) / opt.partial_tokens;
+    lead_ = async.max_staleness - (batches - 1);
+    LOOM_CHECK(batches >= 2 && lead_ >= 0, "partial rollouts of ", opt.partial_tokens,
+               " tokens per batch take up to ", batches, " batches (steps) for ", opt.max_tokens,
+               " tokens; they need max_staleness >= ", batches - 1, " (got ", async.max_staleness,
+               ") and fewer tokens per batch than max_tokens");
+  }
   threads_ =
       async.threads_per_role > 0 ? async.threads_per_role : std::max(1, omp_get_num_procs() / 2);
   snapshot_ = std::make_unique<Decoder>(policy.config(), cpu_backend());
@@ -30,8 +42,28 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
   published_version_ = step_;
   std::memcpy(snapshot_->params().data(), P.data(), size_t(P.total()) * sizeof(float));
   rollout_ = std::make_unique<RolloutWorker>(*snapshot_, tok, chat, env, opt_);
+  // A resume's buffered groups: the learner takes them as the uninterrupted run would have, and
+  // the rollouts go on after the last step they cover.
+  first_rollout_ = step_;
+  for (const BufferedStep& b : async_.resume_buffer) {
+    LOOM_CHECK(b.complete || int64_t(b.groups.size()) + b.dropped == opt_.prompts_per_step,
+               "the checkpoint's replay buffer holds ", b.groups.size(), " groups and ", b.dropped,
+               " dropped for step ", b.target_step, ", not the ", opt_.prompts_per_step,
+               " prompts of a step (--prompts changed?)");
+    first_rollout_ = std::max(first_rollout_, b.target_step + 1);
+  }
+  for (int64_t s = step_; s < first_rollout_; ++s) {
+    const bool covered = std::any_of(async_.resume_buffer.begin(), async_.resume_buffer.end(),
+                                     [&](const BufferedStep& b) { return b.target_step == s; });
+    LOOM_CHECK(covered, "the checkpoint's replay buffer skips step ", s, " (resuming at step ",
+               step_, ")");
+  }
+  buffer_.restore(std::move(async_.resume_buffer), step_);
+  async_.resume_buffer.clear();
   last_learner_end_ = now_seconds();
-  thread_ = std::thread([this] { rollout_loop(); });
+  // The snapshot's version is passed by value: the learner may step (on restored groups) before
+  // the thread first runs, so step_ is no longer the snapshot's version by then.
+  thread_ = std::thread([this, version = step_] { rollout_loop(version); });
 }
 
 AsyncGrpo::~AsyncGrpo() {
@@ -47,23 +79,23 @@ void AsyncGrpo::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void AsyncGrpo::rollout_loop() {
+void AsyncGrpo::rollout_loop(int64_t have) {
+  std::vector<PromptGroup> carry;  // partial rollouts to continue in the next batch
   // Per-thread OpenMP setting: this thread's kernels (and OpenBLAS, which follows the calling
   // thread's OpenMP setting) use threads_ cores, the learner's the others.
   omp_set_num_threads(threads_);
-  int64_t have = step_;  // the snapshot holds the starting weights
   try {
-    for (int64_t s = step_;; ++s) {
+    for (int64_t s = first_rollout_;; ++s) {
       const double w0 = now_seconds();
       {
         std::unique_lock<std::mutex> lock(mu_);
         // Generation for step s may start from version s - max_staleness at the oldest.
         const bool ok = cv_.wait_for(
             lock, std::chrono::duration<double>(async_.learner_timeout),
-            [&] { return stopping_ || s - published_version_ <= async_.max_staleness; });
+            [&] { return stopping_ || (!paused_ && s - published_version_ <= lead_); });
         if (stopping_) return;
         LOOM_CHECK(ok, "the rollout side waited ", async_.learner_timeout,
-                   " s (rl.learner_timeout) for weight version ", s - async_.max_staleness,
+                   " s (rl.learner_timeout) for weight version ", s - lead_,
                    " but the learner published only ", published_version_);
         if (published_version_ > have) {
           std::memcpy(snapshot_->params().data(), published_.data(),
@@ -72,21 +104,58 @@ void AsyncGrpo::rollout_loop() {
           rollout_->weights_updated();
         }
         rollout_wait_ += now_seconds() - w0;
+        generating_ = true;
       }
       if (async_.before_rollout) async_.before_rollout(s);
       const double b0 = now_seconds();
-      RolloutBatch rb = rollout_->generate(s, have);
-      for (PromptGroup& g : rb.groups) buffer_.push(std::move(g));
-      buffer_.drop(s, rb.dropped_timeout, true);
-      buffer_.drop(s, rb.dropped_env, false);
-      std::lock_guard<std::mutex> lock(mu_);
-      rollout_busy_ += now_seconds() - b0;
-      generated_tokens_ += rb.generated_tokens;
+      // Partial rollouts: groups already past the bound at step s are not worth continuing;
+      // they go to the buffer with the batch, which drops and counts them as stale.
+      std::vector<PromptGroup> too_old;
+      if (!carry.empty()) {
+        std::vector<PromptGroup> keep;
+        for (PromptGroup& g : carry) {
+          g.target_step = s;
+          (s - g.version > async_.max_staleness ? too_old : keep).push_back(std::move(g));
+        }
+        carry.swap(keep);
+      }
+      RolloutBatch rb =
+          rollout_->generate(s, have, 0, 1, opt_.partial_tokens > 0 ? &carry : nullptr);
+      for (PromptGroup& g : too_old) rb.groups.push_back(std::move(g));
+      buffer_.push_step(s, std::move(rb.groups), rb.dropped_timeout, rb.dropped_env);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        rollout_busy_ += now_seconds() - b0;
+        generated_tokens_ += rb.generated_tokens;
+        generating_ = false;
+      }
+      cv_.notify_all();  // a checkpoint may be waiting for this batch
     }
   } catch (const std::exception& e) {
     log_warn("rollout thread stopped: ", e.what());
     buffer_.fail(e.what());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      generating_ = false;
+    }
+    cv_.notify_all();
   }
+}
+
+std::vector<BufferedStep> AsyncGrpo::buffer_contents() {
+  std::unique_lock<std::mutex> lock(mu_);
+  paused_ = true;
+  const bool idle = cv_.wait_for(lock, std::chrono::duration<double>(async_.learner_timeout),
+                                 [&] { return !generating_; });
+  // The buffer's copy is taken with no batch in flight: every group generated so far is in it.
+  std::vector<BufferedStep> out;
+  if (idle) out = buffer_.contents();
+  paused_ = false;
+  lock.unlock();
+  cv_.notify_all();
+  LOOM_CHECK(idle, "checkpoint after step ", step_, ": the rollout batch in flight did not reach ",
+             "the replay buffer within ", async_.learner_timeout, " s (rl.learner_timeout)");
+  return out;
 }
 
 RlStepStats AsyncGrpo::step() {

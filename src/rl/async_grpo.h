@@ -33,6 +33,9 @@ struct AsyncOptions {
   // Instrumentation for tests: called on the rollout thread before each batch (target step) and
   // on the learner before each step.
   std::function<void(int64_t)> before_rollout, before_learn;
+  // A resume: the checkpoint's buffered groups (rl_checkpoint.h), restored before the rollout
+  // thread starts; it then generates from the step after the last of them.
+  std::vector<BufferedStep> resume_buffer;
 };
 
 class AsyncGrpo {
@@ -46,10 +49,16 @@ class AsyncGrpo {
   int64_t steps_taken() const { return step_; }
   GrpoLearner& learner() { return learner_; }
   ReplayStats buffer_stats() const { return buffer_.stats(); }
+  int64_t buffered_groups() const { return buffer_.size(); }
+  // For a checkpoint between steps: waits (at most learner_timeout) for the rollout batch in
+  // flight to reach the buffer, then copies what the buffer holds, so that the checkpoint's
+  // weights and buffer are one consistent cut; the rollout thread then goes on. Throws when the
+  // rollout thread failed or did not finish its batch in time.
+  std::vector<BufferedStep> buffer_contents();
   void stop();
 
  private:
-  void rollout_loop();
+  void rollout_loop(int64_t have);  // have: the version the snapshot holds at the start
 
   RlOptions opt_;
   AsyncOptions async_;
@@ -59,6 +68,7 @@ class AsyncGrpo {
   std::unique_ptr<Decoder> snapshot_;  // the rollout side's weights
   std::unique_ptr<RolloutWorker> rollout_;
   int threads_ = 1;
+  int64_t lead_ = 1;  // how far ahead of the learner new groups start (see the constructor)
   int64_t step_ = 0;
 
   // The published weights: the newest version and its flat parameters.
@@ -67,6 +77,9 @@ class AsyncGrpo {
   std::vector<float> published_;
   int64_t published_version_ = 0;
   bool stopping_ = false;
+  bool paused_ = false;        // buffer_contents(): no new batch starts
+  bool generating_ = false;    // a batch is between its weights and the buffer
+  int64_t first_rollout_ = 0;  // the rollout thread's first target step
   // Rollout thread accounting (under mu_).
   double rollout_busy_ = 0, rollout_wait_ = 0;
   int64_t generated_tokens_ = 0;

@@ -21,17 +21,30 @@ std::vector<double> group_advantages(const std::vector<double>& r, const GrpoCon
   return a;
 }
 
-GrpoStats grpo_token_weights(const std::vector<GrpoSample>& samples, const GrpoConfig& c,
-                             std::vector<std::vector<double>>* weights) {
-  GrpoStats st;
-  int64_t total = 0;
-  size_t nonempty = 0;
+GrpoTotals grpo_totals(const std::vector<GrpoSample>& samples) {
+  GrpoTotals t;
   for (const auto& s : samples) {
-    total += int64_t(s.logp.size());
-    nonempty += !s.logp.empty();
+    t.tokens += int64_t(s.logp.size());
+    t.sequences += !s.logp.empty();
   }
+  return t;
+}
+
+GrpoStats grpo_token_weights(const std::vector<GrpoSample>& samples, const GrpoConfig& c,
+                             std::vector<std::vector<double>>* weights, const GrpoTotals* totals) {
+  GrpoStats st;
+  const GrpoTotals local = grpo_totals(samples);
+  const GrpoTotals all = totals ? *totals : local;
+  LOOM_CHECK(all.tokens >= local.tokens && all.sequences >= local.sequences, "GRPO totals of ",
+             all.tokens, " tokens in ", all.sequences, " sequences below this share's ",
+             local.tokens, " in ", local.sequences);
+  const int64_t total = all.tokens;
+  const size_t nonempty = size_t(all.sequences);
   if (weights) weights->assign(samples.size(), {});
-  if (total == 0) return st;
+  if (local.tokens == 0) {
+    st.tokens = total;
+    return st;
+  }
   int64_t clipped = 0;
   double is_sum = 0;
   for (size_t k = 0; k < samples.size(); ++k) {
@@ -72,6 +85,23 @@ GrpoStats grpo_token_weights(const std::vector<GrpoSample>& samples, const GrpoC
   st.clip_fraction = double(clipped) / double(total);
   st.mean_is_weight = is_sum / double(total);
   return st;
+}
+
+void logprob_and_entropy(const float* logits, int V, int target, double* logp, double* entropy) {
+  LOOM_CHECK(V > 0 && target >= 0 && target < V, "log-prob of token ", target,
+             " over a vocabulary of ", V);
+  double mx = -INFINITY;
+  for (int v = 0; v < V; ++v) mx = std::max(mx, double(logits[v]));
+  LOOM_CHECK(std::isfinite(mx), "non-finite logits (max ", mx, ")");
+  double z = 0, zx = 0;  // sum e^(x - mx), sum e^(x - mx) (x - mx)
+  for (int v = 0; v < V; ++v) {
+    const double d = double(logits[v]) - mx, e = std::exp(d);
+    z += e;
+    zx += e * d;
+  }
+  const double lse = std::log(z);  // log-sum-exp - mx
+  *logp = double(logits[target]) - mx - lse;
+  *entropy = lse - zx / z;  // -sum p (x - mx - lse)
 }
 
 }  // namespace loom::rl

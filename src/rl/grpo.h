@@ -42,8 +42,25 @@ struct GrpoStats {
   int64_t tokens = 0;
 };
 
-// The loss of a batch of samples and, per sample and token, w_t = -dL/dlogp_t.
+// The batch's normalisation counts: response tokens, and sequences with at least one.
+struct GrpoTotals {
+  int64_t tokens = 0, sequences = 0;
+};
+GrpoTotals grpo_totals(const std::vector<GrpoSample>& samples);
+
+// The loss of a batch of samples and, per sample and token, w_t = -dL/dlogp_t. `totals` are
+// the whole batch's when `samples` is one data-parallel learner's share of it (the counts
+// all-reduced): then the loss, KL, clip fraction and mean importance weight are this share's
+// parts of the batch's (they sum over the learners) and the weights' gradients sum to the
+// batch's. Null: the samples are the whole batch.
 GrpoStats grpo_token_weights(const std::vector<GrpoSample>& samples, const GrpoConfig& c,
-                             std::vector<std::vector<double>>* weights);
+                             std::vector<std::vector<double>>* weights,
+                             const GrpoTotals* totals = nullptr);
+
+// From one row of V logits (the policy at temperature 1): log p(target) and the entropy
+// -sum_v p_v log p_v of the whole distribution, both in float64 (a stable log-sum-exp). The
+// learner takes both from one forward pass: the log-probs for the loss, the entropy for the
+// metrics (the mean over the sampled tokens' positions: a collapsing policy shows it first).
+void logprob_and_entropy(const float* logits, int V, int target, double* logp, double* entropy);
 
 }  // namespace loom::rl

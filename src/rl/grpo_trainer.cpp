@@ -20,6 +20,7 @@ Json RlStepStats::json() const {
   j["loss"] = loss;
   j["kl"] = kl;
   j["clip_fraction"] = clip_fraction;
+  if (train_tokens > 0) j["entropy"] = entropy;  // nothing trained: no tokens to measure it on
   j["grad_norm"] = grad_norm;
   j["groups"] = groups;
   j["zero_advantage_groups"] = zero_advantage_groups;
@@ -38,10 +39,12 @@ Json RlStepStats::json() const {
   j["dropped_timeout"] = dropped_timeout;
   j["dropped_env"] = dropped_env;
   j["dropped_stale"] = dropped_stale;
+  j["spanning_rollouts"] = spanning_rollouts;
   return j;
 }
 
-GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt) : policy_(policy), opt_(opt) {
+GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp)
+    : policy_(policy), opt_(opt), dp_(dp && dp->size() > 1 ? dp : nullptr) {
   LOOM_CHECK(opt.prompts_per_step > 0 && opt.group_size > 1, "GRPO needs prompts and groups of ",
              "at least 2 completions (group_size = ", opt.group_size, ")");
   LOOM_CHECK(opt.max_tokens > 0, "max_tokens must be positive");
@@ -56,7 +59,7 @@ GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt) : policy_(policy
 
 void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version, RlStepStats* stp) {
   RlStepStats& st = *stp;
-  // 1. Rewards and group-relative advantages.
+  // 1. Rewards and group-relative advantages (of this learner's share of the groups).
   std::vector<GrpoSample> samples;
   std::vector<std::pair<size_t, size_t>> which;  // (group, completion) of each sample
   double sum = 0, sq = 0, correct = 0, length = 0, n = 0;
@@ -69,6 +72,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
     ++st.staleness[size_t(age)];
     std::vector<double> r;
     for (const Rollout& ro : gr.rollouts) {
+      if (!ro.versions.empty() && ro.versions.front() != ro.versions.back()) ++st.spanning_rollouts;
       r.push_back(ro.reward);
       sum += ro.reward;
       sq += ro.reward * ro.reward;
@@ -91,6 +95,57 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       which.push_back({i, g});
     }
   }
+
+  // 2. The packed batch of the samples that carry a gradient.
+  const double t1 = now_seconds();
+  Batch b;
+  b.cu_seqlens.assign(1, 0);
+  std::vector<std::pair<int, int>> span;  // [first response target row, count) per sample
+  GrpoTotals totals;
+  for (size_t k = 0; k < samples.size(); ++k) {
+    const auto& pr = groups[which[k].first].prompt;
+    const auto& resp = groups[which[k].first].rollouts[which[k].second].response;
+    const int base = static_cast<int>(b.tokens.size());
+    std::vector<int32_t> seq = pr;
+    seq.insert(seq.end(), resp.begin(), resp.end());
+    const int len = std::min<int>(static_cast<int>(seq.size()), policy_.config().max_seq);
+    for (int t = 0; t < len; ++t) {
+      b.tokens.push_back(seq[size_t(t)]);
+      b.positions.push_back(t);
+      // Row t predicts seq[t + 1]; the response's tokens are the targets.
+      const bool target = t + 1 < len && t + 1 >= static_cast<int>(pr.size());
+      b.targets.push_back(target ? seq[size_t(t + 1)] : -1);
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+    const int first = std::max(0, static_cast<int>(pr.size()) - 1);
+    span.push_back({base + first, std::max(0, len - 1 - first)});
+    totals.tokens += span.back().second;
+    totals.sequences += span.back().second > 0;
+  }
+
+  // 3. Data parallelism: the step's counts over every learner's share (the normalisation of
+  // the GRPO loss is the whole batch's, so that the learners' gradients sum to its gradient).
+  if (dp_) {
+    const int64_t ages = dp_->all_reduce_scalar(int64_t(st.staleness.size()), comm::ReduceOp::Max);
+    st.staleness.resize(size_t(ages), 0);
+    std::vector<double> c = {sum,
+                             sq,
+                             correct,
+                             length,
+                             n,
+                             double(st.groups),
+                             double(st.zero_advantage_groups),
+                             double(totals.tokens),
+                             double(totals.sequences),
+                             double(st.spanning_rollouts)};
+    for (int64_t x : st.staleness) c.push_back(double(x));
+    dp_->all_reduce_f64(c.data(), int64_t(c.size()), comm::ReduceOp::Sum);
+    sum = c[0], sq = c[1], correct = c[2], length = c[3], n = c[4];
+    st.groups = int64_t(c[5]), st.zero_advantage_groups = int64_t(c[6]);
+    totals.tokens = int64_t(c[7]), totals.sequences = int64_t(c[8]);
+    st.spanning_rollouts = int64_t(c[9]);
+    for (size_t k = 0; k < st.staleness.size(); ++k) st.staleness[k] = int64_t(c[10 + k]);
+  }
   if (n > 0) {
     st.reward_mean = sum / n;
     st.reward_std = std::sqrt(std::max(0.0, sq / n - st.reward_mean * st.reward_mean));
@@ -98,61 +153,95 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
     st.response_length = length / n;
   }
 
-  // 2. One learner step on the samples that carry a gradient.
-  const double t1 = now_seconds();
-  if (!samples.empty()) {
-    Batch b;
-    b.cu_seqlens.assign(1, 0);
-    std::vector<std::pair<int, int>> span;  // [first response target row, count) per sample
-    for (size_t k = 0; k < samples.size(); ++k) {
-      const auto& pr = groups[which[k].first].prompt;
-      const auto& resp = groups[which[k].first].rollouts[which[k].second].response;
-      const int base = static_cast<int>(b.tokens.size());
-      std::vector<int32_t> seq = pr;
-      seq.insert(seq.end(), resp.begin(), resp.end());
-      const int len = std::min<int>(static_cast<int>(seq.size()), policy_.config().max_seq);
-      for (int t = 0; t < len; ++t) {
-        b.tokens.push_back(seq[size_t(t)]);
-        b.positions.push_back(t);
-        // Row t predicts seq[t + 1]; the response's tokens are the targets.
-        const bool target = t + 1 < len && t + 1 >= static_cast<int>(pr.size());
-        b.targets.push_back(target ? seq[size_t(t + 1)] : -1);
-      }
-      b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-      const int first = std::max(0, static_cast<int>(pr.size()) - 1);
-      span.push_back({base + first, std::max(0, len - 1 - first)});
-    }
+  // 4. One learner step, when any learner has a token to train on.
+  if (totals.tokens > 0) {
     ModelInput in = b.input();
-    StepOutputs now, ref;
-    now.want_token_logprobs = ref.want_token_logprobs = true;
-    policy_.forward_loss(in, &now);
-    if (reference_) reference_->forward_loss(in, &ref);
-    for (size_t k = 0; k < samples.size(); ++k) {
-      auto [first, count] = span[k];
-      const PromptGroup& gr = groups[which[k].first];
-      const Rollout& ro = gr.rollouts[which[k].second];
-      // Generated by older weights: importance-weight by the behaviour log-probs recorded at
-      // sampling. On policy the behaviour policy is these weights: weight 1, exactly the
-      // synchronous algorithm (the engine's log-probs differ from the trainer's in the last bits).
-      const bool stale = gr.version < version;
-      for (int t = 0; t < count; ++t) {
-        const double lp = now.token_logprobs[size_t(first + t)];
-        samples[k].logp.push_back(lp);
-        samples[k].logp_old.push_back(lp);  // the learner's weights before this step
-        if (reference_) samples[k].logp_ref.push_back(ref.token_logprobs[size_t(first + t)]);
-        if (stale) samples[k].logp_gen.push_back(ro.logprobs[size_t(t)]);
+    // The logits of the response tokens' rows, from a forward pass each of the policy and the
+    // reference: the log-probs of the sampled tokens and the policy's entropy there. The rows x
+    // vocabulary logits are taken a run of whole sequences at a time, at most logit_rows rows
+    // (default: 64 MiB of logits) a pass, so that a large vocabulary does not need them all at
+    // once; a batch within the budget is one pass over the batch as the step sees it.
+    const int V = policy_.config().vocab;
+    const int64_t budget =
+        opt_.logit_rows > 0 ? opt_.logit_rows : std::max<int64_t>(1, (int64_t(1) << 24) / V);
+    double entropy_sum = 0;
+    bool any_rows = false;
+    std::vector<float> logits, ref_logits;
+    for (size_t k0 = 0; k0 < samples.size();) {
+      size_t k1 = k0;
+      int64_t nrows = 0;
+      while (k1 < samples.size() && (k1 == k0 || nrows + span[k1].second <= budget))
+        nrows += span[k1++].second;
+      // Sequences k0 .. k1 - 1: a slice of the packed batch.
+      const int32_t lo = b.cu_seqlens[k0], hi = b.cu_seqlens[k1];
+      Batch c;
+      c.tokens.assign(b.tokens.begin() + lo, b.tokens.begin() + hi);
+      c.positions.assign(b.positions.begin() + lo, b.positions.begin() + hi);
+      c.targets.assign(b.targets.begin() + lo, b.targets.begin() + hi);
+      for (size_t k = k0; k <= k1; ++k) c.cu_seqlens.push_back(b.cu_seqlens[k] - lo);
+      std::vector<int> rows;
+      for (size_t k = k0; k < k1; ++k)
+        for (int t = 0; t < span[k].second; ++t) rows.push_back(span[k].first - lo + t);
+      const size_t chunk_k0 = k0;
+      k0 = k1;
+      if (rows.empty()) continue;
+      any_rows = true;
+      logits.resize(rows.size() * size_t(V));
+      policy_.forward_logits(c.input(), rows, logits.data());
+      if (reference_) {
+        ref_logits.resize(logits.size());
+        reference_->forward_logits(c.input(), rows, ref_logits.data());
+      }
+      size_t row = 0;
+      for (size_t k = chunk_k0; k < k1; ++k) {
+        auto [first, count] = span[k];
+        const PromptGroup& gr = groups[which[k].first];
+        const Rollout& ro = gr.rollouts[which[k].second];
+        // Generated by older weights: importance-weight by the behaviour log-probs recorded at
+        // sampling. On policy the behaviour policy is these weights: weight 1, exactly the
+        // synchronous algorithm (the engine's log-probs differ from the trainer's in the last
+        // bits). Per token: a partial rollout's tokens of the learner's own version weigh 1 too.
+        const bool stale = gr.version < version;
+        for (int t = 0; t < count; ++t, ++row) {
+          const int target = b.targets[size_t(first + t)];
+          double lp = 0, h = 0, rlp = 0, rh = 0;
+          logprob_and_entropy(logits.data() + row * size_t(V), V, target, &lp, &h);
+          entropy_sum += h;
+          samples[k].logp.push_back(lp);
+          samples[k].logp_old.push_back(lp);  // the learner's weights before this step
+          if (reference_) {
+            logprob_and_entropy(ref_logits.data() + row * size_t(V), V, target, &rlp, &rh);
+            samples[k].logp_ref.push_back(rlp);
+          }
+          if (stale) {
+            const bool old_token = ro.versions.empty() || ro.versions[size_t(t)] < version;
+            samples[k].logp_gen.push_back(old_token ? double(ro.logprobs[size_t(t)]) : lp);
+          }
+        }
       }
     }
     std::vector<std::vector<double>> w;
-    const GrpoStats gs = grpo_token_weights(samples, opt_.grpo, &w);
-    std::vector<float> weights(b.tokens.size(), 0.f);
-    for (size_t k = 0; k < samples.size(); ++k)
-      for (int t = 0; t < span[k].second; ++t)
-        weights[size_t(span[k].first + t)] = static_cast<float>(w[k][size_t(t)]);
-    in.loss_weights = weights.data();
+    GrpoStats gs = grpo_token_weights(samples, opt_.grpo, &w, &totals);
     ParamSet& Pm = policy_.params();
     Pm.zero_grad();
-    policy_.forward_backward(in, 1.f);
+    if (any_rows) {
+      std::vector<float> weights(b.tokens.size(), 0.f);
+      for (size_t k = 0; k < samples.size(); ++k)
+        for (int t = 0; t < span[k].second; ++t)
+          weights[size_t(span[k].first + t)] = static_cast<float>(w[k][size_t(t)]);
+      in.loss_weights = weights.data();
+      policy_.forward_backward(in, 1.f);
+    }
+    if (dp_) {
+      // The gradients of the shares sum to the batch's (ZeRO-0's all-reduce, in fp32); every
+      // learner then takes the same AdamW step on the same sum, so their weights stay equal.
+      dp_->all_reduce(Pm.grad(), Pm.total(), DType::F32, comm::ReduceOp::Sum);
+      std::vector<double> parts = {gs.loss, gs.kl, gs.clip_fraction, gs.mean_is_weight,
+                                   entropy_sum};
+      dp_->all_reduce_f64(parts.data(), int64_t(parts.size()), comm::ReduceOp::Sum);
+      gs.loss = parts[0], gs.kl = parts[1], gs.clip_fraction = parts[2];
+      gs.mean_is_weight = parts[3], entropy_sum = parts[4];
+    }
     const double norm = std::sqrt(cpu_backend().sum_squares(Pm.grad(), Pm.total()));
     float scale = 1.f;
     if (opt_.clip_grad > 0 && norm > opt_.clip_grad) scale = float(opt_.clip_grad / norm);
@@ -163,6 +252,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
     st.is_weight_mean = gs.mean_is_weight;
     st.grad_norm = norm;
     st.train_tokens = gs.tokens;
+    st.entropy = entropy_sum / double(totals.tokens);
   }
   st.learner_seconds = now_seconds() - t1;
   st.train_tokens_per_s = double(st.train_tokens) / std::max(st.learner_seconds, 1e-9);

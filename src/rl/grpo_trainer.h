@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/json.h"
 #include "data/bpe.h"
 #include "data/chat.h"
@@ -34,18 +35,28 @@ struct RlOptions {
   GrpoConfig grpo;
   uint64_t seed = 1;
   double rollout_timeout = 0;  // seconds per generation batch (0: none); late groups are dropped
+  // Partial rollouts (--partial-tokens, asynchronous mode): tokens per completion per generation
+  // batch; a longer completion continues in the next batch from newer weights (0: off).
+  int partial_tokens = 0;
+  // Logit rows (response tokens) per forward pass of the learner's log-prob and entropy pass
+  // (0: as many as fit in 64 MiB of fp32 logits).
+  int64_t logit_rows = 0;
 };
 
 struct RlStepStats {
   int64_t step = 0;
   double reward_mean = 0, reward_std = 0, accuracy = 0, response_length = 0;
   double loss = 0, kl = 0, clip_fraction = 0, grad_norm = 0;
+  // Mean entropy (nats) of the policy's next-token distribution at the trained response tokens,
+  // before the step (0, and left out of json(), when no group carried a gradient).
+  double entropy = 0;
   int64_t groups = 0, zero_advantage_groups = 0, train_tokens = 0;
   double rollout_seconds = 0, learner_seconds = 0, generation_tokens_per_s = 0;
   // Asynchronous runs (zero or one in the synchronous loop).
   double is_weight_mean = 1, learner_wait_seconds = 0, train_tokens_per_s = 0;
   double rollout_utilisation = 0, learner_utilisation = 0;  // busy / (busy + waiting)
   std::vector<int64_t> staleness;  // groups trained on, by age in steps (0, 1, ...)
+  int64_t spanning_rollouts = 0;   // completions trained on whose tokens span several versions
   int64_t dropped_timeout = 0, dropped_env = 0, dropped_stale = 0;  // groups, this step
   Json json() const;
 };
@@ -54,15 +65,21 @@ struct RlStepStats {
 // and the optimizer.
 class GrpoLearner {
  public:
-  GrpoLearner(Decoder& policy, const RlOptions& opt);
+  // With `dp` (several learner ranks, data parallelism) every learner holds the same weights and
+  // is given its share of each step's groups; the counts, the loss normalisation and the
+  // gradients are summed over `dp`, so every learner takes the step one learner would take on
+  // all the groups (up to the order of floating-point sums).
+  GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp = nullptr);
   // One step on `groups` with the weights of version `version` (steps taken); fills the reward,
-  // loss and staleness fields of `st`.
+  // loss and staleness fields of `st` (the whole step's, under data parallelism). Collective
+  // over `dp`: every learner calls it each step, with a share that may be empty.
   void learn(const std::vector<PromptGroup>& groups, int64_t version, RlStepStats* st);
   AdamW& optimizer() { return *optim_; }
 
  private:
   Decoder& policy_;
   const RlOptions& opt_;
+  comm::Communicator* dp_ = nullptr;  // the learner ranks (null: one learner)
   std::unique_ptr<Decoder> reference_;
   std::unique_ptr<AdamW> optim_;
 };

@@ -54,10 +54,6 @@ void check_rl_layout(int world_size, int rollout_ranks) {
   LOOM_CHECK(rollout_ranks >= 1 && rollout_ranks <= world_size - 1, "--rollout-ranks ",
              rollout_ranks, " must lie in [1, ", world_size - 1, "] for ", world_size,
              " ranks (at least one learner rank and one rollout rank)");
-  LOOM_CHECK(world_size - rollout_ranks == 1, "--rollout-ranks ", rollout_ranks, " leaves ",
-             world_size - rollout_ranks, " learner ranks of ", world_size,
-             ": data parallelism over learner ranks is not supported yet; use --rollout-ranks ",
-             world_size - 1);
 }
 
 MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeTokenizer& tok,
@@ -71,26 +67,41 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       buffer_(mo.max_staleness) {
   check_rl_layout(world.size(), mo.rollout_ranks);
   LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
+  K_ = mo.rollout_ranks;
+  L_ = world.size() - K_;
+  // Two sub-communicators (collective over the world, in this order on every rank): the learner
+  // ranks (gradients, each step's groups), and learner 0 with the rollout ranks (weights).
+  learners_ = world.split(is_learner() ? 0 : 1, rank_, "rl-learners");
+  sync_ = world.split(rank_ <= K_ ? 0 : 1, rank_, "rl-weights");
   const int64_t bytes = weight_message_bytes(policy.params().total(), mo.weight_dtype);
   if (is_learner()) {
-    learner_ = std::make_unique<GrpoLearner>(policy, opt_);
+    learner_ = std::make_unique<GrpoLearner>(policy, opt_, learners_.get());
     step_ = first_ = restore ? restore(policy, learner_->optimizer()) : 0;
     LOOM_CHECK(mo.steps >= first_, "the run starts at step ", first_, ", past its ", mo.steps,
                " steps");
-    // Every rollout rank sends every step's message to rank 0: one header receive posted per
-    // rank, re-posted as each message arrives.
-    headers_.assign(size_t(world.size()), std::vector<int64_t>(2, 0));
-    hwork_.resize(size_t(world.size()));
-    if (step_ < mo_.steps)
-      for (int r = 1; r < world.size(); ++r)
-        hwork_[size_t(r)] =
-            world_.recv_async(headers_[size_t(r)].data(), 2, DType::I64, r, kTagHeader);
-    broadcast_weights();
-    progress_broadcasts(0);  // the first weights reach every rollout rank before anything else
+    if (L_ > 1) {
+      // Data parallelism needs every learner at the same step with the same weights.
+      const int64_t hi = learners_->all_reduce_scalar(first_, comm::ReduceOp::Max),
+                    lo = -learners_->all_reduce_scalar(-first_, comm::ReduceOp::Max);
+      LOOM_CHECK(lo == hi, "learner ranks restored different steps (", lo, " to ", hi, ")");
+      learners_->broadcast(policy.params().data(), policy.params().total(), DType::F32, 0);
+    }
+    if (rank_ == 0) {
+      // Every rollout rank sends every step's message to rank 0: one header receive posted per
+      // rank, re-posted as each message arrives.
+      headers_.assign(size_t(K_ + 1), std::vector<int64_t>(2, 0));
+      hwork_.resize(size_t(K_ + 1));
+      if (step_ < mo_.steps)
+        for (int r = 1; r <= K_; ++r)
+          hwork_[size_t(r)] =
+              world_.recv_async(headers_[size_t(r)].data(), 2, DType::I64, r, kTagHeader);
+      broadcast_weights();
+      progress_broadcasts(0);  // the first weights reach every rollout rank before anything else
+    }
   } else {
     rollout_ = std::make_unique<RolloutWorker>(policy, tok, chat, env, opt_);
     wbuf_.resize(size_t(bytes));
-    wwork_ = world_.broadcast_async(wbuf_.data(), bytes, DType::U8, 0);
+    wwork_ = sync_->broadcast_async(wbuf_.data(), bytes, DType::U8, 0);
     wpending_ = true;
     wait_work(wwork_, "the learner's first weights");
     apply_weights();
@@ -105,11 +116,14 @@ std::string MpiGrpo::rollout_name(int r) const {
   return cat("rollout rank ", world_.world_rank_of(r));
 }
 
-void MpiGrpo::wait_work(comm::Work& w, const std::string& what) {
-  const double deadline = now_seconds() + mo_.learner_timeout;
+void MpiGrpo::wait_work(comm::Work& w, const std::string& what, double timeout) {
+  if (timeout <= 0) timeout = mo_.learner_timeout;
+  const double deadline = now_seconds() + timeout;
   while (!w.test()) {
-    LOOM_CHECK(now_seconds() < deadline, is_learner() ? "learner" : rollout_name(rank_),
-               ": waited ", mo_.learner_timeout, " s (--learner-timeout) for ", what);
+    LOOM_CHECK(
+        now_seconds() < deadline,
+        is_learner() ? cat("learner rank ", world_.world_rank_of(rank_)) : rollout_name(rank_),
+        ": waited ", timeout, " s (--learner-timeout) for ", what);
     nap();
   }
 }
@@ -117,7 +131,7 @@ void MpiGrpo::wait_work(comm::Work& w, const std::string& what) {
 void MpiGrpo::broadcast_weights() {
   Inflight f;
   f.bytes = pack_weights(policy_.params(), mo_.weight_dtype, step_);
-  f.work = world_.broadcast_async(f.bytes.data(), int64_t(f.bytes.size()), DType::U8, 0);
+  f.work = sync_->broadcast_async(f.bytes.data(), int64_t(f.bytes.size()), DType::U8, 0);
   hashes_.push_back({step_, weights_hash(policy_.params(), mo_.weight_dtype)});
   sends_.push_back(std::move(f));
 }
@@ -133,22 +147,72 @@ void MpiGrpo::progress_broadcasts(size_t keep) {
 }
 
 RlStepStats MpiGrpo::step() {
-  LOOM_CHECK(is_learner(), "MpiGrpo::step runs on the learner (rank 0)");
+  LOOM_CHECK(is_learner(), "MpiGrpo::step runs on the learner ranks");
   LOOM_CHECK(step_ < mo_.steps, "learner step ", step_, " is past the run's ", mo_.steps, " steps");
   RlStepStats st;
   st.step = step_;
+  const double t0 = now_seconds();
+  RolloutBatch all;  // this step's groups, in prompt order, and the counts
+  if (rank_ == 0) {
+    all = receive_step(&st);
+  } else {
+    // Learner 0 sends every learner the step's groups; its own wait for them is bounded by
+    // learner_timeout, so twice that here.
+    int64_t size = 0;
+    comm::Work w = learners_->broadcast_async(&size, 1, DType::I64, 0);
+    wait_work(w, cat("learner rank 0's groups of step ", step_), 2 * mo_.learner_timeout);
+    std::vector<uint8_t> bytes(size_t(std::max<int64_t>(size, 0)));
+    w = learners_->broadcast_async(bytes.data(), size, DType::U8, 0);
+    wait_work(w, cat("learner rank 0's groups of step ", step_), 2 * mo_.learner_timeout);
+    int64_t target = -1;
+    all = decode_trajectories(bytes, "learner rank 0", &target);
+    LOOM_CHECK(target == step_, "learner step ", step_, ": learner rank 0 sent the groups of step ",
+               target);
+  }
+  if (rank_ == 0 && L_ > 1) {
+    const std::vector<uint8_t> bytes = encode_trajectories(all, step_);
+    int64_t size = int64_t(bytes.size());
+    learners_->broadcast(&size, 1, DType::I64, 0);
+    learners_->broadcast(const_cast<uint8_t*>(bytes.data()), size, DType::U8, 0);
+  }
+  st.learner_wait_seconds = now_seconds() - t0;
+  // Learner i trains on groups i, i + L, i + 2L, ... of the step (all of them with one learner).
+  const int me = rank_ == 0 ? 0 : rank_ - K_;
+  std::vector<PromptGroup> share;
+  for (size_t j = 0; j < all.groups.size(); ++j)
+    if (int(j % size_t(L_)) == me) share.push_back(std::move(all.groups[j]));
+  if (mo_.before_learn) mo_.before_learn(step_);
+  learner_->learn(share, step_, &st);
+  ++step_;
+  if (rank_ == 0) {
+    // The new weights to the rollout ranks (not after the last step: nobody generates then).
+    if (step_ < mo_.steps) broadcast_weights();
+    progress_broadcasts(size_t(mo_.max_staleness) + 2);
+  }
+  const double t1 = now_seconds();
+  const double wall = std::max(t1 - last_step_end_, 1e-9);
+  st.rollout_seconds = all.seconds;
+  st.rollout_utilisation = all.seconds / double(K_) / wall;
+  st.generation_tokens_per_s = double(all.generated_tokens) / std::max(all.seconds, 1e-9);
+  st.learner_utilisation = (t1 - t0 - st.learner_wait_seconds) / wall;
+  st.dropped_timeout = all.dropped_timeout;
+  st.dropped_env = all.dropped_env;
+  last_step_end_ = t1;
+  return st;
+}
+
+RolloutBatch MpiGrpo::receive_step(RlStepStats* stp) {
+  RlStepStats& st = *stp;
   const double t0 = now_seconds(), deadline = t0 + mo_.learner_timeout;
   // 1. One message of this step from every rollout rank, each: header, then payload.
-  const int n = world_.size();
-  std::vector<int> state(size_t(n), 0);  // 0: header pending, 1: payload pending, 2: done
-  std::vector<std::vector<uint8_t>> payload(static_cast<size_t>(n));
-  std::vector<comm::Work> pwork(static_cast<size_t>(n));
-  std::vector<PromptGroup> groups;
-  int64_t dropped_timeout = 0, dropped_env = 0, generated = 0;
-  double busy = 0;
-  for (int done = 0; done < n - 1;) {
+  std::vector<int> state(size_t(K_ + 1), 0);  // 0: header pending, 1: payload pending, 2: done
+  std::vector<std::vector<uint8_t>> payload(static_cast<size_t>(K_ + 1));
+  std::vector<comm::Work> pwork(static_cast<size_t>(K_ + 1));
+  RolloutBatch all;
+  std::vector<PromptGroup>& groups = all.groups;
+  for (int done = 0; done < K_;) {
     bool moved = false;
-    for (int r = 1; r < n; ++r) {
+    for (int r = 1; r <= K_; ++r) {
       if (state[size_t(r)] == 0 && hwork_[size_t(r)].test()) {
         const auto& h = headers_[size_t(r)];
         LOOM_CHECK(h[0] == step_ && h[1] > 0 && h[1] < (int64_t(1) << 31), "learner step ", step_,
@@ -166,15 +230,15 @@ RlStepStats MpiGrpo::step() {
         LOOM_CHECK(target == step_, "learner step ", step_, ": ", rollout_name(r),
                    " sent the groups of step ", target);
         for (PromptGroup& g : b.groups) {
-          LOOM_CHECK(int(g.task_index % uint64_t(opt_.prompts_per_step)) % (n - 1) == r - 1,
+          LOOM_CHECK(int(g.task_index % uint64_t(opt_.prompts_per_step)) % K_ == r - 1,
                      "learner step ", step_, ": ", rollout_name(r), " sent task ", g.task_index,
                      ", another rank's share");
           groups.push_back(std::move(g));
         }
-        dropped_timeout += b.dropped_timeout;
-        dropped_env += b.dropped_env;
-        generated += b.generated_tokens;
-        busy += b.seconds;
+        all.dropped_timeout += b.dropped_timeout;
+        all.dropped_env += b.dropped_env;
+        all.generated_tokens += b.generated_tokens;
+        all.seconds += b.seconds;
         state[size_t(r)] = 2;
         ++done;
         moved = true;
@@ -185,11 +249,11 @@ RlStepStats MpiGrpo::step() {
       }
     }
     progress_broadcasts(sends_.size());  // drives MPI's progress on the weights in flight
-    if (done == n - 1) break;
+    if (done == K_) break;
     if (!moved) {
       if (now_seconds() > deadline) {
         std::string silent;
-        for (int r = 1; r < n; ++r)
+        for (int r = 1; r <= K_; ++r)
           if (state[size_t(r)] != 2)
             silent += cat(silent.empty() ? "" : ", ", world_.world_rank_of(r),
                           state[size_t(r)] == 0 ? " (nothing)" : " (header only)");
@@ -201,43 +265,27 @@ RlStepStats MpiGrpo::step() {
       nap();
     }
   }
-  st.learner_wait_seconds = now_seconds() - t0;
   // 2. The groups in prompt order (the order of the synchronous run), through the replay buffer
   // so that the staleness bound is checked and the drops are counted as in the other modes.
   std::sort(groups.begin(), groups.end(),
             [](const PromptGroup& a, const PromptGroup& b) { return a.task_index < b.task_index; });
   for (PromptGroup& g : groups) buffer_.push(std::move(g));
-  buffer_.drop(step_, dropped_timeout, true);
-  buffer_.drop(step_, dropped_env, false);
+  buffer_.drop(step_, all.dropped_timeout, true);
+  buffer_.drop(step_, all.dropped_env, false);
   const ReplayStats before = buffer_.stats();
   groups = buffer_.take(step_, opt_.prompts_per_step, 0);
-  if (mo_.before_learn) mo_.before_learn(step_);
-  learner_->learn(groups, step_, &st);
-  ++step_;
-  // 3. The new weights to the rollout ranks (not after the last step: nobody generates then).
-  if (step_ < mo_.steps) broadcast_weights();
-  progress_broadcasts(size_t(mo_.max_staleness) + 2);
-  const double t1 = now_seconds();
-  const double wall = std::max(t1 - last_step_end_, 1e-9);
-  st.rollout_seconds = busy;
-  st.rollout_utilisation = busy / double(n - 1) / wall;
-  st.generation_tokens_per_s = double(generated) / std::max(busy, 1e-9);
-  st.learner_utilisation = (t1 - t0 - st.learner_wait_seconds) / wall;
-  st.dropped_timeout = dropped_timeout;
-  st.dropped_env = dropped_env;
   st.dropped_stale = buffer_.stats().dropped_stale - before.dropped_stale;
-  last_step_end_ = t1;
-  return st;
+  return all;
 }
 
 void MpiGrpo::finish() {
-  if (is_learner()) progress_broadcasts(0);
+  if (rank_ == 0) progress_broadcasts(0);
 }
 
 void MpiGrpo::post_weight_recv() {
   // The learner broadcasts versions first_ .. steps - 1.
   if (have_ + 1 >= mo_.steps) return;
-  wwork_ = world_.broadcast_async(wbuf_.data(), int64_t(wbuf_.size()), DType::U8, 0);
+  wwork_ = sync_->broadcast_async(wbuf_.data(), int64_t(wbuf_.size()), DType::U8, 0);
   wpending_ = true;
 }
 
@@ -255,7 +303,7 @@ void MpiGrpo::apply_weights() {
 
 void MpiGrpo::run_rollout() {
   LOOM_CHECK(!is_learner(), "MpiGrpo::run_rollout runs on the rollout ranks");
-  const int K = world_.size() - 1, part = rank_ - 1;
+  const int K = K_, part = rank_ - 1;
   for (int64_t s = first_; s < mo_.steps; ++s) {
     // Newer weights between batches, as many as have arrived; then wait (bounded) while the
     // weights held are too old for step s.

@@ -1,8 +1,12 @@
-// GRPO over MPI ranks (issue 15): `loom launch -n N -- rl ... --rollout-ranks K`. World rank 0
-// is the learner; ranks 1..K are rollout ranks, each running the serving engine over its own
-// copy of the weights and generating its share of every step's prompts (prompt i goes to rollout
-// rank 1 + i % K). Data parallelism over several learner ranks is not supported yet: N must be
-// K + 1.
+// GRPO over MPI ranks (issue 15): `loom launch -n N -- rl ... --rollout-ranks K`. World ranks
+// 1..K are rollout ranks, each running the serving engine over its own copy of the weights and
+// generating its share of every step's prompts (prompt i goes to rollout rank 1 + i % K). The
+// other L = N - K ranks (world rank 0, then K+1..N-1) are learners: with L > 1 they are data-
+// parallel (GrpoLearner over their communicator: learner i trains on the step's groups
+// i, i + L, ..., the loss normalised over the whole step and the gradients all-reduced, so each
+// takes the step one learner would take on all the groups). World rank 0 is learner 0: it alone
+// talks to the rollout ranks, forwards each step's groups to the other learners, writes metrics
+// and checkpoints.
 //
 // Protocol, all of it bounded by learner_timeout (nothing waits forever):
 // - Weights: the learner broadcasts one flat buffer (weight_sync.h: the version, then the
@@ -14,12 +18,16 @@
 // - Staleness: a rollout rank generates target step s only from version >= s - max_staleness,
 //   waiting for newer weights otherwise; the learner checks the bound again (replay buffer).
 // - Trajectories: for each target step, each rollout rank sends one message (trajectory_wire.h)
-//   to the learner: a header (step, bytes) then the bytes, by tag. The learner at step s waits
+//   to learner 0: a header (step, bytes) then the bytes, by tag. Learner 0 at step s waits
 //   for every rollout rank's message of step s; after learner_timeout it stops with an error
-//   naming the ranks it did not hear from (a stalled or dead rollout rank never hangs it).
-// With max_staleness = 0, fp32 weight sync and one rollout rank, the run is the synchronous
+//   naming the ranks it did not hear from (a stalled or dead rollout rank never hangs it). It
+//   then broadcasts the step's groups (the same message format) to the other learners, which
+//   wait for it at most 2 x learner_timeout. The learners' gradient all-reduce is blocking, as
+//   the data-parallel trainer's is (a dead learner ends the job through mpirun).
+// With max_staleness = 0, fp32 weight sync and one learner, the run is the synchronous
 // algorithm (GrpoTrainer) bit for bit: the same engine samples the same requests from the same
-// weights, and the learner sees the groups in the same order.
+// weights, and the learner sees the groups in the same order. With several learners it is the
+// same up to the order of the floating-point sums of the gradient all-reduce.
 #pragma once
 
 #include <deque>
@@ -57,7 +65,9 @@ class MpiGrpo {
           const data::ChatTemplate& chat, const Environment& env, const RlOptions& opt,
           const MpiRlOptions& mo, const RlRestore& restore = {});
   ~MpiGrpo();
-  bool is_learner() const { return rank_ == 0; }
+  // World rank 0 and ranks K+1..N-1 learn (data-parallel when there are several); ranks 1..K
+  // generate.
+  bool is_learner() const { return rank_ == 0 || rank_ > K_; }
   int64_t first_step() const { return first_; }
   int64_t steps_taken() const { return step_; }
 
@@ -87,7 +97,8 @@ class MpiGrpo {
   void progress_broadcasts(size_t keep);  // learner: completes those done; waits while > keep
   void apply_weights();                   // rollout: the posted receive completed
   void post_weight_recv();                // rollout: the next version's receive, if one will come
-  void wait_work(comm::Work& w, const std::string& what);
+  void wait_work(comm::Work& w, const std::string& what, double timeout = 0);  // 0: learner_timeout
+  RolloutBatch receive_step(RlStepStats* st);  // learner 0: every rollout rank's groups of step_
   std::string rollout_name(int world_rank) const;
 
   comm::Communicator& world_;
@@ -95,6 +106,8 @@ class MpiGrpo {
   RlOptions opt_;
   MpiRlOptions mo_;
   int rank_ = 0;
+  int K_ = 1, L_ = 1;                                    // rollout ranks, learner ranks
+  std::unique_ptr<comm::Communicator> learners_, sync_;  // see the constructor
   int64_t first_ = 0, step_ = 0;
   int64_t have_ = 0;  // rollout: the version held
   std::unique_ptr<GrpoLearner> learner_;

@@ -23,17 +23,33 @@ namespace loom::rl {
 struct Rollout {
   std::vector<int32_t> response;  // sampled tokens, the stop token included
   std::vector<float> logprobs;    // behaviour log-probs at generation, one per response token
+  // The weight version that generated each response token: one version, or (partial rollouts,
+  // continued over several generation batches) the versions it spans, in order.
+  std::vector<int64_t> versions;
   std::string text;
   double reward = 0;
+  bool finished = false;  // stopped or at its length (false: a partial rollout to continue)
+  bool stopped = false;   // ended by a stop token (the last of `response`)
 };
 
 struct PromptGroup {
   int64_t target_step = 0;  // the learner step it was generated for
-  int64_t version = 0;      // the weight version that generated it (learner steps taken)
+  // The weight version that generated it (learner steps taken); with partial rollouts the
+  // oldest that generated any of its tokens, so that the staleness bound holds for every token.
+  int64_t version = 0;
   uint64_t task_index = 0;
   Task task;
   std::vector<int32_t> prompt;
   std::vector<Rollout> rollouts;
+};
+
+// What the buffer holds for one target step: the groups that arrived and the count of those
+// that never will. A checkpoint saves it and a resume puts it back (rl_checkpoint.h).
+struct BufferedStep {
+  int64_t target_step = 0;
+  std::vector<PromptGroup> groups;
+  int64_t dropped = 0;
+  bool complete = false;  // push_step finished it (it may hold fewer than the step's prompts)
 };
 
 struct ReplayStats {
@@ -54,6 +70,11 @@ class ReplayBuffer {
   // `n` groups of `target_step` will never come (timed out, or unscorable): counted, and the
   // learner no longer waits for them.
   void drop(int64_t target_step, int64_t n, bool timeout);
+  // A whole generation batch at once (one lock): its finished groups, its drops, and the mark
+  // that `target_step` is complete: the learner takes what arrived without waiting for the
+  // step's full count (partial rollouts carry unfinished groups to a later step).
+  void push_step(int64_t target_step, std::vector<PromptGroup> groups, int64_t dropped_timeout,
+                 int64_t dropped_env);
   // The learner at `step` (weights version `step`): waits until `expected` groups of that target
   // step have arrived or been dropped, then returns those that arrived (possibly fewer than
   // expected). Groups of earlier target steps still held are dropped as stale. Throws loom::Error
@@ -63,6 +84,14 @@ class ReplayBuffer {
   void fail(const std::string& why);
   ReplayStats stats() const;
   int64_t size() const;  // groups held
+  // Copies of everything held, by target step (ascending), for a checkpoint.
+  std::vector<BufferedStep> contents() const;
+  // A checkpoint's contents back into an empty buffer before the learner at `step` takes
+  // anything: every step must target `step` or later and hold groups of weight versions at
+  // most `step` (the checkpoint's weights); throws naming the step and the group otherwise.
+  // Groups past this buffer's bound (a resume with a smaller max_staleness) are dropped and
+  // counted as stale. Not counted as pushed.
+  void restore(std::vector<BufferedStep> steps, int64_t step);
 
  private:
   const int64_t max_staleness_;
@@ -70,6 +99,7 @@ class ReplayBuffer {
   std::condition_variable cv_;
   std::map<int64_t, std::vector<PromptGroup>> groups_;  // by target step
   std::map<int64_t, int64_t> dropped_;                  // by target step
+  std::map<int64_t, bool> complete_;                    // target steps push_step finished
   ReplayStats stats_;
   std::string failed_;
 };

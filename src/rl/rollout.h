@@ -37,7 +37,12 @@ class RolloutWorker {
   // The groups of `target_step` (its P tasks are fixed by the seed and the step), sampled from
   // the model's current weights, tagged `version`. With parts > 1 only the prompts i with
   // i % parts == part (one rollout rank's share of the step; the rest come from other ranks).
-  RolloutBatch generate(int64_t target_step, int64_t version, int part = 0, int parts = 1);
+  // Partial rollouts (RlOptions::partial_tokens > 0): each completion generates at most that
+  // many tokens in this batch; the groups with a completion cut there come back in *carry
+  // (retargeted to the next step) and are passed to the next call, which continues them from
+  // its (newer) weights: prompt + the tokens so far, each new token tagged with its version.
+  RolloutBatch generate(int64_t target_step, int64_t version, int part = 0, int parts = 1,
+                        std::vector<PromptGroup>* carry = nullptr);
   // The model's weights changed: drops cached prefixes (their keys and values are stale).
   void weights_updated() { engine_->weights_updated(); }
 

@@ -9,7 +9,7 @@ namespace loom::rl {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x4C524C54;  // "TLRL": a message of this layout, version 1
+constexpr uint32_t kMagic = 0x32524C54;  // "TLR2": a message of this layout, version 2
 
 struct Writer {
   std::vector<uint8_t> out;
@@ -91,6 +91,7 @@ std::vector<uint8_t> encode_trajectories(const RolloutBatch& b, int64_t target_s
     for (const Rollout& r : g.rollouts) {
       w.vec(r.response);
       w.vec(r.logprobs);
+      w.vec(r.versions);
       w.str(r.text);
       w.put<double>(r.reward);
     }
@@ -129,12 +130,19 @@ RolloutBatch decode_trajectories(const std::vector<uint8_t>& bytes, const std::s
     for (Rollout& ro : g.rollouts) {
       ro.response = r.vec<int32_t>();
       ro.logprobs = r.vec<float>();
+      ro.versions = r.vec<int64_t>();
+      ro.finished = true;  // only finished groups travel
       ro.text = r.str();
       ro.reward = r.get<double>();
-      LOOM_CHECK(ro.logprobs.size() == ro.response.size() && std::isfinite(ro.reward),
+      LOOM_CHECK(ro.logprobs.size() == ro.response.size() &&
+                     ro.versions.size() == ro.response.size() && std::isfinite(ro.reward),
                  "trajectory message from ", from, ": task ", g.task_index, " has ",
-                 ro.logprobs.size(), " log-probs for ", ro.response.size(),
-                 " tokens, or a non-finite reward");
+                 ro.logprobs.size(), " log-probs and ", ro.versions.size(), " versions for ",
+                 ro.response.size(), " tokens, or a non-finite reward");
+      for (int64_t v : ro.versions)
+        LOOM_CHECK(v >= g.version && v <= step, "trajectory message from ", from, ": task ",
+                   g.task_index, " has a token of weight version ", v, " outside [", g.version,
+                   ", ", step, "]");
     }
     b.groups.push_back(std::move(g));
   }

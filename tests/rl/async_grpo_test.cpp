@@ -4,6 +4,7 @@
 // within the stated timeout; a batch past its deadline is dropped and counted.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "kernels/backend.h"
 #include "rl/async_grpo.h"
 #include "rl/grpo_trainer.h"
+#include "rl/rollout.h"
 #include "rl_test_util.h"
 
 using namespace loom;
@@ -125,4 +127,104 @@ TEST(AsyncGrpo, LateGroupsAreDroppedAndCounted) {
   EXPECT_EQ(st.dropped_timeout, 3);
   EXPECT_EQ(st.groups, 0);
   EXPECT_EQ(st.train_tokens, 0);
+}
+
+// Partial rollouts, one batch at a time: a completion cut at the per-batch slice is carried to
+// the next batch and continued there from newer weights; each token keeps the version that
+// generated it, and a group is as old as its oldest token.
+TEST(AsyncGrpo, PartialRolloutsSpanWeightVersions) {
+  rltest::Fixture f;
+  RlOptions o = rltest::small_options();
+  o.max_tokens = 5;
+  o.partial_tokens = 2;  // at most 2 tokens per completion per batch: up to 3 batches
+  RolloutWorker w(f.model, f.tok, f.chat, f.env, o);
+  std::vector<PromptGroup> carry;
+  std::vector<PromptGroup> done;
+  int64_t first_carried = 0;
+  for (int64_t s = 0; s < 6; ++s) {
+    if (s > 0) {
+      // New weights between batches (as the learner publishes them): the carried completions
+      // go on from these.
+      for (int64_t i = 0; i < f.model.params().total(); i += 7) f.model.params().data()[i] *= 0.9f;
+      w.weights_updated();
+    }
+    RolloutBatch b = w.generate(s, s, 0, 1, &carry);
+    if (s == 0) first_carried = int64_t(carry.size());
+    for (const PromptGroup& g : carry) {
+      EXPECT_EQ(g.target_step, s + 1) << "a carried group is retargeted to the next step";
+      for (const Rollout& r : g.rollouts) {
+        EXPECT_LE(r.response.size(), size_t(2 * (s + 1)));
+        EXPECT_EQ(r.versions.size(), r.response.size());
+      }
+    }
+    for (PromptGroup& g : b.groups) done.push_back(std::move(g));
+  }
+  // 5-token completions need at most 3 batches of 2: only the last two batches' groups are open.
+  for (const PromptGroup& g : carry)
+    EXPECT_GE(g.task_index, uint64_t(4 * o.prompts_per_step)) << "task " << g.task_index;
+  EXPECT_GT(first_carried, 0) << "no completion outlived its slice: nothing was tested";
+  int spanning = 0;
+  for (const PromptGroup& g : done) {
+    EXPECT_EQ(int(g.rollouts.size()), o.group_size);
+    int64_t oldest = g.target_step;
+    for (const Rollout& r : g.rollouts) {
+      ASSERT_EQ(r.versions.size(), r.response.size());
+      ASSERT_EQ(r.logprobs.size(), r.response.size());
+      EXPECT_LE(int(r.response.size()), o.max_tokens + 1);  // + the stop token
+      EXPECT_TRUE(std::is_sorted(r.versions.begin(), r.versions.end()));
+      // Each batch generated at most 2 of its tokens: version v covers tokens [2k, 2k + 2).
+      for (size_t t = 0; t < r.versions.size(); ++t) {
+        EXPECT_LE(r.versions[t], g.target_step);
+        if (t >= 2 && r.versions[t] == r.versions[t - 2]) {
+          EXPECT_TRUE(r.stopped && t + 1 == r.versions.size())
+              << "three tokens of one version in one completion (only a stop token may follow)";
+        }
+      }
+      oldest = std::min(oldest, r.versions.front());
+      spanning += r.versions.front() != r.versions.back();
+      // Its text is all of its tokens', decoded together.
+      std::string text;
+      for (size_t t = 0; t + (r.stopped ? 1 : 0) < r.response.size(); ++t)
+        if (r.response[t] < f.tok.vocab_size()) f.tok.decode_append(r.response[t], text);
+      EXPECT_EQ(r.text, text);
+    }
+    EXPECT_EQ(g.version, oldest) << "a group is as old as its oldest token";
+  }
+  EXPECT_GT(spanning, 0) << "no finished completion spans two versions";
+}
+
+// Partial rollouts in the asynchronous loop: rollouts continue across learner steps, every
+// trained group respects the staleness bound (counted from its oldest token), and the tokens of
+// older versions are importance-weighted.
+TEST(AsyncGrpo, PartialRolloutsInTheAsyncLoop) {
+  rltest::Fixture f;
+  RlOptions o = rltest::small_options();
+  o.max_tokens = 5;
+  o.partial_tokens = 3;  // 2 batches for a 5-token completion
+  AsyncOptions ao;
+  ao.max_staleness = 2;
+  ao.threads_per_role = 1;
+  ao.learner_timeout = 60;
+  AsyncGrpo t(f.model, f.tok, f.chat, f.env, o, ao);
+  int64_t spanning = 0, groups = 0;
+  bool weighted = false;
+  for (int s = 0; s < 6; ++s) {
+    const RlStepStats st = t.step();
+    EXPECT_LE(st.staleness.size(), size_t(ao.max_staleness) + 1) << "step " << s;
+    spanning += st.spanning_rollouts;
+    groups += st.groups;
+    weighted |= st.train_tokens > 0 && st.is_weight_mean != 1.0;
+  }
+  t.stop();
+  EXPECT_GT(spanning, 0) << "no trained completion spans two weight versions";
+  EXPECT_GT(groups, 0);
+  EXPECT_TRUE(weighted) << "tokens of older versions were not importance-weighted";
+  EXPECT_EQ(t.buffer_stats().dropped_timeout, 0);
+  // New groups start late enough to finish within the bound: none was dropped as stale.
+  EXPECT_EQ(t.buffer_stats().dropped_stale, 0);
+  // 2 batches per completion need a staleness bound of at least 1 (they continue on newer
+  // weights, and a group is as old as its first batch).
+  ao.max_staleness = 0;
+  rltest::Fixture g;
+  EXPECT_THROW(AsyncGrpo(g.model, g.tok, g.chat, g.env, o, ao), Error);
 }

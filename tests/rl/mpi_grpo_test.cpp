@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -73,14 +74,16 @@ TEST(MpiGrpo, LayoutErrors) {
     }
   }
   EXPECT_THROW(check_rl_layout(1, 1), Error);
-  EXPECT_THROW(check_rl_layout(4, 2), Error);  // two learner ranks: no DP over learners yet
+  EXPECT_NO_THROW(check_rl_layout(4, 2));  // two data-parallel learner ranks
+  EXPECT_NO_THROW(check_rl_layout(3, 1));
 }
 
 TEST(MpiGrpo, EveryRolloutRankHoldsTheLearnersWeightsAfterEachSync) {
   for (DType dt : {DType::BF16, DType::F32}) {
     rltest::Fixture f;
     const int64_t steps = 4;
-    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), mpi_options(steps, 1, dt));
+    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(),
+              mpi_options(steps, 1, dt));
     if (g.is_learner()) {
       for (int64_t s = 0; s < steps; ++s) g.step();
       g.finish();
@@ -157,7 +160,8 @@ TEST(MpiGrpo, StalenessZeroReproducesTheSynchronousRun) {
   set_num_threads(1);
   const int64_t steps = 4;
   rltest::Fixture f;
-  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), mpi_options(steps, 0, DType::F32));
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(),
+            mpi_options(steps, 0, DType::F32));
   std::vector<RlStepStats> got;
   if (g.is_learner()) {
     for (int64_t s = 0; s < steps; ++s) got.push_back(g.step());
@@ -185,6 +189,70 @@ TEST(MpiGrpo, StalenessZeroReproducesTheSynchronousRun) {
   const ParamSet &pa = ref.model.params(), &pb = f.model.params();
   EXPECT_EQ(std::memcmp(pa.data(), pb.data(), size_t(pa.total()) * sizeof(float)), 0)
       << "the weights differ after " << steps << " steps";
+}
+
+// 3 ranks as 2 data-parallel learners (world ranks 0 and 2) + 1 rollout rank: the same steps as
+// one learner on all the groups (the synchronous run in this process, max staleness 0, fp32
+// weight sync), up to the order of the gradient sums; both learners hold the same weights.
+TEST(MpiGrpo, TwoLearnersTakeOneLearnersSteps) {
+  if (W().size() != 3) GTEST_SKIP() << "runs as 3 ranks (2 learners + 1 rollout rank)";
+  set_num_threads(1);
+  const int64_t steps = 4;
+  rltest::Fixture f;
+  std::vector<float> w0(f.model.params().data(),
+                        f.model.params().data() + f.model.params().total());
+  MpiRlOptions m = mpi_options(steps, 0, DType::F32);
+  m.rollout_ranks = 1;
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), m);
+  std::vector<RlStepStats> got;
+  if (g.is_learner()) {
+    for (int64_t s = 0; s < steps; ++s) got.push_back(g.step());
+    g.finish();
+  } else {
+    g.run_rollout();
+  }
+  // Every rank's weight hash: the learners' (ranks 0 and 2) must be equal, bit for bit.
+  std::vector<int64_t> h(3, 0);
+  h[size_t(W().rank())] = int64_t(weights_hash(f.model.params(), DType::F32));
+  W().all_gather(h.data(), std::vector<int64_t>(3, 1), DType::I64);
+  if (W().rank() != 0) return;
+  EXPECT_EQ(h[0], h[2]) << "the two learners' weights differ";
+  rltest::Fixture ref;
+  const RlOptions o = rltest::small_options();
+  GrpoTrainer sync(ref.model, ref.tok, ref.chat, ref.env, o);
+  int trained = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const RlStepStats x = sync.step();
+    const RlStepStats& y = got[size_t(s)];
+    // The samples are the same (from weights equal up to the last bits): the counts exact, the
+    // reward mean up to the order of its sum.
+    EXPECT_NEAR(x.reward_mean, y.reward_mean, 1e-12) << "step " << s;
+    EXPECT_NEAR(x.response_length, y.response_length, 1e-12) << "step " << s;
+    EXPECT_EQ(x.groups, y.groups) << "step " << s;
+    EXPECT_EQ(x.zero_advantage_groups, y.zero_advantage_groups) << "step " << s;
+    EXPECT_EQ(x.train_tokens, y.train_tokens) << "step " << s;
+    EXPECT_EQ(x.staleness, y.staleness) << "step " << s;
+    // Loss and gradient norm see the whole step's normalisation (a share normalised by its own
+    // tokens would be off by about 2x).
+    EXPECT_NEAR(x.loss, y.loss, 1e-6 * (1 + std::abs(x.loss))) << "step " << s;
+    EXPECT_NEAR(x.grad_norm, y.grad_norm, 1e-5 * x.grad_norm) << "step " << s;
+    EXPECT_NEAR(x.entropy, y.entropy, 1e-6 * x.entropy) << "step " << s;
+    EXPECT_NEAR(x.kl, y.kl, 1e-9 + 1e-5 * x.kl) << "step " << s;
+    trained += x.train_tokens > 0;
+  }
+  EXPECT_GT(trained, 0) << "no step had a gradient: the comparison proves nothing";
+  // The weights: apart by far less than the steps moved them.
+  const float *a = ref.model.params().data(), *b = f.model.params().data();
+  double diff = 0, moved = 0;
+  for (int64_t i = 0; i < ref.model.params().total(); ++i) {
+    diff += double(a[i] - b[i]) * double(a[i] - b[i]);
+    moved += double(a[i] - w0[size_t(i)]) * double(a[i] - w0[size_t(i)]);
+  }
+  EXPECT_GT(moved, 0.0);
+  EXPECT_LT(std::sqrt(diff), 1e-3 * std::sqrt(moved))
+      << "|w_dp - w_one| = " << std::sqrt(diff) << ", |w_one - w_start| = " << std::sqrt(moved);
+  std::printf("2 learners vs 1: |w_dp - w_one| / |w_one - w_start| = %.3g\n",
+              std::sqrt(diff / moved));
 }
 
 // Its own CTest entry (rl_mpi_stall): rollout rank 1 stops answering at step 1; the learner must

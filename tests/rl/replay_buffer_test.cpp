@@ -154,3 +154,32 @@ TEST(ReplayBuffer, AProducerAndALearnerOnTwoThreads) {
   EXPECT_EQ(b.stats().dropped_stale, 0);
   EXPECT_GT(stale_seen, 0);  // the producer did run ahead: the bound was exercised
 }
+
+// A batch pushed whole (push_step) completes its step: the learner takes the groups that
+// finished for it at once, fewer than the step's prompts (partial rollouts carried the rest),
+// and groups past the bound in it are dropped and counted; contents() and restore() keep the
+// mark, so a checkpoint's partial step is not waited for after a resume.
+TEST(ReplayBuffer, APushedStepIsCompleteWithFewerGroups) {
+  ReplayBuffer b(1);
+  std::vector<PromptGroup> batch = {group(3, 3, 30), group(3, 1, 31), group(3, 2, 32)};
+  b.push_step(3, batch, 1, 0);
+  EXPECT_EQ(b.stats().dropped_stale, 1);  // version 1 at step 3
+  EXPECT_EQ(b.stats().dropped_timeout, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = b.take(3, 8, 5.0);  // 8 prompts a step; 2 arrived, the step is complete
+  EXPECT_LT(seconds_since(t0), 1.0) << "the learner waited for groups that will not come";
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].task_index, 30u);
+  EXPECT_EQ(got[1].task_index, 32u);
+  b.push_step(4, {group(4, 4, 40)}, 0, 0);
+  const std::vector<BufferedStep> saved = b.contents();
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_TRUE(saved[0].complete);
+  ReplayBuffer r(1);
+  r.restore(saved, 4);
+  EXPECT_EQ(r.take(4, 8, 0.0).size(), 1u);  // no wait: the step was complete when saved
+  // Without the mark the learner waits for the step's count, and says so after its timeout.
+  ReplayBuffer w(1);
+  w.push(group(5, 5));
+  EXPECT_THROW(w.take(5, 8, 0.05), Error);
+}

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "rl/env.h"
 #include "rl/grpo.h"
 #include "rl/grpo_trainer.h"
+#include "rl/rollout.h"
 #include "rl_test_util.h"
 
 using namespace loom;
@@ -85,6 +87,27 @@ TEST(Grpo, ClippingAndKlAtTheirDefinitions) {
   EXPECT_NEAR(w[0][0], -0.5 * (1 - std::exp(0.2)), 1e-12);
 }
 
+TEST(Grpo, LogprobAndEntropyOfALogitRow) {
+  double lp = 0, h = 0;
+  const std::vector<float> flat(5, 0.7f);  // uniform: log p = -log 5, entropy log 5
+  logprob_and_entropy(flat.data(), 5, 2, &lp, &h);
+  EXPECT_NEAR(lp, -std::log(5.0), 1e-12);
+  EXPECT_NEAR(h, std::log(5.0), 1e-12);
+  // Two tokens with p = (1/(1+e), e/(1+e)): entropy -sum p log p, by hand.
+  const std::vector<float> two = {0.f, 1.f};
+  logprob_and_entropy(two.data(), 2, 0, &lp, &h);
+  const double p0 = 1 / (1 + std::exp(1.0)), p1 = 1 - p0;
+  EXPECT_NEAR(lp, std::log(p0), 1e-12);
+  EXPECT_NEAR(h, -(p0 * std::log(p0) + p1 * std::log(p1)), 1e-12);
+  // Large logits stay finite (the max is subtracted first); a near one-hot row has entropy ~0.
+  const std::vector<float> peaked = {1000.f, 0.f, -50.f};
+  logprob_and_entropy(peaked.data(), 3, 1, &lp, &h);
+  EXPECT_NEAR(lp, -1000.0, 1e-9);
+  EXPECT_GE(h, 0.0);
+  EXPECT_LT(h, 1e-12);
+  EXPECT_THROW(logprob_and_entropy(peaked.data(), 3, 3, &lp, &h), Error);
+}
+
 TEST(Grpo, GroupAdvantages) {
   GrpoConfig c;
   auto a = group_advantages({1, 0, 0, 1}, c);
@@ -138,13 +161,64 @@ TEST(GrpoTrainer, RaisesTheRewardOfATinyModel) {
   o.lr = 1e-2;
   o.grpo.beta = 0.01;
   GrpoTrainer t(m, tok, chat, env, o);
-  double first = 0, last = 0;
+  double first = 0, last = 0, h_first = 0, h_last = 0;
   for (int s = 0; s < 30; ++s) {
     const RlStepStats st = t.step();
     EXPECT_TRUE(std::isfinite(st.loss));
     EXPECT_EQ(st.groups, 4);
+    // A distribution over the 260 ids has entropy in [0, log 260].
+    EXPECT_GE(st.entropy, 0.0);
+    EXPECT_LE(st.entropy, std::log(260.0) + 1e-9);
+    if (s == 0) {
+      h_first = st.entropy;
+      // A random model with small weights is close to uniform over its vocabulary.
+      EXPECT_GT(st.entropy, 0.9 * std::log(260.0)) << "step 0";
+    }
+    if (st.train_tokens > 0) h_last = st.entropy;
     if (s < 5) first += st.reward_mean / 5;
     if (s >= 25) last += st.reward_mean / 5;
   }
   EXPECT_GT(last, first + 0.2) << "reward " << first << " -> " << last;
+  std::printf("reward %.3f -> %.3f, entropy %.3f -> %.3f nats\n", first, last, h_first, h_last);
+  // Learning to say "a" concentrates the policy: its entropy falls.
+  EXPECT_LT(h_last, h_first - 0.5) << "entropy " << h_first << " -> " << h_last;
+}
+
+// The learner's logit pass in pieces (a few sequences at a time, as a large vocabulary needs)
+// gives the one-pass step: the same loss, KL, entropy and gradient norm up to rounding, and the
+// same weights after the step.
+TEST(GrpoLearner, LogitPassInPiecesIsTheOnePassStep) {
+  rltest::Fixture a, b;
+  RlOptions o = rltest::small_options();  // beta > 0: the reference's pass is split too
+  RolloutWorker w(a.model, a.tok, a.chat, a.env, o);
+  const RolloutBatch rb = w.generate(0, 0);
+  ASSERT_FALSE(rb.groups.empty());
+  RlOptions pieces = o;
+  pieces.logit_rows = 3;  // at most 3 rows a pass (a longer sequence still goes whole)
+  GrpoLearner one(a.model, o), split(b.model, pieces);
+  RlStepStats x, y;
+  // Two steps on the same groups: the second sees them one step old (importance weights) and a
+  // policy away from the reference (KL > 0).
+  one.learn(rb.groups, 0, &x);
+  split.learn(rb.groups, 0, &y);
+  EXPECT_NEAR(x.entropy, y.entropy, 1e-6 * x.entropy);
+  x = y = RlStepStats{};
+  one.learn(rb.groups, 1, &x);
+  split.learn(rb.groups, 1, &y);
+  EXPECT_GT(x.kl, 0.0);
+  EXPECT_NE(x.is_weight_mean, 1.0);
+  ASSERT_GT(x.train_tokens, 3) << "one pass would do: nothing split";
+  EXPECT_EQ(x.train_tokens, y.train_tokens);
+  EXPECT_NEAR(x.loss, y.loss, 1e-6 * (1 + std::abs(x.loss)));
+  EXPECT_NEAR(x.kl, y.kl, 1e-6 * x.kl);
+  EXPECT_NEAR(x.is_weight_mean, y.is_weight_mean, 1e-7);
+  EXPECT_NEAR(x.entropy, y.entropy, 1e-6 * x.entropy);
+  EXPECT_NEAR(x.grad_norm, y.grad_norm, 1e-5 * x.grad_norm);
+  double diff = 0;
+  for (int64_t i = 0; i < a.model.params().total(); ++i)
+    diff =
+        std::max(diff, double(std::abs(a.model.params().data()[i] - b.model.params().data()[i])));
+  EXPECT_LT(diff, 1e-4) << "the weights after the step differ by " << diff;
+  std::printf("logit pass in pieces: weights differ by at most %.3g, loss %.9g vs %.9g\n", diff,
+              x.loss, y.loss);
 }

@@ -1,0 +1,120 @@
+#include "rl/rl_checkpoint.h"
+
+#include <cstring>
+
+#include "ckpt/checkpoint.h"
+#include "core/error.h"
+#include "rl/trajectory_wire.h"
+
+namespace loom::rl {
+
+std::string encode_replay_buffer(const std::vector<BufferedStep>& buffer) {
+  static const char* digits = "0123456789abcdef";
+  std::vector<uint8_t> bytes;
+  for (const BufferedStep& b : buffer) {
+    RolloutBatch rb;
+    rb.groups = b.groups;
+    rb.dropped_timeout = b.dropped;  // the buffer keeps one count per step
+    rb.dropped_env = b.complete;     // and the mark that the step's batch is all there
+    const std::vector<uint8_t> msg = encode_trajectories(rb, b.target_step);
+    const uint64_t n = msg.size();
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(&n);
+    bytes.insert(bytes.end(), p, p + 8);
+    bytes.insert(bytes.end(), msg.begin(), msg.end());
+  }
+  std::string hex;
+  hex.reserve(bytes.size() * 2);
+  for (uint8_t x : bytes) {
+    hex.push_back(digits[x >> 4]);
+    hex.push_back(digits[x & 15]);
+  }
+  return hex;
+}
+
+std::vector<BufferedStep> decode_replay_buffer(const std::string& hex, const std::string& where) {
+  LOOM_CHECK(hex.size() % 2 == 0, where, ": rl_replay_buffer has an odd number (", hex.size(),
+             ") of hex digits");
+  std::vector<uint8_t> bytes(hex.size() / 2);
+  auto nibble = [&](size_t i) {
+    const char c = hex[i];
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    fail(where, ": rl_replay_buffer has '", c, "' at character ", i, ", not a hex digit");
+  };
+  for (size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = uint8_t(nibble(2 * i) << 4 | nibble(2 * i + 1));
+  std::vector<BufferedStep> out;
+  for (size_t pos = 0; pos < bytes.size();) {
+    LOOM_CHECK(bytes.size() - pos >= 8, where, ": rl_replay_buffer is truncated at byte ", pos);
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data() + pos, 8);
+    pos += 8;
+    LOOM_CHECK(n <= bytes.size() - pos, where, ": rl_replay_buffer: a message of ", n,
+               " bytes at byte ", pos - 8, " exceeds the ", bytes.size() - pos, " bytes left");
+    const std::vector<uint8_t> msg(bytes.begin() + int64_t(pos), bytes.begin() + int64_t(pos + n));
+    int64_t step = 0;
+    RolloutBatch rb =
+        decode_trajectories(msg, cat(where, " (rl_replay_buffer, byte ", pos, ")"), &step);
+    LOOM_CHECK(out.empty() || step > out.back().target_step, where,
+               ": rl_replay_buffer lists step ", step, " after step ", out.back().target_step);
+    BufferedStep b;
+    b.target_step = step;
+    b.groups = std::move(rb.groups);
+    b.dropped = rb.dropped_timeout;
+    LOOM_CHECK(rb.dropped_env <= 1, where, ": rl_replay_buffer: step ", step,
+               " has a completion mark of ", rb.dropped_env);
+    b.complete = rb.dropped_env == 1;
+    out.push_back(std::move(b));
+    pos += n;
+  }
+  return out;
+}
+
+std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCheckpointInfo& info,
+                               Decoder& policy, AdamW& optim,
+                               const std::vector<BufferedStep>& buffer) {
+  ckpt::TrainerState st;
+  st.step = step;
+  st.config_text = info.config_text;
+  st.extra["model_fingerprint"] = info.fingerprint;
+  st.extra["precision"] = "fp32";
+  st.extra["rl"] = info.description;
+  st.extra["rl_adam_steps"] = optim.steps_taken();
+  st.extra["rl_weight_version"] = step;
+  st.extra["rl_max_staleness"] = info.max_staleness;
+  int64_t groups = 0;
+  for (const BufferedStep& b : buffer) groups += int64_t(b.groups.size());
+  st.extra["rl_replay_buffer_groups"] = groups;
+  st.extra["rl_replay_buffer"] = encode_replay_buffer(buffer);
+  return ckpt::save_checkpoint(root, st, policy.params().tensors(), optim.state_tensors());
+}
+
+RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fingerprint) {
+  auto c = std::make_shared<ckpt::Checkpoint>(dir);
+  const Json& extra = c->state().extra;
+  LOOM_CHECK(extra.contains("rl_adam_steps"), c->dir(),
+             ": not a loom rl checkpoint (no rl_adam_steps in state.json)");
+  RlResumePoint r;
+  r.dir = c->dir();
+  r.step = c->state().step;
+  LOOM_CHECK(r.step >= 0, c->dir(), ": negative step ", r.step);
+  // Checkpoints written before the buffer was saved have none: their resume regenerates.
+  if (extra.contains("rl_replay_buffer"))
+    r.buffer = decode_replay_buffer(extra.at("rl_replay_buffer").as_string(), c->dir());
+  const int64_t adam_steps = extra.at("rl_adam_steps").as_int(0, INT64_MAX);
+  // state.json's own fingerprint is the tensor shapes' (restore_model checks the shapes); the
+  // model config's is in extra, as the checkpoint was saved.
+  LOOM_CHECK(!extra.contains("model_fingerprint") ||
+                 extra.at("model_fingerprint").as_string() == fingerprint,
+             c->dir(), ": a checkpoint of the model '", extra.at("model_fingerprint").as_string(),
+             "', not of '", fingerprint, "' (--ckpt)");
+  r.restore = [c, adam_steps](Decoder& policy, AdamW& optim) {
+    c->restore_model(policy.params().tensors());
+    c->restore_optim(optim.state_tensors());
+    optim.set_steps_taken(adam_steps);
+    return c->state().step;
+  };
+  return r;
+}
+
+}  // namespace loom::rl

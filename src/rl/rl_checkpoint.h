@@ -1,0 +1,51 @@
+// `loom rl` checkpoints: the policy as a whole checkpoint (generate and serve read it like any),
+// the AdamW state, and in state.json the step, rl_adam_steps, rl_weight_version,
+// rl_max_staleness and, from an asynchronous run, rl_replay_buffer: the groups generated ahead
+// of the learner (by older weights) that it had not trained on yet, so that a resumed run
+// trains on the same samples as an uninterrupted one instead of regenerating them from newer
+// weights. The buffer is kept in state.json (hex of the trajectory messages of
+// trajectory_wire.h, one per target step) so that the checkpoint's commit record covers it:
+// a save is atomic and a flipped byte is caught like any other.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/decoder.h"
+#include "optim/adamw.h"
+#include "rl/grpo_trainer.h"
+#include "rl/replay_buffer.h"
+
+namespace loom::rl {
+
+struct RlCheckpointInfo {
+  std::string config_text;  // the starting checkpoint's config (its model and tokenizer)
+  std::string fingerprint;  // the model's config fingerprint
+  std::string description;  // state.json "rl": what was trained, from what
+  int64_t max_staleness = 0;
+};
+
+// Writes <root>/step_N (N = step: the learner steps taken, the weights' version); returns it.
+std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCheckpointInfo& info,
+                               Decoder& policy, AdamW& optim,
+                               const std::vector<BufferedStep>& buffer);
+
+// An RL checkpoint opened for a resume.
+struct RlResumePoint {
+  std::string dir;
+  int64_t step = 0;
+  std::vector<BufferedStep> buffer;  // empty for synchronous and MPI runs
+  RlRestore restore;                 // writes the policy and optimizer, returns step
+};
+
+// Opens the step directory `dir` (state.json must be a loom rl one and the model's fingerprint
+// `fingerprint`); a malformed buffer is an error naming the checkpoint and the byte.
+RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fingerprint);
+
+// The buffer's encoding in state.json (exposed for tests): hex of length-prefixed trajectory
+// messages. `where` names the checkpoint in errors.
+std::string encode_replay_buffer(const std::vector<BufferedStep>& buffer);
+std::vector<BufferedStep> decode_replay_buffer(const std::string& hex, const std::string& where);
+
+}  // namespace loom::rl
