@@ -819,7 +819,7 @@ void Decoder::final_norm(int N) {
 double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, V = vocab_;
   final_norm(N);
-  const Linear H = head_linear();
+  Linear H = head_linear();
   const float* w = in.loss_weights;
   // Logits exist for head_chunk() rows at a time: computed, turned into loss and gradient in
   // place, and consumed by the head's backward before the next chunk overwrites them. Under
@@ -827,6 +827,9 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int chunk = head_chunk();
   for (int r0 = 0; r0 < N; r0 += chunk) {
     int n = std::min(chunk, N - r0);
+    // An adapter on the head sees rows r0.. of the micro-batch, not rows 0.. (LoRA dropout
+    // keys its mask by the token's row).
+    H.first_row = r0;
     H.forward(be_, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     round_act(b_->logits, int64_t(n) * V);
     const float* wr = w ? w + r0 : nullptr;

@@ -410,8 +410,9 @@ StepResult Trainer::train_step() {
   if (!dp_) {
     ParamSet& T = trained_params();  // under LoRA the base has no gradients to clear
     T.zero_grad();
-    for (auto& b : micro_) {
-      loss_sum += model_->forward_backward(b.input(), static_cast<float>(scale / valid));
+    for (size_t j = 0; j < micro_.size(); ++j) {
+      LoraDropoutScope drop(lora_.get(), global_micro(j));
+      loss_sum += model_->forward_backward(micro_[j].input(), static_cast<float>(scale / valid));
       aux_sum += model_->last_aux_loss();
     }
     if (inject_ != 1.f) be.scale_inplace(T.grad(), inject_, T.total());
@@ -450,6 +451,7 @@ StepResult Trainer::train_step() {
     dp_->start_step(static_cast<int>(micro_.size()));
     for (size_t j = 0; j < micro_.size(); ++j) {
       dp_->start_micro(static_cast<int>(j));
+      LoraDropoutScope drop(lora_.get(), global_micro(j));
       loss_sum +=
           model_->forward_backward(model_input(micro_[j]), static_cast<float>(scale / valid));
       aux_sum += model_->last_aux_loss();
@@ -977,6 +979,9 @@ StepResult Trainer::dpo_step() {
     Batch& b = micro_[j];
     train_data_->next(b);
     if (dp_) dp_->start_micro(static_cast<int>(j));
+    // The policy's forward-only pass and its backward draw the same dropout mask, so the
+    // log-probabilities in the loss are those of the function differentiated.
+    LoraDropoutScope drop(lora_.get(), global_micro(j));
     const DpoStats s = dpo_micro(b, true, pairs);
     if (dp_) dp_->finish_micro();
     total.loss += s.loss;
@@ -1004,6 +1009,11 @@ StepResult Trainer::dpo_step() {
   finish_step(r, total.loss, total.pairs, sq, 1.0);
   r.seconds = now_seconds() - t0;
   return r;
+}
+
+uint64_t Trainer::global_micro(size_t j) const {
+  const int64_t dp = pg_ ? pg_->dp().size() : 1, rank = pg_ ? pg_->dp().rank() : 0;
+  return uint64_t((step_ * opt_.grad_accum + int64_t(j)) * dp + rank);
 }
 
 ParamSet& Trainer::trained_params() {

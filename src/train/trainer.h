@@ -153,6 +153,23 @@ class Trainer {
   void load_pretrained(const std::string& path);
   StepResult dpo_step();
   ParamSet& trained_params();  // what the optimizer steps: the adapters under LoRA
+  // Micro-batch j of this step as the one-process run counts its micro-batches (the data
+  // sources deal rank r of dp the one-process micro-batch j * dp + r): LoRA dropout's key, so
+  // that its masks do not depend on the layout.
+  uint64_t global_micro(size_t j) const;
+  // LoRA dropout on (lora.dropout > 0) for one training micro-batch; off again on exit, errors
+  // included, so evaluation and forward-only passes never drop.
+  struct LoraDropoutScope {
+    Lora* lora;
+    LoraDropoutScope(Lora* l, uint64_t micro) : lora(l) {
+      if (lora) lora->set_dropout_batch(micro);
+    }
+    ~LoraDropoutScope() {
+      if (lora) lora->clear_dropout();
+    }
+    LoraDropoutScope(const LoraDropoutScope&) = delete;
+    LoraDropoutScope& operator=(const LoraDropoutScope&) = delete;
+  };
   void check_same_global_batch(const ckpt::Checkpoint& c) const;
   std::string layout_name() const;
   comm::Communicator& grad_group() const;  // dp, or dp x cp under context parallelism

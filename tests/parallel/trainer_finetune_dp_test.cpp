@@ -1,7 +1,7 @@
 // Fine-tuning under data parallelism through the trainer: a LoRA run on N MPI ranks (ZeRO 0, 1
 // and 2) gives the one-process losses, gradient norms and adapters for the same global batch,
 // with the base frozen and optimizer state for the adapters only, and under tensor parallelism
-// (adapters split like their layers); a DPO run (full, and LoRA)
+// (adapters split like their layers), with and without LoRA dropout; a DPO run (full, and LoRA)
 // gives the one-process DPO loss, rewards and accuracy (pairs whole on one rank, the loss a
 // mean over the global batch's pairs).
 #include <gtest/gtest.h>
@@ -47,12 +47,16 @@ std::string make_base() {
   return d + "/run/checkpoints";
 }
 
-Config lora_config(const std::string& dir, const std::string& base, int steps, int grad_accum) {
+// dropout: lora.dropout (masks keyed by the micro-batch's place in the one-process run, so the
+// ranks draw what one process draws).
+Config lora_config(const std::string& dir, const std::string& base, int steps, int grad_accum,
+                   double dropout = 0) {
   Config c = config(dir, steps, grad_accum);
   c.set("train.pretrained", "\"" + base + "\"", "test");
   c.set("lora.rank", "4", "test");
   c.set("lora.alpha", "8", "test");
   c.set("optim.lr", "1e-2", "test");
+  if (dropout > 0) c.set("lora.dropout", std::to_string(dropout), "test");
   return c;
 }
 
@@ -60,12 +64,12 @@ std::vector<float> copy(const ParamSet& P) {
   return std::vector<float>(P.data(), P.data() + P.total());
 }
 
-void check_lora_parity(int zero) {
+void check_lora_parity(int zero, double dropout = 0) {
   const int D = W().size(), A = 2, steps = 8;
   const std::string base = make_base();
   auto self = comm::make_self_communicator();
-  Trainer ref(lora_config(runs.dir("lora_ref"), base, steps, A * D), self.get());
-  Config c = lora_config(runs.dir("lora_z" + std::to_string(zero)), base, steps, A);
+  Trainer ref(lora_config(runs.dir("lora_ref"), base, steps, A * D, dropout), self.get());
+  Config c = lora_config(runs.dir("lora_z" + std::to_string(zero)), base, steps, A, dropout);
   c.set("parallel.zero", std::to_string(zero), "test");
   Trainer t(c);
   ASSERT_TRUE(t.distributed());
@@ -114,6 +118,9 @@ TEST(TrainerFinetuneDp, LoraZero0MatchesOneProcess) {
 }
 TEST(TrainerFinetuneDp, LoraZero1MatchesOneProcess) {
   check_lora_parity(1);
+}
+TEST(TrainerFinetuneDp, LoraDropoutZero1MatchesOneProcess) {
+  check_lora_parity(1, 0.2);
 }
 TEST(TrainerFinetuneDp, LoraZero2MatchesOneProcess) {
   check_lora_parity(2);
@@ -168,7 +175,7 @@ TEST(TrainerFinetuneDp, LoraInitFromOneProcessContinuesItsLosses) {
 //
 // Then `loom ckpt consolidate` places the ranks' adapter shards into one process's adapters:
 // every local element lands, bit for bit, where it stands for.
-void check_lora_tp(bool sp) {
+void check_lora_tp(bool sp, double dropout = 0) {
   const int A = 2, steps = 6;
   const std::string base = make_base();
   // The run's directory, shared by the ranks (consolidation reads every rank's part there).
@@ -183,8 +190,9 @@ void check_lora_tp(bool sp) {
     }
   } cleanup{shared};
   auto self = comm::make_self_communicator();
-  Trainer ref(lora_config(runs.dir("lora_tp_ref"), base, steps, A * W().size() / 2), self.get());
-  Config c = lora_config(runs.dir("lora_tp"), base, steps, A);
+  Trainer ref(lora_config(runs.dir("lora_tp_ref"), base, steps, A * W().size() / 2, dropout),
+              self.get());
+  Config c = lora_config(runs.dir("lora_tp"), base, steps, A, dropout);
   c.set("train.out_dir", "\"" + shared + "/run\"", "test");
   c.set("parallel.tp", "2", "test");
   c.set("parallel.sp", sp ? "true" : "false", "test");
@@ -250,6 +258,10 @@ TEST(TrainerFinetuneDp, LoraTensorParallelMatchesOneProcess) {
 }
 TEST(TrainerFinetuneDp, LoraTensorAndSequenceParallelMatchesOneProcess) {
   check_lora_tp(true);
+}
+// With dropout: a row-parallel layer's shard draws the mask of its global input columns.
+TEST(TrainerFinetuneDp, LoraDropoutTensorParallelMatchesOneProcess) {
+  check_lora_tp(false, 0.2);
 }
 
 // What LoRA cannot run under yet is refused by name, on every rank alike.
