@@ -286,16 +286,26 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                "parallelism is not supported yet: run it in one process");
     if (opt_.mode == "dpo") {
       // DPO over data-parallel ranks: a micro-batch's pairs stay together on one rank (the
-      // sources deal out whole micro-batches), so only the sums cross ranks. Each rank keeps
-      // a whole reference model, hence no sharded or split layouts.
+      // sources deal out whole micro-batches), so only the sums cross ranks. Under tensor
+      // parallelism (and SP) the TP ranks of a DP group run the same pairs: the vocabulary-
+      // parallel cross-entropy gives every one of them each token's whole log-probability, so
+      // they compute the same sequence log-probabilities, DPO terms and per-token weights.
+      // Each rank keeps its TP shard of the reference model whole, hence no ZeRO-3 (which
+      // would shard the policy and leave the reference replicated), and no pipeline, context
+      // or expert parallelism (sequence log-probabilities are whole-model only).
       const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.tp == 1 && d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1 && dpo.zero <= 2,
-                 "DPO under tensor, pipeline, context or expert parallelism, or with ZeRO-3, is ",
-                 "not supported yet: use data parallelism only (parallel.dp, parallel.zero 0-2)");
+      LOOM_CHECK(d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1,
+                 "DPO under pipeline, context or expert parallelism is not supported yet: use ",
+                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.sp)");
+      LOOM_CHECK(dpo.zero <= 2, "DPO with parallel.zero = 3 is not supported yet (the frozen ",
+                 "reference model would stay whole beside a sharded policy): use parallel.zero ",
+                 "0, 1 or 2");
       if (!lora_) {
         reference_ =
-            std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute);
-        const ParamSet& P = model_->params();  // whole on every rank below ZeRO-3
+            std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute, tp);
+        // Whole (this rank's TP shard) on every rank below ZeRO-3, in the same layout.
+        const ParamSet& P = model_->params();
+        LOOM_CHECK(reference_->params().total() == P.total(), "DPO reference layout mismatch");
         std::copy(P.data(), P.data() + P.total(), reference_->params().data());
       }
     }
@@ -992,13 +1002,15 @@ StepResult Trainer::dpo_step() {
   }
   double sq = 0;
   if (dp_) {
+    // The TP ranks of a DP group hold the same figures: sum over DP only. The squared gradient
+    // norm counts sharded parameters on every TP rank and replicated ones once (norm_weights_).
     comm::Communicator& g = pg_->dp();
     total.loss = g.all_reduce_scalar(total.loss, comm::ReduceOp::Sum);
     total.reward_chosen = g.all_reduce_scalar(total.reward_chosen, comm::ReduceOp::Sum);
     total.reward_rejected = g.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
     total.correct = g.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
     total.pairs = g.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
-    sq = g.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
+    sq = pg_->tp_dp().all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
   } else {
     sq = cpu_backend().sum_squares(T.grad(), T.total());
   }

@@ -3,7 +3,7 @@
 // with the base frozen and optimizer state for the adapters only, and under tensor parallelism
 // (adapters split like their layers), with and without LoRA dropout; a DPO run (full, and LoRA)
 // gives the one-process DPO loss, rewards and accuracy (pairs whole on one rank, the loss a
-// mean over the global batch's pairs).
+// mean over the global batch's pairs), under DP and under TP (+SP).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -320,15 +320,19 @@ double extra(const StepResult& r, const std::string& key) {
   return NAN;
 }
 
-// `lora_base`: empty for full DPO, else a checkpoint that LoRA adapts.
-void check_dpo_parity(int zero, const std::string& lora_base) {
-  const int D = W().size(), A = 2, steps = 6;
+// `lora_base`: empty for full DPO, else a checkpoint that LoRA adapts. tp > 1: tensor
+// parallelism (with sequence parallelism when sp), DP over the remaining ranks.
+void check_dpo_parity(int zero, const std::string& lora_base, int tp = 1, bool sp = false,
+                      double lora_dropout = 0) {
+  if (W().size() % tp != 0) GTEST_SKIP() << "needs a multiple of " << tp << " ranks";
+  const int D = W().size() / tp, A = 2, steps = 6;
   const std::string data = dpo_data(runs.dir("dpo_data"));
   auto adapt = [&](Config c) {
     if (!lora_base.empty()) {
       c.set("train.pretrained", "\"" + lora_base + "\"", "test");
       c.set("lora.rank", "4", "test");
       c.set("optim.lr", "1e-2", "test");
+      if (lora_dropout > 0) c.set("lora.dropout", std::to_string(lora_dropout), "test");
     }
     return c;
   };
@@ -336,8 +340,11 @@ void check_dpo_parity(int zero, const std::string& lora_base) {
   Trainer ref(adapt(dpo_config(data, runs.dir("dpo_ref") + "/run", steps, A * D)), self.get());
   Config c = adapt(dpo_config(data, runs.dir("dpo_dp") + "/run", steps, A));
   c.set("parallel.zero", std::to_string(zero), "test");
+  c.set("parallel.tp", std::to_string(tp), "test");
+  c.set("parallel.sp", sp ? "true" : "false", "test");
   Trainer t(c);
   ASSERT_TRUE(t.distributed());
+  ASSERT_EQ(t.groups()->tp().size(), tp);
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
     const StepResult a = ref.train_step(), b = t.train_step();
@@ -355,8 +362,9 @@ TEST(TrainerFinetuneDp, DpoZero1MatchesOneProcess) {
   check_dpo_parity(1, "");
 }
 
-TEST(TrainerFinetuneDp, DpoWithLoraZero0MatchesOneProcess) {
-  // The base: a few full DPO steps in one process (any weights of this model would do).
+// The base of a LoRA DPO run: a few full DPO steps in one process (any weights of this model
+// would do).
+std::string dpo_base() {
   const std::string data = dpo_data(runs.dir("dpo_base_data"));
   const std::string base = runs.dir("dpo_base");
   {
@@ -364,7 +372,25 @@ TEST(TrainerFinetuneDp, DpoWithLoraZero0MatchesOneProcess) {
     Trainer t(dpo_config(data, base + "/run", 2, 1), self.get());
     t.run();
   }
-  check_dpo_parity(0, base + "/run/checkpoints");
+  return base + "/run/checkpoints";
+}
+
+TEST(TrainerFinetuneDp, DpoWithLoraZero0MatchesOneProcess) {
+  check_dpo_parity(0, dpo_base());
+}
+
+// DPO under tensor parallelism: the reference model is split like the policy, the sequence
+// log-probabilities come from the vocabulary-parallel cross-entropy (every TP rank holds each
+// token's whole value), and the per-token DPO weights reach the same backward. On 4 ranks also
+// x DP=2.
+TEST(TrainerFinetuneDp, DpoTensorParallelMatchesOneProcess) {
+  check_dpo_parity(1, "", 2);
+}
+TEST(TrainerFinetuneDp, DpoTensorAndSequenceParallelMatchesOneProcess) {
+  check_dpo_parity(0, "", 2, true);
+}
+TEST(TrainerFinetuneDp, DpoWithLoraTensorAndSequenceParallelMatchesOneProcess) {
+  check_dpo_parity(1, dpo_base(), 2, true, 0.1);
 }
 
 }  // namespace
