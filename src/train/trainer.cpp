@@ -357,6 +357,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                      : opt_.resume && ckpt::has_checkpoints(checkpoint_root()) &&
                            resume_from(checkpoint_root());
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
+  reference_from_init_weights(resumed);
   const double restore_seconds = now_seconds() - restore_start;
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
     metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed,
@@ -1021,6 +1022,31 @@ StepResult Trainer::dpo_step() {
   finish_step(r, total.loss, total.pairs, sq, 1.0);
   r.seconds = now_seconds() - t0;
   return r;
+}
+
+// DPO's reference is the run's starting weights. train.pretrained's and the seeded draw are in
+// the model when the reference copies it (construction); a weights-only train.init_from (e.g.
+// `loom ckpt import`) arrives later: its weights are taken here, from the model when the run
+// starts from them, or from the checkpoint again when the run resumes its own checkpoint.
+void Trainer::reference_from_init_weights(bool resumed) {
+  if (!reference_ || !opt_.pretrained.empty() || opt_.init_from.empty()) return;
+  const ckpt::Checkpoint c(opt_.init_from);
+  if (c.state().extra.contains("optimizer_steps")) return;  // a run's checkpoint: see docs
+  ParamSet& R = reference_->params();
+  if (!resumed) {
+    const ParamSet& P = model_->params();  // whole (this rank's TP shard) below ZeRO-3
+    std::copy(P.data(), P.data() + P.total(), R.data());
+    return;
+  }
+  ckpt::TensorList whole;
+  for (auto& [name, t] : R.tensors()) {
+    ckpt::ShardInfo info;
+    info.replica_id = pg_ ? pg_->dp().rank() : 0;
+    whole.push_back({name, t, info});
+  }
+  ckpt::fill_from_whole(c, R, whole, {});
+  check_finite(R, c.dir());
+  if (policy_.compute != DType::F32) round_to(policy_.compute, R.data(), R.total());
 }
 
 uint64_t Trainer::global_micro(size_t j) const {

@@ -151,6 +151,7 @@ class Trainer {
   bool resume_distributed();
   void start_from_one_process(const std::string& path);
   void load_pretrained(const std::string& path);
+  void reference_from_init_weights(bool resumed);  // DPO: see trainer.cpp
   StepResult dpo_step();
   ParamSet& trained_params();  // what the optimizer steps: the adapters under LoRA
   // Micro-batch j of this step as the one-process run counts its micro-batches (the data
