@@ -255,9 +255,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       const auto& d = pg_->generator().dims();
       LOOM_CHECK(d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1,
                  "LoRA under pipeline, context or expert parallelism is not supported yet: use ",
-                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.zero 0-2)");
-      LOOM_CHECK(dpo.zero <= 2, "LoRA with parallel.zero = 3: the frozen base is replicated ",
-                 "and the adapters are small; use parallel.zero 0, 1 or 2");
+                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.zero 0-3)");
       LOOM_CHECK(!opt_.pretrained.empty(),
                  "LoRA fine-tunes a pretrained model: set train.pretrained to its checkpoint");
       model_->params().init(opt_.seed);
@@ -266,8 +264,16 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       if (policy_.compute != DType::F32)
         round_to(policy_.compute, model_->params().data(), model_->params().total());
       dpo.init_seed.reset();
-      dp_ = std::make_unique<parallel::DataParallel>(
-          *model_, grad_group(), dpo, acfg, policy_.compute, cpu_backend(), edp, &lora_->params());
+      // ZeRO-3: the frozen base is sharded over the DP ranks and gathered block by block
+      // (parallel::FrozenShards, made once the base is final, below); the adapters (about 1% of
+      // the model) stay whole on every rank, their gradients and optimizer state sharded as
+      // ZeRO-2 shards them.
+      base_zero3_ = dpo.zero == 3;
+      parallel::DataParallelOptions adapters_opt = dpo;
+      adapters_opt.zero = std::min(dpo.zero, 2);
+      dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), adapters_opt, acfg,
+                                                     policy_.compute, cpu_backend(), edp,
+                                                     &lora_->params());
     } else {
       dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
                                                      policy_.compute, cpu_backend(), edp);
@@ -290,24 +296,15 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       // parallelism (and SP) the TP ranks of a DP group run the same pairs: the vocabulary-
       // parallel cross-entropy gives every one of them each token's whole log-probability, so
       // they compute the same sequence log-probabilities, DPO terms and per-token weights.
-      // Each rank keeps its TP shard of the reference model whole, hence no ZeRO-3 (which
-      // would shard the policy and leave the reference replicated), and no pipeline, context
-      // or expert parallelism (sequence log-probabilities are whole-model only).
+      // The reference model has the policy's layout (its TP shard); under ZeRO-3 it is sharded
+      // like the policy (make_reference). No pipeline, context or expert parallelism: sequence
+      // log-probabilities are whole-model only.
       const auto& d = pg_->generator().dims();
       LOOM_CHECK(d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1,
                  "DPO under pipeline, context or expert parallelism is not supported yet: use ",
-                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.sp)");
-      LOOM_CHECK(dpo.zero <= 2, "DPO with parallel.zero = 3 is not supported yet (the frozen ",
-                 "reference model would stay whole beside a sharded policy): use parallel.zero ",
-                 "0, 1 or 2");
-      if (!lora_) {
-        reference_ =
-            std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute, tp);
-        // Whole (this rank's TP shard) on every rank below ZeRO-3, in the same layout.
-        const ParamSet& P = model_->params();
-        LOOM_CHECK(reference_->params().total() == P.total(), "DPO reference layout mismatch");
-        std::copy(P.data(), P.data() + P.total(), reference_->params().data());
-      }
+                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.sp, ",
+                 "parallel.zero 0-3)");
+      if (!lora_) make_reference(nullptr);
     }
   } else {
     ParamSet& P = model_->params();
@@ -330,23 +327,19 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       round_to(policy_.compute, P.data(), P.total());
     optim_ = std::make_unique<AdamW>(trained_params(), acfg, policy_.compute, cpu_backend());
     if (pretrained && policy_.compute != DType::F32) round_to(policy_.compute, P.data(), P.total());
-    if (opt_.mode == "dpo" && !lora_) {
-      // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
-      reference_ =
-          std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute);
-      std::copy(P.data(), P.data() + P.total(), reference_->params().data());
-    }
+    // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
+    if (opt_.mode == "dpo" && !lora_) make_reference(nullptr);
   }
   // bf16 GEMMs where the CPU has them natively (kept off under ZeRO-3, whose point is not to hold
   // every weight at once: the recipe keeps a bf16 copy of each).
-  if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3))
+  if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3) && !base_zero3_)
     bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
   if (fp8_opt) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   // Delayed scaling's amaxes are max-reduced over the ranks of one pipeline stage (TE's amax
   // reduction group): one process's history under TP, DP and CP alike.
   if (fp8_ && pg_) fp8_->set_amax_group(pg_->cp().size() > 1 ? &pg_->tp_dp_cp() : &pg_->tp_dp());
   LOOM_CHECK(
-      !fp8_ || !dp_ || dp_->zero() < 3,
+      !fp8_ || !dp_ || (dp_->zero() < 3 && !base_zero3_),
       "precision.fp8_recipe: not supported with ZeRO-3 (the recipe keeps fp8 weight copies)");
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
@@ -358,6 +351,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                            resume_from(checkpoint_root());
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
   reference_from_init_weights(resumed);
+  // The base is final now (train.pretrained, or a weights-only train.init_from): shard it.
+  if (base_zero3_) base_shards_ = std::make_unique<parallel::FrozenShards>(*model_, pg_->dp());
   const double restore_seconds = now_seconds() - restore_start;
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
     metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed,
@@ -1032,21 +1027,77 @@ void Trainer::reference_from_init_weights(bool resumed) {
   if (!reference_ || !opt_.pretrained.empty() || opt_.init_from.empty()) return;
   const ckpt::Checkpoint c(opt_.init_from);
   if (c.state().extra.contains("optimizer_steps")) return;  // a run's checkpoint: see docs
+  make_reference(resumed ? &c : nullptr);
+}
+
+static bool in_block(const std::string& name) {
+  return name.rfind("blocks.", 0) == 0;
+}
+
+// The DPO reference: a frozen Decoder in the policy's layout holding the policy's weights now
+// (`from` null), or `from`'s weights. Under ZeRO-3 it holds what FrozenShards needs and no
+// more (this rank's flat shard of the blocks, the same split as the policy's, and the
+// parameters outside the blocks whole), so no rank ever holds the whole reference either.
+void Trainer::make_reference(const ckpt::Checkpoint* from) {
+  reference_shards_.reset();  // it points into the old reference
+  reference_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute,
+                                         model_->tensor_parallel());
   ParamSet& R = reference_->params();
-  if (!resumed) {
-    const ParamSet& P = model_->params();  // whole (this rank's TP shard) below ZeRO-3
-    std::copy(P.data(), P.data() + P.total(), R.data());
+  const ParamSet& P = model_->params();
+  LOOM_CHECK(R.total() == P.total(), "DPO reference layout mismatch");
+  const bool sharded = dp_ && dp_->zero() == 3;
+  const auto round = [&](float* p, int64_t n) {
+    if (policy_.compute != DType::F32 && n > 0) round_to(policy_.compute, p, size_t(n));
+  };
+  if (!sharded && !from) {
+    std::copy(P.data(), P.data() + P.total(), R.data());  // whole (this rank's TP shard)
     return;
   }
-  ckpt::TensorList whole;
-  for (auto& [name, t] : R.tensors()) {
-    ckpt::ShardInfo info;
-    info.replica_id = pg_ ? pg_->dp().rank() : 0;
-    whole.push_back({name, t, info});
+  if (!sharded) {
+    ckpt::TensorList whole;
+    for (auto& [name, t] : R.tensors()) {
+      ckpt::ShardInfo info;
+      info.replica_id = pg_ ? pg_->dp().rank() : 0;
+      whole.push_back({name, t, info});
+    }
+    ckpt::fill_from_whole(*from, R, whole, {});
+    check_finite(R, from->dir());
+    round(R.data(), R.total());
+    return;
   }
-  ckpt::fill_from_whole(c, R, whole, {});
-  check_finite(R, c.dir());
-  if (policy_.compute != DType::F32) round_to(policy_.compute, R.data(), R.total());
+  const int64_t lo = dp_->shard_begin(), hi = dp_->shard_end();
+  if (from) {
+    // The pieces this rank keeps, read from the checkpoint's whole tensors.
+    ckpt::TensorList pieces;
+    for (const ParamInfo& p : R.infos()) {
+      ckpt::ShardInfo info;
+      if (!in_block(p.name)) {
+        info.replica_id = pg_->dp().rank();
+        pieces.push_back({p.name, Tensor::view_of(R.data() + p.offset, p.shape, DType::F32), info});
+        continue;
+      }
+      const int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
+      if (a >= b) continue;
+      info.global_shape = {p.numel};
+      info.global_offset = {a - p.offset};
+      pieces.push_back({p.name, Tensor::view_of(R.data() + a, {b - a}, DType::F32), info});
+    }
+    ckpt::fill_from_whole(*from, R, pieces, {});
+    check_finite(R, from->dir());  // the rest of R is zeros
+    for (const auto& piece : pieces) round(piece.tensor.data<float>(), piece.tensor.numel());
+  } else {
+    // The policy's master shard (its starting weights) and its gathered non-block parameters.
+    for (const auto& sl : dp_->param_slices()) {
+      float* dst = R.data() + R.info(sl.name).offset + sl.offset;
+      std::copy_n(sl.tensor.data<float>(), sl.tensor.numel(), dst);
+      round(dst, sl.tensor.numel());
+    }
+    for (const ParamInfo& p : P.infos())
+      if (!in_block(p.name)) std::copy_n(P.data() + p.offset, p.numel, R.data() + p.offset);
+  }
+  reference_shards_ = std::make_unique<parallel::FrozenShards>(*reference_, pg_->dp());
+  LOOM_CHECK(reference_shards_->shard_begin() == lo && reference_shards_->shard_end() == hi,
+             "DPO reference: its ZeRO-3 shard differs from the policy's");
 }
 
 uint64_t Trainer::global_micro(size_t j) const {
