@@ -210,7 +210,7 @@ TEST(TrainerFinetuneDp, LoraInitFromOneProcessContinuesItsLosses) {
 //
 // Then `loom ckpt consolidate` places the ranks' adapter shards into one process's adapters:
 // every local element lands, bit for bit, where it stands for.
-void check_lora_tp(bool sp, double dropout = 0) {
+void check_lora_tp(bool sp, double dropout = 0, int zero = 0) {
   const int A = 2, steps = 6;
   const std::string base = make_base();
   // The run's directory, shared by the ranks (consolidation reads every rank's part there).
@@ -231,9 +231,11 @@ void check_lora_tp(bool sp, double dropout = 0) {
   c.set("train.out_dir", "\"" + shared + "/run\"", "test");
   c.set("parallel.tp", "2", "test");
   c.set("parallel.sp", sp ? "true" : "false", "test");
+  c.set("parallel.zero", std::to_string(zero), "test");
   Trainer t(c);
   ASSERT_TRUE(t.distributed());
   ASSERT_EQ(t.groups()->tp().size(), 2);
+  EXPECT_EQ(t.base_shards() != nullptr, zero == 3);
   for (int i = 0; i < steps; ++i) {
     const StepResult a = ref.train_step(), b = t.train_step();
     EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
@@ -297,6 +299,10 @@ TEST(TrainerFinetuneDp, LoraTensorAndSequenceParallelMatchesOneProcess) {
 // With dropout: a row-parallel layer's shard draws the mask of its global input columns.
 TEST(TrainerFinetuneDp, LoraDropoutTensorParallelMatchesOneProcess) {
   check_lora_tp(false, 0.2);
+}
+// ZeRO-3 with TP (x DP=2 on 4 ranks): each TP shard of the base sharded over its DP group.
+TEST(TrainerFinetuneDp, LoraTensorParallelZero3MatchesOneProcess) {
+  check_lora_tp(false, 0, 3);
 }
 
 // What LoRA cannot run under yet is refused by name, on every rank alike.
