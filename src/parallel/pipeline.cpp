@@ -87,6 +87,7 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
         }
         if (!model_.is_last_stage(c)) {
           float* out = buffer(act_out_, mb, c);
+          if (before_micro) before_micro(mb);
           const double t = now_seconds();
           model_.stage_forward(c, in, x_in, out);
           busy += now_seconds() - t;
@@ -103,6 +104,7 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
           dx_out = grad_in_.at({mb, c}).data();
         }
         float* dx_in = model_.is_first_stage(c) ? nullptr : buffer(grad_out_, mb, c);
+        if (before_micro) before_micro(mb);
         const double t = now_seconds();
         loss += model_.stage_backward(c, in, x_in, dx_out, dx_in, dloss);
         busy += now_seconds() - t;
@@ -114,7 +116,8 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
   for (auto& w : sends) w.wait();
   const double total = now_seconds() - t_start;
   idle_ = total > 0 ? std::max(0.0, 1.0 - busy / total) : 0.0;
-  if (tied_) {
+  // (A frozen embedding, LoRA's base, has no gradient to keep equal.)
+  if (tied_ && model_.params().info("embed.wte").trainable) {
     ParamSet& P = model_.params();
     const ParamInfo& e = P.info("embed.wte");
     tied_->all_reduce(P.grad() + e.offset, e.numel, DType::F32, comm::ReduceOp::Sum);

@@ -14,6 +14,7 @@
 // rank's part; sum it over the pipeline.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -46,6 +47,11 @@ class PipelineRunner {
   // schedule's m, chunk by chunk. Returns this rank's part of the loss sum (head loss on the
   // last stage, MoE aux losses where their layers are): sum it over the pipeline.
   double forward_only(const std::vector<ModelInput>& micro);
+
+  // Called in run() with micro-batch j's index just before each of its forward and backward
+  // computations (not in forward_only): what depends on which micro-batch runs (LoRA dropout's
+  // mask key) follows the schedule's interleaving.
+  std::function<void(int microbatch)> before_micro;
 
   const pp::Schedule& schedule() const { return schedule_; }
   // Of the last run(): the MoE auxiliary losses (N-weighted, already in run()'s return value)

@@ -253,9 +253,14 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       // reduces and steps the adapters only, so gradients and optimizer state exist for them
       // alone.
       const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1,
-                 "LoRA under pipeline, context or expert parallelism is not supported yet: use ",
-                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.zero 0-3)");
+      LOOM_CHECK(d.cp == 1 && d.ep == 1,
+                 "LoRA under context or expert parallelism is not supported yet: use data, ",
+                 "tensor and pipeline parallelism (parallel.dp, parallel.tp, parallel.pp)");
+      // A pipeline stage's blocks are gathered by its schedule's actions, which FrozenShards
+      // does not follow (it prefetches the next layer).
+      LOOM_CHECK(dpo.zero < 3 || (d.pp == 1 && vp == 1),
+                 "LoRA with parallel.zero = 3 under pipeline parallelism is not supported yet: ",
+                 "use parallel.zero 0, 1 or 2 with parallel.pp");
       LOOM_CHECK(!opt_.pretrained.empty(),
                  "LoRA fine-tunes a pretrained model: set train.pretrained to its checkpoint");
       model_->params().init(opt_.seed);
@@ -286,7 +291,9 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
           *model_, pg_->pp(), pp::make_schedule(pp_kind, layout.p, opt_.grad_accum, vp));
       // A tied embedding counts on the first stage only.
       std::vector<double> pw = pipe_->grad_norm_weights();
-      for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
+      // (Per model parameter: LoRA's trained set is the adapters, never on a tied embedding.)
+      if (!lora_)
+        for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
     }
     LOOM_CHECK(opt_.freeze.empty(), "train.freeze under data, tensor, pipeline or context ",
                "parallelism is not supported yet: run it in one process");
@@ -432,7 +439,13 @@ StepResult Trainer::train_step() {
     for (auto& b : micro_) in.push_back(model_input(b));
     dp_->start_step(1);
     dp_->start_micro(0);
+    // LoRA dropout keyed by the micro-batch each forward or backward (which recomputes the
+    // chunk) computes, in whatever order the schedule runs them.
+    LoraDropoutScope drop(lora_.get(), 0);
+    if (lora_)
+      pipe_->before_micro = [this](int mb) { lora_->set_dropout_batch(global_micro(size_t(mb))); };
     loss_sum = pipe_->run(in, static_cast<float>(scale / valid));
+    pipe_->before_micro = nullptr;
     aux_sum = pipe_->last_aux_loss();
     dp_->finish_micro();
     // The loss lives on the last stage (aux losses on the stages holding MoE layers): summing
@@ -1118,13 +1131,13 @@ void Trainer::load_pretrained(const std::string& path) {
              "(loom ckpt consolidate)");
   LOOM_CHECK(!c.state().extra.contains("lora"), c.dir(),
              ": a LoRA checkpoint holds adapters only; merge it first (loom ckpt merge)");
-  if ((!dp_ || lora_) && model_->tensor_parallel().size == 1) {
+  if ((!dp_ || lora_) && model_->tensor_parallel().size == 1 && model_->pipeline_stage().whole()) {
     // Under LoRA the base is whole (replicated) on every rank.
     c.restore_model(model_->params().tensors());
     check_finite(model_->params(), c.dir());
   } else if (!dp_ || lora_) {
-    // LoRA under TP (before the engine exists): each rank's whole TP shard of every parameter,
-    // placed by its ParamInfo.
+    // LoRA under TP or PP (before the engine exists): each rank's whole TP shard of every
+    // parameter of its pipeline stage, placed by its ParamInfo.
     ckpt::TensorList whole;
     for (auto& [name, t] : model_->params().tensors()) {
       ckpt::ShardInfo info;
