@@ -98,8 +98,10 @@ struct Lora::Adapter : LinearAdapter {
   }
   bool dropping() const { return drop && drop->active && drop->p > 0; }
 
-  // out[N, in] = v * m / (1 - p), m drawn for the rows first_row.. of the micro-batch. Element
-  // (n, c) is global index (first_row + n) * in_global + col0 + c of the adapter's stream, whose
+  // out[N, in] = v * m / (1 - p), m drawn for the rows first_row.. of what the model runs (the
+  // micro-batch, or under context parallelism this rank's rows, mapped to the micro-batch's by
+  // drop->rows). Element (n, c) of micro-batch row R is index R * in_global + col0 + c of the
+  // adapter's stream, whose
   // Philox block index / 4 gives four 32-bit words; a word below p * 2^32 drops the element.
   void apply_mask(float* out, const float* v, int N, int first_row) const {
     const uint64_t key = drop_key + drop->micro * 0x9E3779B97F4A7C15ull;
@@ -107,7 +109,8 @@ struct Lora::Adapter : LinearAdapter {
     const float keep_scale = static_cast<float>(1.0 / (1.0 - drop->p));
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {
-      const uint64_t base = uint64_t(first_row + n) * uint64_t(in_global) + uint64_t(col0);
+      const int row = drop->rows ? drop->rows[first_row + n] : first_row + n;
+      const uint64_t base = uint64_t(row) * uint64_t(in_global) + uint64_t(col0);
       const float* vr = v + int64_t(n) * in;
       float* o = out + int64_t(n) * in;
       std::array<uint32_t, 4> words{};
@@ -248,13 +251,15 @@ void Lora::set_attached(bool attached) {
   for (auto& a : adapters_) model_.attach_adapter(a->name, attached ? a.get() : nullptr);
 }
 
-void Lora::set_dropout_batch(uint64_t micro) {
+void Lora::set_dropout_batch(uint64_t micro, const int32_t* rows) {
   drop_.active = true;
   drop_.micro = micro;
+  drop_.rows = rows;
 }
 
 void Lora::clear_dropout() {
   drop_.active = false;
+  drop_.rows = nullptr;
 }
 
 std::vector<std::string> Lora::target_names() const {

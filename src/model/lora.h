@@ -65,8 +65,10 @@ class Lora {
   // on nothing else, so forward, recomputation and backward agree, a resumed run draws what the
   // straight one drew, and data/tensor-parallel ranks draw what one process draws for the same
   // micro-batch. `micro` is the micro-batch's index in the one-process run's sequence of
-  // micro-batches (step * micro-batches per step + index; see Trainer).
-  void set_dropout_batch(uint64_t micro);
+  // micro-batches (step * micro-batches per step + index; see Trainer). `rows` (nullable, kept
+  // by the caller until clear_dropout): the micro-batch row of each row the model runs, when it
+  // runs a share of the micro-batch's rows (context parallelism: CpShard::global_rows).
+  void set_dropout_batch(uint64_t micro, const int32_t* rows = nullptr);
   void clear_dropout();
   bool dropout_active() const { return drop_.active; }
 
@@ -78,6 +80,7 @@ class Lora {
     uint64_t seed = 0;
     bool active = false;
     uint64_t micro = 0;
+    const int32_t* rows = nullptr;
   };
   DropoutState drop_;
   Decoder& model_;

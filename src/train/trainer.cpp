@@ -253,9 +253,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       // reduces and steps the adapters only, so gradients and optimizer state exist for them
       // alone.
       const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.cp == 1 && d.ep == 1,
-                 "LoRA under context or expert parallelism is not supported yet: use data, ",
-                 "tensor and pipeline parallelism (parallel.dp, parallel.tp, parallel.pp)");
+      LOOM_CHECK(d.ep == 1, "LoRA under expert parallelism is not supported yet: use data, ",
+                 "tensor, pipeline and context parallelism (parallel.dp, tp, pp, cp)");
       // A pipeline stage's blocks are gathered by its schedule's actions, which FrozenShards
       // does not follow (it prefetches the next layer).
       LOOM_CHECK(dpo.zero < 3 || (d.pp == 1 && vp == 1),
@@ -443,7 +442,9 @@ StepResult Trainer::train_step() {
     // chunk) computes, in whatever order the schedule runs them.
     LoraDropoutScope drop(lora_.get(), 0);
     if (lora_)
-      pipe_->before_micro = [this](int mb) { lora_->set_dropout_batch(global_micro(size_t(mb))); };
+      pipe_->before_micro = [this, &in](int mb) {
+        lora_->set_dropout_batch(global_micro(size_t(mb)), cp_rows(in[size_t(mb)]));
+      };
     loss_sum = pipe_->run(in, static_cast<float>(scale / valid));
     pipe_->before_micro = nullptr;
     aux_sum = pipe_->last_aux_loss();
@@ -470,9 +471,9 @@ StepResult Trainer::train_step() {
     dp_->start_step(static_cast<int>(micro_.size()));
     for (size_t j = 0; j < micro_.size(); ++j) {
       dp_->start_micro(static_cast<int>(j));
-      LoraDropoutScope drop(lora_.get(), global_micro(j));
-      loss_sum +=
-          model_->forward_backward(model_input(micro_[j]), static_cast<float>(scale / valid));
+      const ModelInput in = model_input(micro_[j]);
+      LoraDropoutScope drop(lora_.get(), global_micro(j), cp_rows(in));
+      loss_sum += model_->forward_backward(in, static_cast<float>(scale / valid));
       aux_sum += model_->last_aux_loss();
       dp_->finish_micro();
     }
@@ -1111,6 +1112,10 @@ void Trainer::make_reference(const ckpt::Checkpoint* from) {
   reference_shards_ = std::make_unique<parallel::FrozenShards>(*reference_, pg_->dp());
   LOOM_CHECK(reference_shards_->shard_begin() == lo && reference_shards_->shard_end() == hi,
              "DPO reference: its ZeRO-3 shard differs from the policy's");
+}
+
+const int32_t* Trainer::cp_rows(const ModelInput& in) const {
+  return in.cp ? in.cp->shards[size_t(pg_->cp().rank())].global_rows.data() : nullptr;
 }
 
 uint64_t Trainer::global_micro(size_t j) const {

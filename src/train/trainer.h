@@ -161,12 +161,15 @@ class Trainer {
   // sources deal rank r of dp the one-process micro-batch j * dp + r): LoRA dropout's key, so
   // that its masks do not depend on the layout.
   uint64_t global_micro(size_t j) const;
+  // Under context parallelism, the micro-batch row of each of this rank's rows of `in` (LoRA
+  // dropout draws a token's mask by its micro-batch row); nullptr otherwise.
+  const int32_t* cp_rows(const ModelInput& in) const;
   // LoRA dropout on (lora.dropout > 0) for one training micro-batch; off again on exit, errors
   // included, so evaluation and forward-only passes never drop.
   struct LoraDropoutScope {
     Lora* lora;
-    LoraDropoutScope(Lora* l, uint64_t micro) : lora(l) {
-      if (lora) lora->set_dropout_batch(micro);
+    LoraDropoutScope(Lora* l, uint64_t micro, const int32_t* rows = nullptr) : lora(l) {
+      if (lora) lora->set_dropout_batch(micro, rows);
     }
     ~LoraDropoutScope() {
       if (lora) lora->clear_dropout();
