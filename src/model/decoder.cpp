@@ -1050,12 +1050,15 @@ double Decoder::run(const ModelInput& in, float dloss, bool grads) {
 
 // Sequence sums of log p(target) = -loss over the rows with a target, in token order.
 void Decoder::collect_outputs(const ModelInput& in, StepOutputs* out) const {
-  LOOM_CHECK(cp_.size == 1, "sequence log-probabilities under context parallelism are not ",
-             "supported yet (parallel.cp = ", cp_.size, ")");
   out->seq_logprobs.assign(in.nseq, 0.0);
   for (int s = 0; s < in.nseq; ++s)
     for (int i = in.cu_seqlens[s]; i < in.cu_seqlens[s + 1]; ++i)
       if (in.targets[i] >= 0) out->seq_logprobs[s] -= b_->losses[i];
+  // Context parallelism: this rank's rows are its chunks of every sequence (cu_seqlens is the
+  // local one, sequence by sequence), so its sums are partial: summed over the CP group, every
+  // rank holds each sequence's whole log-probability. (Per-token values stay this rank's.)
+  if (cp_.size > 1)
+    cp_.comm->all_reduce_f64(out->seq_logprobs.data(), in.nseq, comm::ReduceOp::Sum);
   if (!out->want_token_logprobs) return;
   out->token_logprobs.assign(in.N, 0.f);
   for (int i = 0; i < in.N; ++i)

@@ -126,7 +126,8 @@ class Decoder {
   // loss weight; parameter gradients ACCUMULATE into params().grad(), except frozen
   // parameters' (ParamInfo::trainable), which are never written and whose weight-gradient GEMMs
   // are skipped. Returns the sum of the (weighted) per-token losses; `out` (nullable) receives
-  // the sequences' log-probabilities (whole model only: no pipeline or context parallelism).
+  // the sequences' log-probabilities (whole model only: no pipeline; under context parallelism
+  // summed over the CP group, so every CP rank gets whole sequences' values).
   // A MoE model adds each MoE layer's auxiliary load-balancing loss weighted by the micro-
   // batch's token count N (a per-token term, averaged like the language-model loss; its
   // gradient weight is dloss * N), included in the returned sum (and in last_aux_loss()).

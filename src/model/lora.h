@@ -71,6 +71,7 @@ class Lora {
   void set_dropout_batch(uint64_t micro, const int32_t* rows = nullptr);
   void clear_dropout();
   bool dropout_active() const { return drop_.active; }
+  uint64_t dropout_micro() const { return drop_.micro; }
 
  private:
   struct Adapter;

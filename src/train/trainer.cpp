@@ -303,13 +303,14 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       // parallel cross-entropy gives every one of them each token's whole log-probability, so
       // they compute the same sequence log-probabilities, DPO terms and per-token weights.
       // The reference model has the policy's layout (its TP shard); under ZeRO-3 it is sharded
-      // like the policy (make_reference). No pipeline, context or expert parallelism: sequence
-      // log-probabilities are whole-model only.
+      // like the policy (make_reference). Under context parallelism every CP rank of a DP group
+      // runs its chunks of the same pairs, and the sequence log-probabilities are summed over
+      // the CP group (Decoder::collect_outputs). No pipeline or expert parallelism: sequence
+      // log-probabilities need the whole model on one rank (or CP group).
       const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1,
-                 "DPO under pipeline, context or expert parallelism is not supported yet: use ",
-                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.sp, ",
-                 "parallel.zero 0-3)");
+      LOOM_CHECK(d.pp == 1 && d.ep == 1 && vp == 1,
+                 "DPO under pipeline or expert parallelism is not supported yet: use data, ",
+                 "tensor and context parallelism (parallel.dp, tp, sp, cp, zero 0-3)");
       if (!lora_) make_reference(nullptr);
     }
   } else {
@@ -947,7 +948,17 @@ void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
 // the rows it needs) and extracts its pieces by the placement consolidation uses
 // (ckpt/reshard.h), then continues the run's step, optimizer, loss scale and data position.
 Trainer::DpoStats Trainer::dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step) {
-  ModelInput in = b.input();
+  // Under context parallelism this rank's chunks of the pairs (the sequences stay in order, so
+  // pair k is still local sequences 2k and 2k+1), erased again on the way out.
+  ModelInput in = model_input(b);
+  struct Forget {
+    std::map<const Batch*, CpLocal>& m;
+    const Batch* b;
+    ~Forget() { m.erase(b); }
+  } forget{cp_local_, &b};
+  // LoRA dropout (dpo_step set the micro-batch): under CP by the tokens' micro-batch rows.
+  if (lora_ && lora_->dropout_active())
+    lora_->set_dropout_batch(lora_->dropout_micro(), cp_rows(in));
   StepOutputs ref, pol;
   if (lora_) {
     lora_->set_attached(false);
@@ -1020,7 +1031,8 @@ StepResult Trainer::dpo_step() {
     total.reward_rejected = g.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
     total.correct = g.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
     total.pairs = g.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
-    sq = pg_->tp_dp().all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
+    comm::Communicator& norm_group = pg_->cp().size() > 1 ? pg_->tp_dp_cp() : pg_->tp_dp();
+    sq = norm_group.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
   } else {
     sq = cpu_backend().sum_squares(T.grad(), T.total());
   }
@@ -1056,6 +1068,8 @@ void Trainer::make_reference(const ckpt::Checkpoint* from) {
   reference_shards_.reset();  // it points into the old reference
   reference_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute,
                                          model_->tensor_parallel());
+  if (model_->context_parallel().size > 1)
+    reference_->set_context_parallel(model_->context_parallel());
   ParamSet& R = reference_->params();
   const ParamSet& P = model_->params();
   LOOM_CHECK(R.total() == P.total(), "DPO reference layout mismatch");

@@ -471,9 +471,9 @@ double extra(const StepResult& r, const std::string& key) {
 // `lora_base`: empty for full DPO, else a checkpoint that LoRA adapts. tp > 1: tensor
 // parallelism (with sequence parallelism when sp), DP over the remaining ranks.
 void check_dpo_parity(int zero, const std::string& lora_base, int tp = 1, bool sp = false,
-                      double lora_dropout = 0) {
-  if (W().size() % tp != 0) GTEST_SKIP() << "needs a multiple of " << tp << " ranks";
-  const int D = W().size() / tp, A = 2, steps = 6;
+                      double lora_dropout = 0, int cp = 1) {
+  if (W().size() % (tp * cp) != 0) GTEST_SKIP() << "needs a multiple of " << tp * cp << " ranks";
+  const int D = W().size() / (tp * cp), A = 2, steps = 6;
   const std::string data = dpo_data(runs.dir("dpo_data"));
   auto adapt = [&](Config c) {
     if (!lora_base.empty()) {
@@ -490,9 +490,11 @@ void check_dpo_parity(int zero, const std::string& lora_base, int tp = 1, bool s
   c.set("parallel.zero", std::to_string(zero), "test");
   c.set("parallel.tp", std::to_string(tp), "test");
   c.set("parallel.sp", sp ? "true" : "false", "test");
+  c.set("parallel.cp", std::to_string(cp), "test");
   Trainer t(c);
   ASSERT_TRUE(t.distributed());
   ASSERT_EQ(t.groups()->tp().size(), tp);
+  ASSERT_EQ(t.groups()->cp().size(), cp);
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
     const StepResult a = ref.train_step(), b = t.train_step();
@@ -578,6 +580,16 @@ TEST(TrainerFinetuneDp, DpoTensorAndSequenceParallelMatchesOneProcess) {
 }
 TEST(TrainerFinetuneDp, DpoWithLoraTensorAndSequenceParallelMatchesOneProcess) {
   check_dpo_parity(1, dpo_base(), 2, true, 0.1);
+}
+
+// DPO under context parallelism: each CP rank runs its chunks of every pair, the sequence
+// log-probabilities are summed over the CP group, and the gradients over DP x CP. Full DPO at
+// ZeRO-1, LoRA DPO (with dropout, masks by micro-batch rows) at ZeRO-0; x DP=2 on 4 ranks.
+TEST(TrainerFinetuneDp, DpoContextParallelMatchesOneProcess) {
+  check_dpo_parity(1, "", 1, false, 0, 2);
+}
+TEST(TrainerFinetuneDp, DpoWithLoraContextParallelMatchesOneProcess) {
+  check_dpo_parity(0, dpo_base(), 1, false, 0.1, 2);
 }
 
 }  // namespace
