@@ -1,5 +1,6 @@
 #include "model/lora.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -87,9 +88,13 @@ struct Lora::Adapter : LinearAdapter {
   // where its local input columns sit in the layer's whole input (a row-parallel layer's shard
   // starts at col0 of in_global).
   const DropoutState* drop = nullptr;
+  DropoutScratch* scratch = nullptr;
   uint64_t drop_key = 0;
   int64_t in_global = 0, col0 = 0;
-  std::vector<float> xd, dxd;
+  // The last mask drawn (bits, row by row) and what it was drawn for.
+  std::vector<uint64_t> bits;
+  uint64_t mask_epoch = 0;
+  int mask_first_row = -1, mask_rows = -1;
 
   const float* A() const { return P->data() + P->info(a_name).offset; }
   const float* B() const { return P->data() + P->info(b_name).offset; }
@@ -98,39 +103,62 @@ struct Lora::Adapter : LinearAdapter {
   }
   bool dropping() const { return drop && drop->active && drop->p > 0; }
 
-  // out[N, in] = v * m / (1 - p), m drawn for the rows first_row.. of what the model runs (the
-  // micro-batch, or under context parallelism this rank's rows, mapped to the micro-batch's by
-  // drop->rows). Element (n, c) of micro-batch row R is index R * in_global + col0 + c of the
-  // adapter's stream, whose
-  // Philox block index / 4 gives four 32-bit words; a word below p * 2^32 drops the element.
-  void apply_mask(float* out, const float* v, int N, int first_row) const {
+  // The mask of rows first_row.. of what the model runs (the micro-batch, or under context
+  // parallelism this rank's rows, mapped to the micro-batch's by drop->rows), as bits (bit c of
+  // row n's words: keep). Element (n, c) of micro-batch row R is index e = R * in_global +
+  // col0 + c of the adapter's stream: Philox block e / 8 gives eight 16-bit draws, and draw
+  // e % 8 below p16 drops the element (p rounded to a multiple of 2^-16). Drawn once per
+  // training micro-batch and rows: forward keeps the bits, and backward (and recomputation)
+  // reuse them, as long as the trainer has not set another micro-batch since (drop->epoch).
+  const uint64_t* mask(int N, int first_row) {
+    const int64_t words = (in + 63) / 64;
+    if (mask_epoch == drop->epoch && mask_first_row == first_row && mask_rows == N)
+      return bits.data();
+    bits.assign(size_t(N) * size_t(words), 0);
     const uint64_t key = drop_key + drop->micro * 0x9E3779B97F4A7C15ull;
-    const double threshold = drop->p * 4294967296.0;
-    const float keep_scale = static_cast<float>(1.0 / (1.0 - drop->p));
+    const uint32_t p16 = drop->p16;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {
       const int row = drop->rows ? drop->rows[first_row + n] : first_row + n;
       const uint64_t base = uint64_t(row) * uint64_t(in_global) + uint64_t(col0);
-      const float* vr = v + int64_t(n) * in;
-      float* o = out + int64_t(n) * in;
-      std::array<uint32_t, 4> words{};
+      uint64_t* w = bits.data() + int64_t(n) * words;
+      std::array<uint32_t, 4> draws{};
       uint64_t block = ~0ull;
       for (int c = 0; c < in; ++c) {
         const uint64_t e = base + uint64_t(c);
-        if (e / 4 != block) {
-          block = e / 4;
-          words = philox(drop->seed, key, block);
+        if (e >> 3 != block) {
+          block = e >> 3;
+          draws = philox(drop->seed, key, block);
         }
-        o[c] = double(words[e % 4]) < threshold ? 0.f : vr[c] * keep_scale;
+        const uint32_t draw = (draws[(e >> 1) & 3] >> (16 * (e & 1))) & 0xFFFFu;
+        if (draw >= p16) w[c >> 6] |= uint64_t(1) << (c & 63);
       }
     }
+    mask_epoch = drop->epoch;
+    mask_first_row = first_row;
+    mask_rows = N;
+    return bits.data();
   }
-  // The adapter's input: x, or drop(x) in xd while training with dropout.
+  // out[N, in] = v * m / (1 - p) (in place allowed).
+  void apply_mask(float* out, const float* v, int N, int first_row) {
+    const uint64_t* m = mask(N, first_row);
+    const int64_t words = (in + 63) / 64;
+    const float keep_scale = drop->keep_scale;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      const uint64_t* w = m + int64_t(n) * words;
+      const float* vr = v + int64_t(n) * in;
+      float* o = out + int64_t(n) * in;
+      for (int c = 0; c < in; ++c) o[c] = (w[c >> 6] >> (c & 63)) & 1 ? vr[c] * keep_scale : 0.f;
+    }
+  }
+  // The adapter's input: x, or drop(x) in the shared scratch while training with dropout (the
+  // adapters run one at a time, so one buffer serves them all).
   const float* input(const float* x, int N, int first_row) {
     if (!dropping()) return x;
-    xd.resize(size_t(N) * in);
-    apply_mask(xd.data(), x, N, first_row);
-    return xd.data();
+    scratch->x.resize(size_t(N) * in);
+    apply_mask(scratch->x.data(), x, N, first_row);
+    return scratch->x.data();
   }
 
   void forward(Backend& be, float* y, const float* x_in, int N, int first_row) override {
@@ -155,10 +183,11 @@ struct Lora::Adapter : LinearAdapter {
     if (dx && !dropping()) {
       be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 1.f, dx, in);
     } else if (dx) {
-      dxd.resize(size_t(N) * in);
-      be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 0.f, dxd.data(), in);
-      apply_mask(dxd.data(), dxd.data(), N, first_row);
-      be.add_inplace(dx, dxd.data(), int64_t(N) * in);
+      std::vector<float>& t = scratch->dx;  // not scratch->x: that holds x's dropped copy
+      t.resize(size_t(N) * in);
+      be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 0.f, t.data(), in);
+      apply_mask(t.data(), t.data(), N, first_row);
+      be.add_inplace(dx, t.data(), int64_t(N) * in);
     }
     if (split == Split::Column) all_reduce(dh);  // after dx, which keeps the partial sum
     if (dA) be.gemm(true, false, r, in, N, 1.f, dh.data(), r, x, in, 1.f, dA, in);
@@ -179,6 +208,12 @@ Lora::Lora(Decoder& model, const LoraConfig& cfg) : model_(model), cfg_(cfg) {
              cfg.dropout);
   drop_.p = cfg.dropout;
   drop_.seed = cfg.seed;
+  // The 16-bit draws' threshold: p to the nearest multiple of 2^-16 (at least one step when
+  // p > 0), and the scale that keeps E[drop(x)] = x for that rate.
+  drop_.p16 =
+      cfg.dropout > 0 ? std::max<uint32_t>(1, uint32_t(std::lround(cfg.dropout * 65536))) : 0;
+  drop_.p16 = std::min<uint32_t>(drop_.p16, 65535);
+  drop_.keep_scale = static_cast<float>(65536.0 / (65536.0 - drop_.p16));
   const auto all = model.linears();
   for (const std::string& t : cfg.targets) {
     bool any = false;
@@ -212,6 +247,7 @@ Lora::Lora(Decoder& model, const LoraConfig& cfg) : model_(model), cfg_(cfg) {
     a->col0 = w.sharded() && w.shard_dim == 1 ? w.global_index.at(0) : 0;
     a->drop_key = name_key(l.name + ".lora_dropout");
     a->drop = &drop_;
+    a->scratch = &scratch_;
     params_.add(a->a_name, {cfg.rank, l.in}, false, ParamInit::Uniform,
                 1.f / std::sqrt(static_cast<float>(in_global)));
     params_.add(a->b_name, {l.out, cfg.rank}, false, ParamInit::Zeros);
@@ -255,6 +291,7 @@ void Lora::set_dropout_batch(uint64_t micro, const int32_t* rows) {
   drop_.active = true;
   drop_.micro = micro;
   drop_.rows = rows;
+  ++drop_.epoch;  // masks drawn before are not this micro-batch's
 }
 
 void Lora::clear_dropout() {

@@ -78,12 +78,20 @@ class Lora {
   // What every adapter's dropout reads (shared, owned here).
   struct DropoutState {
     double p = 0;
+    uint32_t p16 = 0;        // p in units of 2^-16: draws below it drop
+    float keep_scale = 1.f;  // 1 / (1 - p16 / 2^16)
     uint64_t seed = 0;
     bool active = false;
     uint64_t micro = 0;
     const int32_t* rows = nullptr;
+    uint64_t epoch = 1;  // counts set_dropout_batch calls: an adapter's kept mask is this one's
   };
   DropoutState drop_;
+  // The dropped input and input gradient of the adapter running now (one at a time).
+  struct DropoutScratch {
+    std::vector<float> x, dx;
+  };
+  DropoutScratch scratch_;
   Decoder& model_;
   LoraConfig cfg_;
   ParamSet params_;
