@@ -537,6 +537,10 @@ TEST(TrainerFinetuneDp, DpoZero3MatchesOneProcess) {
 TEST(TrainerFinetuneDp, DpoWithLoraZero3MatchesOneProcess) {
   check_dpo_parity(3, dpo_base());
 }
+// With TP (x DP=2 on 4 ranks): each TP shard of policy and reference sharded over its DP group.
+TEST(TrainerFinetuneDp, DpoTensorParallelZero3MatchesOneProcess) {
+  check_dpo_parity(3, "", 2);
+}
 
 // Full DPO at ZeRO-3 from a weights-only checkpoint (as `loom ckpt import` writes): the sharded
 // reference is those weights (policy = reference: the first loss is log 2), and a resumed run
