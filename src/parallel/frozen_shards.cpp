@@ -18,8 +18,6 @@ int block_of(const std::string& name) {  // "blocks.<l>.…" -> l, else -1
 
 FrozenShards::FrozenShards(Decoder& model, comm::Communicator& dp)
     : model_(model), P_(model.params()), dp_(dp), n_layer_(model.config().n_layer) {
-  LOOM_CHECK(model.pipeline_stage().whole(),
-             "sharded frozen parameters (ZeRO-3) under pipeline parallelism are not supported");
   LOOM_CHECK(!model.before_block && !model.after_block,
              "the model's block hooks are taken (a ZeRO-3 engine over the same model?)");
   total_ = P_.total();
@@ -109,21 +107,35 @@ void FrozenShards::release(int l) {
   --gathered_;
 }
 
+// The layers [begin, end) of the chunk holding layer l: the whole model, or under a pipeline
+// the stage's chunk (the next action's chunk is unknown here).
+std::pair<int, int> FrozenShards::chunk_of(int l) const {
+  if (model_.pipeline_stage().whole()) return {0, n_layer_};
+  for (auto [b, e] : model_.pipeline_stage().chunks)
+    if (l >= b && l < e) return {b, e};
+  fail("layer ", l, " is not on this pipeline stage");
+}
+
 // The hooks come in the same order on every DP rank (the same model code on micro-batches of
-// the same shape), so the collective gathers start in the same order on all of them.
+// the same shape, and under a pipeline the same action list), so the collective gathers start
+// in the same order on all of them.
 void FrozenShards::before(int l, bool backward) {
+  LOOM_CHECK(!units_[size_t(l)].ranges.empty(), "layer ", l, " is not on this pipeline stage");
   gather(l);
   for (auto& r : units_[size_t(l)].ranges) r.work.wait();
   units_[size_t(l)].state = Unit::Resident;
+  const auto [b, e] = chunk_of(l);
   const int next = backward ? l - 1 : l + 1;
-  if (next >= 0 && next < n_layer_) gather(next);
+  if (next >= b && next < e) gather(next);
 }
 
 void FrozenShards::after(int l, bool backward) {
-  // Backward starts with the last block: keep it from its forward on. (A forward-only pass
-  // leaves it gathered until the next backward passes it: one block, and frozen values, so
-  // never stale.)
-  if (!backward && l == n_layer_ - 1) return;
+  // One process: backward starts with the last block, so keep it from its forward on. (A
+  // forward-only pass leaves it gathered until the next backward passes it: one block, and
+  // frozen values, so never stale.) Under a pipeline another micro-batch's forward or backward
+  // may come next: release every block after each use (the Decoder keeps a chunk's last block
+  // inside the backward's hooks from its recomputation on), as DataParallel's ZeRO-3 does.
+  if (model_.pipeline_stage().whole() && !backward && l == n_layer_ - 1) return;
   release(l);
 }
 

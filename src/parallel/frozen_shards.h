@@ -26,7 +26,8 @@ class FrozenShards {
  public:
   // `model`'s parameters hold their whole values (a tensor-parallel rank's local shard of them)
   // on every rank of `dp` now: this rank copies its part, and the blocks' pages are released.
-  // A whole model, not a pipeline stage (refused).
+  // Under pipeline parallelism, the stage's blocks (gathered within a chunk, released after
+  // every use).
   FrozenShards(Decoder& model, comm::Communicator& dp);
   ~FrozenShards();
   FrozenShards(const FrozenShards&) = delete;
@@ -53,6 +54,7 @@ class FrozenShards {
   std::vector<int64_t> counts_of(int64_t lo, int64_t hi) const;
   void gather(int l);   // starts block l's gathers unless it is there or on its way
   void release(int l);  // waits for them, then returns the block's pages
+  std::pair<int, int> chunk_of(int l) const;
   void before(int l, bool backward);
   void after(int l, bool backward);
 

@@ -255,11 +255,6 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       const auto& d = pg_->generator().dims();
       LOOM_CHECK(d.ep == 1, "LoRA under expert parallelism is not supported yet: use data, ",
                  "tensor, pipeline and context parallelism (parallel.dp, tp, pp, cp)");
-      // A pipeline stage's blocks are gathered by its schedule's actions, which FrozenShards
-      // does not follow (it prefetches the next layer).
-      LOOM_CHECK(dpo.zero < 3 || (d.pp == 1 && vp == 1),
-                 "LoRA with parallel.zero = 3 under pipeline parallelism is not supported yet: ",
-                 "use parallel.zero 0, 1 or 2 with parallel.pp");
       LOOM_CHECK(!opt_.pretrained.empty(),
                  "LoRA fine-tunes a pretrained model: set train.pretrained to its checkpoint");
       model_->params().init(opt_.seed);

@@ -308,7 +308,7 @@ TEST(TrainerFinetuneDp, LoraTensorParallelZero3MatchesOneProcess) {
 // LoRA under pipeline parallelism (x DP=2 on 4 ranks), with dropout: each stage adapts the
 // layers it holds, the schedule's micro-batches key the masks; one process's losses, gradient
 // norms and adapters (each rank's, by name).
-TEST(TrainerFinetuneDp, LoraPipelineParallelMatchesOneProcess) {
+void check_lora_pp(int zero) {
   const int D = W().size() / 2, A = 2, steps = 6;
   const std::string base = make_base();
   auto self = comm::make_self_communicator();
@@ -316,8 +316,10 @@ TEST(TrainerFinetuneDp, LoraPipelineParallelMatchesOneProcess) {
   Config c = lora_config(runs.dir("lora_pp"), base, steps, A, 0.2);
   c.set("parallel.pp", "2", "test");
   c.set("parallel.pp_schedule", "\"1f1b\"", "test");
+  c.set("parallel.zero", std::to_string(zero), "test");
   Trainer t(c);
   ASSERT_NE(t.pipeline(), nullptr);
+  EXPECT_EQ(t.base_shards() != nullptr, zero == 3);
   for (int i = 0; i < steps; ++i) {
     const StepResult a = ref.train_step(), b = t.train_step();
     EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
@@ -336,6 +338,30 @@ TEST(TrainerFinetuneDp, LoraPipelineParallelMatchesOneProcess) {
     }
   }
   EXPECT_LT(worst, 1e-4 * largest) << "adapters differ from one process's";
+  if (zero == 3) {  // every block of the stage's base released after its last use
+    const ParamSet& mine = t.model().params();
+    std::vector<char> resident(size_t(mine.total()), 0);
+    for (auto [lo, hi] : t.base_shards()->resident_ranges())
+      for (int64_t i = lo; i < hi; ++i) resident[size_t(i)] = 1;
+    int64_t left = 0, blocks = 0;
+    for (const ParamInfo& p : mine.infos())
+      for (int64_t i = p.offset; i < p.offset + p.numel; ++i)
+        if (!resident[size_t(i)]) {
+          ++blocks;
+          left += mine.data()[i] != 0.f;
+        }
+    EXPECT_GT(blocks, 0);
+    EXPECT_EQ(left, 0) << "block weights of the stage left gathered after the step";
+  }
+}
+
+TEST(TrainerFinetuneDp, LoraPipelineParallelMatchesOneProcess) {
+  check_lora_pp(0);
+}
+// ZeRO-3 under the pipeline: the stage's base blocks gathered and released around every use,
+// in the schedule's order (x DP=2 on 4 ranks).
+TEST(TrainerFinetuneDp, LoraPipelineParallelZero3MatchesOneProcess) {
+  check_lora_pp(3);
 }
 
 // A LoRA pipeline run resumes from its per-rank checkpoints (each stage's adapters, dropout on)
@@ -380,7 +406,7 @@ TEST(TrainerFinetuneDp, LoraPipelineResumesBitIdenticallyAndConsolidates) {
 }
 
 // What LoRA cannot run under yet is refused by name, on every rank alike.
-TEST(TrainerFinetuneDp, LoraRefusesZero3UnderPipelineParallelism) {
+TEST(TrainerFinetuneDp, LoraRefusesExpertParallelism) {
   const std::string base = make_base();
   auto refused = [](const Config& c, const std::string& words) {
     try {
@@ -390,10 +416,10 @@ TEST(TrainerFinetuneDp, LoraRefusesZero3UnderPipelineParallelism) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  Config pp = lora_config(runs.dir("lora_bad_pp"), base, 2, 1);
-  pp.set("parallel.pp", "2", "test");
-  pp.set("parallel.zero", "3", "test");
-  refused(pp, "LoRA with parallel.zero = 3 under pipeline parallelism");
+  Config ep = lora_config(runs.dir("lora_bad_ep"), base, 2, 1);
+  ep.set("model.preset", "\"tiny-moe\"", "test");
+  ep.set("parallel.ep", "2", "test");
+  refused(ep, "LoRA under expert parallelism");
 }
 
 // LoRA under context parallelism (x DP=2 on 4 ranks), with dropout: each rank runs its chunks
