@@ -1012,12 +1012,15 @@ void Decoder::recompute_and_backward(int l, const ModelInput& in) {
   block_backward(l, in, a, b_->dres);
 }
 
-double Decoder::stage_forward_loss(int chunk, const ModelInput& in, const float* x_in,
-                                   float* x_out) {
+double Decoder::stage_forward_loss(int chunk, const ModelInput& in, const float* x_in, float* x_out,
+                                   StepOutputs* out) {
   LOOM_CHECK(in.targets, "stage_forward_loss needs targets");
   stage_forward(chunk, in, x_in, x_out);
   double loss = aux_sum_;
-  if (is_last_stage(chunk)) loss += head(in, 0.f, false);
+  if (is_last_stage(chunk)) {
+    loss += head(in, 0.f, false);
+    if (out) collect_outputs(in, out);  // the head's per-token losses are this micro-batch's
+  }
   return loss;
 }
 

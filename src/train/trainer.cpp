@@ -302,10 +302,13 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       // runs its chunks of the same pairs, and the sequence log-probabilities are summed over
       // the CP group (Decoder::collect_outputs). No pipeline or expert parallelism: sequence
       // log-probabilities need the whole model on one rank (or CP group).
+      // Under a pipeline the last stage computes the DPO terms (dpo_pipeline); not with CP
+      // too (the sequence sums would cross the CP group inside the pipeline's last stage).
       const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.pp == 1 && d.ep == 1 && vp == 1,
-                 "DPO under pipeline or expert parallelism is not supported yet: use data, ",
-                 "tensor and context parallelism (parallel.dp, tp, sp, cp, zero 0-3)");
+      LOOM_CHECK(d.ep == 1, "DPO under expert parallelism is not supported yet: use data, ",
+                 "tensor, pipeline and context parallelism (parallel.dp, tp, sp, pp, cp)");
+      LOOM_CHECK(d.cp == 1 || (d.pp == 1 && vp == 1),
+                 "DPO under pipeline and context parallelism at once is not supported yet");
       if (!lora_) make_reference(nullptr);
     }
   } else {
@@ -520,7 +523,12 @@ double Trainer::evaluate() {
   if (opt_.mode == "dpo") {
     DpoStats total;
     Batch b;
-    for (int i = 0; i < opt_.eval_batches; ++i) {
+    if (pipe_) {
+      std::vector<Batch> batches(size_t(std::max(0, opt_.eval_batches)));
+      for (Batch& v : batches) valid_data_->next(v);
+      total = dpo_pipeline(batches, false, 1);
+    }
+    for (int i = 0; i < opt_.eval_batches && !pipe_; ++i) {
       valid_data_->next(b);
       const DpoStats s = dpo_micro(b, false, 1);
       total.loss += s.loss;
@@ -963,9 +971,24 @@ Trainer::DpoStats Trainer::dpo_micro(const Batch& b, bool backward, int64_t pair
     reference_->forward_loss(in, &ref);
   }
   model_->forward_loss(in, &pol);
+  std::vector<float> w;
+  const DpoStats st = dpo_terms(in, ref, pol, pairs_in_step, w);
+  if (backward) {
+    in.loss_weights = w.data();
+    model_->forward_backward(in, 1.f);
+  }
+  return st;
+}
+
+// A micro-batch's pairs (sequences 2k and 2k+1 of `in`) from the policy's and the reference's
+// sequence log-probabilities: their DPO losses and statistics, and in `w` each token's loss
+// weight for the backward (dL/dpi of its sequence, over the step's pairs).
+Trainer::DpoStats Trainer::dpo_terms(const ModelInput& in, const StepOutputs& ref,
+                                     const StepOutputs& pol, int64_t pairs_in_step,
+                                     std::vector<float>& w) const {
   DpoStats st;
   st.pairs = in.nseq / 2;
-  std::vector<float> w(size_t(in.N), 0.f);
+  w.assign(size_t(in.N), 0.f);
   for (int64_t k = 0; k < st.pairs; ++k) {
     const size_t c = size_t(2 * k), r = c + 1;
     const DpoPair p = dpo_pair(pol.seq_logprobs[c], pol.seq_logprobs[r], ref.seq_logprobs[c],
@@ -981,11 +1004,57 @@ Trainer::DpoStats Trainer::dpo_micro(const Batch& b, bool backward, int64_t pair
       for (int i = in.cu_seqlens[c + s]; i < in.cu_seqlens[c + s + 1]; ++i)
         w[size_t(i)] = static_cast<float>(-d[s] / double(pairs_in_step));
   }
-  if (backward) {
-    in.loss_weights = w.data();
-    model_->forward_backward(in, 1.f);
-  }
   return st;
+}
+
+// DPO over a pipeline: the step's micro-batches run forward only through the reference's
+// stages (LoRA: the policy's, adapters detached) and the policy's, the rank holding the last
+// stage turns the sequence log-probabilities into the DPO terms and per-token weights (the
+// weights matter only to the head, which is there), and then one pipeline schedule runs the
+// policy's forwards and backwards with those weights. The figures live on the last stage:
+// summed over the pipeline (the other stages hold zeros). With `backward`, gradients
+// accumulate with the weights scaled by 1 / pairs_in_step.
+Trainer::DpoStats Trainer::dpo_pipeline(std::vector<Batch>& batches, bool backward,
+                                        int64_t pairs_in_step) {
+  std::vector<ModelInput> in;
+  for (const Batch& b : batches) in.push_back(b.input());
+  std::vector<StepOutputs> ref, pol;
+  if (lora_) {
+    lora_->set_attached(false);
+    pipe_->forward_only(in, &ref);
+    lora_->set_attached(true);
+  } else {
+    reference_pipe_->forward_only(in, &ref);
+  }
+  // The policy's forward-only passes and the training schedule draw the same dropout masks.
+  LoraDropoutScope drop(backward ? lora_.get() : nullptr, 0);
+  if (backward && lora_)
+    pipe_->before_micro = [this](int mb) { lora_->set_dropout_batch(global_micro(size_t(mb))); };
+  struct Unhook {
+    parallel::PipelineRunner& p;
+    ~Unhook() { p.before_micro = nullptr; }
+  } unhook{*pipe_};
+  pipe_->forward_only(in, &pol);
+  DpoStats total;
+  std::vector<std::vector<float>> w(in.size());
+  if (model_->pipeline_stage().last)
+    for (size_t j = 0; j < in.size(); ++j) {
+      const DpoStats st = dpo_terms(in[j], ref[j], pol[j], pairs_in_step, w[j]);
+      total.loss += st.loss;
+      total.reward_chosen += st.reward_chosen;
+      total.reward_rejected += st.reward_rejected;
+      total.correct += st.correct;
+      total.pairs += st.pairs;
+      in[j].loss_weights = w[j].data();
+    }
+  if (backward) pipe_->run(in, 1.f);
+  comm::Communicator& pp = pg_->pp();
+  total.loss = pp.all_reduce_scalar(total.loss, comm::ReduceOp::Sum);
+  total.reward_chosen = pp.all_reduce_scalar(total.reward_chosen, comm::ReduceOp::Sum);
+  total.reward_rejected = pp.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
+  total.correct = pp.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
+  total.pairs = pp.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
+  return total;
 }
 
 StepResult Trainer::dpo_step() {
@@ -997,11 +1066,17 @@ StepResult Trainer::dpo_step() {
   const int64_t pairs = int64_t(opt_.micro_batch) * opt_.grad_accum * (dp_ ? pg_->dp().size() : 1);
   ParamSet& T = trained_params();
   if (dp_)
-    dp_->start_step(static_cast<int>(micro_.size()));
+    dp_->start_step(pipe_ ? 1 : static_cast<int>(micro_.size()));  // the pipeline: one "micro"
   else
     T.zero_grad();
   DpoStats total;
-  for (size_t j = 0; j < micro_.size(); ++j) {
+  if (pipe_) {
+    for (Batch& b : micro_) train_data_->next(b);
+    dp_->start_micro(0);
+    total = dpo_pipeline(micro_, true, pairs);
+    dp_->finish_micro();
+  }
+  for (size_t j = 0; j < micro_.size() && !pipe_; ++j) {
     Batch& b = micro_[j];
     train_data_->next(b);
     if (dp_) dp_->start_micro(static_cast<int>(j));
@@ -1026,7 +1101,10 @@ StepResult Trainer::dpo_step() {
     total.reward_rejected = g.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
     total.correct = g.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
     total.pairs = g.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
-    comm::Communicator& norm_group = pg_->cp().size() > 1 ? pg_->tp_dp_cp() : pg_->tp_dp();
+    // Under a pipeline every stage's parameters are distinct: sum over all ranks.
+    comm::Communicator& norm_group = pipe_                  ? pg_->world()
+                                     : pg_->cp().size() > 1 ? pg_->tp_dp_cp()
+                                                            : pg_->tp_dp();
     sq = norm_group.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
   } else {
     sq = cpu_backend().sum_squares(T.grad(), T.total());
@@ -1061,8 +1139,15 @@ static bool in_block(const std::string& name) {
 // parameters outside the blocks whole), so no rank ever holds the whole reference either.
 void Trainer::make_reference(const ckpt::Checkpoint* from) {
   reference_shards_.reset();  // it points into the old reference
+  reference_pipe_.reset();
   reference_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute,
-                                         model_->tensor_parallel());
+                                         model_->tensor_parallel(), ExpertParallel{},
+                                         model_->pipeline_stage());
+  // Under a pipeline the reference runs forward only through its own stages, with the policy's
+  // schedule (a collective over the pipeline group: every rank makes it here).
+  if (pipe_)
+    reference_pipe_ =
+        std::make_unique<parallel::PipelineRunner>(*reference_, pg_->pp(), pipe_->schedule());
   if (model_->context_parallel().size > 1)
     reference_->set_context_parallel(model_->context_parallel());
   ParamSet& R = reference_->params();

@@ -113,6 +113,9 @@ class Trainer {
     int64_t pairs = 0;
   };
   DpoStats dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step);
+  // The same for a pipeline's micro-batches together (every pipeline rank; the figures summed
+  // over the pipeline).
+  DpoStats dpo_pipeline(std::vector<Batch>& batches, bool backward, int64_t pairs_in_step);
 
   void save_checkpoint();
   // Waits until the last checkpoint is durable and committed (run() does this at its end; a
@@ -156,6 +159,8 @@ class Trainer {
   void reference_from_init_weights(bool resumed);  // DPO: see trainer.cpp
   void make_reference(const ckpt::Checkpoint* from);
   StepResult dpo_step();
+  DpoStats dpo_terms(const ModelInput& in, const StepOutputs& ref, const StepOutputs& pol,
+                     int64_t pairs_in_step, std::vector<float>& w) const;
   ParamSet& trained_params();  // what the optimizer steps: the adapters under LoRA
   // Micro-batch j of this step as the one-process run counts its micro-batches (the data
   // sources deal rank r of dp the one-process micro-batch j * dp + r): LoRA dropout's key, so
@@ -201,6 +206,7 @@ class Trainer {
   // Full DPO with parallel.zero = 3: the reference sharded like the policy (after reference_:
   // destroyed first).
   std::unique_ptr<parallel::FrozenShards> reference_shards_;
+  std::unique_ptr<parallel::PipelineRunner> reference_pipe_;  // DPO under PP: the reference's
   std::unique_ptr<Bf16Gemms> bf16_gemms_;  // bf16 policy on an AVX512-BF16 CPU
   std::unique_ptr<Fp8Recipes> fp8_;        // precision.fp8_recipe: FP8 / MXFP8 GEMMs
   double dpo_beta_ = 0.1;

@@ -497,9 +497,10 @@ double extra(const StepResult& r, const std::string& key) {
 // `lora_base`: empty for full DPO, else a checkpoint that LoRA adapts. tp > 1: tensor
 // parallelism (with sequence parallelism when sp), DP over the remaining ranks.
 void check_dpo_parity(int zero, const std::string& lora_base, int tp = 1, bool sp = false,
-                      double lora_dropout = 0, int cp = 1) {
-  if (W().size() % (tp * cp) != 0) GTEST_SKIP() << "needs a multiple of " << tp * cp << " ranks";
-  const int D = W().size() / (tp * cp), A = 2, steps = 6;
+                      double lora_dropout = 0, int cp = 1, int pp = 1) {
+  const int model_ranks = tp * cp * pp;
+  if (W().size() % model_ranks != 0) GTEST_SKIP() << "needs a multiple of " << model_ranks;
+  const int D = W().size() / model_ranks, A = 2, steps = 6;
   const std::string data = dpo_data(runs.dir("dpo_data"));
   auto adapt = [&](Config c) {
     if (!lora_base.empty()) {
@@ -508,6 +509,7 @@ void check_dpo_parity(int zero, const std::string& lora_base, int tp = 1, bool s
       c.set("optim.lr", "1e-2", "test");
       if (lora_dropout > 0) c.set("lora.dropout", std::to_string(lora_dropout), "test");
     }
+    c.set("train.eval_interval", "100", "test");  // held-out pairs for evaluate()
     return c;
   };
   auto self = comm::make_self_communicator();
@@ -517,10 +519,13 @@ void check_dpo_parity(int zero, const std::string& lora_base, int tp = 1, bool s
   c.set("parallel.tp", std::to_string(tp), "test");
   c.set("parallel.sp", sp ? "true" : "false", "test");
   c.set("parallel.cp", std::to_string(cp), "test");
+  c.set("parallel.pp", std::to_string(pp), "test");
+  if (pp > 1) c.set("parallel.pp_schedule", "\"1f1b\"", "test");
   Trainer t(c);
   ASSERT_TRUE(t.distributed());
   ASSERT_EQ(t.groups()->tp().size(), tp);
   ASSERT_EQ(t.groups()->cp().size(), cp);
+  ASSERT_EQ(t.pipeline() != nullptr, pp > 1);
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
     const StepResult a = ref.train_step(), b = t.train_step();
@@ -532,6 +537,14 @@ void check_dpo_parity(int zero, const std::string& lora_base, int tp = 1, bool s
           << k << ", step " << i;
   }
   EXPECT_LT(losses.back(), losses.front());
+  // Evaluation (no dropout): the held-out pairs' DPO loss, reward accuracy and margin.
+  const double ea = ref.evaluate(), eb = t.evaluate();
+  EXPECT_LT(rel_diff(eb, ea), 1e-5) << "evaluation: " << eb << " vs " << ea;
+  ASSERT_EQ(t.last_eval_extra().size(), ref.last_eval_extra().size());
+  for (size_t i = 0; i < ref.last_eval_extra().size(); ++i)
+    EXPECT_NEAR(t.last_eval_extra()[i].second, ref.last_eval_extra()[i].second,
+                1e-5 + 1e-4 * std::abs(ref.last_eval_extra()[i].second))
+        << ref.last_eval_extra()[i].first;
 }
 
 TEST(TrainerFinetuneDp, DpoZero1MatchesOneProcess) {
@@ -610,6 +623,16 @@ TEST(TrainerFinetuneDp, DpoTensorAndSequenceParallelMatchesOneProcess) {
 }
 TEST(TrainerFinetuneDp, DpoWithLoraTensorAndSequenceParallelMatchesOneProcess) {
   check_dpo_parity(1, dpo_base(), 2, true, 0.1);
+}
+
+// DPO under pipeline parallelism: the reference's and the policy's forward-only passes through
+// the stages, the DPO terms on the last stage, then the training schedule with its per-token
+// weights. Full DPO at ZeRO-1 and LoRA DPO with dropout; x DP=2 on 4 ranks.
+TEST(TrainerFinetuneDp, DpoPipelineParallelMatchesOneProcess) {
+  check_dpo_parity(1, "", 1, false, 0, 1, 2);
+}
+TEST(TrainerFinetuneDp, DpoWithLoraPipelineParallelMatchesOneProcess) {
+  check_dpo_parity(0, dpo_base(), 1, false, 0.1, 1, 2);
 }
 
 // DPO under context parallelism: each CP rank runs its chunks of every pair, the sequence
