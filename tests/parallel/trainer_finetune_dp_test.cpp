@@ -634,6 +634,10 @@ TEST(TrainerFinetuneDp, DpoPipelineParallelMatchesOneProcess) {
 TEST(TrainerFinetuneDp, DpoWithLoraPipelineParallelMatchesOneProcess) {
   check_dpo_parity(0, dpo_base(), 1, false, 0.1, 1, 2);
 }
+// ZeRO-3 under the pipeline: policy and reference stages both sharded over their DP group.
+TEST(TrainerFinetuneDp, DpoPipelineParallelZero3MatchesOneProcess) {
+  check_dpo_parity(3, "", 1, false, 0, 1, 2);
+}
 
 // DPO under context parallelism: each CP rank runs its chunks of every pair, the sequence
 // log-probabilities are summed over the CP group, and the gradients over DP x CP. Full DPO at
