@@ -300,10 +300,9 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       // The reference model has the policy's layout (its TP shard); under ZeRO-3 it is sharded
       // like the policy (make_reference). Under context parallelism every CP rank of a DP group
       // runs its chunks of the same pairs, and the sequence log-probabilities are summed over
-      // the CP group (Decoder::collect_outputs). No pipeline or expert parallelism: sequence
-      // log-probabilities need the whole model on one rank (or CP group).
-      // Under a pipeline the last stage computes the DPO terms (dpo_pipeline); not with CP
-      // too (the sequence sums would cross the CP group inside the pipeline's last stage).
+      // the CP group (Decoder::collect_outputs). Under a pipeline the last stage computes the
+      // DPO terms (dpo_pipeline); not with CP as well (untested: the CP sum would run inside
+      // the last stage's forward-only passes). No expert parallelism.
       const auto& d = pg_->generator().dims();
       LOOM_CHECK(d.ep == 1, "DPO under expert parallelism is not supported yet: use data, ",
                  "tensor, pipeline and context parallelism (parallel.dp, tp, sp, pp, cp)");
