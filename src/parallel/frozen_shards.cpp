@@ -16,7 +16,7 @@ int block_of(const std::string& name) {  // "blocks.<l>.…" -> l, else -1
 }
 }  // namespace
 
-FrozenShards::FrozenShards(Decoder& model, comm::Communicator& dp)
+FrozenShards::FrozenShards(Decoder& model, comm::Communicator& dp, bool take_values)
     : model_(model), P_(model.params()), dp_(dp), n_layer_(model.config().n_layer) {
   LOOM_CHECK(!model.before_block && !model.after_block,
              "the model's block hooks are taken (a ZeRO-3 engine over the same model?)");
@@ -26,7 +26,8 @@ FrozenShards::FrozenShards(Decoder& model, comm::Communicator& dp)
   lo_ = std::min(int64_t(dp_.rank()) * shard_, total_);
   hi_ = std::min(lo_ + shard_, total_);
   own_ = Tensor::zeros({std::max<int64_t>(1, hi_ - lo_)});
-  if (hi_ > lo_) std::memcpy(own_.data<float>(), P_.data() + lo_, sizeof(float) * (hi_ - lo_));
+  if (take_values && hi_ > lo_)
+    std::memcpy(own_.data<float>(), P_.data() + lo_, sizeof(float) * (hi_ - lo_));
 
   // A block's parameters: runs of consecutive parameters of the flat buffer (one, unless MoE
   // experts lie at the end of the buffer), the alignment padding between them included (zeros
@@ -59,8 +60,9 @@ FrozenShards::FrozenShards(Decoder& model, comm::Communicator& dp)
     at = std::max(at, hi);
   }
   if (at < total_) resident_.push_back({at, total_});
-  for (auto& u : units_)
-    for (auto& r : u.ranges) release_memory(P_.data() + r.lo, r.hi - r.lo);
+  if (take_values)
+    for (auto& u : units_)
+      for (auto& r : u.ranges) release_memory(P_.data() + r.lo, r.hi - r.lo);
   model_.before_block = [this](int l, bool bwd) { before(l, bwd); };
   model_.after_block = [this](int l, bool bwd) { after(l, bwd); };
 }

@@ -27,14 +27,19 @@ class FrozenShards {
   // `model`'s parameters hold their whole values (a tensor-parallel rank's local shard of them)
   // on every rank of `dp` now: this rank copies its part, and the blocks' pages are released.
   // Under pipeline parallelism, the stage's blocks (gathered within a chunk, released after
-  // every use).
-  FrozenShards(Decoder& model, comm::Communicator& dp);
+  // every use). take_values = false: the model holds nothing yet; the caller writes this
+  // rank's shard into own() and the parameters outside the blocks into the model before the
+  // first use (loading them so, no rank ever holds the whole model).
+  FrozenShards(Decoder& model, comm::Communicator& dp, bool take_values = true);
   ~FrozenShards();
   FrozenShards(const FrozenShards&) = delete;
   FrozenShards& operator=(const FrozenShards&) = delete;
 
   int64_t shard_begin() const { return lo_; }
   int64_t shard_end() const { return hi_; }
+  // The values of this rank's shard, [shard_begin(), shard_end()) of the flat buffer (writable:
+  // see take_values; frozen once blocks are gathered).
+  float* own() { return own_.data<float>(); }
   // The most blocks gathered (in flight or resident) at once since construction: the block in
   // use and the prefetched next one.
   int max_gathered_units() const { return max_gathered_; }

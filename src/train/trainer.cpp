@@ -91,6 +91,12 @@ void maybe_inject_fault(int rank, int64_t step) {
   std::raise(SIGKILL);
 }
 
+// A parameter of one of the blocks (what ZeRO-3 gathers around use), not the embeddings, final
+// norm or head.
+bool in_block(const std::string& name) {
+  return name.rfind("blocks.", 0) == 0;
+}
+
 // Throws naming the first parameter with a non-finite element: a checkpoint (or a run) whose
 // weights are NaN or inf must never be trained on, sampled from, or written over good ones.
 void check_finite(const ParamSet& P, const std::string& where) {
@@ -257,17 +263,22 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                  "tensor, pipeline and context parallelism (parallel.dp, tp, pp, cp)");
       LOOM_CHECK(!opt_.pretrained.empty(),
                  "LoRA fine-tunes a pretrained model: set train.pretrained to its checkpoint");
-      model_->params().init(opt_.seed);
+      // ZeRO-3: the frozen base is sharded over the DP ranks and gathered block by block
+      // (parallel::FrozenShards), each rank reading only its shard and the parameters outside
+      // the blocks from the checkpoint (load_pretrained), so no rank ever holds the whole base;
+      // the adapters (about 1% of the model) stay whole on every rank, their gradients and
+      // optimizer state sharded as ZeRO-2 shards them.
+      base_zero3_ = dpo.zero == 3;
+      if (base_zero3_) {
+        base_shards_ = std::make_unique<parallel::FrozenShards>(*model_, pg_->dp(), false);
+      } else {
+        model_->params().init(opt_.seed);
+      }
       load_pretrained(opt_.pretrained);  // dp_ is not there yet: whole tensors on every rank
       lora_ = std::make_unique<Lora>(*model_, *lora_cfg);
-      if (policy_.compute != DType::F32)
+      if (policy_.compute != DType::F32 && !base_zero3_)  // (load_pretrained rounds the shards)
         round_to(policy_.compute, model_->params().data(), model_->params().total());
       dpo.init_seed.reset();
-      // ZeRO-3: the frozen base is sharded over the DP ranks and gathered block by block
-      // (parallel::FrozenShards, made once the base is final, below); the adapters (about 1% of
-      // the model) stay whole on every rank, their gradients and optimizer state sharded as
-      // ZeRO-2 shards them.
-      base_zero3_ = dpo.zero == 3;
       parallel::DataParallelOptions adapters_opt = dpo;
       adapters_opt.zero = std::min(dpo.zero, 2);
       dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), adapters_opt, acfg,
@@ -355,8 +366,6 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                            resume_from(checkpoint_root());
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
   reference_from_init_weights(resumed);
-  // The base is final now (train.pretrained, or a weights-only train.init_from): shard it.
-  if (base_zero3_) base_shards_ = std::make_unique<parallel::FrozenShards>(*model_, pg_->dp());
   const double restore_seconds = now_seconds() - restore_start;
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
     metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed,
@@ -1128,10 +1137,6 @@ void Trainer::reference_from_init_weights(bool resumed) {
   make_reference(resumed ? &c : nullptr);
 }
 
-static bool in_block(const std::string& name) {
-  return name.rfind("blocks.", 0) == 0;
-}
-
 // The DPO reference: a frozen Decoder in the policy's layout holding the policy's weights now
 // (`from` null), or `from`'s weights. Under ZeRO-3 it holds what FrozenShards needs and no
 // more (this rank's flat shard of the blocks, the same split as the policy's, and the
@@ -1229,6 +1234,37 @@ void Trainer::load_pretrained(const std::string& path) {
              "(loom ckpt consolidate)");
   LOOM_CHECK(!c.state().extra.contains("lora"), c.dir(),
              ": a LoRA checkpoint holds adapters only; merge it first (loom ckpt merge)");
+  if (base_shards_) {
+    // LoRA at ZeRO-3: this rank's flat shard of the blocks (into the shards' own copy) and the
+    // parameters outside the blocks (into the model, where they stay gathered), rounded to the
+    // compute type as the model would hold them. The rest of the base is never written here.
+    ParamSet& P = model_->params();
+    const int64_t lo = base_shards_->shard_begin(), hi = base_shards_->shard_end();
+    ckpt::TensorList pieces;
+    for (const ParamInfo& p : P.infos()) {
+      ckpt::ShardInfo info;
+      if (!in_block(p.name)) {
+        info.replica_id = pg_->dp().rank();
+        pieces.push_back({p.name, Tensor::view_of(P.data() + p.offset, p.shape, DType::F32), info});
+        continue;
+      }
+      const int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
+      if (a >= b) continue;
+      info.global_shape = {p.numel};
+      info.global_offset = {a - p.offset};
+      pieces.push_back(
+          {p.name, Tensor::view_of(base_shards_->own() + (a - lo), {b - a}, DType::F32), info});
+    }
+    ckpt::fill_from_whole(c, P, pieces, {});
+    for (const auto& piece : pieces) {
+      const float* v = piece.tensor.data<float>();
+      LOOM_CHECK(cpu_backend().all_finite(v, piece.tensor.numel()), c.dir(), ": parameter '",
+                 piece.name, "' holds non-finite values (NaN or inf)");
+      if (policy_.compute != DType::F32)
+        round_to(policy_.compute, piece.tensor.data<float>(), size_t(piece.tensor.numel()));
+    }
+    return;
+  }
   if ((!dp_ || lora_) && model_->tensor_parallel().size == 1 && model_->pipeline_stage().whole()) {
     // Under LoRA the base is whole (replicated) on every rank.
     c.restore_model(model_->params().tensors());
