@@ -494,6 +494,30 @@ double extra(const StepResult& r, const std::string& key) {
   return NAN;
 }
 
+// What DPO cannot run under yet is refused by name, on every rank alike: expert parallelism,
+// and pipeline with context parallelism at once (4 ranks).
+TEST(TrainerFinetuneDp, DpoRefusesExpertAndPipelineWithContextParallelism) {
+  const std::string data = dpo_data(runs.dir("dpo_bad_data"));
+  auto refused = [](const Config& c, const std::string& words) {
+    try {
+      Trainer t(c);
+      ADD_FAILURE() << "accepted; expected an error with: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  Config ep = dpo_config(data, runs.dir("dpo_bad_ep") + "/run", 2, 1);
+  ep.set("model.preset", "\"tiny-llama-moe\"", "test");
+  ep.set("parallel.ep", "2", "test");
+  refused(ep, "DPO under expert parallelism");
+  if (W().size() % 4 == 0) {
+    Config ppcp = dpo_config(data, runs.dir("dpo_bad_ppcp") + "/run", 2, 2);
+    ppcp.set("parallel.pp", "2", "test");
+    ppcp.set("parallel.cp", "2", "test");
+    refused(ppcp, "DPO under pipeline and context parallelism at once");
+  }
+}
+
 // `lora_base`: empty for full DPO, else a checkpoint that LoRA adapts. tp > 1: tensor
 // parallelism (with sequence parallelism when sp), DP over the remaining ranks.
 void check_dpo_parity(int zero, const std::string& lora_base, int tp = 1, bool sp = false,
