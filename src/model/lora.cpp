@@ -70,10 +70,11 @@ LoraConfig lora_config_from(const Config& cfg, uint64_t seed) {
 // One all-reduce of N x r values per adapted layer and backward: small beside the layer's own.
 //
 // Dropout (PEFT's lora_dropout) sits on the adapter's input only: y = W x + b + s B A drop(x),
-// drop(x) = x * m / (1 - p) with m in {0, 1}. The mask is drawn, not stored: forward and backward
-// (and recomputation) draw the same one from (seed, adapter, micro-batch, row, global column).
-// In backward, with xd = drop(x): h = xd A^T, dA += dh^T xd and dx += drop(dh A) (the mask's
-// Jacobian is the mask itself).
+// drop(x) = x * m / (1 - p) with m in {0, 1}. The mask is a function of (seed, adapter,
+// micro-batch, row, global column) alone, so any pass of the same micro-batch gets the same one;
+// each adapter draws it once per micro-batch and keeps it as bits for backward and
+// recomputation. In backward, with xd = drop(x): h = xd A^T, dA += dh^T xd and
+// dx += drop(dh A) (the mask's Jacobian is the mask itself).
 struct Lora::Adapter : LinearAdapter {
   enum class Split { None, Column, Row };
   std::string name;
