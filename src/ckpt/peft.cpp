@@ -150,7 +150,7 @@ void export_peft(const std::string& dir, const HfModelShape& shape, const PeftAd
   c["base_model_name_or_path"] = base_model.empty() ? Json() : Json(base_model);
   c["r"] = a.rank;
   c["lora_alpha"] = a.alpha;
-  c["lora_dropout"] = 0.0;
+  c["lora_dropout"] = a.dropout;
   c["use_rslora"] = a.rslora;
   c["use_dora"] = false;
   c["bias"] = "none";
@@ -199,6 +199,15 @@ PeftFile read_peft(const std::string& dir) {
     fail(cfg_path, ": ", e.what());
   }
   LOOM_CHECK(a.alpha > 0 && std::isfinite(a.alpha), cfg_path, ": 'lora_alpha' must be positive");
+  if (c.contains("lora_dropout") && !c.at("lora_dropout").is_null()) {
+    try {
+      a.dropout = c.at("lora_dropout").as_double();
+    } catch (const Error& e) {
+      fail(cfg_path, ": 'lora_dropout': ", e.what());
+    }
+    LOOM_CHECK(a.dropout >= 0 && a.dropout < 1, cfg_path, ": 'lora_dropout' must lie in [0, 1), ",
+               "got ", a.dropout);
+  }
   a.rslora = flag("use_rslora");
   LOOM_CHECK(!flag("use_dora"), cfg_path, ": 'use_dora' true (DoRA) is not supported");
   if (c.contains("bias") && !c.at("bias").is_null())

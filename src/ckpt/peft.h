@@ -21,6 +21,7 @@ struct PeftAdapters {
   int rank = 0;
   double alpha = 0;
   bool rslora = false;
+  double dropout = 0;  // lora_dropout: a training setting, kept so a round trip keeps it
   // Loom names: "<linear>.lora_A" [r, in] and "<linear>.lora_B" [out, r], linear as in
   // Decoder::linears() ("blocks.3.attn.qkv", "head").
   TensorMap tensors;

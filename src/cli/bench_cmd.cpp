@@ -28,6 +28,7 @@ static int run_bench_finetune(const Args& args) {
       .value("lora-rank", std::to_string(b.lora_rank), "LoRA rank")
       .value("lora-alpha", "8", "LoRA alpha")
       .value("lora-targets", b.lora_targets, "LoRA targets (all-linear, or names/suffixes)")
+      .value("lora-dropout", "0", "LoRA dropout on the adapters' inputs, in [0, 1)")
       .flag("no-sft", "skip the SFT packing measurement")
       .value("sft-examples", std::to_string(b.sft_examples), "synthetic conversations for SFT")
       .value("timeout", "3600", "seconds each measured configuration may take");
@@ -41,6 +42,9 @@ static int run_bench_finetune(const Args& args) {
   b.lora_rank = o.get_int32("lora-rank", 1);
   b.lora_alpha = o.get_double("lora-alpha");
   b.lora_targets = o.get("lora-targets");
+  b.lora_dropout = o.get_double("lora-dropout");
+  LOOM_CHECK(b.lora_dropout >= 0 && b.lora_dropout < 1, "--lora-dropout must lie in [0, 1), got ",
+             b.lora_dropout);
   b.sft = !o.has("no-sft");
   b.sft_examples = o.get_int32("sft-examples", 1);
   b.timeout_s = o.get_double("timeout");

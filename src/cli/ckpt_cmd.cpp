@@ -83,6 +83,7 @@ static int export_peft_cmd(const ckpt::Checkpoint& c, const Config& run, const s
   a.rank = lc.rank;
   a.alpha = lc.alpha;
   a.rslora = lc.rslora;
+  a.dropout = lc.dropout;
   a.tensors = c.model().load_all();
   const std::string base = base_model.empty() ? run.get_string("train.pretrained", "") : base_model;
   ckpt::export_peft(out, ckpt::hf_shape_of(mc), a, base);
@@ -179,8 +180,8 @@ static int import_peft_cmd(const std::string& dir, const std::string& base, cons
       targets += (targets.empty() ? "" : ",") + name.substr(0, name.size() - 7);
   std::string cfg =
       model_section(mc) + cat("[lora]\nrank = ", a.rank, "\nalpha = ", a.alpha,
-                              "\nrslora = ", a.rslora ? "true" : "false", "\ntargets = \"", targets,
-                              "\"\n[train]\npretrained = \"",
+                              "\nrslora = ", a.rslora ? "true" : "false", "\ndropout = ", a.dropout,
+                              "\ntargets = \"", targets, "\"\n[train]\npretrained = \"",
                               std::filesystem::absolute(bc.dir()).string(), "\"\n");
   // A Lora over the base checks every adapter's name and shape before anything is written.
   {

@@ -819,7 +819,7 @@ void Decoder::final_norm(int N) {
 double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, V = vocab_;
   final_norm(N);
-  const Linear H = head_linear();
+  Linear H = head_linear();
   const float* w = in.loss_weights;
   // Logits exist for head_chunk() rows at a time: computed, turned into loss and gradient in
   // place, and consumed by the head's backward before the next chunk overwrites them. Under
@@ -827,6 +827,9 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int chunk = head_chunk();
   for (int r0 = 0; r0 < N; r0 += chunk) {
     int n = std::min(chunk, N - r0);
+    // An adapter on the head sees rows r0.. of the micro-batch, not rows 0.. (LoRA dropout
+    // keys its mask by the token's row).
+    H.first_row = r0;
     H.forward(be_, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     round_act(b_->logits, int64_t(n) * V);
     const float* wr = w ? w + r0 : nullptr;
@@ -1009,12 +1012,15 @@ void Decoder::recompute_and_backward(int l, const ModelInput& in) {
   block_backward(l, in, a, b_->dres);
 }
 
-double Decoder::stage_forward_loss(int chunk, const ModelInput& in, const float* x_in,
-                                   float* x_out) {
+double Decoder::stage_forward_loss(int chunk, const ModelInput& in, const float* x_in, float* x_out,
+                                   StepOutputs* out) {
   LOOM_CHECK(in.targets, "stage_forward_loss needs targets");
   stage_forward(chunk, in, x_in, x_out);
   double loss = aux_sum_;
-  if (is_last_stage(chunk)) loss += head(in, 0.f, false);
+  if (is_last_stage(chunk)) {
+    loss += head(in, 0.f, false);
+    if (out) collect_outputs(in, out);  // the head's per-token losses are this micro-batch's
+  }
   return loss;
 }
 
@@ -1047,12 +1053,15 @@ double Decoder::run(const ModelInput& in, float dloss, bool grads) {
 
 // Sequence sums of log p(target) = -loss over the rows with a target, in token order.
 void Decoder::collect_outputs(const ModelInput& in, StepOutputs* out) const {
-  LOOM_CHECK(cp_.size == 1, "sequence log-probabilities under context parallelism are not ",
-             "supported yet (parallel.cp = ", cp_.size, ")");
   out->seq_logprobs.assign(in.nseq, 0.0);
   for (int s = 0; s < in.nseq; ++s)
     for (int i = in.cu_seqlens[s]; i < in.cu_seqlens[s + 1]; ++i)
       if (in.targets[i] >= 0) out->seq_logprobs[s] -= b_->losses[i];
+  // Context parallelism: this rank's rows are its chunks of every sequence (cu_seqlens is the
+  // local one, sequence by sequence), so its sums are partial: summed over the CP group, every
+  // rank holds each sequence's whole log-probability. (Per-token values stay this rank's.)
+  if (cp_.size > 1)
+    cp_.comm->all_reduce_f64(out->seq_logprobs.data(), in.nseq, comm::ReduceOp::Sum);
   if (!out->want_token_logprobs) return;
   out->token_logprobs.assign(in.N, 0.f);
   for (int i = 0; i < in.N; ++i)

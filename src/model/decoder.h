@@ -126,7 +126,9 @@ class Decoder {
   // loss weight; parameter gradients ACCUMULATE into params().grad(), except frozen
   // parameters' (ParamInfo::trainable), which are never written and whose weight-gradient GEMMs
   // are skipped. Returns the sum of the (weighted) per-token losses; `out` (nullable) receives
-  // the sequences' log-probabilities (whole model only: no pipeline or context parallelism).
+  // the sequences' log-probabilities (whole model only: a pipeline's last stage gets them from
+  // stage_forward_loss; under context parallelism summed over the CP group, so every CP rank
+  // gets whole sequences' values).
   // A MoE model adds each MoE layer's auxiliary load-balancing loss weighted by the micro-
   // batch's token count N (a per-token term, averaged like the language-model loss; its
   // gradient weight is dloss * N), included in the returned sum (and in last_aux_loss()).
@@ -171,8 +173,10 @@ class Decoder {
                         float* dx_in, float dloss);
   // Forward only (evaluation): stage_forward, then this chunk's part of the loss sum as
   // stage_backward would return it (head loss on the last stage, MoE aux losses); no backward,
-  // no gradient touched.
-  double stage_forward_loss(int chunk, const ModelInput& in, const float* x_in, float* x_out);
+  // no gradient touched. On the last stage `out` (nullable) receives the sequences'
+  // log-probabilities as forward_loss gives them (DPO under pipeline parallelism).
+  double stage_forward_loss(int chunk, const ModelInput& in, const float* x_in, float* x_out,
+                            StepOutputs* out = nullptr);
 
   // Linear layers by name ("blocks.<l>.attn.qkv", "blocks.<l>.attn.proj", "blocks.<l>.mlp.fc",
   // "blocks.<l>.mlp.proj", "head"; those this rank holds), with their local shapes [in, out]:

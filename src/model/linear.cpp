@@ -27,7 +27,7 @@ void Linear::forward(Backend& be, float* y, ActIn x, int N) const {
   }
   if (adapter) {
     if (!x32) x32 = x.widened(be, int64_t(N) * in, widen_scratch());
-    adapter->forward(be, y, x32, N);
+    adapter->forward(be, y, x32, N, first_row);
   }
 }
 
@@ -41,7 +41,7 @@ void Linear::backward(Backend& be, float* dx, const float* dy, ActIn x, int N) c
   }
   if (adapter) {
     if (!x32) x32 = x.widened(be, int64_t(N) * in, widen_scratch());
-    adapter->backward(be, dx, dy, x32, N);
+    adapter->backward(be, dx, dy, x32, N, first_row);
   }
 }
 

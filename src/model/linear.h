@@ -39,11 +39,14 @@ struct ActIn {
 class LinearAdapter {
  public:
   virtual ~LinearAdapter() = default;
-  // y[N, out] += adapter(x[N, in]).
-  virtual void forward(Backend& be, float* y, const float* x, int N) = 0;
+  // y[N, out] += adapter(x[N, in]). first_row: the index of x's first row among the micro-
+  // batch's tokens (the head runs over row chunks), for what depends on a token's place in the
+  // micro-batch (LoRA dropout's mask).
+  virtual void forward(Backend& be, float* y, const float* x, int N, int first_row) = 0;
   // dx[N, in] += the adapter's input gradient (dx nullable: not needed); accumulates the
   // adapter's own parameter gradients.
-  virtual void backward(Backend& be, float* dx, const float* dy, const float* x, int N) = 0;
+  virtual void backward(Backend& be, float* dx, const float* dy, const float* x, int N,
+                        int first_row) = 0;
 };
 
 // How the layer's GEMMs are computed (precision recipes: quantise x, W and dy on the way in).
@@ -66,6 +69,7 @@ struct Linear {
   int in = 0, out = 0;
   LinearAdapter* adapter = nullptr;
   GemmRecipe* recipe = nullptr;
+  int first_row = 0;  // x's first row within the micro-batch (passed to the adapter)
 
   void forward(Backend& be, float* y, ActIn x, int N) const;
   // dx (written, nullable) = dy W; dw += dy^T x; db += sum dy; plus the adapter's share.

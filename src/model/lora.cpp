@@ -1,10 +1,13 @@
 #include "model/lora.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "comm/communicator.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace loom {
 
@@ -16,7 +19,7 @@ std::string LoraConfig::describe() const {
   std::string t;
   for (const auto& s : targets) t += (t.empty() ? "" : ",") + s;
   return cat("LoRA r=", rank, " alpha=", alpha, rslora ? " (rsLoRA)" : "", " scale=", scale(),
-             " on ", t);
+             dropout > 0 ? cat(" dropout=", dropout) : std::string(), " on ", t);
 }
 
 bool lora_enabled(const Config& cfg) {
@@ -29,11 +32,11 @@ LoraConfig lora_config_from(const Config& cfg, uint64_t seed) {
   c.alpha = cfg.get_double("lora.alpha", c.rank);
   c.rslora = cfg.get_bool("lora.rslora", false);
   c.seed = static_cast<uint64_t>(cfg.get_int("lora.seed", static_cast<int64_t>(seed)));
-  const double dropout = cfg.get_double("lora.dropout", 0.0);
+  c.dropout = cfg.get_double("lora.dropout", 0.0);
   LOOM_CHECK(c.rank > 0 && c.rank <= 4096, "lora.rank must lie in [1, 4096], got ", c.rank);
   LOOM_CHECK(c.alpha > 0, "lora.alpha must be positive, got ", c.alpha);
-  LOOM_CHECK(dropout == 0.0, "lora.dropout = ", dropout,
-             ": only 0 is supported yet (PEFT's default); remove the key or set it to 0");
+  // 1 would zero every adapter input (and divide by 0); NaN fails both comparisons.
+  LOOM_CHECK(c.dropout >= 0 && c.dropout < 1, "lora.dropout must lie in [0, 1), got ", c.dropout);
   const std::string t = cfg.get_string("lora.targets", "all-linear");
   c.targets.clear();
   size_t pos = 0;
@@ -65,6 +68,13 @@ LoraConfig lora_config_from(const Config& cfg, uint64_t seed) {
 //     dB += s dy^T h (whole and identical on every rank); dh = s dy B is whole (dy is), so
 //     dA_local and dx_local need nothing more.
 // One all-reduce of N x r values per adapted layer and backward: small beside the layer's own.
+//
+// Dropout (PEFT's lora_dropout) sits on the adapter's input only: y = W x + b + s B A drop(x),
+// drop(x) = x * m / (1 - p) with m in {0, 1}. The mask is a function of (seed, adapter,
+// micro-batch, row, global column) alone, so any pass of the same micro-batch gets the same one;
+// each adapter draws it once per micro-batch and keeps it as bits for backward and
+// recomputation. In backward, with xd = drop(x): h = xd A^T, dA += dh^T xd and
+// dx += drop(dh A) (the mask's Jacobian is the mask itself).
 struct Lora::Adapter : LinearAdapter {
   enum class Split { None, Column, Row };
   std::string name;
@@ -75,20 +85,94 @@ struct Lora::Adapter : LinearAdapter {
   Split split = Split::None;
   comm::Communicator* tp = nullptr;
   std::vector<float> h, dh;
+  // Dropout: the state the trainer sets (shared by every adapter), this adapter's stream, and
+  // where its local input columns sit in the layer's whole input (a row-parallel layer's shard
+  // starts at col0 of in_global).
+  const DropoutState* drop = nullptr;
+  DropoutScratch* scratch = nullptr;
+  uint64_t drop_key = 0;
+  int64_t in_global = 0, col0 = 0;
+  // The last mask drawn (bits, row by row) and what it was drawn for.
+  std::vector<uint64_t> bits;
+  uint64_t mask_epoch = 0;
+  int mask_first_row = -1, mask_rows = -1;
 
   const float* A() const { return P->data() + P->info(a_name).offset; }
   const float* B() const { return P->data() + P->info(b_name).offset; }
   void all_reduce(std::vector<float>& v) const {
     tp->all_reduce(v.data(), int64_t(v.size()), DType::F32, comm::ReduceOp::Sum);
   }
+  bool dropping() const { return drop && drop->active && drop->p > 0; }
 
-  void forward(Backend& be, float* y, const float* x, int N) override {
+  // The mask of rows first_row.. of what the model runs (the micro-batch, or under context
+  // parallelism this rank's rows, mapped to the micro-batch's by drop->rows), as bits (bit c of
+  // row n's words: keep). Element (n, c) of micro-batch row R is index e = R * in_global +
+  // col0 + c of the adapter's stream: Philox block e / 8 gives eight 16-bit draws, and draw
+  // e % 8 below p16 drops the element (p rounded to a multiple of 2^-16). Drawn once per
+  // training micro-batch and rows: forward keeps the bits, and backward (and recomputation)
+  // reuse them, as long as the trainer has not set another micro-batch since (drop->epoch).
+  const uint64_t* mask(int N, int first_row) {
+    const int64_t words = (in + 63) / 64;
+    if (mask_epoch == drop->epoch && mask_first_row == first_row && mask_rows == N)
+      return bits.data();
+    bits.assign(size_t(N) * size_t(words), 0);
+    const uint64_t key = drop_key + drop->micro * 0x9E3779B97F4A7C15ull;
+    const uint32_t p16 = drop->p16;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      const int row = drop->rows ? drop->rows[first_row + n] : first_row + n;
+      const uint64_t base = uint64_t(row) * uint64_t(in_global) + uint64_t(col0);
+      uint64_t* w = bits.data() + int64_t(n) * words;
+      std::array<uint32_t, 4> draws{};
+      uint64_t block = ~0ull;
+      for (int c = 0; c < in; ++c) {
+        const uint64_t e = base + uint64_t(c);
+        if (e >> 3 != block) {
+          block = e >> 3;
+          draws = philox(drop->seed, key, block);
+        }
+        const uint32_t draw = (draws[(e >> 1) & 3] >> (16 * (e & 1))) & 0xFFFFu;
+        if (draw >= p16) w[c >> 6] |= uint64_t(1) << (c & 63);
+      }
+    }
+    mask_epoch = drop->epoch;
+    mask_first_row = first_row;
+    mask_rows = N;
+    return bits.data();
+  }
+  // out[N, in] = v * m / (1 - p) (in place allowed).
+  void apply_mask(float* out, const float* v, int N, int first_row) {
+    const uint64_t* m = mask(N, first_row);
+    const int64_t words = (in + 63) / 64;
+    const float keep_scale = drop->keep_scale;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      const uint64_t* w = m + int64_t(n) * words;
+      const float* vr = v + int64_t(n) * in;
+      float* o = out + int64_t(n) * in;
+      for (int c = 0; c < in; ++c) o[c] = (w[c >> 6] >> (c & 63)) & 1 ? vr[c] * keep_scale : 0.f;
+    }
+  }
+  // The adapter's input: x, or drop(x) in the shared scratch while training with dropout (the
+  // adapters run one at a time, so one buffer serves them all).
+  const float* input(const float* x, int N, int first_row) {
+    if (!dropping()) return x;
+    scratch->x.resize(size_t(N) * in);
+    apply_mask(scratch->x.data(), x, N, first_row);
+    return scratch->x.data();
+  }
+
+  void forward(Backend& be, float* y, const float* x_in, int N, int first_row) override {
+    const float* x = input(x_in, N, first_row);
     h.resize(size_t(N) * r);
     be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, h.data(), r);
     be.gemm(false, true, N, out, r, scale, h.data(), r, B(), r, 1.f, y, out);
   }
-  // With h = x A^T and y += s h B^T: dB += s dy^T h, dh = s dy B, dA += dh^T x, dx += dh A.
-  void backward(Backend& be, float* dx, const float* dy, const float* x, int N) override {
+  // With h = x A^T and y += s h B^T: dB += s dy^T h, dh = s dy B, dA += dh^T x, dx += dh A
+  // (x here the dropped input; dx's share then goes through the same mask).
+  void backward(Backend& be, float* dx, const float* dy, const float* x_in, int N,
+                int first_row) override {
+    const float* x = input(x_in, N, first_row);
     h.resize(size_t(N) * r);
     dh.resize(size_t(N) * r);
     be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, h.data(), r);
@@ -97,7 +181,15 @@ struct Lora::Adapter : LinearAdapter {
     float* dB = P->trainable_grad_ptr(b_name);
     if (dB) be.gemm(true, false, out, r, N, scale, dy, out, h.data(), r, 1.f, dB, r);
     be.gemm(false, false, N, r, out, scale, dy, out, B(), r, 0.f, dh.data(), r);
-    if (dx) be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 1.f, dx, in);
+    if (dx && !dropping()) {
+      be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 1.f, dx, in);
+    } else if (dx) {
+      std::vector<float>& t = scratch->dx;  // not scratch->x: that holds x's dropped copy
+      t.resize(size_t(N) * in);
+      be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 0.f, t.data(), in);
+      apply_mask(t.data(), t.data(), N, first_row);
+      be.add_inplace(dx, t.data(), int64_t(N) * in);
+    }
     if (split == Split::Column) all_reduce(dh);  // after dx, which keeps the partial sum
     if (dA) be.gemm(true, false, r, in, N, 1.f, dh.data(), r, x, in, 1.f, dA, in);
   }
@@ -113,6 +205,16 @@ static bool matches(const std::string& linear, const std::string& target) {
 
 Lora::Lora(Decoder& model, const LoraConfig& cfg) : model_(model), cfg_(cfg) {
   LOOM_CHECK(cfg.rank > 0, "LoRA rank must be positive");
+  LOOM_CHECK(cfg.dropout >= 0 && cfg.dropout < 1, "LoRA dropout must lie in [0, 1), got ",
+             cfg.dropout);
+  drop_.p = cfg.dropout;
+  drop_.seed = cfg.seed;
+  // The 16-bit draws' threshold: p to the nearest multiple of 2^-16 (at least one step when
+  // p > 0), and the scale that keeps E[drop(x)] = x for that rate.
+  drop_.p16 =
+      cfg.dropout > 0 ? std::max<uint32_t>(1, uint32_t(std::lround(cfg.dropout * 65536))) : 0;
+  drop_.p16 = std::min<uint32_t>(drop_.p16, 65535);
+  drop_.keep_scale = static_cast<float>(65536.0 / (65536.0 - drop_.p16));
   const auto all = model.linears();
   for (const std::string& t : cfg.targets) {
     bool any = false;
@@ -142,6 +244,11 @@ Lora::Lora(Decoder& model, const LoraConfig& cfg) : model_(model), cfg_(cfg) {
     // (counter-based init by global position) the shards draw one process's values.
     const ParamInfo& w = model.params().info(l.name + ".weight");
     const int64_t in_global = w.sharded() ? w.global_shape[1] : l.in;
+    a->in_global = in_global;
+    a->col0 = w.sharded() && w.shard_dim == 1 ? w.global_index.at(0) : 0;
+    a->drop_key = name_key(l.name + ".lora_dropout");
+    a->drop = &drop_;
+    a->scratch = &scratch_;
     params_.add(a->a_name, {cfg.rank, l.in}, false, ParamInit::Uniform,
                 1.f / std::sqrt(static_cast<float>(in_global)));
     params_.add(a->b_name, {l.out, cfg.rank}, false, ParamInit::Zeros);
@@ -179,6 +286,18 @@ Lora::~Lora() {
 
 void Lora::set_attached(bool attached) {
   for (auto& a : adapters_) model_.attach_adapter(a->name, attached ? a.get() : nullptr);
+}
+
+void Lora::set_dropout_batch(uint64_t micro, const int32_t* rows) {
+  drop_.active = true;
+  drop_.micro = micro;
+  drop_.rows = rows;
+  ++drop_.epoch;  // masks drawn before are not this micro-batch's
+}
+
+void Lora::clear_dropout() {
+  drop_.active = false;
+  drop_.rows = nullptr;
 }
 
 std::vector<std::string> Lora::target_names() const {

@@ -29,10 +29,13 @@ struct LoraConfig {
   // "mlp.fc", "blocks.3.attn.proj", "head").
   std::vector<std::string> targets = {"all-linear"};
   uint64_t seed = 0;
+  // PEFT's lora_dropout: the probability of zeroing an element of the adapter's input while
+  // training (the base layer sees x whole). In [0, 1).
+  double dropout = 0;
   double scale() const;
   std::string describe() const;
 };
-// [lora] rank, alpha, rslora, targets (comma-separated), dropout (only 0 is supported yet).
+// [lora] rank, alpha, rslora, targets (comma-separated), dropout, seed.
 // Returns nullopt-like rank 0 when the section sets nothing.
 LoraConfig lora_config_from(const Config& cfg, uint64_t seed);
 bool lora_enabled(const Config& cfg);
@@ -54,8 +57,41 @@ class Lora {
   // Detached, the model is its base again (DPO's reference model without a second copy).
   void set_attached(bool attached);
 
+  // LoRA dropout (config().dropout > 0) acts only between set_dropout_batch and clear_dropout:
+  // the trainer brackets each training micro-batch with them, so evaluation, forward-only use,
+  // generation and serving never drop anything. The mask of element (token row n, input
+  // feature c) of an adapter is drawn from the counter-based RNG by (lora seed, adapter name,
+  // `micro`, n, c), c counted over the layer's whole (tensor-parallel global) input: it depends
+  // on nothing else, so forward, recomputation and backward agree, a resumed run draws what the
+  // straight one drew, and data/tensor-parallel ranks draw what one process draws for the same
+  // micro-batch. `micro` is the micro-batch's index in the one-process run's sequence of
+  // micro-batches (step * micro-batches per step + index; see Trainer). `rows` (nullable, kept
+  // by the caller until clear_dropout): the micro-batch row of each row the model runs, when it
+  // runs a share of the micro-batch's rows (context parallelism: CpShard::global_rows).
+  void set_dropout_batch(uint64_t micro, const int32_t* rows = nullptr);
+  void clear_dropout();
+  bool dropout_active() const { return drop_.active; }
+  uint64_t dropout_micro() const { return drop_.micro; }
+
  private:
   struct Adapter;
+  // What every adapter's dropout reads (shared, owned here).
+  struct DropoutState {
+    double p = 0;
+    uint32_t p16 = 0;        // p in units of 2^-16: draws below it drop
+    float keep_scale = 1.f;  // 1 / (1 - p16 / 2^16)
+    uint64_t seed = 0;
+    bool active = false;
+    uint64_t micro = 0;
+    const int32_t* rows = nullptr;
+    uint64_t epoch = 1;  // counts set_dropout_batch calls: an adapter's kept mask is this one's
+  };
+  DropoutState drop_;
+  // The dropped input and input gradient of the adapter running now (one at a time).
+  struct DropoutScratch {
+    std::vector<float> x, dx;
+  };
+  DropoutScratch scratch_;
   Decoder& model_;
   LoraConfig cfg_;
   ParamSet params_;

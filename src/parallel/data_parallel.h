@@ -76,7 +76,8 @@ class DataParallel {
   // `trained` (LoRA): the engine reduces and steps that parameter set instead of the model's
   // own (adapters named "blocks.<l>.…" like the layers they adapt, so their buckets start as
   // backward leaves each block); the model's parameters stay as they are, replicated and
-  // frozen. ZeRO 0-2 only (ZeRO-3 gathers the model's blocks, which a frozen base never needs).
+  // frozen. ZeRO 0-2 only (ZeRO-3 here would gather and step the trained set; a LoRA run
+  // shards its frozen base with parallel::FrozenShards instead, frozen_shards.h).
   DataParallel(Decoder& model, comm::Communicator& dp, const DataParallelOptions& opt,
                const AdamWConfig& adam, DType param_dtype, Backend& backend,
                comm::Communicator* expert_dp = nullptr, ParamSet* trained = nullptr);

@@ -87,6 +87,7 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
         }
         if (!model_.is_last_stage(c)) {
           float* out = buffer(act_out_, mb, c);
+          if (before_micro) before_micro(mb);
           const double t = now_seconds();
           model_.stage_forward(c, in, x_in, out);
           busy += now_seconds() - t;
@@ -103,6 +104,7 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
           dx_out = grad_in_.at({mb, c}).data();
         }
         float* dx_in = model_.is_first_stage(c) ? nullptr : buffer(grad_out_, mb, c);
+        if (before_micro) before_micro(mb);
         const double t = now_seconds();
         loss += model_.stage_backward(c, in, x_in, dx_out, dx_in, dloss);
         busy += now_seconds() - t;
@@ -114,7 +116,8 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
   for (auto& w : sends) w.wait();
   const double total = now_seconds() - t_start;
   idle_ = total > 0 ? std::max(0.0, 1.0 - busy / total) : 0.0;
-  if (tied_) {
+  // (A frozen embedding, LoRA's base, has no gradient to keep equal.)
+  if (tied_ && model_.params().info("embed.wte").trainable) {
     ParamSet& P = model_.params();
     const ParamInfo& e = P.info("embed.wte");
     tied_->all_reduce(P.grad() + e.offset, e.numel, DType::F32, comm::ReduceOp::Sum);
@@ -122,12 +125,18 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
   return loss;
 }
 
-double PipelineRunner::forward_only(const std::vector<ModelInput>& micro) {
+double PipelineRunner::forward_only(const std::vector<ModelInput>& micro,
+                                    std::vector<StepOutputs>* outs) {
   // Windows of m micro-batches hold at most the activation buffers of a training step.
   const size_t window = size_t(schedule_.m);
+  if (outs) {
+    outs->assign(micro.size(), StepOutputs{});
+    if (!model_.pipeline_stage().last) outs = nullptr;  // the head is elsewhere
+  }
   double loss = 0;
   for (size_t j = 0; j < micro.size(); j += window)
-    loss += forward_window(micro.data() + j, static_cast<int>(std::min(window, micro.size() - j)));
+    loss += forward_window(micro.data() + j, static_cast<int>(std::min(window, micro.size() - j)),
+                           static_cast<int>(j), outs);
   return loss;
 }
 
@@ -137,7 +146,8 @@ double PipelineRunner::forward_only(const std::vector<ModelInput>& micro) {
 // other in a cycle, and stage s+1 runs micro-batch j while stage s runs j+1. Every receive is
 // posted up front; the sends are waited at the end of the window, so every message of the window
 // is matched inside it.
-double PipelineRunner::forward_window(const ModelInput* micro, int m) {
+double PipelineRunner::forward_window(const ModelInput* micro, int m, int first,
+                                      std::vector<StepOutputs>* outs) {
   const int p = schedule_.p, v = schedule_.v, me = pp_.rank();
   const int from = (me + p - 1) % p, to = (me + 1) % p;
   n_ = model_.stage_act_elems(micro[0].N);
@@ -164,7 +174,9 @@ double PipelineRunner::forward_window(const ModelInput* micro, int m) {
         x_in = act_in_.at({j, c}).data();
       }
       float* x_out = model_.is_last_stage(c) ? nullptr : buffer(act_out_, j, c);
-      loss += model_.stage_forward_loss(c, micro[j], x_in, x_out);
+      if (before_micro) before_micro(first + j);
+      StepOutputs* out = outs && model_.is_last_stage(c) ? &(*outs)[size_t(first + j)] : nullptr;
+      loss += model_.stage_forward_loss(c, micro[j], x_in, x_out, out);
       if (x_out && p > 1)
         sends.push_back(pp_.send_async(x_out, n_, DType::F32, to, tag(j, stage + 1, 0)));
     }

@@ -14,6 +14,7 @@
 // rank's part; sum it over the pipeline.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -45,7 +46,16 @@ class PipelineRunner {
   // micro-batches (every pipeline rank passes the same ones); they run in windows of the
   // schedule's m, chunk by chunk. Returns this rank's part of the loss sum (head loss on the
   // last stage, MoE aux losses where their layers are): sum it over the pipeline.
-  double forward_only(const std::vector<ModelInput>& micro);
+  // `outs` (nullable): on the rank holding the last stage, micro-batch j's sequence
+  // log-probabilities in (*outs)[j] (resized to micro.size(); left empty elsewhere).
+  // before_micro is called before each micro-batch's forward here too.
+  double forward_only(const std::vector<ModelInput>& micro,
+                      std::vector<StepOutputs>* outs = nullptr);
+
+  // Called with micro-batch j's index just before each of its forward and backward
+  // computations (run() and forward_only()): what depends on which micro-batch runs (LoRA
+  // dropout's mask key) follows the schedule's interleaving.
+  std::function<void(int microbatch)> before_micro;
 
   const pp::Schedule& schedule() const { return schedule_; }
   // Of the last run(): the MoE auxiliary losses (N-weighted, already in run()'s return value)
@@ -61,7 +71,7 @@ class PipelineRunner {
  private:
   int tag(int microbatch, int stage, int kind) const;
   float* buffer(std::map<std::pair<int, int>, std::vector<float>>& m, int mb, int chunk);
-  double forward_window(const ModelInput* micro, int m);
+  double forward_window(const ModelInput* micro, int m, int first, std::vector<StepOutputs>* outs);
 
   Decoder& model_;
   comm::Communicator& pp_;

@@ -133,6 +133,7 @@ Json time_steps(const FinetuneBenchOptions& o, bool lora) {
     lc.rank = o.lora_rank;
     lc.alpha = o.lora_alpha;
     lc.targets = {o.lora_targets};
+    lc.dropout = o.lora_dropout;
     lc.seed = 1;
     adapters = std::make_unique<Lora>(model, lc);
   }
@@ -146,6 +147,7 @@ Json time_steps(const FinetuneBenchOptions& o, bool lora) {
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const double t0 = now_seconds(), c0 = process_cpu_seconds();
     T.zero_grad();  // under LoRA the adapters only: the base's gradient pages stay untouched
+    if (adapters) adapters->set_dropout_batch(uint64_t(s));  // as the trainer keys it
     model.forward_backward(b.input(), static_cast<float>(1.0 / tokens));
     optim.step(1e-4, 1.f);
     if (s >= o.warmup) {

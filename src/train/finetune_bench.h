@@ -19,6 +19,7 @@ struct FinetuneBenchOptions {
   int lora_rank = 8;
   double lora_alpha = 8;
   std::string lora_targets = "all-linear";
+  double lora_dropout = 0;  // > 0: each LoRA step a training micro-batch with this dropout
   bool sft = true;          // also the packed / unpacked SFT throughput
   int sft_examples = 256;   // synthetic conversations for it
   double timeout_s = 3600;  // per child process

@@ -91,6 +91,12 @@ void maybe_inject_fault(int rank, int64_t step) {
   std::raise(SIGKILL);
 }
 
+// A parameter of one of the blocks (what ZeRO-3 gathers around use), not the embeddings, final
+// norm or head.
+bool in_block(const std::string& name) {
+  return name.rfind("blocks.", 0) == 0;
+}
+
 // Throws naming the first parameter with a non-finite element: a checkpoint (or a run) whose
 // weights are NaN or inf must never be trained on, sampled from, or written over good ones.
 void check_finite(const ParamSet& P, const std::string& where) {
@@ -253,21 +259,31 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       // reduces and steps the adapters only, so gradients and optimizer state exist for them
       // alone.
       const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1,
-                 "LoRA under pipeline, context or expert parallelism is not supported yet: use ",
-                 "data and tensor parallelism (parallel.dp, parallel.tp, parallel.zero 0-2)");
-      LOOM_CHECK(dpo.zero <= 2, "LoRA with parallel.zero = 3: the frozen base is replicated ",
-                 "and the adapters are small; use parallel.zero 0, 1 or 2");
+      LOOM_CHECK(d.ep == 1, "LoRA under expert parallelism is not supported yet: use data, ",
+                 "tensor, pipeline and context parallelism (parallel.dp, tp, pp, cp)");
       LOOM_CHECK(!opt_.pretrained.empty(),
                  "LoRA fine-tunes a pretrained model: set train.pretrained to its checkpoint");
-      model_->params().init(opt_.seed);
+      // ZeRO-3: the frozen base is sharded over the DP ranks and gathered block by block
+      // (parallel::FrozenShards), each rank reading only its shard and the parameters outside
+      // the blocks from the checkpoint (load_pretrained), so no rank ever holds the whole base;
+      // the adapters (about 1% of the model) stay whole on every rank, their gradients and
+      // optimizer state sharded as ZeRO-2 shards them.
+      base_zero3_ = dpo.zero == 3;
+      if (base_zero3_) {
+        base_shards_ = std::make_unique<parallel::FrozenShards>(*model_, pg_->dp(), false);
+      } else {
+        model_->params().init(opt_.seed);
+      }
       load_pretrained(opt_.pretrained);  // dp_ is not there yet: whole tensors on every rank
       lora_ = std::make_unique<Lora>(*model_, *lora_cfg);
-      if (policy_.compute != DType::F32)
+      if (policy_.compute != DType::F32 && !base_zero3_)  // (load_pretrained rounds the shards)
         round_to(policy_.compute, model_->params().data(), model_->params().total());
       dpo.init_seed.reset();
-      dp_ = std::make_unique<parallel::DataParallel>(
-          *model_, grad_group(), dpo, acfg, policy_.compute, cpu_backend(), edp, &lora_->params());
+      parallel::DataParallelOptions adapters_opt = dpo;
+      adapters_opt.zero = std::min(dpo.zero, 2);
+      dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), adapters_opt, acfg,
+                                                     policy_.compute, cpu_backend(), edp,
+                                                     &lora_->params());
     } else {
       dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
                                                      policy_.compute, cpu_backend(), edp);
@@ -280,24 +296,30 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
           *model_, pg_->pp(), pp::make_schedule(pp_kind, layout.p, opt_.grad_accum, vp));
       // A tied embedding counts on the first stage only.
       std::vector<double> pw = pipe_->grad_norm_weights();
-      for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
+      // (Per model parameter: LoRA's trained set is the adapters, never on a tied embedding.)
+      if (!lora_)
+        for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
     }
     LOOM_CHECK(opt_.freeze.empty(), "train.freeze under data, tensor, pipeline or context ",
                "parallelism is not supported yet: run it in one process");
     if (opt_.mode == "dpo") {
       // DPO over data-parallel ranks: a micro-batch's pairs stay together on one rank (the
-      // sources deal out whole micro-batches), so only the sums cross ranks. Each rank keeps
-      // a whole reference model, hence no sharded or split layouts.
+      // sources deal out whole micro-batches), so only the sums cross ranks. Under tensor
+      // parallelism (and SP) the TP ranks of a DP group run the same pairs: the vocabulary-
+      // parallel cross-entropy gives every one of them each token's whole log-probability, so
+      // they compute the same sequence log-probabilities, DPO terms and per-token weights.
+      // The reference model has the policy's layout (its TP shard); under ZeRO-3 it is sharded
+      // like the policy (make_reference). Under context parallelism every CP rank of a DP group
+      // runs its chunks of the same pairs, and the sequence log-probabilities are summed over
+      // the CP group (Decoder::collect_outputs). Under a pipeline the last stage computes the
+      // DPO terms (dpo_pipeline); not with CP as well (untested: the CP sum would run inside
+      // the last stage's forward-only passes). No expert parallelism.
       const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.tp == 1 && d.pp == 1 && d.cp == 1 && d.ep == 1 && vp == 1 && dpo.zero <= 2,
-                 "DPO under tensor, pipeline, context or expert parallelism, or with ZeRO-3, is ",
-                 "not supported yet: use data parallelism only (parallel.dp, parallel.zero 0-2)");
-      if (!lora_) {
-        reference_ =
-            std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute);
-        const ParamSet& P = model_->params();  // whole on every rank below ZeRO-3
-        std::copy(P.data(), P.data() + P.total(), reference_->params().data());
-      }
+      LOOM_CHECK(d.ep == 1, "DPO under expert parallelism is not supported yet: use data, ",
+                 "tensor, pipeline and context parallelism (parallel.dp, tp, sp, pp, cp)");
+      LOOM_CHECK(d.cp == 1 || (d.pp == 1 && vp == 1),
+                 "DPO under pipeline and context parallelism at once is not supported yet");
+      if (!lora_) make_reference(nullptr);
     }
   } else {
     ParamSet& P = model_->params();
@@ -320,23 +342,19 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       round_to(policy_.compute, P.data(), P.total());
     optim_ = std::make_unique<AdamW>(trained_params(), acfg, policy_.compute, cpu_backend());
     if (pretrained && policy_.compute != DType::F32) round_to(policy_.compute, P.data(), P.total());
-    if (opt_.mode == "dpo" && !lora_) {
-      // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
-      reference_ =
-          std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute);
-      std::copy(P.data(), P.data() + P.total(), reference_->params().data());
-    }
+    // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
+    if (opt_.mode == "dpo" && !lora_) make_reference(nullptr);
   }
   // bf16 GEMMs where the CPU has them natively (kept off under ZeRO-3, whose point is not to hold
   // every weight at once: the recipe keeps a bf16 copy of each).
-  if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3))
+  if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3) && !base_zero3_)
     bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
   if (fp8_opt) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   // Delayed scaling's amaxes are max-reduced over the ranks of one pipeline stage (TE's amax
   // reduction group): one process's history under TP, DP and CP alike.
   if (fp8_ && pg_) fp8_->set_amax_group(pg_->cp().size() > 1 ? &pg_->tp_dp_cp() : &pg_->tp_dp());
   LOOM_CHECK(
-      !fp8_ || !dp_ || dp_->zero() < 3,
+      !fp8_ || !dp_ || (dp_->zero() < 3 && !base_zero3_),
       "precision.fp8_recipe: not supported with ZeRO-3 (the recipe keeps fp8 weight copies)");
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
@@ -347,6 +365,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
                      : opt_.resume && ckpt::has_checkpoints(checkpoint_root()) &&
                            resume_from(checkpoint_root());
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
+  reference_from_init_weights(resumed);
   const double restore_seconds = now_seconds() - restore_start;
   if (rank_ == 0) {  // one metrics log and config per run, written by rank 0
     metrics_ = std::make_unique<MetricsLog>(opt_.out_dir + "/metrics.jsonl", resumed,
@@ -410,8 +429,9 @@ StepResult Trainer::train_step() {
   if (!dp_) {
     ParamSet& T = trained_params();  // under LoRA the base has no gradients to clear
     T.zero_grad();
-    for (auto& b : micro_) {
-      loss_sum += model_->forward_backward(b.input(), static_cast<float>(scale / valid));
+    for (size_t j = 0; j < micro_.size(); ++j) {
+      LoraDropoutScope drop(lora_.get(), global_micro(j));
+      loss_sum += model_->forward_backward(micro_[j].input(), static_cast<float>(scale / valid));
       aux_sum += model_->last_aux_loss();
     }
     if (inject_ != 1.f) be.scale_inplace(T.grad(), inject_, T.total());
@@ -425,7 +445,15 @@ StepResult Trainer::train_step() {
     for (auto& b : micro_) in.push_back(model_input(b));
     dp_->start_step(1);
     dp_->start_micro(0);
+    // LoRA dropout keyed by the micro-batch each forward or backward (which recomputes the
+    // chunk) computes, in whatever order the schedule runs them.
+    LoraDropoutScope drop(lora_.get(), 0);
+    if (lora_)
+      pipe_->before_micro = [this, &in](int mb) {
+        lora_->set_dropout_batch(global_micro(size_t(mb)), cp_rows(in[size_t(mb)]));
+      };
     loss_sum = pipe_->run(in, static_cast<float>(scale / valid));
+    pipe_->before_micro = nullptr;
     aux_sum = pipe_->last_aux_loss();
     dp_->finish_micro();
     // The loss lives on the last stage (aux losses on the stages holding MoE layers): summing
@@ -450,8 +478,9 @@ StepResult Trainer::train_step() {
     dp_->start_step(static_cast<int>(micro_.size()));
     for (size_t j = 0; j < micro_.size(); ++j) {
       dp_->start_micro(static_cast<int>(j));
-      loss_sum +=
-          model_->forward_backward(model_input(micro_[j]), static_cast<float>(scale / valid));
+      const ModelInput in = model_input(micro_[j]);
+      LoraDropoutScope drop(lora_.get(), global_micro(j), cp_rows(in));
+      loss_sum += model_->forward_backward(in, static_cast<float>(scale / valid));
       aux_sum += model_->last_aux_loss();
       dp_->finish_micro();
     }
@@ -502,7 +531,12 @@ double Trainer::evaluate() {
   if (opt_.mode == "dpo") {
     DpoStats total;
     Batch b;
-    for (int i = 0; i < opt_.eval_batches; ++i) {
+    if (pipe_) {
+      std::vector<Batch> batches(size_t(std::max(0, opt_.eval_batches)));
+      for (Batch& v : batches) valid_data_->next(v);
+      total = dpo_pipeline(batches, false, 1);
+    }
+    for (int i = 0; i < opt_.eval_batches && !pipe_; ++i) {
       valid_data_->next(b);
       const DpoStats s = dpo_micro(b, false, 1);
       total.loss += s.loss;
@@ -925,7 +959,17 @@ void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
 // the rows it needs) and extracts its pieces by the placement consolidation uses
 // (ckpt/reshard.h), then continues the run's step, optimizer, loss scale and data position.
 Trainer::DpoStats Trainer::dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step) {
-  ModelInput in = b.input();
+  // Under context parallelism this rank's chunks of the pairs (the sequences stay in order, so
+  // pair k is still local sequences 2k and 2k+1), erased again on the way out.
+  ModelInput in = model_input(b);
+  struct Forget {
+    std::map<const Batch*, CpLocal>& m;
+    const Batch* b;
+    ~Forget() { m.erase(b); }
+  } forget{cp_local_, &b};
+  // LoRA dropout (dpo_step set the micro-batch): under CP by the tokens' micro-batch rows.
+  if (lora_ && lora_->dropout_active())
+    lora_->set_dropout_batch(lora_->dropout_micro(), cp_rows(in));
   StepOutputs ref, pol;
   if (lora_) {
     lora_->set_attached(false);
@@ -935,9 +979,24 @@ Trainer::DpoStats Trainer::dpo_micro(const Batch& b, bool backward, int64_t pair
     reference_->forward_loss(in, &ref);
   }
   model_->forward_loss(in, &pol);
+  std::vector<float> w;
+  const DpoStats st = dpo_terms(in, ref, pol, pairs_in_step, w);
+  if (backward) {
+    in.loss_weights = w.data();
+    model_->forward_backward(in, 1.f);
+  }
+  return st;
+}
+
+// A micro-batch's pairs (sequences 2k and 2k+1 of `in`) from the policy's and the reference's
+// sequence log-probabilities: their DPO losses and statistics, and in `w` each token's loss
+// weight for the backward (dL/dpi of its sequence, over the step's pairs).
+Trainer::DpoStats Trainer::dpo_terms(const ModelInput& in, const StepOutputs& ref,
+                                     const StepOutputs& pol, int64_t pairs_in_step,
+                                     std::vector<float>& w) const {
   DpoStats st;
   st.pairs = in.nseq / 2;
-  std::vector<float> w(size_t(in.N), 0.f);
+  w.assign(size_t(in.N), 0.f);
   for (int64_t k = 0; k < st.pairs; ++k) {
     const size_t c = size_t(2 * k), r = c + 1;
     const DpoPair p = dpo_pair(pol.seq_logprobs[c], pol.seq_logprobs[r], ref.seq_logprobs[c],
@@ -953,11 +1012,57 @@ Trainer::DpoStats Trainer::dpo_micro(const Batch& b, bool backward, int64_t pair
       for (int i = in.cu_seqlens[c + s]; i < in.cu_seqlens[c + s + 1]; ++i)
         w[size_t(i)] = static_cast<float>(-d[s] / double(pairs_in_step));
   }
-  if (backward) {
-    in.loss_weights = w.data();
-    model_->forward_backward(in, 1.f);
-  }
   return st;
+}
+
+// DPO over a pipeline: the step's micro-batches run forward only through the reference's
+// stages (LoRA: the policy's, adapters detached) and the policy's, the rank holding the last
+// stage turns the sequence log-probabilities into the DPO terms and per-token weights (the
+// weights matter only to the head, which is there), and then one pipeline schedule runs the
+// policy's forwards and backwards with those weights. The figures live on the last stage:
+// summed over the pipeline (the other stages hold zeros). With `backward`, gradients
+// accumulate with the weights scaled by 1 / pairs_in_step.
+Trainer::DpoStats Trainer::dpo_pipeline(std::vector<Batch>& batches, bool backward,
+                                        int64_t pairs_in_step) {
+  std::vector<ModelInput> in;
+  for (const Batch& b : batches) in.push_back(b.input());
+  std::vector<StepOutputs> ref, pol;
+  if (lora_) {
+    lora_->set_attached(false);
+    pipe_->forward_only(in, &ref);
+    lora_->set_attached(true);
+  } else {
+    reference_pipe_->forward_only(in, &ref);
+  }
+  // The policy's forward-only passes and the training schedule draw the same dropout masks.
+  LoraDropoutScope drop(backward ? lora_.get() : nullptr, 0);
+  if (backward && lora_)
+    pipe_->before_micro = [this](int mb) { lora_->set_dropout_batch(global_micro(size_t(mb))); };
+  struct Unhook {
+    parallel::PipelineRunner& p;
+    ~Unhook() { p.before_micro = nullptr; }
+  } unhook{*pipe_};
+  pipe_->forward_only(in, &pol);
+  DpoStats total;
+  std::vector<std::vector<float>> w(in.size());
+  if (model_->pipeline_stage().last)
+    for (size_t j = 0; j < in.size(); ++j) {
+      const DpoStats st = dpo_terms(in[j], ref[j], pol[j], pairs_in_step, w[j]);
+      total.loss += st.loss;
+      total.reward_chosen += st.reward_chosen;
+      total.reward_rejected += st.reward_rejected;
+      total.correct += st.correct;
+      total.pairs += st.pairs;
+      in[j].loss_weights = w[j].data();
+    }
+  if (backward) pipe_->run(in, 1.f);
+  comm::Communicator& pp = pg_->pp();
+  total.loss = pp.all_reduce_scalar(total.loss, comm::ReduceOp::Sum);
+  total.reward_chosen = pp.all_reduce_scalar(total.reward_chosen, comm::ReduceOp::Sum);
+  total.reward_rejected = pp.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
+  total.correct = pp.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
+  total.pairs = pp.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
+  return total;
 }
 
 StepResult Trainer::dpo_step() {
@@ -969,14 +1074,23 @@ StepResult Trainer::dpo_step() {
   const int64_t pairs = int64_t(opt_.micro_batch) * opt_.grad_accum * (dp_ ? pg_->dp().size() : 1);
   ParamSet& T = trained_params();
   if (dp_)
-    dp_->start_step(static_cast<int>(micro_.size()));
+    dp_->start_step(pipe_ ? 1 : static_cast<int>(micro_.size()));  // the pipeline: one "micro"
   else
     T.zero_grad();
   DpoStats total;
-  for (size_t j = 0; j < micro_.size(); ++j) {
+  if (pipe_) {
+    for (Batch& b : micro_) train_data_->next(b);
+    dp_->start_micro(0);
+    total = dpo_pipeline(micro_, true, pairs);
+    dp_->finish_micro();
+  }
+  for (size_t j = 0; j < micro_.size() && !pipe_; ++j) {
     Batch& b = micro_[j];
     train_data_->next(b);
     if (dp_) dp_->start_micro(static_cast<int>(j));
+    // The policy's forward-only pass and its backward draw the same dropout mask, so the
+    // log-probabilities in the loss are those of the function differentiated.
+    LoraDropoutScope drop(lora_.get(), global_micro(j));
     const DpoStats s = dpo_micro(b, true, pairs);
     if (dp_) dp_->finish_micro();
     total.loss += s.loss;
@@ -987,13 +1101,19 @@ StepResult Trainer::dpo_step() {
   }
   double sq = 0;
   if (dp_) {
+    // The TP ranks of a DP group hold the same figures: sum over DP only. The squared gradient
+    // norm counts sharded parameters on every TP rank and replicated ones once (norm_weights_).
     comm::Communicator& g = pg_->dp();
     total.loss = g.all_reduce_scalar(total.loss, comm::ReduceOp::Sum);
     total.reward_chosen = g.all_reduce_scalar(total.reward_chosen, comm::ReduceOp::Sum);
     total.reward_rejected = g.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
     total.correct = g.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
     total.pairs = g.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
-    sq = g.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
+    // Under a pipeline every stage's parameters are distinct: sum over all ranks.
+    comm::Communicator& norm_group = pipe_                  ? pg_->world()
+                                     : pg_->cp().size() > 1 ? pg_->tp_dp_cp()
+                                                            : pg_->tp_dp();
+    sq = norm_group.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
   } else {
     sq = cpu_backend().sum_squares(T.grad(), T.total());
   }
@@ -1004,6 +1124,101 @@ StepResult Trainer::dpo_step() {
   finish_step(r, total.loss, total.pairs, sq, 1.0);
   r.seconds = now_seconds() - t0;
   return r;
+}
+
+// DPO's reference is the run's starting weights. train.pretrained's and the seeded draw are in
+// the model when the reference copies it (construction); a weights-only train.init_from (e.g.
+// `loom ckpt import`) arrives later: its weights are taken here, from the model when the run
+// starts from them, or from the checkpoint again when the run resumes its own checkpoint.
+void Trainer::reference_from_init_weights(bool resumed) {
+  if (!reference_ || !opt_.pretrained.empty() || opt_.init_from.empty()) return;
+  const ckpt::Checkpoint c(opt_.init_from);
+  if (c.state().extra.contains("optimizer_steps")) return;  // a run's checkpoint: see docs
+  make_reference(resumed ? &c : nullptr);
+}
+
+// The DPO reference: a frozen Decoder in the policy's layout holding the policy's weights now
+// (`from` null), or `from`'s weights. Under ZeRO-3 it holds what FrozenShards needs and no
+// more (this rank's flat shard of the blocks, the same split as the policy's, and the
+// parameters outside the blocks whole), so no rank ever holds the whole reference either.
+void Trainer::make_reference(const ckpt::Checkpoint* from) {
+  reference_shards_.reset();  // it points into the old reference
+  reference_pipe_.reset();
+  reference_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute,
+                                         model_->tensor_parallel(), ExpertParallel{},
+                                         model_->pipeline_stage());
+  // Under a pipeline the reference runs forward only through its own stages, with the policy's
+  // schedule (a collective over the pipeline group: every rank makes it here).
+  if (pipe_)
+    reference_pipe_ =
+        std::make_unique<parallel::PipelineRunner>(*reference_, pg_->pp(), pipe_->schedule());
+  if (model_->context_parallel().size > 1)
+    reference_->set_context_parallel(model_->context_parallel());
+  ParamSet& R = reference_->params();
+  const ParamSet& P = model_->params();
+  LOOM_CHECK(R.total() == P.total(), "DPO reference layout mismatch");
+  const bool sharded = dp_ && dp_->zero() == 3;
+  const auto round = [&](float* p, int64_t n) {
+    if (policy_.compute != DType::F32 && n > 0) round_to(policy_.compute, p, size_t(n));
+  };
+  if (!sharded && !from) {
+    std::copy(P.data(), P.data() + P.total(), R.data());  // whole (this rank's TP shard)
+    return;
+  }
+  if (!sharded) {
+    ckpt::TensorList whole;
+    for (auto& [name, t] : R.tensors()) {
+      ckpt::ShardInfo info;
+      info.replica_id = pg_ ? pg_->dp().rank() : 0;
+      whole.push_back({name, t, info});
+    }
+    ckpt::fill_from_whole(*from, R, whole, {});
+    check_finite(R, from->dir());
+    round(R.data(), R.total());
+    return;
+  }
+  const int64_t lo = dp_->shard_begin(), hi = dp_->shard_end();
+  if (from) {
+    // The pieces this rank keeps, read from the checkpoint's whole tensors.
+    ckpt::TensorList pieces;
+    for (const ParamInfo& p : R.infos()) {
+      ckpt::ShardInfo info;
+      if (!in_block(p.name)) {
+        info.replica_id = pg_->dp().rank();
+        pieces.push_back({p.name, Tensor::view_of(R.data() + p.offset, p.shape, DType::F32), info});
+        continue;
+      }
+      const int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
+      if (a >= b) continue;
+      info.global_shape = {p.numel};
+      info.global_offset = {a - p.offset};
+      pieces.push_back({p.name, Tensor::view_of(R.data() + a, {b - a}, DType::F32), info});
+    }
+    ckpt::fill_from_whole(*from, R, pieces, {});
+    check_finite(R, from->dir());  // the rest of R is zeros
+    for (const auto& piece : pieces) round(piece.tensor.data<float>(), piece.tensor.numel());
+  } else {
+    // The policy's master shard (its starting weights) and its gathered non-block parameters.
+    for (const auto& sl : dp_->param_slices()) {
+      float* dst = R.data() + R.info(sl.name).offset + sl.offset;
+      std::copy_n(sl.tensor.data<float>(), sl.tensor.numel(), dst);
+      round(dst, sl.tensor.numel());
+    }
+    for (const ParamInfo& p : P.infos())
+      if (!in_block(p.name)) std::copy_n(P.data() + p.offset, p.numel, R.data() + p.offset);
+  }
+  reference_shards_ = std::make_unique<parallel::FrozenShards>(*reference_, pg_->dp());
+  LOOM_CHECK(reference_shards_->shard_begin() == lo && reference_shards_->shard_end() == hi,
+             "DPO reference: its ZeRO-3 shard differs from the policy's");
+}
+
+const int32_t* Trainer::cp_rows(const ModelInput& in) const {
+  return in.cp ? in.cp->shards[size_t(pg_->cp().rank())].global_rows.data() : nullptr;
+}
+
+uint64_t Trainer::global_micro(size_t j) const {
+  const int64_t dp = pg_ ? pg_->dp().size() : 1, rank = pg_ ? pg_->dp().rank() : 0;
+  return uint64_t((step_ * opt_.grad_accum + int64_t(j)) * dp + rank);
 }
 
 ParamSet& Trainer::trained_params() {
@@ -1019,13 +1234,44 @@ void Trainer::load_pretrained(const std::string& path) {
              "(loom ckpt consolidate)");
   LOOM_CHECK(!c.state().extra.contains("lora"), c.dir(),
              ": a LoRA checkpoint holds adapters only; merge it first (loom ckpt merge)");
-  if ((!dp_ || lora_) && model_->tensor_parallel().size == 1) {
+  if (base_shards_) {
+    // LoRA at ZeRO-3: this rank's flat shard of the blocks (into the shards' own copy) and the
+    // parameters outside the blocks (into the model, where they stay gathered), rounded to the
+    // compute type as the model would hold them. The rest of the base is never written here.
+    ParamSet& P = model_->params();
+    const int64_t lo = base_shards_->shard_begin(), hi = base_shards_->shard_end();
+    ckpt::TensorList pieces;
+    for (const ParamInfo& p : P.infos()) {
+      ckpt::ShardInfo info;
+      if (!in_block(p.name)) {
+        info.replica_id = pg_->dp().rank();
+        pieces.push_back({p.name, Tensor::view_of(P.data() + p.offset, p.shape, DType::F32), info});
+        continue;
+      }
+      const int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
+      if (a >= b) continue;
+      info.global_shape = {p.numel};
+      info.global_offset = {a - p.offset};
+      pieces.push_back(
+          {p.name, Tensor::view_of(base_shards_->own() + (a - lo), {b - a}, DType::F32), info});
+    }
+    ckpt::fill_from_whole(c, P, pieces, {});
+    for (const auto& piece : pieces) {
+      const float* v = piece.tensor.data<float>();
+      LOOM_CHECK(cpu_backend().all_finite(v, piece.tensor.numel()), c.dir(), ": parameter '",
+                 piece.name, "' holds non-finite values (NaN or inf)");
+      if (policy_.compute != DType::F32)
+        round_to(policy_.compute, piece.tensor.data<float>(), size_t(piece.tensor.numel()));
+    }
+    return;
+  }
+  if ((!dp_ || lora_) && model_->tensor_parallel().size == 1 && model_->pipeline_stage().whole()) {
     // Under LoRA the base is whole (replicated) on every rank.
     c.restore_model(model_->params().tensors());
     check_finite(model_->params(), c.dir());
   } else if (!dp_ || lora_) {
-    // LoRA under TP (before the engine exists): each rank's whole TP shard of every parameter,
-    // placed by its ParamInfo.
+    // LoRA under TP or PP (before the engine exists): each rank's whole TP shard of every
+    // parameter of its pipeline stage, placed by its ParamInfo.
     ckpt::TensorList whole;
     for (auto& [name, t] : model_->params().tensors()) {
       ckpt::ShardInfo info;

@@ -15,6 +15,7 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "parallel/data_parallel.h"
+#include "parallel/frozen_shards.h"
 #include "parallel/pipeline.h"
 #include "precision/bf16_gemms.h"
 #include "precision/fp8_recipes.h"
@@ -112,6 +113,9 @@ class Trainer {
     int64_t pairs = 0;
   };
   DpoStats dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step);
+  // The same for a pipeline's micro-batches together (every pipeline rank; the figures summed
+  // over the pipeline).
+  DpoStats dpo_pipeline(std::vector<Batch>& batches, bool backward, int64_t pairs_in_step);
 
   void save_checkpoint();
   // Waits until the last checkpoint is durable and committed (run() does this at its end; a
@@ -132,6 +136,7 @@ class Trainer {
   bool distributed() const { return dp_ != nullptr; }
   comm::ProcessGroups* groups() { return pg_.get(); }
   parallel::DataParallel* data_parallel() { return dp_.get(); }
+  parallel::FrozenShards* base_shards() { return base_shards_.get(); }  // LoRA at ZeRO-3
   parallel::PipelineRunner* pipeline() { return pipe_.get(); }  // null unless parallel.pp > 1
   const PrecisionPolicy& precision() const { return policy_; }
   Fp8Recipes* fp8_recipes() const { return fp8_.get(); }  // nullptr without precision.fp8_recipe
@@ -151,8 +156,32 @@ class Trainer {
   bool resume_distributed();
   void start_from_one_process(const std::string& path);
   void load_pretrained(const std::string& path);
+  void reference_from_init_weights(bool resumed);  // DPO: see trainer.cpp
+  void make_reference(const ckpt::Checkpoint* from);
   StepResult dpo_step();
+  DpoStats dpo_terms(const ModelInput& in, const StepOutputs& ref, const StepOutputs& pol,
+                     int64_t pairs_in_step, std::vector<float>& w) const;
   ParamSet& trained_params();  // what the optimizer steps: the adapters under LoRA
+  // Micro-batch j of this step as the one-process run counts its micro-batches (the data
+  // sources deal rank r of dp the one-process micro-batch j * dp + r): LoRA dropout's key, so
+  // that its masks do not depend on the layout.
+  uint64_t global_micro(size_t j) const;
+  // Under context parallelism, the micro-batch row of each of this rank's rows of `in` (LoRA
+  // dropout draws a token's mask by its micro-batch row); nullptr otherwise.
+  const int32_t* cp_rows(const ModelInput& in) const;
+  // LoRA dropout on (lora.dropout > 0) for one training micro-batch; off again on exit, errors
+  // included, so evaluation and forward-only passes never drop.
+  struct LoraDropoutScope {
+    Lora* lora;
+    LoraDropoutScope(Lora* l, uint64_t micro, const int32_t* rows = nullptr) : lora(l) {
+      if (lora) lora->set_dropout_batch(micro, rows);
+    }
+    ~LoraDropoutScope() {
+      if (lora) lora->clear_dropout();
+    }
+    LoraDropoutScope(const LoraDropoutScope&) = delete;
+    LoraDropoutScope& operator=(const LoraDropoutScope&) = delete;
+  };
   void check_same_global_batch(const ckpt::Checkpoint& c) const;
   std::string layout_name() const;
   comm::Communicator& grad_group() const;  // dp, or dp x cp under context parallelism
@@ -174,6 +203,10 @@ class Trainer {
   std::unique_ptr<Lora> lora_;  // LoRA fine-tuning ([lora] rank > 0): adapters on the model
   // DPO: the frozen reference (the starting weights; under LoRA the base itself, adapters off).
   std::unique_ptr<Decoder> reference_;
+  // Full DPO with parallel.zero = 3: the reference sharded like the policy (after reference_:
+  // destroyed first).
+  std::unique_ptr<parallel::FrozenShards> reference_shards_;
+  std::unique_ptr<parallel::PipelineRunner> reference_pipe_;  // DPO under PP: the reference's
   std::unique_ptr<Bf16Gemms> bf16_gemms_;  // bf16 policy on an AVX512-BF16 CPU
   std::unique_ptr<Fp8Recipes> fp8_;        // precision.fp8_recipe: FP8 / MXFP8 GEMMs
   double dpo_beta_ = 0.1;
@@ -195,6 +228,9 @@ class Trainer {
   std::unique_ptr<comm::ProcessGroups> pg_;
   std::unique_ptr<comm::Communicator> edp_cp_;  // expert-data x context parallel (cp > 1)
   std::unique_ptr<parallel::DataParallel> dp_;
+  // LoRA with parallel.zero = 3: the frozen base sharded over DP, gathered block by block.
+  bool base_zero3_ = false;
+  std::unique_ptr<parallel::FrozenShards> base_shards_;
   std::vector<double> norm_weights_;  // per parameter: counted in the global grad norm
   std::unique_ptr<parallel::PipelineRunner> pipe_;
   struct CpLocal {  // this rank's share of a micro-batch under context parallelism

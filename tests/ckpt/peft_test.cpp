@@ -42,19 +42,21 @@ std::vector<double> delta_row(const Tensor& B, const Tensor& A, int64_t i) {
 TEST(Peft, LlamaAdaptersSplitIntoModulesAndReadBackExactly) {
   ScratchDir dir;
   const HfModelShape s = testing::tiny_llama3();  // q 8 rows, k and v 4 each; d_ff 12
-  const PeftAdapters a = adapters({{"blocks.0.attn.qkv", 16, 8},
-                                   {"blocks.1.attn.qkv", 16, 8},
-                                   {"blocks.0.mlp.fc", 24, 8},
-                                   {"blocks.1.mlp.fc", 24, 8},
-                                   {"blocks.1.mlp.proj", 8, 12},
-                                   {"head", 13, 8}},
-                                  4, 7);
+  PeftAdapters a = adapters({{"blocks.0.attn.qkv", 16, 8},
+                             {"blocks.1.attn.qkv", 16, 8},
+                             {"blocks.0.mlp.fc", 24, 8},
+                             {"blocks.1.mlp.fc", 24, 8},
+                             {"blocks.1.mlp.proj", 8, 12},
+                             {"head", 13, 8}},
+                            4, 7);
+  a.dropout = 0.05;
   export_peft(dir.path(), s, a, "meta-llama/Llama-3.2-1B");
   const Json c = Json::parse(read_file(dir / "adapter_config.json"));
   EXPECT_EQ(c.at("peft_type").as_string(), "LORA");
   EXPECT_EQ(c.at("r").as_int(), 4);
   EXPECT_EQ(c.at("lora_alpha").as_double(), 16.0);
   EXPECT_TRUE(c.at("use_rslora").as_bool());
+  EXPECT_EQ(c.at("lora_dropout").as_double(), 0.05);
   EXPECT_EQ(c.at("base_model_name_or_path").as_string(), "meta-llama/Llama-3.2-1B");
   // down_proj is adapted in layer 1 only: full module names instead of short ones.
   const std::string targets = c.at("target_modules").dump();
@@ -76,6 +78,7 @@ TEST(Peft, LlamaAdaptersSplitIntoModulesAndReadBackExactly) {
   EXPECT_EQ(back.rank, 4);
   EXPECT_EQ(back.alpha, 16.0);
   EXPECT_TRUE(back.rslora);
+  EXPECT_EQ(back.dropout, 0.05);
   ASSERT_EQ(back.tensors.size(), a.tensors.size());
   for (const auto& [n, t] : a.tensors) EXPECT_TRUE(same_tensor(back.tensors.at(n), t)) << n;
 }
@@ -178,6 +181,11 @@ TEST(Peft, FilesLoomCannotRepresentAreRefused) {
   write_file_atomic(dir / "adapter_config.json", c.dump());
   e = error_of([&] { import_peft(dir.path(), s); });
   EXPECT_NE(e.find("peft_type \"IA3\""), std::string::npos) << e;
+  c = Json::parse(good.dump());
+  c["lora_dropout"] = Json(1.0);
+  write_file_atomic(dir / "adapter_config.json", c.dump());
+  e = error_of([&] { import_peft(dir.path(), s); });
+  EXPECT_NE(e.find("'lora_dropout' must lie in [0, 1)"), std::string::npos) << e;
   c = Json::parse(good.dump());
   c["r"] = Json(8);
   write_file_atomic(dir / "adapter_config.json", c.dump());

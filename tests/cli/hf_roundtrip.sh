@@ -78,15 +78,17 @@ printf 'say w001 w001. %.0s' $(seq 100) > "$work/text.txt"
   --set train.init_from="$work/imported" --set train.out_dir="$work/pre" >/dev/null
 echo "pretrain: started from the imported checkpoint"
 
-# LoRA on the imported model, its adapters as PEFT files, read back onto the same base.
+# LoRA (with dropout, which generation never applies) on the imported model, its adapters as
+# PEFT files, read back onto the same base.
 "$loom" train "${model[@]}" "${common[@]}" --set train.steps=3 --set data.source=chat \
   --set data.path="$work/chat.jsonl" --set data.tokenizer="hf:$work/hf" \
   --set train.pretrained="$work/imported" --set lora.rank=4 --set lora.alpha=8 \
-  --set optim.lr=1e-2 --set train.out_dir="$work/lora" >/dev/null
+  --set lora.dropout=0.25 --set optim.lr=1e-2 --set train.out_dir="$work/lora" >/dev/null
 "$loom" ckpt export "$work/lora/checkpoints" --out "$work/peft" --peft >/dev/null
 [ -f "$work/peft/adapter_model.safetensors" ] || fail "no adapter_model.safetensors"
 has "$work/peft/adapter_config.json" '"q_proj"'
 has "$work/peft/adapter_config.json" '"lora_alpha": 8'
+has "$work/peft/adapter_config.json" '"lora_dropout": 0.25'
 "$loom" ckpt import "$work/peft" --base "$work/imported" --out "$work/peft-imported" >/dev/null
 a=$("$loom" generate --ckpt "$work/lora/checkpoints" --prompt "say w007" --tokens 12 \
   --temperature 0 --tokenizer "hf:$work/hf")

@@ -125,3 +125,138 @@ TEST(Lora, TargetsThatMatchNothingAreErrors) {
   LoraConfig c = cfg(0);
   EXPECT_THROW(Lora(m, c), Error);
 }
+
+// LoRA dropout (PEFT's lora_dropout) acts only while the trainer has set a micro-batch: without
+// one the adapted model is exactly the dropout-free one (evaluation, serving); with one the
+// mask is a function of the micro-batch key alone (two passes agree, another key differs).
+TEST(Lora, DropoutActsOnlyForATrainingMicroBatchAndIsKeyed) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder m(tiny(f), cpu_backend());
+    m.params().init(13);
+    Data d = make_data({7, 6}, 14);
+    double plain = 0;
+    {
+      Lora lora(m, cfg(3));
+      randomise_b(lora);
+      plain = m.forward_loss(d.input());
+    }
+    LoraConfig c = cfg(3);
+    c.dropout = 0.3;
+    Lora lora(m, c);
+    randomise_b(lora);  // the same B (and the same seed draws the same A)
+    EXPECT_FALSE(lora.dropout_active());
+    EXPECT_EQ(m.forward_loss(d.input()), plain) << family_name(f);
+    lora.set_dropout_batch(4);
+    const double a = m.forward_loss(d.input()), b = m.forward_loss(d.input());
+    EXPECT_EQ(a, b) << family_name(f);
+    EXPECT_NE(a, plain) << family_name(f);
+    lora.set_dropout_batch(5);
+    EXPECT_NE(m.forward_loss(d.input()), a) << family_name(f);
+    lora.clear_dropout();
+    EXPECT_EQ(m.forward_loss(d.input()), plain) << family_name(f);
+  }
+}
+
+// With dropout on, the gradients of A and B (and through the mask, of everything upstream of
+// an adapter) are those of the dropped function: finite differences under the same mask.
+TEST(Lora, DropoutGradientsMatchFiniteDifferences) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder m(tiny(f), cpu_backend());
+    m.params().init(17);
+    LoraConfig c = cfg(3);
+    c.dropout = 0.25;
+    Lora lora(m, c);
+    randomise_b(lora);
+    Data d = make_data({6, 5}, 18);
+    ParamSet& P = lora.params();
+    lora.set_dropout_batch(11);
+    P.zero_grad();
+    m.forward_backward(d.input(), 1.f);
+    const std::vector<float> g(P.grad(), P.grad() + P.total());
+    const float eps = 1e-2f;
+    int checked = 0;
+    for (const ParamInfo& p : P.infos())
+      for (int k = 0; k < 3; ++k) {
+        const int64_t i = p.offset + (p.numel - 1) * k / 2;
+        const float saved = P.data()[i];
+        P.data()[i] = saved + eps;
+        const double lp = m.forward_loss(d.input());
+        P.data()[i] = saved - eps;
+        const double lm = m.forward_loss(d.input());
+        P.data()[i] = saved;
+        const double numeric = (lp - lm) / (2 * eps);
+        EXPECT_NEAR(g[size_t(i)], numeric,
+                    2e-2 * std::max(std::fabs(double(g[size_t(i)])), std::fabs(numeric)) + 2e-3)
+            << p.name << " " << family_name(f);
+        ++checked;
+      }
+    EXPECT_EQ(checked, 3 * 16);
+    // The input gradient through a dropped adapter: unfreeze one base weight upstream of the
+    // adapters (block 0's first norm) and check it as well.
+    const std::string up = "blocks.0.norm1.weight";
+    m.params().set_trainable(up, true);
+    m.params().zero_grad();
+    P.zero_grad();
+    m.forward_backward(d.input(), 1.f);
+    const ParamInfo& u = m.params().info(up);
+    for (int k = 0; k < 3; ++k) {
+      const int64_t i = u.offset + (u.numel - 1) * k / 2;
+      const double analytic = m.params().grad()[i];
+      float* w = m.params().data() + i;
+      const float saved = *w;
+      *w = saved + eps;
+      const double lp = m.forward_loss(d.input());
+      *w = saved - eps;
+      const double lm = m.forward_loss(d.input());
+      *w = saved;
+      const double numeric = (lp - lm) / (2 * eps);
+      EXPECT_NEAR(analytic, numeric,
+                  2e-2 * std::max(std::fabs(analytic), std::fabs(numeric)) + 2e-3)
+          << up << " " << family_name(f);
+    }
+    m.params().set_trainable(up, false);
+    lora.clear_dropout();
+  }
+}
+
+// The mask belongs to a token's row in the micro-batch, also on the output head, which runs
+// over chunks of rows: identical sequences in the same place of two head chunks still get
+// different masks (so different log-probabilities), while without dropout they are equal.
+TEST(Lora, HeadDropoutMaskFollowsTheRowAcrossHeadChunks) {
+  Decoder m(tiny(Family::Llama), cpu_backend());  // untied head
+  m.params().init(19);
+  const int L = 16, chunk = m.head_chunk();
+  ASSERT_EQ(chunk % L, 0);
+  const int nseq = 2 * chunk / L;
+  Data one = make_data({L}, 20);
+  Data d;
+  d.cu.push_back(0);
+  for (int s = 0; s < nseq; ++s) {
+    d.tokens.insert(d.tokens.end(), one.tokens.begin(), one.tokens.end());
+    d.targets.insert(d.targets.end(), one.targets.begin(), one.targets.end());
+    d.positions.insert(d.positions.end(), one.positions.begin(), one.positions.end());
+    d.cu.push_back(static_cast<int32_t>(d.tokens.size()));
+  }
+  LoraConfig c = cfg(2, {"head"});
+  c.dropout = 0.5;
+  Lora lora(m, c);
+  randomise_b(lora);
+  const int twin = chunk / L;  // sequence s + twin sits where s does, one head chunk later
+  StepOutputs plain, dropped;
+  m.forward_loss(d.input(), &plain);
+  EXPECT_EQ(plain.seq_logprobs[0], plain.seq_logprobs[size_t(twin)]);
+  lora.set_dropout_batch(3);
+  m.forward_loss(d.input(), &dropped);
+  lora.clear_dropout();
+  EXPECT_NE(dropped.seq_logprobs[0], dropped.seq_logprobs[size_t(twin)]);
+  EXPECT_NE(dropped.seq_logprobs[0], plain.seq_logprobs[0]);
+}
+
+TEST(Lora, DropoutOutsideZeroToOneIsAnError) {
+  Decoder m(tiny(Family::GPT2), cpu_backend());
+  for (double p : {-0.1, 1.0, 1.5, std::nan("")}) {
+    LoraConfig c = cfg(2);
+    c.dropout = p;
+    EXPECT_THROW(Lora(m, c), Error) << p;
+  }
+}

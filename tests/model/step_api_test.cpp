@@ -268,10 +268,10 @@ namespace {
 struct DeltaAdapter : LinearAdapter {
   std::vector<float> D, dD;
   int in = 0, out = 0;
-  void forward(Backend& be, float* y, const float* x, int N) override {
+  void forward(Backend& be, float* y, const float* x, int N, int) override {
     be.gemm(false, true, N, out, in, 1.f, x, in, D.data(), in, 1.f, y, out);
   }
-  void backward(Backend& be, float* dx, const float* dy, const float* x, int N) override {
+  void backward(Backend& be, float* dx, const float* dy, const float* x, int N, int) override {
     if (dx) be.gemm(false, false, N, in, out, 1.f, dy, out, D.data(), in, 1.f, dx, in);
     be.gemm(true, false, out, in, N, 1.f, dy, out, x, in, 1.f, dD.data(), in);
   }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/rng.h"
@@ -156,4 +157,69 @@ TEST(Dpo, TrainingRaisesHeldOutRewardAccuracy) {
   std::printf("held-out reward accuracy after 60 steps: %.3f\n", t.last_eval_extra()[0].second);
   EXPECT_GT(t.last_eval_extra()[0].second, 0.8);  // valid_reward_accuracy
   EXPECT_GT(t.last_eval_extra()[1].second, 0.0);   // valid_reward_margin
+}
+
+// The reference is the run's starting weights whatever way the run comes back: a resumed run
+// continues the straight run's losses bit for bit (its reference is not the weights it resumed
+// with), and a run started from a weights-only checkpoint (train.init_from, as from `loom ckpt
+// import`) takes them as its reference too (policy = reference: the first loss is log 2).
+TEST(Dpo, ReferenceIsTheStartingWeightsAfterResumeAndInitFrom) {
+  const std::string d = dir_for("resume");
+  write_data(d, 40);
+  auto config = [&](const std::string& out) {
+    Config c = dpo_config(d, 6);
+    c.set("train.out_dir", "\"" + d + "/" + out + "\"", "test");
+    return c;
+  };
+  std::vector<double> straight;
+  {
+    Trainer t(config("straight"));
+    for (int i = 0; i < 6; ++i) straight.push_back(t.train_step().loss);
+  }
+  EXPECT_NEAR(straight[0], std::log(2.0), 1e-6);
+  {
+    Trainer t(config("split"));
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(t.train_step().loss, straight[size_t(i)]);
+    t.save_checkpoint();
+  }
+  {
+    Trainer t(config("split"));
+    ASSERT_EQ(t.step(), 3);
+    for (int i = 3; i < 6; ++i) EXPECT_EQ(t.train_step().loss, straight[size_t(i)]) << i;
+  }
+  // Weights only: the straight run's final weights as a weights-only checkpoint.
+  {
+    Config c = config("base");
+    c.set("train.steps", "2", "test");
+    Trainer base(c);
+    base.run();
+  }
+  const std::string weights = d + "/weights";
+  {
+    ckpt::Checkpoint c(d + "/base/checkpoints");
+    ckpt::TrainerState st;
+    st.config_text = c.state().config_text;
+    ckpt::save_checkpoint(weights, st, c.model().load_all(), ckpt::TensorMap{});
+  }
+  auto from = [&](const std::string& out) {
+    Config c = config(out);
+    c.set("train.init_from", "\"" + weights + "\"", "test");
+    return c;
+  };
+  std::vector<double> from_straight;
+  {
+    Trainer t(from("from"));
+    EXPECT_EQ(t.step(), 0);
+    for (int i = 0; i < 4; ++i) from_straight.push_back(t.train_step().loss);
+  }
+  EXPECT_NEAR(from_straight[0], std::log(2.0), 1e-6);
+  {
+    Trainer t(from("from_split"));
+    for (int i = 0; i < 2; ++i) t.train_step();
+    t.save_checkpoint();
+  }
+  // Resumed, the run's reference is init_from's weights again, not its own resumed weights.
+  Trainer t(from("from_split"));
+  ASSERT_EQ(t.step(), 2);
+  for (int i = 2; i < 4; ++i) EXPECT_EQ(t.train_step().loss, from_straight[size_t(i)]) << i;
 }
