@@ -4,9 +4,10 @@
 // peak, each op group's share of the step time, and the peak device memory.
 //
 //   bench_cuda [--preset gpt2-124m] [--batch 16] [--seq 1024] [--steps 10] [--warmup 3]
-//              [--math bf16|tf32|fp32|fp16|fp8] [--peak-tflops X] [--no-profile]
+//              [--math bf16|tf32|fp32|fp16|fp8|fp8-delayed] [--peak-tflops X] [--no-profile]
 //      fp8: the blocks' linear layers in fp8 with current scaling (hybrid e4m3/e5m2), the rest
-//      as under bf16; MFU still against the dense bf16 peak.
+//      as under bf16; fp8-delayed: delayed scaling (amax history 1024); MFU still against the
+//      dense bf16 peak.
 //   bench_cuda --gemm-sweep [--preset P] [--batch B] [--seq T]
 //      the preset's linear-layer GEMMs (M = B*T tokens) through gemm_ex with bf16 and fp8
 //      (e4m3 x e4m3, per-tensor scales, bf16 output) operands, TFLOP/s each and fp8/bf16:
@@ -27,9 +28,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/fp8_replay.h"
 #include "cuda/step_replay.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/fp8_linear.h"
 #include "model/decoder.h"
 
 namespace {
@@ -115,7 +116,7 @@ int run(const Args& a) {
   CudaOptions opt;
   // fp8: the blocks' linear layers in fp8 (current scaling, hybrid e4m3/e5m2: the recipe
   // `fp8_tensorwise_current` with fp8_format = "hybrid"), everything else as under bf16.
-  const bool fp8 = a.math == "fp8";
+  const bool fp8 = a.math == "fp8" || a.math == "fp8-delayed";
   opt.gemm_math = gemm_math_from_name(fp8 ? "bf16" : a.math);
   CudaBackend be(opt);
   const ModelConfig cfg = model_preset(a.preset);
@@ -177,17 +178,13 @@ int run(const Args& a) {
       be, cfg, host.params(), w, g, N, head_chunk,
       [&](size_t n) { return acts.take_n<float>((n + 63) / 64 * 64); },
       [&](float* d, const float* src, size_t n) { be.download(d, src, n * 4); });
-  std::unique_ptr<CudaFp8Linear> fp8_linear;
+  std::unique_ptr<test::Fp8Layers> fp8_layers;
   if (fp8) {
-    const int widest = std::max({cfg.d_model, cfg.qkv_dim(), cfg.fc_dim(), cfg.d_ff});
-    const size_t weight = size_t(widest) * std::max(cfg.d_model, cfg.d_ff);
-    fp8_linear = std::make_unique<CudaFp8Linear>(be, true, 0, N, widest, weight);
-    replay.linear.forward = [&](float* y, const float* x, const float* w, const float* b, int n,
-                                int in, int out) { fp8_linear->forward(y, x, w, b, n, in, out); };
-    replay.linear.backward = [&](float* dx, float* dw, float* db, const float* dy, const float* x,
-                                 const float* w, int n, int in, int out) {
-      fp8_linear->backward(dx, dw, db, dy, x, w, n, in, out);
-    };
+    CudaFp8Options fo;
+    fo.hybrid = true;
+    fo.amax_history = a.math == "fp8-delayed" ? 1024 : 0;  // TE's default history
+    fp8_layers = std::make_unique<test::Fp8Layers>(be, fo, cfg, N);
+    fp8_layers->attach(replay);
   }
   auto stream = static_cast<cudaStream_t>(be.stream());
   GroupTimer timer{{}, stream};
@@ -200,6 +197,7 @@ int run(const Args& a) {
     be.fill_bytes(g, 0, P * 4);
     loss = replay.forward_backward(d_tok, d_tgt, d_pos, cu.data(), a.batch, 1.f / N);
     if (profile) timer.mark("optimizer");
+    if (fp8_layers) fp8_layers->begin_step();
     const double norm = std::sqrt(be.sum_squares(g, P));
     const float clip = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.f;
     be.adamw(w, g, m, v, P, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, clip, t);

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/fp8_replay.h"
 #include "cuda/step_fixture.h"
 #include "cuda/step_replay.h"
 #include "kernels/cuda/fp8_linear.h"
@@ -111,11 +112,64 @@ TEST(CudaFp8, LinearMatchesCpuRecipe) {
       cpu_lin.forward(cpu_backend(), y.data(), x.data(), w.data(), b.data(), sh.N, sh.in, sh.out);
       cpu_lin.backward(cpu_backend(), dx.data(), dw.data(), db.data(), dy.data(), x.data(),
                        w.data(), sh.N, sh.in, sh.out);
-      CudaFp8Linear lin(*gpu(), hybrid, 0, sh.N, std::max(sh.in, sh.out), w.size());
+      CudaFp8Options go;
+      go.hybrid = hybrid;
+      CudaFp8Scratch scratch(sh.N, std::max(sh.in, sh.out), w.size());
+      CudaFp8Linear lin(*gpu(), go, scratch);
       DevBuf gx(x), gw(w), gb(b), gdy(dy), gy(y.size() * 4), gdx(dx.size() * 4),
           gdw(std::vector<float>(w.size(), 0.f)), gdb(std::vector<float>(b.size(), 0.f));
       lin.forward(gy.f(), gx.f(), gw.f(), gb.f(), sh.N, sh.in, sh.out);
       lin.backward(gdx.f(), gdw.f(), gdb.f(), gdy.f(), gx.f(), gw.f(), sh.N, sh.in, sh.out);
+      EXPECT_TRUE(test::close_scaled(gy.get(), y, 1e-3)) << "y " << what;
+      EXPECT_TRUE(test::close_scaled(gdx.get(), dx, 1e-3)) << "dx " << what;
+      EXPECT_TRUE(test::close_scaled(gdw.get(), dw, 1e-3)) << "dw " << what;
+      EXPECT_TRUE(test::close_scaled(gdb.get(), db, 1e-5)) << "db " << what;
+    }
+  }
+}
+
+// Delayed scaling, one layer over six steps (new inputs and weights each step) against the CPU
+// recipe's Fp8Linear with the same history: the scales after every roll are equal bit for bit
+// (the same fp32 arithmetic on the same amaxes), the outputs as in the current-scaling test.
+TEST(CudaFp8, DelayedScalingMatchesCpuRecipe) {
+  LOOM_REQUIRE_GPU();
+  if (gpu()->sm_version() < 89) GTEST_SKIP() << "fp8 tensor cores need sm_89";
+  const int N = 128, in = 256, out = 128;
+  for (bool most_recent : {false, true}) {
+    Fp8Options o;
+    o.kind = Fp8RecipeKind::TensorwiseDelayed;
+    o.hybrid = true;
+    o.amax_history = 3;  // shorter than the run: the ring wraps
+    o.most_recent = most_recent;
+    Fp8Linear cpu_lin(o, nullptr);
+    CudaFp8Options go;
+    go.hybrid = true;
+    go.amax_history = 3;
+    go.most_recent = most_recent;
+    CudaFp8Scratch scratch(N, std::max(in, out), size_t(in) * out);
+    CudaFp8Linear lin(*gpu(), go, scratch);
+    for (int step = 0; step < 6; ++step) {
+      const std::string what =
+          std::string(most_recent ? "most_recent" : "max") + " step " + std::to_string(step);
+      cpu_lin.new_weights();
+      cpu_lin.roll_history();
+      lin.begin_step();
+      for (auto t : {Fp8Linear::X, Fp8Linear::W, Fp8Linear::DY})
+        EXPECT_EQ(lin.scale(CudaFp8Linear::Tensor(t)), cpu_lin.scale(t)) << what << " tensor " << t;
+      // Magnitudes that change from step to step, so the scales move.
+      const float g = float(1 << step) / 8;
+      const auto x = test::random_floats(size_t(N) * in, 40 + step, -3 * g, 3 * g);
+      const auto w = test::random_floats(size_t(out) * in, 50 + step, -0.1, 0.1);
+      const auto b = test::random_floats(size_t(out), 60 + step);
+      const auto dy = test::random_floats(size_t(N) * out, 70 + step, -1e-3 / g, 1e-3 / g);
+      std::vector<float> y(size_t(N) * out), dx(x.size()), dw(w.size(), 0.f), db(b.size(), 0.f);
+      cpu_lin.forward(cpu_backend(), y.data(), x.data(), w.data(), b.data(), N, in, out);
+      cpu_lin.backward(cpu_backend(), dx.data(), dw.data(), db.data(), dy.data(), x.data(),
+                       w.data(), N, in, out);
+      DevBuf gx(x), gw(w), gb(b), gdy(dy), gy(y.size() * 4), gdx(dx.size() * 4),
+          gdw(std::vector<float>(w.size(), 0.f)), gdb(std::vector<float>(b.size(), 0.f));
+      lin.forward(gy.f(), gx.f(), gw.f(), gb.f(), N, in, out);
+      lin.backward(gdx.f(), gdw.f(), gdb.f(), gdy.f(), gx.f(), gw.f(), N, in, out);
       EXPECT_TRUE(test::close_scaled(gy.get(), y, 1e-3)) << "y " << what;
       EXPECT_TRUE(test::close_scaled(gdx.get(), dx, 1e-3)) << "dx " << what;
       EXPECT_TRUE(test::close_scaled(gdw.get(), dw, 1e-3)) << "dw " << what;
@@ -150,14 +204,10 @@ TEST(CudaStep, Fp8StepMatchesCpuRecipeLoss) {
     const double want = m.forward_backward(
         {b.tokens.data(), b.targets.data(), b.positions.data(), b.cu.data(), b.N, b.nseq}, dloss);
     GpuModel g(m, b, m.head_chunk());
-    const int widest = std::max({cfg.d_model, cfg.qkv_dim(), cfg.fc_dim(), cfg.d_ff});
-    CudaFp8Linear lin(*gpu(), true, 0, b.N, widest, size_t(widest) * widest);
-    g.replay->linear.forward = [&](float* y, const float* x, const float* w, const float* bias,
-                                   int n, int in,
-                                   int out) { lin.forward(y, x, w, bias, n, in, out); };
-    g.replay->linear.backward = [&](float* dx, float* dw, float* db, const float* dy,
-                                    const float* x, const float* w, int n, int in,
-                                    int out) { lin.backward(dx, dw, db, dy, x, w, n, in, out); };
+    CudaFp8Options go;
+    go.hybrid = true;
+    test::Fp8Layers layers(*gpu(), go, cfg, b.N);
+    layers.attach(*g.replay);
     const double got = g.step(b, dloss);
     gpu()->sync();
     EXPECT_NEAR(got, want, 2e-3 * std::fabs(want)) << preset;

@@ -2,45 +2,39 @@
 
 #include <cuda_runtime_api.h>
 
+#include <vector>
+
 #include "core/error.h"
 #include "kernels/cuda/kernels.h"
 
 namespace loom {
 namespace {
-// Slots of scalars_ (floats, 16 bytes apart): cuBLASLt refuses unaligned scale pointers.
-constexpr int kAmax = 0, kSinvX = 4, kSinvW = 8, kSinvDy = 12, kScalars = 16;
+// Slots of scalars_ (floats, 16 bytes apart: cuBLASLt refuses unaligned scale pointers): the
+// amax of the tensor being quantised, the three inverse scales; delayed scaling's scales,
+// pending amaxes and histories (kHist + t * history length).
+constexpr int kAmax = 0, kSinv = 4, kScale = 16, kPending = 28, kHist = 40;
+int sinv_slot(int t) {
+  return kSinv + 4 * t;
+}
 }  // namespace
 
-CudaFp8Linear::CudaFp8Linear(CudaBackend& be, bool hybrid, int margin, int max_tokens,
-                             int max_features, size_t max_weight)
-    : be_(be),
-      hybrid_(hybrid),
-      margin_(margin),
-      max_tokens_(max_tokens),
-      max_features_(max_features),
-      max_weight_(max_weight) {
-  LOOM_CHECK(be.sm_version() >= 89, "fp8 linear layers need fp8 tensor cores (sm_89 or newer); ",
-             be.device_name(), " is sm_", be.sm_version(),
-             ": use precision.fp8_recipe = \"none\" or mxfp8 emulation there");
-  LOOM_CHECK(margin >= 0 && margin <= 30, "fp8 margin ", margin, " outside [0, 30]");
-  // One allocation for the layer's life (not from the arena: its classes are committed once,
-  // and tests build several layers on one backend).
+CudaFp8Scratch::CudaFp8Scratch(int max_tokens, int max_features, size_t max_weight)
+    : max_tokens_(max_tokens), max_features_(max_features), max_weight_(max_weight) {
   const size_t act = align_up(size_t(max_tokens) * size_t(max_features), 256);
-  const size_t bytes = 2 * act + align_up(max_weight, 256) + kScalars * sizeof(float);
+  const size_t bytes = 2 * act + align_up(max_weight, 256);
   LOOM_CHECK(cudaMalloc(&mem_, bytes) == cudaSuccess, "fp8 linear (cuda): cannot allocate ",
              bytes >> 20, " MiB of scratch");
   auto* base = static_cast<uint8_t*>(mem_);
-  xq_ = base;
-  dyq_ = base + act;
-  wq_ = base + 2 * act;
-  scalars_ = reinterpret_cast<float*>(base + 2 * act + align_up(max_weight, 256));
+  xq = base;
+  dyq = base + act;
+  wq = base + 2 * act;
 }
 
-CudaFp8Linear::~CudaFp8Linear() {
+CudaFp8Scratch::~CudaFp8Scratch() {
   cudaFree(mem_);
 }
 
-void CudaFp8Linear::check(int N, int in, int out) const {
+void CudaFp8Scratch::check(int N, int in, int out) const {
   LOOM_CHECK(N % 16 == 0 && in % 16 == 0 && out % 16 == 0,
              "fp8 linear (cuda): tokens, in and out must be multiples of 16 (got N=", N, " in=", in,
              " out=", out, ")");
@@ -50,19 +44,68 @@ void CudaFp8Linear::check(int N, int in, int out) const {
              max_tokens_, " tokens, ", max_features_, " features");
 }
 
-void CudaFp8Linear::quantize(void* dst, bool e5m2, const float* v, int rows, int cols,
+CudaFp8Linear::CudaFp8Linear(CudaBackend& be, const CudaFp8Options& o, CudaFp8Scratch& scratch)
+    : be_(be), opt_(o), scratch_(scratch) {
+  LOOM_CHECK(be.sm_version() >= 89, "fp8 linear layers need fp8 tensor cores (sm_89 or newer); ",
+             be.device_name(), " is sm_", be.sm_version(),
+             ": use precision.fp8_recipe = \"none\" or mxfp8 emulation there");
+  LOOM_CHECK(o.margin >= 0 && o.margin <= 30, "fp8 margin ", o.margin, " outside [0, 30]");
+  LOOM_CHECK(o.amax_history >= 0 && o.amax_history <= (1 << 20), "fp8 amax history ",
+             o.amax_history, " outside [0, 2^20]");
+  const size_t n = align_up(size_t(kHist) + 3 * size_t(o.amax_history), 64);
+  LOOM_CHECK(cudaMalloc(reinterpret_cast<void**>(&scalars_), n * sizeof(float)) == cudaSuccess,
+             "fp8 linear (cuda): cannot allocate its scales");
+  std::vector<float> init(n, 0.f);  // scales 1, pending amaxes and histories 0
+  for (int t = 0; t < 3; ++t) init[kScale + 4 * t] = 1.f;
+  be.upload(scalars_, init.data(), n * sizeof(float));
+}
+
+CudaFp8Linear::~CudaFp8Linear() {
+  cudaFree(scalars_);
+}
+
+void CudaFp8Linear::quantize(Tensor t, void* dst, const float* v, int rows, int cols,
                              bool transpose, float* sinv) {
   auto st = static_cast<cudaStream_t>(be_.stream());
+  const bool e5m2 = t == DY && opt_.hybrid;
   cuda::fp8_amax(st, v, int64_t(rows) * cols, scalars_ + kAmax);
-  cuda::fp8_quantize(st, dst, e5m2, v, rows, cols, transpose, scalars_ + kAmax, margin_, sinv);
+  const float* scale = nullptr;
+  if (delayed()) {
+    if (recording_) {
+      cuda::fp8_record_amax(st, scalars_ + kAmax, scalars_ + kPending + 4 * t);
+      seen_[t] = true;
+    }
+    scale = scalars_ + kScale + 4 * t;
+  }
+  cuda::fp8_quantize(st, dst, e5m2, v, rows, cols, transpose, scalars_ + kAmax, scale, opt_.margin,
+                     sinv);
+}
+
+void CudaFp8Linear::begin_step() {
+  if (!delayed()) return;
+  auto st = static_cast<cudaStream_t>(be_.stream());
+  for (int t = 0; t < 3; ++t) {
+    if (!seen_[t]) continue;
+    cuda::fp8_roll_history(st, scalars_ + kHist + size_t(t) * opt_.amax_history, opt_.amax_history,
+                           pos_[t], scalars_ + kPending + 4 * t, scalars_ + kScale + 4 * t,
+                           t == DY && opt_.hybrid, opt_.margin, opt_.most_recent);
+    pos_[t] = (pos_[t] + 1) % opt_.amax_history;
+    seen_[t] = false;
+  }
+}
+
+float CudaFp8Linear::scale(Tensor t) const {
+  float s = 0.f;
+  be_.download(&s, scalars_ + kScale + 4 * t, sizeof s);
+  return s;
 }
 
 void CudaFp8Linear::forward(float* y, const float* x, const float* w, const float* b, int N, int in,
                             int out) {
   if (N == 0 || out == 0) return;
-  check(N, in, out);
-  quantize(xq_, false, x, N, in, false, scalars_ + kSinvX);
-  quantize(wq_, false, w, out, in, false, scalars_ + kSinvW);
+  scratch_.check(N, in, out);
+  quantize(X, scratch_.xq, x, N, in, false, scalars_ + sinv_slot(X));
+  quantize(W, scratch_.wq, w, out, in, false, scalars_ + sinv_slot(W));
   if (b != nullptr) cuda::set_rows(static_cast<cudaStream_t>(be_.stream()), y, b, N, out);
   GemmEx g;
   g.trans_b = true;
@@ -71,26 +114,26 @@ void CudaFp8Linear::forward(float* y, const float* x, const float* w, const floa
   g.K = in;
   g.a_type = g.b_type = DType::F8E4M3;
   g.c_type = DType::F32;
-  g.A = xq_;
+  g.A = scratch_.xq;
   g.lda = in;
-  g.B = wq_;
+  g.B = scratch_.wq;
   g.ldb = in;
   g.C = y;
   g.ldc = out;
   g.beta = b != nullptr ? 1.f : 0.f;  // y seeded with the bias
-  g.a_scale = scalars_ + kSinvX;
-  g.b_scale = scalars_ + kSinvW;
+  g.a_scale = scalars_ + sinv_slot(X);
+  g.b_scale = scalars_ + sinv_slot(W);
   be_.gemm_ex(g);
 }
 
 void CudaFp8Linear::backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                              const float* w, int N, int in, int out) {
   if (N == 0) return;
-  check(N, in, out);
-  const DType gt = hybrid_ ? DType::F8E5M2 : DType::F8E4M3;
+  scratch_.check(N, in, out);
+  const DType gt = opt_.hybrid ? DType::F8E5M2 : DType::F8E4M3;
   if (dx != nullptr) {  // dx[N, in] = dy[N, out] W[out, in]: B is W^T stored [in, out]
-    quantize(dyq_, hybrid_, dy, N, out, false, scalars_ + kSinvDy);
-    quantize(wq_, false, w, out, in, true, scalars_ + kSinvW);
+    quantize(DY, scratch_.dyq, dy, N, out, false, scalars_ + sinv_slot(DY));
+    quantize(W, scratch_.wq, w, out, in, true, scalars_ + sinv_slot(W));
     GemmEx g;
     g.trans_b = true;
     g.M = N;
@@ -99,19 +142,19 @@ void CudaFp8Linear::backward(float* dx, float* dw, float* db, const float* dy, c
     g.a_type = gt;
     g.b_type = DType::F8E4M3;
     g.c_type = DType::F32;
-    g.A = dyq_;
+    g.A = scratch_.dyq;
     g.lda = out;
-    g.B = wq_;
+    g.B = scratch_.wq;
     g.ldb = out;
     g.C = dx;
     g.ldc = in;
-    g.a_scale = scalars_ + kSinvDy;
-    g.b_scale = scalars_ + kSinvW;
+    g.a_scale = scalars_ + sinv_slot(DY);
+    g.b_scale = scalars_ + sinv_slot(W);
     be_.gemm_ex(g);
   }
   if (dw != nullptr) {  // dW[out, in] += dy^T x: A = dy^T [out, N], B = x^T stored [in, N]
-    quantize(dyq_, hybrid_, dy, N, out, true, scalars_ + kSinvDy);
-    quantize(xq_, false, x, N, in, true, scalars_ + kSinvX);
+    quantize(DY, scratch_.dyq, dy, N, out, true, scalars_ + sinv_slot(DY));
+    quantize(X, scratch_.xq, x, N, in, true, scalars_ + sinv_slot(X));
     GemmEx g;
     g.trans_b = true;
     g.M = out;
@@ -120,15 +163,15 @@ void CudaFp8Linear::backward(float* dx, float* dw, float* db, const float* dy, c
     g.a_type = gt;
     g.b_type = DType::F8E4M3;
     g.c_type = DType::F32;
-    g.A = dyq_;
+    g.A = scratch_.dyq;
     g.lda = N;
-    g.B = xq_;
+    g.B = scratch_.xq;
     g.ldb = N;
     g.C = dw;
     g.ldc = in;
     g.beta = 1.f;
-    g.a_scale = scalars_ + kSinvDy;
-    g.b_scale = scalars_ + kSinvX;
+    g.a_scale = scalars_ + sinv_slot(DY);
+    g.b_scale = scalars_ + sinv_slot(X);
     be_.gemm_ex(g);
   }
   if (db != nullptr) be_.matmul_backward(nullptr, nullptr, db, dy, x, w, N, in, out);

@@ -1,8 +1,10 @@
-// A linear layer with per-tensor current scaling in fp8 on the GPU (Transformer Engine's
-// Float8CurrentScaling; Loom's `fp8_tensorwise_current` recipe, precision/fp8_recipes.h), with
-// the CPU recipe's arithmetic: x and W quantised to e4m3, dy to e4m3 or (hybrid) e5m2, each
-// with scale = fmt_max / amax / 2^margin; the three GEMMs on cuBLASLt's fp8 tensor cores with
-// the inverse scales as scale pointers; the bias and its gradient in fp32.
+// A linear layer with per-tensor fp8 scaling on the GPU, Loom's `fp8_tensorwise_current` and
+// `fp8_tensorwise_delayed` recipes (precision/fp8_recipes.h; Transformer Engine's
+// Float8CurrentScaling and DelayedScaling) with the CPU recipe's arithmetic: x and W quantised
+// to e4m3, dy to e4m3 or (hybrid) e5m2, each with scale = fmt_max / amax / 2^margin, where amax
+// is the tensor's own (current) or the maximum of an amax history of earlier steps (delayed);
+// the three GEMMs on cuBLASLt's fp8 tensor cores with the inverse scales as scale pointers; the
+// bias and its gradient in fp32. Scales, amaxes and histories never leave the device.
 //   forward   y  = (1/sx)(1/sw) q(x) q(W)^T + b
 //   backward  dx = (1/sdy)(1/sw) q(dy) q(W),   dW += (1/sdy)(1/sx) q(dy)^T q(x),   db += sum dy
 // Hopper's fp8 GEMMs take only A[M,K] x B[N,K]^T (TN), so the backward GEMMs read transposed
@@ -16,12 +18,36 @@
 
 namespace loom {
 
+struct CudaFp8Options {
+  bool hybrid = false;       // e5m2 for gradients
+  int margin = 0;            // scale = fmt_max / amax / 2^margin
+  int amax_history = 0;      // 0: current scaling; > 0: delayed scaling over this many steps
+  bool most_recent = false;  // delayed: the newest amax instead of the history's max
+};
+
+// The fp8 codes of one layer's operands while its GEMMs run, shared by every layer of a model
+// (they run one after another on one stream): layers up to max_tokens x max_features
+// activations and max_weight weight elements. Device memory owned by this object.
+class CudaFp8Scratch {
+ public:
+  CudaFp8Scratch(int max_tokens, int max_features, size_t max_weight);
+  ~CudaFp8Scratch();
+  CudaFp8Scratch(const CudaFp8Scratch&) = delete;
+  CudaFp8Scratch& operator=(const CudaFp8Scratch&) = delete;
+  void check(int N, int in, int out) const;
+
+  void *xq = nullptr, *dyq = nullptr, *wq = nullptr;  // x or x^T, dy or dy^T, W or W^T
+
+ private:
+  void* mem_ = nullptr;
+  int max_tokens_, max_features_;
+  size_t max_weight_;
+};
+
 class CudaFp8Linear {
  public:
-  // Scratch for layers up to max_tokens x max(in, out) activations and max_weight weights,
-  // allocated once (device memory owned by the layer).
-  CudaFp8Linear(CudaBackend& be, bool hybrid, int margin, int max_tokens, int max_features,
-                size_t max_weight);
+  // One layer's scaling state (a few device floats of its own); codes go through `scratch`.
+  CudaFp8Linear(CudaBackend& be, const CudaFp8Options& o, CudaFp8Scratch& scratch);
   ~CudaFp8Linear();
   CudaFp8Linear(const CudaFp8Linear&) = delete;
   CudaFp8Linear& operator=(const CudaFp8Linear&) = delete;
@@ -31,20 +57,30 @@ class CudaFp8Linear {
   void backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                 int N, int in, int out);
 
+  // Delayed scaling (as Fp8Linear::roll_history): a new training step; the amaxes recorded
+  // since the last call join the histories and give the scales of this step.
+  void begin_step();
+  // Evaluation passes quantise with the current scales but record no amaxes.
+  void set_recording(bool on) { recording_ = on; }
+  enum Tensor { X = 0, W = 1, DY = 2 };
+  float scale(Tensor t) const;  // delayed: the scale the next GEMM uses (downloads; tests)
+
  private:
-  void check(int N, int in, int out) const;
-  // Codes of v [rows, cols] (transposed when asked) with v's own current scale; the inverse
-  // scale goes to the device float at `sinv`.
-  void quantize(void* dst, bool e5m2, const float* v, int rows, int cols, bool transpose,
+  // Codes of tensor t's values v [rows, cols] (transposed when asked) with its scale (current:
+  // from v's amax; delayed: the stored one, v's amax recorded); the inverse scale goes to the
+  // device float at `sinv`.
+  void quantize(Tensor t, void* dst, const float* v, int rows, int cols, bool transpose,
                 float* sinv);
+  bool delayed() const { return opt_.amax_history > 0; }
 
   CudaBackend& be_;
-  bool hybrid_;
-  int margin_, max_tokens_, max_features_;
-  size_t max_weight_;
-  void* mem_ = nullptr;
-  void *xq_, *dyq_, *wq_;  // codes: activations (x or x^T), gradients (dy or dy^T), weights
-  float* scalars_;         // amax and inverse scales, each on its own 16-byte line
+  CudaFp8Options opt_;
+  CudaFp8Scratch& scratch_;
+  bool recording_ = true;
+  bool seen_[3] = {false, false, false};
+  int pos_[3] = {0, 0, 0};
+  // amax, inverse scales, (delayed) scales, pending amaxes, histories; 16-byte lines
+  float* scalars_ = nullptr;
 };
 
 }  // namespace loom

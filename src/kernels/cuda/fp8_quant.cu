@@ -17,7 +17,6 @@
 namespace loom::cuda {
 namespace {
 
-
 __global__ void k_amax(const float* x, int64_t n, unsigned* amax_bits) {
   unsigned m = 0;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
@@ -28,11 +27,30 @@ __global__ void k_amax(const float* x, int64_t n, unsigned* amax_bits) {
   if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, m);  // max is exact: order cannot matter
 }
 
-__device__ float scale_of(const float* amax, float fmt_max, int margin) {
-  const float a = *amax;
-  if (!(a > 0.f) || !isfinite(a)) return 1.f;
+// fmt_max / amax / 2^margin; `prev` when amax is 0 or not finite; fp32's max on overflow.
+__device__ float scale_from(float fmt_max, float a, int margin, float prev) {
+  if (!(a > 0.f) || !isfinite(a)) return prev;
   const float s = ldexpf(fmt_max / a, -margin);
   return isfinite(s) ? s : FLT_MAX;
+}
+
+// The scale a quantisation uses: the stored one (delayed scaling) or one from *amax (current).
+__device__ float scale_of(const float* amax, const float* scale, float fmt_max, int margin) {
+  return scale != nullptr ? *scale : scale_from(fmt_max, *amax, margin, 1.f);
+}
+
+__global__ void k_record_amax(const float* amax, float* pending) {
+  if (isfinite(*amax)) *pending = fmaxf(*pending, *amax);
+}
+
+__global__ void k_roll_history(float* history, int len, int pos, float* pending, float* scale,
+                               float fmt_max, int margin, bool most_recent) {
+  history[pos] = *pending;
+  float use = *pending;
+  if (!most_recent)
+    for (int i = 0; i < len; ++i) use = fmaxf(use, history[i]);
+  *scale = scale_from(fmt_max, use, margin, *scale);
+  *pending = 0.f;
 }
 
 __device__ __nv_fp8_storage_t to_fp8(float v, bool e5m2) {
@@ -40,8 +58,9 @@ __device__ __nv_fp8_storage_t to_fp8(float v, bool e5m2) {
 }
 
 __global__ void k_quantize(__nv_fp8_storage_t* dst, const float* x, int64_t n, bool e5m2,
-                           const float* amax, float fmt_max, int margin, float* scale_inv) {
-  const float s = scale_of(amax, fmt_max, margin);
+                           const float* amax, const float* scale, float fmt_max, int margin,
+                           float* scale_inv) {
+  const float s = scale_of(amax, scale, fmt_max, margin);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.f / s;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
@@ -50,9 +69,10 @@ __global__ void k_quantize(__nv_fp8_storage_t* dst, const float* x, int64_t n, b
 
 // dst[c, r] = fp8(x[r, c] * s) through a 32 x 33 shared tile (both sides coalesced).
 __global__ void k_quantize_t(__nv_fp8_storage_t* dst, const float* x, int rows, int cols, bool e5m2,
-                             const float* amax, float fmt_max, int margin, float* scale_inv) {
+                             const float* amax, const float* scale, float fmt_max, int margin,
+                             float* scale_inv) {
   __shared__ float tile[32][33];
-  const float s = scale_of(amax, fmt_max, margin);
+  const float s = scale_of(amax, scale, fmt_max, margin);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
     *scale_inv = 1.f / s;
   const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
@@ -87,20 +107,37 @@ void fp8_amax(cudaStream_t st, const float* x, int64_t n, float* amax) {
   LOOM_CUDA_LAUNCHED("fp8_amax");
 }
 
+static float fp8_max(bool e5m2) {
+  return e5m2 ? 57344.f : 448.f;
+}
+
+void fp8_record_amax(cudaStream_t st, const float* amax, float* pending) {
+  k_record_amax<<<1, 1, 0, st>>>(amax, pending);
+  LOOM_CUDA_LAUNCHED("fp8_record_amax");
+}
+
+void fp8_roll_history(cudaStream_t st, float* history, int len, int pos, float* pending,
+                      float* scale, bool e5m2, int margin, bool most_recent) {
+  k_roll_history<<<1, 1, 0, st>>>(history, len, pos, pending, scale, fp8_max(e5m2), margin,
+                                  most_recent);
+  LOOM_CUDA_LAUNCHED("fp8_roll_history");
+}
+
 void fp8_quantize(cudaStream_t st, void* dst, bool e5m2, const float* x, int rows, int cols,
-                  bool transpose, const float* amax, int margin, float* scale_inv) {
-  const float fmt_max = e5m2 ? 57344.f : 448.f;
+                  bool transpose, const float* amax, const float* scale, int margin,
+                  float* scale_inv) {
+  const float fmt_max = fp8_max(e5m2);
   auto* d = static_cast<__nv_fp8_storage_t*>(dst);
   if (!transpose) {
     const int64_t n = int64_t{rows} * cols;
     k_quantize<<<blocks_for(std::max<int64_t>(n, 1)), kThreads, 0, st>>>(
-        d, x, n, e5m2, amax, fmt_max, margin, scale_inv);
+        d, x, n, e5m2, amax, scale, fmt_max, margin, scale_inv);
     LOOM_CUDA_LAUNCHED("fp8_quantize");
     return;
   }
   if (rows == 0 || cols == 0) return;
   const dim3 grid((cols + 31) / 32, (rows + 31) / 32);
-  k_quantize_t<<<grid, dim3(32, 8), 0, st>>>(d, x, rows, cols, e5m2, amax, fmt_max, margin,
+  k_quantize_t<<<grid, dim3(32, 8), 0, st>>>(d, x, rows, cols, e5m2, amax, scale, fmt_max, margin,
                                              scale_inv);
   LOOM_CUDA_LAUNCHED("fp8_quantize (transposed)");
 }

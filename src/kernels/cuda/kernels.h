@@ -127,9 +127,17 @@ void attention_backward(cudaStream_t st, const AttnArgs& a, const float* out, co
 // *amax (device) = max |x| (bit-pattern compare: NaN wins).
 void fp8_amax(cudaStream_t st, const float* x, int64_t n, float* amax);
 // dst = fp8 codes (e4m3, or e5m2) of x[rows, cols] * s, stored [rows, cols] or transposed
-// [cols, rows]; s = fmt_max / *amax / 2^margin (1 if *amax is 0 or not finite); *scale_inv = 1/s.
+// [cols, rows]; s = *scale when given (delayed scaling), else fmt_max / *amax / 2^margin (1 if
+// *amax is 0 or not finite); *scale_inv = 1/s.
 void fp8_quantize(cudaStream_t st, void* dst, bool e5m2, const float* x, int rows, int cols,
-                  bool transpose, const float* amax, int margin, float* scale_inv);
+                  bool transpose, const float* amax, const float* scale, int margin,
+                  float* scale_inv);
+// Delayed scaling (the CPU recipe's Fp8Linear): *pending = max(*pending, *amax) if *amax is
+// finite; at a step's start, history[pos] = *pending, *scale from the history's max (or the
+// newest entry) as fmt_max / amax / 2^margin (kept when that amax is 0), *pending = 0.
+void fp8_record_amax(cudaStream_t st, const float* amax, float* pending);
+void fp8_roll_history(cudaStream_t st, float* history, int len, int pos, float* pending,
+                      float* scale, bool e5m2, int margin, bool most_recent);
 // y[r, :] = b for every row.
 void set_rows(cudaStream_t st, float* y, const float* b, int rows, int cols);
 
