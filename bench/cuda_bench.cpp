@@ -4,10 +4,11 @@
 // peak, each op group's share of the step time, and the peak device memory.
 //
 //   bench_cuda [--preset gpt2-124m] [--batch 16] [--seq 1024] [--steps 10] [--warmup 3]
-//              [--math bf16|tf32|fp32|fp16|fp8|fp8-delayed] [--peak-tflops X] [--no-profile]
+//              [--math bf16|tf32|fp32|fp16|fp8|fp8-delayed|mxfp8] [--peak-tflops X]
+//              [--no-profile]
 //      fp8: the blocks' linear layers in fp8 with current scaling (hybrid e4m3/e5m2), the rest
-//      as under bf16; fp8-delayed: delayed scaling (amax history 1024); MFU still against the
-//      dense bf16 peak.
+//      as under bf16; fp8-delayed: delayed scaling (amax history 1024); mxfp8: MX blocks
+//      dequantised to bf16 GEMMs (e4m3, hybrid gradients); MFU still against the dense bf16 peak.
 //   bench_cuda --gemm-sweep [--preset P] [--batch B] [--seq T]
 //      the preset's linear-layer GEMMs (M = B*T tokens) through gemm_ex with bf16 and fp8
 //      (e4m3 x e4m3, per-tensor scales, bf16 output) operands, TFLOP/s each and fp8/bf16:
@@ -116,7 +117,7 @@ int run(const Args& a) {
   CudaOptions opt;
   // fp8: the blocks' linear layers in fp8 (current scaling, hybrid e4m3/e5m2: the recipe
   // `fp8_tensorwise_current` with fp8_format = "hybrid"), everything else as under bf16.
-  const bool fp8 = a.math == "fp8" || a.math == "fp8-delayed";
+  const bool fp8 = a.math == "fp8" || a.math == "fp8-delayed" || a.math == "mxfp8";
   opt.gemm_math = gemm_math_from_name(fp8 ? "bf16" : a.math);
   CudaBackend be(opt);
   const ModelConfig cfg = model_preset(a.preset);
@@ -183,6 +184,7 @@ int run(const Args& a) {
     CudaFp8Options fo;
     fo.hybrid = true;
     fo.amax_history = a.math == "fp8-delayed" ? 1024 : 0;  // TE's default history
+    fo.mx = a.math == "mxfp8";
     fp8_layers = std::make_unique<test::Fp8Layers>(be, fo, cfg, N);
     fp8_layers->attach(replay);
   }

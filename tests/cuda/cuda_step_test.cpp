@@ -178,6 +178,46 @@ TEST(CudaFp8, DelayedScalingMatchesCpuRecipe) {
   }
 }
 
+// MXFP8 (blocks of 32 along each GEMM's reduction dimension, dequantised to bf16 GEMMs) against
+// the CPU recipe's Fp8Linear: the dequantised operands are the same bits on both sides, so only
+// the GEMMs' summation order differs (1e-5 of the largest value); a partial last block (96 =
+// 3 x 32, but 80 tokens = 2.5 blocks for dW) included. Runs on any sm_80+ GPU.
+TEST(CudaFp8, MxMatchesCpuRecipe) {
+  LOOM_REQUIRE_GPU();
+  if (gpu()->sm_version() < 80) GTEST_SKIP() << "bf16 tensor cores need sm_80";
+  const int N = 80, in = 256, out = 96;
+  for (bool hybrid : {false, true}) {
+    const std::string what = hybrid ? "hybrid" : "e4m3";
+    const auto x = test::random_floats(size_t(N) * in, 81, -3, 3);
+    auto w = test::random_floats(size_t(out) * in, 82, -0.1, 0.1);
+    w[5] = 0.f;  // a block with a zero element and one large outlier
+    w[6] = 40.f;
+    const auto b = test::random_floats(size_t(out), 83);
+    const auto dy = test::random_floats(size_t(N) * out, 84, -1e-3, 1e-3);
+    Fp8Options o;
+    o.kind = Fp8RecipeKind::Mxfp8;
+    o.hybrid = hybrid;
+    Fp8Linear cpu_lin(o, nullptr);
+    std::vector<float> y(size_t(N) * out), dx(x.size()), dw(w.size(), 0.f), db(b.size(), 0.f);
+    cpu_lin.forward(cpu_backend(), y.data(), x.data(), w.data(), b.data(), N, in, out);
+    cpu_lin.backward(cpu_backend(), dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                     N, in, out);
+    CudaFp8Options go;
+    go.mx = true;
+    go.hybrid = hybrid;
+    CudaFp8Scratch scratch(N, std::max(in, out), w.size(), 2);
+    CudaFp8Linear lin(*gpu(), go, scratch);
+    DevBuf gx(x), gw(w), gb(b), gdy(dy), gy(y.size() * 4), gdx(dx.size() * 4),
+        gdw(std::vector<float>(w.size(), 0.f)), gdb(std::vector<float>(b.size(), 0.f));
+    lin.forward(gy.f(), gx.f(), gw.f(), gb.f(), N, in, out);
+    lin.backward(gdx.f(), gdw.f(), gdb.f(), gdy.f(), gx.f(), gw.f(), N, in, out);
+    EXPECT_TRUE(test::close_scaled(gy.get(), y, 1e-5)) << "y " << what;
+    EXPECT_TRUE(test::close_scaled(gdx.get(), dx, 1e-5)) << "dx " << what;
+    EXPECT_TRUE(test::close_scaled(gdw.get(), dw, 1e-5)) << "dw " << what;
+    EXPECT_TRUE(test::close_scaled(gdb.get(), db, 1e-5)) << "db " << what;
+  }
+}
+
 // One step with the blocks' linear layers in fp8 on the GPU (CudaFp8Linear: current scaling,
 // hybrid e4m3/e5m2) against the CPU recipe fp8_tensorwise_current, everything else in fp32 on
 // both: the losses agree within 2e-3. Gradients are not compared element by element: e5m2 keeps

@@ -18,7 +18,8 @@ class Fp8Layers {
   Fp8Layers(CudaBackend& be, const CudaFp8Options& o, const ModelConfig& cfg, int tokens)
       : be_(be),
         opt_(o),
-        scratch_(tokens, widest(cfg), size_t(widest(cfg)) * std::max(cfg.d_model, cfg.d_ff)) {}
+        scratch_(tokens, widest(cfg), size_t(widest(cfg)) * std::max(cfg.d_model, cfg.d_ff),
+                 o.mx ? 2 : 1) {}
 
   void attach(StepReplay& r) {
     r.linear.forward = [this](float* y, const float* x, const float* w, const float* b, int n,

@@ -57,6 +57,9 @@ if want bench; then
   timeout 120 $B/bench/bench_cuda 2>&1 | tee "$LOG/bench_cuda.txt"
   stamp "bench_cuda --math fp8 (block linears in fp8, current scaling, hybrid)"
   timeout 120 $B/bench/bench_cuda --math fp8 2>&1 | tee "$LOG/bench_cuda_fp8.txt"
+  for m in fp8-delayed mxfp8; do
+    timeout 120 $B/bench/bench_cuda --math $m --no-profile 2>&1 | grep -E "^step|^MFU" | sed "s/^/$m: /"
+  done
   stamp "bench_cuda --gemm-sweep (gpt2-124m, llama-1b)"
   timeout 60 $B/bench/bench_cuda --gemm-sweep 2>&1 | tee "$LOG/bench_gemm.txt"
   timeout 60 $B/bench/bench_cuda --gemm-sweep --preset llama-1b --batch 8 --seq 2048 2>&1 | tee -a "$LOG/bench_gemm.txt"
@@ -74,7 +77,7 @@ if want sanitize && command -v compute-sanitizer >/dev/null; then
   timeout 150 $S --tool memcheck $B/tests/cuda/cuda_ops_tests --gtest_brief=1 \
     --gtest_filter='-*LongSequence*' > "$LOG/sanitizer_memcheck_ops.txt" 2>&1 || { echo "memcheck ops: rc $?"; rc=1; }
   stamp "memcheck: one training step"
-  timeout 120 $S --tool memcheck $B/tests/cuda/cuda_step_tests --gtest_brief=1 --gtest_filter='CudaStep.Tiny*:CudaStep.Fp8*' \
+  timeout 120 $S --tool memcheck $B/tests/cuda/cuda_step_tests --gtest_brief=1 --gtest_filter='CudaStep.Tiny*:CudaStep.Fp8*:CudaFp8.*' \
     > "$LOG/sanitizer_memcheck_step.txt" 2>&1 || { echo "memcheck step: rc $?"; rc=1; }
   stamp "racecheck: attention, layernorm"
   timeout 90 $S --tool racecheck $B/tests/cuda/cuda_ops_tests --gtest_brief=1 \

@@ -18,10 +18,16 @@ int sinv_slot(int t) {
 }
 }  // namespace
 
-CudaFp8Scratch::CudaFp8Scratch(int max_tokens, int max_features, size_t max_weight)
-    : max_tokens_(max_tokens), max_features_(max_features), max_weight_(max_weight) {
-  const size_t act = align_up(size_t(max_tokens) * size_t(max_features), 256);
-  const size_t bytes = 2 * act + align_up(max_weight, 256);
+CudaFp8Scratch::CudaFp8Scratch(int max_tokens, int max_features, size_t max_weight,
+                               int element_bytes)
+    : max_tokens_(max_tokens),
+      max_features_(max_features),
+      max_weight_(max_weight),
+      element_bytes_(element_bytes) {
+  LOOM_CHECK(element_bytes == 1 || element_bytes == 2, "fp8 scratch: element size ", element_bytes,
+             " is neither 1 nor 2 bytes");
+  const size_t act = align_up(size_t(max_tokens) * size_t(max_features) * element_bytes, 256);
+  const size_t bytes = 2 * act + align_up(max_weight * element_bytes, 256);
   LOOM_CHECK(cudaMalloc(&mem_, bytes) == cudaSuccess, "fp8 linear (cuda): cannot allocate ",
              bytes >> 20, " MiB of scratch");
   auto* base = static_cast<uint8_t*>(mem_);
@@ -46,8 +52,12 @@ void CudaFp8Scratch::check(int N, int in, int out) const {
 
 CudaFp8Linear::CudaFp8Linear(CudaBackend& be, const CudaFp8Options& o, CudaFp8Scratch& scratch)
     : be_(be), opt_(o), scratch_(scratch) {
-  LOOM_CHECK(be.sm_version() >= 89, "fp8 linear layers need fp8 tensor cores (sm_89 or newer); ",
-             be.device_name(), " is sm_", be.sm_version(),
+  LOOM_CHECK(scratch.element_bytes() == (o.mx ? 2 : 1), "fp8 linear (cuda): the scratch holds ",
+             scratch.element_bytes(), "-byte elements; this layer needs ", o.mx ? 2 : 1);
+  LOOM_CHECK(!o.mx || o.amax_history == 0, "fp8 linear (cuda): MXFP8 has no amax history");
+  LOOM_CHECK(o.mx || be.sm_version() >= 89,
+             "fp8 linear layers need fp8 tensor cores (sm_89 or newer); ", be.device_name(),
+             " is sm_", be.sm_version(),
              ": use precision.fp8_recipe = \"none\" or mxfp8 emulation there");
   LOOM_CHECK(o.margin >= 0 && o.margin <= 30, "fp8 margin ", o.margin, " outside [0, 30]");
   LOOM_CHECK(o.amax_history >= 0 && o.amax_history <= (1 << 20), "fp8 amax history ",
@@ -104,6 +114,10 @@ void CudaFp8Linear::forward(float* y, const float* x, const float* w, const floa
                             int out) {
   if (N == 0 || out == 0) return;
   scratch_.check(N, in, out);
+  if (opt_.mx) {
+    if (b != nullptr) cuda::set_rows(static_cast<cudaStream_t>(be_.stream()), y, b, N, out);
+    return mx_forward(y, x, w, N, in, out, b != nullptr ? 1.f : 0.f);
+  }
   quantize(X, scratch_.xq, x, N, in, false, scalars_ + sinv_slot(X));
   quantize(W, scratch_.wq, w, out, in, false, scalars_ + sinv_slot(W));
   if (b != nullptr) cuda::set_rows(static_cast<cudaStream_t>(be_.stream()), y, b, N, out);
@@ -130,6 +144,11 @@ void CudaFp8Linear::backward(float* dx, float* dw, float* db, const float* dy, c
                              const float* w, int N, int in, int out) {
   if (N == 0) return;
   scratch_.check(N, in, out);
+  if (opt_.mx) {
+    mx_backward(dx, dw, dy, x, w, N, in, out);
+    if (db != nullptr) be_.matmul_backward(nullptr, nullptr, db, dy, x, w, N, in, out);
+    return;
+  }
   const DType gt = opt_.hybrid ? DType::F8E5M2 : DType::F8E4M3;
   if (dx != nullptr) {  // dx[N, in] = dy[N, out] W[out, in]: B is W^T stored [in, out]
     quantize(DY, scratch_.dyq, dy, N, out, false, scalars_ + sinv_slot(DY));
@@ -175,6 +194,77 @@ void CudaFp8Linear::backward(float* dx, float* dw, float* db, const float* dy, c
     be_.gemm_ex(g);
   }
   if (db != nullptr) be_.matmul_backward(nullptr, nullptr, db, dy, x, w, N, in, out);
+}
+
+// MXFP8: blocks along each GEMM's reduction dimension, as the CPU recipe quantises them: the
+// forward along `in` (x and W), dx along `out` (dy by rows' columns, W down its columns), dW
+// along the tokens (dy and x down their columns); bf16 GEMMs with fp32 accumulation.
+void CudaFp8Linear::mx_forward(float* y, const float* x, const float* w, int N, int in, int out,
+                               float beta) {
+  auto st = static_cast<cudaStream_t>(be_.stream());
+  auto* xq = static_cast<uint16_t*>(scratch_.xq);
+  auto* wq = static_cast<uint16_t*>(scratch_.wq);
+  cuda::mx_dequantize(st, xq, false, x, N, in, false);
+  cuda::mx_dequantize(st, wq, false, w, out, in, false);
+  GemmEx g;
+  g.trans_b = true;
+  g.M = N;
+  g.N = out;
+  g.K = in;
+  g.a_type = g.b_type = DType::BF16;
+  g.c_type = DType::F32;
+  g.A = xq;
+  g.lda = in;
+  g.B = wq;
+  g.ldb = in;
+  g.C = y;
+  g.ldc = out;
+  g.beta = beta;
+  be_.gemm_ex(g);
+}
+
+void CudaFp8Linear::mx_backward(float* dx, float* dw, const float* dy, const float* x,
+                                const float* w, int N, int in, int out) {
+  auto st = static_cast<cudaStream_t>(be_.stream());
+  auto* xq = static_cast<uint16_t*>(scratch_.xq);
+  auto* dyq = static_cast<uint16_t*>(scratch_.dyq);
+  auto* wq = static_cast<uint16_t*>(scratch_.wq);
+  if (dx != nullptr) {  // dx[N, in] = dy[N, out] W[out, in]
+    cuda::mx_dequantize(st, dyq, opt_.hybrid, dy, N, out, false);
+    cuda::mx_dequantize(st, wq, false, w, out, in, true);
+    GemmEx g;
+    g.M = N;
+    g.N = in;
+    g.K = out;
+    g.a_type = g.b_type = DType::BF16;
+    g.c_type = DType::F32;
+    g.A = dyq;
+    g.lda = out;
+    g.B = wq;
+    g.ldb = in;
+    g.C = dx;
+    g.ldc = in;
+    be_.gemm_ex(g);
+  }
+  if (dw != nullptr) {  // dW[out, in] += dy^T x
+    cuda::mx_dequantize(st, dyq, opt_.hybrid, dy, N, out, true);
+    cuda::mx_dequantize(st, xq, false, x, N, in, true);
+    GemmEx g;
+    g.trans_a = true;
+    g.M = out;
+    g.N = in;
+    g.K = N;
+    g.a_type = g.b_type = DType::BF16;
+    g.c_type = DType::F32;
+    g.A = dyq;
+    g.lda = out;
+    g.B = xq;
+    g.ldb = in;
+    g.C = dw;
+    g.ldc = in;
+    g.beta = 1.f;
+    be_.gemm_ex(g);
+  }
 }
 
 }  // namespace loom

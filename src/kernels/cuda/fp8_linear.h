@@ -19,6 +19,8 @@
 namespace loom {
 
 struct CudaFp8Options {
+  bool mx = false;           // MXFP8 (1x32 blocks, E8M0 scales) emulated: dequantised to bf16
+                             // for bf16 GEMMs (Hopper has no MX tensor cores), as on the CPU
   bool hybrid = false;       // e5m2 for gradients
   int margin = 0;            // scale = fmt_max / amax / 2^margin
   int amax_history = 0;      // 0: current scaling; > 0: delayed scaling over this many steps
@@ -27,14 +29,16 @@ struct CudaFp8Options {
 
 // The fp8 codes of one layer's operands while its GEMMs run, shared by every layer of a model
 // (they run one after another on one stream): layers up to max_tokens x max_features
-// activations and max_weight weight elements. Device memory owned by this object.
+// activations and max_weight weight elements, `element_bytes` each (1: fp8 codes; 2: MXFP8's
+// bf16 values). Device memory owned by this object.
 class CudaFp8Scratch {
  public:
-  CudaFp8Scratch(int max_tokens, int max_features, size_t max_weight);
+  CudaFp8Scratch(int max_tokens, int max_features, size_t max_weight, int element_bytes = 1);
   ~CudaFp8Scratch();
   CudaFp8Scratch(const CudaFp8Scratch&) = delete;
   CudaFp8Scratch& operator=(const CudaFp8Scratch&) = delete;
   void check(int N, int in, int out) const;
+  int element_bytes() const { return element_bytes_; }
 
   void *xq = nullptr, *dyq = nullptr, *wq = nullptr;  // x or x^T, dy or dy^T, W or W^T
 
@@ -42,6 +46,7 @@ class CudaFp8Scratch {
   void* mem_ = nullptr;
   int max_tokens_, max_features_;
   size_t max_weight_;
+  int element_bytes_;
 };
 
 class CudaFp8Linear {
@@ -72,6 +77,9 @@ class CudaFp8Linear {
   void quantize(Tensor t, void* dst, const float* v, int rows, int cols, bool transpose,
                 float* sinv);
   bool delayed() const { return opt_.amax_history > 0; }
+  void mx_forward(float* y, const float* x, const float* w, int N, int in, int out, float beta);
+  void mx_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int N,
+                   int in, int out);
 
   CudaBackend& be_;
   CudaFp8Options opt_;

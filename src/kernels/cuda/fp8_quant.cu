@@ -5,6 +5,7 @@
 // the format's largest finite value. The scale never leaves the device: the quantise kernel
 // derives it from the amax and also writes its inverse, which cuBLASLt reads as the operand's
 // scale pointer.
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -87,6 +88,64 @@ __global__ void k_quantize_t(__nv_fp8_storage_t* dst, const float* x, int rows, 
   }
 }
 
+// ---- MXFP8 (OCP MX v1.0) as kernels/cpu/fp8.cpp's mx_quantize: blocks of 32 elements share an
+// E8M0 scale from the block's amax (floor(log2 amax) - the element format's emax, clamped to
+// [-127, 127]; 0xFF when the amax is not finite); elements are x * 2^-shared rounded to fp8
+// (nearest even, saturating) and written back as bf16 values code * 2^shared (results below
+// 2^-126 flushed to signed zero, NaN as 0x7fc0), ready for a bf16 GEMM.
+__device__ uint8_t e8m0_scale(unsigned amax_bits, bool e5m2) {
+  if (amax_bits >= 0x7f800000u) return 0xFF;
+  const int e = amax_bits < 0x00800000u ? -127 : int(amax_bits >> 23) - 127;
+  return uint8_t(min(max(e - (e5m2 ? 15 : 8), -127), 127) + 127);
+}
+
+__device__ uint16_t mx_element(float x, uint8_t scale, bool e5m2) {
+  if (scale == 0xFF) return 0x7fc0;
+  const float mult = __uint_as_float(unsigned(254 - scale) << 23);  // 2^(127 - scale)
+  const float X =
+      scale == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(unsigned(scale) << 23);
+  const float v = x * mult;
+  if (isnan(v)) return 0x7fc0;
+  const __nv_fp8_storage_t c = to_fp8(v, e5m2);
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(c, e5m2 ? __NV_E5M2 : __NV_E4M3);
+  unsigned d = __float_as_uint(fabsf(__half2float(__half(h))) * X);
+  if (d < 0x00800000u) d = 0;
+  if (d > 0x7f800000u) return 0x7fc0;
+  return uint16_t((d | (__float_as_uint(v) & 0x80000000u)) >> 16);
+}
+
+// Blocks along the contiguous columns: one warp per (row, block of 32 columns).
+__global__ void k_mx_cols(uint16_t* deq, const float* x, int rows, int cols, bool e5m2) {
+  const int nb = (cols + 31) / 32;
+  const int64_t w = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (w >= int64_t{rows} * nb) return;
+  const int64_t r = w / nb;
+  const int c = int(w % nb) * 32 + lane;
+  const bool in = c < cols;
+  const float v = in ? x[r * cols + c] : 0.f;
+  unsigned m = __float_as_uint(v) & 0x7fffffffu;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (in) deq[r * cols + c] = mx_element(v, e8m0_scale(m, e5m2), e5m2);
+}
+
+// Blocks of 32 rows: one thread per (block, column), reading down the column twice.
+__global__ void k_mx_rows(uint16_t* deq, const float* x, int rows, int cols, bool e5m2) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int nb = (rows + 31) / 32;
+  if (i >= int64_t{nb} * cols) return;
+  const int b = int(i / cols), c = int(i % cols);
+  const int r0 = b * 32, r1 = min(rows, r0 + 32);
+  unsigned m = 0;
+  for (int r = r0; r < r1; ++r) m = max(m, __float_as_uint(x[int64_t{r} * cols + c]) & 0x7fffffffu);
+  const uint8_t s = e8m0_scale(m, e5m2);
+  for (int r = r0; r < r1; ++r) {
+    const int64_t k = int64_t{r} * cols + c;
+    deq[k] = mx_element(x[k], s, e5m2);
+  }
+}
+
 __global__ void k_set_rows(float* y, const float* b, int rows, int cols) {
   const int64_t n = int64_t{rows} * cols;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
@@ -140,6 +199,20 @@ void fp8_quantize(cudaStream_t st, void* dst, bool e5m2, const float* x, int row
   k_quantize_t<<<grid, dim3(32, 8), 0, st>>>(d, x, rows, cols, e5m2, amax, scale, fmt_max, margin,
                                              scale_inv);
   LOOM_CUDA_LAUNCHED("fp8_quantize (transposed)");
+}
+
+void mx_dequantize(cudaStream_t st, uint16_t* deq, bool e5m2, const float* x, int rows, int cols,
+                   bool along_rows) {
+  if (rows == 0 || cols == 0) return;
+  if (along_rows) {
+    const int64_t n = int64_t{(rows + 31) / 32} * cols;
+    k_mx_rows<<<grid_1d(n, kThreads, 1, 1 << 30), kThreads, 0, st>>>(deq, x, rows, cols, e5m2);
+  } else {
+    const int64_t threads = int64_t{rows} * ((cols + 31) / 32) * 32;
+    k_mx_cols<<<grid_1d(threads, kThreads, 1, 1 << 30), kThreads, 0, st>>>(deq, x, rows, cols,
+                                                                           e5m2);
+  }
+  LOOM_CUDA_LAUNCHED("mx_dequantize");
 }
 
 void set_rows(cudaStream_t st, float* y, const float* b, int rows, int cols) {

@@ -138,6 +138,10 @@ void fp8_quantize(cudaStream_t st, void* dst, bool e5m2, const float* x, int row
 void fp8_record_amax(cudaStream_t st, const float* amax, float* pending);
 void fp8_roll_history(cudaStream_t st, float* history, int len, int pos, float* pending,
                       float* scale, bool e5m2, int margin, bool most_recent);
+// MXFP8 (the CPU's mx_quantize): deq[rows, cols] = bf16 values of x's MX quantisation, blocks of
+// 32 along the columns (a row's contiguous elements) or along the rows (down each column).
+void mx_dequantize(cudaStream_t st, uint16_t* deq, bool e5m2, const float* x, int rows, int cols,
+                   bool along_rows);
 // y[r, :] = b for every row.
 void set_rows(cudaStream_t st, float* y, const float* b, int rows, int cols);
 
