@@ -1,6 +1,6 @@
 // A buffer on a Backend's device that frees itself: it remembers the backend it came from, so
 // the Decoder (and anything else holding device memory) owns buffers without knowing whether
-// they are host or device memory.
+// they are host or device memory. The backend must outlive its buffers.
 #pragma once
 
 #include <cstddef>
