@@ -136,3 +136,24 @@ TEST(GuardedBackend, OpsSeeBuffersHostAccessFaults) {
       },
       "");
 }
+
+// Strict mode: an op given host memory (not a backend buffer, not a declared host range) is
+// recorded, as a GPU could not read it.
+TEST(GuardedBackend, StrictModeRecordsHostPointersGivenToOps) {
+  test::GuardedBackend be;
+  be.set_strict(true);
+  const int n = 8;
+  BackendBuffer a(be, n * 4, "memtest"), b(be, n * 4, "memtest");
+  std::vector<float> host(n, 1.f), params(n, 2.f);
+  be.add(a.as<float>(), b.as<float>(), a.as<float>() + 4, 4);  // interior pointers are fine
+  EXPECT_TRUE(be.host_pointer_ops().empty());
+  be.add_inplace(a.as<float>(), host.data(), n);
+  ASSERT_EQ(be.host_pointer_ops().size(), 1u);
+  EXPECT_EQ(be.host_pointer_ops()[0], "add_inplace");
+  be.allow_host(params.data(), params.size() * 4);
+  be.add_inplace(a.as<float>(), params.data() + 3, 1);
+  be.copy_h2d(b.data(), host.data(), n * 4);  // a host source is what copy_h2d is for
+  EXPECT_EQ(be.host_pointer_ops().size(), 1u);
+  be.copy_d2h(host.data(), host.data(), 4);  // but its device side must be a buffer
+  EXPECT_EQ(be.host_pointer_ops().size(), 2u);
+}
