@@ -7,7 +7,9 @@
 // Shapes are row-major. N = number of tokens (rows), C = channels. Nullable pointers say so.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -19,6 +21,29 @@ struct Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual Device device() const = 0;
+
+  // ---- Memory. A buffer lives on the backend's device (host memory on the CPU backend, device
+  // memory on CUDA): callers pass it to ops and to these copies, and never dereference it on
+  // the host unless host_accessible(). Copies and fills are ordered with the ops (the CUDA
+  // backend's stream); copy_d2h returns once the bytes are on the host.
+  static constexpr size_t kAlign = 256;  // every buffer: cuBLASLt and vector loads like it
+  // `bytes` (may be 0) aligned to kAlign, contents undefined. `cls` names the buffer class
+  // ("activations", "scratch", ...) for memory_report(); it must outlive the buffer (a string
+  // literal). Throws loom::Error naming the class and the size when the device is out of memory.
+  virtual void* alloc(size_t bytes, const char* cls) = 0;
+  virtual void free(void* p) = 0;  // a pointer alloc returned, or nullptr (nothing)
+  virtual void copy_h2d(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_d2h(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_d2d(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_bytes(void* dst, int byte, size_t bytes) = 0;
+  // Waits for every op issued so far (and throws any input error the device recorded).
+  virtual void sync() = 0;
+  // Whether the host may read and write this backend's buffers directly (the CPU backend): the
+  // paths not yet moved onto the Backend (tensor-parallel vocabulary loops, MoE, ring
+  // attention) require it.
+  virtual bool host_accessible() const { return false; }
+  // Bytes held and peak bytes per buffer class, one line each.
+  virtual std::string memory_report() const = 0;
 
   // C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [M,K], op(B) is [K,N].
   virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
@@ -128,6 +153,10 @@ struct Backend {
 
   // Reductions used by clipping and overflow checks.
   virtual double sum_squares(const float* x, int64_t n) = 0;
+  // sum over i of w[i] * x[i] (w nullable: 1 everywhere), in double, returned to the host (the
+  // loss sum of a micro-batch). The CPU backend adds in index order, so the sum is
+  // bit-reproducible; every backend's order is fixed.
+  virtual double weighted_sum(const float* x, const float* w, int64_t n) = 0;
   virtual bool all_finite(const float* x, int64_t n) = 0;
 
   // Storage in the precision policy's types. round_to: x in place to the precision of t (BF16,

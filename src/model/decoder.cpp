@@ -72,6 +72,12 @@ Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, 
   fc_ = cfg_.fc_dim() / T;
   vocab_ = cfg_.vocab / T;
   v0_ = tp_.rank * vocab_;
+  // These paths still run host loops over activations or call the CPU kernels directly (the
+  // vocabulary-parallel embedding and cross-entropy, the MoE layer): refused on a backend
+  // whose memory the host cannot touch, rather than crashing inside a step.
+  LOOM_CHECK(be_.host_accessible() || (tp_.size == 1 && !cfg_.is_moe()), "the ", be_.name(),
+             " backend does not run ", tp_.size > 1 ? "tensor parallelism" : "MoE layers",
+             " yet (their vocabulary loops and expert kernels run on the host)");
   build_params();
   if (cfg_.is_moe()) {
     moe_.resize(cfg_.n_layer);
@@ -384,15 +390,43 @@ void Decoder::ensure_buffers(int N) {
     b_->logits = base ? base + total : nullptr;
     total += logits;
     if (pass == 0) {
-      b_->mem.assign(static_cast<size_t>(total), 0.f);
-      base = b_->mem.data();
+      // Zeroed, as a fresh arena always was (the padding between views stays zero).
+      const size_t bytes = static_cast<size_t>(total) * sizeof(float);
+      b_->mem.reset();  // the old arena goes before the new one comes: no two at once
+      b_->mem = BackendBuffer(be_, bytes, fwd ? "forward-only" : "activations");
+      be_.fill_bytes(b_->mem.data(), 0, bytes);
+      base = b_->mem.as<float>();
     }
   }
   b_->N = N;
   if (sp_on()) {
-    b_->full_a.assign(size_t(N) * cfg_.d_model, 0.f);
-    b_->full_b.assign(size_t(N) * cfg_.d_model, 0.f);
+    const size_t bytes = size_t(N) * cfg_.d_model * sizeof(float);
+    for (BackendBuffer* f : {&b_->full_a, &b_->full_b}) {
+      *f = BackendBuffer(be_, bytes, "activations");
+      be_.fill_bytes(f->data(), 0, bytes);
+    }
   }
+  // Inputs: tokens, targets, positions (int32) and loss weights (fp32), each part aligned.
+  const size_t part = (size_t(N) * 4 + Backend::kAlign - 1) / Backend::kAlign * Backend::kAlign;
+  b_->io = BackendBuffer(be_, 4 * part, "inputs");
+}
+
+void Decoder::upload_input(const ModelInput& in) {
+  char* io = b_->io.as<char>();
+  const size_t part = b_->io.bytes() / 4, bytes = size_t(in.N) * 4;
+  auto put = [&](int slot, const void* src) -> void* {
+    if (!src) return nullptr;
+    be_.copy_h2d(io + slot * part, src, bytes);
+    return io + slot * part;
+  };
+  b_->tokens = static_cast<int32_t*>(put(0, in.tokens));
+  b_->targets = static_cast<int32_t*>(put(1, in.targets));
+  b_->positions = static_cast<int32_t*>(put(2, in.positions));
+  b_->weights = static_cast<float*>(put(3, in.loss_weights));
+}
+
+float* Decoder::scratch(BackendBuffer& buf, int64_t n) {
+  return buf.ensure_n<float>(be_, size_t(n), "scratch");
 }
 
 void Decoder::tp_all_reduce(float* x, int64_t n) {
@@ -464,12 +498,11 @@ void Decoder::norm_forward(const ActBuf& out, int64_t offset, float* mean, float
   }
   // bf16 storage: row blocks normalised into cache-resident scratch, then stored (rounded).
   const int rows = block_rows(C);
-  blk_a_.resize(size_t(rows) * C);
+  float* blk = scratch(blk_a_, int64_t(rows) * C);
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int n = std::min(rows, N - r0);
-    norm(blk_a_.data(), mean ? mean + r0 : nullptr, rstd + r0, inp + int64_t(r0) * C, n);
-    be_.convert(out.bf16 + offset + int64_t(r0) * C, DType::BF16, blk_a_.data(), DType::F32,
-                int64_t(n) * C);
+    norm(blk, mean ? mean + r0 : nullptr, rstd + r0, inp + int64_t(r0) * C, n);
+    be_.convert(out.bf16 + offset + int64_t(r0) * C, DType::BF16, blk, DType::F32, int64_t(n) * C);
   }
 }
 
@@ -487,16 +520,15 @@ void Decoder::mlp_act_forward(const LayerActs& a, const float* fc32, int N) {
     return;
   }
   const int rows = block_rows(FC);
-  blk_a_.resize(size_t(rows) * FC);
-  blk_b_.resize(size_t(rows) * F);
+  float* blk_a = scratch(blk_a_, int64_t(rows) * FC);
+  float* blk_b = scratch(blk_b_, int64_t(rows) * F);
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int n = std::min(rows, N - r0);
-    const float* x = fc32 ? fc32 + int64_t(r0) * FC
-                          : fp32_in({nullptr, a.fc.bf16 + int64_t(r0) * FC}, int64_t(n) * FC,
-                                    blk_a_.data());
-    act(blk_b_.data(), x, n);
-    be_.convert(a.act.bf16 + int64_t(r0) * F, DType::BF16, blk_b_.data(), DType::F32,
-                int64_t(n) * F);
+    const float* x = fc32
+                         ? fc32 + int64_t(r0) * FC
+                         : fp32_in({nullptr, a.fc.bf16 + int64_t(r0) * FC}, int64_t(n) * FC, blk_a);
+    act(blk_b, x, n);
+    be_.convert(a.act.bf16 + int64_t(r0) * F, DType::BF16, blk_b, DType::F32, int64_t(n) * F);
   }
 }
 
@@ -512,12 +544,11 @@ void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, const float* dact
     back(dfc, a.fc.f32, dact, N);
   } else {
     const int rows = block_rows(FC);
-    blk_a_.resize(size_t(rows) * FC);
+    float* blk = scratch(blk_a_, int64_t(rows) * FC);
     for (int r0 = 0; r0 < N; r0 += rows) {
       const int n = std::min(rows, N - r0);
-      be_.convert(blk_a_.data(), DType::F32, a.fc.bf16 + int64_t(r0) * FC, DType::BF16,
-                  int64_t(n) * FC);
-      back(dfc + int64_t(r0) * FC, blk_a_.data(), dact + int64_t(r0) * F, n);
+      be_.convert(blk, DType::F32, a.fc.bf16 + int64_t(r0) * FC, DType::BF16, int64_t(n) * FC);
+      back(dfc + int64_t(r0) * FC, blk, dact + int64_t(r0) * F, n);
     }
   }
   round_act(dfc, int64_t(N) * FC);
@@ -536,9 +567,9 @@ void Decoder::embed_forward(const ModelInput& in) {
   const int C = cfg_.d_model;
   float* x = b_->layers[0].x_in;
   if (!tp_on()) {
-    be_.embedding_forward(x, in.tokens, params_.ptr("embed.wte"), in.N, C, false);
+    be_.embedding_forward(x, b_->tokens, params_.ptr("embed.wte"), in.N, C, false);
     if (cfg_.uses_positions_table())
-      be_.embedding_forward(x, in.positions, params_.ptr("embed.wpe"), in.N, C, true);
+      be_.embedding_forward(x, b_->positions, params_.ptr("embed.wpe"), in.N, C, true);
     round_act(x, int64_t(in.N) * C);
     return;
   }
@@ -546,8 +577,8 @@ void Decoder::embed_forward(const ModelInput& in) {
   // the others); the sum over ranks (all-reduce, or reduce-scatter along tokens under SP) is
   // the embedding.
   const int N = in.N, Nl = local_rows(N), r0 = row0(N);
-  float* full = sp_on() ? b_->full_a.data() : x;
-  std::fill(full, full + int64_t(N) * C, 0.f);
+  float* full = sp_on() ? b_->full_a.as<float>() : x;
+  be_.fill_bytes(full, 0, size_t(N) * C * sizeof(float));
   local_ids_.resize(N);
   for (int i = 0; i < N; ++i) {
     int32_t id = in.tokens[i] - v0_;
@@ -559,7 +590,7 @@ void Decoder::embed_forward(const ModelInput& in) {
   else
     tp_all_reduce(x, int64_t(N) * C);
   if (cfg_.uses_positions_table())
-    be_.embedding_forward(x, in.positions + r0, params_.ptr("embed.wpe"), Nl, C, true);
+    be_.embedding_forward(x, b_->positions + r0, params_.ptr("embed.wpe"), Nl, C, true);
   round_act(x, int64_t(Nl) * C);
 }
 
@@ -571,30 +602,32 @@ void Decoder::embed_backward(const ModelInput& in) {
   // gather below is skipped by all of them).
   if (!gwte && !gwpe) return;
   if (!tp_on()) {
-    if (gwte) be_.embedding_backward(gwte, b_->dres, in.tokens, in.N, C);
-    if (gwpe) be_.embedding_backward(gwpe, b_->dres, in.positions, in.N, C);
+    if (gwte) be_.embedding_backward(gwte, b_->dres, b_->tokens, in.N, C);
+    if (gwpe) be_.embedding_backward(gwpe, b_->dres, b_->positions, in.N, C);
     return;
   }
   const int N = in.N;
   const float* d = b_->dres;
   if (sp_on()) {  // every token's gradient, gathered along the sequence
-    std::copy(b_->dres, b_->dres + int64_t(local_rows(N)) * C,
-              b_->full_a.data() + int64_t(row0(N)) * C);
-    sp_all_gather(b_->full_a.data(), N, C);
-    d = b_->full_a.data();
+    float* full = b_->full_a.as<float>();
+    be_.copy_d2d(full + int64_t(row0(N)) * C, b_->dres, size_t(local_rows(N)) * C * sizeof(float));
+    sp_all_gather(full, N, C);
+    d = full;
   }
   for (int i = 0; i < N && gwte; ++i) {
     int32_t id = in.tokens[i] - v0_;
     if (id >= 0 && id < vocab_) be_.embedding_backward(gwte, d + int64_t(i) * C, &id, 1, C);
   }
   // Positions are replicated: every rank adds the full gradient, identically.
-  if (gwpe) be_.embedding_backward(gwpe, d, in.positions, N, C);
+  if (gwpe) be_.embedding_backward(gwpe, d, b_->positions, N, C);
 }
 
 void Decoder::set_context_parallel(const ContextParallel& cp) {
   LOOM_CHECK(cp.size >= 1 && cp.rank >= 0 && cp.rank < cp.size, "context-parallel rank ", cp.rank,
              " of ", cp.size);
   LOOM_CHECK(cp.size == 1 || cp.comm, "context parallelism needs its communicator");
+  LOOM_CHECK(cp.size == 1 || be_.host_accessible(), "the ", be_.name(),
+             " backend does not run context parallelism yet (ring attention runs on the host)");
   // MoE under CP: routing and experts are per token (local rows); the auxiliary loss's
   // statistics are summed over the CP group. A capacity keeps each expert's first assignments
   // in the micro-batch's token order, which no rank sees: refused.
@@ -644,8 +677,8 @@ float* Decoder::row_parallel_out(const Linear& lin, ActIn inp, int N) {
     tp_all_reduce(b_->tmp, int64_t(N) * C);
     return b_->tmp;
   }
-  sp_reduce_scatter(b_->tmp, b_->full_b.data(), N, C);
-  return b_->full_b.data();
+  sp_reduce_scatter(b_->tmp, b_->full_b.as<float>(), N, C);
+  return b_->full_b.as<float>();
 }
 
 // Backward of the column-parallel input (f): the input gradient [N, C] is a partial sum per
@@ -657,17 +690,18 @@ float* Decoder::column_parallel_input_grad(float* dinp, int N) {
     tp_all_reduce(dinp, int64_t(N) * C);
     return dinp;
   }
-  sp_reduce_scatter(dinp, b_->full_b.data(), N, C);
-  return b_->full_b.data();
+  sp_reduce_scatter(dinp, b_->full_b.as<float>(), N, C);
+  return b_->full_b.as<float>();
 }
 
 // The gradient of a block's output for all tokens: under SP, gathered from the ranks' rows.
 const float* Decoder::full_rows(const float* local, int N) {
   if (!sp_on()) return local;
   const int C = cfg_.d_model;
-  std::copy(local, local + int64_t(local_rows(N)) * C, b_->full_a.data() + int64_t(row0(N)) * C);
-  sp_all_gather(b_->full_a.data(), N, C);
-  return b_->full_a.data();
+  float* full = b_->full_a.as<float>();
+  be_.copy_d2d(full + int64_t(row0(N)) * C, local, size_t(local_rows(N)) * C * sizeof(float));
+  sp_all_gather(full, N, C);
+  return full;
 }
 
 // Under SP each rank's norm sees only its tokens: its weight gradient is a partial sum,
@@ -677,8 +711,8 @@ void Decoder::norm_backward_tp(float* dinp, float* dw, float* db, const float* d
                                const float* rstd, int N) {
   if (!sp_on()) return norm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N);
   const int C = cfg_.d_model;
-  ce_stats_.assign(2 * size_t(C), 0.f);
-  float* sw = ce_stats_.data();
+  float* sw = scratch(ce_stats_, 2 * int64_t(C));
+  be_.fill_bytes(sw, 0, 2 * size_t(C) * sizeof(float));
   float* sb = db ? sw + C : nullptr;
   norm_backward(dinp, sw, sb, dout, inp, w, mean, rstd, N);
   tp_all_reduce(sw, 2 * int64_t(C));
@@ -696,8 +730,8 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   float* qkv = fp32_out(a.qkv, b_->q32);
   p.qkv.forward(be_, qkv, a.ln1.in(), N);
   if (cfg_.uses_rope()) {
-    be_.rope_forward_scaled(qkv, in.positions, N, Hq, D, Q, cfg_.rope_theta, cfg_.rope_scaling);
-    be_.rope_forward_scaled(qkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta,
+    be_.rope_forward_scaled(qkv, b_->positions, N, Hq, D, Q, cfg_.rope_theta, cfg_.rope_scaling);
+    be_.rope_forward_scaled(qkv + A, b_->positions, N, Hkv, D, Q, cfg_.rope_theta,
                             cfg_.rope_scaling);
   }
   keep(a.qkv, qkv, int64_t(N) * Q);
@@ -713,8 +747,7 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
     if (!x_out) return;
     // Under TP every rank routes all N tokens (ln2 is replicated, or gathered under SP) and
     // gets the whole output; it keeps its own rows.
-    moe_in_.resize(size_t(N) * C);
-    const float* x = fp32_in(a.ln2, int64_t(N) * C, moe_in_.data());
+    const float* x = fp32_in(a.ln2, int64_t(N) * C, scratch(moe_in_, int64_t(N) * C));
     aux_sum_ += double(N) * moe_[l]->forward(b_->tmp, x, N, moe_weights(l, false));
     round_act(b_->tmp, int64_t(N) * C);
     be_.add(x_out, a.x_mid, b_->tmp + mine, int64_t(Nl) * C);
@@ -741,8 +774,7 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     // Every TP rank runs the whole layer on all tokens: the input gradient it gets is already
     // complete (not a partial sum), and its weight gradients are whole (router, replicated
     // experts) or its expert-tensor-parallel slice's.
-    moe_in_.resize(size_t(N) * C);
-    const float* x = fp32_in(a.ln2, int64_t(N) * C, moe_in_.data());
+    const float* x = fp32_in(a.ln2, int64_t(N) * C, scratch(moe_in_, int64_t(N) * C));
     moe_[l]->backward(b_->dln, full_rows(dres, N), x, N, moe_weights(l, false),
                       moe_weights(l, true), dloss_ * static_cast<float>(N));
     dl = b_->dln + int64_t(row0(N)) * C;
@@ -775,9 +807,9 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
                            a.lse, Q, in.cu_seqlens, in.nseq, Hq, Hkv, D,
                            1.f / std::sqrt(static_cast<float>(D)));
   if (cfg_.uses_rope()) {
-    be_.rope_backward_scaled(b_->dqkv, in.positions, N, Hq, D, Q, cfg_.rope_theta,
+    be_.rope_backward_scaled(b_->dqkv, b_->positions, N, Hq, D, Q, cfg_.rope_theta,
                              cfg_.rope_scaling);
-    be_.rope_backward_scaled(b_->dqkv + A, in.positions, N, Hkv, D, Q, cfg_.rope_theta,
+    be_.rope_backward_scaled(b_->dqkv + A, b_->positions, N, Hkv, D, Q, cfg_.rope_theta,
                              cfg_.rope_scaling);
   }
   round_act(b_->dqkv, int64_t(N) * Q);
@@ -832,20 +864,19 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
     H.first_row = r0;
     H.forward(be_, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     round_act(b_->logits, int64_t(n) * V);
-    const float* wr = w ? w + r0 : nullptr;
-    if (tp_on())
-      vocab_parallel_cross_entropy(b_->losses + r0, b_->logits, in.targets + r0, n, dloss, wr,
-                                   grads);
+    if (tp_on())  // host loops over the host inputs (a host-accessible backend only)
+      vocab_parallel_cross_entropy(b_->losses + r0, b_->logits, in.targets + r0, n, dloss,
+                                   w ? w + r0 : nullptr, grads);
     else
-      be_.cross_entropy(b_->losses + r0, grads ? b_->logits : nullptr, b_->logits, in.targets + r0,
-                        n, V, dloss, wr);
+      be_.cross_entropy(b_->losses + r0, grads ? b_->logits : nullptr, b_->logits, b_->targets + r0,
+                        n, V, dloss, b_->weights ? b_->weights + r0 : nullptr);
     if (grads) {
       round_act(b_->logits, int64_t(n) * V);
       H.backward(be_, b_->dln + int64_t(r0) * C, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     }
   }
-  double sum = 0;  // fixed order: bit-reproducible
-  for (int i = 0; i < N; ++i) sum += w ? double(w[i]) * b_->losses[i] : b_->losses[i];
+  // One reduction on the device, one double back (fixed order: bit-reproducible).
+  const double sum = be_.weighted_sum(b_->losses, w ? b_->weights : nullptr, N);
   if (grads) {
     round_act(b_->dln, int64_t(N) * C);
     float* dl = column_parallel_input_grad(b_->dln, N);
@@ -862,8 +893,8 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
 void Decoder::vocab_parallel_cross_entropy(float* losses, float* logits, const int32_t* targets,
                                            int n, float dloss, const float* weights, bool grads) {
   const int V = vocab_;
-  ce_stats_.assign(3 * size_t(n), 0.f);
-  float* mx = ce_stats_.data();
+  float* mx = scratch(ce_stats_, 3 * int64_t(n));
+  be_.fill_bytes(mx, 0, 3 * size_t(n) * sizeof(float));
   float* se = mx + n;
   float* tl = se + n;
   for (int i = 0; i < n; ++i) {
@@ -951,6 +982,7 @@ void Decoder::chunk_forward(int chunk, const ModelInput& in, const float* x_in, 
   LOOM_CHECK(!sp_on() || in.N % tp_.size == 0, "sequence parallelism needs the ", in.N,
              " tokens of a micro-batch to split over parallel.tp = ", tp_.size);
   ensure_buffers(in.N);
+  upload_input(in);
   auto [b, e] = chunk_range(chunk);
   aux_sum_ = 0;
   const int64_t n = stage_act_elems(in.N);
@@ -958,14 +990,11 @@ void Decoder::chunk_forward(int chunk, const ModelInput& in, const float* x_in, 
     embed_forward(in);
   } else {
     LOOM_CHECK(x_in, "pipeline chunk ", chunk, " needs its input activation");
-    std::copy(x_in, x_in + n, b_->layers[b].x_in);
+    be_.copy_d2d(b_->layers[b].x_in, x_in, size_t(n) * sizeof(float));
   }
   float* out = b_->x_final;
   if (!is_last_stage(chunk)) {
-    if (!x_out) {
-      stage_out_.resize(size_t(n));
-      x_out = stage_out_.data();
-    }
+    if (!x_out) x_out = stage_out_.ensure_n<float>(be_, size_t(n), "activations");
     out = x_out;
   }
   for (int l = b; l < e; ++l) {
@@ -988,7 +1017,7 @@ double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_i
     loss += head(in, dloss, true);
   } else {
     LOOM_CHECK(dx_out, "pipeline chunk ", chunk, " needs its output gradient");
-    std::copy(dx_out, dx_out + n, b_->dres);
+    be_.copy_d2d(b_->dres, dx_out, size_t(n) * sizeof(float));
   }
   for (int l = e - 1; l >= b; --l) {
     if (before_block && l != e - 1) before_block(l, true);  // e-1: since its recomputation
@@ -998,7 +1027,7 @@ double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_i
   if (is_first_stage(chunk))
     embed_backward(in);
   else
-    std::copy(b_->dres, b_->dres + n, dx_in);
+    be_.copy_d2d(dx_in, b_->dres, size_t(n) * sizeof(float));
   return loss;
 }
 
@@ -1033,6 +1062,7 @@ double Decoder::run(const ModelInput& in, float dloss, bool grads) {
              " tokens of a micro-batch over parallel.tp = ", tp_.size,
              " ranks: make micro_batch * seq_len divisible by it");
   ensure_buffers(in.N);
+  upload_input(in);
   const int L = cfg_.n_layer;
   aux_sum_ = 0;
   dloss_ = dloss;
@@ -1053,10 +1083,13 @@ double Decoder::run(const ModelInput& in, float dloss, bool grads) {
 
 // Sequence sums of log p(target) = -loss over the rows with a target, in token order.
 void Decoder::collect_outputs(const ModelInput& in, StepOutputs* out) const {
+  // The per-token losses come to the host once; the sums follow the host's cu_seqlens.
+  std::vector<float> losses(size_t(in.N));
+  be_.copy_d2h(losses.data(), b_->losses, losses.size() * sizeof(float));
   out->seq_logprobs.assign(in.nseq, 0.0);
   for (int s = 0; s < in.nseq; ++s)
     for (int i = in.cu_seqlens[s]; i < in.cu_seqlens[s + 1]; ++i)
-      if (in.targets[i] >= 0) out->seq_logprobs[s] -= b_->losses[i];
+      if (in.targets[i] >= 0) out->seq_logprobs[s] -= losses[i];
   // Context parallelism: this rank's rows are its chunks of every sequence (cu_seqlens is the
   // local one, sequence by sequence), so its sums are partial: summed over the CP group, every
   // rank holds each sequence's whole log-probability. (Per-token values stay this rank's.)
@@ -1065,7 +1098,7 @@ void Decoder::collect_outputs(const ModelInput& in, StepOutputs* out) const {
   if (!out->want_token_logprobs) return;
   out->token_logprobs.assign(in.N, 0.f);
   for (int i = 0; i < in.N; ++i)
-    if (in.targets[i] >= 0) out->token_logprobs[i] = -b_->losses[i];
+    if (in.targets[i] >= 0) out->token_logprobs[i] = -losses[i];
 }
 
 double Decoder::forward_backward(const ModelInput& in, float dloss, StepOutputs* out) {
@@ -1112,6 +1145,7 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
     LOOM_CHECK(r >= 0 && r < in.N, "logit row ", r, " outside the micro-batch of ", in.N);
   ForwardOnlyScope scope(*this, attention);
   ensure_buffers(in.N);
+  upload_input(fwd);
   const int C = cfg_.d_model, V = cfg_.vocab, n = static_cast<int>(rows.size());
   embed_forward(fwd);
   forward_blocks(fwd);
@@ -1121,13 +1155,18 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
     float* row = b_->tmp + int64_t(i) * C;
     const ActBuf& lnf = b_->lnf;
     if (lnf.f32)
-      std::copy_n(lnf.f32 + int64_t(rows[i]) * C, C, row);
+      be_.copy_d2d(row, lnf.f32 + int64_t(rows[i]) * C, size_t(C) * sizeof(float));
     else
       be_.convert(row, DType::F32, lnf.bf16 + int64_t(rows[i]) * C, DType::BF16, C);
   }
   if (!tp_on()) {
-    head_linear().forward(be_, logits, b_->tmp, n);
-    round_act(logits, int64_t(n) * V);
+    // Straight into the caller's array where the host can address the backend's memory;
+    // otherwise into a device buffer, then one copy to the host.
+    const bool direct = be_.host_accessible();
+    float* out = direct ? logits : scratch(b_->logits_out, int64_t(n) * V);
+    head_linear().forward(be_, out, b_->tmp, n);
+    round_act(out, int64_t(n) * V);
+    if (!direct) be_.copy_d2h(logits, out, size_t(n) * V * sizeof(float));
     return;
   }
   // Tensor parallelism: each rank's head gives its vocabulary slice [n, V / tp] of every row,
@@ -1137,11 +1176,12 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
   head_linear().forward(be_, mine, b_->tmp, n);
   round_act(mine, part);
   tp_.comm->all_gather(logits, std::vector<int64_t>(size_t(tp_.size), part), DType::F32);
-  logit_parts_.assign(logits, logits + part * tp_.size);
+  float* parts = scratch(logit_parts_, part * tp_.size);
+  be_.copy_h2d(parts, logits, size_t(part) * tp_.size * sizeof(float));
   for (int r = 0; r < tp_.size; ++r)
     for (int i = 0; i < n; ++i)
-      std::copy_n(logit_parts_.data() + r * part + int64_t(i) * vocab_, vocab_,
-                  logits + int64_t(i) * V + int64_t(r) * vocab_);
+      be_.copy_d2h(logits + int64_t(i) * V + int64_t(r) * vocab_,
+                   parts + r * part + int64_t(i) * vocab_, size_t(vocab_) * sizeof(float));
 }
 
 }  // namespace loom

@@ -18,6 +18,7 @@
 #include "comm/communicator.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
+#include "kernels/buffer.h"
 #include "model/linear.h"
 #include "model/model_config.h"
 #include "model/moe_layer.h"
@@ -198,9 +199,9 @@ class Decoder {
   // the head's weight-gradient GEMM less memory-bound), at least 16, at most 256.
   int head_chunk() const;
   // Bytes held in the training activation buffers for the largest batch so far.
-  size_t activation_bytes() const { return train_buf_.mem.size() * sizeof(float); }
+  size_t activation_bytes() const { return train_buf_.mem.bytes(); }
   // Bytes held in the forward-only buffers (forward_loss, forward_logits).
-  size_t forward_only_bytes() const { return infer_buf_.mem.size() * sizeof(float); }
+  size_t forward_only_bytes() const { return infer_buf_.mem.bytes(); }
 
  private:
   struct Norm {
@@ -216,9 +217,7 @@ class Decoder {
   struct ActBuf {
     float* f32 = nullptr;
     uint16_t* bf16 = nullptr;
-    ActIn in(int64_t offset = 0) const {
-      return f32 ? ActIn(f32 + offset) : ActIn(bf16 + offset);
-    }
+    ActIn in(int64_t offset = 0) const { return f32 ? ActIn(f32 + offset) : ActIn(bf16 + offset); }
   };
   // Under the bf16 policy the GEMM inputs and what attention and the MLP read back in backward
   // (ln1, qkv, att, ln2, fc) are kept in bf16, and the MLP activation is not kept at all: it is
@@ -243,6 +242,12 @@ class Decoder {
   float* grad_of(const std::string& name);  // nullptr when absent or frozen
   // Sizes the active buffers (train_buf_, or infer_buf_ in a forward-only pass) for N tokens.
   void ensure_buffers(int N);
+  // The micro-batch's token ids, targets, positions and loss weights copied into the active
+  // buffers (b_->tokens ...): what the ops read. The host arrays of ModelInput stay what the
+  // input checks and the host-side bookkeeping (sequence sums, TP vocabulary loops) read.
+  void upload_input(const ModelInput& in);
+  // Backend scratch of at least n floats in `buf` (grown, never shrunk; contents undefined).
+  float* scratch(BackendBuffer& buf, int64_t n);
   void use_forward_only_buffers(bool on) { b_ = on ? &infer_buf_ : &train_buf_; }
   struct ForwardOnlyScope;
   void collect_outputs(const ModelInput& in, StepOutputs* out) const;
@@ -312,7 +317,7 @@ class Decoder {
   PipelineStage pp_;
   ContextParallel cp_;
   std::unique_ptr<RingAttention> ring_;
-  std::vector<float> stage_out_;  // scratch output of a recomputed chunk
+  BackendBuffer stage_out_;  // scratch output of a recomputed chunk
   std::pair<int, int> chunk_range(int chunk) const;
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // per layer (null for dense layers)
   double aux_sum_ = 0;
@@ -320,24 +325,25 @@ class Decoder {
   // Local sizes on this tensor-parallel rank.
   int hq_ = 0, hkv_ = 0, qkv_ = 0, att_ = 0, ff_ = 0, fc_ = 0, vocab_ = 0, v0_ = 0;
   std::vector<int32_t> local_ids_;
-  std::vector<float> ce_stats_;
-  std::vector<float> logit_parts_;  // forward_logits under TP: the gathered vocabulary slices
+  BackendBuffer ce_stats_;
+  BackendBuffer logit_parts_;  // forward_logits under TP: the gathered vocabulary slices
   Backend& be_;
   Recompute recompute_;
   DType act_dtype_;
   bool store_bf16_;  // the bf16 policy: activations stored in bf16 (ActBuf)
   ParamSet params_;
   // Cache-sized fp32 scratch for row-blocked passes over bf16 storage, and MoE's widened input.
-  std::vector<float> blk_a_, blk_b_, moe_in_;
+  BackendBuffer blk_a_, blk_b_, moe_in_;
 
-  // Activation buffers: one arena, and views into it. Training keeps what the recompute mode
-  // says; a forward-only pass keeps one layer (every layer shares one set of views, and the
-  // residual stream alternates between two buffers). Two instances, so that evaluation or
-  // generation between training steps never reallocates the training arena.
+  // Activation buffers: one arena (a Backend buffer: device memory on a GPU), and views into it.
+  // Training keeps what the recompute mode says; a forward-only pass keeps one layer (every layer
+  // shares one set of views, and the residual stream alternates between two buffers). Two
+  // instances, so that evaluation or generation between training steps never reallocates the
+  // training arena.
   struct Buffers {
     bool forward_only = false;
     int N = 0;  // tokens the buffers are sized for
-    std::vector<float> mem;
+    BackendBuffer mem;
     std::vector<LayerActs> layers;  // per layer (views into mem; shared under recompute)
     float* x_final = nullptr;
     ActBuf lnf;
@@ -350,7 +356,15 @@ class Decoder {
     // backward scratch (training only)
     float *dres = nullptr, *dln = nullptr, *dtmp = nullptr, *datt = nullptr, *dqkv = nullptr,
           *dfc = nullptr, *dact = nullptr;
-    std::vector<float> full_a, full_b;  // SP scratch: [N, C] each
+    BackendBuffer full_a, full_b;  // SP scratch: [N, C] each
+    // The micro-batch's inputs on the device (upload_input); targets and weights null when the
+    // input has none.
+    BackendBuffer io;
+    int32_t *tokens = nullptr, *targets = nullptr, *positions = nullptr;
+    float* weights = nullptr;
+    // forward_logits on a backend whose memory the host cannot read: the logits computed here,
+    // then copied to the caller's array.
+    BackendBuffer logits_out;
   };
   Buffers train_buf_, infer_buf_ = forward_only_buffers();
   static Buffers forward_only_buffers() {

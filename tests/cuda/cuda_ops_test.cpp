@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "cuda/cuda_test_util.h"
 #include "kernels/backend.h"
+#include "kernels/buffer.h"
 #include "kernels/grad_check.h"
 
 namespace loom {
@@ -546,6 +547,42 @@ TEST(CudaOps, AdamWSingleAndMultiTensor) {
   EXPECT_THROW(
       gpu()->adamw(gp1.f(), gg1.f(), gm1.f(), gv1.f(), n1, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 1.f, 0),
       Error);
+}
+
+// Backend memory (what the Decoder's arena and scratch use): stream-ordered alloc / free by
+// class, copies each way, fill, and the loss sum's weighted reduction against the CPU's.
+TEST(CudaOps, BackendMemoryAndWeightedSum) {
+  LOOM_REQUIRE_GPU();
+  Backend& be = *gpu();
+  EXPECT_FALSE(be.host_accessible());
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{4099}, int64_t{70000}}) {
+    auto x = random_floats(n, 120, -30, 30), w = random_floats(n, 121, -2, 2);
+    BackendBuffer dx(be, n * 4, "memtest"), dw(be, n * 4, "memtest"), dy(be, n * 4, "memtest");
+    for (void* p : {dx.data(), dw.data(), dy.data()}) {
+      ASSERT_NE(p, nullptr);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % Backend::kAlign, 0u);
+    }
+    be.copy_h2d(dx.data(), x.data(), n * 4);
+    be.copy_h2d(dw.data(), w.data(), n * 4);
+    be.copy_d2d(dy.data(), dx.data(), n * 4);
+    std::vector<float> back(n, -1.f);
+    be.copy_d2h(back.data(), dy.data(), n * 4);
+    EXPECT_EQ(back, x) << n;
+    const double want_plain = cpu().weighted_sum(x.data(), nullptr, n);
+    const double want = cpu().weighted_sum(x.data(), w.data(), n);
+    const double got = be.weighted_sum(dx.as<float>(), dw.as<float>(), n);
+    EXPECT_NEAR(be.weighted_sum(dx.as<float>(), nullptr, n), want_plain,
+                1e-12 * std::max(1.0, std::abs(want_plain) + n));
+    EXPECT_NEAR(got, want, 1e-12 * std::max(1.0, std::abs(want) + n)) << n;
+    EXPECT_EQ(be.weighted_sum(dx.as<float>(), dw.as<float>(), n), got) << "deterministic";
+    be.fill_bytes(dy.data(), 0, n * 4);
+    be.copy_d2h(back.data(), dy.data(), n * 4);
+    be.sync();
+    for (float v : back) ASSERT_EQ(v, 0.f);
+  }
+  EXPECT_NE(be.memory_report().find("memtest"), std::string::npos);
+  int host = 0;
+  EXPECT_THROW(be.free(&host), Error);
 }
 
 TEST(CudaOps, ReductionsAndRounding) {

@@ -1,11 +1,15 @@
 #include "kernels/backend.h"
-#include "kernels/cpu/blas.h"
 #include "kernels/cpu/bf16_convert.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+
+#include "kernels/memory_ledger.h"
 
 namespace loom {
 namespace {
@@ -40,12 +44,37 @@ void widen(float* x, const void* src, DType t, int64_t n) {
   }
 }
 
-
 // Delegates every op to loom::cpu; the class exists so callers can hold a Backend&.
 class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
   Device device() const override { return Device::CPU; }
+
+  // Host memory: buffers are ordinary aligned heap blocks, copies are memcpy, and every op has
+  // finished when it returns (sync has nothing to wait for).
+  void* alloc(size_t bytes, const char* cls) override {
+    // aligned_alloc wants a multiple of the alignment; at least one block, so that a zero-byte
+    // buffer is still a distinct, freeable pointer.
+    const size_t n = std::max<size_t>(1, (bytes + kAlign - 1) / kAlign) * kAlign;
+    void* p = std::aligned_alloc(kAlign, n);
+    LOOM_CHECK(p, "cpu backend: out of memory allocating ", bytes, " bytes of ", cls);
+    ledger_.add(p, n, cls);
+    return p;
+  }
+  void free(void* p) override {
+    if (!p) return;
+    ledger_.remove(p, "cpu");
+    std::free(p);
+  }
+  void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
+  void fill_bytes(void* dst, int byte, size_t bytes) override {
+    if (bytes) std::memset(dst, byte, bytes);
+  }
+  void sync() override {}
+  bool host_accessible() const override { return true; }
+  std::string memory_report() const override { return ledger_.report("cpu"); }
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
     cpu::gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -151,6 +180,11 @@ class CpuBackend final : public Backend {
   }
   double sum_squares(const float* x, int64_t n) override { return cpu::sum_squares(x, n); }
   bool all_finite(const float* x, int64_t n) override { return cpu::all_finite(x, n); }
+  double weighted_sum(const float* x, const float* w, int64_t n) override {
+    double sum = 0;  // index order: bit-reproducible
+    for (int64_t i = 0; i < n; ++i) sum += w ? double(w[i]) * x[i] : x[i];
+    return sum;
+  }
 
   void round_to(DType t, float* x, int64_t n, void* store) override {
     if (t == DType::BF16) return cpu::round_bf16_array(x, static_cast<uint16_t*>(store), size_t(n));
@@ -161,9 +195,11 @@ class CpuBackend final : public Backend {
     if (dt == st) {
       std::memcpy(dst, src, size_t(n) * dtype_size(dt));
     } else if (st == DType::F32 && dt == DType::BF16) {
-      cpu::f32_to_bf16_array(static_cast<const float*>(src), static_cast<uint16_t*>(dst), size_t(n));
+      cpu::f32_to_bf16_array(static_cast<const float*>(src), static_cast<uint16_t*>(dst),
+                             size_t(n));
     } else if (st == DType::BF16 && dt == DType::F32) {
-      cpu::bf16_to_f32_array(static_cast<const uint16_t*>(src), static_cast<float*>(dst), size_t(n));
+      cpu::bf16_to_f32_array(static_cast<const uint16_t*>(src), static_cast<float*>(dst),
+                             size_t(n));
     } else {
       LOOM_CHECK(st == DType::F32 || dt == DType::F32, "cpu backend: convert ", dtype_name(st),
                  " to ", dtype_name(dt), " goes through fp32");
@@ -173,6 +209,13 @@ class CpuBackend final : public Backend {
         widen(static_cast<float*>(dst), src, st, n);
     }
   }
+
+ private:
+  // memmove semantics are not promised by the interface, but a copy onto itself is harmless.
+  static void copy(void* dst, const void* src, size_t bytes) {
+    if (bytes && dst != src) std::memcpy(dst, src, bytes);
+  }
+  MemoryLedger ledger_;
 };
 }  // namespace
 

@@ -211,6 +211,43 @@ void CudaBackend::download(void* dst, const void* src, size_t bytes) {
   LOOM_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
 }
 
+void* CudaBackend::alloc(size_t bytes, const char* cls) {
+  void* p = nullptr;
+  // Zero bytes still gives a distinct, freeable pointer (as on the CPU backend).
+  const size_t n = std::max<size_t>(bytes, 1);
+  if (cudaMallocAsync(&p, n, impl_->stream) != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("CUDA backend: out of device memory allocating ", bytes, " bytes of ", cls, " (",
+         free_b >> 20, " MiB free of ", total_b >> 20, " MiB)");
+  }
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(p) % kAlign == 0, "CUDA backend: allocation of ", cls,
+             " is not ", kAlign, "-byte aligned");
+  ledger_.add(p, n, cls);
+  return p;
+}
+
+void CudaBackend::free(void* p) {
+  if (!p) return;
+  ledger_.remove(p, "CUDA");
+  // Stream-ordered: ops already queued that use the buffer finish first.
+  LOOM_CUDA_CHECK(cudaFreeAsync(p, impl_->stream));
+}
+
+void CudaBackend::copy_d2d(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+}
+
+double CudaBackend::weighted_sum(const float* x, const float* w, int64_t n) {
+  cuda::weighted_sum(impl_->stream, x, w, n, impl_->result);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(impl_->result_host, impl_->result, sizeof(double),
+                                  cudaMemcpyDeviceToHost, impl_->stream));
+  check_device_errors();  // synchronises
+  return *impl_->result_host;
+}
+
 void CudaBackend::fill_bytes(void* dst, int byte, size_t bytes) {
   if (bytes == 0) return;
   LOOM_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, impl_->stream));
@@ -218,7 +255,8 @@ void CudaBackend::fill_bytes(void* dst, int byte, size_t bytes) {
 
 std::string CudaBackend::memory_report() const {
   size_t free_b = 0, total_b = 0;
-  std::string s = cat("device memory (", device_name_, "):\n", arena_.report());
+  std::string s =
+      cat("device memory (", device_name_, "):\n", arena_.report(), ledger_.report("cuda"));
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
     s += cat("  device: ", (total_b - free_b) >> 20, " MiB used of ", total_b >> 20, " MiB\n");
   return s;

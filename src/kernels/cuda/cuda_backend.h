@@ -13,7 +13,9 @@
 //
 // Memory: the backend's own scratch (cuBLASLt workspace, reduction partials, sort buffers,
 // attention schedules) is one allocation made at construction (CudaOptions::workspace_bytes);
-// no op allocates. Callers get the same discipline for their buffers through arena().
+// no op allocates. Callers get the same discipline for their buffers through arena(); the
+// Backend's alloc / free (BackendBuffer) are stream-ordered cudaMallocAsync / cudaFreeAsync,
+// one device allocation per buffer, accounted per buffer class in memory_report().
 #pragma once
 
 #include <cstddef>
@@ -25,6 +27,7 @@
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/arena.h"
+#include "kernels/memory_ledger.h"
 
 namespace loom {
 namespace cuda {
@@ -102,6 +105,14 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   Device device() const override { return Device::CUDA; }
 
+  // Memory (Backend): device buffers, stream-ordered. copy_h2d and copy_d2h are synchronous
+  // (pageable host memory); copy_d2d and fill_bytes are queued on the stream.
+  void* alloc(size_t bytes, const char* cls) override;
+  void free(void* p) override;
+  void copy_h2d(void* dst, const void* src, size_t bytes) override { upload(dst, src, bytes); }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override { download(dst, src, bytes); }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override;
+
   void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override;
   void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
@@ -151,6 +162,7 @@ class CudaBackend final : public Backend {
              float beta2, float eps, float weight_decay, float grad_scale, int64_t step) override;
   double sum_squares(const float* x, int64_t n) override;
   bool all_finite(const float* x, int64_t n) override;
+  double weighted_sum(const float* x, const float* w, int64_t n) override;
 
   // ---- CUDA-only entry points
   void gemm_ex(const GemmEx& g);
@@ -173,8 +185,8 @@ class CudaBackend final : public Backend {
   // Memory helpers (synchronous unless named async).
   void upload(void* dst, const void* src, size_t bytes);
   void download(void* dst, const void* src, size_t bytes);
-  void fill_bytes(void* dst, int byte, size_t bytes);  // async
-  void sync();           // waits for the stream, then throws any recorded input error
+  void fill_bytes(void* dst, int byte, size_t bytes) override;  // async
+  void sync() override;  // waits for the stream, then throws any recorded input error
   void* stream() const;  // cudaStream_t
 
   // Buffer classes for callers (params, grads, optimizer state, activations): one device
@@ -182,7 +194,7 @@ class CudaBackend final : public Backend {
   DeviceArena& arena() { return arena_; }
   // Peak device memory: arena classes, the backend's workspace high-water mark, and the
   // device's own used/total figures.
-  std::string memory_report() const;
+  std::string memory_report() const override;
   size_t workspace_peak() const { return ws_->peak(); }
   const std::string& device_name() const { return device_name_; }
   int sm_version() const { return sm_; }  // e.g. 90
@@ -199,6 +211,7 @@ class CudaBackend final : public Backend {
 
   CudaOptions opt_;
   DeviceArena arena_;
+  MemoryLedger ledger_;       // Backend::alloc's buffers
   BumpRegion* ws_ = nullptr;  // the backend's own workspace: class "workspace" of arena_
   std::unique_ptr<Impl> impl_;
   std::string device_name_;

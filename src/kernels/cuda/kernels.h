@@ -98,6 +98,8 @@ void adamw_multi(cudaStream_t st, const MtTensor* tensors, const MtChunk* chunks
 void sum_squares(cudaStream_t st, const float* x, int64_t n, double* partial, double* result,
                  bool accumulate_result);
 void all_finite(cudaStream_t st, const float* x, int64_t n, int* bad);
+// *result (device) = sum w[i] * x[i] in double (w nullable: 1), in a fixed order.
+void weighted_sum(cudaStream_t st, const float* x, const float* w, int64_t n, double* result);
 
 // ---- attention (attention.cu). Pointers as in Backend; cu (device copy of cu_seqlens) and
 // the schedule items (device copies of AttnSchedule::q_items / k_items).

@@ -554,6 +554,16 @@ __global__ void k_sumsq_finish(const double* partial, int nblocks, double* resul
   if (threadIdx.x == 0) *result = accumulate ? *result + acc : acc;
 }
 
+// One block: each thread adds a fixed stride of the elements, then a fixed tree; the order does
+// not depend on the launch, so the sum is reproducible (a loss sum: N is at most a few 10^4).
+__global__ void k_weighted_sum(const float* x, const float* w, int64_t n, double* result) {
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    acc += w ? double(w[i]) * double(x[i]) : double(x[i]);
+  acc = block_sum_d(acc);
+  if (threadIdx.x == 0) *result = acc;
+}
+
 __global__ void k_all_finite(const float* x, int64_t n, int* bad) {
   GRID_STRIDE(i, n) {
     if ((__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u) *bad = 1;
@@ -786,6 +796,11 @@ void sum_squares(cudaStream_t st, const float* x, int64_t n, double* partial, do
   }
   k_sumsq_finish<<<1, kThreads, 0, st>>>(partial, n > 0 ? blocks : 1, result, accumulate_result);
   LOOM_CUDA_LAUNCHED("sum_squares (finish)");
+}
+
+void weighted_sum(cudaStream_t st, const float* x, const float* w, int64_t n, double* result) {
+  k_weighted_sum<<<1, kThreads, 0, st>>>(x, w, n, result);
+  LOOM_CUDA_LAUNCHED("weighted_sum");
 }
 
 void all_finite(cudaStream_t st, const float* x, int64_t n, int* bad) {
