@@ -16,6 +16,29 @@ constexpr int kAmax = 0, kSinv = 4, kScale = 16, kPending = 28, kHist = 40;
 int sinv_slot(int t) {
   return kSinv + 4 * t;
 }
+
+// C[M, N] (fp32; beta 1 accumulates) = op(A) op(B), row-major operands without padding: A is
+// [M, K] ([K, M] when trans_a), B is [K, N] ([N, K] when trans_b).
+GemmEx gemm_of(bool trans_a, bool trans_b, int M, int N, int K, DType ta, const void* A, DType tb,
+               const void* B, float* C, float beta) {
+  GemmEx g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.a_type = ta;
+  g.b_type = tb;
+  g.c_type = DType::F32;
+  g.A = A;
+  g.lda = trans_a ? M : K;
+  g.B = B;
+  g.ldb = trans_b ? K : N;
+  g.C = C;
+  g.ldc = N;
+  g.beta = beta;
+  return g;
+}
 }  // namespace
 
 CudaFp8Scratch::CudaFp8Scratch(int max_tokens, int max_features, size_t max_weight,
@@ -114,27 +137,14 @@ void CudaFp8Linear::forward(float* y, const float* x, const float* w, const floa
                             int out) {
   if (N == 0 || out == 0) return;
   scratch_.check(N, in, out);
-  if (opt_.mx) {
-    if (b != nullptr) cuda::set_rows(static_cast<cudaStream_t>(be_.stream()), y, b, N, out);
-    return mx_forward(y, x, w, N, in, out, b != nullptr ? 1.f : 0.f);
-  }
+  // y seeded with the bias: the GEMM adds onto it.
+  if (b != nullptr) cuda::set_rows(static_cast<cudaStream_t>(be_.stream()), y, b, N, out);
+  const float beta = b != nullptr ? 1.f : 0.f;
+  if (opt_.mx) return mx_forward(y, x, w, N, in, out, beta);
   quantize(X, scratch_.xq, x, N, in, false, scalars_ + sinv_slot(X));
   quantize(W, scratch_.wq, w, out, in, false, scalars_ + sinv_slot(W));
-  if (b != nullptr) cuda::set_rows(static_cast<cudaStream_t>(be_.stream()), y, b, N, out);
-  GemmEx g;
-  g.trans_b = true;
-  g.M = N;
-  g.N = out;
-  g.K = in;
-  g.a_type = g.b_type = DType::F8E4M3;
-  g.c_type = DType::F32;
-  g.A = scratch_.xq;
-  g.lda = in;
-  g.B = scratch_.wq;
-  g.ldb = in;
-  g.C = y;
-  g.ldc = out;
-  g.beta = b != nullptr ? 1.f : 0.f;  // y seeded with the bias
+  GemmEx g = gemm_of(false, true, N, out, in, DType::F8E4M3, scratch_.xq, DType::F8E4M3,
+                     scratch_.wq, y, beta);
   g.a_scale = scalars_ + sinv_slot(X);
   g.b_scale = scalars_ + sinv_slot(W);
   be_.gemm_ex(g);
@@ -153,20 +163,8 @@ void CudaFp8Linear::backward(float* dx, float* dw, float* db, const float* dy, c
   if (dx != nullptr) {  // dx[N, in] = dy[N, out] W[out, in]: B is W^T stored [in, out]
     quantize(DY, scratch_.dyq, dy, N, out, false, scalars_ + sinv_slot(DY));
     quantize(W, scratch_.wq, w, out, in, true, scalars_ + sinv_slot(W));
-    GemmEx g;
-    g.trans_b = true;
-    g.M = N;
-    g.N = in;
-    g.K = out;
-    g.a_type = gt;
-    g.b_type = DType::F8E4M3;
-    g.c_type = DType::F32;
-    g.A = scratch_.dyq;
-    g.lda = out;
-    g.B = scratch_.wq;
-    g.ldb = out;
-    g.C = dx;
-    g.ldc = in;
+    GemmEx g =
+        gemm_of(false, true, N, in, out, gt, scratch_.dyq, DType::F8E4M3, scratch_.wq, dx, 0.f);
     g.a_scale = scalars_ + sinv_slot(DY);
     g.b_scale = scalars_ + sinv_slot(W);
     be_.gemm_ex(g);
@@ -174,21 +172,8 @@ void CudaFp8Linear::backward(float* dx, float* dw, float* db, const float* dy, c
   if (dw != nullptr) {  // dW[out, in] += dy^T x: A = dy^T [out, N], B = x^T stored [in, N]
     quantize(DY, scratch_.dyq, dy, N, out, true, scalars_ + sinv_slot(DY));
     quantize(X, scratch_.xq, x, N, in, true, scalars_ + sinv_slot(X));
-    GemmEx g;
-    g.trans_b = true;
-    g.M = out;
-    g.N = in;
-    g.K = N;
-    g.a_type = gt;
-    g.b_type = DType::F8E4M3;
-    g.c_type = DType::F32;
-    g.A = scratch_.dyq;
-    g.lda = N;
-    g.B = scratch_.xq;
-    g.ldb = N;
-    g.C = dw;
-    g.ldc = in;
-    g.beta = 1.f;
+    GemmEx g =
+        gemm_of(false, true, out, in, N, gt, scratch_.dyq, DType::F8E4M3, scratch_.xq, dw, 1.f);
     g.a_scale = scalars_ + sinv_slot(DY);
     g.b_scale = scalars_ + sinv_slot(X);
     be_.gemm_ex(g);
@@ -206,20 +191,7 @@ void CudaFp8Linear::mx_forward(float* y, const float* x, const float* w, int N, 
   auto* wq = static_cast<uint16_t*>(scratch_.wq);
   cuda::mx_dequantize(st, xq, false, x, N, in, false);
   cuda::mx_dequantize(st, wq, false, w, out, in, false);
-  GemmEx g;
-  g.trans_b = true;
-  g.M = N;
-  g.N = out;
-  g.K = in;
-  g.a_type = g.b_type = DType::BF16;
-  g.c_type = DType::F32;
-  g.A = xq;
-  g.lda = in;
-  g.B = wq;
-  g.ldb = in;
-  g.C = y;
-  g.ldc = out;
-  g.beta = beta;
+  GemmEx g = gemm_of(false, true, N, out, in, DType::BF16, xq, DType::BF16, wq, y, beta);
   be_.gemm_ex(g);
 }
 
@@ -232,37 +204,13 @@ void CudaFp8Linear::mx_backward(float* dx, float* dw, const float* dy, const flo
   if (dx != nullptr) {  // dx[N, in] = dy[N, out] W[out, in]
     cuda::mx_dequantize(st, dyq, opt_.hybrid, dy, N, out, false);
     cuda::mx_dequantize(st, wq, false, w, out, in, true);
-    GemmEx g;
-    g.M = N;
-    g.N = in;
-    g.K = out;
-    g.a_type = g.b_type = DType::BF16;
-    g.c_type = DType::F32;
-    g.A = dyq;
-    g.lda = out;
-    g.B = wq;
-    g.ldb = in;
-    g.C = dx;
-    g.ldc = in;
+    GemmEx g = gemm_of(false, false, N, in, out, DType::BF16, dyq, DType::BF16, wq, dx, 0.f);
     be_.gemm_ex(g);
   }
   if (dw != nullptr) {  // dW[out, in] += dy^T x
     cuda::mx_dequantize(st, dyq, opt_.hybrid, dy, N, out, true);
     cuda::mx_dequantize(st, xq, false, x, N, in, true);
-    GemmEx g;
-    g.trans_a = true;
-    g.M = out;
-    g.N = in;
-    g.K = N;
-    g.a_type = g.b_type = DType::BF16;
-    g.c_type = DType::F32;
-    g.A = dyq;
-    g.lda = out;
-    g.B = xq;
-    g.ldb = in;
-    g.C = dw;
-    g.ldc = in;
-    g.beta = 1.f;
+    GemmEx g = gemm_of(true, false, out, in, N, DType::BF16, dyq, DType::BF16, xq, dw, 1.f);
     be_.gemm_ex(g);
   }
 }
