@@ -86,6 +86,35 @@ TEST(CudaStep, Gpt2_124mMatchesCpu) {
   check_step("gpt2-124m", {0, 256, 512}, 2e-3);
 }
 
+// Operands of a linear layer N x in -> out: x in [-xs, xs], W in [-0.1, 0.1], dy in [-ds, ds].
+struct LayerData {
+  std::vector<float> x, w, b, dy;
+};
+LayerData layer_data(int N, int in, int out, uint64_t seed, float xs, float ds) {
+  return {test::random_floats(size_t(N) * in, seed, -xs, xs),
+          test::random_floats(size_t(out) * in, seed + 1, -0.1, 0.1),
+          test::random_floats(size_t(out), seed + 2),
+          test::random_floats(size_t(N) * out, seed + 3, -ds, ds)};
+}
+
+// One forward and backward of the CPU recipe's layer and of the GPU's on the same operands:
+// y, dx and dW within `tol` of their largest value, db (fp32 on both) within 1e-5.
+void compare_layers(Fp8Linear& cpu_lin, CudaFp8Linear& lin, const LayerData& d, int N, int in,
+                    int out, double tol, const std::string& what) {
+  std::vector<float> y(size_t(N) * out), dx(d.x.size()), dw(d.w.size(), 0.f), db(d.b.size(), 0.f);
+  cpu_lin.forward(cpu_backend(), y.data(), d.x.data(), d.w.data(), d.b.data(), N, in, out);
+  cpu_lin.backward(cpu_backend(), dx.data(), dw.data(), db.data(), d.dy.data(), d.x.data(),
+                   d.w.data(), N, in, out);
+  DevBuf gx(d.x), gw(d.w), gb(d.b), gdy(d.dy), gy(y.size() * 4), gdx(dx.size() * 4),
+      gdw(std::vector<float>(dw.size(), 0.f)), gdb(std::vector<float>(db.size(), 0.f));
+  lin.forward(gy.f(), gx.f(), gw.f(), gb.f(), N, in, out);
+  lin.backward(gdx.f(), gdw.f(), gdb.f(), gdy.f(), gx.f(), gw.f(), N, in, out);
+  EXPECT_TRUE(test::close_scaled(gy.get(), y, tol)) << "y " << what;
+  EXPECT_TRUE(test::close_scaled(gdx.get(), dx, tol)) << "dx " << what;
+  EXPECT_TRUE(test::close_scaled(gdw.get(), dw, tol)) << "dw " << what;
+  EXPECT_TRUE(test::close_scaled(gdb.get(), db, 1e-5)) << "db " << what;
+}
+
 // One linear layer, forward and backward, CudaFp8Linear against the CPU recipe's Fp8Linear on
 // the same inputs: the same codes and scales on both sides, so the outputs differ only by
 // summation order and Hopper's fp8 accumulation (1e-3 of the largest output).
@@ -97,33 +126,18 @@ TEST(CudaFp8, LinearMatchesCpuRecipe) {
   };
   for (bool hybrid : {false, true}) {
     for (Shape sh : {Shape{128, 128, 384}, Shape{256, 512, 128}}) {
-      const std::string what = std::string(hybrid ? "hybrid " : "e4m3 ") + std::to_string(sh.N) +
-                               "x" + std::to_string(sh.in) + "->" + std::to_string(sh.out);
-      const auto x = test::random_floats(size_t(sh.N) * sh.in, 31, -3, 3);
-      const auto w = test::random_floats(size_t(sh.out) * sh.in, 32, -0.1, 0.1);
-      const auto b = test::random_floats(size_t(sh.out), 33);
-      const auto dy = test::random_floats(size_t(sh.N) * sh.out, 34, -1e-3, 1e-3);
       Fp8Options o;
       o.kind = Fp8RecipeKind::TensorwiseCurrent;
       o.hybrid = hybrid;
       Fp8Linear cpu_lin(o, nullptr);
-      std::vector<float> y(size_t(sh.N) * sh.out), dx(x.size()), dw(w.size(), 0.f),
-          db(b.size(), 0.f);
-      cpu_lin.forward(cpu_backend(), y.data(), x.data(), w.data(), b.data(), sh.N, sh.in, sh.out);
-      cpu_lin.backward(cpu_backend(), dx.data(), dw.data(), db.data(), dy.data(), x.data(),
-                       w.data(), sh.N, sh.in, sh.out);
       CudaFp8Options go;
       go.hybrid = hybrid;
-      CudaFp8Scratch scratch(sh.N, std::max(sh.in, sh.out), w.size());
+      CudaFp8Scratch scratch(sh.N, std::max(sh.in, sh.out), size_t(sh.in) * sh.out);
       CudaFp8Linear lin(*gpu(), go, scratch);
-      DevBuf gx(x), gw(w), gb(b), gdy(dy), gy(y.size() * 4), gdx(dx.size() * 4),
-          gdw(std::vector<float>(w.size(), 0.f)), gdb(std::vector<float>(b.size(), 0.f));
-      lin.forward(gy.f(), gx.f(), gw.f(), gb.f(), sh.N, sh.in, sh.out);
-      lin.backward(gdx.f(), gdw.f(), gdb.f(), gdy.f(), gx.f(), gw.f(), sh.N, sh.in, sh.out);
-      EXPECT_TRUE(test::close_scaled(gy.get(), y, 1e-3)) << "y " << what;
-      EXPECT_TRUE(test::close_scaled(gdx.get(), dx, 1e-3)) << "dx " << what;
-      EXPECT_TRUE(test::close_scaled(gdw.get(), dw, 1e-3)) << "dw " << what;
-      EXPECT_TRUE(test::close_scaled(gdb.get(), db, 1e-5)) << "db " << what;
+      compare_layers(cpu_lin, lin, layer_data(sh.N, sh.in, sh.out, 31, 3, 1e-3), sh.N, sh.in,
+                     sh.out, 1e-3,
+                     std::string(hybrid ? "hybrid " : "e4m3 ") + std::to_string(sh.N) + "x" +
+                         std::to_string(sh.in) + "->" + std::to_string(sh.out));
     }
   }
 }
@@ -156,65 +170,35 @@ TEST(CudaFp8, DelayedScalingMatchesCpuRecipe) {
       lin.begin_step();
       for (auto t : {Fp8Linear::X, Fp8Linear::W, Fp8Linear::DY})
         EXPECT_EQ(lin.scale(CudaFp8Linear::Tensor(t)), cpu_lin.scale(t)) << what << " tensor " << t;
-      // Magnitudes that change from step to step, so the scales move.
-      const float g = float(1 << step) / 8;
-      const auto x = test::random_floats(size_t(N) * in, 40 + step, -3 * g, 3 * g);
-      const auto w = test::random_floats(size_t(out) * in, 50 + step, -0.1, 0.1);
-      const auto b = test::random_floats(size_t(out), 60 + step);
-      const auto dy = test::random_floats(size_t(N) * out, 70 + step, -1e-3 / g, 1e-3 / g);
-      std::vector<float> y(size_t(N) * out), dx(x.size()), dw(w.size(), 0.f), db(b.size(), 0.f);
-      cpu_lin.forward(cpu_backend(), y.data(), x.data(), w.data(), b.data(), N, in, out);
-      cpu_lin.backward(cpu_backend(), dx.data(), dw.data(), db.data(), dy.data(), x.data(),
-                       w.data(), N, in, out);
-      DevBuf gx(x), gw(w), gb(b), gdy(dy), gy(y.size() * 4), gdx(dx.size() * 4),
-          gdw(std::vector<float>(w.size(), 0.f)), gdb(std::vector<float>(b.size(), 0.f));
-      lin.forward(gy.f(), gx.f(), gw.f(), gb.f(), N, in, out);
-      lin.backward(gdx.f(), gdw.f(), gdb.f(), gdy.f(), gx.f(), gw.f(), N, in, out);
-      EXPECT_TRUE(test::close_scaled(gy.get(), y, 1e-3)) << "y " << what;
-      EXPECT_TRUE(test::close_scaled(gdx.get(), dx, 1e-3)) << "dx " << what;
-      EXPECT_TRUE(test::close_scaled(gdw.get(), dw, 1e-3)) << "dw " << what;
-      EXPECT_TRUE(test::close_scaled(gdb.get(), db, 1e-5)) << "db " << what;
+      const float g = float(1 << step) / 8;  // magnitudes that change, so the scales move
+      compare_layers(cpu_lin, lin, layer_data(N, in, out, 40 + 4 * step, 3 * g, 1e-3 / g), N, in,
+                     out, 1e-3, what);
     }
   }
 }
 
 // MXFP8 (blocks of 32 along each GEMM's reduction dimension, dequantised to bf16 GEMMs) against
 // the CPU recipe's Fp8Linear: the dequantised operands are the same bits on both sides, so only
-// the GEMMs' summation order differs (1e-5 of the largest value); a partial last block (96 =
-// 3 x 32, but 80 tokens = 2.5 blocks for dW) included. Runs on any sm_80+ GPU.
+// the GEMMs' summation order differs (1e-5 of the largest value); 80 tokens leave a partial
+// block for dW, and one block holds a zero and a large outlier. Runs on any sm_80+ GPU.
 TEST(CudaFp8, MxMatchesCpuRecipe) {
   LOOM_REQUIRE_GPU();
   if (gpu()->sm_version() < 80) GTEST_SKIP() << "bf16 tensor cores need sm_80";
   const int N = 80, in = 256, out = 96;
   for (bool hybrid : {false, true}) {
-    const std::string what = hybrid ? "hybrid" : "e4m3";
-    const auto x = test::random_floats(size_t(N) * in, 81, -3, 3);
-    auto w = test::random_floats(size_t(out) * in, 82, -0.1, 0.1);
-    w[5] = 0.f;  // a block with a zero element and one large outlier
-    w[6] = 40.f;
-    const auto b = test::random_floats(size_t(out), 83);
-    const auto dy = test::random_floats(size_t(N) * out, 84, -1e-3, 1e-3);
+    LayerData d = layer_data(N, in, out, 81, 3, 1e-3);
+    d.w[5] = 0.f;
+    d.w[6] = 40.f;
     Fp8Options o;
     o.kind = Fp8RecipeKind::Mxfp8;
     o.hybrid = hybrid;
     Fp8Linear cpu_lin(o, nullptr);
-    std::vector<float> y(size_t(N) * out), dx(x.size()), dw(w.size(), 0.f), db(b.size(), 0.f);
-    cpu_lin.forward(cpu_backend(), y.data(), x.data(), w.data(), b.data(), N, in, out);
-    cpu_lin.backward(cpu_backend(), dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
-                     N, in, out);
     CudaFp8Options go;
     go.mx = true;
     go.hybrid = hybrid;
-    CudaFp8Scratch scratch(N, std::max(in, out), w.size(), 2);
+    CudaFp8Scratch scratch(N, std::max(in, out), size_t(in) * out, 2);
     CudaFp8Linear lin(*gpu(), go, scratch);
-    DevBuf gx(x), gw(w), gb(b), gdy(dy), gy(y.size() * 4), gdx(dx.size() * 4),
-        gdw(std::vector<float>(w.size(), 0.f)), gdb(std::vector<float>(b.size(), 0.f));
-    lin.forward(gy.f(), gx.f(), gw.f(), gb.f(), N, in, out);
-    lin.backward(gdx.f(), gdw.f(), gdb.f(), gdy.f(), gx.f(), gw.f(), N, in, out);
-    EXPECT_TRUE(test::close_scaled(gy.get(), y, 1e-5)) << "y " << what;
-    EXPECT_TRUE(test::close_scaled(gdx.get(), dx, 1e-5)) << "dx " << what;
-    EXPECT_TRUE(test::close_scaled(gdw.get(), dw, 1e-5)) << "dw " << what;
-    EXPECT_TRUE(test::close_scaled(gdb.get(), db, 1e-5)) << "db " << what;
+    compare_layers(cpu_lin, lin, d, N, in, out, 1e-5, hybrid ? "hybrid" : "e4m3");
   }
 }
 
