@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/backend.h"
+#include "rl/rl_checkpoint.h"
 
 namespace loom::rl {
 
@@ -44,20 +45,7 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
   rollout_ = std::make_unique<RolloutWorker>(*snapshot_, tok, chat, env, opt_);
   // A resume's buffered groups: the learner takes them as the uninterrupted run would have, and
   // the rollouts go on after the last step they cover.
-  first_rollout_ = step_;
-  for (const BufferedStep& b : async_.resume_buffer) {
-    LOOM_CHECK(b.complete || int64_t(b.groups.size()) + b.dropped == opt_.prompts_per_step,
-               "the checkpoint's replay buffer holds ", b.groups.size(), " groups and ", b.dropped,
-               " dropped for step ", b.target_step, ", not the ", opt_.prompts_per_step,
-               " prompts of a step (--prompts changed?)");
-    first_rollout_ = std::max(first_rollout_, b.target_step + 1);
-  }
-  for (int64_t s = step_; s < first_rollout_; ++s) {
-    const bool covered = std::any_of(async_.resume_buffer.begin(), async_.resume_buffer.end(),
-                                     [&](const BufferedStep& b) { return b.target_step == s; });
-    LOOM_CHECK(covered, "the checkpoint's replay buffer skips step ", s, " (resuming at step ",
-               step_, ")");
-  }
+  first_rollout_ = check_resume_buffer(async_.resume_buffer, step_, opt_.prompts_per_step);
   buffer_.restore(std::move(async_.resume_buffer), step_);
   async_.resume_buffer.clear();
   last_learner_end_ = now_seconds();

@@ -35,13 +35,20 @@ std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCh
 struct RlResumePoint {
   std::string dir;
   int64_t step = 0;
-  std::vector<BufferedStep> buffer;  // empty for synchronous and MPI runs
+  std::vector<BufferedStep> buffer;  // empty for synchronous runs
   RlRestore restore;                 // writes the policy and optimizer, returns step
 };
 
 // Opens the step directory `dir` (state.json must be a loom rl one and the model's fingerprint
 // `fingerprint`); a malformed buffer is an error naming the checkpoint and the byte.
 RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fingerprint);
+
+// Checks a resume's buffered steps for a run resuming at learner step `step` with `prompts`
+// prompts a step: every step holds its prompts (groups + dropped; a step a partial-rollout run
+// marked complete may hold fewer) and they cover the steps from `step` to the last without a gap.
+// Returns the first target step the rollouts must generate: after the last buffered one, at
+// least `step`. Throws naming the step otherwise (--prompts changed, a corrupt buffer).
+int64_t check_resume_buffer(const std::vector<BufferedStep>& buffer, int64_t step, int64_t prompts);
 
 // The buffer's encoding in state.json (exposed for tests): hex of length-prefixed trajectory
 // messages. `where` names the checkpoint in errors.
