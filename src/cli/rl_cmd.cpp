@@ -110,9 +110,9 @@ int run_rl_here(const Args& args) {
   LOOM_CHECK(mpi || !o.has("weight-sync"), "--weight-sync needs --rollout-ranks");
   const DType weight_dtype = rl::weight_sync_dtype(o.get("weight-sync"));
   ro.partial_tokens = o.get_int32("partial-tokens", 0, 1 << 16);
-  LOOM_CHECK(ro.partial_tokens == 0 || async,
-             "--partial-tokens needs --async (partial rollouts continue on newer weights, which "
-             "the synchronous loop never has; over MPI ranks they are not built)");
+  LOOM_CHECK(ro.partial_tokens == 0 || async || mpi,
+             "--partial-tokens needs --async or --rollout-ranks (partial rollouts continue on "
+             "newer weights, which the synchronous loop never has)");
   if (mpi)
     rl::check_rl_layout(comm::world().size(), rollout_ranks);
   else

@@ -23,18 +23,9 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
       buffer_(async.max_staleness),
       step_(restore ? restore(policy, learner_.optimizer()) : 0) {
   LOOM_CHECK(async.learner_timeout > 0, "rl.learner_timeout must be positive");
-  // Partial rollouts: a completion may take B = ceil(max_tokens / partial_tokens) batches, one
-  // per step, and a group is as old as its first batch's weights; so new groups start at most
-  // max_staleness - (B - 1) steps ahead, and every group finishes within the bound.
-  lead_ = async.max_staleness;
-  if (opt.partial_tokens > 0) {
-    const int64_t batches = (opt.max_tokens + opt.partial_tokens - 1) / opt.partial_tokens;
-    lead_ = async.max_staleness - (batches - 1);
-    LOOM_CHECK(batches >= 2 && lead_ >= 0, "partial rollouts of ", opt.partial_tokens,
-               " tokens per batch take up to ", batches, " batches (steps) for ", opt.max_tokens,
-               " tokens; they need max_staleness >= ", batches - 1, " (got ", async.max_staleness,
-               ") and fewer tokens per batch than max_tokens");
-  }
+  // Partial rollouts: new groups start fewer steps ahead, so that every group finishes within
+  // the bound (rollout_lead).
+  lead_ = rollout_lead(opt, async.max_staleness);
   threads_ =
       async.threads_per_role > 0 ? async.threads_per_role : std::max(1, omp_get_num_procs() / 2);
   snapshot_ = std::make_unique<Decoder>(policy.config(), cpu_backend());

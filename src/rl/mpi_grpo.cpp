@@ -70,6 +70,7 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
   LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
   K_ = mo.rollout_ranks;
   L_ = world.size() - K_;
+  lead_ = rollout_lead(opt, mo.max_staleness);
   // Two sub-communicators (collective over the world, in this order on every rank): the learner
   // ranks (gradients, each step's groups), and learner 0 with the rollout ranks (weights).
   learners_ = world.split(is_learner() ? 0 : 1, rank_, "rl-learners");
@@ -97,7 +98,9 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
         // The buffer keeps one drop count per step; a step a partial-rollout run marked
         // complete holds fewer groups, and the learner must not wait for the rest.
         rb.dropped_timeout =
-            std::max<int64_t>(b.dropped, opt_.prompts_per_step - int64_t(b.groups.size()));
+            opt_.partial_tokens > 0
+                ? b.dropped
+                : std::max<int64_t>(b.dropped, opt_.prompts_per_step - int64_t(b.groups.size()));
         rb.groups = std::move(b.groups);
         ready_[b.target_step] = {std::move(rb), K_};
       }
@@ -311,10 +314,16 @@ RolloutBatch MpiGrpo::receive_step(RlStepStats* stp) {
   // so that the staleness bound is checked and the drops are counted as in the other modes.
   std::sort(groups.begin(), groups.end(),
             [](const PromptGroup& a, const PromptGroup& b) { return a.task_index < b.task_index; });
-  for (PromptGroup& g : groups) buffer_.push(std::move(g));
-  buffer_.drop(step_, all.dropped_timeout, true);
-  buffer_.drop(step_, all.dropped_env, false);
   const ReplayStats before = buffer_.stats();
+  if (opt_.partial_tokens > 0) {
+    // Partial rollouts: the step holds the groups that finished for it (possibly fewer or more
+    // than its prompts); those past the bound are dropped as stale.
+    buffer_.push_step(step_, std::move(groups), all.dropped_timeout, all.dropped_env);
+  } else {
+    for (PromptGroup& g : groups) buffer_.push(std::move(g));
+    buffer_.drop(step_, all.dropped_timeout, true);
+    buffer_.drop(step_, all.dropped_env, false);
+  }
   groups = buffer_.take(step_, opt_.prompts_per_step, 0);
   st.dropped_stale = buffer_.stats().dropped_stale - before.dropped_stale;
   return all;
@@ -334,6 +343,7 @@ std::vector<BufferedStep> MpiGrpo::buffer_contents() {
       return x.task_index < y.task_index;
     });
     b.dropped = entry.first.dropped_timeout + entry.first.dropped_env;
+    b.complete = opt_.partial_tokens > 0;  // it may hold fewer groups than the step's prompts
     out.push_back(std::move(b));
   }
   return out;
@@ -370,16 +380,27 @@ void MpiGrpo::run_rollout() {
     // weights held are too old for step s.
     if (!mo_.fixed_lag)
       while (wpending_ && wwork_.test()) apply_weights();
-    while (s - have_ > mo_.max_staleness) {
-      LOOM_CHECK(wpending_, rollout_name(rank_), ": no weight version ", s - mo_.max_staleness,
+    while (s - have_ > lead_) {
+      LOOM_CHECK(wpending_, rollout_name(rank_), ": no weight version ", s - lead_,
                  " will come (the run ends at ", mo_.steps, ")");
       wait_work(wwork_, cat("weight version ", have_ + 1, " (step ", s, " needs version ",
-                            s - mo_.max_staleness, " or newer)"));
+                            s - lead_, " or newer)"));
       apply_weights();
     }
     maybe_inject_fault(world_.world_rank_of(rank_), s);
     if (mo_.before_rollout) mo_.before_rollout(s);
-    RolloutBatch b = rollout_->generate(s, have_, part, K);
+    // Partial rollouts: carried groups already past the bound at step s are not worth
+    // continuing; they go with the batch, and the learner drops and counts them as stale.
+    std::vector<PromptGroup> too_old, keep;
+    for (PromptGroup& g : carry_)
+      (s - g.version > mo_.max_staleness ? too_old : keep).push_back(std::move(g));
+    carry_.swap(keep);
+    RolloutBatch b =
+        rollout_->generate(s, have_, part, K, opt_.partial_tokens > 0 ? &carry_ : nullptr);
+    for (PromptGroup& g : too_old) {
+      g.target_step = s;
+      b.groups.push_back(std::move(g));
+    }
     ages_.push_back(s - have_);
     Inflight f;
     f.bytes = encode_trajectories(b, s);

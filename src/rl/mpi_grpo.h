@@ -14,7 +14,11 @@
 //   before the learner's weights arrive) and after every step but the last. The broadcast is
 //   non-blocking on the learner; a rollout rank keeps one receive posted and takes new weights
 //   between generation batches (rollouts in flight finish on the weights they started with and
-//   are tagged so: no partial rollouts).
+//   are tagged so). With partial rollouts (RlOptions::partial_tokens) a batch gives each
+//   completion at most that many tokens; a rollout rank carries its cut groups to its next batch
+//   (the next target step), which continues them on the newest weights it holds, every token
+//   tagged with its version (as in the one-process loop; new groups start rollout_lead steps
+//   ahead, so every group finishes within the bound).
 // - Staleness: a rollout rank generates target step s only from version >= s - max_staleness,
 //   waiting for newer weights otherwise; the learner checks the bound again (replay buffer).
 // - Trajectories: for each target step, each rollout rank sends one message (trajectory_wire.h)
@@ -57,9 +61,9 @@ struct MpiRlOptions {
   // step (after its data arrived).
   std::function<void(int64_t)> before_rollout, before_learn;
   // Instrumentation for tests: a rollout rank generates step s from exactly version
-  // max(s - max_staleness, its first), never a newer one that has arrived, so that which weights
-  // made each step's groups does not depend on timing (a resumed run can then be compared with
-  // the uninterrupted one bit for bit at max_staleness > 0).
+  // max(s - lead, its first) (lead: max_staleness, less with partial rollouts), never a newer one
+  // that has arrived, so that which weights made each step's groups does not depend on timing (a
+  // resumed run can then be compared with the uninterrupted one bit for bit at max_staleness > 0).
   bool fixed_lag = false;
   // Learner 0, a resume: the checkpoint's buffered groups (rl_checkpoint.h), trained on first;
   // the rollout ranks start after the last step they cover.
@@ -131,7 +135,9 @@ class MpiGrpo {
   int K_ = 1, L_ = 1;                                    // rollout ranks, learner ranks
   std::unique_ptr<comm::Communicator> learners_, sync_;  // see the constructor
   int64_t first_ = 0, step_ = 0;
-  int64_t have_ = 0;  // rollout: the version held
+  int64_t have_ = 0;                // rollout: the version held
+  int64_t lead_ = 1;                // how far ahead of the learner new groups start (rollout_lead)
+  std::vector<PromptGroup> carry_;  // rollout, partial rollouts: groups cut in the last batch
   std::unique_ptr<GrpoLearner> learner_;
   ReplayBuffer buffer_;
   std::unique_ptr<RolloutWorker> rollout_;

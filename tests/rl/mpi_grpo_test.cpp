@@ -354,6 +354,37 @@ TEST(MpiGrpo, ResumeTrainsOnTheCheckpointsBufferedGroups) {
   W().barrier();  // rank 0's temp dir goes after every learner has read it
 }
 
+// Partial rollouts over ranks: 5-token completions in slices of 3 (two batches, so new groups
+// start 0 steps ahead at max staleness 1); a rollout rank carries its cut groups to its next
+// batch, which continues them on the next weights. Trained completions span two versions, no
+// group passes the bound or is dropped as stale, and the first step trains on fewer groups
+// (those that stopped within 3 tokens).
+TEST(MpiGrpo, PartialRolloutsSpanWeightVersions) {
+  rltest::Fixture f;
+  RlOptions o = rltest::small_options();
+  o.partial_tokens = 3;
+  const int64_t steps = 4;
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, o, mpi_options(steps, 1, DType::BF16));
+  if (!g.is_learner()) {
+    g.run_rollout();
+    for (int64_t a : g.generated_ages()) EXPECT_EQ(a, 0) << "new groups start 0 steps ahead";
+    return;
+  }
+  int64_t spanning = 0, groups = 0, first = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const RlStepStats st = g.step();
+    spanning += st.spanning_rollouts;
+    groups += st.groups;
+    if (s == 0) first = st.groups;
+    EXPECT_LE(st.staleness.size(), 2u) << "step " << s << ": a group older than 1 step";
+  }
+  g.finish();
+  EXPECT_GT(spanning, 0) << "no trained completion spans two weight versions";
+  EXPECT_LT(first, o.prompts_per_step) << "step 0 trained on groups that were all cut";
+  EXPECT_GT(groups, first);
+  EXPECT_EQ(g.buffer_stats().dropped_stale, 0);
+}
+
 // Its own CTest entry (rl_mpi_stall): rollout rank 1 stops answering at step 1; the learner must
 // stop with an error naming rank 1 within its 2 s timeout. The job then ends through
 // abort_job, as `loom rl` ends it; the test passes on the line printed after the checks.

@@ -4,7 +4,7 @@
 # bit for bit, uninterrupted and stopped then resumed; 2 data-parallel learners + 1 rollout rank
 # take the same steps to 1e-5, and with max staleness 1 their checkpoint carries the groups
 # generated ahead, which a resume trains on; 1 learner + 2 rollout ranks (bf16 sync,
-# max staleness 1) runs to the end; layouts the job cannot hold end with a clear error and a
+# max staleness 1) runs to the end; partial rollouts span weight versions; layouts the job cannot hold end with a clear error and a
 # non-zero exit.
 loom=$1
 src=$2
@@ -74,6 +74,13 @@ echo "ok: max staleness 1 over MPI, --resume trains on the checkpoint's $held bu
 [ "$(wc -l < "$work/mpi3/metrics.jsonl")" -eq 3 ] || { echo "mpi3: not 3 metrics rows"; exit 1; }
 [ -f "$(final "$work/mpi3" 3)" ] || { echo "mpi3: no final checkpoint"; exit 1; }
 echo "ok: 1 learner + 2 rollout ranks"
+
+# Partial rollouts over ranks: 12-token completions in slices of 6 span two weight versions.
+"${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/mpi_partial" --steps 4 --rollout-ranks 1 \
+  --max-staleness 1 --partial-tokens 6 >/dev/null 2>&1
+spans=$(column "$work/mpi_partial/metrics.jsonl" spanning_rollouts | awk '{ n += $1 } END { print n + 0 }')
+[ "$spans" -gt 0 ] || { echo "over MPI: no trained completion spans two weight versions"; exit 1; }
+echo "ok: --partial-tokens over MPI ($spans completions trained across two versions)"
 
 expect_fail "--rollout-ranks 3 must lie in \[1, 2\] for 3 ranks" \
   "${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/bad" --steps 2 --rollout-ranks 3
