@@ -332,7 +332,7 @@ RolloutBatch MpiGrpo::receive_step(RlStepStats* stp) {
 std::vector<BufferedStep> MpiGrpo::buffer_contents() {
   std::vector<BufferedStep> out;
   if (rank_ != 0) return out;
-  receive_until(step_ + mo_.max_staleness);
+  receive_until(step_ + lead_);
   for (const auto& [s, entry] : ready_) {
     LOOM_CHECK(s >= step_ && entry.second == K_, "checkpoint after step ", step_,
                ": the groups of step ", s, " are incomplete");

@@ -93,11 +93,12 @@ class MpiGrpo {
   void finish();
   GrpoLearner& learner() { return *learner_; }
   ReplayStats buffer_stats() const { return buffer_.stats(); }
-  // Learner 0, for a checkpoint between steps: the groups of the next max_staleness steps (those
-  // that older weights than the checkpoint's may have generated), received from the rollout
-  // ranks now (waiting at most learner_timeout; they need no newer weights) and kept for the
-  // steps that train on them. The rollout ranks go on; a resume from them trains on the same
-  // groups as the uninterrupted run. Empty on the other ranks and at max_staleness 0.
+  // Learner 0, for a checkpoint between steps: the groups of the next lead steps (max_staleness,
+  // less with partial rollouts: those that older weights than the checkpoint's may have
+  // generated), received from the rollout ranks now (waiting at most learner_timeout; they need
+  // no newer weights) and kept for the steps that train on them. The rollout ranks go on; a resume
+  // from them trains on the same groups as the uninterrupted run. Empty on the other ranks and at
+  // max_staleness 0.
   std::vector<BufferedStep> buffer_contents();
 
   // Rollout rank: generates its share of every target step in [first, steps), sends it, takes

@@ -385,6 +385,32 @@ TEST(MpiGrpo, PartialRolloutsSpanWeightVersions) {
   EXPECT_EQ(g.buffer_stats().dropped_stale, 0);
 }
 
+// A checkpoint under partial rollouts waits only for the steps the weights it holds can make:
+// 5-token completions in slices of 2 take 3 batches, so at max staleness 2 new groups start 0
+// steps ahead, and the groups of the next step need the next weights; the save must not wait
+// for them (it would stop at the timeout).
+TEST(MpiGrpo, PartialRolloutsCheckpointWithoutNewWeights) {
+  rltest::Fixture f;
+  RlOptions o = rltest::small_options();
+  o.partial_tokens = 2;
+  MpiRlOptions m = mpi_options(3, 2, DType::BF16);
+  m.learner_timeout = 5;
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, o, m);
+  if (!g.is_learner()) {
+    g.run_rollout();
+    return;
+  }
+  g.step();
+  const double t0 = now_seconds();
+  std::vector<BufferedStep> buf;
+  EXPECT_NO_THROW(buf = g.buffer_contents());
+  EXPECT_LT(now_seconds() - t0, 4.0);
+  EXPECT_TRUE(buf.empty()) << "lead 0: no step is generated ahead of the weights";
+  g.step();
+  g.step();
+  g.finish();
+}
+
 // Its own CTest entry (rl_mpi_stall): rollout rank 1 stops answering at step 1; the learner must
 // stop with an error naming rank 1 within its 2 s timeout. The job then ends through
 // abort_job, as `loom rl` ends it; the test passes on the line printed after the checks.
