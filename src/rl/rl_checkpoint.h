@@ -1,11 +1,11 @@
 // `loom rl` checkpoints: the policy as a whole checkpoint (generate and serve read it like any),
 // the AdamW state, and in state.json the step, rl_adam_steps, rl_weight_version,
-// rl_max_staleness and, from an asynchronous run, rl_replay_buffer: the groups generated ahead
-// of the learner (by older weights) that it had not trained on yet, so that a resumed run
-// trains on the same samples as an uninterrupted one instead of regenerating them from newer
-// weights. The buffer is kept in state.json (hex of the trajectory messages of
-// trajectory_wire.h, one per target step) so that the checkpoint's commit record covers it:
-// a save is atomic and a flipped byte is caught like any other.
+// rl_max_staleness and, from an asynchronous run (one process or MPI ranks), rl_replay_buffer:
+// the groups generated ahead of the learner (by older weights) that it had not trained on yet,
+// so that a resumed run trains on the same samples as an uninterrupted one instead of
+// regenerating them from newer weights. The buffer is kept in state.json (hex of the
+// trajectory messages of trajectory_wire.h, one per target step) so that the checkpoint's commit
+// record covers it: a save is atomic and a flipped byte is caught like any other.
 #pragma once
 
 #include <cstdint>
