@@ -10,9 +10,12 @@
 // seed the training never draws, evaluated after the run on weight snapshots so that evaluation
 // never steals time from the runs. The synchronous baseline runs twice, on all cores and on one
 // (the tiny model's kernels may be faster on one), and the faster is the baseline. The
-// multi-process mode ("mpi-1": max staleness 1, 1 learner rank + 1 rollout rank, one thread each,
-// weights sent as bf16) runs as a child job, `mpirun -n 2 bench_rl --mpi-run OUT STEPS TARGET`,
-// whose learner evaluates its snapshots after the run and writes OUT/bench_rl_mpi.json.
+// multi-process modes (1 learner rank + 1 rollout rank, one thread each, weights sent as bf16:
+// "mpi-0", max staleness 0, the synchronous algorithm over the two processes, which take turns;
+// "mpi-1", max staleness 1, where they overlap) run as child jobs, `mpirun -n 2 bench_rl
+// --mpi-run OUT STEPS TARGET STALENESS`, whose learner evaluates its snapshots after the run and
+// writes OUT/bench_rl_mpi_STALENESS.json. mpi-1 against mpi-0 is the overlap's gain with the
+// same processes, messages and kernels.
 //   bench_rl [OUT_DIR] [STEPS] [TARGET_ACCURACY]
 #include <omp.h>
 
@@ -204,10 +207,10 @@ std::vector<double> json_vec(const Json& a) {
 }
 
 // The child job's side of the multi-process mode: both ranks run, rank 0 writes the Run.
-int mpi_child(const std::string& out, int steps, double target, int eval_every) {
+int mpi_child(const std::string& out, int steps, double target, int eval_every, int staleness) {
   comm::Communicator& w = comm::world();
   LOOM_CHECK(w.size() == 2, "bench_rl --mpi-run runs as 2 ranks, not ", w.size());
-  const Run r = run("mpi-1", 1, 1, steps, eval_every, target, true);
+  const Run r = run(cat("mpi-", staleness), staleness, 1, steps, eval_every, target, true);
   if (w.rank() != 0) return 0;
   Json j = Json::object();
   j["seconds"] = r.seconds;
@@ -223,28 +226,29 @@ int mpi_child(const std::string& out, int steps, double target, int eval_every) 
   j["accuracy_at"] = vec_json(r.accuracy_at);
   std::vector<double> es(r.eval_steps.begin(), r.eval_steps.end());
   j["eval_steps"] = vec_json(es);
-  write_file_atomic(out + "/bench_rl_mpi.json", j.dump(2) + "\n");
+  write_file_atomic(cat(out, "/bench_rl_mpi_", staleness, ".json"), j.dump(2) + "\n");
   return 0;
 }
 
 // Runs the multi-process mode as a child job of 2 ranks; false (with a message) if it failed.
-bool run_mpi_mode(const std::string& out, int steps, double target, Run* r) {
+bool run_mpi_mode(const std::string& out, int steps, double target, int staleness, Run* r) {
 #ifdef LOOM_MPIEXEC
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return false;
   self[n] = '\0';
-  std::remove((out + "/bench_rl_mpi.json").c_str());
+  const std::string json = cat(out, "/bench_rl_mpi_", staleness, ".json");
+  std::remove(json.c_str());
   const std::string cmd =
       cat("OMP_NUM_THREADS=1 ", LOOM_MPIEXEC, " --oversubscribe --bind-to none ", "-n 2 '", self,
-          "' --mpi-run '", out, "' ", steps, " ", target);
+          "' --mpi-run '", out, "' ", steps, " ", target, " ", staleness);
   if (std::system(cmd.c_str()) != 0) {
     std::fprintf(stderr, "the multi-process mode failed: %s\n", cmd.c_str());
     return false;
   }
-  const Json j = Json::parse(read_file(out + "/bench_rl_mpi.json"), out + "/bench_rl_mpi.json");
-  r->name = "mpi-1";
-  r->staleness = 1;
+  const Json j = Json::parse(read_file(json), json);
+  r->name = cat("mpi-", staleness);
+  r->staleness = staleness;
   r->seconds = j.at("seconds").as_double();
   r->max_wait = j.at("max_wait").as_double();
   r->rollout_util = j.at("rollout_util").as_double();
@@ -269,8 +273,9 @@ bool run_mpi_mode(const std::string& out, int steps, double target, Run* r) {
 int main(int argc, char** argv) {
   const int eval_every = 2;
   if (argc > 1 && std::string(argv[1]) == "--mpi-run") {
-    LOOM_CHECK(argc == 5, "bench_rl --mpi-run OUT STEPS TARGET");
-    return mpi_child(argv[2], std::stoi(argv[3]), std::stod(argv[4]), eval_every);
+    LOOM_CHECK(argc == 6, "bench_rl --mpi-run OUT STEPS TARGET STALENESS");
+    return mpi_child(argv[2], std::stoi(argv[3]), std::stod(argv[4]), eval_every,
+                     std::stoi(argv[5]));
   }
   const std::string out = argc > 1 ? argv[1] : "bench_rl_out";
   const int steps = argc > 2 ? std::stoi(argv[2]) : 40;
@@ -284,8 +289,10 @@ int main(int argc, char** argv) {
                            // Partial rollouts: 8-token completions in two slices of 4, the second
                            // on the newer weights (new groups start at most 1 step ahead).
                            run("async-2p", 2, half, steps, eval_every, target, false, 4)};
-  Run m;
-  if (run_mpi_mode(out, steps, target, &m)) runs.push_back(m);
+  Run m0, m1;
+  const bool mpi_ok =
+      run_mpi_mode(out, steps, target, 0, &m0) && run_mpi_mode(out, steps, target, 1, &m1);
+  if (mpi_ok) runs.push_back(m0), runs.push_back(m1);
   Json j = Json::object();
   j["steps"] = steps;
   j["target_accuracy"] = target;
@@ -333,11 +340,17 @@ int main(int argc, char** argv) {
     else
       std::printf("%s or sync never reached accuracy %.2f in %d steps\n", runs[k].name.c_str(),
                   target, steps);
+  // The overlap's gain with the same two processes: mpi-1 against mpi-0.
+  if (mpi_ok && m0.time_to_target > 0 && m1.time_to_target > 0)
+    std::printf(
+        "mpi-1 reaches accuracy %.2f %.2fx sooner than mpi-0 (the same 2 processes, "
+        "synchronous)\n",
+        target, m0.time_to_target / m1.time_to_target);
   write_file_atomic(out + "/bench_rl.json", j.dump(2) + "\n");
   // The curves against wall time: reward (solid) and held-out accuracy (dots), one colour a mode.
   double xmax = 1e-9;
   for (const Run& r : runs) xmax = std::max(xmax, r.seconds);
-  const char* colours[] = {"#444", "#999", "#1f77b4", "#d62728", "#9467bd", "#2ca02c"};
+  const char* colours[] = {"#444", "#999", "#1f77b4", "#d62728", "#9467bd", "#8c564b", "#2ca02c"};
   std::string svg =
       "<svg xmlns='http://www.w3.org/2000/svg' width='600' height='300'>\n"
       "<rect width='600' height='300' fill='white'/>\n"

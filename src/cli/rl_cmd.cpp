@@ -110,9 +110,9 @@ int run_rl_here(const Args& args) {
   LOOM_CHECK(mpi || !o.has("weight-sync"), "--weight-sync needs --rollout-ranks");
   const DType weight_dtype = rl::weight_sync_dtype(o.get("weight-sync"));
   ro.partial_tokens = o.get_int32("partial-tokens", 0, 1 << 16);
-  LOOM_CHECK(ro.partial_tokens == 0 || async,
-             "--partial-tokens needs --async (partial rollouts continue on newer weights, which "
-             "the synchronous loop never has; over MPI ranks they are not built)");
+  LOOM_CHECK(ro.partial_tokens == 0 || async || mpi,
+             "--partial-tokens needs --async or --rollout-ranks (partial rollouts continue on "
+             "newer weights, which the synchronous loop never has)");
   if (mpi)
     rl::check_rl_layout(comm::world().size(), rollout_ranks);
   else
@@ -196,11 +196,12 @@ int run_rl_here(const Args& args) {
     for (const rl::BufferedStep& b : rp.buffer) buffered += int64_t(b.groups.size());
     if (async)
       ao.resume_buffer = std::move(rp.buffer);
+    else if (mpi)
+      mo.resume_buffer = std::move(rp.buffer);
     else if (buffered > 0)
       log_warn(*latest, " holds ", buffered, " buffered rollout groups of an asynchronous run; ",
-               mpi ? "over MPI ranks" : "the synchronous loop",
-               " regenerates them from the restored weights instead");
-    if (async) log_info("the replay buffer holds ", buffered, " groups from the checkpoint");
+               "the synchronous loop regenerates them from the restored weights instead");
+    if (async || mpi) log_info("the replay buffer holds ", buffered, " groups from the checkpoint");
   }
   std::unique_ptr<rl::GrpoTrainer> sync_loop;
   std::unique_ptr<rl::AsyncGrpo> async_loop;
@@ -227,9 +228,11 @@ int run_rl_here(const Args& args) {
   info.max_staleness = async || mpi ? ao.max_staleness : int64_t(0);
   auto save = [&](int64_t step) {
     // With --async the groups generated ahead of the learner go with the weights (one cut: the
-    // rollout batch in flight reaches the buffer first).
-    const std::vector<rl::BufferedStep> buffer =
-        async_loop ? async_loop->buffer_contents() : std::vector<rl::BufferedStep>{};
+    // rollout batch in flight reaches the buffer first); over MPI ranks those of the next
+    // max-staleness steps, received from the rollout ranks first.
+    const std::vector<rl::BufferedStep> buffer = async_loop ? async_loop->buffer_contents()
+                                                 : mpi_loop ? mpi_loop->buffer_contents()
+                                                            : std::vector<rl::BufferedStep>{};
     return rl::save_rl_checkpoint(root, step, info, *model, learner.optimizer(), buffer);
   };
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/backend.h"
+#include "rl/rl_checkpoint.h"
 
 namespace loom::rl {
 
@@ -22,18 +23,9 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
       buffer_(async.max_staleness),
       step_(restore ? restore(policy, learner_.optimizer()) : 0) {
   LOOM_CHECK(async.learner_timeout > 0, "rl.learner_timeout must be positive");
-  // Partial rollouts: a completion may take B = ceil(max_tokens / partial_tokens) batches, one
-  // per step, and a group is as old as its first batch's weights; so new groups start at most
-  // max_staleness - (B - 1) steps ahead, and every group finishes within the bound.
-  lead_ = async.max_staleness;
-  if (opt.partial_tokens > 0) {
-    const int64_t batches = (opt.max_tokens + opt.partial_tokens - 1) / opt.partial_tokens;
-    lead_ = async.max_staleness - (batches - 1);
-    LOOM_CHECK(batches >= 2 && lead_ >= 0, "partial rollouts of ", opt.partial_tokens,
-               " tokens per batch take up to ", batches, " batches (steps) for ", opt.max_tokens,
-               " tokens; they need max_staleness >= ", batches - 1, " (got ", async.max_staleness,
-               ") and fewer tokens per batch than max_tokens");
-  }
+  // Partial rollouts: new groups start fewer steps ahead, so that every group finishes within
+  // the bound (rollout_lead).
+  lead_ = rollout_lead(opt, async.max_staleness);
   threads_ =
       async.threads_per_role > 0 ? async.threads_per_role : std::max(1, omp_get_num_procs() / 2);
   snapshot_ = std::make_unique<Decoder>(policy.config(), cpu_backend());
@@ -44,20 +36,7 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
   rollout_ = std::make_unique<RolloutWorker>(*snapshot_, tok, chat, env, opt_);
   // A resume's buffered groups: the learner takes them as the uninterrupted run would have, and
   // the rollouts go on after the last step they cover.
-  first_rollout_ = step_;
-  for (const BufferedStep& b : async_.resume_buffer) {
-    LOOM_CHECK(b.complete || int64_t(b.groups.size()) + b.dropped == opt_.prompts_per_step,
-               "the checkpoint's replay buffer holds ", b.groups.size(), " groups and ", b.dropped,
-               " dropped for step ", b.target_step, ", not the ", opt_.prompts_per_step,
-               " prompts of a step (--prompts changed?)");
-    first_rollout_ = std::max(first_rollout_, b.target_step + 1);
-  }
-  for (int64_t s = step_; s < first_rollout_; ++s) {
-    const bool covered = std::any_of(async_.resume_buffer.begin(), async_.resume_buffer.end(),
-                                     [&](const BufferedStep& b) { return b.target_step == s; });
-    LOOM_CHECK(covered, "the checkpoint's replay buffer skips step ", s, " (resuming at step ",
-               step_, ")");
-  }
+  first_rollout_ = check_resume_buffer(async_.resume_buffer, step_, opt_.prompts_per_step);
   buffer_.restore(std::move(async_.resume_buffer), step_);
   async_.resume_buffer.clear();
   last_learner_end_ = now_seconds();

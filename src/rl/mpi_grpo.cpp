@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "rl/rl_checkpoint.h"
 #include "rl/trajectory_wire.h"
 #include "rl/weight_sync.h"
 
@@ -69,6 +70,7 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
   LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
   K_ = mo.rollout_ranks;
   L_ = world.size() - K_;
+  lead_ = rollout_lead(opt, mo.max_staleness);
   // Two sub-communicators (collective over the world, in this order on every rank): the learner
   // ranks (gradients, each step's groups), and learner 0 with the rollout ranks (weights).
   learners_ = world.split(is_learner() ? 0 : 1, rank_, "rl-learners");
@@ -87,11 +89,31 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       learners_->broadcast(policy.params().data(), policy.params().total(), DType::F32, 0);
     }
     if (rank_ == 0) {
+      // A resume's buffered groups are trained on first; the rollout ranks generate from the
+      // step after the last of them, which they learn first (before any weights).
+      int64_t gen = check_resume_buffer(mo_.resume_buffer, step_, opt_.prompts_per_step);
+      for (BufferedStep& b : mo_.resume_buffer) {
+        if (b.target_step >= mo_.steps) continue;  // past a resumed run's (smaller) --steps
+        RolloutBatch rb;
+        // The buffer keeps one drop count per step; a step a partial-rollout run marked
+        // complete holds fewer groups, and the learner must not wait for the rest.
+        rb.dropped_timeout =
+            opt_.partial_tokens > 0
+                ? b.dropped
+                : std::max<int64_t>(b.dropped, opt_.prompts_per_step - int64_t(b.groups.size()));
+        rb.groups = std::move(b.groups);
+        ready_[b.target_step] = {std::move(rb), K_};
+      }
+      mo_.resume_buffer.clear();
+      gen = std::min(gen, mo_.steps);
+      comm::Work w = sync_->broadcast_async(&gen, 1, DType::I64, 0);
+      wait_work(w, "every rollout rank to take the first step to generate");
       // Every rollout rank sends every step's message to rank 0: one header receive posted per
       // rank, re-posted as each message arrives.
       headers_.assign(size_t(K_ + 1), std::vector<int64_t>(2, 0));
       hwork_.resize(size_t(K_ + 1));
-      if (step_ < mo_.steps)
+      next_.assign(size_t(K_ + 1), gen);
+      if (gen < mo_.steps)
         for (int r = 1; r <= K_; ++r)
           hwork_[size_t(r)] =
               world_.recv_async(headers_[size_t(r)].data(), 2, DType::I64, r, kTagHeader);
@@ -100,12 +122,15 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
     }
   } else {
     rollout_ = std::make_unique<RolloutWorker>(policy, tok, chat, env, opt_);
+    int64_t gen = 0;
+    comm::Work w = sync_->broadcast_async(&gen, 1, DType::I64, 0);
+    wait_work(w, "the learner's first step to generate");
     wbuf_.resize(size_t(bytes));
     wwork_ = sync_->broadcast_async(wbuf_.data(), bytes, DType::U8, 0);
     wpending_ = true;
     wait_work(wwork_, "the learner's first weights");
     apply_weights();
-    step_ = first_ = have_;
+    step_ = first_ = gen;
   }
   last_step_end_ = now_seconds();
 }
@@ -201,23 +226,28 @@ RlStepStats MpiGrpo::step() {
   return st;
 }
 
-RolloutBatch MpiGrpo::receive_step(RlStepStats* stp) {
-  RlStepStats& st = *stp;
-  const double t0 = now_seconds(), deadline = t0 + mo_.learner_timeout;
-  // 1. One message of this step from every rollout rank, each: header, then payload.
-  std::vector<int> state(size_t(K_ + 1), 0);  // 0: header pending, 1: payload pending, 2: done
+void MpiGrpo::receive_until(int64_t until) {
+  until = std::min(until, mo_.steps);
+  const double deadline = now_seconds() + mo_.learner_timeout;
+  // Per rollout rank: 0 header pending, 1 payload pending. A payload completes one message and
+  // re-posts the header receive of the rank's next one.
+  std::vector<int> state(size_t(K_ + 1), 0);
   std::vector<std::vector<uint8_t>> payload(static_cast<size_t>(K_ + 1));
   std::vector<comm::Work> pwork(static_cast<size_t>(K_ + 1));
-  RolloutBatch all;
-  std::vector<PromptGroup>& groups = all.groups;
-  for (int done = 0; done < K_;) {
+  auto behind = [&] {
+    int n = 0;
+    for (int r = 1; r <= K_; ++r) n += next_[size_t(r)] < until;
+    return n;
+  };
+  while (behind() > 0) {
     bool moved = false;
     for (int r = 1; r <= K_; ++r) {
+      if (next_[size_t(r)] >= until) continue;
       if (state[size_t(r)] == 0 && hwork_[size_t(r)].test()) {
         const auto& h = headers_[size_t(r)];
-        LOOM_CHECK(h[0] == step_ && h[1] > 0 && h[1] < (int64_t(1) << 31), "learner step ", step_,
-                   ": ", rollout_name(r), " announced a message for step ", h[0], " of ", h[1],
-                   " bytes");
+        LOOM_CHECK(h[0] == next_[size_t(r)] && h[1] > 0 && h[1] < (int64_t(1) << 31),
+                   "learner step ", step_, ": ", rollout_name(r), " announced a message for step ",
+                   h[0], " of ", h[1], " bytes (expected step ", next_[size_t(r)], ")");
         payload[size_t(r)].resize(size_t(h[1]));
         pwork[size_t(r)] =
             world_.recv_async(payload[size_t(r)].data(), h[1], DType::U8, r, kTagPayload);
@@ -225,57 +255,98 @@ RolloutBatch MpiGrpo::receive_step(RlStepStats* stp) {
         moved = true;
       }
       if (state[size_t(r)] == 1 && pwork[size_t(r)].test()) {
+        const int64_t want = next_[size_t(r)];
         int64_t target = -1;
         RolloutBatch b = decode_trajectories(payload[size_t(r)], rollout_name(r), &target);
-        LOOM_CHECK(target == step_, "learner step ", step_, ": ", rollout_name(r),
-                   " sent the groups of step ", target);
+        LOOM_CHECK(target == want, "learner step ", step_, ": ", rollout_name(r),
+                   " sent the groups of step ", target, " (expected step ", want, ")");
+        auto& [all, ranks] = ready_[want];
         for (PromptGroup& g : b.groups) {
           LOOM_CHECK(int(g.task_index % uint64_t(opt_.prompts_per_step)) % K_ == r - 1,
                      "learner step ", step_, ": ", rollout_name(r), " sent task ", g.task_index,
                      ", another rank's share");
-          groups.push_back(std::move(g));
+          all.groups.push_back(std::move(g));
         }
         all.dropped_timeout += b.dropped_timeout;
         all.dropped_env += b.dropped_env;
         all.generated_tokens += b.generated_tokens;
         all.seconds += b.seconds;
-        state[size_t(r)] = 2;
-        ++done;
+        ++ranks;
+        state[size_t(r)] = 0;
         moved = true;
         // The next step's header may already be on its way.
-        if (step_ + 1 < mo_.steps)
+        if (++next_[size_t(r)] < mo_.steps)
           hwork_[size_t(r)] =
               world_.recv_async(headers_[size_t(r)].data(), 2, DType::I64, r, kTagHeader);
       }
     }
     progress_broadcasts(sends_.size());  // drives MPI's progress on the weights in flight
-    if (done == K_) break;
-    if (!moved) {
+    if (!moved && behind() > 0) {
       if (now_seconds() > deadline) {
         std::string silent;
         for (int r = 1; r <= K_; ++r)
-          if (state[size_t(r)] != 2)
+          if (next_[size_t(r)] < until)
             silent += cat(silent.empty() ? "" : ", ", world_.world_rank_of(r),
                           state[size_t(r)] == 0 ? " (nothing)" : " (header only)");
         fail("learner step ", step_, ": waited ", mo_.learner_timeout,
-             " s (--learner-timeout) for the rollout groups of this step; no message from "
-             "rollout rank(s) ",
-             silent, ": stalled or dead");
+             " s (--learner-timeout) for the rollout groups of ",
+             until == step_ + 1 ? std::string("this step")
+                                : cat("steps up to ", until - 1, " (for a checkpoint)"),
+             "; no message from rollout rank(s) ", silent, ": stalled or dead");
       }
       nap();
     }
   }
+}
+
+RolloutBatch MpiGrpo::receive_step(RlStepStats* stp) {
+  RlStepStats& st = *stp;
+  // 1. One message of this step from every rollout rank (possibly received already, for a
+  // checkpoint, or restored from one).
+  receive_until(step_ + 1);
+  auto it = ready_.find(step_);
+  LOOM_CHECK(it != ready_.end() && it->second.second == K_, "learner step ", step_,
+             ": the groups of this step are missing");
+  RolloutBatch all = std::move(it->second.first);
+  ready_.erase(it);
+  std::vector<PromptGroup>& groups = all.groups;
   // 2. The groups in prompt order (the order of the synchronous run), through the replay buffer
   // so that the staleness bound is checked and the drops are counted as in the other modes.
   std::sort(groups.begin(), groups.end(),
             [](const PromptGroup& a, const PromptGroup& b) { return a.task_index < b.task_index; });
-  for (PromptGroup& g : groups) buffer_.push(std::move(g));
-  buffer_.drop(step_, all.dropped_timeout, true);
-  buffer_.drop(step_, all.dropped_env, false);
   const ReplayStats before = buffer_.stats();
+  if (opt_.partial_tokens > 0) {
+    // Partial rollouts: the step holds the groups that finished for it (possibly fewer or more
+    // than its prompts); those past the bound are dropped as stale.
+    buffer_.push_step(step_, std::move(groups), all.dropped_timeout, all.dropped_env);
+  } else {
+    for (PromptGroup& g : groups) buffer_.push(std::move(g));
+    buffer_.drop(step_, all.dropped_timeout, true);
+    buffer_.drop(step_, all.dropped_env, false);
+  }
   groups = buffer_.take(step_, opt_.prompts_per_step, 0);
   st.dropped_stale = buffer_.stats().dropped_stale - before.dropped_stale;
   return all;
+}
+
+std::vector<BufferedStep> MpiGrpo::buffer_contents() {
+  std::vector<BufferedStep> out;
+  if (rank_ != 0) return out;
+  receive_until(step_ + lead_);
+  for (const auto& [s, entry] : ready_) {
+    LOOM_CHECK(s >= step_ && entry.second == K_, "checkpoint after step ", step_,
+               ": the groups of step ", s, " are incomplete");
+    BufferedStep b;
+    b.target_step = s;
+    b.groups = entry.first.groups;
+    std::sort(b.groups.begin(), b.groups.end(), [](const PromptGroup& x, const PromptGroup& y) {
+      return x.task_index < y.task_index;
+    });
+    b.dropped = entry.first.dropped_timeout + entry.first.dropped_env;
+    b.complete = opt_.partial_tokens > 0;  // it may hold fewer groups than the step's prompts
+    out.push_back(std::move(b));
+  }
+  return out;
 }
 
 void MpiGrpo::finish() {
@@ -307,17 +378,29 @@ void MpiGrpo::run_rollout() {
   for (int64_t s = first_; s < mo_.steps; ++s) {
     // Newer weights between batches, as many as have arrived; then wait (bounded) while the
     // weights held are too old for step s.
-    while (wpending_ && wwork_.test()) apply_weights();
-    while (s - have_ > mo_.max_staleness) {
-      LOOM_CHECK(wpending_, rollout_name(rank_), ": no weight version ", s - mo_.max_staleness,
+    if (!mo_.fixed_lag)
+      while (wpending_ && wwork_.test()) apply_weights();
+    while (s - have_ > lead_) {
+      LOOM_CHECK(wpending_, rollout_name(rank_), ": no weight version ", s - lead_,
                  " will come (the run ends at ", mo_.steps, ")");
       wait_work(wwork_, cat("weight version ", have_ + 1, " (step ", s, " needs version ",
-                            s - mo_.max_staleness, " or newer)"));
+                            s - lead_, " or newer)"));
       apply_weights();
     }
     maybe_inject_fault(world_.world_rank_of(rank_), s);
     if (mo_.before_rollout) mo_.before_rollout(s);
-    RolloutBatch b = rollout_->generate(s, have_, part, K);
+    // Partial rollouts: carried groups already past the bound at step s are not worth
+    // continuing; they go with the batch, and the learner drops and counts them as stale.
+    std::vector<PromptGroup> too_old, keep;
+    for (PromptGroup& g : carry_)
+      (s - g.version > mo_.max_staleness ? too_old : keep).push_back(std::move(g));
+    carry_.swap(keep);
+    RolloutBatch b =
+        rollout_->generate(s, have_, part, K, opt_.partial_tokens > 0 ? &carry_ : nullptr);
+    for (PromptGroup& g : too_old) {
+      g.target_step = s;
+      b.groups.push_back(std::move(g));
+    }
     ages_.push_back(s - have_);
     Inflight f;
     f.bytes = encode_trajectories(b, s);

@@ -14,7 +14,11 @@
 //   before the learner's weights arrive) and after every step but the last. The broadcast is
 //   non-blocking on the learner; a rollout rank keeps one receive posted and takes new weights
 //   between generation batches (rollouts in flight finish on the weights they started with and
-//   are tagged so: no partial rollouts).
+//   are tagged so). With partial rollouts (RlOptions::partial_tokens) a batch gives each
+//   completion at most that many tokens; a rollout rank carries its cut groups to its next batch
+//   (the next target step), which continues them on the newest weights it holds, every token
+//   tagged with its version (as in the one-process loop; new groups start rollout_lead steps
+//   ahead, so every group finishes within the bound).
 // - Staleness: a rollout rank generates target step s only from version >= s - max_staleness,
 //   waiting for newer weights otherwise; the learner checks the bound again (replay buffer).
 // - Trajectories: for each target step, each rollout rank sends one message (trajectory_wire.h)
@@ -24,6 +28,9 @@
 //   then broadcasts the step's groups (the same message format) to the other learners, which
 //   wait for it at most 2 x learner_timeout. The learners' gradient all-reduce is blocking, as
 //   the data-parallel trainer's is (a dead learner ends the job through mpirun).
+// - Checkpoints: the groups the rollout ranks generated ahead of the learner (by weights older
+//   than the checkpoint's) are saved with it (buffer_contents) and trained on after a resume, as
+//   in the one-process asynchronous loop; the rollout ranks then start after the last of them.
 // With max_staleness = 0, fp32 weight sync and one learner, the run is the synchronous
 // algorithm (GrpoTrainer) bit for bit: the same engine samples the same requests from the same
 // weights, and the learner sees the groups in the same order. With several learners it is the
@@ -32,6 +39,7 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -52,6 +60,14 @@ struct MpiRlOptions {
   // Instrumentation for tests: on a rollout rank before each batch, on the learner before each
   // step (after its data arrived).
   std::function<void(int64_t)> before_rollout, before_learn;
+  // Instrumentation for tests: a rollout rank generates step s from exactly version
+  // max(s - lead, its first) (lead: max_staleness, less with partial rollouts), never a newer one
+  // that has arrived, so that which weights made each step's groups does not depend on timing (a
+  // resumed run can then be compared with the uninterrupted one bit for bit at max_staleness > 0).
+  bool fixed_lag = false;
+  // Learner 0, a resume: the checkpoint's buffered groups (rl_checkpoint.h), trained on first;
+  // the rollout ranks start after the last step they cover.
+  std::vector<BufferedStep> resume_buffer;
 };
 
 // Checks a layout of `world_size` ranks with `rollout_ranks` rollout ranks; throws naming both.
@@ -77,6 +93,13 @@ class MpiGrpo {
   void finish();
   GrpoLearner& learner() { return *learner_; }
   ReplayStats buffer_stats() const { return buffer_.stats(); }
+  // Learner 0, for a checkpoint between steps: the groups of the next lead steps (max_staleness,
+  // less with partial rollouts: those that older weights than the checkpoint's may have
+  // generated), received from the rollout ranks now (waiting at most learner_timeout; they need
+  // no newer weights) and kept for the steps that train on them. The rollout ranks go on; a resume
+  // from them trains on the same groups as the uninterrupted run. Empty on the other ranks and at
+  // max_staleness 0.
+  std::vector<BufferedStep> buffer_contents();
 
   // Rollout rank: generates its share of every target step in [first, steps), sends it, takes
   // every remaining broadcast, then returns.
@@ -99,6 +122,10 @@ class MpiGrpo {
   void post_weight_recv();                // rollout: the next version's receive, if one will come
   void wait_work(comm::Work& w, const std::string& what, double timeout = 0);  // 0: learner_timeout
   RolloutBatch receive_step(RlStepStats* st);  // learner 0: every rollout rank's groups of step_
+  // Learner 0: receives each rollout rank's messages, in order, until every rank has sent those
+  // of the steps before `until` (into ready_); at most learner_timeout, then an error naming the
+  // silent ranks.
+  void receive_until(int64_t until);
   std::string rollout_name(int world_rank) const;
 
   comm::Communicator& world_;
@@ -109,7 +136,9 @@ class MpiGrpo {
   int K_ = 1, L_ = 1;                                    // rollout ranks, learner ranks
   std::unique_ptr<comm::Communicator> learners_, sync_;  // see the constructor
   int64_t first_ = 0, step_ = 0;
-  int64_t have_ = 0;  // rollout: the version held
+  int64_t have_ = 0;                // rollout: the version held
+  int64_t lead_ = 1;                // how far ahead of the learner new groups start (rollout_lead)
+  std::vector<PromptGroup> carry_;  // rollout, partial rollouts: groups cut in the last batch
   std::unique_ptr<GrpoLearner> learner_;
   ReplayBuffer buffer_;
   std::unique_ptr<RolloutWorker> rollout_;
@@ -121,6 +150,10 @@ class MpiGrpo {
   // Learner: each rollout rank's posted header receive (step, bytes).
   std::vector<std::vector<int64_t>> headers_;
   std::vector<comm::Work> hwork_;
+  std::vector<int64_t> next_;  // learner 0: the step of each rollout rank's next message
+  // Learner 0: the groups of steps received (or restored from a checkpoint) but not yet trained
+  // on, merged over the rollout ranks, with the number of ranks whose message is in.
+  std::map<int64_t, std::pair<RolloutBatch, int>> ready_;
   std::vector<std::pair<int64_t, uint64_t>> hashes_;
   std::vector<int64_t> ages_;
   double last_step_end_ = 0;

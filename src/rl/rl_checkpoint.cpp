@@ -1,5 +1,6 @@
 #include "rl/rl_checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "ckpt/checkpoint.h"
@@ -68,6 +69,25 @@ std::vector<BufferedStep> decode_replay_buffer(const std::string& hex, const std
     pos += n;
   }
   return out;
+}
+
+int64_t check_resume_buffer(const std::vector<BufferedStep>& buffer, int64_t step,
+                            int64_t prompts) {
+  int64_t first = step;
+  for (const BufferedStep& b : buffer) {
+    LOOM_CHECK(b.complete || int64_t(b.groups.size()) + b.dropped == prompts,
+               "the checkpoint's replay buffer holds ", b.groups.size(), " groups and ", b.dropped,
+               " dropped for step ", b.target_step, ", not the ", prompts,
+               " prompts of a step (--prompts changed?)");
+    first = std::max(first, b.target_step + 1);
+  }
+  for (int64_t s = step; s < first; ++s) {
+    const bool covered = std::any_of(buffer.begin(), buffer.end(),
+                                     [&](const BufferedStep& b) { return b.target_step == s; });
+    LOOM_CHECK(covered, "the checkpoint's replay buffer skips step ", s, " (resuming at step ",
+               step, ")");
+  }
+  return first;
 }
 
 std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCheckpointInfo& info,

@@ -1,11 +1,11 @@
 // `loom rl` checkpoints: the policy as a whole checkpoint (generate and serve read it like any),
 // the AdamW state, and in state.json the step, rl_adam_steps, rl_weight_version,
-// rl_max_staleness and, from an asynchronous run, rl_replay_buffer: the groups generated ahead
-// of the learner (by older weights) that it had not trained on yet, so that a resumed run
-// trains on the same samples as an uninterrupted one instead of regenerating them from newer
-// weights. The buffer is kept in state.json (hex of the trajectory messages of
-// trajectory_wire.h, one per target step) so that the checkpoint's commit record covers it:
-// a save is atomic and a flipped byte is caught like any other.
+// rl_max_staleness and, from an asynchronous run (one process or MPI ranks), rl_replay_buffer:
+// the groups generated ahead of the learner (by older weights) that it had not trained on yet,
+// so that a resumed run trains on the same samples as an uninterrupted one instead of
+// regenerating them from newer weights. The buffer is kept in state.json (hex of the
+// trajectory messages of trajectory_wire.h, one per target step) so that the checkpoint's commit
+// record covers it: a save is atomic and a flipped byte is caught like any other.
 #pragma once
 
 #include <cstdint>
@@ -35,13 +35,20 @@ std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCh
 struct RlResumePoint {
   std::string dir;
   int64_t step = 0;
-  std::vector<BufferedStep> buffer;  // empty for synchronous and MPI runs
+  std::vector<BufferedStep> buffer;  // empty for synchronous runs
   RlRestore restore;                 // writes the policy and optimizer, returns step
 };
 
 // Opens the step directory `dir` (state.json must be a loom rl one and the model's fingerprint
 // `fingerprint`); a malformed buffer is an error naming the checkpoint and the byte.
 RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fingerprint);
+
+// Checks a resume's buffered steps for a run resuming at learner step `step` with `prompts`
+// prompts a step: every step holds its prompts (groups + dropped; a step a partial-rollout run
+// marked complete may hold fewer) and they cover the steps from `step` to the last without a gap.
+// Returns the first target step the rollouts must generate: after the last buffered one, at
+// least `step`. Throws naming the step otherwise (--prompts changed, a corrupt buffer).
+int64_t check_resume_buffer(const std::vector<BufferedStep>& buffer, int64_t step, int64_t prompts);
 
 // The buffer's encoding in state.json (exposed for tests): hex of length-prefixed trajectory
 // messages. `where` names the checkpoint in errors.

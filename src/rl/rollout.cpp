@@ -8,6 +8,17 @@
 
 namespace loom::rl {
 
+int64_t rollout_lead(const RlOptions& opt, int64_t max_staleness) {
+  if (opt.partial_tokens <= 0) return max_staleness;
+  const int64_t batches = (opt.max_tokens + opt.partial_tokens - 1) / opt.partial_tokens;
+  const int64_t lead = max_staleness - (batches - 1);
+  LOOM_CHECK(batches >= 2 && lead >= 0, "partial rollouts of ", opt.partial_tokens,
+             " tokens per batch take up to ", batches, " batches (steps) for ", opt.max_tokens,
+             " tokens; they need max_staleness >= ", batches - 1, " (got ", max_staleness,
+             ") and fewer tokens per batch than max_tokens");
+  return lead;
+}
+
 RolloutWorker::RolloutWorker(Decoder& model, const data::BpeTokenizer& tok,
                              const data::ChatTemplate& chat, const Environment& env,
                              const RlOptions& opt)

@@ -29,6 +29,13 @@ struct RolloutBatch {
   double seconds = 0;
 };
 
+// How many steps ahead of the learner new groups may start. Without partial rollouts that is
+// max_staleness; with them a completion of max_tokens takes up to B = ceil(max_tokens /
+// partial_tokens) batches (one per step) and a group is as old as its first batch's weights, so
+// new groups start at most max_staleness - (B - 1) steps ahead and every group finishes within
+// the bound. Throws when B < 2 or max_staleness < B - 1 (no group could finish in time).
+int64_t rollout_lead(const RlOptions& opt, int64_t max_staleness);
+
 class RolloutWorker {
  public:
   RolloutWorker(Decoder& model, const data::BpeTokenizer& tok, const data::ChatTemplate& chat,

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "ckpt/checkpoint.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -19,8 +20,10 @@
 #include "mpi_main.h"
 #include "rl/grpo_trainer.h"
 #include "rl/mpi_grpo.h"
+#include "rl/rl_checkpoint.h"
 #include "rl/weight_sync.h"
 #include "rl_test_util.h"
+#include "temp_dir.h"
 
 using namespace loom;
 using namespace loom::rl;
@@ -253,6 +256,159 @@ TEST(MpiGrpo, TwoLearnersTakeOneLearnersSteps) {
       << "|w_dp - w_one| = " << std::sqrt(diff) << ", |w_one - w_start| = " << std::sqrt(moved);
   std::printf("2 learners vs 1: |w_dp - w_one| / |w_one - w_start| = %.3g\n",
               std::sqrt(diff / moved));
+}
+
+// A checkpoint of a multi-rank run carries the groups generated ahead of the learner: with max
+// staleness 1 and a fixed lag (step s always from version s - 1, whatever the timing), fp32
+// weight sync, a run saved after `cut` steps goes on to the end; a run resumed from that
+// checkpoint (fresh models and optimizers, the saved groups of step `cut`, made by version
+// cut - 1) takes the same steps and ends with the same weights, bit for bit. Run as 2 ranks (1
+// learner) and 3 (2 data-parallel learners + 1 rollout rank).
+TEST(MpiGrpo, ResumeTrainsOnTheCheckpointsBufferedGroups) {
+  set_num_threads(1);
+  const int64_t steps = 5, cut = 2;
+  MpiRlOptions m = mpi_options(steps, 1, DType::F32);
+  m.rollout_ranks = 1;
+  m.fixed_lag = true;
+  // Rank 0 writes the checkpoint; every learner restores from it (one machine).
+  std::unique_ptr<test::TempDir> dir;
+  std::vector<uint8_t> path(512, 0);
+  if (W().rank() == 0) {
+    dir = std::make_unique<test::TempDir>("rl_mpi_ckpt");
+    std::memcpy(path.data(), dir->str().data(), std::min<size_t>(dir->str().size(), 511));
+  }
+  W().broadcast(path.data(), 512, DType::U8, 0);
+  const std::string root = std::string(reinterpret_cast<const char*>(path.data())) + "/ckpt";
+  RlCheckpointInfo info;
+  info.description = "test";
+  info.max_staleness = 1;
+  std::vector<RlStepStats> full;
+  std::vector<float> full_weights;
+  int64_t buffered = 0;
+  std::string saved;
+  {
+    rltest::Fixture a;
+    info.fingerprint = a.model.config().fingerprint();
+    MpiGrpo g(W(), a.model, a.tok, a.chat, a.env, rltest::small_options(), m);
+    if (g.is_learner()) {
+      for (int64_t s = 0; s < steps; ++s) {
+        full.push_back(g.step());
+        if (s + 1 != cut || W().rank() != 0) continue;
+        const std::vector<BufferedStep> buf = g.buffer_contents();
+        ASSERT_EQ(buf.size(), 1u) << "max staleness 1: the groups of step " << cut;
+        EXPECT_EQ(buf[0].target_step, cut);
+        for (const BufferedStep& b : buf)
+          for (const PromptGroup& x : b.groups) {
+            EXPECT_EQ(x.version, cut - 1) << "fixed lag: made by the weights before the cut";
+            ++buffered;
+          }
+        saved = save_rl_checkpoint(root, cut, info, a.model, g.learner().optimizer(), buf);
+      }
+      g.finish();
+      full_weights.assign(a.model.params().data(),
+                          a.model.params().data() + a.model.params().total());
+    } else {
+      g.run_rollout();
+    }
+  }
+  W().barrier();  // the checkpoint is on disk before any rank opens it
+  if (W().rank() == 0) {
+    EXPECT_EQ(buffered,
+              rltest::small_options().prompts_per_step - full[size_t(cut)].dropped_timeout)
+        << "the checkpoint holds no buffered groups";
+    // Step `cut` trained on one-step-old groups: a regenerated (version cut) step would differ.
+    ASSERT_EQ(full[size_t(cut)].staleness.size(), 2u);
+    EXPECT_GT(full[size_t(cut)].staleness[1], 0);
+  }
+  rltest::Fixture c;
+  RlRestore restore;
+  MpiRlOptions mr = m;
+  if (W().rank() != 1) {  // the learners
+    const std::string latest = ckpt::find_latest_checkpoint(root).value_or(root);
+    RlResumePoint rp = open_rl_checkpoint(latest, c.model.config().fingerprint());
+    EXPECT_EQ(rp.step, cut);
+    restore = rp.restore;
+    if (W().rank() == 0) mr.resume_buffer = rp.buffer;
+  }
+  MpiGrpo g(W(), c.model, c.tok, c.chat, c.env, rltest::small_options(), mr, restore);
+  if (!g.is_learner()) {
+    EXPECT_EQ(g.first_step(), cut + 1) << "the rollouts start after the buffered step";
+    g.run_rollout();
+    W().barrier();
+    return;
+  }
+  EXPECT_EQ(g.first_step(), cut);
+  for (int64_t s = cut; s < steps; ++s) {
+    const RlStepStats y = g.step(), &x = full[size_t(s)];
+    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
+    EXPECT_EQ(x.loss, y.loss) << "step " << s;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
+    EXPECT_EQ(x.train_tokens, y.train_tokens) << "step " << s;
+    EXPECT_EQ(x.staleness, y.staleness) << "step " << s;
+  }
+  g.finish();
+  const ParamSet& p = c.model.params();
+  ASSERT_EQ(int64_t(full_weights.size()), p.total());
+  EXPECT_EQ(std::memcmp(full_weights.data(), p.data(), size_t(p.total()) * sizeof(float)), 0)
+      << "the resumed run ends with other weights than the uninterrupted one";
+  W().barrier();  // rank 0's temp dir goes after every learner has read it
+}
+
+// Partial rollouts over ranks: 5-token completions in slices of 3 (two batches, so new groups
+// start 0 steps ahead at max staleness 1); a rollout rank carries its cut groups to its next
+// batch, which continues them on the next weights. Trained completions span two versions, no
+// group passes the bound or is dropped as stale, and the first step trains on fewer groups
+// (those that stopped within 3 tokens).
+TEST(MpiGrpo, PartialRolloutsSpanWeightVersions) {
+  rltest::Fixture f;
+  RlOptions o = rltest::small_options();
+  o.partial_tokens = 3;
+  const int64_t steps = 4;
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, o, mpi_options(steps, 1, DType::BF16));
+  if (!g.is_learner()) {
+    g.run_rollout();
+    for (int64_t a : g.generated_ages()) EXPECT_EQ(a, 0) << "new groups start 0 steps ahead";
+    return;
+  }
+  int64_t spanning = 0, groups = 0, first = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const RlStepStats st = g.step();
+    spanning += st.spanning_rollouts;
+    groups += st.groups;
+    if (s == 0) first = st.groups;
+    EXPECT_LE(st.staleness.size(), 2u) << "step " << s << ": a group older than 1 step";
+  }
+  g.finish();
+  EXPECT_GT(spanning, 0) << "no trained completion spans two weight versions";
+  EXPECT_LT(first, o.prompts_per_step) << "step 0 trained on groups that were all cut";
+  EXPECT_GT(groups, first);
+  EXPECT_EQ(g.buffer_stats().dropped_stale, 0);
+}
+
+// A checkpoint under partial rollouts waits only for the steps the weights it holds can make:
+// 5-token completions in slices of 2 take 3 batches, so at max staleness 2 new groups start 0
+// steps ahead, and the groups of the next step need the next weights; the save must not wait
+// for them (it would stop at the timeout).
+TEST(MpiGrpo, PartialRolloutsCheckpointWithoutNewWeights) {
+  rltest::Fixture f;
+  RlOptions o = rltest::small_options();
+  o.partial_tokens = 2;
+  MpiRlOptions m = mpi_options(3, 2, DType::BF16);
+  m.learner_timeout = 5;
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, o, m);
+  if (!g.is_learner()) {
+    g.run_rollout();
+    return;
+  }
+  g.step();
+  const double t0 = now_seconds();
+  std::vector<BufferedStep> buf;
+  EXPECT_NO_THROW(buf = g.buffer_contents());
+  EXPECT_LT(now_seconds() - t0, 4.0);
+  EXPECT_TRUE(buf.empty()) << "lead 0: no step is generated ahead of the weights";
+  g.step();
+  g.step();
+  g.finish();
 }
 
 // Its own CTest entry (rl_mpi_stall): rollout rank 1 stops answering at step 1; the learner must

@@ -2,8 +2,9 @@
 # `loom launch -n N -- rl --rollout-ranks K` end to end, from an SFT'd tiny chat model: 1 learner
 # + 1 rollout rank with max staleness 0 and fp32 weight sync is the one-process synchronous run
 # bit for bit, uninterrupted and stopped then resumed; 2 data-parallel learners + 1 rollout rank
-# take the same steps to 1e-5; 1 learner + 2 rollout ranks (bf16 sync,
-# max staleness 1) runs to the end; layouts the job cannot hold end with a clear error and a
+# take the same steps to 1e-5, and with max staleness 1 their checkpoint carries the groups
+# generated ahead, which a resume trains on; 1 learner + 2 rollout ranks (bf16 sync,
+# max staleness 1) runs to the end; partial rollouts span weight versions; layouts the job cannot hold end with a clear error and a
 # non-zero exit.
 loom=$1
 src=$2
@@ -46,10 +47,40 @@ echo "ok: 2 learners + 1 rollout rank = 1 learner (to 1e-5)"
 same_run "$work/dp2" "$work/dp2r" 4
 echo "ok: 2 learners, --resume = uninterrupted"
 
+# Max staleness 1: the checkpoint after step 2 carries the groups of step 2 that the rollout
+# rank had generated ahead (by version 1 or 2, depending on timing); the resumed run trains its
+# step 2 on exactly them, from the same weights: the same reward and loss bit for bit. (Later
+# steps depend on timing here; MpiGrpo.ResumeTrainsOnTheCheckpointsBufferedGroups fixes the lag
+# and compares every step and the final weights.)
+"${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/dp2s" --steps 4 --rollout-ranks 1 \
+  --max-staleness 1 --weight-sync f32 --save-every 2 >/dev/null 2>&1
+held=$(column "$work/dp2s/checkpoints/step_00000002/state.json" rl_replay_buffer_groups)
+[ "${held:-0}" -gt 0 ] || { echo "the MPI checkpoint holds no buffered groups ($held)"; exit 1; }
+cp "$work/dp2s/metrics.jsonl" "$work/dp2s_full.jsonl"
+rm -rf "$work/dp2s/checkpoints/step_00000004"
+echo step_00000002 > "$work/dp2s/checkpoints/latest"
+log=$("${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/dp2s" --steps 4 --rollout-ranks 1 \
+  --max-staleness 1 --weight-sync f32 --resume 2>&1)
+grep -q "the replay buffer holds $held groups from the checkpoint" <<<"$log" || { echo "$log"; exit 1; }
+[ "$(wc -l < "$work/dp2s/metrics.jsonl")" -eq 4 ] || { echo "dp2s: not 4 metrics rows"; exit 1; }
+for k in '"reward_mean": [^,}]*' '"loss": [^,}]*' '"staleness": \[[^]]*\]'; do
+  a=$(sed -n 3p "$work/dp2s_full.jsonl" | grep -o "$k")
+  b=$(sed -n 3p "$work/dp2s/metrics.jsonl" | grep -o "$k")
+  [ -n "$a" ] && [ "$a" = "$b" ] || { echo "resumed step 2: $k $b, uninterrupted $a"; exit 1; }
+done
+echo "ok: max staleness 1 over MPI, --resume trains on the checkpoint's $held buffered groups"
+
 "${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/mpi3" --steps 3 --rollout-ranks 2 >/dev/null 2>&1
 [ "$(wc -l < "$work/mpi3/metrics.jsonl")" -eq 3 ] || { echo "mpi3: not 3 metrics rows"; exit 1; }
 [ -f "$(final "$work/mpi3" 3)" ] || { echo "mpi3: no final checkpoint"; exit 1; }
 echo "ok: 1 learner + 2 rollout ranks"
+
+# Partial rollouts over ranks: 12-token completions in slices of 6 span two weight versions.
+"${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/mpi_partial" --steps 4 --rollout-ranks 1 \
+  --max-staleness 1 --partial-tokens 6 >/dev/null 2>&1
+spans=$(column "$work/mpi_partial/metrics.jsonl" spanning_rollouts | awk '{ n += $1 } END { print n + 0 }')
+[ "$spans" -gt 0 ] || { echo "over MPI: no trained completion spans two weight versions"; exit 1; }
+echo "ok: --partial-tokens over MPI ($spans completions trained across two versions)"
 
 expect_fail "--rollout-ranks 3 must lie in \[1, 2\] for 3 ranks" \
   "${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/bad" --steps 2 --rollout-ranks 3
