@@ -345,6 +345,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
     if (opt_.mode == "dpo" && !lora_) make_reference(nullptr);
   }
+  if (dp_)
+    optimizer_ = dp_.get();
+  else
+    optimizer_ = optim_.get();
   // bf16 GEMMs where the CPU has them natively (kept off under ZeRO-3, whose point is not to hold
   // every weight at once: the recipe keeps a bf16 copy of each).
   if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3) && !base_zero3_)
@@ -511,10 +515,7 @@ void Trainer::finish_step(StepResult& r, double loss_sum, int64_t valid, double 
     float grad_scale = static_cast<float>(1.0 / scale);
     if (opt_.clip_grad > 0 && r.grad_norm > opt_.clip_grad)
       grad_scale *= static_cast<float>(opt_.clip_grad / r.grad_norm);
-    if (dp_)
-      dp_->step(r.lr, grad_scale);
-    else
-      optim_->step(r.lr, grad_scale);
+    optimizer_->step(r.lr, grad_scale);
   }
   r.skipped = !proceed;
   ++step_;
@@ -768,7 +769,7 @@ void Trainer::save_checkpoint() {
     ckpt_writer_ = std::make_unique<ckpt::CheckpointWriter>(checkpoint_root(), wo);
   }
   if (dp_) return save_distributed();
-  ckpt::TrainerState st = checkpoint_state(optim_->steps_taken());
+  ckpt::TrainerState st = checkpoint_state(optimizer_->steps_taken());
   // Under LoRA only the adapters: the base is train.pretrained, named in the saved config.
   ckpt_writer_->save(st, ckpt::to_list(trained_params().tensors()),
                      ckpt::to_list(optim_->state_tensors()));
@@ -809,8 +810,7 @@ bool Trainer::resume_from(const std::string& path) {
 // <out_dir>/checkpoints/rank_NNNNN with the tensors it holds, each with its placement
 // (ShardInfo): ZeRO-0 whole parameters (replica = DP rank), ZeRO >= 1 the rank's slice of each
 // flattened parameter and of its optimizer state. Resuming needs the same layout.
-ckpt::TensorList Trainer::shard_list(
-    const std::vector<parallel::DataParallel::StateSlice>& slices) const {
+ckpt::TensorList Trainer::shard_list(const std::vector<StateSlice>& slices) const {
   ckpt::TensorList out;
   for (const auto& sl : slices) {
     ckpt::ShardInfo info;
@@ -826,7 +826,7 @@ ckpt::TensorList Trainer::shard_list(
 }
 
 void Trainer::save_distributed() {
-  ckpt::TrainerState st = checkpoint_state(dp_->steps_taken());
+  ckpt::TrainerState st = checkpoint_state(optimizer_->steps_taken());
   commit_distributed();  // asynchronous: the previous step, whose parts are durable by now
   ckpt_writer_->save(st, shard_list(dp_->param_slices()), shard_list(dp_->state_slices()));
   if (!opt_.ckpt_async) commit_distributed();
