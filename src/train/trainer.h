@@ -148,6 +148,13 @@ class Trainer {
  private:
   void log_step(const StepResult& r, int64_t tokens);
   double run_loop();
+  // The one gradient path (trainer.cpp): begin_step, then per micro-batch begin_micro, the
+  // model's forward_backward, end_micro; grad_sq() is then the squared global gradient norm
+  // and finish_step checks it (non-finite: skipped; fp16: the loss scaler), clips, and steps.
+  void begin_step(int micro_batches);
+  void begin_micro(int m);
+  void end_micro();
+  double grad_sq();
   void finish_step(StepResult& r, double loss_sum, int64_t valid, double sq, double scale);
   ckpt::TrainerState checkpoint_state(int64_t optimizer_steps) const;
   int64_t restore_state(const ckpt::Checkpoint& c, bool same_layout = true);
