@@ -479,6 +479,10 @@ void DataParallel::sync_model_from_master() {
   }
 }
 
+void DataParallel::sync_master_from_model() {
+  if (opt_.zero == 0) adam_->sync_master_from_model();
+}
+
 // A dense piece from the owners' master shards over dp_; an expert piece from the owners'
 // expert master shards over edp_.
 void DataParallel::gather_piece_async(Piece& p) {

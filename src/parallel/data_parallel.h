@@ -119,6 +119,11 @@ class DataParallel : public Optimizer {
   // After loading the shard's master weights (ZeRO-3, or a separate master copy): refresh the
   // model's parameters from them everywhere.
   void sync_model_from_master() override;
+  // After param_slices() were written from outside with new weights (train.pretrained, an
+  // imported checkpoint): under ZeRO-0 those slices are the model's own weights, so the master
+  // copy (bf16, fp16) takes them first; ZeRO >= 1's slices are the master itself. Then
+  // sync_model_from_master() puts them everywhere.
+  void sync_master_from_model();
 
   // The reduced gradient of this rank's shard (ZeRO >= 1), for tests and inspection.
   std::vector<float> reduced_grad_shard() const;

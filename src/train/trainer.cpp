@@ -1287,6 +1287,7 @@ void Trainer::load_pretrained(const std::string& path) {
     check_finite(model_->params(), c.dir());
   } else {
     ckpt::fill_from_whole(c, model_->params(), shard_list(dp_->param_slices()), {});
+    dp_->sync_master_from_model();  // ZeRO-0: the slices are the model's weights
     dp_->sync_model_from_master();
   }
 }
