@@ -788,8 +788,7 @@ void Trainer::save_checkpoint() {
   if (dp_) return save_distributed();
   ckpt::TrainerState st = checkpoint_state(optimizer_->steps_taken());
   // Under LoRA only the adapters: the base is train.pretrained, named in the saved config.
-  ckpt_writer_->save(st, ckpt::to_list(trained_params().tensors()),
-                     ckpt::to_list(optim_->state_tensors()));
+  ckpt_writer_->save(st, ckpt::to_list(trained_params().tensors()), optim_list());
   if (opt_.quiet) return;
   if (opt_.ckpt_async)
     log_info("checkpoint step ", step_, ": snapshot in ", ckpt_writer_->last_stall_seconds(),
@@ -817,8 +816,8 @@ bool Trainer::resume_from(const std::string& path) {
   int64_t optimizer_steps = restore_state(c);
   c.restore_model(trained_params().tensors());
   check_finite(trained_params(), c.dir());
-  c.restore_optim(optim_->state_tensors());
-  optim_->set_steps_taken(optimizer_steps);
+  c.restore_optim(optim_list());
+  optimizer_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet) log_info("resumed from ", c.dir(), " at step ", step_);
   return true;
 }
@@ -842,10 +841,27 @@ ckpt::TensorList Trainer::shard_list(const std::vector<StateSlice>& slices) cons
   return out;
 }
 
+// The optimizer's state as a checkpoint holds it, from Optimizer::state_slices() in either
+// layout: distributed, each rank's slices placed by ShardInfo (shard_list); one process, whole
+// tensors shaped like their parameters, in name order (the one-process checkpoint format).
+ckpt::TensorList Trainer::optim_list() const {
+  if (dp_) return shard_list(optimizer_->state_slices());
+  const ParamSet& T = lora_ ? lora_->params() : model_->params();
+  ckpt::TensorList out;
+  for (const StateSlice& s : optimizer_->state_slices()) {
+    const ParamInfo& p = T.info(s.name.substr(s.name.find('.') + 1));  // "exp_avg.<param>"
+    LOOM_CHECK(s.offset == 0 && s.tensor.numel() == p.numel, s.name,
+               ": one process's optimizer state must hold whole parameters");
+    out.push_back({s.name, Tensor::view_of(s.tensor.data<float>(), p.shape, DType::F32)});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
 void Trainer::save_distributed() {
   ckpt::TrainerState st = checkpoint_state(optimizer_->steps_taken());
   commit_distributed();  // asynchronous: the previous step, whose parts are durable by now
-  ckpt_writer_->save(st, shard_list(dp_->param_slices()), shard_list(dp_->state_slices()));
+  ckpt_writer_->save(st, shard_list(dp_->param_slices()), optim_list());
   if (!opt_.ckpt_async) commit_distributed();
   if (!opt_.quiet && opt_.ckpt_async)
     log_info("checkpoint step ", step_, ": snapshot in ", ckpt_writer_->last_stall_seconds(),
@@ -939,7 +955,7 @@ bool Trainer::resume_distributed() {
     if (w.all_reduce_scalar(int64_t(c ? 0 : 1), comm::ReduceOp::Max) == 0) {  // all verified
       int64_t optimizer_steps = restore_state(*c);
       c->restore_model(shard_list(dp_->param_slices()));
-      c->restore_optim(shard_list(dp_->state_slices()));
+      c->restore_optim(optim_list());
       dp_->sync_model_from_master();
       dp_->set_steps_taken(optimizer_steps);
       if (!opt_.quiet) log_info("resumed every rank from step ", step_, " (", layout_name(), ")");
@@ -1321,8 +1337,7 @@ void Trainer::start_from_one_process(const std::string& path) {
              " (expert tensor parallelism) cannot start from a one-process checkpoint yet");
   check_same_global_batch(c);
   const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
-  ckpt::fill_from_whole(c, trained_params(), shard_list(dp_->param_slices()),
-                        shard_list(dp_->state_slices()));
+  ckpt::fill_from_whole(c, trained_params(), shard_list(dp_->param_slices()), optim_list());
   dp_->sync_model_from_master();
   dp_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet)

@@ -161,6 +161,7 @@ class Trainer {
   void save_distributed();
   void commit_distributed();
   ckpt::TensorList shard_list(const std::vector<StateSlice>& s) const;
+  ckpt::TensorList optim_list() const;
   bool resume_distributed();
   void start_from_one_process(const std::string& path);
   void load_pretrained(const std::string& path);
