@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/config.h"
@@ -21,41 +22,81 @@ AdamWConfig adamw_config_from(const Config& cfg) {
 }
 
 AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg, DType param_dtype, Backend& backend)
-    : params_(params), cfg_(cfg), param_dtype_(param_dtype), be_(backend) {
-  m_ = Tensor::zeros({params.total()});
-  v_ = Tensor::zeros({params.total()});
-  if (param_dtype_ != DType::F32) {
-    master_ = Tensor::zeros({params.total()});
-    sync_master_from_model();
-  }
+    : AdamW(params, cfg, param_dtype, backend, 0, params.total(), false) {
+  sync_master_from_model();
+}
+
+AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg, DType param_dtype, Backend& backend,
+             int64_t lo, int64_t hi, bool keep_master)
+    : params_(params), cfg_(cfg), param_dtype_(param_dtype), be_(backend), lo_(lo), hi_(hi) {
+  LOOM_CHECK(0 <= lo && lo <= hi && hi <= params.total(), "AdamW: range [", lo, ", ", hi,
+             ") outside the parameter set's ", params.total(), " elements");
+  m_ = Tensor::zeros({hi - lo});
+  v_ = Tensor::zeros({hi - lo});
+  if (param_dtype_ != DType::F32 || keep_master) master_ = Tensor::zeros({hi - lo});
+}
+
+float* AdamW::weights() {
+  return master_.defined() ? master_.data<float>() : params_.data() + lo_;
 }
 
 void AdamW::sync_master_from_model() {
-  if (!master_.defined()) return;
-  std::memcpy(master_.data<float>(), params_.data(), sizeof(float) * params_.total());
+  if (!master_.defined() || hi_ == lo_) return;
+  std::memcpy(master_.data<float>(), params_.data() + lo_, sizeof(float) * (hi_ - lo_));
+}
+
+void AdamW::write_model(int64_t a, int64_t b) {
+  a = std::max(a, lo_);
+  b = std::min(b, hi_);
+  if (!master_.defined() || a >= b) return;
+  std::memcpy(params_.data() + a, master_.data<float>() + (a - lo_), sizeof(float) * (b - a));
+  round_to(param_dtype_, params_.data() + a, static_cast<size_t>(b - a));
 }
 
 void AdamW::sync_model_from_master() {
-  if (!master_.defined()) return;
-  std::memcpy(params_.data(), master_.data<float>(), sizeof(float) * params_.total());
-  round_to(param_dtype_, params_.data(), static_cast<size_t>(params_.total()));
+  write_model(lo_, hi_);
+}
+
+void AdamW::update(double lr, float grad_scale, const float* grad) {
+  ++t_;
+  float* w = weights();
+  for (const ParamInfo& p : params_.infos()) {
+    if (!p.trainable) continue;  // frozen: as a learning rate of 0 (no decay either)
+    const int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
+    if (a >= b) continue;
+    const int64_t k = a - lo_;
+    be_.adamw(w + k, grad + k, m_.data<float>() + k, v_.data<float>() + k, b - a,
+              static_cast<float>(lr), static_cast<float>(cfg_.beta1),
+              static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
+              p.decay ? static_cast<float>(cfg_.weight_decay) : 0.f, grad_scale, t_);
+  }
 }
 
 void AdamW::step(double lr, float grad_scale) {
-  ++t_;
-  float* w = master_.defined() ? master_.data<float>() : params_.data();
-  for (const ParamInfo& p : params_.infos()) {
-    if (!p.trainable) continue;  // frozen: as a learning rate of 0 (no decay either)
-    be_.adamw(w + p.offset, params_.grad() + p.offset, m_.data<float>() + p.offset,
-              v_.data<float>() + p.offset, p.numel, static_cast<float>(lr),
-              static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-              static_cast<float>(cfg_.eps), p.decay ? static_cast<float>(cfg_.weight_decay) : 0.f,
-              grad_scale, t_);
-  }
+  update(lr, grad_scale, params_.grad() + lo_);
   sync_model_from_master();
 }
 
+std::vector<StateSlice> AdamW::state_slices() {
+  std::vector<StateSlice> out;
+  for (const ParamInfo& p : params_.infos()) {
+    const int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
+    if (a >= b) continue;
+    auto add = [&](const char* prefix, Tensor& buf) {
+      out.push_back({std::string(prefix) + p.name,
+                     Tensor::view_of(buf.data<float>() + (a - lo_), {b - a}, DType::F32), p.numel,
+                     a - p.offset});
+    };
+    add("exp_avg.", m_);
+    add("exp_avg_sq.", v_);
+    if (master_.defined()) add("master.", master_);
+  }
+  return out;
+}
+
 std::map<std::string, Tensor> AdamW::state_tensors() {
+  LOOM_CHECK(lo_ == 0 && hi_ == params_.total(),
+             "AdamW::state_tensors: a shard's state has no whole tensors (use state_slices)");
   std::map<std::string, Tensor> s;
   for (const ParamInfo& p : params_.infos()) {
     s["exp_avg." + p.name] = Tensor::view_of(m_.data<float>() + p.offset, p.shape, DType::F32);
@@ -65,6 +106,12 @@ std::map<std::string, Tensor> AdamW::state_tensors() {
           Tensor::view_of(master_.data<float>() + p.offset, p.shape, DType::F32);
   }
   return s;
+}
+
+std::vector<const Tensor*> AdamW::buffers() const {
+  std::vector<const Tensor*> b{&m_, &v_};
+  if (master_.defined()) b.push_back(&master_);
+  return b;
 }
 
 }  // namespace loom

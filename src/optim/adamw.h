@@ -1,16 +1,22 @@
 // AdamW over a ParamSet's flat buffers, with decoupled weight decay applied only to the
 // parameters marked `decay`, on fp32 master weights. Under a reduced-precision policy the
 // master copy is separate and the model's weights are re-rounded from it after each step.
+//
+// The one AdamW of Loom: one process steps the whole parameter set with it, and the
+// data-parallel engine (parallel/data_parallel.h) steps each rank's shard, a flat range
+// [lo, hi) of the same layout, with it too. Same elements, same kernel calls, same bits.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
 #include "model/params.h"
+#include "optim/optimizer.h"
 
 namespace loom {
 
@@ -21,30 +27,58 @@ struct AdamWConfig {
 };
 AdamWConfig adamw_config_from(const Config& cfg);
 
-class AdamW {
+class AdamW : public Optimizer {
  public:
-  // param_dtype: the precision the model computes with (fp32: master == model weights).
+  // The whole parameter set. param_dtype: the precision the model computes with (fp32: master
+  // == model weights). The master copy starts from the model's weights.
   AdamW(ParamSet& params, const AdamWConfig& cfg, DType param_dtype, Backend& backend);
+  // The flat range [lo, hi) of the parameter set's layout (a data-parallel shard): state for
+  // those elements only. keep_master: a separate fp32 master even when param_dtype is fp32
+  // (ZeRO-3: the model buffer does not keep the shard's weights between uses). The master
+  // starts zero: the owner fills it (sync_master_from_model, or drawn in place).
+  AdamW(ParamSet& params, const AdamWConfig& cfg, DType param_dtype, Backend& backend, int64_t lo,
+        int64_t hi, bool keep_master);
 
-  // One step at learning rate `lr`; each gradient is multiplied by grad_scale first. Frozen
-  // parameters (ParamInfo::trainable false) are left as they are.
-  void step(double lr, float grad_scale);
-  int64_t steps_taken() const { return t_; }
+  // One step on the gradients in the parameter set's gradient buffer, then the model's weights
+  // re-derived from the master copy. Frozen parameters (ParamInfo::trainable false) are left
+  // as they are.
+  void step(double lr, float grad_scale) override;
+  // The update alone, with grad[i] the gradient of element lo + i; the model's weights are left
+  // to the caller (a sharded optimizer gathers them from every rank's master).
+  void update(double lr, float grad_scale, const float* grad);
+  int64_t steps_taken() const override { return t_; }
+  void set_steps_taken(int64_t t) override { t_ = t; }
 
-  // State for checkpoints: m, v and (when separate) the fp32 master weights.
+  // The state, per parameter overlapping [lo, hi): its slice of exp_avg, exp_avg_sq and (when
+  // separate) master, as 1-D views.
+  std::vector<StateSlice> state_slices() override;
+  // The whole set's state by name, shaped like the parameters (one-process checkpoints).
   std::map<std::string, Tensor> state_tensors();
-  void set_steps_taken(int64_t t) { t_ = t; }
-  // Re-derives the model's weights from the master copy (after loading a checkpoint).
-  void sync_model_from_master();
-  // Copies the model's weights into the master copy (after initialisation or import).
+  // Re-derives the model's weights on [lo, hi) from the master copy (after loading a
+  // checkpoint).
+  void sync_model_from_master() override;
+  // Copies the model's weights on [lo, hi) into the master copy (after initialisation or
+  // import).
   void sync_master_from_model();
+  // Master -> model (rounded to the compute type) on [a, b) ∩ [lo, hi): a shard's part of a
+  // range about to be gathered. Nothing without a separate master.
+  void write_model(int64_t a, int64_t b);
+
+  int64_t lo() const { return lo_; }
+  int64_t hi() const { return hi_; }
+  // The weights this steps, element lo at index 0: the master copy, or the model's own buffer.
+  float* weights();
+  float* master() { return master_.defined() ? master_.data<float>() : nullptr; }
+  // The state's buffers (m, v and the master when separate), for memory accounting.
+  std::vector<const Tensor*> buffers() const;
 
  private:
   ParamSet& params_;
   AdamWConfig cfg_;
   DType param_dtype_;
   Backend& be_;
-  Tensor m_, v_, master_;  // master_ undefined when param_dtype == F32
+  int64_t lo_ = 0, hi_ = 0;
+  Tensor m_, v_, master_;  // over [lo_, hi_); master_ undefined when the model's buffer is it
   int64_t t_ = 0;
 };
 

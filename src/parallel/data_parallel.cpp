@@ -76,7 +76,6 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
       P_(trained ? *trained : model.params()),
       dp_(dp),
       opt_(opt),
-      adam_(adam),
       param_dtype_(param_dtype),
       be_(backend),
       n_layer_(model.config().n_layer) {
@@ -112,28 +111,24 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
     const int er = opt_.zero == 3 ? edp_->rank() : 0;
     elo_ = expert_lo_ + std::min(int64_t(er) * eshard_, n);
     ehi_ = expert_lo_ + std::min(int64_t(er) * eshard_ + eshard_, n);
-    em_ = Tensor::zeros({ehi_ - elo_});
-    ev_ = Tensor::zeros({ehi_ - elo_});
-    if (param_dtype_ != DType::F32 || opt_.zero == 3) emaster_ = Tensor::zeros({ehi_ - elo_});
+    expert_adam_ = std::make_unique<AdamW>(P_, adam, param_dtype_, be_, elo_, ehi_, opt_.zero == 3);
     if (opt_.zero == 3) egshard_ = Tensor::zeros({ehi_ - elo_});
   }
   const int D = dp_.size();
   shard_ = (total_ + D - 1) / D;
   lo_ = std::min(int64_t(dp_.rank()) * shard_, total_);
   hi_ = std::min(lo_ + shard_, total_);
-  const int64_t state_n = opt_.zero == 0 ? total_ : hi_ - lo_;
-  const int64_t state_lo = opt_.zero == 0 ? 0 : lo_;
-  m_ = Tensor::zeros({state_n});
-  v_ = Tensor::zeros({state_n});
-  if (param_dtype_ != DType::F32 || opt_.zero == 3) master_ = Tensor::zeros({state_n});
+  // ZeRO-0 steps every dense parameter on every rank, ZeRO >= 1 this rank's shard.
+  adam_ = opt_.zero == 0
+              ? std::make_unique<AdamW>(P_, adam, param_dtype_, be_, 0, total_, false)
+              : std::make_unique<AdamW>(P_, adam, param_dtype_, be_, lo_, hi_, opt_.zero == 3);
   if (opt_.zero == 3) build_units();
   if (opt_.init_seed) draw_initial_weights(*opt_.init_seed);
   // The master copies start from the model's weights, except a ZeRO-3 shard drawn in place.
-  const bool shard_drawn = opt_.zero == 3 && opt_.init_seed;
-  if (master_.defined() && !shard_drawn && state_n > 0)
-    std::memcpy(master_.data<float>(), P_.data() + state_lo, sizeof(float) * state_n);
-  if (emaster_.defined() && !shard_drawn && ehi_ > elo_)
-    std::memcpy(emaster_.data<float>(), P_.data() + elo_, sizeof(float) * (ehi_ - elo_));
+  if (!(opt_.zero == 3 && opt_.init_seed)) {
+    adam_->sync_master_from_model();
+    if (expert_adam_) expert_adam_->sync_master_from_model();
+  }
   if (opt_.zero >= 1) gshard_ = Tensor::zeros({hi_ - lo_});
 
   for (const ParamInfo& p : P_.infos()) {
@@ -210,11 +205,11 @@ void DataParallel::draw_initial_weights(uint64_t seed) {
   // master, and into the model only the parameters that stay gathered.
   P_.init_ranges(seed, resident_ranges_);
   for (auto [lo, hi] : resident_ranges_) round(P_.data() + lo, hi - lo);
-  P_.draw(seed, lo_, hi_, master_.data<float>());
-  round(master_.data<float>(), hi_ - lo_);
+  P_.draw(seed, lo_, hi_, adam_->master());
+  round(adam_->master(), hi_ - lo_);
   if (experts_sharded()) {
-    P_.draw(seed, elo_, ehi_, emaster_.data<float>());
-    round(emaster_.data<float>(), ehi_ - elo_);
+    P_.draw(seed, elo_, ehi_, expert_adam_->master());
+    round(expert_adam_->master(), ehi_ - elo_);
   }
 }
 
@@ -427,31 +422,8 @@ double DataParallel::grad_sq_local(const std::vector<double>& weights) const {
   return sum;
 }
 
-float* DataParallel::shard_weights() {
-  if (master_.defined()) return master_.data<float>();
-  return P_.data() + (opt_.zero == 0 ? 0 : lo_);
-}
-
-void DataParallel::adam_range(float* w, const float* g, float* m, float* v, int64_t lo, int64_t hi,
-                              double lr, float gs) {
-  for (const ParamInfo& p : P_.infos()) {
-    int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
-    if (a >= b) continue;
-    int64_t k = a - lo;
-    be_.adamw(w + k, g + k, m + k, v + k, b - a, static_cast<float>(lr),
-              static_cast<float>(adam_.beta1), static_cast<float>(adam_.beta2),
-              static_cast<float>(adam_.eps), p.decay ? static_cast<float>(adam_.weight_decay) : 0.f,
-              gs, t_);
-  }
-}
-
 void DataParallel::write_own_params(int64_t lo, int64_t hi) {
-  if (!master_.defined()) return;  // the model buffer holds the weights themselves
-  const int64_t base = opt_.zero == 0 ? 0 : lo_;
-  int64_t a = opt_.zero == 0 ? lo : std::max(lo, lo_), b = opt_.zero == 0 ? hi : std::min(hi, hi_);
-  if (a >= b) return;
-  std::memcpy(P_.data() + a, master_.data<float>() + (a - base), sizeof(float) * (b - a));
-  if (param_dtype_ != DType::F32) round_to(param_dtype_, P_.data() + a, static_cast<size_t>(b - a));
+  adam_->write_model(lo, hi);  // (ZeRO-0: its range is every dense parameter)
 }
 
 void DataParallel::gather_range_async(int64_t lo, int64_t hi, comm::Work* work,
@@ -465,36 +437,28 @@ void DataParallel::expert_adam(double lr, float gs) {
   if (!experts_apart()) return;
   // [elo_, ehi_): every expert weight here (ZeRO 0-2), or this rank's shard of them (ZeRO-3,
   // whose ranks gather them on use).
-  float* w = emaster_.defined() ? emaster_.data<float>() : P_.data() + elo_;
-  const float* g = experts_sharded() ? egshard_.data<float>() : P_.grad() + elo_;
-  adam_range(w, g, em_.data<float>(), ev_.data<float>(), elo_, ehi_, lr, gs);
-  if (emaster_.defined() && !experts_sharded()) {
-    const int64_t n = expert_hi_ - expert_lo_;
-    std::memcpy(P_.data() + expert_lo_, emaster_.data<float>(), sizeof(float) * n);
-    round_to(param_dtype_, P_.data() + expert_lo_, static_cast<size_t>(n));
-  }
+  expert_adam_->update(lr, gs, experts_sharded() ? egshard_.data<float>() : P_.grad() + elo_);
+  if (!experts_sharded()) expert_adam_->sync_model_from_master();
+}
+
+void DataParallel::set_steps_taken(int64_t t) {
+  adam_->set_steps_taken(t);
+  if (expert_adam_) expert_adam_->set_steps_taken(t);
 }
 
 void DataParallel::step(double lr, float grad_scale) {
-  ++t_;
   expert_adam(lr, grad_scale);
   if (opt_.zero == 0) {
-    adam_range(shard_weights(), P_.grad(), m_.data<float>(), v_.data<float>(), 0, total_, lr,
-               grad_scale);
+    adam_->update(lr, grad_scale, P_.grad());
     write_own_params(0, total_);
     return;
   }
-  adam_range(shard_weights(), gshard_.data<float>(), m_.data<float>(), v_.data<float>(), lo_, hi_,
-             lr, grad_scale);
+  adam_->update(lr, grad_scale, gshard_.data<float>());
   sync_model_from_master();
 }
 
 void DataParallel::sync_model_from_master() {
-  if (emaster_.defined() && !experts_sharded()) {
-    const int64_t n = expert_hi_ - expert_lo_;
-    std::memcpy(P_.data() + expert_lo_, emaster_.data<float>(), sizeof(float) * n);
-    round_to(param_dtype_, P_.data() + expert_lo_, static_cast<size_t>(n));
-  }
+  if (experts_apart() && !experts_sharded()) expert_adam_->sync_model_from_master();
   if (opt_.zero == 0) {
     write_own_params(0, total_);
     return;
@@ -515,6 +479,10 @@ void DataParallel::sync_model_from_master() {
   }
 }
 
+void DataParallel::sync_master_from_model() {
+  if (opt_.zero == 0) adam_->sync_master_from_model();
+}
+
 // A dense piece from the owners' master shards over dp_; an expert piece from the owners'
 // expert master shards over edp_.
 void DataParallel::gather_piece_async(Piece& p) {
@@ -522,11 +490,7 @@ void DataParallel::gather_piece_async(Piece& p) {
     gather_range_async(p.lo, p.hi, &p.work, &p.counts);
     return;
   }
-  const int64_t a = std::max(p.lo, elo_), b = std::min(p.hi, ehi_);
-  if (a < b) {
-    std::memcpy(P_.data() + a, emaster_.data<float>() + (a - elo_), sizeof(float) * (b - a));
-    if (param_dtype_ != DType::F32) round_to(param_dtype_, P_.data() + a, size_t(b - a));
-  }
+  expert_adam_->write_model(p.lo, p.hi);
   p.work = edp_->all_gather_async(P_.data() + p.lo, p.counts, DType::F32);
 }
 
@@ -578,35 +542,12 @@ void DataParallel::unit_after(int l, bool backward) {
   release_unit(l);
 }
 
-std::vector<DataParallel::StateSlice> DataParallel::state_slices() {
-  std::vector<StateSlice> out;
-  const int64_t lo = opt_.zero == 0 ? 0 : lo_, hi = opt_.zero == 0 ? total_ : hi_;
-  for (const ParamInfo& p : P_.infos()) {
-    int64_t a = std::max(p.offset, lo), b = std::min(p.offset + p.numel, hi);
-    if (a >= b) continue;
-    auto add = [&](const char* prefix, Tensor& buf) {
-      out.push_back({std::string(prefix) + p.name,
-                     Tensor::view_of(buf.data<float>() + (a - lo), {b - a}, DType::F32), p.numel,
-                     a - p.offset});
-    };
-    add("exp_avg.", m_);
-    add("exp_avg_sq.", v_);
-    if (master_.defined()) add("master.", master_);
-  }
-  // Expert weights: whole on every edp rank, or (ZeRO-3) this rank's slice of each.
-  for (const ParamInfo& p : P_.infos()) {
-    if (!experts_apart() || !p.expert) continue;
-    int64_t a = std::max(p.offset, elo_), b = std::min(p.offset + p.numel, ehi_);
-    if (a >= b) continue;
-    auto add = [&](const char* prefix, Tensor& buf) {
-      out.push_back({std::string(prefix) + p.name,
-                     Tensor::view_of(buf.data<float>() + (a - elo_), {b - a}, DType::F32), p.numel,
-                     a - p.offset});
-    };
-    add("exp_avg.", em_);
-    add("exp_avg_sq.", ev_);
-    if (emaster_.defined()) add("master.", emaster_);
-  }
+std::vector<StateSlice> DataParallel::state_slices() {
+  // The dense part's, then the experts' (whole on every edp rank, or under ZeRO-3 this rank's
+  // slice of each).
+  std::vector<StateSlice> out = adam_->state_slices();
+  if (expert_adam_)
+    for (StateSlice& s : expert_adam_->state_slices()) out.push_back(std::move(s));
   return out;
 }
 
@@ -616,7 +557,7 @@ std::vector<float> DataParallel::reduced_grad_shard() const {
   return std::vector<float>(g, g + (hi_ - lo_));
 }
 
-std::vector<DataParallel::StateSlice> DataParallel::param_slices() {
+std::vector<StateSlice> DataParallel::param_slices() {
   std::vector<StateSlice> out;
   if (opt_.zero == 0) {
     for (const ParamInfo& p : P_.infos())
@@ -624,7 +565,7 @@ std::vector<DataParallel::StateSlice> DataParallel::param_slices() {
           {p.name, Tensor::view_of(P_.data() + p.offset, p.shape, DType::F32), p.numel, 0});
     return out;
   }
-  float* w = master_.defined() ? master_.data<float>() - lo_ : P_.data();
+  float* w = adam_->master() ? adam_->master() - lo_ : P_.data();
   for (const ParamInfo& p : P_.infos()) {
     int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
     if (a >= b) continue;
@@ -634,7 +575,7 @@ std::vector<DataParallel::StateSlice> DataParallel::param_slices() {
     if (!experts_apart() || !p.expert) continue;
     int64_t a = std::max(p.offset, elo_), b = std::min(p.offset + p.numel, ehi_);
     if (a >= b) continue;
-    float* src = emaster_.defined() ? emaster_.data<float>() + (a - elo_) : P_.data() + a;
+    float* src = expert_adam_->master() ? expert_adam_->master() + (a - elo_) : P_.data() + a;
     out.push_back({p.name, Tensor::view_of(src, {b - a}, DType::F32), p.numel, a - p.offset});
   }
   return out;
@@ -651,8 +592,9 @@ MemoryUse DataParallel::memory_use() const {
     u.grads += resident_bytes(b.scratch.data(), int64_t(b.scratch.capacity()) * 4);
     u.grads += resident_bytes(b.wire.data(), int64_t(b.wire.capacity()) * 2);
   }
-  for (const Tensor* t : {&m_, &v_, &master_, &em_, &ev_, &emaster_})
-    if (t->defined()) u.optim += resident_bytes(t->data<float>(), t->nbytes());
+  for (const AdamW* o : {adam_.get(), expert_adam_.get()})
+    if (o)
+      for (const Tensor* t : o->buffers()) u.optim += resident_bytes(t->data<float>(), t->nbytes());
   return u;
 }
 

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "kernels/backend.h"
 #include "model/decoder.h"
 #include "optim/adamw.h"
+#include "optim/optimizer.h"
 
 namespace loom {
 class Config;
@@ -64,7 +66,9 @@ struct MemoryUse {
   int64_t total() const { return params + grads + optim; }
 };
 
-class DataParallel {
+// The engine is the Optimizer of a data-parallel run: its step() steps this rank's shard with
+// the one AdamW (optim/adamw.h) and brings the parameters back into place.
+class DataParallel : public Optimizer {
  public:
   // Under expert parallelism (the model's expert_parallel().size > 1) the experts' weights (the
   // tail of the flat buffer, ParamInfo::expert) differ between the data-parallel ranks: they
@@ -100,26 +104,26 @@ class DataParallel {
 
   // AdamW on this rank's shard with each gradient multiplied by grad_scale, then the
   // parameters brought back into place (all-gathered for ZeRO-1/2; gathered on demand for 3).
-  void step(double lr, float grad_scale);
-  int64_t steps_taken() const { return t_; }
-  void set_steps_taken(int64_t t) { t_ = t; }
+  void step(double lr, float grad_scale) override;
+  int64_t steps_taken() const override { return adam_->steps_taken(); }
+  void set_steps_taken(int64_t t) override;
 
   // Optimizer state of this rank's shard: per parameter, the slice [a, b) of its flattened
   // elements this rank owns, named "exp_avg.<param>" etc. (global_offset = a).
-  struct StateSlice {
-    std::string name;
-    Tensor tensor;         // 1-D view
-    int64_t global_numel;  // the flattened parameter's size
-    int64_t offset;        // where the slice starts within it
-  };
-  std::vector<StateSlice> state_slices();
+  using StateSlice = loom::StateSlice;
+  std::vector<StateSlice> state_slices() override;
   // The weights this rank keeps authoritative copies of, named by parameter: ZeRO-0 every
   // parameter whole (offset 0); ZeRO >= 1 the owned slice of each flattened parameter (from the
   // fp32 master when there is one). Restoring them, then sync_model_from_master(), resumes.
   std::vector<StateSlice> param_slices();
   // After loading the shard's master weights (ZeRO-3, or a separate master copy): refresh the
   // model's parameters from them everywhere.
-  void sync_model_from_master();
+  void sync_model_from_master() override;
+  // After param_slices() were written from outside with new weights (train.pretrained, an
+  // imported checkpoint): under ZeRO-0 those slices are the model's own weights, so the master
+  // copy (bf16, fp16) takes them first; ZeRO >= 1's slices are the master itself. Then
+  // sync_model_from_master() puts them everywhere.
+  void sync_master_from_model();
 
   // The reduced gradient of this rank's shard (ZeRO >= 1), for tests and inspection.
   std::vector<float> reduced_grad_shard() const;
@@ -196,21 +200,16 @@ class DataParallel {
   void unit_after(int layer, bool backward);
   void ensure_gathered(int layer);
   void release_unit(int layer);
-  float* shard_weights();
   // Expert-parallel experts: [expert_lo_, expert_hi_) of the flat buffer (empty otherwise).
   bool experts_apart() const { return expert_hi_ > expert_lo_; }
   // ZeRO-3 with expert parallelism: the experts sharded over edp_ too ([elo_, ehi_) here).
   bool experts_sharded() const { return experts_apart() && opt_.zero == 3; }
   void expert_adam(double lr, float gs);
-  // AdamW on the flat range [lo, hi): w, g, m, v hold its elements from index 0.
-  void adam_range(float* w, const float* g, float* m, float* v, int64_t lo, int64_t hi, double lr,
-                  float gs);
 
   Decoder& model_;
   ParamSet& P_;
   comm::Communicator& dp_;
   DataParallelOptions opt_;
-  AdamWConfig adam_;
   DType param_dtype_;
   Backend& be_;
   int n_layer_;
@@ -219,16 +218,18 @@ class DataParallel {
   std::vector<Bucket> buckets_;
   std::vector<Unit> units_;
   std::vector<std::pair<int64_t, int64_t>> resident_ranges_;  // ZeRO-3: non-block params
-  Tensor m_, v_, master_, gshard_;  // shard-sized (full-size for ZeRO-0's m_, v_)
+  // AdamW on this rank's part of the dense parameters: all of them under ZeRO-0, [lo_, hi_)
+  // otherwise (with an fp32 master under a reduced-precision policy, and always under ZeRO-3).
+  std::unique_ptr<AdamW> adam_;
+  Tensor gshard_;  // ZeRO >= 1: the reduced gradients of [lo_, hi_)
   comm::Communicator* edp_ = nullptr;
   int64_t expert_lo_ = 0, expert_hi_ = 0;
   // The experts' part this rank steps: all of [expert_lo_, expert_hi_), or under ZeRO-3 its
   // shard over edp_ (ceil(experts / edp) elements each, like the dense shards).
   int64_t eshard_ = 0, elo_ = 0, ehi_ = 0;
-  Tensor em_, ev_, emaster_;  // the experts' optimizer state (and fp32 master), on [elo_, ehi_)
-  Tensor egshard_;            // ZeRO-3: the experts' reduced gradients on [elo_, ehi_)
+  std::unique_ptr<AdamW> expert_adam_;  // the experts' optimizer, on [elo_, ehi_)
+  Tensor egshard_;                      // ZeRO-3: the experts' reduced gradients on [elo_, ehi_)
   int micro_ = 0, micros_ = 1;
-  int64_t t_ = 0;
   double exposed_seconds_ = 0;
   int64_t started_ = 0, started_in_backward_ = 0;
   int64_t wire_bytes_ = 0;

@@ -345,6 +345,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
     if (opt_.mode == "dpo" && !lora_) make_reference(nullptr);
   }
+  if (dp_)
+    optimizer_ = dp_.get();
+  else
+    optimizer_ = optim_.get();
   // bf16 GEMMs where the CPU has them natively (kept off under ZeRO-3, whose point is not to hold
   // every weight at once: the recipe keeps a bf16 copy of each).
   if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3) && !base_zero3_)
@@ -424,27 +428,15 @@ StepResult Trainer::train_step() {
   if (dp_) valid = pg_->dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
   LOOM_CHECK(valid > 0, "a global batch without any target token");
   const double scale = policy_.loss_scaling ? scaler_.scale() : 1.0;
-  Backend& be = cpu_backend();
-  double loss_sum = 0, sq = 0, aux_sum = 0;
-  if (!dp_) {
-    ParamSet& T = trained_params();  // under LoRA the base has no gradients to clear
-    T.zero_grad();
-    for (size_t j = 0; j < micro_.size(); ++j) {
-      LoraDropoutScope drop(lora_.get(), global_micro(j));
-      loss_sum += model_->forward_backward(micro_[j].input(), static_cast<float>(scale / valid));
-      aux_sum += model_->last_aux_loss();
-    }
-    if (inject_ != 1.f) be.scale_inplace(T.grad(), inject_, T.total());
-    sq = be.sum_squares(T.grad(), T.total());
-  } else if (pipe_) {
-    LOOM_CHECK(inject_ == 1.f, "inject_gradient_factor is for single-process tests");
+  double loss_sum = 0, aux_sum = 0;
+  if (pipe_) {
     // The pipeline accumulates every micro-batch's gradients, then one DP reduction.
     std::vector<ModelInput> in;
     // Under CP each stage runs ring attention over its CP group on the rank's rows; the
     // activations passed between stages are those rows (pp peers share the cp coordinate).
     for (auto& b : micro_) in.push_back(model_input(b));
-    dp_->start_step(1);
-    dp_->start_micro(0);
+    begin_step(1);
+    begin_micro(0);
     // LoRA dropout keyed by the micro-batch each forward or backward (which recomputes the
     // chunk) computes, in whatever order the schedule runs them.
     LoraDropoutScope drop(lora_.get(), 0);
@@ -455,48 +447,77 @@ StepResult Trainer::train_step() {
     loss_sum = pipe_->run(in, static_cast<float>(scale / valid));
     pipe_->before_micro = nullptr;
     aux_sum = pipe_->last_aux_loss();
-    dp_->finish_micro();
+    end_micro();
     // The loss lives on the last stage (aux losses on the stages holding MoE layers): summing
     // over the pipeline gives every rank the loss, rank 0 included, which logs it.
-    // Under CP each rank holds its share of the tokens: the data sum runs over dp x cp.
     loss_sum = pg_->pp().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
-    loss_sum = grad_group().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
-    if (mcfg_.is_moe()) {
-      aux_sum = pg_->pp().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
-      aux_sum = grad_group().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
-    }
-    // Every stage's parameters are distinct (a tied embedding counts once): sum over all ranks.
-    sq = pg_->world().all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
+    if (mcfg_.is_moe()) aux_sum = pg_->pp().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
     std::vector<float> idle(size_t(pg_->pp().size()), 0.f);
     idle[size_t(pg_->pp().rank())] = static_cast<float>(pipe_->last_idle_fraction());
     pg_->pp().all_reduce(idle.data(), int64_t(idle.size()), DType::F32, comm::ReduceOp::Sum);
     r.pp_idle.assign(idle.begin(), idle.end());
   } else {
-    LOOM_CHECK(inject_ == 1.f, "inject_gradient_factor is for single-process tests");
-    // Gradient buckets reduce during backward of the last micro-batch (every micro-batch under
-    // ZeRO-2/3); each element's reduced gradient is then counted on exactly one DP rank.
-    dp_->start_step(static_cast<int>(micro_.size()));
+    // Distributed, gradient buckets reduce during backward of the last micro-batch (every
+    // micro-batch under ZeRO-2/3); each element's reduced gradient is then counted on exactly
+    // one DP rank.
+    begin_step(static_cast<int>(micro_.size()));
     for (size_t j = 0; j < micro_.size(); ++j) {
-      dp_->start_micro(static_cast<int>(j));
+      begin_micro(static_cast<int>(j));
       const ModelInput in = model_input(micro_[j]);
       LoraDropoutScope drop(lora_.get(), global_micro(j), cp_rows(in));
       loss_sum += model_->forward_backward(in, static_cast<float>(scale / valid));
       aux_sum += model_->last_aux_loss();
-      dp_->finish_micro();
+      end_micro();
     }
-    // Under CP each rank's aux losses are weighted by its share of the tokens: sum over dp x cp.
-    if (mcfg_.is_moe()) aux_sum = grad_group().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
-    // Tensor-parallel ranks of one DP group hold the same loss; the squared gradient norm
-    // counts sharded parameters on every TP rank and replicated ones on TP rank 0.
-    // Under CP each rank holds the loss of its share of the tokens: sum over dp x cp.
-    loss_sum = grad_group().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
-    comm::Communicator& norm_group = pg_->cp().size() > 1 ? pg_->tp_dp_cp() : pg_->tp_dp();
-    sq = norm_group.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
   }
+  if (inject_ != 1.f) {
+    LOOM_CHECK(!dp_, "inject_gradient_factor is for single-process tests");
+    ParamSet& T = trained_params();
+    cpu_backend().scale_inplace(T.grad(), inject_, T.total());
+  }
+  if (dp_) {
+    // Under CP each rank holds the loss (and aux losses) of its share of the tokens: sum over
+    // dp x cp. Tensor-parallel ranks of one DP group hold the same loss.
+    loss_sum = grad_group().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
+    if (mcfg_.is_moe()) aux_sum = grad_group().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
+  }
+  const double sq = grad_sq();
   r.aux_loss = aux_sum / valid;
   finish_step(r, loss_sum, valid, sq, scale);
   r.seconds = now_seconds() - t0;
   return r;
+}
+
+// The gradient path every step mode shares: gradients cleared (one process) or the engine's
+// buckets armed (distributed), reductions driven per micro-batch, then one global norm.
+void Trainer::begin_step(int micro_batches) {
+  if (dp_)
+    dp_->start_step(micro_batches);
+  else
+    trained_params().zero_grad();  // under LoRA the base has no gradients to clear
+}
+
+void Trainer::begin_micro(int m) {
+  if (dp_) dp_->start_micro(m);
+}
+
+void Trainer::end_micro() {
+  if (dp_) dp_->finish_micro();
+}
+
+// The squared global gradient norm: every trained element counted once over the job. The
+// engine counts sharded parameters on every TP rank and replicated ones on one (norm_weights_,
+// a tied embedding on one pipeline stage), summed over the groups holding disjoint parts: the
+// whole world under a pipeline (every stage's parameters are distinct), else TP x DP (x CP).
+double Trainer::grad_sq() {
+  if (!dp_) {
+    ParamSet& T = trained_params();
+    return cpu_backend().sum_squares(T.grad(), T.total());
+  }
+  comm::Communicator& g = pipe_                  ? pg_->world()
+                          : pg_->cp().size() > 1 ? pg_->tp_dp_cp()
+                                                 : pg_->tp_dp();
+  return g.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
 }
 
 void Trainer::finish_step(StepResult& r, double loss_sum, int64_t valid, double sq, double scale) {
@@ -511,10 +532,7 @@ void Trainer::finish_step(StepResult& r, double loss_sum, int64_t valid, double 
     float grad_scale = static_cast<float>(1.0 / scale);
     if (opt_.clip_grad > 0 && r.grad_norm > opt_.clip_grad)
       grad_scale *= static_cast<float>(opt_.clip_grad / r.grad_norm);
-    if (dp_)
-      dp_->step(r.lr, grad_scale);
-    else
-      optim_->step(r.lr, grad_scale);
+    optimizer_->step(r.lr, grad_scale);
   }
   r.skipped = !proceed;
   ++step_;
@@ -768,10 +786,9 @@ void Trainer::save_checkpoint() {
     ckpt_writer_ = std::make_unique<ckpt::CheckpointWriter>(checkpoint_root(), wo);
   }
   if (dp_) return save_distributed();
-  ckpt::TrainerState st = checkpoint_state(optim_->steps_taken());
+  ckpt::TrainerState st = checkpoint_state(optimizer_->steps_taken());
   // Under LoRA only the adapters: the base is train.pretrained, named in the saved config.
-  ckpt_writer_->save(st, ckpt::to_list(trained_params().tensors()),
-                     ckpt::to_list(optim_->state_tensors()));
+  ckpt_writer_->save(st, ckpt::to_list(trained_params().tensors()), optim_list());
   if (opt_.quiet) return;
   if (opt_.ckpt_async)
     log_info("checkpoint step ", step_, ": snapshot in ", ckpt_writer_->last_stall_seconds(),
@@ -799,8 +816,8 @@ bool Trainer::resume_from(const std::string& path) {
   int64_t optimizer_steps = restore_state(c);
   c.restore_model(trained_params().tensors());
   check_finite(trained_params(), c.dir());
-  c.restore_optim(optim_->state_tensors());
-  optim_->set_steps_taken(optimizer_steps);
+  c.restore_optim(optim_list());
+  optimizer_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet) log_info("resumed from ", c.dir(), " at step ", step_);
   return true;
 }
@@ -809,8 +826,7 @@ bool Trainer::resume_from(const std::string& path) {
 // <out_dir>/checkpoints/rank_NNNNN with the tensors it holds, each with its placement
 // (ShardInfo): ZeRO-0 whole parameters (replica = DP rank), ZeRO >= 1 the rank's slice of each
 // flattened parameter and of its optimizer state. Resuming needs the same layout.
-ckpt::TensorList Trainer::shard_list(
-    const std::vector<parallel::DataParallel::StateSlice>& slices) const {
+ckpt::TensorList Trainer::shard_list(const std::vector<StateSlice>& slices) const {
   ckpt::TensorList out;
   for (const auto& sl : slices) {
     ckpt::ShardInfo info;
@@ -825,10 +841,27 @@ ckpt::TensorList Trainer::shard_list(
   return out;
 }
 
+// The optimizer's state as a checkpoint holds it, from Optimizer::state_slices() in either
+// layout: distributed, each rank's slices placed by ShardInfo (shard_list); one process, whole
+// tensors shaped like their parameters, in name order (the one-process checkpoint format).
+ckpt::TensorList Trainer::optim_list() const {
+  if (dp_) return shard_list(optimizer_->state_slices());
+  const ParamSet& T = lora_ ? lora_->params() : model_->params();
+  ckpt::TensorList out;
+  for (const StateSlice& s : optimizer_->state_slices()) {
+    const ParamInfo& p = T.info(s.name.substr(s.name.find('.') + 1));  // "exp_avg.<param>"
+    LOOM_CHECK(s.offset == 0 && s.tensor.numel() == p.numel, s.name,
+               ": one process's optimizer state must hold whole parameters");
+    out.push_back({s.name, Tensor::view_of(s.tensor.data<float>(), p.shape, DType::F32)});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
 void Trainer::save_distributed() {
-  ckpt::TrainerState st = checkpoint_state(dp_->steps_taken());
+  ckpt::TrainerState st = checkpoint_state(optimizer_->steps_taken());
   commit_distributed();  // asynchronous: the previous step, whose parts are durable by now
-  ckpt_writer_->save(st, shard_list(dp_->param_slices()), shard_list(dp_->state_slices()));
+  ckpt_writer_->save(st, shard_list(dp_->param_slices()), optim_list());
   if (!opt_.ckpt_async) commit_distributed();
   if (!opt_.quiet && opt_.ckpt_async)
     log_info("checkpoint step ", step_, ": snapshot in ", ckpt_writer_->last_stall_seconds(),
@@ -922,7 +955,7 @@ bool Trainer::resume_distributed() {
     if (w.all_reduce_scalar(int64_t(c ? 0 : 1), comm::ReduceOp::Max) == 0) {  // all verified
       int64_t optimizer_steps = restore_state(*c);
       c->restore_model(shard_list(dp_->param_slices()));
-      c->restore_optim(shard_list(dp_->state_slices()));
+      c->restore_optim(optim_list());
       dp_->sync_model_from_master();
       dp_->set_steps_taken(optimizer_steps);
       if (!opt_.quiet) log_info("resumed every rank from step ", step_, " (", layout_name(), ")");
@@ -1072,51 +1105,39 @@ StepResult Trainer::dpo_step() {
   r.lr = sched_.at(step_);
   // The loss is a mean over the global batch's pairs (every DP rank's), as in one process.
   const int64_t pairs = int64_t(opt_.micro_batch) * opt_.grad_accum * (dp_ ? pg_->dp().size() : 1);
-  ParamSet& T = trained_params();
-  if (dp_)
-    dp_->start_step(pipe_ ? 1 : static_cast<int>(micro_.size()));  // the pipeline: one "micro"
-  else
-    T.zero_grad();
+  begin_step(pipe_ ? 1 : static_cast<int>(micro_.size()));  // the pipeline: one "micro"
   DpoStats total;
   if (pipe_) {
     for (Batch& b : micro_) train_data_->next(b);
-    dp_->start_micro(0);
+    begin_micro(0);
     total = dpo_pipeline(micro_, true, pairs);
-    dp_->finish_micro();
+    end_micro();
   }
   for (size_t j = 0; j < micro_.size() && !pipe_; ++j) {
     Batch& b = micro_[j];
     train_data_->next(b);
-    if (dp_) dp_->start_micro(static_cast<int>(j));
+    begin_micro(static_cast<int>(j));
     // The policy's forward-only pass and its backward draw the same dropout mask, so the
     // log-probabilities in the loss are those of the function differentiated.
     LoraDropoutScope drop(lora_.get(), global_micro(j));
     const DpoStats s = dpo_micro(b, true, pairs);
-    if (dp_) dp_->finish_micro();
+    end_micro();
     total.loss += s.loss;
     total.reward_chosen += s.reward_chosen;
     total.reward_rejected += s.reward_rejected;
     total.correct += s.correct;
     total.pairs += s.pairs;
   }
-  double sq = 0;
   if (dp_) {
-    // The TP ranks of a DP group hold the same figures: sum over DP only. The squared gradient
-    // norm counts sharded parameters on every TP rank and replicated ones once (norm_weights_).
+    // The TP ranks of a DP group hold the same figures: sum over DP only.
     comm::Communicator& g = pg_->dp();
     total.loss = g.all_reduce_scalar(total.loss, comm::ReduceOp::Sum);
     total.reward_chosen = g.all_reduce_scalar(total.reward_chosen, comm::ReduceOp::Sum);
     total.reward_rejected = g.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
     total.correct = g.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
     total.pairs = g.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
-    // Under a pipeline every stage's parameters are distinct: sum over all ranks.
-    comm::Communicator& norm_group = pipe_                  ? pg_->world()
-                                     : pg_->cp().size() > 1 ? pg_->tp_dp_cp()
-                                                            : pg_->tp_dp();
-    sq = norm_group.all_reduce_scalar(dp_->grad_sq_local(norm_weights_), comm::ReduceOp::Sum);
-  } else {
-    sq = cpu_backend().sum_squares(T.grad(), T.total());
   }
+  const double sq = grad_sq();
   r.extra = {{"rewards_chosen", total.reward_chosen / total.pairs},
              {"rewards_rejected", total.reward_rejected / total.pairs},
              {"reward_margin", (total.reward_chosen - total.reward_rejected) / total.pairs},
@@ -1282,6 +1303,7 @@ void Trainer::load_pretrained(const std::string& path) {
     check_finite(model_->params(), c.dir());
   } else {
     ckpt::fill_from_whole(c, model_->params(), shard_list(dp_->param_slices()), {});
+    dp_->sync_master_from_model();  // ZeRO-0: the slices are the model's weights
     dp_->sync_model_from_master();
   }
 }
@@ -1315,8 +1337,7 @@ void Trainer::start_from_one_process(const std::string& path) {
              " (expert tensor parallelism) cannot start from a one-process checkpoint yet");
   check_same_global_batch(c);
   const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
-  ckpt::fill_from_whole(c, trained_params(), shard_list(dp_->param_slices()),
-                        shard_list(dp_->state_slices()));
+  ckpt::fill_from_whole(c, trained_params(), shard_list(dp_->param_slices()), optim_list());
   dp_->sync_model_from_master();
   dp_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet)

@@ -14,6 +14,7 @@
 #include "model/lora.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/frozen_shards.h"
 #include "parallel/pipeline.h"
@@ -147,12 +148,20 @@ class Trainer {
  private:
   void log_step(const StepResult& r, int64_t tokens);
   double run_loop();
+  // The one gradient path (trainer.cpp): begin_step, then per micro-batch begin_micro, the
+  // model's forward_backward, end_micro; grad_sq() is then the squared global gradient norm
+  // and finish_step checks it (non-finite: skipped; fp16: the loss scaler), clips, and steps.
+  void begin_step(int micro_batches);
+  void begin_micro(int m);
+  void end_micro();
+  double grad_sq();
   void finish_step(StepResult& r, double loss_sum, int64_t valid, double sq, double scale);
   ckpt::TrainerState checkpoint_state(int64_t optimizer_steps) const;
   int64_t restore_state(const ckpt::Checkpoint& c, bool same_layout = true);
   void save_distributed();
   void commit_distributed();
-  ckpt::TensorList shard_list(const std::vector<parallel::DataParallel::StateSlice>& s) const;
+  ckpt::TensorList shard_list(const std::vector<StateSlice>& s) const;
+  ckpt::TensorList optim_list() const;
   bool resume_distributed();
   void start_from_one_process(const std::string& path);
   void load_pretrained(const std::string& path);
@@ -207,12 +216,15 @@ class Trainer {
   // destroyed first).
   std::unique_ptr<parallel::FrozenShards> reference_shards_;
   std::unique_ptr<parallel::PipelineRunner> reference_pipe_;  // DPO under PP: the reference's
-  std::unique_ptr<Bf16Gemms> bf16_gemms_;  // bf16 policy on an AVX512-BF16 CPU
-  std::unique_ptr<Fp8Recipes> fp8_;        // precision.fp8_recipe: FP8 / MXFP8 GEMMs
+  std::unique_ptr<Bf16Gemms> bf16_gemms_;                     // bf16 policy on an AVX512-BF16 CPU
+  std::unique_ptr<Fp8Recipes> fp8_;  // precision.fp8_recipe: FP8 / MXFP8 GEMMs
   double dpo_beta_ = 0.1;
   DpoLoss dpo_loss_ = DpoLoss::Sigmoid;
   std::vector<std::pair<std::string, double>> eval_extra_;
+  // One process: AdamW over the trained parameters (the model's, or LoRA's adapters).
   std::unique_ptr<AdamW> optim_;
+  // What every step goes through: optim_, or the data-parallel engine dp_.
+  Optimizer* optimizer_ = nullptr;
   std::unique_ptr<BatchSource> train_data_, valid_data_;
   Json valid_start_;
   std::unique_ptr<MetricsLog> metrics_;

@@ -143,6 +143,36 @@ void check_lora_parity(int zero, double dropout = 0) {
   EXPECT_LT(adapters, t.model().params().total() / 4);
 }
 
+// Full fine-tuning from train.pretrained under bf16: every ZeRO level starts from the pretrained
+// weights (ZeRO-0's optimizer master once kept the seeded draw and wrote it over them).
+TEST(TrainerFinetuneDp, PretrainedBf16StartsFromItsWeightsAtEveryZeroLevel) {
+  const int D = W().size(), A = 2, steps = 3;
+  const std::string base = make_base();
+  auto pretrained = [&](const std::string& dir, int grad_accum) {
+    Config c = config(dir, steps, grad_accum);
+    c.set("train.pretrained", "\"" + base + "\"", "test");
+    c.set("precision.policy", "\"bf16\"", "test");
+    return c;
+  };
+  auto self = comm::make_self_communicator();
+  std::vector<double> one;
+  {
+    Trainer ref(pretrained(runs.dir("pre_ref"), A * D), self.get());
+    for (int i = 0; i < steps; ++i) one.push_back(ref.train_step().loss);
+  }
+  for (int zero : {0, 1, 3}) {
+    Config c = pretrained(runs.dir("pre_z" + std::to_string(zero)), A);
+    c.set("parallel.zero", std::to_string(zero), "test");
+    Trainer t(c);
+    ASSERT_TRUE(t.distributed());
+    for (int i = 0; i < steps; ++i) {
+      const double loss = t.train_step().loss;
+      EXPECT_LT(rel_diff(loss, one[size_t(i)]), 1e-2)
+          << "ZeRO-" << zero << " step " << i << ": " << loss << " vs " << one[size_t(i)];
+    }
+  }
+}
+
 TEST(TrainerFinetuneDp, LoraZero0MatchesOneProcess) {
   check_lora_parity(0);
 }
