@@ -219,3 +219,55 @@ TEST(GemmLowp, Fp8QuantisationIsBoundedAndTheProductMatchesTheReference) {
   w[size_t(7) * K + 5] = std::numeric_limits<float>::infinity();
   EXPECT_FALSE(quantize_fp8_rows(w.data(), N, K, q.data(), s.data()));
 }
+
+// A row split by columns (a row-parallel tensor-parallel shard): each part quantised with the
+// whole row's largest magnitude gives exactly the whole row's codes and scale. With its own
+// maximum a part would not (the check below that it differs keeps this test able to fail).
+TEST(GemmLowp, RowPartsQuantisedWithTheWholeRowsMaximumEqualTheWholeRow) {
+  const int N = 11, K = 96, half = K / 2;
+  std::vector<float> w = randn(size_t(N) * K, 9, 0.05f);
+  for (int n = 0; n < N; ++n) w[size_t(n) * K + 70] = 0.5f;  // every row's maximum in part 2
+  std::vector<float> amax(static_cast<size_t>(N));
+  row_amax(w.data(), N, K, amax.data());
+  for (int n = 0; n < N; ++n) EXPECT_EQ(amax[size_t(n)], 0.5f);
+  std::vector<float> part(size_t(N) * half);
+  for (int n = 0; n < N; ++n)
+    std::copy_n(w.begin() + n * K, half, part.begin() + n * half);  // columns [0, K/2)
+  std::vector<float> s_whole(static_cast<size_t>(N)), s_part(s_whole.size()), s_own(s_whole.size());
+  {
+    std::vector<int8_t> q_whole(w.size()), q_part(part.size()), q_own(part.size());
+    ASSERT_TRUE(quantize_int8_rows(w.data(), N, K, q_whole.data(), s_whole.data()));
+    ASSERT_TRUE(
+        quantize_int8_rows(part.data(), N, half, q_part.data(), s_part.data(), amax.data()));
+    ASSERT_TRUE(quantize_int8_rows(part.data(), N, half, q_own.data(), s_own.data()));
+    EXPECT_EQ(s_part, s_whole);
+    EXPECT_NE(s_own, s_whole);
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < half; ++k)
+        ASSERT_EQ(q_part[size_t(n) * half + k], q_whole[size_t(n) * K + k]) << n << " " << k;
+  }
+  {
+    std::vector<uint8_t> q_whole(w.size()), q_part(part.size()), q_own(part.size());
+    ASSERT_TRUE(quantize_fp8_rows(w.data(), N, K, q_whole.data(), s_whole.data()));
+    ASSERT_TRUE(quantize_fp8_rows(part.data(), N, half, q_part.data(), s_part.data(), amax.data()));
+    ASSERT_TRUE(quantize_fp8_rows(part.data(), N, half, q_own.data(), s_own.data()));
+    EXPECT_EQ(s_part, s_whole);
+    EXPECT_NE(s_own, s_whole);
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < half; ++k)
+        ASSERT_EQ(q_part[size_t(n) * half + k], q_whole[size_t(n) * K + k]) << n << " " << k;
+  }
+  // A NaN or an infinity marks its row +inf (which a maximum over the parts keeps) and is
+  // refused by both quantisers, also where only the given maximum carries it.
+  w[size_t(4) * K + 80] = std::nanf("");
+  w[size_t(6) * K + 2] = -std::numeric_limits<float>::infinity();
+  row_amax(w.data(), N, K, amax.data());
+  EXPECT_EQ(amax[4], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(amax[6], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(amax[5], 0.5f);
+  std::vector<int8_t> q8(w.size());
+  std::vector<uint8_t> qf(part.size());
+  EXPECT_FALSE(quantize_int8_rows(part.data(), N, half, q8.data(), s_part.data(), amax.data()));
+  EXPECT_FALSE(quantize_fp8_rows(part.data(), N, half, qf.data(), s_part.data(), amax.data()));
+  EXPECT_FALSE(quantize_int8_rows(w.data(), N, K, q8.data(), s_part.data()));
+}

@@ -201,26 +201,41 @@ void gemv_f32w(float* y, const float* x, const float* w, const float* b, int M, 
   gemv(y, x, w, nullptr, b, M, K, N);
 }
 
-void quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale) {
+void row_amax(const float* w, int N, int K, float* amax) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
+    const float mx = fp8_amax(w + int64_t(n) * K, K);  // NaN when the row holds one
+    amax[n] = std::isfinite(mx) ? mx : INFINITY;
+  }
+}
+
+bool quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale, const float* amax) {
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
+  for (int n = 0; n < N; ++n) {
     const float* r = w + int64_t(n) * K;
-    float mx = 0;
-    for (int k = 0; k < K; ++k) mx = std::max(mx, std::fabs(r[k]));
+    const float own = fp8_amax(r, K);
+    const float mx = amax ? std::max(amax[n], own) : own;
+    if (!std::isfinite(mx) || !std::isfinite(own)) {
+      finite = false;
+      continue;
+    }
     const float s = mx > 0 ? mx / 127.f : 1.f;
     scale[n] = s;
     for (int k = 0; k < K; ++k)
       q[int64_t(n) * K + k] = int8_t(std::clamp(std::round(r[k] / s), -127.f, 127.f));
   }
+  return finite;
 }
 
-bool quantize_fp8_rows(const float* w, int N, int K, uint8_t* q, float* scale) {
+bool quantize_fp8_rows(const float* w, int N, int K, uint8_t* q, float* scale, const float* amax) {
   bool finite = true;
 #pragma omp parallel for schedule(static) reduction(&& : finite)
   for (int n = 0; n < N; ++n) {
     const float* r = w + int64_t(n) * K;
-    const float mx = fp8_amax(r, K);
-    if (!std::isfinite(mx)) {
+    const float own = fp8_amax(r, K);
+    const float mx = amax ? std::max(amax[n], own) : own;
+    if (!std::isfinite(mx) || !std::isfinite(own)) {
       finite = false;
       continue;
     }
