@@ -103,24 +103,39 @@ TEST(GemmLowp, Int8QuantisationIsBoundedAndTheProductMatchesTheReference) {
   }
 }
 
+// The AVX-512 kernel works on tiles (8 rows of one input; 4 rows of up to 4 inputs; then single
+// rows) that must each sum in the scalar loop's order: every M of a decode batch, row counts
+// with every tail, K with and without a tail, every weight type.
 TEST(GemmLowp, Avx512AndScalarLoopsGiveTheSameBits) {
   Restore restore;
   if (!lowp_uses_avx512()) GTEST_SKIP() << "this CPU has no AVX-512";
-  const int M = 11, K = 301, N = 40;
-  std::vector<float> x = randn(size_t(M) * K, 8), w = randn(size_t(N) * K, 9), b = randn(N, 10);
-  std::vector<uint16_t> wb(w.size());
-  for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
-  std::vector<int8_t> q(w.size());
-  std::vector<float> s(static_cast<size_t>(N));
-  quantize_int8_rows(w.data(), N, K, q.data(), s.data());
-  std::vector<float> a(size_t(M) * N), c(a.size()), a8(a.size()), c8(a.size());
-  linear_bf16w(a.data(), x.data(), wb.data(), b.data(), M, K, N);
-  linear_int8w(a8.data(), x.data(), q.data(), s.data(), b.data(), M, K, N);
-  set_lowp_avx512(false);
-  linear_bf16w(c.data(), x.data(), wb.data(), b.data(), M, K, N);
-  linear_int8w(c8.data(), x.data(), q.data(), s.data(), b.data(), M, K, N);
-  EXPECT_EQ(a, c);
-  EXPECT_EQ(a8, c8);
+  for (int K : {32, 301})
+    for (int N : {1, 7, 13, 40}) {
+      const int M = kLowpGemvRows;
+      std::vector<float> x = randn(size_t(M) * K, 8), w = randn(size_t(N) * K, 9), b = randn(N, 10);
+      std::vector<uint16_t> wb(w.size());
+      for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+      std::vector<int8_t> q(w.size());
+      std::vector<uint8_t> f8(w.size());
+      std::vector<float> s(static_cast<size_t>(N)), s8(s.size());
+      ASSERT_TRUE(quantize_int8_rows(w.data(), N, K, q.data(), s.data()));
+      ASSERT_TRUE(quantize_fp8_rows(w.data(), N, K, f8.data(), s8.data()));
+      for (int m = 1; m <= M; ++m) {
+        std::vector<float> got[4], want[4];
+        for (bool avx : {true, false}) {
+          set_lowp_avx512(avx);
+          std::vector<float>* out = avx ? got : want;
+          for (int t = 0; t < 4; ++t) out[t].assign(size_t(m) * N, 0.f);
+          gemv_f32w(out[0].data(), x.data(), w.data(), b.data(), m, K, N);
+          linear_bf16w(out[1].data(), x.data(), wb.data(), b.data(), m, K, N);
+          linear_int8w(out[2].data(), x.data(), q.data(), s.data(), b.data(), m, K, N);
+          linear_fp8w(out[3].data(), x.data(), f8.data(), s8.data(), nullptr, m, K, N);
+        }
+        set_lowp_avx512(true);
+        for (int t = 0; t < 4; ++t)
+          ASSERT_EQ(got[t], want[t]) << "type " << t << " M " << m << " K " << K << " N " << N;
+      }
+    }
 }
 
 // A decode's logits must not depend on what else is batched (seeded sampling) nor on threads.
