@@ -111,6 +111,7 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
   {
     const size_t rows = size_t(kQueryTile) * group;  // (query, head of the group) pairs
     std::vector<float> kbuf(size_t(bs) * D), vbuf(size_t(bs) * D), acc(rows * D);
+    std::vector<const float*> krow(static_cast<size_t>(bs)), vrow(static_cast<size_t>(bs));
     std::vector<float> scores(bs), m(rows), l(rows);
 #pragma omp for schedule(dynamic)
     for (size_t w = 0; w < items.size(); ++w) {
@@ -123,12 +124,31 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
       std::fill(l.begin(), l.end(), 0.0f);
       const int last_pos = ch.start_pos + it.q1 - 1;  // the tile's last query sees [0, last_pos]
       for (int p0 = 0; p0 <= last_pos; p0 += bs) {
-        // One block of keys/values, converted once and shared by the tile's queries and heads.
+        // One block of keys/values, shared by the tile's queries and heads: fp32 rows read in
+        // place (a copy first cost more than the attention itself at decode, where every
+        // position is read once), bf16 rows converted once.
         const int nk = std::min(bs, last_pos + 1 - p0);
         for (int j = 0; j < nk; ++j) {
           const int64_t off = slot_offset(c, ch.block_table, p0 + j, kvh);
-          load_row(kbuf.data() + size_t(j) * D, c.k, c.dtype, off, D);
-          load_row(vbuf.data() + size_t(j) * D, c.v, c.dtype, off, D);
+          if (c.dtype == DType::F32) {
+            krow[size_t(j)] = static_cast<const float*>(c.k) + off;
+            vrow[size_t(j)] = static_cast<const float*>(c.v) + off;
+          } else {
+            load_row(kbuf.data() + size_t(j) * D, c.k, c.dtype, off, D);
+            load_row(vbuf.data() + size_t(j) * D, c.v, c.dtype, off, D);
+            krow[size_t(j)] = kbuf.data() + size_t(j) * D;
+            vrow[size_t(j)] = vbuf.data() + size_t(j) * D;
+          }
+        }
+        // The next block's rows of this head are scattered (a slot holds every head): fetched
+        // while this block is summed.
+        const int64_t row_bytes = int64_t(D) * (c.dtype == DType::F32 ? 4 : 2);
+        for (int j = 0; p0 + bs + j <= last_pos && j < bs; ++j) {
+          const int64_t off = slot_offset(c, ch.block_table, p0 + bs + j, kvh) * (row_bytes / D);
+          for (int64_t b = 0; b < row_bytes; b += 64) {
+            __builtin_prefetch(static_cast<const char*>(c.k) + off + b);
+            __builtin_prefetch(static_cast<const char*>(c.v) + off + b);
+          }
         }
         for (int i = 0; i < nq; ++i) {
           const int qpos = ch.start_pos + it.q0 + i;
@@ -140,7 +160,7 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
             const float* qr = q + (it.row0 + it.q0 + i) * ldq + size_t(head) * D;
             float bmax = -std::numeric_limits<float>::infinity();
             for (int j = 0; j < visible; ++j) {
-              const float* kr = kbuf.data() + size_t(j) * D;
+              const float* kr = krow[size_t(j)];
               float dot = 0;
 #pragma omp simd reduction(+ : dot)
               for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
@@ -155,7 +175,7 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
             for (int j = 0; j < visible; ++j) {
               const float pj = std::exp(scores[j] - new_m);
               l[r] += pj;
-              const float* vr = vbuf.data() + size_t(j) * D;
+              const float* vr = vrow[size_t(j)];
               for (int d = 0; d < D; ++d) a[d] += pj * vr[d];
             }
             m[r] = new_m;
