@@ -5,10 +5,13 @@
 // weight bytes read per second (against the measured streaming-read bandwidth: the roofline of
 // M = 1) and the multiply-adds per second (what bounds M = 16). Figures, not assertions.
 //
-//   bench_gemm_lowp [--threads 1] [--reps 10] [--layers 12] [--m 1,16] [--types fp32,bf16,int8,fp8]
+//   bench_gemm_lowp [--threads 1] [--reps 10] [--layers 12] [--head 1] [--m 1,16]
+//                   [--types fp32,bf16,int8,fp8]
 //
-// Under valgrind --tool=callgrind (say --reps 2 --layers 1) the instruction counts per weight
-// say what a kernel costs whatever the machine's load.
+// Under valgrind --tool=callgrind (say --reps 1 --layers 1 --head 0, collecting in the kernels
+// only: --collect-atstart=no --toggle-collect='loom::cpu::linear_*'
+// --toggle-collect='loom::cpu::gemv_f32w*') the instruction counts per weight say what a kernel
+// costs whatever the machine's load.
 #include <omp.h>
 
 #include <algorithm>
@@ -60,7 +63,7 @@ struct Layer {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "bench_gemm_lowp: %s\nusage: bench_gemm_lowp [--threads N] [--reps N] [--layers "
-               "N] [--m 1,16] [--types fp32,bf16,int8,fp8]\n",
+               "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8]\n",
                why);
   std::exit(2);
 }
@@ -76,7 +79,7 @@ int positive(const char* flag, const std::string& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 1, reps = 10, n_layer = 12;
+  int threads = 1, reps = 10, n_layer = 12, head = 1;
   std::vector<int> ms = {1, 16};
   std::vector<std::string> types = {"fp32", "bf16", "int8", "fp8"};
   for (int i = 1; i < argc; i += 2) {
@@ -89,7 +92,10 @@ int main(int argc, char** argv) {
       reps = positive("--reps", v);
     else if (k == "--layers")
       n_layer = positive("--layers", v);
-    else if (k == "--m") {
+    else if (k == "--head") {
+      if (v != "0" && v != "1") usage(("--head wants 0 or 1, got '" + v + "'").c_str());
+      head = v == "1";
+    } else if (k == "--m") {
       ms.clear();
       for (const std::string& m : split(v)) ms.push_back(positive("--m", m));
     } else if (k == "--types") {
@@ -106,7 +112,7 @@ int main(int argc, char** argv) {
   for (int l = 0; l < n_layer; ++l)
     for (auto [K, N] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}})
       layers.push_back({K, N, {}, {}, {}, {}, {}, {}});
-  layers.push_back({C, V, {}, {}, {}, {}, {}, {}});
+  if (head) layers.push_back({C, V, {}, {}, {}, {}, {}, {}});
   int64_t weights = 0;
   int max_k = 0, max_n = 0;
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -134,9 +140,10 @@ int main(int argc, char** argv) {
   const double bw = infer::measure_read_bandwidth_gbs();
   const double load0 = load_average();
   std::printf(
-      "bench_gemm_lowp: %d layers + head, %.1fM weights, %d threads, AVX-512 %s, "
+      "bench_gemm_lowp: %d layers%s, %.1fM weights, %d threads, AVX-512 %s, "
       "streaming read %.2f GB/s, load %.2f\n",
-      n_layer, weights / 1e6, threads, cpu::lowp_uses_avx512() ? "on" : "off", bw, load0);
+      n_layer, head ? " + head" : "", weights / 1e6, threads,
+      cpu::lowp_uses_avx512() ? "on" : "off", bw, load0);
   std::printf("%-5s %3s %10s %10s %8s %10s\n", "type", "M", "ms/pass", "GB/s", "of read", "GMAC/s");
   for (const std::string& t : types) {
     const double bytes_per_weight = t == "fp32" ? 4 : t == "bf16" ? 2 : 1;
