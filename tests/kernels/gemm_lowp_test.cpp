@@ -105,13 +105,14 @@ TEST(GemmLowp, Int8QuantisationIsBoundedAndTheProductMatchesTheReference) {
 
 // The AVX-512 kernel works on tiles (8 rows of one input; 4 rows of up to 4 inputs; then single
 // rows) that must each sum in the scalar loop's order: every M of a decode batch, row counts
-// with every tail, K with and without a tail, every weight type.
+// with every tail, K with and without a tail, every weight type; and prefill chunks (M 17, 33)
+// widen their weight blocks to the same values.
 TEST(GemmLowp, Avx512AndScalarLoopsGiveTheSameBits) {
   Restore restore;
   if (!lowp_uses_avx512()) GTEST_SKIP() << "this CPU has no AVX-512";
   for (int K : {32, 301})
     for (int N : {1, 7, 13, 40}) {
-      const int M = kLowpGemvRows;
+      const int M = 2 * kLowpGemvRows + 1;  // then prefill chunks: blocks widened for the BLAS
       std::vector<float> x = randn(size_t(M) * K, 8), w = randn(size_t(N) * K, 9), b = randn(N, 10);
       std::vector<uint16_t> wb(w.size());
       for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
@@ -120,7 +121,7 @@ TEST(GemmLowp, Avx512AndScalarLoopsGiveTheSameBits) {
       std::vector<float> s(static_cast<size_t>(N)), s8(s.size());
       ASSERT_TRUE(quantize_int8_rows(w.data(), N, K, q.data(), s.data()));
       ASSERT_TRUE(quantize_fp8_rows(w.data(), N, K, f8.data(), s8.data()));
-      for (int m = 1; m <= M; ++m) {
+      for (int m = 1; m <= M; m += m < kLowpGemvRows ? 1 : kLowpGemvRows) {
         std::vector<float> got[4], want[4];
         for (bool avx : {true, false}) {
           set_lowp_avx512(avx);

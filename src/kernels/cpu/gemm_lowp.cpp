@@ -203,10 +203,20 @@ void gemv(float* y, const float* x, const W* w, const float* scale, const float*
   }
 }
 
+// dst[k] = widen(src[k]) * s: 16 at a time in registers (the same bits as the scalar loop).
+template <typename W>
+__attribute__((target("avx512f"))) void widen_row_avx512(float* dst, const W* src, int K, float s) {
+  const __m512 sv = _mm512_set1_ps(s);
+  int k = 0;
+  for (; k + 16 <= K; k += 16) _mm512_storeu_ps(dst + k, _mm512_mul_ps(widen16(src + k), sv));
+  for (; k < K; ++k) dst[k] = widen(src[k]) * s;
+}
+
 // Large M: blocks of rows of W widened to fp32 (scale folded in), then one BLAS GEMM per block.
 template <typename W>
 void gemm_blocked(float* y, const float* x, const W* w, const float* scale, const float* b, int M,
                   int K, int N) {
+  const bool avx = g_avx512.load(std::memory_order_relaxed);
   const int rows = std::max(16, std::min(N, int((int64_t(4) << 20) / (int64_t(K) * 4))));
   std::vector<float> wf(size_t(rows) * K);
   for (int n0 = 0; n0 < N; n0 += rows) {
@@ -216,7 +226,10 @@ void gemm_blocked(float* y, const float* x, const W* w, const float* scale, cons
       const W* src = w + int64_t(n0 + r) * K;
       float* dst = wf.data() + int64_t(r) * K;
       const float s = scale ? scale[n0 + r] : 1.f;
-      for (int k = 0; k < K; ++k) dst[k] = widen(src[k]) * s;
+      if (avx)
+        widen_row_avx512(dst, src, K, s);
+      else
+        for (int k = 0; k < K; ++k) dst[k] = widen(src[k]) * s;
     }
     blas_sgemm(false, true, M, nb, K, 1.f, x, K, wf.data(), K, 0.f, y + n0, N);
   }
