@@ -25,7 +25,11 @@ double clock_now() {
 __attribute__((target("avx512f"))) uint64_t read_avx512(const char* p, size_t bytes) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   for (size_t i = 0; i + 256 <= bytes; i += 256) {
-    for (int j = 0; j < 4; ++j) _mm_prefetch(p + i + 16384 + 64 * j, _MM_HINT_T0);
+    // (As an integer: near the end the address is past the buffer, only a hint.)
+    for (int j = 0; j < 4; ++j)
+      _mm_prefetch(
+          reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + i + 16384 + 64 * j),
+          _MM_HINT_T0);
     a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
     a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
     a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));

@@ -120,7 +120,8 @@ __attribute__((target("avx512f"))) inline void gemv_tile_avx512(float* y, const 
   // them per step as the step reads of these: the hardware prefetcher alone does not follow R
   // streams that each advance 16 bytes a step (int8) closely enough.
   constexpr int kStepLines = std::max(1, R * 16 * int(sizeof(W)) / 64);
-  const char* next = reinterpret_cast<const char*>(w + int64_t(n + R) * K);
+  // (As an integer: past the matrix's last rows the address is only a hint, never a pointer.)
+  const uintptr_t next = reinterpret_cast<uintptr_t>(w + int64_t(n) * K) + R * K * sizeof(W);
   const W* wr[R];
   const float* xr[MB];
   for (int r = 0; r < R; ++r) wr[r] = w + int64_t(n + r) * K;
@@ -133,7 +134,8 @@ __attribute__((target("avx512f"))) inline void gemv_tile_avx512(float* y, const 
   for (int k = 0; k < K16; k += 16) {
     if (prefetch)
       for (int j = 0; j < kStepLines; ++j)
-        _mm_prefetch(next + int64_t(k) * R * int(sizeof(W)) + 64 * j, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(next + uintptr_t(k) * R * sizeof(W) + 64 * j),
+                     _MM_HINT_T0);
     __m512 xv[MB];
 #pragma GCC unroll 4
     for (int i = 0; i < MB; ++i) xv[i] = _mm512_loadu_ps(xr[i] + k);
