@@ -6,13 +6,15 @@ weights) written plainly in PyTorch eager mode with a preallocated KV cache: pre
 prompt, then one token at a time (greedy). Prints single-stream and batch-16 decode tokens/s
 and the flags that make `loom bench serve` print its ratios to them:
 
-    python3 bench/torch_decode_baseline.py --threads 2
+    /usr/bin/python3 bench/torch_decode_baseline.py --threads 2
     build/loom bench serve --decode --no-load --torch-single S --torch-batch B
 
-Skips (exit 0, a message saying so) when torch is not installed.
+Prerequisite: PyTorch (Debian: `apt-get install -y python3-torch`, 1.13, for the system's
+/usr/bin/python3). Skips (exit 0, a message saying so) when torch is not installed.
 """
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -47,7 +49,8 @@ def main():
         import torch
         import torch.nn.functional as F
     except ImportError:
-        print("skipped: PyTorch is not installed (pip install torch); no baseline figures")
+        print(f"skipped: PyTorch is not installed for {sys.executable} (Debian: apt-get install "
+              "python3-torch, then run this with /usr/bin/python3); no baseline figures")
         return 0
 
     torch.set_num_threads(args.threads)
@@ -67,6 +70,15 @@ def main():
     ]
     wte, wpe, lnf = w(V, C), w(T, C), (torch.ones(C), torch.zeros(C))
 
+    def attend(q, keys, vals, mask):
+        """softmax(q k^T / sqrt(D), masked) v: PyTorch 2's fused kernel where there is one, else
+        the same in plain ops (Debian's python3-torch is 1.13, before scaled_dot_product_attention).
+        """
+        if hasattr(F, "scaled_dot_product_attention"):
+            return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+        s = (q @ keys.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+        return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ vals
+
     def forward(tokens, pos0, kc, vc):
         """tokens [B, n] at positions pos0.. ; kc/vc: per layer [B, H, T, D], filled in place."""
         B, n = tokens.shape
@@ -79,7 +91,7 @@ def main():
             keys, vals = kc[l][:, :, :pos0 + n], vc[l][:, :, :pos0 + n]
             # Causal within the new tokens; every cached position is visible.
             mask = torch.ones(n, pos0 + n, dtype=torch.bool).tril(diagonal=pos0)
-            a = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)
+            a = attend(q, keys, vals, mask)
             x = x + F.linear(a.transpose(1, 2).reshape(B, n, C), *p["proj"])
             h = F.layer_norm(x, (C,), *p["ln2"])
             x = x + F.linear(F.gelu(F.linear(h, *p["fc"]), approximate="tanh"), *p["mp"])

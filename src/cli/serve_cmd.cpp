@@ -109,9 +109,6 @@ int run_serve_here(const Args& args) {
   if (tp == 1) {
     model = load_model_from_checkpoint(o.get("ckpt"));
   } else {
-    LOOM_CHECK(weights == infer::WeightType::F32 || weights == infer::WeightType::BF16,
-               "--weights ", o.get("weights"), " under tensor parallelism is not supported yet ",
-               "(per-channel scales would be per shard): use fp32 or bf16");
     comm::ParallelDims dims;
     dims.tp = tp;
     groups = std::make_unique<comm::ProcessGroups>(world, dims);

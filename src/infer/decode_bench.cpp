@@ -1,5 +1,8 @@
 #include "infer/decode_bench.h"
 
+#include <immintrin.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -16,6 +19,29 @@ double clock_now() {
 
 }  // namespace
 
+// One thread's streaming read of [p, p + bytes) with 512-bit loads into four independent sums,
+// prefetching 16 KB ahead: what the decode GEMV's loads and prefetches look like. On this
+// workplace's machine (AMD EPYC, one thread) it reads 10-20% faster than the integer sum.
+__attribute__((target("avx512f"))) uint64_t read_avx512(const char* p, size_t bytes) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 256 <= bytes; i += 256) {
+    // (As an integer: near the end the address is past the buffer, only a hint.)
+    for (int j = 0; j < 4; ++j)
+      _mm_prefetch(
+          reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + i + 16384 + 64 * j),
+          _MM_HINT_T0);
+    a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 192));
+  }
+  alignas(64) uint64_t lane[8];
+  _mm512_store_si512(lane, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  uint64_t sum = 0;
+  for (uint64_t v : lane) sum += v;
+  return sum;
+}
+
 double measure_read_bandwidth_gbs(int passes) {
   // 512 MiB: well past any last-level cache, about the size of gpt2-124m's fp32 weights.
   const size_t n = size_t(64) << 20;
@@ -25,16 +51,27 @@ double measure_read_bandwidth_gbs(int passes) {
   for (size_t i = 0; i < n; ++i) buf[i] = i;
   double best = 0;
   volatile uint64_t sink = 0;
+  const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
   for (int p = 0; p < passes; ++p) {
     uint64_t sum = 0;
-    const double t = clock_now();
+    double t = clock_now();
     // Integer sums: the compiler vectorises them freely (no reassociation concerns), so the
     // loop is bound by the loads, like a weight-streaming GEMV.
 #pragma omp parallel for schedule(static) reduction(+ : sum)
     for (size_t i = 0; i < n; ++i) sum += buf[i];
-    const double dt = clock_now() - t;
+    best = std::max(best, double(n * sizeof(uint64_t)) / (clock_now() - t) / 1e9);
+    if (!avx512) continue;
+    // The same bytes read as the GEMV reads weights: the faster of the two is the ceiling (a
+    // ceiling the kernel beat would make the roofline ratio above 100%).
+    t = clock_now();
+#pragma omp parallel reduction(+ : sum)
+    {
+      const int th = omp_get_thread_num(), nt = omp_get_num_threads();
+      const size_t b0 = n * size_t(th) / size_t(nt), b1 = n * size_t(th + 1) / size_t(nt);
+      sum += read_avx512(reinterpret_cast<const char*>(buf.get() + b0), (b1 - b0) * 8);
+    }
+    best = std::max(best, double(n * sizeof(uint64_t)) / (clock_now() - t) / 1e9);
     sink = sink + sum;
-    best = std::max(best, double(n * sizeof(uint64_t)) / dt / 1e9);
   }
   return best;
 }

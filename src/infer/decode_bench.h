@@ -11,7 +11,9 @@
 namespace loom::infer {
 
 // GB/s of a large streaming read (a buffer far past the caches, summed by every OpenMP
-// thread): what reading the weights once per token can at best achieve. Best of `passes`.
+// thread; on AVX-512 CPUs also read with the decode GEMV's 512-bit loads and prefetches, the
+// faster counting): what reading the weights once per token can at best achieve. Best of
+// `passes`.
 double measure_read_bandwidth_gbs(int passes = 3);
 
 // Bytes read per decoded token besides the KV cache: every linear weight (the head included) at

@@ -1,5 +1,7 @@
 #include "infer/engine.h"
 
+#include <omp.h>
+
 #include <chrono>
 
 #include "core/error.h"
@@ -16,7 +18,7 @@ struct LoomEngine::Completion {
   int generated = 0;
   std::string text;  // decoded output so far
   int32_t stop_token = -1;
-  size_t sent = 0;   // bytes of text already delivered
+  size_t sent = 0;  // bytes of text already delivered
   bool done = false;
 };
 
@@ -311,7 +313,12 @@ void LoomEngine::run_until_idle() {
 
 void LoomEngine::start() {
   LOOM_CHECK(!thread_.joinable(), "the engine is running already");
-  thread_ = std::thread([this] {
+  // OpenMP's thread count is per thread: a new thread starts from the default (every core, or
+  // OMP_NUM_THREADS), not from what the caller set (`loom bench serve --threads 1` ran its
+  // load runs' steps over 2 threads). The engine's steps use the caller's.
+  const int omp_threads = omp_get_max_threads();
+  thread_ = std::thread([this, omp_threads] {
+    omp_set_num_threads(omp_threads);
     while (!stopping_) {
       try {
         if (step()) continue;

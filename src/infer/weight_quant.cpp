@@ -1,5 +1,6 @@
 #include "infer/weight_quant.h"
 
+#include "comm/communicator.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "infer/decode_bench.h"
@@ -12,7 +13,10 @@ namespace loom::infer {
 // fp32 matmul (the fp32 weight it is handed is ignored).
 class QuantizedWeights::Layer : public GemmRecipe {
  public:
-  Layer(WeightType t, const std::string& name, const float* w, int in, int out)
+  // `amax`: each output row's largest magnitude over every tensor-parallel shard of the row
+  // (nullptr: the rows here are whole). Leaves ok() false, the copy unusable, when a row holds
+  // a NaN or an infinity: no scale (nor meaning) for it.
+  Layer(WeightType t, const float* w, int in, int out, const float* amax)
       : type_(t), in_(in), out_(out) {
     const size_t n = size_t(in) * size_t(out);
     if (t == WeightType::F32) return;  // the model's own weights, read in place
@@ -22,15 +26,14 @@ class QuantizedWeights::Layer : public GemmRecipe {
     } else if (t == WeightType::FP8) {
       fp8_.resize(n);
       scale_.resize(size_t(out));
-      // A NaN or infinite weight has no fp8 scale (and no meaning): refused, naming the layer.
-      LOOM_CHECK(cpu::quantize_fp8_rows(w, out, in, fp8_.data(), scale_.data()), "linear layer ",
-                 name, ": a weight row holds NaN or infinity; it cannot be stored as fp8");
+      ok_ = cpu::quantize_fp8_rows(w, out, in, fp8_.data(), scale_.data(), amax);
     } else {
       int8_.resize(n);
       scale_.resize(size_t(out));
-      cpu::quantize_int8_rows(w, out, in, int8_.data(), scale_.data());
+      ok_ = cpu::quantize_int8_rows(w, out, in, int8_.data(), scale_.data(), amax);
     }
   }
+  bool ok() const { return ok_; }
   void forward(Backend& be, float* y, ActIn x_in, const float* w, const float* b, int N, int in,
                int out) override {
     LOOM_CHECK(in == in_ && out == out_, "a quantised linear layer of [", in_, ", ", out_,
@@ -60,6 +63,7 @@ class QuantizedWeights::Layer : public GemmRecipe {
  private:
   WeightType type_;
   int in_, out_;
+  bool ok_ = true;
   std::vector<uint16_t> bf16_;
   std::vector<int8_t> int8_;
   std::vector<uint8_t> fp8_;  // E4M3 codes
@@ -89,25 +93,58 @@ const char* weight_type_name(WeightType t) {
   return "?";
 }
 
+namespace {
+
+// The row-parallel linear layers of the tensor-parallel layout (model/decoder.h): the attention
+// output and the MLP's second projection hold a slice of every weight row's columns (their
+// input is split over the ranks); the others hold whole rows of their own (column-parallel:
+// qkv, the MLP's first projection; the head by vocabulary).
+bool row_parallel(const std::string& linear) {
+  const auto ends = [&](const std::string& s) {
+    return linear.size() >= s.size() && linear.compare(linear.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends(".attn.proj") || ends(".mlp.proj");
+}
+
+}  // namespace
+
 QuantizedWeights::QuantizedWeights(Decoder& model, WeightType type) : model_(model), type_(type) {
-  // A tensor-parallel shard's linear weights are whole [out, in] matrices of their own (rows of
-  // the column-parallel layers, columns of the row-parallel ones): fp32 and bf16 treat every
-  // element alone, so a shard reads exactly its part of the whole model's copy. int8 and fp8
-  // scale by the row's largest magnitude, which a row-parallel shard sees only half of.
-  LOOM_CHECK(
-      model.tensor_parallel().size == 1 || type == WeightType::F32 || type == WeightType::BF16,
-      "weight-only ", weight_type_name(type), " under tensor parallelism is not supported ",
-      "(per-channel scales would be per shard); use fp32 or bf16");
+  // Under tensor parallelism every rank quantises its own shard. Rows of a column-parallel
+  // layer are whole on one rank, so their per-channel scales are the one-process model's. A
+  // row-parallel shard sees part of each row: the row's largest magnitude is the maximum over
+  // the ranks (an all-reduce), so every rank scales its part as the whole row is scaled, and the
+  // partial products sum to the one-process result up to summation order.
+  const TensorParallel& tp = model.tensor_parallel();
+  const bool scaled = type == WeightType::INT8 || type == WeightType::FP8;
   const std::vector<Decoder::LinearInfo> linears = model.linears();
   ParamSet& p = model.params();
-  for (const Decoder::LinearInfo& l : linears) {
+  int bad = -1;  // the first layer holding a NaN or an infinity
+  std::vector<float> amax;
+  for (size_t i = 0; i < linears.size(); ++i) {
+    const Decoder::LinearInfo& l = linears[i];
     const std::string w = l.name == "head" ? (p.has("head.weight") ? "head.weight" : "embed.wte")
                                            : l.name + ".weight";
     LOOM_CHECK(p.has(w), "linear layer ", l.name, " has no parameter ", w);
     LOOM_CHECK(p.info(w).numel == int64_t(l.in) * l.out, "parameter ", w, " has ", p.info(w).numel,
                " elements, not the [", l.out, ", ", l.in, "] of ", l.name);
-    layers_.push_back(std::make_unique<Layer>(type, l.name, p.ptr(w), l.in, l.out));
+    const bool across = scaled && tp.size > 1 && row_parallel(l.name);
+    if (across) {
+      LOOM_CHECK(tp.comm, "a tensor-parallel model without its communicator");
+      amax.resize(size_t(l.out));
+      cpu::row_amax(p.ptr(w), l.out, l.in, amax.data());  // +inf marks a NaN, on every rank
+      tp.comm->all_reduce(amax.data(), l.out, DType::F32, comm::ReduceOp::Max);
+    }
+    layers_.push_back(
+        std::make_unique<Layer>(type, p.ptr(w), l.in, l.out, across ? amax.data() : nullptr));
+    if (bad < 0 && !layers_.back()->ok()) bad = int(i);
   }
+  // A NaN or infinite weight is refused, naming the layer, on every rank together (no rank
+  // left waiting in a collective): the lowest bad layer index over the ranks.
+  int64_t key = bad < 0 ? 0 : int64_t(linears.size()) - bad;
+  if (scaled && tp.size > 1) key = tp.comm->all_reduce_scalar(key, comm::ReduceOp::Max);
+  LOOM_CHECK(key == 0, "linear layer ", linears[linears.size() - size_t(key)].name,
+             ": a weight row holds NaN or infinity; it cannot be stored as ",
+             weight_type_name(type), tp.size > 1 ? " (on one of the tensor-parallel ranks)" : "");
   for (size_t i = 0; i < linears.size(); ++i)
     model.attach_recipe(linears[i].name, layers_[i].get());
 }

@@ -7,6 +7,9 @@
 // backward. F32 keeps the model's weights and only routes decode batches (M <= 16 rows) to the same
 // streaming GEMV kernel, which reads them at close to the memory bandwidth where a BLAS GEMM with M
 // = 1 does not.
+// Under tensor parallelism each rank quantises its own shard; a row-parallel shard's per-channel
+// scales come from the whole row (the maximum over the ranks), so the ranks' partial products
+// sum to the one-process model's result.
 #pragma once
 
 #include <memory>
@@ -24,7 +27,9 @@ const char* weight_type_name(WeightType t);
 class QuantizedWeights {
  public:
   // Quantises the model's current weights and attaches the recipes (F32: no copy).
-  // The model must outlive this object; call again after the weights change.
+  // The model must outlive this object; call again after the weights change. A tensor-parallel
+  // model's ranks construct it together (int8 and fp8 all-reduce over the TP group), and a
+  // NaN or infinite weight (int8, fp8) is refused on every rank, naming the layer.
   QuantizedWeights(Decoder& model, WeightType type);
   ~QuantizedWeights();  // detaches the recipes
   QuantizedWeights(const QuantizedWeights&) = delete;

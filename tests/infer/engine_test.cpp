@@ -3,6 +3,7 @@
 // small it forces preemption, one or many requests at once); logprobs equal the full forward's
 // log-softmax; seeds reproduce across batch compositions; stops, cancellation, errors.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <map>
@@ -268,4 +269,47 @@ TEST(Engine, ThreadedEngineServesConcurrentSubmitters) {
   }
   e.stop(1.0);
   for (auto& o : outs) EXPECT_EQ(o, want);
+}
+
+// The engine's own thread runs its steps with the OpenMP thread count of the thread that
+// started it (OpenMP's count is per thread; a new one would start from the default).
+TEST(Engine, ThreadedEngineKeepsTheStartersThreadCount) {
+  struct Recorder : ModelRunner {
+    DecoderRunner inner;
+    std::vector<int> seen;  // omp_get_max_threads() in each forward
+    explicit Recorder(Decoder& m) : inner(m) {}
+    int vocab() const override { return inner.vocab(); }
+    int max_seq() const override { return inner.max_seq(); }
+    KvSpec kv_spec() const override { return inner.kv_spec(); }
+    void forward(const std::vector<SeqChunk>& b, const KvCacheView& c, float* l) override {
+      seen.push_back(omp_get_max_threads());
+      inner.forward(b, c, l);
+    }
+  };
+  Decoder m(tiny(Family::GPT2), cpu_backend());
+  m.params().init(3);
+  const int before = omp_get_max_threads();
+  // A count the default is not (the default is every core, or OMP_NUM_THREADS).
+  const int want = before == 3 ? 2 : 3;
+  omp_set_num_threads(want);
+  Recorder rec(m);
+  {
+    LoomEngine e(rec, EngineConfig{});
+    e.start();
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    e.submit(prompt(6, 2), greedy(3), [&](const TokenEvent& ev) {
+      std::lock_guard<std::mutex> l(mu);
+      if (ev.finished) done = true;
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> l(mu);
+    EXPECT_TRUE(cv.wait_for(l, std::chrono::seconds(30), [&] { return done; }));
+    l.unlock();
+    e.stop(1.0);
+  }
+  omp_set_num_threads(before);
+  ASSERT_FALSE(rec.seen.empty());
+  for (int n : rec.seen) EXPECT_EQ(n, want);
 }

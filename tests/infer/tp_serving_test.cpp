@@ -1,8 +1,8 @@
 // Tensor-parallel serving as a real 2-rank MPI job: rank 0's engine over its shard (the batch
 // broadcast each step, the vocabulary slices of the logits all-gathered) gives the same greedy
 // tokens as the one-process engine over the whole model, and log-probabilities within 1e-4, for
-// GPT-2 and Llama (GQA), on the BLAS path and with --weights fp32 / bf16's recipes; rank 1
-// follows the steps with its own KV cache until told to stop. int8 / fp8 are refused under TP.
+// GPT-2 and Llama (GQA), on the BLAS path and with every --weights recipe (fp32, bf16, int8,
+// fp8); rank 1 follows the steps with its own KV cache until told to stop.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,7 +63,8 @@ Output serve(ModelRunner& runner, const std::vector<std::vector<int32_t>>& promp
 }
 
 // `weights`: none (the BLAS path), or the weight-only recipes of --weights fp32 (the GEMV on
-// the model's own weights) and bf16 (rounded copies), attached on both sides.
+// the model's own weights), bf16 (rounded copies), int8 or fp8 (per-channel scales), attached on
+// both sides.
 void check_tp_equals_one_rank(std::optional<WeightType> weights) {
   comm::ParallelDims dims;
   dims.tp = comm::world().size();
@@ -115,23 +116,40 @@ TEST(TpServing, WeightOnlyFp32AndBf16OverTwoRanksEqualOneRank) {
   check_tp_equals_one_rank(WeightType::BF16);
 }
 
-// Per-channel scales would differ from the whole model's on a row-parallel shard: refused.
-TEST(TpServing, Int8AndFp8WeightsAreRefusedUnderTp) {
+// Each rank quantises its own shard; a row-parallel shard (attention and MLP output projections)
+// takes its per-channel scales from the whole row (the maximum over the ranks): with the shard's
+// own maximum the weights, and the logprobs, would differ from one process's.
+TEST(TpServing, WeightOnlyInt8AndFp8OverTwoRanksEqualOneRank) {
+  check_tp_equals_one_rank(WeightType::INT8);
+  check_tp_equals_one_rank(WeightType::FP8);
+}
+
+// A NaN weight in one rank's shard is refused on every rank, naming the layer, and no rank is
+// left waiting in a collective: in a row-parallel layer (its maximum reaches every rank) and in
+// the last, column-parallel one (the head: only rank 1 holds the row).
+TEST(TpServing, NanWeightInOneShardIsRefusedOnEveryRank) {
   comm::ParallelDims dims;
   dims.tp = comm::world().size();
   comm::ProcessGroups pg(comm::world(), dims);
-  Decoder tp_model(tiny(Family::Llama), cpu_backend(), Recompute::None, DType::F32,
-                   parallel::tensor_parallel_layout(pg, false));
-  for (WeightType t : {WeightType::INT8, WeightType::FP8}) {
-    try {
-      QuantizedWeights q(tp_model, t);
-      ADD_FAILURE() << weight_type_name(t) << " accepted under TP";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("under tensor parallelism is not supported"),
-                std::string::npos)
-          << e.what();
+  for (const std::string layer : {"blocks.0.attn.proj", "head"})
+    for (WeightType t : {WeightType::INT8, WeightType::FP8}) {
+      Decoder tp_model(tiny(Family::Llama), cpu_backend(), Recompute::None, DType::F32,
+                       parallel::tensor_parallel_layout(pg, false));
+      tp_model.params().init(5);
+      ParamSet& p = tp_model.params();
+      const std::string w = layer == "head" ? (p.has("head.weight") ? "head.weight" : "embed.wte")
+                                            : layer + ".weight";
+      if (pg.tp().rank() == 1) p.ptr(w)[3] = std::nanf("");
+      try {
+        QuantizedWeights q(tp_model, t);
+        ADD_FAILURE() << weight_type_name(t) << " accepted a NaN in " << layer << " on rank "
+                      << pg.tp().rank();
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("linear layer " + layer + ": a weight row holds NaN"),
+                  std::string::npos)
+            << e.what();
+      }
     }
-  }
 }
 
 LOOM_MPI_TEST_MAIN()

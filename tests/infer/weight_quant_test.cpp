@@ -207,16 +207,20 @@ TEST_P(WeightQuant, Fp8LogitsMatchTheDequantisedModelAndStayWithinTolerance) {
   EXPECT_EQ(engine_greedy(run, 2, 8)[0].size(), 8u);
 }
 
-// A weight that is not finite has no fp8 scale: refused, naming the layer.
-TEST(WeightQuantBadInput, Fp8RefusesNonFiniteWeights) {
-  Decoder model(tiny(Family::GPT2), cpu_backend());
-  model.params().init(1);
-  model.params().ptr("blocks.1.mlp.fc.weight")[3] = std::nanf("");
-  try {
-    QuantizedWeights q(model, WeightType::FP8);
-    FAIL() << "a NaN weight was quantised";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("blocks.1.mlp.fc"), std::string::npos) << e.what();
+// A weight that is not finite has no int8 or fp8 scale: refused, naming the layer.
+TEST(WeightQuantBadInput, Int8AndFp8RefuseNonFiniteWeights) {
+  for (WeightType t : {WeightType::INT8, WeightType::FP8}) {
+    Decoder model(tiny(Family::GPT2), cpu_backend());
+    model.params().init(1);
+    model.params().ptr("blocks.1.mlp.fc.weight")[3] = std::nanf("");
+    try {
+      QuantizedWeights q(model, t);
+      ADD_FAILURE() << "a NaN weight was quantised as " << weight_type_name(t);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("linear layer blocks.1.mlp.fc: a weight row holds NaN"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -103,24 +103,40 @@ TEST(GemmLowp, Int8QuantisationIsBoundedAndTheProductMatchesTheReference) {
   }
 }
 
+// The AVX-512 kernel works on tiles (8 rows of one input; 4 rows of up to 4 inputs; then single
+// rows) that must each sum in the scalar loop's order: every M of a decode batch, row counts
+// with every tail, K with and without a tail, every weight type; and prefill chunks (M 17, 33)
+// widen their weight blocks to the same values.
 TEST(GemmLowp, Avx512AndScalarLoopsGiveTheSameBits) {
   Restore restore;
   if (!lowp_uses_avx512()) GTEST_SKIP() << "this CPU has no AVX-512";
-  const int M = 11, K = 301, N = 40;
-  std::vector<float> x = randn(size_t(M) * K, 8), w = randn(size_t(N) * K, 9), b = randn(N, 10);
-  std::vector<uint16_t> wb(w.size());
-  for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
-  std::vector<int8_t> q(w.size());
-  std::vector<float> s(static_cast<size_t>(N));
-  quantize_int8_rows(w.data(), N, K, q.data(), s.data());
-  std::vector<float> a(size_t(M) * N), c(a.size()), a8(a.size()), c8(a.size());
-  linear_bf16w(a.data(), x.data(), wb.data(), b.data(), M, K, N);
-  linear_int8w(a8.data(), x.data(), q.data(), s.data(), b.data(), M, K, N);
-  set_lowp_avx512(false);
-  linear_bf16w(c.data(), x.data(), wb.data(), b.data(), M, K, N);
-  linear_int8w(c8.data(), x.data(), q.data(), s.data(), b.data(), M, K, N);
-  EXPECT_EQ(a, c);
-  EXPECT_EQ(a8, c8);
+  for (int K : {32, 301})
+    for (int N : {1, 7, 13, 40}) {
+      const int M = 2 * kLowpGemvRows + 1;  // then prefill chunks: blocks widened for the BLAS
+      std::vector<float> x = randn(size_t(M) * K, 8), w = randn(size_t(N) * K, 9), b = randn(N, 10);
+      std::vector<uint16_t> wb(w.size());
+      for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+      std::vector<int8_t> q(w.size());
+      std::vector<uint8_t> f8(w.size());
+      std::vector<float> s(static_cast<size_t>(N)), s8(s.size());
+      ASSERT_TRUE(quantize_int8_rows(w.data(), N, K, q.data(), s.data()));
+      ASSERT_TRUE(quantize_fp8_rows(w.data(), N, K, f8.data(), s8.data()));
+      for (int m = 1; m <= M; m += m < kLowpGemvRows ? 1 : kLowpGemvRows) {
+        std::vector<float> got[4], want[4];
+        for (bool avx : {true, false}) {
+          set_lowp_avx512(avx);
+          std::vector<float>* out = avx ? got : want;
+          for (int t = 0; t < 4; ++t) out[t].assign(size_t(m) * N, 0.f);
+          gemv_f32w(out[0].data(), x.data(), w.data(), b.data(), m, K, N);
+          linear_bf16w(out[1].data(), x.data(), wb.data(), b.data(), m, K, N);
+          linear_int8w(out[2].data(), x.data(), q.data(), s.data(), b.data(), m, K, N);
+          linear_fp8w(out[3].data(), x.data(), f8.data(), s8.data(), nullptr, m, K, N);
+        }
+        set_lowp_avx512(true);
+        for (int t = 0; t < 4; ++t)
+          ASSERT_EQ(got[t], want[t]) << "type " << t << " M " << m << " K " << K << " N " << N;
+      }
+    }
 }
 
 // A decode's logits must not depend on what else is batched (seeded sampling) nor on threads.
@@ -218,4 +234,56 @@ TEST(GemmLowp, Fp8QuantisationIsBoundedAndTheProductMatchesTheReference) {
   }
   w[size_t(7) * K + 5] = std::numeric_limits<float>::infinity();
   EXPECT_FALSE(quantize_fp8_rows(w.data(), N, K, q.data(), s.data()));
+}
+
+// A row split by columns (a row-parallel tensor-parallel shard): each part quantised with the
+// whole row's largest magnitude gives exactly the whole row's codes and scale. With its own
+// maximum a part would not (the check below that it differs keeps this test able to fail).
+TEST(GemmLowp, RowPartsQuantisedWithTheWholeRowsMaximumEqualTheWholeRow) {
+  const int N = 11, K = 96, half = K / 2;
+  std::vector<float> w = randn(size_t(N) * K, 9, 0.05f);
+  for (int n = 0; n < N; ++n) w[size_t(n) * K + 70] = 0.5f;  // every row's maximum in part 2
+  std::vector<float> amax(static_cast<size_t>(N));
+  row_amax(w.data(), N, K, amax.data());
+  for (int n = 0; n < N; ++n) EXPECT_EQ(amax[size_t(n)], 0.5f);
+  std::vector<float> part(size_t(N) * half);
+  for (int n = 0; n < N; ++n)
+    std::copy_n(w.begin() + n * K, half, part.begin() + n * half);  // columns [0, K/2)
+  std::vector<float> s_whole(static_cast<size_t>(N)), s_part(s_whole.size()), s_own(s_whole.size());
+  {
+    std::vector<int8_t> q_whole(w.size()), q_part(part.size()), q_own(part.size());
+    ASSERT_TRUE(quantize_int8_rows(w.data(), N, K, q_whole.data(), s_whole.data()));
+    ASSERT_TRUE(
+        quantize_int8_rows(part.data(), N, half, q_part.data(), s_part.data(), amax.data()));
+    ASSERT_TRUE(quantize_int8_rows(part.data(), N, half, q_own.data(), s_own.data()));
+    EXPECT_EQ(s_part, s_whole);
+    EXPECT_NE(s_own, s_whole);
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < half; ++k)
+        ASSERT_EQ(q_part[size_t(n) * half + k], q_whole[size_t(n) * K + k]) << n << " " << k;
+  }
+  {
+    std::vector<uint8_t> q_whole(w.size()), q_part(part.size()), q_own(part.size());
+    ASSERT_TRUE(quantize_fp8_rows(w.data(), N, K, q_whole.data(), s_whole.data()));
+    ASSERT_TRUE(quantize_fp8_rows(part.data(), N, half, q_part.data(), s_part.data(), amax.data()));
+    ASSERT_TRUE(quantize_fp8_rows(part.data(), N, half, q_own.data(), s_own.data()));
+    EXPECT_EQ(s_part, s_whole);
+    EXPECT_NE(s_own, s_whole);
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < half; ++k)
+        ASSERT_EQ(q_part[size_t(n) * half + k], q_whole[size_t(n) * K + k]) << n << " " << k;
+  }
+  // A NaN or an infinity marks its row +inf (which a maximum over the parts keeps) and is
+  // refused by both quantisers, also where only the given maximum carries it.
+  w[size_t(4) * K + 80] = std::nanf("");
+  w[size_t(6) * K + 2] = -std::numeric_limits<float>::infinity();
+  row_amax(w.data(), N, K, amax.data());
+  EXPECT_EQ(amax[4], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(amax[6], std::numeric_limits<float>::infinity());
+  EXPECT_EQ(amax[5], 0.5f);
+  std::vector<int8_t> q8(w.size());
+  std::vector<uint8_t> qf(part.size());
+  EXPECT_FALSE(quantize_int8_rows(part.data(), N, half, q8.data(), s_part.data(), amax.data()));
+  EXPECT_FALSE(quantize_fp8_rows(part.data(), N, half, qf.data(), s_part.data(), amax.data()));
+  EXPECT_FALSE(quantize_int8_rows(w.data(), N, K, q8.data(), s_part.data()));
 }

@@ -1,8 +1,10 @@
 // Paged attention (cpu::paged_attention over a block pool) against the dense causal attention
 // (cpu_backend().attention_forward) on random data: each chunk's queries must see exactly what
 // the dense kernel computes for the same rows of the whole sequence, for decodes, chunked
-// prefills (start_pos > 0) ending on and off block boundaries, GQA and MHA, fp32 and bf16 pools.
+// prefills (start_pos > 0) ending on and off block boundaries, GQA and MHA, fp32 and bf16 pools;
+// and the same bits whatever the thread count.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -88,6 +90,16 @@ void run_case(const Case& cs, uint32_t seed) {
   paged_attention(got.data(), q_new.data(), Hq * D, cache, now.data(), ns, Hq, scale);
   for (size_t i = 0; i < expect.size(); ++i)
     ASSERT_NEAR(got[i], expect[i], 1e-5) << "element " << i;
+  // The bits do not depend on the thread count, which decides how many ranges the kv heads are
+  // split into (a single decode over 4 threads: 4 ranges).
+  const int threads = omp_get_max_threads();
+  for (int t : {1, 3, 4}) {
+    omp_set_num_threads(t);
+    std::vector<float> again(expect.size(), NAN);
+    paged_attention(again.data(), q_new.data(), Hq * D, cache, now.data(), ns, Hq, scale);
+    EXPECT_EQ(again, got) << t << " threads";
+  }
+  omp_set_num_threads(threads);
 }
 
 TEST(PagedAttention, DecodesMatchDense) {
@@ -106,6 +118,13 @@ TEST(PagedAttention, OneLongPrefillAndManyDecodesTogether) {
   std::vector<std::pair<int, int>> chunks{{0, 130}};
   for (int i = 0; i < 12; ++i) chunks.push_back({i * 7 + 1, 1});
   run_case({8, 1, 64, 16, chunks, DType::F32}, 4);
+}
+
+// One decode: its kv heads are split into ranges over the threads, each range read a block at
+// a time in memory order.
+TEST(PagedAttention, OneDecodeOverThreadsMatchesDense) {
+  run_case({8, 4, 32, 16, {{70, 1}}, DType::F32}, 5);   // GQA
+  run_case({6, 6, 16, 16, {{40, 1}}, DType::BF16}, 6);  // MHA
 }
 
 TEST(PagedAttention, RejectsBadTablesAndShapes) {

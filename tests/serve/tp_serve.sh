@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `loom launch -n 2 -- serve` end to end: a tiny model trained here answers one greedy request
-# with the same text over 2 tensor-parallel ranks as over one process, from its training
-# checkpoint, from a Hugging Face export imported back and from a consolidated TP training run
+# with the same text over 2 tensor-parallel ranks as over one process (fp32, int8 and fp8
+# weights), from its training checkpoint, from a Hugging Face export imported back and from a consolidated TP training run
 # (a rank's own checkpoint is refused); SIGTERM to rank 0 drains and ends the
 # job with 0, SIGTERM to the launcher stops every rank; a stopped rank 0 makes rank 1 give up
 # after --tp-timeout (no hang); 3 ranks, which do not divide the model's 2 heads, fail with a
@@ -63,6 +63,18 @@ wait "$server" || code=$?
 server=""
 [ "$code" = 0 ] || { echo "the job exited with $code:"; cat "$work/out" "$work/err"; exit 1; }
 grep -q "stopping: draining" "$work/out" || { echo "rank 0 did not drain:"; cat "$work/out"; exit 1; }
+# int8 and fp8 weights: every rank quantises its shard with the whole rows' scales, so the text
+# over 2 ranks is the one-process text with the same weights.
+for w in int8 fp8; do
+  start "$loom" serve --weights "$w"
+  q_one=$(complete)
+  stop_server
+  start "$loom" launch -n 2 -- serve --weights "$w"
+  q_two=$(complete)
+  stop_server
+  echo "$w: 1 rank $q_one, 2 ranks $q_two"
+  [ "$q_one" = "$q_two" ] || { echo "tensor-parallel $w output differs"; exit 1; }
+done
 # The same model exported to a Hugging Face directory and imported back (a one-process
 # checkpoint without training state); SIGTERM to the launcher stops every rank in the bound.
 "$loom" ckpt export "$work/run/checkpoints" --out "$work/hf" >/dev/null
@@ -111,4 +123,4 @@ fi
 grep -q "model.n_head (2) must be divisible by parallel.tp (3)" "$work/out" "$work/err" ||
   { echo "no clear error:"; cat "$work/out" "$work/err"; exit 1; }
 if grep -q "listening on" "$work/out"; then echo "a port opened"; exit 1; fi
-echo "tp serve: same text over 2 ranks (checkpoint, import, consolidated), SIGTERM drains, --tp-timeout bounds, 3 ranks refused"
+echo "tp serve: same text over 2 ranks (checkpoint, int8, fp8, import, consolidated), SIGTERM drains, --tp-timeout bounds, 3 ranks refused"

@@ -79,56 +79,113 @@ __attribute__((target("avx512f"))) inline __m512 widen16(const int8_t* p) {
                                   _mm512_maskz_cvtepi8_epi32(__mmask16(0xFFFF), q));
 }
 
+// An E4M3 code is an fp16 number with the top exponent bit zero, the exponent rebiased from 7 to
+// 15 (so its value is 2^-8 times the code's): sign to bit 15, exponent and mantissa to bits
+// 13..7. Sign-extending the byte to 16 bits and shifting it left by 7 puts them there, with the
+// sign in bit 14 too, which the mask clears; the hardware's fp16 -> fp32 conversion is exact
+// (subnormal codes included), and the product with 2^8 is exact too.
 __attribute__((target("avx512f"))) inline __m512 widen16(const uint8_t* p) {
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __mmask16 all = 0xFFFF;
-  const __m512i v = _mm512_maskz_cvtepu8_epi32(all, q);
-  const __m512i normal = _mm512_add_epi32(
-      _mm512_maskz_slli_epi32(all, _mm512_and_si512(v, _mm512_set1_epi32(0x7F)), 20),
-      _mm512_set1_epi32(120 << 23));
-  const __m512 sub =
-      _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(all, _mm512_and_si512(v, _mm512_set1_epi32(7))),
-                    _mm512_set1_ps(0x1p-9f));
-  const __mmask16 is_normal = _mm512_test_epi32_mask(v, _mm512_set1_epi32(0x78));
-  const __m512 mag = _mm512_mask_blend_ps(is_normal, sub, _mm512_castsi512_ps(normal));
-  const __m512i sign =
-      _mm512_maskz_slli_epi32(all, _mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
-  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(q), 7),
+                                     _mm256_set1_epi16(int16_t(0xBFFF)));
+  return _mm512_mul_ps(_mm512_maskz_cvtph_ps(__mmask16(0xFFFF), h), _mm512_set1_ps(256.f));
 }
 
-// The same sums as gemv_rows_scalar, 16 lanes in a register; up to 8 inputs share each widened
-// weight vector (a weight row of a few KB stays in L1 for the next 8).
+// The lanes of v summed exactly as the scalar loop sums them: lane l += lane l + 8 (l < 8), then
+// + 4, + 2, + 1; lane 0 is the result.
+__attribute__((target("avx512f"))) inline float reduce_lanes(__m512 v) {
+  // In full registers with the zero-masked shuffles (GCC 12 warns that the plain ones and the
+  // 256-bit extracts read an undefined register); only the low lanes of each sum matter.
+  const __mmask16 all = 0xFFFF;
+  const __m512 a = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, 0xEE));  // + 8
+  const __m512 b = _mm512_add_ps(a, _mm512_maskz_shuffle_f32x4(all, a, a, 0x55));  // + 4
+  const __m512 c = _mm512_add_ps(b, _mm512_maskz_permute_ps(all, b, 0x4E));        // + 2
+  const __m512 d = _mm512_add_ps(c, _mm512_maskz_permute_ps(all, c, 0xB1));        // + 1
+  return _mm512_cvtss_f32(d);
+}
+
+// R weight rows from row n times MB inputs from input m0: R * MB accumulators, each summing
+// its row and input in gemv_rows_scalar's order (so the bits are the same), all advancing
+// together: each widened weight vector serves MB inputs, each input vector R rows, and the R *
+// MB independent chains hide the FMA's latency (one chain, as M = 1 with a row at a time, is
+// bound by it: 16 weights per FMA latency, under the read bandwidth for 1- and 2-byte
+// weights).
+template <typename W, int R, int MB>
+__attribute__((target("avx512f"))) inline void gemv_tile_avx512(float* y, const float* x,
+                                                                const W* w, const float* scale,
+                                                                const float* b, int K, int N, int n,
+                                                                int m0, bool prefetch) {
+  const int K16 = K / 16 * 16;
+  // The next R rows (contiguous after these) are fetched while these are summed, as much of
+  // them per step as the step reads of these: the hardware prefetcher alone does not follow R
+  // streams that each advance 16 bytes a step (int8) closely enough.
+  constexpr int kStepLines = std::max(1, R * 16 * int(sizeof(W)) / 64);
+  // (As an integer: past the matrix's last rows the address is only a hint, never a pointer.)
+  const uintptr_t next = reinterpret_cast<uintptr_t>(w + int64_t(n) * K) + R * K * sizeof(W);
+  const W* wr[R];
+  const float* xr[MB];
+  for (int r = 0; r < R; ++r) wr[r] = w + int64_t(n + r) * K;
+  for (int i = 0; i < MB; ++i) xr[i] = x + int64_t(m0 + i) * K;
+  __m512 acc[R][MB];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i) acc[r][i] = _mm512_setzero_ps();
+  for (int k = 0; k < K16; k += 16) {
+    if (prefetch)
+      for (int j = 0; j < kStepLines; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(next + uintptr_t(k) * R * sizeof(W) + 64 * j),
+                     _MM_HINT_T0);
+    __m512 xv[MB];
+#pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i) xv[i] = _mm512_loadu_ps(xr[i] + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = widen16(wr[r] + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < MB; ++i) acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MB; ++i) {
+      float a = reduce_lanes(acc[r][i]);
+      for (int k = K16; k < K; ++k) a = std::fma(widen(wr[r][k]), xr[i][k], a);
+      if (scale) a *= scale[n + r];
+      y[int64_t(m0 + i) * N + n + r] = a + (b ? b[n + r] : 0.f);
+    }
+}
+
+// Inputs in blocks of up to 4 (16 accumulators for 4 rows: 21 of the 32 vector registers with
+// the inputs and the weight); a single input takes 8 rows at a time (8 chains).
+template <typename W, int R>
+__attribute__((target("avx512f"))) void gemv_rowblock_avx512(float* y, const float* x, const W* w,
+                                                             const float* scale, const float* b,
+                                                             int M, int K, int N, int n) {
+  int m0 = 0;
+  // The block's weights come from memory for the first inputs only (then from the caches).
+  for (; m0 + 4 <= M; m0 += 4) gemv_tile_avx512<W, R, 4>(y, x, w, scale, b, K, N, n, m0, m0 == 0);
+  switch (M - m0) {
+    case 3:
+      gemv_tile_avx512<W, R, 3>(y, x, w, scale, b, K, N, n, m0, m0 == 0);
+      break;
+    case 2:
+      gemv_tile_avx512<W, R, 2>(y, x, w, scale, b, K, N, n, m0, m0 == 0);
+      break;
+    case 1:
+      gemv_tile_avx512<W, R, 1>(y, x, w, scale, b, K, N, n, m0, m0 == 0);
+      break;
+  }
+}
+
 template <typename W>
 __attribute__((target("avx512f"))) void gemv_rows_avx512(float* y, const float* x, const W* w,
                                                          const float* scale, const float* b, int M,
                                                          int K, int N, int n0, int n1) {
-  const int K16 = K / 16 * 16;
-  for (int n = n0; n < n1; ++n) {
-    const W* wr = w + int64_t(n) * K;
-    if (n + 1 < n1) _mm_prefetch(reinterpret_cast<const char*>(wr + K), _MM_HINT_T0);
-    for (int m0 = 0; m0 < M; m0 += 8) {
-      const int mt = std::min(8, M - m0);
-      __m512 acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
-      for (int k = 0; k < K16; k += 16) {
-        const __m512 wv = widen16(wr + k);
-        for (int i = 0; i < mt; ++i)
-          acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + int64_t(m0 + i) * K + k), acc[i]);
-      }
-      for (int i = 0; i < mt; ++i) {
-        // Lanes reduced pairwise exactly as the scalar loop does (l += l + 8, + 4, + 2, + 1).
-        alignas(64) float lane[16];
-        _mm512_store_ps(lane, acc[i]);
-        for (int s = 8; s >= 1; s /= 2)
-          for (int l = 0; l < s; ++l) lane[l] += lane[l + s];
-        float a = lane[0];
-        const float* xr = x + int64_t(m0 + i) * K;
-        for (int k = K16; k < K; ++k) a = std::fma(widen(wr[k]), xr[k], a);
-        if (scale) a *= scale[n];
-        y[int64_t(m0 + i) * N + n] = a + (b ? b[n] : 0.f);
-      }
-    }
-  }
+  int n = n0;
+  if (M == 1)
+    for (; n + 8 <= n1; n += 8) gemv_tile_avx512<W, 8, 1>(y, x, w, scale, b, K, N, n, 0, true);
+  for (; n + 4 <= n1; n += 4) gemv_rowblock_avx512<W, 4>(y, x, w, scale, b, M, K, N, n);
+  for (; n < n1; ++n) gemv_rowblock_avx512<W, 1>(y, x, w, scale, b, M, K, N, n);
 }
 
 template <typename W>
@@ -148,10 +205,20 @@ void gemv(float* y, const float* x, const W* w, const float* scale, const float*
   }
 }
 
+// dst[k] = widen(src[k]) * s: 16 at a time in registers (the same bits as the scalar loop).
+template <typename W>
+__attribute__((target("avx512f"))) void widen_row_avx512(float* dst, const W* src, int K, float s) {
+  const __m512 sv = _mm512_set1_ps(s);
+  int k = 0;
+  for (; k + 16 <= K; k += 16) _mm512_storeu_ps(dst + k, _mm512_mul_ps(widen16(src + k), sv));
+  for (; k < K; ++k) dst[k] = widen(src[k]) * s;
+}
+
 // Large M: blocks of rows of W widened to fp32 (scale folded in), then one BLAS GEMM per block.
 template <typename W>
 void gemm_blocked(float* y, const float* x, const W* w, const float* scale, const float* b, int M,
                   int K, int N) {
+  const bool avx = g_avx512.load(std::memory_order_relaxed);
   const int rows = std::max(16, std::min(N, int((int64_t(4) << 20) / (int64_t(K) * 4))));
   std::vector<float> wf(size_t(rows) * K);
   for (int n0 = 0; n0 < N; n0 += rows) {
@@ -161,7 +228,10 @@ void gemm_blocked(float* y, const float* x, const W* w, const float* scale, cons
       const W* src = w + int64_t(n0 + r) * K;
       float* dst = wf.data() + int64_t(r) * K;
       const float s = scale ? scale[n0 + r] : 1.f;
-      for (int k = 0; k < K; ++k) dst[k] = widen(src[k]) * s;
+      if (avx)
+        widen_row_avx512(dst, src, K, s);
+      else
+        for (int k = 0; k < K; ++k) dst[k] = widen(src[k]) * s;
     }
     blas_sgemm(false, true, M, nb, K, 1.f, x, K, wf.data(), K, 0.f, y + n0, N);
   }
@@ -201,26 +271,41 @@ void gemv_f32w(float* y, const float* x, const float* w, const float* b, int M, 
   gemv(y, x, w, nullptr, b, M, K, N);
 }
 
-void quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale) {
+void row_amax(const float* w, int N, int K, float* amax) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
+    const float mx = fp8_amax(w + int64_t(n) * K, K);  // NaN when the row holds one
+    amax[n] = std::isfinite(mx) ? mx : INFINITY;
+  }
+}
+
+bool quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale, const float* amax) {
+  bool finite = true;
+#pragma omp parallel for schedule(static) reduction(&& : finite)
+  for (int n = 0; n < N; ++n) {
     const float* r = w + int64_t(n) * K;
-    float mx = 0;
-    for (int k = 0; k < K; ++k) mx = std::max(mx, std::fabs(r[k]));
+    const float own = fp8_amax(r, K);
+    const float mx = amax ? std::max(amax[n], own) : own;
+    if (!std::isfinite(mx) || !std::isfinite(own)) {
+      finite = false;
+      continue;
+    }
     const float s = mx > 0 ? mx / 127.f : 1.f;
     scale[n] = s;
     for (int k = 0; k < K; ++k)
       q[int64_t(n) * K + k] = int8_t(std::clamp(std::round(r[k] / s), -127.f, 127.f));
   }
+  return finite;
 }
 
-bool quantize_fp8_rows(const float* w, int N, int K, uint8_t* q, float* scale) {
+bool quantize_fp8_rows(const float* w, int N, int K, uint8_t* q, float* scale, const float* amax) {
   bool finite = true;
 #pragma omp parallel for schedule(static) reduction(&& : finite)
   for (int n = 0; n < N; ++n) {
     const float* r = w + int64_t(n) * K;
-    const float mx = fp8_amax(r, K);
-    if (!std::isfinite(mx)) {
+    const float own = fp8_amax(r, K);
+    const float mx = amax ? std::max(amax[n], own) : own;
+    if (!std::isfinite(mx) || !std::isfinite(own)) {
       finite = false;
       continue;
     }

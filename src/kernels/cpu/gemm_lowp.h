@@ -28,14 +28,25 @@ void linear_fp8w(float* y, const float* x, const uint8_t* w, const float* scale,
 // streams W once, where a BLAS GEMM with M = 1 reaches a fraction of the read bandwidth).
 void gemv_f32w(float* y, const float* x, const float* w, const float* b, int M, int K, int N);
 
+// The largest magnitude of every row: amax[n] = max|W[n, :]|, +infinity for a row holding a NaN or
+// an infinity (so that a maximum taken over the pieces of a row, as MPI's, keeps it marked).
+void row_amax(const float* w, int N, int K, float* amax);
+
 // Symmetric per-row int8: scale[n] = max|W[n, :]| / 127 (1 for an all-zero row), q = round(W /
-// scale) (to nearest, ties away from zero) in [-127, 127].
-void quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale);
+// scale) (to nearest, ties away from zero) in [-127, 127]. Returns false (q, scale unspecified)
+// when a row holds a NaN or an infinity.
+// `amax` (nullable) gives each row's largest magnitude instead of the row itself: a
+// row-parallel tensor-parallel shard holds part of every row, and its scale must be the whole
+// row's (the maximum over the shards, at least its own part's) for the shards to sum to what
+// the whole matrix gives.
+bool quantize_int8_rows(const float* w, int N, int K, int8_t* q, float* scale,
+                        const float* amax = nullptr);
 
 // Per-row E4M3 (OCP FN, max 448): q = E4M3(W * qs) with qs = 448 / max|W[n, :]| (1 for an
 // all-zero row), rounded to nearest even, saturating at 448; scale[n] = 1 / qs. Returns false (q,
-// scale unspecified) when a row holds a NaN or an infinity.
-bool quantize_fp8_rows(const float* w, int N, int K, uint8_t* q, float* scale);
+// scale unspecified) when a row holds a NaN or an infinity. `amax` as quantize_int8_rows's.
+bool quantize_fp8_rows(const float* w, int N, int K, uint8_t* q, float* scale,
+                       const float* amax = nullptr);
 
 // Whether the AVX-512 kernels run (the CPU has AVX512F and tests have not turned them off).
 bool lowp_uses_avx512();

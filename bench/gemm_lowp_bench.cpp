@@ -1,0 +1,179 @@
+// The weight-only decode kernels (kernels/cpu/gemm_lowp.h) alone: one pass over every linear
+// layer of gpt2-124m (12 x [qkv 768->2304, proj 768->768, fc 768->3072, proj 3072->768] and the
+// head 768->50304, each its own allocation, 124M weights: far past the caches) for M input rows,
+// as one decode step of M streams does. Prints, per weight type and M, the time per pass, the
+// weight bytes read per second (against the measured streaming-read bandwidth: the roofline of
+// M = 1) and the multiply-adds per second (what bounds M = 16). Figures, not assertions.
+//
+//   bench_gemm_lowp [--threads 1] [--reps 10] [--layers 12] [--head 1] [--m 1,16]
+//                   [--types fp32,bf16,int8,fp8]
+//
+// Under valgrind --tool=callgrind (say --reps 1 --layers 1 --head 0, collecting in the kernels
+// only: --collect-atstart=no --toggle-collect='loom::cpu::linear_*'
+// --toggle-collect='loom::cpu::gemv_f32w*') the instruction counts per weight say what a kernel
+// costs whatever the machine's load.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "infer/decode_bench.h"
+#include "kernels/cpu/bf16_convert.h"
+#include "kernels/cpu/gemm_lowp.h"
+
+using namespace loom;
+
+namespace {
+
+double load_average() {
+  double l = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
+}
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
+struct Layer {
+  int K, N;
+  std::vector<float> f32, scale, bias;
+  std::vector<uint16_t> bf16;
+  std::vector<int8_t> i8;
+  std::vector<uint8_t> f8;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "bench_gemm_lowp: %s\nusage: bench_gemm_lowp [--threads N] [--reps N] [--layers "
+               "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8]\n",
+               why);
+  std::exit(2);
+}
+
+int positive(const char* flag, const std::string& v) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != 0 || x < 1 || x > 100000)
+    usage((std::string(flag) + " wants a positive integer, got '" + v + "'").c_str());
+  return int(x);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 1, reps = 10, n_layer = 12, head = 1;
+  std::vector<int> ms = {1, 16};
+  std::vector<std::string> types = {"fp32", "bf16", "int8", "fp8"};
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) usage(("a value is missing after " + k).c_str());
+    const std::string v = argv[i + 1];
+    if (k == "--threads")
+      threads = positive("--threads", v);
+    else if (k == "--reps")
+      reps = positive("--reps", v);
+    else if (k == "--layers")
+      n_layer = positive("--layers", v);
+    else if (k == "--head") {
+      if (v != "0" && v != "1") usage(("--head wants 0 or 1, got '" + v + "'").c_str());
+      head = v == "1";
+    } else if (k == "--m") {
+      ms.clear();
+      for (const std::string& m : split(v)) ms.push_back(positive("--m", m));
+    } else if (k == "--types") {
+      types = split(v);
+      for (const std::string& t : types)
+        if (t != "fp32" && t != "bf16" && t != "int8" && t != "fp8")
+          usage(("unknown type '" + t + "' (fp32, bf16, int8, fp8)").c_str());
+    } else
+      usage(("unknown flag " + k).c_str());
+  }
+  omp_set_num_threads(threads);
+  const int C = 768, V = 50304;
+  std::vector<Layer> layers;
+  for (int l = 0; l < n_layer; ++l)
+    for (auto [K, N] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}})
+      layers.push_back({K, N, {}, {}, {}, {}, {}, {}});
+  if (head) layers.push_back({C, V, {}, {}, {}, {}, {}, {}});
+  int64_t weights = 0;
+  int max_k = 0, max_n = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Layer& L = layers[i];
+    const size_t n = size_t(L.K) * L.N;
+    weights += int64_t(n);
+    max_k = std::max(max_k, L.K);
+    max_n = std::max(max_n, L.N);
+    L.f32.resize(n);
+    for (size_t j = 0; j < n; ++j) L.f32[j] = 0.02f * normal_at(11, i, j);
+    L.bias.assign(size_t(L.N), 0.01f);
+    L.scale.resize(size_t(L.N));
+    L.bf16.resize(n);
+    cpu::f32_to_bf16_array(L.f32.data(), L.bf16.data(), n);
+    L.i8.resize(n);
+    cpu::quantize_int8_rows(L.f32.data(), L.N, L.K, L.i8.data(), L.scale.data());
+    L.f8.resize(n);
+    std::vector<float> s8(size_t(L.N));
+    cpu::quantize_fp8_rows(L.f32.data(), L.N, L.K, L.f8.data(), s8.data());
+    // int8's scales serve fp8 too: the figures are about the bytes read, not the values.
+  }
+  const int max_m = *std::max_element(ms.begin(), ms.end());
+  std::vector<float> x(size_t(max_m) * max_k), y(size_t(max_m) * max_n);
+  for (size_t j = 0; j < x.size(); ++j) x[j] = normal_at(12, 0, j);
+  const double bw = infer::measure_read_bandwidth_gbs();
+  const double load0 = load_average();
+  std::printf(
+      "bench_gemm_lowp: %d layers%s, %.1fM weights, %d threads, AVX-512 %s, "
+      "streaming read %.2f GB/s, load %.2f\n",
+      n_layer, head ? " + head" : "", weights / 1e6, threads,
+      cpu::lowp_uses_avx512() ? "on" : "off", bw, load0);
+  std::printf("%-5s %3s %10s %10s %8s %10s\n", "type", "M", "ms/pass", "GB/s", "of read", "GMAC/s");
+  for (const std::string& t : types) {
+    const double bytes_per_weight = t == "fp32" ? 4 : t == "bf16" ? 2 : 1;
+    for (int M : ms) {
+      auto pass = [&] {
+        for (Layer& L : layers) {
+          if (t == "fp32")
+            cpu::gemv_f32w(y.data(), x.data(), L.f32.data(), L.bias.data(), M, L.K, L.N);
+          else if (t == "bf16")
+            cpu::linear_bf16w(y.data(), x.data(), L.bf16.data(), L.bias.data(), M, L.K, L.N);
+          else if (t == "int8")
+            cpu::linear_int8w(y.data(), x.data(), L.i8.data(), L.scale.data(), L.bias.data(), M,
+                              L.K, L.N);
+          else
+            cpu::linear_fp8w(y.data(), x.data(), L.f8.data(), L.scale.data(), L.bias.data(), M, L.K,
+                             L.N);
+        }
+      };
+      pass();  // warm-up
+      double best = 1e30;
+      for (int r = 0; r < reps; ++r) {
+        const double t0 = now();
+        pass();
+        best = std::min(best, now() - t0);
+      }
+      const double gbs = weights * bytes_per_weight / best / 1e9;
+      std::printf("%-5s %3d %10.2f %10.2f %7.0f%% %10.2f\n", t.c_str(), M, best * 1e3, gbs,
+                  100 * gbs / bw, double(weights) * M / best / 1e9);
+    }
+  }
+  std::printf("load %.2f -> %.2f\n", load0, load_average());
+  return 0;
+}
