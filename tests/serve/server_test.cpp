@@ -377,7 +377,6 @@ TEST_F(Fixture, ABurstOfClientsAllGetAnAnswer) {
 TEST_F(Fixture, NonStreamedDisconnectsCancelAndFreeBlocks) {
   step_delay_ms = 20;  // 240 tokens: about 5 s if nothing cancelled them
   start();
-  const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> quitters;
   std::atomic<int> sent{0};
   for (int i = 0; i < 8; ++i)
@@ -408,8 +407,8 @@ TEST_F(Fixture, NonStreamedDisconnectsCancelAndFreeBlocks) {
     if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(freed);
-  // Well before 240 steps of 20 ms: they were cancelled, not finished.
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(3500));
+  // They were cancelled, not finished: fewer tokens than 8 x 240 were ever generated. (No
+  // wall-clock bound: a loaded machine may take any time; the token count cannot lie.)
   EXPECT_LT(engine->stats().generation_tokens_total, 8 * 240);
   auto m = client().Get("/metrics");
   ASSERT_TRUE(m);
