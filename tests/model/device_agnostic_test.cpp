@@ -91,7 +91,9 @@ Result run_stages(Backend& be) {
 }
 
 bool same(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // Empty vectors may hold null data pointers, which memcmp must not see (UBSan).
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // In the child: the guarded run, compared with the CPU run; exits 0 only when all agree.
