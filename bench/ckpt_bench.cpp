@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint_writer.h"
+#include "core/bench_util.h"
 #include "core/fs.h"
 #include "core/log.h"
 #include "model/decoder.h"
@@ -23,11 +24,6 @@
 using namespace loom;
 
 namespace {
-
-double loadavg() {
-  double l[1];
-  return getloadavg(l, 1) == 1 ? l[0] : -1;
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -86,15 +82,15 @@ int main(int argc, char** argv) {
     std::printf(
         "checkpoint stall, %s: %.0f MB per checkpoint (model + AdamW), %d saves each, "
         "under %s\nload average before: %.2f\n",
-        preset.c_str(), bytes / 1e6, saves, dir.c_str(), loadavg());
+        preset.c_str(), bytes / 1e6, saves, dir.c_str(), loom::load_average());
     const Result s = run(false, base + "_sync", saves, model, optim);
     std::printf("  sync : first %.3f s, then median %.3f s   (load %.2f)\n", s.first,
-                median(s.rest), loadavg());
+                median(s.rest), loom::load_average());
     const Result a = run(true, base + "_async", saves, model, optim);
     std::printf(
         "  async: first %.3f s, then median %.3f s; background write median %.3f s   "
         "(load %.2f)\n",
-        a.first, median(a.rest), median(a.writes), loadavg());
+        a.first, median(a.rest), median(a.writes), loom::load_average());
     std::printf("  async stall / sync stall: %.1f%% (steady state), %.1f%% (first save)\n",
                 100 * median(a.rest) / median(s.rest), 100 * a.first / s.first);
     remove_all(base + "_sync");

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bench_util.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/backend.h"
@@ -31,30 +32,11 @@
 
 namespace {
 
-double load_average() {
-  double load = -1.0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = -1.0;
-    std::fclose(f);
-  }
-  return load;
-}
+using loom::load_average;
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
+// Best of at least 3 runs: the bf16 GEMMs are long enough that 3 settle.
 double time_best(const std::function<void()>& fn, double min_time) {
-  fn();
-  double best = 1e300, start = now();
-  int runs = 0;
-  while (runs < 3 || now() - start < min_time) {
-    const double t0 = now();
-    fn();
-    best = std::min(best, now() - t0);
-    ++runs;
-  }
-  return best;
+  return loom::time_best(fn, min_time, 3);
 }
 
 std::vector<float> filled(size_t n, uint32_t seed) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bench_util.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "kernels/backend.h"
@@ -26,37 +27,10 @@
 namespace {
 
 using loom::Json;
+using loom::load_average;
+using loom::time_best;
 
 constexpr int kN = 256, kC = 768, kV = 50304, kHeads = 12, kHeadDim = 64;
-
-// The 1-minute load average (-1 if unavailable).
-double load_average() {
-  double load = -1.0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = -1.0;
-    std::fclose(f);
-  }
-  return load;
-}
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Best time of fn over at least 5 runs and min_time seconds (after one warm-up run). The best
-// run is the least disturbed by other load on a shared machine.
-double time_best(const std::function<void()>& fn, double min_time) {
-  fn();
-  double best = 1e300, start = now();
-  int runs = 0;
-  while (runs < 5 || now() - start < min_time) {
-    const double t0 = now();
-    fn();
-    best = std::min(best, now() - t0);
-    ++runs;
-  }
-  return best;
-}
 
 std::vector<float> filled(size_t n, float scale, uint32_t seed) {
   std::vector<float> v(n);

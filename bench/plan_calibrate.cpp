@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/bench_util.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "kernels/cpu/blas.h"
@@ -177,15 +178,6 @@ double llc_bytes() {
     if (got >= 1 && v > 0) return v * (unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : 1.0);
   }
   return 0;
-}
-
-double load_average() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
 }
 
 int run_compute(const std::vector<std::string>& a) {

@@ -1,6 +1,5 @@
 #include "train/finetune_bench.h"
 
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "core/bench_util.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -25,17 +25,6 @@
 namespace loom {
 
 namespace {
-
-double load_average() {
-  double l[1] = {0};
-  return getloadavg(l, 1) == 1 ? l[0] : -1;
-}
-
-double self_peak_rss_mb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss / 1024.0;  // Linux reports KiB
-}
 
 // A fresh directory under $TMPDIR (or /tmp).
 std::string make_temp_dir(const std::string& tag) {
@@ -66,7 +55,7 @@ Json in_child(const std::string& what, double timeout_s, F&& f) {
     int rc = 0;
     try {
       Json j = f();
-      j["peak_rss_mb"] = self_peak_rss_mb();
+      j["peak_rss_mb"] = peak_rss_mb();
       out = j.dump();
     } catch (const std::exception& e) {
       out = e.what();

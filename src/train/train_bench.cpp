@@ -1,13 +1,12 @@
 #include "train/train_bench.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <vector>
 
+#include "core/bench_util.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -21,17 +20,6 @@
 #include "train/batch.h"
 
 namespace loom {
-
-static double load_average() {
-  double l[1] = {0};
-  return getloadavg(l, 1) == 1 ? l[0] : -1;
-}
-
-static double peak_rss_mb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss / 1024.0;  // Linux reports KiB
-}
 
 Json run_train_bench(const TrainBenchOptions& o) {
   LOOM_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.warmup >= 0,
