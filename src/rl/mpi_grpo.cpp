@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/backend.h"
 #include "rl/rl_checkpoint.h"
 #include "rl/trajectory_wire.h"
 #include "rl/weight_sync.h"
@@ -67,6 +68,8 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       rank_(world.rank()),
       buffer_(mo.max_staleness) {
   check_rl_layout(world.size(), mo.rollout_ranks);
+  // On every rank before any collective: a bad grid ends them all with the same error.
+  check_learner_grid(world.size() - mo.rollout_ranks, mo.learner_tp, policy.config());
   LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
   K_ = mo.rollout_ranks;
   L_ = world.size() - K_;
@@ -77,8 +80,14 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
   sync_ = world.split(rank_ <= K_ ? 0 : 1, rank_, "rl-weights");
   const int64_t bytes = weight_message_bytes(policy.params().total(), mo.weight_dtype);
   if (is_learner()) {
-    learner_ = std::make_unique<GrpoLearner>(policy, opt_, learners_.get());
-    step_ = first_ = restore ? restore(policy, learner_->optimizer()) : 0;
+    li_ = learners_->rank();
+    T_ = mo.learner_tp;
+    D_ = L_ / T_;
+    if (T_ > 1) setup_tensor_parallel();
+    learner_ = std::make_unique<GrpoLearner>(T_ > 1 ? *shard_ : policy, opt_,
+                                             T_ > 1 ? dp_.get() : learners_.get());
+    // A restore writes the whole model (and, under TP, the whole optimizer state, cut below).
+    step_ = first_ = restore ? restore(policy, T_ > 1 ? *whole_optim_ : learner_->optimizer()) : 0;
     LOOM_CHECK(mo.steps >= first_, "the run starts at step ", first_, ", past its ", mo.steps,
                " steps");
     if (L_ > 1) {
@@ -87,6 +96,11 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
                     lo = -learners_->all_reduce_scalar(-first_, comm::ReduceOp::Max);
       LOOM_CHECK(lo == hi, "learner ranks restored different steps (", lo, " to ", hi, ")");
       learners_->broadcast(policy.params().data(), policy.params().total(), DType::F32, 0);
+    }
+    if (T_ > 1) {
+      extract_shard(policy.params(), shard_->params());
+      if (restore) extract_shard_state(*whole_optim_, learner_->optimizer(), shard_->params());
+      if (!gather_) whole_optim_.reset();  // only learner 0's TP group assembles the whole state
     }
     if (rank_ == 0) {
       // A resume's buffered groups are trained on first; the rollout ranks generate from the
@@ -136,6 +150,33 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
 }
 
 MpiGrpo::~MpiGrpo() = default;
+
+void MpiGrpo::setup_tensor_parallel() {
+  // Collective over the learners, in this order: the TP group (T consecutive learners), then
+  // the data-parallel group (the same TP rank in every TP group).
+  tp_ = learners_->split(li_ / T_, li_ % T_, "rl-learner-tp");
+  dp_ = learners_->split(li_ % T_, li_ / T_, "rl-learner-dp");
+  TensorParallel tp;
+  tp.size = T_;
+  tp.rank = tp_->rank();
+  tp.comm = tp_.get();
+  shard_ =
+      std::make_unique<Decoder>(policy_.config(), cpu_backend(), Recompute::None, DType::F32, tp);
+  // The starting weights: the reference model (beta > 0) copies them from the shard.
+  extract_shard(policy_.params(), shard_->params());
+  whole_optim_ = std::make_unique<AdamW>(policy_.params(), opt_.adam, DType::F32, cpu_backend());
+  if (li_ / T_ == 0) gather_ = std::make_unique<TpGather>(shard_->params(), *tp_);
+}
+
+void MpiGrpo::gather_whole() {
+  if (!gather_) return;
+  ParamSet& sh = shard_->params();
+  ParamSet& whole = policy_.params();
+  gather_->gather([&](const ParamInfo& p) { return sh.data() + p.offset; },
+                  [&](const ParamInfo& p) { return whole.ptr(p.name); });
+  if (step_ == mo_.steps || (mo_.save_every > 0 && step_ % mo_.save_every == 0))
+    gather_->gather_state(learner_->optimizer(), *whole_optim_);
+}
 
 std::string MpiGrpo::rollout_name(int r) const {
   return cat("rollout rank ", world_.world_rank_of(r));
@@ -201,14 +242,16 @@ RlStepStats MpiGrpo::step() {
     learners_->broadcast(const_cast<uint8_t*>(bytes.data()), size, DType::U8, 0);
   }
   st.learner_wait_seconds = now_seconds() - t0;
-  // Learner i trains on groups i, i + L, i + 2L, ... of the step (all of them with one learner).
-  const int me = rank_ == 0 ? 0 : rank_ - K_;
+  // Data-parallel group d of D trains on groups d, d + D, d + 2D, ... of the step (all of them
+  // with one group); without TP each learner is a group.
+  const int me = li_ / T_;
   std::vector<PromptGroup> share;
   for (size_t j = 0; j < all.groups.size(); ++j)
-    if (int(j % size_t(L_)) == me) share.push_back(std::move(all.groups[j]));
+    if (int(j % size_t(D_)) == me) share.push_back(std::move(all.groups[j]));
   if (mo_.before_learn) mo_.before_learn(step_);
   learner_->learn(share, step_, &st);
   ++step_;
+  if (T_ > 1) gather_whole();  // the whole policy for the weight sync, evaluation and saves
   if (rank_ == 0) {
     // The new weights to the rollout ranks (not after the last step: nobody generates then).
     if (step_ < mo_.steps) broadcast_weights();
