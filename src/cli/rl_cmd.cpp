@@ -200,14 +200,21 @@ int run_rl_here(const Args& args) {
     restore = rp.restore;
     int64_t buffered = 0;
     for (const rl::BufferedStep& b : rp.buffer) buffered += int64_t(b.groups.size());
-    if (async)
+    const size_t carried = rp.carried.size();
+    if (async) {
       ao.resume_buffer = std::move(rp.buffer);
-    else if (mpi)
+      ao.resume_carry = std::move(rp.carried);
+    } else if (mpi) {
       mo.resume_buffer = std::move(rp.buffer);
-    else if (buffered > 0)
-      log_warn(*latest, " holds ", buffered, " buffered rollout groups of an asynchronous run; ",
-               "the synchronous loop regenerates them from the restored weights instead");
+      mo.resume_carry = std::move(rp.carried);
+    } else if (buffered > 0 || carried > 0) {
+      log_warn(*latest, " holds ", buffered, " buffered rollout groups and ", carried,
+               " unfinished ones of an asynchronous run; the synchronous loop regenerates them ",
+               "from the restored weights instead");
+    }
     if (async || mpi) log_info("the replay buffer holds ", buffered, " groups from the checkpoint");
+    if ((async || mpi) && carried > 0)
+      log_info("partial rollouts: ", carried, " unfinished groups from the checkpoint continue");
   }
   std::unique_ptr<rl::GrpoTrainer> sync_loop;
   std::unique_ptr<rl::AsyncGrpo> async_loop;
@@ -236,13 +243,15 @@ int run_rl_here(const Args& args) {
     // With --async the groups generated ahead of the learner go with the weights (one cut: the
     // rollout batch in flight reaches the buffer first); over MPI ranks those of the next
     // max-staleness steps, received from the rollout ranks first.
-    const std::vector<rl::BufferedStep> buffer = async_loop ? async_loop->buffer_contents()
-                                                 : mpi_loop ? mpi_loop->buffer_contents()
+    // With partial rollouts also the groups cut and not finished at that point.
+    std::vector<rl::PromptGroup> carried;
+    const std::vector<rl::BufferedStep> buffer = async_loop ? async_loop->buffer_contents(&carried)
+                                                 : mpi_loop ? mpi_loop->buffer_contents(&carried)
                                                             : std::vector<rl::BufferedStep>{};
     // Under --learner-tp the whole optimizer state, gathered by the learners at this step.
     return rl::save_rl_checkpoint(root, step, info, *model,
                                   mpi_loop ? mpi_loop->checkpoint_optimizer() : learner.optimizer(),
-                                  buffer);
+                                  buffer, carried);
   };
 
   log_info("GRPO on ", env->name(),

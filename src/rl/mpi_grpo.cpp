@@ -122,6 +122,23 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       gen = std::min(gen, mo_.steps);
       comm::Work w = sync_->broadcast_async(&gen, 1, DType::I64, 0);
       wait_work(w, "every rollout rank to take the first step to generate");
+      // Partial rollouts: the checkpoint's unfinished groups, which their rollout ranks continue
+      // in their first batch (step gen); kept as what the ranks carried after step gen - 1.
+      check_resume_carry(mo_.resume_carry, gen, opt_.partial_tokens);
+      RolloutBatch carry;
+      carry.groups = std::move(mo_.resume_carry);
+      mo_.resume_carry.clear();
+      std::vector<uint8_t> msg = encode_trajectories(carry, gen);
+      int64_t size = int64_t(msg.size());
+      w = sync_->broadcast_async(&size, 1, DType::I64, 0);
+      wait_work(w, "every rollout rank to take the size of the unfinished groups");
+      w = sync_->broadcast_async(msg.data(), size, DType::U8, 0);
+      wait_work(w, "every rollout rank to take the unfinished groups");
+      auto& kept = carries_[gen - 1];
+      kept.resize(size_t(K_ + 1));
+      for (PromptGroup& g : carry.groups)
+        kept[size_t(1 + int(g.task_index % uint64_t(opt_.prompts_per_step)) % K_)].push_back(
+            std::move(g));
       // Every rollout rank sends every step's message to rank 0: one header receive posted per
       // rank, re-posted as each message arrives.
       headers_.assign(size_t(K_ + 1), std::vector<int64_t>(2, 0));
@@ -139,6 +156,22 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
     int64_t gen = 0;
     comm::Work w = sync_->broadcast_async(&gen, 1, DType::I64, 0);
     wait_work(w, "the learner's first step to generate");
+    // A resume's unfinished groups (partial rollouts): this rank continues its share.
+    int64_t size = 0;
+    w = sync_->broadcast_async(&size, 1, DType::I64, 0);
+    wait_work(w, "the size of the learner's unfinished groups");
+    LOOM_CHECK(size > 0 && size < (int64_t(1) << 40), rollout_name(rank_),
+               ": the learner announced unfinished groups of ", size, " bytes");
+    std::vector<uint8_t> msg(static_cast<size_t>(size));
+    w = sync_->broadcast_async(msg.data(), size, DType::U8, 0);
+    wait_work(w, "the learner's unfinished groups");
+    int64_t target = -1;
+    RolloutBatch carry = decode_trajectories(msg, "learner rank 0", &target);
+    LOOM_CHECK(target == gen, rollout_name(rank_), ": unfinished groups of step ", target,
+               " for a first step ", gen);
+    for (PromptGroup& g : carry.groups)
+      if (int(g.task_index % uint64_t(opt_.prompts_per_step)) % K_ == rank_ - 1)
+        carry_.push_back(std::move(g));
     wbuf_.resize(size_t(bytes));
     wwork_ = sync_->broadcast_async(wbuf_.data(), bytes, DType::U8, 0);
     wpending_ = true;
@@ -221,6 +254,8 @@ RlStepStats MpiGrpo::step() {
   RolloutBatch all;  // this step's groups, in prompt order, and the counts
   if (rank_ == 0) {
     all = receive_step(&st);
+    // A checkpoint keeps the unfinished groups of step_ - 1 at the oldest.
+    carries_.erase(carries_.begin(), carries_.lower_bound(step_ - 1));
   } else {
     // Learner 0 sends every learner the step's groups; its own wait for them is bounded by
     // learner_timeout, so twice that here.
@@ -310,6 +345,11 @@ void MpiGrpo::receive_until(int64_t until) {
                      ", another rank's share");
           all.groups.push_back(std::move(g));
         }
+        if (opt_.partial_tokens > 0) {
+          auto& kept = carries_[want];
+          kept.resize(size_t(K_ + 1));
+          kept[size_t(r)] = std::move(b.carried);
+        }
         all.dropped_timeout += b.dropped_timeout;
         all.dropped_env += b.dropped_env;
         all.generated_tokens += b.generated_tokens;
@@ -372,10 +412,22 @@ RolloutBatch MpiGrpo::receive_step(RlStepStats* stp) {
   return all;
 }
 
-std::vector<BufferedStep> MpiGrpo::buffer_contents() {
+std::vector<BufferedStep> MpiGrpo::buffer_contents(std::vector<PromptGroup>* carried) {
   std::vector<BufferedStep> out;
+  if (carried) carried->clear();
   if (rank_ != 0) return out;
   receive_until(step_ + lead_);
+  if (carried && opt_.partial_tokens > 0) {
+    // Cut by the rollout ranks' batches of the last step kept (or, with none kept, the last
+    // trained on): what their next batch (the first a resume generates) continues.
+    const int64_t last = std::min(step_ + lead_, mo_.steps) - 1;
+    auto it = carries_.find(last);
+    LOOM_CHECK(last < first_ || it != carries_.end(), "checkpoint after step ", step_,
+               ": the unfinished groups of step ", last, " are missing");
+    if (it != carries_.end())
+      for (auto& per_rank : it->second)
+        carried->insert(carried->end(), per_rank.begin(), per_rank.end());
+  }
   for (const auto& [s, entry] : ready_) {
     LOOM_CHECK(s >= step_ && entry.second == K_, "checkpoint after step ", step_,
                ": the groups of step ", s, " are incomplete");
@@ -444,6 +496,7 @@ void MpiGrpo::run_rollout() {
       g.target_step = s;
       b.groups.push_back(std::move(g));
     }
+    if (opt_.partial_tokens > 0) b.carried = carry_;  // for the learner's checkpoints
     ages_.push_back(s - have_);
     Inflight f;
     f.bytes = encode_trajectories(b, s);

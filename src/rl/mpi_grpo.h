@@ -84,6 +84,9 @@ struct MpiRlOptions {
   // Learner 0, a resume: the checkpoint's buffered groups (rl_checkpoint.h), trained on first;
   // the rollout ranks start after the last step they cover.
   std::vector<BufferedStep> resume_buffer;
+  // Learner 0, a resume with partial rollouts: the checkpoint's unfinished groups; each rollout
+  // rank continues its share of them in its first batch.
+  std::vector<PromptGroup> resume_carry;
 };
 
 // Checks a layout of `world_size` ranks with `rollout_ranks` rollout ranks; throws naming both.
@@ -119,8 +122,10 @@ class MpiGrpo {
   // generated), received from the rollout ranks now (waiting at most learner_timeout; they need
   // no newer weights) and kept for the steps that train on them. The rollout ranks go on; a resume
   // from them trains on the same groups as the uninterrupted run. Empty on the other ranks and at
-  // max_staleness 0.
-  std::vector<BufferedStep> buffer_contents();
+  // max_staleness 0. With partial rollouts, *carried (nullable) gets the groups the rollout
+  // ranks had cut, unfinished, in their batches of the last of those steps (they target the
+  // next): the rollout ranks send them with every batch, and a resume hands them back.
+  std::vector<BufferedStep> buffer_contents(std::vector<PromptGroup>* carried = nullptr);
 
   // Rollout rank: generates its share of every target step in [first, steps), sends it, takes
   // every remaining broadcast, then returns.
@@ -186,6 +191,9 @@ class MpiGrpo {
   // Learner 0: the groups of steps received (or restored from a checkpoint) but not yet trained
   // on, merged over the rollout ranks, with the number of ranks whose message is in.
   std::map<int64_t, std::pair<RolloutBatch, int>> ready_;
+  // Learner 0, partial rollouts: per step, each rollout rank's unfinished groups after its batch
+  // of that step (index: world rank), for checkpoints; the steps before step_ - 1 are let go.
+  std::map<int64_t, std::vector<std::vector<PromptGroup>>> carries_;
   std::vector<std::pair<int64_t, uint64_t>> hashes_;
   std::vector<int64_t> ages_;
   double last_step_end_ = 0;

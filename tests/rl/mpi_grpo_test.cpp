@@ -474,6 +474,87 @@ TEST(MpiGrpo, PartialRolloutsSpanWeightVersions) {
   EXPECT_EQ(g.buffer_stats().dropped_stale, 0);
 }
 
+// Partial rollouts in a multi-rank checkpoint: 5-token completions in slices of 3 (two batches:
+// at max staleness 1 new groups start 0 steps ahead, so a rollout rank makes batch s from exactly
+// version s, whatever the timing), fp32 weight sync. The checkpoint after `cut` steps holds the
+// groups the rollout ranks had cut and not finished; a run resumed from it (fresh objects) hands
+// each rollout rank its share back, and takes the uninterrupted run's steps bit for bit. Run as
+// 2 and 3 ranks (1 learner + 1 or 2 rollout ranks).
+TEST(MpiGrpo, PartialRolloutsResumeTheirCutGroups) {
+  set_num_threads(1);
+  RlOptions o = rltest::small_options();
+  o.partial_tokens = 3;
+  const int64_t steps = 5, cut = 2;
+  const MpiRlOptions m = mpi_options(steps, 1, DType::F32);
+  std::unique_ptr<test::TempDir> dir;
+  std::vector<uint8_t> path(512, 0);
+  if (W().rank() == 0) {
+    dir = std::make_unique<test::TempDir>("rl_mpi_partial_ckpt");
+    std::memcpy(path.data(), dir->str().data(), std::min<size_t>(dir->str().size(), 511));
+  }
+  W().broadcast(path.data(), 512, DType::U8, 0);
+  const std::string root = std::string(reinterpret_cast<const char*>(path.data())) + "/ckpt";
+  RlCheckpointInfo info;
+  info.description = "test";
+  info.max_staleness = 1;
+  std::vector<RlStepStats> full;
+  std::vector<float> full_weights;
+  std::vector<PromptGroup> cut_groups;
+  {
+    rltest::Fixture a;
+    info.fingerprint = a.model.config().fingerprint();
+    MpiGrpo g(W(), a.model, a.tok, a.chat, a.env, o, m);
+    if (g.is_learner()) {
+      for (int64_t s = 0; s < steps; ++s) {
+        full.push_back(g.step());
+        if (s + 1 != cut) continue;
+        const std::vector<BufferedStep> buf = g.buffer_contents(&cut_groups);
+        EXPECT_TRUE(buf.empty()) << "lead 0: nothing generated ahead of the weights";
+        save_rl_checkpoint(root, cut, info, a.model, g.learner().optimizer(), buf, cut_groups);
+      }
+      g.finish();
+      full_weights.assign(a.model.params().data(),
+                          a.model.params().data() + a.model.params().total());
+    } else {
+      g.run_rollout();
+    }
+  }
+  W().barrier();  // the checkpoint is on disk before rank 0 opens it
+  rltest::Fixture c;
+  RlRestore restore;
+  MpiRlOptions mr = m;
+  if (W().rank() == 0) {
+    ASSERT_FALSE(cut_groups.empty()) << "no completion was cut: the test proves nothing";
+    for (const PromptGroup& x : cut_groups) EXPECT_EQ(x.target_step, cut);
+    RlResumePoint rp = open_rl_checkpoint(ckpt::find_latest_checkpoint(root).value_or(root),
+                                          c.model.config().fingerprint());
+    EXPECT_EQ(rp.carried.size(), cut_groups.size());
+    restore = rp.restore;
+    mr.resume_carry = rp.carried;
+  }
+  MpiGrpo g(W(), c.model, c.tok, c.chat, c.env, o, mr, restore);
+  if (!g.is_learner()) {
+    g.run_rollout();
+    W().barrier();
+    return;
+  }
+  for (int64_t s = cut; s < steps; ++s) {
+    const RlStepStats y = g.step(), &x = full[size_t(s)];
+    EXPECT_EQ(x.groups, y.groups) << "step " << s;
+    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
+    EXPECT_EQ(x.loss, y.loss) << "step " << s;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
+    EXPECT_EQ(x.staleness, y.staleness) << "step " << s;
+    EXPECT_EQ(x.spanning_rollouts, y.spanning_rollouts) << "step " << s;
+  }
+  g.finish();
+  const ParamSet& p = c.model.params();
+  ASSERT_EQ(int64_t(full_weights.size()), p.total());
+  EXPECT_EQ(std::memcmp(full_weights.data(), p.data(), size_t(p.total()) * sizeof(float)), 0)
+      << "the resumed run ends with other weights than the uninterrupted one";
+  W().barrier();  // rank 0's temp dir goes after the run
+}
+
 // A checkpoint under partial rollouts waits only for the steps the weights it holds can make:
 // 5-token completions in slices of 2 take 3 batches, so at max staleness 2 new groups start 0
 // steps ahead, and the groups of the next step need the next weights; the save must not wait

@@ -103,6 +103,21 @@ echo "ok: 1 learner + 2 rollout ranks"
 spans=$(column "$work/mpi_partial/metrics.jsonl" spanning_rollouts | awk '{ n += $1 } END { print n + 0 }')
 [ "$spans" -gt 0 ] || { echo "over MPI: no trained completion spans two weight versions"; exit 1; }
 echo "ok: --partial-tokens over MPI ($spans completions trained across two versions)"
+# Its checkpoint keeps the groups the rollout rank cut and had not finished; the resumed run
+# hands them back and is the uninterrupted run bit for bit (fp32 sync; max staleness 1 with 2
+# slices: every batch from the weights of its step).
+"${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/mpi_pf" --steps 4 --rollout-ranks 1 \
+  --max-staleness 1 --partial-tokens 6 --weight-sync f32 >/dev/null 2>&1
+"${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/mpi_pr" --steps 2 --rollout-ranks 1 \
+  --max-staleness 1 --partial-tokens 6 --weight-sync f32 >/dev/null 2>&1
+cut=$(column "$work/mpi_pr/checkpoints/step_00000002/state.json" rl_partial_groups_count)
+[ "${cut:-0}" -gt 0 ] || { echo "the MPI partial-rollout checkpoint holds no unfinished groups"; exit 1; }
+log=$("${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/mpi_pr" --steps 4 --rollout-ranks 1 \
+  --max-staleness 1 --partial-tokens 6 --weight-sync f32 --resume 2>&1)
+grep -q "partial rollouts: $cut unfinished groups from the checkpoint continue" <<<"$log" ||
+  { echo "$log"; exit 1; }
+same_run "$work/mpi_pf" "$work/mpi_pr" 4
+echo "ok: --partial-tokens over MPI, --resume continues the $cut cut groups (= uninterrupted)"
 
 expect_fail "--rollout-ranks 3 must lie in \[1, 2\] for 3 ranks" \
   "${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/bad" --steps 2 --rollout-ranks 3
