@@ -16,7 +16,7 @@
 // --mpi-run OUT STEPS TARGET STALENESS`, whose learner evaluates its snapshots after the run and
 // writes OUT/bench_rl_mpi_STALENESS.json. mpi-1 against mpi-0 is the overlap's gain with the
 // same processes, messages and kernels.
-//   bench_rl [OUT_DIR] [STEPS] [TARGET_ACCURACY]
+//   bench_rl [OUT_DIR] [STEPS] [TARGET_ACCURACY] [MODES: e.g. async-2,mpi; default all]
 #include <omp.h>
 
 #include <unistd.h>
@@ -87,6 +87,10 @@ struct Run {
   double seconds = 0, max_wait = 0, rollout_util = 0, learner_util = 0, load_before = 0,
          load_after = 0, time_to_target = -1;
   int64_t samples = 0, spanning = 0;  // spanning: trained completions over several versions
+  // Where the time goes: mean seconds a step of generation (the rollout side's busy time) and of
+  // learning (GrpoLearner::learn), and the step at which the target was reached.
+  double rollout_s = 0, learn_s = 0;
+  int64_t steps_to_target = -1;
 };
 
 // mpi: this process is one rank of a 2-rank job (rank 0 learns, rank 1 generates); only rank 0's
@@ -174,14 +178,18 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
     r.max_wait = std::max(r.max_wait, st.learner_wait_seconds);
     r.rollout_util += st.rollout_utilisation / double(steps);
     r.learner_util += st.learner_utilisation / double(steps);
+    r.rollout_s += st.rollout_seconds / double(steps);
+    r.learn_s += st.learner_seconds / double(steps);
   }
   set_num_threads(1);  // evaluation is not timed; one thread is fastest for the tiny model
   for (size_t k = 0; k < snaps.size(); ++k) {
     std::memcpy(model.params().data(), snaps[k].data(), snaps[k].size() * sizeof(float));
     const double acc = heldout_accuracy(model, tok, chat, env, 128, o.seed, o.max_tokens, 1.0f);
     r.accuracy_at.push_back(acc);
-    if (r.time_to_target < 0 && acc >= target)
+    if (r.time_to_target < 0 && acc >= target) {
       r.time_to_target = r.eval_steps[k] == 0 ? 0 : r.wall[size_t(r.eval_steps[k] - 1)];
+      r.steps_to_target = r.eval_steps[k];
+    }
   }
   return r;
 }
@@ -221,6 +229,9 @@ int mpi_child(const std::string& out, int steps, double target, int eval_every, 
   j["load_after"] = r.load_after;
   j["time_to_target"] = r.time_to_target;
   j["samples"] = r.samples;
+  j["rollout_s"] = r.rollout_s;
+  j["learn_s"] = r.learn_s;
+  j["steps_to_target"] = r.steps_to_target;
   j["wall"] = vec_json(r.wall);
   j["reward"] = vec_json(r.reward);
   j["accuracy_at"] = vec_json(r.accuracy_at);
@@ -257,6 +268,9 @@ bool run_mpi_mode(const std::string& out, int steps, double target, int stalenes
   r->load_after = j.at("load_after").as_double();
   r->time_to_target = j.at("time_to_target").as_double();
   r->samples = int64_t(j.at("samples").as_double());
+  r->rollout_s = j.at("rollout_s").as_double();
+  r->learn_s = j.at("learn_s").as_double();
+  r->steps_to_target = int64_t(j.at("steps_to_target").as_double());
   r->wall = json_vec(j.at("wall"));
   r->reward = json_vec(j.at("reward"));
   r->accuracy_at = json_vec(j.at("accuracy_at"));
@@ -282,28 +296,38 @@ int main(int argc, char** argv) {
   const double target = argc > 3 ? std::stod(argv[3]) : 0.5;
   make_dirs(out);
   const int cores = std::max(1, omp_get_num_procs()), half = std::max(1, cores / 2);
+  // An optional 4th argument picks modes (comma-separated; the baselines always run), so that a
+  // quiet moment on a shared machine can be used for the runs that matter.
+  const std::string only = argc > 4 ? cat(",", argv[4], ",") : std::string();
+  auto want = [&](const char* m) {
+    return only.empty() || only.find(cat(",", m, ",")) != std::string::npos;
+  };
   std::vector<Run> runs = {run("sync", -1, cores, steps, eval_every, target),
-                           run("sync-1t", -1, 1, steps, eval_every, target),
-                           run("async-1", 1, half, steps, eval_every, target),
-                           run("async-2", 2, half, steps, eval_every, target),
-                           // Partial rollouts: 8-token completions in two slices of 4, the second
-                           // on the newer weights (new groups start at most 1 step ahead).
-                           run("async-2p", 2, half, steps, eval_every, target, false, 4)};
+                           run("sync-1t", -1, 1, steps, eval_every, target)};
+  if (want("async-1")) runs.push_back(run("async-1", 1, half, steps, eval_every, target));
+  if (want("async-2")) runs.push_back(run("async-2", 2, half, steps, eval_every, target));
+  // Partial rollouts: 8-token completions in two slices of 4, the second on the newer weights
+  // (new groups start at most 1 step ahead).
+  if (want("async-2p"))
+    runs.push_back(run("async-2p", 2, half, steps, eval_every, target, false, 4));
   Run m0, m1;
-  const bool mpi_ok =
-      run_mpi_mode(out, steps, target, 0, &m0) && run_mpi_mode(out, steps, target, 1, &m1);
+  const bool mpi_ok = want("mpi") && run_mpi_mode(out, steps, target, 0, &m0) &&
+                      run_mpi_mode(out, steps, target, 1, &m1);
   if (mpi_ok) runs.push_back(m0), runs.push_back(m1);
   Json j = Json::object();
   j["steps"] = steps;
   j["target_accuracy"] = target;
   j["cores"] = omp_get_num_procs();
   Json rs = Json::array();
-  std::printf("%-8s %9s %10s %14s %9s %9s %9s %13s\n", "mode", "wall s", "samples/s", "s to target",
-              "rollout%", "learner%", "max wait", "loadavg");
+  std::printf("%-8s %9s %10s %12s %8s %9s %9s %9s %9s %9s %13s\n", "mode", "wall s", "samples/s",
+              "s to target", "steps", "ms/step", "gen ms", "learn ms", "rollout%", "learner%",
+              "loadavg");
   for (const Run& r : runs) {
-    std::printf("%-8s %9.2f %10.1f %14.2f %9.0f %9.0f %9.2f %6.2f->%.2f\n", r.name.c_str(),
-                r.seconds, double(r.samples) / r.seconds, r.time_to_target, 100 * r.rollout_util,
-                100 * r.learner_util, r.max_wait, r.load_before, r.load_after);
+    std::printf("%-8s %9.2f %10.1f %12.2f %8lld %9.1f %9.1f %9.1f %9.0f %9.0f %6.2f->%.2f\n",
+                r.name.c_str(), r.seconds, double(r.samples) / r.seconds, r.time_to_target,
+                static_cast<long long>(r.steps_to_target), 1e3 * r.seconds / double(steps),
+                1e3 * r.rollout_s, 1e3 * r.learn_s, 100 * r.rollout_util, 100 * r.learner_util,
+                r.load_before, r.load_after);
     Json x = Json::object();
     x["mode"] = r.name;
     x["max_staleness"] = r.staleness;
@@ -313,6 +337,9 @@ int main(int argc, char** argv) {
     x["rollout_utilisation"] = r.rollout_util;
     x["learner_utilisation"] = r.learner_util;
     x["max_learner_wait_seconds"] = r.max_wait;
+    x["rollout_seconds_per_step"] = r.rollout_s;
+    x["learn_seconds_per_step"] = r.learn_s;
+    x["steps_to_target"] = r.steps_to_target;
     x["spanning_rollouts"] = r.spanning;
     x["loadavg_before"] = r.load_before;
     x["loadavg_after"] = r.load_after;

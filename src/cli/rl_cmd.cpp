@@ -66,6 +66,8 @@ int run_rl_here(const Args& args) {
              "seconds per generation batch; later groups are dropped (0: none)")
       .value("rollout-ranks", "0",
              "under loom launch -n N: ranks 1..K generate, the other N - K learn (data-parallel)")
+      .value("learner-tp", "1",
+             "with --rollout-ranks: tensor-parallel ranks per data-parallel learner group")
       .value("weight-sync", "bf16", "with --rollout-ranks: weights broadcast as bf16 or f32")
       .value("threads-per-role", "0", "with --async: OpenMP/BLAS threads each (0: half the cores)")
       .value("save-every", "0", "checkpoint every N steps (0: only at the end)")
@@ -108,6 +110,8 @@ int run_rl_here(const Args& args) {
   LOOM_CHECK(async || mpi || !o.has("max-staleness"),
              "--max-staleness needs --async or --rollout-ranks");
   LOOM_CHECK(mpi || !o.has("weight-sync"), "--weight-sync needs --rollout-ranks");
+  LOOM_CHECK(mpi || !o.has("learner-tp"), "--learner-tp needs --rollout-ranks");
+  const int learner_tp = o.get_int32("learner-tp", 1, 1 << 20);
   const DType weight_dtype = rl::weight_sync_dtype(o.get("weight-sync"));
   ro.partial_tokens = o.get_int32("partial-tokens", 0, 1 << 16);
   LOOM_CHECK(ro.partial_tokens == 0 || async || mpi,
@@ -153,6 +157,8 @@ int run_rl_here(const Args& args) {
   mo.max_staleness = ao.max_staleness;
   mo.learner_timeout = ao.learner_timeout;
   mo.steps = steps;
+  mo.learner_tp = learner_tp;
+  mo.save_every = save_every;
   const int rank = comm::world().rank();
   if (mpi && rank > rollout_ranks) {
     // Another data-parallel learner (ranks K+1..N-1): it restores what learner 0 restores
@@ -194,14 +200,21 @@ int run_rl_here(const Args& args) {
     restore = rp.restore;
     int64_t buffered = 0;
     for (const rl::BufferedStep& b : rp.buffer) buffered += int64_t(b.groups.size());
-    if (async)
+    const size_t carried = rp.carried.size();
+    if (async) {
       ao.resume_buffer = std::move(rp.buffer);
-    else if (mpi)
+      ao.resume_carry = std::move(rp.carried);
+    } else if (mpi) {
       mo.resume_buffer = std::move(rp.buffer);
-    else if (buffered > 0)
-      log_warn(*latest, " holds ", buffered, " buffered rollout groups of an asynchronous run; ",
-               "the synchronous loop regenerates them from the restored weights instead");
+      mo.resume_carry = std::move(rp.carried);
+    } else if (buffered > 0 || carried > 0) {
+      log_warn(*latest, " holds ", buffered, " buffered rollout groups and ", carried,
+               " unfinished ones of an asynchronous run; the synchronous loop regenerates them ",
+               "from the restored weights instead");
+    }
     if (async || mpi) log_info("the replay buffer holds ", buffered, " groups from the checkpoint");
+    if ((async || mpi) && carried > 0)
+      log_info("partial rollouts: ", carried, " unfinished groups from the checkpoint continue");
   }
   std::unique_ptr<rl::GrpoTrainer> sync_loop;
   std::unique_ptr<rl::AsyncGrpo> async_loop;
@@ -230,16 +243,23 @@ int run_rl_here(const Args& args) {
     // With --async the groups generated ahead of the learner go with the weights (one cut: the
     // rollout batch in flight reaches the buffer first); over MPI ranks those of the next
     // max-staleness steps, received from the rollout ranks first.
-    const std::vector<rl::BufferedStep> buffer = async_loop ? async_loop->buffer_contents()
-                                                 : mpi_loop ? mpi_loop->buffer_contents()
+    // With partial rollouts also the groups cut and not finished at that point.
+    std::vector<rl::PromptGroup> carried;
+    const std::vector<rl::BufferedStep> buffer = async_loop ? async_loop->buffer_contents(&carried)
+                                                 : mpi_loop ? mpi_loop->buffer_contents(&carried)
                                                             : std::vector<rl::BufferedStep>{};
-    return rl::save_rl_checkpoint(root, step, info, *model, learner.optimizer(), buffer);
+    // Under --learner-tp the whole optimizer state, gathered by the learners at this step.
+    return rl::save_rl_checkpoint(root, step, info, *model,
+                                  mpi_loop ? mpi_loop->checkpoint_optimizer() : learner.optimizer(),
+                                  buffer, carried);
   };
 
   log_info("GRPO on ", env->name(),
            (mpi     ? cat(", over ", rollout_ranks, " rollout rank(s) + ",
-                          comm::world().size() - rollout_ranks, " learner rank(s) (max staleness ",
-                          ao.max_staleness, ", weights sent as ", dtype_name(weight_dtype), ")")
+                          comm::world().size() - rollout_ranks, " learner rank(s)",
+                      learner_tp > 1 ? cat(" as TP groups of ", learner_tp) : std::string(),
+                          " (max staleness ", ao.max_staleness, ", weights sent as ",
+                          dtype_name(weight_dtype), ")")
             : async ? cat(", async (max staleness ", ao.max_staleness,
                           ro.partial_tokens > 0
                               ? cat(", partial rollouts of ", ro.partial_tokens, " tokens a batch")

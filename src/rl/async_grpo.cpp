@@ -37,8 +37,11 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
   // A resume's buffered groups: the learner takes them as the uninterrupted run would have, and
   // the rollouts go on after the last step they cover.
   first_rollout_ = check_resume_buffer(async_.resume_buffer, step_, opt_.prompts_per_step);
+  check_resume_carry(async_.resume_carry, first_rollout_, opt_.partial_tokens);
   buffer_.restore(std::move(async_.resume_buffer), step_);
   async_.resume_buffer.clear();
+  carry_ = std::move(async_.resume_carry);
+  async_.resume_carry.clear();
   last_learner_end_ = now_seconds();
   // The snapshot's version is passed by value: the learner may step (on restored groups) before
   // the thread first runs, so step_ is no longer the snapshot's version by then.
@@ -59,7 +62,6 @@ void AsyncGrpo::stop() {
 }
 
 void AsyncGrpo::rollout_loop(int64_t have) {
-  std::vector<PromptGroup> carry;  // partial rollouts to continue in the next batch
   // Per-thread OpenMP setting: this thread's kernels (and OpenBLAS, which follows the calling
   // thread's OpenMP setting) use threads_ cores, the learner's the others.
   omp_set_num_threads(threads_);
@@ -90,16 +92,16 @@ void AsyncGrpo::rollout_loop(int64_t have) {
       // Partial rollouts: groups already past the bound at step s are not worth continuing;
       // they go to the buffer with the batch, which drops and counts them as stale.
       std::vector<PromptGroup> too_old;
-      if (!carry.empty()) {
+      if (!carry_.empty()) {
         std::vector<PromptGroup> keep;
-        for (PromptGroup& g : carry) {
+        for (PromptGroup& g : carry_) {
           g.target_step = s;
           (s - g.version > async_.max_staleness ? too_old : keep).push_back(std::move(g));
         }
-        carry.swap(keep);
+        carry_.swap(keep);
       }
       RolloutBatch rb =
-          rollout_->generate(s, have, 0, 1, opt_.partial_tokens > 0 ? &carry : nullptr);
+          rollout_->generate(s, have, 0, 1, opt_.partial_tokens > 0 ? &carry_ : nullptr);
       for (PromptGroup& g : too_old) rb.groups.push_back(std::move(g));
       buffer_.push_step(s, std::move(rb.groups), rb.dropped_timeout, rb.dropped_env);
       {
@@ -121,14 +123,17 @@ void AsyncGrpo::rollout_loop(int64_t have) {
   }
 }
 
-std::vector<BufferedStep> AsyncGrpo::buffer_contents() {
+std::vector<BufferedStep> AsyncGrpo::buffer_contents(std::vector<PromptGroup>* carried) {
   std::unique_lock<std::mutex> lock(mu_);
   paused_ = true;
   const bool idle = cv_.wait_for(lock, std::chrono::duration<double>(async_.learner_timeout),
                                  [&] { return !generating_; });
   // The buffer's copy is taken with no batch in flight: every group generated so far is in it.
   std::vector<BufferedStep> out;
-  if (idle) out = buffer_.contents();
+  if (idle) {
+    out = buffer_.contents();
+    if (carried) *carried = carry_;  // cut by the last batch the buffer holds
+  }
   paused_ = false;
   lock.unlock();
   cv_.notify_all();

@@ -36,6 +36,9 @@ struct AsyncOptions {
   // A resume: the checkpoint's buffered groups (rl_checkpoint.h), restored before the rollout
   // thread starts; it then generates from the step after the last of them.
   std::vector<BufferedStep> resume_buffer;
+  // With partial rollouts: the checkpoint's unfinished groups, continued by the rollout thread's
+  // first batch (they target the step after the last buffered one).
+  std::vector<PromptGroup> resume_carry;
 };
 
 class AsyncGrpo {
@@ -53,8 +56,9 @@ class AsyncGrpo {
   // For a checkpoint between steps: waits (at most learner_timeout) for the rollout batch in
   // flight to reach the buffer, then copies what the buffer holds, so that the checkpoint's
   // weights and buffer are one consistent cut; the rollout thread then goes on. Throws when the
-  // rollout thread failed or did not finish its batch in time.
-  std::vector<BufferedStep> buffer_contents();
+  // rollout thread failed or did not finish its batch in time. With partial rollouts, *carried
+  // (nullable) gets the groups cut at the same cut, which the next batch would continue.
+  std::vector<BufferedStep> buffer_contents(std::vector<PromptGroup>* carried = nullptr);
   void stop();
 
  private:
@@ -80,6 +84,9 @@ class AsyncGrpo {
   bool paused_ = false;        // buffer_contents(): no new batch starts
   bool generating_ = false;    // a batch is between its weights and the buffer
   int64_t first_rollout_ = 0;  // the rollout thread's first target step
+  // Partial rollouts: the groups cut in the last batch, continued by the next (the rollout
+  // thread's; read by buffer_contents() only while it is paused between batches).
+  std::vector<PromptGroup> carry_;
   // Rollout thread accounting (under mu_).
   double rollout_busy_ = 0, rollout_wait_ = 0;
   int64_t generated_tokens_ = 0;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/tensor_parallel.h"
 
 namespace loom::rl {
 
@@ -50,7 +51,9 @@ GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicat
   LOOM_CHECK(opt.max_tokens > 0, "max_tokens must be positive");
   LOOM_CHECK(policy.act_dtype() == DType::F32, "GRPO runs the fp32 policy for now");
   if (opt.grpo.beta > 0) {
-    reference_ = std::make_unique<Decoder>(policy.config(), cpu_backend());
+    // In the policy's layout: under tensor parallelism, the same shard of the starting weights.
+    reference_ = std::make_unique<Decoder>(policy.config(), cpu_backend(), Recompute::None,
+                                           DType::F32, policy.tensor_parallel());
     std::copy(policy.params().data(), policy.params().data() + policy.params().total(),
               reference_->params().data());
   }
@@ -242,7 +245,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       gs.loss = parts[0], gs.kl = parts[1], gs.clip_fraction = parts[2];
       gs.mean_is_weight = parts[3], entropy_sum = parts[4];
     }
-    const double norm = std::sqrt(cpu_backend().sum_squares(Pm.grad(), Pm.total()));
+    const double norm = std::sqrt(grad_sq());
     float scale = 1.f;
     if (opt_.clip_grad > 0 && norm > opt_.clip_grad) scale = float(opt_.clip_grad / norm);
     if (std::isfinite(norm)) optim_->step(opt_.lr, scale);
@@ -256,6 +259,23 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
   }
   st.learner_seconds = now_seconds() - t1;
   st.train_tokens_per_s = double(st.train_tokens) / std::max(st.learner_seconds, 1e-9);
+}
+
+double GrpoLearner::grad_sq() {
+  ParamSet& Pm = policy_.params();
+  const TensorParallel& tp = policy_.tensor_parallel();
+  if (tp.size == 1) return cpu_backend().sum_squares(Pm.grad(), Pm.total());
+  // Every element once over the TP group: sharded parameters on every rank, replicated ones
+  // (their gradients are equal on every rank) on rank 0. The data-parallel learners already
+  // hold the same summed gradients.
+  const std::vector<double> w = parallel::grad_norm_weights(Pm, tp.rank);
+  double sq = 0;
+  for (size_t i = 0; i < Pm.infos().size(); ++i) {
+    const ParamInfo& p = Pm.infos()[i];
+    if (w[i] > 0) sq += w[i] * cpu_backend().sum_squares(Pm.grad() + p.offset, p.numel);
+  }
+  tp.comm->all_reduce_f64(&sq, 1, comm::ReduceOp::Sum);
+  return sq;
 }
 
 GrpoTrainer::GrpoTrainer(Decoder& policy, const data::BpeTokenizer& tok,

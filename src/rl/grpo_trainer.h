@@ -68,7 +68,10 @@ class GrpoLearner {
   // With `dp` (several learner ranks, data parallelism) every learner holds the same weights and
   // is given its share of each step's groups; the counts, the loss normalisation and the
   // gradients are summed over `dp`, so every learner takes the step one learner would take on
-  // all the groups (up to the order of floating-point sums).
+  // all the groups (up to the order of floating-point sums). A policy built with a tensor-
+  // parallel layout (Decoder::tensor_parallel) is a shard: every rank of its TP group is given
+  // the same groups, and the gradient norm is taken over the group (`dp` then joins the ranks of
+  // one TP rank across the data-parallel groups).
   GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp = nullptr);
   // One step on `groups` with the weights of version `version` (steps taken); fills the reward,
   // loss and staleness fields of `st` (the whole step's, under data parallelism). Collective
@@ -77,6 +80,7 @@ class GrpoLearner {
   AdamW& optimizer() { return *optim_; }
 
  private:
+  double grad_sq();  // the squared norm of the whole (data- and tensor-parallel) gradient
   Decoder& policy_;
   const RlOptions& opt_;
   comm::Communicator* dp_ = nullptr;  // the learner ranks (null: one learner)

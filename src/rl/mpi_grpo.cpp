@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/backend.h"
 #include "rl/rl_checkpoint.h"
 #include "rl/trajectory_wire.h"
 #include "rl/weight_sync.h"
@@ -67,6 +68,8 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       rank_(world.rank()),
       buffer_(mo.max_staleness) {
   check_rl_layout(world.size(), mo.rollout_ranks);
+  // On every rank before any collective: a bad grid ends them all with the same error.
+  check_learner_grid(world.size() - mo.rollout_ranks, mo.learner_tp, policy.config());
   LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
   K_ = mo.rollout_ranks;
   L_ = world.size() - K_;
@@ -77,8 +80,14 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
   sync_ = world.split(rank_ <= K_ ? 0 : 1, rank_, "rl-weights");
   const int64_t bytes = weight_message_bytes(policy.params().total(), mo.weight_dtype);
   if (is_learner()) {
-    learner_ = std::make_unique<GrpoLearner>(policy, opt_, learners_.get());
-    step_ = first_ = restore ? restore(policy, learner_->optimizer()) : 0;
+    li_ = learners_->rank();
+    T_ = mo.learner_tp;
+    D_ = L_ / T_;
+    if (T_ > 1) setup_tensor_parallel();
+    learner_ = std::make_unique<GrpoLearner>(T_ > 1 ? *shard_ : policy, opt_,
+                                             T_ > 1 ? dp_.get() : learners_.get());
+    // A restore writes the whole model (and, under TP, the whole optimizer state, cut below).
+    step_ = first_ = restore ? restore(policy, T_ > 1 ? *whole_optim_ : learner_->optimizer()) : 0;
     LOOM_CHECK(mo.steps >= first_, "the run starts at step ", first_, ", past its ", mo.steps,
                " steps");
     if (L_ > 1) {
@@ -87,6 +96,11 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
                     lo = -learners_->all_reduce_scalar(-first_, comm::ReduceOp::Max);
       LOOM_CHECK(lo == hi, "learner ranks restored different steps (", lo, " to ", hi, ")");
       learners_->broadcast(policy.params().data(), policy.params().total(), DType::F32, 0);
+    }
+    if (T_ > 1) {
+      extract_shard(policy.params(), shard_->params());
+      if (restore) extract_shard_state(*whole_optim_, learner_->optimizer(), shard_->params());
+      if (!gather_) whole_optim_.reset();  // only learner 0's TP group assembles the whole state
     }
     if (rank_ == 0) {
       // A resume's buffered groups are trained on first; the rollout ranks generate from the
@@ -108,6 +122,23 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       gen = std::min(gen, mo_.steps);
       comm::Work w = sync_->broadcast_async(&gen, 1, DType::I64, 0);
       wait_work(w, "every rollout rank to take the first step to generate");
+      // Partial rollouts: the checkpoint's unfinished groups, which their rollout ranks continue
+      // in their first batch (step gen); kept as what the ranks carried after step gen - 1.
+      check_resume_carry(mo_.resume_carry, gen, opt_.partial_tokens);
+      RolloutBatch carry;
+      carry.groups = std::move(mo_.resume_carry);
+      mo_.resume_carry.clear();
+      std::vector<uint8_t> msg = encode_trajectories(carry, gen);
+      int64_t size = int64_t(msg.size());
+      w = sync_->broadcast_async(&size, 1, DType::I64, 0);
+      wait_work(w, "every rollout rank to take the size of the unfinished groups");
+      w = sync_->broadcast_async(msg.data(), size, DType::U8, 0);
+      wait_work(w, "every rollout rank to take the unfinished groups");
+      auto& kept = carries_[gen - 1];
+      kept.resize(size_t(K_ + 1));
+      for (PromptGroup& g : carry.groups)
+        kept[size_t(1 + int(g.task_index % uint64_t(opt_.prompts_per_step)) % K_)].push_back(
+            std::move(g));
       // Every rollout rank sends every step's message to rank 0: one header receive posted per
       // rank, re-posted as each message arrives.
       headers_.assign(size_t(K_ + 1), std::vector<int64_t>(2, 0));
@@ -125,6 +156,22 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
     int64_t gen = 0;
     comm::Work w = sync_->broadcast_async(&gen, 1, DType::I64, 0);
     wait_work(w, "the learner's first step to generate");
+    // A resume's unfinished groups (partial rollouts): this rank continues its share.
+    int64_t size = 0;
+    w = sync_->broadcast_async(&size, 1, DType::I64, 0);
+    wait_work(w, "the size of the learner's unfinished groups");
+    LOOM_CHECK(size > 0 && size < (int64_t(1) << 40), rollout_name(rank_),
+               ": the learner announced unfinished groups of ", size, " bytes");
+    std::vector<uint8_t> msg(static_cast<size_t>(size));
+    w = sync_->broadcast_async(msg.data(), size, DType::U8, 0);
+    wait_work(w, "the learner's unfinished groups");
+    int64_t target = -1;
+    RolloutBatch carry = decode_trajectories(msg, "learner rank 0", &target);
+    LOOM_CHECK(target == gen, rollout_name(rank_), ": unfinished groups of step ", target,
+               " for a first step ", gen);
+    for (PromptGroup& g : carry.groups)
+      if (int(g.task_index % uint64_t(opt_.prompts_per_step)) % K_ == rank_ - 1)
+        carry_.push_back(std::move(g));
     wbuf_.resize(size_t(bytes));
     wwork_ = sync_->broadcast_async(wbuf_.data(), bytes, DType::U8, 0);
     wpending_ = true;
@@ -136,6 +183,33 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
 }
 
 MpiGrpo::~MpiGrpo() = default;
+
+void MpiGrpo::setup_tensor_parallel() {
+  // Collective over the learners, in this order: the TP group (T consecutive learners), then
+  // the data-parallel group (the same TP rank in every TP group).
+  tp_ = learners_->split(li_ / T_, li_ % T_, "rl-learner-tp");
+  dp_ = learners_->split(li_ % T_, li_ / T_, "rl-learner-dp");
+  TensorParallel tp;
+  tp.size = T_;
+  tp.rank = tp_->rank();
+  tp.comm = tp_.get();
+  shard_ =
+      std::make_unique<Decoder>(policy_.config(), cpu_backend(), Recompute::None, DType::F32, tp);
+  // The starting weights: the reference model (beta > 0) copies them from the shard.
+  extract_shard(policy_.params(), shard_->params());
+  whole_optim_ = std::make_unique<AdamW>(policy_.params(), opt_.adam, DType::F32, cpu_backend());
+  if (li_ / T_ == 0) gather_ = std::make_unique<TpGather>(shard_->params(), *tp_);
+}
+
+void MpiGrpo::gather_whole() {
+  if (!gather_) return;
+  ParamSet& sh = shard_->params();
+  ParamSet& whole = policy_.params();
+  gather_->gather([&](const ParamInfo& p) { return sh.data() + p.offset; },
+                  [&](const ParamInfo& p) { return whole.ptr(p.name); });
+  if (step_ == mo_.steps || (mo_.save_every > 0 && step_ % mo_.save_every == 0))
+    gather_->gather_state(learner_->optimizer(), *whole_optim_);
+}
 
 std::string MpiGrpo::rollout_name(int r) const {
   return cat("rollout rank ", world_.world_rank_of(r));
@@ -180,6 +254,8 @@ RlStepStats MpiGrpo::step() {
   RolloutBatch all;  // this step's groups, in prompt order, and the counts
   if (rank_ == 0) {
     all = receive_step(&st);
+    // A checkpoint keeps the unfinished groups of step_ - 1 at the oldest.
+    carries_.erase(carries_.begin(), carries_.lower_bound(step_ - 1));
   } else {
     // Learner 0 sends every learner the step's groups; its own wait for them is bounded by
     // learner_timeout, so twice that here.
@@ -201,14 +277,16 @@ RlStepStats MpiGrpo::step() {
     learners_->broadcast(const_cast<uint8_t*>(bytes.data()), size, DType::U8, 0);
   }
   st.learner_wait_seconds = now_seconds() - t0;
-  // Learner i trains on groups i, i + L, i + 2L, ... of the step (all of them with one learner).
-  const int me = rank_ == 0 ? 0 : rank_ - K_;
+  // Data-parallel group d of D trains on groups d, d + D, d + 2D, ... of the step (all of them
+  // with one group); without TP each learner is a group.
+  const int me = li_ / T_;
   std::vector<PromptGroup> share;
   for (size_t j = 0; j < all.groups.size(); ++j)
-    if (int(j % size_t(L_)) == me) share.push_back(std::move(all.groups[j]));
+    if (int(j % size_t(D_)) == me) share.push_back(std::move(all.groups[j]));
   if (mo_.before_learn) mo_.before_learn(step_);
   learner_->learn(share, step_, &st);
   ++step_;
+  if (T_ > 1) gather_whole();  // the whole policy for the weight sync, evaluation and saves
   if (rank_ == 0) {
     // The new weights to the rollout ranks (not after the last step: nobody generates then).
     if (step_ < mo_.steps) broadcast_weights();
@@ -266,6 +344,11 @@ void MpiGrpo::receive_until(int64_t until) {
                      "learner step ", step_, ": ", rollout_name(r), " sent task ", g.task_index,
                      ", another rank's share");
           all.groups.push_back(std::move(g));
+        }
+        if (opt_.partial_tokens > 0) {
+          auto& kept = carries_[want];
+          kept.resize(size_t(K_ + 1));
+          kept[size_t(r)] = std::move(b.carried);
         }
         all.dropped_timeout += b.dropped_timeout;
         all.dropped_env += b.dropped_env;
@@ -329,10 +412,22 @@ RolloutBatch MpiGrpo::receive_step(RlStepStats* stp) {
   return all;
 }
 
-std::vector<BufferedStep> MpiGrpo::buffer_contents() {
+std::vector<BufferedStep> MpiGrpo::buffer_contents(std::vector<PromptGroup>* carried) {
   std::vector<BufferedStep> out;
+  if (carried) carried->clear();
   if (rank_ != 0) return out;
   receive_until(step_ + lead_);
+  if (carried && opt_.partial_tokens > 0) {
+    // Cut by the rollout ranks' batches of the last step kept (or, with none kept, the last
+    // trained on): what their next batch (the first a resume generates) continues.
+    const int64_t last = std::min(step_ + lead_, mo_.steps) - 1;
+    auto it = carries_.find(last);
+    LOOM_CHECK(last < first_ || it != carries_.end(), "checkpoint after step ", step_,
+               ": the unfinished groups of step ", last, " are missing");
+    if (it != carries_.end())
+      for (auto& per_rank : it->second)
+        carried->insert(carried->end(), per_rank.begin(), per_rank.end());
+  }
   for (const auto& [s, entry] : ready_) {
     LOOM_CHECK(s >= step_ && entry.second == K_, "checkpoint after step ", step_,
                ": the groups of step ", s, " are incomplete");
@@ -401,6 +496,7 @@ void MpiGrpo::run_rollout() {
       g.target_step = s;
       b.groups.push_back(std::move(g));
     }
+    if (opt_.partial_tokens > 0) b.carried = carry_;  // for the learner's checkpoints
     ages_.push_back(s - have_);
     Inflight f;
     f.bytes = encode_trajectories(b, s);

@@ -31,6 +31,16 @@
 // - Checkpoints: the groups the rollout ranks generated ahead of the learner (by weights older
 //   than the checkpoint's) are saved with it (buffer_contents) and trained on after a resume, as
 //   in the one-process asynchronous loop; the rollout ranks then start after the last of them.
+// - Tensor parallelism (MpiRlOptions::learner_tp = T > 1): the L learners form L / T data-parallel
+//   groups of T consecutive learner ranks (learner i: TP rank i % T, data-parallel group i / T).
+//   Each trains a TP shard of the policy (the trainer's layout, cut from the whole starting
+//   weights); the groups of a step are shared out over the data-parallel groups, every TP rank
+//   of one group taking the same share. After every step the TP group of learner 0 pieces its
+//   shards together into the whole policy (tp_gather.h: copies, so the whole tensors hold the
+//   shards' bits), which learner 0 broadcasts to the rollout ranks (they run the whole model),
+//   evaluates and saves; at the checkpoint steps (save_every, and the last) the optimizer's
+//   moments too (checkpoint_optimizer()). Checkpoints are therefore the one-learner layout, and
+//   any layout resumes from any other.
 // With max_staleness = 0, fp32 weight sync and one learner, the run is the synchronous
 // algorithm (GrpoTrainer) bit for bit: the same engine samples the same requests from the same
 // weights, and the learner sees the groups in the same order. With several learners it is the
@@ -48,6 +58,7 @@
 #include "rl/grpo_trainer.h"
 #include "rl/replay_buffer.h"
 #include "rl/rollout.h"
+#include "rl/tp_gather.h"
 
 namespace loom::rl {
 
@@ -65,9 +76,17 @@ struct MpiRlOptions {
   // that has arrived, so that which weights made each step's groups does not depend on timing (a
   // resumed run can then be compared with the uninterrupted one bit for bit at max_staleness > 0).
   bool fixed_lag = false;
+  // Tensor-parallel ranks per data-parallel learner group (--learner-tp; divides the learners).
+  int learner_tp = 1;
+  // With learner_tp > 1: after every save_every-th step (0: only the last) the optimizer state
+  // is gathered for learner 0's checkpoint (checkpoint_optimizer()).
+  int64_t save_every = 0;
   // Learner 0, a resume: the checkpoint's buffered groups (rl_checkpoint.h), trained on first;
   // the rollout ranks start after the last step they cover.
   std::vector<BufferedStep> resume_buffer;
+  // Learner 0, a resume with partial rollouts: the checkpoint's unfinished groups; each rollout
+  // rank continues its share of them in its first batch.
+  std::vector<PromptGroup> resume_carry;
 };
 
 // Checks a layout of `world_size` ranks with `rollout_ranks` rollout ranks; throws naming both.
@@ -92,14 +111,21 @@ class MpiGrpo {
   // Learner: after the last step, waits until every broadcast was taken (bounded).
   void finish();
   GrpoLearner& learner() { return *learner_; }
+  // Learner: the model its optimizer steps (its TP shard under learner_tp > 1, else the policy).
+  Decoder& trained_model() { return shard_ ? *shard_ : policy_; }
+  // Learner 0: the optimizer state of the whole model, for a checkpoint after a step that
+  // gathers it (every step without TP; with TP the save_every-th and the last).
+  AdamW& checkpoint_optimizer() { return whole_optim_ ? *whole_optim_ : learner_->optimizer(); }
   ReplayStats buffer_stats() const { return buffer_.stats(); }
   // Learner 0, for a checkpoint between steps: the groups of the next lead steps (max_staleness,
   // less with partial rollouts: those that older weights than the checkpoint's may have
   // generated), received from the rollout ranks now (waiting at most learner_timeout; they need
   // no newer weights) and kept for the steps that train on them. The rollout ranks go on; a resume
   // from them trains on the same groups as the uninterrupted run. Empty on the other ranks and at
-  // max_staleness 0.
-  std::vector<BufferedStep> buffer_contents();
+  // max_staleness 0. With partial rollouts, *carried (nullable) gets the groups the rollout
+  // ranks had cut, unfinished, in their batches of the last of those steps (they target the
+  // next): the rollout ranks send them with every batch, and a resume hands them back.
+  std::vector<BufferedStep> buffer_contents(std::vector<PromptGroup>* carried = nullptr);
 
   // Rollout rank: generates its share of every target step in [first, steps), sends it, takes
   // every remaining broadcast, then returns.
@@ -127,6 +153,9 @@ class MpiGrpo {
   // silent ranks.
   void receive_until(int64_t until);
   std::string rollout_name(int world_rank) const;
+  void setup_tensor_parallel();              // learners, learner_tp > 1
+  void restore_shard(bool optimizer_state);  // the shard (and moments) from the whole model
+  void gather_whole();                       // TP group of learner 0: after each step
 
   comm::Communicator& world_;
   Decoder& policy_;
@@ -140,6 +169,14 @@ class MpiGrpo {
   int64_t lead_ = 1;                // how far ahead of the learner new groups start (rollout_lead)
   std::vector<PromptGroup> carry_;  // rollout, partial rollouts: groups cut in the last batch
   std::unique_ptr<GrpoLearner> learner_;
+  // Tensor parallelism: learner index, TP size, data-parallel groups; the TP and data-parallel
+  // communicators, this rank's shard of the policy (policy_ stays whole), the whole model's
+  // optimizer state (learner 0's checkpoints and restores), the gather (TP group 0 only).
+  int li_ = 0, T_ = 1, D_ = 1;
+  std::unique_ptr<comm::Communicator> tp_, dp_;
+  std::unique_ptr<Decoder> shard_;
+  std::unique_ptr<AdamW> whole_optim_;
+  std::unique_ptr<TpGather> gather_;
   ReplayBuffer buffer_;
   std::unique_ptr<RolloutWorker> rollout_;
   std::deque<Inflight> sends_;  // learner: broadcasts; rollout: trajectory messages
@@ -154,6 +191,9 @@ class MpiGrpo {
   // Learner 0: the groups of steps received (or restored from a checkpoint) but not yet trained
   // on, merged over the rollout ranks, with the number of ranks whose message is in.
   std::map<int64_t, std::pair<RolloutBatch, int>> ready_;
+  // Learner 0, partial rollouts: per step, each rollout rank's unfinished groups after its batch
+  // of that step (index: world rank), for checkpoints; the steps before step_ - 1 are let go.
+  std::map<int64_t, std::vector<std::vector<PromptGroup>>> carries_;
   std::vector<std::pair<int64_t, uint64_t>> hashes_;
   std::vector<int64_t> ages_;
   double last_step_end_ = 0;

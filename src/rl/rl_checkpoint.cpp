@@ -90,9 +90,21 @@ int64_t check_resume_buffer(const std::vector<BufferedStep>& buffer, int64_t ste
   return first;
 }
 
+void check_resume_carry(const std::vector<PromptGroup>& carried, int64_t first,
+                        int partial_tokens) {
+  if (carried.empty()) return;
+  LOOM_CHECK(partial_tokens > 0, "the checkpoint holds ", carried.size(),
+             " unfinished groups of partial rollouts: resume with --partial-tokens (and --async "
+             "or --rollout-ranks)");
+  for (const PromptGroup& g : carried)
+    LOOM_CHECK(g.target_step == first, "the checkpoint's unfinished group of task ", g.task_index,
+               " continues at step ", g.target_step, ", but the rollouts resume at step ", first);
+}
+
 std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCheckpointInfo& info,
                                Decoder& policy, AdamW& optim,
-                               const std::vector<BufferedStep>& buffer) {
+                               const std::vector<BufferedStep>& buffer,
+                               const std::vector<PromptGroup>& carried) {
   ckpt::TrainerState st;
   st.step = step;
   st.config_text = info.config_text;
@@ -106,6 +118,14 @@ std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCh
   for (const BufferedStep& b : buffer) groups += int64_t(b.groups.size());
   st.extra["rl_replay_buffer_groups"] = groups;
   st.extra["rl_replay_buffer"] = encode_replay_buffer(buffer);
+  if (!carried.empty()) {
+    // One trajectory message of the step they continue at (every group targets it).
+    BufferedStep c;
+    c.target_step = carried.front().target_step;
+    c.groups = carried;
+    st.extra["rl_partial_groups_count"] = int64_t(carried.size());
+    st.extra["rl_partial_groups"] = encode_replay_buffer({c});
+  }
   return ckpt::save_checkpoint(root, st, policy.params().tensors(), optim.state_tensors());
 }
 
@@ -121,6 +141,21 @@ RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fing
   // Checkpoints written before the buffer was saved have none: their resume regenerates.
   if (extra.contains("rl_replay_buffer"))
     r.buffer = decode_replay_buffer(extra.at("rl_replay_buffer").as_string(), c->dir());
+  if (extra.contains("rl_partial_groups")) {
+    const std::string where = c->dir() + " (rl_partial_groups)";
+    std::vector<BufferedStep> p =
+        decode_replay_buffer(extra.at("rl_partial_groups").as_string(), where);
+    LOOM_CHECK(p.size() == 1, where, ": ", p.size(), " steps, not one");
+    for (const PromptGroup& g : p[0].groups) {
+      const bool open = std::any_of(g.rollouts.begin(), g.rollouts.end(),
+                                    [](const Rollout& ro) { return !ro.finished; });
+      LOOM_CHECK(
+          open && g.version <= r.step, where, ": the group of task ", g.task_index,
+          open ? cat(" has tokens of weight version ", g.version, ", newer than step ", r.step)
+               : std::string(" has no unfinished completion"));
+    }
+    r.carried = std::move(p[0].groups);
+  }
   const int64_t adam_steps = extra.at("rl_adam_steps").as_int(0, INT64_MAX);
   // state.json's own fingerprint is the tensor shapes' (restore_model checks the shapes); the
   // model config's is in extra, as the checkpoint was saved.

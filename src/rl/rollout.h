@@ -24,6 +24,9 @@ struct RlOptions;
 
 struct RolloutBatch {
   std::vector<PromptGroup> groups;  // finished and scored
+  // Over MPI ranks with partial rollouts: the groups the batch cut, which the rank continues in
+  // its next batch (target step + 1); sent with the batch so that a checkpoint can keep them.
+  std::vector<PromptGroup> carried;
   int64_t dropped_timeout = 0, dropped_env = 0;
   int64_t generated_tokens = 0;
   double seconds = 0;

@@ -9,7 +9,8 @@ namespace loom::rl {
 
 namespace {
 
-constexpr uint32_t kMagic = 0x32524C54;  // "TLR2": a message of this layout, version 2
+constexpr uint32_t kMagic = 0x33524C54;    // "TLR3": a message of this layout, version 3
+constexpr uint32_t kMagicV2 = 0x32524C54;  // "TLR2": no carried groups, no completion marks
 
 struct Writer {
   std::vector<uint8_t> out;
@@ -70,16 +71,11 @@ struct Reader {
 
 }  // namespace
 
-std::vector<uint8_t> encode_trajectories(const RolloutBatch& b, int64_t target_step) {
-  Writer w;
-  w.put<uint32_t>(kMagic);
-  w.put<int64_t>(target_step);
-  w.put<int64_t>(b.dropped_timeout);
-  w.put<int64_t>(b.dropped_env);
-  w.put<int64_t>(b.generated_tokens);
-  w.put<double>(b.seconds);
-  w.put<int64_t>(int64_t(b.groups.size()));
-  for (const PromptGroup& g : b.groups) {
+namespace {
+
+void put_groups(Writer& w, const std::vector<PromptGroup>& groups) {
+  w.put<int64_t>(int64_t(groups.size()));
+  for (const PromptGroup& g : groups) {
     w.put<int64_t>(g.target_step);
     w.put<int64_t>(g.version);
     w.put<uint64_t>(g.task_index);
@@ -94,34 +90,24 @@ std::vector<uint8_t> encode_trajectories(const RolloutBatch& b, int64_t target_s
       w.vec(r.versions);
       w.str(r.text);
       w.put<double>(r.reward);
+      w.put<uint8_t>(uint8_t((r.finished ? 1 : 0) | (r.stopped ? 2 : 0)));
     }
   }
-  return std::move(w.out);
 }
 
-RolloutBatch decode_trajectories(const std::vector<uint8_t>& bytes, const std::string& from,
-                                 int64_t* target_step) {
-  Reader r{bytes, from};
-  LOOM_CHECK(r.get<uint32_t>() == kMagic, "trajectory message from ", from,
-             ": not a trajectory message (bad magic)");
-  RolloutBatch b;
-  const int64_t step = r.get<int64_t>();
-  b.dropped_timeout = r.get<int64_t>();
-  b.dropped_env = r.get<int64_t>();
-  b.generated_tokens = r.get<int64_t>();
-  b.seconds = r.get<double>();
-  LOOM_CHECK(step >= 0 && b.dropped_timeout >= 0 && b.dropped_env >= 0 && b.generated_tokens >= 0 &&
-                 std::isfinite(b.seconds) && b.seconds >= 0,
-             "trajectory message from ", from, ": negative or non-finite counts in the header");
+// Groups that target `target` and hold no token newer than `newest`; v2: no completion marks.
+std::vector<PromptGroup> get_groups(Reader& r, const std::string& from, int64_t step,
+                                    int64_t target, int64_t newest, bool v2) {
+  std::vector<PromptGroup> out;
   const int64_t groups = r.count(8);
   for (int64_t i = 0; i < groups; ++i) {
     PromptGroup g;
     g.target_step = r.get<int64_t>();
     g.version = r.get<int64_t>();
     g.task_index = r.get<uint64_t>();
-    LOOM_CHECK(g.target_step == step && g.version >= 0, "trajectory message from ", from,
+    LOOM_CHECK(g.target_step == target && g.version >= 0, "trajectory message from ", from,
                ": group ", i, " targets step ", g.target_step, " (version ", g.version,
-               ") in a message for step ", step);
+               ") in a message for step ", step, target == step ? "" : " (carried groups)");
     g.task.prompt = r.str();
     g.task.answer = r.str();
     g.task.numbers = r.vec<int>();
@@ -131,23 +117,65 @@ RolloutBatch decode_trajectories(const std::vector<uint8_t>& bytes, const std::s
       ro.response = r.vec<int32_t>();
       ro.logprobs = r.vec<float>();
       ro.versions = r.vec<int64_t>();
-      ro.finished = true;  // only finished groups travel
       ro.text = r.str();
       ro.reward = r.get<double>();
+      const uint8_t marks = v2 ? 1 : r.get<uint8_t>();
+      LOOM_CHECK(marks <= 3, "trajectory message from ", from, ": task ", g.task_index,
+                 " has completion marks ", int(marks));
+      ro.finished = marks & 1;
+      ro.stopped = marks & 2;
       LOOM_CHECK(ro.logprobs.size() == ro.response.size() &&
                      ro.versions.size() == ro.response.size() && std::isfinite(ro.reward),
                  "trajectory message from ", from, ": task ", g.task_index, " has ",
                  ro.logprobs.size(), " log-probs and ", ro.versions.size(), " versions for ",
                  ro.response.size(), " tokens, or a non-finite reward");
       for (int64_t v : ro.versions)
-        LOOM_CHECK(v >= g.version && v <= step, "trajectory message from ", from, ": task ",
+        LOOM_CHECK(v >= g.version && v <= newest, "trajectory message from ", from, ": task ",
                    g.task_index, " has a token of weight version ", v, " outside [", g.version,
-                   ", ", step, "]");
+                   ", ", newest, "]");
     }
-    b.groups.push_back(std::move(g));
+    out.push_back(std::move(g));
   }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_trajectories(const RolloutBatch& b, int64_t target_step) {
+  Writer w;
+  w.out.reserve(4096);  // (also keeps GCC 12 from a false -Wstringop-overflow on the growth)
+  w.put<uint32_t>(kMagic);
+  w.put<int64_t>(target_step);
+  w.put<int64_t>(b.dropped_timeout);
+  w.put<int64_t>(b.dropped_env);
+  w.put<int64_t>(b.generated_tokens);
+  w.put<double>(b.seconds);
+  put_groups(w, b.groups);
+  put_groups(w, b.carried);
+  return std::move(w.out);
+}
+
+RolloutBatch decode_trajectories(const std::vector<uint8_t>& bytes, const std::string& from,
+                                 int64_t* target_step) {
+  Reader r{bytes, from};
+  const uint32_t magic = r.get<uint32_t>();
+  LOOM_CHECK(magic == kMagic || magic == kMagicV2, "trajectory message from ", from,
+             ": not a trajectory message (bad magic)");
+  const bool v2 = magic == kMagicV2;
+  RolloutBatch b;
+  const int64_t step = r.get<int64_t>();
+  b.dropped_timeout = r.get<int64_t>();
+  b.dropped_env = r.get<int64_t>();
+  b.generated_tokens = r.get<int64_t>();
+  b.seconds = r.get<double>();
+  LOOM_CHECK(step >= 0 && b.dropped_timeout >= 0 && b.dropped_env >= 0 && b.generated_tokens >= 0 &&
+                 std::isfinite(b.seconds) && b.seconds >= 0,
+             "trajectory message from ", from, ": negative or non-finite counts in the header");
+  b.groups = get_groups(r, from, step, step, step, v2);
+  // Carried groups continue in the sender's next batch (step + 1), from tokens made up to now.
+  if (!v2) b.carried = get_groups(r, from, step, step + 1, step, false);
   LOOM_CHECK(r.pos == bytes.size(), "trajectory message from ", from, ": ", bytes.size() - r.pos,
-             " bytes left over after ", groups, " groups");
+             " bytes left over after ", b.groups.size(), " groups");
   *target_step = step;
   return b;
 }

@@ -1,7 +1,11 @@
 // The trajectory message a rollout rank sends the learner for one target step: the scored prompt
 // groups (prompt token ids, each completion's tokens, behaviour log-probs, text and reward, the
 // weight version that generated them) and the batch's counts (groups dropped for a timeout or by
-// the environment, generated tokens, busy seconds). A flat little-endian byte layout; decoding
+// the environment, generated tokens, busy seconds), and with partial rollouts the groups cut in
+// the batch that the sender continues in its next one (RolloutBatch::carried: each completion's
+// tokens so far, versions, and whether it finished or stopped). A flat little-endian byte
+// layout (version 3; version 2, without the carried groups and the per-completion marks, as
+// older checkpoints hold it, still decodes: every completion finished); decoding
 // checks every length against the bytes left, so a truncated or corrupt message is an error
 // naming the rank and the byte offset, never a crash or a partial batch.
 #pragma once

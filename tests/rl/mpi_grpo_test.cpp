@@ -52,7 +52,10 @@ void sleep_s(double s) {
 std::vector<std::vector<int64_t>> gather_hashes(const MpiGrpo& g, int64_t versions) {
   std::vector<int64_t> all(size_t(2 * versions * W().size()), 0);
   const auto& mine = g.weight_hashes();
-  EXPECT_EQ(int64_t(mine.size()), versions) << "rank " << W().rank();
+  // Learner 0 sends every version and the rollout ranks take them; other learners hold none.
+  if (W().rank() == 0 || !g.is_learner()) {
+    EXPECT_EQ(int64_t(mine.size()), versions) << "rank " << W().rank();
+  }
   for (size_t i = 0; i < mine.size() && int64_t(i) < versions; ++i) {
     all[size_t(2 * versions * W().rank()) + 2 * i] = mine[i].first;
     all[size_t(2 * versions * W().rank()) + 2 * i + 1] = int64_t(mine[i].second);
@@ -258,6 +261,92 @@ TEST(MpiGrpo, TwoLearnersTakeOneLearnersSteps) {
               std::sqrt(diff / moved));
 }
 
+// 3 ranks as 2 tensor-parallel learners (world ranks 0 and 2, one TP group of 2) + 1 rollout
+// rank, and 5 ranks as 2 data-parallel groups of 2 TP learners (world ranks 0, 2 and 3, 4) + 1
+// rollout rank: the same steps as one learner on all the groups (the synchronous run in this
+// process, max staleness 0, fp32 weight sync). TP splits the matrix products' sums (the row-
+// parallel all-reduce adds two partial sums), so the weights agree up to that reordering, not
+// bit for bit: the counts and the first step's rewards (from the same starting weights) are
+// exact, the rest within the tolerances below. Both TP ranks of learner 0's group assemble the
+// same whole weights from their shards, the rollout rank receives exactly them, and the same TP
+// rank of each data-parallel group holds the same shard.
+TEST(MpiGrpo, TensorParallelLearnersTakeOneLearnersSteps) {
+  if (W().size() != 3 && W().size() != 5)
+    GTEST_SKIP() << "runs as 3 or 5 ranks (1 or 2 groups of 2 TP learners + 1 rollout rank)";
+  set_num_threads(1);
+  const int64_t steps = 4;
+  rltest::Fixture f;
+  std::vector<float> w0(f.model.params().data(),
+                        f.model.params().data() + f.model.params().total());
+  MpiRlOptions m = mpi_options(steps, 0, DType::F32);
+  m.rollout_ranks = 1;
+  m.learner_tp = 2;
+  MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, rltest::small_options(), m);
+  std::vector<RlStepStats> got;
+  if (g.is_learner()) {
+    for (int64_t s = 0; s < steps; ++s) got.push_back(g.step());
+    g.finish();
+  } else {
+    g.run_rollout();
+  }
+  // The versions the rollout rank took are the ones learner 0 sent (hashes of the whole model).
+  const auto hashes = gather_hashes(g, steps);
+  EXPECT_EQ(hashes[0], hashes[1]) << "the rollout rank's weights differ from the learner's";
+  // The whole weights learner 0's TP group assembled after the last step (world ranks 0 and
+  // 2): equal, bit for bit; with 2 data-parallel groups, each TP rank's shard equal to its
+  // counterpart's (world ranks 0 and 3, 2 and 4).
+  const int n = W().size();
+  std::vector<int64_t> h(size_t(2 * n), 0);
+  h[size_t(2 * W().rank())] = int64_t(weights_hash(f.model.params(), DType::F32));
+  if (g.is_learner())
+    h[size_t(2 * W().rank() + 1)] = int64_t(weights_hash(g.trained_model().params(), DType::F32));
+  W().all_gather(h.data(), std::vector<int64_t>(size_t(n), 2), DType::I64);
+  if (W().rank() != 0) return;
+  EXPECT_EQ(h[0], h[4]) << "the two TP learners assembled different whole weights";
+  EXPECT_NE(h[1], h[5]) << "the two TP ranks hold the same shard";
+  if (n == 5) {
+    EXPECT_EQ(h[1], h[7]) << "TP rank 0 of the two data-parallel groups differs";
+    EXPECT_EQ(h[5], h[9]) << "TP rank 1 of the two data-parallel groups differs";
+  }
+  rltest::Fixture ref;
+  GrpoTrainer sync(ref.model, ref.tok, ref.chat, ref.env, rltest::small_options());
+  int trained = 0;
+  double worst_loss = 0, worst_norm = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const RlStepStats x = sync.step();
+    const RlStepStats& y = got[size_t(s)];
+    if (s == 0 && n == 3) {  // (2 data-parallel groups sum the rewards in another order)
+      EXPECT_EQ(x.reward_mean, y.reward_mean) << "the same starting weights";
+    }
+    EXPECT_NEAR(x.reward_mean, y.reward_mean, 1e-12) << "step " << s;
+    EXPECT_EQ(x.groups, y.groups) << "step " << s;
+    EXPECT_EQ(x.zero_advantage_groups, y.zero_advantage_groups) << "step " << s;
+    EXPECT_EQ(x.train_tokens, y.train_tokens) << "step " << s;
+    EXPECT_NEAR(x.loss, y.loss, 1e-5 * (1 + std::abs(x.loss))) << "step " << s;
+    EXPECT_NEAR(x.grad_norm, y.grad_norm, 1e-4 * x.grad_norm) << "step " << s;
+    EXPECT_NEAR(x.entropy, y.entropy, 1e-5 * x.entropy) << "step " << s;
+    EXPECT_NEAR(x.kl, y.kl, 1e-9 + 1e-4 * x.kl) << "step " << s;
+    worst_loss = std::max(worst_loss, std::abs(x.loss - y.loss) / (1 + std::abs(x.loss)));
+    if (x.grad_norm > 0)
+      worst_norm = std::max(worst_norm, std::abs(x.grad_norm - y.grad_norm) / x.grad_norm);
+    trained += x.train_tokens > 0;
+  }
+  EXPECT_GT(trained, 0) << "no step had a gradient: the comparison proves nothing";
+  const float *a = ref.model.params().data(), *b = f.model.params().data();
+  double diff = 0, moved = 0;
+  for (int64_t i = 0; i < ref.model.params().total(); ++i) {
+    diff += double(a[i] - b[i]) * double(a[i] - b[i]);
+    moved += double(a[i] - w0[size_t(i)]) * double(a[i] - w0[size_t(i)]);
+  }
+  EXPECT_GT(moved, 0.0);
+  EXPECT_LT(std::sqrt(diff), 1e-3 * std::sqrt(moved))
+      << "|w_tp - w_one| = " << std::sqrt(diff) << ", |w_one - w_start| = " << std::sqrt(moved);
+  std::printf(
+      "%d x TP 2 vs 1 learner: |w_tp - w_one| / |w_one - w_start| = %.3g, loss %.3g, "
+      "grad norm %.3g (relative)\n",
+      (n - 1) / 2, std::sqrt(diff / moved), worst_loss, worst_norm);
+}
+
 // A checkpoint of a multi-rank run carries the groups generated ahead of the learner: with max
 // staleness 1 and a fixed lag (step s always from version s - 1, whatever the timing), fp32
 // weight sync, a run saved after `cut` steps goes on to the end; a run resumed from that
@@ -383,6 +472,87 @@ TEST(MpiGrpo, PartialRolloutsSpanWeightVersions) {
   EXPECT_LT(first, o.prompts_per_step) << "step 0 trained on groups that were all cut";
   EXPECT_GT(groups, first);
   EXPECT_EQ(g.buffer_stats().dropped_stale, 0);
+}
+
+// Partial rollouts in a multi-rank checkpoint: 5-token completions in slices of 3 (two batches:
+// at max staleness 1 new groups start 0 steps ahead, so a rollout rank makes batch s from exactly
+// version s, whatever the timing), fp32 weight sync. The checkpoint after `cut` steps holds the
+// groups the rollout ranks had cut and not finished; a run resumed from it (fresh objects) hands
+// each rollout rank its share back, and takes the uninterrupted run's steps bit for bit. Run as
+// 2 and 3 ranks (1 learner + 1 or 2 rollout ranks).
+TEST(MpiGrpo, PartialRolloutsResumeTheirCutGroups) {
+  set_num_threads(1);
+  RlOptions o = rltest::small_options();
+  o.partial_tokens = 3;
+  const int64_t steps = 5, cut = 2;
+  const MpiRlOptions m = mpi_options(steps, 1, DType::F32);
+  std::unique_ptr<test::TempDir> dir;
+  std::vector<uint8_t> path(512, 0);
+  if (W().rank() == 0) {
+    dir = std::make_unique<test::TempDir>("rl_mpi_partial_ckpt");
+    std::memcpy(path.data(), dir->str().data(), std::min<size_t>(dir->str().size(), 511));
+  }
+  W().broadcast(path.data(), 512, DType::U8, 0);
+  const std::string root = std::string(reinterpret_cast<const char*>(path.data())) + "/ckpt";
+  RlCheckpointInfo info;
+  info.description = "test";
+  info.max_staleness = 1;
+  std::vector<RlStepStats> full;
+  std::vector<float> full_weights;
+  std::vector<PromptGroup> cut_groups;
+  {
+    rltest::Fixture a;
+    info.fingerprint = a.model.config().fingerprint();
+    MpiGrpo g(W(), a.model, a.tok, a.chat, a.env, o, m);
+    if (g.is_learner()) {
+      for (int64_t s = 0; s < steps; ++s) {
+        full.push_back(g.step());
+        if (s + 1 != cut) continue;
+        const std::vector<BufferedStep> buf = g.buffer_contents(&cut_groups);
+        EXPECT_TRUE(buf.empty()) << "lead 0: nothing generated ahead of the weights";
+        save_rl_checkpoint(root, cut, info, a.model, g.learner().optimizer(), buf, cut_groups);
+      }
+      g.finish();
+      full_weights.assign(a.model.params().data(),
+                          a.model.params().data() + a.model.params().total());
+    } else {
+      g.run_rollout();
+    }
+  }
+  W().barrier();  // the checkpoint is on disk before rank 0 opens it
+  rltest::Fixture c;
+  RlRestore restore;
+  MpiRlOptions mr = m;
+  if (W().rank() == 0) {
+    ASSERT_FALSE(cut_groups.empty()) << "no completion was cut: the test proves nothing";
+    for (const PromptGroup& x : cut_groups) EXPECT_EQ(x.target_step, cut);
+    RlResumePoint rp = open_rl_checkpoint(ckpt::find_latest_checkpoint(root).value_or(root),
+                                          c.model.config().fingerprint());
+    EXPECT_EQ(rp.carried.size(), cut_groups.size());
+    restore = rp.restore;
+    mr.resume_carry = rp.carried;
+  }
+  MpiGrpo g(W(), c.model, c.tok, c.chat, c.env, o, mr, restore);
+  if (!g.is_learner()) {
+    g.run_rollout();
+    W().barrier();
+    return;
+  }
+  for (int64_t s = cut; s < steps; ++s) {
+    const RlStepStats y = g.step(), &x = full[size_t(s)];
+    EXPECT_EQ(x.groups, y.groups) << "step " << s;
+    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
+    EXPECT_EQ(x.loss, y.loss) << "step " << s;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
+    EXPECT_EQ(x.staleness, y.staleness) << "step " << s;
+    EXPECT_EQ(x.spanning_rollouts, y.spanning_rollouts) << "step " << s;
+  }
+  g.finish();
+  const ParamSet& p = c.model.params();
+  ASSERT_EQ(int64_t(full_weights.size()), p.total());
+  EXPECT_EQ(std::memcmp(full_weights.data(), p.data(), size_t(p.total()) * sizeof(float)), 0)
+      << "the resumed run ends with other weights than the uninterrupted one";
+  W().barrier();  // rank 0's temp dir goes after the run
 }
 
 // A checkpoint under partial rollouts waits only for the steps the weights it holds can make:

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -114,6 +115,97 @@ TEST(RlCheckpoint, AsyncResumeTrainsOnTheBufferedGroups) {
   EXPECT_EQ(std::memcmp(pa_w.data(), pc_w.data(), size_t(pa_w.total()) * sizeof(float)), 0)
       << "the resumed run's weights differ from the uninterrupted run's";
   EXPECT_EQ(t.buffer_stats().dropped_stale, 0);
+}
+
+// Partial rollouts (5-token completions in slices of 3: two batches, so at max staleness 1 new
+// groups start 0 steps ahead and batch s always comes from version s, whatever the timing): a
+// checkpoint after `cut` steps holds the groups whose completions were cut and not finished
+// (their tokens so far, each with its version); a run resumed from it continues them in its
+// first batch and takes the uninterrupted run's steps, ending with its weights bit for bit.
+// Resumed without them, the steps where they would have finished train on fewer groups.
+TEST(RlCheckpoint, PartialRolloutsResumeTheirCutGroups) {
+  set_num_threads(1);
+  RlOptions o = rltest::small_options();
+  o.partial_tokens = 3;
+  const int64_t steps = 6, cut = 3;
+  AsyncOptions ao;
+  ao.max_staleness = 1;
+  ao.threads_per_role = 1;
+  ao.learner_timeout = 60;
+  rltest::Fixture a;
+  std::vector<RlStepStats> full;
+  {
+    AsyncGrpo t(a.model, a.tok, a.chat, a.env, o, ao);
+    for (int64_t s = 0; s < steps; ++s) full.push_back(t.step());
+  }
+  test::TempDir dir("rl_ckpt_partial");
+  const std::string fp = a.model.config().fingerprint();
+  RlCheckpointInfo info;
+  info.fingerprint = fp;
+  info.description = "test";
+  info.max_staleness = 1;
+  std::string saved;
+  std::vector<PromptGroup> cut_groups;
+  {
+    rltest::Fixture b;
+    AsyncGrpo t(b.model, b.tok, b.chat, b.env, o, ao);
+    for (int64_t s = 0; s < cut; ++s) expect_same_step(full[size_t(s)], t.step());
+    const std::vector<BufferedStep> buf = t.buffer_contents(&cut_groups);
+    saved = save_rl_checkpoint(dir / "checkpoints", cut, info, b.model, t.learner().optimizer(),
+                               buf, cut_groups);
+  }
+  ASSERT_FALSE(cut_groups.empty()) << "no completion was cut: the test proves nothing";
+  RlResumePoint rp = open_rl_checkpoint(saved, fp);
+  ASSERT_EQ(rp.carried.size(), cut_groups.size());
+  int64_t open = 0;
+  for (size_t i = 0; i < rp.carried.size(); ++i) {
+    const PromptGroup &x = cut_groups[i], &y = rp.carried[i];
+    EXPECT_EQ(x.task_index, y.task_index);
+    EXPECT_EQ(x.version, y.version);
+    for (size_t k = 0; k < x.rollouts.size(); ++k) {
+      EXPECT_EQ(x.rollouts[k].response, y.rollouts[k].response);
+      EXPECT_EQ(x.rollouts[k].logprobs, y.rollouts[k].logprobs);
+      EXPECT_EQ(x.rollouts[k].versions, y.rollouts[k].versions);
+      EXPECT_EQ(x.rollouts[k].finished, y.rollouts[k].finished);
+      EXPECT_EQ(x.rollouts[k].stopped, y.rollouts[k].stopped);
+      open += !y.rollouts[k].finished;
+    }
+  }
+  EXPECT_GT(open, 0) << "the saved groups hold no unfinished completion";
+  auto resume = [&](bool with_carry, rltest::Fixture& c) {
+    AsyncOptions ar = ao;
+    ar.resume_buffer = rp.buffer;
+    if (with_carry) ar.resume_carry = rp.carried;
+    AsyncGrpo t(c.model, c.tok, c.chat, c.env, o, ar, rp.restore);
+    std::vector<RlStepStats> out;
+    for (int64_t s = cut; s < steps; ++s) out.push_back(t.step());
+    EXPECT_EQ(t.buffer_stats().dropped_stale, 0);
+    return out;
+  };
+  rltest::Fixture c;
+  const std::vector<RlStepStats> resumed = resume(true, c);
+  for (int64_t s = cut; s < steps; ++s) {
+    expect_same_step(full[size_t(s)], resumed[size_t(s - cut)]);
+    EXPECT_EQ(full[size_t(s)].groups, resumed[size_t(s - cut)].groups) << "step " << s;
+    EXPECT_EQ(full[size_t(s)].spanning_rollouts, resumed[size_t(s - cut)].spanning_rollouts);
+  }
+  const ParamSet &pa_w = a.model.params(), &pc_w = c.model.params();
+  EXPECT_EQ(std::memcmp(pa_w.data(), pc_w.data(), size_t(pa_w.total()) * sizeof(float)), 0)
+      << "the resumed run's weights differ from the uninterrupted run's";
+  // Without the cut groups (what a resume did before they were saved): their prompts are lost.
+  rltest::Fixture d;
+  const std::vector<RlStepStats> lost = resume(false, d);
+  int64_t full_groups = 0, lost_groups = 0;
+  for (int64_t s = cut; s < steps; ++s) {
+    full_groups += full[size_t(s)].groups;
+    lost_groups += lost[size_t(s - cut)].groups;
+  }
+  EXPECT_LT(lost_groups, full_groups) << "resumed without the cut groups, nothing was lost";
+  std::printf(
+      "partial rollouts: %zu cut groups saved; resumed without them, steps %lld..%lld "
+      "train on %lld groups instead of %lld\n",
+      cut_groups.size(), static_cast<long long>(cut), static_cast<long long>(steps - 1),
+      static_cast<long long>(lost_groups), static_cast<long long>(full_groups));
 }
 
 TEST(RlCheckpoint, CorruptBufferIsAnErrorNamingTheByte) {

@@ -49,6 +49,21 @@ echo "ok: --async --max-staleness 1 resumes with its buffer"
 spans=$(column "$work/partial/metrics.jsonl" spanning_rollouts | awk '{ n += $1 } END { print n + 0 }')
 [ "$spans" -gt 0 ] || { echo "no trained completion spans two weight versions"; exit 1; }
 echo "ok: --partial-tokens ($spans completions trained across two versions)"
+# Its checkpoint keeps the groups cut and not finished, and a resume continues them: stopped
+# after 2 steps and resumed, the run is the uninterrupted one bit for bit (at max staleness 1
+# with 2 slices every batch comes from the weights of its step, whatever the timing).
+"$loom" "${rl[@]}" --out "$work/partial_r" --steps 2 --async --max-staleness 1 \
+  --partial-tokens 6 --threads-per-role 1 >/dev/null 2>&1
+cut=$(column "$work/partial_r/checkpoints/step_00000002/state.json" rl_partial_groups_count)
+[ "${cut:-0}" -gt 0 ] || { echo "the partial-rollout checkpoint holds no unfinished groups"; exit 1; }
+expect_fail "the checkpoint holds $cut unfinished groups of partial rollouts: resume with --partial-tokens" \
+  "$loom" "${rl[@]}" --out "$work/partial_r" --steps 4 --async --max-staleness 1 --resume
+log=$("$loom" "${rl[@]}" --out "$work/partial_r" --steps 4 --async --max-staleness 1 \
+  --partial-tokens 6 --threads-per-role 1 --resume 2>&1)
+grep -q "partial rollouts: $cut unfinished groups from the checkpoint continue" <<<"$log" ||
+  { echo "$log"; exit 1; }
+same_run "$work/partial" "$work/partial_r" 4
+echo "ok: --partial-tokens --resume continues the $cut cut groups (= uninterrupted)"
 
 # Bad options and states: a clear error, exit status 1, nothing trained.
 expect_fail "--partial-tokens needs --async" "$loom" "${rl[@]}" --out "$work/bad" --partial-tokens 4

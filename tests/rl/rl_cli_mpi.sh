@@ -4,8 +4,9 @@
 # bit for bit, uninterrupted and stopped then resumed; 2 data-parallel learners + 1 rollout rank
 # take the same steps to 1e-5, and with max staleness 1 their checkpoint carries the groups
 # generated ahead, which a resume trains on; 1 learner + 2 rollout ranks (bf16 sync,
-# max staleness 1) runs to the end; partial rollouts span weight versions; layouts the job cannot hold end with a clear error and a
-# non-zero exit.
+# max staleness 1) runs to the end; 2 tensor-parallel learners (--learner-tp 2) take the same
+# steps to 1e-5 and resume bit for bit; partial rollouts span weight versions; layouts the job
+# cannot hold end with a clear error and a non-zero exit.
 loom=$1
 src=$2
 source "$src/tests/rl/rl_cli_setup.sh"
@@ -47,6 +48,27 @@ echo "ok: 2 learners + 1 rollout rank = 1 learner (to 1e-5)"
 same_run "$work/dp2" "$work/dp2r" 4
 echo "ok: 2 learners, --resume = uninterrupted"
 
+# 2 tensor-parallel learners (one TP group: ranks 0 and 2) + 1 rollout rank: the synchronous
+# run's steps up to the order of TP's split sums; stopped and resumed (the checkpoint holds the
+# whole weights and optimizer state pieced together from the shards, cut again at the resume)
+# it is the uninterrupted TP run bit for bit.
+"${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/tp2" --steps 4 --rollout-ranks 1 --learner-tp 2 \
+  --max-staleness 0 --weight-sync f32 >/dev/null 2>&1
+for k in loss grad_norm reward_mean; do
+  paste <(column "$work/sync/metrics.jsonl" $k) <(column "$work/tp2/metrics.jsonl" $k) |
+    awk -v k=$k '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
+                   if (d > 1e-5 * a + 1e-9) { print "TP 2: step " NR - 1 " " k " " $2 " vs " $1; bad = 1 } }
+                 END { exit bad }'
+done
+[ "$(wc -l < "$work/tp2/metrics.jsonl")" -eq 4 ] || { echo "tp2: not 4 metrics rows"; exit 1; }
+echo "ok: 2 TP learners + 1 rollout rank = 1 learner (to 1e-5)"
+"${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/tp2r" --steps 2 --rollout-ranks 1 --learner-tp 2 \
+  --max-staleness 0 --weight-sync f32 >/dev/null 2>&1
+"${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/tp2r" --steps 4 --rollout-ranks 1 --learner-tp 2 \
+  --max-staleness 0 --weight-sync f32 --resume >/dev/null 2>&1
+same_run "$work/tp2" "$work/tp2r" 4
+echo "ok: 2 TP learners, --resume = uninterrupted"
+
 # Max staleness 1: the checkpoint after step 2 carries the groups of step 2 that the rollout
 # rank had generated ahead (by version 1 or 2, depending on timing); the resumed run trains its
 # step 2 on exactly them, from the same weights: the same reward and loss bit for bit. (Later
@@ -81,10 +103,28 @@ echo "ok: 1 learner + 2 rollout ranks"
 spans=$(column "$work/mpi_partial/metrics.jsonl" spanning_rollouts | awk '{ n += $1 } END { print n + 0 }')
 [ "$spans" -gt 0 ] || { echo "over MPI: no trained completion spans two weight versions"; exit 1; }
 echo "ok: --partial-tokens over MPI ($spans completions trained across two versions)"
+# Its checkpoint keeps the groups the rollout rank cut and had not finished; the resumed run
+# hands them back and is the uninterrupted run bit for bit (fp32 sync; max staleness 1 with 2
+# slices: every batch from the weights of its step).
+"${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/mpi_pf" --steps 4 --rollout-ranks 1 \
+  --max-staleness 1 --partial-tokens 6 --weight-sync f32 >/dev/null 2>&1
+"${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/mpi_pr" --steps 2 --rollout-ranks 1 \
+  --max-staleness 1 --partial-tokens 6 --weight-sync f32 >/dev/null 2>&1
+cut=$(column "$work/mpi_pr/checkpoints/step_00000002/state.json" rl_partial_groups_count)
+[ "${cut:-0}" -gt 0 ] || { echo "the MPI partial-rollout checkpoint holds no unfinished groups"; exit 1; }
+log=$("${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/mpi_pr" --steps 4 --rollout-ranks 1 \
+  --max-staleness 1 --partial-tokens 6 --weight-sync f32 --resume 2>&1)
+grep -q "partial rollouts: $cut unfinished groups from the checkpoint continue" <<<"$log" ||
+  { echo "$log"; exit 1; }
+same_run "$work/mpi_pf" "$work/mpi_pr" 4
+echo "ok: --partial-tokens over MPI, --resume continues the $cut cut groups (= uninterrupted)"
 
 expect_fail "--rollout-ranks 3 must lie in \[1, 2\] for 3 ranks" \
   "${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/bad" --steps 2 --rollout-ranks 3
 expect_fail "runs on 2 ranks only with --rollout-ranks" \
   "${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/bad" --steps 2
+expect_fail "--learner-tp 2 must divide the 1 learner rank" \
+  "${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/bad" --steps 2 --rollout-ranks 2 --learner-tp 2
+expect_fail "--learner-tp needs --rollout-ranks" "$loom" "${rl[@]}" --out "$work/bad" --learner-tp 2
 [ ! -e "$work/bad/metrics.jsonl" ] || { echo "a refused layout wrote metrics"; exit 1; }
 echo "PASS"

@@ -12,6 +12,7 @@
 #include "rl/grpo.h"
 #include "rl/grpo_trainer.h"
 #include "rl/rollout.h"
+#include "rl/tp_gather.h"
 #include "rl_test_util.h"
 
 using namespace loom;
@@ -221,4 +222,37 @@ TEST(GrpoLearner, LogitPassInPiecesIsTheOnePassStep) {
   EXPECT_LT(diff, 1e-4) << "the weights after the step differ by " << diff;
   std::printf("logit pass in pieces: weights differ by at most %.3g, loss %.9g vs %.9g\n", diff,
               x.loss, y.loss);
+}
+
+// Bad input for tensor-parallel learners (--learner-tp): a learner count the TP size does not
+// divide, and a model whose heads (or width, or vocabulary) do not split, are refused with the
+// numbers named; a grid that splits is accepted.
+TEST(LearnerGrid, RefusesLayoutsThatDoNotSplit) {
+  const ModelConfig c = rltest::tiny_config();  // 4 heads, 2 KV heads, d_ff 64, vocab 260
+  EXPECT_NO_THROW(check_learner_grid(1, 1, c));
+  EXPECT_NO_THROW(check_learner_grid(2, 2, c));
+  EXPECT_NO_THROW(check_learner_grid(4, 2, c));
+  auto message = [](int learners, int tp, const ModelConfig& cfg) {
+    try {
+      check_learner_grid(learners, tp, cfg);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(3, 2, c).find("--learner-tp 2 must divide the 3 learner rank(s)"),
+            std::string::npos)
+      << message(3, 2, c);
+  EXPECT_NE(message(1, 2, c).find("must divide the 1 learner"), std::string::npos);
+  EXPECT_NE(message(2, 0, c).find("--learner-tp must be at least 1"), std::string::npos);
+  ModelConfig heads = c;
+  heads.n_head = 3, heads.n_kv_head = 1, heads.head_dim = 8;
+  EXPECT_NE(message(2, 2, heads).find("model.n_head (3) must be divisible"), std::string::npos)
+      << message(2, 2, heads);
+  ModelConfig kv = c;
+  kv.n_kv_head = 1;
+  EXPECT_NE(message(2, 2, kv).find("model.n_kv_head (1)"), std::string::npos) << message(2, 2, kv);
+  ModelConfig vocab = c;
+  vocab.vocab = 259;
+  EXPECT_NE(message(2, 2, vocab).find("model.vocab (259)"), std::string::npos);
 }

@@ -1,0 +1,116 @@
+#include "rl/tp_gather.h"
+
+#include <cstring>
+
+#include "ckpt/reshard.h"
+#include "core/error.h"
+#include "model/decoder.h"
+
+namespace loom::rl {
+
+void check_learner_grid(int learners, int tp, const ModelConfig& cfg) {
+  LOOM_CHECK(tp >= 1, "--learner-tp must be at least 1 (got ", tp, ")");
+  if (tp == 1) return;
+  LOOM_CHECK(learners % tp == 0, "--learner-tp ", tp, " must divide the ", learners,
+             " learner rank(s) (ranks minus --rollout-ranks): the learners form data-parallel ",
+             "groups of ", tp, " tensor-parallel ranks");
+  // The decoder's own check, without a communicator (none exists yet on any rank).
+  LOOM_CHECK(cfg.n_head % tp == 0, "--learner-tp ", tp, ": model.n_head (", cfg.n_head,
+             ") must be divisible by it");
+  LOOM_CHECK(cfg.n_kv_head % tp == 0, "--learner-tp ", tp, ": model.n_kv_head (", cfg.n_kv_head,
+             ") must be divisible by it (KV heads are split, not replicated)");
+  LOOM_CHECK(cfg.d_ff % tp == 0, "--learner-tp ", tp, ": model.d_ff (", cfg.d_ff,
+             ") must be divisible by it");
+  LOOM_CHECK(cfg.vocab % tp == 0, "--learner-tp ", tp, ": model.vocab (", cfg.vocab,
+             ") must be divisible by it");
+  LOOM_CHECK(!cfg.is_moe(), "--learner-tp: mixture-of-experts policies are not supported");
+}
+
+void extract_shard(ParamSet& whole, ParamSet& shard) {
+  for (const ParamInfo& p : shard.infos()) {
+    const ParamInfo& w = whole.info(p.name);
+    LOOM_CHECK(w.numel == global_numel(p), "parameter ", p.name, ": the whole model holds ",
+               w.numel, " elements, the shard's whole tensor ", global_numel(p));
+    ckpt::extract_local(p, whole.ptr(p.name), 0, p.numel, shard.ptr(p.name));
+  }
+}
+
+void extract_shard_state(AdamW& whole, AdamW& shard, const ParamSet& shard_params) {
+  auto w = whole.state_tensors(), s = shard.state_tensors();
+  for (const ParamInfo& p : shard_params.infos())
+    for (const char* m : {"exp_avg.", "exp_avg_sq."})
+      ckpt::extract_local(p, w.at(m + p.name).data<float>(), 0, p.numel,
+                          s.at(m + p.name).data<float>());
+  shard.set_steps_taken(whole.steps_taken());
+}
+
+TpGather::TpGather(const ParamSet& shard, comm::Communicator& tp) : shard_(shard), tp_(tp) {
+  const int n = tp.size(), me = tp.rank();
+  std::vector<int64_t> mine;  // 4 numbers a run
+  int64_t values = 0;
+  const auto& infos = shard.infos();
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const ParamInfo& p = infos[i];
+    if (!p.sharded() && me != 0) continue;  // replicated: every rank holds the same values
+    ckpt::for_each_global_run(p, 0, p.numel, [&](int64_t local, int64_t global, int64_t len) {
+      mine.insert(mine.end(), {int64_t(i), local, global, len});
+      values += len;
+    });
+  }
+  std::vector<int64_t> sizes(size_t(n), 0);
+  sizes[size_t(me)] = int64_t(mine.size());
+  tp.all_gather(sizes.data(), std::vector<int64_t>(size_t(n), 1), DType::I64);
+  std::vector<int64_t> all;
+  int64_t at = 0;
+  for (int r = 0; r < n; ++r) at += r < me ? sizes[size_t(r)] : 0;
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  all.assign(size_t(total), 0);
+  std::copy(mine.begin(), mine.end(), all.begin() + at);
+  tp.all_gather(all.data(), sizes, DType::I64);
+  runs_.resize(size_t(n));
+  counts_.assign(size_t(n), 0);
+  at = 0;
+  for (int r = 0; r < n; ++r) {
+    for (int64_t k = at; k < at + sizes[size_t(r)]; k += 4) {
+      const Run run{all[size_t(k)], all[size_t(k + 1)], all[size_t(k + 2)], all[size_t(k + 3)]};
+      LOOM_CHECK(run.param >= 0 && run.param < int64_t(infos.size()), "learner TP gather: TP rank ",
+                 r, " holds another model");
+      runs_[size_t(r)].push_back(run);
+      counts_[size_t(r)] += run.length;
+    }
+    at += sizes[size_t(r)];
+  }
+  int64_t sum = 0;
+  for (int64_t c : counts_) sum += c;
+  buf_.resize(size_t(sum));
+}
+
+void TpGather::gather(const Local& local, const Whole& whole) {
+  const auto& infos = shard_.infos();
+  int64_t at = 0;
+  for (int r = 0; r < tp_.rank(); ++r) at += counts_[size_t(r)];
+  for (const Run& run : runs_[size_t(tp_.rank())]) {
+    std::memcpy(buf_.data() + at, local(infos[size_t(run.param)]) + run.local,
+                sizeof(float) * size_t(run.length));
+    at += run.length;
+  }
+  tp_.all_gather(buf_.data(), counts_, DType::F32);
+  at = 0;
+  for (const auto& runs : runs_)
+    for (const Run& run : runs) {
+      std::memcpy(whole(infos[size_t(run.param)]) + run.global, buf_.data() + at,
+                  sizeof(float) * size_t(run.length));
+      at += run.length;
+    }
+}
+
+void TpGather::gather_state(AdamW& shard, AdamW& whole) {
+  auto s = shard.state_tensors(), w = whole.state_tensors();
+  for (const char* m : {"exp_avg.", "exp_avg_sq."})
+    gather([&](const ParamInfo& p) { return s.at(m + p.name).data<float>(); },
+           [&](const ParamInfo& p) { return w.at(m + p.name).data<float>(); });
+  whole.set_steps_taken(shard.steps_taken());
+}
+
+}  // namespace loom::rl
