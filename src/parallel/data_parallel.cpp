@@ -398,12 +398,25 @@ double DataParallel::grad_sq_local(const std::vector<double>& weights) const {
   const float* g = opt_.zero == 0 ? P_.grad() : gshard_.data<float>() - lo_;
   double sum = 0;
   const auto& infos = P_.infos();
+  // Consecutive parameters of one weight are summed as one run of the flat buffer: with every
+  // weight 1 (one process, plain DP) that is one sum over the owned range, the same summation
+  // as a sum over the whole gradient buffer when one rank owns it all.
+  int64_t run_lo = 0, run_hi = 0;
+  double run_w = 0;
+  auto flush = [&] {
+    if (run_lo < run_hi && run_w != 0) sum += run_w * be_.sum_squares(g + run_lo, run_hi - run_lo);
+    run_lo = run_hi = 0;
+  };
   for (size_t i = 0; i < infos.size(); ++i) {
-    double w = weights.empty() ? 1.0 : weights[i];
-    if (w == 0) continue;
-    int64_t a = std::max(infos[i].offset, lo_), b = std::min(infos[i].offset + infos[i].numel, hi_);
-    if (a < b) sum += w * be_.sum_squares(g + a, b - a);
+    const double w = weights.empty() ? 1.0 : weights[i];
+    const int64_t a = std::max(infos[i].offset, lo_);
+    const int64_t b = std::min(infos[i].offset + infos[i].numel, hi_);
+    if (a >= b) continue;
+    if (w != run_w || a != run_hi) flush();
+    if (run_lo == run_hi) run_lo = a, run_w = w;
+    run_hi = b;
   }
+  flush();
   // ZeRO-3 expert weights: each element on one rank of the expert-data-parallel group.
   if (experts_sharded())
     for (size_t i = 0; i < infos.size(); ++i) {
