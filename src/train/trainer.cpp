@@ -256,9 +256,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     edp = edp_cp_.get();
   }
   if (!opt_.freeze.empty()) {
+    // Before the engine: every layout steps the same AdamW, which skips frozen parameters, and
+    // their gradients stay zero (the model skips their weight-gradient GEMMs), so they add
+    // nothing to the reductions or the norm.
     LOOM_CHECK(!lora_cfg, "train.freeze with LoRA: the base is frozen already");
-    LOOM_CHECK(w.size() == 1, "train.freeze over several ranks (data, tensor, pipeline or ",
-               "context parallelism) is not supported yet: run it in one process");
     const int n = freeze_by_prefixes(model_->params(), opt_.freeze);
     if (!opt_.quiet) log_info("frozen: ", n, " parameters (train.freeze)");
   }

@@ -66,7 +66,7 @@ struct TrainOptions {
   // (data.source = "preference"; [dpo] beta, loss).
   std::string mode = "pretrain";
   // Parameters kept frozen (comma-separated names or name prefixes, e.g. "embed.,blocks.0."):
-  // no gradients, no updates. One process only for now.
+  // no gradients, no updates, in one process and under every parallel layout.
   std::string freeze;
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there). The trainer runs on the CPU
   // backend only so far: cuda is refused with the reason.
