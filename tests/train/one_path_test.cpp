@@ -63,11 +63,16 @@ TEST(OnePath, OneRankEngineTrainsLikeOneProcess) {
     ASSERT_FALSE(process.distributed());  // its checkpoints: the one-process layout
     ASSERT_TRUE(engine.distributed());
     EXPECT_EQ(engine.data_parallel()->zero(), 1);
+    const ParamSet& G = process.model().params();
     for (int s = 0; s < 4; ++s) {
       const StepResult a = process.train_step(), b = engine.train_step();
       EXPECT_EQ(a.loss, b.loss) << precision << " step " << s;
       EXPECT_EQ(a.grad_norm, b.grad_norm) << precision << " step " << s;
       EXPECT_GT(a.grad_norm, 0.05) << precision << " (the step must clip)";
+      // The norm is the one sum over the whole gradient buffer that one process took before
+      // the engine (the reduced gradients stay there at ZeRO-0), bit for bit.
+      EXPECT_EQ(a.grad_norm, std::sqrt(cpu_backend().sum_squares(G.grad(), G.total())))
+          << precision << " step " << s;
     }
     const std::vector<float> p = weights_of(process), q = weights_of(engine);
     ASSERT_EQ(p.size(), q.size());
