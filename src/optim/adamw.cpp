@@ -1,7 +1,6 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -31,25 +30,31 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg, DType param_dtype, Backen
     : params_(params), cfg_(cfg), param_dtype_(param_dtype), be_(backend), lo_(lo), hi_(hi) {
   LOOM_CHECK(0 <= lo && lo <= hi && hi <= params.total(), "AdamW: range [", lo, ", ", hi,
              ") outside the parameter set's ", params.total(), " elements");
-  m_ = Tensor::zeros({hi - lo});
-  v_ = Tensor::zeros({hi - lo});
-  if (param_dtype_ != DType::F32 || keep_master) master_ = Tensor::zeros({hi - lo});
+  const size_t bytes = sizeof(float) * size_t(hi - lo);
+  for (BackendBuffer* b : {&m_, &v_}) {
+    *b = BackendBuffer(be_, bytes, "optimizer");
+    be_.fill_bytes(b->data(), 0, bytes);
+  }
+  if (param_dtype_ != DType::F32 || keep_master) {
+    master_ = BackendBuffer(be_, bytes, "optimizer");
+    be_.fill_bytes(master_.data(), 0, bytes);
+  }
 }
 
 float* AdamW::weights() {
-  return master_.defined() ? master_.data<float>() : params_.data() + lo_;
+  return master_.empty() ? params_.data() + lo_ : master_.as<float>();
 }
 
 void AdamW::sync_master_from_model() {
-  if (!master_.defined() || hi_ == lo_) return;
-  std::memcpy(master_.data<float>(), params_.data() + lo_, sizeof(float) * (hi_ - lo_));
+  if (master_.empty() || hi_ == lo_) return;
+  be_.copy_d2d(master_.data(), params_.data() + lo_, sizeof(float) * (hi_ - lo_));
 }
 
 void AdamW::write_model(int64_t a, int64_t b) {
   a = std::max(a, lo_);
   b = std::min(b, hi_);
-  if (!master_.defined() || a >= b) return;
-  std::memcpy(params_.data() + a, master_.data<float>() + (a - lo_), sizeof(float) * (b - a));
+  if (master_.empty() || a >= b) return;
+  be_.copy_d2d(params_.data() + a, master_.as<float>() + (a - lo_), sizeof(float) * (b - a));
   round_to(param_dtype_, params_.data() + a, static_cast<size_t>(b - a));
 }
 
@@ -65,10 +70,10 @@ void AdamW::update(double lr, float grad_scale, const float* grad) {
     const int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
     if (a >= b) continue;
     const int64_t k = a - lo_;
-    be_.adamw(w + k, grad + k, m_.data<float>() + k, v_.data<float>() + k, b - a,
-              static_cast<float>(lr), static_cast<float>(cfg_.beta1),
-              static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
-              p.decay ? static_cast<float>(cfg_.weight_decay) : 0.f, grad_scale, t_);
+    be_.adamw(w + k, grad + k, m() + k, v() + k, b - a, static_cast<float>(lr),
+              static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+              static_cast<float>(cfg_.eps), p.decay ? static_cast<float>(cfg_.weight_decay) : 0.f,
+              grad_scale, t_);
   }
 }
 
@@ -82,14 +87,13 @@ std::vector<StateSlice> AdamW::state_slices() {
   for (const ParamInfo& p : params_.infos()) {
     const int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
     if (a >= b) continue;
-    auto add = [&](const char* prefix, Tensor& buf) {
+    auto add = [&](const char* prefix, float* buf) {
       out.push_back({std::string(prefix) + p.name,
-                     Tensor::view_of(buf.data<float>() + (a - lo_), {b - a}, DType::F32), p.numel,
-                     a - p.offset});
+                     Tensor::view_of(buf + (a - lo_), {b - a}, DType::F32), p.numel, a - p.offset});
     };
-    add("exp_avg.", m_);
-    add("exp_avg_sq.", v_);
-    if (master_.defined()) add("master.", master_);
+    add("exp_avg.", m());
+    add("exp_avg_sq.", v());
+    if (!master_.empty()) add("master.", master_.as<float>());
   }
   return out;
 }
@@ -99,18 +103,18 @@ std::map<std::string, Tensor> AdamW::state_tensors() {
              "AdamW::state_tensors: a shard's state has no whole tensors (use state_slices)");
   std::map<std::string, Tensor> s;
   for (const ParamInfo& p : params_.infos()) {
-    s["exp_avg." + p.name] = Tensor::view_of(m_.data<float>() + p.offset, p.shape, DType::F32);
-    s["exp_avg_sq." + p.name] = Tensor::view_of(v_.data<float>() + p.offset, p.shape, DType::F32);
-    if (master_.defined())
-      s["master." + p.name] =
-          Tensor::view_of(master_.data<float>() + p.offset, p.shape, DType::F32);
+    s["exp_avg." + p.name] = Tensor::view_of(m() + p.offset, p.shape, DType::F32);
+    s["exp_avg_sq." + p.name] = Tensor::view_of(v() + p.offset, p.shape, DType::F32);
+    if (!master_.empty())
+      s["master." + p.name] = Tensor::view_of(master_.as<float>() + p.offset, p.shape, DType::F32);
   }
   return s;
 }
 
-std::vector<const Tensor*> AdamW::buffers() const {
-  std::vector<const Tensor*> b{&m_, &v_};
-  if (master_.defined()) b.push_back(&master_);
+std::vector<std::pair<const void*, int64_t>> AdamW::buffers() const {
+  const int64_t bytes = int64_t(sizeof(float)) * (hi_ - lo_);
+  std::vector<std::pair<const void*, int64_t>> b{{m_.data(), bytes}, {v_.data(), bytes}};
+  if (!master_.empty()) b.push_back({master_.data(), bytes});
   return b;
 }
 

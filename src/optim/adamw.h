@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "kernels/buffer.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
 
@@ -68,9 +69,10 @@ class AdamW : public Optimizer {
   int64_t hi() const { return hi_; }
   // The weights this steps, element lo at index 0: the master copy, or the model's own buffer.
   float* weights();
-  float* master() { return master_.defined() ? master_.data<float>() : nullptr; }
-  // The state's buffers (m, v and the master when separate), for memory accounting.
-  std::vector<const Tensor*> buffers() const;
+  float* master() { return master_.empty() ? nullptr : master_.as<float>(); }
+  // The state's buffers (m, v and the master when separate) as (data, bytes), for memory
+  // accounting.
+  std::vector<std::pair<const void*, int64_t>> buffers() const;
 
  private:
   ParamSet& params_;
@@ -78,7 +80,11 @@ class AdamW : public Optimizer {
   DType param_dtype_;
   Backend& be_;
   int64_t lo_ = 0, hi_ = 0;
-  Tensor m_, v_, master_;  // over [lo_, hi_); master_ undefined when the model's buffer is it
+  // Over [lo_, hi_), allocated through the backend (buffer class "optimizer"; host memory on
+  // the CPU) and zeroed; master_ empty when the model's buffer is it.
+  BackendBuffer m_, v_, master_;
+  float* m() const { return m_.as<float>(); }
+  float* v() const { return v_.as<float>(); }
   int64_t t_ = 0;
 };
 

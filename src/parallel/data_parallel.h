@@ -17,9 +17,10 @@
 // fp32 (Communicator::reduce_scatter_bf16_async); the optimizer steps in fp32 either way.
 //
 // Shards are contiguous ranges of the flat buffer, ceil(total / dp) elements each (the last
-// ranks may hold fewer or none), so any size works. Buckets are contiguous runs of whole
-// parameters in backward order; a bucket's reduction starts (asynchronously) in the Decoder's
-// on_grads_ready hook as soon as all its gradients are final, overlapping the rest of backward.
+// ranks may hold fewer or none), so any size works (flat_shards.h). The engine is three parts:
+// the gradient reduction (grad_reduce.h: buckets reduced during backward), the sharded
+// optimizer (this class: the one AdamW over this rank's shard, and the experts'), and the
+// parameter gathering (param_gather.h: ZeRO-1/2 after each step, ZeRO-3 block by block).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,10 @@
 #include "model/decoder.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
+#include "parallel/flat_shards.h"
+#include "parallel/grad_reduce.h"
+#include "parallel/page_memory.h"
+#include "parallel/param_gather.h"
 
 namespace loom {
 class Config;
@@ -131,75 +136,29 @@ class DataParallel : public Optimizer {
   int zero() const { return opt_.zero; }
   int64_t shard_begin() const { return lo_; }
   int64_t shard_end() const { return hi_; }
-  size_t num_buckets() const { return buckets_.size(); }
+  size_t num_buckets() const { return reducer_->num_buckets(); }
   // Seconds this rank spent waiting for gradient reductions after backward (finish_micro),
   // summed since construction: the part of DP communication not hidden behind backward.
-  double exposed_comm_seconds() const { return exposed_seconds_; }
+  double exposed_comm_seconds() const { return reducer_->exposed_seconds(); }
   // Bucket reductions started so far, and how many of them started inside backward (from the
   // on_grads_ready hook) rather than after it.
-  int64_t reductions_started() const { return started_; }
-  int64_t reductions_started_in_backward() const { return started_in_backward_; }
+  int64_t reductions_started() const { return reducer_->started(); }
+  int64_t reductions_started_in_backward() const { return reducer_->started_in_backward(); }
   // Bytes of gradient data this rank has put on the wire for reductions since construction,
   // counted as a bandwidth-optimal (ring) algorithm moves them: a reduce-scatter or all-gather
   // of a bucket of n elements sends the n - own elements of the other ranks' blocks, an
   // all-reduce twice that, at the element size of the payload (4 for fp32, 2 for bf16).
-  int64_t grad_wire_bytes() const { return wire_bytes_; }
+  int64_t grad_wire_bytes() const { return reducer_->wire_bytes(); }
   // ZeRO-3: the most block units gathered (in flight or resident) at once since construction
   // or the last reset: at most the block in use and the prefetched next one.
-  int max_gathered_units() const { return max_gathered_; }
-  void reset_max_gathered_units() { max_gathered_ = gathered_; }
+  int max_gathered_units() const { return gatherer_ ? gatherer_->max_gathered_units() : 0; }
+  void reset_max_gathered_units() {
+    if (gatherer_) gatherer_->reset_max_gathered_units();
+  }
 
  private:
-  struct Bucket {
-    int64_t lo = 0, hi = 0;  // flat range
-    int stage = 0;           // ready once backward reached this stage
-    bool launched = false;
-    comm::Work work;
-    std::vector<int64_t> counts;  // per rank: its shard's intersection with [lo, hi)
-    int64_t own_lo = 0;           // this rank's intersection start (when counts[rank] > 0)
-    std::vector<float> scratch;   // reduce-scatter target for ZeRO-2/3 (and bf16 ZeRO-0)
-    // bf16 reduction: this rank's gradients rounded to bf16 (ZeRO-0: then every rank's sums,
-    // gathered); transient, like scratch.
-    std::vector<uint16_t> wire;
-  };
-  // ZeRO-3: a contiguous run of one block's parameters, gathered over the data-parallel group
-  // or, for expert-parallel experts, over the expert-data-parallel group.
-  struct Piece {
-    int64_t lo = 0, hi = 0;
-    bool experts = false;  // expert-parallel experts: sharded over edp_
-    std::vector<int64_t> counts;
-    comm::Work work;
-  };
-  // ZeRO-3: one block's parameters. A MoE block's experts lie after every other parameter, so
-  // its unit has two pieces: the dense part and the experts.
-  struct Unit {
-    std::vector<Piece> pieces;
-    enum State { Released, InFlight, Resident } state = Released;
-  };
-
-  void build_buckets();
-  void build_units();  // ZeRO-3: units_ and resident_ranges_
   void draw_initial_weights(uint64_t seed);
-  void on_ready(int layer);
-  void launch(Bucket& b);
-  void launch_bf16(Bucket& b);
-  float* reduce_target(Bucket& b);
-  void gather_bf16_sums(Bucket& b);
-  bool bf16_reduce() const { return opt_.grad_reduce_dtype == DType::BF16; }
-  void complete(Bucket& b);
   bool reduces_now() const;
-  std::vector<int64_t> counts_of(int64_t lo, int64_t hi) const;
-  std::vector<int64_t> expert_counts_of(int64_t lo, int64_t hi) const;
-  void gather_range_async(int64_t lo, int64_t hi, comm::Work* work, std::vector<int64_t>* counts);
-  void gather_piece_async(Piece& p);
-  void write_own_params(int64_t lo, int64_t hi);  // master -> model (rounded) on [lo,hi)∩shard
-  // ZeRO-3 under pipeline parallelism: prefetch within a chunk, release after every use.
-  bool pipelined() const { return !model_.pipeline_stage().whole(); }
-  std::pair<int, int> chunk_of(int layer) const;
-  void unit_before(int layer, bool backward);
-  void unit_after(int layer, bool backward);
-  void ensure_gathered(int layer);
-  void release_unit(int layer);
   // Expert-parallel experts: [expert_lo_, expert_hi_) of the flat buffer (empty otherwise).
   bool experts_apart() const { return expert_hi_ > expert_lo_; }
   // ZeRO-3 with expert parallelism: the experts sharded over edp_ too ([elo_, ehi_) here).
@@ -213,11 +172,8 @@ class DataParallel : public Optimizer {
   DType param_dtype_;
   Backend& be_;
   int n_layer_;
-  int64_t total_, shard_, lo_, hi_;  // shard_: ceil(total / dp); [lo_, hi_): this rank's
-  std::vector<int> stage_of_param_;
-  std::vector<Bucket> buckets_;
-  std::vector<Unit> units_;
-  std::vector<std::pair<int64_t, int64_t>> resident_ranges_;  // ZeRO-3: non-block params
+  int64_t total_, lo_, hi_;  // the dense part [0, total_); [lo_, hi_): this rank's shard
+  FlatShards shards_;        // the dense part over dp_
   // AdamW on this rank's part of the dense parameters: all of them under ZeRO-0, [lo_, hi_)
   // otherwise (with an fp32 master under a reduced-precision policy, and always under ZeRO-3).
   std::unique_ptr<AdamW> adam_;
@@ -226,20 +182,13 @@ class DataParallel : public Optimizer {
   int64_t expert_lo_ = 0, expert_hi_ = 0;
   // The experts' part this rank steps: all of [expert_lo_, expert_hi_), or under ZeRO-3 its
   // shard over edp_ (ceil(experts / edp) elements each, like the dense shards).
-  int64_t eshard_ = 0, elo_ = 0, ehi_ = 0;
+  FlatShards eshards_;  // the experts over edp_ (ZeRO-3), or whole
+  int64_t elo_ = 0, ehi_ = 0;
   std::unique_ptr<AdamW> expert_adam_;  // the experts' optimizer, on [elo_, ehi_)
   Tensor egshard_;                      // ZeRO-3: the experts' reduced gradients on [elo_, ehi_)
   int micro_ = 0, micros_ = 1;
-  double exposed_seconds_ = 0;
-  int64_t started_ = 0, started_in_backward_ = 0;
-  int64_t wire_bytes_ = 0;
-  int gathered_ = 0, max_gathered_ = 0;  // ZeRO-3: units not Released now, and the peak
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<ParamGatherer> gatherer_;  // ZeRO >= 1
 };
-
-// Zeroes [p, p+n) and returns its whole pages to the kernel (madvise), so memory that is not
-// needed between uses stops counting against the process.
-void release_memory(float* p, int64_t n);
-// Resident bytes of [p, p+bytes), measured with mincore().
-int64_t resident_bytes(const void* p, int64_t bytes);
 
 }  // namespace loom::parallel

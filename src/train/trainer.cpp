@@ -105,6 +105,14 @@ void check_finite(const ParamSet& P, const std::string& where) {
                p.name, "' holds non-finite values (NaN or inf)");
 }
 
+// The same for the slices of the parameters that a rank holds (StateSlice: whole parameters
+// or pieces of them).
+void check_finite(const std::vector<StateSlice>& slices, const std::string& where) {
+  for (const StateSlice& s : slices)
+    LOOM_CHECK(cpu_backend().all_finite(s.tensor.data<float>(), s.tensor.numel()), where,
+               ": parameter '", s.name, "' holds non-finite values (NaN or inf)");
+}
+
 // Freezes every parameter whose name starts with one of the comma-separated prefixes; each
 // prefix must name at least one. Returns how many were frozen.
 int freeze_by_prefixes(ParamSet& P, const std::string& list) {
@@ -133,7 +141,7 @@ int freeze_by_prefixes(ParamSet& P, const std::string& list) {
 }  // namespace
 
 std::string Trainer::checkpoint_root() const {
-  if (!dp_) return opt_.out_dir + "/checkpoints";
+  if (whole_) return opt_.out_dir + "/checkpoints";
   return opt_.out_dir + "/checkpoints/" + ckpt::rank_dir_name(rank_);
 }
 
@@ -176,36 +184,39 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     valid_start_ = valid_data_->state();
   }
 
+  // One engine for every layout: a one-process run is data parallelism over a world of one
+  // rank, whose groups are self communicators (every collective a copy or nothing).
   comm::Communicator& w = world ? *world : comm::world();
+  pg_ = std::make_unique<comm::ProcessGroups>(w, dims);
+  const auto& d = pg_->generator().dims();
+  // What is laid out over ranks only decides the checkpoint files: one rank holding every whole
+  // tensor writes and reads the one-process layout (the one every tool reads); anything else
+  // one part per rank.
+  whole_ = w.size() == 1 && dpo.zero == 0 && vp == 1;
+  LOOM_CHECK(d.cp == 1 || opt_.seq_len % (2 * d.cp) == 0, "train.seq_len = ", opt_.seq_len,
+             " is not divisible by 2*cp = ", 2 * d.cp,
+             " (context parallelism cuts every sequence into 2*cp chunks); use a multiple of ",
+             2 * d.cp);
+  LOOM_CHECK(vp >= 1, "parallel.vp must be positive, got ", vp);
+  LOOM_CHECK(vp == 1 || pp_kind == pp::ScheduleKind::Interleaved, "parallel.vp = ", vp,
+             " needs parallel.pp_schedule = \"interleaved\", got \"",
+             pp::schedule_kind_name(pp_kind), "\"");
   PipelineStage stage;  // the whole model unless parallel.pp > 1
   pp::StageLayout layout;
-  if (w.size() > 1 || dpo.zero > 0 || dims.pp > 1 || vp > 1 || dims.cp > 1) {
-    pg_ = std::make_unique<comm::ProcessGroups>(w, dims);
-    const auto& d = pg_->generator().dims();
-    LOOM_CHECK(opt_.seq_len % (2 * d.cp) == 0, "train.seq_len = ", opt_.seq_len,
-               " is not divisible by 2*cp = ", 2 * d.cp,
-               " (context parallelism cuts every sequence into 2*cp chunks); use a multiple of ",
-               2 * d.cp);
-    LOOM_CHECK(vp >= 1, "parallel.vp must be positive, got ", vp);
-    LOOM_CHECK(vp == 1 || pp_kind == pp::ScheduleKind::Interleaved, "parallel.vp = ", vp,
-               " needs parallel.pp_schedule = \"interleaved\", got \"",
-               pp::schedule_kind_name(pp_kind), "\"");
-    if (d.pp > 1 || vp > 1) {
-      layout = pp::assign_layers(mcfg_.n_layer, d.pp, vp, pp_first, pp_last);
-      stage = parallel::pipeline_stage_of(layout, pg_->pp().rank());
-      std::string split;
-      for (const auto& r : layout.stages) split += cat(split.empty() ? "" : ",", r.size());
-      pp_layout_ = cat(" vp=", vp, " stages=", split);
-    } else {
-      LOOM_CHECK(pp_first < 0 && pp_last < 0,
-                 "parallel.pp_first_stage_layers / pp_last_stage_layers need parallel.pp > 1");
-    }
-    LOOM_CHECK(!sequence_parallel || d.tp > 1, "parallel.sp needs parallel.tp > 1");
-    rank_ = w.rank();
-    if (rank_ != 0) opt_.quiet = true;
+  if (d.pp > 1 || vp > 1) {
+    layout = pp::assign_layers(mcfg_.n_layer, d.pp, vp, pp_first, pp_last);
+    stage = parallel::pipeline_stage_of(layout, pg_->pp().rank());
+    std::string split;
+    for (const auto& r : layout.stages) split += cat(split.empty() ? "" : ",", r.size());
+    pp_layout_ = cat(" vp=", vp, " stages=", split);
+  } else {
+    LOOM_CHECK(pp_first < 0 && pp_last < 0,
+               "parallel.pp_first_stage_layers / pp_last_stage_layers need parallel.pp > 1");
   }
-  train_data_ = make_batch_source(cfg_, opt_, mcfg_, "train", pg_ ? pg_->dp().rank() : 0,
-                                  pg_ ? pg_->dp().size() : 1);
+  LOOM_CHECK(!sequence_parallel || d.tp > 1, "parallel.sp needs parallel.tp > 1");
+  rank_ = w.rank();
+  if (rank_ != 0) opt_.quiet = true;
+  train_data_ = make_batch_source(cfg_, opt_, mcfg_, "train", pg_->dp().rank(), pg_->dp().size());
   if (opt_.mode == "dpo") {
     dpo_beta_ = cfg_.get_double("dpo.beta", 0.1);
     LOOM_CHECK(dpo_beta_ > 0 && dpo_beta_ <= 100, "dpo.beta must lie in (0, 100], got ", dpo_beta_);
@@ -226,148 +237,121 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   LOOM_CHECK(train_data_->vocab() <= mcfg_.vocab, "the data's vocabulary (", train_data_->vocab(),
              ") exceeds model.vocab (", mcfg_.vocab, ")");
 
-  TensorParallel tp;
-  ExpertParallel ep;
-  if (pg_) {
-    tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
-    ep = parallel::expert_parallel_layout(*pg_, etp);
-  }
+  const TensorParallel tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
+  const ExpertParallel ep = parallel::expert_parallel_layout(*pg_, etp);
   LOOM_CHECK(etp == ep.tp_size, "parallel.etp (", etp, ") must divide parallel.tp (", tp.size, ")");
   model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute, tp, ep, stage);
-  if (pg_) {
-    // The data-parallel engine draws the initial weights: under ZeRO-3 only what this rank
-    // keeps (its shard and the parameters that stay gathered), never the whole model.
-    dpo.init_seed = opt_.seed;
-    // Context-parallel ranks join data parallelism for the gradient reduction (dp x cp).
-    if (pg_->cp().size() > 1)
-      model_->set_context_parallel({pg_->cp().size(), pg_->cp().rank(), &pg_->cp()});
-    // Experts split by EP are reduced over the ranks holding the same experts: edp, and under
-    // CP also every CP rank of them (edp x cp; the EP all-to-all stays within one CP rank).
-    comm::Communicator* edp = &pg_->edp();
-    if (pg_->cp().size() > 1) {
-      int index = 0;
-      auto members = pg_->generator().group_of("edp-cp", w.rank(), &index);
-      int pos =
-          static_cast<int>(std::find(members.begin(), members.end(), w.rank()) - members.begin());
-      edp_cp_ = w.split(index, pos, "edp-cp");
-      edp = edp_cp_.get();
-    }
-    if (lora_cfg) {
-      // LoRA under data (and tensor) parallelism: every rank holds the whole frozen base, or
-      // under TP its whole TP shard (loaded like one process), and the same adapters (the same
-      // seed draws the same A; under TP split like their layers, model/lora.h); the engine
-      // reduces and steps the adapters only, so gradients and optimizer state exist for them
-      // alone.
-      const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.ep == 1, "LoRA under expert parallelism is not supported yet: use data, ",
-                 "tensor, pipeline and context parallelism (parallel.dp, tp, pp, cp)");
-      LOOM_CHECK(!opt_.pretrained.empty(),
-                 "LoRA fine-tunes a pretrained model: set train.pretrained to its checkpoint");
-      // ZeRO-3: the frozen base is sharded over the DP ranks and gathered block by block
-      // (parallel::FrozenShards), each rank reading only its shard and the parameters outside
-      // the blocks from the checkpoint (load_pretrained), so no rank ever holds the whole base;
-      // the adapters (about 1% of the model) stay whole on every rank, their gradients and
-      // optimizer state sharded as ZeRO-2 shards them.
-      base_zero3_ = dpo.zero == 3;
-      if (base_zero3_) {
-        base_shards_ = std::make_unique<parallel::FrozenShards>(*model_, pg_->dp(), false);
-      } else {
-        model_->params().init(opt_.seed);
-      }
-      load_pretrained(opt_.pretrained);  // dp_ is not there yet: whole tensors on every rank
-      lora_ = std::make_unique<Lora>(*model_, *lora_cfg);
-      if (policy_.compute != DType::F32 && !base_zero3_)  // (load_pretrained rounds the shards)
-        round_to(policy_.compute, model_->params().data(), model_->params().total());
-      dpo.init_seed.reset();
-      parallel::DataParallelOptions adapters_opt = dpo;
-      adapters_opt.zero = std::min(dpo.zero, 2);
-      dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), adapters_opt, acfg,
-                                                     policy_.compute, cpu_backend(), edp,
-                                                     &lora_->params());
-    } else {
-      dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
-                                                     policy_.compute, cpu_backend(), edp);
-    }
-    norm_weights_ = parallel::grad_norm_weights(trained_params(), pg_->tp().rank(), etp);
-    if (!opt_.pretrained.empty() && !lora_) load_pretrained(opt_.pretrained);
-    if (!stage.whole()) {
-      // One schedule step runs the rank's grad_accum micro-batches through the pipeline.
-      pipe_ = std::make_unique<parallel::PipelineRunner>(
-          *model_, pg_->pp(), pp::make_schedule(pp_kind, layout.p, opt_.grad_accum, vp));
-      // A tied embedding counts on the first stage only.
-      std::vector<double> pw = pipe_->grad_norm_weights();
-      // (Per model parameter: LoRA's trained set is the adapters, never on a tied embedding.)
-      if (!lora_)
-        for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
-    }
-    LOOM_CHECK(opt_.freeze.empty(), "train.freeze under data, tensor, pipeline or context ",
-               "parallelism is not supported yet: run it in one process");
-    if (opt_.mode == "dpo") {
-      // DPO over data-parallel ranks: a micro-batch's pairs stay together on one rank (the
-      // sources deal out whole micro-batches), so only the sums cross ranks. Under tensor
-      // parallelism (and SP) the TP ranks of a DP group run the same pairs: the vocabulary-
-      // parallel cross-entropy gives every one of them each token's whole log-probability, so
-      // they compute the same sequence log-probabilities, DPO terms and per-token weights.
-      // The reference model has the policy's layout (its TP shard); under ZeRO-3 it is sharded
-      // like the policy (make_reference). Under context parallelism every CP rank of a DP group
-      // runs its chunks of the same pairs, and the sequence log-probabilities are summed over
-      // the CP group (Decoder::collect_outputs). Under a pipeline the last stage computes the
-      // DPO terms (dpo_pipeline); not with CP as well (untested: the CP sum would run inside
-      // the last stage's forward-only passes). No expert parallelism.
-      const auto& d = pg_->generator().dims();
-      LOOM_CHECK(d.ep == 1, "DPO under expert parallelism is not supported yet: use data, ",
-                 "tensor, pipeline and context parallelism (parallel.dp, tp, sp, pp, cp)");
-      LOOM_CHECK(d.cp == 1 || (d.pp == 1 && vp == 1),
-                 "DPO under pipeline and context parallelism at once is not supported yet");
-      if (!lora_) make_reference(nullptr);
-    }
-  } else {
-    ParamSet& P = model_->params();
-    P.init(opt_.seed);
-    // Pretrained weights are the fp32 truth: the optimizer's master copy takes them before the
-    // model's copy is rounded to the compute type (a fresh model's master is its rounded draw).
-    const bool pretrained = !opt_.pretrained.empty();
-    if (pretrained) load_pretrained(opt_.pretrained);
-    if (lora_cfg) {
-      LOOM_CHECK(pretrained, "LoRA fine-tunes a pretrained model: set train.pretrained to its ",
-                 "checkpoint");
-      lora_ = std::make_unique<Lora>(*model_, *lora_cfg);
-    }
-    if (!opt_.freeze.empty()) {
-      LOOM_CHECK(!lora_, "train.freeze with LoRA: the base is frozen already");
-      const int n = freeze_by_prefixes(P, opt_.freeze);
-      if (!opt_.quiet) log_info("frozen: ", n, " parameters (train.freeze)");
-    }
-    if (!pretrained && policy_.compute != DType::F32)
-      round_to(policy_.compute, P.data(), P.total());
-    optim_ = std::make_unique<AdamW>(trained_params(), acfg, policy_.compute, cpu_backend());
-    if (pretrained && policy_.compute != DType::F32) round_to(policy_.compute, P.data(), P.total());
-    // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
-    if (opt_.mode == "dpo" && !lora_) make_reference(nullptr);
+  // Context-parallel ranks join data parallelism for the gradient reduction (dp x cp).
+  if (pg_->cp().size() > 1)
+    model_->set_context_parallel({pg_->cp().size(), pg_->cp().rank(), &pg_->cp()});
+  // Experts split by EP are reduced over the ranks holding the same experts: edp, and under
+  // CP also every CP rank of them (edp x cp; the EP all-to-all stays within one CP rank).
+  comm::Communicator* edp = &pg_->edp();
+  if (pg_->cp().size() > 1) {
+    int index = 0;
+    auto members = pg_->generator().group_of("edp-cp", w.rank(), &index);
+    int pos =
+        static_cast<int>(std::find(members.begin(), members.end(), w.rank()) - members.begin());
+    edp_cp_ = w.split(index, pos, "edp-cp");
+    edp = edp_cp_.get();
   }
-  if (dp_)
-    optimizer_ = dp_.get();
-  else
-    optimizer_ = optim_.get();
+  if (!opt_.freeze.empty()) {
+    // Before the engine: every layout steps the same AdamW, which skips frozen parameters, and
+    // their gradients stay zero (the model skips their weight-gradient GEMMs), so they add
+    // nothing to the reductions or the norm.
+    LOOM_CHECK(!lora_cfg, "train.freeze with LoRA: the base is frozen already");
+    const int n = freeze_by_prefixes(model_->params(), opt_.freeze);
+    if (!opt_.quiet) log_info("frozen: ", n, " parameters (train.freeze)");
+  }
+  if (lora_cfg) {
+    // LoRA (one process or over data and tensor parallelism): every rank holds the whole
+    // frozen base, or under TP its whole TP shard (loaded like one process), and the same
+    // adapters (the same seed draws the same A; under TP split like their layers,
+    // model/lora.h); the engine reduces and steps the adapters only, so gradients and
+    // optimizer state exist for them alone.
+    LOOM_CHECK(d.ep == 1, "LoRA under expert parallelism is not supported yet: use data, ",
+               "tensor, pipeline and context parallelism (parallel.dp, tp, pp, cp)");
+    LOOM_CHECK(!opt_.pretrained.empty(),
+               "LoRA fine-tunes a pretrained model: set train.pretrained to its checkpoint");
+    // ZeRO-3: the frozen base is sharded over the DP ranks and gathered block by block
+    // (parallel::FrozenShards), each rank reading only its shard and the parameters outside
+    // the blocks from the checkpoint (load_pretrained), so no rank ever holds the whole base;
+    // the adapters (about 1% of the model) stay whole on every rank, their gradients and
+    // optimizer state sharded as ZeRO-2 shards them.
+    base_zero3_ = dpo.zero == 3;
+    if (base_zero3_) {
+      base_shards_ = std::make_unique<parallel::FrozenShards>(*model_, pg_->dp(), false);
+    } else {
+      model_->params().init(opt_.seed);
+    }
+    load_pretrained(opt_.pretrained);  // dp_ is not there yet: whole tensors on every rank
+    lora_ = std::make_unique<Lora>(*model_, *lora_cfg);
+    if (policy_.compute != DType::F32 && !base_zero3_)  // (load_pretrained rounds the shards)
+      round_to(policy_.compute, model_->params().data(), model_->params().total());
+    parallel::DataParallelOptions adapters_opt = dpo;
+    adapters_opt.zero = std::min(dpo.zero, 2);
+    dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), adapters_opt, acfg,
+                                                   policy_.compute, cpu_backend(), edp,
+                                                   &lora_->params());
+  } else {
+    // The engine draws the initial weights: under ZeRO-3 only what this rank keeps (its shard
+    // and the parameters that stay gathered), never the whole model.
+    dpo.init_seed = opt_.seed;
+    dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
+                                                   policy_.compute, cpu_backend(), edp);
+  }
+  norm_weights_ = parallel::grad_norm_weights(trained_params(), pg_->tp().rank(), etp);
+  // Pretrained weights are the fp32 truth: the master copy takes them before the model's copy
+  // is rounded to the compute type (load_pretrained).
+  if (!opt_.pretrained.empty() && !lora_) load_pretrained(opt_.pretrained);
+  if (!stage.whole()) {
+    // One schedule step runs the rank's grad_accum micro-batches through the pipeline.
+    pipe_ = std::make_unique<parallel::PipelineRunner>(
+        *model_, pg_->pp(), pp::make_schedule(pp_kind, layout.p, opt_.grad_accum, vp));
+    // A tied embedding counts on the first stage only.
+    std::vector<double> pw = pipe_->grad_norm_weights();
+    // (Per model parameter: LoRA's trained set is the adapters, never on a tied embedding.)
+    if (!lora_)
+      for (size_t i = 0; i < pw.size(); ++i) norm_weights_[i] *= pw[i];
+  }
+  if (opt_.mode == "dpo") {
+    // DPO over data-parallel ranks: a micro-batch's pairs stay together on one rank (the
+    // sources deal out whole micro-batches), so only the sums cross ranks. Under tensor
+    // parallelism (and SP) the TP ranks of a DP group run the same pairs: the vocabulary-
+    // parallel cross-entropy gives every one of them each token's whole log-probability, so
+    // they compute the same sequence log-probabilities, DPO terms and per-token weights.
+    // The reference model has the policy's layout (its TP shard); under ZeRO-3 it is sharded
+    // like the policy (make_reference). Under context parallelism every CP rank of a DP group
+    // runs its chunks of the same pairs, and the sequence log-probabilities are summed over
+    // the CP group (Decoder::collect_outputs). Under a pipeline the last stage computes the
+    // DPO terms (dpo_pipeline); not with CP as well (untested: the CP sum would run inside
+    // the last stage's forward-only passes). No expert parallelism.
+    LOOM_CHECK(d.ep == 1, "DPO under expert parallelism is not supported yet: use data, ",
+               "tensor, pipeline and context parallelism (parallel.dp, tp, sp, pp, cp)");
+    LOOM_CHECK(d.cp == 1 || (d.pp == 1 && vp == 1),
+               "DPO under pipeline and context parallelism at once is not supported yet");
+    // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
+    if (!lora_) make_reference(nullptr);
+  }
   // bf16 GEMMs where the CPU has them natively (kept off under ZeRO-3, whose point is not to hold
   // every weight at once: the recipe keeps a bf16 copy of each).
-  if (policy_.compute == DType::BF16 && (!dp_ || dp_->zero() < 3) && !base_zero3_)
+  if (policy_.compute == DType::BF16 && dp_->zero() < 3 && !base_zero3_)
     bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
   if (fp8_opt) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   // Delayed scaling's amaxes are max-reduced over the ranks of one pipeline stage (TE's amax
   // reduction group): one process's history under TP, DP and CP alike.
-  if (fp8_ && pg_) fp8_->set_amax_group(pg_->cp().size() > 1 ? &pg_->tp_dp_cp() : &pg_->tp_dp());
+  if (fp8_) fp8_->set_amax_group(pg_->cp().size() > 1 ? &pg_->tp_dp_cp() : &pg_->tp_dp());
   LOOM_CHECK(
-      !fp8_ || !dp_ || (dp_->zero() < 3 && !base_zero3_),
+      !fp8_ || (dp_->zero() < 3 && !base_zero3_),
       "precision.fp8_recipe: not supported with ZeRO-3 (the recipe keeps fp8 weight copies)");
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
 
   make_dirs(opt_.out_dir);
   const double restore_start = now_seconds();
-  bool resumed = dp_ ? opt_.resume && resume_distributed()
-                     : opt_.resume && ckpt::has_checkpoints(checkpoint_root()) &&
-                           resume_from(checkpoint_root());
+  bool resumed = !whole_ ? opt_.resume && resume_distributed()
+                         : opt_.resume && ckpt::has_checkpoints(checkpoint_root()) &&
+                               resume_from(checkpoint_root());
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
   reference_from_init_weights(resumed);
   const double restore_seconds = now_seconds() - restore_start;
@@ -385,7 +369,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     log_info("model ", mcfg_.name, ": ", mcfg_.fingerprint(), ", ", mcfg_.num_params(),
              " parameters, ", flops_per_token_ / 1e6, " MFLOP/token");
     log_info("data: ", train_data_->describe());
-    if (pg_)
+    if (!whole_)
       log_info("parallel: ", pg_->describe(), ", ZeRO-", dp_->zero(), ", ", dp_->num_buckets(),
                " gradient buckets");
     if (pipe_)
@@ -401,7 +385,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
              " threads, MFU against ", peak_gflops_, " GFLOP/s (",
              opt_.peak_gflops > 0 ? "train.peak_gflops" : "measured sgemm peak", ")");
   }
-  resil::heartbeat_start(rank_, pg_ ? pg_->world().size() : 1, opt_.out_dir,  // if supervised
+  resil::heartbeat_start(rank_, pg_->world().size(), opt_.out_dir,  // if supervised
                          now_seconds() - setup_start, restore_seconds);
 }
 
@@ -425,7 +409,7 @@ StepResult Trainer::train_step() {
     valid += b.valid_targets();
   }
   resil::heartbeat_section(resil::Section::ForwardBackward, step_ + 1);
-  if (dp_) valid = pg_->dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
+  valid = pg_->dp().all_reduce_scalar(valid, comm::ReduceOp::Sum);
   LOOM_CHECK(valid > 0, "a global batch without any target token");
   const double scale = policy_.loss_scaling ? scaler_.scale() : 1.0;
   double loss_sum = 0, aux_sum = 0;
@@ -435,8 +419,8 @@ StepResult Trainer::train_step() {
     // Under CP each stage runs ring attention over its CP group on the rank's rows; the
     // activations passed between stages are those rows (pp peers share the cp coordinate).
     for (auto& b : micro_) in.push_back(model_input(b));
-    begin_step(1);
-    begin_micro(0);
+    dp_->start_step(1);
+    dp_->start_micro(0);
     // LoRA dropout keyed by the micro-batch each forward or backward (which recomputes the
     // chunk) computes, in whatever order the schedule runs them.
     LoraDropoutScope drop(lora_.get(), 0);
@@ -447,7 +431,7 @@ StepResult Trainer::train_step() {
     loss_sum = pipe_->run(in, static_cast<float>(scale / valid));
     pipe_->before_micro = nullptr;
     aux_sum = pipe_->last_aux_loss();
-    end_micro();
+    dp_->finish_micro();
     // The loss lives on the last stage (aux losses on the stages holding MoE layers): summing
     // over the pipeline gives every rank the loss, rank 0 included, which logs it.
     loss_sum = pg_->pp().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
@@ -460,27 +444,27 @@ StepResult Trainer::train_step() {
     // Distributed, gradient buckets reduce during backward of the last micro-batch (every
     // micro-batch under ZeRO-2/3); each element's reduced gradient is then counted on exactly
     // one DP rank.
-    begin_step(static_cast<int>(micro_.size()));
+    dp_->start_step(static_cast<int>(micro_.size()));
     for (size_t j = 0; j < micro_.size(); ++j) {
-      begin_micro(static_cast<int>(j));
+      dp_->start_micro(static_cast<int>(j));
       const ModelInput in = model_input(micro_[j]);
       LoraDropoutScope drop(lora_.get(), global_micro(j), cp_rows(in));
       loss_sum += model_->forward_backward(in, static_cast<float>(scale / valid));
       aux_sum += model_->last_aux_loss();
-      end_micro();
+      dp_->finish_micro();
     }
   }
   if (inject_ != 1.f) {
-    LOOM_CHECK(!dp_, "inject_gradient_factor is for single-process tests");
+    // (After the reduction: the gradients are in the trained set's buffer at ZeRO-0 only.)
+    LOOM_CHECK(pg_->world().size() == 1 && dp_->zero() == 0,
+               "inject_gradient_factor is for one-process tests at parallel.zero = 0");
     ParamSet& T = trained_params();
     cpu_backend().scale_inplace(T.grad(), inject_, T.total());
   }
-  if (dp_) {
-    // Under CP each rank holds the loss (and aux losses) of its share of the tokens: sum over
-    // dp x cp. Tensor-parallel ranks of one DP group hold the same loss.
-    loss_sum = grad_group().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
-    if (mcfg_.is_moe()) aux_sum = grad_group().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
-  }
+  // Under CP each rank holds the loss (and aux losses) of its share of the tokens: sum over
+  // dp x cp. Tensor-parallel ranks of one DP group hold the same loss.
+  loss_sum = grad_group().all_reduce_scalar(loss_sum, comm::ReduceOp::Sum);
+  if (mcfg_.is_moe()) aux_sum = grad_group().all_reduce_scalar(aux_sum, comm::ReduceOp::Sum);
   const double sq = grad_sq();
   r.aux_loss = aux_sum / valid;
   finish_step(r, loss_sum, valid, sq, scale);
@@ -488,32 +472,11 @@ StepResult Trainer::train_step() {
   return r;
 }
 
-// The gradient path every step mode shares: gradients cleared (one process) or the engine's
-// buckets armed (distributed), reductions driven per micro-batch, then one global norm.
-void Trainer::begin_step(int micro_batches) {
-  if (dp_)
-    dp_->start_step(micro_batches);
-  else
-    trained_params().zero_grad();  // under LoRA the base has no gradients to clear
-}
-
-void Trainer::begin_micro(int m) {
-  if (dp_) dp_->start_micro(m);
-}
-
-void Trainer::end_micro() {
-  if (dp_) dp_->finish_micro();
-}
-
 // The squared global gradient norm: every trained element counted once over the job. The
 // engine counts sharded parameters on every TP rank and replicated ones on one (norm_weights_,
 // a tied embedding on one pipeline stage), summed over the groups holding disjoint parts: the
 // whole world under a pipeline (every stage's parameters are distinct), else TP x DP (x CP).
 double Trainer::grad_sq() {
-  if (!dp_) {
-    ParamSet& T = trained_params();
-    return cpu_backend().sum_squares(T.grad(), T.total());
-  }
   comm::Communicator& g = pipe_                  ? pg_->world()
                           : pg_->cp().size() > 1 ? pg_->tp_dp_cp()
                                                  : pg_->tp_dp();
@@ -532,7 +495,7 @@ void Trainer::finish_step(StepResult& r, double loss_sum, int64_t valid, double 
     float grad_scale = static_cast<float>(1.0 / scale);
     if (opt_.clip_grad > 0 && r.grad_norm > opt_.clip_grad)
       grad_scale *= static_cast<float>(opt_.clip_grad / r.grad_norm);
-    optimizer_->step(r.lr, grad_scale);
+    dp_->step(r.lr, grad_scale);
   }
   r.skipped = !proceed;
   ++step_;
@@ -580,7 +543,7 @@ double Trainer::evaluate() {
   }
   // Every DP rank evaluates the same batches, so no DP reduction. Under CP each rank's loss
   // covers its share of the tokens.
-  if (pg_ && pg_->cp().size() > 1) sum = pg_->cp().all_reduce_scalar(sum, comm::ReduceOp::Sum);
+  if (pg_->cp().size() > 1) sum = pg_->cp().all_reduce_scalar(sum, comm::ReduceOp::Sum);
   return sum / std::max<int64_t>(1, n);
 }
 
@@ -609,7 +572,7 @@ comm::Communicator& Trainer::grad_group() const {
 // rank's share of it (every document cut into 2*cp chunks, chunks r and 2cp-1-r kept, with
 // their positions for RoPE), which stays valid until the next call for the same batch.
 ModelInput Trainer::model_input(const Batch& b) {
-  if (!pg_ || pg_->cp().size() == 1) return b.input();
+  if (pg_->cp().size() == 1) return b.input();
   const int cp = pg_->cp().size(), r = pg_->cp().rank();
   CpLocal& l = cp_local_[&b];
   l.batch = CpBatch::make(b.cu_seqlens.data(), static_cast<int>(b.cu_seqlens.size()) - 1, cp);
@@ -631,7 +594,7 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
   double tps = tokens / r.seconds;
   // Per rank: the model's FLOPs are split over every rank of the job, and MFU compares one
   // rank's share with one rank's peak.
-  const int ranks = pg_ ? pg_->world().size() : 1;
+  const int ranks = pg_->world().size();
   double gflops = flops_per_token_ * tps / ranks / 1e9;
   Json j = Json::object();
   j["step"] = r.step + 1;
@@ -681,7 +644,7 @@ void Trainer::log_step(const StepResult& r, int64_t tokens) {
 }
 
 double Trainer::run() {
-  if (dp_) {
+  if (pg_->world().size() > 1) {
     // One rank failing must end the whole job (with its rank named), not leave the others
     // waiting in a collective.
     try {
@@ -696,7 +659,7 @@ double Trainer::run() {
 double Trainer::run_loop() {
   started_ = now_seconds();
   const int64_t tokens =
-      int64_t(opt_.micro_batch) * opt_.seq_len * opt_.grad_accum * (pg_ ? pg_->dp().size() : 1);
+      int64_t(opt_.micro_batch) * opt_.seq_len * opt_.grad_accum * (pg_->dp().size());
   if (step_ >= opt_.steps && !opt_.quiet)
     log_info("already at step ", step_, " of ", opt_.steps, ": nothing to do");
   double last = NAN;
@@ -738,7 +701,7 @@ ckpt::TrainerState Trainer::checkpoint_state(int64_t optimizer_steps) const {
   st.extra["model_fingerprint"] = mcfg_.fingerprint();
   st.extra["optimizer_steps"] = optimizer_steps;
   st.extra["precision"] = policy_.name;
-  if (dp_) {
+  if (!whole_) {
     st.extra["layout"] = layout_name();
     st.extra["rank"] = rank_;
   }
@@ -759,7 +722,7 @@ int64_t Trainer::restore_state(const ckpt::Checkpoint& c, bool same_layout) {
   LOOM_CHECK(recorded("model_fingerprint") == mcfg_.fingerprint(), c.dir(),
              ": checkpoint is for model '", recorded("model_fingerprint"),
              "', but this run's model is '", mcfg_.fingerprint(), "'");
-  if (dp_ && same_layout)
+  if (!whole_ && same_layout)
     LOOM_CHECK(recorded("layout") == layout_name(), c.dir(), ": checkpoint layout '",
                recorded("layout"), "' differs from this run's '", layout_name(), "'");
   LOOM_CHECK(recorded("precision") == policy_.name, c.dir(),
@@ -780,30 +743,33 @@ void Trainer::save_checkpoint() {
   if (!ckpt_writer_) {
     ckpt::CheckpointWriterOptions wo;
     wo.async = opt_.ckpt_async;
-    wo.keep_last = dp_ ? 0 : opt_.keep_last;  // distributed: after the global commit
+    wo.keep_last = whole_ ? opt_.keep_last : 0;  // per-rank parts: after the global commit
     wo.timeout_s = opt_.ckpt_timeout;
     wo.quiet = opt_.quiet;
     ckpt_writer_ = std::make_unique<ckpt::CheckpointWriter>(checkpoint_root(), wo);
   }
-  if (dp_) return save_distributed();
-  ckpt::TrainerState st = checkpoint_state(optimizer_->steps_taken());
+  ckpt::TrainerState st = checkpoint_state(dp_->steps_taken());
+  // Per-rank parts: the previous step's global commit first (asynchronous: its parts are
+  // durable by now), this one's after a synchronous write.
+  if (!whole_) commit_distributed();
   // Under LoRA only the adapters: the base is train.pretrained, named in the saved config.
-  ckpt_writer_->save(st, ckpt::to_list(trained_params().tensors()), optim_list());
+  ckpt_writer_->save(st, shard_list(dp_->param_slices()), optim_list());
+  if (!whole_ && !opt_.ckpt_async) commit_distributed();
   if (opt_.quiet) return;
   if (opt_.ckpt_async)
     log_info("checkpoint step ", step_, ": snapshot in ", ckpt_writer_->last_stall_seconds(),
              " s, writing in the background");
-  else
+  else if (whole_)
     log_info("saved checkpoint ", checkpoint_root(), "/", ckpt::step_dir_name(step_), " (",
              ckpt_writer_->last_stall_seconds(), " s)");
 }
 
 void Trainer::finish_checkpoints() {
   if (!ckpt_writer_) return;
-  if (dp_)
-    commit_distributed();
-  else
+  if (whole_)
     ckpt_writer_->wait();
+  else
+    commit_distributed();
 }
 
 double Trainer::last_checkpoint_stall() const {
@@ -811,23 +777,49 @@ double Trainer::last_checkpoint_stall() const {
 }
 
 bool Trainer::resume_from(const std::string& path) {
-  LOOM_CHECK(!dp_, "a distributed run resumes from its own per-rank checkpoints");
+  LOOM_CHECK(whole_, "a run over several ranks or a sharded layout resumes from its own ",
+             "per-rank checkpoints");
   ckpt::Checkpoint c(path);
-  int64_t optimizer_steps = restore_state(c);
-  c.restore_model(trained_params().tensors());
-  check_finite(trained_params(), c.dir());
-  c.restore_optim(optim_list());
-  optimizer_->set_steps_taken(optimizer_steps);
+  restore(c);
   if (!opt_.quiet) log_info("resumed from ", c.dir(), " at step ", step_);
   return true;
 }
 
-// Distributed checkpoints: every rank writes its own step directory under
-// <out_dir>/checkpoints/rank_NNNNN with the tensors it holds, each with its placement
-// (ShardInfo): ZeRO-0 whole parameters (replica = DP rank), ZeRO >= 1 the rank's slice of each
-// flattened parameter and of its optimizer state. Resuming needs the same layout.
+// What every resume does once the checkpoint is chosen: the state, then this rank's weights
+// and optimizer state placed as the engine holds them, and the model re-derived from them.
+// Weights that are not finite are refused, naming the parameter, before anything else is read.
+void Trainer::restore(const ckpt::Checkpoint& c) {
+  const int64_t optimizer_steps = restore_state(c);
+  const auto slices = dp_->param_slices();
+  c.restore_model(shard_list(slices));
+  check_finite(slices, c.dir());
+  c.restore_optim(optim_list());
+  dp_->sync_model_from_master();
+  dp_->set_steps_taken(optimizer_steps);
+}
+
+// Checkpoints hold the engine's slices (StateSlice: its weights and optimizer state), placed by
+// the layout. One rank holding every whole tensor (whole_): the one-process layout, each slice
+// a whole tensor shaped like its parameter, in name order, under <out_dir>/checkpoints (what
+// `loom ckpt consolidate` writes and every reader takes). Otherwise every rank writes its own
+// step directory under <out_dir>/checkpoints/rank_NNNNN with the tensors it holds, each with
+// its placement (ShardInfo): ZeRO-0 whole parameters (replica = DP rank), ZeRO >= 1 the rank's
+// slice of each flattened parameter and of its optimizer state; resuming needs the same layout.
 ckpt::TensorList Trainer::shard_list(const std::vector<StateSlice>& slices) const {
   ckpt::TensorList out;
+  if (whole_) {
+    const ParamSet& T = lora_ ? lora_->params() : model_->params();
+    for (const StateSlice& s : slices) {
+      // "<param>", or "exp_avg.<param>" and the like.
+      const std::string param = T.has(s.name) ? s.name : s.name.substr(s.name.find('.') + 1);
+      const ParamInfo& p = T.info(param);
+      LOOM_CHECK(s.offset == 0 && s.tensor.numel() == p.numel, s.name,
+                 ": one process's engine must hold whole parameters");
+      out.push_back({s.name, Tensor::view_of(s.tensor.data<float>(), p.shape, DType::F32)});
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    return out;
+  }
   for (const auto& sl : slices) {
     ckpt::ShardInfo info;
     if (dp_->zero() == 0) {
@@ -841,31 +833,10 @@ ckpt::TensorList Trainer::shard_list(const std::vector<StateSlice>& slices) cons
   return out;
 }
 
-// The optimizer's state as a checkpoint holds it, from Optimizer::state_slices() in either
-// layout: distributed, each rank's slices placed by ShardInfo (shard_list); one process, whole
-// tensors shaped like their parameters, in name order (the one-process checkpoint format).
+// The optimizer's state as a checkpoint holds it (Optimizer::state_slices(), placed by
+// shard_list).
 ckpt::TensorList Trainer::optim_list() const {
-  if (dp_) return shard_list(optimizer_->state_slices());
-  const ParamSet& T = lora_ ? lora_->params() : model_->params();
-  ckpt::TensorList out;
-  for (const StateSlice& s : optimizer_->state_slices()) {
-    const ParamInfo& p = T.info(s.name.substr(s.name.find('.') + 1));  // "exp_avg.<param>"
-    LOOM_CHECK(s.offset == 0 && s.tensor.numel() == p.numel, s.name,
-               ": one process's optimizer state must hold whole parameters");
-    out.push_back({s.name, Tensor::view_of(s.tensor.data<float>(), p.shape, DType::F32)});
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  return out;
-}
-
-void Trainer::save_distributed() {
-  ckpt::TrainerState st = checkpoint_state(optimizer_->steps_taken());
-  commit_distributed();  // asynchronous: the previous step, whose parts are durable by now
-  ckpt_writer_->save(st, shard_list(dp_->param_slices()), optim_list());
-  if (!opt_.ckpt_async) commit_distributed();
-  if (!opt_.quiet && opt_.ckpt_async)
-    log_info("checkpoint step ", step_, ": snapshot in ", ckpt_writer_->last_stall_seconds(),
-             " s, writing in the background");
+  return shard_list(dp_->state_slices());
 }
 
 // A step counts as committed only once every rank's part is durable: the ranks exchange their
@@ -953,11 +924,7 @@ bool Trainer::resume_distributed() {
       c.reset();
     }
     if (w.all_reduce_scalar(int64_t(c ? 0 : 1), comm::ReduceOp::Max) == 0) {  // all verified
-      int64_t optimizer_steps = restore_state(*c);
-      c->restore_model(shard_list(dp_->param_slices()));
-      c->restore_optim(optim_list());
-      dp_->sync_model_from_master();
-      dp_->set_steps_taken(optimizer_steps);
+      restore(*c);
       if (!opt_.quiet) log_info("resumed every rank from step ", step_, " (", layout_name(), ")");
       return true;
     }
@@ -979,7 +946,7 @@ void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
   if (extra.contains("consolidated_from"))
     dp = ckpt::DistributedLayout::parse(extra.at("consolidated_from").as_string()).dp;
   const int64_t theirs = micro * accum * dp;
-  const int our_dp = pg_ ? pg_->dp().size() : 1;
+  const int our_dp = pg_->dp().size();
   const int64_t ours = int64_t(opt_.micro_batch) * opt_.grad_accum * our_dp;
   LOOM_CHECK(theirs == ours && seq == opt_.seq_len, c.dir(), ": trained with a global batch of ",
              theirs, " samples (micro_batch ", micro, " x grad_accum ", accum, " x dp ", dp,
@@ -1104,39 +1071,37 @@ StepResult Trainer::dpo_step() {
   r.step = step_;
   r.lr = sched_.at(step_);
   // The loss is a mean over the global batch's pairs (every DP rank's), as in one process.
-  const int64_t pairs = int64_t(opt_.micro_batch) * opt_.grad_accum * (dp_ ? pg_->dp().size() : 1);
-  begin_step(pipe_ ? 1 : static_cast<int>(micro_.size()));  // the pipeline: one "micro"
+  const int64_t pairs = int64_t(opt_.micro_batch) * opt_.grad_accum * pg_->dp().size();
+  dp_->start_step(pipe_ ? 1 : static_cast<int>(micro_.size()));  // the pipeline: one "micro"
   DpoStats total;
   if (pipe_) {
     for (Batch& b : micro_) train_data_->next(b);
-    begin_micro(0);
+    dp_->start_micro(0);
     total = dpo_pipeline(micro_, true, pairs);
-    end_micro();
+    dp_->finish_micro();
   }
   for (size_t j = 0; j < micro_.size() && !pipe_; ++j) {
     Batch& b = micro_[j];
     train_data_->next(b);
-    begin_micro(static_cast<int>(j));
+    dp_->start_micro(static_cast<int>(j));
     // The policy's forward-only pass and its backward draw the same dropout mask, so the
     // log-probabilities in the loss are those of the function differentiated.
     LoraDropoutScope drop(lora_.get(), global_micro(j));
     const DpoStats s = dpo_micro(b, true, pairs);
-    end_micro();
+    dp_->finish_micro();
     total.loss += s.loss;
     total.reward_chosen += s.reward_chosen;
     total.reward_rejected += s.reward_rejected;
     total.correct += s.correct;
     total.pairs += s.pairs;
   }
-  if (dp_) {
-    // The TP ranks of a DP group hold the same figures: sum over DP only.
-    comm::Communicator& g = pg_->dp();
-    total.loss = g.all_reduce_scalar(total.loss, comm::ReduceOp::Sum);
-    total.reward_chosen = g.all_reduce_scalar(total.reward_chosen, comm::ReduceOp::Sum);
-    total.reward_rejected = g.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
-    total.correct = g.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
-    total.pairs = g.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
-  }
+  // The TP ranks of a DP group hold the same figures: sum over DP only.
+  comm::Communicator& g = pg_->dp();
+  total.loss = g.all_reduce_scalar(total.loss, comm::ReduceOp::Sum);
+  total.reward_chosen = g.all_reduce_scalar(total.reward_chosen, comm::ReduceOp::Sum);
+  total.reward_rejected = g.all_reduce_scalar(total.reward_rejected, comm::ReduceOp::Sum);
+  total.correct = g.all_reduce_scalar(total.correct, comm::ReduceOp::Sum);
+  total.pairs = g.all_reduce_scalar(total.pairs, comm::ReduceOp::Sum);
   const double sq = grad_sq();
   r.extra = {{"rewards_chosen", total.reward_chosen / total.pairs},
              {"rewards_rejected", total.reward_rejected / total.pairs},
@@ -1178,7 +1143,7 @@ void Trainer::make_reference(const ckpt::Checkpoint* from) {
   ParamSet& R = reference_->params();
   const ParamSet& P = model_->params();
   LOOM_CHECK(R.total() == P.total(), "DPO reference layout mismatch");
-  const bool sharded = dp_ && dp_->zero() == 3;
+  const bool sharded = dp_->zero() == 3;
   const auto round = [&](float* p, int64_t n) {
     if (policy_.compute != DType::F32 && n > 0) round_to(policy_.compute, p, size_t(n));
   };
@@ -1190,7 +1155,7 @@ void Trainer::make_reference(const ckpt::Checkpoint* from) {
     ckpt::TensorList whole;
     for (auto& [name, t] : R.tensors()) {
       ckpt::ShardInfo info;
-      info.replica_id = pg_ ? pg_->dp().rank() : 0;
+      info.replica_id = pg_->dp().rank();
       whole.push_back({name, t, info});
     }
     ckpt::fill_from_whole(*from, R, whole, {});
@@ -1238,7 +1203,7 @@ const int32_t* Trainer::cp_rows(const ModelInput& in) const {
 }
 
 uint64_t Trainer::global_micro(size_t j) const {
-  const int64_t dp = pg_ ? pg_->dp().size() : 1, rank = pg_ ? pg_->dp().rank() : 0;
+  const int64_t dp = pg_->dp().size(), rank = pg_->dp().rank();
   return uint64_t((step_ * opt_.grad_accum + int64_t(j)) * dp + rank);
 }
 
@@ -1286,6 +1251,7 @@ void Trainer::load_pretrained(const std::string& path) {
     }
     return;
   }
+  // LoRA's base (before the engine exists, or under it) is whole on every rank (replicated).
   if ((!dp_ || lora_) && model_->tensor_parallel().size == 1 && model_->pipeline_stage().whole()) {
     // Under LoRA the base is whole (replicated) on every rank.
     c.restore_model(model_->params().tensors());
@@ -1296,13 +1262,15 @@ void Trainer::load_pretrained(const std::string& path) {
     ckpt::TensorList whole;
     for (auto& [name, t] : model_->params().tensors()) {
       ckpt::ShardInfo info;
-      info.replica_id = pg_ ? pg_->dp().rank() : 0;
+      info.replica_id = pg_->dp().rank();
       whole.push_back({name, t, info});
     }
     ckpt::fill_from_whole(c, model_->params(), whole, {});
     check_finite(model_->params(), c.dir());
   } else {
-    ckpt::fill_from_whole(c, model_->params(), shard_list(dp_->param_slices()), {});
+    const auto slices = dp_->param_slices();
+    ckpt::fill_from_whole(c, model_->params(), shard_list(slices), {});
+    check_finite(slices, c.dir());
     dp_->sync_master_from_model();  // ZeRO-0: the slices are the model's weights
     dp_->sync_model_from_master();
   }
@@ -1317,16 +1285,10 @@ void Trainer::start_from_one_process(const std::string& path) {
       load_pretrained(path);
       if (bf16_gemms_) bf16_gemms_->new_weights();
       if (fp8_) fp8_->new_weights();
-      if (optim_) optim_->sync_master_from_model();
       if (!opt_.quiet)
         log_info("started from the weights of ", c.dir(), " (it holds no training state)");
       return;
     }
-  }
-  if (!dp_) {
-    check_same_global_batch(ckpt::Checkpoint(path));
-    resume_from(path);
-    return;
   }
   ckpt::Checkpoint c(path);
   LOOM_CHECK(!c.state().extra.contains("layout"), c.dir(),
@@ -1336,6 +1298,10 @@ void Trainer::start_from_one_process(const std::string& path) {
   LOOM_CHECK(etp == 1, "train.init_from: parallel.etp = ", etp,
              " (expert tensor parallelism) cannot start from a one-process checkpoint yet");
   check_same_global_batch(c);
+  if (whole_) {  // the checkpoint's own layout: a resume
+    resume_from(path);
+    return;
+  }
   const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
   ckpt::fill_from_whole(c, trained_params(), shard_list(dp_->param_slices()), optim_list());
   dp_->sync_model_from_master();

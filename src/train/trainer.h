@@ -66,7 +66,7 @@ struct TrainOptions {
   // (data.source = "preference"; [dpo] beta, loss).
   std::string mode = "pretrain";
   // Parameters kept frozen (comma-separated names or name prefixes, e.g. "embed.,blocks.0."):
-  // no gradients, no updates. One process only for now.
+  // no gradients, no updates, in one process and under every parallel layout.
   std::string freeze;
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there). The trainer runs on the CPU
   // backend only so far: cuda is refused with the reason.
@@ -132,9 +132,12 @@ class Trainer {
   const TrainOptions& options() const { return opt_; }
   int64_t step() const { return step_; }
   int rollbacks() const { return rollbacks_; }  // loss-guard rollbacks in this process
-  // Distributed runs keep one checkpoint root per rank: <out_dir>/checkpoints/rank_00003.
+  // Per-rank checkpoints keep one root per rank: <out_dir>/checkpoints/rank_00003.
   std::string checkpoint_root() const;
-  bool distributed() const { return dp_ != nullptr; }
+  // Whether this run's layout is more than one process holding every whole tensor (several
+  // ranks, ZeRO >= 1, virtual pipeline stages): its checkpoints are then per-rank parts. Every
+  // run trains through the same engine (data_parallel()), one process over a one-rank world.
+  bool distributed() const { return !whole_; }
   comm::ProcessGroups* groups() { return pg_.get(); }
   parallel::DataParallel* data_parallel() { return dp_.get(); }
   parallel::FrozenShards* base_shards() { return base_shards_.get(); }  // LoRA at ZeRO-3
@@ -148,17 +151,15 @@ class Trainer {
  private:
   void log_step(const StepResult& r, int64_t tokens);
   double run_loop();
-  // The one gradient path (trainer.cpp): begin_step, then per micro-batch begin_micro, the
-  // model's forward_backward, end_micro; grad_sq() is then the squared global gradient norm
-  // and finish_step checks it (non-finite: skipped; fp16: the loss scaler), clips, and steps.
-  void begin_step(int micro_batches);
-  void begin_micro(int m);
-  void end_micro();
+  // The one gradient path (trainer.cpp), the engine's: dp_->start_step, then per micro-batch
+  // dp_->start_micro, the model's forward_backward, dp_->finish_micro; grad_sq() is then the
+  // squared global gradient norm and finish_step checks it (non-finite: skipped; fp16: the
+  // loss scaler), clips, and steps.
   double grad_sq();
   void finish_step(StepResult& r, double loss_sum, int64_t valid, double sq, double scale);
   ckpt::TrainerState checkpoint_state(int64_t optimizer_steps) const;
   int64_t restore_state(const ckpt::Checkpoint& c, bool same_layout = true);
-  void save_distributed();
+  void restore(const ckpt::Checkpoint& c);
   void commit_distributed();
   ckpt::TensorList shard_list(const std::vector<StateSlice>& s) const;
   ckpt::TensorList optim_list() const;
@@ -221,10 +222,6 @@ class Trainer {
   double dpo_beta_ = 0.1;
   DpoLoss dpo_loss_ = DpoLoss::Sigmoid;
   std::vector<std::pair<std::string, double>> eval_extra_;
-  // One process: AdamW over the trained parameters (the model's, or LoRA's adapters).
-  std::unique_ptr<AdamW> optim_;
-  // What every step goes through: optim_, or the data-parallel engine dp_.
-  Optimizer* optimizer_ = nullptr;
   std::unique_ptr<BatchSource> train_data_, valid_data_;
   Json valid_start_;
   std::unique_ptr<MetricsLog> metrics_;
@@ -235,11 +232,13 @@ class Trainer {
   double started_ = 0;
   int64_t steps_this_run_ = 0;
   float inject_ = 1.f;
-  // Distributed state (null in a single-process run).
-  std::unique_ptr<comm::Communicator> self_world_;
+  // The layout: process groups over the world (of one rank in a one-process run) and the
+  // engine every step goes through, the Optimizer of the trained parameters (the model's, or
+  // LoRA's adapters).
   std::unique_ptr<comm::ProcessGroups> pg_;
   std::unique_ptr<comm::Communicator> edp_cp_;  // expert-data x context parallel (cp > 1)
   std::unique_ptr<parallel::DataParallel> dp_;
+  bool whole_ = true;  // one rank holding every whole tensor: one-process checkpoint files
   // LoRA with parallel.zero = 3: the frozen base sharded over DP, gathered block by block.
   bool base_zero3_ = false;
   std::unique_ptr<parallel::FrozenShards> base_shards_;

@@ -41,8 +41,8 @@ void Trainer::roll_back(const std::string& why) {
   const Json data_after = train_data_->state();
   finish_checkpoints();  // an asynchronous write in flight is from before the spike: keep it
   const bool restored =
-      dp_ ? resume_distributed()
-          : ckpt::has_checkpoints(checkpoint_root()) && resume_from(checkpoint_root());
+      !whole_ ? resume_distributed()
+              : ckpt::has_checkpoints(checkpoint_root()) && resume_from(checkpoint_root());
   LOOM_CHECK(restored, "stopping: ", why, "; no checkpoint to roll back to under ",
              checkpoint_root(), " (train.on_spike = rollback needs one: set ",
              "train.checkpoint_interval)");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -27,6 +28,14 @@ void fill_grads(ParamSet& P, int step) {
   for (const ParamInfo& p : P.infos())
     for (int64_t i = 0; i < p.numel; ++i)
       P.grad()[p.offset + i] = 0.01f * float((i * 7 + step * 13 + p.offset) % 23) - 0.1f;
+}
+
+// The MiB figure Backend::memory_report prints for a class's held bytes ("<cls> <held> MiB
+// held"); 0 when the class has not appeared yet.
+double held_mib(const Backend& be, const std::string& cls) {
+  const std::string r = be.memory_report();
+  const size_t at = r.find(" " + cls + " ");
+  return at == std::string::npos ? 0.0 : std::stod(r.substr(at + cls.size() + 2));
 }
 
 void expect_same(const float* a, const float* b, int64_t n, const char* what) {
@@ -145,4 +154,28 @@ TEST(AdamW, RangeOutsideTheSetIsAnError) {
   }
   AdamW shard(P, AdamWConfig{}, DType::F32, cpu_backend(), 5, 9, false);
   EXPECT_THROW(shard.state_tensors(), Error);  // a shard has no whole tensors
+}
+
+// The state (moments, and the master copy when kept apart) is allocated through the backend as
+// buffer class "optimizer", zeroed, and freed with the optimizer.
+TEST(AdamW, StateIsTheBackendsOptimizerMemory) {
+  ParamSet P;
+  P.add("big.weight", {512, 1024}, true, ParamInit::Normal, 0.5f);  // 2 MiB of fp32
+  P.allocate();
+  P.init(7);
+  Backend& be = cpu_backend();
+  const double before = held_mib(be, "optimizer");
+  for (const DType t : {DType::F32, DType::BF16}) {
+    {
+      AdamW opt(P, AdamWConfig{}, t, be);
+      const int buffers = t == DType::F32 ? 2 : 3;  // m, v (and the master under bf16)
+      EXPECT_NEAR(held_mib(be, "optimizer") - before, 2.0 * buffers, 0.01) << dtype_name(t);
+      for (const StateSlice& s : opt.state_slices()) {
+        if (s.name.rfind("exp_avg", 0) != 0) continue;
+        for (int64_t i = 0; i < s.tensor.numel(); i += 4099)
+          ASSERT_EQ(s.tensor.data<float>()[i], 0.f) << s.name << " starts zero";
+      }
+    }
+    EXPECT_NEAR(held_mib(be, "optimizer"), before, 0.01) << dtype_name(t) << ": freed";
+  }
 }
