@@ -17,21 +17,22 @@ std::unique_ptr<Decoder> load_model_from_checkpoint(const std::string& path) {
   PrecisionPolicy policy = precision_from_name(cfg.get_string("precision.policy", "fp32"));
   auto model = std::make_unique<Decoder>(mc, cpu_backend(), Recompute::None, policy.compute);
   if (!c.state().extra.contains("lora")) {
-    c.restore_model(model->params().tensors());
+    c.restore_model(model->params().tensors("loading a checkpoint"));
     return model;
   }
   // A LoRA checkpoint holds adapters only: the base comes from the run's train.pretrained, and
   // the adapters are merged into it.
   const std::string base = cfg.get_string("train.pretrained", "");
   LOOM_CHECK(!base.empty(), c.dir(), ": a LoRA checkpoint whose config names no train.pretrained");
-  ckpt::Checkpoint(base).restore_model(model->params().tensors());
+  ckpt::Checkpoint(base).restore_model(model->params().tensors("loading the LoRA base"));
   {
     Lora lora(*model, lora_config_from(cfg, 0));
-    c.restore_model(lora.params().tensors());
+    c.restore_model(lora.params().tensors("loading LoRA adapters"));
     lora.merge_into_base();
   }
   if (policy.compute != DType::F32)
-    round_to(policy.compute, model->params().data(), static_cast<size_t>(model->params().total()));
+    model->params().backend().round_to(policy.compute, model->params().data(),
+                                       model->params().total(), nullptr);
   return model;
 }
 

@@ -51,8 +51,7 @@ GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicat
   LOOM_CHECK(policy.act_dtype() == DType::F32, "GRPO runs the fp32 policy for now");
   if (opt.grpo.beta > 0) {
     reference_ = std::make_unique<Decoder>(policy.config(), cpu_backend());
-    std::copy(policy.params().data(), policy.params().data() + policy.params().total(),
-              reference_->params().data());
+    reference_->params().copy_values_from(policy.params());
   }
   optim_ = std::make_unique<AdamW>(policy.params(), opt.adam, DType::F32, cpu_backend());
 }
