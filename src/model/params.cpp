@@ -220,6 +220,33 @@ void ParamSet::copy_values_from(const ParamSet& src) {
   }
 }
 
+std::map<std::string, Tensor> ParamSet::host_values() const {
+  LOOM_CHECK(be_, "ParamSet::host_values: the parameters are not allocated");
+  std::map<std::string, Tensor> m;
+  for (const ParamInfo& p : infos_) {
+    if (be_->host_accessible()) {
+      m[p.name] = Tensor::view_of(const_cast<float*>(data()) + p.offset, p.shape, DType::F32);
+    } else {
+      Tensor t = Tensor::zeros(p.shape, DType::F32);
+      read_values(p.offset, p.offset + p.numel, t.data<float>());
+      m[p.name] = t;
+    }
+  }
+  return m;
+}
+
+void ParamSet::store_values(const std::map<std::string, Tensor>& staged) {
+  LOOM_CHECK(be_, "ParamSet::store_values: the parameters are not allocated");
+  if (be_->host_accessible()) return;  // host_values handed out views: written in place
+  for (const auto& [name, t] : staged) {
+    const ParamInfo& p = info(name);
+    LOOM_CHECK(t.dtype() == DType::F32 && t.numel() == p.numel && t.is_contiguous(),
+               "ParamSet::store_values: ", name, " is not a contiguous fp32 tensor of ", p.numel,
+               " elements");
+    write_values(p.offset, p.offset + p.numel, t.data<float>());
+  }
+}
+
 std::map<std::string, Tensor> ParamSet::tensors(const char* op) {
   float* base = host_data(op ? op : "ParamSet::tensors (host views of the parameters)");
   std::map<std::string, Tensor> m;

@@ -133,8 +133,14 @@ class ParamSet {
     return p.trainable ? grad() + p.offset : nullptr;
   }
 
+  // Host tensors of the values, by name, for host code that reads them or fills them
+  // (checkpoint save and load): views on a host-accessible backend (no copy), otherwise host
+  // copies staged through copy_d2h. After filling them, store_values copies staged tensors back
+  // to the backend (nothing to do for views).
+  std::map<std::string, Tensor> host_values() const;
+  void store_values(const std::map<std::string, Tensor>& staged);
   // Host views of each parameter (or gradient), by name, for host code that reads or writes
-  // them in place (checkpoints, exports, consolidation): host_data's check, naming `op`.
+  // them in place (exports, consolidation): host_data's check, naming `op`.
   std::map<std::string, Tensor> tensors(const char* op = nullptr);
   std::map<std::string, Tensor> grad_tensors(const char* op = nullptr);
 

@@ -106,8 +106,7 @@ std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCh
   for (const BufferedStep& b : buffer) groups += int64_t(b.groups.size());
   st.extra["rl_replay_buffer_groups"] = groups;
   st.extra["rl_replay_buffer"] = encode_replay_buffer(buffer);
-  return ckpt::save_checkpoint(root, st, policy.params().tensors("saving an RL checkpoint"),
-                               optim.state_tensors());
+  return ckpt::save_checkpoint(root, st, policy.params().host_values(), optim.state_tensors());
 }
 
 RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fingerprint) {
@@ -130,7 +129,9 @@ RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fing
              c->dir(), ": a checkpoint of the model '", extra.at("model_fingerprint").as_string(),
              "', not of '", fingerprint, "' (--ckpt)");
   r.restore = [c, adam_steps](Decoder& policy, AdamW& optim) {
-    c->restore_model(policy.params().tensors("resuming an RL checkpoint"));
+    auto staged = policy.params().host_values();  // host staging of the weights
+    c->restore_model(staged);
+    policy.params().store_values(staged);
     c->restore_optim(optim.state_tensors());
     optim.set_steps_taken(adam_steps);
     return c->state().step;
