@@ -404,7 +404,7 @@ ConsolidateResult consolidate(const ConsolidateOptions& opt) {
   ParamSet& whole = lora ? lora->params() : model.params();
   Placement model_pl, optim_pl;
   TensorMap optim;
-  for (const auto& [name, t] : whole.tensors()) {
+  for (const auto& [name, t] : whole.tensors("checkpoint consolidation")) {
     model_pl.dst[name] = {t, name};
     for (const char* prefix : {"exp_avg.", "exp_avg_sq.", "master."}) {
       if (std::strcmp(prefix, "master.") == 0 && !has_master) continue;
@@ -434,13 +434,15 @@ ConsolidateResult consolidate(const ConsolidateOptions& opt) {
   }
   // The one-process model holds the weights rounded to the compute dtype; ZeRO >= 1 ranks store
   // their fp32 master slices instead (rounding values already rounded changes nothing).
-  if (policy.compute != DType::F32) round_to(policy.compute, whole.data(), whole.total());
+  if (policy.compute != DType::F32)
+    whole.backend().round_to(policy.compute, whole.data(), whole.total(), nullptr);
 
   const TrainerState st = one_process_state(c0.state(), layout_text, layout.world());
   const bool created = !fs::exists(opt.out);
   ConsolidateResult res;
   try {
-    res.dir = save_checkpoint(opt.out, st, whole.tensors(), optim);
+    res.dir =
+        save_checkpoint(opt.out, st, whole.tensors("saving the consolidated checkpoint"), optim);
   } catch (...) {
     if (created) remove_all(opt.out);
     throw;

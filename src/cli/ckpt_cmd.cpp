@@ -142,8 +142,8 @@ static int export_cmd(const Args& args) {
     if (tok && tok->eot_id() >= 0 && tok->eot_id() != shape.eos_token_id)
       eos_ids.push_back(tok->eot_id());
   }
-  ckpt::export_hf(o.get("out"), shape, model.params().tensors(), dtype_from_name(o.get("dtype")), 0,
-                  eos_ids);
+  ckpt::export_hf(o.get("out"), shape, model.params().tensors("Hugging Face export"),
+                  dtype_from_name(o.get("dtype")), 0, eos_ids);
   if (tok) data::save_hf_tokenizer(*tok, o.get("out"), chat, shape.max_seq);
   std::printf("exported %s -> %s%s\n", c.dir().c_str(), o.get("out").c_str(),
               tok ? " (with tokenizer.json)" : "");
@@ -160,7 +160,7 @@ static int import_peft_cmd(const std::string& dir, const std::string& base, cons
   const ModelConfig mc = model_of(bc);
   if (merge) {  // any PEFT LoRA file: base + scale * B A, written as a whole model
     Decoder model(mc, cpu_backend());
-    auto params = model.params().tensors();
+    auto params = model.params().tensors("PEFT merge");
     bc.restore_model(params);
     ckpt::merge_peft(dir, ckpt::hf_shape_of(mc), params);
     ckpt::TrainerState st;
@@ -187,7 +187,7 @@ static int import_peft_cmd(const std::string& dir, const std::string& base, cons
   {
     Decoder model(mc, cpu_backend());
     Lora lora(model, lora_config_from(Config::parse(cfg, "peft import"), 0));
-    auto dst = lora.params().tensors();
+    auto dst = lora.params().tensors("PEFT import");
     for (auto& [name, t] : dst) t.copy_from(a.tensors.at(name));
   }
   ckpt::TrainerState st;
@@ -240,7 +240,7 @@ static int import_cmd(const Args& args) {
     }
   }
   Decoder model(mc, cpu_backend());
-  auto dst = model.params().tensors();
+  auto dst = model.params().tensors("Hugging Face import");
   for (auto& [name, t] : dst) {
     auto it = hf.params.find(name);
     LOOM_CHECK(it != hf.params.end(), o.get("hf_dir"), ": no weights for ", name);
@@ -330,8 +330,8 @@ static int merge_cmd(const Args& args) {
   st.extra["model_fingerprint"] = model->config().fingerprint();
   st.extra["precision"] = run.get_string("precision.policy", "fp32");
   st.extra["merged_from"] = c.dir();
-  std::string dir =
-      ckpt::save_checkpoint(o.get("out"), st, model->params().tensors(), ckpt::TensorMap{});
+  std::string dir = ckpt::save_checkpoint(
+      o.get("out"), st, model->params().tensors("saving the merged checkpoint"), ckpt::TensorMap{});
   std::printf("merged %s -> %s\n", c.dir().c_str(), dir.c_str());
   return 0;
 }

@@ -17,21 +17,28 @@ std::unique_ptr<Decoder> load_model_from_checkpoint(const std::string& path) {
   PrecisionPolicy policy = precision_from_name(cfg.get_string("precision.policy", "fp32"));
   auto model = std::make_unique<Decoder>(mc, cpu_backend(), Recompute::None, policy.compute);
   if (!c.state().extra.contains("lora")) {
-    c.restore_model(model->params().tensors());
+    auto staged = model->params().host_values();  // host staging of the weights
+    c.restore_model(staged);
+    model->params().store_values(staged);
     return model;
   }
   // A LoRA checkpoint holds adapters only: the base comes from the run's train.pretrained, and
   // the adapters are merged into it.
   const std::string base = cfg.get_string("train.pretrained", "");
   LOOM_CHECK(!base.empty(), c.dir(), ": a LoRA checkpoint whose config names no train.pretrained");
-  ckpt::Checkpoint(base).restore_model(model->params().tensors());
+  auto base_values = model->params().host_values();
+  ckpt::Checkpoint(base).restore_model(base_values);
+  model->params().store_values(base_values);
   {
     Lora lora(*model, lora_config_from(cfg, 0));
-    c.restore_model(lora.params().tensors());
+    auto adapters = lora.params().host_values();
+    c.restore_model(adapters);
+    lora.params().store_values(adapters);
     lora.merge_into_base();
   }
   if (policy.compute != DType::F32)
-    round_to(policy.compute, model->params().data(), static_cast<size_t>(model->params().total()));
+    model->params().backend().round_to(policy.compute, model->params().data(),
+                                       model->params().total(), nullptr);
   return model;
 }
 

@@ -52,7 +52,8 @@ std::unique_ptr<Decoder> load_model_shard(const std::string& path, const TensorP
   auto model = std::make_unique<Decoder>(mc, cpu_backend(), Recompute::None, policy.compute, tp);
   // Every local parameter whole (no data-parallel slicing): its piece of the whole tensor.
   ckpt::TensorList local;
-  for (auto& [name, t] : model->params().tensors()) local.push_back({name, t});
+  for (auto& [name, t] : model->params().tensors("loading tensor-parallel serving weights"))
+    local.push_back({name, t});
   ckpt::fill_from_whole(c, model->params(), local, {});
   return model;
 }

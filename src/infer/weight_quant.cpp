@@ -131,11 +131,12 @@ QuantizedWeights::QuantizedWeights(Decoder& model, WeightType type) : model_(mod
     if (across) {
       LOOM_CHECK(tp.comm, "a tensor-parallel model without its communicator");
       amax.resize(size_t(l.out));
-      cpu::row_amax(p.ptr(w), l.out, l.in, amax.data());  // +inf marks a NaN, on every rank
+      cpu::row_amax(p.host_ptr(w, "weight quantisation"), l.out, l.in,
+                    amax.data());  // +inf marks a NaN, on every rank
       tp.comm->all_reduce(amax.data(), l.out, DType::F32, comm::ReduceOp::Max);
     }
-    layers_.push_back(
-        std::make_unique<Layer>(type, p.ptr(w), l.in, l.out, across ? amax.data() : nullptr));
+    layers_.push_back(std::make_unique<Layer>(type, p.host_ptr(w, "weight quantisation"), l.in,
+                                              l.out, across ? amax.data() : nullptr));
     if (bad < 0 && !layers_.back()->ok()) bad = int(i);
   }
   // A NaN or infinite weight is refused, naming the layer, on every rank together (no rank

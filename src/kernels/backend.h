@@ -31,7 +31,20 @@ struct Backend {
   // ("activations", "scratch", ...) for memory_report(); it must outlive the buffer (a string
   // literal). Throws loom::Error naming the class and the size when the device is out of memory.
   virtual void* alloc(size_t bytes, const char* cls) = 0;
-  virtual void free(void* p) = 0;  // a pointer alloc returned, or nullptr (nothing)
+  // alloc, zero-filled. The CPU backend maps fresh anonymous pages, which read as zeros and
+  // take no memory until written (a ZeRO-3 rank touches only its part of the parameters);
+  // other backends fill with fill_bytes.
+  virtual void* alloc_zeroed(size_t bytes, const char* cls) {
+    void* p = alloc(bytes, cls);
+    try {
+      fill_bytes(p, 0, bytes);
+    } catch (...) {
+      free(p);
+      throw;
+    }
+    return p;
+  }
+  virtual void free(void* p) = 0;  // a pointer alloc or alloc_zeroed returned, or nullptr
   virtual void copy_h2d(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_d2h(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_d2d(void* dst, const void* src, size_t bytes) = 0;

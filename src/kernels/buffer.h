@@ -16,6 +16,14 @@ class BackendBuffer {
   // `cls`: the buffer class reported by Backend::memory_report (a string literal).
   BackendBuffer(Backend& be, size_t bytes, const char* cls)
       : be_(&be), p_(be.alloc(bytes, cls)), bytes_(bytes) {}
+  // Zero-filled (Backend::alloc_zeroed).
+  static BackendBuffer zeroed(Backend& be, size_t bytes, const char* cls) {
+    BackendBuffer b;
+    b.be_ = &be;
+    b.p_ = be.alloc_zeroed(bytes, cls);
+    b.bytes_ = bytes;
+    return b;
+  }
   ~BackendBuffer() { reset(); }
   BackendBuffer(const BackendBuffer&) = delete;
   BackendBuffer& operator=(const BackendBuffer&) = delete;

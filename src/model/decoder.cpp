@@ -162,7 +162,7 @@ void Decoder::build_params() {
     }
   }
   if (tp_on()) shard_params();
-  params_.allocate();
+  params_.allocate(be_);
 }
 
 // Where each local shard sits in its global tensor, so that initialisation draws the global

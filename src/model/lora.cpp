@@ -265,7 +265,8 @@ Lora::Lora(Decoder& model, const LoraConfig& cfg) : model_(model), cfg_(cfg) {
     }
     adapters_.push_back(std::move(a));
   }
-  params_.allocate();
+  // On the base model's backend, next to the weights the adapters' GEMMs read with theirs.
+  params_.allocate(model.params().backend());
   params_.init(cfg.seed);
   for (auto& a : adapters_) {
     a->P = &params_;
@@ -310,9 +311,9 @@ void Lora::merge_into_base() {
   ParamSet& P = model_.params();
   for (const auto& a : adapters_) {
     float* W = P.ptr(a->name + ".weight");
-    // W[out, in] += scale * B[out, r] A[r, in]
-    cpu_backend().gemm(false, false, a->out, a->in, a->r, a->scale, a->B(), a->r, a->A(), a->in,
-                       1.f, W, a->in);
+    // W[out, in] += scale * B[out, r] A[r, in], on the device both live on.
+    P.backend().gemm(false, false, a->out, a->in, a->r, a->scale, a->B(), a->r, a->A(), a->in, 1.f,
+                     W, a->in);
   }
 }
 

@@ -1,7 +1,5 @@
 #include "model/params.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -12,7 +10,7 @@ namespace loom {
 
 void ParamSet::add(const std::string& name, const Shape& shape, bool decay, ParamInit init,
                    float std) {
-  LOOM_CHECK(!values_.defined(), "ParamSet::add after allocate (", name, ")");
+  LOOM_CHECK(!be_, "ParamSet::add after allocate (", name, ")");
   LOOM_CHECK(!index_.count(name), "duplicate parameter name ", name);
   ParamInfo p;
   p.name = name;
@@ -28,23 +26,20 @@ void ParamSet::add(const std::string& name, const Shape& shape, bool decay, Para
   infos_.push_back(p);
 }
 
-// Anonymous pages read as zeros and become resident only when written, unlike a zero-filled
-// allocation, which touches every page up front.
-static std::shared_ptr<void> map_zero_pages(int64_t n, Tensor* view) {
-  if (n <= 0) {
-    *view = Tensor::zeros({0});
-    return nullptr;
-  }
-  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  LOOM_CHECK(p != MAP_FAILED, "out of memory mapping ", bytes, " bytes of parameters");
-  *view = Tensor::view_of(p, {n}, DType::F32);
-  return std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
+void ParamSet::allocate(Backend& be) {
+  LOOM_CHECK(!be_, "ParamSet::allocate called twice");
+  const size_t bytes = static_cast<size_t>(total_) * sizeof(float);
+  values_ = BackendBuffer::zeroed(be, bytes, "parameters");
+  grads_ = BackendBuffer::zeroed(be, bytes, "gradients");
+  be_ = &be;
 }
 
-void ParamSet::allocate() {
-  value_pages_ = map_zero_pages(total_, &values_);
-  grad_pages_ = map_zero_pages(total_, &grads_);
+void ParamSet::check_host(const char* op) const {
+  LOOM_CHECK(be_, op ? op : "host access to the parameters", ": the parameters are not allocated");
+  LOOM_CHECK(be_->host_accessible(), op ? op : "host access to the parameters",
+             ": the parameters live in ", be_->name(),
+             " backend memory, which the host cannot read or write in place (not supported on this "
+             "backend yet)");
 }
 
 const ParamInfo& ParamSet::info(const std::string& name) const {
@@ -157,26 +152,112 @@ void ParamSet::draw(uint64_t seed, int64_t begin, int64_t end, float* out) const
 }
 
 void ParamSet::init(uint64_t seed) {
-  draw(seed, 0, total_, data());
+  init_ranges(seed, {{0, total_}});
 }
 
+// Elements per host staging chunk (4 MiB) when the backend's memory is not host memory.
+static constexpr int64_t kStageChunk = int64_t(1) << 20;
+
 void ParamSet::init_ranges(uint64_t seed, const std::vector<Range>& ranges) {
-  for (auto [begin, end] : ranges) draw(seed, begin, end, data() + begin);
+  LOOM_CHECK(be_, "ParamSet::init: the parameters are not allocated");
+  if (be_->host_accessible()) {
+    for (auto [begin, end] : ranges) draw(seed, begin, end, data() + begin);
+    return;
+  }
+  // Drawn in host memory chunk by chunk and copied over. The chunk starts zeroed so that the
+  // padding between parameters, which draw leaves alone, stays the zeros it was allocated as.
+  std::vector<float> host;
+  for (auto [begin, end] : ranges)
+    for (int64_t a = begin; a < end; a += kStageChunk) {
+      const int64_t b = std::min(end, a + kStageChunk);
+      host.assign(size_t(b - a), 0.f);
+      draw(seed, a, b, host.data());
+      write_values(a, b, host.data());
+    }
 }
 
 void ParamSet::zero_grad() {
-  std::memset(grad(), 0, sizeof(float) * total_);
+  LOOM_CHECK(be_, "ParamSet::zero_grad: the parameters are not allocated");
+  be_->fill_bytes(grad(), 0, sizeof(float) * size_t(total_));
 }
 
-std::map<std::string, Tensor> ParamSet::tensors() {
+static void check_range(const char* op, int64_t begin, int64_t end, int64_t total, bool allocated) {
+  LOOM_CHECK(allocated, "ParamSet::", op, ": the parameters are not allocated");
+  LOOM_CHECK(0 <= begin && begin <= end && end <= total, "ParamSet::", op, ": range [", begin, ", ",
+             end, ") outside the buffer of ", total);
+}
+
+void ParamSet::read_values(int64_t begin, int64_t end, float* out) const {
+  check_range("read_values", begin, end, total_, be_);
+  be_->copy_d2h(out, data() + begin, sizeof(float) * size_t(end - begin));
+}
+
+void ParamSet::write_values(int64_t begin, int64_t end, const float* in) {
+  check_range("write_values", begin, end, total_, be_);
+  be_->copy_h2d(data() + begin, in, sizeof(float) * size_t(end - begin));
+}
+
+void ParamSet::read_grads(int64_t begin, int64_t end, float* out) const {
+  check_range("read_grads", begin, end, total_, be_);
+  be_->copy_d2h(out, grad() + begin, sizeof(float) * size_t(end - begin));
+}
+
+void ParamSet::copy_values_from(const ParamSet& src) {
+  LOOM_CHECK(be_ && src.be_, "ParamSet::copy_values_from: the parameters are not allocated");
+  LOOM_CHECK(src.total_ == total_ && src.infos_.size() == infos_.size(),
+             "ParamSet::copy_values_from: a set of ", src.total_, " elements in ",
+             src.infos_.size(), " parameters into one of ", total_, " in ", infos_.size());
+  if (src.be_ == be_) {
+    be_->copy_d2d(data(), src.data(), sizeof(float) * size_t(total_));
+    return;
+  }
+  std::vector<float> host;
+  for (int64_t a = 0; a < total_; a += kStageChunk) {
+    const int64_t b = std::min(total_, a + kStageChunk);
+    host.resize(size_t(b - a));
+    src.read_values(a, b, host.data());
+    write_values(a, b, host.data());
+  }
+}
+
+std::map<std::string, Tensor> ParamSet::host_values() const {
+  LOOM_CHECK(be_, "ParamSet::host_values: the parameters are not allocated");
   std::map<std::string, Tensor> m;
-  for (auto& p : infos_) m[p.name] = Tensor::view_of(data() + p.offset, p.shape, DType::F32);
+  for (const ParamInfo& p : infos_) {
+    if (be_->host_accessible()) {
+      m[p.name] = Tensor::view_of(const_cast<float*>(data()) + p.offset, p.shape, DType::F32);
+    } else {
+      Tensor t = Tensor::zeros(p.shape, DType::F32);
+      read_values(p.offset, p.offset + p.numel, t.data<float>());
+      m[p.name] = t;
+    }
+  }
   return m;
 }
 
-std::map<std::string, Tensor> ParamSet::grad_tensors() {
+void ParamSet::store_values(const std::map<std::string, Tensor>& staged) {
+  LOOM_CHECK(be_, "ParamSet::store_values: the parameters are not allocated");
+  if (be_->host_accessible()) return;  // host_values handed out views: written in place
+  for (const auto& [name, t] : staged) {
+    const ParamInfo& p = info(name);
+    LOOM_CHECK(t.dtype() == DType::F32 && t.numel() == p.numel && t.is_contiguous(),
+               "ParamSet::store_values: ", name, " is not a contiguous fp32 tensor of ", p.numel,
+               " elements");
+    write_values(p.offset, p.offset + p.numel, t.data<float>());
+  }
+}
+
+std::map<std::string, Tensor> ParamSet::tensors(const char* op) {
+  float* base = host_data(op ? op : "ParamSet::tensors (host views of the parameters)");
   std::map<std::string, Tensor> m;
-  for (auto& p : infos_) m[p.name] = Tensor::view_of(grad() + p.offset, p.shape, DType::F32);
+  for (auto& p : infos_) m[p.name] = Tensor::view_of(base + p.offset, p.shape, DType::F32);
+  return m;
+}
+
+std::map<std::string, Tensor> ParamSet::grad_tensors(const char* op) {
+  float* base = host_grad(op ? op : "ParamSet::grad_tensors (host views of the gradients)");
+  std::map<std::string, Tensor> m;
+  for (auto& p : infos_) m[p.name] = Tensor::view_of(base + p.offset, p.shape, DType::F32);
   return m;
 }
 

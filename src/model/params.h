@@ -1,16 +1,19 @@
 // All parameters of a model in ONE allocation (and all gradients in a second one), each
 // parameter a named view at a fixed offset (llm.c style). One buffer makes the optimizer a
-// few long loops, gradient buckets contiguous ranges, and checkpoints a list of views.
+// few long loops, gradient buckets contiguous ranges, and checkpoints a list of views. Both
+// buffers live on a Backend (host memory on the CPU backend, device memory on CUDA): ops take
+// data() / grad(); host code goes through host_data() (which refuses a backend the host cannot
+// touch, naming the operation) or the staging copies read_values / write_values.
 #pragma once
 
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/buffer.h"
 
 namespace loom {
 
@@ -72,27 +75,53 @@ class ParamSet {
   bool any_frozen() const;
   // Marks a 3-D expert shard (set_shard along dim 0 first) as split inside each expert too.
   void set_inner_shard(const std::string& name, int dim, std::vector<int64_t> inner_index);
-  // After every add(): zero-filled values and grads, on fresh pages that take no memory until
-  // written (a ZeRO-3 rank initialises and uses only part of the buffer).
-  void allocate();
+  // After every add(): zero-filled values and grads allocated on `be` (Backend::alloc_zeroed:
+  // on the CPU backend fresh pages that take no memory until written, since a ZeRO-3 rank
+  // initialises and uses only part of the buffer). `be` must outlive the set.
+  void allocate(Backend& be = cpu_backend());
+  // The backend allocate() used (the CPU backend before it).
+  Backend& backend() const { return be_ ? *be_ : cpu_backend(); }
+  // Whether host code may read and write values and gradients in place (the CPU backend).
+  bool host_accessible() const { return backend().host_accessible(); }
 
   // Draws every parameter from the counter-based RNG keyed by (seed, name, element index), so
-  // any sharded layout that knows a slice's global offset draws the same values.
+  // any sharded layout that knows a slice's global offset draws the same values. On a backend
+  // the host cannot touch, the values are drawn in host memory and copied over (copy_h2d).
   void init(uint64_t seed);
   // init() restricted to the flat ranges [begin, end): exactly init()'s values there, and no
   // other element (or page) of the buffer is touched.
   using Range = std::pair<int64_t, int64_t>;
   void init_ranges(uint64_t seed, const std::vector<Range>& ranges);
-  // Writes init()'s values of the flat elements [begin, end) to out[0, end - begin), e.g. into
-  // a shard kept elsewhere; the padding between parameters is left as it is.
+  // Writes init()'s values of the flat elements [begin, end) to out[0, end - begin) (host
+  // memory), e.g. into a shard kept elsewhere; the padding between parameters is left as it is.
   void draw(uint64_t seed, int64_t begin, int64_t end, float* out) const;
   void zero_grad();
 
+  // Host staging, whatever the device: the flat elements [begin, end) of the values (or the
+  // gradients) copied to or from host memory through the backend (copy_d2h / copy_h2d).
+  void read_values(int64_t begin, int64_t end, float* out) const;
+  void write_values(int64_t begin, int64_t end, const float* in);
+  void read_grads(int64_t begin, int64_t end, float* out) const;
+  // The values of `src` (a set of the same layout: a snapshot, a reference model) copied in:
+  // on the device when both live on one backend, else staged through the host.
+  void copy_values_from(const ParamSet& src);
+
   int64_t total() const { return total_; }
-  float* data() { return values_.data<float>(); }
-  float* grad() { return grads_.data<float>(); }
-  const float* data() const { return values_.data<float>(); }
-  const float* grad() const { return grads_.data<float>(); }
+  // The buffers on the backend's device: what ops take. Host code never dereferences these;
+  // it uses host_data / host_grad / host_ptr, or the staging copies above.
+  float* data() { return values_.as<float>(); }
+  float* grad() { return grads_.as<float>(); }
+  const float* data() const { return values_.as<float>(); }
+  const float* grad() const { return grads_.as<float>(); }
+  // The same pointers for host code that reads or writes them in place: throws loom::Error
+  // naming `op` and the backend when the host cannot touch the backend's memory.
+  float* host_data(const char* op) { return check_host(op), data(); }
+  float* host_grad(const char* op) { return check_host(op), grad(); }
+  const float* host_data(const char* op) const { return check_host(op), data(); }
+  const float* host_grad(const char* op) const { return check_host(op), grad(); }
+  float* host_ptr(const std::string& name, const char* op) {
+    return host_data(op) + info(name).offset;
+  }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   const ParamInfo& info(const std::string& name) const;
   bool has(const std::string& name) const { return index_.count(name) > 0; }
@@ -104,16 +133,25 @@ class ParamSet {
     return p.trainable ? grad() + p.offset : nullptr;
   }
 
-  // Views of each parameter (or gradient), by name.
-  std::map<std::string, Tensor> tensors();
-  std::map<std::string, Tensor> grad_tensors();
+  // Host tensors of the values, by name, for host code that reads them or fills them
+  // (checkpoint save and load): views on a host-accessible backend (no copy), otherwise host
+  // copies staged through copy_d2h. After filling them, store_values copies staged tensors back
+  // to the backend (nothing to do for views).
+  std::map<std::string, Tensor> host_values() const;
+  void store_values(const std::map<std::string, Tensor>& staged);
+  // Host views of each parameter (or gradient), by name, for host code that reads or writes
+  // them in place (exports, consolidation): host_data's check, naming `op`.
+  std::map<std::string, Tensor> tensors(const char* op = nullptr);
+  std::map<std::string, Tensor> grad_tensors(const char* op = nullptr);
 
  private:
+  void check_host(const char* op) const;
+
   std::vector<ParamInfo> infos_;
   std::map<std::string, size_t> index_;
   int64_t total_ = 0;
-  std::shared_ptr<void> value_pages_, grad_pages_;  // own the mappings values_/grads_ view
-  Tensor values_, grads_;
+  Backend* be_ = nullptr;
+  BackendBuffer values_, grads_;  // "parameters" and "gradients" in the memory report
 };
 
 }  // namespace loom

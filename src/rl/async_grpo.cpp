@@ -30,9 +30,10 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
       async.threads_per_role > 0 ? async.threads_per_role : std::max(1, omp_get_num_procs() / 2);
   snapshot_ = std::make_unique<Decoder>(policy.config(), cpu_backend());
   const ParamSet& P = policy.params();
-  published_.assign(P.data(), P.data() + P.total());
+  published_.resize(size_t(P.total()));
+  P.read_values(0, P.total(), published_.data());
   published_version_ = step_;
-  std::memcpy(snapshot_->params().data(), P.data(), size_t(P.total()) * sizeof(float));
+  snapshot_->params().copy_values_from(P);
   rollout_ = std::make_unique<RolloutWorker>(*snapshot_, tok, chat, env, opt_);
   // A resume's buffered groups: the learner takes them as the uninterrupted run would have, and
   // the rollouts go on after the last step they cover.
@@ -79,8 +80,7 @@ void AsyncGrpo::rollout_loop(int64_t have) {
                    " s (rl.learner_timeout) for weight version ", s - lead_,
                    " but the learner published only ", published_version_);
         if (published_version_ > have) {
-          std::memcpy(snapshot_->params().data(), published_.data(),
-                      published_.size() * sizeof(float));
+          snapshot_->params().write_values(0, int64_t(published_.size()), published_.data());
           have = published_version_;
           rollout_->weights_updated();
         }

@@ -54,8 +54,7 @@ GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicat
     // In the policy's layout: under tensor parallelism, the same shard of the starting weights.
     reference_ = std::make_unique<Decoder>(policy.config(), cpu_backend(), Recompute::None,
                                            DType::F32, policy.tensor_parallel());
-    std::copy(policy.params().data(), policy.params().data() + policy.params().total(),
-              reference_->params().data());
+    reference_->params().copy_values_from(policy.params());
   }
   optim_ = std::make_unique<AdamW>(policy.params(), opt.adam, DType::F32, cpu_backend());
 }

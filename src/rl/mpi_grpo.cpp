@@ -95,7 +95,8 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       const int64_t hi = learners_->all_reduce_scalar(first_, comm::ReduceOp::Max),
                     lo = -learners_->all_reduce_scalar(-first_, comm::ReduceOp::Max);
       LOOM_CHECK(lo == hi, "learner ranks restored different steps (", lo, " to ", hi, ")");
-      learners_->broadcast(policy.params().data(), policy.params().total(), DType::F32, 0);
+      learners_->broadcast(policy.params().host_data("broadcasting the weights to the learners"),
+                           policy.params().total(), DType::F32, 0);
     }
     if (T_ > 1) {
       extract_shard(policy.params(), shard_->params());

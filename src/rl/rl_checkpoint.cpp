@@ -126,7 +126,7 @@ std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCh
     st.extra["rl_partial_groups_count"] = int64_t(carried.size());
     st.extra["rl_partial_groups"] = encode_replay_buffer({c});
   }
-  return ckpt::save_checkpoint(root, st, policy.params().tensors(), optim.state_tensors());
+  return ckpt::save_checkpoint(root, st, policy.params().host_values(), optim.state_tensors());
 }
 
 RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fingerprint) {
@@ -164,7 +164,9 @@ RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fing
              c->dir(), ": a checkpoint of the model '", extra.at("model_fingerprint").as_string(),
              "', not of '", fingerprint, "' (--ckpt)");
   r.restore = [c, adam_steps](Decoder& policy, AdamW& optim) {
-    c->restore_model(policy.params().tensors());
+    auto staged = policy.params().host_values();  // host staging of the weights
+    c->restore_model(staged);
+    policy.params().store_values(staged);
     c->restore_optim(optim.state_tensors());
     optim.set_steps_taken(adam_steps);
     return c->state().step;

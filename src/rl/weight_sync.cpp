@@ -1,5 +1,6 @@
 #include "rl/weight_sync.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -30,16 +31,25 @@ int64_t weight_message_bytes(int64_t numel, DType dtype) {
   return 8 + numel * int64_t(dtype_size(dtype));
 }
 
+// The parameters may live in device memory: each function stages them through the host in
+// chunks small enough to stay in cache (ParamSet::read_values / write_values), so no second copy
+// of the model is made and the CPU path pays one cache-hot memcpy per chunk.
+constexpr int64_t kChunk = 4096;
+
 std::vector<uint8_t> pack_weights(const ParamSet& P, DType dtype, int64_t version) {
   const int64_t n = P.total();
   std::vector<uint8_t> msg(size_t(weight_message_bytes(n, dtype)));
   std::memcpy(msg.data(), &version, 8);
-  const float* w = P.data();
   if (dtype == DType::F32) {
-    std::memcpy(msg.data() + 8, w, size_t(n) * 4);
+    P.read_values(0, n, reinterpret_cast<float*>(msg.data() + 8));
   } else {
     uint16_t* h = reinterpret_cast<uint16_t*>(msg.data() + 8);
-    for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(w[i]);
+    float w[kChunk];
+    for (int64_t i = 0; i < n; i += kChunk) {
+      const int64_t m = std::min(kChunk, n - i);
+      P.read_values(i, i + m, w);
+      for (int64_t k = 0; k < m; ++k) h[i + k] = f32_to_bf16(w[k]);
+    }
   }
   return msg;
 }
@@ -52,28 +62,33 @@ int64_t unpack_weights(const std::vector<uint8_t>& msg, DType dtype, ParamSet& P
   int64_t version = 0;
   std::memcpy(&version, msg.data(), 8);
   LOOM_CHECK(version >= 0, "a weight message carries the negative version ", version);
-  float* w = P.data();
   if (dtype == DType::F32) {
-    std::memcpy(w, msg.data() + 8, size_t(n) * 4);
+    P.write_values(0, n, reinterpret_cast<const float*>(msg.data() + 8));
   } else {
     const uint16_t* h = reinterpret_cast<const uint16_t*>(msg.data() + 8);
-    for (int64_t i = 0; i < n; ++i) w[i] = bf16_to_f32(h[i]);
+    float w[kChunk];
+    for (int64_t i = 0; i < n; i += kChunk) {
+      const int64_t m = std::min(kChunk, n - i);
+      for (int64_t k = 0; k < m; ++k) w[k] = bf16_to_f32(h[i + k]);
+      P.write_values(i, i + m, w);
+    }
   }
   return version;
 }
 
 uint64_t weights_hash(const ParamSet& P, DType dtype) {
   check_dtype(dtype);
-  const float* w = P.data();
   uint64_t h = 14695981039346656037ull;
-  // In chunks, converted as pack_weights converts them, so no second copy of the model is made.
-  uint16_t half[4096];
-  for (int64_t i = 0; i < P.total(); i += 4096) {
-    const int64_t m = std::min<int64_t>(4096, P.total() - i);
+  // Converted as pack_weights converts them.
+  float w[kChunk];
+  uint16_t half[kChunk];
+  for (int64_t i = 0; i < P.total(); i += kChunk) {
+    const int64_t m = std::min(kChunk, P.total() - i);
+    P.read_values(i, i + m, w);
     if (dtype == DType::F32) {
-      h = fnv1a(reinterpret_cast<const uint8_t*>(w + i), size_t(m) * 4, h);
+      h = fnv1a(reinterpret_cast<const uint8_t*>(w), size_t(m) * 4, h);
     } else {
-      for (int64_t k = 0; k < m; ++k) half[k] = f32_to_bf16(w[i + k]);
+      for (int64_t k = 0; k < m; ++k) half[k] = f32_to_bf16(w[k]);
       h = fnv1a(reinterpret_cast<const uint8_t*>(half), size_t(m) * 2, h);
     }
   }

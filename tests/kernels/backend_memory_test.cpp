@@ -1,7 +1,10 @@
 // Backend memory operations (alloc / free by buffer class, copies, fill, the weighted sum) on
 // the CPU backend, BackendBuffer's ownership, and the guarded test backend's protection.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -60,6 +63,57 @@ TEST(BackendMemory, CopiesAndFillRoundTrip) {
   EXPECT_EQ(std::memcmp(back.data(), host.data(), host.size() * 4), 0);
   be.copy_d2h(back.data(), d1.data(), host.size() * 4);
   for (float v : back) ASSERT_EQ(v, 0.f);
+}
+
+// Pages of [p, p + bytes) resident in memory (mincore).
+int64_t resident_pages(const void* p, size_t bytes) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  std::vector<unsigned char> vec((b - a) / page);
+  EXPECT_EQ(mincore(reinterpret_cast<void*>(a), b - a, vec.data()), 0);
+  int64_t n = 0;
+  for (unsigned char v : vec) n += v & 1;
+  return n;
+}
+
+// The CPU backend's zeroed buffers (parameters, gradients) are fresh pages: zeros that take no
+// memory until written, so a ZeRO-3 rank pays only for the part it initialises.
+TEST(BackendMemory, CpuAllocZeroedIsLazyZerosAccountedAndFreed) {
+  Backend& be = cpu_backend();
+  const double before = std::max(0.0, held_mib(be, "memtest-z"));
+  const size_t bytes = 8 << 20;
+  auto* p = static_cast<float*>(be.alloc_zeroed(bytes, "memtest-z"));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % Backend::kAlign, 0u);
+  EXPECT_NEAR(held_mib(be, "memtest-z") - before, 8.0, 0.01);
+  EXPECT_EQ(resident_pages(p, bytes), 0);
+  p[12345] = 1.f;  // host memory: writable in place, one page made resident
+  EXPECT_GE(resident_pages(p, bytes), 1);
+  EXPECT_LT(resident_pages(p, bytes), 8);
+  std::vector<float> back(bytes / 4, -1.f);
+  be.copy_d2h(back.data(), p, bytes);
+  for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], i == 12345 ? 1.f : 0.f) << i;
+  be.free(p);
+  EXPECT_NEAR(held_mib(be, "memtest-z"), before, 0.01);
+  void* z = be.alloc_zeroed(0, "memtest-z");  // a distinct, freeable pointer
+  EXPECT_NE(z, nullptr);
+  be.free(z);
+  EXPECT_THROW(be.free(z), Error);  // freed once only
+}
+
+// Elsewhere alloc_zeroed is alloc then fill_bytes (the Backend default, as on CUDA): zeros too.
+TEST(BackendMemory, DefaultAllocZeroedFillsWithZeros) {
+  test::GuardedBackend be;
+  const size_t n = 5000;
+  std::vector<float> back(n, -1.f);
+  const int64_t ops = be.ops();
+  BackendBuffer z = BackendBuffer::zeroed(be, n * 4, "memtest");
+  EXPECT_EQ(z.bytes(), n * 4);
+  EXPECT_EQ(z.backend(), &be);
+  be.copy_d2h(back.data(), z.data(), n * 4);
+  for (float v : back) ASSERT_EQ(v, 0.f);
+  // Its fresh mappings are zeros anyway: the fill (an op) is what shows the default ran.
+  EXPECT_EQ(be.ops(), ops + 2);  // fill_bytes, copy_d2h
 }
 
 TEST(BackendMemory, WeightedSumIsTheSequentialDoubleSum) {

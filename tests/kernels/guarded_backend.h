@@ -5,8 +5,9 @@
 // it in a child process (a death test), so a fault fails one test instead of the suite.
 //
 // The ops themselves are the CPU backend's (bit for bit), so results can be compared with a
-// run on cpu_backend(). Host memory passed to an op (parameters today, ModelInput arrays, the
-// attention cu_seqlens) stays accessible: the guard only catches host access to its buffers.
+// run on cpu_backend(). Host memory passed to an op (the attention cu_seqlens, or scratch that
+// strict mode flags) stays accessible: the guard only catches host access to its buffers.
+// alloc_zeroed is the Backend's default (alloc, then fill_bytes), as on CUDA.
 #pragma once
 
 #include <sys/mman.h>
@@ -45,7 +46,7 @@ class GuardedBackend final : public Backend {
   size_t live_buffers() const { return regions_.size(); }
   // Strict mode (off by default): every pointer an op receives (except the attention ops'
   // cu_seqlens, a host array by the Backend's convention) must be one of this backend's
-  // buffers or inside a range given to allow_host (e.g. parameters still in host memory).
+  // buffers or inside a range given to allow_host.
   // Ops that receive other host memory are recorded in host_pointer_ops().
   void set_strict(bool on) { strict_ = on; }
   void allow_host(const void* p, size_t bytes) { allowed_[p] = bytes; }

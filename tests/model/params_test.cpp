@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/guarded_backend.h"
 #include "model/decoder.h"
 #include "model/params.h"
 
@@ -20,7 +21,7 @@ namespace {
 
 // Every kind of parameter init() knows: unsharded normal, ones, zeros, row and column shards
 // of tensor parallelism, expert shards split inside the experts along rows and along columns.
-ParamSet every_kind() {
+ParamSet every_kind(Backend& be = cpu_backend()) {
   ParamSet P;
   P.add("embed", {7, 5}, false, ParamInit::Normal, 0.02f);
   P.add("norm.weight", {5}, false, ParamInit::Ones);
@@ -35,7 +36,7 @@ ParamSet every_kind() {
   P.add("experts.w2", {2, 5, 3}, true, ParamInit::Normal, 1.f);
   P.set_shard("experts.w2", {4, 5, 9}, 0, {0, 3});
   P.set_inner_shard("experts.w2", 2, {6});
-  P.allocate();
+  P.allocate(be);
   return P;
 }
 
@@ -129,4 +130,109 @@ TEST(ParamSet, InitRangesTouchesOnlyTheirPages) {
   EXPECT_GE(drawn, (hi - lo) * 4);
   EXPECT_LE(drawn, (hi - lo) * 4 + 2 * page);
   EXPECT_EQ(resident_bytes(P.grad(), bytes), 0);
+}
+
+// On a backend whose memory the host cannot touch (the guarded test backend), values and
+// gradients are its buffers: init() draws on the host and copies over (the padding stays zero),
+// the staging copies move any range, and in-place host access is refused naming the operation.
+TEST(ParamSet, LivesOnItsBackendAndStagesThroughTheHost) {
+  test::GuardedBackend g;
+  ParamSet ref = every_kind(), P = every_kind(g);
+  EXPECT_TRUE(ref.host_accessible());
+  EXPECT_FALSE(P.host_accessible());
+  EXPECT_EQ(&P.backend(), &g);
+  EXPECT_EQ(g.live_buffers(), 2u);  // values and gradients
+  ref.init(11);
+  P.init(11);
+  const int64_t n = P.total();
+  std::vector<float> got(n, -1.f);
+  P.read_values(0, n, got.data());
+  for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(same_bits(got[i], ref.data()[i])) << i;
+  // A range written and read back; the rest unchanged.
+  std::vector<float> in = {1.5f, -2.f, 3.25f};
+  P.write_values(20, 23, in.data());
+  std::vector<float> back(5);
+  P.read_values(19, 24, back.data());
+  EXPECT_TRUE(same_bits(back[0], ref.data()[19]));
+  EXPECT_EQ(back[1], 1.5f);
+  EXPECT_EQ(back[3], 3.25f);
+  EXPECT_TRUE(same_bits(back[4], ref.data()[23]));
+  // Gradients start zero (allocated zeroed).
+  std::vector<float> grads(n, -1.f);
+  P.read_grads(0, n, grads.data());
+  for (float v : grads) ASSERT_EQ(v, 0.f);
+  EXPECT_THROW(P.read_values(0, n + 1, got.data()), Error);
+  EXPECT_THROW(P.write_values(5, 4, in.data()), Error);
+  EXPECT_THROW(P.read_grads(-1, 3, grads.data()), Error);
+  try {
+    P.host_data("exporting to Hugging Face");
+    FAIL() << "host access to guarded parameters was allowed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exporting to Hugging Face"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(P.tensors("saving a checkpoint"), Error);
+  EXPECT_THROW(P.grad_tensors(), Error);
+  EXPECT_NO_THROW(ref.tensors("saving a checkpoint"));
+  // Copies between sets: device to device on one backend, staged between two.
+  ParamSet Q = every_kind(g), R = every_kind();
+  Q.copy_values_from(P);
+  R.copy_values_from(Q);
+  EXPECT_TRUE(same_bits(R.data()[21], -2.f));
+  EXPECT_TRUE(same_bits(R.data()[0], ref.data()[0]));
+  EXPECT_TRUE(same_bits(R.data()[n - 1], ref.data()[n - 1]));
+  ParamSet other;
+  other.add("x", {3}, false, ParamInit::Ones);
+  other.allocate();
+  EXPECT_THROW(other.copy_values_from(P), Error);
+}
+
+// Parameters and gradients are accounted in the backend's memory report, and freed with the set.
+TEST(ParamSet, AllocatesThroughTheBackend) {
+  test::GuardedBackend g;
+  {
+    ParamSet P;
+    P.add("w", {1000}, true, ParamInit::Normal, 0.02f);
+    EXPECT_THROW(P.host_data("anything"), Error);  // not allocated yet
+    P.allocate(g);
+    EXPECT_THROW(P.allocate(g), Error);
+    EXPECT_THROW(P.add("late", {3}, false, ParamInit::Zeros), Error);
+    const std::string r = g.memory_report();
+    EXPECT_NE(r.find("parameters"), std::string::npos) << r;
+    EXPECT_NE(r.find("gradients"), std::string::npos) << r;
+    EXPECT_EQ(g.live_buffers(), 2u);
+  }
+  EXPECT_EQ(g.live_buffers(), 0u);
+}
+
+// Checkpoint staging: host_values are views on the CPU backend (a load writes in place) and
+// staged copies elsewhere, which store_values copies back.
+TEST(ParamSet, HostValuesStageCheckpointsOffTheHost) {
+  ParamSet ref = every_kind();
+  ref.init(2);
+  auto views = ref.host_values();
+  EXPECT_EQ(views.at("rows").data<float>(), ref.data() + ref.info("rows").offset);
+  test::GuardedBackend g;
+  ParamSet P = every_kind(g);
+  P.init(2);
+  auto staged = P.host_values();
+  ASSERT_EQ(staged.size(), views.size());
+  for (const auto& [name, t] : views) {
+    const Tensor& s = staged.at(name);
+    ASSERT_EQ(s.shape(), t.shape()) << name;
+    EXPECT_EQ(std::memcmp(s.data<float>(), t.data<float>(), t.nbytes()), 0) << name;
+  }
+  // A "checkpoint load" into the staged tensors, then stored: the backend holds it.
+  staged.at("cols").data<float>()[5] = 42.f;
+  staged.at("norm.weight").data<float>()[0] = -3.f;
+  P.store_values(staged);
+  std::vector<float> got(P.total());
+  P.read_values(0, P.total(), got.data());
+  EXPECT_EQ(got[P.info("cols").offset + 5], 42.f);
+  EXPECT_EQ(got[P.info("norm.weight").offset], -3.f);
+  EXPECT_TRUE(same_bits(got[P.info("rows").offset], ref.data()[ref.info("rows").offset]));
+  std::map<std::string, Tensor> wrong = {{"cols", Tensor::zeros({3})}};
+  EXPECT_THROW(P.store_values(wrong), Error);
+  std::map<std::string, Tensor> unknown = {{"nope", Tensor::zeros({3})}};
+  EXPECT_THROW(P.store_values(unknown), Error);
 }

@@ -4,10 +4,14 @@
 #include "kernels/cpu/cpu_ops.h"
 
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_set>
 
 #include "kernels/memory_ledger.h"
 
@@ -61,10 +65,33 @@ class CpuBackend final : public Backend {
     ledger_.add(p, n, cls);
     return p;
   }
+  // Fresh anonymous pages read as zeros and become resident only when written, unlike a
+  // zero-filled heap block, which touches every page up front (parameters: a ZeRO-3 rank
+  // initialises only its part, and gradients of frozen parameters are never written).
+  void* alloc_zeroed(size_t bytes, const char* cls) override {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    const size_t n = std::max<size_t>(1, (bytes + page - 1) / page) * page;
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    LOOM_CHECK(p != MAP_FAILED, "cpu backend: out of memory mapping ", bytes, " bytes of ", cls);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      mapped_.insert(p);
+    }
+    ledger_.add(p, n, cls);
+    return p;
+  }
   void free(void* p) override {
     if (!p) return;
-    ledger_.remove(p, "cpu");
-    std::free(p);
+    const size_t n = ledger_.remove(p, "cpu");
+    bool mapped;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      mapped = mapped_.erase(p) > 0;
+    }
+    if (mapped)
+      munmap(p, n);
+    else
+      std::free(p);
   }
   void copy_h2d(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
   void copy_d2h(void* dst, const void* src, size_t bytes) override { copy(dst, src, bytes); }
@@ -216,6 +243,8 @@ class CpuBackend final : public Backend {
     if (bytes && dst != src) std::memcpy(dst, src, bytes);
   }
   MemoryLedger ledger_;
+  std::mutex mu_;
+  std::unordered_set<void*> mapped_;  // alloc_zeroed's mappings (munmap, not free)
 };
 }  // namespace
 
