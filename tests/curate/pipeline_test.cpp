@@ -282,6 +282,31 @@ TEST(CurateCli, TrainClassifier) {
   EXPECT_NE(bad.out.find(t / "bad.jsonl:201"), std::string::npos) << bad.out;
 }
 
+// Out-of-range numbers are refused naming the flag, before the input is read and with no
+// model written (before: --valid-fraction 2 was a SIGSEGV, -1 and --dim x --buckets past
+// memory were "internal error"s).
+TEST(CurateCli, TrainClassifierRefusesOutOfRangeNumbers) {
+  TempDir t;
+  write_file_atomic(t / "train.jsonl",
+                    "{\"text\": \"a b c\", \"label\": \"hq\"}\n"
+                    "{\"text\": \"d e f\", \"label\": \"lq\"}\n");
+  const std::pair<const char*, const char*> cases[] = {
+      {"--valid-fraction 2", "--valid-fraction = 2 is out of range"},
+      {"--valid-fraction -1", "--valid-fraction = -1 is out of range"},
+      {"--dim 100000", "--dim = 100000 is out of range"},
+      {"--dim 1024 --buckets 67108864", "--dim x --buckets"},
+      {"--buckets 4294967297", "--buckets = 4294967297 is out of range"},
+      {"--lr -1", "--lr = -1 is out of range"},
+  };
+  for (const auto& [flags, message] : cases) {
+    Proc p = run_cli("train-classifier --input " + t / "train.jsonl" + " --output " + t / "m.bin " +
+                     flags);
+    EXPECT_EQ(p.code, 1) << flags << ": " << p.out;
+    EXPECT_NE(p.out.find(message), std::string::npos) << flags << ": " << p.out;
+    EXPECT_FALSE(file_exists(t / "m.bin")) << flags;
+  }
+}
+
 TEST(Pipeline, DedupOverAnEmptyShard) {
   // An empty shard has no hashes: its empty buffers once reached memcpy as null pointers
   // (undefined behaviour that UBSan reports; the sanitizer build runs this test).
