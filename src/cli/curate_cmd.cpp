@@ -35,7 +35,7 @@ static int curate_run(const Args& args) {
   for (auto& s : o.all("set")) cfg.set_override(s);
   curate::Pipeline p(cfg);
   curate::RunOptions ro;
-  ro.workers = o.get_int32("workers", 0);
+  ro.workers = o.get_int32("workers", 0, kMaxThreads);
   ro.restart = o.has("restart");
   ro.progress_interval = o.get_double("progress");
   if (const char* c = std::getenv("LOOM_CURATE_CRASH_AFTER_DOCS"))

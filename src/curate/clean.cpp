@@ -483,7 +483,7 @@ class CleanStage : public Stage {
     LOOM_CHECK(opt_.normalize == "nfc" || opt_.normalize == "nfkc" || opt_.normalize == "none",
                p.where("normalize"), " must be nfc, nfkc or none, got '", opt_.normalize, "'");
     opt_.collapse_spaces = p.get_bool("collapse_spaces", true);
-    opt_.max_blank_lines = static_cast<int>(p.get_int("max_blank_lines", 1, 0, 1000000));
+    opt_.max_blank_lines = p.get_int32("max_blank_lines", 1, 0, 1000000);
   }
   std::string process(Doc& doc, StageContext& ctx) const override {
     CleanCounts c;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "core/config_int32.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -60,7 +61,7 @@ Pipeline::Pipeline(const Config& cfg) {
   LOOM_CHECK(on_error == "reject" || on_error == "fail", where("input.on_error"),
              " must be 'reject' or 'fail', got '", on_error, "'");
   reader_.fail_on_error = on_error == "fail";
-  files_per_shard_ = static_cast<int>(cfg.get_int("input.files_per_shard", 1000, 1, 1 << 30));
+  files_per_shard_ = get_int32(cfg, "input.files_per_shard", 1000, 1, 1 << 30);
 
   out_dir_ = cfg.get_string("output.dir", "");
   LOOM_CHECK(!out_dir_.empty(), "config: output.dir is required");
@@ -68,8 +69,8 @@ Pipeline::Pipeline(const Config& cfg) {
   LOOM_CHECK(comp == "none" || comp == "zstd", where("output.compression"),
              " must be none or zstd, got '", comp, "'");
   zstd_ = comp == "zstd";
-  zstd_level_ = static_cast<int>(cfg.get_int("output.zstd_level", 3, -(1 << 17), 22));
-  workers_ = static_cast<int>(cfg.get_int("pipeline.workers", 0, 0, 4096));
+  zstd_level_ = get_int32(cfg, "output.zstd_level", 3, -(1 << 17), 22);
+  workers_ = get_int32(cfg, "pipeline.workers", 0, 0, 4096);
 
   // Stages: [stage.N] sections, run in increasing N.
   std::set<int64_t> ids;

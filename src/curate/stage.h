@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/config_int32.h"
 #include "core/error.h"
 #include "curate/document.h"
 #include "curate/stats.h"
@@ -75,6 +76,9 @@ class StageParams {
   // and the file and line that set it (a stage never sees a silently narrowed setting).
   int64_t get_int(const std::string& k, int64_t def, int64_t lo, int64_t hi) const {
     return cfg_.get_int(key(k), def, lo, hi);
+  }
+  int get_int32(const std::string& k, int def, int lo, int hi) const {
+    return loom::get_int32(cfg_, key(k), def, lo, hi);
   }
   double get_double(const std::string& k, double def, double lo, double hi) const {
     return cfg_.get_double(key(k), def, lo, hi);
