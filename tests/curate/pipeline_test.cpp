@@ -142,7 +142,10 @@ struct Proc {
 };
 
 static Proc run_cli(const std::string& args, const std::string& env = "") {
-  char tmpl[] = "/tmp/loom_curate_out_XXXXXX";
+  // Under $TMPDIR like every other scratch file of the tests (tests/temp_dir.h).
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl_s = std::string(tmp && *tmp ? tmp : "/tmp") + "/loom_curate_out_XXXXXX";
+  char* tmpl = tmpl_s.data();
   int fd = mkstemp(tmpl);
   close(fd);
   std::string cmd = env + " " + CURATE_DRIVER + " " + args + " > " + tmpl + " 2>&1";
