@@ -6,6 +6,7 @@
 #include "core/config.h"
 #include "core/config_int32.h"
 #include "core/error.h"
+#include "temp_dir.h"
 
 using namespace loom;
 
@@ -110,8 +111,8 @@ TEST(Config, StringListAcceptsCommaSeparatedString) {
 }
 
 TEST(Config, LoadFailsNamingThePath) {
-  const std::string dir = ::testing::TempDir() + "loom_config_test_dir";
-  std::filesystem::create_directories(dir);
+  loom::test::TempDir scratch("config");  // removed pass or fail (a fixed /tmp name was left)
+  const std::string dir = scratch.path;
   expect_contains(error_of([&] { Config::load(dir); }), {dir, "cannot open", "directory"});
   expect_contains(error_of([&] { Config::load(dir + "/missing.toml"); }),
                   {dir + "/missing.toml", "cannot open", "no such file"});
