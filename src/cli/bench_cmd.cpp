@@ -36,7 +36,7 @@ static int run_bench_finetune(const Args& args) {
   b.preset = o.get("preset");
   b.batch = o.get_int32("batch", 1);
   b.seq = o.get_int32("seq", 16);
-  b.threads = o.get_int32("threads", 1);
+  b.threads = o.get_int32("threads", 1, kMaxThreads);
   b.steps = o.get_int32("steps", 1);
   b.warmup = o.get_int32("warmup", 0);
   b.lora_rank = o.get_int32("lora-rank", 1);
@@ -87,7 +87,7 @@ int run_bench(const Args& args) {
   b.preset = o.get("preset");
   b.batch = o.get_int32("batch", 1);
   b.seq = o.get_int32("seq", 1);
-  b.threads = o.get_int32("threads", 0);
+  b.threads = o.get_int32("threads", 0, kMaxThreads);
   b.steps = o.get_int32("steps", 1);
   b.warmup = o.get_int32("warmup", 0);
   b.precision = o.get("precision");

@@ -271,7 +271,7 @@ static int consolidate_cmd(const Args& args) {
       .value("step", "-1", "the step to consolidate (default: the newest every rank committed)");
   if (!o.parse(args)) return 0;
   ckpt::ConsolidateResult r =
-      ckpt::consolidate({o.get("run_dir"), o.get("out"), o.get_int("step")});
+      ckpt::consolidate({o.get("run_dir"), o.get("out"), o.get_int("step", -1, INT64_MAX)});
   std::printf("consolidated step %lld of %d ranks (%s) -> %s\n", static_cast<long long>(r.step),
               r.ranks, r.layout.c_str(), r.dir.c_str());
   if (r.replica_mismatches > 0)

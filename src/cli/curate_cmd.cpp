@@ -35,7 +35,7 @@ static int curate_run(const Args& args) {
   for (auto& s : o.all("set")) cfg.set_override(s);
   curate::Pipeline p(cfg);
   curate::RunOptions ro;
-  ro.workers = o.get_int32("workers", 0);
+  ro.workers = o.get_int32("workers", 0, kMaxThreads);
   ro.restart = o.has("restart");
   ro.progress_interval = o.get_double("progress");
   if (const char* c = std::getenv("LOOM_CURATE_CRASH_AFTER_DOCS"))
@@ -76,6 +76,22 @@ static int curate_train(const Args& args) {
       .value("valid-fraction", "0.1", "fraction held out to report accuracy")
       .value("seed", "1", "seed for initialisation, shuffling and the held-out split");
   if (!o.parse(args)) return 0;
+  // Every number is checked before the input is read: a held-out fraction past 1 cut the
+  // examples before their start (SIGSEGV), a negative one became a huge size_t, and
+  // --dim x --buckets sized a table past memory (std::bad_alloc as an "internal error").
+  const double valid_fraction = o.get_double("valid-fraction");
+  LOOM_CHECK(valid_fraction >= 0 && valid_fraction < 1,
+             "--valid-fraction = ", o.get("valid-fraction"), " is out of range [0, 1)");
+  curate::ClassifierOptions co;
+  co.dim = o.get_int32("dim", 1, 1024);
+  co.buckets = o.get_int32("buckets", 1, 1 << 26);
+  co.epochs = o.get_int32("epochs", 1, 1000000);
+  co.lr = o.get_double("lr");
+  LOOM_CHECK(co.lr > 0 && co.lr <= 1000, "--lr = ", o.get("lr"), " is out of range (0, 1000]");
+  co.seed = static_cast<uint64_t>(o.get_int("seed"));
+  constexpr int64_t kMaxTable = int64_t{1} << 28;  // floats: 1 GiB
+  LOOM_CHECK(int64_t{co.dim} * co.buckets <= kMaxTable, "--dim x --buckets = ", co.dim, " x ",
+             co.buckets, " floats is past the table limit of ", kMaxTable, " (1 GiB)");
   std::string path = o.get("input");
   std::vector<curate::LabelledText> data;
   curate::LineReader lines(curate::open_source(path), 64u << 20);
@@ -94,18 +110,11 @@ static int curate_train(const Args& args) {
     data.push_back(
         {j.at(o.get("text-field")).as_string(), l.is_string() ? l.as_string() : l.dump()});
   }
-  std::mt19937_64 rng(static_cast<uint64_t>(o.get_int("seed")));
+  std::mt19937_64 rng(co.seed);
   std::shuffle(data.begin(), data.end(), rng);
-  size_t nvalid =
-      static_cast<size_t>(o.get_double("valid-fraction") * static_cast<double>(data.size()));
+  size_t nvalid = static_cast<size_t>(valid_fraction * static_cast<double>(data.size()));
   std::vector<curate::LabelledText> valid(data.end() - static_cast<long>(nvalid), data.end());
   data.resize(data.size() - nvalid);
-  curate::ClassifierOptions co;
-  co.dim = o.get_int32("dim", 1);
-  co.buckets = o.get_int32("buckets", 1);
-  co.epochs = o.get_int32("epochs", 1);
-  co.lr = o.get_double("lr");
-  co.seed = static_cast<uint64_t>(o.get_int("seed"));
   log_info("train-classifier: ", data.size(), " training and ", valid.size(), " held-out examples");
   auto model = curate::TextClassifier::train(
       data, co, [](const std::string& s) { log_info("train-classifier: ", s); });

@@ -2,6 +2,7 @@
 // continuous batching), encoding prompts and decoding the output with the tokenizer the run was
 // trained with (byte-level models use raw bytes). One prompt streams to stdout; a JSONL file of
 // prompts runs at full batch into a JSONL file (synthetic data), resumable and with progress.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <fstream>
@@ -36,7 +37,8 @@ int run_generate(const Args& args) {
       .value("prompt", "\n", "prompt text")
       .value("input", "", "JSONL file of prompts (batch generation)")
       .value("output", "", "JSONL file of results (with --input)")
-      .value("tokens", "200", "tokens to generate at most (max_tokens)")
+      .value("tokens", "200",
+             "tokens to generate at most (max_tokens; at most the model's context)")
       .value("temperature", "0.8", "softmax temperature; 0 = greedy")
       .value("top-k", "40", "sample among the k most likely tokens; 0 = all")
       .value("top-p", "0.95", "nucleus: smallest set with this much probability; 1 = all")
@@ -67,9 +69,13 @@ int run_generate(const Args& args) {
   }
 
   infer::SamplingParams sp;
-  sp.max_tokens = static_cast<int>(o.get_int("tokens", 0, model->config().max_seq));
+  // The defaults fit any model (a 32-token model refused the default --tokens 200); a value
+  // the user gave is checked against the model as given.
+  const int max_seq = model->config().max_seq, vocab = model->config().vocab;
+  sp.max_tokens =
+      o.has("tokens") ? static_cast<int>(o.get_int("tokens", 0, max_seq)) : std::min(200, max_seq);
   sp.temperature = static_cast<float>(temperature);
-  sp.top_k = static_cast<int>(o.get_int("top-k", 0, model->config().vocab));
+  sp.top_k = o.has("top-k") ? static_cast<int>(o.get_int("top-k", 0, vocab)) : std::min(40, vocab);
   sp.top_p = static_cast<float>(top_p);
   sp.min_p = static_cast<float>(min_p);
   sp.repetition_penalty = static_cast<float>(rep);
@@ -108,11 +114,21 @@ int run_generate(const Args& args) {
   if (o.get("input").empty()) {
     const std::string prompt = o.get("prompt");
     LOOM_CHECK(!prompt.empty(), "--prompt must not be empty");
-    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-    engine.submit(encode(Json(prompt), "--prompt"), sp, [](const infer::TokenEvent& e) {
-      std::fwrite(e.text.data(), 1, e.text.size(), stdout);
-      std::fflush(stdout);
-    });
+    // A prompt that cannot fit (prompt + --tokens past the context) is an error naming the
+    // option; uncaught, RequestRejected (no std::exception) ended the process in std::terminate.
+    std::vector<int32_t> ids = encode(Json(prompt), "--prompt");
+    // Without --tokens, as many as the context leaves after the prompt (at most 200).
+    if (!o.has("tokens"))
+      sp.max_tokens = std::max(0, std::min(sp.max_tokens, max_seq - static_cast<int>(ids.size())));
+    try {
+      engine.submit(std::move(ids), sp, [](const infer::TokenEvent& e) {
+        std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+        std::fflush(stdout);
+      });
+    } catch (const infer::RequestRejected& r) {
+      fail("--prompt with --tokens ", sp.max_tokens, ": ", r.message);
+    }
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);  // tokens stream only from here on
     engine.run_until_idle();
     std::fputc('\n', stdout);
     return 0;

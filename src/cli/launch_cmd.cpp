@@ -116,7 +116,7 @@ int run_launch(const Args& all) {
   LOOM_CHECK(!command.empty(),
              "nothing to launch: give the loom command after '--' (e.g. -- train "
              "--config run.toml)");
-  int64_t threads = o.get_int("threads");
+  int64_t threads = o.get_int("threads", 0, kMaxThreads);
   if (threads <= 0) threads = std::max<int64_t>(1, sysconf(_SC_NPROCESSORS_ONLN) / n);
 
   resil::SupervisorOptions s;

@@ -11,6 +11,10 @@
 
 namespace loom::cli {
 
+// The most threads or workers a flag may ask for: more cannot be started on any machine Loom
+// runs on (100,000 was an "internal error: Resource temporarily unavailable").
+constexpr int kMaxThreads = 4096;
+
 class Options {
  public:
   Options(std::string usage, std::string description)

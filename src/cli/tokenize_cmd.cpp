@@ -42,6 +42,7 @@ int run_tokenize(const Args& args) {
   std::string on_error = o.get("on-error");
   LOOM_CHECK(on_error == "skip" || on_error == "fail", "--on-error must be skip or fail, got '",
              on_error, "'");
+  const int workers = o.get_int32("workers", 0, kMaxThreads);  // before any file is read
   auto tok = data::load_tokenizer(o.get("tokenizer"));
   if (o.has("chat")) {
     LOOM_CHECK(o.get("field") == "text" && !o.has("append-eod"),
@@ -59,7 +60,6 @@ int run_tokenize(const Args& args) {
   opt.field = o.get("field");
   opt.output_prefix = o.get("out");
   opt.append_eod = o.has("append-eod");
-  int workers = o.get_int32("workers", 0);
   opt.workers = workers > 0 ? workers : int(std::max(1u, std::thread::hardware_concurrency()));
   opt.skip_errors = on_error == "skip";
   data::TokenizeStats st = data::tokenize_jsonl(*tok, opt);

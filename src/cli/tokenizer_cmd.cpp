@@ -48,7 +48,7 @@ int tokenizer_train(const Args& args) {
   if (!o.all("special").empty()) opt.specials = o.all("special");
   opt.text_field = o.get("field");
   opt.pretokenizer = data::parse_pretokenizer(o.get("pretokenizer"));
-  int threads = o.get_int32("threads", 0);
+  int threads = o.get_int32("threads", 0, kMaxThreads);
   opt.threads = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
   double t0 = now_seconds();
   data::BpeTokenizer tok = data::train_bpe(o.all("input"), opt);

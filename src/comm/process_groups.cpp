@@ -4,17 +4,18 @@
 #include <sstream>
 
 #include "core/config.h"
+#include "core/config_int32.h"
 #include "core/error.h"
 
 namespace loom::comm {
 
 ParallelDims ParallelDims::from(const Config& cfg) {
   ParallelDims d;
-  d.tp = static_cast<int>(cfg.get_int("parallel.tp", d.tp));
-  d.cp = static_cast<int>(cfg.get_int("parallel.cp", d.cp));
-  d.ep = static_cast<int>(cfg.get_int("parallel.ep", d.ep));
-  d.dp = static_cast<int>(cfg.get_int("parallel.dp", d.dp));
-  d.pp = static_cast<int>(cfg.get_int("parallel.pp", d.pp));
+  d.tp = get_int32(cfg, "parallel.tp", d.tp);
+  d.cp = get_int32(cfg, "parallel.cp", d.cp);
+  d.ep = get_int32(cfg, "parallel.ep", d.ep);
+  d.dp = get_int32(cfg, "parallel.dp", d.dp);
+  d.pp = get_int32(cfg, "parallel.pp", d.pp);
   return d;
 }
 

@@ -256,7 +256,7 @@ class Parser {
     return false;
   }
   Json value(int depth) {
-    if (depth > 512) error("nesting too deep");
+    if (depth >= 512) error("nesting deeper than 512 levels (too_deep)");  // depth counts from 0
     ws();
     if (p_ >= t_.size()) error("unexpected end of input");
     char c = t_[p_];

@@ -212,13 +212,13 @@ class QualityClassifierStage : public Stage {
  public:
   explicit QualityClassifierStage(const StageParams& p) {
     std::string path = p.get_string("model", "");
-    LOOM_CHECK(!path.empty(), p.key("model"),
+    LOOM_CHECK(!path.empty(), p.where("model"),
                " is required (a model from `loom curate train-classifier`)");
     model_ = TextClassifier::load(path);
     std::string label = p.get_string("label", "hq");
     label_ = model_.label_index(label);
-    LOOM_CHECK(label_ >= 0, p.key("label"), ": the model has no label '", label, "'");
-    threshold_ = p.get_double("threshold", 0.5);
+    LOOM_CHECK(label_ >= 0, p.where("label"), ": the model has no label '", label, "'");
+    threshold_ = p.get_double("threshold", 0.5, 0, 1);
     field_ = p.get_string("field", "quality_score");
   }
   std::string process(Doc& doc, StageContext& ctx) const override {

@@ -481,9 +481,9 @@ class CleanStage : public Stage {
     opt_.fix_mojibake = p.get_bool("fix_mojibake", true);
     opt_.normalize = p.get_string("normalize", "nfc");
     LOOM_CHECK(opt_.normalize == "nfc" || opt_.normalize == "nfkc" || opt_.normalize == "none",
-               p.key("normalize"), " must be nfc, nfkc or none, got '", opt_.normalize, "'");
+               p.where("normalize"), " must be nfc, nfkc or none, got '", opt_.normalize, "'");
     opt_.collapse_spaces = p.get_bool("collapse_spaces", true);
-    opt_.max_blank_lines = static_cast<int>(p.get_int("max_blank_lines", 1));
+    opt_.max_blank_lines = p.get_int32("max_blank_lines", 1, 0, 1000000);
   }
   std::string process(Doc& doc, StageContext& ctx) const override {
     CleanCounts c;

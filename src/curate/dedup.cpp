@@ -333,17 +333,15 @@ class FuzzyDedup : public DedupStage {
       mp.bands = 20;
       mp.rows = 13;
     } else {
-      LOOM_CHECK(preset == "default", p.key("preset"), " must be default or nemo");
+      LOOM_CHECK(preset == "default", p.where("preset"), " must be default or nemo");
     }
     mp.shingle = p.get_string("shingle", mp.shingle);
-    mp.ngram = static_cast<int>(p.get_int("ngram", mp.ngram));
-    mp.bands = static_cast<int>(p.get_int("bands", mp.bands));
-    mp.rows = static_cast<int>(p.get_int("rows", mp.rows));
-    mp.seed = static_cast<uint64_t>(p.get_int("seed", 42));
-    verify_ = p.get_double("verify_threshold", 0);
-    LOOM_CHECK(verify_ >= 0 && verify_ <= 1, p.key("verify_threshold"), " must be in [0, 1]");
-    double mb = p.get_double("memory_budget_mb", 2048);
-    LOOM_CHECK(mb > 0, p.key("memory_budget_mb"), " must be > 0");
+    mp.ngram = p.get_int32("ngram", mp.ngram, 1, 1000);
+    mp.bands = p.get_int32("bands", mp.bands, 1, 1000);
+    mp.rows = p.get_int32("rows", mp.rows, 1, 1000);
+    mp.seed = static_cast<uint64_t>(p.get_int("seed", 42, INT64_MIN, INT64_MAX));
+    verify_ = p.get_double("verify_threshold", 0, 0, 1);
+    double mb = p.get_double("memory_budget_mb", 2048, 1e-6, 1 << 24);
     budget_ = static_cast<size_t>(mb * 1024 * 1024);
     hasher_ = std::make_unique<MinHasher>(mp);
   }

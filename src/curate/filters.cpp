@@ -79,15 +79,15 @@ class ShortStopWords {
 class GopherQuality : public Stage {
  public:
   explicit GopherQuality(const StageParams& p) {
-    min_words_ = p.get_int("min_doc_words", 50);
-    max_words_ = p.get_int("max_doc_words", 100000);
-    min_avg_ = p.get_double("min_avg_word_length", 3);
-    max_avg_ = p.get_double("max_avg_word_length", 10);
-    max_symbol_ = p.get_double("max_symbol_word_ratio", 0.1);
-    max_bullet_ = p.get_double("max_bullet_lines_ratio", 0.9);
-    max_ellipsis_ = p.get_double("max_ellipsis_lines_ratio", 0.3);
-    min_alpha_ = p.get_double("min_alpha_words_ratio", 0.8);
-    min_stop_ = p.get_int("min_stop_words", 2);
+    min_words_ = p.get_int("min_doc_words", 50, 0, INT64_MAX);
+    max_words_ = p.get_int("max_doc_words", 100000, 0, INT64_MAX);
+    min_avg_ = p.get_double("min_avg_word_length", 3, 0, 1e9);
+    max_avg_ = p.get_double("max_avg_word_length", 10, 0, 1e9);
+    max_symbol_ = p.get_double("max_symbol_word_ratio", 0.1, 0, 1e9);
+    max_bullet_ = p.get_double("max_bullet_lines_ratio", 0.9, 0, 1e9);
+    max_ellipsis_ = p.get_double("max_ellipsis_lines_ratio", 0.3, 0, 1e9);
+    min_alpha_ = p.get_double("min_alpha_words_ratio", 0.8, 0, 1);
+    min_stop_ = p.get_int("min_stop_words", 2, 0, INT64_MAX);
     for (auto& w :
          p.get_list("stop_words", {"the", "be", "to", "of", "and", "that", "have", "with"}))
       stop_.insert(ascii_lower(w));
@@ -95,7 +95,7 @@ class GopherQuality : public Stage {
       max_stop_len_ = std::max(max_stop_len_, w.size());
       short_stop_.add(w);
     }
-    LOOM_CHECK(max_stop_len_ <= 64, p.key("stop_words"), ": stop words are at most 64 bytes");
+    LOOM_CHECK(max_stop_len_ <= 64, p.where("stop_words"), ": stop words are at most 64 bytes");
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
@@ -295,19 +295,19 @@ struct RepetitionScratch {
 class GopherRepetition : public Stage {
  public:
   explicit GopherRepetition(const StageParams& p) {
-    dup_line_ = p.get_double("dup_line_frac", 0.3);
-    dup_para_ = p.get_double("dup_para_frac", 0.3);
-    dup_line_char_ = p.get_double("dup_line_char_frac", 0.2);
-    dup_para_char_ = p.get_double("dup_para_char_frac", 0.2);
+    dup_line_ = p.get_double("dup_line_frac", 0.3, 0, 1e9);
+    dup_para_ = p.get_double("dup_para_frac", 0.3, 0, 1e9);
+    dup_line_char_ = p.get_double("dup_line_char_frac", 0.2, 0, 1e9);
+    dup_para_char_ = p.get_double("dup_para_char_frac", 0.2, 0, 1e9);
     const double top[] = {0.2, 0.18, 0.16};
     for (int n = 2; n <= 4; ++n) {
-      top_[n] = p.get_double(cat("top_", n, "_gram_frac"), top[n - 2]);
+      top_[n] = p.get_double(cat("top_", n, "_gram_frac"), top[n - 2], 0, 1e9);
       score_name_[n] = cat("top_", n, "_gram_frac");
       reason_[n] = cat("gopher_rep_top_", n, "_gram");
     }
     const double dup[] = {0.15, 0.14, 0.13, 0.12, 0.11, 0.10};
     for (int n = 5; n <= 10; ++n) {
-      dup_[n] = p.get_double(cat("dup_", n, "_gram_frac"), dup[n - 5]);
+      dup_[n] = p.get_double(cat("dup_", n, "_gram_frac"), dup[n - 5], 0, 1e9);
       score_name_[n] = cat("dup_", n, "_gram_frac");
       reason_[n] = cat("gopher_rep_duplicated_", n, "_n_grams");
     }
@@ -484,9 +484,9 @@ class C4Filter : public Stage {
   explicit C4Filter(const StageParams& p) {
     remove_citations_ = p.get_bool("remove_citations", true);
     terminal_ = p.get_bool("filter_no_terminal_punct", true);
-    min_sentences_ = p.get_int("min_num_sentences", 5);
-    min_words_line_ = p.get_int("min_words_per_line", 3);
-    max_word_len_ = p.get_int("max_word_length", 1000);
+    min_sentences_ = p.get_int("min_num_sentences", 5, 0, INT64_MAX);
+    min_words_line_ = p.get_int("min_words_per_line", 3, 0, INT64_MAX);
+    max_word_len_ = p.get_int("max_word_length", 1000, 1, INT64_MAX);
     lorem_ = p.get_bool("filter_lorem_ipsum", true);
     javascript_ = p.get_bool("filter_javascript", true);
     curly_ = p.get_bool("filter_curly_bracket", true);
@@ -589,12 +589,12 @@ bool ends_terminal_any(std::string_view l) {
 class FineWebFilter : public Stage {
  public:
   explicit FineWebFilter(const StageParams& p) {
-    line_punct_ = p.get_double("line_punct_thr", 0.12);
+    line_punct_ = p.get_double("line_punct_thr", 0.12, 0, 1);
     exclude_zero_ = p.get_bool("line_punct_exclude_zero", false);
-    short_thr_ = p.get_double("short_line_thr", 0.67);
-    short_len_ = p.get_int("short_line_length", 30);
-    char_dup_ = p.get_double("char_duplicates_ratio", 0.01);
-    new_line_ = p.get_double("new_line_ratio", 0.3);
+    short_thr_ = p.get_double("short_line_thr", 0.67, 0, 1e9);
+    short_len_ = p.get_int("short_line_length", 30, 0, INT64_MAX);
+    char_dup_ = p.get_double("char_duplicates_ratio", 0.01, 0, 1e9);
+    new_line_ = p.get_double("new_line_ratio", 0.3, 0, 1e9);
   }
 
   std::string process(Doc& doc, StageContext& ctx) const override {
@@ -638,9 +638,9 @@ class FineWebFilter : public Stage {
 class LengthFilter : public Stage {
  public:
   explicit LengthFilter(const StageParams& p) {
-    min_chars_ = p.get_int("min_chars", 0);
-    max_chars_ = p.get_int("max_chars", INT64_MAX);
-    min_words_ = p.get_int("min_words", 0);
+    min_chars_ = p.get_int("min_chars", 0, 0, INT64_MAX);
+    max_chars_ = p.get_int("max_chars", INT64_MAX, 0, INT64_MAX);
+    min_words_ = p.get_int("min_words", 0, 0, INT64_MAX);
   }
   std::string process(Doc& doc, StageContext& ctx) const override {
     int64_t c = static_cast<int64_t>(utf8_length(doc.text));

@@ -515,16 +515,12 @@ namespace {
 class HtmlExtractStage : public Stage {
  public:
   explicit HtmlExtractStage(const StageParams& p) {
-    opt_.max_link_density = p.get_double("max_link_density", 0.5);
+    opt_.max_link_density = p.get_double("max_link_density", 0.5, 0, 1e9);
     opt_.prefer_main = p.get_bool("prefer_main", true);
     only_html_ = p.get_bool("only_html_content_type", true);
-    int64_t mb = p.get_int("max_parse_mb", 256);
-    LOOM_CHECK(mb >= 1 && mb <= (int64_t{1} << 20), "html_extract.max_parse_mb must be in [1, ",
-               int64_t{1} << 20, "], got ", mb);
-    opt_.max_parse_bytes = static_cast<size_t>(mb) << 20;
-    int64_t depth = p.get_int("max_depth", 1000);
-    LOOM_CHECK(depth >= 1 && depth <= 1000000,
-               "html_extract.max_depth must be in [1, 1000000], got ", depth);
+    opt_.max_parse_bytes = static_cast<size_t>(p.get_int("max_parse_mb", 256, 1, int64_t{1} << 20))
+                           << 20;
+    const int64_t depth = p.get_int("max_depth", 1000, 1, 1000000);
     opt_.max_depth = static_cast<size_t>(depth);
   }
   std::string process(Doc& doc, StageContext& ctx) const override {

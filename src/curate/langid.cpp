@@ -83,10 +83,10 @@ class LangIdStage : public Stage {
  public:
   explicit LangIdStage(const StageParams& p) {
     for (auto& l : p.get_list("languages", {})) langs_.insert(l);
-    min_score_ = p.get_double("min_score", 0.5);
+    min_score_ = p.get_double("min_score", 0.5, 0, 1);
     field_ = p.get_string("field", "language");
-    int64_t sample = p.get_int("sample_bytes", 4096);
-    LOOM_CHECK(sample == 0 || sample >= 4 * kSampleWindows, p.key("sample_bytes"),
+    int64_t sample = p.get_int("sample_bytes", 4096, 0, int64_t{1} << 30);
+    LOOM_CHECK(sample == 0 || sample >= 4 * kSampleWindows, p.where("sample_bytes"),
                " must be 0 (read whole documents) or at least ", 4 * kSampleWindows, ", not ",
                sample);
     sample_bytes_ = static_cast<size_t>(sample);

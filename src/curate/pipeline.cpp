@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "core/config_int32.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -31,32 +32,45 @@ static std::string shard_name(int i) {
   return buf;
 }
 
+// Input size caps are held as size_t and a line or document up to the cap is held in memory:
+// 1 TiB is past any machine's memory, and far from overflowing the arithmetic on them.
+constexpr int64_t kMaxBytes = int64_t{1} << 40;
+
 Pipeline::Pipeline(const Config& cfg) {
+  // "file:line: 'key'" (or just the key when it was not set) for errors about a value read.
+  auto where = [&](const std::string& key) {
+    const std::string w = cfg.where(key);
+    return w.empty() ? cat("'", key, "'") : cat(w, ": '", key, "'");
+  };
   reader_.format = cfg.get_string("input.format", "jsonl");
   LOOM_CHECK(reader_.format == "jsonl" || reader_.format == "text" || reader_.format == "html" ||
                  reader_.format == "warc",
-             "input.format must be jsonl, text, html or warc, got '", reader_.format, "'");
+             where("input.format"), " must be jsonl, text, html or warc, got '", reader_.format,
+             "'");
   LOOM_CHECK(cfg.has("input.paths"),
              "config: input.paths is required (a JSON list of files, "
              "directories or glob patterns)");
   input_paths_ = parse_string_list(cfg.get_string("input.paths", ""), "input.paths");
   reader_.text_field = cfg.get_string("input.text_field", "text");
   reader_.id_field = cfg.get_string("input.id_field", "id");
-  reader_.max_line_bytes = static_cast<size_t>(cfg.get_int("input.max_line_bytes", 64 << 20));
-  reader_.max_doc_bytes = static_cast<size_t>(cfg.get_int("input.max_doc_bytes", 64 << 20));
+  reader_.max_line_bytes =
+      static_cast<size_t>(cfg.get_int("input.max_line_bytes", 64 << 20, 1, kMaxBytes));
+  reader_.max_doc_bytes =
+      static_cast<size_t>(cfg.get_int("input.max_doc_bytes", 64 << 20, 1, kMaxBytes));
   std::string on_error = cfg.get_string("input.on_error", "reject");
-  LOOM_CHECK(on_error == "reject" || on_error == "fail",
-             "input.on_error must be 'reject' or 'fail', got '", on_error, "'");
+  LOOM_CHECK(on_error == "reject" || on_error == "fail", where("input.on_error"),
+             " must be 'reject' or 'fail', got '", on_error, "'");
   reader_.fail_on_error = on_error == "fail";
-  files_per_shard_ = static_cast<int>(cfg.get_int("input.files_per_shard", 1000));
+  files_per_shard_ = get_int32(cfg, "input.files_per_shard", 1000, 1, 1 << 30);
 
   out_dir_ = cfg.get_string("output.dir", "");
   LOOM_CHECK(!out_dir_.empty(), "config: output.dir is required");
   std::string comp = cfg.get_string("output.compression", "none");
-  LOOM_CHECK(comp == "none" || comp == "zstd", "output.compression must be none or zstd");
+  LOOM_CHECK(comp == "none" || comp == "zstd", where("output.compression"),
+             " must be none or zstd, got '", comp, "'");
   zstd_ = comp == "zstd";
-  zstd_level_ = static_cast<int>(cfg.get_int("output.zstd_level", 3));
-  workers_ = static_cast<int>(cfg.get_int("pipeline.workers", 0));
+  zstd_level_ = get_int32(cfg, "output.zstd_level", 3, -(1 << 17), 22);
+  workers_ = get_int32(cfg, "pipeline.workers", 0, 0, 4096);
 
   // Stages: [stage.N] sections, run in increasing N.
   std::set<int64_t> ids;

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/config_int32.h"
+#include "core/error.h"
 #include "curate/document.h"
 #include "curate/stats.h"
 
@@ -70,14 +72,29 @@ class StageParams {
   std::string get_string(const std::string& k, const std::string& def) const {
     return cfg_.get_string(key(k), def);
   }
-  int64_t get_int(const std::string& k, int64_t def) const { return cfg_.get_int(key(k), def); }
-  double get_double(const std::string& k, double def) const { return cfg_.get_double(key(k), def); }
+  // Numbers always come with their range: a value outside [lo, hi] is an error naming the key
+  // and the file and line that set it (a stage never sees a silently narrowed setting).
+  int64_t get_int(const std::string& k, int64_t def, int64_t lo, int64_t hi) const {
+    return cfg_.get_int(key(k), def, lo, hi);
+  }
+  int get_int32(const std::string& k, int def, int lo, int hi) const {
+    return loom::get_int32(cfg_, key(k), def, lo, hi);
+  }
+  double get_double(const std::string& k, double def, double lo, double hi) const {
+    return cfg_.get_double(key(k), def, lo, hi);
+  }
   bool get_bool(const std::string& k, bool def) const { return cfg_.get_bool(key(k), def); }
   // A list written as a JSON array of strings: languages = ["en", "de"].
   std::vector<std::string> get_list(const std::string& k,
                                     const std::vector<std::string>& def) const;
   bool has(const std::string& k) const { return cfg_.has(key(k)); }
   std::string key(const std::string& k) const { return prefix_ + "." + k; }
+  // "file:line: 'stage.N.k'" for a stage's own checks of a value it read (or just the key when
+  // the default was used).
+  std::string where(const std::string& k) const {
+    const std::string w = cfg_.where(key(k));
+    return w.empty() ? cat("'", key(k), "'") : cat(w, ": '", key(k), "'");
+  }
 
  private:
   const Config& cfg_;

@@ -9,8 +9,9 @@
 
 namespace loom::data {
 
-LineBlockReader::LineBlockReader(std::vector<std::string> paths, size_t block_bytes)
-    : paths_(std::move(paths)), block_bytes_(block_bytes) {
+LineBlockReader::LineBlockReader(std::vector<std::string> paths, size_t block_bytes,
+                                 size_t max_line_bytes)
+    : paths_(std::move(paths)), block_bytes_(block_bytes), max_line_bytes_(max_line_bytes) {
   LOOM_CHECK(!paths_.empty(), "no input files");
   for (auto& p : paths_) {
     struct stat st {};
@@ -46,11 +47,16 @@ bool LineBlockReader::next(LineBlock& out) {
     buf.resize(have + got);
     bool eof = got < block_bytes_;
     if (!eof) {
-      size_t last_nl = buf.rfind('\n');
-      if (last_nl == std::string::npos) {  // a line longer than the block: keep reading
+      // The carried part holds no newline, so only the bytes just read are searched (searching
+      // the whole buffer made a long line cost the square of its length).
+      const void* nl = got > 0 ? ::memrchr(buf.data() + have, '\n', got) : nullptr;
+      if (!nl) {  // a line longer than the block: keep reading, up to the bound
+        LOOM_CHECK(buf.size() <= max_line_bytes_, paths_[file_], ":", line_, ": line longer than ",
+                   max_line_bytes_, " bytes (too_large)");
         carry_ = std::move(buf);
         continue;
       }
+      const size_t last_nl = static_cast<size_t>(static_cast<const char*>(nl) - buf.data());
       carry_ = buf.substr(last_nl + 1);
       buf.resize(last_nl + 1);
     } else {

@@ -19,7 +19,11 @@ struct LineBlock {
 
 class LineBlockReader {
  public:
-  explicit LineBlockReader(std::vector<std::string> paths, size_t block_bytes = 1 << 20);
+  // A line longer than max_line_bytes is an error naming its file and line (too_large): one
+  // line is held whole, so without a bound a file with no newline is held whole.
+  static constexpr size_t kDefaultMaxLineBytes = size_t{256} << 20;
+  explicit LineBlockReader(std::vector<std::string> paths, size_t block_bytes = 1 << 20,
+                           size_t max_line_bytes = kDefaultMaxLineBytes);
   ~LineBlockReader();
   LineBlockReader(const LineBlockReader&) = delete;
   LineBlockReader& operator=(const LineBlockReader&) = delete;
@@ -34,9 +38,10 @@ class LineBlockReader {
   bool open_next();
   std::vector<std::string> paths_;
   size_t block_bytes_;
+  size_t max_line_bytes_;
   size_t file_ = 0;
   FILE* f_ = nullptr;
-  std::string carry_;  // a partial line left from the previous read
+  std::string carry_;  // a partial line left from the previous read (never holds a '\n')
   int64_t line_ = 1;
   uint64_t seq_ = 0, total_ = 0, read_ = 0;
 };

@@ -6,6 +6,7 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
+#include "core/config_int32.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -28,7 +29,7 @@ bool lora_enabled(const Config& cfg) {
 
 LoraConfig lora_config_from(const Config& cfg, uint64_t seed) {
   LoraConfig c;
-  c.rank = static_cast<int>(cfg.get_int("lora.rank", 0));
+  c.rank = get_int32(cfg, "lora.rank", 0);
   c.alpha = cfg.get_double("lora.alpha", c.rank);
   c.rslora = cfg.get_bool("lora.rslora", false);
   c.seed = static_cast<uint64_t>(cfg.get_int("lora.seed", static_cast<int64_t>(seed)));

@@ -1,6 +1,7 @@
 #include "model/model_config.h"
 
 #include "core/config.h"
+#include "core/config_int32.h"
 #include "core/error.h"
 
 namespace loom {
@@ -185,20 +186,18 @@ ModelConfig model_config_from(const Config& cfg) {
     c.tied = f == Family::GPT2;
     c.bias = f == Family::GPT2;
   }
-  c.n_layer = static_cast<int>(cfg.get_int("model.n_layer", c.n_layer));
+  c.n_layer = get_int32(cfg, "model.n_layer", c.n_layer);
   int old_d = c.d_model, old_h = c.n_head;
-  c.d_model = static_cast<int>(cfg.get_int("model.d_model", c.d_model));
-  c.n_head = static_cast<int>(cfg.get_int("model.n_head", c.n_head));
-  c.n_kv_head = static_cast<int>(
-      cfg.get_int("model.n_kv_head", c.n_kv_head == old_h ? c.n_head : c.n_kv_head));
+  c.d_model = get_int32(cfg, "model.d_model", c.d_model);
+  c.n_head = get_int32(cfg, "model.n_head", c.n_head);
+  c.n_kv_head = get_int32(cfg, "model.n_kv_head", c.n_kv_head == old_h ? c.n_head : c.n_kv_head);
   bool width_changed = c.d_model != old_d || c.n_head != old_h;
   LOOM_CHECK(c.n_head > 0, "model.n_head must be positive, got ", c.n_head);
-  c.head_dim = static_cast<int>(
-      cfg.get_int("model.head_dim", width_changed ? c.d_model / c.n_head : c.head_dim));
-  c.d_ff = static_cast<int>(
-      cfg.get_int("model.d_ff", c.d_model != old_d && f == Family::GPT2 ? 4 * c.d_model : c.d_ff));
-  c.vocab = static_cast<int>(cfg.get_int("model.vocab", c.vocab));
-  c.max_seq = static_cast<int>(cfg.get_int("model.max_seq", c.max_seq));
+  c.head_dim = get_int32(cfg, "model.head_dim", width_changed ? c.d_model / c.n_head : c.head_dim);
+  c.d_ff = get_int32(cfg, "model.d_ff",
+                     c.d_model != old_d && f == Family::GPT2 ? 4 * c.d_model : c.d_ff);
+  c.vocab = get_int32(cfg, "model.vocab", c.vocab);
+  c.max_seq = get_int32(cfg, "model.max_seq", c.max_seq);
   c.norm_eps = static_cast<float>(cfg.get_double("model.norm_eps", c.norm_eps));
   c.rope_theta = static_cast<float>(cfg.get_double("model.rope_theta", c.rope_theta));
   const std::string scaling = cfg.get_string("model.rope_scaling", "none");
@@ -209,18 +208,18 @@ ModelConfig model_config_from(const Config& cfg) {
     r.factor = static_cast<float>(cfg.get_double("model.rope_factor", 8.0));
     r.low_freq_factor = static_cast<float>(cfg.get_double("model.rope_low_freq_factor", 1.0));
     r.high_freq_factor = static_cast<float>(cfg.get_double("model.rope_high_freq_factor", 4.0));
-    r.original_max_seq = static_cast<int>(cfg.get_int("model.rope_original_max_seq", 8192));
+    r.original_max_seq = get_int32(cfg, "model.rope_original_max_seq", 8192);
     LOOM_CHECK(r.factor > 0, "model.rope_factor must be positive, got ", r.factor);
   }
   c.init_std = static_cast<float>(cfg.get_double("model.init_std", c.init_std));
   c.tied = cfg.get_bool("model.tied", c.tied);
   c.bias = cfg.get_bool("model.bias", c.bias);
-  c.n_experts = static_cast<int>(cfg.get_int("model.n_experts", c.n_experts));
-  c.top_k = static_cast<int>(cfg.get_int("model.top_k", c.top_k));
+  c.n_experts = get_int32(cfg, "model.n_experts", c.n_experts);
+  c.top_k = get_int32(cfg, "model.top_k", c.top_k);
   c.moe_router = cfg.get_string("model.moe_router", c.moe_router);
   c.capacity_factor = cfg.get_double("model.capacity_factor", c.capacity_factor);
   c.aux_loss_coeff = cfg.get_double("model.aux_loss_coeff", c.aux_loss_coeff);
-  c.moe_layer_freq = static_cast<int>(cfg.get_int("model.moe_layer_freq", c.moe_layer_freq));
+  c.moe_layer_freq = get_int32(cfg, "model.moe_layer_freq", c.moe_layer_freq);
   c.validate();
   return c;
 }

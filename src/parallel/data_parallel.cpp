@@ -3,13 +3,14 @@
 #include <algorithm>
 
 #include "core/config.h"
+#include "core/config_int32.h"
 #include "core/error.h"
 
 namespace loom::parallel {
 
 DataParallelOptions DataParallelOptions::from(const Config& cfg) {
   DataParallelOptions o;
-  o.zero = static_cast<int>(cfg.get_int("parallel.zero", o.zero));
+  o.zero = get_int32(cfg, "parallel.zero", o.zero);
   double mb = cfg.get_double("parallel.bucket_mb", 4.0);
   o.overlap = cfg.get_bool("parallel.overlap_grad_reduce", o.overlap);
   LOOM_CHECK(o.zero >= 0 && o.zero <= 3, "parallel.zero must be 0, 1, 2 or 3, got ", o.zero);

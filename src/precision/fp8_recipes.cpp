@@ -7,6 +7,7 @@
 
 #include "comm/communicator.h"
 #include "core/config.h"
+#include "core/config_int32.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -60,15 +61,15 @@ bool Fp8Options::from(const Config& cfg, int n_layer, Fp8Options* out) {
     LOOM_CHECK(delayed || !cfg.has(k), k, " applies to fp8_tensorwise_delayed only (recipe is ",
                name, ")");
   // A margin past 30 would scale every tensor below fp8's smallest subnormal.
-  o.margin = static_cast<int>(cfg.get_int("precision.fp8_margin", 0, 0, 30));
-  o.amax_history = static_cast<int>(cfg.get_int("precision.fp8_amax_history", 1024, 1, 1 << 20));
+  o.margin = get_int32(cfg, "precision.fp8_margin", 0, 0, 30);
+  o.amax_history = get_int32(cfg, "precision.fp8_amax_history", 1024, 1, 1 << 20);
   const std::string comp = cfg.get_string("precision.fp8_amax_compute", "max");
   LOOM_CHECK(comp == "max" || comp == "most_recent", "precision.fp8_amax_compute (",
              cfg.where("precision.fp8_amax_compute"), ") must be max or most_recent, got '", comp,
              "'");
   o.most_recent = comp == "most_recent";
-  o.keep_first = static_cast<int>(cfg.get_int("precision.fp8_keep_first", 0, 0, n_layer));
-  o.keep_last = static_cast<int>(cfg.get_int("precision.fp8_keep_last", 0, 0, n_layer));
+  o.keep_first = get_int32(cfg, "precision.fp8_keep_first", 0, 0, n_layer);
+  o.keep_last = get_int32(cfg, "precision.fp8_keep_last", 0, 0, n_layer);
   LOOM_CHECK(o.keep_first + o.keep_last < n_layer, "precision.fp8_keep_first + fp8_keep_last (",
              o.keep_first + o.keep_last, ") keep all ", n_layer,
              " blocks in bf16: no layer would use ", name);

@@ -12,6 +12,7 @@
 #include "ckpt/global_commit.h"
 #include "ckpt/reshard.h"
 #include "comm/process_groups.h"
+#include "core/config_int32.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -29,17 +30,17 @@ namespace loom {
 static TrainOptions train_options_from(const Config& c) {
   TrainOptions o;
   o.steps = c.get_int("train.steps", o.steps);
-  o.micro_batch = static_cast<int>(c.get_int("train.micro_batch", o.micro_batch));
-  o.seq_len = static_cast<int>(c.get_int("train.seq_len", o.seq_len));
-  o.grad_accum = static_cast<int>(c.get_int("train.grad_accum", o.grad_accum));
+  o.micro_batch = get_int32(c, "train.micro_batch", o.micro_batch);
+  o.seq_len = get_int32(c, "train.seq_len", o.seq_len);
+  o.grad_accum = get_int32(c, "train.grad_accum", o.grad_accum);
   o.seed = static_cast<uint64_t>(c.get_int("train.seed", static_cast<int64_t>(o.seed)));
-  o.threads = static_cast<int>(c.get_int("train.threads", o.threads));
+  o.threads = get_int32(c, "train.threads", o.threads);
   o.log_interval = c.get_int("train.log_interval", o.log_interval);
   o.eval_interval = c.get_int("train.eval_interval", o.eval_interval);
-  o.eval_batches = static_cast<int>(c.get_int("train.eval_batches", o.eval_batches));
+  o.eval_batches = get_int32(c, "train.eval_batches", o.eval_batches);
   o.out_dir = c.get_string("train.out_dir", o.out_dir);
   o.checkpoint_interval = c.get_int("train.checkpoint_interval", o.checkpoint_interval);
-  o.keep_last = static_cast<int>(c.get_int("train.keep_last", o.keep_last));
+  o.keep_last = get_int32(c, "train.keep_last", o.keep_last);
   o.resume = c.get_bool("train.resume", o.resume);
   o.ckpt_async = c.get_bool("train.ckpt_async", o.ckpt_async);
   o.ckpt_timeout = c.get_double("train.ckpt_timeout", o.ckpt_timeout);
@@ -53,7 +54,7 @@ static TrainOptions train_options_from(const Config& c) {
   o.tensorboard = c.get_bool("train.tensorboard", o.tensorboard);
   o.mode = c.get_string("train.mode", o.mode);
   o.freeze = c.get_string("train.freeze", o.freeze);
-  o.max_bad_steps = static_cast<int>(c.get_int("train.max_bad_steps", o.max_bad_steps));
+  o.max_bad_steps = get_int32(c, "train.max_bad_steps", o.max_bad_steps);
   LOOM_CHECK(o.max_bad_steps >= 0, "train.max_bad_steps must be >= 0");
   o.device = c.get_string("train.device", o.device);
   LOOM_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
@@ -171,14 +172,14 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   parallel::DataParallelOptions dpo = parallel::DataParallelOptions::from(cfg_);
   const bool sequence_parallel = cfg_.get_bool("parallel.sp", false);
   // Expert tensor parallelism: the experts' MLPs split over etp ranks of the TP group.
-  const int etp = static_cast<int>(cfg_.get_int("parallel.etp", 1));
+  const int etp = get_int32(cfg_, "parallel.etp", 1);
   // Pipeline: virtual stages per rank, schedule, and the first/last stage's layer counts
   // (-1 = even split).
-  const int vp = static_cast<int>(cfg_.get_int("parallel.vp", 1));
+  const int vp = get_int32(cfg_, "parallel.vp", 1);
   const pp::ScheduleKind pp_kind = pp::parse_schedule_kind(
       cfg_.get_string("parallel.pp_schedule", vp > 1 ? "interleaved" : "1f1b"));
-  const int pp_first = static_cast<int>(cfg_.get_int("parallel.pp_first_stage_layers", -1));
-  const int pp_last = static_cast<int>(cfg_.get_int("parallel.pp_last_stage_layers", -1));
+  const int pp_first = get_int32(cfg_, "parallel.pp_first_stage_layers", -1);
+  const int pp_last = get_int32(cfg_, "parallel.pp_last_stage_layers", -1);
   if (opt_.eval_interval > 0) {  // every data-parallel rank evaluates the same batches
     valid_data_ = make_batch_source(cfg_, opt_, mcfg_, "valid");
     valid_start_ = valid_data_->state();

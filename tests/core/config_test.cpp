@@ -4,7 +4,9 @@
 #include <fstream>
 
 #include "core/config.h"
+#include "core/config_int32.h"
 #include "core/error.h"
+#include "temp_dir.h"
 
 using namespace loom;
 
@@ -109,8 +111,8 @@ TEST(Config, StringListAcceptsCommaSeparatedString) {
 }
 
 TEST(Config, LoadFailsNamingThePath) {
-  const std::string dir = ::testing::TempDir() + "loom_config_test_dir";
-  std::filesystem::create_directories(dir);
+  loom::test::TempDir scratch("config");  // removed pass or fail (a fixed /tmp name was left)
+  const std::string dir = scratch.path;
   expect_contains(error_of([&] { Config::load(dir); }), {dir, "cannot open", "directory"});
   expect_contains(error_of([&] { Config::load(dir + "/missing.toml"); }),
                   {dir + "/missing.toml", "cannot open", "no such file"});
@@ -187,6 +189,19 @@ TEST(Config, DumpReadsBackToTheSameValues) {
   EXPECT_EQ(back.get_double("t.u.v", 0), 0.1);
   EXPECT_EQ(back.get_string("p", ""), "/tmp/x");
   EXPECT_EQ(back.dump(), c.dump());
+}
+
+TEST(Config, Int32GetterRefusesWhatAnIntCannotHold) {
+  // 4294967298 cast to int is 2: a model.n_layer past 32 bits must be an error, not 2 layers.
+  Config c =
+      Config::parse("[model]\nn_layer = 4294967298\nd_model = -2147483649\nvocab = 64\n", "m.toml");
+  expect_contains(error_of([&] { get_int32(c, "model.n_layer", 2); }),
+                  {"m.toml:2", "'model.n_layer' = 4294967298", "out of range"});
+  expect_contains(error_of([&] { get_int32(c, "model.d_model", 2); }),
+                  {"m.toml:3", "'model.d_model' = -2147483649"});
+  EXPECT_EQ(get_int32(c, "model.vocab", 0), 64);
+  expect_contains(error_of([&] { get_int32(c, "model.vocab", 0, 128, 1 << 20); }),
+                  {"m.toml:4", "[128, 1048576]"});
 }
 
 TEST(Config, RangeCheckedGettersNameKeyBoundsAndWhereSet) {

@@ -189,3 +189,20 @@ TEST(Json, RangedAccessorsNameValueAndRange) {
   EXPECT_EQ(a[2].as_int(0, 10), 7);
   EXPECT_EQ(a[2].as_int32(), 7);
 }
+
+// One document's nesting is bounded, the limit named: parsing recurses once per level, so
+// 100,000 nested arrays would otherwise overflow the stack.
+TEST(Json, NestingPastTheBoundIsAnErrorNamingIt) {
+  auto nested = [](int n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_NO_THROW(Json::parse(nested(512)));
+  for (int n : {513, 100000}) {
+    std::string e;
+    try {
+      Json::parse(nested(n), "deep.json");
+    } catch (const Error& err) {
+      e = err.what();
+    }
+    EXPECT_NE(e.find("deep.json:1:"), std::string::npos) << e;
+    EXPECT_NE(e.find("deeper than 512 levels (too_deep)"), std::string::npos) << e;
+  }
+}

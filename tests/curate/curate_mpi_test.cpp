@@ -32,8 +32,9 @@ struct SharedDir {
   std::string path;
   SharedDir() {
     if (W().rank() == 0) {
-      char tmpl[] = "/tmp/loom_curate_mpi_XXXXXX";
-      path = ::mkdtemp(tmpl);
+      const char* tmp = std::getenv("TMPDIR");  // as tests/temp_dir.h
+      std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/loom_curate_mpi_XXXXXX";
+      path = ::mkdtemp(tmpl.data());
     }
     path = broadcast_bytes(W(), path, 0);
   }

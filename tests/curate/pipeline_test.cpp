@@ -142,7 +142,10 @@ struct Proc {
 };
 
 static Proc run_cli(const std::string& args, const std::string& env = "") {
-  char tmpl[] = "/tmp/loom_curate_out_XXXXXX";
+  // Under $TMPDIR like every other scratch file of the tests (tests/temp_dir.h).
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl_s = std::string(tmp && *tmp ? tmp : "/tmp") + "/loom_curate_out_XXXXXX";
+  char* tmpl = tmpl_s.data();
   int fd = mkstemp(tmpl);
   close(fd);
   std::string cmd = env + " " + CURATE_DRIVER + " " + args + " > " + tmpl + " 2>&1";
@@ -280,6 +283,31 @@ TEST(CurateCli, TrainClassifier) {
   Proc bad = run_cli("train-classifier --input " + t / "bad.jsonl" + " --output " + t / "m2.bin");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.out.find(t / "bad.jsonl:201"), std::string::npos) << bad.out;
+}
+
+// Out-of-range numbers are refused naming the flag, before the input is read and with no
+// model written (before: --valid-fraction 2 was a SIGSEGV, -1 and --dim x --buckets past
+// memory were "internal error"s).
+TEST(CurateCli, TrainClassifierRefusesOutOfRangeNumbers) {
+  TempDir t;
+  write_file_atomic(t / "train.jsonl",
+                    "{\"text\": \"a b c\", \"label\": \"hq\"}\n"
+                    "{\"text\": \"d e f\", \"label\": \"lq\"}\n");
+  const std::pair<const char*, const char*> cases[] = {
+      {"--valid-fraction 2", "--valid-fraction = 2 is out of range"},
+      {"--valid-fraction -1", "--valid-fraction = -1 is out of range"},
+      {"--dim 100000", "--dim = 100000 is out of range"},
+      {"--dim 1024 --buckets 67108864", "--dim x --buckets"},
+      {"--buckets 4294967297", "--buckets = 4294967297 is out of range"},
+      {"--lr -1", "--lr = -1 is out of range"},
+  };
+  for (const auto& [flags, message] : cases) {
+    Proc p = run_cli("train-classifier --input " + t / "train.jsonl" + " --output " + t / "m.bin " +
+                     flags);
+    EXPECT_EQ(p.code, 1) << flags << ": " << p.out;
+    EXPECT_NE(p.out.find(message), std::string::npos) << flags << ": " << p.out;
+    EXPECT_FALSE(file_exists(t / "m.bin")) << flags;
+  }
 }
 
 TEST(Pipeline, DedupOverAnEmptyShard) {

@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "data/bpe.h"
 #include "data/indexed_dataset.h"
+#include "data/line_reader.h"
 #include "data/tokenize_job.h"
 #include "temp_dir.h"
 
@@ -229,4 +230,32 @@ TEST(TokenizeJob, StaleTemporariesOfAKilledRunAreRemoved) {
   EXPECT_TRUE(file_exists(other));
   EXPECT_TRUE(file_exists(dir / "out.bin"));
   EXPECT_TRUE(file_exists(dir / "out.idx"));
+}
+
+// Issue 17: one line is held whole, so its length is bounded and the error names file and line
+// (before, a file without newlines was held whole however large, and each 1 MiB block read
+// searched the whole carried line again: quadratic time).
+TEST(LineBlockReader, LineLongerThanTheBoundIsAnErrorNamingFileAndLine) {
+  std::string dir = work_dir("long_line");
+  const std::string path = dir + "/in.jsonl";
+  write_file_atomic(path, "short\n" + std::string(5000, 'x') + "\nafter\n");
+  LineBlockReader bounded({path}, /*block_bytes=*/256, /*max_line_bytes=*/1024);
+  LineBlock b;
+  std::string e;
+  try {
+    while (bounded.next(b)) {
+    }
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find(path + ":2: line longer than 1024 bytes (too_large)"), std::string::npos) << e;
+  // Within the bound the same file reads whole, every line once and in order.
+  LineBlockReader roomy({path}, 256, 8192);
+  std::vector<std::string> lines;
+  while (roomy.next(b))
+    for_each_line(b, [&](std::string_view l, int64_t) { lines.emplace_back(l); });
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "short");
+  EXPECT_EQ(lines[1].size(), 5000u);
+  EXPECT_EQ(lines[2], "after");
 }

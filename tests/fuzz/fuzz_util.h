@@ -77,35 +77,4 @@ inline std::vector<std::string_view> split_parts(std::string_view data, size_t n
   return parts;
 }
 
-// Known defect excluded until its fix lands (issue 17, item 3, being fixed separately): a JSON
-// float with an integral value outside int64 reaches an undefined float-to-int cast in
-// Json::as_int. Entry points that read integers skip such documents instead of reporting it.
-inline bool has_unrepresentable_integral_float(const Json& j) {
-  switch (j.type()) {
-    case Json::Type::Float: {
-      double d = j.as_double();
-      return std::floor(d) == d && !(d >= -9223372036854775808.0 && d < 9223372036854775808.0);
-    }
-    case Json::Type::Array:
-      for (const Json& v : j.as_array())
-        if (has_unrepresentable_integral_float(v)) return true;
-      return false;
-    case Json::Type::Object:
-      for (const auto& [k, v] : j.as_object())
-        if (has_unrepresentable_integral_float(v)) return true;
-      return false;
-    default:
-      return false;
-  }
-}
-
-// True when `text` parses as JSON holding such a float (false for anything unparsable).
-inline bool json_text_hits_as_int_defect(std::string_view text) {
-  try {
-    return has_unrepresentable_integral_float(Json::parse(text));
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 }  // namespace loom::fuzz
