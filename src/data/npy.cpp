@@ -1,5 +1,6 @@
 #include "data/npy.h"
 
+#include <charconv>
 #include <cstring>
 
 #include "core/error.h"
@@ -63,10 +64,22 @@ std::vector<T> read_impl(const std::string& path, std::vector<int64_t>* shape, c
   int64_t n = 1;
   for (size_t p = open + 10; p < close;) {
     size_t q = dict.find_first_of(",)", p);
+    LOOM_CHECK(q != std::string::npos && q <= close, path, ": malformed shape");
     std::string num = dict.substr(p, q - p);
-    if (num.find_first_not_of(' ') != std::string::npos) {
-      shape->push_back(std::stoll(num));
-      n *= shape->back();
+    const size_t first = num.find_first_not_of(' '), last = num.find_last_not_of(' ');
+    if (first != std::string::npos) {
+      // A dimension is a non-negative integer whose product with the others still counts
+      // elements of a file that fits in memory (the size check below then compares exactly).
+      int64_t d = -1;
+      const char* b = num.data() + first;
+      const char* e = num.data() + last + 1;
+      auto [end, ec] = std::from_chars(b, e, d);
+      LOOM_CHECK(ec == std::errc() && end == e && d >= 0, path, ": shape dimension '",
+                 num.substr(first, last + 1 - first), "' is not a non-negative integer");
+      LOOM_CHECK(d == 0 || n <= (int64_t(1) << 40) / d, path, ": shape ",
+                 dict.substr(open + 9, close - open - 8), " holds more than 2^40 elements");
+      shape->push_back(d);
+      n *= d;
     }
     p = q + 1;
   }

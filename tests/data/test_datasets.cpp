@@ -12,6 +12,7 @@
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/loader.h"
+#include "data/npy.h"
 #include "data/packed_dataset.h"
 #include "temp_dir.h"
 
@@ -197,6 +198,36 @@ TEST(GptDataset, SplitsAreDisjointDocumentRanges) {
     total += int64_t(docs.size());
   }
   EXPECT_EQ(total, 100);
+}
+
+// The index caches are .npy files: a cache whose header lies about its shape (a negative,
+// non-numeric or huge dimension) is an error naming the file and the dimension, not a
+// std::stoll exception or an allocation of the claimed size.
+TEST(Npy, ShapesThatLieAreErrorsNamingTheFile) {
+  const std::string path = loom::test::this_test_dir() + "/index.npy";
+  write_npy(path, std::vector<int32_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  std::vector<int64_t> shape;
+  EXPECT_EQ(read_npy_i32(path, &shape), (std::vector<int32_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(shape, (std::vector<int64_t>{2, 3}));
+  const std::string good = read_file(path);
+  const size_t at = good.find("(2, 3)");
+  ASSERT_NE(at, std::string::npos);
+  // Same header length (the preamble records it), so only the shape differs.
+  for (const std::string lie : {"(2,-3)", "(2, x)", "(9999999999999999999, 3)"}) {
+    std::string bad = good;
+    bad.replace(at, 6, lie);
+    const size_t nl = bad.find('\n', at);  // the header's padding ends there
+    ASSERT_NE(nl, std::string::npos);
+    if (lie.size() > 6) bad.erase(nl - (lie.size() - 6), lie.size() - 6);
+    write_file_atomic(path, bad);
+    try {
+      read_npy_i32(path, &shape);
+      ADD_FAILURE() << "accepted shape " << lie;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(PackedDataset, WholeDocumentsNeverCrossAndEfficiencyIsReported) {
