@@ -257,6 +257,7 @@ int main(int argc, char** argv) {
       e2e, rep.at("run").at("cpu_seconds").as_double(),
       static_cast<double>(rep.at("input").at("bytes").as_int()) / 1e6, e2e / 20,
       static_cast<long long>(rep.at("output").at("kept_docs").as_int()), text.docs.size());
+  remove_all(dir);
 
   bench_dedup(dedup_docs, dedup_budget_mb);
   return sink == 42 ? 1 : 0;
