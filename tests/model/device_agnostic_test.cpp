@@ -16,7 +16,9 @@
 
 #include "kernels/guarded_backend.h"
 #include "model/decoder.h"
+#include "model/mirror_communicator.h"
 #include "model/model_test_util.h"
+#include "parallel/tensor_parallel.h"
 
 using namespace loom;
 
@@ -41,12 +43,19 @@ struct Result {
   StepOutputs out;
 };
 
+// The tensor-parallel layout of a run: none, TP over two ranks, or TP with sequence parallelism
+// (rank 0 of a mirror pair: tests/model/mirror_communicator.h).
+enum class Tp { None, Tp2, Tp2Sp };
+
 // Everything a step and the forward-only paths do: two micro-batches (the second smaller, so
 // the buffers are reused), loss weights, sequence and token log-probabilities, forward_loss,
-// and forward_logits of chosen rows.
-Result run(Backend& be, Family f, Recompute rc, DType act) {
+// and forward_logits of chosen rows (not under SP, which refuses it).
+Result run(Backend& be, Family f, Recompute rc, DType act, Tp tpm = Tp::None) {
   ModelConfig c = tiny(f);
-  Decoder m(c, be, rc, act);
+  test::MirrorCommunicator mirror(be);
+  TensorParallel tp;
+  if (tpm != Tp::None) tp = parallel::with_tensor_parallel_ops({2, 0, tpm == Tp::Tp2Sp, &mirror});
+  Decoder m(c, be, rc, act, tp);
   m.params().init(7);
   m.params().zero_grad();
   allow_params(be, m);
@@ -58,10 +67,12 @@ Result run(Backend& be, Family f, Recompute rc, DType act) {
   Result r;
   r.out.want_token_logprobs = true;
   r.loss = m.forward_backward(d.input(), 0.25f, &r.out);
-  Data d2 = test::make_data({5, 6}, c.vocab, 4);
+  // SP splits the tokens over the two ranks: an even count.
+  Data d2 = test::make_data({5, tpm == Tp::Tp2Sp ? 7 : 6}, c.vocab, 4);
   r.loss2 = m.forward_backward(d2.input(), 0.5f);
   r.grads.assign(m.params().grad(), m.params().grad() + m.params().total());
   r.fwd_loss = m.forward_loss(d.input());
+  if (tpm == Tp::Tp2Sp) return r;
   const std::vector<int> rows = {10, 0, 6};
   r.logits.resize(rows.size() * c.vocab);
   m.forward_logits(d2.input(), rows, r.logits.data());
@@ -98,8 +109,9 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
 
 // In the child: the guarded run, compared with the CPU run; exits 0 only when all agree.
 // pipeline: the stage path (run_stages) instead of run's.
-[[noreturn]] void guarded_child(Family f, Recompute rc, DType act, bool pipeline = false) {
-  const Result want = pipeline ? run_stages(cpu_backend()) : run(cpu_backend(), f, rc, act);
+[[noreturn]] void guarded_child(Family f, Recompute rc, DType act, bool pipeline = false,
+                                Tp tp = Tp::None) {
+  const Result want = pipeline ? run_stages(cpu_backend()) : run(cpu_backend(), f, rc, act, tp);
   test::GuardedBackend g;
   // Under bf16 storage Linear widens its input into a host scratch vector for the fp32 GEMM
   // (model/linear.cpp; listed in docs/architecture.md as not yet on the Backend): the strict
@@ -107,7 +119,7 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
   g.set_strict(act == DType::F32);
   Result got;
   try {
-    got = pipeline ? run_stages(g) : run(g, f, rc, act);
+    got = pipeline ? run_stages(g) : run(g, f, rc, act, tp);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "guarded run threw: %s\n", e.what());
     std::exit(2);
@@ -165,6 +177,24 @@ INSTANTIATE_TEST_SUITE_P(Paths, DeviceAgnostic,
 TEST(DeviceAgnostic, PipelineStagesTouchNoBufferOutsideTheBackend) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(guarded_child(Family::GPT2, Recompute::None, DType::F32, true),
+              ::testing::ExitedWithCode(0), "");
+}
+
+// Tensor parallelism (vocabulary-parallel embedding and cross-entropy, the Linears' edges, the
+// logits gathered into rows) and sequence parallelism: no host loop left in their paths.
+TEST(DeviceAgnostic, TensorParallelTouchesNoBufferOutsideTheBackend) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child(Family::GPT2, Recompute::None, DType::F32, false, Tp::Tp2),
+              ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child(Family::Llama, Recompute::Selective, DType::F32, false, Tp::Tp2),
+              ::testing::ExitedWithCode(0), "");
+}
+
+TEST(DeviceAgnostic, SequenceParallelTouchesNoBufferOutsideTheBackend) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child(Family::GPT2, Recompute::None, DType::F32, false, Tp::Tp2Sp),
+              ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child(Family::Llama, Recompute::Full, DType::F32, false, Tp::Tp2Sp),
               ::testing::ExitedWithCode(0), "");
 }
 
