@@ -208,3 +208,22 @@ TEST(DeviceAgnostic, HostOnlyPathsAreRefusedUpFront) {
   moe.validate();
   EXPECT_THROW(Decoder(moe, g), Error);
 }
+
+// A tensor-parallel layout assembled by hand without its communication holds its shard's
+// parameters (as checkpoint consolidation uses it) but runs no step: a clear error, no fault.
+TEST(TensorParallelLayout, WithoutItsCommunicationRefusesToRun) {
+  ModelConfig c = tiny(Family::GPT2);
+  test::MirrorCommunicator mirror(cpu_backend());
+  TensorParallel tp{2, 0, false, &mirror};
+  Decoder m(c, cpu_backend(), Recompute::None, DType::F32, tp);
+  EXPECT_EQ(m.params().info("embed.wte").shape[0], c.vocab / 2);
+  m.params().init(1);
+  Data d = test::make_data({4, 4}, c.vocab, 1);
+  try {
+    m.forward_backward(d.input(), 1.f);
+    FAIL() << "a step ran without the layout's communication";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel::tensor_parallel_layout"), std::string::npos)
+        << e.what();
+  }
+}
