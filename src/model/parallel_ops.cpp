@@ -1,5 +1,8 @@
 #include "model/parallel_ops.h"
 
+#include <cstring>
+
+#include "core/error.h"
 #include "model/decoder.h"
 
 namespace loom {
@@ -62,7 +65,48 @@ class PackedAttention final : public AttentionCore {
   Backend& be_;
 };
 
+class LocalExperts final : public ExpertExchange {
+ public:
+  LocalExperts(int E, int C) : E_(E), C_(C) {}
+  int64_t plan(const int32_t*, const int32_t* offsets, std::vector<int32_t>& local) override {
+    local.assign(offsets, offsets + E_ + 1);
+    R_ = local.back();
+    return 0;
+  }
+  void dispatch(const float* local, float* grouped) override {
+    std::memcpy(grouped, local, sizeof(float) * size_t(R_) * C_);
+  }
+  void combine(const float* grouped, float* local) override {
+    std::memcpy(local, grouped, sizeof(float) * size_t(R_) * C_);
+  }
+  void reduce_partial(float*, int64_t) override {}
+
+ private:
+  int E_, C_;
+  int64_t R_ = 0;
+};
+
+class RefusingExperts final : public ExpertExchange {
+ public:
+  explicit RefusingExperts(const char* what) : what_(what) {}
+  int64_t plan(const int32_t*, const int32_t*, std::vector<int32_t>&) override { refuse(); }
+  void dispatch(const float*, float*) override { refuse(); }
+  void combine(const float*, float*) override { refuse(); }
+  void reduce_partial(float*, int64_t) override { refuse(); }
+
+ private:
+  [[noreturn]] void refuse() const { fail(what_); }
+  const char* what_;
+};
+
 }  // namespace
+
+std::unique_ptr<ExpertExchange> local_expert_exchange(int E, int C) {
+  return std::make_unique<LocalExperts>(E, C);
+}
+std::unique_ptr<ExpertExchange> refusing_expert_exchange(const char* what) {
+  return std::make_unique<RefusingExperts>(what);
+}
 
 std::unique_ptr<TensorParallelOps> single_rank_ops() {
   return std::make_unique<SingleRank>();

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "model/linear.h"
@@ -77,9 +78,32 @@ class AttentionCore {
                         const ModelInput& in) = 0;
 };
 
+// Expert parallelism's exchange of routed rows (MoeLayer calls it between routing and the
+// experts' MLPs, and back): with P ranks each holding E / P experts, the rows this rank routed
+// to each rank's experts go there and come back; with expert tensor parallelism the experts'
+// partial outputs and input gradients are summed over the ETP group. One process: a copy.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  // From this rank's routing (counts [E] rows per expert, offsets [E + 1], expert-grouped),
+  // the layout of the rows this rank's experts receive: local_offsets [El + 1]. Returns the
+  // floats this rank will send in one dispatch + combine (statistics).
+  virtual int64_t plan(const int32_t* counts, const int32_t* offsets,
+                       std::vector<int32_t>& local_offsets) = 0;
+  // [rows, C] in routing order -> [R, C] grouped by this rank's experts, and back.
+  virtual void dispatch(const float* local, float* grouped) = 0;
+  virtual void combine(const float* grouped, float* local) = 0;
+  // x[n] summed over the expert-tensor-parallel group (identity without ETP).
+  virtual void reduce_partial(float* x, int64_t n) = 0;
+};
+
 // The one-process implementations.
 std::unique_ptr<TensorParallelOps> single_rank_ops();
 std::unique_ptr<VocabOps> whole_vocab_ops(Backend& be, int vocab);
 std::unique_ptr<AttentionCore> packed_attention(Backend& be);
+// Every expert local: the exchange is a copy of R rows of C floats.
+std::unique_ptr<ExpertExchange> local_expert_exchange(int E, int C);
+// For a layout built without its communication (size > 1): every call throws naming `what`.
+std::unique_ptr<ExpertExchange> refusing_expert_exchange(const char* what);
 
 }  // namespace loom

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "kernels/buffer.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/vocab_parallel.h"
 
 namespace loom::parallel {
@@ -99,6 +100,7 @@ ExpertParallel expert_parallel_layout(comm::ProcessGroups& groups, int etp) {
   ep.size = groups.ep().size();
   ep.rank = groups.ep().rank();
   ep.comm = &groups.ep();
+  ep.make_exchange = &make_expert_exchange;
   comm::Communicator& tp = groups.tp();
   LOOM_CHECK(etp >= 1 && tp.size() % etp == 0, "parallel.etp (", etp, ") must divide parallel.tp (",
              tp.size(), "): use etp = 1 (experts replicated over ",

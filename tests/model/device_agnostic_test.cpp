@@ -227,3 +227,27 @@ TEST(TensorParallelLayout, WithoutItsCommunicationRefusesToRun) {
         << e.what();
   }
 }
+
+// The same for expert parallelism: the MoE layers hold this rank's experts, and a step refuses,
+// naming the function that brings the exchange.
+TEST(ExpertParallelLayout, WithoutItsExchangeRefusesToRun) {
+  ModelConfig c = tiny(Family::Llama);
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.validate();
+  test::MirrorCommunicator mirror(cpu_backend());
+  ExpertParallel ep;
+  ep.size = 2;
+  ep.comm = &mirror;
+  Decoder m(c, cpu_backend(), Recompute::None, DType::F32, {}, ep);
+  EXPECT_EQ(m.params().info("blocks.0.moe.experts.w1").shape[0], 2);
+  m.params().init(1);
+  Data d = test::make_data({4, 4}, c.vocab, 1);
+  try {
+    m.forward_backward(d.input(), 1.f);
+    FAIL() << "a step ran without the layout's expert exchange";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel::expert_parallel_layout"), std::string::npos)
+        << e.what();
+  }
+}
