@@ -76,15 +76,16 @@ Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, 
   // host cannot touch, rather than crashing inside a step.
   LOOM_CHECK(be_.host_accessible() || !cfg_.is_moe(), "the ", be_.name(),
              " backend does not run MoE layers yet (their expert kernels run on the host)");
-  // The layout's communication (parallel/), or the one-process ops.
-  if (!tp_.make_ops) {
-    if (T == 1) tpo_ = single_rank_ops();
-  } else {
+  // The layout's communication (parallel/), or the one-process ops: also for a one-rank group
+  // that brought its own, so that one rank computes exactly what one process does (the whole
+  // vocabulary's fused cross-entropy, not the sliced one).
+  if (T == 1) {
+    tpo_ = single_rank_ops();
+    vocab_ops_ = whole_vocab_ops(be_, cfg_.vocab);
+  } else if (tp_.make_ops && tp_.make_vocab) {
     tpo_ = tp_.make_ops(tp_, be_);
+    vocab_ops_ = tp_.make_vocab(tp_, *tpo_, cfg_.vocab, be_);
   }
-  if (tpo_)
-    vocab_ops_ = tp_.make_vocab ? tp_.make_vocab(tp_, *tpo_, cfg_.vocab, be_)
-                                : whole_vocab_ops(be_, cfg_.vocab);
   packed_attention_ = packed_attention(be_);
   attention_ = packed_attention_.get();
   build_params();

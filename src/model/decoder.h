@@ -249,7 +249,7 @@ class Decoder {
   void ensure_buffers(int N);
   // The micro-batch's token ids, targets, positions and loss weights copied into the active
   // buffers (b_->tokens ...): what the ops read. The host arrays of ModelInput stay what the
-  // input checks and the host-side bookkeeping (sequence sums, TP vocabulary loops) read.
+  // input checks and the host-side bookkeeping (sequence sums) read.
   void upload_input(const ModelInput& in);
   // Backend scratch of at least n floats in `buf` (grown, never shrunk; contents undefined).
   float* scratch(BackendBuffer& buf, int64_t n);

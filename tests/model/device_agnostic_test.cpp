@@ -251,3 +251,24 @@ TEST(ExpertParallelLayout, WithoutItsExchangeRefusesToRun) {
         << e.what();
   }
 }
+
+// A one-rank group with its communication (what the trainer builds from a one-rank world) is
+// the one-process model bit for bit: the sliced vocabulary ops are not used for one slice.
+TEST(TensorParallelLayout, OneRankIsTheOneProcessModelBitForBit) {
+  ModelConfig c = tiny(Family::Llama);
+  auto self = comm::make_self_communicator();
+  Decoder a(c, cpu_backend());
+  Decoder b(c, cpu_backend(), Recompute::None, DType::F32,
+            parallel::with_tensor_parallel_ops({1, 0, false, self.get()}));
+  Data d = test::make_data({9, 7}, c.vocab, 3);
+  std::vector<float> ga, gb;
+  double la = 0, lb = 0;
+  for (Decoder* m : {&a, &b}) {
+    m->params().init(7);
+    m->params().zero_grad();
+    (m == &a ? la : lb) = m->forward_backward(d.input(), 0.25f);
+    (m == &a ? ga : gb).assign(m->params().grad(), m->params().grad() + m->params().total());
+  }
+  EXPECT_EQ(la, lb);
+  EXPECT_TRUE(same(ga, gb));
+}
