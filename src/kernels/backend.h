@@ -172,6 +172,37 @@ struct Backend {
   virtual double weighted_sum(const float* x, const float* w, int64_t n) = 0;
   virtual bool all_finite(const float* x, int64_t n) = 0;
 
+  // ---- Tensor-parallel pieces (parallel/vocab_parallel.h, forward_logits): ops over a slice
+  // [v0, v0 + V) of the vocabulary, held by one rank of the tensor-parallel group, so that the
+  // vocabulary-parallel embedding and cross-entropy run on the device between collectives.
+  // out[i,:] = table[ids[i] - v0,:] for ids in the slice, 0 for the others (the sum over the
+  // slices is the lookup).
+  virtual void embedding_forward_slice(float* out, const int32_t* ids, const float* table, int N,
+                                       int C, int v0, int V) = 0;
+  // dtable[ids[i] - v0,:] += dout[i,:] for ids in the slice, rows in order (as
+  // embedding_backward).
+  virtual void embedding_backward_slice(float* dtable, const float* dout, const int32_t* ids, int N,
+                                        int C, int v0, int V) = 0;
+  // Cross-entropy over logits [N, V] of the slice, in three steps around two all-reduces of
+  // three numbers per row (docs/parallel.md): mx[i] = max of row i; then (after a max-reduce)
+  // se[i] = sum_j exp(logits[i,j] - mx[i]) (in double) and tl[i] = the target's logit where
+  // the target is in the slice, else 0; then (after a sum-reduce of se and tl) losses[i] =
+  // log se[i] + mx[i] - tl[i] and, if dlogits is non-null (it may alias logits), this slice of
+  // (softmax - onehot) * dloss * weights[i] (weights nullable). Rows with target < 0: loss 0,
+  // gradient 0.
+  virtual void cross_entropy_slice_max(float* mx, const float* logits, int N, int V) = 0;
+  virtual void cross_entropy_slice_sums(float* se, float* tl, const float* logits, const float* mx,
+                                        const int32_t* targets, int N, int V, int v0) = 0;
+  virtual void cross_entropy_slice_finish(float* losses, float* dlogits, const float* logits,
+                                          const float* mx, const float* se, const float* tl,
+                                          const int32_t* targets, int N, int V, int v0, float dloss,
+                                          const float* weights) = 0;
+  // `rows` rows of `row_bytes` from src to dst, rows `spitch` / `dpitch` bytes apart (as
+  // cudaMemcpy2D): slices of rows interleaved into whole rows. dst and src are buffers of this
+  // backend.
+  virtual void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t row_bytes,
+                       size_t rows) = 0;
+
   // Storage in the precision policy's types. round_to: x in place to the precision of t (BF16,
   // F16, F8E4M3, F8E5M2; F32 leaves it), as core's round_to, and when `store` is not null the
   // same values also written there in type t (one pass where the backend can). convert: dst

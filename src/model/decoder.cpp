@@ -72,12 +72,22 @@ Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, 
   fc_ = cfg_.fc_dim() / T;
   vocab_ = cfg_.vocab / T;
   v0_ = tp_.rank * vocab_;
-  // These paths still run host loops over activations or call the CPU kernels directly (the
-  // vocabulary-parallel embedding and cross-entropy, the MoE layer): refused on a backend
-  // whose memory the host cannot touch, rather than crashing inside a step.
-  LOOM_CHECK(be_.host_accessible() || (tp_.size == 1 && !cfg_.is_moe()), "the ", be_.name(),
-             " backend does not run ", tp_.size > 1 ? "tensor parallelism" : "MoE layers",
-             " yet (their vocabulary loops and expert kernels run on the host)");
+  // The MoE layer still calls the CPU kernels directly: refused on a backend whose memory the
+  // host cannot touch, rather than crashing inside a step.
+  LOOM_CHECK(be_.host_accessible() || !cfg_.is_moe(), "the ", be_.name(),
+             " backend does not run MoE layers yet (their expert kernels run on the host)");
+  // The layout's communication (parallel/), or the one-process ops: also for a one-rank group
+  // that brought its own, so that one rank computes exactly what one process does (the whole
+  // vocabulary's fused cross-entropy, not the sliced one).
+  if (T == 1) {
+    tpo_ = single_rank_ops();
+    vocab_ops_ = whole_vocab_ops(be_, cfg_.vocab);
+  } else if (tp_.make_ops && tp_.make_vocab) {
+    tpo_ = tp_.make_ops(tp_, be_);
+    vocab_ops_ = tp_.make_vocab(tp_, *tpo_, cfg_.vocab, be_);
+  }
+  packed_attention_ = packed_attention(be_);
+  attention_ = packed_attention_.get();
   build_params();
   if (cfg_.is_moe()) {
     moe_.resize(cfg_.n_layer);
@@ -161,7 +171,7 @@ void Decoder::build_params() {
       }
     }
   }
-  if (tp_on()) shard_params();
+  if (tp_.size > 1) shard_params();
   params_.allocate(be_);
 }
 
@@ -212,7 +222,7 @@ Decoder::Norm Decoder::norm_params(const std::string& prefix) {
           has_b ? grad_of(b) : nullptr};
 }
 
-Linear Decoder::linear(const std::string& prefix, int in, int out) {
+Linear Decoder::linear(const std::string& prefix, int in, int out, Linear::Split split) {
   const std::string w = prefix + ".weight", b = prefix + ".bias";
   const bool has_b = params_.has(b);
   Linear lin;
@@ -222,6 +232,8 @@ Linear Decoder::linear(const std::string& prefix, int in, int out) {
   lin.db = has_b ? grad_of(b) : nullptr;
   lin.in = in;
   lin.out = out;
+  lin.split = split;
+  lin.tp = tpo_.get();
   if (auto it = adapters_.find(prefix); it != adapters_.end()) lin.adapter = it->second;
   if (auto it = recipes_.find(prefix); it != recipes_.end()) lin.recipe = it->second;
   return lin;
@@ -233,11 +245,12 @@ Decoder::LayerParams Decoder::layer_params(int l) {
   LayerParams lp;
   lp.ln1 = norm_params(p + "norm1");
   lp.ln2 = norm_params(p + "norm2");
-  lp.qkv = linear(p + "attn.qkv", C, qkv_);
-  lp.proj = linear(p + "attn.proj", att_, C);
+  using S = Linear::Split;
+  lp.qkv = linear(p + "attn.qkv", C, qkv_, S::Column);
+  lp.proj = linear(p + "attn.proj", att_, C, S::Row);
   if (!cfg_.is_moe_layer(l)) {
-    lp.fc = linear(p + "mlp.fc", C, fc_);
-    lp.mp = linear(p + "mlp.proj", ff_, C);
+    lp.fc = linear(p + "mlp.fc", C, fc_, S::Column);
+    lp.mp = linear(p + "mlp.proj", ff_, C, S::Row);
   }
   return lp;
 }
@@ -399,13 +412,6 @@ void Decoder::ensure_buffers(int N) {
     }
   }
   b_->N = N;
-  if (sp_on()) {
-    const size_t bytes = size_t(N) * cfg_.d_model * sizeof(float);
-    for (BackendBuffer* f : {&b_->full_a, &b_->full_b}) {
-      *f = BackendBuffer(be_, bytes, "activations");
-      be_.fill_bytes(f->data(), 0, bytes);
-    }
-  }
   // Inputs: tokens, targets, positions (int32) and loss weights (fp32), each part aligned.
   const size_t part = (size_t(N) * 4 + Backend::kAlign - 1) / Backend::kAlign * Backend::kAlign;
   b_->io = BackendBuffer(be_, 4 * part, "inputs");
@@ -427,26 +433,6 @@ void Decoder::upload_input(const ModelInput& in) {
 
 float* Decoder::scratch(BackendBuffer& buf, int64_t n) {
   return buf.ensure_n<float>(be_, size_t(n), "scratch");
-}
-
-void Decoder::tp_all_reduce(float* x, int64_t n) {
-  tp_.comm->all_reduce(x, n, DType::F32, comm::ReduceOp::Sum);
-}
-
-void Decoder::sp_all_gather(float* full, int N, int C) {
-  std::vector<int64_t> counts(tp_.size, int64_t(N / tp_.size) * C);
-  tp_.comm->all_gather(full, counts, DType::F32);
-}
-
-void Decoder::sp_all_gather(const ActBuf& full, int N, int C) {
-  if (full.f32) return sp_all_gather(full.f32, N, C);
-  std::vector<int64_t> counts(tp_.size, int64_t(N / tp_.size) * C);
-  tp_.comm->all_gather(full.bf16, counts, DType::BF16);
-}
-
-void Decoder::sp_reduce_scatter(const float* full, float* out, int N, int C) {
-  std::vector<int64_t> counts(tp_.size, int64_t(N / tp_.size) * C);
-  tp_.comm->reduce_scatter(full, out, counts, DType::F32, comm::ReduceOp::Sum);
 }
 
 int Decoder::head_chunk() const {
@@ -554,43 +540,24 @@ void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, const float* dact
   round_act(dfc, int64_t(N) * FC);
 }
 
-void Decoder::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                            const float* w, const float* mean, const float* rstd, int N) {
-  if (cfg_.family == Family::GPT2)
-    be_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, cfg_.d_model);
-  else
-    be_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, cfg_.d_model);
-  round_act(dinp, int64_t(N) * cfg_.d_model);
+void Decoder::norm_backward(float* dinp, const Norm& p, const float* dout, const float* inp,
+                            const float* mean, const float* rstd, int N) {
+  const int C = cfg_.d_model;
+  tpo_->replicated_grads(p.dw, p.db, C, [&](float* dw, float* db) {
+    if (cfg_.family == Family::GPT2)
+      be_.layernorm_backward(dinp, dw, db, dout, inp, p.w, mean, rstd, N, C);
+    else
+      be_.rmsnorm_backward(dinp, dw, dout, inp, p.w, rstd, N, C);
+  });
+  round_act(dinp, int64_t(N) * C);
 }
 
 void Decoder::embed_forward(const ModelInput& in) {
-  const int C = cfg_.d_model;
+  const int C = cfg_.d_model, N = in.N, Nl = local_rows(N);
   float* x = b_->layers[0].x_in;
-  if (!tp_on()) {
-    be_.embedding_forward(x, b_->tokens, params_.ptr("embed.wte"), in.N, C, false);
-    if (cfg_.uses_positions_table())
-      be_.embedding_forward(x, b_->positions, params_.ptr("embed.wpe"), in.N, C, true);
-    round_act(x, int64_t(in.N) * C);
-    return;
-  }
-  // Vocabulary-parallel: each rank looks up the tokens of its vocabulary slice (zero rows for
-  // the others); the sum over ranks (all-reduce, or reduce-scatter along tokens under SP) is
-  // the embedding.
-  const int N = in.N, Nl = local_rows(N), r0 = row0(N);
-  float* full = sp_on() ? b_->full_a.as<float>() : x;
-  be_.fill_bytes(full, 0, size_t(N) * C * sizeof(float));
-  local_ids_.resize(N);
-  for (int i = 0; i < N; ++i) {
-    int32_t id = in.tokens[i] - v0_;
-    if (id >= 0 && id < vocab_)
-      be_.embedding_forward(full + int64_t(i) * C, &id, params_.ptr("embed.wte"), 1, C, true);
-  }
-  if (sp_on())
-    sp_reduce_scatter(full, x, N, C);
-  else
-    tp_all_reduce(x, int64_t(N) * C);
+  vocab_ops_->embed(x, b_->tokens, params_.ptr("embed.wte"), N, C);
   if (cfg_.uses_positions_table())
-    be_.embedding_forward(x, b_->positions + r0, params_.ptr("embed.wpe"), Nl, C, true);
+    be_.embedding_forward(x, b_->positions + row0(N), params_.ptr("embed.wpe"), Nl, C, true);
   round_act(x, int64_t(Nl) * C);
 }
 
@@ -601,25 +568,11 @@ void Decoder::embed_backward(const ModelInput& in) {
   // Frozen tables: nothing to accumulate (the same on every tensor-parallel rank, so the
   // gather below is skipped by all of them).
   if (!gwte && !gwpe) return;
-  if (!tp_on()) {
-    if (gwte) be_.embedding_backward(gwte, b_->dres, b_->tokens, in.N, C);
-    if (gwpe) be_.embedding_backward(gwpe, b_->dres, b_->positions, in.N, C);
-    return;
-  }
-  const int N = in.N;
-  const float* d = b_->dres;
-  if (sp_on()) {  // every token's gradient, gathered along the sequence
-    float* full = b_->full_a.as<float>();
-    be_.copy_d2d(full + int64_t(row0(N)) * C, b_->dres, size_t(local_rows(N)) * C * sizeof(float));
-    sp_all_gather(full, N, C);
-    d = full;
-  }
-  for (int i = 0; i < N && gwte; ++i) {
-    int32_t id = in.tokens[i] - v0_;
-    if (id >= 0 && id < vocab_) be_.embedding_backward(gwte, d + int64_t(i) * C, &id, 1, C);
-  }
-  // Positions are replicated: every rank adds the full gradient, identically.
-  if (gwpe) be_.embedding_backward(gwpe, d, b_->positions, N, C);
+  // Every token's gradient (gathered along the sequence under SP); positions are replicated:
+  // every rank adds the full gradient, identically.
+  const float* d = tpo_->full_rows(b_->dres, in.N, C);
+  if (gwte) vocab_ops_->embed_backward(gwte, d, b_->tokens, in.N, C);
+  if (gwpe) be_.embedding_backward(gwpe, d, b_->positions, in.N, C);
 }
 
 void Decoder::set_context_parallel(const ContextParallel& cp) {
@@ -639,96 +592,31 @@ void Decoder::set_context_parallel(const ContextParallel& cp) {
   for (auto& m : moe_)
     if (m) m->set_token_group(cp.size > 1 ? cp.comm : nullptr);
   ring_ = cp.size > 1 ? std::make_unique<RingAttention>(cp, be_) : nullptr;
+  attention_ = ring_ ? static_cast<AttentionCore*>(ring_.get()) : packed_attention_.get();
 }
 
 void Decoder::attention_core(int l, const ModelInput& in, const LayerActs& a, const float* qkv) {
   const int Hq = hq_, Hkv = hkv_, D = cfg_.head_dim, Q = qkv_;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   float* att = fp32_out(a.att, b_->att32);
-  if (attention_override_) {
+  if (attention_override_)  // the serving engine's KV cache
     attention_override_->forward(l, qkv, Q, Hq, Hkv, D, scale, att);
-  } else if (ring_) {
-    LOOM_CHECK(in.cp && static_cast<int>(in.cp->shards.size()) == cp_.size,
-               "a context-parallel model needs ModelInput::cp (the shards of ", cp_.size,
-               " ranks)");
-    ring_->forward(att, a.lse, qkv, Q, Hq, Hkv, D, scale, *in.cp);
-  } else {
-    const float* q = qkv;
-    const float* k = qkv + Hq * D;
-    const float* v = k + Hkv * D;
-    be_.attention_forward(att, a.lse, q, k, v, Q, in.cu_seqlens, in.nseq, Hq, Hkv, D, scale);
-  }
+  else
+    attention_->forward(att, a.lse, qkv, Q, Hq, Hkv, D, scale, in);
   keep(a.att, att, int64_t(in.N) * Hq * D);
 }
 
-// Row-parallel linear output: the local product (bias on rank 0 only, so the sum over ranks
-// holds it once) summed over the tensor-parallel group: all-reduce (g), or reduce-scatter
-// along tokens under SP. Returns this rank's rows of the result.
-float* Decoder::row_parallel_out(const Linear& lin, ActIn inp, int N) {
-  const int C = cfg_.d_model;
-  if (!tp_on()) {
-    lin.forward(be_, b_->tmp, inp, N);
-    return b_->tmp;
-  }
-  Linear local = lin;
-  if (tp_.rank != 0) local.b = nullptr;
-  local.forward(be_, b_->tmp, inp, N);
-  if (!sp_on()) {
-    tp_all_reduce(b_->tmp, int64_t(N) * C);
-    return b_->tmp;
-  }
-  sp_reduce_scatter(b_->tmp, b_->full_b.as<float>(), N, C);
-  return b_->full_b.as<float>();
-}
-
-// Backward of the column-parallel input (f): the input gradient [N, C] is a partial sum per
-// rank: all-reduce it, or reduce-scatter it along tokens under SP. Returns this rank's rows.
-float* Decoder::column_parallel_input_grad(float* dinp, int N) {
-  const int C = cfg_.d_model;
-  if (!tp_on()) return dinp;
-  if (!sp_on()) {
-    tp_all_reduce(dinp, int64_t(N) * C);
-    return dinp;
-  }
-  sp_reduce_scatter(dinp, b_->full_b.as<float>(), N, C);
-  return b_->full_b.as<float>();
-}
-
-// The gradient of a block's output for all tokens: under SP, gathered from the ranks' rows.
-const float* Decoder::full_rows(const float* local, int N) {
-  if (!sp_on()) return local;
-  const int C = cfg_.d_model;
-  float* full = b_->full_a.as<float>();
-  be_.copy_d2d(full + int64_t(row0(N)) * C, local, size_t(local_rows(N)) * C * sizeof(float));
-  sp_all_gather(full, N, C);
-  return full;
-}
-
-// Under SP each rank's norm sees only its tokens: its weight gradient is a partial sum,
-// reduced over the group (into zeroed scratch first, since gradients accumulate).
-void Decoder::norm_backward_tp(float* dinp, float* dw, float* db, const float* dout,
-                               const float* inp, const float* w, const float* mean,
-                               const float* rstd, int N) {
-  if (!sp_on()) return norm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N);
-  const int C = cfg_.d_model;
-  float* sw = scratch(ce_stats_, 2 * int64_t(C));
-  be_.fill_bytes(sw, 0, 2 * size_t(C) * sizeof(float));
-  float* sb = db ? sw + C : nullptr;
-  norm_backward(dinp, sw, sb, dout, inp, w, mean, rstd, N);
-  tp_all_reduce(sw, 2 * int64_t(C));
-  if (dw) be_.add_inplace(dw, sw, C);
-  if (db) be_.add_inplace(db, sb, C);
-}
-
+// The block reads as one process's: the Linears carry the tensor-parallel edges (gathers before
+// column-parallel layers, reductions after row-parallel ones), norms and residuals run over this
+// rank's rows (all of them without SP), the attention core is the layout's.
 void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, Q = qkv_, Hq = hq_, Hkv = hkv_,
             D = cfg_.head_dim, A = att_, FC = fc_;
   const int64_t mine = int64_t(row0(N)) * C;  // this rank's rows of a full [N, C] buffer
   const LayerParams p = layer_params(l);
   norm_forward(a.ln1, mine, a.ln1_mean, a.ln1_rstd, a.x_in, p.ln1.w, p.ln1.b, Nl);
-  if (sp_on()) sp_all_gather(a.ln1, N, C);
   float* qkv = fp32_out(a.qkv, b_->q32);
-  p.qkv.forward(be_, qkv, a.ln1.in(), N);
+  p.qkv.forward(be_, qkv, a.ln1, N);
   if (cfg_.uses_rope()) {
     be_.rope_forward_scaled(qkv, b_->positions, N, Hq, D, Q, cfg_.rope_theta, cfg_.rope_scaling);
     be_.rope_forward_scaled(qkv + A, b_->positions, N, Hkv, D, Q, cfg_.rope_theta,
@@ -736,17 +624,17 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   }
   keep(a.qkv, qkv, int64_t(N) * Q);
   attention_core(l, in, a, qkv);
-  float* o = row_parallel_out(p.proj, a.att.in(), N);
+  float* o = p.proj.forward(be_, b_->tmp, a.att, N);
   round_act(o, int64_t(Nl) * C);
   be_.add(a.x_mid, a.x_in, o, int64_t(Nl) * C);
   round_act(a.x_mid, int64_t(Nl) * C);
   norm_forward(a.ln2, mine, a.ln2_mean, a.ln2_rstd, a.x_mid, p.ln2.w, p.ln2.b, Nl);
-  if (sp_on()) sp_all_gather(a.ln2, N, C);
   if (moe_.size() && moe_[l]) {
+    // Every tensor-parallel rank routes all N tokens (ln2 gathered along the sequence under SP,
+    // also for backward after a recomputation) and gets the whole output; it keeps its rows.
+    tpo_->gather_rows(a.ln2, N, C);
     // The MoE layer keeps its own state for backward, so recomputation stops before it.
     if (!x_out) return;
-    // Under TP every rank routes all N tokens (ln2 is replicated, or gathered under SP) and
-    // gets the whole output; it keeps its own rows.
     const float* x = fp32_in(a.ln2, int64_t(N) * C, scratch(moe_in_, int64_t(N) * C));
     aux_sum_ += double(N) * moe_[l]->forward(b_->tmp, x, N, moe_weights(l, false));
     round_act(b_->tmp, int64_t(N) * C);
@@ -755,11 +643,11 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
     return;
   }
   float* fc = fp32_out(a.fc, b_->fc32);
-  p.fc.forward(be_, fc, a.ln2.in(), N);
+  p.fc.forward(be_, fc, a.ln2, N);
   keep(a.fc, fc, int64_t(N) * FC);
   mlp_act_forward(a, fc, N);
   if (!x_out) return;  // recomputation needs the layer's internals, not its output
-  o = row_parallel_out(p.mp, a.act.in(), N);
+  o = p.mp.forward(be_, b_->tmp, a.act, N);
   round_act(o, int64_t(Nl) * C);
   be_.add(x_out, a.x_mid, o, int64_t(Nl) * C);
   round_act(x_out, int64_t(Nl) * C);
@@ -775,37 +663,29 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     // complete (not a partial sum), and its weight gradients are whole (router, replicated
     // experts) or its expert-tensor-parallel slice's.
     const float* x = fp32_in(a.ln2, int64_t(N) * C, scratch(moe_in_, int64_t(N) * C));
-    moe_[l]->backward(b_->dln, full_rows(dres, N), x, N, moe_weights(l, false),
+    moe_[l]->backward(b_->dln, tpo_->full_rows(dres, N, C), x, N, moe_weights(l, false),
                       moe_weights(l, true), dloss_ * static_cast<float>(N));
     dl = b_->dln + int64_t(row0(N)) * C;
   } else {
     // MLP branch: x_out = x_mid + act * mp_w^T + mp_b. Under bf16 storage act was not kept:
     // recomputed from fc (the same values forward had).
     if (a.act.bf16) mlp_act_forward(a, nullptr, N);
-    p.mp.backward(be_, b_->dact, full_rows(dres, N), a.act.in(), N);
+    p.mp.backward(be_, b_->dact, dres, a.act.in(), N);
     round_act(b_->dact, int64_t(N) * F);
     mlp_act_backward(a, b_->dfc, b_->dact, N);
-    p.fc.backward(be_, b_->dln, b_->dfc, a.ln2.in(), N);
-    dl = column_parallel_input_grad(b_->dln, N);
+    dl = p.fc.backward(be_, b_->dln, b_->dfc, a.ln2.in(), N);
   }
   round_act(dl, int64_t(Nl) * C);
-  norm_backward_tp(b_->dtmp, p.ln2.dw, p.ln2.db, dl, a.x_mid, p.ln2.w, a.ln2_mean, a.ln2_rstd, Nl);
+  norm_backward(b_->dtmp, p.ln2, dl, a.x_mid, a.ln2_mean, a.ln2_rstd, Nl);
   be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
   round_act(dres, int64_t(Nl) * C);
   // Attention branch: x_mid = x_in + att * proj_w^T + proj_b.
-  p.proj.backward(be_, b_->datt, full_rows(dres, N), a.att.in(), N);
+  p.proj.backward(be_, b_->datt, dres, a.att.in(), N);
   round_act(b_->datt, int64_t(N) * A);
   const float* q = fp32_in(a.qkv, int64_t(N) * Q, b_->q32);
-  const float* k = q + A;
-  const float* v = k + Hkv * D;
   const float* att = fp32_in(a.att, int64_t(N) * A, b_->att32);
-  if (ring_)
-    ring_->backward(b_->dqkv, b_->datt, q, att, a.lse, Q, Hq, Hkv, D,
-                    1.f / std::sqrt(static_cast<float>(D)), *in.cp);
-  else
-    be_.attention_backward(b_->dqkv, b_->dqkv + A, b_->dqkv + A + Hkv * D, b_->datt, q, k, v, att,
-                           a.lse, Q, in.cu_seqlens, in.nseq, Hq, Hkv, D,
-                           1.f / std::sqrt(static_cast<float>(D)));
+  attention_->backward(b_->dqkv, b_->datt, q, att, a.lse, Q, Hq, Hkv, D,
+                       1.f / std::sqrt(static_cast<float>(D)), in);
   if (cfg_.uses_rope()) {
     be_.rope_backward_scaled(b_->dqkv, b_->positions, N, Hq, D, Q, cfg_.rope_theta,
                              cfg_.rope_scaling);
@@ -813,10 +693,9 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
                              cfg_.rope_scaling);
   }
   round_act(b_->dqkv, int64_t(N) * Q);
-  p.qkv.backward(be_, b_->dln, b_->dqkv, a.ln1.in(), N);
-  dl = column_parallel_input_grad(b_->dln, N);
+  dl = p.qkv.backward(be_, b_->dln, b_->dqkv, a.ln1.in(), N);
   round_act(dl, int64_t(Nl) * C);
-  norm_backward_tp(b_->dtmp, p.ln1.dw, p.ln1.db, dl, a.x_in, p.ln1.w, a.ln1_mean, a.ln1_rstd, Nl);
+  norm_backward(b_->dtmp, p.ln1, dl, a.x_in, a.ln1_mean, a.ln1_rstd, Nl);
   be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
   round_act(dres, int64_t(Nl) * C);
 }
@@ -834,6 +713,8 @@ Linear Decoder::head_linear() {
   lin.dw = head_grad();
   lin.in = cfg_.d_model;
   lin.out = vocab_;
+  lin.split = Linear::Split::Column;
+  lin.tp = tpo_.get();
   if (auto it = adapters_.find("head"); it != adapters_.end()) lin.adapter = it->second;
   if (auto it = recipes_.find("head"); it != recipes_.end()) lin.recipe = it->second;
   return lin;
@@ -845,14 +726,13 @@ void Decoder::final_norm(int N) {
   const float* lnf_b = cfg_.bias ? params_.ptr("final_norm.bias") : nullptr;
   norm_forward(b_->lnf, mine, b_->lnf_mean, b_->lnf_rstd, b_->x_final,
                params_.ptr("final_norm.weight"), lnf_b, local_rows(N));
-  if (sp_on()) sp_all_gather(b_->lnf, N, cfg_.d_model);
+  head_linear().gather_input(b_->lnf, N);
 }
 
 double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, V = vocab_;
   final_norm(N);
   Linear H = head_linear();
-  const float* w = in.loss_weights;
   // Logits exist for head_chunk() rows at a time: computed, turned into loss and gradient in
   // place, and consumed by the head's backward before the next chunk overwrites them. Under
   // tensor parallelism each rank holds its vocabulary slice of every row's logits.
@@ -862,72 +742,32 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
     // An adapter on the head sees rows r0.. of the micro-batch, not rows 0.. (LoRA dropout
     // keys its mask by the token's row).
     H.first_row = r0;
-    H.forward(be_, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
+    H.local_forward(be_, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     round_act(b_->logits, int64_t(n) * V);
-    if (tp_on())  // host loops over the host inputs (a host-accessible backend only)
-      vocab_parallel_cross_entropy(b_->losses + r0, b_->logits, in.targets + r0, n, dloss,
-                                   w ? w + r0 : nullptr, grads);
-    else
-      be_.cross_entropy(b_->losses + r0, grads ? b_->logits : nullptr, b_->logits, b_->targets + r0,
-                        n, V, dloss, b_->weights ? b_->weights + r0 : nullptr);
+    vocab_ops_->cross_entropy(b_->losses + r0, b_->logits, b_->targets + r0, n, dloss,
+                              b_->weights ? b_->weights + r0 : nullptr, grads);
     if (grads) {
       round_act(b_->logits, int64_t(n) * V);
-      H.backward(be_, b_->dln + int64_t(r0) * C, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
+      H.local_backward(be_, b_->dln + int64_t(r0) * C, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     }
   }
   // One reduction on the device, one double back (fixed order: bit-reproducible).
-  const double sum = be_.weighted_sum(b_->losses, w ? b_->weights : nullptr, N);
+  const double sum = be_.weighted_sum(b_->losses, b_->weights, N);
   if (grads) {
     round_act(b_->dln, int64_t(N) * C);
-    float* dl = column_parallel_input_grad(b_->dln, N);
-    norm_backward_tp(b_->dres, grad_of("final_norm.weight"), grad_of("final_norm.bias"), dl,
-                     b_->x_final, params_.ptr("final_norm.weight"), b_->lnf_mean, b_->lnf_rstd, Nl);
+    float* dl = H.reduce_input_grad(b_->dln, N);
+    const Norm lnf = norm_params("final_norm");
+    norm_backward(b_->dres, lnf, dl, b_->x_final, b_->lnf_mean, b_->lnf_rstd, Nl);
   }
   return sum;
 }
 
-// Cross-entropy over a vocabulary split across the tensor-parallel group, without gathering
-// logits: the row maxima, the sums of exponentials and the target logits are all-reduced
-// (3 numbers per row), and each rank turns its slice of logits into its slice of the gradient
-// in place.
-void Decoder::vocab_parallel_cross_entropy(float* losses, float* logits, const int32_t* targets,
-                                           int n, float dloss, const float* weights, bool grads) {
-  const int V = vocab_;
-  float* mx = scratch(ce_stats_, 3 * int64_t(n));
-  be_.fill_bytes(mx, 0, 3 * size_t(n) * sizeof(float));
-  float* se = mx + n;
-  float* tl = se + n;
-  for (int i = 0; i < n; ++i) {
-    const float* row = logits + int64_t(i) * V;
-    mx[i] = *std::max_element(row, row + V);
-  }
-  tp_.comm->all_reduce(mx, n, DType::F32, comm::ReduceOp::Max);
-  for (int i = 0; i < n; ++i) {
-    const float* row = logits + int64_t(i) * V;
-    double s = 0;
-    for (int j = 0; j < V; ++j) s += std::exp(double(row[j]) - mx[i]);
-    se[i] = static_cast<float>(s);
-    int t = targets[i] - v0_;
-    tl[i] = targets[i] >= 0 && t >= 0 && t < V ? row[t] : 0.f;
-  }
-  tp_all_reduce(se, 2 * int64_t(n));
-  for (int i = 0; i < n; ++i) {
-    float* row = logits + int64_t(i) * V;
-    if (targets[i] < 0) {
-      losses[i] = 0;
-      if (grads) std::fill(row, row + V, 0.f);
-      continue;
-    }
-    losses[i] = static_cast<float>(std::log(double(se[i])) + mx[i] - tl[i]);
-    if (!grads) continue;
-    const int t = targets[i] - v0_;
-    const double inv = 1.0 / se[i];
-    const double g = weights ? double(dloss) * weights[i] : dloss;
-    for (int j = 0; j < V; ++j) {
-      double p = std::exp(double(row[j]) - mx[i]) * inv;
-      row[j] = static_cast<float>((p - (j == t ? 1.0 : 0.0)) * g);
-    }
-  }
+void Decoder::check_layout(const ModelInput& in) const {
+  LOOM_CHECK(tpo_, "a tensor-parallel layout of ", tp_.size, " ranks built without its ",
+             "communication runs no step: make it with parallel::tensor_parallel_layout");
+  LOOM_CHECK(!sp_on() || in.N % tp_.size == 0, "sequence parallelism splits the ", in.N,
+             " tokens of a micro-batch over parallel.tp = ", tp_.size,
+             " ranks: make micro_batch * seq_len divisible by it");
 }
 
 static void check_input(const ModelInput& in, const ModelConfig& cfg) {
@@ -979,8 +819,7 @@ void Decoder::stage_forward(int chunk, const ModelInput& in, const float* x_in, 
 void Decoder::chunk_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out,
                             bool for_backward) {
   check_input(in, cfg_);
-  LOOM_CHECK(!sp_on() || in.N % tp_.size == 0, "sequence parallelism needs the ", in.N,
-             " tokens of a micro-batch to split over parallel.tp = ", tp_.size);
+  check_layout(in);
   ensure_buffers(in.N);
   upload_input(in);
   auto [b, e] = chunk_range(chunk);
@@ -1058,9 +897,7 @@ double Decoder::run(const ModelInput& in, float dloss, bool grads) {
                              pp_.chunks[0] == std::make_pair(0, cfg_.n_layer)),
              "a pipeline stage runs through stage_forward / stage_backward");
   check_input(in, cfg_);
-  LOOM_CHECK(!sp_on() || in.N % tp_.size == 0, "sequence parallelism splits the ", in.N,
-             " tokens of a micro-batch over parallel.tp = ", tp_.size,
-             " ranks: make micro_batch * seq_len divisible by it");
+  check_layout(in);
   ensure_buffers(in.N);
   upload_input(in);
   const int L = cfg_.n_layer;
@@ -1139,6 +976,7 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
   ModelInput fwd = in;
   fwd.targets = nullptr;
   check_input(fwd, cfg_);
+  check_layout(fwd);
   LOOM_CHECK(rows.size() <= size_t(in.N), "forward_logits: ", rows.size(),
              " logit rows for a micro-batch of ", in.N, " tokens");
   for (int r : rows)
@@ -1159,29 +997,16 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
     else
       be_.convert(row, DType::F32, lnf.bf16 + int64_t(rows[i]) * C, DType::BF16, C);
   }
-  if (!tp_on()) {
-    // Straight into the caller's array where the host can address the backend's memory;
-    // otherwise into a device buffer, then one copy to the host.
-    const bool direct = be_.host_accessible();
-    float* out = direct ? logits : scratch(b_->logits_out, int64_t(n) * V);
-    head_linear().forward(be_, out, b_->tmp, n);
-    round_act(out, int64_t(n) * V);
-    if (!direct) be_.copy_d2h(logits, out, size_t(n) * V * sizeof(float));
-    return;
-  }
-  // Tensor parallelism: each rank's head gives its vocabulary slice [n, V / tp] of every row,
-  // computed into its part of the all-gather's rank-major layout, then interleaved into rows.
-  const int64_t part = int64_t(n) * vocab_;
-  float* mine = logits + tp_.rank * part;
-  head_linear().forward(be_, mine, b_->tmp, n);
-  round_act(mine, part);
-  tp_.comm->all_gather(logits, std::vector<int64_t>(size_t(tp_.size), part), DType::F32);
-  float* parts = scratch(logit_parts_, part * tp_.size);
-  be_.copy_h2d(parts, logits, size_t(part) * tp_.size * sizeof(float));
-  for (int r = 0; r < tp_.size; ++r)
-    for (int i = 0; i < n; ++i)
-      be_.copy_d2h(logits + int64_t(i) * V + int64_t(r) * vocab_,
-                   parts + r * part + int64_t(i) * vocab_, size_t(vocab_) * sizeof(float));
+  // Straight into the caller's array where the host can address the backend's memory;
+  // otherwise into a device buffer, then one copy to the host. Under tensor parallelism each
+  // rank's head gives its vocabulary slice of every row, gathered into whole rows.
+  const bool direct = be_.host_accessible();
+  float* out = direct ? logits : scratch(b_->logits_out, int64_t(n) * V);
+  float* mine = vocab_ops_->logits_slot(out, n);
+  head_linear().local_forward(be_, mine, b_->tmp, n);
+  round_act(mine, int64_t(n) * vocab_);
+  vocab_ops_->gather_logits(out, n);
+  if (!direct) be_.copy_d2h(logits, out, size_t(n) * V * sizeof(float));
 }
 
 }  // namespace loom

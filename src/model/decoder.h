@@ -3,8 +3,9 @@
 // forward and backward over plain buffers; nothing here knows about data parallelism, precision
 // policies beyond "round activations to this dtype", or the optimizer. Tensor and sequence
 // parallelism are a layout handed in from outside (TensorParallel): the same code runs with
-// local head counts and widths and calls the conjugate communication operators where the
-// layout says; with the default layout (one rank) it is the single-process model, bit for bit.
+// local head counts and widths, and the communication lives behind model/parallel_ops.h (the
+// edges of each Linear, the vocabulary, the attention core), implemented in parallel/; with
+// the default layout (one rank) it is the single-process model, bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +20,11 @@
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
+#include "model/hooks.h"
 #include "model/linear.h"
 #include "model/model_config.h"
 #include "model/moe_layer.h"
+#include "model/parallel_ops.h"
 #include "model/params.h"
 #include "model/ring_attention.h"
 
@@ -83,6 +86,12 @@ struct TensorParallel {
   int size = 1, rank = 0;
   bool sequence_parallel = false;
   comm::Communicator* comm = nullptr;  // the tensor-parallel group (size > 1)
+  // The layout's communication, made for each Decoder: parallel::tensor_parallel_layout (or
+  // with_tensor_parallel_ops) fills these in. With size > 1 and none, the Decoder holds its
+  // shard's parameters (checkpoint consolidation) but refuses to run a step.
+  std::unique_ptr<TensorParallelOps> (*make_ops)(const TensorParallel&, Backend&) = nullptr;
+  std::unique_ptr<VocabOps> (*make_vocab)(const TensorParallel&, TensorParallelOps&, int vocab,
+                                          Backend&) = nullptr;
   // Throws naming the field when the model does not split over `size` ranks.
   void validate(const ModelConfig& cfg) const;
 };
@@ -147,11 +156,13 @@ class Decoder {
 
   // Called after backward has finished the gradients of block `layer` (last to first), then
   // with -1 for the embedding: the hook for overlapping gradient communication.
-  std::function<void(int layer)> on_grads_ready;
+  // Each hook takes several subscribers (model/hooks.h: subscribe / unsubscribe), called in
+  // the order they subscribed; assigning a function replaces them all (nullptr clears).
+  Hook<int> on_grads_ready;
   // Called just before block `layer` runs (forward, or backward including its recomputation)
   // and just after: the hooks for parameters that live elsewhere between uses (ZeRO-3 gathers
   // a block's parameters in before_block and frees them in after_block).
-  std::function<void(int layer, bool backward)> before_block, after_block;
+  Hook<int, bool> before_block, after_block;
 
   // Pipeline stages (parallel/pipeline.h drives them). Activations are [local_rows(N), C].
   // stage_forward runs chunk `chunk` on x_in (ignored on the first stage, which embeds the
@@ -212,13 +223,6 @@ class Decoder {
     Norm ln1, ln2;
     Linear qkv, proj, fc, mp;  // fc and mp (the MLP) unbound in a MoE layer
   };
-  // An activation buffer as the precision policy stores it: fp32, or bf16 (two bytes per value
-  // really stored) under the bf16 policy. Exactly one pointer is set.
-  struct ActBuf {
-    float* f32 = nullptr;
-    uint16_t* bf16 = nullptr;
-    ActIn in(int64_t offset = 0) const { return f32 ? ActIn(f32 + offset) : ActIn(bf16 + offset); }
-  };
   // Under the bf16 policy the GEMM inputs and what attention and the MLP read back in backward
   // (ln1, qkv, att, ln2, fc) are kept in bf16, and the MLP activation is not kept at all: it is
   // recomputed from fc in backward (one elementwise pass) into a buffer all layers share.
@@ -237,14 +241,15 @@ class Decoder {
   void build_params();
   LayerParams layer_params(int l);
   Norm norm_params(const std::string& prefix);
-  Linear linear(const std::string& prefix, int in, int out);  // with what is attached to it
+  // With what is attached to it, and its split over the tensor-parallel group.
+  Linear linear(const std::string& prefix, int in, int out, Linear::Split split);
   Linear head_linear();
   float* grad_of(const std::string& name);  // nullptr when absent or frozen
   // Sizes the active buffers (train_buf_, or infer_buf_ in a forward-only pass) for N tokens.
   void ensure_buffers(int N);
   // The micro-batch's token ids, targets, positions and loss weights copied into the active
   // buffers (b_->tokens ...): what the ops read. The host arrays of ModelInput stay what the
-  // input checks and the host-side bookkeeping (sequence sums, TP vocabulary loops) read.
+  // input checks and the host-side bookkeeping (sequence sums) read.
   void upload_input(const ModelInput& in);
   // Backend scratch of at least n floats in `buf` (grown, never shrunk; contents undefined).
   float* scratch(BackendBuffer& buf, int64_t n);
@@ -267,12 +272,15 @@ class Decoder {
                     const float* w, const float* b, int N);
   void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                      const float* w, const float* mean, const float* rstd, int N);
+  // Norm backward over this rank's rows; the norm's parameter gradients summed over the group
+  // where the rows are split (SP).
+  void norm_backward(float* dinp, const Norm& p, const float* dout, const float* inp,
+                     const float* mean, const float* rstd, int N);
   // Final norm + head over chunks of rows; with grads, fills dres (d of the last residual).
   double head(const ModelInput& in, float dloss, bool grads);
   void final_norm(int N);
   const float* head_weight();
   float* head_grad();
-  float* row_parallel_out(const Linear& lin, ActIn inp, int N);
   void round_act(float* x, int64_t n) const;
   // Typed storage (bf16 policy). Where an fp32 producer of `buf` writes: buf itself, or the
   // fp32 scratch whose values are then stored (keep: rounded as the policy says, and written
@@ -290,24 +298,20 @@ class Decoder {
   int block_rows(int width) const;
   double run(const ModelInput& in, float dloss, bool grads);
 
-  // Tensor-parallel pieces (identity when tp_.size == 1).
-  bool tp_on() const { return tp_.size > 1; }
-  bool sp_on() const { return tp_.size > 1 && tp_.sequence_parallel; }
+  // Where parallelism lives (model/parallel_ops.h): the tensor-parallel edges and token split,
+  // the vocabulary, the attention core. One-process implementations unless a layout brings its
+  // own; null tpo_ / vocab_ops_ when a size > 1 layout brought none (no step runs).
   void shard_params();
-  void tp_all_reduce(float* x, int64_t n);
-  // Sequence parallel: this rank's rows [r*N/tp, (r+1)*N/tp) of a [N, C] buffer, gathered in
-  // place; reduce-scatter of a full partial-sum buffer into this rank's rows of `out`.
-  void sp_all_gather(float* full, int N, int C);
-  void sp_all_gather(const ActBuf& full, int N, int C);
-  void sp_reduce_scatter(const float* full, float* out, int N, int C);
-  int local_rows(int N) const { return sp_on() ? N / tp_.size : N; }
-  int row0(int N) const { return sp_on() ? tp_.rank * (N / tp_.size) : 0; }
-  void vocab_parallel_cross_entropy(float* losses, float* logits, const int32_t* targets, int n,
-                                    float dloss, const float* weights, bool grads);
-  float* column_parallel_input_grad(float* dinp, int N);
-  const float* full_rows(const float* local, int N);
-  void norm_backward_tp(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int N);
+  // Throws when a size > 1 layout brought no communication (TensorParallel::make_ops); checks
+  // that the micro-batch's tokens split over the group under SP.
+  void check_layout(const ModelInput& in) const;
+  bool sp_on() const { return tp_.size > 1 && tp_.sequence_parallel; }
+  int local_rows(int N) const { return tpo_->local_rows(N); }
+  int row0(int N) const { return tpo_->row0(N); }
+  std::unique_ptr<TensorParallelOps> tpo_;
+  std::unique_ptr<VocabOps> vocab_ops_;
+  std::unique_ptr<AttentionCore> packed_attention_;
+  AttentionCore* attention_ = nullptr;  // packed_attention_, or ring_ under CP
 
   MoeWeights moe_weights(int l, bool grads);
 
@@ -324,9 +328,6 @@ class Decoder {
   float dloss_ = 0;
   // Local sizes on this tensor-parallel rank.
   int hq_ = 0, hkv_ = 0, qkv_ = 0, att_ = 0, ff_ = 0, fc_ = 0, vocab_ = 0, v0_ = 0;
-  std::vector<int32_t> local_ids_;
-  BackendBuffer ce_stats_;
-  BackendBuffer logit_parts_;  // forward_logits under TP: the gathered vocabulary slices
   Backend& be_;
   Recompute recompute_;
   DType act_dtype_;
@@ -356,7 +357,6 @@ class Decoder {
     // backward scratch (training only)
     float *dres = nullptr, *dln = nullptr, *dtmp = nullptr, *datt = nullptr, *dqkv = nullptr,
           *dfc = nullptr, *dact = nullptr;
-    BackendBuffer full_a, full_b;  // SP scratch: [N, C] each
     // The micro-batch's inputs on the device (upload_input); targets and weights null when the
     // input has none.
     BackendBuffer io;

@@ -1,5 +1,7 @@
 #include "model/linear.h"
 
+#include "model/parallel_ops.h"
+
 namespace loom {
 
 const float* ActIn::widened(Backend& be, int64_t n, std::vector<float>& scratch) const {
@@ -17,7 +19,7 @@ std::vector<float>& widen_scratch() {
 }
 }  // namespace
 
-void Linear::forward(Backend& be, float* y, ActIn x, int N) const {
+void Linear::local_forward(Backend& be, float* y, ActIn x, int N) const {
   const float* x32 = nullptr;
   if (recipe) {
     recipe->forward(be, y, x, w, b, N, in, out);
@@ -31,7 +33,7 @@ void Linear::forward(Backend& be, float* y, ActIn x, int N) const {
   }
 }
 
-void Linear::backward(Backend& be, float* dx, const float* dy, ActIn x, int N) const {
+void Linear::local_backward(Backend& be, float* dx, const float* dy, ActIn x, int N) const {
   const float* x32 = nullptr;
   if (recipe) {
     recipe->backward(be, dx, dw, db, dy, x, w, N, in, out);
@@ -43,6 +45,33 @@ void Linear::backward(Backend& be, float* dx, const float* dy, ActIn x, int N) c
     if (!x32) x32 = x.widened(be, int64_t(N) * in, widen_scratch());
     adapter->backward(be, dx, dy, x32, N, first_row);
   }
+}
+
+void Linear::gather_input(const ActBuf& x, int N) const {
+  if (split == Split::Column && tp) tp->gather_rows(x, N, in);
+}
+
+float* Linear::reduce_input_grad(float* dx, int N) const {
+  return split == Split::Column && tp ? tp->reduce_rows(dx, N, in) : dx;
+}
+
+float* Linear::forward(Backend& be, float* y, const ActBuf& x, int N) const {
+  if (split != Split::Row || !tp) {
+    gather_input(x, N);
+    local_forward(be, y, x.in(), N);
+    return y;
+  }
+  // The partial products of the ranks sum to the layer's output: the bias goes in once.
+  Linear shard = *this;
+  if (!tp->holds_bias()) shard.b = nullptr;
+  shard.local_forward(be, y, x.in(), N);
+  return tp->reduce_rows(y, N, out);
+}
+
+float* Linear::backward(Backend& be, float* dx, const float* dy, ActIn x, int N) const {
+  if (split == Split::Row && tp) dy = tp->full_rows(dy, N, out);
+  local_backward(be, dx, dy, x, N);
+  return dx ? reduce_input_grad(dx, N) : nullptr;
 }
 
 }  // namespace loom

@@ -5,7 +5,9 @@
 //   - a GEMM recipe (bf16, FP8 / MXFP8: quantised inputs), which replaces the matmul itself.
 // Both are applied from outside the model (Decoder::attach_adapter / attach_recipe) by name.
 // Shapes are local: under tensor parallelism a column- or row-parallel layer is a Linear of its
-// shard, and the communication at its edges stays with the caller.
+// shard, and forward/backward carry the communication at its edges (Megatron's f and g, SP's
+// all-gather and reduce-scatter) through TensorParallelOps (model/parallel_ops.h), which
+// parallel/tensor_parallel.cpp implements: the caller's code is the same on one rank.
 //
 // The input x is typed (ActIn): the bf16 precision policy stores activations in bf16, two
 // bytes per value, and a bf16 recipe reads them as they are; the fp32 paths (no recipe, an
@@ -25,16 +27,24 @@ struct ActIn {
   const float* f32 = nullptr;
   const uint16_t* bf16 = nullptr;
   ActIn() = default;
-  ActIn(const float* p) : f32(p) {}  // NOLINT: fp32 call sites read as before
+  ActIn(const float* p) : f32(p) {}      // NOLINT: fp32 call sites read as before
   ActIn(const uint16_t* p) : bf16(p) {}  // NOLINT
   // The view `offset` elements further on.
-  ActIn at(int64_t offset) const {
-    return f32 ? ActIn(f32 + offset) : ActIn(bf16 + offset);
-  }
+  ActIn at(int64_t offset) const { return f32 ? ActIn(f32 + offset) : ActIn(bf16 + offset); }
   // fp32 values of elements [0, n): the buffer itself, or a copy widened by `be` into `scratch`
   // (resized).
   const float* widened(Backend& be, int64_t n, std::vector<float>& scratch) const;
 };
+
+// A writable activation buffer as the precision policy stores it: fp32, or bf16 (two bytes per
+// value really stored). Exactly one pointer is set.
+struct ActBuf {
+  float* f32 = nullptr;
+  uint16_t* bf16 = nullptr;
+  ActIn in(int64_t offset = 0) const { return f32 ? ActIn(f32 + offset) : ActIn(bf16 + offset); }
+};
+
+class TensorParallelOps;
 
 class LinearAdapter {
  public:
@@ -62,6 +72,11 @@ class GemmRecipe {
 };
 
 struct Linear {
+  // How the layer is split over the tensor-parallel group: not at all, by output features
+  // (column: the input is replicated, or gathered along tokens under SP; its gradient is summed
+  // over the group) or by input features (row: the output is a partial sum, reduced over the
+  // group, or reduce-scattered along tokens under SP).
+  enum class Split { None, Column, Row };
   const float* w = nullptr;  // [out, in]
   const float* b = nullptr;  // [out], nullable
   float* dw = nullptr;       // gradients: nullptr when frozen (the GEMM is skipped)
@@ -70,10 +85,26 @@ struct Linear {
   LinearAdapter* adapter = nullptr;
   GemmRecipe* recipe = nullptr;
   int first_row = 0;  // x's first row within the micro-batch (passed to the adapter)
+  Split split = Split::None;
+  TensorParallelOps* tp = nullptr;  // the group's edges (null: one rank)
 
-  void forward(Backend& be, float* y, ActIn x, int N) const;
-  // dx (written, nullable) = dy W; dw += dy^T x; db += sum dy; plus the adapter's share.
-  void backward(Backend& be, float* dx, const float* dy, ActIn x, int N) const;
+  // The layer with its edges, over N tokens. Column: x [N, in] holds this rank's rows (SP) and
+  // is gathered in place first; y [N, out] is written for every row. Row: y is the partial
+  // product (bias on one rank) summed over the group. Returns this rank's rows of y (y itself,
+  // or the TP ops' scratch under SP).
+  float* forward(Backend& be, float* y, const ActBuf& x, int N) const;
+  // dy: this rank's rows of the output gradient (gathered first under SP for a row-parallel
+  // layer). dx (written, nullable) = dy W, summed over the group for a column-parallel layer.
+  // dw += dy^T x; db += sum dy; plus the adapter's share. Returns this rank's rows of dx.
+  float* backward(Backend& be, float* dx, const float* dy, ActIn x, int N) const;
+
+  // The edges alone, for a layer run over row chunks (the output head): the column-parallel
+  // input's gather, and its input gradient's sum (returns this rank's rows).
+  void gather_input(const ActBuf& x, int N) const;
+  float* reduce_input_grad(float* dx, int N) const;
+  // One shard's computation without the edges: y = x W^T + b (+ adapter), and its backward.
+  void local_forward(Backend& be, float* y, ActIn x, int N) const;
+  void local_backward(Backend& be, float* dx, const float* dy, ActIn x, int N) const;
 };
 
 }  // namespace loom

@@ -39,6 +39,14 @@ MoeLayer::MoeLayer(const ModelConfig& cfg, const ExpertParallel& ep, Backend& ba
   H_ = cfg.fc_dim() / ep.tp_size;
   score_ = cfg.moe_router == "sigmoid" ? cpu::RouterScore::Sigmoid : cpu::RouterScore::Softmax;
   act_ = cfg.family == Family::Llama ? cpu::MoeActivation::SwiGLU : cpu::MoeActivation::GeLU;
+  if (ep.make_exchange)
+    xchg_ = ep.make_exchange(ep, E_, C_);
+  else if (ep.size == 1 && ep.tp_size == 1)
+    xchg_ = local_expert_exchange(E_, C_);
+  else
+    xchg_ = refusing_expert_exchange(
+        "an expert-parallel layout built without its communication runs no step: make it with "
+        "parallel::expert_parallel_layout");
 }
 
 static size_t sz(int64_t n) {
@@ -67,10 +75,11 @@ double MoeLayer::forward(float* y, const float* x, int N, const MoeWeights& w) {
   const int rows = routing_.rows();
   xp_.resize(sz(int64_t(rows) * C));
   cpu::moe_permute(xp_.data(), x, routing_, C);
-  plan_exchange();
+  stats_.a2a_send_elems =
+      xchg_->plan(routing_.counts.data(), routing_.offsets.data(), local_offsets_);
   const int R = local_offsets_[El_];
   xe_.resize(sz(int64_t(R) * C));
-  dispatch(xp_.data(), xe_.data());
+  xchg_->dispatch(xp_.data(), xe_.data());
   h_.resize(sz(int64_t(R) * H_));
   a_.resize(sz(int64_t(R) * F_));
   ye_.resize(sz(int64_t(R) * C));
@@ -78,10 +87,9 @@ double MoeLayer::forward(float* y, const float* x, int N, const MoeWeights& w) {
                                local_offsets_.data(), El_, C, F_, act_);
   // Each expert-tensor-parallel rank holds a slice of the experts' width: its output is a
   // partial sum over the group (row-parallel w2).
-  if (ep_.tp_size > 1)
-    ep_.tp_comm->all_reduce(ye_.data(), int64_t(R) * C, DType::F32, comm::ReduceOp::Sum);
+  xchg_->reduce_partial(ye_.data(), int64_t(R) * C);
   yp_.resize(sz(int64_t(rows) * C));
-  combine(ye_.data(), yp_.data());
+  xchg_->combine(ye_.data(), yp_.data());
   cpu::moe_unpermute(y, yp_.data(), topk_w_.data(), routing_, C);
   return aux;
 }
@@ -95,16 +103,16 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, int N, const
   cpu::moe_unpermute_backward(dyp_.data(), dtopk_w_.data(), dy, yp_.data(), topk_w_.data(),
                               routing_, C);
   dye_.resize(sz(int64_t(R) * C));
-  dispatch(dyp_.data(), dye_.data());
+  xchg_->dispatch(dyp_.data(), dye_.data());
   dxe_.resize(sz(int64_t(R) * C));
   scratch_.resize(sz(int64_t(R) * (F_ + H_)));
   cpu::moe_grouped_mlp_backward(dxe_.data(), g.w1, g.w2, scratch_.data(), dye_.data(), xe_.data(),
                                 h_.data(), a_.data(), w.w1, w.w2, local_offsets_.data(), El_, C, F_,
                                 act_);
-  if (ep_.tp_size > 1)  // column-parallel w1: the input gradient is a partial sum
-    ep_.tp_comm->all_reduce(dxe_.data(), int64_t(R) * C, DType::F32, comm::ReduceOp::Sum);
+  // Column-parallel w1 under ETP: the input gradient is a partial sum.
+  xchg_->reduce_partial(dxe_.data(), int64_t(R) * C);
   dxp_.resize(sz(int64_t(rows) * C));
-  combine(dxe_.data(), dxp_.data());
+  xchg_->combine(dxe_.data(), dxp_.data());
   cpu::moe_permute_backward(dx, dxp_.data(), routing_, C);
   // Router: the top-k weights' gradient plus the auxiliary loss's gradient on the scores.
   dscores_.assign(size_t(N) * E, 0.f);
@@ -153,77 +161,6 @@ double MoeLayer::aux_loss(float* dscores, float aux_dloss) {
     loss += group_f_[size_t(e)] * (buf[size_t(E + e)] / n_group);
   }
   return double(coeff) * E * loss;
-}
-
-void MoeLayer::plan_exchange() {
-  const int P = ep_.size, El = El_;
-  const auto& off = routing_.offsets;
-  local_offsets_.assign(El + 1, 0);
-  if (P == 1) {
-    local_offsets_ = off;
-    stats_.a2a_send_elems = 0;
-    return;
-  }
-  // How many rows each source rank sends for each of this rank's experts.
-  std::vector<int32_t> send_counts(size_t(P) * El), recv_counts(size_t(P) * El);
-  int64_t most = 0;
-  for (int d = 0; d < P; ++d) {
-    for (int e = 0; e < El; ++e) send_counts[size_t(d) * El + e] = routing_.counts[d * El + e];
-    most = std::max<int64_t>(most, off[(d + 1) * El] - off[d * El]);
-  }
-  ep_.comm->all_to_all(send_counts.data(), recv_counts.data(), El, DType::I32);
-  block_ = std::max<int64_t>(1, ep_.comm->all_reduce_scalar(most, comm::ReduceOp::Max));
-  // Grouped order: expert by expert, and within an expert source rank by source rank.
-  for (int e = 0; e < El; ++e) {
-    int64_t n = 0;
-    for (int s = 0; s < P; ++s) n += recv_counts[size_t(s) * El + e];
-    local_offsets_[e + 1] = static_cast<int32_t>(local_offsets_[e] + n);
-  }
-  recv_pos_.assign(local_offsets_[El], 0);
-  for (int s = 0; s < P; ++s) {
-    int64_t in_block = 0;
-    for (int e = 0; e < El; ++e) {
-      int64_t before = 0;  // rows of expert e from sources < s
-      for (int t = 0; t < s; ++t) before += recv_counts[size_t(t) * El + e];
-      for (int i = 0; i < recv_counts[size_t(s) * El + e]; ++i)
-        recv_pos_[local_offsets_[e] + before + i] = int64_t(s) * block_ + in_block++;
-    }
-  }
-  send_buf_.resize(size_t(P) * block_ * C_);
-  recv_buf_.resize(size_t(P) * block_ * C_);
-  stats_.a2a_send_elems = 2 * int64_t(P) * block_ * C_;
-}
-
-void MoeLayer::dispatch(const float* local, float* grouped) {
-  const int P = ep_.size, C = C_, R = local_offsets_[El_];
-  if (P == 1) {
-    std::memcpy(grouped, local, sizeof(float) * size_t(R) * C);
-    return;
-  }
-  const auto& off = routing_.offsets;
-  for (int d = 0; d < P; ++d) {
-    const int64_t a = off[d * El_], n = off[(d + 1) * El_] - a;
-    std::memcpy(send_buf_.data() + size_t(d) * block_ * C, local + a * C, sizeof(float) * n * C);
-  }
-  ep_.comm->all_to_all(send_buf_.data(), recv_buf_.data(), block_ * C, DType::F32);
-  for (int r = 0; r < R; ++r)
-    std::memcpy(grouped + int64_t(r) * C, recv_buf_.data() + recv_pos_[r] * C, sizeof(float) * C);
-}
-
-void MoeLayer::combine(const float* grouped, float* local) {
-  const int P = ep_.size, C = C_, R = local_offsets_[El_];
-  if (P == 1) {
-    std::memcpy(local, grouped, sizeof(float) * size_t(R) * C);
-    return;
-  }
-  for (int r = 0; r < R; ++r)
-    std::memcpy(send_buf_.data() + recv_pos_[r] * C, grouped + int64_t(r) * C, sizeof(float) * C);
-  ep_.comm->all_to_all(send_buf_.data(), recv_buf_.data(), block_ * C, DType::F32);
-  const auto& off = routing_.offsets;
-  for (int d = 0; d < P; ++d) {
-    const int64_t a = off[d * El_], n = off[(d + 1) * El_] - a;
-    std::memcpy(local + a * C, recv_buf_.data() + size_t(d) * block_ * C, sizeof(float) * n * C);
-  }
 }
 
 }  // namespace loom

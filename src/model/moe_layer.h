@@ -4,10 +4,9 @@
 //
 // Expert parallelism: with an EP group of P ranks, this rank holds experts
 // [rank * E/P, (rank+1) * E/P). After the local permutation the rows for each rank's experts are
-// contiguous; they are dispatched with an all-to-all (blocks padded to the largest count over
-// the group), computed by their owner, and combined back with a second all-to-all. Backward
-// runs the same exchange for the gradients. With P = 1 the exchange is skipped and the layer is
-// the single-process computation.
+// contiguous; an ExpertExchange (model/parallel_ops.h) moves them to their owner and back:
+// parallel/expert_parallel.cpp's all-to-alls under EP (and the ETP group's sums), a copy with
+// P = 1, where the layer is the single-process computation. The layer does not know which.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +17,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/moe.h"
 #include "model/model_config.h"
+#include "model/parallel_ops.h"
 
 namespace loom {
 
@@ -32,6 +32,10 @@ struct ExpertParallel {
   int tp_size = 1, tp_rank = 0;
   comm::Communicator* tp_comm = nullptr;         // the expert-tensor-parallel group (tp_size > 1)
   std::shared_ptr<comm::Communicator> tp_owner;  // when that group was split off for the layout
+  // The exchange of this layout, made for each MoE layer (parallel::expert_parallel_layout
+  // fills it in). Without it, a layout of one rank (and etp 1) copies; a larger one holds its
+  // experts' parameters but refuses to run.
+  std::unique_ptr<ExpertExchange> (*make_exchange)(const ExpertParallel&, int E, int C) = nullptr;
   // Throws naming the values when the model's experts do not split over the group.
   void validate(const ModelConfig& cfg) const;
 };
@@ -73,12 +77,9 @@ class MoeLayer {
  private:
   // Rows of the local permuted buffer [rows, C] <-> expert-grouped rows of this rank's experts
   // [R, C] (gathered from every rank): forward sends the rows to their experts' owners.
-  void plan_exchange();
   // The auxiliary loss of the micro-batch (forward: dscores null) or its gradient added into
   // dscores with weight aux_dloss; over the token group's statistics when there is one.
   double aux_loss(float* dscores, float aux_dloss);
-  void dispatch(const float* local, float* grouped);  // [rows, C] -> [R, C]
-  void combine(const float* grouped, float* local);   // [R, C] -> [rows, C]
 
   ModelConfig cfg_;
   ExpertParallel ep_;
@@ -92,11 +93,7 @@ class MoeLayer {
   std::vector<int32_t> topk_idx_;
   cpu::MoeRouting routing_;
   std::vector<int32_t> local_offsets_;  // [El + 1] expert-grouped rows of this rank's experts
-  // Exchange plan (EP > 1): block size (rows) and where each grouped row sits in the received
-  // blocks [P, B, C].
-  int64_t block_ = 0;
-  std::vector<int64_t> recv_pos_;
-  std::vector<float> send_buf_, recv_buf_;
+  std::unique_ptr<ExpertExchange> xchg_;
   // Backward scratch.
   std::vector<float> dscores_, dlogits_, dtopk_w_, dyp_, dye_, dxe_, dxp_, scratch_, dxr_;
   MoeStats stats_;

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/attention_block.h"
+#include "model/decoder.h"
 
 namespace loom {
 
@@ -242,6 +243,23 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
     const float* h = home_.data() + size_t(i) * 2 * W;
     for (int j = 0; j < 2 * W; ++j) dkv[j] += h[j];
   }
+}
+
+static const CpBatch& shards_of(const ModelInput& in, int cp) {
+  LOOM_CHECK(in.cp && static_cast<int>(in.cp->shards.size()) == cp,
+             "a context-parallel model needs ModelInput::cp (the shards of ", cp, " ranks)");
+  return *in.cp;
+}
+
+void RingAttention::forward(float* out, float* lse, const float* qkv, int ld, int Hq, int Hkv,
+                            int D, float scale, const ModelInput& in) {
+  forward(out, lse, qkv, ld, Hq, Hkv, D, scale, shards_of(in, cp_.size));
+}
+
+void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, int ld, int Hq, int Hkv, int D, float scale,
+                             const ModelInput& in) {
+  backward(dqkv, dout, qkv, out, lse, ld, Hq, Hkv, D, scale, shards_of(in, cp_.size));
 }
 
 }  // namespace loom

@@ -16,6 +16,7 @@
 #include "comm/communicator.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention_merge.h"
+#include "model/parallel_ops.h"
 
 namespace loom {
 
@@ -31,7 +32,9 @@ struct CpBatch {
   static CpBatch make(const int32_t* cu_seqlens, int nseq, int cp);
 };
 
-class RingAttention {
+// The attention core of a context-parallel model (AttentionCore: the Decoder calls it as it
+// calls packed attention; the micro-batch brings the shards, ModelInput::cp).
+class RingAttention final : public AttentionCore {
  public:
   // Time spent per call (for the overlap measurement): computing, and waiting for blocks that
   // had not arrived when the computation needed them (the exposed communication).
@@ -50,6 +53,13 @@ class RingAttention {
   void backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                 const float* lse, int ld, int Hq, int Hkv, int D, float scale,
                 const CpBatch& batch);
+
+  // AttentionCore: the above over the micro-batch's shards (throws when it has none).
+  void forward(float* out, float* lse, const float* qkv, int ld, int Hq, int Hkv, int D,
+               float scale, const ModelInput& in) override;
+  void backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                const float* lse, int ld, int Hq, int Hkv, int D, float scale,
+                const ModelInput& in) override;
 
   // With overlap off, each block transfer is waited before the computation it would hide
   // behind (the baseline of the overlap measurement).

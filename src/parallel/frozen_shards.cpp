@@ -63,15 +63,16 @@ FrozenShards::FrozenShards(Decoder& model, comm::Communicator& dp, bool take_val
   if (take_values)
     for (auto& u : units_)
       for (auto& r : u.ranges) release_memory(P_.data() + r.lo, r.hi - r.lo);
-  model_.before_block = [this](int l, bool bwd) { before(l, bwd); };
-  model_.after_block = [this](int l, bool bwd) { after(l, bwd); };
+  // Subscribers beside others (a profiler, say): removed by id, nobody else's hook touched.
+  before_id_ = model_.before_block.subscribe([this](int l, bool bwd) { before(l, bwd); });
+  after_id_ = model_.after_block.subscribe([this](int l, bool bwd) { after(l, bwd); });
 }
 
 FrozenShards::~FrozenShards() {
   for (auto& u : units_)
     for (auto& r : u.ranges) r.work.wait();
-  model_.before_block = nullptr;
-  model_.after_block = nullptr;
+  model_.before_block.unsubscribe(before_id_);
+  model_.after_block.unsubscribe(after_id_);
 }
 
 std::vector<int64_t> FrozenShards::counts_of(int64_t lo, int64_t hi) const {

@@ -67,6 +67,7 @@ class FrozenShards {
   ParamSet& P_;
   comm::Communicator& dp_;
   int n_layer_ = 0;
+  int64_t before_id_ = -1, after_id_ = -1;  // our subscriptions to the model's block hooks
   int64_t total_ = 0, shard_ = 0, lo_ = 0, hi_ = 0;
   Tensor own_;  // the values of [lo_, hi_)
   std::vector<Unit> units_;

@@ -1,4 +1,6 @@
-// Tensor/sequence parallelism applied from outside: the layout a Decoder is built with, and the
+// Tensor/sequence parallelism applied from outside: the layout a Decoder is built with, the
+// communication at the edges of its linear layers and of its vocabulary (TensorParallelOps and
+// VocabOps of model/parallel_ops.h, implemented here and in vocab_parallel.cpp), and the
 // bookkeeping that follows from it (which parameters are replicated across the TP group).
 #pragma once
 
@@ -9,8 +11,11 @@
 
 namespace loom::parallel {
 
-// The Decoder layout for this rank of `groups` (its TP group), with or without SP.
+// The Decoder layout for this rank of `groups` (its TP group), with or without SP, and the
+// communication that goes with it.
 TensorParallel tensor_parallel_layout(comm::ProcessGroups& groups, bool sequence_parallel);
+// `tp` (size, rank, sequence_parallel and comm set by hand) with the communication filled in.
+TensorParallel with_tensor_parallel_ops(TensorParallel tp);
 
 // The Decoder's expert-parallel layout for this rank of `groups` (its EP group), with the
 // experts' MLPs split over `etp` ranks of the TP group (consecutive TP ranks; etp = tp uses the

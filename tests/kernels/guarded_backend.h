@@ -198,6 +198,39 @@ class GuardedBackend final : public Backend {
     Op op(*this, "softmax_backward", {dinp, out, dout});
     in_.softmax_backward(dinp, out, dout, rows, cols);
   }
+  void embedding_forward_slice(float* out, const int32_t* ids, const float* t, int N, int C, int v0,
+                               int V) override {
+    Op op(*this, "embedding_forward_slice", {out, ids, t});
+    in_.embedding_forward_slice(out, ids, t, N, C, v0, V);
+  }
+  void embedding_backward_slice(float* dt, const float* dout, const int32_t* ids, int N, int C,
+                                int v0, int V) override {
+    Op op(*this, "embedding_backward_slice", {dt, dout, ids});
+    in_.embedding_backward_slice(dt, dout, ids, N, C, v0, V);
+  }
+  void cross_entropy_slice_max(float* mx, const float* logits, int N, int V) override {
+    Op op(*this, "cross_entropy_slice_max", {mx, logits});
+    in_.cross_entropy_slice_max(mx, logits, N, V);
+  }
+  void cross_entropy_slice_sums(float* se, float* tl, const float* logits, const float* mx,
+                                const int32_t* targets, int N, int V, int v0) override {
+    Op op(*this, "cross_entropy_slice_sums", {se, tl, logits, mx, targets});
+    in_.cross_entropy_slice_sums(se, tl, logits, mx, targets, N, V, v0);
+  }
+  void cross_entropy_slice_finish(float* losses, float* dlogits, const float* logits,
+                                  const float* mx, const float* se, const float* tl,
+                                  const int32_t* targets, int N, int V, int v0, float dloss,
+                                  const float* weights) override {
+    Op op(*this, "cross_entropy_slice_finish",
+          {losses, dlogits, logits, mx, se, tl, targets, weights});
+    in_.cross_entropy_slice_finish(losses, dlogits, logits, mx, se, tl, targets, N, V, v0, dloss,
+                                   weights);
+  }
+  void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t row_bytes,
+               size_t rows) override {
+    Op op(*this, "copy_2d", {dst, src});
+    in_.copy_2d(dst, dpitch, src, spitch, row_bytes, rows);
+  }
   void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                      int N, int V, float dloss, const float* weights) override {
     Op op(*this, "cross_entropy", {losses, dlogits, logits, targets, weights});

@@ -20,7 +20,9 @@
 #include "kernels/guarded_backend.h"
 #include "model/decoder.h"
 #include "model/lora.h"
+#include "model/mirror_communicator.h"
 #include "model/model_test_util.h"
+#include "parallel/tensor_parallel.h"
 
 using namespace loom;
 
@@ -48,12 +50,19 @@ struct Result {
   StepOutputs out;
 };
 
+// The tensor-parallel layout of a run: none, TP over two ranks, or TP with sequence parallelism
+// (rank 0 of a mirror pair: tests/model/mirror_communicator.h).
+enum class Tp { None, Tp2, Tp2Sp };
+
 // Everything a step and the forward-only paths do: two micro-batches (the second smaller, so
 // the buffers are reused), loss weights, sequence and token log-probabilities, forward_loss,
-// and forward_logits of chosen rows.
-Result run(Backend& be, Family f, Recompute rc, DType act) {
+// and forward_logits of chosen rows (not under SP, which refuses it).
+Result run(Backend& be, Family f, Recompute rc, DType act, Tp tpm = Tp::None) {
   ModelConfig c = tiny(f);
-  Decoder m(c, be, rc, act);
+  test::MirrorCommunicator mirror(be);
+  TensorParallel tp;
+  if (tpm != Tp::None) tp = parallel::with_tensor_parallel_ops({2, 0, tpm == Tp::Tp2Sp, &mirror});
+  Decoder m(c, be, rc, act, tp);
   m.params().init(7);
   m.params().zero_grad();
   Data d = test::make_data({9, 7}, c.vocab, 3);
@@ -65,10 +74,12 @@ Result run(Backend& be, Family f, Recompute rc, DType act) {
   r.values = values_of(m);  // init() drew on the host and copied over
   r.out.want_token_logprobs = true;
   r.loss = m.forward_backward(d.input(), 0.25f, &r.out);
-  Data d2 = test::make_data({5, 6}, c.vocab, 4);
+  // SP splits the tokens over the two ranks: an even count.
+  Data d2 = test::make_data({5, tpm == Tp::Tp2Sp ? 7 : 6}, c.vocab, 4);
   r.loss2 = m.forward_backward(d2.input(), 0.5f);
   r.grads = grads_of(m);
   r.fwd_loss = m.forward_loss(d.input());
+  if (tpm == Tp::Tp2Sp) return r;
   const std::vector<int> rows = {10, 0, 6};
   r.logits.resize(rows.size() * c.vocab);
   m.forward_logits(d2.input(), rows, r.logits.data());
@@ -130,11 +141,11 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // In the child: the guarded run, compared with the CPU run; exits 0 only when all agree.
-// pipeline: the stage path (run_stages) instead of run's; lora: run_lora.
+// pipeline: the stage path (run_stages) instead of run's; lora: run_lora; tp: run's layout.
 [[noreturn]] void guarded_child(Family f, Recompute rc, DType act, bool pipeline = false,
-                                bool lora = false) {
+                                bool lora = false, Tp tp = Tp::None) {
   auto go = [&](Backend& be) {
-    return lora ? run_lora(be) : pipeline ? run_stages(be) : run(be, f, rc, act);
+    return lora ? run_lora(be) : pipeline ? run_stages(be) : run(be, f, rc, act, tp);
   };
   const Result want = go(cpu_backend());
   test::GuardedBackend g;
@@ -207,6 +218,24 @@ TEST(DeviceAgnostic, PipelineStagesTouchNoBufferOutsideTheBackend) {
               ::testing::ExitedWithCode(0), "");
 }
 
+// Tensor parallelism (vocabulary-parallel embedding and cross-entropy, the Linears' edges, the
+// logits gathered into rows) and sequence parallelism: no host loop left in their paths.
+TEST(DeviceAgnostic, TensorParallelTouchesNoBufferOutsideTheBackend) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child(Family::GPT2, Recompute::None, DType::F32, false, false, Tp::Tp2),
+              ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child(Family::Llama, Recompute::Selective, DType::F32, false, false, Tp::Tp2),
+              ::testing::ExitedWithCode(0), "");
+}
+
+TEST(DeviceAgnostic, SequenceParallelTouchesNoBufferOutsideTheBackend) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child(Family::GPT2, Recompute::None, DType::F32, false, false, Tp::Tp2Sp),
+              ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child(Family::Llama, Recompute::Full, DType::F32, false, false, Tp::Tp2Sp),
+              ::testing::ExitedWithCode(0), "");
+}
+
 TEST(DeviceAgnostic, LoraAdaptersTouchNoBufferOutsideTheBackend) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(guarded_child(Family::Llama, Recompute::None, DType::F32, false, true),
@@ -245,4 +274,68 @@ TEST(DeviceAgnostic, HostAccessToParametersIsRefusedNamingTheOperation) {
   ref.params().init(3);
   EXPECT_TRUE(same(values_of(m), values_of(ref)));
   EXPECT_NE(g.memory_report().find("parameters"), std::string::npos) << g.memory_report();
+}
+
+// A tensor-parallel layout assembled by hand without its communication holds its shard's
+// parameters (as checkpoint consolidation uses it) but runs no step: a clear error, no fault.
+TEST(TensorParallelLayout, WithoutItsCommunicationRefusesToRun) {
+  ModelConfig c = tiny(Family::GPT2);
+  test::MirrorCommunicator mirror(cpu_backend());
+  TensorParallel tp{2, 0, false, &mirror};
+  Decoder m(c, cpu_backend(), Recompute::None, DType::F32, tp);
+  EXPECT_EQ(m.params().info("embed.wte").shape[0], c.vocab / 2);
+  m.params().init(1);
+  Data d = test::make_data({4, 4}, c.vocab, 1);
+  try {
+    m.forward_backward(d.input(), 1.f);
+    FAIL() << "a step ran without the layout's communication";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel::tensor_parallel_layout"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The same for expert parallelism: the MoE layers hold this rank's experts, and a step refuses,
+// naming the function that brings the exchange.
+TEST(ExpertParallelLayout, WithoutItsExchangeRefusesToRun) {
+  ModelConfig c = tiny(Family::Llama);
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.validate();
+  test::MirrorCommunicator mirror(cpu_backend());
+  ExpertParallel ep;
+  ep.size = 2;
+  ep.comm = &mirror;
+  Decoder m(c, cpu_backend(), Recompute::None, DType::F32, {}, ep);
+  EXPECT_EQ(m.params().info("blocks.0.moe.experts.w1").shape[0], 2);
+  m.params().init(1);
+  Data d = test::make_data({4, 4}, c.vocab, 1);
+  try {
+    m.forward_backward(d.input(), 1.f);
+    FAIL() << "a step ran without the layout's expert exchange";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel::expert_parallel_layout"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A one-rank group with its communication (what the trainer builds from a one-rank world) is
+// the one-process model bit for bit: the sliced vocabulary ops are not used for one slice.
+TEST(TensorParallelLayout, OneRankIsTheOneProcessModelBitForBit) {
+  ModelConfig c = tiny(Family::Llama);
+  auto self = comm::make_self_communicator();
+  Decoder a(c, cpu_backend());
+  Decoder b(c, cpu_backend(), Recompute::None, DType::F32,
+            parallel::with_tensor_parallel_ops({1, 0, false, self.get()}));
+  Data d = test::make_data({9, 7}, c.vocab, 3);
+  std::vector<float> ga, gb;
+  double la = 0, lb = 0;
+  for (Decoder* m : {&a, &b}) {
+    m->params().init(7);
+    m->params().zero_grad();
+    (m == &a ? la : lb) = m->forward_backward(d.input(), 0.25f);
+    (m == &a ? ga : gb).assign(m->params().grad(), m->params().grad() + m->params().total());
+  }
+  EXPECT_EQ(la, lb);
+  EXPECT_TRUE(same(ga, gb));
 }

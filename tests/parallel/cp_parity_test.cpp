@@ -84,7 +84,7 @@ void check_cp(Family f, int cp, bool packed, int zero, int tp = 1, bool moe = fa
   StepLog ref = reference(cfg, kMicros * D, packed);
 
   TensorParallel tpl;
-  if (tp > 1) tpl = {tp, pg.tp().rank(), false, &pg.tp()};
+  if (tp > 1) tpl = with_tensor_parallel_ops({tp, pg.tp().rank(), false, &pg.tp()});
   ExpertParallel epl;
   if (ep > 1) epl = expert_parallel_layout(pg);
   Decoder model(cfg, cpu_backend(), Recompute::None, DType::F32, tpl, epl);

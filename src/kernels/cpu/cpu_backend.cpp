@@ -128,6 +128,34 @@ class CpuBackend final : public Backend {
                           int C) override {
     cpu::embedding_backward(dtable, dout, ids, N, C);
   }
+  void embedding_forward_slice(float* out, const int32_t* ids, const float* table, int N, int C,
+                               int v0, int V) override {
+    cpu::embedding_forward_slice(out, ids, table, N, C, v0, V);
+  }
+  void embedding_backward_slice(float* dtable, const float* dout, const int32_t* ids, int N, int C,
+                                int v0, int V) override {
+    cpu::embedding_backward_slice(dtable, dout, ids, N, C, v0, V);
+  }
+  void cross_entropy_slice_max(float* mx, const float* logits, int N, int V) override {
+    cpu::cross_entropy_slice_max(mx, logits, N, V);
+  }
+  void cross_entropy_slice_sums(float* se, float* tl, const float* logits, const float* mx,
+                                const int32_t* targets, int N, int V, int v0) override {
+    cpu::cross_entropy_slice_sums(se, tl, logits, mx, targets, N, V, v0);
+  }
+  void cross_entropy_slice_finish(float* losses, float* dlogits, const float* logits,
+                                  const float* mx, const float* se, const float* tl,
+                                  const int32_t* targets, int N, int V, int v0, float dloss,
+                                  const float* weights) override {
+    cpu::cross_entropy_slice_finish(losses, dlogits, logits, mx, se, tl, targets, N, V, v0, dloss,
+                                    weights);
+  }
+  void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t row_bytes,
+               size_t rows) override {
+    for (size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                  row_bytes);
+  }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C, float eps) override {
     cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);

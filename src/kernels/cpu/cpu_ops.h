@@ -44,6 +44,17 @@ void softmax_forward(float* out, const float* inp, int rows, int cols);
 void softmax_backward(float* dinp, const float* out, const float* dout, int rows, int cols);
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                    int N, int V, float dloss, const float* weights = nullptr);
+// Vocabulary-slice ops (Backend's tensor-parallel block; vocab_slice.cpp).
+void embedding_forward_slice(float* out, const int32_t* ids, const float* table, int N, int C,
+                             int v0, int V);
+void embedding_backward_slice(float* dtable, const float* dout, const int32_t* ids, int N, int C,
+                              int v0, int V);
+void cross_entropy_slice_max(float* mx, const float* logits, int N, int V);
+void cross_entropy_slice_sums(float* se, float* tl, const float* logits, const float* mx,
+                              const int32_t* targets, int N, int V, int v0);
+void cross_entropy_slice_finish(float* losses, float* dlogits, const float* logits, const float* mx,
+                                const float* se, const float* tl, const int32_t* targets, int N,
+                                int V, int v0, float dloss, const float* weights);
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,
                        float scale);

@@ -14,6 +14,7 @@
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/vocab_slice.h"
 
 namespace loom {
 namespace {
@@ -359,6 +360,38 @@ void CudaBackend::embedding_backward(float* dtable, const float* dout, const int
   const size_t bytes = cuda::embedding_backward_scratch(N);
   void* scratch = ws_->take(bytes, "embedding_backward sort buffers");
   cuda::embedding_backward(impl_->stream, dtable, dout, ids, N, C, scratch, bytes, impl_->err);
+}
+
+// ---- vocabulary-slice ops (tensor parallelism; vocab_slice.cu)
+
+void CudaBackend::embedding_forward_slice(float* out, const int32_t* ids, const float* table, int N,
+                                          int C, int v0, int V) {
+  cuda::embedding_forward_slice(impl_->stream, out, ids, table, N, C, v0, V);
+}
+void CudaBackend::embedding_backward_slice(float* dtable, const float* dout, const int32_t* ids,
+                                           int N, int C, int v0, int V) {
+  cuda::embedding_backward_slice(impl_->stream, dtable, dout, ids, N, C, v0, V);
+}
+void CudaBackend::cross_entropy_slice_max(float* mx, const float* logits, int N, int V) {
+  cuda::cross_entropy_slice_max(impl_->stream, mx, logits, N, V);
+}
+void CudaBackend::cross_entropy_slice_sums(float* se, float* tl, const float* logits,
+                                           const float* mx, const int32_t* targets, int N, int V,
+                                           int v0) {
+  cuda::cross_entropy_slice_sums(impl_->stream, se, tl, logits, mx, targets, N, V, v0);
+}
+void CudaBackend::cross_entropy_slice_finish(float* losses, float* dlogits, const float* logits,
+                                             const float* mx, const float* se, const float* tl,
+                                             const int32_t* targets, int N, int V, int v0,
+                                             float dloss, const float* weights) {
+  cuda::cross_entropy_slice_finish(impl_->stream, losses, dlogits, logits, mx, se, tl, targets, N,
+                                   V, v0, dloss, weights);
+}
+void CudaBackend::copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch,
+                          size_t row_bytes, size_t rows) {
+  if (rows == 0 || row_bytes == 0) return;
+  LOOM_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, row_bytes, rows,
+                                    cudaMemcpyDeviceToDevice, impl_->stream));
 }
 
 void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp,

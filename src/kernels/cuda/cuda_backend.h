@@ -126,6 +126,19 @@ class CudaBackend final : public Backend {
                          bool accumulate) override;
   void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N,
                           int C) override;
+  void embedding_forward_slice(float* out, const int32_t* ids, const float* table, int N, int C,
+                               int v0, int V) override;
+  void embedding_backward_slice(float* dtable, const float* dout, const int32_t* ids, int N, int C,
+                                int v0, int V) override;
+  void cross_entropy_slice_max(float* mx, const float* logits, int N, int V) override;
+  void cross_entropy_slice_sums(float* se, float* tl, const float* logits, const float* mx,
+                                const int32_t* targets, int N, int V, int v0) override;
+  void cross_entropy_slice_finish(float* losses, float* dlogits, const float* logits,
+                                  const float* mx, const float* se, const float* tl,
+                                  const int32_t* targets, int N, int V, int v0, float dloss,
+                                  const float* weights) override;
+  void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t row_bytes,
+               size_t rows) override;
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C, float eps) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,

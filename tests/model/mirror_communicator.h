@@ -1,0 +1,66 @@
+// A tensor-parallel group of two ranks played by one process: rank 0, whose partner is assumed
+// to hold the same data (a mirror). Sums double (x + x), maxima stay, gathers copy this rank's
+// block into the partner's, reduce-scatters give twice this rank's block. Every byte moves
+// through a Backend op (copy_d2d, scale_inplace), so a model run over it on a guarded backend
+// (tests/kernels/guarded_backend.h) exercises the tensor-parallel paths end to end, with the
+// communication where a device communicator (NCCL) would do it: a host loop anywhere in those
+// paths faults. The numbers are not a real two-rank model's (tests/parallel checks those).
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "kernels/backend.h"
+
+namespace loom::test {
+
+class MirrorCommunicator final : public comm::Communicator {
+ public:
+  explicit MirrorCommunicator(Backend& be) : be_(be) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  int world_rank_of(int r) const override { return r; }
+  std::string name() const override { return "mirror"; }
+
+  comm::Work all_reduce_async(void* buf, int64_t n, DType t, comm::ReduceOp op) override {
+    LOOM_CHECK(t == DType::F32, "mirror communicator: fp32 reductions only");
+    if (op == comm::ReduceOp::Sum) be_.scale_inplace(static_cast<float*>(buf), 2.f, n);
+    return {};
+  }
+  comm::Work reduce_scatter_async(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                  DType t, comm::ReduceOp op) override {
+    LOOM_CHECK(t == DType::F32 && op == comm::ReduceOp::Sum, "mirror communicator: fp32 sums");
+    be_.copy_d2d(recv, send, size_t(counts[0]) * sizeof(float));
+    be_.scale_inplace(static_cast<float*>(recv), 2.f, counts[0]);
+    return {};
+  }
+  comm::Work all_gather_async(void* buf, const std::vector<int64_t>& counts, DType t) override {
+    const size_t bytes = size_t(counts[0]) * dtype_size(t);
+    be_.copy_d2d(static_cast<char*>(buf) + bytes, buf, bytes);
+    return {};
+  }
+  comm::Work reduce_scatter_bf16_async(const uint16_t*, float*,
+                                       const std::vector<int64_t>&) override {
+    refuse();
+  }
+  comm::Work broadcast_async(void*, int64_t, DType, int) override { return {}; }
+  comm::Work send_async(const void*, int64_t, DType, int, int) override { refuse(); }
+  comm::Work recv_async(void*, int64_t, DType, int, int) override { refuse(); }
+  comm::Work all_to_all_async(const void*, void*, int64_t, DType) override { refuse(); }
+  void barrier() override {}
+  void all_reduce_f64(double* buf, int64_t n, comm::ReduceOp op) override {
+    if (op == comm::ReduceOp::Sum)
+      for (int64_t i = 0; i < n; ++i) buf[i] *= 2;
+  }
+  std::unique_ptr<Communicator> split(int, int, const std::string&) override { refuse(); }
+
+ private:
+  [[noreturn]] static void refuse() { fail("mirror communicator: operation not modelled"); }
+  Backend& be_;
+};
+
+}  // namespace loom::test
