@@ -103,9 +103,9 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
   reducer_ = std::make_unique<GradReducer>(
       P_, dp_, shards_, opt_.zero, opt_.bucket_elems, opt_.overlap, opt_.grad_reduce_dtype, be_,
       opt_.zero >= 1 ? gshard_.data<float>() : nullptr, stages);
-  model_.on_grads_ready = [this](int layer) {
+  grads_ready_id_ = model_.on_grads_ready.subscribe([this](int layer) {
     reducer_->on_ready(layer >= 0 ? n_layer_ - 1 - layer : n_layer_);
-  };
+  });
   if (opt_.zero >= 2) release_memory(P_.grad(), total_);
   if (experts_sharded()) release_memory(P_.grad() + expert_lo_, expert_hi_ - expert_lo_);
   // ZeRO-3: a model initialised outside holds every block; keep only the gathered parameters.
@@ -116,7 +116,7 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
 DataParallel::~DataParallel() {
   reducer_.reset();   // waits for the reductions in flight
   gatherer_.reset();  // and the gathers; unhooks the blocks
-  model_.on_grads_ready = nullptr;
+  model_.on_grads_ready.unsubscribe(grads_ready_id_);
 }
 
 void DataParallel::draw_initial_weights(uint64_t seed) {

@@ -188,6 +188,7 @@ class DataParallel : public Optimizer {
   Tensor egshard_;                      // ZeRO-3: the experts' reduced gradients on [elo_, ehi_)
   int micro_ = 0, micros_ = 1;
   std::unique_ptr<GradReducer> reducer_;
+  int64_t grads_ready_id_ = -1;  // our subscription to the model's on_grads_ready
   std::unique_ptr<ParamGatherer> gatherer_;  // ZeRO >= 1
 };
 

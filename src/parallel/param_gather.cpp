@@ -32,16 +32,16 @@ ParamGatherer::ParamGatherer(Decoder& model, ParamSet& P, comm::Communicator& dp
     return;
   }
   build_units();
-  model_.before_block = [this](int l, bool bwd) { before(l, bwd); };
-  model_.after_block = [this](int l, bool bwd) { after(l, bwd); };
+  before_id_ = model_.before_block.subscribe([this](int l, bool bwd) { before(l, bwd); });
+  after_id_ = model_.after_block.subscribe([this](int l, bool bwd) { after(l, bwd); });
 }
 
 ParamGatherer::~ParamGatherer() {
   for (auto& u : units_)
     for (auto& p : u.pieces) p.work.wait();
   if (blocks_) {
-    model_.before_block = nullptr;
-    model_.after_block = nullptr;
+    model_.before_block.unsubscribe(before_id_);
+    model_.after_block.unsubscribe(after_id_);
   }
 }
 

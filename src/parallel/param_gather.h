@@ -68,6 +68,7 @@ class ParamGatherer {
   void release_unit(int layer);
 
   Decoder& model_;
+  int64_t before_id_ = -1, after_id_ = -1;  // our subscriptions to the model's block hooks
   ParamSet& P_;
   comm::Communicator& dp_;
   FlatShards dense_;
