@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/backend.h"
+#include "parallel/tensor_parallel.h"
 #include "rl/rl_checkpoint.h"
 #include "rl/trajectory_wire.h"
 #include "rl/weight_sync.h"
@@ -194,6 +195,7 @@ void MpiGrpo::setup_tensor_parallel() {
   tp.size = T_;
   tp.rank = tp_->rank();
   tp.comm = tp_.get();
+  tp = parallel::with_tensor_parallel_ops(tp);  // the layers' communication over that group
   shard_ =
       std::make_unique<Decoder>(policy_.config(), cpu_backend(), Recompute::None, DType::F32, tp);
   // The starting weights: the reference model (beta > 0) copies them from the shard.
