@@ -107,6 +107,14 @@ TEST(PagedAttention, DecodesMatchDense) {
     run_case({8, 2, 32, 16, {{0, 1}, {15, 1}, {16, 1}, {40, 1}, {63, 1}}, dt}, 1);
 }
 
+// Head dimensions the vector dot product splits differently (pairs of 16 lanes, a last single
+// vector, the scalar loop), over many blocks (each one's successor prefetched).
+TEST(PagedAttention, DecodesMatchDenseForEveryHeadDimension) {
+  for (int D : {48, 80, 24, 12})
+    for (DType dt : {DType::F32, DType::BF16})
+      run_case({4, 2, D, 8, {{0, 1}, {7, 1}, {8, 1}, {100, 1}, {200, 3}}, dt}, 7 + D);
+}
+
 TEST(PagedAttention, ChunkedPrefillMatchesDense) {
   for (DType dt : {DType::F32, DType::BF16}) {
     run_case({4, 4, 16, 16, {{0, 37}, {16, 16}, {5, 30}, {33, 1}}, dt}, 2);    // MHA

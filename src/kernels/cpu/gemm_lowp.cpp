@@ -40,6 +40,14 @@ inline float widen(uint8_t w) {
   return (w & 0x80) != 0 ? -mag : mag;
 }
 
+// The GEMV sums fp8 weights at 2^-8 times their value (what the fp16 converter gives, see
+// widen16_gemv) and multiplies the lanes' sum back: one multiply per 16 weights fewer, the same
+// bits (scaling every term by a power of two scales every rounding alike).
+template <typename W>
+constexpr float kGemvUnscale = 1.f;
+template <>
+constexpr float kGemvUnscale<uint8_t> = 256.f;
+
 // Rows [n0, n1) of y for the M inputs, one weight row at a time: y[m, n] = sum_k x[m, k] w[n, k]
 // in a fixed order (16 lanes, each summing k = lane, lane + 16, ...; then the lanes pairwise;
 // then the tail), the same whatever M or the thread.
@@ -53,10 +61,11 @@ void gemv_rows_scalar(float* y, const float* x, const W* w, const float* scale, 
       const float* xr = x + int64_t(m) * K;
       float lane[16] = {};
       for (int k = 0; k < K16; k += 16)
-        for (int l = 0; l < 16; ++l) lane[l] = std::fma(widen(wr[k + l]), xr[k + l], lane[l]);
+        for (int l = 0; l < 16; ++l)
+          lane[l] = std::fma(widen(wr[k + l]) * (1.f / kGemvUnscale<W>), xr[k + l], lane[l]);
       for (int s = 8; s >= 1; s /= 2)
         for (int l = 0; l < s; ++l) lane[l] += lane[l + s];
-      float acc = lane[0];
+      float acc = lane[0] * kGemvUnscale<W>;
       for (int k = K16; k < K; ++k) acc = std::fma(widen(wr[k]), xr[k], acc);
       if (scale) acc *= scale[n];
       y[int64_t(m) * N + n] = acc + (b ? b[n] : 0.f);
@@ -89,6 +98,20 @@ __attribute__((target("avx512f"))) inline __m512 widen16(const uint8_t* p) {
   const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(q), 7),
                                      _mm256_set1_epi16(int16_t(0xBFFF)));
   return _mm512_mul_ps(_mm512_maskz_cvtph_ps(__mmask16(0xFFFF), h), _mm512_set1_ps(256.f));
+}
+
+// What the GEMV multiplies: the widened weights, divided by kGemvUnscale<W> (fp8: the fp16
+// conversion alone).
+template <typename W>
+__attribute__((target("avx512f"))) inline __m512 widen16_gemv(const W* p) {
+  return widen16(p);
+}
+template <>
+__attribute__((target("avx512f"))) inline __m512 widen16_gemv(const uint8_t* p) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(q), 7),
+                                     _mm256_set1_epi16(int16_t(0xBFFF)));
+  return _mm512_maskz_cvtph_ps(__mmask16(0xFFFF), h);
 }
 
 // The lanes of v summed exactly as the scalar loop sums them: lane l += lane l + 8 (l < 8), then
@@ -141,14 +164,14 @@ __attribute__((target("avx512f"))) inline void gemv_tile_avx512(float* y, const 
     for (int i = 0; i < MB; ++i) xv[i] = _mm512_loadu_ps(xr[i] + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 wv = widen16(wr[r] + k);
+      const __m512 wv = widen16_gemv(wr[r] + k);
 #pragma GCC unroll 4
       for (int i = 0; i < MB; ++i) acc[r][i] = _mm512_fmadd_ps(wv, xv[i], acc[r][i]);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < MB; ++i) {
-      float a = reduce_lanes(acc[r][i]);
+      float a = reduce_lanes(acc[r][i]) * kGemvUnscale<W>;
       for (int k = K16; k < K; ++k) a = std::fma(widen(wr[r][k]), xr[i][k], a);
       if (scale) a *= scale[n + r];
       y[int64_t(m0 + i) * N + n + r] = a + (b ? b[n + r] : 0.f);

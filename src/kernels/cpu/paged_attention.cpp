@@ -1,5 +1,6 @@
 #include "kernels/cpu/paged_attention.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/simd_math.h"
 
 namespace loom::cpu {
 
@@ -50,6 +52,33 @@ inline void load_row(float* dst, const void* base, DType dt, int64_t off, int D)
 }
 
 constexpr int kQueryTile = 16;
+
+// sum_d a[d] b[d] in a fixed order. The compiler's own reduction of a vectorised loop adds the
+// 16 lanes one after another (16 dependent scalar adds per dot, more than its FMAs): a head
+// dimension of whole vectors is summed in two vector chains and a tree of lanes instead.
+inline float dot(const float* a, const float* b, int D) {
+#ifdef __AVX512F__
+  if (D % 16 == 0) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int d = 0;
+    for (; d + 32 <= D; d += 32) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + d + 16), _mm512_loadu_ps(b + d + 16), s1);
+    }
+    if (d < D) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), s0);
+    // Zero-masked shuffles: GCC 12 warns that the plain ones read an undefined register.
+    const __mmask16 all = 0xFFFF;
+    const __m512 v = _mm512_add_ps(s0, s1);
+    const __m512 x = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, 0xEE));
+    const __m512 y = _mm512_add_ps(x, _mm512_maskz_shuffle_f32x4(all, x, x, 0x55));
+    const __m512 z = _mm512_add_ps(y, _mm512_maskz_permute_ps(all, y, 0x4E));
+    return _mm512_cvtss_f32(_mm512_add_ps(z, _mm512_maskz_permute_ps(all, z, 0xB1)));
+  }
+#endif
+  float s = 0;
+  for (int d = 0; d < D; ++d) s = std::fma(a[d], b[d], s);
+  return s;
+}
 
 }  // namespace
 
@@ -121,11 +150,11 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
 #pragma omp parallel
   {
     // Per (query, kv head of the range, query head of its group): the online softmax's running
-    // maximum m, sum l and output acc, and one block's scores.
+    // maximum m, sum l and output acc; one block's scores (then weights) of one row.
     const size_t rows = size_t(kQueryTile) * max_heads * group;
-    std::vector<float> kbuf(size_t(bs) * max_heads * D), vbuf(kbuf.size()), acc(rows * D);
-    std::vector<const float*> krow(size_t(bs) * max_heads), vrow(krow.size());
-    std::vector<float> scores(rows * bs), m(rows), l(rows);
+    const bool f32 = c.dtype == DType::F32;
+    std::vector<float> kbuf(f32 ? 0 : size_t(bs) * max_heads * D), vbuf(kbuf.size());
+    std::vector<float> acc(rows * D), m(rows), l(rows), s(static_cast<size_t>(bs));
 #pragma omp for schedule(dynamic)
     for (size_t w = 0; w < items.size(); ++w) {
       const Item& it = items[w];
@@ -137,66 +166,102 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
       std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
       std::fill(l.begin(), l.end(), 0.0f);
       const int last_pos = ch.start_pos + it.q1 - 1;  // the tile's last query sees [0, last_pos]
+      // Row (position j of the block, head h of the range) is at kb + j * lds + h * D: in place
+      // for fp32 (a slot holds every head), in kbuf/vbuf for bf16 (the range's heads, widened).
+      const int64_t lds = f32 ? int64_t(Hkv) * D : int64_t(nh) * D;
       for (int p0 = 0; p0 <= last_pos; p0 += bs) {
-        // One block of keys/values, shared by the tile's queries and heads: fp32 rows read in
-        // place, bf16 rows converted once.
         const int nk = std::min(bs, last_pos + 1 - p0);
-        for (int j = 0; j < nk; ++j)
-          for (int h = 0; h < nh; ++h) {
-            const int64_t off = slot_offset(c, ch.block_table, p0 + j, it.h0 + h);
-            const size_t e = size_t(j) * nh + h;
-            if (c.dtype == DType::F32) {
-              krow[e] = static_cast<const float*>(c.k) + off;
-              vrow[e] = static_cast<const float*>(c.v) + off;
-            } else {
-              load_row(kbuf.data() + e * D, c.k, c.dtype, off, D);
-              load_row(vbuf.data() + e * D, c.v, c.dtype, off, D);
-              krow[e] = kbuf.data() + e * D;
-              vrow[e] = vbuf.data() + e * D;
-            }
+        // One block's slots are consecutive: one table look-up per block, not per row (the
+        // division by a run-time block size per row and head cost more than the row's dot).
+        const int64_t slot0 = int64_t(ch.block_table[p0 / bs]) * bs;
+        const int64_t off0 = (slot0 * Hkv + it.h0) * D;
+        const float *kb, *vb;
+        if (f32) {
+          kb = static_cast<const float*>(c.k) + off0;
+          vb = static_cast<const float*>(c.v) + off0;
+        } else {
+          for (int j = 0; j < nk; ++j) {
+            load_row(kbuf.data() + j * lds, c.k, c.dtype, off0 + j * int64_t(Hkv) * D, nh * D);
+            load_row(vbuf.data() + j * lds, c.v, c.dtype, off0 + j * int64_t(Hkv) * D, nh * D);
           }
-        for (int i = 0; i < nq; ++i) {
-          const int qpos = ch.start_pos + it.q0 + i;
-          const int visible = std::min(nk, qpos - p0 + 1);  // causal
-          if (visible <= 0) continue;
-          const float* qi = q + (it.row0 + it.q0 + i) * ldq;
-          // Scores position by position, heads inside (memory order); each row's terms are
-          // summed in the same order as one head at a time would.
-          for (int j = 0; j < visible; ++j)
-            for (int h = 0; h < nh; ++h) {
-              const float* kr = krow[size_t(j) * nh + h];
-              for (int g = 0; g < group; ++g) {
-                const float* qr = qi + size_t((it.h0 + h) * group + g) * D;
-                float dot = 0;
-#pragma omp simd reduction(+ : dot)
-                for (int d = 0; d < D; ++d) dot += qr[d] * kr[d];
-                scores[rix(i, h, g) * bs + j] = dot * scale;
+          kb = kbuf.data();
+          vb = vbuf.data();
+        }
+        // The next block's rows of head h are fetched while head h of this one is summed (a
+        // head's rows are Hkv * D apart, which the hardware prefetcher follows late; all of the
+        // next block's rows at once overfill the line-fill buffers).
+        const int next_nk = std::min(bs, last_pos + 1 - p0 - bs);
+        const size_t esz = f32 ? 4 : 2, stride = size_t(Hkv) * D * esz;
+        const char *nkb = nullptr, *nvb = nullptr;
+        if (next_nk > 0) {
+          const int64_t next = (int64_t(ch.block_table[p0 / bs + 1]) * bs * Hkv + it.h0) * D;
+          nkb = static_cast<const char*>(c.k) + next * esz;
+          nvb = static_cast<const char*>(c.v) + next * esz;
+        }
+        for (int h = 0; h < nh; ++h) {
+          if (next_nk > 0)
+            for (int j = 0; j < next_nk; ++j)
+              for (size_t o = 0; o < D * esz; o += 64) {
+                __builtin_prefetch(nkb + j * stride + h * D * esz + o);
+                __builtin_prefetch(nvb + j * stride + h * D * esz + o);
               }
-            }
-          for (int h = 0; h < nh; ++h)
+          for (int i = 0; i < nq; ++i) {
+            const int qpos = ch.start_pos + it.q0 + i;
+            const int visible = std::min(nk, qpos - p0 + 1);  // causal
+            if (visible <= 0) continue;
+            const float* qi = q + (it.row0 + it.q0 + i) * ldq;
             for (int g = 0; g < group; ++g) {
               const size_t r = rix(i, h, g);
-              const float* sc = scores.data() + r * bs;
+              const float* qr = qi + size_t((it.h0 + h) * group + g) * D;
+              // The block's scores, then the online softmax's rescale, then the weighted
+              // values: every row sums its positions in order (the bits do not depend on the
+              // threads or the tiling).
               float bmax = -std::numeric_limits<float>::infinity();
-              for (int j = 0; j < visible; ++j) bmax = std::max(bmax, sc[j]);
+              for (int j = 0; j < visible; ++j) {
+                const float* kr = kb + j * lds + int64_t(h) * D;
+                s[j] = dot(qr, kr, D) * scale;
+                bmax = std::max(bmax, s[j]);
+              }
               const float new_m = std::max(m[r], bmax);
-              const float correction = std::exp(m[r] - new_m);  // 0 on the first block
-              float* a = acc.data() + r * D;
-              l[r] *= correction;
-              for (int d = 0; d < D; ++d) a[d] *= correction;
+              const float correction = fast_exp(m[r] - new_m);  // 0 on the first block
               m[r] = new_m;
-            }
-          for (int j = 0; j < visible; ++j)
-            for (int h = 0; h < nh; ++h) {
-              const float* vr = vrow[size_t(j) * nh + h];
-              for (int g = 0; g < group; ++g) {
-                const size_t r = rix(i, h, g);
-                const float pj = std::exp(scores[r * bs + j] - m[r]);
-                l[r] += pj;
-                float* a = acc.data() + r * D;
-                for (int d = 0; d < D; ++d) a[d] += pj * vr[d];
+              float sum = 0;
+#pragma omp simd reduction(+ : sum)
+              for (int j = 0; j < visible; ++j) {
+                s[j] = fast_exp(s[j] - new_m);
+                sum += s[j];
+              }
+              l[r] = l[r] * correction + sum;
+              float* a = acc.data() + r * D;
+              const float* vh = vb + int64_t(h) * D;
+              // Positions in pairs: half the passes over the accumulator (its loads and stores).
+              int j = 0;
+              if (visible >= 2) {
+                const float* v0 = vh;
+                const float* v1 = vh + lds;
+#pragma omp simd
+                for (int d = 0; d < D; ++d)
+                  a[d] = (a[d] * correction + s[0] * v0[d]) + s[1] * v1[d];
+                j = 2;
+              } else {
+#pragma omp simd
+                for (int d = 0; d < D; ++d) a[d] *= correction;
+              }
+              for (; j + 2 <= visible; j += 2) {
+                const float* v0 = vh + j * lds;
+                const float* v1 = v0 + lds;
+                const float p0w = s[j], p1w = s[j + 1];
+#pragma omp simd
+                for (int d = 0; d < D; ++d) a[d] = (a[d] + p0w * v0[d]) + p1w * v1[d];
+              }
+              if (j < visible) {
+                const float* v0 = vh + j * lds;
+                const float pw = s[j];
+#pragma omp simd
+                for (int d = 0; d < D; ++d) a[d] += pw * v0[d];
               }
             }
+          }
         }
       }
       for (int i = 0; i < nq; ++i)

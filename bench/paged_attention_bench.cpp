@@ -1,0 +1,131 @@
+// Decode attention over the paged KV cache (cpu::paged_attention) on gpt2-124m's shape: one
+// token's 12 layers for --streams sequences of --context cached positions, fp32 and bf16 pools.
+// Between tokens a buffer the size of the int8 weights (128 MB) is read, as the GEMVs would, so
+// the keys and values come from memory, not the caches. Prints microseconds per token (all
+// layers) and the KV bytes read per second, beside the load average.
+//
+//   bench_paged_attention [--threads N] [--context C] [--streams S] [--reps R]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/paged_attention.h"
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double load1() {
+  double l = -1;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 1, context = 192, streams = 1, reps = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const int v = std::atoi(argv[i + 1]);
+    if (a == "--threads")
+      threads = v;
+    else if (a == "--context")
+      context = v;
+    else if (a == "--streams")
+      streams = v;
+    else if (a == "--reps")
+      reps = v;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (threads < 1 || context < 1 || streams < 1 || reps < 1) {
+    std::fprintf(stderr, "--threads, --context, --streams and --reps must be positive\n");
+    return 2;
+  }
+  omp_set_num_threads(threads);
+  using namespace loom;
+  const int layers = 12, H = 12, D = 64, bs = 16, ld = 3 * H * D;
+  const float scale = 0.125f;
+  const int blocks_per_seq = (context + bs - 1) / bs;
+  const int num_blocks = blocks_per_seq * streams;
+  // Each stream's blocks shuffled over the pool, as a served cache's are.
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(1));
+  std::vector<cpu::PagedChunk> chunks(streams);
+  for (int s = 0; s < streams; ++s)
+    chunks[s] = {1, context - 1, ids.data() + size_t(s) * blocks_per_seq, blocks_per_seq};
+  std::vector<float> q(size_t(streams) * ld, 0.01f), out(size_t(streams) * H * D);
+  std::vector<char> flush(size_t(128) << 20, 1);
+  const size_t pool = size_t(num_blocks) * bs * H * D;
+  std::printf(
+      "paged attention, gpt2-124m shape (12 layers x 12 heads x 64), context %d, %d "
+      "stream(s), %d thread(s)\n",
+      context, streams, threads);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const size_t esz = dt == DType::F32 ? 4 : 2;
+    std::vector<std::vector<char>> k(layers), v(layers);
+    std::mt19937 rng(2);
+    std::uniform_real_distribution<float> ud(-1, 1);
+    for (int l = 0; l < layers; ++l) {
+      k[l].resize(pool * esz);
+      v[l].resize(pool * esz);
+      for (size_t e = 0; e < pool; ++e) {
+        const float a = ud(rng), b = ud(rng);
+        if (dt == DType::F32) {
+          std::memcpy(k[l].data() + e * 4, &a, 4);
+          std::memcpy(v[l].data() + e * 4, &b, 4);
+        } else {
+          const uint16_t ha = f32_to_bf16(a), hb = f32_to_bf16(b);
+          std::memcpy(k[l].data() + e * 2, &ha, 2);
+          std::memcpy(v[l].data() + e * 2, &hb, 2);
+        }
+      }
+    }
+    for (float& x : q) x = ud(rng);
+    double best = 1e30, total = 0;
+    volatile long sink = 0;
+    for (int r = 0; r < reps; ++r) {
+      long s = 0;
+      for (size_t i = 0; i < flush.size(); i += 64) s += flush[i];
+      sink = sink + s;
+      const double t0 = now_s();
+      for (int l = 0; l < layers; ++l) {
+        cpu::PagedKvLayer c;
+        c.k = k[l].data();
+        c.v = v[l].data();
+        c.dtype = dt;
+        c.num_blocks = num_blocks;
+        c.block_size = bs;
+        c.n_kv_head = H;
+        c.head_dim = D;
+        cpu::paged_attention(out.data(), q.data(), ld, c, chunks.data(), streams, H, scale);
+      }
+      const double t = now_s() - t0;
+      best = std::min(best, t);
+      total += t;
+    }
+    const double bytes = 2.0 * layers * streams * context * H * D * esz;
+    std::printf("  %s cache: best %.1f us/token (mean %.1f), %.2f MB of KV, %.1f GB/s; load %.2f\n",
+                dt == DType::F32 ? "fp32" : "bf16", best * 1e6, total / reps * 1e6, bytes / 1e6,
+                bytes / best / 1e9, load1());
+  }
+  return 0;
+}
