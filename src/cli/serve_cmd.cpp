@@ -74,6 +74,7 @@ int run_serve_here(const Args& args) {
       .value("kv-cache-mb", "512", "KV cache size")
       .value("max-queue", "256", "requests waiting or running; more get 503")
       .value("max-tokens", "256", "default max_tokens of a request")
+      .value("max-body-mb", "16", "largest request body accepted (413 past it)")
       .value("drain-timeout", "30", "seconds to let requests finish on SIGTERM")
       .value("weights", "fp32",
              "linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with per-channel "
@@ -87,6 +88,7 @@ int run_serve_here(const Args& args) {
   so.port = static_cast<int>(o.get_int("port", 0, 65535));
   so.model_name = o.get("model-name");
   so.default_max_tokens = static_cast<int>(o.get_int("max-tokens", 1, 1 << 20));
+  so.max_body_bytes = size_t(o.get_int("max-body-mb", 1, 4096)) << 20;
   const double drain = static_cast<double>(o.get_int("drain-timeout", 0, 3600));
   const infer::WeightType weights = infer::weight_type_from_name(o.get("weights"));
   infer::EngineConfig ec;

@@ -75,6 +75,7 @@ Server::Server(infer::Engine& engine, const data::BpeTokenizer* tok, const data:
   // Enough workers that /health and /metrics answer while many requests wait on the engine.
   http_->new_task_queue = [] { return new httplib::ThreadPool(64); };
   http_->set_read_timeout(30, 0);
+  http_->set_payload_max_length(opt_.max_body_bytes);
   http_->set_write_timeout(30, 0);
   // Debian's compiled cpp-httplib listens with a backlog of 5: a burst of clients would see
   // refused connections. The socket is captured here and listened on again with room for 1024.
@@ -442,13 +443,16 @@ void Server::routes() {
          [generate](const httplib::Request& q, httplib::Response& s) { generate(false, q, s); });
   h.Post("/v1/chat/completions",
          [generate](const httplib::Request& q, httplib::Response& s) { generate(true, q, s); });
-  h.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;  // an API error already written
-    ApiError e{res.status, cat("no route for ", req.method, " ", req.path), "invalid_request_error",
-               ""};
-    if (res.status == 404) e.message = cat("Not found: ", req.method, " ", req.path);
-    send_error(res, e);
-  });
+  h.set_error_handler(
+      [max = opt_.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return;  // an API error already written
+        ApiError e{res.status, cat("no route for ", req.method, " ", req.path),
+                   "invalid_request_error", ""};
+        if (res.status == 404) e.message = cat("Not found: ", req.method, " ", req.path);
+        if (res.status == 413)
+          e.message = cat("request body larger than ", max, " bytes (loom serve --max-body-mb)");
+        send_error(res, e);
+      });
   h.set_exception_handler(
       [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "internal error";

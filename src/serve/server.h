@@ -28,6 +28,9 @@ struct ServerOptions {
   int default_max_tokens = 256;
   double request_timeout_seconds = 600;
   int max_seq = 0;  // the model's context length (reported, checked by the engine)
+  // A request body past this is refused with 413 before it is buffered whole (cpp-httplib's
+  // default is unlimited: one POST could take all memory).
+  size_t max_body_bytes = size_t(16) << 20;
 };
 
 class Server {

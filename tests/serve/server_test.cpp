@@ -89,7 +89,8 @@ struct Fixture : testing::Test {
   std::unique_ptr<Decoder> model;
   std::unique_ptr<infer::DecoderRunner> runner;
   std::unique_ptr<SlowRunner> slow;
-  int step_delay_ms = 0;  // > 0: every engine step takes at least this long
+  int step_delay_ms = 0;      // > 0: every engine step takes at least this long
+  size_t max_body_bytes = 0;  // > 0: the server's request body limit
   std::unique_ptr<infer::LoomEngine> engine;
   std::unique_ptr<serve::Server> server;
   std::thread http;
@@ -121,6 +122,7 @@ struct Fixture : testing::Test {
     so.port = 0;
     so.model_name = "tiny";
     so.max_seq = c.max_seq;
+    if (max_body_bytes > 0) so.max_body_bytes = max_body_bytes;
     server = std::make_unique<serve::Server>(*engine, &tok, chat.get(), so);
     port = server->bind();
     http = std::thread([this] { server->run(); });
@@ -239,6 +241,20 @@ TEST_F(Fixture, BadRequestsGetTheRightStatusAndAnErrorObject) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
   EXPECT_TRUE(Json::parse(r->body).contains("error"));
+}
+
+// A body past the limit is refused with 413 and an OpenAI-shaped error, and the server goes on
+// answering (cpp-httplib would otherwise buffer any body whole).
+TEST_F(Fixture, OversizedBodyIs413AndTheServerGoesOn) {
+  max_body_bytes = 4096;
+  start();
+  const std::string big = R"({"prompt": ")" + std::string(8192, 'a') + R"(", "max_tokens": 1})";
+  auto [s, j] = post("/v1/completions", big);
+  EXPECT_EQ(s, 413);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << j.dump();
+  EXPECT_NE(j.at("error").at("message").as_string().find("4096"), std::string::npos) << j.dump();
+  auto [s2, j2] = post("/v1/completions", R"({"prompt": "ab", "max_tokens": 1})");
+  EXPECT_EQ(s2, 200) << j2.dump();
 }
 
 TEST_F(Fixture, StreamingSendsDeltasUsageAndDone) {
