@@ -117,6 +117,7 @@ class JsonlReader : public DocReader {
       : path_(std::move(path)), opt_(opt), lines_(open_source(path_), opt.max_line_bytes) {}
 
   bool next(Doc& doc, std::string& reject) override {
+    if (dead_) return false;
     std::string line;
     bool too_long = false;
     for (;;) {
@@ -125,14 +126,25 @@ class JsonlReader : public DocReader {
         got = lines_.next(line, too_long);
       } catch (const Error& e) {
         if (opt_.fail_on_error) throw;
-        errors.push_back({cat(path_, ":", lines_.line_number() + 1),
-                          cat(e.what(), " (the rest of the file is unread)")});
-        // A corrupt stream cannot be resynchronised: the rest is reported as unread.
+        const std::string where = cat(path_, ":", lines_.line_number() + 1);
+        errors.push_back({where, cat(e.what(), " (the rest of the file is unread)")});
+        // A corrupt stream cannot be resynchronised. As in the WARC reader, the bytes decoded
+        // since the last whole line become a document rejected as stream_error (decoded bytes,
+        // the unit of every document's input_bytes), and the file's bytes past what was read
+        // are unread (on-disk bytes: compressed ones for .gz/.zst).
+        dead_ = true;
         ++stream_errors;
-        uint64_t size = file_size_or_zero(path_);
-        unread_bytes +=
-            lines_.buffered() + (size > lines_.position() ? size - lines_.position() : 0);
-        return false;
+        const uint64_t size = file_size_or_zero(path_);
+        unread_bytes += size > lines_.position() ? size - lines_.position() : 0;
+        const uint64_t partial = lines_.buffered();
+        if (partial == 0) return false;
+        doc = Doc();
+        doc.source = doc.id = where;
+        doc.input_bytes = static_cast<int64_t>(partial);
+        doc.record = Json::object();
+        doc.record["id_derived"] = true;
+        reject = "stream_error";
+        return true;
       }
       if (!got) return false;
       if (!too_long && trim_view(line).empty()) continue;  // blank lines are not documents
@@ -185,6 +197,7 @@ class JsonlReader : public DocReader {
   std::string path_;
   ReaderOptions opt_;
   LineReader lines_;
+  bool dead_ = false;  // a stream error ended the file
 };
 
 // One document per file (text or HTML).
