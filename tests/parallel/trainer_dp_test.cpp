@@ -21,6 +21,7 @@
 
 using namespace loom;
 using loom::testing_parallel::rel_diff;
+using loom::testing_parallel::job_tag;
 using loom::testing_parallel::W;
 
 namespace {
@@ -154,7 +155,8 @@ void expect_rank_weights_in(Trainer& t, const ckpt::Checkpoint& one, const std::
 // rank is done with it, whether the checks passed or not.
 struct SharedScratch {
   std::string path;
-  explicit SharedScratch(const std::string& name) : path(testing::TempDir() + "/loom_" + name) {
+  explicit SharedScratch(const std::string& name)
+      : path(testing::TempDir() + "/loom_" + name + "_" + job_tag()) {
     if (W().rank() == 0) remove_all(path);
     W().barrier();
   }

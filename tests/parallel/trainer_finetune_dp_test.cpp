@@ -26,6 +26,7 @@
 
 using namespace loom;
 using loom::testing_parallel::rel_diff;
+using loom::testing_parallel::job_tag;
 using loom::testing_parallel::W;
 
 namespace {
@@ -244,7 +245,7 @@ void check_lora_tp(bool sp, double dropout = 0, int zero = 0) {
   const int A = 2, steps = 6;
   const std::string base = make_base();
   // The run's directory, shared by the ranks (consolidation reads every rank's part there).
-  const std::string shared = testing::TempDir() + "/loom_ftdp_lora_tp_shared";
+  const std::string shared = testing::TempDir() + "/loom_ftdp_lora_tp_" + job_tag();
   if (W().rank() == 0) remove_all(shared);
   W().barrier();
   struct Cleanup {
@@ -398,7 +399,7 @@ TEST(TrainerFinetuneDp, LoraPipelineParallelZero3MatchesOneProcess) {
 // bit-identically, and `loom ckpt consolidate` gathers the stages' adapters into one process's.
 TEST(TrainerFinetuneDp, LoraPipelineResumesBitIdenticallyAndConsolidates) {
   const std::string base = make_base();
-  const std::string shared = testing::TempDir() + "/loom_ftdp_lora_pp_shared";
+  const std::string shared = testing::TempDir() + "/loom_ftdp_lora_pp_" + job_tag();
   if (W().rank() == 0) remove_all(shared);
   W().barrier();
   struct Cleanup {

@@ -2,6 +2,10 @@
 // rank and a tiny byte-level run over a generated corpus, which each test then adapts.
 #pragma once
 
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -14,10 +18,28 @@
 
 namespace loom::testing_parallel {
 
-// <TempDir>/loom_<suite>_<name>_<rank>, emptied, and removed when the test ends (each rank
-// removes its own).
+// Names this job's scratch directories, the same on every rank and different for two runs of
+// the same test at once (two checkouts running the suite): Open MPI's job id, which every rank
+// of an mpirun job shares; a process of its own uses its pid.
+inline const std::string& job_tag() {
+  static const std::string tag = [] {
+    for (const char* var : {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"})
+      if (const char* v = std::getenv(var); v && *v) {
+        std::string t = v;
+        for (char& ch : t)
+          if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+        return t;
+      }
+    return std::to_string(::getpid());
+  }();
+  return tag;
+}
+
+// <TempDir>/loom_<suite>_<name>_<job>_<rank>, emptied, and removed when the test ends (each
+// rank removes its own).
 inline std::string rank_dir(const std::string& suite, const std::string& name, int rank) {
-  std::string d = testing::TempDir() + "/loom_" + suite + "_" + name + "_" + std::to_string(rank);
+  std::string d = testing::TempDir() + "/loom_" + suite + "_" + name + "_" + job_tag() + "_" +
+                  std::to_string(rank);
   remove_all(d);
   make_dirs(d);
   loom::test::remove_at_test_end(d);
