@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "core/bench_util.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "infer/decode_bench.h"
 #include "kernels/cpu/bf16_convert.h"
@@ -31,19 +33,6 @@
 using namespace loom;
 
 namespace {
-
-double load_average() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -165,9 +154,9 @@ int main(int argc, char** argv) {
       pass();  // warm-up
       double best = 1e30;
       for (int r = 0; r < reps; ++r) {
-        const double t0 = now();
+        const double t0 = now_seconds();
         pass();
-        best = std::min(best, now() - t0);
+        best = std::min(best, now_seconds() - t0);
       }
       const double gbs = weights * bytes_per_weight / best / 1e9;
       std::printf("%-5s %3d %10.2f %10.2f %7.0f%% %10.2f\n", t.c_str(), M, best * 1e3, gbs,

@@ -17,25 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "core/bench_util.h"
 #include "core/dtype.h"
+#include "core/log.h"
 #include "kernels/cpu/paged_attention.h"
 
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double load1() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 int main(int argc, char** argv) {
   int threads = 1, context = 192, streams = 1, reps = 20;
@@ -106,7 +93,7 @@ int main(int argc, char** argv) {
       long s = 0;
       for (size_t i = 0; i < flush.size(); i += 64) s += flush[i];
       sink = sink + s;
-      const double t0 = now_s();
+      const double t0 = loom::now_seconds();
       for (int l = 0; l < layers; ++l) {
         cpu::PagedKvLayer c;
         c.k = k[l].data();
@@ -118,14 +105,14 @@ int main(int argc, char** argv) {
         c.head_dim = D;
         cpu::paged_attention(out.data(), q.data(), ld, c, chunks.data(), streams, H, scale);
       }
-      const double t = now_s() - t0;
+      const double t = loom::now_seconds() - t0;
       best = std::min(best, t);
       total += t;
     }
     const double bytes = 2.0 * layers * streams * context * H * D * esz;
     std::printf("  %s cache: best %.1f us/token (mean %.1f), %.2f MB of KV, %.1f GB/s; load %.2f\n",
                 dt == DType::F32 ? "fp32" : "bf16", best * 1e6, total / reps * 1e6, bytes / 1e6,
-                bytes / best / 1e9, load1());
+                bytes / best / 1e9, loom::load_average());
   }
   return 0;
 }

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/bench_util.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
@@ -70,13 +71,6 @@ ModelConfig bench_config() {
   c.n_layer = 2, c.d_model = 64, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 16, c.d_ff = 128;
   c.vocab = 260, c.max_seq = 64, c.init_std = 0.02f;
   return c;
-}
-
-double loadavg() {
-  std::ifstream f("/proc/loadavg");
-  double x = -1;
-  f >> x;
-  return x;
 }
 
 struct Run {
@@ -120,7 +114,7 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
     r.eval_steps.push_back(step);
   };
   snapshot(0);
-  r.load_before = loadavg();
+  r.load_before = load_average();
   const double t0 = now_seconds();
   std::vector<RlStepStats> stats;
   double snap_time = 0;  // excluded: the copies are the benchmark's, not the algorithm's
@@ -170,7 +164,7 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
     t.stop();
   }
   r.seconds = r.wall.back();
-  r.load_after = loadavg();
+  r.load_after = load_average();
   for (const RlStepStats& st : stats) {
     r.reward.push_back(st.reward_mean);
     r.samples += st.groups * o.group_size;

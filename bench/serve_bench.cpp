@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/bench_util.h"
 #include "core/json.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "infer/engine.h"
 #include "infer/generator.h"
@@ -20,27 +22,14 @@ using namespace loom;
 
 namespace {
 
-double load_average() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // Streaming copy rate of this machine (GB/s): the bound for reading weights once per token.
 double copy_bandwidth_gbs() {
   std::vector<float> a(size_t(64) << 20, 1.f), b(a.size());
   double best = 0;
   for (int r = 0; r < 3; ++r) {
-    const double t = now();
+    const double t = now_seconds();
     std::memcpy(b.data(), a.data(), a.size() * 4);
-    best = std::max(best, 2.0 * a.size() * 4 / (now() - t) / 1e9);
+    best = std::max(best, 2.0 * a.size() * 4 / (now_seconds() - t) / 1e9);
   }
   return best;
 }
@@ -78,12 +67,12 @@ int main(int argc, char** argv) {
   {
     infer::LoomEngine e(runner, infer::EngineConfig{});
     double t_first = 0;
-    const double t0 = now();
+    const double t0 = now_seconds();
     e.submit(prompt(prompt_len, 1, cfg.vocab), greedy, [&](const infer::TokenEvent& ev) {
-      if (!ev.tokens.empty() && t_first == 0) t_first = now();
+      if (!ev.tokens.empty() && t_first == 0) t_first = now_seconds();
     });
     e.run_until_idle();
-    const double t1 = now();
+    const double t1 = now_seconds();
     prefill_s = t_first - t0;
     decode_tps = (tokens - 1) / (t1 - t_first);
   }
@@ -94,9 +83,9 @@ int main(int argc, char** argv) {
     std::vector<int32_t> p = prompt(prompt_len, 1, cfg.vocab);
     SamplingOptions o;
     o.temperature = 0;
-    const double t0 = now();
+    const double t0 = now_seconds();
     generate(model, p, base_tokens, o);
-    nocache_tps = base_tokens / (now() - t0);
+    nocache_tps = base_tokens / (now_seconds() - t0);
   }
   // 3. Many streams at once (continuous batching).
   double batch_tps = 0;
@@ -106,9 +95,9 @@ int main(int argc, char** argv) {
     for (int s = 0; s < streams; ++s)
       e.submit(prompt(prompt_len, 10 + s, cfg.vocab), greedy,
                [&](const infer::TokenEvent& ev) { generated += int64_t(ev.tokens.size()); });
-    const double t0 = now();
+    const double t0 = now_seconds();
     e.run_until_idle();
-    batch_tps = generated / (now() - t0);
+    batch_tps = generated / (now_seconds() - t0);
   }
   const double bw = copy_bandwidth_gbs();
   const double weight_bytes = double(cfg.num_params()) * (dtype == "bf16" ? 4 : 4);

@@ -10,6 +10,7 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "core/bench_util.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
@@ -27,11 +28,6 @@
 
 namespace loom::cli {
 namespace {
-
-double load_average() {
-  double l[1];
-  return getloadavg(l, 1) == 1 ? l[0] : -1;
-}
 
 double parse_rate(const std::string& s) {
   if (s == "inf") return std::numeric_limits<double>::infinity();
