@@ -1,7 +1,6 @@
 // Token embedding lookup and its scatter-add backward.
-#include <omp.h>
 
-#include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -41,23 +40,9 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int N
 // bit-identical run to run.
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int N, int C) {
   check_ids(ids, N, "embedding_backward");
-  constexpr int kAlign = 16;  // floats per 64-byte cache line
-#pragma omp parallel if (worth_parallel(N, C))
-  {
-    const int nt = omp_get_num_threads();
-    const int t = omp_get_thread_num();
-    const int units = (C + kAlign - 1) / kAlign;
-    const int c0 = std::min(C, units * t / nt * kAlign);
-    const int c1 = std::min(C, units * (t + 1) / nt * kAlign);
-    if (c0 < c1) {
-      for (int i = 0; i < N; ++i) {
-        float* drow = dtable + static_cast<int64_t>(ids[i]) * C;
-        const float* d = dout + static_cast<int64_t>(i) * C;
-#pragma omp simd
-        for (int c = c0; c < c1; ++c) drow[c] += d[c];
-      }
-    }
-  }
+  // The whole table is the slice starting at row 0 (ids are checked non-negative above, and the
+  // table's row count is not passed): the same order of additions.
+  embedding_backward_slice(dtable, dout, ids, N, C, 0, std::numeric_limits<int>::max());
 }
 
 }  // namespace loom::cpu

@@ -30,7 +30,7 @@ void embedding_forward_slice(float* out, const int32_t* ids, const float* table,
   }
 }
 
-// Threads split the channels and walk all rows in order (as embedding_backward): every
+// Threads split the channels (cache-line multiples) and walk all rows in order: every
 // element of dtable sees the same sequence of additions whatever the thread count.
 void embedding_backward_slice(float* dtable, const float* dout, const int32_t* ids, int N, int C,
                               int v0, int V) {
