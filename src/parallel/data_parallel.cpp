@@ -103,9 +103,8 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
   reducer_ = std::make_unique<GradReducer>(
       P_, dp_, shards_, opt_.zero, opt_.bucket_elems, opt_.overlap, opt_.grad_reduce_dtype, be_,
       opt_.zero >= 1 ? gshard_.data<float>() : nullptr, stages);
-  grads_ready_id_ = model_.on_grads_ready.subscribe([this](int layer) {
-    reducer_->on_ready(layer >= 0 ? n_layer_ - 1 - layer : n_layer_);
-  });
+  grads_ready_id_ = model_.on_grads_ready.subscribe(
+      [this](int layer) { reducer_->on_ready(layer >= 0 ? n_layer_ - 1 - layer : n_layer_); });
   if (opt_.zero >= 2) release_memory(P_.grad(), total_);
   if (experts_sharded()) release_memory(P_.grad() + expert_lo_, expert_hi_ - expert_lo_);
   // ZeRO-3: a model initialised outside holds every block; keep only the gathered parameters.
@@ -120,8 +119,9 @@ DataParallel::~DataParallel() {
 }
 
 void DataParallel::draw_initial_weights(uint64_t seed) {
+  // (A Backend op: the weights and the master shard are the backend's memory.)
   auto round = [&](float* p, int64_t n) {
-    if (param_dtype_ != DType::F32) round_to(param_dtype_, p, static_cast<size_t>(n));
+    if (param_dtype_ != DType::F32 && n > 0) be_.round_to(param_dtype_, p, n, nullptr);
   };
   if (opt_.zero < 3) {
     P_.init(seed);

@@ -1,0 +1,151 @@
+#include "train/device.h"
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+#include "core/error.h"
+#include "core/log.h"
+
+#include "comm/communicator.h"
+
+#if LOOM_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_backend.h"
+#endif
+#if LOOM_HAVE_NCCL
+#include "comm/nccl/nccl_communicator.h"
+#endif
+
+namespace loom {
+
+bool cuda_built() {
+#if LOOM_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool nccl_built() {
+#if LOOM_HAVE_CUDA && LOOM_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<comm::Communicator> make_device_communicator(comm::Communicator& group,
+                                                             Backend& be) {
+#if LOOM_HAVE_CUDA && LOOM_HAVE_NCCL
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  LOOM_CHECK(cb, "a device communicator needs the CUDA backend, not ", be.name());
+  int gpu = 0;
+  LOOM_CHECK(cudaGetDevice(&gpu) == cudaSuccess, "cudaGetDevice failed");
+  return comm::make_nccl_communicator(group, gpu, cb->stream(), group.name() + "-nccl");
+#else
+  fail("collectives on ", be.name(), " memory need the NCCL communicator, which this build lacks ",
+       "(group ", group.name(), ")");
+#endif
+}
+
+int gpu_count() {
+#if LOOM_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+int local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* s = std::getenv(v)) {
+      char* end = nullptr;
+      const long r = std::strtol(s, &end, 10);
+      LOOM_CHECK(end != s && *end == '\0' && r >= 0 && r < (1 << 20), "environment variable ", v,
+                 " = '", s, "' is not a local rank");
+      return static_cast<int>(r);
+    }
+  return 0;
+}
+
+#if LOOM_HAVE_CUDA
+namespace {
+// One CUDA backend per process, made on first use and kept to the end (parameters, optimizer
+// state and every Decoder allocate on it and must not outlive it).
+CudaBackend& process_cuda_backend(int gpu) {
+  static std::once_flag once;
+  static std::unique_ptr<CudaBackend> be;
+  static int made_on = -1;
+  std::call_once(once, [&] {
+    CudaOptions o;
+    o.device = gpu;
+    be = std::make_unique<CudaBackend>(o);
+    made_on = gpu;
+  });
+  LOOM_CHECK(made_on == gpu, "the CUDA backend of this process runs on GPU ", made_on,
+             "; a second one on GPU ", gpu, " was asked for");
+  return *be;
+}
+}  // namespace
+#endif
+
+void check_device(const std::string& device, const std::string& key) {
+  LOOM_CHECK(device == "cpu" || device == "cuda" || device == "auto", key,
+             " must be cpu, cuda or auto, got '", device, "'");
+  if (device != "cuda") return;
+  LOOM_CHECK(
+      cuda_built(), key, " = cuda: this loom was built without the CUDA backend ",
+      "(configure with -DLOOM_CUDA=ON where the CUDA toolkit is installed); use cpu or auto");
+  LOOM_CHECK(gpu_count() > 0, key, " = cuda: no CUDA device is visible (no NVIDIA driver, no ",
+             "GPU, or CUDA_VISIBLE_DEVICES hides them); use cpu or auto");
+}
+
+DeviceChoice select_device(const std::string& device, const std::string& key, bool quiet, int gpu) {
+  check_device(device, key);
+  DeviceChoice c;
+  c.backend = &cpu_backend();
+  c.describe = "cpu";
+  if (device == "cpu") return c;
+  const int n = gpu_count();
+  if (device == "auto" && n == 0) {
+    if (!quiet)
+      log_info(key, " = auto: ",
+               cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
+               "; training on the CPU");
+    return c;
+  }
+#if LOOM_HAVE_CUDA
+  if (gpu < 0) gpu = local_rank() % n;
+  LOOM_CHECK(gpu < n, key, " = cuda: GPU ", gpu, " does not exist (", n, " visible)");
+  CudaBackend& be = process_cuda_backend(gpu);
+  c.backend = &be;
+  c.cuda = true;
+  c.describe = cat("cuda:", gpu, " (", be.device_name(), ", sm_", be.sm_version(), ")");
+  if (!quiet && device == "auto") log_info(key, " = auto: training on ", c.describe);
+#endif
+  return c;
+}
+
+double gpu_bf16_peak_gflops(Backend& be) {
+#if LOOM_HAVE_CUDA
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (!cb) return 0;
+  const std::string& name = cb->device_name();
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  // Datasheet dense bf16 figures (tensor cores, no sparsity), in GFLOP/s.
+  if (has("H100") && has("PCIe")) return 756e3;
+  if (has("H100") && has("NVL")) return 835e3;
+  if (has("H100") || has("H200") || has("H800") || has("GH200")) return 989.4e3;
+  if (has("A100")) return 312e3;
+  if (has("A800")) return 312e3;
+  if (has("L40S")) return 362e3;
+  return 0;
+#else
+  (void)be;
+  return 0;
+#endif
+}
+
+}  // namespace loom
