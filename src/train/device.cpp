@@ -128,6 +128,20 @@ DeviceChoice select_device(const std::string& device, const std::string& key, bo
   return c;
 }
 
+std::string set_gemm_math(Backend& be, const std::string& math) {
+#if LOOM_HAVE_CUDA
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  if (!cb) return "";
+  cb->set_gemm_math(gemm_math_from_name(math));
+  cb->set_attention_math(AttnMath::Auto);  // tensor cores exactly when the GEMMs round alike
+  return gemm_math_name(cb->gemm_math());
+#else
+  (void)be;
+  (void)math;
+  return "";
+#endif
+}
+
 double gpu_bf16_peak_gflops(Backend& be) {
 #if LOOM_HAVE_CUDA
   auto* cb = dynamic_cast<CudaBackend*>(&be);

@@ -47,6 +47,11 @@ std::unique_ptr<comm::Communicator> make_device_communicator(comm::Communicator&
 // The launcher's local rank (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, LOCAL_RANK), 0 without.
 int local_rank();
 
+// On the CUDA backend: the fp32 Backend GEMMs' tensor-core math, "tf32" (the default), "bf16"
+// (inputs rounded to bf16, fp32 accumulation; attention on the bf16 tensor cores too) or
+// "fp32" (exact, CUDA cores). Returns the math now in use ("" on a backend without the choice).
+std::string set_gemm_math(Backend& be, const std::string& math);
+
 // The dense bf16 tensor-core peak of the GPU the CUDA backend runs on, in GFLOP/s (H100 SXM:
 // 989 TFLOP/s, H200: the same chip; A100: 312), from its SM version and count and clock; 0 when
 // unknown (then MFU is not reported).
