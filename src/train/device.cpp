@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -36,8 +38,62 @@ bool nccl_built() {
 #endif
 }
 
+namespace {
+
+// A group of one rank over a backend's buffers: the collectives that move data are Backend
+// copies (the host's self communicator memmoves, which device memory does not allow).
+class BackendSelfCommunicator : public comm::Communicator {
+ public:
+  BackendSelfCommunicator(std::string name, Backend& be) : name_(std::move(name)), be_(be) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int world_rank_of(int r) const override { return r; }
+  std::string name() const override { return name_; }
+  comm::Work all_reduce_async(void*, int64_t, DType, comm::ReduceOp) override { return {}; }
+  void all_reduce_f64(double*, int64_t, comm::ReduceOp) override {}  // host scalars
+  comm::Work reduce_scatter_async(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                  DType t, comm::ReduceOp) override {
+    LOOM_CHECK(counts.size() == 1, name_, ": reduce_scatter needs one count per rank");
+    be_.copy_d2d(recv, send, size_t(counts[0]) * dtype_size(t));
+    return {};
+  }
+  comm::Work reduce_scatter_bf16_async(const uint16_t*, float*,
+                                       const std::vector<int64_t>&) override {
+    fail(name_, ": bf16 reduce-scatter of ", be_.name(), " memory is not supported");
+  }
+  comm::Work all_gather_async(void*, const std::vector<int64_t>& counts, DType) override {
+    LOOM_CHECK(counts.size() == 1, name_, ": all_gather needs one count per rank");
+    return {};
+  }
+  comm::Work broadcast_async(void*, int64_t, DType, int root) override {
+    LOOM_CHECK(root == 0, name_, ": broadcast root ", root, " outside a group of one rank");
+    return {};
+  }
+  comm::Work send_async(const void*, int64_t, DType, int peer, int) override {
+    fail(name_, ": send to rank ", peer, " in a group of one rank");
+  }
+  comm::Work recv_async(void*, int64_t, DType, int peer, int) override {
+    fail(name_, ": receive from rank ", peer, " in a group of one rank");
+  }
+  comm::Work all_to_all_async(const void* send, void* recv, int64_t n, DType t) override {
+    be_.copy_d2d(recv, send, size_t(n) * dtype_size(t));
+    return {};
+  }
+  void barrier() override {}
+  std::unique_ptr<comm::Communicator> split(int, int, const std::string& name) override {
+    return std::make_unique<BackendSelfCommunicator>(name, be_);
+  }
+
+ private:
+  std::string name_;
+  Backend& be_;
+};
+
+}  // namespace
+
 std::unique_ptr<comm::Communicator> make_device_communicator(comm::Communicator& group,
                                                              Backend& be) {
+  if (group.size() == 1) return std::make_unique<BackendSelfCommunicator>(group.name(), be);
 #if LOOM_HAVE_CUDA && LOOM_HAVE_NCCL
   auto* cb = dynamic_cast<CudaBackend*>(&be);
   LOOM_CHECK(cb, "a device communicator needs the CUDA backend, not ", be.name());

@@ -39,8 +39,9 @@ void check_device(const std::string& device, const std::string& key);
 DeviceChoice select_device(const std::string& device, const std::string& key, bool quiet,
                            int gpu = -1);
 
-// The ranks of `group` over NCCL, on the device `be` computes on (its stream), bootstrapped
-// through `group` (a host communicator): collectives on device memory. Throws without NCCL.
+// `group` for collectives on `be`'s memory: one rank, a communicator whose data moves are
+// Backend copies; several, the ranks over NCCL on the device `be` computes on (its stream),
+// bootstrapped through `group` (a host communicator). Throws without NCCL for several ranks.
 std::unique_ptr<comm::Communicator> make_device_communicator(comm::Communicator& group,
                                                              Backend& be);
 

@@ -311,10 +311,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
     // The engine draws the initial weights: under ZeRO-3 only what this rank keeps (its shard
     // and the parameters that stay gathered), never the whole model.
     dpo.init_seed = opt_.seed;
-    // On a device with several ranks the gradient all-reduce runs over NCCL on device memory;
-    // the trainer's scalar reductions (loss, token counts, the norm) stay on the host groups.
-    if (!be_->host_accessible() && w.size() > 1)
-      dp_device_comm_ = make_device_communicator(grad_group(), *be_);
+    // On a device the engine's collectives move device memory: NCCL over several ranks, Backend
+    // copies in one; the trainer's scalar reductions (loss, token counts, the norm) stay on the
+    // host groups.
+    if (!be_->host_accessible()) dp_device_comm_ = make_device_communicator(grad_group(), *be_);
     dp_ = std::make_unique<parallel::DataParallel>(
         *model_, dp_device_comm_ ? *dp_device_comm_ : grad_group(), dpo, acfg, policy_.compute,
         *be_, edp);
@@ -840,8 +840,8 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
 // its placement (ShardInfo): ZeRO-0 whole parameters (replica = DP rank), ZeRO >= 1 the rank's
 // slice of each flattened parameter and of its optimizer state; resuming needs the same layout.
 // What the trainer's step keeps off a device so far, refused up front with the reason (before
-// the model allocates or anything is written). One process, or pure data parallelism at ZeRO-0
-// whose gradient all-reduce goes through NCCL (dp_nccl_, made after the engine's groups).
+// the model allocates or anything is written). One process, or pure data parallelism at ZeRO
+// 0-2 whose gradient reductions and parameter gathers go through NCCL (dp_device_comm_).
 void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, int vp,
                                    const parallel::DataParallelOptions& dpo, bool lora,
                                    bool fp8) const {
@@ -853,8 +853,8 @@ void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, 
              ") is not supported yet: ring attention still runs on the CPU kernels");
   LOOM_CHECK(d.tp == 1 && d.pp == 1 && vp == 1 && d.ep == 1, on,
              "only data parallelism is supported so far (parallel.tp, pp, vp and ep must be 1)");
-  LOOM_CHECK(dpo.zero == 0, on, "parallel.zero = ", dpo.zero,
-             " is not supported yet (its gradient shards and gathers are host memory): use 0");
+  LOOM_CHECK(dpo.zero <= 2, on, "parallel.zero = 3 is not supported yet (its block gathers ",
+             "release host pages): use 0, 1 or 2");
   LOOM_CHECK(dpo.grad_reduce_dtype == DType::F32, on,
              "parallel.grad_reduce_dtype = \"bf16\" is not supported yet: use \"fp32\"");
   LOOM_CHECK(world_size == 1 || nccl_built(), on, world_size,
@@ -1386,7 +1386,9 @@ void Trainer::start_from_one_process(const std::string& path) {
     return;
   }
   const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
-  ckpt::fill_from_whole(c, trained_params(), shard_list(dp_->param_slices()), optim_list());
+  ckpt::fill_from_whole(c, trained_params(), stage(shard_list(dp_->param_slices())),
+                        stage(optim_list()));
+  unstage();
   dp_->sync_model_from_master();
   dp_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet)

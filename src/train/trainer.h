@@ -70,8 +70,8 @@ struct TrainOptions {
   // no gradients, no updates, in one process and under every parallel layout.
   std::string freeze;
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there; train/device.h). On cuda
-  // the whole step runs on the device: one process, or data parallelism at ZeRO-0 over NCCL;
-  // what does not run there yet (MoE, CP, TP/PP, ZeRO >= 1, LoRA, DPO, bf16/fp16, FP8) is
+  // the whole step runs on the device: one process, or data parallelism at ZeRO 0-2 over
+  // NCCL; what does not run there yet (MoE, CP, TP/PP, ZeRO-3, LoRA, DPO, bf16/fp16, FP8) is
   // refused up front with the reason.
   std::string device = "cpu";
   // Guard: this many consecutive skipped steps (non-finite gradients) stop the run with an error

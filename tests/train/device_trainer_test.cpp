@@ -35,7 +35,7 @@ std::string corpus(const std::string& dir) {
 
 // Two micro-batches per step (grad_accum), clipping on (the norm is read back), evaluation
 // every 3 steps, a checkpoint at step 3.
-Config config(const std::string& dir, const std::string& family) {
+Config config(const std::string& dir, const std::string& family, int zero = 0) {
   Config c = Config::parse(
       "[model]\npreset = \"tiny\"\nn_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 32\n"
       "[train]\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\nquiet = true\nsteps = 6\n"
@@ -45,6 +45,9 @@ Config config(const std::string& dir, const std::string& family) {
       "test.toml");
   c.set("train.out_dir", "\"" + dir + "/run\"", "test");
   c.set("data.paths", "\"" + corpus(dir) + "\"", "test");
+  // ZeRO 1-2 in one process: the sharded optimizer, its gradient shard and bucket scratch
+  // (Backend memory), per-rank checkpoint parts with a global commit.
+  if (zero > 0) c.set("parallel.zero", std::to_string(zero), "test");
   if (family == "llama") {
     c.set("model.family", "\"llama\"", "test");
     c.set("model.n_kv_head", "1", "test");
@@ -60,9 +63,9 @@ struct Run {
 
 // Three steps, an evaluation and a checkpoint; a new Trainer resumes from it and runs the
 // other three (and evaluates again). `be` null: the CPU backend as train.device = cpu picks it.
-Run train(const std::string& dir, const std::string& family, Backend* be) {
+Run train(const std::string& dir, const std::string& family, int zero, Backend* be) {
   Run r;
-  const Config c = config(dir, family);
+  const Config c = config(dir, family, zero);
   {
     Trainer t(c, nullptr, be);
     for (int i = 0; i < 3; ++i) {
@@ -90,7 +93,7 @@ Run train(const std::string& dir, const std::string& family, Backend* be) {
 
 // In the child: the guarded run against the CPU run; exits 0 only when they agree bit for bit
 // and the steps really went through the guarded backend.
-[[noreturn]] void guarded_child(const std::string& family) {
+[[noreturn]] void guarded_child(const std::string& family, int zero = 0) {
   Run want, got;
   test::GuardedBackend g;
   // fp32: every pointer an op receives must be a backend buffer (or cu_seqlens), so no host
@@ -98,8 +101,8 @@ Run train(const std::string& dir, const std::string& family, Backend* be) {
   g.set_strict(true);
   try {
     test::TempDir a("devtrain_cpu"), b("devtrain_guarded");
-    want = train(a.str(), family, nullptr);
-    got = train(b.str(), family, &g);
+    want = train(a.str(), family, zero, nullptr);
+    got = train(b.str(), family, zero, &g);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "run threw: %s\n", e.what());
     std::exit(2);
@@ -134,6 +137,15 @@ TEST(DeviceTrainer, GuardedRunWithCheckpointAndResumeEqualsCpuRun) {
 TEST(DeviceTrainer, GuardedLlamaRunEqualsCpuRun) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(guarded_child("llama"), ::testing::ExitedWithCode(0), "");
+}
+
+// ZeRO-1 and ZeRO-2 (one rank): the reduced gradients land in the engine's shard buffer and,
+// under ZeRO-2, in per-bucket scratch added to it, all of it Backend memory; the full
+// gradient buffer is zeroed by a Backend fill where the CPU returns its pages.
+TEST(DeviceTrainer, GuardedZero1And2RunsEqualCpuRuns) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child("gpt2", 1), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child("llama", 2), ::testing::ExitedWithCode(0), "");
 }
 
 // The guard must catch what it is for: a host read of a parameter of a trainer on the guarded
