@@ -19,6 +19,7 @@
 #include "precision/policy.h"
 #include "train/batch.h"
 #include "train/device.h"
+#include "train/device_gemms.h"
 
 namespace loom {
 
@@ -127,17 +128,19 @@ Json run_train_bench(const TrainBenchOptions& o) {
 static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
                                    const std::string& device) {
   LOOM_CHECK(o.fp8 == "none", "--fp8 on --device cuda: the FP8 recipes run on the CPU only so far");
-  LOOM_CHECK(o.precision == "fp32" || o.precision == "bf16", "--precision ", o.precision,
-             " on --device cuda: use fp32 (TF32 tensor cores) or bf16 (bf16 tensor cores)");
   ModelConfig mc = model_preset(o.preset);
   LOOM_CHECK(o.seq <= mc.max_seq, "--seq ", o.seq, " exceeds the preset's max_seq ", mc.max_seq);
-  // The Decoder's bf16 storage needs a CUDA GEMM recipe it does not have yet (Linear widens
-  // bf16 activations on the host), so the model keeps fp32 storage and the precision picks
-  // the tensor-core math of every GEMM and of attention: what autocast does on a GPU.
-  const std::string math = set_gemm_math(be, o.precision == "bf16" ? "bf16" : "tf32");
-  Decoder model(mc, be, recompute_from_name(o.recompute), DType::F32);
+  // What `loom train --device cuda` runs: the policy's storage (bf16 activations under bf16),
+  // fp32 master weights in AdamW, the GEMMs on the tensor cores of the policy's type (TF32
+  // under fp32) through the device recipe that widens stored bf16 on the GPU.
+  const PrecisionPolicy policy = precision_from_name(o.precision);
+  const std::string math =
+      set_gemm_math(be, policy.compute == DType::F32 ? "tf32" : dtype_name(policy.compute));
+  Decoder model(mc, be, recompute_from_name(o.recompute), policy.compute);
   model.params().init(1);
-  AdamW optim(model.params(), AdamWConfig{}, DType::F32, be);
+  AdamW optim(model.params(), AdamWConfig{}, policy.compute, be);
+  std::unique_ptr<DeviceGemms> gemms =
+      policy.compute == DType::F32 ? nullptr : attach_device_gemms(model);
   Batch b = synthetic_batch(o.batch, o.seq, mc.vocab, 7);
   const double tokens = double(o.batch) * o.seq;
   const double flops = mc.train_flops_per_token(o.seq) * tokens;
@@ -174,8 +177,8 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
   std::printf("loom bench train: %s (%lld params), batch %d x %d tokens, %s, %s\n",
               o.preset.c_str(), static_cast<long long>(mc.num_params()), o.batch, o.seq,
               device.c_str(), o.precision.c_str());
-  std::printf("  GEMM math:                %s tensor cores (fp32 storage and accumulation)\n",
-              math.c_str());
+  std::printf("  GEMM math:                %s tensor cores, fp32 accumulation (%s storage)\n",
+              math.c_str(), dtype_name(policy.compute));
   std::printf("  step time (median of %d): %.4f s\n", o.steps, median);
   std::printf("  tokens/s:                 %.1f\n", tokens / median);
   std::printf("  achieved:                 %.1f GFLOP/s (6*N*tokens + attention)\n", gflops);

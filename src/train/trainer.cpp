@@ -166,6 +166,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
     be_ = dc.backend;
     device_ = dc.describe;
   }
+
   guard_ = std::make_unique<LossGuard>(loss_guard_options_from(cfg_));
   set_num_threads(opt_.threads);
   mcfg_ = model_config_from(cfg_);
@@ -173,6 +174,13 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
              ") exceeds model.max_seq (", mcfg_.max_seq, ")");
   policy_ = precision_from_name(cfg_.get_string("precision.policy", "fp32"));
   if (policy_.loss_scaling) scaler_ = LossScaler(LossScaler::options_from(cfg_));
+  {
+    // A GPU's GEMMs: TF32 tensor cores under fp32; under bf16 / fp16 every GEMM input is a
+    // value of that type already, so the tensor cores of that type multiply exactly.
+    const std::string math =
+        set_gemm_math(*be_, policy_.compute == DType::F32 ? "tf32" : dtype_name(policy_.compute));
+    if (!math.empty()) device_ += cat(", ", math, " GEMMs");
+  }
   sched_ = lr_schedule_from(cfg_, opt_.steps);
   Recompute rc = recompute_from_name(cfg_.get_string("train.recompute", "none"));
 
@@ -356,6 +364,10 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   // every weight at once: the recipe keeps a bf16 copy of each).
   if (policy_.compute == DType::BF16 && dp_->zero() < 3 && !base_zero3_ && be_->host_accessible())
     bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
+  // On a device the reduced-precision GEMMs widen stored bf16 into Backend scratch (train/
+  // device_gemms.h), and the GPU multiplies on the tensor cores of the policy's type.
+  if (!be_->host_accessible() && policy_.compute != DType::F32)
+    device_gemms_ = attach_device_gemms(*model_);
   if (fp8_opt) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   // Delayed scaling's amaxes are max-reduced over the ranks of one pipeline stage (TE's amax
   // reduction group): one process's history under TP, DP and CP alike.
@@ -863,9 +875,6 @@ void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, 
              "(their adapters and reference model are updated by host code): use the CPU");
   LOOM_CHECK(!fp8, on, "precision.fp8_recipe is not supported yet (the recipes quantise on the ",
              "host): leave it unset");
-  LOOM_CHECK(policy_.compute == DType::F32, on, "precision.policy = \"", policy_.name,
-             "\" is not supported yet (bf16 and fp16 GEMMs over stored activations have no CUDA ",
-             "recipe yet): use \"fp32\" (GEMMs on the TF32 tensor cores)");
 }
 
 // Host tensors for checkpoint I/O: on a host-accessible backend the views themselves; on a

@@ -22,6 +22,7 @@
 #include "precision/fp8_recipes.h"
 #include "precision/policy.h"
 #include "train/batch.h"
+#include "train/device_gemms.h"
 #include "train/dpo.h"
 #include "train/loss_guard.h"
 #include "train/metrics.h"
@@ -71,8 +72,8 @@ struct TrainOptions {
   std::string freeze;
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there; train/device.h). On cuda
   // the whole step runs on the device: one process, or data parallelism at ZeRO 0-2 over
-  // NCCL; what does not run there yet (MoE, CP, TP/PP, ZeRO-3, LoRA, DPO, bf16/fp16, FP8) is
-  // refused up front with the reason.
+  // NCCL; what does not run there yet (MoE, CP, TP/PP, ZeRO-3, LoRA, DPO, FP8) is refused up
+  // front with the reason.
   std::string device = "cpu";
   // Guard: this many consecutive skipped steps (non-finite gradients) stop the run with an error
   // (or roll it back, train.on_spike = "rollback"), before a checkpoint of bad weights could
@@ -231,7 +232,8 @@ class Trainer {
   std::unique_ptr<parallel::FrozenShards> reference_shards_;
   std::unique_ptr<parallel::PipelineRunner> reference_pipe_;  // DPO under PP: the reference's
   std::unique_ptr<Bf16Gemms> bf16_gemms_;                     // bf16 policy on an AVX512-BF16 CPU
-  std::unique_ptr<Fp8Recipes> fp8_;  // precision.fp8_recipe: FP8 / MXFP8 GEMMs
+  std::unique_ptr<DeviceGemms> device_gemms_;  // bf16 / fp16 policy on a device (GPU)
+  std::unique_ptr<Fp8Recipes> fp8_;            // precision.fp8_recipe: FP8 / MXFP8 GEMMs
   double dpo_beta_ = 0.1;
   DpoLoss dpo_loss_ = DpoLoss::Sigmoid;
   std::vector<std::pair<std::string, double>> eval_extra_;

@@ -91,7 +91,6 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
   const Case cases[] = {
       {"model.n_experts", "4", "mixture-of-experts models (model.n_experts = 4)"},
       {"parallel.zero", "3", "parallel.zero = 3 is not supported yet"},
-      {"precision.policy", "\"bf16\"", "precision.policy = \"bf16\" is not supported yet"},
       {"train.mode", "\"dpo\"", "LoRA and DPO are not supported yet"},
       {"precision.fp8_recipe", "\"fp8_tensorwise_current\"", "precision.fp8_recipe"},
   };
