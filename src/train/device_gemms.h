@@ -4,10 +4,10 @@
 // and runs the backend's fp32 GEMM ops on the same values: bit for bit what Linear does on the
 // CPU without a recipe (tested over the guarded backend).
 //
-// On CUDA the trainer sets the GEMM math to the policy's type (bf16, fp16): under those policies
-// every GEMM input is a value of that type already (weights rounded from the fp32 master after
-// each step, activations and gradients where they are stored), so the tensor cores multiply them
-// exactly, with fp32 accumulation.
+// On CUDA the trainer sets the GEMM math to the policy's type (bf16, fp16): the weights (rounded
+// from the fp32 master after each step) and stored activations are values of that type already,
+// and output gradients are rounded to it for the product, as the CPU's oneDNN bf16 GEMMs do
+// (precision/bf16_gemms.h); fp32 accumulation.
 #pragma once
 
 #include <memory>

@@ -175,8 +175,9 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   policy_ = precision_from_name(cfg_.get_string("precision.policy", "fp32"));
   if (policy_.loss_scaling) scaler_ = LossScaler(LossScaler::options_from(cfg_));
   {
-    // A GPU's GEMMs: TF32 tensor cores under fp32; under bf16 / fp16 every GEMM input is a
-    // value of that type already, so the tensor cores of that type multiply exactly.
+    // A GPU's GEMMs: TF32 tensor cores under fp32; under bf16 / fp16 the tensor cores of that
+    // type (fp32 accumulation), as the CPU's oneDNN bf16 GEMMs: the weights and stored
+    // activations are such values already, gradients are rounded to it for the product.
     const std::string math =
         set_gemm_math(*be_, policy_.compute == DType::F32 ? "tf32" : dtype_name(policy_.compute));
     if (!math.empty()) device_ += cat(", ", math, " GEMMs");
