@@ -157,7 +157,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   config_text_ = cfg_.dump();
   opt_ = train_options_from(cfg_);
   // The device first: "cuda" without a CUDA build or a GPU fails here, before anything is read
-  // or written. A backend handed in (tests) wins over train.device.
+  // or written. A backend handed in (tests) wins over train.device, GEMM math included.
   if (backend) {
     be_ = backend;
     device_ = backend->name();
@@ -174,10 +174,11 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
              ") exceeds model.max_seq (", mcfg_.max_seq, ")");
   policy_ = precision_from_name(cfg_.get_string("precision.policy", "fp32"));
   if (policy_.loss_scaling) scaler_ = LossScaler(LossScaler::options_from(cfg_));
-  {
-    // A GPU's GEMMs: TF32 tensor cores under fp32; under bf16 / fp16 the tensor cores of that
-    // type (fp32 accumulation), as the CPU's oneDNN bf16 GEMMs: the weights and stored
-    // activations are such values already, gradients are rounded to it for the product.
+  if (!backend) {
+    // (A backend handed in keeps the math its owner chose.) A GPU's GEMMs: TF32 under fp32; under
+    // bf16 / fp16 the tensor cores of that type (fp32 accumulation), as the CPU's oneDNN bf16
+    // GEMMs: the weights and stored activations are such values already, gradients are rounded to
+    // it for the product.
     const std::string math =
         set_gemm_math(*be_, policy_.compute == DType::F32 ? "tf32" : dtype_name(policy_.compute));
     if (!math.empty()) device_ += cat(", ", math, " GEMMs");

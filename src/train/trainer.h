@@ -102,7 +102,7 @@ class Trainer {
   // layout of [parallel] (docs/parallel.md); `world` overrides the launcher's world (tests pass
   // a one-rank communicator to get a single-process reference inside an MPI job).
   // `backend` (tests: an instrumented CPU backend, a CUDA backend with chosen GEMM math)
-  // overrides train.device.
+  // overrides train.device; its GEMM math is left as it is.
   explicit Trainer(const Config& cfg, comm::Communicator* world = nullptr,
                    Backend* backend = nullptr);
   ~Trainer();
