@@ -797,8 +797,9 @@ void Trainer::save_checkpoint() {
   // Under LoRA only the adapters: the base is train.pretrained, named in the saved config.
   // On a device the writer gets host copies (staged here, copied again by an asynchronous
   // writer's snapshot); on the CPU the buffers themselves.
-  ckpt_writer_->save(st, stage(shard_list(dp_->param_slices())), stage(optim_list()));
   staged_.clear();
+  ckpt_writer_->save(st, stage(shard_list(dp_->param_slices())), stage(optim_list()));
+  staged_.clear();  // (nothing to upload: the writer only read them)
   if (!whole_ && !opt_.ckpt_async) commit_distributed();
   if (opt_.quiet) return;
   if (opt_.ckpt_async)
@@ -836,7 +837,8 @@ bool Trainer::resume_from(const std::string& path) {
 void Trainer::restore(const ckpt::Checkpoint& c) {
   const int64_t optimizer_steps = restore_state(c);
   // Read into host memory (the buffers themselves on the CPU, staged copies on a device),
-  // checked, then uploaded.
+  // checked, then uploaded. (A failed read before left copies behind: not uploaded now.)
+  staged_.clear();
   const ckpt::TensorList model = stage(shard_list(dp_->param_slices()));
   c.restore_model(model);
   check_finite(model, c.dir());
@@ -846,13 +848,6 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
   dp_->set_steps_taken(optimizer_steps);
 }
 
-// Checkpoints hold the engine's slices (StateSlice: its weights and optimizer state), placed by
-// the layout. One rank holding every whole tensor (whole_): the one-process layout, each slice
-// a whole tensor shaped like its parameter, in name order, under <out_dir>/checkpoints (what
-// `loom ckpt consolidate` writes and every reader takes). Otherwise every rank writes its own
-// step directory under <out_dir>/checkpoints/rank_NNNNN with the tensors it holds, each with
-// its placement (ShardInfo): ZeRO-0 whole parameters (replica = DP rank), ZeRO >= 1 the rank's
-// slice of each flattened parameter and of its optimizer state; resuming needs the same layout.
 // What the trainer's step keeps off a device so far, refused up front with the reason (before
 // the model allocates or anything is written). One process, or pure data parallelism at ZeRO
 // 0-2 whose gradient reductions and parameter gathers go through NCCL (dp_device_comm_).
@@ -898,6 +893,13 @@ void Trainer::unstage() {
   staged_.clear();
 }
 
+// Checkpoints hold the engine's slices (StateSlice: its weights and optimizer state), placed by
+// the layout. One rank holding every whole tensor (whole_): the one-process layout, each slice
+// a whole tensor shaped like its parameter, in name order, under <out_dir>/checkpoints (what
+// `loom ckpt consolidate` writes and every reader takes). Otherwise every rank writes its own
+// step directory under <out_dir>/checkpoints/rank_NNNNN with the tensors it holds, each with
+// its placement (ShardInfo): ZeRO-0 whole parameters (replica = DP rank), ZeRO >= 1 the rank's
+// slice of each flattened parameter and of its optimizer state; resuming needs the same layout.
 ckpt::TensorList Trainer::shard_list(const std::vector<StateSlice>& slices) const {
   ckpt::TensorList out;
   if (whole_) {
@@ -1361,6 +1363,7 @@ void Trainer::load_pretrained(const std::string& path) {
     ckpt::fill_from_whole(c, model_->params(), whole, {});
     check_finite(model_->params(), c.dir());
   } else {
+    staged_.clear();
     const ckpt::TensorList slices = stage(shard_list(dp_->param_slices()));
     ckpt::fill_from_whole(c, model_->params(), slices, {});
     check_finite(slices, c.dir());
@@ -1397,6 +1400,7 @@ void Trainer::start_from_one_process(const std::string& path) {
     return;
   }
   const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
+  staged_.clear();
   ckpt::fill_from_whole(c, trained_params(), stage(shard_list(dp_->param_slices())),
                         stage(optim_list()));
   unstage();
