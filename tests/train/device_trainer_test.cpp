@@ -51,6 +51,8 @@ Config config(const std::string& dir, const std::string& family, int zero = 0,
   if (zero > 0) c.set("parallel.zero", std::to_string(zero), "test");
   c.set("precision.policy", "\"" + precision + "\"", "test");
   if (family == "llama") {
+    // (and the asynchronous checkpoint writer, whose snapshot copies the staged host tensors)
+    c.set("train.ckpt_async", "true", "test");
     c.set("model.family", "\"llama\"", "test");
     c.set("model.n_kv_head", "1", "test");
   }
