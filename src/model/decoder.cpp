@@ -234,6 +234,7 @@ Linear Decoder::linear(const std::string& prefix, int in, int out, Linear::Split
   lin.out = out;
   lin.split = split;
   lin.tp = tpo_.get();
+  lin.widen = &widen_;
   if (auto it = adapters_.find(prefix); it != adapters_.end()) lin.adapter = it->second;
   if (auto it = recipes_.find(prefix); it != recipes_.end()) lin.recipe = it->second;
   return lin;
@@ -715,6 +716,7 @@ Linear Decoder::head_linear() {
   lin.out = vocab_;
   lin.split = Linear::Split::Column;
   lin.tp = tpo_.get();
+  lin.widen = &widen_;
   if (auto it = adapters_.find("head"); it != adapters_.end()) lin.adapter = it->second;
   if (auto it = recipes_.find("head"); it != recipes_.end()) lin.recipe = it->second;
   return lin;

@@ -335,6 +335,9 @@ class Decoder {
   ParamSet params_;
   // Cache-sized fp32 scratch for row-blocked passes over bf16 storage, and MoE's widened input.
   BackendBuffer blk_a_, blk_b_, moe_in_;
+  // Linear's widened input on the fp32 GEMM paths over bf16 storage (Linear::widen): a buffer of
+  // this backend, so that the CUDA backend's GEMMs never receive host memory.
+  BackendBuffer widen_;
 
   // Activation buffers: one arena (a Backend buffer: device memory on a GPU), and views into it.
   // Training keeps what the recompute mode says; a forward-only pass keeps one layer (every layer
