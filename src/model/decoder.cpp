@@ -436,7 +436,15 @@ float* Decoder::scratch(BackendBuffer& buf, int64_t n) {
   return buf.ensure_n<float>(be_, size_t(n), "scratch");
 }
 
+void Decoder::set_head_rows(int rows) {
+  LOOM_CHECK(rows >= 0, "head rows per chunk must be >= 0, got ", rows);
+  LOOM_CHECK(train_buf_.N == 0 && infer_buf_.N == 0,
+             "set_head_rows must be called before the first forward (the arena is sized by it)");
+  head_rows_ = rows;
+}
+
 int Decoder::head_chunk() const {
+  if (head_rows_ > 0) return head_rows_;
   constexpr int64_t kLogitFloats = int64_t(16) << 20;
   return static_cast<int>(std::clamp<int64_t>(kLogitFloats / vocab_, 16, 256));
 }

@@ -209,6 +209,9 @@ class Decoder {
   // Rows of logits materialised at once: as many as fit in ~64 MB (more rows per chunk make
   // the head's weight-gradient GEMM less memory-bound), at least 16, at most 256.
   int head_chunk() const;
+  // Overrides that rule (0: back to it); before the first forward. A GPU's head GEMMs want
+  // thousands of rows per chunk (bench_cuda uses 4096): 64 MB of logits is a CPU's trade-off.
+  void set_head_rows(int rows);
   // Bytes held in the training activation buffers for the largest batch so far.
   size_t activation_bytes() const { return train_buf_.mem.bytes(); }
   // Bytes held in the forward-only buffers (forward_loss, forward_logits).
@@ -325,6 +328,7 @@ class Decoder {
   std::pair<int, int> chunk_range(int chunk) const;
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // per layer (null for dense layers)
   double aux_sum_ = 0;
+  int head_rows_ = 0;  // set_head_rows (0: head_chunk's rule)
   float dloss_ = 0;
   // Local sizes on this tensor-parallel rank.
   int hq_ = 0, hkv_ = 0, qkv_ = 0, att_ = 0, ff_ = 0, fc_ = 0, vocab_ = 0, v0_ = 0;

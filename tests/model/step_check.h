@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -200,19 +201,29 @@ inline StepRun cpu_reference(StepSpec s) {
   return run_step(cpu_backend(), s);
 }
 
+// What a caller attaches to the model of train_curve (a GEMM recipe) and does before each step
+// (the recipe's begin_step). Both optional.
+struct CurveHooks {
+  std::function<void(Decoder&)> setup;
+  std::function<void(int step)> before_step;
+};
+
 // `steps` AdamW steps on one fixed micro-batch through a Decoder on `be`: forward_backward, then
 // Backend::adamw over the whole parameter buffer with its moments in buffers of the same
 // backend (lr 3e-3, betas 0.9 / 0.95, no weight decay). Returns each step's mean loss.
-inline std::vector<double> train_curve(Backend& be, const StepSpec& s, int steps) {
+inline std::vector<double> train_curve(Backend& be, const StepSpec& s, int steps,
+                                       const CurveHooks& hooks = {}) {
   const Data d = step_data(s);
   const ModelInput in = d.input();
   Decoder m(s.cfg, be, s.recompute, s.act);
   m.params().init(s.seed);
+  if (hooks.setup) hooks.setup(m);
   const int64_t P = m.params().total();
   BackendBuffer mom = BackendBuffer::zeroed(be, size_t(P) * sizeof(float), "optimizer");
   BackendBuffer var = BackendBuffer::zeroed(be, size_t(P) * sizeof(float), "optimizer");
   std::vector<double> curve;
   for (int step = 1; step <= steps; ++step) {
+    if (hooks.before_step) hooks.before_step(step);
     m.params().zero_grad();
     curve.push_back(m.forward_backward(in, 1.f / float(in.N)) / in.N);
     be.adamw(m.params().data(), m.params().grad(), mom.as<float>(), var.as<float>(), P, 3e-3f, 0.9f,
