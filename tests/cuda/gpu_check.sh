@@ -33,8 +33,17 @@ TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests"
 OPTIONAL_TESTS="cuda_train_tests"
 
 B=build-gpucarry
+prebuilt=1
 if ! timeout 60 $B/tests/cuda/cuda_host_tests --gtest_brief=1 > "$LOG/prebuilt_probe.txt" 2>&1; then
-  stamp "prebuilt binaries do not run here (see prebuilt_probe.txt): building"
+  stamp "prebuilt binaries do not run here (see prebuilt_probe.txt)"
+  prebuilt=0
+elif ! timeout 60 sha1sum -c --quiet $B/sources.sha1 > "$LOG/prebuilt_sources.txt" 2>&1; then
+  # gpu_bundle.sh records the sources it built from: stale binaries would test old code.
+  stamp "prebuilt binaries were built from other sources (see prebuilt_sources.txt)"
+  prebuilt=0
+fi
+if [ $prebuilt = 0 ]; then
+  stamp "building here"
   B=build-gpu
   if want build; then
     timeout 400 cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON \
