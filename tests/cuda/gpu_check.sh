@@ -78,11 +78,11 @@ if want test; then
 fi
 S="compute-sanitizer --error-exitcode 9 --print-limit 20"
 if want sanitize && command -v compute-sanitizer >/dev/null; then
-  # Real-Decoder steps (forward_backward, forward_loss, forward_logits) on the tiny presets,
-  # and one fp8 step through the recipes in the Decoder's Linear slots.
+  # A real-Decoder step (forward_backward, forward_loss, forward_logits) of tiny-llama (GQA,
+  # RoPE, SwiGLU), and an fp8 step through the recipes in the Decoder's Linear slots.
   stamp "memcheck: real-Decoder steps"
   timeout 150 $S --tool memcheck $B/tests/cuda/cuda_step_tests --gtest_brief=1 \
-    --gtest_filter='CudaStep.Tiny*:CudaStep.Fp8StepMatchesCpuRecipeLoss' \
+    --gtest_filter='CudaStep.TinyLlamaMatchesCpu:CudaStep.Fp8StepMatchesCpuRecipeLoss' \
     > "$LOG/sanitizer_memcheck_step.txt" 2>&1 || { echo "memcheck step: rc $?"; rc=1; }
   stamp "racecheck: attention, layernorm"
   timeout 90 $S --tool racecheck $B/tests/cuda/cuda_ops_tests --gtest_brief=1 \
