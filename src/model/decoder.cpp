@@ -472,7 +472,10 @@ const float* Decoder::fp32_in(const ActBuf& buf, int64_t n, float* scratch) cons
   return scratch;
 }
 
-int Decoder::block_rows(int width) const {
+int Decoder::block_rows(int width, int N) const {
+  // On a GPU one block of every row: each block is two kernel launches, and cache-sized blocks
+  // would make the bf16 passes launch-bound (hundreds of launches per norm at 16K tokens).
+  if (be_.device() != Device::CPU) return std::max(1, N);
   constexpr int kBlockFloats = 1 << 16;  // 256 KiB: stays in L2 between the two passes
   return std::max(1, kBlockFloats / std::max(1, width));
 }
@@ -492,7 +495,7 @@ void Decoder::norm_forward(const ActBuf& out, int64_t offset, float* mean, float
     return;
   }
   // bf16 storage: row blocks normalised into cache-resident scratch, then stored (rounded).
-  const int rows = block_rows(C);
+  const int rows = block_rows(C, N);
   float* blk = scratch(blk_a_, int64_t(rows) * C);
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int n = std::min(rows, N - r0);
@@ -514,7 +517,7 @@ void Decoder::mlp_act_forward(const LayerActs& a, const float* fc32, int N) {
     round_act(a.act.f32, int64_t(N) * F);
     return;
   }
-  const int rows = block_rows(FC);
+  const int rows = block_rows(FC, N);
   float* blk_a = scratch(blk_a_, int64_t(rows) * FC);
   float* blk_b = scratch(blk_b_, int64_t(rows) * F);
   for (int r0 = 0; r0 < N; r0 += rows) {
@@ -538,7 +541,7 @@ void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, const float* dact
   if (a.fc.f32) {
     back(dfc, a.fc.f32, dact, N);
   } else {
-    const int rows = block_rows(FC);
+    const int rows = block_rows(FC, N);
     float* blk = scratch(blk_a_, int64_t(rows) * FC);
     for (int r0 = 0; r0 < N; r0 += rows) {
       const int n = std::min(rows, N - r0);

@@ -297,8 +297,9 @@ class Decoder {
   void mlp_act_forward(const LayerActs& a, const float* fc32, int N);
   // dfc = the activation's backward from dact, reading fc as stored.
   void mlp_act_backward(const LayerActs& a, float* dfc, const float* dact, int N);
-  // Rows per block of a [N, width] pass that widens bf16 rows into cache-sized scratch.
-  int block_rows(int width) const;
+  // Rows per block of a [N, width] pass that widens bf16 rows into cache-sized scratch (on a
+  // GPU all N rows at once).
+  int block_rows(int width, int N) const;
   double run(const ModelInput& in, float dloss, bool grads);
 
   // Where parallelism lives (model/parallel_ops.h): the tensor-parallel edges and token split,
