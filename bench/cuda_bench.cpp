@@ -2,9 +2,10 @@
 // with AdamW on the device (CudaBackend::adamw_multi, weight decay on matrices only, the
 // gradient clipped to norm 1), GPT-2 124M at batch 16 x 1024 by default, GEMMs on bf16 tensor
 // cores (fp32 storage and accumulation). Prints tokens/s, MFU against the card's dense bf16
-// peak, each phase's share of the step time (embedding, forward blocks, head + loss, backward
-// blocks, embedding backward, optimizer: CUDA events at the Decoder's block hooks), and the
-// device memory per buffer class.
+// peak, the loss of every step, each op group's share of one profiled step's time (the Decoder
+// runs on a forwarding backend, tests/kernels/tap_backend.h, that names each op: a CUDA event
+// whenever the group changes; the head's GEMMs apart from the blocks' by the Decoder's block
+// hooks), and the device memory per buffer class.
 //
 //   bench_cuda [--preset gpt2-124m] [--batch 16] [--seq 1024] [--steps 10] [--warmup 3]
 //              [--math bf16|tf32|fp32|fp16|fp8|fp8-delayed|mxfp8] [--peak-tflops X]
@@ -39,6 +40,7 @@
 #include "cuda/cuda_fp8_recipes.h"
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/tap_backend.h"
 #include "model/decoder.h"
 
 namespace {
@@ -125,6 +127,24 @@ struct GroupTimer {
   }
 };
 
+// The op group an op's time is counted in (`head`: between the last block's forward and the
+// first block's backward, where the GEMMs are the output head's).
+const char* op_group(const std::string& op, bool head) {
+  auto has = [&](const char* s) { return op.find(s) != std::string::npos; };
+  if (has("matmul") || has("gemm")) return head ? "head matmul" : "matmul";
+  if (op == "fp8 linear") return "matmul (fp8)";
+  if (op == "attention_forward") return "attention fwd";
+  if (op == "attention_backward") return "attention bwd";
+  if (has("norm")) return "norm";
+  if (has("gelu") || has("swiglu")) return "activation";
+  if (has("rope")) return "rope";
+  if (has("cross_entropy")) return "cross-entropy";
+  if (has("embedding")) return "embedding";
+  if (op == "add" || op == "add_inplace" || op == "scale_inplace") return "residual";
+  if (op == "round_to" || op == "convert") return "convert";
+  return "other";  // copies, fills, the loss sum
+}
+
 int run(const Args& a) {
   if (cuda_device_count() == 0) {
     std::printf("bench_cuda: no CUDA device: skipped\n");
@@ -147,7 +167,8 @@ int run(const Args& a) {
 
   // The model on the device: parameters drawn on the host in chunks and copied over (init),
   // gradients, the activation arena and the inputs allocated through the backend.
-  Decoder model(cfg, be, recompute_from_name(a.recompute),
+  test::TapBackend tap(be);  // forwards to `be`; names each op while a step is profiled
+  Decoder model(cfg, tap, recompute_from_name(a.recompute),
                 a.act == "bf16" ? DType::BF16 : DType::F32);
   model.set_head_rows(std::min(N, a.head_rows));
   ParamSet& ps = model.params();
@@ -181,22 +202,28 @@ int run(const Args& a) {
   }
   auto stream = static_cast<cudaStream_t>(be.stream());
   GroupTimer timer{{}, stream};
-  // Phases of the step at the Decoder's block hooks (only while a profiled step runs).
-  bool profiling = false;
+  // One profiled step: every op the Decoder runs marks its group (the fp8 recipes call the
+  // backend directly: they mark their layers themselves); the head's GEMMs are told apart by
+  // the block hooks.
+  bool in_head = false;
   const int L = cfg.n_layer;
-  model.before_block.subscribe([&](int, bool backward) {
-    if (profiling) timer.mark(backward ? "backward blocks" : "forward blocks");
-  });
   model.after_block.subscribe([&](int l, bool backward) {
-    if (!profiling) return;
-    if (!backward && l == L - 1) timer.mark("head + loss");
-    if (backward && l == 0) timer.mark("embedding bwd");
+    if (!backward && l == L - 1) in_head = true;
   });
+  model.before_block.subscribe([&](int, bool backward) {
+    if (backward) in_head = false;
+  });
+  auto profile_ops = [&](bool on) {
+    test::TapBackend::Listener mark = nullptr;
+    if (on) mark = [&](const char* op) { timer.mark(op_group(op, in_head)); };
+    tap.set_listener(mark);
+    if (fp8_recipes) fp8_recipes->mark = mark;
+  };
 
   double loss = 0;
   auto step = [&](int t, bool profile) {
-    profiling = profile;
-    if (profile) timer.mark("embedding");
+    profile_ops(profile);
+    in_head = false;
     // Delayed scaling: the previous step's amaxes join the histories before this step.
     if (fp8_recipes) fp8_recipes->begin_step();
     ps.zero_grad();
@@ -206,7 +233,7 @@ int run(const Args& a) {
     const float clip = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.f;
     be.adamw_multi(adam, {6e-4f, 0.9f, 0.95f, 1e-8f, clip, t});
     if (profile) timer.mark("end");
-    profiling = false;
+    profile_ops(false);
   };
   std::vector<double> curve;
   for (int t = 1; t <= a.warmup; ++t) {
@@ -250,7 +277,7 @@ int run(const Args& a) {
     std::vector<std::pair<double, std::string>> rows;
     for (auto& [k, t] : group_ms) rows.push_back({t, k});
     std::sort(rows.rbegin(), rows.rend());
-    std::printf("time share per phase (one profiled step, %.2f ms):\n", total);
+    std::printf("time share per op group (one profiled step, %.2f ms):\n", total);
     for (auto& [t, k] : rows)
       std::printf("  %-16s %8.3f ms  %5.1f%%\n", k.c_str(), t, 100 * t / total);
   }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,9 @@ class CudaFp8Recipes {
     for (auto& l : layers_) l->lin.set_recording(on);
   }
   size_t size() const { return layers_.size(); }
+  // Called with "fp8 linear" before each layer's forward and backward (a profiler's marks: the
+  // layers run their kernels on the CUDA backend directly). Null: none.
+  std::function<void(const char*)> mark;
 
  private:
   // One linear layer's recipe. The fp8 kernels read fp32 activations: a bf16-stored input is
@@ -57,10 +61,12 @@ class CudaFp8Recipes {
     }
     void forward(Backend&, float* y, ActIn x, const float* w, const float* b, int N, int in,
                  int out) override {
+      if (owner.mark) owner.mark("fp8 linear");
       lin.forward(y, fp32(x, int64_t(N) * in), w, b, N, in, out);
     }
     void backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x,
                   const float* w, int N, int in, int out) override {
+      if (owner.mark) owner.mark("fp8 linear");
       lin.backward(dx, dw, db, dy, fp32(x, int64_t(N) * in), w, N, in, out);
     }
     CudaFp8Recipes& owner;

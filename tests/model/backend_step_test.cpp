@@ -8,7 +8,11 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <set>
+#include <string>
+
 #include "kernels/guarded_backend.h"
+#include "kernels/tap_backend.h"
 #include "model/step_check.h"
 
 using namespace loom;
@@ -82,6 +86,31 @@ TEST(BackendStep, GuardedBackendAgreesWithCpu) {
               ::testing::ExitedWithCode(0), "");
   EXPECT_EXIT(guarded_child(Family::Llama, Recompute::Full, DType::BF16),
               ::testing::ExitedWithCode(0), "");
+}
+
+// The forwarding backend bench_cuda times the Decoder's op groups through: the same results as
+// its inner backend, bit for bit, and every op named to the listener.
+TEST(BackendStep, TapBackendForwardsEveryOp) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    StepSpec s = spec(f, Recompute::Selective, DType::BF16);
+    s.loss_weights = true;
+    s.frozen = some_frozen(f);
+    std::set<std::string> seen;
+    test::TapBackend tap(cpu_backend(), [&](const char* op) { seen.insert(op); });
+    EXPECT_TRUE(test::steps_agree(test::run_step(tap, s), test::cpu_reference(s), kExact));
+    EXPECT_TRUE(test::curves_agree(test::train_curve(tap, s, 3),
+                                   test::train_curve(cpu_backend(), s, 3), 0.0));
+    for (const char* op :
+         {"matmul_forward", "matmul_backward", "attention_forward", "attention_backward",
+          "cross_entropy", "weighted_sum", "embedding_forward", "embedding_backward", "round_to",
+          "convert", "adamw", "copy_h2d"})
+      EXPECT_EQ(seen.count(op), 1u) << op << " not seen (" << family_name(f) << ")";
+    EXPECT_EQ(seen.count(f == Family::GPT2 ? "layernorm_backward" : "rmsnorm_backward"), 1u);
+    EXPECT_EQ(seen.count(f == Family::GPT2 ? "gelu_forward" : "swiglu_backward"), 1u);
+    if (f == Family::Llama) {
+      EXPECT_EQ(seen.count("rope_backward"), 1u);
+    }
+  }
 }
 
 TEST(BackendStep, TrainCurveFallsAndRepeats) {
