@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "kernels/backend.h"
@@ -22,8 +23,12 @@ class TapBackend final : public Backend {
   void set_listener(Listener l) { tap_ = std::move(l); }
   Backend& inner() { return in_; }
 
+  // What device() reports (default: the inner backend's). Tests set Device::CUDA to run the
+  // Decoder's GPU-only choices (whole-row bf16 passes) over the CPU's ops.
+  void report_device(Device d) { dev_ = d; }
+
   const char* name() const override { return in_.name(); }
-  Device device() const override { return in_.device(); }
+  Device device() const override { return dev_ ? *dev_ : in_.device(); }
   bool host_accessible() const override { return in_.host_accessible(); }
   std::string memory_report() const override { return in_.memory_report(); }
 
@@ -242,6 +247,7 @@ class TapBackend final : public Backend {
   }
   Backend& in_;
   Listener tap_;
+  std::optional<Device> dev_;
 };
 
 }  // namespace loom::test

@@ -113,6 +113,21 @@ TEST(BackendStep, TapBackendForwardsEveryOp) {
   }
 }
 
+// On a GPU the Decoder runs its bf16 passes (norms, the MLP activation and its recomputation in
+// backward) over all rows at once instead of cache-sized row blocks: the same values. 200
+// tokens of the tiny preset take two blocks of fc on the CPU (128 rows each), one block when the
+// backend says CUDA.
+TEST(BackendStep, WholeRowBf16PassesOfAGpuMatchTheCpuBlocks) {
+  StepSpec s;
+  s.cfg = model_preset("tiny");
+  s.lens = {128, 72};
+  s.act = DType::BF16;
+  s.loss_weights = true;
+  test::TapBackend gpu_like(cpu_backend());
+  gpu_like.report_device(Device::CUDA);
+  EXPECT_TRUE(test::steps_agree(test::run_step(gpu_like, s), test::cpu_reference(s), kExact));
+}
+
 TEST(BackendStep, TrainCurveFallsAndRepeats) {
   const StepSpec s = spec(Family::Llama);
   const std::vector<double> a = test::train_curve(cpu_backend(), s, 4);
