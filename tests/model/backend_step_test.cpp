@@ -139,7 +139,7 @@ TEST(BackendStep, TrainCurveFallsAndRepeats) {
 
 // The comparison must fail where the device run is wrong: a bf16 run against fp32 tolerances,
 // one gradient element off by 1% of its tensor's scale, a written frozen gradient, a wrong
-// sequence log-probability, a wrong logit.
+// sequence or token log-probability, a wrong logit.
 TEST(BackendStep, ComparisonCatchesDifferences) {
   const StepTol fp32{1e-5, 1e-3, 1e-4, 1e-5};
   StepSpec s = spec(Family::GPT2);
@@ -172,6 +172,10 @@ TEST(BackendStep, ComparisonCatchesDifferences) {
   StepRun lp = want;
   lp.out.seq_logprobs[1] += 0.01;
   EXPECT_FALSE(test::steps_agree(lp, want, fp32));
+
+  StepRun tl = want;
+  tl.out.token_logprobs[4] -= 0.5f;
+  EXPECT_FALSE(test::steps_agree(tl, want, fp32));
 
   StepRun lg = want;
   lg.logits[5] = std::nanf("");

@@ -35,7 +35,8 @@ struct StepTol {
   double loss_rel = 0;     // loss sum and forward_loss
   double grad_rel = 0;     // per parameter, times its largest |gradient|
   double logits_rel = 0;   // forward_logits, times the largest |logit|
-  double logprob_rel = 0;  // seq_logprobs, times max(1, |value|)
+  double logprob_rel = 0;  // seq_logprobs, times max(1, |value|); token_logprobs, times the
+                           // largest |value|
 };
 
 struct StepSpec {
@@ -182,6 +183,14 @@ inline ::testing::AssertionResult steps_agree(const StepRun& dev, const StepRun&
     for (size_t s = 0; s < cpu.out.seq_logprobs.size(); ++s)
       num(("seq_logprobs[" + std::to_string(s) + "]").c_str(), dev.out.seq_logprobs[s],
           cpu.out.seq_logprobs[s], t.logprob_rel);
+  }
+  if (dev.out.token_logprobs.size() != cpu.out.token_logprobs.size()) {
+    bad << "\n  " << dev.out.token_logprobs.size() << " token_logprobs vs "
+        << cpu.out.token_logprobs.size();
+  } else {
+    auto r = close_to_scale(dev.out.token_logprobs.data(), cpu.out.token_logprobs.data(),
+                            cpu.out.token_logprobs.size(), t.logprob_rel, "token_logprobs");
+    if (!r) bad << "\n  " << r.message();
   }
   if (dev.logits.size() != cpu.logits.size()) {
     bad << "\n  " << dev.logits.size() << " logits vs " << cpu.logits.size();
