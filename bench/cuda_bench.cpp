@@ -14,6 +14,9 @@
 //      fp8: the blocks' linear layers in fp8 with current scaling (hybrid e4m3/e5m2), the rest
 //      as under bf16; fp8-delayed: delayed scaling (amax history 1024); mxfp8: MX blocks
 //      dequantised to bf16 GEMMs (e4m3, hybrid gradients); MFU still against the dense bf16 peak.
+//      --fp8-trace (fp8-delayed): after every step, the scales it used for x, W and dy (from
+//      the amax histories of the steps before) in the first block's qkv and the last block's
+//      MLP output layer (downloads: the step times are then not the recipe's);
 //      --act: how the Decoder stores activations (bf16: half the activation memory, values
 //      widened for the fp32-interface GEMMs); --head-rows: logit rows per head chunk.
 //   bench_cuda --gemm-sweep [--preset P] [--batch B] [--seq T]
@@ -53,6 +56,7 @@ struct Args {
   double peak_tflops = 0;
   bool profile = true;
   bool gemm_sweep = false;
+  bool fp8_trace = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -83,6 +87,8 @@ Args parse(int argc, char** argv) {
       a.recompute = val();
     else if (k == "--head-rows")
       a.head_rows = std::stoi(val());
+    else if (k == "--fp8-trace")
+      a.fp8_trace = true;
     else if (k == "--no-profile")
       a.profile = false;
     else if (k == "--gemm-sweep")
@@ -220,6 +226,19 @@ int run(const Args& a) {
     if (fp8_recipes) fp8_recipes->mark = mark;
   };
 
+  // The scales delayed scaling used in step t (set by its begin_step from the histories of the
+  // steps before): a scale that collapses or lags growing activations shows here.
+  auto trace_scales = [&](int t) {
+    const std::string first = "blocks.0.attn.qkv", last = cat("blocks.", L - 1, ".mlp.proj");
+    for (size_t i = 0; i < fp8_recipes->size(); ++i) {
+      const std::string& n = fp8_recipes->name(i);
+      if (n != first && n != last) continue;
+      const CudaFp8Linear& l = fp8_recipes->linear(i);
+      std::printf("fp8 step %d %s: scale x %.4g w %.4g dy %.4g\n", t, n.c_str(),
+                  l.scale(CudaFp8Linear::X), l.scale(CudaFp8Linear::W), l.scale(CudaFp8Linear::DY));
+    }
+  };
+
   double loss = 0;
   auto step = [&](int t, bool profile) {
     profile_ops(profile);
@@ -234,6 +253,7 @@ int run(const Args& a) {
     be.adamw_multi(adam, {6e-4f, 0.9f, 0.95f, 1e-8f, clip, t});
     if (profile) timer.mark("end");
     profile_ops(false);
+    if (a.fp8_trace && fp8_recipes) trace_scales(t);
   };
   std::vector<double> curve;
   for (int t = 1; t <= a.warmup; ++t) {

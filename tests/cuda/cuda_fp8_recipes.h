@@ -31,6 +31,7 @@ class CudaFp8Recipes {
     for (const Decoder::LinearInfo& l : model.linears()) {
       if (l.name == "head") continue;  // the head stays in the backend's GEMMs (as on the CPU)
       layers_.push_back(std::make_unique<Layer>(*this, o));
+      names_.push_back(l.name);
       model.attach_recipe(l.name, layers_.back().get());
     }
   }
@@ -44,6 +45,9 @@ class CudaFp8Recipes {
     for (auto& l : layers_) l->lin.set_recording(on);
   }
   size_t size() const { return layers_.size(); }
+  const std::string& name(size_t i) const { return names_.at(i); }
+  // Layer i's scaling state (delayed scaling's scales: CudaFp8Linear::scale, a download).
+  const CudaFp8Linear& linear(size_t i) const { return layers_.at(i)->lin; }
   // Called with "fp8 linear" before each layer's forward and backward (a profiler's marks: the
   // layers run their kernels on the CUDA backend directly). Null: none.
   std::function<void(const char*)> mark;
@@ -89,6 +93,7 @@ class CudaFp8Recipes {
   std::unique_ptr<CudaFp8Scratch> scratch_;
   BackendBuffer widen_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::string> names_;
 };
 
 }  // namespace loom::test

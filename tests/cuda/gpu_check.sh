@@ -105,6 +105,9 @@ if want bench; then
     timeout 90 $B/bench/bench_cuda --math $m --no-profile 2>&1 | tee "$LOG/bench_cuda_$m.txt" |
       grep -E "^step|^MFU|^loss per step" | sed "s/^/$m: /"
   done
+  # Delayed scaling's scales step by step (its loss rose above ln V on the H200 once).
+  timeout 90 $B/bench/bench_cuda --math fp8-delayed --no-profile --fp8-trace --steps 5 2>&1 |
+    tee "$LOG/bench_cuda_fp8_delayed_trace.txt" | grep -E "^fp8 step|^loss per step"
   stamp "bench_cuda --act bf16 (bf16 activation storage)"
   timeout 90 $B/bench/bench_cuda --act bf16 --no-profile 2>&1 | tee "$LOG/bench_cuda_act_bf16.txt" |
     grep -E "^step|^MFU|^activation arena"
