@@ -5,8 +5,9 @@
 # the step tests run the real Decoder on the GPU against the CPU one), compute-sanitizer
 # memcheck of real-Decoder steps, racecheck on the attention and norm kernels, and bench_cuda
 # (the real Decoder + device AdamW: gpt2-124m 16 x 1024 in bf16 / fp8 / fp8-delayed / mxfp8,
-# llama-1b; the GEMM sweep). Every stage and command has a timeout; the default stages take
-# 3 to 4 minutes on an H100 (estimated, not yet measured). Logs go to $OUT (when set) or build-gpu/logs.
+# llama-1b; the GEMM sweep). Every stage and command has a timeout; the default stages should
+# take 3 to 4 minutes on an H100 (estimated, not yet measured). Logs go to $OUT (when set) or
+# build-gpu/logs.
 # Stages (default: build test sanitize bench, in this order); by name also: torch (the PyTorch
 # eager / torch.compile baseline, bench/cuda_bench_torch.py, ~2 minutes) and memcheck-ops
 # (compute-sanitizer over the op tests, ~2 minutes).
