@@ -1,14 +1,24 @@
-// Training-step throughput of the CUDA backend: the decoder's op sequence (tests/cuda/
-// step_replay.h) on one GPU, GPT-2 124M at batch 16 x 1024 by default, GEMMs on bf16 tensor
+// Training-step throughput of the CUDA backend: the real Decoder (model/decoder.h) on one GPU
+// with AdamW on the device (CudaBackend::adamw_multi, weight decay on matrices only, the
+// gradient clipped to norm 1), GPT-2 124M at batch 16 x 1024 by default, GEMMs on bf16 tensor
 // cores (fp32 storage and accumulation). Prints tokens/s, MFU against the card's dense bf16
-// peak, each op group's share of the step time, and the peak device memory.
+// peak, the loss of every step, each op group's share of one profiled step's time (the Decoder
+// runs on a forwarding backend, tests/kernels/tap_backend.h, that names each op: a CUDA event
+// whenever the group changes; the head's GEMMs apart from the blocks' by the Decoder's block
+// hooks), and the device memory per buffer class.
 //
 //   bench_cuda [--preset gpt2-124m] [--batch 16] [--seq 1024] [--steps 10] [--warmup 3]
 //              [--math bf16|tf32|fp32|fp16|fp8|fp8-delayed|mxfp8] [--peak-tflops X]
+//              [--act fp32|bf16] [--recompute none|selective|full] [--head-rows 4096]
 //              [--no-profile]
 //      fp8: the blocks' linear layers in fp8 with current scaling (hybrid e4m3/e5m2), the rest
 //      as under bf16; fp8-delayed: delayed scaling (amax history 1024); mxfp8: MX blocks
 //      dequantised to bf16 GEMMs (e4m3, hybrid gradients); MFU still against the dense bf16 peak.
+//      --fp8-trace (fp8-delayed): after every step, the scales it used for x, W and dy (from
+//      the amax histories of the steps before) in the first block's qkv and the last block's
+//      MLP output layer (downloads: the step times are then not the recipe's);
+//      --act: how the Decoder stores activations (bf16: half the activation memory, values
+//      widened for the fp32-interface GEMMs); --head-rows: logit rows per head chunk.
 //   bench_cuda --gemm-sweep [--preset P] [--batch B] [--seq T]
 //      the preset's linear-layer GEMMs (M = B*T tokens) through gemm_ex with bf16 and fp8
 //      (e4m3 x e4m3, per-tensor scales, bf16 output) operands, TFLOP/s each and fp8/bf16:
@@ -28,10 +38,12 @@
 #include <string>
 #include <vector>
 
+#include "core/bench_util.h"
 #include "core/error.h"
-#include "cuda/fp8_replay.h"
-#include "cuda/step_replay.h"
+#include "cuda/cuda_fp8_recipes.h"
+#include "kernels/buffer.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/tap_backend.h"
 #include "model/decoder.h"
 
 namespace {
@@ -39,11 +51,12 @@ namespace {
 using namespace loom;
 
 struct Args {
-  std::string preset = "gpt2-124m", math = "bf16";
-  int batch = 16, seq = 1024, steps = 10, warmup = 3;
+  std::string preset = "gpt2-124m", math = "bf16", act = "fp32", recompute = "none";
+  int batch = 16, seq = 1024, steps = 10, warmup = 3, head_rows = 4096;
   double peak_tflops = 0;
   bool profile = true;
   bool gemm_sweep = false;
+  bool fp8_trace = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -68,6 +81,14 @@ Args parse(int argc, char** argv) {
       a.math = val();
     else if (k == "--peak-tflops")
       a.peak_tflops = std::stod(val());
+    else if (k == "--act")
+      a.act = val();
+    else if (k == "--recompute")
+      a.recompute = val();
+    else if (k == "--head-rows")
+      a.head_rows = std::stoi(val());
+    else if (k == "--fp8-trace")
+      a.fp8_trace = true;
     else if (k == "--no-profile")
       a.profile = false;
     else if (k == "--gemm-sweep")
@@ -75,6 +96,9 @@ Args parse(int argc, char** argv) {
     else
       fail("unknown option ", k, " (see the comment at the top of bench/cuda_bench.cpp)");
   }
+  LOOM_CHECK(a.act == "fp32" || a.act == "bf16", "--act must be fp32 or bf16, got '", a.act, "'");
+  LOOM_CHECK(a.batch > 0 && a.seq > 0 && a.steps > 0 && a.warmup >= 0 && a.head_rows > 0,
+             "--batch, --seq, --steps and --head-rows must be positive, --warmup >= 0");
   return a;
 }
 
@@ -109,6 +133,24 @@ struct GroupTimer {
   }
 };
 
+// The op group an op's time is counted in (`head`: between the last block's forward and the
+// first block's backward, where the GEMMs are the output head's).
+const char* op_group(const std::string& op, bool head) {
+  auto has = [&](const char* s) { return op.find(s) != std::string::npos; };
+  if (has("matmul") || has("gemm")) return head ? "head matmul" : "matmul";
+  if (op == "fp8 linear") return "matmul (fp8)";
+  if (op == "attention_forward") return "attention fwd";
+  if (op == "attention_backward") return "attention bwd";
+  if (has("norm")) return "norm";
+  if (has("gelu") || has("swiglu")) return "activation";
+  if (has("rope")) return "rope";
+  if (has("cross_entropy")) return "cross-entropy";
+  if (has("embedding")) return "embedding";
+  if (op == "add" || op == "add_inplace" || op == "scale_inplace") return "residual";
+  if (op == "round_to" || op == "convert") return "convert";
+  return "other";  // copies, fills, the loss sum
+}
+
 int run(const Args& a) {
   if (cuda_device_count() == 0) {
     std::printf("bench_cuda: no CUDA device: skipped\n");
@@ -123,41 +165,27 @@ int run(const Args& a) {
   const ModelConfig cfg = model_preset(a.preset);
   LOOM_CHECK(a.seq <= cfg.max_seq, "--seq ", a.seq, " exceeds the preset's max_seq ", cfg.max_seq);
   const int N = a.batch * a.seq;
-  std::printf("bench_cuda: %s on %s (sm_%d, %d SMs), batch %d x %d = %d tokens, gemm math %s\n",
-              a.preset.c_str(), be.device_name().c_str(), be.sm_version(), be.sm_count(), a.batch,
-              a.seq, N, a.math.c_str());
+  std::printf(
+      "bench_cuda: %s on %s (sm_%d, %d SMs), batch %d x %d = %d tokens, gemm math %s, "
+      "activations %s, recompute %s (real Decoder)\n",
+      a.preset.c_str(), be.device_name().c_str(), be.sm_version(), be.sm_count(), a.batch, a.seq, N,
+      a.math.c_str(), a.act.c_str(), a.recompute.c_str());
 
-  // Parameters initialised on the host (the Decoder's layout and init), then uploaded.
-  Decoder host(cfg, cpu_backend());
-  host.params().init(1);
-  const int64_t P = host.params().total();
-
-  // Activations: measure what the replay takes, then one allocation for all of it.
-  const int head_chunk = std::min(N, 4096);
-  size_t act_floats = 0;
-  {
-    std::vector<float> dummy(1);
-    test::StepReplay measure(
-        be, cfg, host.params(), nullptr, nullptr, N, head_chunk,
-        [&](size_t n) {
-          act_floats += (n + 63) / 64 * 64;
-          return dummy.data();
-        },
-        nullptr);
-  }
-  DeviceArena& arena = be.arena();
-  BumpRegion& params = arena.create("params", P * 4);
-  BumpRegion& grads = arena.create("grads", P * 4);
-  BumpRegion& optim = arena.create("optimizer", 2 * P * 4);
-  BumpRegion& acts = arena.create("activations", act_floats * 4 + (size_t(1) << 20));
-  BumpRegion& inputs = arena.create("inputs", 3 * size_t(N) * 4 + 4096);
-  float* w = params.take_n<float>(P, "params");
-  float* g = grads.take_n<float>(P, "grads");
-  float* m = optim.take_n<float>(P, "adam m");
-  float* v = optim.take_n<float>(P, "adam v");
-  be.upload(w, host.params().data(), P * 4);
-  be.fill_bytes(m, 0, P * 4);
-  be.fill_bytes(v, 0, P * 4);
+  // The model on the device: parameters drawn on the host in chunks and copied over (init),
+  // gradients, the activation arena and the inputs allocated through the backend.
+  test::TapBackend tap(be);  // forwards to `be`; names each op while a step is profiled
+  Decoder model(cfg, tap, recompute_from_name(a.recompute),
+                a.act == "bf16" ? DType::BF16 : DType::F32);
+  model.set_head_rows(std::min(N, a.head_rows));
+  ParamSet& ps = model.params();
+  ps.init(1);
+  const int64_t P = ps.total();
+  BackendBuffer mom = BackendBuffer::zeroed(be, size_t(P) * 4, "optimizer");
+  BackendBuffer var = BackendBuffer::zeroed(be, size_t(P) * 4, "optimizer");
+  std::vector<AdamWTensor> adam;
+  for (const ParamInfo& p : ps.infos())
+    adam.push_back({ps.data() + p.offset, ps.grad() + p.offset, mom.as<float>() + p.offset,
+                    var.as<float>() + p.offset, p.numel, p.decay ? 0.1f : 0.f});
 
   std::vector<int32_t> tokens(N), targets(N), positions(N), cu(a.batch + 1);
   uint64_t s = 42;
@@ -168,50 +196,79 @@ int run(const Args& a) {
   }
   for (int i = 0; i < N; ++i) targets[i] = tokens[(i + 1) % N];
   for (int b = 0; b <= a.batch; ++b) cu[b] = b * a.seq;
-  int32_t* d_tok = inputs.take_n<int32_t>(N);
-  int32_t* d_tgt = inputs.take_n<int32_t>(N);
-  int32_t* d_pos = inputs.take_n<int32_t>(N);
-  be.upload(d_tok, tokens.data(), N * 4);
-  be.upload(d_tgt, targets.data(), N * 4);
-  be.upload(d_pos, positions.data(), N * 4);
+  const ModelInput in{tokens.data(), targets.data(), positions.data(), cu.data(), N, a.batch};
 
-  test::StepReplay replay(
-      be, cfg, host.params(), w, g, N, head_chunk,
-      [&](size_t n) { return acts.take_n<float>((n + 63) / 64 * 64); },
-      [&](float* d, const float* src, size_t n) { be.download(d, src, n * 4); });
-  std::unique_ptr<test::Fp8Layers> fp8_layers;
+  std::unique_ptr<test::CudaFp8Recipes> fp8_recipes;
   if (fp8) {
     CudaFp8Options fo;
     fo.hybrid = true;
     fo.amax_history = a.math == "fp8-delayed" ? 1024 : 0;  // TE's default history
     fo.mx = a.math == "mxfp8";
-    fp8_layers = std::make_unique<test::Fp8Layers>(be, fo, cfg, N);
-    fp8_layers->attach(replay);
+    fp8_recipes = std::make_unique<test::CudaFp8Recipes>(model, be, fo, N);
   }
   auto stream = static_cast<cudaStream_t>(be.stream());
   GroupTimer timer{{}, stream};
+  // One profiled step: every op the Decoder runs marks its group (the fp8 recipes call the
+  // backend directly: they mark their layers themselves); the head's GEMMs are told apart by
+  // the block hooks.
+  bool in_head = false;
+  const int L = cfg.n_layer;
+  model.after_block.subscribe([&](int l, bool backward) {
+    if (!backward && l == L - 1) in_head = true;
+  });
+  model.before_block.subscribe([&](int, bool backward) {
+    if (backward) in_head = false;
+  });
+  auto profile_ops = [&](bool on) {
+    test::TapBackend::Listener mark = nullptr;
+    if (on) mark = [&](const char* op) { timer.mark(op_group(op, in_head)); };
+    tap.set_listener(mark);
+    if (fp8_recipes) fp8_recipes->mark = mark;
+  };
+
+  // The scales delayed scaling used in step t (set by its begin_step from the histories of the
+  // steps before): a scale that collapses or lags growing activations shows here.
+  auto trace_scales = [&](int t) {
+    const std::string first = "blocks.0.attn.qkv", last = cat("blocks.", L - 1, ".mlp.proj");
+    for (size_t i = 0; i < fp8_recipes->size(); ++i) {
+      const std::string& n = fp8_recipes->name(i);
+      if (n != first && n != last) continue;
+      const CudaFp8Linear& l = fp8_recipes->linear(i);
+      std::printf("fp8 step %d %s: scale x %.4g w %.4g dy %.4g\n", t, n.c_str(),
+                  l.scale(CudaFp8Linear::X), l.scale(CudaFp8Linear::W), l.scale(CudaFp8Linear::DY));
+    }
+  };
 
   double loss = 0;
   auto step = [&](int t, bool profile) {
-    replay.mark =
-        profile ? std::function<void(const char*)>([&](const char* what) { timer.mark(what); })
-                : nullptr;
-    be.fill_bytes(g, 0, P * 4);
-    loss = replay.forward_backward(d_tok, d_tgt, d_pos, cu.data(), a.batch, 1.f / N);
+    profile_ops(profile);
+    in_head = false;
+    // Delayed scaling: the previous step's amaxes join the histories before this step.
+    if (fp8_recipes) fp8_recipes->begin_step();
+    ps.zero_grad();
+    loss = model.forward_backward(in, 1.f / N);
     if (profile) timer.mark("optimizer");
-    if (fp8_layers) fp8_layers->begin_step();
-    const double norm = std::sqrt(be.sum_squares(g, P));
+    const double norm = std::sqrt(be.sum_squares(ps.grad(), P));
     const float clip = norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.f;
-    be.adamw(w, g, m, v, P, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, clip, t);
+    be.adamw_multi(adam, {6e-4f, 0.9f, 0.95f, 1e-8f, clip, t});
     if (profile) timer.mark("end");
+    profile_ops(false);
+    if (a.fp8_trace && fp8_recipes) trace_scales(t);
   };
-  for (int t = 1; t <= a.warmup; ++t) step(t, false);
+  std::vector<double> curve;
+  for (int t = 1; t <= a.warmup; ++t) {
+    step(t, false);
+    curve.push_back(loss / N);
+  }
   be.sync();
   cudaEvent_t t0, t1;
   cudaEventCreate(&t0);
   cudaEventCreate(&t1);
   cudaEventRecord(t0, stream);
-  for (int t = 1; t <= a.steps; ++t) step(a.warmup + t, false);
+  for (int t = 1; t <= a.steps; ++t) {
+    step(a.warmup + t, false);
+    curve.push_back(loss / N);
+  }
   cudaEventRecord(t1, stream);
   be.sync();
   float ms = 0;
@@ -226,6 +283,10 @@ int run(const Args& a) {
     std::printf("MFU %.1f%% of %.0f TFLOP/s dense bf16\n", 100.0 * flops / 1e12 / peak, peak);
   else
     std::printf("MFU: unknown card peak (pass --peak-tflops)\n");
+  // The loss of every step: a recipe that trains wrongly (loss rising above ln V) shows here.
+  std::printf("loss per step:");
+  for (double l : curve) std::printf(" %.3f", l);
+  std::printf("  (ln V = %.2f)\n", std::log(double(cfg.vocab)));
 
   if (a.profile) {
     std::map<std::string, double> group_ms;
@@ -238,10 +299,13 @@ int run(const Args& a) {
     std::sort(rows.rbegin(), rows.rend());
     std::printf("time share per op group (one profiled step, %.2f ms):\n", total);
     for (auto& [t, k] : rows)
-      std::printf("  %-14s %8.3f ms  %5.1f%%\n", k.c_str(), t, 100 * t / total);
+      std::printf("  %-16s %8.3f ms  %5.1f%%\n", k.c_str(), t, 100 * t / total);
   }
+  std::printf("activation arena %.1f MiB (head chunk %d rows)\n",
+              model.activation_bytes() / 1048576.0, model.head_chunk());
   std::printf("%s", be.memory_report().c_str());
   std::printf("backend workspace peak: %.1f MiB\n", be.workspace_peak() / 1048576.0);
+  std::printf("host load average %.2f\n", load_average());
   return 0;
 }
 
@@ -287,8 +351,8 @@ int gemm_sweep(const Args& a) {
   std::printf("bench_cuda --gemm-sweep: %s on %s (sm_%d), M = %d tokens%s\n", cfg.name.c_str(),
               be.device_name().c_str(), be.sm_version(), M,
               fp8_ok ? "" : " (no fp8 tensor cores before sm_89: fp8 skipped)");
-  // tf32 and f32>bf16: fp32 operands through the fp32 Backend GEMM (what the training step's
-  // replay runs today) on tf32 or bf16 tensor cores; bf16 and fp8: stored narrow operands.
+  // tf32 and f32>bf16: fp32 operands through the fp32 Backend GEMM (what the Decoder's
+  // Linears run) on tf32 or bf16 tensor cores; bf16 and fp8: stored narrow operands.
   std::printf("%-9s %6s %6s | %9s %9s %9s %9s | %s\n", "gemm", "K", "N", "tf32", "f32>bf16", "bf16",
               "fp8", "fp8/bf16 (TFLOP/s)");
   size_t max_x = 0, max_w = 0, max_y = 0;

@@ -234,6 +234,7 @@ Linear Decoder::linear(const std::string& prefix, int in, int out, Linear::Split
   lin.out = out;
   lin.split = split;
   lin.tp = tpo_.get();
+  lin.widen = &widen_;
   if (auto it = adapters_.find(prefix); it != adapters_.end()) lin.adapter = it->second;
   if (auto it = recipes_.find(prefix); it != recipes_.end()) lin.recipe = it->second;
   return lin;
@@ -435,7 +436,15 @@ float* Decoder::scratch(BackendBuffer& buf, int64_t n) {
   return buf.ensure_n<float>(be_, size_t(n), "scratch");
 }
 
+void Decoder::set_head_rows(int rows) {
+  LOOM_CHECK(rows >= 0, "head rows per chunk must be >= 0, got ", rows);
+  LOOM_CHECK(train_buf_.N == 0 && infer_buf_.N == 0,
+             "set_head_rows must be called before the first forward (the arena is sized by it)");
+  head_rows_ = rows;
+}
+
 int Decoder::head_chunk() const {
+  if (head_rows_ > 0) return head_rows_;
   constexpr int64_t kLogitFloats = int64_t(16) << 20;
   return static_cast<int>(std::clamp<int64_t>(kLogitFloats / vocab_, 16, 256));
 }
@@ -463,7 +472,10 @@ const float* Decoder::fp32_in(const ActBuf& buf, int64_t n, float* scratch) cons
   return scratch;
 }
 
-int Decoder::block_rows(int width) const {
+int Decoder::block_rows(int width, int N) const {
+  // On a GPU one block of every row: each block is two kernel launches, and cache-sized blocks
+  // would make the bf16 passes launch-bound (hundreds of launches per norm at 16K tokens).
+  if (be_.device() != Device::CPU) return std::max(1, N);
   constexpr int kBlockFloats = 1 << 16;  // 256 KiB: stays in L2 between the two passes
   return std::max(1, kBlockFloats / std::max(1, width));
 }
@@ -483,7 +495,7 @@ void Decoder::norm_forward(const ActBuf& out, int64_t offset, float* mean, float
     return;
   }
   // bf16 storage: row blocks normalised into cache-resident scratch, then stored (rounded).
-  const int rows = block_rows(C);
+  const int rows = block_rows(C, N);
   float* blk = scratch(blk_a_, int64_t(rows) * C);
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int n = std::min(rows, N - r0);
@@ -505,7 +517,7 @@ void Decoder::mlp_act_forward(const LayerActs& a, const float* fc32, int N) {
     round_act(a.act.f32, int64_t(N) * F);
     return;
   }
-  const int rows = block_rows(FC);
+  const int rows = block_rows(FC, N);
   float* blk_a = scratch(blk_a_, int64_t(rows) * FC);
   float* blk_b = scratch(blk_b_, int64_t(rows) * F);
   for (int r0 = 0; r0 < N; r0 += rows) {
@@ -529,7 +541,7 @@ void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, const float* dact
   if (a.fc.f32) {
     back(dfc, a.fc.f32, dact, N);
   } else {
-    const int rows = block_rows(FC);
+    const int rows = block_rows(FC, N);
     float* blk = scratch(blk_a_, int64_t(rows) * FC);
     for (int r0 = 0; r0 < N; r0 += rows) {
       const int n = std::min(rows, N - r0);
@@ -715,6 +727,7 @@ Linear Decoder::head_linear() {
   lin.out = vocab_;
   lin.split = Linear::Split::Column;
   lin.tp = tpo_.get();
+  lin.widen = &widen_;
   if (auto it = adapters_.find("head"); it != adapters_.end()) lin.adapter = it->second;
   if (auto it = recipes_.find("head"); it != recipes_.end()) lin.recipe = it->second;
   return lin;

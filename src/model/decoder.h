@@ -209,6 +209,9 @@ class Decoder {
   // Rows of logits materialised at once: as many as fit in ~64 MB (more rows per chunk make
   // the head's weight-gradient GEMM less memory-bound), at least 16, at most 256.
   int head_chunk() const;
+  // Overrides that rule (0: back to it); before the first forward. A GPU's head GEMMs want
+  // thousands of rows per chunk (bench_cuda uses 4096): 64 MB of logits is a CPU's trade-off.
+  void set_head_rows(int rows);
   // Bytes held in the training activation buffers for the largest batch so far.
   size_t activation_bytes() const { return train_buf_.mem.bytes(); }
   // Bytes held in the forward-only buffers (forward_loss, forward_logits).
@@ -294,8 +297,9 @@ class Decoder {
   void mlp_act_forward(const LayerActs& a, const float* fc32, int N);
   // dfc = the activation's backward from dact, reading fc as stored.
   void mlp_act_backward(const LayerActs& a, float* dfc, const float* dact, int N);
-  // Rows per block of a [N, width] pass that widens bf16 rows into cache-sized scratch.
-  int block_rows(int width) const;
+  // Rows per block of a [N, width] pass that widens bf16 rows into cache-sized scratch (on a
+  // GPU all N rows at once).
+  int block_rows(int width, int N) const;
   double run(const ModelInput& in, float dloss, bool grads);
 
   // Where parallelism lives (model/parallel_ops.h): the tensor-parallel edges and token split,
@@ -325,6 +329,7 @@ class Decoder {
   std::pair<int, int> chunk_range(int chunk) const;
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // per layer (null for dense layers)
   double aux_sum_ = 0;
+  int head_rows_ = 0;  // set_head_rows (0: head_chunk's rule)
   float dloss_ = 0;
   // Local sizes on this tensor-parallel rank.
   int hq_ = 0, hkv_ = 0, qkv_ = 0, att_ = 0, ff_ = 0, fc_ = 0, vocab_ = 0, v0_ = 0;
@@ -335,6 +340,9 @@ class Decoder {
   ParamSet params_;
   // Cache-sized fp32 scratch for row-blocked passes over bf16 storage, and MoE's widened input.
   BackendBuffer blk_a_, blk_b_, moe_in_;
+  // Linear's widened input on the fp32 GEMM paths over bf16 storage (Linear::widen): a buffer of
+  // this backend, so that the CUDA backend's GEMMs never receive host memory.
+  BackendBuffer widen_;
 
   // Activation buffers: one arena (a Backend buffer: device memory on a GPU), and views into it.
   // Training keeps what the recompute mode says; a forward-only pass keeps one layer (every layer

@@ -19,16 +19,24 @@ std::vector<float>& widen_scratch() {
 }
 }  // namespace
 
+const float* Linear::fp32_input(Backend& be, ActIn x, int N) const {
+  const int64_t n = int64_t(N) * in;
+  if (x.f32 || !widen) return x.widened(be, n, widen_scratch());
+  float* s = widen->ensure_n<float>(be, size_t(n), "scratch");
+  be.convert(s, DType::F32, x.bf16, DType::BF16, n);
+  return s;
+}
+
 void Linear::local_forward(Backend& be, float* y, ActIn x, int N) const {
   const float* x32 = nullptr;
   if (recipe) {
     recipe->forward(be, y, x, w, b, N, in, out);
   } else {
-    x32 = x.widened(be, int64_t(N) * in, widen_scratch());
+    x32 = fp32_input(be, x, N);
     be.matmul_forward(y, x32, w, b, N, in, out);
   }
   if (adapter) {
-    if (!x32) x32 = x.widened(be, int64_t(N) * in, widen_scratch());
+    if (!x32) x32 = fp32_input(be, x, N);
     adapter->forward(be, y, x32, N, first_row);
   }
 }
@@ -38,11 +46,11 @@ void Linear::local_backward(Backend& be, float* dx, const float* dy, ActIn x, in
   if (recipe) {
     recipe->backward(be, dx, dw, db, dy, x, w, N, in, out);
   } else {
-    x32 = x.widened(be, int64_t(N) * in, widen_scratch());
+    x32 = fp32_input(be, x, N);
     be.matmul_backward(dx, dw, db, dy, x32, w, N, in, out);
   }
   if (adapter) {
-    if (!x32) x32 = x.widened(be, int64_t(N) * in, widen_scratch());
+    if (!x32) x32 = fp32_input(be, x, N);
     adapter->backward(be, dx, dy, x32, N, first_row);
   }
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/buffer.h"
 
 namespace loom {
 
@@ -87,6 +88,10 @@ struct Linear {
   int first_row = 0;  // x's first row within the micro-batch (passed to the adapter)
   Split split = Split::None;
   TensorParallelOps* tp = nullptr;  // the group's edges (null: one rank)
+  // Where the fp32 paths (no recipe, an adapter) widen a bf16-stored input: a buffer of the
+  // model's backend, so that the GEMM reads device memory on a GPU (the Decoder's). Null: a
+  // host vector, which only a host-accessible backend can take.
+  BackendBuffer* widen = nullptr;
 
   // The layer with its edges, over N tokens. Column: x [N, in] holds this rank's rows (SP) and
   // is gathered in place first; y [N, out] is written for every row. Row: y is the partial
@@ -105,6 +110,10 @@ struct Linear {
   // One shard's computation without the edges: y = x W^T + b (+ adapter), and its backward.
   void local_forward(Backend& be, float* y, ActIn x, int N) const;
   void local_backward(Backend& be, float* dx, const float* dy, ActIn x, int N) const;
+
+ private:
+  // x's fp32 values over N rows: x itself, or widened into `widen` (or the host scratch).
+  const float* fp32_input(Backend& be, ActIn x, int N) const;
 };
 
 }  // namespace loom

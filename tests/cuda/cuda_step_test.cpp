@@ -1,19 +1,23 @@
-// Whole training steps on the GPU against the CPU backend: the decoder's op sequence
-// (step_replay.h) on CudaBackend vs the Decoder on the CPU, for the tiny presets and GPT-2
-// 124M; and 50 AdamW steps with bf16 tensor-core GEMMs tracking the fp32 CPU loss curve.
-// Skipped without a CUDA device.
+// Whole training steps of the real Decoder on CudaBackend against the same Decoder on the CPU
+// backend, through the backend-parametrised checks of tests/model/step_check.h (which run over
+// the CPU and guarded backends in model_tests): the loss, every parameter gradient,
+// seq_logprobs, forward_loss and forward_logits of chosen rows, for the tiny GPT-2 and Llama
+// presets (GQA, RoPE, SwiGLU) and GPT-2 124M (two layers), recompute none / selective / full,
+// per-token loss weights and frozen parameters, fp32 and bf16 activations; AdamW on the device
+// tracking the CPU loss curve; the fp8 recipes in the Decoder's Linear slots against the CPU
+// recipes. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 
+#include "cuda/cuda_fp8_recipes.h"
 #include "cuda/cuda_test_util.h"
-#include "cuda/fp8_replay.h"
-#include "cuda/step_fixture.h"
-#include "cuda/step_replay.h"
 #include "kernels/cuda/fp8_linear.h"
+#include "kernels/grad_check.h"
 #include "model/decoder.h"
+#include "model/step_check.h"
 #include "precision/fp8_recipes.h"
 
 namespace loom {
@@ -21,69 +25,122 @@ namespace {
 
 using test::DevBuf;
 using test::gpu;
+using test::StepRun;
+using test::StepSpec;
+using test::StepTol;
 
-struct GpuModel {
-  std::vector<DevBuf> bufs;
-  DevBuf params, grads;
-  std::unique_ptr<test::StepReplay> replay;
-  DevBuf tokens, targets, positions;
+// fp32 activations, exact fp32 GEMMs on the GPU (TF32 off: gpu() is made with GemmMath::FP32)
+// and fp32 attention: only the summation order differs from the CPU.
+const StepTol kFp32{1e-5, 1e-3, 1e-4, 1e-5};
+// bf16 activations on both sides: the same roundings at the same places, but a last-bit
+// difference before a rounding moves a value by a whole bf16 step (2^-8 relative) there.
+const StepTol kBf16{2e-3, 3e-2, 2e-2, 5e-3};
 
-  GpuModel(Decoder& m, const test::StepBatch& b, int head_chunk) {
-    const int64_t P = m.params().total();
-    params = DevBuf(std::vector<float>(m.params().data(), m.params().data() + P));
-    grads = DevBuf(std::vector<float>(P, 0.f));
-    tokens = DevBuf(b.tokens);
-    targets = DevBuf(b.targets);
-    positions = DevBuf(b.positions);
-    auto alloc = [this](size_t n) {
-      bufs.emplace_back(n * sizeof(float));
-      bufs.back().poison();  // every activation must be written before it is read
-      return bufs.back().f();
-    };
-    replay = std::make_unique<test::StepReplay>(
-        *gpu(), m.config(), m.params(), params.f(), grads.f(), b.N, head_chunk, alloc,
-        [](float* d, const float* s, size_t n) { gpu()->download(d, s, n * 4); });
-  }
-  double step(const test::StepBatch& b, float dloss) {
-    return replay->forward_backward(tokens.i(), targets.i(), positions.i(), b.cu.data(), b.nseq,
-                                    dloss);
-  }
+// The GPU's GEMM math for a scope (the shared backend is restored after it).
+struct MathScope {
+  GemmMath saved;
+  explicit MathScope(GemmMath m) : saved(gpu()->gemm_math()) { gpu()->set_gemm_math(m); }
+  ~MathScope() { gpu()->set_gemm_math(saved); }
 };
 
-void check_step(const std::string& preset, std::vector<int32_t> cu, double grad_rel) {
-  const ModelConfig cfg = model_preset(preset);
-  const test::StepBatch b = test::make_batch(cfg, std::move(cu), 23);
-  Decoder m(cfg, cpu_backend());
-  m.params().init(4);
-  m.params().zero_grad();
-  const float dloss = 1.f / b.N;
-  const double want = m.forward_backward(
-      {b.tokens.data(), b.targets.data(), b.positions.data(), b.cu.data(), b.N, b.nseq}, dloss);
-  GpuModel g(m, b, m.head_chunk());
-  const double got = g.step(b, dloss);
-  gpu()->sync();
-  EXPECT_NEAR(got, want, 1e-5 * std::fabs(want)) << preset;
-  const std::vector<float> grads = g.grads.get();
-  for (const ParamInfo& p : m.params().infos()) {
-    std::vector<float> gg(grads.begin() + p.offset, grads.begin() + p.offset + p.numel);
-    std::vector<float> cg(m.params().grad() + p.offset, m.params().grad() + p.offset + p.numel);
-    EXPECT_TRUE(test::close_scaled(gg, cg, grad_rel)) << preset << " " << p.name;
-  }
+// A micro-batch of three packed documents (128 tokens: fp8's multiple of 16).
+StepSpec preset_spec(const std::string& preset, Recompute rc = Recompute::None,
+                     DType act = DType::F32) {
+  StepSpec s;
+  s.cfg = model_preset(preset);
+  s.lens = {64, 36, 28};
+  s.recompute = rc;
+  s.act = act;
+  return s;
+}
+
+std::string describe(const StepSpec& s) {
+  return s.cfg.name + " recompute=" + recompute_name(s.recompute) + " " + dtype_name(s.act) +
+         (s.loss_weights ? " loss weights" : "") + (s.frozen.empty() ? "" : " frozen");
+}
+
+void check(const StepSpec& s, const StepTol& t) {
+  const StepRun want = test::cpu_reference(s);
+  const StepRun got = test::run_step(*gpu(), s);
+  EXPECT_TRUE(test::steps_agree(got, want, t)) << describe(s);
+  EXPECT_GT(want.loss, 0.0) << describe(s);
 }
 
 TEST(CudaStep, TinyGpt2MatchesCpu) {
   LOOM_REQUIRE_GPU();
-  check_step("tiny", {0, 64, 100, 128}, 1e-3);
+  check(preset_spec("tiny"), kFp32);
 }
 
 TEST(CudaStep, TinyLlamaMatchesCpu) {
   LOOM_REQUIRE_GPU();
-  check_step("tiny-llama", {0, 64, 100, 128}, 1e-3);
+  check(preset_spec("tiny-llama"), kFp32);
 }
 
+// Selective recomputes the attention core in backward, full the whole layer: the device runs
+// against the CPU without recomputation (every mode gives the same gradients there).
+TEST(CudaStep, RecomputeModesMatchCpu) {
+  LOOM_REQUIRE_GPU();
+  for (const char* p : {"tiny", "tiny-llama"})
+    for (Recompute rc : {Recompute::Selective, Recompute::Full}) check(preset_spec(p, rc), kFp32);
+}
+
+// Loss weights of 0, -0.5 and 2 on some tokens; a block matrix, a norm and the position table
+// (GPT-2) or the untied head (Llama) frozen: their gradients must keep the sentinel.
+TEST(CudaStep, LossWeightsAndFrozenParametersMatchCpu) {
+  LOOM_REQUIRE_GPU();
+  for (const char* p : {"tiny", "tiny-llama"}) {
+    StepSpec s = preset_spec(p, Recompute::Selective);
+    s.loss_weights = true;
+    s.frozen = {"blocks.1.attn.qkv.weight", "blocks.2.norm2.weight",
+                std::string(p) == "tiny" ? "embed.wpe" : "head.weight"};
+    check(s, kFp32);
+  }
+}
+
+TEST(CudaStep, Bf16ActivationsMatchCpu) {
+  LOOM_REQUIRE_GPU();
+  for (const char* p : {"tiny", "tiny-llama"})
+    for (Recompute rc : {Recompute::None, Recompute::Full}) {
+      StepSpec s = preset_spec(p, rc, DType::BF16);
+      s.loss_weights = rc == Recompute::Full;
+      check(s, kBf16);
+    }
+}
+
+// GPT-2 124M's widths and vocabulary (two of its layers: the CPU reference runs the portable
+// GEMM on the GPU machine), two sequences of 256.
 TEST(CudaStep, Gpt2_124mMatchesCpu) {
   LOOM_REQUIRE_GPU();
-  check_step("gpt2-124m", {0, 256, 512}, 2e-3);
+  StepSpec s = preset_spec("gpt2-124m");
+  s.cfg.n_layer = 2;
+  s.lens = {256, 256};
+  StepTol t = kFp32;
+  t.grad_rel = 2e-3;
+  check(s, t);
+}
+
+// Six AdamW steps on the device (Backend::adamw over the whole parameter buffer) against the
+// CPU's, fp32 everywhere: the curves agree within 2e-3 (Adam's normalisation amplifies the
+// last-bit differences of near-zero gradients a little each step).
+TEST(CudaStep, AdamWOnDeviceTracksCpuLossCurve) {
+  LOOM_REQUIRE_GPU();
+  for (const char* p : {"tiny", "tiny-llama"}) {
+    const StepSpec s = preset_spec(p);
+    EXPECT_TRUE(test::curves_agree(test::train_curve(*gpu(), s, 6),
+                                   test::train_curve(cpu_backend(), s, 6), 2e-3))
+        << p;
+  }
+}
+
+// 20 steps with bf16 activations and bf16 tensor-core GEMMs (and attention) on the GPU against
+// the CPU in fp32: the curves agree within 3% at every step.
+TEST(CudaStep, Bf16TrainingTracksFp32CpuLossCurve) {
+  LOOM_REQUIRE_GPU();
+  StepSpec s = preset_spec("tiny");
+  const std::vector<double> want = test::train_curve(cpu_backend(), s, 20);
+  s.act = DType::BF16;
+  MathScope bf16(GemmMath::BF16);
+  EXPECT_TRUE(test::curves_agree(test::train_curve(*gpu(), s, 20), want, 0.03));
 }
 
 // Operands of a linear layer N x in -> out: x in [-xs, xs], W in [-0.1, 0.1], dy in [-ds, ds].
@@ -202,71 +259,76 @@ TEST(CudaFp8, MxMatchesCpuRecipe) {
   }
 }
 
-// One step with the blocks' linear layers in fp8 on the GPU (CudaFp8Linear: current scaling,
-// hybrid e4m3/e5m2) against the CPU recipe fp8_tensorwise_current, everything else in fp32 on
-// both: the losses agree within 2e-3. Gradients are not compared element by element: e5m2 keeps
-// 2 mantissa bits, so a last-bit difference upstream (summation order) moves some gradient
-// codes by a whole step and single dW entries by tens of percent (seen on an H200);
-// CudaFp8.LinearMatchesCpuRecipe checks the arithmetic layer by layer instead.
+// One step with the blocks' linear layers in fp8 on the GPU (CudaFp8Recipes in the Decoder's
+// Linear slots: current scaling, hybrid e4m3/e5m2) against the CPU recipe
+// fp8_tensorwise_current, everything else in fp32 on both: the losses agree within 2e-3.
+// Gradients are not compared element by element: e5m2 keeps 2 mantissa bits, so a last-bit
+// difference upstream (summation order) moves some gradient codes by a whole step and single dW
+// entries by tens of percent (seen on an H200); CudaFp8.LinearMatchesCpuRecipe checks the
+// arithmetic layer by layer instead.
 TEST(CudaStep, Fp8StepMatchesCpuRecipeLoss) {
   LOOM_REQUIRE_GPU();
   if (gpu()->sm_version() < 89) GTEST_SKIP() << "fp8 tensor cores need sm_89";
-  const GemmMath saved = gpu()->gemm_math();
-  gpu()->set_gemm_math(GemmMath::FP32);
   for (const char* preset : {"tiny", "tiny-llama"}) {
-    const ModelConfig cfg = model_preset(preset);
-    const test::StepBatch b = test::make_batch(cfg, {0, 64, 100, 128}, 23);
-    Decoder m(cfg, cpu_backend());
-    m.params().init(4);
-    m.params().zero_grad();
+    const StepSpec s = preset_spec(preset);
+    const test::Data d = test::step_data(s);
+    const ModelInput in = d.input();
+    Decoder cm(s.cfg, cpu_backend());
+    cm.params().init(s.seed);
+    cm.params().zero_grad();
     Fp8Options o;
     o.kind = Fp8RecipeKind::TensorwiseCurrent;
     o.hybrid = true;
-    Fp8Recipes recipes(m, o);
+    Fp8Recipes recipes(cm, o);
     recipes.begin_step();
-    const float dloss = 1.f / b.N;
-    const double want = m.forward_backward(
-        {b.tokens.data(), b.targets.data(), b.positions.data(), b.cu.data(), b.N, b.nseq}, dloss);
-    GpuModel g(m, b, m.head_chunk());
+    const double want = cm.forward_backward(in, 1.f / in.N);
+    Decoder gm(s.cfg, *gpu());
+    gm.params().init(s.seed);
+    gm.params().zero_grad();
     CudaFp8Options go;
     go.hybrid = true;
-    test::Fp8Layers layers(*gpu(), go, cfg, b.N);
-    layers.attach(*g.replay);
-    const double got = g.step(b, dloss);
-    gpu()->sync();
+    test::CudaFp8Recipes grecipes(gm, *gpu(), go, in.N);
+    EXPECT_EQ(grecipes.size(), recipes.names().size());
+    grecipes.begin_step();
+    const double got = gm.forward_backward(in, 1.f / in.N);
     EXPECT_NEAR(got, want, 2e-3 * std::fabs(want)) << preset;
   }
-  gpu()->set_gemm_math(saved);
 }
 
-// 50 AdamW steps on one fixed batch (the loss falls fast): GPU with bf16 GEMM inputs vs the
-// CPU in fp32. The curves must agree within 3% at every step.
-TEST(CudaStep, Bf16TrainingTracksFp32CpuLossCurve) {
+// Delayed scaling in the Decoder's Linear slots (hybrid, a history of 4 steps, shorter than
+// the run), begin_step before each step, AdamW on the device, against the CPU recipe. The first
+// step (no history yet: scale 1 on both sides) is one forward and backward on the same weights:
+// its loss within 2e-3. The later steps are compared loosely (10%): fp8 training on this tiny
+// memorisation batch is chaotic (docs/gpu.md: a 1e-6 perturbation of the initial weights moves
+// the CPU's own curve by up to 20% by step 25), but a recipe that scales wrongly (bench_cuda's
+// fp8-delayed loss rising above ln V on an H200) is off by far more, and the curve must fall.
+TEST(CudaStep, Fp8DelayedTrainingTracksCpuRecipe) {
   LOOM_REQUIRE_GPU();
-  const ModelConfig cfg = model_preset("tiny");
-  const test::StepBatch b = test::make_batch(cfg, {0, 128, 256}, 29);
-  Decoder m(cfg, cpu_backend());
-  m.params().init(6);
-  const int64_t P = m.params().total();
-  std::vector<float> cm(P, 0.f), cv(P, 0.f);
-  GpuModel g(m, b, m.head_chunk());
-  DevBuf gm(std::vector<float>(P, 0.f)), gv(std::vector<float>(P, 0.f));
-  const GemmMath saved = gpu()->gemm_math();
-  gpu()->set_gemm_math(GemmMath::BF16);
-  const float dloss = 1.f / b.N;
-  for (int step = 1; step <= 50; ++step) {
-    m.params().zero_grad();
-    const double lc = m.forward_backward(
-        {b.tokens.data(), b.targets.data(), b.positions.data(), b.cu.data(), b.N, b.nseq}, dloss);
-    cpu_backend().adamw(m.params().data(), m.params().grad(), cm.data(), cv.data(), P, 3e-3f, 0.9f,
-                        0.95f, 1e-8f, 0.f, 1.f, step);
-    gpu()->fill_bytes(g.grads.raw(), 0, g.grads.bytes());
-    const double lg = g.step(b, dloss);
-    gpu()->adamw(g.params.f(), g.grads.f(), gm.f(), gv.f(), P, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 1.f,
-                 step);
-    EXPECT_NEAR(lg, lc, 0.03 * lc) << "step " << step;
-  }
-  gpu()->set_gemm_math(saved);
+  if (gpu()->sm_version() < 89) GTEST_SKIP() << "fp8 tensor cores need sm_89";
+  const StepSpec s = preset_spec("tiny-llama");
+  Fp8Options o;
+  o.kind = Fp8RecipeKind::TensorwiseDelayed;
+  o.hybrid = true;
+  o.amax_history = 4;
+  std::unique_ptr<Fp8Recipes> cpu_r;
+  test::CurveHooks ch;
+  ch.setup = [&](Decoder& m) { cpu_r = std::make_unique<Fp8Recipes>(m, o); };
+  ch.before_step = [&](int) { cpu_r->begin_step(); };
+  const std::vector<double> want = test::train_curve(cpu_backend(), s, 6, ch);
+  CudaFp8Options go;
+  go.hybrid = true;
+  go.amax_history = 4;
+  std::unique_ptr<test::CudaFp8Recipes> gpu_r;
+  test::CurveHooks gh;
+  gh.setup = [&](Decoder& m) {
+    gpu_r = std::make_unique<test::CudaFp8Recipes>(m, *gpu(), go, 128);
+  };
+  gh.before_step = [&](int) { gpu_r->begin_step(); };
+  const std::vector<double> got = test::train_curve(*gpu(), s, 6, gh);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_NEAR(got[0], want[0], 2e-3 * want[0]);
+  EXPECT_TRUE(test::curves_agree(got, want, 0.10));
+  EXPECT_LT(got.back(), got.front());
 }
 
 }  // namespace

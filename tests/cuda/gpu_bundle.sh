@@ -6,6 +6,8 @@
 #   build-gpucarry/ the CUDA tests and bench_cuda built here with this toolkit, laid out as a
 #                   build folder (tests/cuda/, bench/), plus libgomp, so gpu_check.sh can skip
 #                   the build there (about 25 MiB). Same nvcc major version on both machines.
+#                   sources.sha1 lists what they were built from: gpu_check.sh builds on the
+#                   device instead when the tree there differs.
 # Both builds use the portable CPU GEMM for the CPU reference side (no OpenBLAS to carry: the
 # tests' CPU shapes are small) and no -march=native (the GPU host's CPU may differ).
 set -euo pipefail
@@ -22,10 +24,14 @@ cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$D/lib/x86_64-linux-gnu/cmake/"
 rm -f "$D"/lib/x86_64-linux-gnu/cmake/GTest/GMock*
 sed -i '/GMock/d' "$D/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake"
 
-TARGETS="cuda_host_tests cuda_step_replay_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests bench_cuda"
+TARGETS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests bench_cuda"
 export CCACHE_BASEDIR=$PWD
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_NATIVE=OFF \
   -DLOOM_USE_OPENBLAS=OFF -DLOOM_USE_DNNL=OFF -DCMAKE_CUDA_ARCHITECTURES="80;90" > /dev/null
+# Optional test targets (another engineer's cuda_train_tests: the trainer on CUDA) when they exist.
+for t in cuda_train_tests; do
+  cmake --build build-cuda --target help | grep -q "^$t:" && TARGETS="$TARGETS $t"
+done
 cmake --build build-cuda -j "$(nproc)" --target $TARGETS
 C=build-gpucarry
 rm -rf "$C"
@@ -36,4 +42,8 @@ done
 cp build-cuda/bench/bench_cuda "$C/bench/"
 strip "$C"/tests/cuda/* "$C"/bench/*  # host symbols only: device code and its line info stay
 cp -L /lib/x86_64-linux-gnu/libgomp.so.1 "$C/lib/"
+# What these binaries were built from (the files the device copy of the tree holds), so that
+# gpu_check.sh builds there instead of testing stale binaries.
+git ls-files -co --exclude-standard -- src tests bench cmake CMakeLists.txt | xargs -d '\n' sha1sum \
+  > "$C/sources.sha1"
 du -sh "$D" "$C"

@@ -149,11 +149,10 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
   };
   const Result want = go(cpu_backend());
   test::GuardedBackend g;
-  // Under bf16 storage Linear widens its input into a host scratch vector for the fp32 GEMM
-  // (model/linear.cpp; listed in docs/architecture.md as not yet on the Backend): the strict
-  // pointer check would flag it, so it covers the fp32 paths.
-  // LoRA's adapters compute through their own host scratch (model/lora.cpp): not strict either.
-  g.set_strict(act == DType::F32 && !lora);
+  // Under bf16 storage Linear widens its input into a Backend buffer of the Decoder
+  // (Linear::widen), so the bf16 paths are strict too. LoRA's adapters compute through their
+  // own host scratch (model/lora.cpp): not strict.
+  g.set_strict(!lora);
   Result got;
   try {
     got = go(g);
