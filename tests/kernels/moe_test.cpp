@@ -377,6 +377,30 @@ TEST(MoeRouting, BackendPlanAndStatisticsMatchTheHostForms) {
   EXPECT_THROW(be.moe_plan_routing(plan.data(), bad.data(), N, E, k, -1), loom::Error);
 }
 
+// A token whose logits are NaN gets the first expert in slot 0 and none (-1, weight 0) in
+// the later slots, without reading outside its scores; the routing names it.
+TEST(MoeRouting, NanLogitsAreNamedByTheRouting) {
+  const int N = 3, E = 4, k = 3;
+  std::vector<float> logits = {0.1f, 0.2f, 0.3f, 0.4f, NAN, NAN, NAN, NAN, 0.4f, 0.3f, 0.2f, 0.1f};
+  std::vector<float> scores(N * E), w(N * k, 5.f);
+  std::vector<int32_t> idx(N * k, 7);
+  for (bool sig : {false, true}) {
+    loom::cpu_backend().moe_router_forward(scores.data(), idx.data(), w.data(), logits.data(), N, E,
+                                           k, sig, false);
+    EXPECT_EQ(idx, (std::vector<int32_t>{3, 2, 1, 0, -1, -1, 0, 1, 2})) << "sigmoid " << sig;
+    EXPECT_EQ(w[4], 0.f);
+    EXPECT_EQ(w[5], 0.f);
+    std::vector<int32_t> plan(size_t(loom::Backend::moe_plan_ints(N, E, k)));
+    try {
+      loom::cpu_backend().moe_plan_routing(plan.data(), idx.data(), N, E, k, -1);
+      FAIL() << "expected an error";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("token 1 slot 1 has expert -1"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(MoePermute, RoundTripIsExact) {
   const int N = 37, C = 9, E = 5;
   const std::vector<float> x = random_floats(N * C, 41);

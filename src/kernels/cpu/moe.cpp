@@ -56,6 +56,13 @@ void moe_router_forward(float* scores, int32_t* topk_idx, float* topk_w, const f
       }
       idx[j] = best;  // -1 only for NaN scores; moe_plan_routing then names the token
       w[j] = best >= 0 ? s[best] : 0.0f;
+      if (best < 0) {  // the later slots too (s[-1] must not be read)
+        for (int r = j + 1; r < k; ++r) {
+          idx[r] = -1;
+          w[r] = 0.0f;
+        }
+        break;
+      }
     }
     if (renormalize) {
       double sum = 0.0;

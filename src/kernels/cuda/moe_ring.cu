@@ -68,7 +68,13 @@ __global__ void k_router_fwd(float* scores, int32_t* topk_idx, float* topk_w, co
       }
       idx[j] = best;
       w[j] = best >= 0 ? s[best] : 0.0f;
-      if (best < 0) break;  // NaN scores: the routing plan names the token
+      if (best < 0) {  // NaN scores: the routing plan names the token
+        for (int r = j + 1; r < k; ++r) {
+          idx[r] = -1;
+          w[r] = 0.0f;
+        }
+        break;
+      }
     }
     if (renormalize) {
       double sum = 0.0;
