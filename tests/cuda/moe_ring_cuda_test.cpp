@@ -9,8 +9,12 @@
 #include "cuda/cuda_test_util.h"
 #include "kernels/backend.h"
 #include "kernels/grad_check.h"
+#include "model/decoder.h"
+#include "model/mirror_communicator.h"
 #include "model/model_config.h"
+#include "model/model_test_util.h"
 #include "model/moe_layer.h"
+#include "parallel/expert_parallel.h"
 
 namespace loom {
 namespace {
@@ -262,6 +266,104 @@ TEST(CudaMoeLayer, ForwardBackwardMatchCpu) {
       EXPECT_TRUE(close_scaled(gg1.get(), g1, 1e-4)) << what;
       EXPECT_TRUE(close_scaled(gg2.get(), g2, 1e-4)) << what;
     }
+  gpu()->set_gemm_math(math);
+}
+
+// The real Decoder with MoE layers, experts split over two ranks (EP) and ring attention (CP),
+// each over a two-rank mirror communicator whose collectives are Backend copies
+// (tests/model/mirror_communicator.h: the partner holds the same data), on the GPU against
+// the same run on the CPU backend: two steps' losses, sequence log-probabilities and every
+// gradient.
+enum class Layout { Moe, Ep2, Cp2 };
+
+struct StepResult {
+  double loss = 0, loss2 = 0;
+  std::vector<double> seq;
+  std::vector<float> grads;
+};
+
+StepResult moe_ring_step(Backend& be, Family f, Layout lay, double capacity) {
+  ModelConfig c = test::tiny(f);
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.aux_loss_coeff = 0.1;
+  c.capacity_factor = capacity;
+  c.validate();
+  test::MirrorCommunicator mirror(be);
+  ExpertParallel ep;
+  if (lay == Layout::Ep2) {
+    ep.size = 2;
+    ep.comm = &mirror;
+    ep.make_exchange = &parallel::make_expert_exchange;
+  }
+  Decoder m(c, be, Recompute::None, DType::F32, {}, ep);
+  if (lay == Layout::Cp2) m.set_context_parallel({2, 0, &mirror});
+  m.params().init(7);
+  m.params().zero_grad();
+  StepResult r;
+  for (int step = 0; step < 2; ++step) {
+    test::Data d = test::make_data(step == 0 ? std::vector<int>{8, 12} : std::vector<int>{4, 8},
+                                   c.vocab, 3 + step);
+    d.targets[5] = -1;
+    // CP: rank 0's rows of every document (chunks 0 and 3 of 4).
+    CpBatch batch;
+    std::vector<int32_t> tokens = d.tokens, targets = d.targets;
+    ModelInput in = d.input();
+    if (lay == Layout::Cp2) {
+      batch = CpBatch::make(d.cu.data(), int(d.cu.size()) - 1, 2);
+      const cpu::CpShard& s = batch.shards[0];
+      tokens.clear();
+      targets.clear();
+      for (int32_t g : s.global_rows) {
+        tokens.push_back(d.tokens[size_t(g)]);
+        targets.push_back(d.targets[size_t(g)]);
+      }
+      in = ModelInput{tokens.data(),      targets.data(),
+                      s.positions.data(), s.local_cu_seqlens.data(),
+                      s.rows(),           int(s.local_cu_seqlens.size()) - 1};
+      in.cp = &batch;
+    }
+    StepOutputs out;
+    const double loss = m.forward_backward(in, 0.25f, step == 0 ? &out : nullptr);
+    (step == 0 ? r.loss : r.loss2) = loss;
+    if (step == 0) r.seq = out.seq_logprobs;
+  }
+  r.grads.resize(size_t(m.params().total()));
+  m.params().read_grads(0, m.params().total(), r.grads.data());
+  return r;
+}
+
+TEST(CudaMoeRingDecoder, MoeExpertAndContextParallelStepsMatchCpu) {
+  LOOM_REQUIRE_GPU();
+  const GemmMath math = gpu()->gemm_math();
+  gpu()->set_gemm_math(GemmMath::FP32);  // the same top-k choices as the CPU
+  struct Case {
+    Family f;
+    Layout lay;
+    double capacity;
+    const char* name;
+  };
+  for (const Case& k : {Case{Family::GPT2, Layout::Moe, 0.75, "gpt2 moe capacity 0.75"},
+                        Case{Family::Llama, Layout::Moe, 0.0, "llama moe dropless"},
+                        Case{Family::Llama, Layout::Ep2, 0.0, "llama ep2"},
+                        Case{Family::Llama, Layout::Cp2, 0.0, "llama moe cp2"},
+                        Case{Family::GPT2, Layout::Cp2, 0.0, "gpt2 moe cp2"}}) {
+    const StepResult want = moe_ring_step(cpu_backend(), k.f, k.lay, k.capacity);
+    StepResult got;
+    try {
+      got = moe_ring_step(*gpu(), k.f, k.lay, k.capacity);
+      gpu()->sync();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << k.name << ": " << e.what();
+      continue;
+    }
+    EXPECT_NEAR(got.loss, want.loss, 1e-5 * std::fabs(want.loss)) << k.name;
+    EXPECT_NEAR(got.loss2, want.loss2, 1e-5 * std::fabs(want.loss2)) << k.name;
+    ASSERT_EQ(got.seq.size(), want.seq.size()) << k.name;
+    for (size_t i = 0; i < want.seq.size(); ++i)
+      EXPECT_NEAR(got.seq[i], want.seq[i], 1e-4 * std::fabs(want.seq[i]) + 1e-5) << k.name;
+    EXPECT_TRUE(close_scaled(got.grads, want.grads, 1e-4)) << k.name;
+  }
   gpu()->set_gemm_math(math);
 }
 
