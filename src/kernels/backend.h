@@ -203,7 +203,7 @@ struct Backend {
   virtual void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t row_bytes,
                        size_t rows) = 0;
 
-  // ---- Mixture of experts and ring attention (model/moe_layer.h, model/ring_attention.h): the
+  // ---- Mixture of experts and ring attention (model/moe_layer.h, parallel/ring_attention.h): the
   // ops of kernels/cpu/moe.h, attention_block.h and attention_merge.h over backend buffers, so
   // both run on the device. Index arrays (topk_idx, the routing plan) are int32 buffers of this
   // backend.

@@ -585,8 +585,11 @@ void Decoder::set_context_parallel(const ContextParallel& cp) {
   cp_ = cp;
   for (auto& m : moe_)
     if (m) m->set_token_group(cp.size > 1 ? cp.comm : nullptr);
-  ring_ = cp.size > 1 ? std::make_unique<RingAttention>(cp, be_) : nullptr;
-  attention_ = ring_ ? static_cast<AttentionCore*>(ring_.get()) : packed_attention_.get();
+  LOOM_CHECK(cp.size == 1 || cp.make_attention,
+             "a context-parallel layout without its attention core runs no step: make it with "
+             "parallel::context_parallel_layout");
+  cp_attention_ = cp.size > 1 ? cp.make_attention(cp, be_) : nullptr;
+  attention_ = cp_attention_ ? cp_attention_.get() : packed_attention_.get();
 }
 
 void Decoder::attention_core(int l, const ModelInput& in, const LayerActs& a, const float* qkv) {

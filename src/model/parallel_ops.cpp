@@ -1,6 +1,7 @@
 #include "model/parallel_ops.h"
 
 #include "core/error.h"
+#include "model/context_parallel.h"
 #include "model/decoder.h"
 
 namespace loom {
@@ -115,6 +116,12 @@ std::unique_ptr<VocabOps> whole_vocab_ops(Backend& be, int vocab) {
 }
 std::unique_ptr<AttentionCore> packed_attention(Backend& be) {
   return std::make_unique<PackedAttention>(be);
+}
+
+CpBatch CpBatch::make(const int32_t* cu_seqlens, int nseq, int cp) {
+  CpBatch b;
+  for (int r = 0; r < cp; ++r) b.shards.push_back(cpu::cp_shard(cu_seqlens, nseq, cp, r));
+  return b;
 }
 
 }  // namespace loom

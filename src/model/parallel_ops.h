@@ -65,7 +65,7 @@ class VocabOps {
 };
 
 // A layer's attention core over the micro-batch: packed causal attention (one process), or
-// ring attention over a context-parallel group (model/ring_attention.h).
+// ring attention over a context-parallel group (parallel/ring_attention.h).
 class AttentionCore {
  public:
   virtual ~AttentionCore() = default;

@@ -37,12 +37,17 @@ class ExpertAllToAll final : public ExpertExchange {
       for (int e = 0; e < El; ++e) send_counts[size_t(d) * El + e] = counts[d * El + e];
       most = std::max<int64_t>(most, off[(d + 1) * El] - off[d * El]);
     }
-    int32_t* dev = counts_.ensure_n<int32_t>(be_, 2 * send_counts.size(), "expert_parallel");
-    be_.copy_h2d(dev, send_counts.data(), send_counts.size() * sizeof(int32_t));
-    comm_->all_to_all(dev, dev + send_counts.size(), El, DType::I32);
-    be_.copy_d2h(recv_counts.data(), dev + send_counts.size(),
-                 recv_counts.size() * sizeof(int32_t));
-    block_ = std::max<int64_t>(1, comm_->all_reduce_scalar(most, comm::ReduceOp::Max));
+    // Layout: send counts [P * El], received counts [P * El], the group's largest block [1].
+    const size_t m = send_counts.size();
+    int32_t* dev = counts_.ensure_n<int32_t>(be_, 2 * m + 1, "expert_parallel");
+    const int32_t most32 = static_cast<int32_t>(most);
+    be_.copy_h2d(dev, send_counts.data(), m * sizeof(int32_t));
+    be_.copy_h2d(dev + 2 * m, &most32, sizeof(int32_t));
+    comm_->all_to_all(dev, dev + m, El, DType::I32);
+    comm_->all_reduce(dev + 2 * m, 1, DType::I32, comm::ReduceOp::Max);
+    recv_counts.resize(m + 1);
+    be_.copy_d2h(recv_counts.data(), dev + m, (m + 1) * sizeof(int32_t));
+    block_ = std::max<int64_t>(1, recv_counts[m]);
     // Grouped order: expert by expert, and within an expert source rank by source rank.
     for (int e = 0; e < El; ++e) {
       int64_t n = 0;

@@ -15,6 +15,7 @@
 #include "model/model_test_util.h"
 #include "model/moe_layer.h"
 #include "parallel/expert_parallel.h"
+#include "parallel/ring_attention.h"
 
 namespace loom {
 namespace {
@@ -297,7 +298,7 @@ StepResult moe_ring_step(Backend& be, Family f, Layout lay, double capacity) {
     ep.make_exchange = &parallel::make_expert_exchange;
   }
   Decoder m(c, be, Recompute::None, DType::F32, {}, ep);
-  if (lay == Layout::Cp2) m.set_context_parallel({2, 0, &mirror});
+  if (lay == Layout::Cp2) m.set_context_parallel(parallel::context_parallel_layout(mirror));
   m.params().init(7);
   m.params().zero_grad();
   StepResult r;

@@ -23,6 +23,7 @@
 #include "model/mirror_communicator.h"
 #include "model/model_test_util.h"
 #include "parallel/expert_parallel.h"
+#include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
 
 using namespace loom;
@@ -107,7 +108,7 @@ Result run(Backend& be, Family f, Recompute rc, DType act, Tp tpm = Tp::None) {
     ep.make_exchange = &parallel::make_expert_exchange;
   }
   Decoder m(c, be, rc, act, tp, ep);
-  if (tpm == Tp::Cp2) m.set_context_parallel({2, 0, &mirror});
+  if (tpm == Tp::Cp2) m.set_context_parallel(parallel::context_parallel_layout(mirror));
   m.params().init(7);
   m.params().zero_grad();
   // CP cuts every document into 4 chunks: lengths divisible by 4.

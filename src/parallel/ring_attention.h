@@ -15,27 +15,16 @@
 // device; the shards (CpBatch) are host metadata, like the attention's cu_seqlens.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
-#include "kernels/cpu/attention_merge.h"
+#include "model/context_parallel.h"
 #include "model/parallel_ops.h"
 
 namespace loom {
-
-struct ContextParallel {
-  int size = 1, rank = 0;
-  comm::Communicator* comm = nullptr;  // the context-parallel group (size > 1)
-};
-
-// All ranks' shards of one micro-batch (shards[r] = cp_shard(..., r)), computed from the global
-// cu_seqlens; every rank of the CP group needs them all (it computes against every rank's keys).
-struct CpBatch {
-  std::vector<cpu::CpShard> shards;
-  static CpBatch make(const int32_t* cu_seqlens, int nseq, int cp);
-};
 
 // The attention core of a context-parallel model (AttentionCore: the Decoder calls it as it
 // calls packed attention; the micro-batch brings the shards, ModelInput::cp).
@@ -93,3 +82,12 @@ class RingAttention final : public AttentionCore {
 };
 
 }  // namespace loom
+
+namespace loom::parallel {
+
+// The ring attention of `cp` on `be` (ContextParallel::make_attention).
+std::unique_ptr<AttentionCore> make_ring_attention(const ContextParallel& cp, Backend& be);
+// The layout of a CP group: size and rank of `group`, with the ring attention as its core.
+ContextParallel context_parallel_layout(comm::Communicator& group);
+
+}  // namespace loom::parallel

@@ -1,4 +1,4 @@
-#include "model/ring_attention.h"
+#include "parallel/ring_attention.h"
 
 #include <algorithm>
 #include <cstring>
@@ -20,12 +20,6 @@ bool usable(const cpu::CpPiece& q, const cpu::CpPiece& k, cpu::BlockMask want) {
   return q.len > 0 && k.len > 0 && cpu::cp_block_mask(q, k) == want;
 }
 }  // namespace
-
-CpBatch CpBatch::make(const int32_t* cu_seqlens, int nseq, int cp) {
-  CpBatch b;
-  for (int r = 0; r < cp; ++r) b.shards.push_back(cpu::cp_shard(cu_seqlens, nseq, cp, r));
-  return b;
-}
 
 void RingAttention::poll() {
   for (comm::Work* w : pending_) w->test();
@@ -262,3 +256,15 @@ void RingAttention::sum_sequence_parts(double* sums, int nseq) {
 }
 
 }  // namespace loom
+
+namespace loom::parallel {
+
+std::unique_ptr<AttentionCore> make_ring_attention(const ContextParallel& cp, Backend& be) {
+  return std::make_unique<RingAttention>(cp, be);
+}
+
+ContextParallel context_parallel_layout(comm::Communicator& group) {
+  return {group.size(), group.rank(), &group, &make_ring_attention};
+}
+
+}  // namespace loom::parallel
