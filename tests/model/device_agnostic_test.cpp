@@ -392,6 +392,22 @@ TEST(ExpertParallelLayout, WithoutItsExchangeRefusesToRun) {
   }
 }
 
+// The same for context parallelism: a layout without its attention core is refused when it is
+// set, naming the function that brings the ring attention.
+TEST(ContextParallelLayout, WithoutItsAttentionCoreIsRefused) {
+  test::MirrorCommunicator mirror(cpu_backend());
+  Decoder m(tiny(Family::GPT2), cpu_backend());
+  try {
+    m.set_context_parallel({2, 0, &mirror});
+    FAIL() << "a context-parallel layout without its attention core was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel::context_parallel_layout"), std::string::npos)
+        << e.what();
+  }
+  m.set_context_parallel(parallel::context_parallel_layout(mirror));
+  EXPECT_EQ(m.context_parallel().size, 2);
+}
+
 // A one-rank group with its communication (what the trainer builds from a one-rank world) is
 // the one-process model bit for bit: the sliced vocabulary ops are not used for one slice.
 TEST(TensorParallelLayout, OneRankIsTheOneProcessModelBitForBit) {
