@@ -21,6 +21,7 @@
 #include "core/rng.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
 #include "train/batch.h"
 

@@ -20,13 +20,13 @@
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
+#include "model/context_parallel.h"
 #include "model/hooks.h"
 #include "model/linear.h"
 #include "model/model_config.h"
 #include "model/moe_layer.h"
 #include "model/parallel_ops.h"
 #include "model/params.h"
-#include "model/ring_attention.h"
 
 namespace loom {
 
@@ -116,10 +116,10 @@ class Decoder {
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
   const TensorParallel& tensor_parallel() const { return tp_; }
-  // Context parallelism (ring attention over cp.comm); inputs then carry ModelInput::cp.
+  // Context parallelism (the attention core cp.make_attention makes: ring attention over
+  // cp.comm, parallel::context_parallel_layout); inputs then carry ModelInput::cp.
   void set_context_parallel(const ContextParallel& cp);
   const ContextParallel& context_parallel() const { return cp_; }
-  RingAttention* ring_attention() { return ring_.get(); }
   const ExpertParallel& expert_parallel() const { return ep_; }
 
   const ModelConfig& config() const { return cfg_; }
@@ -315,7 +315,7 @@ class Decoder {
   std::unique_ptr<TensorParallelOps> tpo_;
   std::unique_ptr<VocabOps> vocab_ops_;
   std::unique_ptr<AttentionCore> packed_attention_;
-  AttentionCore* attention_ = nullptr;  // packed_attention_, or ring_ under CP
+  AttentionCore* attention_ = nullptr;  // packed_attention_, or cp_attention_ under CP
 
   MoeWeights moe_weights(int l, bool grads);
 
@@ -324,8 +324,8 @@ class Decoder {
   ExpertParallel ep_;
   PipelineStage pp_;
   ContextParallel cp_;
-  std::unique_ptr<RingAttention> ring_;
-  BackendBuffer stage_out_;  // scratch output of a recomputed chunk
+  std::unique_ptr<AttentionCore> cp_attention_;  // under CP: the layout's (ring) attention
+  BackendBuffer stage_out_;                      // scratch output of a recomputed chunk
   std::pair<int, int> chunk_range(int chunk) const;
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // per layer (null for dense layers)
   double aux_sum_ = 0;

@@ -19,6 +19,7 @@
 #include "kernels/cpu/sgemm_peak.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "parallel/ring_attention.h"
 #include "parallel/schedule/pipeline_schedule.h"
 #include "parallel/schedule/stage_layers.h"
 #include "parallel/tensor_parallel.h"
@@ -268,7 +269,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   model_ = std::make_unique<Decoder>(mcfg_, *be_, rc, policy_.compute, tp, ep, stage);
   // Context-parallel ranks join data parallelism for the gradient reduction (dp x cp).
   if (pg_->cp().size() > 1)
-    model_->set_context_parallel({pg_->cp().size(), pg_->cp().rank(), &pg_->cp()});
+    model_->set_context_parallel(parallel::context_parallel_layout(pg_->cp()));
   // Experts split by EP are reduced over the ranks holding the same experts: edp, and under
   // CP also every CP rank of them (edp x cp; the EP all-to-all stays within one CP rank).
   comm::Communicator* edp = &pg_->edp();

@@ -18,6 +18,7 @@
 #include "mpi_main.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "parallel/ring_attention.h"
 #include "parallel/schedule/pipeline_schedule.h"
 #include "parallel/schedule/stage_layers.h"
 #include "parallel/tensor_parallel.h"
@@ -89,7 +90,7 @@ void check_cp(Family f, int cp, bool packed, int zero, int tp = 1, bool moe = fa
   if (ep > 1) epl = expert_parallel_layout(pg);
   Decoder model(cfg, cpu_backend(), Recompute::None, DType::F32, tpl, epl);
   model.params().init(5);
-  model.set_context_parallel({cp, pg.cp().rank(), &pg.cp()});
+  model.set_context_parallel(parallel::context_parallel_layout(pg.cp()));
   // Experts split by EP are reduced over the ranks holding the same experts: edp x cp.
   int index = 0;
   auto members = pg.generator().group_of("edp-cp", w.rank(), &index);
@@ -133,7 +134,7 @@ void check_pp_cp(Family f, pp::ScheduleKind kind, int p, int v, int cp, bool pac
   Decoder model(cfg, cpu_backend(), Recompute::None, DType::F32, {}, {},
                 pipeline_stage_of(layout, pg.pp().rank()));
   model.params().init(5);
-  model.set_context_parallel({cp, pg.cp().rank(), &pg.cp()});
+  model.set_context_parallel(parallel::context_parallel_layout(pg.cp()));
   DataParallel ddp = parity_ddp(model, pg.dp_cp(), zero);
   PipelineRunner runner(model, pg.pp(), pp::make_schedule(kind, p, m, v));
   auto run_step = [&](int k) {
@@ -203,7 +204,7 @@ TEST(ContextParallel, MoeCapacityIsAClearError) {
   cfg.capacity_factor = 1.5;
   Decoder model(cfg, cpu_backend());
   try {
-    model.set_context_parallel({dims.cp, pg.cp().rank(), &pg.cp()});
+    model.set_context_parallel(parallel::context_parallel_layout(pg.cp()));
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("capacity_factor"), std::string::npos) << e.what();

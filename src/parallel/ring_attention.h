@@ -9,28 +9,22 @@
 // polled, since MPI moves a large message only inside MPI calls. The backward
 // runs the same ring: every block's dK/dV contribution travels with an accumulator that ends
 // at the block's owner; the receive of the accumulator overlaps the local computation.
+//
+// Every buffer is a backend buffer and every computation a Backend op (the block kernels, the
+// merge, copies and adds), and the communicator moves backend memory, so the ring runs on the
+// device; the shards (CpBatch) are host metadata, like the attention's cu_seqlens.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/attention_merge.h"
+#include "kernels/buffer.h"
+#include "model/context_parallel.h"
 #include "model/parallel_ops.h"
 
 namespace loom {
-
-struct ContextParallel {
-  int size = 1, rank = 0;
-  comm::Communicator* comm = nullptr;  // the context-parallel group (size > 1)
-};
-
-// All ranks' shards of one micro-batch (shards[r] = cp_shard(..., r)), computed from the global
-// cu_seqlens; every rank of the CP group needs them all (it computes against every rank's keys).
-struct CpBatch {
-  std::vector<cpu::CpShard> shards;
-  static CpBatch make(const int32_t* cu_seqlens, int nseq, int cp);
-};
 
 // The attention core of a context-parallel model (AttentionCore: the Decoder calls it as it
 // calls packed attention; the micro-batch brings the shards, ModelInput::cp).
@@ -60,6 +54,8 @@ class RingAttention final : public AttentionCore {
   void backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                 const float* lse, int ld, int Hq, int Hkv, int D, float scale,
                 const ModelInput& in) override;
+  // All-reduces the sums over the CP group.
+  void sum_sequence_parts(double* sums, int nseq) override;
 
   // With overlap off, each block transfer is waited before the computation it would hide
   // behind (the baseline of the overlap measurement).
@@ -81,9 +77,17 @@ class RingAttention final : public AttentionCore {
   Backend& be_;
   bool overlap_ = true;
   Stats stats_;
-  std::vector<float> kv_a_, kv_b_, part_out_, part_lse_, acc_in_, contrib_;
-  std::vector<float> acc_out_[2], home_;
+  BackendBuffer kv_a_, kv_b_, part_out_, part_lse_, acc_in_, contrib_, acc_out_[2], home_;
   std::vector<comm::Work*> pending_;
 };
 
 }  // namespace loom
+
+namespace loom::parallel {
+
+// The ring attention of `cp` on `be` (ContextParallel::make_attention).
+std::unique_ptr<AttentionCore> make_ring_attention(const ContextParallel& cp, Backend& be);
+// The layout of a CP group: size and rank of `group`, with the ring attention as its core.
+ContextParallel context_parallel_layout(comm::Communicator& group);
+
+}  // namespace loom::parallel
