@@ -66,7 +66,7 @@ int run_bench(const Args& args) {
   if (args[0] == "finetune") return run_bench_finetune(Args(args.begin() + 1, args.end()));
   LOOM_CHECK(args[0] == "train", "unknown benchmark '", args[0],
              "' (known: train, serve, finetune)");
-  Options o("loom bench train [--preset P] [--batch B] [--seq T] [--threads N]",
+  Options o("loom bench train [--preset P] [--batch B] [--seq T] [--threads N] [--device D]",
             "Times full training steps (forward, backward, AdamW) on synthetic tokens and\n"
             "prints tokens/s, achieved GFLOP/s (6*N*tokens + attention) and the ratio to this\n"
             "machine's measured OpenBLAS sgemm peak. The last line is one JSON object.");
@@ -82,7 +82,11 @@ int run_bench(const Args& args) {
       .value("fp8", b.fp8,
              "FP8 recipe on the block linears: none, fp8_tensorwise_current, "
              "fp8_tensorwise_delayed or mxfp8")
-      .value("fp8-format", b.fp8_format, "e4m3 or hybrid (E5M2 gradients)");
+      .value("fp8-format", b.fp8_format, "e4m3 or hybrid (E5M2 gradients)")
+      .value("device", b.device,
+             "cpu, cuda or auto; on cuda --precision picks the GEMM math (fp32: TF32, bf16) and "
+             "MFU is against the GPU's dense bf16 peak")
+      .value("peak-tflops", "0", "the GPU's dense bf16 peak for MFU (0: known by its name)");
   if (!o.parse(Args(args.begin() + 1, args.end()))) return 0;
   b.preset = o.get("preset");
   b.batch = o.get_int32("batch", 1);
@@ -94,6 +98,8 @@ int run_bench(const Args& args) {
   b.recompute = o.get("recompute");
   b.fp8 = o.get("fp8");
   b.fp8_format = o.get("fp8-format");
+  b.device = o.get("device");
+  b.peak_tflops = o.get_double("peak-tflops");
   Json j = run_train_bench(b);
   std::printf("%s\n", j.dump().c_str());
   return 0;

@@ -23,6 +23,7 @@
 #include "infer/generator.h"
 #include "infer/model_runner.h"
 #include "infer/request_sampling.h"
+#include "train/device.h"
 
 namespace loom::cli {
 
@@ -50,8 +51,17 @@ int run_generate(const Args& args) {
       .value("chat-template", "", "chatml or llama3: prompts are user messages in this template")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
       .value("max-num-seqs", "64", "sequences batched at once")
-      .value("kv-cache-mb", "256", "KV cache size");
+      .value("kv-cache-mb", "256", "KV cache size")
+      .value("device", "cpu", "cpu, cuda or auto (the serving engine runs on the CPU so far)");
   if (!o.parse(args)) return 0;
+  // The serving engine's attention over the paged KV cache is host code over the model's
+  // buffers (docs/architecture.md): it has no device path yet, so cuda is refused by name
+  // (after the same availability checks as loom train) and auto stays on the CPU.
+  check_device(o.get("device"), "--device");
+  LOOM_CHECK(o.get("device") != "cuda", "--device cuda: loom generate runs on the CPU only so ",
+             "far (the serving engine's paged-KV-cache attention has no CUDA path yet); use cpu");
+  if (o.get("device") == "auto" && gpu_count() > 0)
+    log_info("--device auto: generating on the CPU (the serving engine has no CUDA path yet)");
   // Options first, in the names the user typed, before any file is read.
   const double temperature = o.get_double("temperature"), top_p = o.get_double("top-p"),
                min_p = o.get_double("min-p"), rep = o.get_double("repetition-penalty");

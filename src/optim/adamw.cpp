@@ -55,7 +55,8 @@ void AdamW::write_model(int64_t a, int64_t b) {
   b = std::min(b, hi_);
   if (master_.empty() || a >= b) return;
   be_.copy_d2d(params_.data() + a, master_.as<float>() + (a - lo_), sizeof(float) * (b - a));
-  round_to(param_dtype_, params_.data() + a, static_cast<size_t>(b - a));
+  // On the backend: the model's buffer is device memory there (core's round_to is the CPU's).
+  if (param_dtype_ != DType::F32) be_.round_to(param_dtype_, params_.data() + a, b - a, nullptr);
 }
 
 void AdamW::sync_model_from_master() {

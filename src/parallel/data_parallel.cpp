@@ -72,7 +72,8 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
     elo_ = eshards_.begin(er);
     ehi_ = eshards_.end(er);
     expert_adam_ = std::make_unique<AdamW>(P_, adam, param_dtype_, be_, elo_, ehi_, opt_.zero == 3);
-    if (opt_.zero == 3) egshard_ = Tensor::zeros({ehi_ - elo_});
+    if (opt_.zero == 3 && ehi_ > elo_)
+      egshard_ = BackendBuffer::zeroed(be_, sizeof(float) * size_t(ehi_ - elo_), "gradients");
   }
   shards_ = FlatShards(0, total_, dp_.size());
   lo_ = shards_.begin(dp_.rank());
@@ -91,7 +92,8 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
     adam_->sync_master_from_model();
     if (expert_adam_) expert_adam_->sync_master_from_model();
   }
-  if (opt_.zero >= 1) gshard_ = Tensor::zeros({hi_ - lo_});
+  if (opt_.zero >= 1 && hi_ > lo_)
+    gshard_ = BackendBuffer::zeroed(be_, sizeof(float) * size_t(hi_ - lo_), "gradients");
 
   // Per parameter, the backward stage after which its gradient is final: blocks last to first,
   // then the embeddings; the head and final norm at stage 0.
@@ -100,14 +102,13 @@ DataParallel::DataParallel(Decoder& model, comm::Communicator& dp, const DataPar
     int b = block_of(p.name);
     stages.push_back(b >= 0 ? n_layer_ - 1 - b : p.name.rfind("embed.", 0) == 0 ? n_layer_ : 0);
   }
-  reducer_ = std::make_unique<GradReducer>(
-      P_, dp_, shards_, opt_.zero, opt_.bucket_elems, opt_.overlap, opt_.grad_reduce_dtype, be_,
-      opt_.zero >= 1 ? gshard_.data<float>() : nullptr, stages);
-  grads_ready_id_ = model_.on_grads_ready.subscribe([this](int layer) {
-    reducer_->on_ready(layer >= 0 ? n_layer_ - 1 - layer : n_layer_);
-  });
-  if (opt_.zero >= 2) release_memory(P_.grad(), total_);
-  if (experts_sharded()) release_memory(P_.grad() + expert_lo_, expert_hi_ - expert_lo_);
+  reducer_ = std::make_unique<GradReducer>(P_, dp_, shards_, opt_.zero, opt_.bucket_elems,
+                                           opt_.overlap, opt_.grad_reduce_dtype, be_,
+                                           opt_.zero >= 1 ? gshard_.as<float>() : nullptr, stages);
+  grads_ready_id_ = model_.on_grads_ready.subscribe(
+      [this](int layer) { reducer_->on_ready(layer >= 0 ? n_layer_ - 1 - layer : n_layer_); });
+  if (opt_.zero >= 2) release_memory(be_, P_.grad(), total_);
+  if (experts_sharded()) release_memory(be_, P_.grad() + expert_lo_, expert_hi_ - expert_lo_);
   // ZeRO-3: a model initialised outside holds every block; keep only the gathered parameters.
   // (Drawn here, the blocks' pages were never written.)
   if (opt_.zero == 3 && !opt_.init_seed) gatherer_->release_blocks();
@@ -120,8 +121,9 @@ DataParallel::~DataParallel() {
 }
 
 void DataParallel::draw_initial_weights(uint64_t seed) {
+  // (A Backend op: the weights and the master shard are the backend's memory.)
   auto round = [&](float* p, int64_t n) {
-    if (param_dtype_ != DType::F32) round_to(param_dtype_, p, static_cast<size_t>(n));
+    if (param_dtype_ != DType::F32 && n > 0) be_.round_to(param_dtype_, p, n, nullptr);
   };
   if (opt_.zero < 3) {
     P_.init(seed);
@@ -151,8 +153,8 @@ void DataParallel::start_step(int micro_batches) {
   // (ZeRO-3 releases the experts' gradients after reducing them: zero, and no pages touched.)
   if (experts_apart() && !experts_sharded())
     std::fill(P_.grad() + expert_lo_, P_.grad() + expert_hi_, 0.f);
-  if (egshard_.defined() && egshard_.numel() > 0) egshard_.fill(0.f);
-  if (gshard_.defined() && gshard_.numel() > 0) gshard_.fill(0.f);
+  for (BackendBuffer* b : {&egshard_, &gshard_})
+    if (!b->empty()) be_.fill_bytes(b->data(), 0, b->bytes());
 }
 
 void DataParallel::start_micro(int m) {
@@ -165,10 +167,10 @@ void DataParallel::finish_micro() {
   // into this rank's shard, and the full-size pages released).
   if (experts_sharded() && micro_ == micros_ - 1) {
     static float dummy;
-    edp_->reduce_scatter(P_.grad() + expert_lo_, ehi_ > elo_ ? egshard_.data<float>() : &dummy,
+    edp_->reduce_scatter(P_.grad() + expert_lo_, ehi_ > elo_ ? egshard_.as<float>() : &dummy,
                          eshards_.counts_of(expert_lo_, expert_hi_), DType::F32,
                          comm::ReduceOp::Sum);
-    release_memory(P_.grad() + expert_lo_, expert_hi_ - expert_lo_);
+    release_memory(be_, P_.grad() + expert_lo_, expert_hi_ - expert_lo_);
   } else if (experts_apart() && micro_ == micros_ - 1 && edp_->size() > 1) {
     edp_->all_reduce(P_.grad() + expert_lo_, expert_hi_ - expert_lo_, DType::F32,
                      comm::ReduceOp::Sum);
@@ -177,7 +179,7 @@ void DataParallel::finish_micro() {
 }
 
 double DataParallel::grad_sq_local(const std::vector<double>& weights) const {
-  const float* g = opt_.zero == 0 ? P_.grad() : gshard_.data<float>() - lo_;
+  const float* g = opt_.zero == 0 ? P_.grad() : gshard_.as<float>() - lo_;
   double sum = 0;
   const auto& infos = P_.infos();
   // Consecutive parameters of one weight are summed as one run of the flat buffer: with every
@@ -206,7 +208,7 @@ double DataParallel::grad_sq_local(const std::vector<double>& weights) const {
       int64_t a = std::max(infos[i].offset, elo_);
       int64_t b = std::min(infos[i].offset + infos[i].numel, ehi_);
       if (infos[i].expert && w != 0 && a < b)
-        sum += w * be_.sum_squares(egshard_.data<float>() + (a - elo_), b - a);
+        sum += w * be_.sum_squares(egshard_.as<float>() + (a - elo_), b - a);
     }
   // Otherwise: replicated over the expert-data-parallel group, counted on its rank 0.
   if (experts_apart() && !experts_sharded() && edp_->rank() == 0)
@@ -221,7 +223,7 @@ void DataParallel::expert_adam(double lr, float gs) {
   if (!experts_apart()) return;
   // [elo_, ehi_): every expert weight here (ZeRO 0-2), or this rank's shard of them (ZeRO-3,
   // whose ranks gather them on use).
-  expert_adam_->update(lr, gs, experts_sharded() ? egshard_.data<float>() : P_.grad() + elo_);
+  expert_adam_->update(lr, gs, experts_sharded() ? egshard_.as<float>() : P_.grad() + elo_);
   if (!experts_sharded()) expert_adam_->sync_model_from_master();
 }
 
@@ -237,7 +239,7 @@ void DataParallel::step(double lr, float grad_scale) {
     adam_->write_model(0, total_);
     return;
   }
-  adam_->update(lr, grad_scale, gshard_.data<float>());
+  adam_->update(lr, grad_scale, gshard_.as<float>());
   sync_model_from_master();
 }
 
@@ -264,8 +266,9 @@ std::vector<StateSlice> DataParallel::state_slices() {
 
 std::vector<float> DataParallel::reduced_grad_shard() const {
   LOOM_CHECK(opt_.zero >= 1, "reduced_grad_shard: ZeRO-0 keeps the full gradient in the model");
-  const float* g = gshard_.data<float>();
-  return std::vector<float>(g, g + (hi_ - lo_));
+  std::vector<float> g(size_t(hi_ - lo_));
+  if (!g.empty()) be_.copy_d2h(g.data(), gshard_.data(), g.size() * sizeof(float));
+  return g;
 }
 
 std::vector<StateSlice> DataParallel::param_slices() {
@@ -297,8 +300,8 @@ MemoryUse DataParallel::memory_use() const {
   // The whole flat buffer, the expert-parallel experts included.
   u.params = resident_bytes(P_.data(), P_.total() * 4);
   u.grads = resident_bytes(P_.grad(), P_.total() * 4);
-  for (const Tensor* t : {&gshard_, &egshard_})
-    if (t->defined()) u.grads += resident_bytes(t->data<float>(), t->nbytes());
+  for (const BackendBuffer* b : {&gshard_, &egshard_})
+    if (!b->empty()) u.grads += resident_bytes(b->data(), int64_t(b->bytes()));
   u.grads += reducer_->resident_scratch_bytes();
   for (const AdamW* o : {adam_.get(), expert_adam_.get()})
     if (o)

@@ -33,6 +33,7 @@
 #include "comm/communicator.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "kernels/buffer.h"
 #include "model/decoder.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
@@ -177,7 +178,9 @@ class DataParallel : public Optimizer {
   // AdamW on this rank's part of the dense parameters: all of them under ZeRO-0, [lo_, hi_)
   // otherwise (with an fp32 master under a reduced-precision policy, and always under ZeRO-3).
   std::unique_ptr<AdamW> adam_;
-  Tensor gshard_;  // ZeRO >= 1: the reduced gradients of [lo_, hi_)
+  // ZeRO >= 1: the reduced gradients of [lo_, hi_), Backend memory ("gradients"; empty when
+  // this rank owns no element).
+  BackendBuffer gshard_;
   comm::Communicator* edp_ = nullptr;
   int64_t expert_lo_ = 0, expert_hi_ = 0;
   // The experts' part this rank steps: all of [expert_lo_, expert_hi_), or under ZeRO-3 its
@@ -185,10 +188,10 @@ class DataParallel : public Optimizer {
   FlatShards eshards_;  // the experts over edp_ (ZeRO-3), or whole
   int64_t elo_ = 0, ehi_ = 0;
   std::unique_ptr<AdamW> expert_adam_;  // the experts' optimizer, on [elo_, ehi_)
-  Tensor egshard_;                      // ZeRO-3: the experts' reduced gradients on [elo_, ehi_)
+  BackendBuffer egshard_;               // ZeRO-3: the experts' reduced gradients on [elo_, ehi_)
   int micro_ = 0, micros_ = 1;
   std::unique_ptr<GradReducer> reducer_;
-  int64_t grads_ready_id_ = -1;  // our subscription to the model's on_grads_ready
+  int64_t grads_ready_id_ = -1;              // our subscription to the model's on_grads_ready
   std::unique_ptr<ParamGatherer> gatherer_;  // ZeRO >= 1
 };
 

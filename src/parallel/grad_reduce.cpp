@@ -1,6 +1,7 @@
 #include "parallel/grad_reduce.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -23,6 +24,10 @@ GradReducer::GradReducer(ParamSet& P, comm::Communicator& dp, const FlatShards& 
       hi_(shards.end(dp.rank())) {
   LOOM_CHECK(zero == 0 || shard_grads || hi_ == lo_, "ZeRO-", zero,
              " reduces into a gradient shard, and none was given");
+  // The bf16 wire copies are rounded and widened by host loops.
+  LOOM_CHECK(reduce_dtype != DType::BF16 || be.host_accessible(),
+             "parallel.grad_reduce_dtype = \"bf16\" on the ", be.name(),
+             " backend is not supported yet (its wire buffers are host memory): use \"fp32\"");
   build(bucket_elems, stages);
 }
 
@@ -50,7 +55,7 @@ void GradReducer::build(int64_t bucket_elems, const std::vector<int>& stages) {
     cur.stage = std::max(cur.stage, stages[size_t(i)]);
     if (cur.hi - cur.lo >= bucket_elems || i == 0) {
       if (i == 0) cur.lo = 0;
-      buckets_.push_back(cur);
+      buckets_.push_back(std::move(cur));
       open = false;
     }
   }
@@ -72,8 +77,9 @@ float* GradReducer::reduce_target(Bucket& b) {
   const int64_t mine = b.counts[dp_.rank()];
   static float nothing;  // a valid address for a rank that receives no elements
   if (zero_ == 1) return mine > 0 ? shard_grads_ + (b.own_lo - lo_) : &nothing;
-  b.scratch.resize(std::max<int64_t>(1, mine));
-  return b.scratch.data();
+  if (b.scratch.empty())
+    b.scratch = BackendBuffer(be_, sizeof(float) * size_t(std::max<int64_t>(1, mine)), "scratch");
+  return b.scratch.as<float>();
 }
 
 void GradReducer::launch(Bucket& b) {
@@ -113,7 +119,8 @@ void GradReducer::launch_bf16(Bucket& b) {
 void GradReducer::gather_bf16_sums(Bucket& b) {
   b.work.wait();
   const int64_t n = b.hi - b.lo, mine = b.counts[dp_.rank()], at = b.own_lo - b.lo;
-  for (int64_t i = 0; i < mine; ++i) b.wire[at + i] = f32_to_bf16(b.scratch[i]);
+  const float* sums = b.scratch.as<float>();  // (bf16 reduction: host memory, checked in ctor)
+  for (int64_t i = 0; i < mine; ++i) b.wire[at + i] = f32_to_bf16(sums[i]);
   b.work = dp_.all_gather_async(b.wire.data(), b.counts, DType::BF16);
   wire_bytes_ += 2 * (n - mine);
 }
@@ -134,14 +141,14 @@ void GradReducer::complete(Bucket& b) {
   if (bf16() && zero_ == 0) {
     float* g = P_.grad() + b.lo;
     for (int64_t i = 0; i < b.hi - b.lo; ++i) g[i] = bf16_to_f32(b.wire[i]);
-    std::vector<float>().swap(b.scratch);
+    b.scratch.reset();
   }
   std::vector<uint16_t>().swap(b.wire);
   if (zero_ < 2) return;
   int64_t mine = b.counts[dp_.rank()];
-  if (mine > 0) be_.add_inplace(shard_grads_ + (b.own_lo - lo_), b.scratch.data(), mine);
-  std::vector<float>().swap(b.scratch);  // transient: only while the reduction is in flight
-  release_memory(P_.grad() + b.lo, b.hi - b.lo);
+  if (mine > 0) be_.add_inplace(shard_grads_ + (b.own_lo - lo_), b.scratch.as<float>(), mine);
+  b.scratch.reset();  // transient: only while the reduction is in flight
+  release_memory(be_, P_.grad() + b.lo, b.hi - b.lo);
 }
 
 void GradReducer::finish() {
@@ -159,7 +166,7 @@ void GradReducer::finish() {
 int64_t GradReducer::resident_scratch_bytes() const {
   int64_t bytes = 0;
   for (auto& b : buckets_) {
-    bytes += resident_bytes(b.scratch.data(), int64_t(b.scratch.capacity()) * 4);
+    bytes += resident_bytes(b.scratch.data(), int64_t(b.scratch.bytes()));
     bytes += resident_bytes(b.wire.data(), int64_t(b.wire.capacity()) * 2);
   }
   return bytes;

@@ -16,6 +16,7 @@
 #include "comm/communicator.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
+#include "kernels/buffer.h"
 #include "model/params.h"
 #include "parallel/flat_shards.h"
 
@@ -57,7 +58,10 @@ class GradReducer {
     comm::Work work;
     std::vector<int64_t> counts;  // per rank: its shard's intersection with [lo, hi)
     int64_t own_lo = 0;           // this rank's intersection start (when counts[rank] > 0)
-    std::vector<float> scratch;   // reduce-scatter target for ZeRO-2/3 (and bf16 ZeRO-0)
+    // Reduce-scatter target for ZeRO-2/3 (and bf16 ZeRO-0): Backend memory ("scratch"; device
+    // memory on a GPU, where the collective and the add into the shard run), held only while
+    // the bucket's reduction is in flight.
+    BackendBuffer scratch;
     // bf16 reduction: this rank's gradients rounded to bf16 (ZeRO-0: then every rank's sums,
     // gathered); transient, like scratch.
     std::vector<uint16_t> wire;

@@ -30,6 +30,12 @@ void release_memory(float* p, int64_t n) {
     std::memset(reinterpret_cast<void*>(a), 0, b - a);
 }
 
+void release_memory(Backend& be, float* p, int64_t n) {
+  if (n <= 0) return;
+  if (be.host_accessible()) return release_memory(p, n);
+  be.fill_bytes(p, 0, size_t(n) * sizeof(float));
+}
+
 int64_t resident_bytes(const void* p, int64_t bytes) {
   if (!p || bytes <= 0) return 0;
   const uintptr_t page = page_size();

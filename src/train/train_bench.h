@@ -13,6 +13,11 @@ struct TrainBenchOptions {
   int batch = 4, seq = 64, threads = 2, steps = 5, warmup = 1;
   std::string precision = "fp32", recompute = "none";
   std::string fp8 = "none", fp8_format = "e4m3";  // precision.fp8_recipe / fp8_format
+  // cpu, cuda or auto (train/device.h). On cuda the model is stored in fp32 and the precision
+  // picks the tensor-core math of its GEMMs (fp32: TF32; bf16: bf16 GEMMs and attention), and
+  // MFU is against the GPU's dense bf16 peak (peak_tflops overrides it; 0 = by the GPU's name).
+  std::string device = "cpu";
+  double peak_tflops = 0;
 };
 
 // Runs the benchmark, prints a readable report, returns the figures (tokens_per_s, gflops,

@@ -24,6 +24,7 @@
 #include "parallel/tensor_parallel.h"
 #include "resil/heartbeat.h"
 #include "train/data_source.h"
+#include "train/device.h"
 
 namespace loom {
 
@@ -59,8 +60,6 @@ static TrainOptions train_options_from(const Config& c) {
   o.device = c.get_string("train.device", o.device);
   LOOM_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
              "train.device must be cpu, cuda or auto, got '", o.device, "'");
-  LOOM_CHECK(o.device != "cuda", "train.device = \"cuda\": the trainer does not run on the CUDA ",
-             "backend yet (the CUDA kernels are built and tested apart); use cpu or auto");
   LOOM_CHECK(o.mode == "pretrain" || o.mode == "sft" || o.mode == "dpo",
              "train.mode must be pretrain, sft or dpo, got '", o.mode, "'");
   LOOM_CHECK(o.steps > 0, "train.steps must be positive, got ", o.steps);
@@ -100,18 +99,18 @@ bool in_block(const std::string& name) {
 
 // Throws naming the first parameter with a non-finite element: a checkpoint (or a run) whose
 // weights are NaN or inf must never be trained on, sampled from, or written over good ones.
+// (A Backend op on the set's own backend: on a device, one flag comes back per parameter.)
 void check_finite(const ParamSet& P, const std::string& where) {
   for (const ParamInfo& p : P.infos())
-    LOOM_CHECK(cpu_backend().all_finite(P.data() + p.offset, p.numel), where, ": parameter '",
-               p.name, "' holds non-finite values (NaN or inf)");
+    LOOM_CHECK(P.backend().all_finite(P.data() + p.offset, p.numel), where, ": parameter '", p.name,
+               "' holds non-finite values (NaN or inf)");
 }
 
-// The same for the slices of the parameters that a rank holds (StateSlice: whole parameters
-// or pieces of them).
-void check_finite(const std::vector<StateSlice>& slices, const std::string& where) {
-  for (const StateSlice& s : slices)
-    LOOM_CHECK(cpu_backend().all_finite(s.tensor.data<float>(), s.tensor.numel()), where,
-               ": parameter '", s.name, "' holds non-finite values (NaN or inf)");
+// Weights in host tensors (a checkpoint's as read, before they go to the device).
+void check_finite(const ckpt::TensorList& host, const std::string& where) {
+  for (const auto& t : host)
+    LOOM_CHECK(cpu_backend().all_finite(t.tensor.data<float>(), t.tensor.numel()), where,
+               ": parameter '", t.name, "' holds non-finite values (NaN or inf)");
 }
 
 // Freezes every parameter whose name starts with one of the comma-separated prefixes; each
@@ -153,10 +152,20 @@ std::string Trainer::layout_name() const {
              d.ep > 1 ? cat(" ep=", d.ep) : std::string(), pp_layout_);
 }
 
-Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
+Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend) : cfg_(cfg) {
   const double setup_start = now_seconds();  // the supervisor's restart-time breakdown
   config_text_ = cfg_.dump();
   opt_ = train_options_from(cfg_);
+  // The device first: "cuda" without a CUDA build or a GPU fails here, before anything is read
+  // or written. A backend handed in (tests) wins over train.device.
+  if (backend) {
+    be_ = backend;
+    device_ = backend->name();
+  } else {
+    const DeviceChoice dc = select_device(opt_.device, "train.device", opt_.quiet);
+    be_ = dc.backend;
+    device_ = dc.describe;
+  }
   guard_ = std::make_unique<LossGuard>(loss_guard_options_from(cfg_));
   set_num_threads(opt_.threads);
   mcfg_ = model_config_from(cfg_);
@@ -180,6 +189,11 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
       cfg_.get_string("parallel.pp_schedule", vp > 1 ? "interleaved" : "1f1b"));
   const int pp_first = get_int32(cfg_, "parallel.pp_first_stage_layers", -1);
   const int pp_last = get_int32(cfg_, "parallel.pp_last_stage_layers", -1);
+  if (!be_->host_accessible()) {  // before any data is opened or anything allocated
+    Fp8Options fp8_probe;
+    check_device_support((world ? *world : comm::world()).size(), dims, vp, dpo, lora_enabled(cfg_),
+                         Fp8Options::from(cfg_, mcfg_.n_layer, &fp8_probe));
+  }
   if (opt_.eval_interval > 0) {  // every data-parallel rank evaluates the same batches
     valid_data_ = make_batch_source(cfg_, opt_, mcfg_, "valid");
     valid_start_ = valid_data_->state();
@@ -241,7 +255,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   const TensorParallel tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
   const ExpertParallel ep = parallel::expert_parallel_layout(*pg_, etp);
   LOOM_CHECK(etp == ep.tp_size, "parallel.etp (", etp, ") must divide parallel.tp (", tp.size, ")");
-  model_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), rc, policy_.compute, tp, ep, stage);
+  model_ = std::make_unique<Decoder>(mcfg_, *be_, rc, policy_.compute, tp, ep, stage);
   // Context-parallel ranks join data parallelism for the gradient reduction (dp x cp).
   if (pg_->cp().size() > 1)
     model_->set_context_parallel({pg_->cp().size(), pg_->cp().rank(), &pg_->cp()});
@@ -292,14 +306,18 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     parallel::DataParallelOptions adapters_opt = dpo;
     adapters_opt.zero = std::min(dpo.zero, 2);
     dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), adapters_opt, acfg,
-                                                   policy_.compute, cpu_backend(), edp,
-                                                   &lora_->params());
+                                                   policy_.compute, *be_, edp, &lora_->params());
   } else {
     // The engine draws the initial weights: under ZeRO-3 only what this rank keeps (its shard
     // and the parameters that stay gathered), never the whole model.
     dpo.init_seed = opt_.seed;
-    dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), dpo, acfg,
-                                                   policy_.compute, cpu_backend(), edp);
+    // On a device the engine's collectives move device memory: NCCL over several ranks, Backend
+    // copies in one; the trainer's scalar reductions (loss, token counts, the norm) stay on the
+    // host groups.
+    if (!be_->host_accessible()) dp_device_comm_ = make_device_communicator(grad_group(), *be_);
+    dp_ = std::make_unique<parallel::DataParallel>(
+        *model_, dp_device_comm_ ? *dp_device_comm_ : grad_group(), dpo, acfg, policy_.compute,
+        *be_, edp);
   }
   norm_weights_ = parallel::grad_norm_weights(trained_params(), pg_->tp().rank(), etp);
   // Pretrained weights are the fp32 truth: the master copy takes them before the model's copy
@@ -336,7 +354,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
   }
   // bf16 GEMMs where the CPU has them natively (kept off under ZeRO-3, whose point is not to hold
   // every weight at once: the recipe keeps a bf16 copy of each).
-  if (policy_.compute == DType::BF16 && dp_->zero() < 3 && !base_zero3_)
+  if (policy_.compute == DType::BF16 && dp_->zero() < 3 && !base_zero3_ && be_->host_accessible())
     bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
   if (fp8_opt) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   // Delayed scaling's amaxes are max-reduced over the ranks of one pipeline stage (TE's amax
@@ -363,9 +381,14 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     write_file_atomic(opt_.out_dir + "/config.toml", config_text_);
   }
 
-  peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops
-                 : rank_ != 0         ? 1.0  // only rank 0 reports MFU
-                                      : measure_sgemm_peak_gflops(num_threads());
+  // MFU's denominator: train.peak_gflops, else on a GPU its dense bf16 tensor-core peak, on
+  // the CPU this machine's measured sgemm peak.
+  const double gpu_peak = be_->host_accessible() ? 0.0 : gpu_bf16_peak_gflops(*be_);
+  peak_gflops_ = opt_.peak_gflops > 0     ? opt_.peak_gflops
+                 : rank_ != 0             ? 1.0  // only rank 0 reports MFU
+                 : gpu_peak > 0           ? gpu_peak
+                 : be_->host_accessible() ? measure_sgemm_peak_gflops(num_threads())
+                                          : 1.0;  // an unknown GPU: train.peak_gflops sets it
   if (!opt_.quiet) {
     log_info("model ", mcfg_.name, ": ", mcfg_.fingerprint(), ", ", mcfg_.num_params(),
              " parameters, ", flops_per_token_ / 1e6, " MFLOP/token");
@@ -382,9 +405,13 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world) : cfg_(cfg) {
     if (lora_)
       log_info(lora_->config().describe(), ": ", lora_->target_names().size(), " adapters, ",
                lora_->params().total(), " trainable parameters (base frozen)");
-    log_info("precision ", policy_.name, ", recompute ", recompute_name(rc), ", ", num_threads(),
-             " threads, MFU against ", peak_gflops_, " GFLOP/s (",
-             opt_.peak_gflops > 0 ? "train.peak_gflops" : "measured sgemm peak", ")");
+    log_info("device ", device_, ", precision ", policy_.name, ", recompute ", recompute_name(rc),
+             ", ", num_threads(), " threads, MFU against ", peak_gflops_, " GFLOP/s (",
+             opt_.peak_gflops > 0     ? "train.peak_gflops"
+             : gpu_peak > 0           ? "the GPU's dense bf16 peak"
+             : be_->host_accessible() ? "measured sgemm peak"
+                                      : "unknown GPU: set train.peak_gflops",
+             ")");
   }
   resil::heartbeat_start(rank_, pg_->world().size(), opt_.out_dir,  // if supervised
                          now_seconds() - setup_start, restore_seconds);
@@ -460,7 +487,7 @@ StepResult Trainer::train_step() {
     LOOM_CHECK(pg_->world().size() == 1 && dp_->zero() == 0,
                "inject_gradient_factor is for one-process tests at parallel.zero = 0");
     ParamSet& T = trained_params();
-    cpu_backend().scale_inplace(T.grad(), inject_, T.total());
+    be_->scale_inplace(T.grad(), inject_, T.total());
   }
   // Under CP each rank holds the loss (and aux losses) of its share of the tokens: sum over
   // dp x cp. Tensor-parallel ranks of one DP group hold the same loss.
@@ -754,7 +781,10 @@ void Trainer::save_checkpoint() {
   // durable by now), this one's after a synchronous write.
   if (!whole_) commit_distributed();
   // Under LoRA only the adapters: the base is train.pretrained, named in the saved config.
-  ckpt_writer_->save(st, shard_list(dp_->param_slices()), optim_list());
+  // On a device the writer gets host copies (staged here, copied again by an asynchronous
+  // writer's snapshot); on the CPU the buffers themselves.
+  ckpt_writer_->save(st, stage(shard_list(dp_->param_slices())), stage(optim_list()));
+  staged_.clear();
   if (!whole_ && !opt_.ckpt_async) commit_distributed();
   if (opt_.quiet) return;
   if (opt_.ckpt_async)
@@ -791,10 +821,13 @@ bool Trainer::resume_from(const std::string& path) {
 // Weights that are not finite are refused, naming the parameter, before anything else is read.
 void Trainer::restore(const ckpt::Checkpoint& c) {
   const int64_t optimizer_steps = restore_state(c);
-  const auto slices = dp_->param_slices();
-  c.restore_model(shard_list(slices));
-  check_finite(slices, c.dir());
-  c.restore_optim(optim_list());
+  // Read into host memory (the buffers themselves on the CPU, staged copies on a device),
+  // checked, then uploaded.
+  const ckpt::TensorList model = stage(shard_list(dp_->param_slices()));
+  c.restore_model(model);
+  check_finite(model, c.dir());
+  c.restore_optim(stage(optim_list()));
+  unstage();
   dp_->sync_model_from_master();
   dp_->set_steps_taken(optimizer_steps);
 }
@@ -806,6 +839,54 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
 // step directory under <out_dir>/checkpoints/rank_NNNNN with the tensors it holds, each with
 // its placement (ShardInfo): ZeRO-0 whole parameters (replica = DP rank), ZeRO >= 1 the rank's
 // slice of each flattened parameter and of its optimizer state; resuming needs the same layout.
+// What the trainer's step keeps off a device so far, refused up front with the reason (before
+// the model allocates or anything is written). One process, or pure data parallelism at ZeRO
+// 0-2 whose gradient reductions and parameter gathers go through NCCL (dp_device_comm_).
+void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, int vp,
+                                   const parallel::DataParallelOptions& dpo, bool lora,
+                                   bool fp8) const {
+  const std::string on =
+      cat("train.device = \"", opt_.device, "\" (the ", be_->name(), " backend): ");
+  LOOM_CHECK(!mcfg_.is_moe(), on, "mixture-of-experts models (model.n_experts = ", mcfg_.n_experts,
+             ") are not supported yet: the MoE layer still runs on the CPU kernels");
+  LOOM_CHECK(d.cp == 1, on, "context parallelism (parallel.cp = ", d.cp,
+             ") is not supported yet: ring attention still runs on the CPU kernels");
+  LOOM_CHECK(d.tp == 1 && d.pp == 1 && vp == 1 && d.ep == 1, on,
+             "only data parallelism is supported so far (parallel.tp, pp, vp and ep must be 1)");
+  LOOM_CHECK(dpo.zero <= 2, on, "parallel.zero = 3 is not supported yet (its block gathers ",
+             "release host pages): use 0, 1 or 2");
+  LOOM_CHECK(dpo.grad_reduce_dtype == DType::F32, on,
+             "parallel.grad_reduce_dtype = \"bf16\" is not supported yet: use \"fp32\"");
+  LOOM_CHECK(world_size == 1 || nccl_built(), on, world_size,
+             " ranks need the NCCL communicator, which this build lacks: run one process");
+  LOOM_CHECK(!lora && opt_.mode != "dpo", on, "LoRA and DPO are not supported yet ",
+             "(their adapters and reference model are updated by host code): use the CPU");
+  LOOM_CHECK(!fp8, on, "precision.fp8_recipe is not supported yet (the recipes quantise on the ",
+             "host): leave it unset");
+  LOOM_CHECK(policy_.compute == DType::F32, on, "precision.policy = \"", policy_.name,
+             "\" is not supported yet (bf16 and fp16 GEMMs over stored activations have no CUDA ",
+             "recipe yet): use \"fp32\" (GEMMs on the TF32 tensor cores)");
+}
+
+// Host tensors for checkpoint I/O: on a host-accessible backend the views themselves; on a
+// device a host copy of each (copy_d2h), remembered so that unstage() uploads them back after
+// they were filled (copy_h2d). Slices name device memory there, never read by the host.
+ckpt::TensorList Trainer::stage(ckpt::TensorList views) {
+  if (be_->host_accessible()) return views;
+  for (auto& t : views) {
+    Tensor host = Tensor::zeros(t.tensor.shape());
+    be_->copy_d2h(host.data<float>(), t.tensor.data<float>(), size_t(t.tensor.nbytes()));
+    staged_.push_back({t.tensor.data<float>(), host});
+    t.tensor = host;
+  }
+  return views;
+}
+
+void Trainer::unstage() {
+  for (auto& [dev, host] : staged_) be_->copy_h2d(dev, host.data<float>(), size_t(host.nbytes()));
+  staged_.clear();
+}
+
 ckpt::TensorList Trainer::shard_list(const std::vector<StateSlice>& slices) const {
   ckpt::TensorList out;
   if (whole_) {
@@ -1269,9 +1350,10 @@ void Trainer::load_pretrained(const std::string& path) {
     ckpt::fill_from_whole(c, model_->params(), whole, {});
     check_finite(model_->params(), c.dir());
   } else {
-    const auto slices = dp_->param_slices();
-    ckpt::fill_from_whole(c, model_->params(), shard_list(slices), {});
+    const ckpt::TensorList slices = stage(shard_list(dp_->param_slices()));
+    ckpt::fill_from_whole(c, model_->params(), slices, {});
     check_finite(slices, c.dir());
+    unstage();
     dp_->sync_master_from_model();  // ZeRO-0: the slices are the model's weights
     dp_->sync_model_from_master();
   }
@@ -1304,7 +1386,9 @@ void Trainer::start_from_one_process(const std::string& path) {
     return;
   }
   const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
-  ckpt::fill_from_whole(c, trained_params(), shard_list(dp_->param_slices()), optim_list());
+  ckpt::fill_from_whole(c, trained_params(), stage(shard_list(dp_->param_slices())),
+                        stage(optim_list()));
+  unstage();
   dp_->sync_model_from_master();
   dp_->set_steps_taken(optimizer_steps);
   if (!opt_.quiet)

@@ -31,6 +31,7 @@ namespace loom {
 namespace comm {
 class Communicator;
 class ProcessGroups;
+struct ParallelDims;
 }  // namespace comm
 
 struct TrainOptions {
@@ -68,8 +69,10 @@ struct TrainOptions {
   // Parameters kept frozen (comma-separated names or name prefixes, e.g. "embed.,blocks.0."):
   // no gradients, no updates, in one process and under every parallel layout.
   std::string freeze;
-  // cpu, cuda or auto (cuda when a GPU and a CUDA build are there). The trainer runs on the CPU
-  // backend only so far: cuda is refused with the reason.
+  // cpu, cuda or auto (cuda when a GPU and a CUDA build are there; train/device.h). On cuda
+  // the whole step runs on the device: one process, or data parallelism at ZeRO 0-2 over
+  // NCCL; what does not run there yet (MoE, CP, TP/PP, ZeRO-3, LoRA, DPO, bf16/fp16, FP8) is
+  // refused up front with the reason.
   std::string device = "cpu";
   // Guard: this many consecutive skipped steps (non-finite gradients) stop the run with an error
   // (or roll it back, train.on_spike = "rollback"), before a checkpoint of bad weights could
@@ -97,7 +100,10 @@ class Trainer {
   // Under a launcher (loom launch, mpirun, srun) the ranks train one model together with the
   // layout of [parallel] (docs/parallel.md); `world` overrides the launcher's world (tests pass
   // a one-rank communicator to get a single-process reference inside an MPI job).
-  explicit Trainer(const Config& cfg, comm::Communicator* world = nullptr);
+  // `backend` (tests: an instrumented CPU backend, a CUDA backend with chosen GEMM math)
+  // overrides train.device.
+  explicit Trainer(const Config& cfg, comm::Communicator* world = nullptr,
+                   Backend* backend = nullptr);
   ~Trainer();
 
   // Trains until options().steps, saving checkpoints and writing metrics; returns last loss.
@@ -162,6 +168,10 @@ class Trainer {
   void restore(const ckpt::Checkpoint& c);
   void commit_distributed();
   ckpt::TensorList shard_list(const std::vector<StateSlice>& s) const;
+  ckpt::TensorList stage(ckpt::TensorList views);  // host copies of device tensors (see .cpp)
+  void unstage();                                  // ... uploaded back after they were filled
+  void check_device_support(int world_size, const comm::ParallelDims& d, int vp,
+                            const parallel::DataParallelOptions& dpo, bool lora, bool fp8) const;
   ckpt::TensorList optim_list() const;
   bool resume_distributed();
   void start_from_one_process(const std::string& path);
@@ -204,6 +214,9 @@ class Trainer {
 
   Config cfg_;
   std::string config_text_;
+  Backend* be_ = nullptr;                          // where the step computes (train.device)
+  std::string device_;                             // its description for the log
+  std::vector<std::pair<float*, Tensor>> staged_;  // stage(): device address, host copy
   TrainOptions opt_;
   ModelConfig mcfg_;
   PrecisionPolicy policy_;
@@ -237,6 +250,9 @@ class Trainer {
   // LoRA's adapters).
   std::unique_ptr<comm::ProcessGroups> pg_;
   std::unique_ptr<comm::Communicator> edp_cp_;  // expert-data x context parallel (cp > 1)
+  // train.device = cuda over several ranks: the data-parallel group over NCCL (train/device.h),
+  // the engine's gradient all-reduce on device memory. Declared before dp_: destroyed after it.
+  std::unique_ptr<comm::Communicator> dp_device_comm_;
   std::unique_ptr<parallel::DataParallel> dp_;
   bool whole_ = true;  // one rank holding every whole tensor: one-process checkpoint files
   // LoRA with parallel.zero = 3: the frozen base sharded over DP, gathered block by block.
