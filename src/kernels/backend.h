@@ -52,8 +52,8 @@ struct Backend {
   // Waits for every op issued so far (and throws any input error the device recorded).
   virtual void sync() = 0;
   // Whether the host may read and write this backend's buffers directly (the CPU backend): the
-  // paths not yet moved onto the Backend (tensor-parallel vocabulary loops, MoE, ring
-  // attention) require it.
+  // paths not yet moved onto the Backend (checkpoint views, the trainer's host loops) require
+  // it.
   virtual bool host_accessible() const { return false; }
   // Bytes held and peak bytes per buffer class, one line each.
   virtual std::string memory_report() const = 0;
@@ -202,6 +202,67 @@ struct Backend {
   // backend.
   virtual void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t row_bytes,
                        size_t rows) = 0;
+
+  // ---- Mixture of experts and ring attention (model/moe_layer.h, model/ring_attention.h): the
+  // ops of kernels/cpu/moe.h, attention_block.h and attention_merge.h over backend buffers, so
+  // both run on the device. Index arrays (topk_idx, the routing plan) are int32 buffers of this
+  // backend.
+  // Router: scores[N,E] = softmax or (sigmoid) sigmoid of logits[N,E]; topk_idx[N,k] the k
+  // largest in descending order (ties: lower index first); topk_w[N,k] their scores, divided by
+  // their sum when renormalize. Backward: dlogits (written) from dtopk_w and dscores (nullable).
+  virtual void moe_router_forward(float* scores, int32_t* topk_idx, float* topk_w,
+                                  const float* logits, int N, int E, int k, bool sigmoid,
+                                  bool renormalize) = 0;
+  virtual void moe_router_backward(float* dlogits, const float* dtopk_w, const float* dscores,
+                                   const float* scores, const int32_t* topk_idx, int N, int E,
+                                   int k, bool sigmoid, bool renormalize) = 0;
+  // The load-balancing loss of N tokens (returned to the host, as weighted_sum) and, when
+  // dscores is non-null, its gradient added there (cpu::moe_aux_loss).
+  virtual double moe_aux_loss(float* dscores, const float* scores, const int32_t* topk_idx, int N,
+                              int E, int k, float coeff, float dloss) = 0;
+  // stats[2E+1] = [assignments per expert (before dropping), sum over tokens of each expert's
+  // score (added in token order in double, then rounded), N]: the aux loss's statistics, to be
+  // summed over a token group (context parallelism) before the loss is formed.
+  virtual void moe_expert_stats(float* stats, const float* scores, const int32_t* topk_idx, int N,
+                                int E, int k) = 0;
+  // x[t, :] += row[:] for t < N (a per-expert gradient onto every token's scores).
+  virtual void add_row_broadcast(float* x, const float* row, int N, int C) = 0;
+  // The routing plan of cpu::moe_plan_routing in one int32 buffer of moe_plan_ints(N, E, k):
+  // assigned [E] (before dropping), counts [E] (kept), offsets [E+1], row_of [N*k] (-1:
+  // dropped), token_of [N*k] (the first offsets[E] are used). capacity < 0: dropless. An expert
+  // index outside [0, E) is an input error (thrown here, or by the next sync on a device).
+  virtual void moe_plan_routing(int32_t* plan, const int32_t* topk_idx, int N, int E, int k,
+                                int capacity) = 0;
+  static int64_t moe_plan_ints(int N, int E, int k) {
+    return 3 * int64_t(E) + 1 + 2 * int64_t(N) * k;
+  }
+  // out[rows,C] = x[token_of[r],:]; backward: dx[t,:] (written) = sum of its kept rows' dout.
+  virtual void moe_permute(float* out, const float* x, const int32_t* token_of, int rows,
+                           int C) = 0;
+  virtual void moe_permute_backward(float* dx, const float* dout, const int32_t* row_of, int N,
+                                    int k, int C) = 0;
+  // y[N,C] (written) = sum over kept slots of topk_w * expert_out[row]; backward writes
+  // dexpert_out[rows,C] and dtopk_w[N,k] (0 where dropped).
+  virtual void moe_unpermute(float* y, const float* expert_out, const float* topk_w,
+                             const int32_t* row_of, int N, int k, int C) = 0;
+  virtual void moe_unpermute_backward(float* dexpert_out, float* dtopk_w, const float* dy,
+                                      const float* expert_out, const float* topk_w,
+                                      const int32_t* row_of, int N, int k, int C) = 0;
+  // Full (unmasked) attention of nq queries against nk keys (cpu::attention_block_forward) and
+  // its backward, which ADDS into dq, dk, dv given the merged out and lse.
+  virtual void attention_block_forward(float* out, float* lse, const float* q, int ldq,
+                                       const float* k, const float* v, int ldk, int nq, int nk,
+                                       int Hq, int Hkv, int D, float scale) = 0;
+  virtual void attention_block_backward(float* dq, float* dk, float* dv, const float* dout,
+                                        const float* out, const float* lse, const float* q, int ldq,
+                                        const float* k, const float* v, int ldk, int nq, int nk,
+                                        int Hq, int Hkv, int D, float scale) = 0;
+  // Exact merge of two partial attention results by their log-sum-exps (cpu::attention_merge;
+  // out/lse may alias out_a/lse_a).
+  virtual void attention_merge(float* out, float* lse, const float* out_a, const float* lse_a,
+                               const float* out_b, const float* lse_b, int N, int H, int D) = 0;
+  // dst[i, :cols] += src[i, :cols] for rows rows of strides ldd and lds (elements).
+  virtual void add_2d(float* dst, int ldd, const float* src, int lds, int rows, int cols) = 0;
 
   // Storage in the precision policy's types. round_to: x in place to the precision of t (BF16,
   // F16, F8E4M3, F8E5M2; F32 leaves it), as core's round_to, and when `store` is not null the

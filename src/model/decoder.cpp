@@ -72,10 +72,6 @@ Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, 
   fc_ = cfg_.fc_dim() / T;
   vocab_ = cfg_.vocab / T;
   v0_ = tp_.rank * vocab_;
-  // The MoE layer still calls the CPU kernels directly: refused on a backend whose memory the
-  // host cannot touch, rather than crashing inside a step.
-  LOOM_CHECK(be_.host_accessible() || !cfg_.is_moe(), "the ", be_.name(),
-             " backend does not run MoE layers yet (their expert kernels run on the host)");
   // The layout's communication (parallel/), or the one-process ops: also for a one-rank group
   // that brought its own, so that one rank computes exactly what one process does (the whole
   // vocabulary's fused cross-entropy, not the sliced one).
@@ -588,8 +584,6 @@ void Decoder::set_context_parallel(const ContextParallel& cp) {
   LOOM_CHECK(cp.size >= 1 && cp.rank >= 0 && cp.rank < cp.size, "context-parallel rank ", cp.rank,
              " of ", cp.size);
   LOOM_CHECK(cp.size == 1 || cp.comm, "context parallelism needs its communicator");
-  LOOM_CHECK(cp.size == 1 || be_.host_accessible(), "the ", be_.name(),
-             " backend does not run context parallelism yet (ring attention runs on the host)");
   // MoE under CP: routing and experts are per token (local rows); the auxiliary loss's
   // statistics are summed over the CP group. A capacity keeps each expert's first assignments
   // in the micro-batch's token order, which no rank sees: refused.
@@ -937,11 +931,10 @@ void Decoder::collect_outputs(const ModelInput& in, StepOutputs* out) const {
   for (int s = 0; s < in.nseq; ++s)
     for (int i = in.cu_seqlens[s]; i < in.cu_seqlens[s + 1]; ++i)
       if (in.targets[i] >= 0) out->seq_logprobs[s] -= losses[i];
-  // Context parallelism: this rank's rows are its chunks of every sequence (cu_seqlens is the
-  // local one, sequence by sequence), so its sums are partial: summed over the CP group, every
-  // rank holds each sequence's whole log-probability. (Per-token values stay this rank's.)
-  if (cp_.size > 1)
-    cp_.comm->all_reduce_f64(out->seq_logprobs.data(), in.nseq, comm::ReduceOp::Sum);
+  // Under context parallelism this rank's rows are its chunks of every sequence (cu_seqlens is
+  // the local one, sequence by sequence): the attention core's group makes the sums whole.
+  // (Per-token values stay this rank's.)
+  attention_->sum_sequence_parts(out->seq_logprobs.data(), in.nseq);
   if (!out->want_token_logprobs) return;
   out->token_logprobs.assign(in.N, 0.f);
   for (int i = 0; i < in.N; ++i)

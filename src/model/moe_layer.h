@@ -1,6 +1,10 @@
 // One mixture-of-experts layer (the MLP of a MoE block): router, top-k routing with an optional
 // capacity, permutation into expert-grouped rows, the experts' MLPs as a grouped GEMM, and the
-// weighted combination back into token order, each with its backward (kernels/cpu/moe.h).
+// weighted combination back into token order, each with its backward: Backend ops over backend
+// buffers (kernels/backend.h, the MoE block; semantics of kernels/cpu/moe.h), so the layer runs
+// on any backend. The one host read inside a step is the routing's counts per expert (2E
+// integers per layer): the grouped GEMMs' sizes and the exchange's plan depend on them, as in
+// Megatron's token dispatcher.
 //
 // Expert parallelism: with an EP group of P ranks, this rank holds experts
 // [rank * E/P, (rank+1) * E/P). After the local permutation the rows for each rank's experts are
@@ -15,7 +19,7 @@
 
 #include "comm/communicator.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/moe.h"
+#include "kernels/buffer.h"
 #include "model/model_config.h"
 #include "model/parallel_ops.h"
 
@@ -35,7 +39,8 @@ struct ExpertParallel {
   // The exchange of this layout, made for each MoE layer (parallel::expert_parallel_layout
   // fills it in). Without it, a layout of one rank (and etp 1) copies; a larger one holds its
   // experts' parameters but refuses to run.
-  std::unique_ptr<ExpertExchange> (*make_exchange)(const ExpertParallel&, int E, int C) = nullptr;
+  std::unique_ptr<ExpertExchange> (*make_exchange)(const ExpertParallel&, Backend&, int E,
+                                                   int C) = nullptr;
   // Throws naming the values when the model's experts do not split over the group.
   void validate(const ModelConfig& cfg) const;
 };
@@ -72,7 +77,8 @@ class MoeLayer {
   void set_token_group(comm::Communicator* group) { token_group_ = group; }
 
   const MoeStats& stats() const { return stats_; }
-  const std::vector<int32_t>& topk() const { return topk_idx_; }  // [N, k] of the last forward
+  // [N, k] of the last forward, downloaded from the backend (tests and diagnostics).
+  const std::vector<int32_t>& topk() const;
 
  private:
   // Rows of the local permuted buffer [rows, C] <-> expert-grouped rows of this rank's experts
@@ -85,20 +91,19 @@ class MoeLayer {
   ExpertParallel ep_;
   Backend& be_;
   int C_, E_, El_, k_, F_, H_;  // F_, H_: this rank's slice of the expert MLP width
-  cpu::RouterScore score_;
-  cpu::MoeActivation act_;
-  // Saved between forward and backward.
-  int N_ = 0;
-  std::vector<float> scores_, topk_w_, xp_, yp_, xe_, h_, a_, ye_;
-  std::vector<int32_t> topk_idx_;
-  cpu::MoeRouting routing_;
+  bool sigmoid_, swiglu_;
+  // Saved between forward and backward (backend buffers).
+  int N_ = 0, rows_ = 0;
+  BackendBuffer scores_, topk_idx_, topk_w_, plan_, xp_, yp_, xe_, h_, a_, ye_;
   std::vector<int32_t> local_offsets_;  // [El + 1] expert-grouped rows of this rank's experts
   std::unique_ptr<ExpertExchange> xchg_;
-  // Backward scratch.
-  std::vector<float> dscores_, dlogits_, dtopk_w_, dyp_, dye_, dxe_, dxp_, scratch_, dxr_;
+  // Scratch.
+  BackendBuffer logits_, dscores_, dlogits_, dtopk_w_, dyp_, dye_, dxe_, dxp_, da_, dh_, dxr_;
+  BackendBuffer group_buf_;  // [2E + 1] the token group's statistics; [E] their gradient row
   MoeStats stats_;
   comm::Communicator* token_group_ = nullptr;
   std::vector<double> group_f_;  // [E] the token group's f_e (kept for backward)
+  mutable std::vector<int32_t> topk_host_;
 };
 
 }  // namespace loom

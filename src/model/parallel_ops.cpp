@@ -1,7 +1,5 @@
 #include "model/parallel_ops.h"
 
-#include <cstring>
-
 #include "core/error.h"
 #include "model/decoder.h"
 
@@ -67,21 +65,22 @@ class PackedAttention final : public AttentionCore {
 
 class LocalExperts final : public ExpertExchange {
  public:
-  LocalExperts(int E, int C) : E_(E), C_(C) {}
+  LocalExperts(Backend& be, int E, int C) : be_(be), E_(E), C_(C) {}
   int64_t plan(const int32_t*, const int32_t* offsets, std::vector<int32_t>& local) override {
     local.assign(offsets, offsets + E_ + 1);
     R_ = local.back();
     return 0;
   }
   void dispatch(const float* local, float* grouped) override {
-    std::memcpy(grouped, local, sizeof(float) * size_t(R_) * C_);
+    be_.copy_d2d(grouped, local, sizeof(float) * size_t(R_) * C_);
   }
   void combine(const float* grouped, float* local) override {
-    std::memcpy(local, grouped, sizeof(float) * size_t(R_) * C_);
+    be_.copy_d2d(local, grouped, sizeof(float) * size_t(R_) * C_);
   }
   void reduce_partial(float*, int64_t) override {}
 
  private:
+  Backend& be_;
   int E_, C_;
   int64_t R_ = 0;
 };
@@ -101,8 +100,8 @@ class RefusingExperts final : public ExpertExchange {
 
 }  // namespace
 
-std::unique_ptr<ExpertExchange> local_expert_exchange(int E, int C) {
-  return std::make_unique<LocalExperts>(E, C);
+std::unique_ptr<ExpertExchange> local_expert_exchange(Backend& be, int E, int C) {
+  return std::make_unique<LocalExperts>(be, E, C);
 }
 std::unique_ptr<ExpertExchange> refusing_expert_exchange(const char* what) {
   return std::make_unique<RefusingExperts>(what);

@@ -76,6 +76,10 @@ class AttentionCore {
   virtual void backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int ld, int Hq, int Hkv, int D, float scale,
                         const ModelInput& in) = 0;
+  // Per-sequence sums over this rank's rows (host doubles, e.g. log-probabilities) made whole:
+  // under context parallelism each rank holds chunks of every sequence, so the group sums
+  // them; packed attention holds whole sequences and leaves them.
+  virtual void sum_sequence_parts(double* sums, int nseq) {}
 };
 
 // Expert parallelism's exchange of routed rows (MoeLayer calls it between routing and the
@@ -90,7 +94,8 @@ class ExpertExchange {
   // floats this rank will send in one dispatch + combine (statistics).
   virtual int64_t plan(const int32_t* counts, const int32_t* offsets,
                        std::vector<int32_t>& local_offsets) = 0;
-  // [rows, C] in routing order -> [R, C] grouped by this rank's experts, and back.
+  // [rows, C] in routing order -> [R, C] grouped by this rank's experts, and back (backend
+  // buffers: copies are Backend ops, the all-to-alls run on the backend's memory).
   virtual void dispatch(const float* local, float* grouped) = 0;
   virtual void combine(const float* grouped, float* local) = 0;
   // x[n] summed over the expert-tensor-parallel group (identity without ETP).
@@ -101,8 +106,8 @@ class ExpertExchange {
 std::unique_ptr<TensorParallelOps> single_rank_ops();
 std::unique_ptr<VocabOps> whole_vocab_ops(Backend& be, int vocab);
 std::unique_ptr<AttentionCore> packed_attention(Backend& be);
-// Every expert local: the exchange is a copy of R rows of C floats.
-std::unique_ptr<ExpertExchange> local_expert_exchange(int E, int C);
+// Every expert local: the exchange is a copy of R rows of C floats (Backend::copy_d2d).
+std::unique_ptr<ExpertExchange> local_expert_exchange(Backend& be, int E, int C);
 // For a layout built without its communication (size > 1): every call throws naming `what`.
 std::unique_ptr<ExpertExchange> refusing_expert_exchange(const char* what);
 

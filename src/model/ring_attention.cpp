@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "kernels/cpu/attention_block.h"
 #include "model/decoder.h"
 
 namespace loom {
@@ -34,12 +33,10 @@ void RingAttention::poll() {
 
 // The rank's keys and values as [rows, 2*Hkv*D] (k then v per row): the block sent around.
 void RingAttention::pack_kv(const float* qkv, int ld, int Hq, int Hkv, int D, int rows) {
-  const int W = Hkv * D;
-  kv_a_.resize(size_t(rows) * 2 * W);
-  for (int i = 0; i < rows; ++i) {
-    const float* src = qkv + int64_t(i) * ld + int64_t(Hq) * D;
-    std::memcpy(kv_a_.data() + size_t(i) * 2 * W, src, sizeof(float) * 2 * W);
-  }
+  const size_t W = size_t(Hkv) * D;
+  float* kv = kv_a_.ensure_n<float>(be_, std::max<size_t>(1, rows * 2 * W), "ring_attention");
+  be_.copy_2d(kv, 2 * W * sizeof(float), qkv + int64_t(Hq) * D, size_t(ld) * sizeof(float),
+              2 * W * sizeof(float), size_t(rows));
 }
 
 // out/lse of query rows [q0, q0+nq) merged with their full attention to nk keys at k, v (row
@@ -47,15 +44,15 @@ void RingAttention::pack_kv(const float* qkv, int ld, int Hq, int Hkv, int D, in
 void RingAttention::full_block_forward(float* out, float* lse, const float* qkv, int ld, int q0,
                                        int nq, const float* k, const float* v, int ldk, int nk,
                                        int Hq, int Hkv, int D, float scale) {
+  float* po = part_out_.ensure_n<float>(be_, size_t(kPollRows) * Hq * D, "ring_attention");
+  float* pl = part_lse_.ensure_n<float>(be_, size_t(kPollRows) * Hq, "ring_attention");
   for (int i = 0; i < nq; i += kPollRows) {
     const int n = std::min(kPollRows, nq - i), r = q0 + i;
-    part_out_.resize(size_t(n) * Hq * D);
-    part_lse_.resize(size_t(n) * Hq);
-    cpu::attention_block_forward(part_out_.data(), part_lse_.data(), qkv + int64_t(r) * ld, ld, k,
-                                 v, ldk, n, nk, Hq, Hkv, D, scale);
+    be_.attention_block_forward(po, pl, qkv + int64_t(r) * ld, ld, k, v, ldk, n, nk, Hq, Hkv, D,
+                                scale);
     float* o = out + int64_t(r) * Hq * D;
     float* l = lse + int64_t(r) * Hq;
-    cpu::attention_merge(o, l, o, l, part_out_.data(), part_lse_.data(), n, Hq, D);
+    be_.attention_merge(o, l, o, l, po, pl, n, Hq, D);
     poll();
   }
 }
@@ -66,9 +63,9 @@ void RingAttention::full_block_backward(float* dqkv, const float* dout, const fl
                                         int ldk, int nk, int Hq, int Hkv, int D, float scale) {
   for (int i = 0; i < nq; i += kPollRows) {
     const int n = std::min(kPollRows, nq - i), r = q0 + i;
-    cpu::attention_block_backward(dqkv + int64_t(r) * ld, dk, dv, dout + int64_t(r) * Hq * D,
-                                  out + int64_t(r) * Hq * D, lse + int64_t(r) * Hq,
-                                  qkv + int64_t(r) * ld, ld, k, v, ldk, n, nk, Hq, Hkv, D, scale);
+    be_.attention_block_backward(dqkv + int64_t(r) * ld, dk, dv, dout + int64_t(r) * Hq * D,
+                                 out + int64_t(r) * Hq * D, lse + int64_t(r) * Hq,
+                                 qkv + int64_t(r) * ld, ld, k, v, ldk, n, nk, Hq, Hkv, D, scale);
     poll();
   }
 }
@@ -81,15 +78,15 @@ void RingAttention::forward(float* out, float* lse, const float* qkv, int ld, in
   const float* k_loc = qkv + int64_t(Hq) * D;
   const float* v_loc = k_loc + W;
   pack_kv(qkv, ld, Hq, Hkv, D, rows);
-  kv_b_.resize(kv_a_.size());
-  std::vector<float>*cur = &kv_a_, *nxt = &kv_b_;
-  const int64_t n = int64_t(kv_a_.size());  // every rank holds the same number of rows
+  const int64_t n = int64_t(rows) * 2 * W;  // every rank holds the same number of rows
+  float* cur = kv_a_.as<float>();
+  float* nxt = kv_b_.ensure_n<float>(be_, std::max<int64_t>(n, 1), "ring_attention");
   for (int s = 0; s < cp; ++s) {
     comm::Work send, recv;
     pending_.clear();
     if (s + 1 < cp) {  // the next block travels while this one is computed
-      send = cp_.comm->send_async(cur->data(), n, DType::F32, next, kTagFwd + s);
-      recv = cp_.comm->recv_async(nxt->data(), n, DType::F32, prev, kTagFwd + s);
+      send = cp_.comm->send_async(cur, n, DType::F32, next, kTagFwd + s);
+      recv = cp_.comm->recv_async(nxt, n, DType::F32, prev, kTagFwd + s);
       stats_.bytes_sent += n * 4;
       pending_ = {&send, &recv};
       if (!overlap_) {
@@ -117,7 +114,7 @@ void RingAttention::forward(float* out, float* lse, const float* qkv, int ld, in
                                v_loc + int64_t(kp.local_begin) * ld, ld, kp.len, Hq, Hkv, D, scale);
     } else {
       const cpu::CpShard& theirs = batch.shards[size_t((me - s + cp) % cp)];
-      const float* kv = cur->data();
+      const float* kv = cur;
       for (const cpu::CpPiece& qp : mine.pieces)
         for (const cpu::CpPiece& kp : theirs.pieces) {
           // Other documents, or keys after the queries, are skipped; chunks never share ranks,
@@ -151,23 +148,25 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
   float* dk_loc = dqkv + int64_t(Hq) * D;
   float* dv_loc = dk_loc + W;
   pack_kv(qkv, ld, Hq, Hkv, D, rows);
-  kv_b_.resize(kv_a_.size());
-  const int64_t n = int64_t(kv_a_.size());
-  acc_in_.resize(size_t(n));
-  contrib_.resize(size_t(n));
-  for (auto& b : acc_out_) b.resize(size_t(n));
-  std::vector<float>*cur = &kv_a_, *nxt = &kv_b_;
+  const int64_t n = int64_t(rows) * 2 * W;
+  const size_t nb = size_t(std::max<int64_t>(n, 1));
+  float* cur = kv_a_.as<float>();
+  float* nxt = kv_b_.ensure_n<float>(be_, nb, "ring_attention");
+  float* acc_in = acc_in_.ensure_n<float>(be_, nb, "ring_attention");
+  float* contrib = contrib_.ensure_n<float>(be_, nb, "ring_attention");
+  float* acc_outs[2] = {acc_out_[0].ensure_n<float>(be_, nb, "ring_attention"),
+                        acc_out_[1].ensure_n<float>(be_, nb, "ring_attention")};
   comm::Work acc_sends[2];  // the accumulator sends in flight, one per acc_out_ buffer
   for (int s = 0; s < cp; ++s) {
     comm::Work send, recv, acc_recv;
     if (s + 1 < cp) {
-      send = cp_.comm->send_async(cur->data(), n, DType::F32, next, kTagBwd + s);
-      recv = cp_.comm->recv_async(nxt->data(), n, DType::F32, prev, kTagBwd + s);
+      send = cp_.comm->send_async(cur, n, DType::F32, next, kTagBwd + s);
+      recv = cp_.comm->recv_async(nxt, n, DType::F32, prev, kTagBwd + s);
       stats_.bytes_sent += n * 4;
     }
     // The accumulated dK/dV of the block held at step s (s >= 2) comes from rank - 1, which
     // handled that block at step s - 1; received while this rank computes its contribution.
-    if (s >= 2) acc_recv = cp_.comm->recv_async(acc_in_.data(), n, DType::F32, prev, kTagAcc + s);
+    if (s >= 2) acc_recv = cp_.comm->recv_async(acc_in, n, DType::F32, prev, kTagAcc + s);
     pending_ = {&send, &recv, &acc_recv, &acc_sends[0], &acc_sends[1]};
     if (!overlap_) {
       const double t = now_seconds();
@@ -197,15 +196,15 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
           }
     } else {
       const cpu::CpShard& theirs = batch.shards[size_t((me - s + cp) % cp)];
-      const float* kv = cur->data();
-      std::fill(contrib_.begin(), contrib_.end(), 0.f);
+      const float* kv = cur;
+      be_.fill_bytes(contrib, 0, sizeof(float) * size_t(n));
       for (const cpu::CpPiece& qp : mine.pieces)
         for (const cpu::CpPiece& kp : theirs.pieces) {
           if (!usable(qp, kp, cpu::BlockMask::Full)) continue;
           const int64_t ko = int64_t(kp.local_begin) * 2 * W;
           full_block_backward(dqkv, dout, qkv, out, lse, ld, qp.local_begin, qp.len, kv + ko,
-                              kv + ko + W, contrib_.data() + ko, contrib_.data() + ko + W, 2 * W,
-                              kp.len, Hq, Hkv, D, scale);
+                              kv + ko + W, contrib + ko, contrib + ko + W, 2 * W, kp.len, Hq, Hkv,
+                              D, scale);
         }
     }
     stats_.compute_s += now_seconds() - t0;
@@ -215,14 +214,14 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
       // on towards the block's owner (which is `next` after the last step). Its buffer's
       // previous send (two steps ago) completes first.
       acc_sends[s % 2].wait();
-      std::vector<float>& acc_out = acc_out_[s % 2];
+      float* acc_out = acc_outs[s % 2];
       if (s >= 2) {
         acc_recv.wait();
-        for (size_t i = 0; i < size_t(n); ++i) acc_out[i] = acc_in_[i] + contrib_[i];
+        be_.add(acc_out, acc_in, contrib, n);
       } else {
-        acc_out = contrib_;
+        be_.copy_d2d(acc_out, contrib, sizeof(float) * size_t(n));
       }
-      acc_sends[s % 2] = cp_.comm->send_async(acc_out.data(), n, DType::F32, next, kTagAcc + s + 1);
+      acc_sends[s % 2] = cp_.comm->send_async(acc_out, n, DType::F32, next, kTagAcc + s + 1);
       stats_.bytes_sent += n * 4;
     }
     send.wait();
@@ -233,16 +232,12 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
   pending_.clear();
   // This rank's own block comes home with everyone else's dK/dV contributions.
   const double t = now_seconds();
-  home_.resize(size_t(n));
-  cp_.comm->recv(home_.data(), n, DType::F32, prev, kTagAcc + cp);
+  float* home = home_.ensure_n<float>(be_, nb, "ring_attention");
+  cp_.comm->recv(home, n, DType::F32, prev, kTagAcc + cp);
   acc_sends[0].wait();
   acc_sends[1].wait();
   stats_.wait_s += now_seconds() - t;
-  for (int i = 0; i < rows; ++i) {
-    float* dkv = dk_loc + int64_t(i) * ld;
-    const float* h = home_.data() + size_t(i) * 2 * W;
-    for (int j = 0; j < 2 * W; ++j) dkv[j] += h[j];
-  }
+  be_.add_2d(dk_loc, ld, home, 2 * W, rows, 2 * W);
 }
 
 static const CpBatch& shards_of(const ModelInput& in, int cp) {
@@ -260,6 +255,10 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
                              const float* lse, int ld, int Hq, int Hkv, int D, float scale,
                              const ModelInput& in) {
   backward(dqkv, dout, qkv, out, lse, ld, Hq, Hkv, D, scale, shards_of(in, cp_.size));
+}
+
+void RingAttention::sum_sequence_parts(double* sums, int nseq) {
+  cp_.comm->all_reduce_f64(sums, nseq, comm::ReduceOp::Sum);
 }
 
 }  // namespace loom

@@ -9,12 +9,17 @@
 // polled, since MPI moves a large message only inside MPI calls. The backward
 // runs the same ring: every block's dK/dV contribution travels with an accumulator that ends
 // at the block's owner; the receive of the accumulator overlaps the local computation.
+//
+// Every buffer is a backend buffer and every computation a Backend op (the block kernels, the
+// merge, copies and adds), and the communicator moves backend memory, so the ring runs on the
+// device; the shards (CpBatch) are host metadata, like the attention's cu_seqlens.
 #pragma once
 
 #include <vector>
 
 #include "comm/communicator.h"
 #include "kernels/backend.h"
+#include "kernels/buffer.h"
 #include "kernels/cpu/attention_merge.h"
 #include "model/parallel_ops.h"
 
@@ -60,6 +65,8 @@ class RingAttention final : public AttentionCore {
   void backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                 const float* lse, int ld, int Hq, int Hkv, int D, float scale,
                 const ModelInput& in) override;
+  // All-reduces the sums over the CP group.
+  void sum_sequence_parts(double* sums, int nseq) override;
 
   // With overlap off, each block transfer is waited before the computation it would hide
   // behind (the baseline of the overlap measurement).
@@ -81,8 +88,7 @@ class RingAttention final : public AttentionCore {
   Backend& be_;
   bool overlap_ = true;
   Stats stats_;
-  std::vector<float> kv_a_, kv_b_, part_out_, part_lse_, acc_in_, contrib_;
-  std::vector<float> acc_out_[2], home_;
+  BackendBuffer kv_a_, kv_b_, part_out_, part_lse_, acc_in_, contrib_, acc_out_[2], home_;
   std::vector<comm::Work*> pending_;
 };
 

@@ -339,6 +339,44 @@ TEST(MoeRouting, CapacityDropsByPositionOrder) {
   }
 }
 
+// The Backend's routing plan is the MoeRouting in one int32 buffer (what a device keeps), and
+// the group statistics form the same aux loss as moe_aux_loss.
+TEST(MoeRouting, BackendPlanAndStatisticsMatchTheHostForms) {
+  loom::Backend& be = loom::cpu_backend();
+  const std::vector<int32_t> idx2 = {2, 0, 2, 1, 0, 2, 1, 2};
+  const int N = 4, E = 3, k = 2;
+  std::vector<int32_t> plan(size_t(loom::Backend::moe_plan_ints(N, E, k)), 77);
+  be.moe_plan_routing(plan.data(), idx2.data(), N, E, k, 2);
+  const MoeRouting r = loom::cpu::moe_plan_routing(idx2.data(), N, E, k, 2);
+  EXPECT_EQ(std::vector<int32_t>(plan.begin(), plan.begin() + E), (std::vector<int32_t>{2, 2, 4}));
+  EXPECT_EQ(std::vector<int32_t>(plan.begin() + E, plan.begin() + 2 * E), r.counts);
+  EXPECT_EQ(std::vector<int32_t>(plan.begin() + 2 * E, plan.begin() + 3 * E + 1), r.offsets);
+  const auto row_of = plan.begin() + 3 * E + 1;
+  EXPECT_EQ(std::vector<int32_t>(row_of, row_of + N * k), r.row_of);
+  EXPECT_EQ(std::vector<int32_t>(row_of + N * k, row_of + N * k + r.rows()), r.token_of);
+  EXPECT_EQ(std::vector<int32_t>(row_of + N * k + r.rows(), plan.end()),
+            std::vector<int32_t>(size_t(N * k - r.rows()), 0));
+
+  const std::vector<float> scores = random_floats(size_t(N) * E, 41, 0.f, 1.f);
+  std::vector<float> stats(2 * E + 1, -1.f);
+  be.moe_expert_stats(stats.data(), scores.data(), idx2.data(), N, E, k);
+  EXPECT_EQ(std::vector<float>(stats.begin(), stats.begin() + E), (std::vector<float>{2, 2, 4}));
+  EXPECT_EQ(stats[2 * E], float(N));
+  double loss = 0.0;
+  for (int e = 0; e < E; ++e) {
+    double sum = 0.0;
+    for (int t = 0; t < N; ++t) sum += scores[size_t(t) * E + e];
+    EXPECT_EQ(stats[size_t(E + e)], static_cast<float>(sum));
+    loss += stats[size_t(e)] / (N * k) * (sum / N);
+  }
+  EXPECT_NEAR(be.moe_aux_loss(nullptr, scores.data(), idx2.data(), N, E, k, 0.5f, 0.f),
+              0.5 * E * loss, 1e-12);
+  std::vector<int32_t> bad = idx2;
+  bad[5] = -1;
+  EXPECT_THROW(be.moe_expert_stats(stats.data(), scores.data(), bad.data(), N, E, k), loom::Error);
+  EXPECT_THROW(be.moe_plan_routing(plan.data(), bad.data(), N, E, k, -1), loom::Error);
+}
+
 TEST(MoePermute, RoundTripIsExact) {
   const int N = 37, C = 9, E = 5;
   const std::vector<float> x = random_floats(N * C, 41);

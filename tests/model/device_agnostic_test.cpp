@@ -22,6 +22,7 @@
 #include "model/lora.h"
 #include "model/mirror_communicator.h"
 #include "model/model_test_util.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 using namespace loom;
@@ -50,39 +51,94 @@ struct Result {
   StepOutputs out;
 };
 
-// The tensor-parallel layout of a run: none, TP over two ranks, or TP with sequence parallelism
-// (rank 0 of a mirror pair: tests/model/mirror_communicator.h).
-enum class Tp { None, Tp2, Tp2Sp };
+// The layout of a run: none, TP over two ranks, TP with sequence parallelism, a MoE model in
+// one process, experts split over two ranks (EP), or ring attention over two ranks (CP, with
+// MoE layers too) (rank 0 of a mirror pair: tests/model/mirror_communicator.h).
+enum class Tp { None, Tp2, Tp2Sp, Moe, Ep2, Cp2 };
+
+// The micro-batch rank 0 of a two-rank CP group holds: its rows of every document.
+struct CpData {
+  CpBatch batch;
+  std::vector<int32_t> tokens, targets;
+  std::vector<float> weights;
+  ModelInput input() const {
+    const cpu::CpShard& s = batch.shards[0];
+    ModelInput in{tokens.data(),      targets.data(),
+                  s.positions.data(), s.local_cu_seqlens.data(),
+                  s.rows(),           static_cast<int>(s.local_cu_seqlens.size()) - 1};
+    in.loss_weights = weights.empty() ? nullptr : weights.data();
+    in.cp = &batch;
+    return in;
+  }
+};
+CpData cp_share(const Data& d) {
+  CpData l;
+  l.batch = CpBatch::make(d.cu.data(), static_cast<int>(d.cu.size()) - 1, 2);
+  for (int32_t g : l.batch.shards[0].global_rows) {
+    l.tokens.push_back(d.tokens[size_t(g)]);
+    l.targets.push_back(d.targets[size_t(g)]);
+    if (!d.weights.empty()) l.weights.push_back(d.weights[size_t(g)]);
+  }
+  return l;
+}
 
 // Everything a step and the forward-only paths do: two micro-batches (the second smaller, so
 // the buffers are reused), loss weights, sequence and token log-probabilities, forward_loss,
 // and forward_logits of chosen rows (not under SP, which refuses it).
 Result run(Backend& be, Family f, Recompute rc, DType act, Tp tpm = Tp::None) {
   ModelConfig c = tiny(f);
+  const bool moe = tpm == Tp::Moe || tpm == Tp::Ep2 || tpm == Tp::Cp2;
+  if (moe) {
+    c.n_experts = 4;
+    c.top_k = 2;
+    c.aux_loss_coeff = 0.1;
+    // One process drops over a capacity for GPT-2 (CP refuses a capacity).
+    c.capacity_factor = tpm == Tp::Moe && f == Family::GPT2 ? 0.75 : 0.0;
+    c.validate();
+  }
   test::MirrorCommunicator mirror(be);
   TensorParallel tp;
-  if (tpm != Tp::None) tp = parallel::with_tensor_parallel_ops({2, 0, tpm == Tp::Tp2Sp, &mirror});
-  Decoder m(c, be, rc, act, tp);
+  if (tpm == Tp::Tp2 || tpm == Tp::Tp2Sp)
+    tp = parallel::with_tensor_parallel_ops({2, 0, tpm == Tp::Tp2Sp, &mirror});
+  ExpertParallel ep;
+  if (tpm == Tp::Ep2) {
+    ep.size = 2;
+    ep.comm = &mirror;
+    ep.make_exchange = &parallel::make_expert_exchange;
+  }
+  Decoder m(c, be, rc, act, tp, ep);
+  if (tpm == Tp::Cp2) m.set_context_parallel({2, 0, &mirror});
   m.params().init(7);
   m.params().zero_grad();
-  Data d = test::make_data({9, 7}, c.vocab, 3);
+  // CP cuts every document into 4 chunks: lengths divisible by 4.
+  Data d = test::make_data(tpm == Tp::Cp2 ? std::vector<int>{8, 12} : std::vector<int>{9, 7},
+                           c.vocab, 3);
   d.targets[4] = -1;
   d.weights.assign(d.tokens.size(), 1.f);
   d.weights[2] = 0.f;
   d.weights[11] = -0.5f;
+  const CpData cd = tpm == Tp::Cp2 ? cp_share(d) : CpData{};
+  const ModelInput in = tpm == Tp::Cp2 ? cd.input() : d.input();
   Result r;
   r.values = values_of(m);  // init() drew on the host and copied over
   r.out.want_token_logprobs = true;
-  r.loss = m.forward_backward(d.input(), 0.25f, &r.out);
+  r.loss = m.forward_backward(in, 0.25f, &r.out);
   // SP splits the tokens over the two ranks: an even count.
-  Data d2 = test::make_data({5, tpm == Tp::Tp2Sp ? 7 : 6}, c.vocab, 4);
-  r.loss2 = m.forward_backward(d2.input(), 0.5f);
+  Data d2 = test::make_data(
+      tpm == Tp::Cp2 ? std::vector<int>{4, 8} : std::vector<int>{5, tpm == Tp::Tp2Sp ? 7 : 6},
+      c.vocab, 4);
+  const CpData cd2 = tpm == Tp::Cp2 ? cp_share(d2) : CpData{};
+  const ModelInput in2 = tpm == Tp::Cp2 ? cd2.input() : d2.input();
+  r.loss2 = m.forward_backward(in2, 0.5f);
   r.grads = grads_of(m);
-  r.fwd_loss = m.forward_loss(d.input());
-  if (tpm == Tp::Tp2Sp) return r;
+  r.fwd_loss = m.forward_loss(in);
+  if (tpm == Tp::Tp2Sp || tpm == Tp::Cp2) {
+    if (mirror.unmatched() != 0) r.loss = -1;  // a ring message without its match
+    return r;
+  }
   const std::vector<int> rows = {10, 0, 6};
   r.logits.resize(rows.size() * c.vocab);
-  m.forward_logits(d2.input(), rows, r.logits.data());
+  m.forward_logits(in2, rows, r.logits.data());
   return r;
 }
 
@@ -241,15 +297,31 @@ TEST(DeviceAgnostic, LoraAdaptersTouchNoBufferOutsideTheBackend) {
               ::testing::ExitedWithCode(0), "");
 }
 
-// What the Decoder refuses on a backend whose memory the host cannot read, because those paths
-// still run host loops (docs/architecture.md lists them): a clear error, not a fault.
-TEST(DeviceAgnostic, HostOnlyPathsAreRefusedUpFront) {
-  test::GuardedBackend g;
-  ModelConfig moe = tiny(Family::Llama);
-  moe.n_experts = 4;
-  moe.top_k = 2;
-  moe.validate();
-  EXPECT_THROW(Decoder(moe, g), Error);
+// The MoE layers (router, top-k, capacity dropping, the experts' GEMMs, combine, aux loss) in
+// one process, and with the experts split over two ranks (the all-to-all exchange on backend
+// buffers): no host loop left in their paths.
+TEST(DeviceAgnostic, MoeTouchesNoBufferOutsideTheBackend) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child(Family::GPT2, Recompute::None, DType::F32, false, false, Tp::Moe),
+              ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child(Family::Llama, Recompute::Selective, DType::F32, false, false, Tp::Moe),
+              ::testing::ExitedWithCode(0), "");
+}
+
+TEST(DeviceAgnostic, ExpertParallelTouchesNoBufferOutsideTheBackend) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child(Family::Llama, Recompute::None, DType::F32, false, false, Tp::Ep2),
+              ::testing::ExitedWithCode(0), "");
+}
+
+// Context parallelism: ring attention (the KV ring, the blockwise merge by log-sum-exp, the
+// dK/dV accumulators travelling home) and the MoE statistics summed over the CP group.
+TEST(DeviceAgnostic, ContextParallelTouchesNoBufferOutsideTheBackend) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child(Family::Llama, Recompute::None, DType::F32, false, false, Tp::Cp2),
+              ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child(Family::GPT2, Recompute::Selective, DType::F32, false, false, Tp::Cp2),
+              ::testing::ExitedWithCode(0), "");
 }
 
 // Host code that would read or write the parameters in place (checkpoints, exports, weight

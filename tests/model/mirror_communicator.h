@@ -1,6 +1,8 @@
 // A tensor-parallel group of two ranks played by one process: rank 0, whose partner is assumed
 // to hold the same data (a mirror). Sums double (x + x), maxima stay, gathers copy this rank's
-// block into the partner's, reduce-scatters give twice this rank's block. Every byte moves
+// block into the partner's, reduce-scatters give twice this rank's block, an all-to-all
+// receives what it sends, and a receive gets the message this rank sent with the same tag
+// (the partner sends the same; the ring of context parallelism). Every byte moves
 // through a Backend op (copy_d2d, scale_inplace), so a model run over it on a guarded backend
 // (tests/kernels/guarded_backend.h) exercises the tensor-parallel paths end to end, with the
 // communication where a device communicator (NCCL) would do it: a host loop anywhere in those
@@ -8,6 +10,7 @@
 #pragma once
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,7 +30,8 @@ class MirrorCommunicator final : public comm::Communicator {
   std::string name() const override { return "mirror"; }
 
   comm::Work all_reduce_async(void* buf, int64_t n, DType t, comm::ReduceOp op) override {
-    LOOM_CHECK(t == DType::F32, "mirror communicator: fp32 reductions only");
+    if (op == comm::ReduceOp::Max) return {};  // the maximum of equal values (host or device)
+    LOOM_CHECK(t == DType::F32, "mirror communicator: fp32 sums only");
     if (op == comm::ReduceOp::Sum) be_.scale_inplace(static_cast<float*>(buf), 2.f, n);
     return {};
   }
@@ -48,9 +52,38 @@ class MirrorCommunicator final : public comm::Communicator {
     refuse();
   }
   comm::Work broadcast_async(void*, int64_t, DType, int) override { return {}; }
-  comm::Work send_async(const void*, int64_t, DType, int, int) override { refuse(); }
-  comm::Work recv_async(void*, int64_t, DType, int, int) override { refuse(); }
-  comm::Work all_to_all_async(const void*, void*, int64_t, DType) override { refuse(); }
+  // A message waits for its match by tag; the copy happens when both sides are posted (the
+  // sender keeps its buffer intact until it waits, as MPI requires).
+  comm::Work send_async(const void* buf, int64_t n, DType t, int, int tag) override {
+    const size_t bytes = size_t(n) * dtype_size(t);
+    if (auto it = recvs_.find(tag); it != recvs_.end()) {
+      LOOM_CHECK(it->second.bytes == bytes, "mirror communicator: message size mismatch, tag ",
+                 tag);
+      be_.copy_d2d(it->second.p, buf, bytes);
+      recvs_.erase(it);
+    } else {
+      sends_[tag] = {const_cast<void*>(buf), bytes};
+    }
+    return {};
+  }
+  comm::Work recv_async(void* buf, int64_t n, DType t, int, int tag) override {
+    const size_t bytes = size_t(n) * dtype_size(t);
+    if (auto it = sends_.find(tag); it != sends_.end()) {
+      LOOM_CHECK(it->second.bytes == bytes, "mirror communicator: message size mismatch, tag ",
+                 tag);
+      be_.copy_d2d(buf, it->second.p, bytes);
+      sends_.erase(it);
+    } else {
+      recvs_[tag] = {buf, bytes};
+    }
+    return {};
+  }
+  comm::Work all_to_all_async(const void* send, void* recv, int64_t n, DType t) override {
+    be_.copy_d2d(recv, send, 2 * size_t(n) * dtype_size(t));
+    return {};
+  }
+  // Messages posted without their match (a ring that lost a step).
+  size_t unmatched() const { return sends_.size() + recvs_.size(); }
   void barrier() override {}
   void all_reduce_f64(double* buf, int64_t n, comm::ReduceOp op) override {
     if (op == comm::ReduceOp::Sum)
@@ -60,7 +93,12 @@ class MirrorCommunicator final : public comm::Communicator {
 
  private:
   [[noreturn]] static void refuse() { fail("mirror communicator: operation not modelled"); }
+  struct Msg {
+    void* p;
+    size_t bytes;
+  };
   Backend& be_;
+  std::map<int, Msg> sends_, recvs_;
 };
 
 }  // namespace loom::test

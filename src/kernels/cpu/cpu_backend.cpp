@@ -1,7 +1,10 @@
 #include "kernels/backend.h"
+#include "kernels/cpu/attention_block.h"
+#include "kernels/cpu/attention_merge.h"
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/moe.h"
 
 #include <omp.h>
 #include <sys/mman.h>
@@ -46,6 +49,10 @@ void widen(float* x, const void* src, DType t, int64_t n) {
     else
       fail("cpu backend: cannot convert ", dtype_name(t), " to fp32");
   }
+}
+
+cpu::RouterScore router(bool sigmoid) {
+  return sigmoid ? cpu::RouterScore::Sigmoid : cpu::RouterScore::Softmax;
 }
 
 // Delegates every op to loom::cpu; the class exists so callers can hold a Backend&.
@@ -156,6 +163,71 @@ class CpuBackend final : public Backend {
       std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
                   row_bytes);
   }
+  // ---- MoE and ring attention (kernels/cpu/moe.h, attention_block.h, attention_merge.h)
+  void moe_router_forward(float* scores, int32_t* topk_idx, float* topk_w, const float* logits,
+                          int N, int E, int k, bool sigmoid, bool renormalize) override {
+    cpu::moe_router_forward(scores, topk_idx, topk_w, logits, N, E, k, router(sigmoid),
+                            renormalize);
+  }
+  void moe_router_backward(float* dlogits, const float* dtopk_w, const float* dscores,
+                           const float* scores, const int32_t* topk_idx, int N, int E, int k,
+                           bool sigmoid, bool renormalize) override {
+    cpu::moe_router_backward(dlogits, dtopk_w, dscores, scores, topk_idx, N, E, k, router(sigmoid),
+                             renormalize);
+  }
+  double moe_aux_loss(float* dscores, const float* scores, const int32_t* topk_idx, int N, int E,
+                      int k, float coeff, float dloss) override {
+    return cpu::moe_aux_loss(dscores, scores, topk_idx, N, E, k, coeff, dloss);
+  }
+  void moe_expert_stats(float* stats, const float* scores, const int32_t* topk_idx, int N, int E,
+                        int k) override {
+    cpu::moe_expert_stats(stats, scores, topk_idx, N, E, k);
+  }
+  void add_row_broadcast(float* x, const float* row, int N, int C) override {
+    for (int64_t t = 0; t < N; ++t)
+      for (int c = 0; c < C; ++c) x[t * C + c] += row[c];
+  }
+  void moe_plan_routing(int32_t* plan, const int32_t* topk_idx, int N, int E, int k,
+                        int capacity) override {
+    cpu::moe_plan_routing(plan, topk_idx, N, E, k, capacity);
+  }
+  void moe_permute(float* out, const float* x, const int32_t* token_of, int rows, int C) override {
+    cpu::moe_permute(out, x, token_of, rows, C);
+  }
+  void moe_permute_backward(float* dx, const float* dout, const int32_t* row_of, int N, int k,
+                            int C) override {
+    cpu::moe_permute_backward(dx, dout, row_of, N, k, C);
+  }
+  void moe_unpermute(float* y, const float* expert_out, const float* topk_w, const int32_t* row_of,
+                     int N, int k, int C) override {
+    cpu::moe_unpermute(y, expert_out, topk_w, row_of, N, k, C);
+  }
+  void moe_unpermute_backward(float* dexpert_out, float* dtopk_w, const float* dy,
+                              const float* expert_out, const float* topk_w, const int32_t* row_of,
+                              int N, int k, int C) override {
+    cpu::moe_unpermute_backward(dexpert_out, dtopk_w, dy, expert_out, topk_w, row_of, N, k, C);
+  }
+  void attention_block_forward(float* out, float* lse, const float* q, int ldq, const float* k,
+                               const float* v, int ldk, int nq, int nk, int Hq, int Hkv, int D,
+                               float scale) override {
+    cpu::attention_block_forward(out, lse, q, ldq, k, v, ldk, nq, nk, Hq, Hkv, D, scale);
+  }
+  void attention_block_backward(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q, int ldq,
+                                const float* k, const float* v, int ldk, int nq, int nk, int Hq,
+                                int Hkv, int D, float scale) override {
+    cpu::attention_block_backward(dq, dk, dv, dout, out, lse, q, ldq, k, v, ldk, nq, nk, Hq, Hkv, D,
+                                  scale);
+  }
+  void attention_merge(float* out, float* lse, const float* out_a, const float* lse_a,
+                       const float* out_b, const float* lse_b, int N, int H, int D) override {
+    cpu::attention_merge(out, lse, out_a, lse_a, out_b, lse_b, N, H, D);
+  }
+  void add_2d(float* dst, int ldd, const float* src, int lds, int rows, int cols) override {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int j = 0; j < cols; ++j) dst[i * ldd + j] += src[i * lds + j];
+  }
+
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, int N, int C, float eps) override {
     cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps);

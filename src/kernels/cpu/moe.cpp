@@ -168,21 +168,70 @@ MoeRouting moe_plan_routing(const int32_t* topk_idx, int N, int E, int k, int ca
   return r;
 }
 
-void moe_permute(float* out, const float* x, const MoeRouting& routing, int C) {
-  const int rows = routing.rows();
-#pragma omp parallel for schedule(static) if (worth_parallel(rows, C))
-  for (int r = 0; r < rows; ++r)
-    std::memcpy(out + at(r, C), x + at(routing.token_of[r], C), sizeof(float) * C);
+void moe_plan_routing(int32_t* plan, const int32_t* topk_idx, int N, int E, int k, int capacity) {
+  const MoeRouting r = moe_plan_routing(topk_idx, N, E, k, capacity);
+  int32_t* assigned = plan;
+  int32_t* counts = plan + E;
+  int32_t* offsets = counts + E;
+  int32_t* row_of = offsets + E + 1;
+  int32_t* token_of = row_of + int64_t(N) * k;
+  std::fill(assigned, assigned + E, 0);
+  for (int64_t i = 0; i < int64_t(N) * k; ++i) ++assigned[topk_idx[i]];
+  std::copy(r.counts.begin(), r.counts.end(), counts);
+  std::copy(r.offsets.begin(), r.offsets.end(), offsets);
+  std::copy(r.row_of.begin(), r.row_of.end(), row_of);
+  std::copy(r.token_of.begin(), r.token_of.end(), token_of);
+  std::fill(token_of + r.rows(), token_of + int64_t(N) * k, 0);
 }
 
+void moe_expert_stats(float* stats, const float* scores, const int32_t* topk_idx, int N, int E,
+                      int k) {
+  std::vector<double> score_sum(E, 0.0);
+  for (int t = 0; t < N; ++t)
+    for (int e = 0; e < E; ++e) score_sum[size_t(e)] += scores[at(t, E) + e];
+  std::fill(stats, stats + 2 * E + 1, 0.f);
+  // Counts are exact in fp32 at these sizes.
+  for (int64_t i = 0; i < int64_t(N) * k; ++i) {
+    const int32_t e = topk_idx[i];
+    LOOM_CHECK(e >= 0 && e < E, "MoE statistics: token ", i / k, " slot ", i % k, " has expert ", e,
+               ", outside [0, ", E, ")");
+    stats[e] += 1.f;
+  }
+  for (int e = 0; e < E; ++e) stats[E + e] = static_cast<float>(score_sum[size_t(e)]);
+  stats[2 * E] = static_cast<float>(N);
+}
+
+void moe_permute(float* out, const float* x, const MoeRouting& routing, int C) {
+  moe_permute(out, x, routing.token_of.data(), routing.rows(), C);
+}
 void moe_permute_backward(float* dx, const float* dout, const MoeRouting& routing, int C) {
-  const int N = routing.N, k = routing.k;
+  moe_permute_backward(dx, dout, routing.row_of.data(), routing.N, routing.k, C);
+}
+void moe_unpermute(float* y, const float* expert_out, const float* topk_w,
+                   const MoeRouting& routing, int C) {
+  moe_unpermute(y, expert_out, topk_w, routing.row_of.data(), routing.N, routing.k, C);
+}
+void moe_unpermute_backward(float* dexpert_out, float* dtopk_w, const float* dy,
+                            const float* expert_out, const float* topk_w, const MoeRouting& routing,
+                            int C) {
+  moe_unpermute_backward(dexpert_out, dtopk_w, dy, expert_out, topk_w, routing.row_of.data(),
+                         routing.N, routing.k, C);
+}
+
+void moe_permute(float* out, const float* x, const int32_t* token_of, int rows, int C) {
+#pragma omp parallel for schedule(static) if (worth_parallel(rows, C))
+  for (int r = 0; r < rows; ++r)
+    std::memcpy(out + at(r, C), x + at(token_of[r], C), sizeof(float) * C);
+}
+
+void moe_permute_backward(float* dx, const float* dout, const int32_t* row_of, int N, int k,
+                          int C) {
 #pragma omp parallel for schedule(static) if (worth_parallel(N, static_cast <int64_t>(k) * C))
   for (int t = 0; t < N; ++t) {
     float* d = dx + at(t, C);
     std::fill(d, d + C, 0.0f);
     for (int j = 0; j < k; ++j) {
-      const int32_t row = routing.row_of[at(t, k) + j];
+      const int32_t row = row_of[at(t, k) + j];
       if (row < 0) continue;
       const float* g = dout + at(row, C);
 #pragma omp simd
@@ -191,15 +240,14 @@ void moe_permute_backward(float* dx, const float* dout, const MoeRouting& routin
   }
 }
 
-void moe_unpermute(float* y, const float* expert_out, const float* topk_w,
-                   const MoeRouting& routing, int C) {
-  const int N = routing.N, k = routing.k;
+void moe_unpermute(float* y, const float* expert_out, const float* topk_w, const int32_t* row_of,
+                   int N, int k, int C) {
 #pragma omp parallel for schedule(static) if (worth_parallel(N, static_cast <int64_t>(k) * C))
   for (int t = 0; t < N; ++t) {
     float* out = y + at(t, C);
     std::fill(out, out + C, 0.0f);
     for (int j = 0; j < k; ++j) {
-      const int32_t row = routing.row_of[at(t, k) + j];
+      const int32_t row = row_of[at(t, k) + j];
       if (row < 0) continue;
       const float w = topk_w[at(t, k) + j];
       const float* src = expert_out + at(row, C);
@@ -210,14 +258,13 @@ void moe_unpermute(float* y, const float* expert_out, const float* topk_w,
 }
 
 void moe_unpermute_backward(float* dexpert_out, float* dtopk_w, const float* dy,
-                            const float* expert_out, const float* topk_w, const MoeRouting& routing,
-                            int C) {
-  const int N = routing.N, k = routing.k;
+                            const float* expert_out, const float* topk_w, const int32_t* row_of,
+                            int N, int k, int C) {
 #pragma omp parallel for schedule(static) if (worth_parallel(N, static_cast <int64_t>(k) * C))
   for (int t = 0; t < N; ++t) {
     const float* g = dy + at(t, C);
     for (int j = 0; j < k; ++j) {
-      const int32_t row = routing.row_of[at(t, k) + j];
+      const int32_t row = row_of[at(t, k) + j];
       if (row < 0) {
         dtopk_w[at(t, k) + j] = 0.0f;
         continue;

@@ -69,9 +69,26 @@ struct MoeRouting {
 // Throws loom::Error naming the token when an index is outside [0, E).
 MoeRouting moe_plan_routing(const int32_t* topk_idx, int N, int E, int k, int capacity);
 
+// The plan in one int32 array (Backend::moe_plan_routing's layout): assigned [E], counts [E],
+// offsets [E+1], row_of [N*k], token_of [N*k] (its first rows() entries used).
+void moe_plan_routing(int32_t* plan, const int32_t* topk_idx, int N, int E, int k, int capacity);
+
+// stats[2E+1] = [assignments per expert, per-expert score sums (double in token order, then
+// float), N]: what moe_aux_loss needs, in a form a token group can sum (Backend op).
+void moe_expert_stats(float* stats, const float* scores, const int32_t* topk_idx, int N, int E,
+                      int k);
+
 // out[rows,C] = x[token_of[r],:]; backward: dx[t,:] (written) = sum of its kept rows' dout.
 void moe_permute(float* out, const float* x, const MoeRouting& routing, int C);
 void moe_permute_backward(float* dx, const float* dout, const MoeRouting& routing, int C);
+// The same over the plan's raw arrays (the Backend ops).
+void moe_permute(float* out, const float* x, const int32_t* token_of, int rows, int C);
+void moe_permute_backward(float* dx, const float* dout, const int32_t* row_of, int N, int k, int C);
+void moe_unpermute(float* y, const float* expert_out, const float* topk_w, const int32_t* row_of,
+                   int N, int k, int C);
+void moe_unpermute_backward(float* dexpert_out, float* dtopk_w, const float* dy,
+                            const float* expert_out, const float* topk_w, const int32_t* row_of,
+                            int N, int k, int C);
 
 // y[N,C] (written) = sum over kept slots j of topk_w[t,j] * expert_out[row_of[t,j],:] (a token
 // whose slots were all dropped gets zeros: the residual carries it). Backward writes

@@ -14,6 +14,7 @@
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/moe_ring.h"
 #include "kernels/cuda/vocab_slice.h"
 
 namespace loom {
@@ -33,6 +34,8 @@ const char* op_name(int op) {
       return "rope_forward";
     case cuda::kOpRopeBackward:
       return "rope_backward";
+    case cuda::kOpMoe:
+      return "MoE routing";
     default:
       return "cuda op";
   }
@@ -189,6 +192,8 @@ void CudaBackend::check_device_errors() {
       fail(op_name(e.op), ": negative token id ", e.value, " at row ", e.row);
     case cuda::kErrTargetRange:
       fail("cross_entropy: target ", e.value, " at row ", e.row, " is outside the vocabulary");
+    case cuda::kErrExpertRange:
+      fail(op_name(e.op), ": token ", e.row, " has expert ", e.value, ", outside [0, E)");
     case cuda::kErrNegativePos:
       fail("rope: negative position ", e.value, " at row ", e.row);
     default:
@@ -387,6 +392,85 @@ void CudaBackend::cross_entropy_slice_finish(float* losses, float* dlogits, cons
   cuda::cross_entropy_slice_finish(impl_->stream, losses, dlogits, logits, mx, se, tl, targets, N,
                                    V, v0, dloss, weights);
 }
+// ---- MoE and ring attention (moe_ring.cu)
+
+void CudaBackend::moe_router_forward(float* scores, int32_t* topk_idx, float* topk_w,
+                                     const float* logits, int N, int E, int k, bool sigmoid,
+                                     bool renormalize) {
+  cuda::moe_router_forward(impl_->stream, scores, topk_idx, topk_w, logits, N, E, k, sigmoid,
+                           renormalize);
+}
+void CudaBackend::moe_router_backward(float* dlogits, const float* dtopk_w, const float* dscores,
+                                      const float* scores, const int32_t* topk_idx, int N, int E,
+                                      int k, bool sigmoid, bool renormalize) {
+  cuda::moe_router_backward(impl_->stream, dlogits, dtopk_w, dscores, scores, topk_idx, N, E, k,
+                            sigmoid, renormalize);
+}
+double CudaBackend::moe_aux_loss(float* dscores, const float* scores, const int32_t* topk_idx,
+                                 int N, int E, int k, float coeff, float dloss) {
+  {
+    ScratchScope scope(*ws_);
+    double* scratch = ws_->take_n<double>(3 * size_t(E), "moe aux loss");
+    cuda::moe_aux_loss(impl_->stream, impl_->result, dscores, scores, topk_idx, N, E, k, coeff,
+                       dloss, scratch, impl_->err);
+  }
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(impl_->result_host, impl_->result, sizeof(double),
+                                  cudaMemcpyDeviceToHost, impl_->stream));
+  check_device_errors();  // synchronises
+  return *impl_->result_host;
+}
+void CudaBackend::moe_expert_stats(float* stats, const float* scores, const int32_t* topk_idx,
+                                   int N, int E, int k) {
+  ScratchScope scope(*ws_);
+  double* scratch = ws_->take_n<double>(2 * size_t(E), "moe expert stats");
+  cuda::moe_expert_stats(impl_->stream, stats, scores, topk_idx, N, E, k, scratch, impl_->err);
+}
+void CudaBackend::add_row_broadcast(float* x, const float* row, int N, int C) {
+  cuda::add_row_broadcast(impl_->stream, x, row, N, C);
+}
+void CudaBackend::moe_plan_routing(int32_t* plan, const int32_t* topk_idx, int N, int E, int k,
+                                   int capacity) {
+  cuda::moe_plan_routing(impl_->stream, plan, topk_idx, N, E, k, capacity, impl_->err);
+}
+void CudaBackend::moe_permute(float* out, const float* x, const int32_t* token_of, int rows,
+                              int C) {
+  cuda::moe_permute(impl_->stream, out, x, token_of, rows, C);
+}
+void CudaBackend::moe_permute_backward(float* dx, const float* dout, const int32_t* row_of, int N,
+                                       int k, int C) {
+  cuda::moe_permute_backward(impl_->stream, dx, dout, row_of, N, k, C);
+}
+void CudaBackend::moe_unpermute(float* y, const float* expert_out, const float* topk_w,
+                                const int32_t* row_of, int N, int k, int C) {
+  cuda::moe_unpermute(impl_->stream, y, expert_out, topk_w, row_of, N, k, C);
+}
+void CudaBackend::moe_unpermute_backward(float* dexpert_out, float* dtopk_w, const float* dy,
+                                         const float* expert_out, const float* topk_w,
+                                         const int32_t* row_of, int N, int k, int C) {
+  cuda::moe_unpermute_backward(impl_->stream, dexpert_out, dtopk_w, dy, expert_out, topk_w, row_of,
+                               N, k, C);
+}
+void CudaBackend::attention_block_forward(float* out, float* lse, const float* q, int ldq,
+                                          const float* k, const float* v, int ldk, int nq, int nk,
+                                          int Hq, int Hkv, int D, float scale) {
+  cuda::attention_block_forward(impl_->stream, out, lse, q, ldq, k, v, ldk, nq, nk, Hq, Hkv, D,
+                                scale);
+}
+void CudaBackend::attention_block_backward(float* dq, float* dk, float* dv, const float* dout,
+                                           const float* out, const float* lse, const float* q,
+                                           int ldq, const float* k, const float* v, int ldk, int nq,
+                                           int nk, int Hq, int Hkv, int D, float scale) {
+  cuda::attention_block_backward(impl_->stream, dq, dk, dv, dout, out, lse, q, ldq, k, v, ldk, nq,
+                                 nk, Hq, Hkv, D, scale);
+}
+void CudaBackend::attention_merge(float* out, float* lse, const float* out_a, const float* lse_a,
+                                  const float* out_b, const float* lse_b, int N, int H, int D) {
+  cuda::attention_merge(impl_->stream, out, lse, out_a, lse_a, out_b, lse_b, N, H, D);
+}
+void CudaBackend::add_2d(float* dst, int ldd, const float* src, int lds, int rows, int cols) {
+  cuda::add_2d(impl_->stream, dst, ldd, src, lds, rows, cols);
+}
+
 void CudaBackend::copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch,
                           size_t row_bytes, size_t rows) {
   if (rows == 0 || row_bytes == 0) return;

@@ -177,6 +177,38 @@ class CudaBackend final : public Backend {
   bool all_finite(const float* x, int64_t n) override;
   double weighted_sum(const float* x, const float* w, int64_t n) override;
 
+  // MoE and ring attention (moe_ring.cu)
+  void moe_router_forward(float* scores, int32_t* topk_idx, float* topk_w, const float* logits,
+                          int N, int E, int k, bool sigmoid, bool renormalize) override;
+  void moe_router_backward(float* dlogits, const float* dtopk_w, const float* dscores,
+                           const float* scores, const int32_t* topk_idx, int N, int E, int k,
+                           bool sigmoid, bool renormalize) override;
+  double moe_aux_loss(float* dscores, const float* scores, const int32_t* topk_idx, int N, int E,
+                      int k, float coeff, float dloss) override;
+  void moe_expert_stats(float* stats, const float* scores, const int32_t* topk_idx, int N, int E,
+                        int k) override;
+  void add_row_broadcast(float* x, const float* row, int N, int C) override;
+  void moe_plan_routing(int32_t* plan, const int32_t* topk_idx, int N, int E, int k,
+                        int capacity) override;
+  void moe_permute(float* out, const float* x, const int32_t* token_of, int rows, int C) override;
+  void moe_permute_backward(float* dx, const float* dout, const int32_t* row_of, int N, int k,
+                            int C) override;
+  void moe_unpermute(float* y, const float* expert_out, const float* topk_w, const int32_t* row_of,
+                     int N, int k, int C) override;
+  void moe_unpermute_backward(float* dexpert_out, float* dtopk_w, const float* dy,
+                              const float* expert_out, const float* topk_w, const int32_t* row_of,
+                              int N, int k, int C) override;
+  void attention_block_forward(float* out, float* lse, const float* q, int ldq, const float* k,
+                               const float* v, int ldk, int nq, int nk, int Hq, int Hkv, int D,
+                               float scale) override;
+  void attention_block_backward(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q, int ldq,
+                                const float* k, const float* v, int ldk, int nq, int nk, int Hq,
+                                int Hkv, int D, float scale) override;
+  void attention_merge(float* out, float* lse, const float* out_a, const float* lse_a,
+                       const float* out_b, const float* lse_b, int N, int H, int D) override;
+  void add_2d(float* dst, int ldd, const float* src, int lds, int rows, int cols) override;
+
   // ---- CUDA-only entry points
   void gemm_ex(const GemmEx& g);
   // Every tensor of a model in one launch (chunks of 64K elements; the table is uploaded

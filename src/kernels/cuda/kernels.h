@@ -18,6 +18,7 @@ enum DeviceErrorCode : int {
   kErrNegativeId = 1,   // embedding: negative token id
   kErrTargetRange = 2,  // cross_entropy: target >= V
   kErrNegativePos = 3,  // rope: negative position
+  kErrExpertRange = 4,  // MoE: an expert index outside [0, E) (row = token, value = index)
 };
 struct DeviceError {
   int code;
@@ -30,7 +31,8 @@ enum DeviceOp : int {
   kOpEmbeddingBackward,
   kOpCrossEntropy,
   kOpRopeForward,
-  kOpRopeBackward
+  kOpRopeBackward,
+  kOpMoe,
 };
 
 // ---- pointwise
