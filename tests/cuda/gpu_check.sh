@@ -30,10 +30,11 @@ export LD_LIBRARY_PATH="$PWD/build-gpucarry/lib:$CULIB:$NCCLLIB:${LD_LIBRARY_PAT
 
 # The CUDA test binaries. Tests another engineer adds to tests/cuda (cuda_train_tests: the
 # trainer on the CUDA backend) join this list when their target exists; add new ones here.
-TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests"
-OPTIONAL_TESTS="cuda_train_tests"
+TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests"
+OPTIONAL_TESTS=""
 
 B=build-gpucarry
+[ -f $B.tgz ] && [ ! -d $B ] && tar xzf $B.tgz  # gpu_bundle.sh packs it for the trip
 prebuilt=1
 if ! timeout 60 $B/tests/cuda/cuda_host_tests --gtest_brief=1 > "$LOG/prebuilt_probe.txt" 2>&1; then
   stamp "prebuilt binaries do not run here (see prebuilt_probe.txt)"
@@ -52,7 +53,7 @@ if [ $prebuilt = 0 ]; then
       -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$DEPS" \
       -DGTest_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/GTest" \
       > "$LOG/configure.txt" 2>&1
-    targets="$TESTS bench_cuda"
+    targets="$TESTS bench_cuda loom"
     for t in $OPTIONAL_TESTS; do
       timeout 30 cmake --build $B --target help 2>/dev/null | grep -q "^$t:" && targets="$targets $t"
     done
@@ -61,6 +62,9 @@ if [ $prebuilt = 0 ]; then
   fi
 fi
 stamp "binaries: $B"
+# The loom binary (the prebuilt bundle keeps it beside bench_cuda); cuda_train_tests runs it.
+LOOM=$B/loom; [ -x $B/bench/loom ] && LOOM=$B/bench/loom
+export LOOM_BIN=$PWD/$LOOM
 if want test; then
   for t in $TESTS $OPTIONAL_TESTS; do
     if [ ! -x $B/tests/cuda/$t ]; then
@@ -100,6 +104,9 @@ fi
 if want bench; then
   stamp "bench_cuda (GPT-2 124M, 16 x 1024, bf16 GEMMs, real Decoder + device AdamW)"
   timeout 90 $B/bench/bench_cuda 2>&1 | tee "$LOG/bench_cuda.txt"
+  stamp "loom bench train --device cuda (the Trainer, GPT-2 124M, 16 x 1024, bf16 GEMMs)"
+  timeout 150 $LOOM bench train --device cuda --preset gpt2-124m --batch 16 --seq 1024 \
+    --precision bf16 --steps 5 --warmup 2 2>&1 | tee "$LOG/bench_train_cuda.txt" | tail -4
   stamp "bench_cuda --math fp8 (block linears in fp8, current scaling, hybrid)"
   timeout 90 $B/bench/bench_cuda --math fp8 2>&1 | tee "$LOG/bench_cuda_fp8.txt"
   for m in fp8-delayed mxfp8; do

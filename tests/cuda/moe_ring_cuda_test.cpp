@@ -244,7 +244,9 @@ TEST(CudaMoeLayer, ForwardBackwardMatchCpu) {
                   {gr.data(), g1.data(), g2.data()}, 0.5f);
       // GPU.
       DevBuf gx(x), gdy(dy), grt(router), gw1(w1), gw2(w2), gy(y.size() * 4), gdx(dx.size() * 4);
-      DevBuf ggr(gr), gg1(g1), gg2(g2);
+      // Zeros, as the CPU's gradients started: backward accumulates (+=) into them.
+      DevBuf ggr(std::vector<float>(gr.size(), 0.f)), gg1(std::vector<float>(g1.size(), 0.f)),
+          gg2(std::vector<float>(g2.size(), 0.f));
       gy.poison();
       gdx.poison();
       MoeLayer gl(c, ExpertParallel{}, *gpu());
