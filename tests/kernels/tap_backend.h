@@ -232,6 +232,78 @@ class TapBackend final : public Backend {
     on("copy_2d");
     in_.copy_2d(dst, dpitch, src, spitch, row_bytes, rows);
   }
+  // ---- MoE and ring attention (moe_ring ops)
+  void moe_router_forward(float* scores, int32_t* idx, float* w, const float* logits, int N, int E,
+                          int k, bool sig, bool renorm) override {
+    on("moe_router_forward");
+    in_.moe_router_forward(scores, idx, w, logits, N, E, k, sig, renorm);
+  }
+  void moe_router_backward(float* dlogits, const float* dw, const float* ds, const float* scores,
+                           const int32_t* idx, int N, int E, int k, bool sig,
+                           bool renorm) override {
+    on("moe_router_backward");
+    in_.moe_router_backward(dlogits, dw, ds, scores, idx, N, E, k, sig, renorm);
+  }
+  double moe_aux_loss(float* ds, const float* scores, const int32_t* idx, int N, int E, int k,
+                      float coeff, float dloss) override {
+    on("moe_aux_loss");
+    return in_.moe_aux_loss(ds, scores, idx, N, E, k, coeff, dloss);
+  }
+  void moe_expert_stats(float* stats, const float* scores, const int32_t* idx, int N, int E,
+                        int k) override {
+    on("moe_expert_stats");
+    in_.moe_expert_stats(stats, scores, idx, N, E, k);
+  }
+  void add_row_broadcast(float* x, const float* row, int N, int C) override {
+    on("add_row_broadcast");
+    in_.add_row_broadcast(x, row, N, C);
+  }
+  void moe_plan_routing(int32_t* plan, const int32_t* idx, int N, int E, int k, int cap) override {
+    on("moe_plan_routing");
+    in_.moe_plan_routing(plan, idx, N, E, k, cap);
+  }
+  void moe_permute(float* out, const float* x, const int32_t* token_of, int rows, int C) override {
+    on("moe_permute");
+    in_.moe_permute(out, x, token_of, rows, C);
+  }
+  void moe_permute_backward(float* dx, const float* dout, const int32_t* row_of, int N, int k,
+                            int C) override {
+    on("moe_permute_backward");
+    in_.moe_permute_backward(dx, dout, row_of, N, k, C);
+  }
+  void moe_unpermute(float* y, const float* eo, const float* w, const int32_t* row_of, int N, int k,
+                     int C) override {
+    on("moe_unpermute");
+    in_.moe_unpermute(y, eo, w, row_of, N, k, C);
+  }
+  void moe_unpermute_backward(float* deo, float* dw, const float* dy, const float* eo,
+                              const float* w, const int32_t* row_of, int N, int k, int C) override {
+    on("moe_unpermute_backward");
+    in_.moe_unpermute_backward(deo, dw, dy, eo, w, row_of, N, k, C);
+  }
+  void attention_block_forward(float* out, float* lse, const float* q, int ldq, const float* k,
+                               const float* v, int ldk, int nq, int nk, int Hq, int Hkv, int D,
+                               float scale) override {
+    on("attention_block_forward");
+    in_.attention_block_forward(out, lse, q, ldq, k, v, ldk, nq, nk, Hq, Hkv, D, scale);
+  }
+  void attention_block_backward(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q, int ldq,
+                                const float* k, const float* v, int ldk, int nq, int nk, int Hq,
+                                int Hkv, int D, float scale) override {
+    on("attention_block_backward");
+    in_.attention_block_backward(dq, dk, dv, dout, out, lse, q, ldq, k, v, ldk, nq, nk, Hq, Hkv, D,
+                                 scale);
+  }
+  void attention_merge(float* out, float* lse, const float* oa, const float* la, const float* ob,
+                       const float* lb, int N, int H, int D) override {
+    on("attention_merge");
+    in_.attention_merge(out, lse, oa, la, ob, lb, N, H, D);
+  }
+  void add_2d(float* dst, int ldd, const float* src, int lds, int rows, int cols) override {
+    on("add_2d");
+    in_.add_2d(dst, ldd, src, lds, rows, cols);
+  }
   void round_to(DType t, float* x, int64_t n, void* store) override {
     on("round_to");
     in_.round_to(t, x, n, store);
