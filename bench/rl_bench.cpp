@@ -21,7 +21,7 @@
 // reply with the letter 'a' only (the reward is the share of 'a's; a reply counts as correct when
 // all of it is 'a'); held-out accuracy is over sampled replies (temperature 1, as trained) to
 // prompts of a seed the training never draws, evaluated after the run on weight snapshots so that
-// evaluation never steals time from the runs. Its size (4 layers, width 128, 16-token replies)
+// evaluation never steals time from the runs. Its size (4 layers, width 256, 16-token replies)
 // makes a run last tens of seconds, long enough for a speed-up to stand out of the noise of a
 // shared machine. The multi-process modes run as child jobs, `mpirun -n 2 bench_rl --mpi-run OUT
 // STEPS TARGET STALENESS`, whose learner writes OUT/bench_rl_mpi_STALENESS.json.
@@ -117,10 +117,10 @@ struct Run {
   double seconds = 0, max_wait = 0, rollout_util = 0, learner_util = 0, load_before = 0,
          load_after = 0, time_to_target = -1;
   int64_t samples = 0, spanning = 0;  // spanning: trained completions over several versions
-  // Where the time goes: mean seconds a step of generation (the rollout side's busy time), of
-  // learning (GrpoLearner::learn) and of the learner share on the rollout side; the step at
-  // which the target was reached.
-  double rollout_s = 0, learn_s = 0, help_s = 0;
+  // Where the time goes, over the steps up to the target: mean seconds a step of generation (the
+  // rollout side's busy time), of learning (GrpoLearner::learn) and of the learner share on the
+  // rollout side, and of wall time; the step at which the target was reached.
+  double rollout_s = 0, learn_s = 0, help_s = 0, ms_per_step = 0;
   int64_t steps_to_target = -1;
 };
 
@@ -192,12 +192,6 @@ Run run(const Mode& m, int steps, double target) {
     r.samples += st.groups * o.group_size;
     r.spanning += st.spanning_rollouts;
     r.max_wait = std::max(r.max_wait, st.learner_wait_seconds);
-    // Busy shares of the whole run (means of per-step shares would weigh short steps alike).
-    r.rollout_util += (st.rollout_seconds + st.helper_seconds) / r.seconds;
-    r.learner_util += st.learner_seconds / r.seconds;
-    r.rollout_s += st.rollout_seconds / double(steps);
-    r.learn_s += st.learner_seconds / double(steps);
-    r.help_s += st.helper_seconds / double(steps);
   }
   set_num_threads(1);  // evaluation is not timed; one thread is fastest for the tiny model
   for (size_t k = 0; k < snaps.size(); ++k) {
@@ -209,6 +203,21 @@ Run run(const Mode& m, int steps, double target) {
       r.steps_to_target = r.eval_steps[k];
     }
   }
+  // Where the time goes, over the steps that count: those up to the target (all when it was
+  // not reached; the steps after it, with most groups all correct and so nothing to train, would
+  // make the learner look cheaper than it is on the way). Busy shares of that wall time (means
+  // of per-step shares would weigh short steps alike).
+  const size_t k = r.steps_to_target > 0 ? size_t(r.steps_to_target) : stats.size();
+  const double wall = r.wall[k - 1];
+  for (size_t i = 0; i < k; ++i) {
+    const RlStepStats& st = stats[i];
+    r.rollout_util += (st.rollout_seconds + st.helper_seconds) / wall;
+    r.learner_util += st.learner_seconds / wall;
+    r.rollout_s += st.rollout_seconds / double(k);
+    r.learn_s += st.learner_seconds / double(k);
+    r.help_s += st.helper_seconds / double(k);
+  }
+  r.ms_per_step = 1e3 * wall / double(k);
   return r;
 }
 
@@ -247,6 +256,7 @@ Json run_json(const Run& r) {
   j["rollout_seconds_per_step"] = r.rollout_s;
   j["learn_seconds_per_step"] = r.learn_s;
   j["helper_seconds_per_step"] = r.help_s;
+  j["ms_per_step_to_target"] = r.ms_per_step;
   j["spanning_rollouts"] = r.spanning;
   j["loadavg_before"] = r.load_before;
   j["loadavg_after"] = r.load_after;
@@ -272,6 +282,7 @@ Run run_from_json(const Json& j) {
   r.rollout_s = j.at("rollout_seconds_per_step").as_double();
   r.learn_s = j.at("learn_seconds_per_step").as_double();
   r.help_s = j.at("helper_seconds_per_step").as_double();
+  r.ms_per_step = j.at("ms_per_step_to_target").as_double();
   r.load_before = j.at("loadavg_before").as_double();
   r.load_after = j.at("loadavg_after").as_double();
   r.reward = json_vec(j.at("reward"));
@@ -342,8 +353,8 @@ int main(int argc, char** argv) {
     return mpi_child(argv[2], std::stoi(argv[3]), std::stod(argv[4]), std::stoi(argv[5]));
   }
   const std::string out = argc > 1 ? argv[1] : "bench_rl_out";
-  const int steps = argc > 2 ? std::stoi(argv[2]) : 120;
-  const double target = argc > 3 ? std::stod(argv[3]) : 0.5;
+  const int steps = argc > 2 ? std::stoi(argv[2]) : 80;
+  const double target = argc > 3 ? std::stod(argv[3]) : 0.8;
   const std::string modes = argc > 4 ? argv[4] : "sync-1t,async-1,async-1h,mpi-0,mpi-1";
   const int rounds = argc > 5 ? std::stoi(argv[5]) : 3;
   LOOM_CHECK(steps >= kEvalEvery && steps <= 100000, "bench_rl: STEPS must lie in [", kEvalEvery,
@@ -391,7 +402,7 @@ int main(int argc, char** argv) {
       }
       std::printf("round %d %-9s %7.2f s to target (step %lld), %6.1f ms/step, load %.2f->%.2f\n",
                   round + 1, r.name.c_str(), r.time_to_target,
-                  static_cast<long long>(r.steps_to_target), 1e3 * r.seconds / steps, r.load_before,
+                  static_cast<long long>(r.steps_to_target), r.ms_per_step, r.load_before,
                   r.load_after);
       std::fflush(stdout);
       runs[m].push_back(std::move(r));
@@ -424,7 +435,7 @@ int main(int argc, char** argv) {
     for (const Run& r : runs[m]) {
       if (r.time_to_target > 0) ttt.push_back(r.time_to_target);
       if (r.steps_to_target > 0) stp.push_back(double(r.steps_to_target));
-      ms.push_back(1e3 * r.seconds / steps);
+      ms.push_back(r.ms_per_step);
       gen.push_back(1e3 * r.rollout_s);
       learn.push_back(1e3 * r.learn_s);
       help.push_back(1e3 * r.help_s);
