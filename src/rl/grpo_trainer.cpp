@@ -270,7 +270,18 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
                                   ? f0 + fb_seconds_per_token_ * double(own_in.N - share_in.N)
                                   : std::numeric_limits<double>::infinity();
         if (helper_) helper_->offer(share_in, version, latest);
-        policy_.forward_backward(own_in, 1.f);
+        try {
+          policy_.forward_backward(own_in, 1.f);
+        } catch (...) {
+          // The helper may be reading `share`: it must be done with it (or the offer withdrawn)
+          // before the batch goes; the first error is the one to report.
+          double ignored = 0;
+          try {
+            if (helper_) helper_->collect(&ignored);
+          } catch (...) {
+          }
+          throw;
+        }
         fb_seconds_per_token_ = (now_seconds() - f0) / double(own_in.N);
         const float* g = helper_ ? helper_->collect(&st.helper_seconds) : nullptr;
         if (!g) {
