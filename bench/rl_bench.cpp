@@ -1,22 +1,33 @@
-// GRPO, synchronous vs asynchronous (max staleness 1 and 2, and 2 with partial rollouts:
-// "async-2p", completions cut after 4 of their 8 tokens and continued on the next weights), on the
-// same task, model, seeds and number of samples: wall time to a fixed held-out accuracy, samples/s,
-// rollout and learner utilisation, the longest learner wait; the reward and accuracy curves as JSON
-// and as a self-contained HTML page (inline SVG). Synchronous runs its kernels on all cores; each
-// async role on half of them, so on 2 cores the rollout thread and the learner really overlap. The
-// task is synthetic so that a model from scratch learns it in seconds: reply with the letter 'a'
-// only (a reply counts as correct when all of it is 'a'); held-out accuracy is over sampled replies
-// (temperature 1, as trained; greedy replies flip from 0 to 1 within two steps) to prompts of a
-// seed the training never draws, evaluated after the run on weight snapshots so that evaluation
-// never steals time from the runs. The synchronous baseline runs twice, on all cores and on one
-// (the tiny model's kernels may be faster on one), and the faster is the baseline. The
-// multi-process modes (1 learner rank + 1 rollout rank, one thread each, weights sent as bf16:
-// "mpi-0", max staleness 0, the synchronous algorithm over the two processes, which take turns;
-// "mpi-1", max staleness 1, where they overlap) run as child jobs, `mpirun -n 2 bench_rl
-// --mpi-run OUT STEPS TARGET STALENESS`, whose learner evaluates its snapshots after the run and
-// writes OUT/bench_rl_mpi_STALENESS.json. mpi-1 against mpi-0 is the overlap's gain with the
-// same processes, messages and kernels.
-//   bench_rl [OUT_DIR] [STEPS] [TARGET_ACCURACY] [MODES: e.g. async-2,mpi; default all]
+// GRPO, synchronous vs asynchronous, on the same task, model, seeds and number of samples: wall
+// time to a fixed held-out accuracy (the figure), samples/s, where a step's time goes
+// (generation, learning), rollout and learner utilisation, the longest learner wait; repeated in
+// alternating rounds (every mode once a round, so that a change of the machine's load hits every
+// mode alike) and summarised by the median and the range, each run's ratio taken against the
+// baseline of its own round. The reward and accuracy curves go to JSON and a self-contained HTML
+// page (inline SVG).
+//
+// The baseline is the synchronous loop in one process on one thread ("sync-1t"): what one core
+// does without any overlap (on a loaded 2-core machine two OpenMP threads of the tiny model spin
+// and run ~10x slower, so "sync" on all cores is optional). The fair "same resources" baseline is
+// "mpi-0": the synchronous algorithm over a learner process and a rollout process (max staleness
+// 0: they take turns), against which "mpi-1" (max staleness 1: they overlap) is the overlap's gain
+// with the same processes, messages and kernels. In one process, "async-S" overlaps a rollout
+// thread and the learner with max staleness S, one core each; "async-Sh" adds the learner share
+// (RlOptions::learner_share, kShare of each step's forward and backward run by the rollout thread
+// while it waits for new weights); "async-2p" uses partial rollouts (each completion cut after
+// half its tokens and continued on the next weights).
+//
+// The task is synthetic so that a model from scratch learns it in a bounded number of steps:
+// reply with the letter 'a' only (the reward is the share of 'a's; a reply counts as correct when
+// all of it is 'a'); held-out accuracy is over sampled replies (temperature 1, as trained) to
+// prompts of a seed the training never draws, evaluated after the run on weight snapshots so that
+// evaluation never steals time from the runs. Its size (4 layers, width 256, 16-token replies)
+// makes a run last tens of seconds, long enough for a speed-up to stand out of the noise of a
+// shared machine. The multi-process modes run as child jobs, `mpirun -n 2 bench_rl --mpi-run OUT
+// STEPS TARGET STALENESS`, whose learner writes OUT/bench_rl_mpi_STALENESS.json.
+//   bench_rl [OUT_DIR] [STEPS] [TARGET_ACCURACY] [MODES] [ROUNDS]
+// MODES: comma-separated, default sync-1t,async-1,async-1h,mpi-0,mpi-1 (sync-1t always runs);
+// also sync, async-2, async-2h, async-2p. ROUNDS: default 3.
 #include <omp.h>
 
 #include <unistd.h>
@@ -46,6 +57,12 @@ using namespace loom::rl;
 
 namespace {
 
+// The learner share of the "-h" modes: the rollout side idles about a third of a step (it
+// generates ~1/3 of the synchronous step, the learner ~2/3), so a third of the forward and
+// backward balances the two roles.
+constexpr double kShare = 0.3;
+constexpr int kEvalEvery = 4;  // steps between weight snapshots (held-out accuracy)
+
 struct LetterA : Environment {
   std::string name() const override { return "letter-a"; }
   Task task(uint64_t seed, uint64_t i) const override {
@@ -68,45 +85,59 @@ data::BpeTokenizer byte_tokenizer() {
 
 ModelConfig bench_config() {
   ModelConfig c = model_preset("tiny-llama");
-  c.n_layer = 2, c.d_model = 64, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 16, c.d_ff = 128;
+  c.n_layer = 4, c.d_model = 256, c.n_head = 8, c.n_kv_head = 4, c.head_dim = 32, c.d_ff = 512;
   c.vocab = 260, c.max_seq = 64, c.init_std = 0.02f;
   return c;
 }
 
+RlOptions bench_options() {
+  RlOptions o;
+  o.prompts_per_step = 8;
+  o.group_size = 8;
+  o.max_tokens = 16;
+  o.lr = 3e-4;
+  o.seed = 11;
+  return o;
+}
+
+struct Mode {
+  std::string name;
+  int64_t staleness = -1;  // -1: synchronous
+  int threads = 1;
+  bool mpi = false;
+  int partial = 0;   // partial rollouts: tokens a batch (async only)
+  double share = 0;  // learner share (async only)
+};
+
 struct Run {
   std::string name;
-  int64_t staleness = -1;                         // -1: synchronous
+  int64_t staleness = -1;
   std::vector<double> wall, reward, accuracy_at;  // per step; accuracy per evaluation
   std::vector<int64_t> eval_steps;
   double seconds = 0, max_wait = 0, rollout_util = 0, learner_util = 0, load_before = 0,
          load_after = 0, time_to_target = -1;
   int64_t samples = 0, spanning = 0;  // spanning: trained completions over several versions
-  // Where the time goes: mean seconds a step of generation (the rollout side's busy time) and of
-  // learning (GrpoLearner::learn), and the step at which the target was reached.
-  double rollout_s = 0, learn_s = 0;
+  // Where the time goes, over the steps up to the target: mean seconds a step of generation (the
+  // rollout side's busy time), of learning (GrpoLearner::learn) and of the learner share on the
+  // rollout side, and of wall time; the step at which the target was reached.
+  double rollout_s = 0, learn_s = 0, help_s = 0, ms_per_step = 0;
   int64_t steps_to_target = -1;
 };
 
 // mpi: this process is one rank of a 2-rank job (rank 0 learns, rank 1 generates); only rank 0's
 // Run is filled.
-// partial > 0: partial rollouts of that many tokens a batch (async only).
-Run run(const std::string& name, int64_t staleness, int threads, int steps, int eval_every,
-        double target, bool mpi = false, int partial = 0) {
+Run run(const Mode& m, int steps, double target) {
   Run r;
-  r.name = name;
-  r.staleness = staleness;
+  r.name = m.name;
+  r.staleness = m.staleness;
   Decoder model(bench_config(), cpu_backend());
   model.params().init(7);
   auto tok = byte_tokenizer();
   data::ChatTemplate chat("chatml", tok);
   LetterA env;
-  RlOptions o;
-  o.prompts_per_step = 8;
-  o.group_size = 8;
-  o.max_tokens = 8;
-  o.lr = 3e-3;
-  o.seed = 11;
-  o.partial_tokens = partial;
+  RlOptions o = bench_options();
+  o.partial_tokens = m.partial;
+  o.learner_share = m.share;
   std::vector<std::vector<float>> snaps;
   auto snapshot = [&](int64_t step) {
     const ParamSet& P = model.params();
@@ -118,11 +149,20 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
   const double t0 = now_seconds();
   std::vector<RlStepStats> stats;
   double snap_time = 0;  // excluded: the copies are the benchmark's, not the algorithm's
-  if (mpi) {
-    set_num_threads(threads);
+  auto loop = [&](auto&& step) {
+    for (int s = 0; s < steps; ++s) {
+      stats.push_back(step());
+      r.wall.push_back(now_seconds() - t0 - snap_time);
+      const double c0 = now_seconds();
+      if ((s + 1) % kEvalEvery == 0) snapshot(s + 1);
+      snap_time += now_seconds() - c0;
+    }
+  };
+  if (m.mpi) {
+    set_num_threads(m.threads);
     MpiRlOptions mo;
     mo.rollout_ranks = 1;
-    mo.max_staleness = staleness;
+    mo.max_staleness = m.staleness;
     mo.learner_timeout = 300;
     mo.steps = steps;
     MpiGrpo t(comm::world(), model, tok, chat, env, o, mo);
@@ -130,37 +170,19 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
       t.run_rollout();
       return r;
     }
-    for (int s = 0; s < steps; ++s) {
-      stats.push_back(t.step());
-      r.wall.push_back(now_seconds() - t0 - snap_time);
-      const double c0 = now_seconds();
-      if ((s + 1) % eval_every == 0) snapshot(s + 1);
-      snap_time += now_seconds() - c0;
-    }
+    loop([&] { return t.step(); });
     t.finish();
-  } else if (staleness < 0) {
-    set_num_threads(threads);
+  } else if (m.staleness < 0) {
+    set_num_threads(m.threads);
     GrpoTrainer t(model, tok, chat, env, o);
-    for (int s = 0; s < steps; ++s) {
-      stats.push_back(t.step());
-      r.wall.push_back(now_seconds() - t0 - snap_time);
-      const double c0 = now_seconds();
-      if ((s + 1) % eval_every == 0) snapshot(s + 1);
-      snap_time += now_seconds() - c0;
-    }
+    loop([&] { return t.step(); });
   } else {
     AsyncOptions ao;
-    ao.max_staleness = staleness;
-    ao.threads_per_role = threads;
+    ao.max_staleness = m.staleness;
+    ao.threads_per_role = m.threads;
     ao.learner_timeout = 300;
     AsyncGrpo t(model, tok, chat, env, o, ao);
-    for (int s = 0; s < steps; ++s) {
-      stats.push_back(t.step());
-      r.wall.push_back(now_seconds() - t0 - snap_time);
-      const double c0 = now_seconds();
-      if ((s + 1) % eval_every == 0) snapshot(s + 1);
-      snap_time += now_seconds() - c0;
-    }
+    loop([&] { return t.step(); });
     t.stop();
   }
   r.seconds = r.wall.back();
@@ -170,10 +192,6 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
     r.samples += st.groups * o.group_size;
     r.spanning += st.spanning_rollouts;
     r.max_wait = std::max(r.max_wait, st.learner_wait_seconds);
-    r.rollout_util += st.rollout_utilisation / double(steps);
-    r.learner_util += st.learner_utilisation / double(steps);
-    r.rollout_s += st.rollout_seconds / double(steps);
-    r.learn_s += st.learner_seconds / double(steps);
   }
   set_num_threads(1);  // evaluation is not timed; one thread is fastest for the tiny model
   for (size_t k = 0; k < snaps.size(); ++k) {
@@ -185,6 +203,21 @@ Run run(const std::string& name, int64_t staleness, int threads, int steps, int 
       r.steps_to_target = r.eval_steps[k];
     }
   }
+  // Where the time goes, over the steps that count: those up to the target (all when it was
+  // not reached; the steps after it, with most groups all correct and so nothing to train, would
+  // make the learner look cheaper than it is on the way). Busy shares of that wall time (means
+  // of per-step shares would weigh short steps alike).
+  const size_t k = r.steps_to_target > 0 ? size_t(r.steps_to_target) : stats.size();
+  const double wall = r.wall[k - 1];
+  for (size_t i = 0; i < k; ++i) {
+    const RlStepStats& st = stats[i];
+    r.rollout_util += (st.rollout_seconds + st.helper_seconds) / wall;
+    r.learner_util += st.learner_seconds / wall;
+    r.rollout_s += st.rollout_seconds / double(k);
+    r.learn_s += st.learner_seconds / double(k);
+    r.help_s += st.helper_seconds / double(k);
+  }
+  r.ms_per_step = 1e3 * wall / double(k);
   return r;
 }
 
@@ -208,30 +241,65 @@ std::vector<double> json_vec(const Json& a) {
   return v;
 }
 
-// The child job's side of the multi-process mode: both ranks run, rank 0 writes the Run.
-int mpi_child(const std::string& out, int steps, double target, int eval_every, int staleness) {
-  comm::Communicator& w = comm::world();
-  LOOM_CHECK(w.size() == 2, "bench_rl --mpi-run runs as 2 ranks, not ", w.size());
-  const Run r = run(cat("mpi-", staleness), staleness, 1, steps, eval_every, target, true);
-  if (w.rank() != 0) return 0;
+Json run_json(const Run& r) {
   Json j = Json::object();
-  j["seconds"] = r.seconds;
-  j["max_wait"] = r.max_wait;
-  j["rollout_util"] = r.rollout_util;
-  j["learner_util"] = r.learner_util;
-  j["load_before"] = r.load_before;
-  j["load_after"] = r.load_after;
-  j["time_to_target"] = r.time_to_target;
+  j["mode"] = r.name;
+  j["max_staleness"] = r.staleness;
+  j["wall_seconds"] = r.seconds;
   j["samples"] = r.samples;
-  j["rollout_s"] = r.rollout_s;
-  j["learn_s"] = r.learn_s;
+  j["samples_per_s"] = double(r.samples) / r.seconds;
+  j["seconds_to_target"] = r.time_to_target;
   j["steps_to_target"] = r.steps_to_target;
-  j["wall"] = vec_json(r.wall);
+  j["rollout_utilisation"] = r.rollout_util;
+  j["learner_utilisation"] = r.learner_util;
+  j["max_learner_wait_seconds"] = r.max_wait;
+  j["rollout_seconds_per_step"] = r.rollout_s;
+  j["learn_seconds_per_step"] = r.learn_s;
+  j["helper_seconds_per_step"] = r.help_s;
+  j["ms_per_step_to_target"] = r.ms_per_step;
+  j["spanning_rollouts"] = r.spanning;
+  j["loadavg_before"] = r.load_before;
+  j["loadavg_after"] = r.load_after;
   j["reward"] = vec_json(r.reward);
-  j["accuracy_at"] = vec_json(r.accuracy_at);
+  j["wall"] = vec_json(r.wall);
+  j["heldout_accuracy"] = vec_json(r.accuracy_at);
   std::vector<double> es(r.eval_steps.begin(), r.eval_steps.end());
   j["eval_steps"] = vec_json(es);
-  write_file_atomic(cat(out, "/bench_rl_mpi_", staleness, ".json"), j.dump(2) + "\n");
+  return j;
+}
+
+Run run_from_json(const Json& j) {
+  Run r;
+  r.name = j.at("mode").as_string();
+  r.staleness = int64_t(j.at("max_staleness").as_double());
+  r.seconds = j.at("wall_seconds").as_double();
+  r.samples = int64_t(j.at("samples").as_double());
+  r.time_to_target = j.at("seconds_to_target").as_double();
+  r.steps_to_target = int64_t(j.at("steps_to_target").as_double());
+  r.rollout_util = j.at("rollout_utilisation").as_double();
+  r.learner_util = j.at("learner_utilisation").as_double();
+  r.max_wait = j.at("max_learner_wait_seconds").as_double();
+  r.rollout_s = j.at("rollout_seconds_per_step").as_double();
+  r.learn_s = j.at("learn_seconds_per_step").as_double();
+  r.help_s = j.at("helper_seconds_per_step").as_double();
+  r.ms_per_step = j.at("ms_per_step_to_target").as_double();
+  r.load_before = j.at("loadavg_before").as_double();
+  r.load_after = j.at("loadavg_after").as_double();
+  r.reward = json_vec(j.at("reward"));
+  r.wall = json_vec(j.at("wall"));
+  r.accuracy_at = json_vec(j.at("heldout_accuracy"));
+  for (double e : json_vec(j.at("eval_steps"))) r.eval_steps.push_back(int64_t(e));
+  return r;
+}
+
+// The child job's side of the multi-process mode: both ranks run, rank 0 writes the Run.
+int mpi_child(const std::string& out, int steps, double target, int staleness) {
+  comm::Communicator& w = comm::world();
+  LOOM_CHECK(w.size() == 2, "bench_rl --mpi-run runs as 2 ranks, not ", w.size());
+  Mode m{cat("mpi-", staleness), staleness, 1, true};
+  const Run r = run(m, steps, target);
+  if (w.rank() != 0) return 0;
+  write_file_atomic(cat(out, "/bench_rl_mpi_", staleness, ".json"), run_json(r).dump(2) + "\n");
   return 0;
 }
 
@@ -251,127 +319,180 @@ bool run_mpi_mode(const std::string& out, int steps, double target, int stalenes
     std::fprintf(stderr, "the multi-process mode failed: %s\n", cmd.c_str());
     return false;
   }
-  const Json j = Json::parse(read_file(json), json);
-  r->name = cat("mpi-", staleness);
-  r->staleness = staleness;
-  r->seconds = j.at("seconds").as_double();
-  r->max_wait = j.at("max_wait").as_double();
-  r->rollout_util = j.at("rollout_util").as_double();
-  r->learner_util = j.at("learner_util").as_double();
-  r->load_before = j.at("load_before").as_double();
-  r->load_after = j.at("load_after").as_double();
-  r->time_to_target = j.at("time_to_target").as_double();
-  r->samples = int64_t(j.at("samples").as_double());
-  r->rollout_s = j.at("rollout_s").as_double();
-  r->learn_s = j.at("learn_s").as_double();
-  r->steps_to_target = int64_t(j.at("steps_to_target").as_double());
-  r->wall = json_vec(j.at("wall"));
-  r->reward = json_vec(j.at("reward"));
-  r->accuracy_at = json_vec(j.at("accuracy_at"));
-  for (double e : json_vec(j.at("eval_steps"))) r->eval_steps.push_back(int64_t(e));
+  *r = run_from_json(Json::parse(read_file(json), json));
   return true;
 #else
+  (void)out, (void)steps, (void)target, (void)staleness, (void)r;
   std::fprintf(stderr, "built without MPI: no multi-process mode\n");
   return false;
 #endif
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// "median [min-max]" of the values, or "-" when there are none.
+std::string spread(const std::vector<double>& v, const char* fmt = "%.2f") {
+  if (v.empty()) return "-";
+  char a[32], b[32], c[32];
+  std::snprintf(a, sizeof a, fmt, median(v));
+  std::snprintf(b, sizeof b, fmt, *std::min_element(v.begin(), v.end()));
+  std::snprintf(c, sizeof c, fmt, *std::max_element(v.begin(), v.end()));
+  return cat(a, " [", b, "-", c, "]");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int eval_every = 2;
   if (argc > 1 && std::string(argv[1]) == "--mpi-run") {
     LOOM_CHECK(argc == 6, "bench_rl --mpi-run OUT STEPS TARGET STALENESS");
-    return mpi_child(argv[2], std::stoi(argv[3]), std::stod(argv[4]), eval_every,
-                     std::stoi(argv[5]));
+    return mpi_child(argv[2], std::stoi(argv[3]), std::stod(argv[4]), std::stoi(argv[5]));
   }
   const std::string out = argc > 1 ? argv[1] : "bench_rl_out";
-  const int steps = argc > 2 ? std::stoi(argv[2]) : 40;
-  const double target = argc > 3 ? std::stod(argv[3]) : 0.5;
+  const int steps = argc > 2 ? std::stoi(argv[2]) : 80;
+  const double target = argc > 3 ? std::stod(argv[3]) : 0.8;
+  const std::string modes = argc > 4 ? argv[4] : "sync-1t,async-1,async-1h,mpi-0,mpi-1";
+  const int rounds = argc > 5 ? std::stoi(argv[5]) : 3;
+  LOOM_CHECK(steps >= kEvalEvery && steps <= 100000, "bench_rl: STEPS must lie in [", kEvalEvery,
+             ", 100000], not ", steps);
+  LOOM_CHECK(target > 0 && target <= 1, "bench_rl: TARGET_ACCURACY must lie in (0, 1]");
+  LOOM_CHECK(rounds >= 1 && rounds <= 100, "bench_rl: ROUNDS must lie in [1, 100]");
   make_dirs(out);
-  const int cores = std::max(1, omp_get_num_procs()), half = std::max(1, cores / 2);
-  // An optional 4th argument picks modes (comma-separated; the baselines always run), so that a
-  // quiet moment on a shared machine can be used for the runs that matter.
-  const std::string only = argc > 4 ? cat(",", argv[4], ",") : std::string();
-  auto want = [&](const char* m) {
-    return only.empty() || only.find(cat(",", m, ",")) != std::string::npos;
+  const int cores = std::max(1, omp_get_num_procs());
+  const std::vector<Mode> known = {{"sync-1t", -1, 1},
+                                   {"sync", -1, cores},
+                                   {"async-1", 1, 1},
+                                   {"async-1h", 1, 1, false, 0, kShare},
+                                   {"async-2", 2, 1},
+                                   {"async-2h", 2, 1, false, 0, kShare},
+                                   {"async-2p", 2, 1, false, bench_options().max_tokens / 2},
+                                   {"mpi-0", 0, 1, true},
+                                   {"mpi-1", 1, 1, true}};
+  std::vector<Mode> picked = {known[0]};  // the baseline always runs, first in each round
+  for (size_t a = 0; a <= modes.size();) {
+    size_t b = modes.find(',', a);
+    if (b == std::string::npos) b = modes.size();
+    const std::string name = modes.substr(a, b - a);
+    a = b + 1;
+    if (name.empty() || name == "sync-1t") continue;
+    auto it =
+        std::find_if(known.begin(), known.end(), [&](const Mode& m) { return m.name == name; });
+    LOOM_CHECK(it != known.end(), "bench_rl: unknown mode '", name,
+               "' (sync-1t, sync, async-1, async-1h, async-2, async-2h, async-2p, mpi-0, mpi-1)");
+    picked.push_back(*it);
+  }
+  std::printf(
+      "bench_rl: %d steps, target held-out accuracy %.2f, %d rounds, %d cores, load "
+      "average %.2f at the start\n",
+      steps, target, rounds, cores, load_average());
+  // runs[m][round]
+  std::vector<std::vector<Run>> runs(picked.size());
+  for (int round = 0; round < rounds; ++round)
+    for (size_t m = 0; m < picked.size(); ++m) {
+      Run r;
+      if (picked[m].mpi) {
+        if (!run_mpi_mode(out, steps, target, int(picked[m].staleness), &r)) return 1;
+        r.name = picked[m].name;
+      } else {
+        r = run(picked[m], steps, target);
+      }
+      std::printf("round %d %-9s %7.2f s to target (step %lld), %6.1f ms/step, load %.2f->%.2f\n",
+                  round + 1, r.name.c_str(), r.time_to_target,
+                  static_cast<long long>(r.steps_to_target), r.ms_per_step, r.load_before,
+                  r.load_after);
+      std::fflush(stdout);
+      runs[m].push_back(std::move(r));
+    }
+  // A run's ratio is taken against the baseline of its own round (the load changes between
+  // rounds); mpi-1 also against mpi-0 of its round.
+  auto ratios = [&](size_t m, const std::string& base_name) {
+    std::vector<double> v;
+    size_t b = 0;
+    while (b < picked.size() && picked[b].name != base_name) ++b;
+    if (b == picked.size()) return v;
+    for (int k = 0; k < rounds; ++k)
+      if (runs[b][k].time_to_target > 0 && runs[m][k].time_to_target > 0)
+        v.push_back(runs[b][k].time_to_target / runs[m][k].time_to_target);
+    return v;
   };
-  std::vector<Run> runs = {run("sync", -1, cores, steps, eval_every, target),
-                           run("sync-1t", -1, 1, steps, eval_every, target)};
-  if (want("async-1")) runs.push_back(run("async-1", 1, half, steps, eval_every, target));
-  if (want("async-2")) runs.push_back(run("async-2", 2, half, steps, eval_every, target));
-  // Partial rollouts: 8-token completions in two slices of 4, the second on the newer weights
-  // (new groups start at most 1 step ahead).
-  if (want("async-2p"))
-    runs.push_back(run("async-2p", 2, half, steps, eval_every, target, false, 4));
-  Run m0, m1;
-  const bool mpi_ok = want("mpi") && run_mpi_mode(out, steps, target, 0, &m0) &&
-                      run_mpi_mode(out, steps, target, 1, &m1);
-  if (mpi_ok) runs.push_back(m0), runs.push_back(m1);
+  std::printf("\n%-9s %-22s %6s %-20s %8s %8s %8s %6s %6s %7s %-13s %-18s\n", "mode", "s to target",
+              "steps", "ms/step", "gen ms", "learn ms", "help ms", "roll%", "learn%", "wait s",
+              "load", "vs sync-1t");
   Json j = Json::object();
   j["steps"] = steps;
   j["target_accuracy"] = target;
-  j["cores"] = omp_get_num_procs();
-  Json rs = Json::array();
-  std::printf("%-8s %9s %10s %12s %8s %9s %9s %9s %9s %9s %13s\n", "mode", "wall s", "samples/s",
-              "s to target", "steps", "ms/step", "gen ms", "learn ms", "rollout%", "learner%",
-              "loadavg");
-  for (const Run& r : runs) {
-    std::printf("%-8s %9.2f %10.1f %12.2f %8lld %9.1f %9.1f %9.1f %9.0f %9.0f %6.2f->%.2f\n",
-                r.name.c_str(), r.seconds, double(r.samples) / r.seconds, r.time_to_target,
-                static_cast<long long>(r.steps_to_target), 1e3 * r.seconds / double(steps),
-                1e3 * r.rollout_s, 1e3 * r.learn_s, 100 * r.rollout_util, 100 * r.learner_util,
-                r.load_before, r.load_after);
+  j["rounds"] = rounds;
+  j["cores"] = cores;
+  j["learner_share"] = kShare;
+  Json modes_json = Json::array();
+  for (size_t m = 0; m < picked.size(); ++m) {
+    std::vector<double> ttt, ms, gen, learn, help, ru, lu, stp, lb, la;
+    double wait = 0;
+    for (const Run& r : runs[m]) {
+      if (r.time_to_target > 0) ttt.push_back(r.time_to_target);
+      if (r.steps_to_target > 0) stp.push_back(double(r.steps_to_target));
+      ms.push_back(r.ms_per_step);
+      gen.push_back(1e3 * r.rollout_s);
+      learn.push_back(1e3 * r.learn_s);
+      help.push_back(1e3 * r.help_s);
+      ru.push_back(100 * r.rollout_util);
+      lu.push_back(100 * r.learner_util);
+      lb.push_back(r.load_before);
+      la.push_back(r.load_after);
+      wait = std::max(wait, r.max_wait);
+    }
+    const std::vector<double> vs = ratios(m, "sync-1t");
+    std::printf("%-9s %-22s %6.0f %-20s %8.1f %8.1f %8.1f %6.0f %6.0f %7.2f %5.1f->%-6.1f %-18s\n",
+                picked[m].name.c_str(), spread(ttt).c_str(), median(stp),
+                spread(ms, "%.1f").c_str(), median(gen), median(learn), median(help), median(ru),
+                median(lu), wait, median(lb), median(la),
+                m == 0 ? "1" : spread(vs, "%.2fx").c_str());
     Json x = Json::object();
-    x["mode"] = r.name;
-    x["max_staleness"] = r.staleness;
-    x["wall_seconds"] = r.seconds;
-    x["samples_per_s"] = double(r.samples) / r.seconds;
-    x["seconds_to_target"] = r.time_to_target;
-    x["rollout_utilisation"] = r.rollout_util;
-    x["learner_utilisation"] = r.learner_util;
-    x["max_learner_wait_seconds"] = r.max_wait;
-    x["rollout_seconds_per_step"] = r.rollout_s;
-    x["learn_seconds_per_step"] = r.learn_s;
-    x["steps_to_target"] = r.steps_to_target;
-    x["spanning_rollouts"] = r.spanning;
-    x["loadavg_before"] = r.load_before;
-    x["loadavg_after"] = r.load_after;
-    Json rw = Json::array(), wl = Json::array(), ac = Json::array(), es = Json::array();
-    for (double v : r.reward) rw.push_back(Json(v));
-    for (double v : r.wall) wl.push_back(Json(v));
-    for (double v : r.accuracy_at) ac.push_back(Json(v));
-    for (int64_t v : r.eval_steps) es.push_back(Json(v));
-    x["reward"] = rw;
-    x["wall"] = wl;
-    x["heldout_accuracy"] = ac;
-    x["eval_steps"] = es;
-    rs.push_back(x);
+    x["mode"] = picked[m].name;
+    x["median_seconds_to_target"] = median(ttt);
+    x["median_ms_per_step"] = median(ms);
+    x["ratio_vs_sync_1t"] = vec_json(vs);
+    x["median_ratio_vs_sync_1t"] = median(vs);
+    Json rj = Json::array();
+    for (const Run& r : runs[m]) rj.push_back(run_json(r));
+    x["runs"] = rj;
+    modes_json.push_back(x);
   }
-  j["runs"] = rs;
-  const Run& sync = runs[1].time_to_target > 0 && (runs[0].time_to_target < 0 ||
-                                                   runs[1].time_to_target < runs[0].time_to_target)
-                        ? runs[1]
-                        : runs[0];
-  std::printf("baseline: %s\n", sync.name.c_str());
-  for (size_t k = 2; k < runs.size(); ++k)
-    if (sync.time_to_target > 0 && runs[k].time_to_target > 0)
-      std::printf("%s reaches accuracy %.2f %.2fx sooner than sync (target 1.3x)\n",
-                  runs[k].name.c_str(), target, sync.time_to_target / runs[k].time_to_target);
-    else
-      std::printf("%s or sync never reached accuracy %.2f in %d steps\n", runs[k].name.c_str(),
+  j["modes"] = modes_json;
+  std::printf("\nbaseline: sync-1t (synchronous, one process, one thread); target: 1.3x sooner\n");
+  for (size_t m = 1; m < picked.size(); ++m) {
+    const std::vector<double> vs = ratios(m, "sync-1t");
+    if (vs.empty()) {
+      std::printf("%s or sync-1t never reached accuracy %.2f in %d steps\n", picked[m].name.c_str(),
                   target, steps);
-  // The overlap's gain with the same two processes: mpi-1 against mpi-0.
-  if (mpi_ok && m0.time_to_target > 0 && m1.time_to_target > 0)
+      continue;
+    }
     std::printf(
-        "mpi-1 reaches accuracy %.2f %.2fx sooner than mpi-0 (the same 2 processes, "
-        "synchronous)\n",
-        target, m0.time_to_target / m1.time_to_target);
+        "%-9s reaches accuracy %.2f %s sooner than sync-1t (median [range] of %zu "
+        "rounds): %s\n",
+        picked[m].name.c_str(), target, spread(vs, "%.2fx").c_str(), vs.size(),
+        median(vs) >= 1.3 && *std::min_element(vs.begin(), vs.end()) >= 1.3
+            ? "1.3x met in every round"
+        : median(vs) >= 1.3 ? "1.3x met by the median, not in every round"
+                            : "1.3x NOT met");
+    if (picked[m].name != "mpi-0" && picked[m].name.rfind("mpi-", 0) == 0) {
+      const std::vector<double> v0 = ratios(m, "mpi-0");
+      if (!v0.empty())
+        std::printf("%-9s reaches it %s sooner than mpi-0 (the same 2 processes, synchronous)\n",
+                    picked[m].name.c_str(), spread(v0, "%.2fx").c_str());
+    }
+  }
   write_file_atomic(out + "/bench_rl.json", j.dump(2) + "\n");
-  // The curves against wall time: reward (solid) and held-out accuracy (dots), one colour a mode.
+  // The curves of each mode's first round against wall time: reward (solid) and held-out
+  // accuracy (dots), one colour a mode.
   double xmax = 1e-9;
-  for (const Run& r : runs) xmax = std::max(xmax, r.seconds);
-  const char* colours[] = {"#444", "#999", "#1f77b4", "#d62728", "#9467bd", "#8c564b", "#2ca02c"};
+  for (const auto& rs : runs) xmax = std::max(xmax, rs[0].seconds);
+  const char* colours[] = {"#444",    "#999",    "#1f77b4", "#d62728", "#9467bd",
+                           "#8c564b", "#2ca02c", "#ff7f0e", "#17becf"};
   std::string svg =
       "<svg xmlns='http://www.w3.org/2000/svg' width='600' height='300'>\n"
       "<rect width='600' height='300' fill='white'/>\n"
@@ -380,24 +501,22 @@ int main(int argc, char** argv) {
   svg += cat("<text x='300' y='290' font-size='12'>wall seconds (0 .. ", xmax, ")</text>\n");
   svg += "<text x='2' y='40' font-size='12'>1</text><text x='2' y='260' font-size='12'>0</text>\n";
   for (size_t k = 0; k < runs.size(); ++k) {
-    const Run& r = runs[k];
-    svg += polyline(r.wall, r.reward, xmax, colours[k]);
-    std::vector<double> ex, ey;
+    const Run& r = runs[k][0];
+    const char* colour = colours[k % (sizeof colours / sizeof colours[0])];
+    svg += polyline(r.wall, r.reward, xmax, colour);
     for (size_t e = 0; e < r.eval_steps.size(); ++e) {
-      ex.push_back(r.eval_steps[e] == 0 ? 0 : r.wall[size_t(r.eval_steps[e] - 1)]);
-      ey.push_back(r.accuracy_at[e]);
+      const double x = r.eval_steps[e] == 0 ? 0 : r.wall[size_t(r.eval_steps[e] - 1)];
+      svg += cat("<circle r='3' fill='", colour, "' cx='", 40 + 540 * x / xmax, "' cy='",
+                 260 - 220 * r.accuracy_at[e], "'/>\n");
     }
-    for (size_t e = 0; e < ex.size(); ++e)
-      svg += cat("<circle r='3' fill='", colours[k], "' cx='", 40 + 540 * ex[e] / xmax, "' cy='",
-                 260 - 220 * ey[e], "'/>\n");
-    svg += cat("<text x='460' y='", 60 + 16 * k, "' font-size='12' fill='", colours[k], "'>",
-               r.name, "</text>\n");
+    svg += cat("<text x='460' y='", 60 + 16 * k, "' font-size='12' fill='", colour, "'>", r.name,
+               "</text>\n");
   }
   svg += "</svg>\n";
   write_file_atomic(out + "/bench_rl.html",
                     "<!doctype html><html><head><meta charset='utf-8'><title>loom GRPO: sync vs "
                     "async</title></head><body><h1>GRPO reward (lines) and held-out accuracy "
-                    "(dots) against wall time</h1>\n" +
+                    "(dots) against wall time (first round)</h1>\n" +
                         svg + "</body></html>\n");
   std::printf("wrote %s/bench_rl.json and %s/bench_rl.html\n", out.c_str(), out.c_str());
   return 0;

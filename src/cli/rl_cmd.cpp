@@ -62,6 +62,9 @@ int run_rl_here(const Args& args) {
       .value("partial-tokens", "0",
              "with --async: tokens per completion per generation batch; longer completions "
              "continue in the next batch from newer weights (partial rollouts; 0: off)")
+      .value("learner-share", "0",
+             "with --async: share (0..1) of each step's forward and backward that the rollout "
+             "thread computes while it waits for new weights (0: off)")
       .value("rollout-timeout", "0",
              "seconds per generation batch; later groups are dropped (0: none)")
       .value("rollout-ranks", "0",
@@ -117,6 +120,10 @@ int run_rl_here(const Args& args) {
   LOOM_CHECK(ro.partial_tokens == 0 || async || mpi,
              "--partial-tokens needs --async or --rollout-ranks (partial rollouts continue on "
              "newer weights, which the synchronous loop never has)");
+  ro.learner_share = o.get_double("learner-share");
+  LOOM_CHECK(ro.learner_share >= 0 && ro.learner_share < 1, "--learner-share must lie in [0, 1)");
+  LOOM_CHECK(ro.learner_share == 0 || async,
+             "--learner-share needs --async (the rollout thread computes that share)");
   if (mpi)
     rl::check_rl_layout(comm::world().size(), rollout_ranks);
   else

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -35,6 +36,7 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
   published_version_ = step_;
   snapshot_->params().copy_values_from(P);
   rollout_ = std::make_unique<RolloutWorker>(*snapshot_, tok, chat, env, opt_);
+  if (opt_.learner_share > 0) learner_.set_helper(this);
   // A resume's buffered groups: the learner takes them as the uninterrupted run would have, and
   // the rollouts go on after the last step they cover.
   first_rollout_ = check_resume_buffer(async_.resume_buffer, step_, opt_.prompts_per_step);
@@ -71,20 +73,35 @@ void AsyncGrpo::rollout_loop(int64_t have) {
       const double w0 = now_seconds();
       {
         std::unique_lock<std::mutex> lock(mu_);
-        // Generation for step s may start from version s - max_staleness at the oldest.
-        const bool ok = cv_.wait_for(
-            lock, std::chrono::duration<double>(async_.learner_timeout),
-            [&] { return stopping_ || (!paused_ && s - published_version_ <= lead_); });
-        if (stopping_) return;
-        LOOM_CHECK(ok, "the rollout side waited ", async_.learner_timeout,
-                   " s (rl.learner_timeout) for weight version ", s - lead_,
-                   " but the learner published only ", published_version_);
+        // Generation for step s may start from version s - max_staleness at the oldest; while
+        // it waits, the thread runs the learner's offered shares (learner_share).
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(async_.learner_timeout));
+        double helped = 0;
+        for (;;) {
+          const bool ok = cv_.wait_until(lock, deadline, [&] {
+            return stopping_ || help_ == Help::Offered ||
+                   (!paused_ && s - published_version_ <= lead_);
+          });
+          if (stopping_) return;
+          if (help_ == Help::Offered) {
+            const double h0 = now_seconds();
+            help(lock, &have);
+            helped += now_seconds() - h0;
+            continue;
+          }
+          LOOM_CHECK(ok, "the rollout side waited ", async_.learner_timeout,
+                     " s (rl.learner_timeout) for weight version ", s - lead_,
+                     " but the learner published only ", published_version_);
+          break;
+        }
         if (published_version_ > have) {
           snapshot_->params().write_values(0, int64_t(published_.size()), published_.data());
           have = published_version_;
           rollout_->weights_updated();
         }
-        rollout_wait_ += now_seconds() - w0;
+        rollout_wait_ += now_seconds() - w0 - helped;
         generating_ = true;
       }
       if (async_.before_rollout) async_.before_rollout(s);
@@ -121,6 +138,73 @@ void AsyncGrpo::rollout_loop(int64_t have) {
     }
     cv_.notify_all();
   }
+}
+
+void AsyncGrpo::help(std::unique_lock<std::mutex>& lock, int64_t* have) {
+  // Declined (the learner computes the share itself) when it is too late to finish before the
+  // learner's own part.
+  if (now_seconds() > help_latest_) {
+    help_ = Help::None;
+    cv_.notify_all();
+    return;
+  }
+  // The learner offers a share with the weights it holds, which it published after its last
+  // step: the newest version.
+  if (published_version_ > *have) {
+    snapshot_->params().write_values(0, int64_t(published_.size()), published_.data());
+    *have = published_version_;
+    rollout_->weights_updated();
+  }
+  LOOM_CHECK(*have == help_version_, "the learner offered a share with weight version ",
+             help_version_, " but the newest published is ", *have);
+  help_ = Help::Taken;
+  const ModelInput in = help_input_;
+  lock.unlock();
+  const double t0 = now_seconds();
+  try {
+    snapshot_->params().zero_grad();
+    snapshot_->forward_backward(in, 1.f);
+  } catch (...) {
+    lock.lock();
+    help_ = Help::None;  // the learner computes it itself (and meets the same error)
+    cv_.notify_all();
+    throw;
+  }
+  const double dt = now_seconds() - t0;
+  lock.lock();
+  help_seconds_ = dt;
+  help_busy_ += dt;
+  help_ = Help::Done;
+  cv_.notify_all();
+}
+
+void AsyncGrpo::offer(const ModelInput& in, int64_t version, double latest_start) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    help_input_ = in;
+    help_version_ = version;
+    help_latest_ = async_.help_any_time ? std::numeric_limits<double>::infinity() : latest_start;
+    help_ = Help::Offered;
+  }
+  cv_.notify_all();
+  if (async_.after_offer) async_.after_offer(version);
+}
+
+const float* AsyncGrpo::collect(double* seconds) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (help_ != Help::Taken && help_ != Help::Done) {  // not taken (yet): withdrawn
+    help_ = Help::None;
+    return nullptr;
+  }
+  const bool done = cv_.wait_for(lock, std::chrono::duration<double>(async_.learner_timeout),
+                                 [&] { return help_ != Help::Taken; });
+  LOOM_CHECK(done, "learner step ", step_, ": the rollout thread took a share of the step's ",
+             "forward and backward and did not finish it within ", async_.learner_timeout,
+             " s (rl.learner_timeout)");
+  if (help_ != Help::Done) return nullptr;  // it failed: the learner computes the share
+  help_ = Help::None;
+  *seconds = help_seconds_;
+  return snapshot_->params().grad();
 }
 
 std::vector<BufferedStep> AsyncGrpo::buffer_contents(std::vector<PromptGroup>* carried) {
@@ -161,10 +245,12 @@ RlStepStats AsyncGrpo::step() {
     published_version_ = step_;
     // This step's share of the rollout side's time, since the previous step ended.
     const double busy = rollout_busy_ - last_rollout_busy_;
+    const double helping = help_busy_ - last_help_busy_;  // the learner's share, on this side
     st.rollout_seconds = busy;
-    st.rollout_utilisation = busy / std::max(t1 - last_learner_end_, 1e-9);
+    st.rollout_utilisation = (busy + helping) / std::max(t1 - last_learner_end_, 1e-9);
     st.generation_tokens_per_s = double(generated_tokens_ - last_generated_) / std::max(busy, 1e-9);
     last_rollout_busy_ = rollout_busy_;
+    last_help_busy_ = help_busy_;
     last_rollout_wait_ = rollout_wait_;
     last_generated_ = generated_tokens_;
   }

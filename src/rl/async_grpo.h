@@ -9,7 +9,11 @@
 // learner corrects them with truncated importance weights. With max_staleness = 0 every batch is
 // generated from the learner's current weights: the synchronous algorithm, step for step.
 // Each role runs its kernels on threads_per_role OpenMP/BLAS threads, so on 2 cores the two
-// really overlap (one core each).
+// really overlap (one core each). With RlOptions::learner_share > 0 the rollout thread, while it
+// waits for new weights, is the learner's LearnerHelper: its copy of the weights holds the
+// learner's version right after a publish, so it runs the forward and backward of that share of
+// the step's batch, and the learner adds its gradients (the learner computes a share no one took
+// itself; the learner is the slower role, so this balances the two).
 #pragma once
 
 #include <atomic>
@@ -33,6 +37,11 @@ struct AsyncOptions {
   // Instrumentation for tests: called on the rollout thread before each batch (target step) and
   // on the learner before each step.
   std::function<void(int64_t)> before_rollout, before_learn;
+  // Instrumentation for tests (learner_share): called on the learner right after it offers a
+  // share, before its own part; and help_any_time makes the rollout thread take an offer however
+  // late it sees it (by default it declines one it could not finish before the learner's part).
+  std::function<void(int64_t)> after_offer;
+  bool help_any_time = false;
   // A resume: the checkpoint's buffered groups (rl_checkpoint.h), restored before the rollout
   // thread starts; it then generates from the step after the last of them.
   std::vector<BufferedStep> resume_buffer;
@@ -41,7 +50,7 @@ struct AsyncOptions {
   std::vector<PromptGroup> resume_carry;
 };
 
-class AsyncGrpo {
+class AsyncGrpo : private LearnerHelper {
  public:
   AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data::ChatTemplate& chat,
             const Environment& env, const RlOptions& opt, const AsyncOptions& async,
@@ -63,6 +72,11 @@ class AsyncGrpo {
 
  private:
   void rollout_loop(int64_t have);  // have: the version the snapshot holds at the start
+  // LearnerHelper, for the learner; help() runs an offer on the rollout thread (mu_ held on entry
+  // and on return).
+  void offer(const ModelInput& in, int64_t version, double latest_start) override;
+  const float* collect(double* seconds) override;
+  void help(std::unique_lock<std::mutex>& lock, int64_t* have);
 
   RlOptions opt_;
   AsyncOptions async_;
@@ -93,6 +107,12 @@ class AsyncGrpo {
   double last_rollout_busy_ = 0, last_rollout_wait_ = 0, last_learner_end_ = 0;
   int64_t last_generated_ = 0;
   ReplayStats last_buffer_;
+  // The learner's offer (learner_share): none, offered, taken by the rollout thread, done.
+  enum class Help { None, Offered, Taken, Done } help_ = Help::None;
+  int64_t help_version_ = 0;
+  double help_latest_ = 0;  // the latest start the learner's offer allows
+  double help_seconds_ = 0, help_busy_ = 0, last_help_busy_ = 0;
+  ModelInput help_input_;  // the offer's input (its arrays are the learner's, until collect())
 
   std::thread thread_;
 };

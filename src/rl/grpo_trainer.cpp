@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -28,6 +29,7 @@ Json RlStepStats::json() const {
   j["train_tokens"] = train_tokens;
   j["rollout_seconds"] = rollout_seconds;
   j["learner_seconds"] = learner_seconds;
+  if (helper_seconds > 0) j["helper_seconds"] = helper_seconds;
   j["generation_tokens_per_s"] = generation_tokens_per_s;
   j["train_tokens_per_s"] = train_tokens_per_s;
   j["is_weight_mean"] = is_weight_mean;
@@ -49,6 +51,8 @@ GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicat
   LOOM_CHECK(opt.prompts_per_step > 0 && opt.group_size > 1, "GRPO needs prompts and groups of ",
              "at least 2 completions (group_size = ", opt.group_size, ")");
   LOOM_CHECK(opt.max_tokens > 0, "max_tokens must be positive");
+  LOOM_CHECK(opt.learner_share >= 0 && opt.learner_share < 1, "rl.learner_share must lie in ",
+             "[0, 1), not ", opt.learner_share);
   LOOM_CHECK(policy.act_dtype() == DType::F32, "GRPO runs the fp32 policy for now");
   if (opt.grpo.beta > 0) {
     // In the policy's layout: under tensor parallelism, the same shard of the starting weights.
@@ -231,8 +235,66 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       for (size_t k = 0; k < samples.size(); ++k)
         for (int t = 0; t < span[k].second; ++t)
           weights[size_t(span[k].first + t)] = static_cast<float>(w[k][size_t(t)]);
-      in.loss_weights = weights.data();
-      policy_.forward_backward(in, 1.f);
+      // The learner_share: the last sequences, about that share of the batch's tokens.
+      const size_t n = samples.size();
+      size_t ks = n;
+      if (opt_.learner_share > 0 && !dp_ && policy_.tensor_parallel().size == 1)
+        while (ks > 1 && double(b.tokens.size() - size_t(b.cu_seqlens[ks - 1])) <=
+                             opt_.learner_share * double(b.tokens.size()))
+          --ks;
+      if (ks == n) {
+        in.loss_weights = weights.data();
+        const double f0 = now_seconds();
+        policy_.forward_backward(in, 1.f);
+        fb_seconds_per_token_ = (now_seconds() - f0) / double(in.N);
+      } else {
+        // Two passes whose gradients are added, each over whole sequences with the whole
+        // batch's token weights (as data-parallel shares are).
+        auto slice = [&](size_t k0, size_t k1) {
+          const int32_t lo = b.cu_seqlens[k0], hi = b.cu_seqlens[k1];
+          Batch c;
+          c.tokens.assign(b.tokens.begin() + lo, b.tokens.begin() + hi);
+          c.positions.assign(b.positions.begin() + lo, b.positions.begin() + hi);
+          c.targets.assign(b.targets.begin() + lo, b.targets.begin() + hi);
+          for (size_t k = k0; k <= k1; ++k) c.cu_seqlens.push_back(b.cu_seqlens[k] - lo);
+          return c;
+        };
+        const Batch own = slice(0, ks), share = slice(ks, n);
+        ModelInput own_in = own.input(), share_in = share.input();
+        own_in.loss_weights = weights.data();
+        share_in.loss_weights = weights.data() + b.cu_seqlens[ks];
+        // The helper may start while it can finish no later than the learner's own part, as
+        // the last step's speed predicts (no prediction yet: any time).
+        const double f0 = now_seconds();
+        const double latest = fb_seconds_per_token_ > 0
+                                  ? f0 + fb_seconds_per_token_ * double(own_in.N - share_in.N)
+                                  : std::numeric_limits<double>::infinity();
+        if (helper_) helper_->offer(share_in, version, latest);
+        try {
+          policy_.forward_backward(own_in, 1.f);
+        } catch (...) {
+          // The helper may be reading `share`: it must be done with it (or the offer withdrawn)
+          // before the batch goes; the first error is the one to report.
+          double ignored = 0;
+          try {
+            if (helper_) helper_->collect(&ignored);
+          } catch (...) {
+          }
+          throw;
+        }
+        fb_seconds_per_token_ = (now_seconds() - f0) / double(own_in.N);
+        const float* g = helper_ ? helper_->collect(&st.helper_seconds) : nullptr;
+        if (!g) {
+          // Nobody took it: computed here, apart from the rest, so the sum has the bits the
+          // helper's would have (the same weights, kernels and order of the addition).
+          share_grad_.assign(Pm.grad(), Pm.grad() + Pm.total());
+          Pm.zero_grad();
+          policy_.forward_backward(share_in, 1.f);
+          g = share_grad_.data();
+        }
+        float* grad = Pm.grad();
+        for (int64_t i = 0; i < Pm.total(); ++i) grad[i] += g[i];
+      }
     }
     if (dp_) {
       // The gradients of the shares sum to the batch's (ZeRO-0's all-reduce, in fp32); every

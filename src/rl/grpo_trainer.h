@@ -41,6 +41,12 @@ struct RlOptions {
   // Logit rows (response tokens) per forward pass of the learner's log-prob and entropy pass
   // (0: as many as fit in 64 MiB of fp32 logits).
   int64_t logit_rows = 0;
+  // The share (0..1, of the packed batch's tokens: its last sequences) of each step's forward
+  // and backward computed separately and added to the rest's gradients: by a LearnerHelper when
+  // one takes it (the async loop's rollout thread, on its copy of the weights, while it waits),
+  // else by the learner itself, so the sum has the same bits either way. 0: one pass (the
+  // synchronous algorithm's bits; a split adds the two parts' gradients in another order).
+  double learner_share = 0;
 };
 
 struct RlStepStats {
@@ -55,10 +61,27 @@ struct RlStepStats {
   // Asynchronous runs (zero or one in the synchronous loop).
   double is_weight_mean = 1, learner_wait_seconds = 0, train_tokens_per_s = 0;
   double rollout_utilisation = 0, learner_utilisation = 0;  // busy / (busy + waiting)
+  double helper_seconds = 0;       // a LearnerHelper's forward and backward of its share (0: none)
   std::vector<int64_t> staleness;  // groups trained on, by age in steps (0, 1, ...)
   int64_t spanning_rollouts = 0;   // completions trained on whose tokens span several versions
   int64_t dropped_timeout = 0, dropped_env = 0, dropped_stale = 0;  // groups, this step
   Json json() const;
+};
+
+// A second worker for a share of the learner's forward and backward (RlOptions::learner_share),
+// on its own copy of the weights: in async_grpo.h the rollout thread, while it waits.
+class LearnerHelper {
+ public:
+  virtual ~LearnerHelper() = default;
+  // Offers the forward and backward of `in` (loss weights included; valid until collect())
+  // with the weights of `version`; returns at once. A helper that could start only after
+  // `latest_start` (now_seconds()) leaves it: it would finish after the learner's own part and
+  // make the learner wait, so the learner computes it faster itself.
+  virtual void offer(const ModelInput& in, int64_t version, double latest_start) = 0;
+  // Withdraws the offer if no one took it (nullptr: the learner computes the share itself),
+  // else waits for it and returns its gradients (params().total() floats, valid until the next
+  // offer), and the seconds the helper spent in *seconds.
+  virtual const float* collect(double* seconds) = 0;
 };
 
 // The learner: the policy (trained in place), the frozen reference (kept only when beta > 0)
@@ -78,6 +101,8 @@ class GrpoLearner {
   // over `dp`: every learner calls it each step, with a share that may be empty.
   void learn(const std::vector<PromptGroup>& groups, int64_t version, RlStepStats* st);
   AdamW& optimizer() { return *optim_; }
+  // Who may compute the learner_share of each step (nullptr: the learner, separately).
+  void set_helper(LearnerHelper* helper) { helper_ = helper; }
 
  private:
   double grad_sq();  // the squared norm of the whole (data- and tensor-parallel) gradient
@@ -86,6 +111,9 @@ class GrpoLearner {
   comm::Communicator* dp_ = nullptr;  // the learner ranks (null: one learner)
   std::unique_ptr<Decoder> reference_;
   std::unique_ptr<AdamW> optim_;
+  LearnerHelper* helper_ = nullptr;
+  std::vector<float> share_grad_;    // the share's gradients when the learner computes them
+  double fb_seconds_per_token_ = 0;  // of the last forward and backward (0: none yet)
 };
 
 // Restores a learner from a checkpoint after its reference copy of the starting weights is taken

@@ -57,6 +57,63 @@ TEST(AsyncGrpo, StalenessZeroIsTheSynchronousAlgorithm) {
   EXPECT_EQ(async.buffer_stats().dropped_stale, 0);
 }
 
+// The learner share: the rollout thread's forward and backward of the last sequences of the
+// step's batch, added to the learner's gradients of the rest, gives the bits the learner gets when
+// it computes the share itself (the synchronous loop with the same split), and the step one pass
+// takes up to the order of the gradient sums.
+TEST(AsyncGrpo, LearnerShareIsTheSameStepWhoeverComputesIt) {
+  set_num_threads(1);
+  RlOptions one = rltest::small_options();
+  RlOptions split = one;
+  split.learner_share = 0.5;
+  rltest::Fixture a, b, c;
+  GrpoTrainer sync_split(a.model, a.tok, a.chat, a.env, split);
+  GrpoTrainer sync_one(c.model, c.tok, c.chat, c.env, one);
+  AsyncOptions ao;
+  ao.max_staleness = 0;  // the rollout thread waits for new weights while the learner steps
+  ao.threads_per_role = 1;
+  ao.learner_timeout = 60;
+  ao.help_any_time = true;
+  // The rollout thread wakes and takes the offer before the learner's own part ends.
+  ao.after_offer = [](int64_t) { sleep_s(0.1); };
+  AsyncGrpo async(b.model, b.tok, b.chat, b.env, split, ao);
+  int trained = 0;
+  for (int s = 0; s < 4; ++s) {
+    const RlStepStats x = sync_split.step(), y = async.step(), z = sync_one.step();
+    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
+    EXPECT_EQ(x.loss, y.loss) << "step " << s;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
+    EXPECT_EQ(x.helper_seconds, 0) << "the synchronous loop has no helper";
+    if (y.train_tokens > 0) {
+      EXPECT_GT(y.helper_seconds, 0) << "step " << s << ": the rollout thread took no share";
+      ++trained;
+    }
+    if (s == 0) {  // the same weights: the same step up to the order of the sums
+      EXPECT_EQ(x.loss, z.loss);
+      EXPECT_NEAR(x.grad_norm, z.grad_norm, 1e-5 * z.grad_norm);
+      EXPECT_GT(z.grad_norm, 0);
+    }
+  }
+  EXPECT_GT(trained, 0) << "no step had a gradient: the comparison proves nothing";
+  const ParamSet &pa = a.model.params(), &pb = b.model.params();
+  EXPECT_EQ(std::memcmp(pa.data(), pb.data(), size_t(pa.total()) * sizeof(float)), 0)
+      << "the helper's share gave other weights than the learner's own";
+}
+
+TEST(AsyncGrpo, LearnerShareOutsideZeroToOneIsRefused) {
+  rltest::Fixture a;
+  RlOptions o = rltest::small_options();
+  for (double bad : {-0.1, 1.0, 2.0}) {
+    o.learner_share = bad;
+    try {
+      GrpoTrainer t(a.model, a.tok, a.chat, a.env, o);
+      ADD_FAILURE() << "learner_share " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rl.learner_share"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(AsyncGrpo, StalenessBoundHoldsUnderASlowLearner) {
   for (int64_t S : {1, 2}) {
     rltest::Fixture f;

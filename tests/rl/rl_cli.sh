@@ -49,6 +49,13 @@ echo "ok: --async --max-staleness 1 resumes with its buffer"
 spans=$(column "$work/partial/metrics.jsonl" spanning_rollouts | awk '{ n += $1 } END { print n + 0 }')
 [ "$spans" -gt 0 ] || { echo "no trained completion spans two weight versions"; exit 1; }
 echo "ok: --partial-tokens ($spans completions trained across two versions)"
+
+# The learner share: the run trains (whether the rollout thread took a share depends on timing
+# here; AsyncGrpo.LearnerShareIsTheSameStepWhoeverComputesIt fixes it and compares bits).
+"$loom" "${rl[@]}" --out "$work/share" --steps 3 --async --max-staleness 1 --learner-share 0.4 \
+  --threads-per-role 1 >/dev/null 2>&1
+[ "$(wc -l < "$work/share/metrics.jsonl")" -eq 3 ] || { echo "share: not 3 metrics rows"; exit 1; }
+echo "ok: --async --learner-share 0.4"
 # Its checkpoint keeps the groups cut and not finished, and a resume continues them: stopped
 # after 2 steps and resumed, the run is the uninterrupted one bit for bit (at max staleness 1
 # with 2 slices every batch comes from the weights of its step, whatever the timing).
@@ -66,6 +73,8 @@ same_run "$work/partial" "$work/partial_r" 4
 echo "ok: --partial-tokens --resume continues the $cut cut groups (= uninterrupted)"
 
 # Bad options and states: a clear error, exit status 1, nothing trained.
+expect_fail "--learner-share needs --async" "$loom" "${rl[@]}" --out "$work/bad" --learner-share 0.3
+expect_fail "--learner-share must lie in \\[0, 1\\)" "$loom" "${rl[@]}" --out "$work/bad" --async --learner-share 1
 expect_fail "--partial-tokens needs --async" "$loom" "${rl[@]}" --out "$work/bad" --partial-tokens 4
 expect_fail "they need max_staleness >= 2 \\(got 1\\)" \
   "$loom" "${rl[@]}" --out "$work/bad" --async --max-staleness 1 --partial-tokens 4
