@@ -215,7 +215,9 @@ void paged_kv_write(const PagedKvLayer& c, const float* k_new, const float* v_ne
   LOOM_CHECK(ld >= HD, "paged_kv_write: row stride ", ld, " below n_kv_head * head_dim ", HD);
   std::vector<int64_t> first_row(nchunks + 1, 0);
   for (int s = 0; s < nchunks; ++s) first_row[s + 1] = first_row[s] + chunks[s].n;
-#pragma omp parallel for schedule(static)
+    // A decode step's few rows are copied by one thread: a parallel region (once per layer and
+    // token) costs more than the copy.
+#pragma omp parallel for schedule(static) if (first_row[nchunks] * HD >= (int64_t(1) << 16))
   for (int64_t r = 0; r < first_row[nchunks]; ++r) {
     const int s =
         int(std::upper_bound(first_row.begin(), first_row.end(), r) - first_row.begin()) - 1;
