@@ -43,6 +43,8 @@ class ProfileScope {
     p_->calls[part_] += 1;
     p_->bytes[part_] += bytes_;
   }
+  // Records nothing after all (an engine step that found nothing to run).
+  void discard() { p_ = nullptr; }
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;
 

@@ -226,7 +226,10 @@ bool LoomEngine::step() {
     stats_.kv_blocks_used = cache_.num_used();
     stats_.preemptions_total = scheduler_.preemptions();
   }
-  if (chunks.empty()) return false;
+  if (chunks.empty()) {
+    profile.discard();  // idle polls are not steps
+    return false;
+  }
   std::vector<SeqChunk> batch;
   int want = 0;
   for (const ScheduledChunk& s : chunks) {
