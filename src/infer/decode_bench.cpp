@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,13 @@ namespace {
 
 double clock_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU seconds of every thread of the process (OpenMP workers' spinning included).
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 }  // namespace
@@ -118,18 +126,20 @@ DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, 
     // One stream: prefill, then decode, profiled from the step after the first token's (the
     // profile is installed inside that step, after its scopes began: none of it is counted).
     LoomEngine e(runner, ec);
-    double t_first = 0;
+    double t_first = 0, cpu_first = 0;
     int tokens = 0;
     const double t0 = clock_now();
     e.submit(random_prompt(spec, 0), greedy, [&](const TokenEvent& ev) {
       if (!ev.tokens.empty() && t_first == 0) {
         t_first = clock_now();
+        cpu_first = process_cpu_seconds();
         set_decode_profile(&r.profile);
       }
       tokens += int(ev.tokens.size());
     });
     e.run_until_idle();
     const double t1 = clock_now();
+    r.decode_cpu_seconds = process_cpu_seconds() - cpu_first;
     set_decode_profile(nullptr);
     r.decode_seconds = t1 - t_first;
     r.decode_tokens = tokens - 1;
@@ -186,6 +196,7 @@ Json DecodeBenchResult::to_json() const {
     using P = DecodeProfile;
     Json t = Json::object();
     t["token"] = decode_seconds * per;
+    t["token_cpu"] = decode_cpu_seconds * per;
     t["gemv"] = p.seconds[P::kGemv] * per;
     t["gemv_gb_s"] = p.seconds[P::kGemv] > 0 ? p.bytes[P::kGemv] / p.seconds[P::kGemv] / 1e9 : 0;
     t["attention"] = p.seconds[P::kAttention] * per;
@@ -231,6 +242,9 @@ std::string DecodeBenchResult::profile_text() const {
       p.seconds[P::kStep] - p.seconds[P::kForward] - p.seconds[P::kSample], 0);
   row("between steps", decode_seconds - p.seconds[P::kStep], 0);
   row("token", decode_seconds, p.bytes[P::kGemv] + p.bytes[P::kAttention]);
+  std::snprintf(line, sizeof line, "  %-34s %8.3f ms\n", "CPU time per token (all threads)",
+                decode_cpu_seconds / decode_tokens * 1e3);
+  out += line;
   return out;
 }
 

@@ -43,6 +43,9 @@ struct DecodeBenchResult {
   // steps (the engine loop, callbacks) is decode_seconds less the steps'.
   DecodeProfile profile;
   double decode_seconds = 0;
+  // Process CPU time over the same decode: at one thread, time on the CPU whatever else the
+  // machine runs (a load that takes the core away stretches decode_seconds, not this).
+  double decode_cpu_seconds = 0;
   int decode_tokens = 0;
   Json to_json() const;
   // One line per part: milliseconds per token, share of the token, and GB/s where bytes are
