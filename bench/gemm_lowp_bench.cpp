@@ -6,7 +6,9 @@
 // M = 1) and the multiply-adds per second (what bounds M = 16). Figures, not assertions.
 //
 //   bench_gemm_lowp [--threads 1] [--reps 10] [--layers 12] [--head 1] [--m 1,16]
-//                   [--types fp32,bf16,int8,fp8]
+//                   [--types fp32,bf16,int8,fp8] [--huge 1]
+//
+// --huge 0 puts the weights and the bandwidth probe on 4 KiB pages instead of 2 MiB ones.
 //
 // Under valgrind --tool=callgrind (say --reps 1 --layers 1 --head 0, collecting in the kernels
 // only: --collect-atstart=no --toggle-collect='loom::cpu::linear_*'
@@ -29,6 +31,7 @@
 #include "infer/decode_bench.h"
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/gemm_lowp.h"
+#include "kernels/cpu/gemm_lowp_pages.h"
 
 using namespace loom;
 
@@ -41,18 +44,21 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// Each type's weights of every layer lie in one allocation, as infer::QuantizedWeights keeps them
+// (so that the huge pages of --huge 1 cover them whole).
 struct Layer {
   int K, N;
-  std::vector<float> f32, scale, bias;
-  std::vector<uint16_t> bf16;
-  std::vector<int8_t> i8;
-  std::vector<uint8_t> f8;
+  std::vector<float> scale, bias;
+  float* f32 = nullptr;
+  uint16_t* bf16 = nullptr;
+  int8_t* i8 = nullptr;
+  uint8_t* f8 = nullptr;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "bench_gemm_lowp: %s\nusage: bench_gemm_lowp [--threads N] [--reps N] [--layers "
-               "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8]\n",
+               "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8] [--huge 0|1]\n",
                why);
   std::exit(2);
 }
@@ -68,7 +74,7 @@ int positive(const char* flag, const std::string& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 1, reps = 10, n_layer = 12, head = 1;
+  int threads = 1, reps = 10, n_layer = 12, head = 1, huge = 1;
   std::vector<int> ms = {1, 16};
   std::vector<std::string> types = {"fp32", "bf16", "int8", "fp8"};
   for (int i = 1; i < argc; i += 2) {
@@ -84,6 +90,9 @@ int main(int argc, char** argv) {
     else if (k == "--head") {
       if (v != "0" && v != "1") usage(("--head wants 0 or 1, got '" + v + "'").c_str());
       head = v == "1";
+    } else if (k == "--huge") {
+      if (v != "0" && v != "1") usage(("--huge wants 0 or 1, got '" + v + "'").c_str());
+      huge = v == "1";
     } else if (k == "--m") {
       ms.clear();
       for (const std::string& m : split(v)) ms.push_back(positive("--m", m));
@@ -100,39 +109,48 @@ int main(int argc, char** argv) {
   std::vector<Layer> layers;
   for (int l = 0; l < n_layer; ++l)
     for (auto [K, N] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}})
-      layers.push_back({K, N, {}, {}, {}, {}, {}, {}});
-  if (head) layers.push_back({C, V, {}, {}, {}, {}, {}, {}});
+      layers.push_back({K, N, {}, {}});
+  if (head) layers.push_back({C, V, {}, {}});
   int64_t weights = 0;
   int max_k = 0, max_n = 0;
+  for (const Layer& L : layers) weights += int64_t(L.K) * L.N;
+  // Offsets in 64-byte units, as the serving copies align each layer.
+  std::vector<int64_t> off;
+  int64_t total = 0;
+  for (const Layer& L : layers) {
+    off.push_back(total);
+    total += (int64_t(L.K) * L.N + 63) / 64 * 64;
+  }
+  cpu::HugeBuffer a32(size_t(total) * 4, huge), a16(size_t(total) * 2, huge),
+      a8(size_t(total), huge), af8(size_t(total), huge);
   for (size_t i = 0; i < layers.size(); ++i) {
     Layer& L = layers[i];
     const size_t n = size_t(L.K) * L.N;
-    weights += int64_t(n);
     max_k = std::max(max_k, L.K);
     max_n = std::max(max_n, L.N);
-    L.f32.resize(n);
+    L.f32 = a32.as<float>() + off[i];
+    L.bf16 = a16.as<uint16_t>() + off[i];
+    L.i8 = a8.as<int8_t>() + off[i];
+    L.f8 = af8.as<uint8_t>() + off[i];
     for (size_t j = 0; j < n; ++j) L.f32[j] = 0.02f * normal_at(11, i, j);
     L.bias.assign(size_t(L.N), 0.01f);
     L.scale.resize(size_t(L.N));
-    L.bf16.resize(n);
-    cpu::f32_to_bf16_array(L.f32.data(), L.bf16.data(), n);
-    L.i8.resize(n);
-    cpu::quantize_int8_rows(L.f32.data(), L.N, L.K, L.i8.data(), L.scale.data());
-    L.f8.resize(n);
+    cpu::f32_to_bf16_array(L.f32, L.bf16, n);
+    cpu::quantize_int8_rows(L.f32, L.N, L.K, L.i8, L.scale.data());
     std::vector<float> s8(size_t(L.N));
-    cpu::quantize_fp8_rows(L.f32.data(), L.N, L.K, L.f8.data(), s8.data());
+    cpu::quantize_fp8_rows(L.f32, L.N, L.K, L.f8, s8.data());
     // int8's scales serve fp8 too: the figures are about the bytes read, not the values.
   }
   const int max_m = *std::max_element(ms.begin(), ms.end());
   std::vector<float> x(size_t(max_m) * max_k), y(size_t(max_m) * max_n);
   for (size_t j = 0; j < x.size(); ++j) x[j] = normal_at(12, 0, j);
-  const double bw = infer::measure_read_bandwidth_gbs();
+  const double bw = infer::measure_read_bandwidth_gbs(3, huge != 0);
   const double load0 = load_average();
   std::printf(
-      "bench_gemm_lowp: %d layers%s, %.1fM weights, %d threads, AVX-512 %s, "
+      "bench_gemm_lowp: %d layers%s, %.1fM weights, %d threads, AVX-512 %s, %s pages, "
       "streaming read %.2f GB/s, load %.2f\n",
       n_layer, head ? " + head" : "", weights / 1e6, threads,
-      cpu::lowp_uses_avx512() ? "on" : "off", bw, load0);
+      cpu::lowp_uses_avx512() ? "on" : "off", huge ? "2 MiB" : "4 KiB", bw, load0);
   std::printf("%-5s %3s %10s %10s %8s %10s\n", "type", "M", "ms/pass", "GB/s", "of read", "GMAC/s");
   for (const std::string& t : types) {
     const double bytes_per_weight = t == "fp32" ? 4 : t == "bf16" ? 2 : 1;
@@ -140,15 +158,13 @@ int main(int argc, char** argv) {
       auto pass = [&] {
         for (Layer& L : layers) {
           if (t == "fp32")
-            cpu::gemv_f32w(y.data(), x.data(), L.f32.data(), L.bias.data(), M, L.K, L.N);
+            cpu::gemv_f32w(y.data(), x.data(), L.f32, L.bias.data(), M, L.K, L.N);
           else if (t == "bf16")
-            cpu::linear_bf16w(y.data(), x.data(), L.bf16.data(), L.bias.data(), M, L.K, L.N);
+            cpu::linear_bf16w(y.data(), x.data(), L.bf16, L.bias.data(), M, L.K, L.N);
           else if (t == "int8")
-            cpu::linear_int8w(y.data(), x.data(), L.i8.data(), L.scale.data(), L.bias.data(), M,
-                              L.K, L.N);
+            cpu::linear_int8w(y.data(), x.data(), L.i8, L.scale.data(), L.bias.data(), M, L.K, L.N);
           else
-            cpu::linear_fp8w(y.data(), x.data(), L.f8.data(), L.scale.data(), L.bias.data(), M, L.K,
-                             L.N);
+            cpu::linear_fp8w(y.data(), x.data(), L.f8, L.scale.data(), L.bias.data(), M, L.K, L.N);
         }
       };
       pass();  // warm-up

@@ -20,6 +20,7 @@
 #include "core/bench_util.h"
 #include "core/dtype.h"
 #include "core/log.h"
+#include "kernels/cpu/gemm_lowp_pages.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace {}  // namespace
@@ -68,21 +69,22 @@ int main(int argc, char** argv) {
       context, streams, threads);
   for (DType dt : {DType::F32, DType::BF16}) {
     const size_t esz = dt == DType::F32 ? 4 : 2;
-    std::vector<std::vector<char>> k(layers), v(layers);
+    // On huge pages, as infer::KvCache keeps its pool.
+    std::vector<cpu::HugeBuffer> k(layers), v(layers);
     std::mt19937 rng(2);
     std::uniform_real_distribution<float> ud(-1, 1);
     for (int l = 0; l < layers; ++l) {
-      k[l].resize(pool * esz);
-      v[l].resize(pool * esz);
+      k[l] = cpu::HugeBuffer(pool * esz);
+      v[l] = cpu::HugeBuffer(pool * esz);
       for (size_t e = 0; e < pool; ++e) {
         const float a = ud(rng), b = ud(rng);
         if (dt == DType::F32) {
-          std::memcpy(k[l].data() + e * 4, &a, 4);
-          std::memcpy(v[l].data() + e * 4, &b, 4);
+          std::memcpy(k[l].as<char>() + e * 4, &a, 4);
+          std::memcpy(v[l].as<char>() + e * 4, &b, 4);
         } else {
           const uint16_t ha = f32_to_bf16(a), hb = f32_to_bf16(b);
-          std::memcpy(k[l].data() + e * 2, &ha, 2);
-          std::memcpy(v[l].data() + e * 2, &hb, 2);
+          std::memcpy(k[l].as<char>() + e * 2, &ha, 2);
+          std::memcpy(v[l].as<char>() + e * 2, &hb, 2);
         }
       }
     }

@@ -220,6 +220,7 @@ int run_bench_serve(const Args& args) {
         weights.c_str(), threads, r.single_tokens_per_s, r.roofline_tokens_per_s,
         r.bytes_per_token / 1e6, r.read_bandwidth_gbs, 100 * r.roofline_ratio, r.streams,
         r.batch_tokens_per_s, spec.input_len, r.prefill_seconds, load_average());
+    std::printf("%s", r.profile_text().c_str());
     Json j = r.to_json();
     if (torch_single > 0) {
       j["torch_single_tokens_per_s"] = torch_single;

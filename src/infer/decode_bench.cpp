@@ -2,19 +2,29 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 
 #include "core/error.h"
 #include "infer/load_gen.h"
+#include "kernels/cpu/gemm_lowp_pages.h"
 
 namespace loom::infer {
 namespace {
 
 double clock_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU seconds of every thread of the process (OpenMP workers' spinning included).
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 }  // namespace
@@ -42,10 +52,11 @@ __attribute__((target("avx512f"))) uint64_t read_avx512(const char* p, size_t by
   return sum;
 }
 
-double measure_read_bandwidth_gbs(int passes) {
+double measure_read_bandwidth_gbs(int passes, bool huge_pages) {
   // 512 MiB: well past any last-level cache, about the size of gpt2-124m's fp32 weights.
   const size_t n = size_t(64) << 20;
-  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+  cpu::HugeBuffer mem(n * sizeof(uint64_t), huge_pages);
+  uint64_t* const buf = mem.as<uint64_t>();
   // Written (by every thread, as the read will be) so the pages exist before timing.
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) buf[i] = i;
@@ -68,7 +79,7 @@ double measure_read_bandwidth_gbs(int passes) {
     {
       const int th = omp_get_thread_num(), nt = omp_get_num_threads();
       const size_t b0 = n * size_t(th) / size_t(nt), b1 = n * size_t(th + 1) / size_t(nt);
-      sum += read_avx512(reinterpret_cast<const char*>(buf.get() + b0), (b1 - b0) * 8);
+      sum += read_avx512(reinterpret_cast<const char*>(buf + b0), (b1 - b0) * 8);
     }
     best = std::max(best, double(n * sizeof(uint64_t)) / (clock_now() - t) / 1e9);
     sink = sink + sum;
@@ -112,17 +123,26 @@ DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, 
   // the only one, after the streams, was) gave ratios of 50% and 101% for the same kernel.
   r.read_bandwidth_gbs = measure_read_bandwidth_gbs();
   {
-    // One stream: prefill, then decode.
+    // One stream: prefill, then decode, profiled from the step after the first token's (the
+    // profile is installed inside that step, after its scopes began: none of it is counted).
     LoomEngine e(runner, ec);
-    double t_first = 0;
+    double t_first = 0, cpu_first = 0;
     int tokens = 0;
     const double t0 = clock_now();
     e.submit(random_prompt(spec, 0), greedy, [&](const TokenEvent& ev) {
-      if (!ev.tokens.empty() && t_first == 0) t_first = clock_now();
+      if (!ev.tokens.empty() && t_first == 0) {
+        t_first = clock_now();
+        cpu_first = process_cpu_seconds();
+        set_decode_profile(&r.profile);
+      }
       tokens += int(ev.tokens.size());
     });
     e.run_until_idle();
     const double t1 = clock_now();
+    r.decode_cpu_seconds = process_cpu_seconds() - cpu_first;
+    set_decode_profile(nullptr);
+    r.decode_seconds = t1 - t_first;
+    r.decode_tokens = tokens - 1;
     LOOM_CHECK(tokens == o.output_len, "the single stream produced ", tokens, " of ", o.output_len,
                " tokens");
     r.prefill_seconds = t_first - t0;
@@ -169,7 +189,63 @@ Json DecodeBenchResult::to_json() const {
   j["roofline_ratio"] = roofline_ratio;
   j["streams"] = streams;
   j["streams_aggregate_tokens_per_s"] = batch_tokens_per_s;
+  if (decode_tokens > 0) {
+    // Milliseconds per decoded token, part by part (what profile_text prints).
+    const auto& p = profile;
+    const double per = 1e3 / decode_tokens;
+    using P = DecodeProfile;
+    Json t = Json::object();
+    t["token"] = decode_seconds * per;
+    t["token_cpu"] = decode_cpu_seconds * per;
+    t["gemv"] = p.seconds[P::kGemv] * per;
+    t["gemv_gb_s"] = p.seconds[P::kGemv] > 0 ? p.bytes[P::kGemv] / p.seconds[P::kGemv] / 1e9 : 0;
+    t["attention"] = p.seconds[P::kAttention] * per;
+    t["attention_gb_s"] =
+        p.seconds[P::kAttention] > 0 ? p.bytes[P::kAttention] / p.seconds[P::kAttention] / 1e9 : 0;
+    t["other_forward"] =
+        (p.seconds[P::kForward] - p.seconds[P::kGemv] - p.seconds[P::kAttention]) * per;
+    t["sample"] = p.seconds[P::kSample] * per;
+    t["engine_step"] = (p.seconds[P::kStep] - p.seconds[P::kForward] - p.seconds[P::kSample]) * per;
+    t["between_steps"] = (decode_seconds - p.seconds[P::kStep]) * per;
+    j["single_stream_ms_per_token"] = t;
+  }
   return j;
+}
+
+std::string DecodeBenchResult::profile_text() const {
+  if (decode_tokens <= 0) return "";
+  using P = DecodeProfile;
+  const DecodeProfile& p = profile;
+  const double token = decode_seconds / decode_tokens;
+  std::string out;
+  char line[200];
+  auto row = [&](const char* name, double seconds, double bytes) {
+    const double s = seconds / decode_tokens;
+    int n = std::snprintf(line, sizeof line, "  %-34s %8.3f ms %5.1f%%", name, s * 1e3,
+                          100 * s / token);
+    if (bytes > 0 && seconds > 0) {
+      const double gbs = bytes / seconds / 1e9;
+      std::snprintf(line + n, sizeof line - size_t(n), "  %6.1f MB  %5.1f GB/s = %5.1f%% of read",
+                    bytes / decode_tokens / 1e6, gbs, 100 * gbs / read_bandwidth_gbs);
+    }
+    out += line;
+    out += "\n";
+  };
+  std::snprintf(line, sizeof line, "single-stream decode, per token (%d tokens):\n", decode_tokens);
+  out += line;
+  row("linear layers (GEMV)", p.seconds[P::kGemv], p.bytes[P::kGemv]);
+  row("attention (paged KV, incl. write)", p.seconds[P::kAttention], p.bytes[P::kAttention]);
+  row("rest of forward (norms, GELU, ...)",
+      p.seconds[P::kForward] - p.seconds[P::kGemv] - p.seconds[P::kAttention], 0);
+  row("sampling", p.seconds[P::kSample], 0);
+  row("engine step (scheduler, events)",
+      p.seconds[P::kStep] - p.seconds[P::kForward] - p.seconds[P::kSample], 0);
+  row("between steps", decode_seconds - p.seconds[P::kStep], 0);
+  row("token", decode_seconds, p.bytes[P::kGemv] + p.bytes[P::kAttention]);
+  std::snprintf(line, sizeof line, "  %-34s %8.3f ms\n", "CPU time per token (all threads)",
+                decode_cpu_seconds / decode_tokens * 1e3);
+  out += line;
+  return out;
 }
 
 }  // namespace loom::infer

@@ -4,7 +4,10 @@
 // Also the aggregate decode rate of many concurrent streams (continuous batching).
 #pragma once
 
+#include <string>
+
 #include "core/json.h"
+#include "infer/decode_profile.h"
 #include "infer/engine.h"
 #include "model/decoder.h"
 
@@ -13,8 +16,9 @@ namespace loom::infer {
 // GB/s of a large streaming read (a buffer far past the caches, summed by every OpenMP
 // thread; on AVX-512 CPUs also read with the decode GEMV's 512-bit loads and prefetches, the
 // faster counting): what reading the weights once per token can at best achieve. Best of
-// `passes`.
-double measure_read_bandwidth_gbs(int passes = 3);
+// `passes`. The buffer is on huge pages (kernels/cpu/gemm_lowp_pages.h), as the serving weights
+// and KV pool are; `huge_pages` false reads one on the default 4 KiB pages.
+double measure_read_bandwidth_gbs(int passes = 3, bool huge_pages = true);
 
 // Bytes read per decoded token besides the KV cache: every linear weight (the head included) at
 // `bytes_per_weight`, plus `bytes_per_channel` per output channel (int8 scales), plus every other
@@ -35,7 +39,18 @@ struct DecodeBenchResult {
   double roofline_tokens_per_s = 0, roofline_ratio = 0;
   int streams = 0;
   double batch_tokens_per_s = 0;  // all streams decoding: tokens after the last first token
+  // The single stream's decode steps (after the first token), part by part; the time between
+  // steps (the engine loop, callbacks) is decode_seconds less the steps'.
+  DecodeProfile profile;
+  double decode_seconds = 0;
+  // Process CPU time over the same decode: at one thread, time on the CPU whatever else the
+  // machine runs (a load that takes the core away stretches decode_seconds, not this).
+  double decode_cpu_seconds = 0;
+  int decode_tokens = 0;
   Json to_json() const;
+  // One line per part: milliseconds per token, share of the token, and GB/s where bytes are
+  // read (the GEMV's weights, the attention's keys and values) against read_bandwidth_gbs.
+  std::string profile_text() const;
 };
 
 // Greedy, ignore_eos, random prompts of input_len; the engine is built here from `ec`.

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "infer/decode_profile.h"
 #include "infer/request_sampling.h"
 
 namespace loom::infer {
@@ -215,6 +216,7 @@ void LoomEngine::finish(Completion& c, const std::string& reason) {
 }
 
 bool LoomEngine::step() {
+  ProfileScope profile(DecodeProfile::kStep);
   take_inbox();
   std::vector<ScheduledChunk> chunks = scheduler_.schedule();
   {
@@ -224,7 +226,10 @@ bool LoomEngine::step() {
     stats_.kv_blocks_used = cache_.num_used();
     stats_.preemptions_total = scheduler_.preemptions();
   }
-  if (chunks.empty()) return false;
+  if (chunks.empty()) {
+    profile.discard();  // idle polls are not steps
+    return false;
+  }
   std::vector<SeqChunk> batch;
   int want = 0;
   for (const ScheduledChunk& s : chunks) {
@@ -252,8 +257,12 @@ bool LoomEngine::step() {
     if (!s.want_logits) continue;
     float* x = logits_.data() + int64_t(row++) * V;
     Request& r = *c->request;
-    const SampledToken t = sample(x, V, r.params, c->seq.tokens, c->seq.prompt_len, r.seed,
-                                  uint64_t(c->index), uint64_t(c->generated));
+    SampledToken t;
+    {
+      ProfileScope sampling(DecodeProfile::kSample);
+      t = sample(x, V, r.params, c->seq.tokens, c->seq.prompt_len, r.seed, uint64_t(c->index),
+                 uint64_t(c->generated));
+    }
     ++generated;
     ++c->generated;
     std::string reason;

@@ -24,13 +24,12 @@ KvCache::KvCache(const KvSpec& spec, int block_size, int num_blocks) {
   view_.num_blocks = num_blocks;
   const size_t layer_bytes =
       size_t(num_blocks) * block_size * spec.n_kv_head * spec.head_dim * dtype_size(spec.dtype);
-  k_.resize(size_t(spec.n_layer));
-  v_.resize(size_t(spec.n_layer));
+  // One zero-filled allocation on huge pages (decode attention reads a token's keys and values
+  // from blocks anywhere in the pool); its pages are faulted in as blocks are first written.
+  pool_ = cpu::HugeBuffer(2 * size_t(spec.n_layer) * layer_bytes);
   for (int l = 0; l < spec.n_layer; ++l) {
-    k_[size_t(l)].assign(layer_bytes, 0);
-    v_[size_t(l)].assign(layer_bytes, 0);
-    view_.k.push_back(k_[size_t(l)].data());
-    view_.v.push_back(v_[size_t(l)].data());
+    view_.k.push_back(pool_.as<uint8_t>() + (2 * size_t(l)) * layer_bytes);
+    view_.v.push_back(pool_.as<uint8_t>() + (2 * size_t(l) + 1) * layer_bytes);
   }
   ref_.assign(size_t(num_blocks), 0);
   hash_.assign(size_t(num_blocks), 0);

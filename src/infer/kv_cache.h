@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "infer/engine_api.h"
+#include "kernels/cpu/gemm_lowp_pages.h"
 
 namespace loom::infer {
 
@@ -46,8 +47,8 @@ class KvCache {
   void drop_cached();
 
  private:
-  void forget(int32_t block);                // drops a block's cache entry (before reuse)
-  std::vector<std::vector<uint8_t>> k_, v_;  // per layer
+  void forget(int32_t block);  // drops a block's cache entry (before reuse)
+  cpu::HugeBuffer pool_;       // every layer's keys, then values (view_ points in)
   KvCacheView view_;
   std::vector<int> ref_;
   std::vector<uint64_t> hash_;

@@ -1,6 +1,7 @@
 #include "infer/model_runner.h"
 
 #include "core/error.h"
+#include "infer/decode_profile.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace loom::infer {
@@ -13,6 +14,10 @@ struct PagedAttention : ForwardAttention {
   std::vector<cpu::PagedChunk> chunks;  // the batch's chunks, rows in batch order
   void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
                float* out) override {
+    double positions = 0;  // keys and values read: every cached and new position of a chunk
+    for (const cpu::PagedChunk& c : chunks) positions += c.start_pos + c.n;
+    ProfileScope profile(DecodeProfile::kAttention,
+                         positions * 2 * Hkv * D * dtype_size(cache->spec.dtype));
     cpu::PagedKvLayer kv;
     kv.k = cache->k[size_t(layer)];
     kv.v = cache->v[size_t(layer)];
@@ -47,6 +52,7 @@ KvSpec DecoderRunner::kv_spec() const {
 
 void DecoderRunner::forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
                             float* logits) {
+  ProfileScope profile(DecodeProfile::kForward);
   LOOM_CHECK(!batch.empty(), "an empty batch");
   tokens_.clear();
   positions_.clear();

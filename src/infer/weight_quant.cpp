@@ -4,8 +4,10 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "infer/decode_bench.h"
+#include "infer/decode_profile.h"
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/gemm_lowp.h"
+#include "kernels/cpu/gemm_lowp_pages.h"
 
 namespace loom::infer {
 
@@ -15,22 +17,20 @@ class QuantizedWeights::Layer : public GemmRecipe {
  public:
   // `amax`: each output row's largest magnitude over every tensor-parallel shard of the row
   // (nullptr: the rows here are whole). Leaves ok() false, the copy unusable, when a row holds
-  // a NaN or an infinity: no scale (nor meaning) for it.
-  Layer(WeightType t, const float* w, int in, int out, const float* amax)
-      : type_(t), in_(in), out_(out) {
+  // a NaN or an infinity: no scale (nor meaning) for it. `dst`: room for the in * out copied
+  // weights (QuantizedWeights's one allocation; unused for F32).
+  Layer(WeightType t, const float* w, int in, int out, const float* amax, void* dst)
+      : type_(t), in_(in), out_(out), q_(dst) {
     const size_t n = size_t(in) * size_t(out);
     if (t == WeightType::F32) return;  // the model's own weights, read in place
     if (t == WeightType::BF16) {
-      bf16_.resize(n);
-      cpu::f32_to_bf16_array(w, bf16_.data(), n);
+      cpu::f32_to_bf16_array(w, static_cast<uint16_t*>(q_), n);
     } else if (t == WeightType::FP8) {
-      fp8_.resize(n);
       scale_.resize(size_t(out));
-      ok_ = cpu::quantize_fp8_rows(w, out, in, fp8_.data(), scale_.data(), amax);
+      ok_ = cpu::quantize_fp8_rows(w, out, in, static_cast<uint8_t*>(q_), scale_.data(), amax);
     } else {
-      int8_.resize(n);
       scale_.resize(size_t(out));
-      ok_ = cpu::quantize_int8_rows(w, out, in, int8_.data(), scale_.data(), amax);
+      ok_ = cpu::quantize_int8_rows(w, out, in, static_cast<int8_t*>(q_), scale_.data(), amax);
     }
   }
   bool ok() const { return ok_; }
@@ -38,6 +38,9 @@ class QuantizedWeights::Layer : public GemmRecipe {
                int out) override {
     LOOM_CHECK(in == in_ && out == out_, "a quantised linear layer of [", in_, ", ", out_,
                "] called as [", in, ", ", out, "]");
+    // (Bytes: the weights and scales, read once for all N rows.)
+    ProfileScope profile(DecodeProfile::kGemv,
+                         double(in) * out * weight_bytes(type_) + double(scale_.size()) * 4);
     const float* x = x_in.widened(be, int64_t(N) * in, x32_);
     if (type_ == WeightType::F32) {
       if (N <= cpu::kLowpGemvRows)
@@ -45,28 +48,30 @@ class QuantizedWeights::Layer : public GemmRecipe {
       else
         be.matmul_forward(y, x, w, b, N, in, out);
     } else if (type_ == WeightType::BF16)
-      cpu::linear_bf16w(y, x, bf16_.data(), b, N, in, out);
+      cpu::linear_bf16w(y, x, static_cast<const uint16_t*>(q_), b, N, in, out);
     else if (type_ == WeightType::FP8)
-      cpu::linear_fp8w(y, x, fp8_.data(), scale_.data(), b, N, in, out);
+      cpu::linear_fp8w(y, x, static_cast<const uint8_t*>(q_), scale_.data(), b, N, in, out);
     else
-      cpu::linear_int8w(y, x, int8_.data(), scale_.data(), b, N, in, out);
+      cpu::linear_int8w(y, x, static_cast<const int8_t*>(q_), scale_.data(), b, N, in, out);
   }
   void backward(Backend&, float*, float*, float*, const float*, ActIn, const float*, int, int,
                 int) override {
     fail("weight-only ", weight_type_name(type_), " weights are for serving (forward only)");
   }
   int64_t bytes() const {
-    return int64_t(bf16_.size()) * 2 + int64_t(int8_.size()) + int64_t(fp8_.size()) +
-           int64_t(scale_.size()) * 4;
+    return type_ == WeightType::F32
+               ? 0
+               : int64_t(in_) * out_ * weight_bytes(type_) + int64_t(scale_.size()) * 4;
+  }
+  static int weight_bytes(WeightType t) {
+    return t == WeightType::F32 ? 4 : t == WeightType::BF16 ? 2 : 1;
   }
 
  private:
   WeightType type_;
   int in_, out_;
   bool ok_ = true;
-  std::vector<uint16_t> bf16_;
-  std::vector<int8_t> int8_;
-  std::vector<uint8_t> fp8_;  // E4M3 codes
+  void* q_;  // bf16 words, int8 values or E4M3 codes (not F32)
   std::vector<float> scale_;
   std::vector<float> x32_;  // x widened from bf16 storage
 };
@@ -118,6 +123,19 @@ QuantizedWeights::QuantizedWeights(Decoder& model, WeightType type) : model_(mod
   const bool scaled = type == WeightType::INT8 || type == WeightType::FP8;
   const std::vector<Decoder::LinearInfo> linears = model.linears();
   ParamSet& p = model.params();
+  // Decode reads every weight once per token: the copies lie in one allocation on huge pages
+  // (kernels/cpu/gemm_lowp_pages.h), each layer's at a 64-byte boundary; fp32 weights are read
+  // where the model keeps them, whose pages are collapsed into huge ones in place.
+  std::vector<size_t> offset;
+  size_t total = 0;
+  for (const Decoder::LinearInfo& l : linears) {
+    offset.push_back(total);
+    total += (size_t(l.in) * size_t(l.out) * size_t(Layer::weight_bytes(type)) + 63) / 64 * 64;
+  }
+  if (type == WeightType::F32)
+    cpu::use_huge_pages(p.host_data("decode weights"), size_t(p.total()) * sizeof(float));
+  else
+    store_ = cpu::HugeBuffer(total);
   int bad = -1;  // the first layer holding a NaN or an infinity
   std::vector<float> amax;
   for (size_t i = 0; i < linears.size(); ++i) {
@@ -135,8 +153,9 @@ QuantizedWeights::QuantizedWeights(Decoder& model, WeightType type) : model_(mod
                     amax.data());  // +inf marks a NaN, on every rank
       tp.comm->all_reduce(amax.data(), l.out, DType::F32, comm::ReduceOp::Max);
     }
-    layers_.push_back(std::make_unique<Layer>(type, p.host_ptr(w, "weight quantisation"), l.in,
-                                              l.out, across ? amax.data() : nullptr));
+    layers_.push_back(std::make_unique<Layer>(
+        type, p.host_ptr(w, "weight quantisation"), l.in, l.out, across ? amax.data() : nullptr,
+        type == WeightType::F32 ? nullptr : store_.as<uint8_t>() + offset[i]));
     if (bad < 0 && !layers_.back()->ok()) bad = int(i);
   }
   // A NaN or infinite weight is refused, naming the layer, on every rank together (no rank

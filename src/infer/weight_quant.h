@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gemm_lowp_pages.h"
 #include "model/decoder.h"
 
 namespace loom::infer {
@@ -45,6 +46,7 @@ class QuantizedWeights {
  private:
   Decoder& model_;
   WeightType type_;
+  cpu::HugeBuffer store_;  // every layer's copy (not F32)
   std::vector<std::unique_ptr<Layer>> layers_;
 };
 

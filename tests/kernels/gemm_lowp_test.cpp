@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/gemm_lowp.h"
+#include "kernels/cpu/gemm_lowp_pages.h"
 
 using namespace loom;
 using namespace loom::cpu;
@@ -110,7 +113,7 @@ TEST(GemmLowp, Int8QuantisationIsBoundedAndTheProductMatchesTheReference) {
 TEST(GemmLowp, Avx512AndScalarLoopsGiveTheSameBits) {
   Restore restore;
   if (!lowp_uses_avx512()) GTEST_SKIP() << "this CPU has no AVX-512";
-  for (int K : {32, 301})
+  for (int K : {32, 301, 317})  // 317: fp8's 32-wide steps, then one of 16, then the tail
     for (int N : {1, 7, 13, 40}) {
       const int M = 2 * kLowpGemvRows + 1;  // then prefill chunks: blocks widened for the BLAS
       std::vector<float> x = randn(size_t(M) * K, 8), w = randn(size_t(N) * K, 9), b = randn(N, 10);
@@ -286,4 +289,42 @@ TEST(GemmLowp, RowPartsQuantisedWithTheWholeRowsMaximumEqualTheWholeRow) {
   EXPECT_FALSE(quantize_int8_rows(part.data(), N, half, q8.data(), s_part.data(), amax.data()));
   EXPECT_FALSE(quantize_fp8_rows(part.data(), N, half, qf.data(), s_part.data(), amax.data()));
   EXPECT_FALSE(quantize_int8_rows(w.data(), N, K, q8.data(), s_part.data()));
+}
+
+// The decode weights' and KV pool's memory (gemm_lowp_pages.h): zero-filled, 2 MiB-aligned,
+// movable; asking for huge pages over memory in use keeps its contents (whether the kernel
+// grants them is its business: the bytes granted are whole aligned 2 MiB pieces of the range).
+TEST(GemmLowpPages, HugeBufferIsZeroedAlignedAndMovable) {
+  const size_t huge = size_t(2) << 20;
+  for (bool advise : {true, false}) {
+    HugeBuffer a(3 * huge + 100, advise);
+    ASSERT_NE(a.data(), nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % huge, 0u);
+    EXPECT_EQ(a.size(), 3 * huge + 100);
+    const uint8_t* p = a.as<uint8_t>();
+    EXPECT_TRUE(std::all_of(p, p + a.size(), [](uint8_t b) { return b == 0; }));
+    std::memset(a.data(), 7, a.size());
+    HugeBuffer b(std::move(a));
+    EXPECT_EQ(a.data(), nullptr);
+    EXPECT_EQ(a.size(), 0u);
+    EXPECT_EQ(b.as<uint8_t>()[3 * huge + 99], 7);
+    HugeBuffer c;
+    c = std::move(b);
+    EXPECT_EQ(b.data(), nullptr);
+    EXPECT_EQ(c.as<uint8_t>()[0], 7);
+  }
+  HugeBuffer empty(0);
+  EXPECT_EQ(empty.data(), nullptr);
+}
+
+TEST(GemmLowpPages, UseHugePagesKeepsTheContents) {
+  const size_t huge = size_t(2) << 20, n = (5 * huge + 12345) / sizeof(uint32_t);
+  std::vector<uint32_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = uint32_t(i * 2654435761u);
+  const size_t granted = use_huge_pages(v.data(), n * sizeof(uint32_t));
+  EXPECT_EQ(granted % huge, 0u);
+  EXPECT_LE(granted, n * sizeof(uint32_t));
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[i], uint32_t(i * 2654435761u)) << i;
+  EXPECT_EQ(use_huge_pages(nullptr, huge), 0u);
+  EXPECT_EQ(use_huge_pages(v.data(), 100), 0u);  // no whole aligned 2 MiB
 }
