@@ -2,21 +2,11 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstdint>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "core/error.h"
-#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reduce.h"
-
-// GCC 12 reports the deliberately undefined vectors inside its own AVX512 intrinsics
-// (_mm512_undefined_epi32) as maybe-uninitialized.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace loom::cpu {
 
@@ -56,71 +46,18 @@ inline uint32_t round_bits_bf16(float x) {
   return r & 0xffff0000u;
 }
 
-// Writes the rounded bit patterns bits[0, n) out as the model's fp32 weights and (when
-// model_bf16 is given) their bf16 bits. Nothing reads these arrays before the next step's
-// forward and they are far larger than the caches, so with AVX512 they are written with
-// non-temporal stores: no read of the old contents (read-for-ownership) and no eviction of
-// what the optimizer is still reading.
-#if defined(__x86_64__)
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void store_rounded_avx512(
-    const uint32_t* bits, int64_t n, float* model, uint16_t* model_bf16) {
-  int64_t j = 0;
-  auto one = [&](int64_t k) {
-    model[k] = std::bit_cast<float>(bits[k]);
-    if (model_bf16) model_bf16[k] = static_cast<uint16_t>(bits[k] >> 16);
-  };
-  for (; j < n && (reinterpret_cast<uintptr_t>(model + j) & 63) != 0; ++j) one(j);
-  const bool bf16_aligned = model_bf16 && (reinterpret_cast<uintptr_t>(model_bf16 + j) & 31) == 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512i r = _mm512_loadu_si512(bits + j);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(model + j), r);
-    if (!model_bf16) continue;
-    const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-    if (bf16_aligned)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(model_bf16 + j), h);
-    else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(model_bf16 + j), h);
-  }
-  for (; j < n; ++j) one(j);
-  _mm_sfence();  // the streamed stores ordered before whatever this thread does next
-}
-#endif
-
-void store_rounded(const uint32_t* bits, int64_t n, float* model, uint16_t* model_bf16,
-                   bool avx512) {
-#if defined(__x86_64__)
-  if (avx512) return store_rounded_avx512(bits, n, model, model_bf16);
-#endif
-  (void)avx512;
-  for (int64_t j = 0; j < n; ++j) {
-    model[j] = std::bit_cast<float>(bits[j]);
-    if (model_bf16) model_bf16[j] = static_cast<uint16_t>(bits[j] >> 16);
-  }
-}
-
-// Blocks small enough that their rounded bits stay in L1 between the update and the store.
-constexpr int64_t kBlock = 2048;
-
-void adamw_to_bf16_blocks(float* master, const float* grad, float* m, float* v, int64_t n, float lr,
-                          float beta1, float beta2, float eps, float weight_decay, float grad_scale,
-                          const AdamwFactors& f, float* model, uint16_t* model_bf16) {
-  const bool avx512 = bf16_convert_uses_avx512();
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (blocks > 1 && worth_parallel(n))
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t i0 = b * kBlock, len = std::min(kBlock, n - i0);
-    alignas(64) uint32_t bits[kBlock];
-    float* mp = master + i0;
-    const float* gp = grad + i0;
-    float *mm = m + i0, *vv = v + i0;
-#pragma omp simd
-    for (int64_t j = 0; j < len; ++j) {
-      const float p = adamw_element(mp[j], gp[j], mm[j], vv[j], lr, beta1, beta2, eps, weight_decay,
-                                    grad_scale, f);
-      mp[j] = p;
-      bits[j] = round_bits_bf16(p);
-    }
-    store_rounded(bits, len, model + i0, model_bf16 ? model_bf16 + i0 : nullptr, avx512);
+template <bool kStoreBf16>
+void adamw_to_bf16_loop(float* master, const float* grad, float* m, float* v, int64_t n, float lr,
+                        float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                        const AdamwFactors& f, float* model, uint16_t* model_bf16) {
+#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = adamw_element(master[i], grad[i], m[i], v[i], lr, beta1, beta2, eps,
+                                  weight_decay, grad_scale, f);
+    master[i] = p;
+    const uint32_t r = round_bits_bf16(p);
+    model[i] = std::bit_cast<float>(r);
+    if constexpr (kStoreBf16) model_bf16[i] = static_cast<uint16_t>(r >> 16);
   }
 }
 
@@ -144,8 +81,12 @@ void adamw_to_bf16(float* master, const float* grad, float* m, float* v, int64_t
                    float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                    int64_t step, float* model, uint16_t* model_bf16) {
   const AdamwFactors f = adamw_factors(beta1, beta2, step);
-  adamw_to_bf16_blocks(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, f,
-                       model, model_bf16);
+  if (model_bf16)
+    adamw_to_bf16_loop<true>(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale,
+                             f, model, model_bf16);
+  else
+    adamw_to_bf16_loop<false>(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                              grad_scale, f, model, nullptr);
 }
 
 // Fixed chunks (their number depends only on n) summed in double, then the chunk sums added
