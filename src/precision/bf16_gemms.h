@@ -11,8 +11,11 @@
 // conversion at all for what it wrote. new_weights() (the trainer calls it after every step
 // and load) takes the ranges the optimizer wrote since; any other weight is converted into the
 // copy once, on its next use (weights written by a load, gathered from other ranks, or by
-// hand). Gradients are converted per call; activations are read as stored (bf16 under the bf16
-// policy) or converted per call.
+// hand). The one thing it cannot see: fp32 weights changed in place after an optimizer step
+// and before the next new_weights() (the step's ranges are still trusted), so such a writer
+// calls new_weights() twice or goes through ParamSet's writers (write_values, store_values,
+// init, copy_values_from), which drop the noted ranges. Gradients are converted per call;
+// activations are read as stored (bf16 under the bf16 policy) or converted per call.
 #pragma once
 
 #include <memory>
