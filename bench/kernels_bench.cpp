@@ -195,6 +195,21 @@ int run(int argc, char** argv) {
     be.adamw(param.data(), grad.data(), m.data(), v.data(), P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
              1.0f, 10);
   });
+  // The bf16 policy's step: the update on the fp32 master, then the model's rounded fp32 weights
+  // and their bf16 copy (2 bytes) derived from it; as separate passes (adamw, copy, round and
+  // store) and fused (adamw_to_bf16). Bytes: the fused pass's 8.5 words per element.
+  std::vector<float> model(P);
+  std::vector<uint16_t> model16(P);
+  bench("adamw + bf16 copy (passes)", loom::cat(P), f4 * 8.5 * P, 0, [&] {
+    be.adamw(param.data(), grad.data(), m.data(), v.data(), P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
+             1.0f, 10);
+    be.copy_d2d(model.data(), param.data(), f4 * P);
+    be.round_to(loom::DType::BF16, model.data(), P, model16.data());
+  });
+  bench("adamw_to_bf16 (fused)", loom::cat(P), f4 * 8.5 * P, 0, [&] {
+    be.adamw_to_bf16(param.data(), grad.data(), m.data(), v.data(), P, 1e-4f, 0.9f, 0.95f, 1e-8f,
+                     0.1f, 1.0f, 10, model.data(), model16.data());
+  });
   bench("sum_squares", loom::cat(P), f4 * P, 0, [&] {
     volatile double s = be.sum_squares(grad.data(), P);
     (void)s;

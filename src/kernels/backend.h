@@ -270,6 +270,18 @@ struct Backend {
   // (type dt) <- src (type st), elementwise, rounding to nearest even.
   virtual void round_to(DType t, float* x, int64_t n, void* store) = 0;
   virtual void convert(void* dst, DType dt, const void* src, DType st, int64_t n) = 0;
+
+  // ---- bf16 policy: the optimizer writes the model's working copies. adamw on the fp32
+  // master, then model[i] = round_bf16(master[i]) and, when model_bf16 is not null, its bf16
+  // bits there (what the bf16 GEMMs read). The CPU backend does it in one pass; this default
+  // is adamw, copy_d2d and round_to.
+  virtual void adamw_to_bf16(float* master, const float* grad, float* m, float* v, int64_t n,
+                             float lr, float beta1, float beta2, float eps, float weight_decay,
+                             float grad_scale, int64_t step, float* model, uint16_t* model_bf16) {
+    adamw(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step);
+    copy_d2d(model, master, size_t(n) * sizeof(float));
+    round_to(DType::BF16, model, n, model_bf16);
+  }
 };
 
 // The CPU backend (OpenBLAS + OpenMP). One instance, stateless.

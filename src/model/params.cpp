@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -32,6 +33,34 @@ void ParamSet::allocate(Backend& be) {
   values_ = BackendBuffer::zeroed(be, bytes, "parameters");
   grads_ = BackendBuffer::zeroed(be, bytes, "gradients");
   be_ = &be;
+}
+
+void ParamSet::allocate_bf16_copy() {
+  LOOM_CHECK(be_, "ParamSet::allocate_bf16_copy: the parameters are not allocated");
+  if (!values_bf16_.empty()) return;
+  values_bf16_ =
+      BackendBuffer::zeroed(*be_, sizeof(uint16_t) * size_t(total_), "parameters (bf16)");
+  bf16_written_.clear();  // nothing in it yet
+}
+
+void ParamSet::note_bf16_written(int64_t begin, int64_t end) {
+  if (values_bf16_.empty() || begin >= end) return;
+  // Overlapping or adjacent ranges merge with the last, so a step's per-parameter calls (and
+  // steps repeated before anyone takes the list) leave one range.
+  if (!bf16_written_.empty() && begin <= bf16_written_.back().second &&
+      end >= bf16_written_.back().first) {
+    Range& last = bf16_written_.back();
+    last = {std::min(last.first, begin), std::max(last.second, end)};
+    return;
+  }
+  // A bound for a list nobody takes: forgetting a range only costs its conversion on next use.
+  constexpr size_t kMaxRanges = 1024;
+  if (bf16_written_.size() >= kMaxRanges) bf16_written_.erase(bf16_written_.begin());
+  bf16_written_.push_back({begin, end});
+}
+
+std::vector<ParamSet::Range> ParamSet::take_bf16_written() {
+  return std::exchange(bf16_written_, {});
 }
 
 void ParamSet::check_host(const char* op) const {
@@ -152,6 +181,7 @@ void ParamSet::draw(uint64_t seed, int64_t begin, int64_t end, float* out) const
 }
 
 void ParamSet::init(uint64_t seed) {
+  bf16_written_.clear();  // fp32 values written without their bf16 copy
   init_ranges(seed, {{0, total_}});
 }
 
@@ -159,6 +189,7 @@ void ParamSet::init(uint64_t seed) {
 static constexpr int64_t kStageChunk = int64_t(1) << 20;
 
 void ParamSet::init_ranges(uint64_t seed, const std::vector<Range>& ranges) {
+  bf16_written_.clear();  // fp32 values written without their bf16 copy
   LOOM_CHECK(be_, "ParamSet::init: the parameters are not allocated");
   if (be_->host_accessible()) {
     for (auto [begin, end] : ranges) draw(seed, begin, end, data() + begin);
@@ -193,6 +224,7 @@ void ParamSet::read_values(int64_t begin, int64_t end, float* out) const {
 }
 
 void ParamSet::write_values(int64_t begin, int64_t end, const float* in) {
+  bf16_written_.clear();  // fp32 values written without their bf16 copy
   check_range("write_values", begin, end, total_, be_);
   be_->copy_h2d(data() + begin, in, sizeof(float) * size_t(end - begin));
 }
@@ -203,6 +235,7 @@ void ParamSet::read_grads(int64_t begin, int64_t end, float* out) const {
 }
 
 void ParamSet::copy_values_from(const ParamSet& src) {
+  bf16_written_.clear();  // fp32 values written without their bf16 copy
   LOOM_CHECK(be_ && src.be_, "ParamSet::copy_values_from: the parameters are not allocated");
   LOOM_CHECK(src.total_ == total_ && src.infos_.size() == infos_.size(),
              "ParamSet::copy_values_from: a set of ", src.total_, " elements in ",
@@ -236,6 +269,7 @@ std::map<std::string, Tensor> ParamSet::host_values() const {
 }
 
 void ParamSet::store_values(const std::map<std::string, Tensor>& staged) {
+  bf16_written_.clear();  // fp32 values written without their bf16 copy
   LOOM_CHECK(be_, "ParamSet::store_values: the parameters are not allocated");
   if (be_->host_accessible()) return;  // host_values handed out views: written in place
   for (const auto& [name, t] : staged) {

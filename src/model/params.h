@@ -133,6 +133,22 @@ class ParamSet {
     return p.trainable ? grad() + p.offset : nullptr;
   }
 
+  // ---- The bf16 policy's working copy of the weights: every value again in bf16 (2 bytes),
+  // what the bf16 GEMMs read (precision/bf16_gemms.h). Allocated on demand; the optimizer
+  // writes it in the same pass as the fp32 values (AdamW::update, write_model) and records the
+  // ranges it wrote, which the GEMMs' owner takes (take_bf16_written) to know which weights need
+  // no conversion. Writers of the fp32 values that do not write it leave those ranges to be
+  // converted again on next use.
+  void allocate_bf16_copy();
+  uint16_t* bf16_data() { return values_bf16_.empty() ? nullptr : values_bf16_.as<uint16_t>(); }
+  const uint16_t* bf16_data() const {
+    return values_bf16_.empty() ? nullptr : values_bf16_.as<uint16_t>();
+  }
+  // [begin, end) of bf16_data() now holds the bf16 bits of the (rounded) fp32 values.
+  void note_bf16_written(int64_t begin, int64_t end);
+  // The ranges noted since the last call (the list is emptied).
+  std::vector<Range> take_bf16_written();
+
   // Host tensors of the values, by name, for host code that reads them or fills them
   // (checkpoint save and load): views on a host-accessible backend (no copy), otherwise host
   // copies staged through copy_d2h. After filling them, store_values copies staged tensors back
@@ -152,6 +168,8 @@ class ParamSet {
   int64_t total_ = 0;
   Backend* be_ = nullptr;
   BackendBuffer values_, grads_;  // "parameters" and "gradients" in the memory report
+  BackendBuffer values_bf16_;     // "parameters (bf16)": empty unless allocate_bf16_copy()
+  std::vector<Range> bf16_written_;
 };
 
 }  // namespace loom

@@ -27,7 +27,13 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg, DType param_dtype, Backen
 
 AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg, DType param_dtype, Backend& backend,
              int64_t lo, int64_t hi, bool keep_master)
-    : params_(params), cfg_(cfg), param_dtype_(param_dtype), be_(backend), lo_(lo), hi_(hi) {
+    : params_(params),
+      cfg_(cfg),
+      param_dtype_(param_dtype),
+      be_(backend),
+      lo_(lo),
+      hi_(hi),
+      keep_master_(keep_master) {
   LOOM_CHECK(0 <= lo && lo <= hi && hi <= params.total(), "AdamW: range [", lo, ", ", hi,
              ") outside the parameter set's ", params.total(), " elements");
   const size_t bytes = sizeof(float) * size_t(hi - lo);
@@ -42,10 +48,22 @@ AdamW::AdamW(ParamSet& params, const AdamWConfig& cfg, DType param_dtype, Backen
 }
 
 float* AdamW::weights() {
+  model_written_ = false;  // the caller may change the master
   return master_.empty() ? params_.data() + lo_ : master_.as<float>();
 }
 
+float* AdamW::master() {
+  model_written_ = false;
+  return master_.empty() ? nullptr : master_.as<float>();
+}
+
+void AdamW::set_steps_taken(int64_t t) {
+  t_ = t;
+  model_written_ = false;
+}
+
 void AdamW::sync_master_from_model() {
+  model_written_ = false;
   if (master_.empty() || hi_ == lo_) return;
   be_.copy_d2d(master_.data(), params_.data() + lo_, sizeof(float) * (hi_ - lo_));
 }
@@ -54,9 +72,20 @@ void AdamW::write_model(int64_t a, int64_t b) {
   a = std::max(a, lo_);
   b = std::min(b, hi_);
   if (master_.empty() || a >= b) return;
-  be_.copy_d2d(params_.data() + a, master_.as<float>() + (a - lo_), sizeof(float) * (b - a));
+  if (model_written_) return;  // update() wrote [lo_, hi_) in its own pass
+  write_model_range(a, b);
+}
+
+void AdamW::write_model_range(int64_t a, int64_t b) {
+  if (a >= b) return;
+  float* model = params_.data() + a;
+  be_.copy_d2d(model, master_.as<float>() + (a - lo_), sizeof(float) * (b - a));
+  if (param_dtype_ == DType::F32) return;
   // On the backend: the model's buffer is device memory there (core's round_to is the CPU's).
-  if (param_dtype_ != DType::F32) be_.round_to(param_dtype_, params_.data() + a, b - a, nullptr);
+  // bf16: rounded and, where the set keeps one, stored in its bf16 copy in the same pass.
+  uint16_t* copy = param_dtype_ == DType::BF16 ? params_.bf16_data() : nullptr;
+  be_.round_to(param_dtype_, model, b - a, copy ? copy + a : nullptr);
+  if (param_dtype_ == DType::BF16) params_.note_bf16_written(a, b);
 }
 
 void AdamW::sync_model_from_master() {
@@ -65,17 +94,38 @@ void AdamW::sync_model_from_master() {
 
 void AdamW::update(double lr, float grad_scale, const float* grad) {
   ++t_;
-  float* w = weights();
+  model_written_ = false;
+  float* w = master_.empty() ? params_.data() + lo_ : master_.as<float>();
+  // The bf16 policy with its own master (not ZeRO-3's, whose model buffer holds a range only
+  // while it is gathered): the model's weights are derived in the update's pass, so the
+  // write_model that follows (step, the data-parallel engine) finds nothing left to do.
+  const bool fused = param_dtype_ == DType::BF16 && !master_.empty() && !keep_master_;
+  uint16_t* copy = fused ? params_.bf16_data() : nullptr;
+  int64_t written = lo_;  // fused: the model is written on [lo_, written)
   for (const ParamInfo& p : params_.infos()) {
     if (!p.trainable) continue;  // frozen: as a learning rate of 0 (no decay either)
     const int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
     if (a >= b) continue;
     const int64_t k = a - lo_;
-    be_.adamw(w + k, grad + k, m() + k, v() + k, b - a, static_cast<float>(lr),
-              static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-              static_cast<float>(cfg_.eps), p.decay ? static_cast<float>(cfg_.weight_decay) : 0.f,
-              grad_scale, t_);
+    const float wd = p.decay ? static_cast<float>(cfg_.weight_decay) : 0.f;
+    if (!fused) {
+      be_.adamw(w + k, grad + k, m() + k, v() + k, b - a, static_cast<float>(lr),
+                static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+                static_cast<float>(cfg_.eps), wd, grad_scale, t_);
+      continue;
+    }
+    // What lies between (frozen parameters, padding) as write_model derives it.
+    if (a > written) write_model_range(written, a);
+    be_.adamw_to_bf16(w + k, grad + k, m() + k, v() + k, b - a, static_cast<float>(lr),
+                      static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+                      static_cast<float>(cfg_.eps), wd, grad_scale, t_, params_.data() + a,
+                      copy ? copy + a : nullptr);
+    params_.note_bf16_written(a, b);
+    written = std::max(written, b);
   }
+  if (!fused) return;
+  write_model_range(written, hi_);
+  model_written_ = true;
 }
 
 void AdamW::step(double lr, float grad_scale) {
@@ -84,6 +134,7 @@ void AdamW::step(double lr, float grad_scale) {
 }
 
 std::vector<StateSlice> AdamW::state_slices() {
+  model_written_ = false;  // the views may be written (a checkpoint's restore)
   std::vector<StateSlice> out;
   for (const ParamInfo& p : params_.infos()) {
     const int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
@@ -100,6 +151,7 @@ std::vector<StateSlice> AdamW::state_slices() {
 }
 
 std::map<std::string, Tensor> AdamW::state_tensors() {
+  model_written_ = false;  // the views may be written (a checkpoint's restore)
   LOOM_CHECK(lo_ == 0 && hi_ == params_.total(),
              "AdamW::state_tensors: a shard's state has no whole tensors (use state_slices)");
   std::map<std::string, Tensor> s;

@@ -1,6 +1,8 @@
 // AdamW over a ParamSet's flat buffers, with decoupled weight decay applied only to the
 // parameters marked `decay`, on fp32 master weights. Under a reduced-precision policy the
-// master copy is separate and the model's weights are re-rounded from it after each step.
+// master copy is separate and the model's weights are re-rounded from it after each step; under
+// bf16 (not ZeRO-3) in the update's own pass, which also writes the parameter set's bf16 copy
+// when it has one (ParamSet::allocate_bf16_copy: what the bf16 GEMMs read).
 //
 // The one AdamW of Loom: one process steps the whole parameter set with it, and the
 // data-parallel engine (parallel/data_parallel.h) steps each rank's shard, a flat range
@@ -45,10 +47,12 @@ class AdamW : public Optimizer {
   // as they are.
   void step(double lr, float grad_scale) override;
   // The update alone, with grad[i] the gradient of element lo + i; the model's weights are left
-  // to the caller (a sharded optimizer gathers them from every rank's master).
+  // to the caller (a sharded optimizer gathers them from every rank's master), except under
+  // bf16 without ZeRO-3, where this rank's range [lo, hi) of them is written in the same pass
+  // (write_model then has nothing left to do there).
   void update(double lr, float grad_scale, const float* grad);
   int64_t steps_taken() const override { return t_; }
-  void set_steps_taken(int64_t t) override { t_ = t; }
+  void set_steps_taken(int64_t t) override;
 
   // The state, per parameter overlapping [lo, hi): its slice of exp_avg, exp_avg_sq and (when
   // separate) master, as 1-D views.
@@ -69,7 +73,7 @@ class AdamW : public Optimizer {
   int64_t hi() const { return hi_; }
   // The weights this steps, element lo at index 0: the master copy, or the model's own buffer.
   float* weights();
-  float* master() { return master_.empty() ? nullptr : master_.as<float>(); }
+  float* master();
   // The state's buffers (m, v and the master when separate) as (data, bytes), for memory
   // accounting.
   std::vector<std::pair<const void*, int64_t>> buffers() const;
@@ -86,6 +90,13 @@ class AdamW : public Optimizer {
   float* m() const { return m_.as<float>(); }
   float* v() const { return v_.as<float>(); }
   int64_t t_ = 0;
+  bool keep_master_ = false;
+  // Master -> model on [a, b) (rounded; under bf16 also into the parameter set's bf16 copy).
+  void write_model_range(int64_t a, int64_t b);
+  // The bf16 policy: update() derived the model's weights on [lo_, hi_) in its own pass, so
+  // write_model has nothing to do until the master may have changed otherwise (cleared by
+  // whatever hands the master out or replaces it).
+  bool model_written_ = false;
 };
 
 }  // namespace loom

@@ -7,13 +7,38 @@
 
 namespace loom {
 
+Bf16Gemms::Bf16Gemms(ParamSet* params) : params_(params) {
+  if (params_) params_->allocate_bf16_copy();
+}
+
 void Bf16Gemms::new_weights() {
-  for (auto& [w, fresh] : fresh_) fresh = false;
+  const std::vector<ParamSet::Range> written =
+      params_ ? params_->take_bf16_written() : std::vector<ParamSet::Range>{};
+  const float* base = params_ ? params_->data() : nullptr;
+  for (auto& [w, fresh] : fresh_) {
+    fresh = false;
+    if (!base || w < base || w >= base + params_->total()) continue;
+    const int64_t a = w - base, b = a + sizes_[w];
+    for (const auto& [lo, hi] : written) fresh = fresh || (lo <= a && b <= hi);
+  }
 }
 
 const uint16_t* Bf16Gemms::weight(const float* w, int64_t n) {
-  std::vector<uint16_t>& c = weights_[w];
   bool& fresh = fresh_[w];
+  int64_t& size = sizes_[w];
+  if (size != n) fresh = false;
+  size = n;
+  const float* base = params_ ? params_->data() : nullptr;
+  if (base && w >= base && w + n <= base + params_->total()) {  // in the set's bf16 copy
+    uint16_t* c = params_->bf16_data() + (w - base);
+    if (!fresh) {
+      cpu::f32_to_bf16_array(w, c, size_t(n));
+      fresh = true;
+      ++conversions_;
+    }
+    return c;
+  }
+  std::vector<uint16_t>& c = weights_[w];
   if (!fresh || c.size() != size_t(n)) {
     c.resize(size_t(n));
     cpu::f32_to_bf16_array(w, c.data(), size_t(n));
@@ -32,8 +57,8 @@ const uint16_t* Bf16Gemms::input(ActIn x, int64_t n) {
   return a_.data();
 }
 
-void Bf16Gemms::forward(Backend&, float* y, ActIn x, const float* w, const float* b, int N,
-                        int in, int out) {
+void Bf16Gemms::forward(Backend&, float* y, ActIn x, const float* w, const float* b, int N, int in,
+                        int out) {
   if (N == 0 || out == 0) return;
   const uint16_t* wb = weight(w, int64_t(out) * in);
   const uint16_t* xb = input(x, int64_t(N) * in);
@@ -51,11 +76,11 @@ void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float*
   b_.resize(size_t(N) * out);
   cpu::f32_to_bf16_array(dy, b_.data(), b_.size());
   if (dx != nullptr)  // dx[N, in] = dy W
-    cpu::gemm_bf16(false, false, N, in, out, 1.f, b_.data(), out, weight(w, int64_t(out) * in),
-                   in, 0.f, dx, in);
+    cpu::gemm_bf16(false, false, N, in, out, 1.f, b_.data(), out, weight(w, int64_t(out) * in), in,
+                   0.f, dx, in);
   if (dw != nullptr)  // dW[out, in] += dy^T x
-    cpu::gemm_bf16(true, false, out, in, N, 1.f, b_.data(), out, input(x, int64_t(N) * in), in,
-                   1.f, dw, in);
+    cpu::gemm_bf16(true, false, out, in, N, 1.f, b_.data(), out, input(x, int64_t(N) * in), in, 1.f,
+                   dw, in);
   if (db != nullptr)  // column sums of dy, as the fp32 path computes them (x unused there)
     cpu::matmul_backward(nullptr, nullptr, db, dy, nullptr, w, N, in, out);
 }
@@ -67,7 +92,7 @@ std::unique_ptr<Bf16Gemms> attach_bf16_gemms(Decoder& model, bool quiet) {
                cpu::bf16_gemm_path_name(), ")");
     return nullptr;
   }
-  auto r = std::make_unique<Bf16Gemms>();
+  auto r = std::make_unique<Bf16Gemms>(&model.params());
   for (const auto& l : model.linears()) model.attach_recipe(l.name, r.get());
   if (!quiet) log_info("bf16 policy: linear layers' GEMMs in bf16 (oneDNN, AVX512-BF16)");
   return r;

@@ -6,9 +6,16 @@
 // stores bf16), so converting them to bf16 storage loses nothing, and the products summed in
 // fp32 are those of the fp32 GEMM on the same values up to summation order.
 //
-// Weights are converted once per optimizer step (new_weights() drops the converted copies;
-// the trainer calls it after every step and load); gradients per call; activations are read as
-// stored (bf16 under the bf16 policy) or converted per call.
+// Weights are read from the parameter set's bf16 copy (ParamSet::allocate_bf16_copy, made by
+// attach_bf16_gemms), which the optimizer writes in its own pass (AdamW::update): no
+// conversion at all for what it wrote. new_weights() (the trainer calls it after every step
+// and load) takes the ranges the optimizer wrote since; any other weight is converted into the
+// copy once, on its next use (weights written by a load, gathered from other ranks, or by
+// hand). The one thing it cannot see: fp32 weights changed in place after an optimizer step
+// and before the next new_weights() (the step's ranges are still trusted), so such a writer
+// calls new_weights() twice or goes through ParamSet's writers (write_values, store_values,
+// init, copy_values_from), which drop the noted ranges. Gradients are converted per call;
+// activations are read as stored (bf16 under the bf16 policy) or converted per call.
 #pragma once
 
 #include <memory>
@@ -17,25 +24,33 @@
 
 #include "model/decoder.h"
 #include "model/linear.h"
+#include "model/params.h"
 
 namespace loom {
 
 class Bf16Gemms : public GemmRecipe {
  public:
+  // params (nullable): the set whose weights the layers use; its bf16 copy is allocated here.
+  // Without it (or for a weight outside it) the recipe keeps converted copies of its own.
+  explicit Bf16Gemms(ParamSet* params = nullptr);
   void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
                int out) override;
   void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                 const float* w, int N, int in, int out) override;
-  // The weights changed (optimizer step, checkpoint load): convert them again on next use.
+  // The weights changed (optimizer step, checkpoint load): those the optimizer wrote into the
+  // bf16 copy since the last call are current, the others are converted again on next use.
   void new_weights();
+  // Weights converted from fp32 so far (each conversion of one weight matrix counts one).
   int64_t weight_conversions() const { return conversions_; }
 
  private:
   const uint16_t* weight(const float* w, int64_t n);
   const uint16_t* input(ActIn x, int64_t n);
-  std::unordered_map<const float*, std::vector<uint16_t>> weights_;
+  ParamSet* params_ = nullptr;
+  std::unordered_map<const float*, std::vector<uint16_t>> weights_;  // outside params_
   std::unordered_map<const float*, bool> fresh_;
-  std::vector<uint16_t> a_, b_;  // converted activations / gradients
+  std::unordered_map<const float*, int64_t> sizes_;  // elements of each weight seen
+  std::vector<uint16_t> a_, b_;                      // converted activations / gradients
   int64_t conversions_ = 0;
 };
 

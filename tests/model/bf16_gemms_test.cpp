@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/rng.h"
 #include "kernels/cpu/gemm_bf16.h"
@@ -124,4 +125,45 @@ TEST(Bf16Gemms, TrainingTracksFp32) {
   for (size_t s = 0; s < curve[0].size(); ++s)
     EXPECT_NEAR(curve[1][s], curve[0][s], 0.05 * curve[0][s]) << "step " << s;
   EXPECT_LT(curve[1].back(), 0.7 * curve[1].front());
+}
+
+// The optimizer writes the weights' bf16 copy in its own pass (AdamW::update): after a step,
+// new_weights() finds every weight current and nothing is converted again; the GEMMs then read
+// exactly what a fresh conversion of the stepped weights gives (a second model, same weights,
+// converting them itself: the same loss and gradients, bit for bit).
+TEST(Bf16Gemms, OptimizerWrittenWeightsNeedNoConversion) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) GTEST_SKIP() << "no AVX512-BF16 here";
+  Decoder m(small(Family::GPT2), cpu_backend(), Recompute::None, DType::BF16);
+  m.params().init(4);
+  round_to(DType::BF16, m.params().data(), size_t(m.params().total()));
+  AdamW opt(m.params(), AdamWConfig{}, DType::BF16, cpu_backend());
+  auto recipe = attach_bf16_gemms(m, true);
+  ASSERT_NE(m.params().bf16_data(), nullptr);
+  Data d = make_data(2, 16, 8);
+  for (int s = 0; s < 3; ++s) {
+    recipe->new_weights();
+    m.params().zero_grad();
+    m.forward_backward(d.input(), 1.f / 32);
+    opt.step(1e-2, 1.f);
+  }
+  // Converted once, on first use, before the optimizer had written anything.
+  EXPECT_EQ(recipe->weight_conversions(), int64_t(m.linears().size()));
+  recipe->new_weights();
+  m.params().zero_grad();
+  const double loss = m.forward_backward(d.input(), 1.f / 32);
+  EXPECT_EQ(recipe->weight_conversions(), int64_t(m.linears().size()));
+
+  Decoder fresh(small(Family::GPT2), cpu_backend(), Recompute::None, DType::BF16);
+  std::copy(m.params().data(), m.params().data() + m.params().total(), fresh.params().data());
+  auto r2 = attach_bf16_gemms(fresh, true);
+  fresh.params().zero_grad();
+  EXPECT_EQ(loss, fresh.forward_backward(d.input(), 1.f / 32));
+  EXPECT_EQ(r2->weight_conversions(), int64_t(fresh.linears().size()));
+  EXPECT_EQ(0, std::memcmp(m.params().grad(), fresh.params().grad(),
+                           sizeof(float) * size_t(m.params().total())));
+  // Weights written by hand (not by the optimizer) are converted again.
+  for (int64_t i = 0; i < m.params().total(); ++i) m.params().data()[i] *= 0.5f;
+  recipe->new_weights();
+  m.forward_loss(d.input());
+  EXPECT_EQ(recipe->weight_conversions(), 2 * int64_t(m.linears().size()));
 }

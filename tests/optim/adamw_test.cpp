@@ -179,3 +179,82 @@ TEST(AdamW, StateIsTheBackendsOptimizerMemory) {
     EXPECT_NEAR(held_mib(be, "optimizer"), before, 0.01) << dtype_name(t) << ": freed";
   }
 }
+
+// The bf16 policy (not ZeRO-3) derives the model's weights and the set's bf16 copy in the
+// update's own pass. Against the same steps taken in separate passes (a kept master: update,
+// then write_model's copy and rounding), with a frozen parameter and padding in between: the
+// same model weights and master bit for bit, a bf16 copy that is the model's bits, and the
+// whole set noted as written.
+TEST(AdamW, Bf16FusedPassMatchesSeparatePasses) {
+  ParamSet A, B;
+  build(A);
+  build(B);
+  for (ParamSet* P : {&A, &B}) {
+    P->set_trainable("a.bias", false);
+    round_to(DType::BF16, P->data(), size_t(P->total()));
+    P->allocate_bf16_copy();
+  }
+  AdamW fused(A, AdamWConfig{}, DType::BF16, cpu_backend());
+  AdamW passes(B, AdamWConfig{}, DType::BF16, cpu_backend(), 0, B.total(), true);
+  passes.sync_master_from_model();
+  for (int s = 0; s < 4; ++s) {
+    fill_grads(A, s);
+    fill_grads(B, s);
+    fused.step(1e-2 * (s + 1), 0.5f);
+    passes.step(1e-2 * (s + 1), 0.5f);
+  }
+  expect_same(A.data(), B.data(), A.total(), "model weights");
+  expect_same(fused.master(), passes.master(), A.total(), "master");
+  for (int64_t i = 0; i < A.total(); ++i) {
+    ASSERT_EQ(A.bf16_data()[i], f32_to_bf16(A.data()[i])) << "bf16 copy element " << i;
+    ASSERT_EQ(B.bf16_data()[i], A.bf16_data()[i]) << "bf16 copy element " << i;
+  }
+  const auto written = A.take_bf16_written();
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0], ParamSet::Range(0, A.total()));
+  EXPECT_TRUE(A.take_bf16_written().empty());  // taken
+}
+
+// After a fused step the model is current, but a master changed through the handed-out state
+// (a checkpoint's restore writes the state_slices views) must still reach the model and its
+// bf16 copy on sync_model_from_master.
+TEST(AdamW, Bf16MasterRestoredAfterAStepReachesTheModel) {
+  ParamSet P;
+  build(P);
+  round_to(DType::BF16, P.data(), size_t(P.total()));
+  P.allocate_bf16_copy();
+  AdamW opt(P, AdamWConfig{}, DType::BF16, cpu_backend());
+  fill_grads(P, 0);
+  opt.step(1e-2, 1.f);
+  for (const StateSlice& sl : opt.state_slices())
+    if (sl.name.rfind("master.", 0) == 0)
+      for (int64_t i = 0; i < sl.tensor.numel(); ++i) sl.tensor.data<float>()[i] = 0.375f;
+  P.take_bf16_written();
+  opt.sync_model_from_master();
+  const ParamInfo& w = P.info("b.weight");
+  for (int64_t i = 0; i < w.numel; ++i) {
+    ASSERT_EQ(P.data()[w.offset + i], 0.375f) << i;
+    ASSERT_EQ(P.bf16_data()[w.offset + i], f32_to_bf16(0.375f)) << i;
+  }
+  EXPECT_FALSE(P.take_bf16_written().empty());
+}
+
+// A data-parallel shard's update writes its own range of the model (and notes it); write_model
+// elsewhere is left to the caller as before.
+TEST(AdamW, Bf16ShardWritesOnlyItsRange) {
+  ParamSet P;
+  build(P);
+  round_to(DType::BF16, P.data(), size_t(P.total()));
+  P.allocate_bf16_copy();
+  std::vector<float> before(P.data(), P.data() + P.total());
+  AdamW shard(P, AdamWConfig{}, DType::BF16, cpu_backend(), 10, 30, false);
+  shard.sync_master_from_model();
+  fill_grads(P, 0);
+  shard.update(0.1, 1.f, P.grad() + 10);
+  expect_same(before.data(), P.data(), 10, "before the shard");
+  expect_same(before.data() + 30, P.data() + 30, P.total() - 30, "after the shard");
+  for (int64_t i = 10; i < 30; ++i) EXPECT_EQ(P.data()[i], round_bf16(shard.master()[i - 10]));
+  const auto written = P.take_bf16_written();
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0], ParamSet::Range(10, 30));
+}

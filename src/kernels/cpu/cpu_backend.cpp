@@ -337,6 +337,14 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // ---- bf16 policy (kernels/cpu/adamw.cpp)
+  void adamw_to_bf16(float* master, const float* grad, float* m, float* v, int64_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                     int64_t step, float* model, uint16_t* model_bf16) override {
+    cpu::adamw_to_bf16(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step,
+                       model, model_bf16);
+  }
+
  private:
   // memmove semantics are not promised by the interface, but a copy onto itself is harmless.
   static void copy(void* dst, const void* src, size_t bytes) {

@@ -63,6 +63,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D, float scale);
 void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
            float beta2, float eps, float weight_decay, float grad_scale, int64_t step);
+// adamw on the fp32 master, then in the same pass model[i] = round_bf16(master[i]) and, when
+// model_bf16 is given, model_bf16[i] = its bf16 bits (the bf16 policy's working copies).
+void adamw_to_bf16(float* master, const float* grad, float* m, float* v, int64_t n, float lr,
+                   float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+                   int64_t step, float* model, uint16_t* model_bf16);
 double sum_squares(const float* x, int64_t n);
 bool all_finite(const float* x, int64_t n);
 
