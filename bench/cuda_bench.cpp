@@ -40,11 +40,11 @@
 
 #include "core/bench_util.h"
 #include "core/error.h"
-#include "cuda/cuda_fp8_recipes.h"
 #include "kernels/buffer.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/tap_backend.h"
 #include "model/decoder.h"
+#include "precision/cuda_fp8_recipes.h"
 
 namespace {
 
@@ -198,13 +198,13 @@ int run(const Args& a) {
   for (int b = 0; b <= a.batch; ++b) cu[b] = b * a.seq;
   const ModelInput in{tokens.data(), targets.data(), positions.data(), cu.data(), N, a.batch};
 
-  std::unique_ptr<test::CudaFp8Recipes> fp8_recipes;
+  std::unique_ptr<CudaFp8Recipes> fp8_recipes;
   if (fp8) {
     CudaFp8Options fo;
     fo.hybrid = true;
     fo.amax_history = a.math == "fp8-delayed" ? 1024 : 0;  // TE's default history
     fo.mx = a.math == "mxfp8";
-    fp8_recipes = std::make_unique<test::CudaFp8Recipes>(model, be, fo, N);
+    fp8_recipes = std::make_unique<CudaFp8Recipes>(model, be, fo, N);
   }
   auto stream = static_cast<cudaStream_t>(be.stream());
   GroupTimer timer{{}, stream};

@@ -283,15 +283,23 @@ void Fp8Linear::backward(Backend& be, float* dx, float* dw, float* db, const flo
 Fp8Recipes::Fp8Recipes(Decoder& model, const Fp8Options& o) : opt_(o) {
   const TensorParallel& tp = model.tensor_parallel();
   tp_ = tp.size > 1 ? tp.comm : nullptr;
+  for (const std::string& name : fp8_layer_names(model, o)) {
+    linears_.push_back(std::make_unique<Fp8Linear>(o, tp_));
+    names_.push_back(name);
+    model.attach_recipe(name, linears_.back().get());
+  }
+}
+
+std::vector<std::string> fp8_layer_names(const Decoder& model, const Fp8Options& o) {
   const int L = model.config().n_layer;
+  std::vector<std::string> names;
   for (const auto& l : model.linears()) {
     if (l.name.rfind("blocks.", 0) != 0) continue;  // the head stays bf16
     const int layer = std::stoi(l.name.substr(7));
     if (layer < o.keep_first || layer >= L - o.keep_last) continue;
-    linears_.push_back(std::make_unique<Fp8Linear>(o, tp_));
-    names_.push_back(l.name);
-    model.attach_recipe(l.name, linears_.back().get());
+    names.push_back(l.name);
   }
+  return names;
 }
 
 Fp8Linear* Fp8Recipes::get(const std::string& name) {

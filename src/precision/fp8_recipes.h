@@ -112,6 +112,10 @@ class Fp8Linear : public GemmRecipe {
   std::vector<float> x32_;           // x widened from bf16 storage
 };
 
+// The linears a recipe takes, in the model's order: every block linear but the first keep_first
+// and last keep_last blocks' (never the head). The CPU and GPU recipes select alike.
+std::vector<std::string> fp8_layer_names(const Decoder& model, const Fp8Options& o);
+
 // One Fp8Linear per selected linear of a model (all block linears but the first keep_first and
 // last keep_last blocks'; never the head), attached to it; the model must outlive this.
 class Fp8Recipes {

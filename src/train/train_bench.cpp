@@ -15,6 +15,7 @@
 #include "model/decoder.h"
 #include "optim/adamw.h"
 #include "precision/bf16_gemms.h"
+#include "precision/device_fp8.h"
 #include "precision/fp8_recipes.h"
 #include "precision/policy.h"
 #include "train/batch.h"
@@ -127,7 +128,6 @@ Json run_train_bench(const TrainBenchOptions& o) {
 
 static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
                                    const std::string& device) {
-  LOOM_CHECK(o.fp8 == "none", "--fp8 on --device cuda: the FP8 recipes run on the CPU only so far");
   ModelConfig mc = model_preset(o.preset);
   LOOM_CHECK(o.seq <= mc.max_seq, "--seq ", o.seq, " exceeds the preset's max_seq ", mc.max_seq);
   // What `loom train --device cuda` runs: the policy's storage (bf16 activations under bf16),
@@ -141,6 +141,17 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
   AdamW optim(model.params(), AdamWConfig{}, policy.compute, be);
   std::unique_ptr<DeviceGemms> gemms =
       policy.compute == DType::F32 ? nullptr : attach_device_gemms(model);
+  // FP8 recipes on the block linears, as the trainer attaches them on a GPU (device_fp8.h).
+  Config fp8_cfg;
+  Fp8Options fp8_opt;
+  std::unique_ptr<DeviceFp8Recipes> fp8;
+  if (o.fp8 != "none") {
+    fp8_cfg.set("precision.fp8_recipe", o.fp8, "--fp8");
+    fp8_cfg.set("precision.fp8_format", o.fp8_format, "--fp8-format");
+  }
+  if (Fp8Options::from(fp8_cfg, mc.n_layer, &fp8_opt))
+    fp8 = attach_device_fp8_recipes(fp8_opt, model, be, 1, o.batch * o.seq, "--fp8: ",
+                                    /*quiet=*/true);
   Batch b = synthetic_batch(o.batch, o.seq, mc.vocab, 7);
   const double tokens = double(o.batch) * o.seq;
   const double flops = mc.train_flops_per_token(o.seq) * tokens;
@@ -149,6 +160,7 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
     be.sync();
     const double t0 = now_seconds();
     model.params().zero_grad();
+    if (fp8) fp8->begin_step();
     model.forward_backward(b.input(), static_cast<float>(1.0 / tokens));
     optim.step(1e-4, 1.f);
     be.sync();  // the step is done when the device is, not when the host has queued it
@@ -167,6 +179,7 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
   j["precision"] = o.precision;
   j["gemm_math"] = math;
   j["recompute"] = o.recompute;
+  j["fp8"] = fp8 ? fp8_opt.describe() : "none";
   j["step_seconds_median"] = median;
   j["tokens_per_s"] = tokens / median;
   j["gflops"] = gflops;
@@ -179,6 +192,9 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
               device.c_str(), o.precision.c_str());
   std::printf("  GEMM math:                %s tensor cores, fp32 accumulation (%s storage)\n",
               math.c_str(), dtype_name(policy.compute));
+  if (fp8)
+    std::printf("  fp8 recipe:               %s on %zu linears\n", fp8_opt.describe().c_str(),
+                fp8->size());
   std::printf("  step time (median of %d): %.4f s\n", o.steps, median);
   std::printf("  tokens/s:                 %.1f\n", tokens / median);
   std::printf("  achieved:                 %.1f GFLOP/s (6*N*tokens + attention)\n", gflops);

@@ -15,7 +15,8 @@ struct TrainBenchOptions {
   std::string fp8 = "none", fp8_format = "e4m3";  // precision.fp8_recipe / fp8_format
   // cpu, cuda or auto (train/device.h). On cuda the step is the trainer's (the policy's
   // storage, GEMMs on the tensor cores of its type, TF32 under fp32) and MFU is against the
-  // GPU's dense bf16 peak (peak_tflops overrides it; 0 = known by the GPU's name).
+  // GPU's dense bf16 peak (peak_tflops overrides it; 0 = known by the GPU's name); fp8 there is
+  // the trainer's GPU recipe (precision/device_fp8.h).
   std::string device = "cpu";
   double peak_tflops = 0;
 };

@@ -203,7 +203,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   if (!be_->host_accessible()) {  // before any data is opened or anything allocated
     Fp8Options fp8_probe;
     check_device_support((world ? *world : comm::world()).size(), dims, vp, dpo, lora_enabled(cfg_),
-                         Fp8Options::from(cfg_, mcfg_.n_layer, &fp8_probe));
+                         Fp8Options::from(cfg_, mcfg_.n_layer, &fp8_probe) ? &fp8_probe : nullptr);
   }
   if (opt_.eval_interval > 0) {  // every data-parallel rank evaluates the same batches
     valid_data_ = make_batch_source(cfg_, opt_, mcfg_, "valid");
@@ -371,7 +371,12 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   // device_gemms.h), and the GPU multiplies on the tensor cores of the policy's type.
   if (!be_->host_accessible() && policy_.compute != DType::F32)
     device_gemms_ = attach_device_gemms(*model_);
-  if (fp8_opt) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
+  // FP8: the CPU recipe on the host, the GPU one on a device (the same keys select both).
+  if (fp8_opt && be_->host_accessible()) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
+  if (fp8_opt && !be_->host_accessible())
+    device_fp8_ = attach_device_fp8_recipes(
+        *fp8_opt, *model_, *be_, pg_->dp().size(), opt_.micro_batch * opt_.seq_len,
+        cat("train.device = \"", opt_.device, "\": "), opt_.quiet);
   // Delayed scaling's amaxes are max-reduced over the ranks of one pipeline stage (TE's amax
   // reduction group): one process's history under TP, DP and CP alike.
   if (fp8_) fp8_->set_amax_group(pg_->cp().size() > 1 ? &pg_->tp_dp_cp() : &pg_->tp_dp());
@@ -439,6 +444,7 @@ StepResult Trainer::train_step() {
   resil::heartbeat_section(resil::Section::Data, step_ + 1);
   if (bf16_gemms_) bf16_gemms_->new_weights();  // stepped (or loaded) since the last use
   if (fp8_) fp8_->begin_step();                 // new weights; delayed scaling's history moves on
+  if (device_fp8_) device_fp8_->begin_step();
   if (opt_.mode == "dpo") return dpo_step();
   double t0 = now_seconds();
   StepResult r;
@@ -548,6 +554,13 @@ double Trainer::evaluate() {
   if (bf16_gemms_) bf16_gemms_->new_weights();
   if (fp8_) fp8_->new_weights();
   Fp8Evaluating fp8_eval(fp8_.get());  // validation amaxes stay out of the training history
+  if (device_fp8_) device_fp8_->set_recording(false);
+  struct Recording {  // ... on the GPU as well, however evaluate() ends
+    DeviceFp8Recipes* r;
+    ~Recording() {
+      if (r) r->set_recording(true);
+    }
+  } device_fp8_eval{device_fp8_.get()};
   LOOM_CHECK(valid_data_, "evaluation needs train.eval_interval > 0");
   valid_data_->restore(valid_start_);  // the same validation batches every time
   double sum = 0;
@@ -773,6 +786,11 @@ int64_t Trainer::restore_state(const ckpt::Checkpoint& c, bool same_layout) {
              "', this run uses '", policy_.name, "'");
   if (policy_.loss_scaling) scaler_.restore(extra.at("loss_scaler"));
   if (fp8_) fp8_->restore(extra.contains("fp8") ? &extra.at("fp8") : nullptr, c.dir());
+  // The GPU recipe's delayed-scaling histories live on the device and are not checkpointed yet:
+  // a resumed run rebuilds them from its first steps (scale 1 until then).
+  if (device_fp8_ && device_fp8_->delayed())
+    log_warn(c.dir(), ": the GPU's fp8 amax histories are not in checkpoints; resuming with ",
+             "fresh histories (the run is not bit-identical to an uninterrupted one)");
   train_data_->restore(c.state().data);
   step_ = c.state().step;
   return extra.at("optimizer_steps").as_int();
@@ -854,7 +872,7 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
 // 0-2 whose gradient reductions and parameter gathers go through NCCL (dp_device_comm_).
 void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, int vp,
                                    const parallel::DataParallelOptions& dpo, bool lora,
-                                   bool fp8) const {
+                                   const Fp8Options* fp8) const {
   const std::string on =
       cat("train.device = \"", opt_.device, "\" (the ", be_->name(), " backend): ");
   LOOM_CHECK(!mcfg_.is_moe(), on, "mixture-of-experts models (model.n_experts = ", mcfg_.n_experts,
@@ -871,8 +889,10 @@ void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, 
              " ranks need the NCCL communicator, which this build lacks: run one process");
   LOOM_CHECK(!lora && opt_.mode != "dpo", on, "LoRA and DPO are not supported yet ",
              "(their adapters and reference model are updated by host code): use the CPU");
-  LOOM_CHECK(!fp8, on, "precision.fp8_recipe is not supported yet (the recipes quantise on the ",
-             "host): leave it unset");
+  // (Data parallelism is the only layout left here: the ranks are the DP ranks.)
+  if (fp8)
+    check_device_fp8(*fp8, device_fp8_target(*be_, world_size, opt_.micro_batch * opt_.seq_len),
+                     on);
 }
 
 // Host tensors for checkpoint I/O: on a host-accessible backend the views themselves; on a

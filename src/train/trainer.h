@@ -19,6 +19,7 @@
 #include "parallel/frozen_shards.h"
 #include "parallel/pipeline.h"
 #include "precision/bf16_gemms.h"
+#include "precision/device_fp8.h"
 #include "precision/fp8_recipes.h"
 #include "precision/policy.h"
 #include "train/batch.h"
@@ -72,8 +73,8 @@ struct TrainOptions {
   std::string freeze;
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there; train/device.h). On cuda
   // the whole step runs on the device: one process, or data parallelism at ZeRO 0-2 over
-  // NCCL; what does not run there yet (MoE, CP, TP/PP, ZeRO-3, LoRA, DPO, FP8) is refused up
-  // front with the reason.
+  // NCCL; what does not run there yet (MoE, CP, TP/PP, ZeRO-3, LoRA, DPO) is refused up
+  // front with the reason. The FP8 recipes run on CUDA as far as precision/device_fp8.h says.
   std::string device = "cpu";
   // Guard: this many consecutive skipped steps (non-finite gradients) stop the run with an error
   // (or roll it back, train.on_spike = "rollback"), before a checkpoint of bad weights could
@@ -151,6 +152,8 @@ class Trainer {
   parallel::PipelineRunner* pipeline() { return pipe_.get(); }  // null unless parallel.pp > 1
   const PrecisionPolicy& precision() const { return policy_; }
   Fp8Recipes* fp8_recipes() const { return fp8_.get(); }  // nullptr without precision.fp8_recipe
+  // The GPU's fp8 recipe (train.device = "cuda" with precision.fp8_recipe), else nullptr.
+  DeviceFp8Recipes* device_fp8_recipes() const { return device_fp8_.get(); }
   const LossScaler& loss_scaler() const { return scaler_; }
   // For tests: multiply every gradient by this before the overflow check (forces inf).
   void inject_gradient_factor(float f) { inject_ = f; }
@@ -172,7 +175,8 @@ class Trainer {
   ckpt::TensorList stage(ckpt::TensorList views);  // host copies of device tensors (see .cpp)
   void unstage();                                  // ... uploaded back after they were filled
   void check_device_support(int world_size, const comm::ParallelDims& d, int vp,
-                            const parallel::DataParallelOptions& dpo, bool lora, bool fp8) const;
+                            const parallel::DataParallelOptions& dpo, bool lora,
+                            const Fp8Options* fp8) const;
   ckpt::TensorList optim_list() const;
   bool resume_distributed();
   void start_from_one_process(const std::string& path);
@@ -232,8 +236,9 @@ class Trainer {
   std::unique_ptr<parallel::FrozenShards> reference_shards_;
   std::unique_ptr<parallel::PipelineRunner> reference_pipe_;  // DPO under PP: the reference's
   std::unique_ptr<Bf16Gemms> bf16_gemms_;                     // bf16 policy on an AVX512-BF16 CPU
-  std::unique_ptr<DeviceGemms> device_gemms_;  // bf16 / fp16 policy on a device (GPU)
-  std::unique_ptr<Fp8Recipes> fp8_;            // precision.fp8_recipe: FP8 / MXFP8 GEMMs
+  std::unique_ptr<DeviceGemms> device_gemms_;     // bf16 / fp16 policy on a device (GPU)
+  std::unique_ptr<Fp8Recipes> fp8_;               // precision.fp8_recipe: FP8 / MXFP8 GEMMs
+  std::unique_ptr<DeviceFp8Recipes> device_fp8_;  // ... the same on a GPU
   double dpo_beta_ = 0.1;
   DpoLoss dpo_loss_ = DpoLoss::Sigmoid;
   std::vector<std::pair<std::string, double>> eval_extra_;

@@ -12,12 +12,12 @@
 #include <cmath>
 #include <memory>
 
-#include "cuda/cuda_fp8_recipes.h"
 #include "cuda/cuda_test_util.h"
 #include "kernels/cuda/fp8_linear.h"
 #include "kernels/grad_check.h"
 #include "model/decoder.h"
 #include "model/step_check.h"
+#include "precision/cuda_fp8_recipes.h"
 #include "precision/fp8_recipes.h"
 
 namespace loom {
@@ -287,7 +287,7 @@ TEST(CudaStep, Fp8StepMatchesCpuRecipeLoss) {
     gm.params().zero_grad();
     CudaFp8Options go;
     go.hybrid = true;
-    test::CudaFp8Recipes grecipes(gm, *gpu(), go, in.N);
+    CudaFp8Recipes grecipes(gm, *gpu(), go, in.N);
     EXPECT_EQ(grecipes.size(), recipes.names().size());
     grecipes.begin_step();
     const double got = gm.forward_backward(in, 1.f / in.N);
@@ -318,11 +318,9 @@ TEST(CudaStep, Fp8DelayedTrainingTracksCpuRecipe) {
   CudaFp8Options go;
   go.hybrid = true;
   go.amax_history = 4;
-  std::unique_ptr<test::CudaFp8Recipes> gpu_r;
+  std::unique_ptr<CudaFp8Recipes> gpu_r;
   test::CurveHooks gh;
-  gh.setup = [&](Decoder& m) {
-    gpu_r = std::make_unique<test::CudaFp8Recipes>(m, *gpu(), go, 128);
-  };
+  gh.setup = [&](Decoder& m) { gpu_r = std::make_unique<CudaFp8Recipes>(m, *gpu(), go, 128); };
   gh.before_step = [&](int) { gpu_r->begin_step(); };
   const std::vector<double> got = test::train_curve(*gpu(), s, 6, gh);
   ASSERT_EQ(got.size(), want.size());

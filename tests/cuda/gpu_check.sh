@@ -107,6 +107,10 @@ if want bench; then
   stamp "loom bench train --device cuda (the Trainer, GPT-2 124M, 16 x 1024, bf16 GEMMs)"
   timeout 150 $LOOM bench train --device cuda --preset gpt2-124m --batch 16 --seq 1024 \
     --precision bf16 --steps 5 --warmup 2 2>&1 | tee "$LOG/bench_train_cuda.txt" | tail -4
+  stamp "loom bench train --device cuda --fp8 fp8_tensorwise_current (the Trainer's GPU fp8 recipe)"
+  timeout 150 $LOOM bench train --device cuda --preset gpt2-124m --batch 16 --seq 1024 \
+    --precision bf16 --fp8 fp8_tensorwise_current --fp8-format hybrid --steps 5 --warmup 2 2>&1 |
+    tee "$LOG/bench_train_cuda_fp8.txt" | tail -5
   stamp "bench_cuda --math fp8 (block linears in fp8, current scaling, hybrid)"
   timeout 90 $B/bench/bench_cuda --math fp8 2>&1 | tee "$LOG/bench_cuda_fp8.txt"
   for m in fp8-delayed mxfp8; do

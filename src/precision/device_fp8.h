@@ -1,0 +1,66 @@
+// The FP8 recipes (precision/fp8_recipes.h) on a GPU: the same [precision] keys select them, and
+// the Trainer (train.device = "cuda") and `loom bench train --device cuda` attach them through
+// this header, which needs no CUDA headers (the recipe itself: precision/cuda_fp8_recipes.h,
+// built with the CUDA backend). What runs there:
+//   fp8_tensorwise_current, fp8_tensorwise_delayed: cuBLASLt fp8 GEMMs (kernels/cuda/fp8_linear.h),
+//       on GPUs with fp8 tensor cores (sm_89 or newer); elsewhere refused, naming the GPU (no
+//       silent fallback: a run asked for fp8 must not quietly train in another precision).
+//   mxfp8: 1x32 blocks dequantised to bf16 for bf16 GEMMs (no GPU before Blackwell multiplies
+//       MX blocks), on any GPU the CUDA backend runs on.
+// Refused by name as well: fp8_tensorwise_delayed over several data-parallel ranks (the GPU
+// recipe does not max-reduce its step amaxes over the ranks yet, so each rank's history would
+// differ from one process's), and a micro-batch or layer width that is not a multiple of 16
+// (cuBLASLt's fp8 alignment).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/decoder.h"
+#include "precision/fp8_recipes.h"
+
+namespace loom {
+
+class Backend;
+
+// The GPU recipe as the Trainer drives it: one fp8 layer per selected linear (fp8_layer_names),
+// attached to the model.
+class DeviceFp8Recipes {
+ public:
+  virtual ~DeviceFp8Recipes() = default;
+  // Before each training step: delayed scaling's amaxes recorded since the last call join the
+  // histories and give this step's scales (nothing for the other recipes).
+  virtual void begin_step() = 0;
+  // False while evaluation passes run: they quantise with the current scales but record no
+  // amaxes (the histories hold training steps only).
+  virtual void set_recording(bool on) = 0;
+  virtual size_t size() const = 0;
+  // Delayed scaling (amax histories that a checkpoint does not hold yet).
+  virtual bool delayed() const = 0;
+  virtual const std::string& name(size_t i) const = 0;
+};
+
+// What the device offers the recipe, known before the model is allocated.
+struct DeviceFp8Target {
+  bool cuda = false;   // the backend is the CUDA one (the only device with fp8 recipes)
+  int sm_version = 0;  // its compute capability, 10 * major + minor
+  int dp_ranks = 1;    // data-parallel ranks of the run
+  int tokens = 0;      // tokens per micro-batch (train.micro_batch * train.seq_len)
+};
+
+// Throws an error naming precision.fp8_recipe (and the value at fault) when recipe `o` cannot
+// run on `t`; `where` prefixes it ("train.device = \"cuda\" (the cuda backend): ").
+void check_device_fp8(const Fp8Options& o, const DeviceFp8Target& t, const std::string& where);
+
+// The target of a backend: its kind and SM version (a non-CUDA backend: cuda = false).
+DeviceFp8Target device_fp8_target(Backend& be, int dp_ranks, int tokens);
+
+// Checks as check_device_fp8 does, then attaches the GPU recipe to `model` (on `be`, the CUDA
+// backend) for micro-batches of up to `tokens` tokens, replacing any recipe on those linears;
+// also refuses a selected layer whose width is not a multiple of 16. Logs what it did unless
+// quiet. Throws in a build without the CUDA backend.
+std::unique_ptr<DeviceFp8Recipes> attach_device_fp8_recipes(const Fp8Options& o, Decoder& model,
+                                                            Backend& be, int dp_ranks, int tokens,
+                                                            const std::string& where, bool quiet);
+
+}  // namespace loom
