@@ -19,7 +19,6 @@
 #include "precision/policy.h"
 #include "train/batch.h"
 #include "train/device.h"
-#include "train/device_gemms.h"
 
 namespace loom {
 
@@ -132,15 +131,14 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
   LOOM_CHECK(o.seq <= mc.max_seq, "--seq ", o.seq, " exceeds the preset's max_seq ", mc.max_seq);
   // What `loom train --device cuda` runs: the policy's storage (bf16 activations under bf16),
   // fp32 master weights in AdamW, the GEMMs on the tensor cores of the policy's type (TF32
-  // under fp32) through the device recipe that widens stored bf16 on the GPU.
+  // under fp32; Linear widens stored bf16 into the Decoder's device scratch), the head in the
+  // Decoder's device-sized chunks (Decoder::head_chunk).
   const PrecisionPolicy policy = precision_from_name(o.precision);
   const std::string math =
       set_gemm_math(be, policy.compute == DType::F32 ? "tf32" : dtype_name(policy.compute));
   Decoder model(mc, be, recompute_from_name(o.recompute), policy.compute);
   model.params().init(1);
   AdamW optim(model.params(), AdamWConfig{}, policy.compute, be);
-  std::unique_ptr<DeviceGemms> gemms =
-      policy.compute == DType::F32 ? nullptr : attach_device_gemms(model);
   Batch b = synthetic_batch(o.batch, o.seq, mc.vocab, 7);
   const double tokens = double(o.batch) * o.seq;
   const double flops = mc.train_flops_per_token(o.seq) * tokens;
