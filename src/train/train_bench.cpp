@@ -171,6 +171,7 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
   j["peak_bf16_gflops"] = peak;
   if (peak > 0) j["mfu"] = gflops / peak;
   j["activation_mb"] = model.activation_bytes() / 1048576.0;
+  j["head_rows"] = model.head_chunk();
   j["load_average_1m"] = load_average();
   std::printf("loom bench train: %s (%lld params), batch %d x %d tokens, %s, %s\n",
               o.preset.c_str(), static_cast<long long>(mc.num_params()), o.batch, o.seq,
@@ -185,7 +186,8 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
                 100 * gflops / peak, peak / 1e3, o.peak_tflops > 0 ? ", --peak-tflops" : "");
   else
     std::printf("  MFU:                      unknown GPU peak (give --peak-tflops)\n");
-  std::printf("  activation buffers:       %.0f MiB\n", model.activation_bytes() / 1048576.0);
+  std::printf("  activation buffers:       %.0f MiB (head in chunks of %d rows)\n",
+              model.activation_bytes() / 1048576.0, model.head_chunk());
   std::printf("  device memory:\n%s\n", be.memory_report().c_str());
   std::printf("  load average (1 min):     %.2f\n", load_average());
   return j;
