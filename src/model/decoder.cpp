@@ -396,7 +396,9 @@ void Decoder::ensure_buffers(int N) {
       b_->fc32 = fwd ? take(FC) : b_->dfc;
     }
     // Logits exist only where the head runs (the whole model, or the last pipeline stage).
-    int64_t logits = pp_.last ? (int64_t(head_chunk()) * vocab_ + 15) / 16 * 16 : 0;
+    // (No more rows than the batch has: a device's chunk can exceed a small batch.)
+    const int64_t head_rows = std::min<int64_t>(head_chunk(), N);
+    int64_t logits = pp_.last ? (head_rows * vocab_ + 15) / 16 * 16 : 0;
     b_->logits = base ? base + total : nullptr;
     total += logits;
     if (pass == 0) {
@@ -441,8 +443,18 @@ void Decoder::set_head_rows(int rows) {
 
 int Decoder::head_chunk() const {
   if (head_rows_ > 0) return head_rows_;
-  constexpr int64_t kLogitFloats = int64_t(16) << 20;
-  return static_cast<int>(std::clamp<int64_t>(kLogitFloats / vocab_, 16, 256));
+  // The CPU's kernels (the CPU backend, and the guarded backend that runs them on device-like
+  // memory) want the logits cache-near: 64 MB, at most 256 rows; their results are pinned to
+  // that chunking, since the head's weight gradient sums chunk by chunk. A GPU's head GEMMs
+  // want thousands of rows: at 256 each chunk re-reads the whole head weight twice and rewrites
+  // its fp32 gradient, 64 times per 16K tokens for GPT-2; up to 1 GiB of logits (4096 rows of
+  // GPT-2's vocabulary, as bench_cuda runs) is cheap there. (As block_rows decides.)
+  if (be_.device() == Device::CPU) {
+    constexpr int64_t kLogitFloats = int64_t(16) << 20;
+    return static_cast<int>(std::clamp<int64_t>(kLogitFloats / vocab_, 16, 256));
+  }
+  constexpr int64_t kDeviceLogitFloats = int64_t(256) << 20;
+  return static_cast<int>(std::clamp<int64_t>(kDeviceLogitFloats / vocab_, 16, 4096));
 }
 
 void Decoder::round_act(float* x, int64_t n) const {

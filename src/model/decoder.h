@@ -206,11 +206,12 @@ class Decoder {
   // Layer l's MoE layer (routing statistics), or nullptr for a dense layer.
   const MoeLayer* moe_layer(int l) const { return moe_.empty() ? nullptr : moe_[l].get(); }
 
-  // Rows of logits materialised at once: as many as fit in ~64 MB (more rows per chunk make
-  // the head's weight-gradient GEMM less memory-bound), at least 16, at most 256.
+  // Rows of logits materialised at once (more rows per chunk make the head's weight-gradient
+  // GEMM less memory-bound), at least 16: on the CPU's kernels as many as fit in ~64 MB, at most
+  // 256; on a GPU (whose head GEMMs want thousands of rows) as many as fit in ~1 GiB, at most
+  // 4096. The arena holds no more rows than the largest batch.
   int head_chunk() const;
-  // Overrides that rule (0: back to it); before the first forward. A GPU's head GEMMs want
-  // thousands of rows per chunk (bench_cuda uses 4096): 64 MB of logits is a CPU's trade-off.
+  // Overrides that rule (0: back to it); before the first forward.
   void set_head_rows(int rows);
   // Bytes held in the training activation buffers for the largest batch so far.
   size_t activation_bytes() const { return train_buf_.mem.bytes(); }

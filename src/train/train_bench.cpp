@@ -20,7 +20,6 @@
 #include "precision/policy.h"
 #include "train/batch.h"
 #include "train/device.h"
-#include "train/device_gemms.h"
 
 namespace loom {
 
@@ -132,15 +131,14 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
   LOOM_CHECK(o.seq <= mc.max_seq, "--seq ", o.seq, " exceeds the preset's max_seq ", mc.max_seq);
   // What `loom train --device cuda` runs: the policy's storage (bf16 activations under bf16),
   // fp32 master weights in AdamW, the GEMMs on the tensor cores of the policy's type (TF32
-  // under fp32) through the device recipe that widens stored bf16 on the GPU.
+  // under fp32; Linear widens stored bf16 into the Decoder's device scratch), the head in the
+  // Decoder's device-sized chunks (Decoder::head_chunk).
   const PrecisionPolicy policy = precision_from_name(o.precision);
   const std::string math =
       set_gemm_math(be, policy.compute == DType::F32 ? "tf32" : dtype_name(policy.compute));
   Decoder model(mc, be, recompute_from_name(o.recompute), policy.compute);
   model.params().init(1);
   AdamW optim(model.params(), AdamWConfig{}, policy.compute, be);
-  std::unique_ptr<DeviceGemms> gemms =
-      policy.compute == DType::F32 ? nullptr : attach_device_gemms(model);
   // FP8 recipes on the block linears, as the trainer attaches them on a GPU (device_fp8.h).
   Config fp8_cfg;
   Fp8Options fp8_opt;
@@ -186,6 +184,7 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
   j["peak_bf16_gflops"] = peak;
   if (peak > 0) j["mfu"] = gflops / peak;
   j["activation_mb"] = model.activation_bytes() / 1048576.0;
+  j["head_rows"] = model.head_chunk();
   j["load_average_1m"] = load_average();
   std::printf("loom bench train: %s (%lld params), batch %d x %d tokens, %s, %s\n",
               o.preset.c_str(), static_cast<long long>(mc.num_params()), o.batch, o.seq,
@@ -203,7 +202,8 @@ static Json run_train_bench_device(const TrainBenchOptions& o, Backend& be,
                 100 * gflops / peak, peak / 1e3, o.peak_tflops > 0 ? ", --peak-tflops" : "");
   else
     std::printf("  MFU:                      unknown GPU peak (give --peak-tflops)\n");
-  std::printf("  activation buffers:       %.0f MiB\n", model.activation_bytes() / 1048576.0);
+  std::printf("  activation buffers:       %.0f MiB (head in chunks of %d rows)\n",
+              model.activation_bytes() / 1048576.0, model.head_chunk());
   std::printf("  device memory:\n%s\n", be.memory_report().c_str());
   std::printf("  load average (1 min):     %.2f\n", load_average());
   return j;

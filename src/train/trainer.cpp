@@ -367,10 +367,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   // every weight at once: the recipe keeps a bf16 copy of each).
   if (policy_.compute == DType::BF16 && dp_->zero() < 3 && !base_zero3_ && be_->host_accessible())
     bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
-  // On a device the reduced-precision GEMMs widen stored bf16 into Backend scratch (train/
-  // device_gemms.h), and the GPU multiplies on the tensor cores of the policy's type.
-  if (!be_->host_accessible() && policy_.compute != DType::F32)
-    device_gemms_ = attach_device_gemms(*model_);
+  // (On a device the linear layers widen stored bf16 into the Decoder's Backend scratch,
+  // Linear::widen, and the GPU multiplies on the tensor cores of the policy's type.)
   // FP8: the CPU recipe on the host, the GPU one on a device (the same keys select both).
   if (fp8_opt && be_->host_accessible()) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   if (fp8_opt && !be_->host_accessible())
@@ -869,18 +867,27 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
 
 // What the trainer's step keeps off a device so far, refused up front with the reason (before
 // the model allocates or anything is written). One process, or pure data parallelism at ZeRO
-// 0-2 whose gradient reductions and parameter gathers go through NCCL (dp_device_comm_).
+// 0-2 whose gradient reductions and parameter gathers go through NCCL (dp_device_comm_). MoE
+// models train on the device (their layers run through Backend ops; without EP the experts'
+// gradients are ordinary dense ones, reduced with the rest), but not split over ranks.
 void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, int vp,
                                    const parallel::DataParallelOptions& dpo, bool lora,
                                    const Fp8Options* fp8) const {
   const std::string on =
       cat("train.device = \"", opt_.device, "\" (the ", be_->name(), " backend): ");
-  LOOM_CHECK(!mcfg_.is_moe(), on, "mixture-of-experts models (model.n_experts = ", mcfg_.n_experts,
-             ") are not supported yet: the MoE layer still runs on the CPU kernels");
+  // Both exchange device memory between ranks point to point (ring attention's KV blocks, EP's
+  // token all-to-all), which the NCCL communicator cannot do yet: it ignores message tags and
+  // issues sends and receives ungrouped, so the ring's and the all-to-all's pairs could match
+  // the wrong message or deadlock.
   LOOM_CHECK(d.cp == 1, on, "context parallelism (parallel.cp = ", d.cp,
-             ") is not supported yet: ring attention still runs on the CPU kernels");
-  LOOM_CHECK(d.tp == 1 && d.pp == 1 && vp == 1 && d.ep == 1, on,
-             "only data parallelism is supported so far (parallel.tp, pp, vp and ep must be 1)");
+             ") is not supported yet: ring attention across ranks needs NCCL point-to-point ",
+             "messages the NCCL communicator lacks (tags, grouped send/receive)");
+  LOOM_CHECK(d.ep == 1, on, "expert parallelism (parallel.ep = ", d.ep,
+             ") is not supported yet: the experts' token all-to-all across ranks needs NCCL ",
+             "point-to-point messages the NCCL communicator lacks (tags, grouped send/receive); ",
+             "a mixture-of-experts model trains on the device with parallel.ep = 1");
+  LOOM_CHECK(d.tp == 1 && d.pp == 1 && vp == 1, on,
+             "only data parallelism is supported so far (parallel.tp, pp and vp must be 1)");
   LOOM_CHECK(dpo.zero <= 2, on, "parallel.zero = 3 is not supported yet (its block gathers ",
              "release host pages): use 0, 1 or 2");
   LOOM_CHECK(dpo.grad_reduce_dtype == DType::F32, on,

@@ -23,7 +23,6 @@
 #include "precision/fp8_recipes.h"
 #include "precision/policy.h"
 #include "train/batch.h"
-#include "train/device_gemms.h"
 #include "train/dpo.h"
 #include "train/loss_guard.h"
 #include "train/metrics.h"
@@ -236,7 +235,6 @@ class Trainer {
   std::unique_ptr<parallel::FrozenShards> reference_shards_;
   std::unique_ptr<parallel::PipelineRunner> reference_pipe_;  // DPO under PP: the reference's
   std::unique_ptr<Bf16Gemms> bf16_gemms_;                     // bf16 policy on an AVX512-BF16 CPU
-  std::unique_ptr<DeviceGemms> device_gemms_;     // bf16 / fp16 policy on a device (GPU)
   std::unique_ptr<Fp8Recipes> fp8_;               // precision.fp8_recipe: FP8 / MXFP8 GEMMs
   std::unique_ptr<DeviceFp8Recipes> device_fp8_;  // ... the same on a GPU
   double dpo_beta_ = 0.1;

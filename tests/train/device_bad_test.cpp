@@ -80,8 +80,10 @@ TEST(DeviceBadInput, AutoWithoutAGpuTrainsOnTheCpu) {
   EXPECT_TRUE(std::isfinite(t.train_step().loss));
 }
 
-// What the device path does not cover yet is refused by name (MoE and CP are being moved onto
-// the Backend by another change; until then a device run must not start and crash later).
+// What the device path does not cover yet is refused by name, before anything is written (a
+// device run must not start and crash later). MoE models train on a device in one process (or
+// over data parallelism); their experts split over ranks (EP) and CP are refused until the NCCL
+// communicator has point-to-point messages.
 TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
   struct Case {
     const char* key;
@@ -89,7 +91,8 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
     const char* message;
   };
   const Case cases[] = {
-      {"model.n_experts", "4", "mixture-of-experts models (model.n_experts = 4)"},
+      {"parallel.ep", "2", "expert parallelism (parallel.ep = 2)"},
+      {"parallel.cp", "2", "context parallelism (parallel.cp = 2)"},
       {"parallel.zero", "3", "parallel.zero = 3 is not supported yet"},
       {"train.mode", "\"dpo\"", "LoRA and DPO are not supported yet"},
       {"precision.fp8_recipe", "\"fp8_tensorwise_current\"", "precision.fp8_recipe"},

@@ -34,15 +34,17 @@ std::string corpus(const std::string& dir) {
 }
 
 // Two micro-batches per step (grad_accum), clipping on (the norm is read back), evaluation
-// every 3 steps, a checkpoint at step 3.
+// every 3 steps, a checkpoint at step 3. `moe`: the tiny MoE preset of the family (8 experts,
+// top-2), whose router, dispatch, expert GEMMs and aux loss run through Backend ops.
 Config config(const std::string& dir, const std::string& family, int zero = 0,
-              const std::string& precision = "fp32") {
+              const std::string& precision = "fp32", bool moe = false) {
   Config c = Config::parse(
-      "[model]\npreset = \"tiny\"\nn_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 32\n"
-      "[train]\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\nquiet = true\nsteps = 6\n"
-      "peak_gflops = 100\ncheckpoint_interval = 3\neval_interval = 3\neval_batches = 2\n"
-      "clip_grad = 0.5\ntensorboard = false\n"
-      "[optim]\nlr = 3e-3\nwarmup_steps = 2\n",
+      std::string("[model]\npreset = \"") + (moe ? "tiny-moe" : "tiny") + "\"\n" +
+          "n_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 32\n"
+          "[train]\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\nquiet = true\nsteps = 6\n"
+          "peak_gflops = 100\ncheckpoint_interval = 3\neval_interval = 3\neval_batches = 2\n"
+          "clip_grad = 0.5\ntensorboard = false\n"
+          "[optim]\nlr = 3e-3\nwarmup_steps = 2\n",
       "test.toml");
   c.set("train.out_dir", "\"" + dir + "/run\"", "test");
   c.set("data.paths", "\"" + corpus(dir) + "\"", "test");
@@ -55,12 +57,15 @@ Config config(const std::string& dir, const std::string& family, int zero = 0,
     c.set("train.ckpt_async", "true", "test");
     c.set("model.family", "\"llama\"", "test");
     c.set("model.n_kv_head", "1", "test");
+    // Capacity-limited routing: some of the 32 tokens' 64 assignments overflow an expert's 8
+    // slots and are dropped (the routing plan the host reads back decides which).
+    if (moe) c.set("model.capacity_factor", "1.0", "test");
   }
   return c;
 }
 
 struct Run {
-  std::vector<double> loss, grad_norm, valid;
+  std::vector<double> loss, aux_loss, grad_norm, valid;
   std::vector<float> values;
   int64_t resumed_at = -1;
 };
@@ -68,14 +73,15 @@ struct Run {
 // Three steps, an evaluation and a checkpoint; a new Trainer resumes from it and runs the
 // other three (and evaluates again). `be` null: the CPU backend as train.device = cpu picks it.
 Run train(const std::string& dir, const std::string& family, int zero, const std::string& precision,
-          Backend* be) {
+          bool moe, Backend* be) {
   Run r;
-  const Config c = config(dir, family, zero, precision);
+  const Config c = config(dir, family, zero, precision, moe);
   {
     Trainer t(c, nullptr, be);
     for (int i = 0; i < 3; ++i) {
       StepResult s = t.train_step();
       r.loss.push_back(s.loss);
+      r.aux_loss.push_back(s.aux_loss);
       r.grad_norm.push_back(s.grad_norm);
     }
     r.valid.push_back(t.evaluate());
@@ -87,6 +93,7 @@ Run train(const std::string& dir, const std::string& family, int zero, const std
   for (int i = 0; i < 3; ++i) {
     StepResult s = t.train_step();
     r.loss.push_back(s.loss);
+    r.aux_loss.push_back(s.aux_loss);
     r.grad_norm.push_back(s.grad_norm);
   }
   r.valid.push_back(t.evaluate());
@@ -99,7 +106,7 @@ Run train(const std::string& dir, const std::string& family, int zero, const std
 // In the child: the guarded run against the CPU run; exits 0 only when they agree bit for bit
 // and the steps really went through the guarded backend.
 [[noreturn]] void guarded_child(const std::string& family, int zero = 0,
-                                const std::string& precision = "fp32") {
+                                const std::string& precision = "fp32", bool moe = false) {
   // The CPU reference's bf16 GEMMs on the fp32 GEMM over widened values (as the device recipe
   // computes them), not oneDNN's, whose summation order differs.
   setenv("LOOM_BF16_GEMM", "fallback", 1);
@@ -110,8 +117,8 @@ Run train(const std::string& dir, const std::string& family, int zero, const std
   g.set_strict(true);
   try {
     test::TempDir a("devtrain_cpu"), b("devtrain_guarded");
-    want = train(a.str(), family, zero, precision, nullptr);
-    got = train(b.str(), family, zero, precision, &g);
+    want = train(a.str(), family, zero, precision, moe, nullptr);
+    got = train(b.str(), family, zero, precision, moe, &g);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "run threw: %s\n", e.what());
     std::exit(2);
@@ -119,6 +126,9 @@ Run train(const std::string& dir, const std::string& family, int zero, const std
   std::string bad;
   if (got.resumed_at != 3 || want.resumed_at != 3) bad += " (did not resume at step 3)";
   if (got.loss != want.loss) bad += " losses";
+  if (got.aux_loss != want.aux_loss) bad += " aux losses";
+  // (A MoE model's aux loss is positive: a run whose router never ran would show 0.)
+  if (moe && !(want.aux_loss.at(0) > 0)) bad += " (no MoE aux loss)";
   if (got.grad_norm != want.grad_norm) bad += " grad norms";
   if (got.valid != want.valid) bad += " validation losses";
   if (got.values.size() != want.values.size() ||
@@ -164,6 +174,16 @@ TEST(DeviceTrainer, GuardedBf16AndFp16RunsEqualCpuRuns) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(guarded_child("gpt2", 0, "bf16"), ::testing::ExitedWithCode(0), "");
   EXPECT_EXIT(guarded_child("llama", 0, "fp16"), ::testing::ExitedWithCode(0), "");
+}
+
+// Mixture-of-experts models (tiny-moe, tiny-llama-moe: 8 experts, top-2) on the device: the
+// router, top-k, dispatch, expert GEMMs, combine and aux loss through Backend ops, the routing
+// plan read back once per layer. GPT-2 dropless in fp32; Llama with capacity-limited routing
+// (dropped tokens), bf16 storage and ZeRO-1.
+TEST(DeviceTrainer, GuardedMoeRunsEqualCpuRuns) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child("gpt2", 0, "fp32", true), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child("llama", 1, "bf16", true), ::testing::ExitedWithCode(0), "");
 }
 
 // The guard must catch what it is for: a host read of a parameter of a trainer on the guarded
