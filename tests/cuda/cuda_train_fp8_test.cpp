@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/cuda_train_util.h"
 #include "temp_dir.h"
 #include "train/trainer.h"
 
@@ -32,32 +33,13 @@ using namespace loom;
 
 namespace {
 
-std::string corpus(const std::string& dir) {
-  std::string path = dir + "/corpus.txt";
-  std::string text;
-  for (int i = 0; i < 400; ++i)
-    text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
-  write_file_atomic(path, text);
-  return path;
-}
-
-// GPT-2 family, 2 layers of 64 wide (every linear a multiple of 16), byte vocabulary; two
-// micro-batches of 4 x 32 = 128 tokens per step; clipping on; validation batches for
-// evaluate(). `recipe` with hybrid format (E5M2 gradients, TE's default), plus `extra` keys.
+// GPT-2 family at cuda_train_util.h's sizes (every linear a multiple of 16: 4 x 32 = 128 tokens
+// per micro-batch), 30 steps, no checkpoints; `recipe` with hybrid format (E5M2 gradients, TE's
+// default), plus `extra` [precision] keys.
 Config config(const std::string& dir, const std::string& recipe, const std::string& extra) {
-  Config c = Config::parse(
-      "[model]\npreset = \"tiny\"\nn_layer = 2\nd_model = 64\nn_head = 4\nmax_seq = 64\n"
-      "[train]\nmicro_batch = 4\nseq_len = 32\ngrad_accum = 2\nquiet = true\nsteps = 30\n"
-      "peak_gflops = 100\nclip_grad = 1.0\ntensorboard = false\ncheckpoint_interval = 0\n"
-      "eval_interval = 1000\neval_batches = 2\n"
-      "[optim]\nlr = 3e-3\nwarmup_steps = 5\n"
-      "[precision]\nfp8_format = \"hybrid\"\n" +
-          extra,
-      "test.toml");
-  auto quoted = [](const std::string& s) { return std::string(1, '"').append(s).append(1, '"'); };
-  c.set("precision.fp8_recipe", quoted(recipe), "test");
-  c.set("train.out_dir", quoted(dir + "/run"), "test");
-  c.set("data.paths", quoted(corpus(dir)), "test");
+  Config c =
+      test::tiny_train_config(dir, "tiny", 30, 0, "[precision]\nfp8_format = \"hybrid\"\n" + extra);
+  c.set("precision.fp8_recipe", std::string(1, '"').append(recipe).append(1, '"'), "test");
   return c;
 }
 

@@ -14,6 +14,7 @@
 
 #include "core/fs.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/cuda_train_util.h"
 #include "temp_dir.h"
 #include "train/trainer.h"
 
@@ -21,40 +22,11 @@ using namespace loom;
 
 namespace {
 
-std::string corpus(const std::string& dir) {
-  std::string path = dir + "/corpus.txt";
-  std::string text;
-  for (int i = 0; i < 400; ++i)
-    text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
-  write_file_atomic(path, text);
-  return path;
-}
+using test::trainer_weights;
 
-// tiny-moe (GPT-2 family) or tiny-llama-moe cut to 2 layers of 64 wide, byte vocabulary; two
-// micro-batches of 4 x 32 per step, clipping on, a checkpoint every `ckpt` steps (0: none).
+// tiny-moe (GPT-2 family) or tiny-llama-moe at cuda_train_util.h's sizes.
 Config config(const std::string& dir, const std::string& preset, int steps, int ckpt) {
-  Config c = Config::parse(
-      "[model]\nn_layer = 2\nd_model = 64\nn_head = 4\nmax_seq = 64\n"
-      "[train]\nmicro_batch = 4\nseq_len = 32\ngrad_accum = 2\nquiet = true\n"
-      "peak_gflops = 100\nclip_grad = 1.0\ntensorboard = false\n"
-      "eval_interval = 1000\neval_batches = 2\n"
-      "[optim]\nlr = 3e-3\nwarmup_steps = 5\n",
-      "test.toml");
-  // quoted() keeps GCC 12's -Wrestrict false positive on `"\"" + s + "\""` away.
-  auto quoted = [](const std::string& s) { return std::string(1, '"').append(s).append(1, '"'); };
-  c.set("model.preset", quoted(preset), "test");
-  c.set("train.steps", std::to_string(steps), "test");
-  c.set("train.checkpoint_interval", std::to_string(ckpt), "test");
-  c.set("train.out_dir", quoted(dir + "/run"), "test");
-  c.set("data.paths", quoted(corpus(dir)), "test");
-  return c;
-}
-
-std::vector<float> weights(Trainer& t) {
-  const ParamSet& P = t.model().params();
-  std::vector<float> v(size_t(P.total()));
-  P.read_values(0, P.total(), v.data());
-  return v;
+  return test::tiny_train_config(dir, preset, steps, ckpt);
 }
 
 }  // namespace
@@ -134,7 +106,7 @@ TEST(CudaTrainMoe, CapacityLimitedLlamaMoeResumesBitIdentically) {
   EXPECT_EQ(got, want);
   EXPECT_EQ(got_aux, want_aux);
   EXPECT_GT(want_aux.front(), 0) << "no aux loss: the MoE layers did not route";
-  const auto wa = weights(straight), wb = weights(resumed);
+  const auto wa = trainer_weights(straight), wb = trainer_weights(resumed);
   ASSERT_EQ(wa.size(), wb.size());
   EXPECT_EQ(0, std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)))
       << "the resumed CUDA MoE run's weights differ from the uninterrupted run's";

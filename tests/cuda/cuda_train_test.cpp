@@ -16,6 +16,7 @@
 
 #include "core/fs.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/cuda_train_util.h"
 #include "temp_dir.h"
 #include "train/device.h"
 #include "train/trainer.h"
@@ -24,40 +25,12 @@ using namespace loom;
 
 namespace {
 
-std::string corpus(const std::string& dir) {
-  std::string path = dir + "/corpus.txt";
-  std::string text;
-  for (int i = 0; i < 400; ++i)
-    text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
-  write_file_atomic(path, text);
-  return path;
-}
+using test::fox_corpus;
+using test::trainer_weights;
 
-// GPT-2 family, 2 layers of 64 wide, byte vocabulary; two micro-batches of 4 x 32 per step,
-// clipping on, a checkpoint every `ckpt` steps (0: none); validation batches for evaluate()
-// (eval_interval past the run: only when a test calls it).
+// GPT-2 family (cuda_train_util.h's sizes).
 Config config(const std::string& dir, int steps, int ckpt) {
-  Config c = Config::parse(
-      "[model]\npreset = \"tiny\"\nn_layer = 2\nd_model = 64\nn_head = 4\nmax_seq = 64\n"
-      "[train]\nmicro_batch = 4\nseq_len = 32\ngrad_accum = 2\nquiet = true\n"
-      "peak_gflops = 100\nclip_grad = 1.0\ntensorboard = false\n"
-      "eval_interval = 1000\neval_batches = 2\n"
-      "[optim]\nlr = 3e-3\nwarmup_steps = 5\n",
-      "test.toml");
-  c.set("train.steps", std::to_string(steps), "test");
-  c.set("train.checkpoint_interval", std::to_string(ckpt), "test");
-  // quoted() keeps GCC 12's -Wrestrict false positive on `"\"" + s + "\""` away.
-  auto quoted = [](const std::string& s) { return std::string(1, '"').append(s).append(1, '"'); };
-  c.set("train.out_dir", quoted(dir + "/run"), "test");
-  c.set("data.paths", quoted(corpus(dir)), "test");
-  return c;
-}
-
-std::vector<float> weights(Trainer& t) {
-  const ParamSet& P = t.model().params();
-  std::vector<float> v(size_t(P.total()));
-  P.read_values(0, P.total(), v.data());
-  return v;
+  return test::tiny_train_config(dir, "tiny", steps, ckpt);
 }
 
 }  // namespace
@@ -144,7 +117,7 @@ TEST(CudaTrain, ResumeOnCudaIsBitIdentical) {
   ASSERT_EQ(resumed.step(), 4);
   for (int s = 0; s < 4; ++s) got.push_back(resumed.train_step().loss);
   EXPECT_EQ(got, want);
-  const auto wa = weights(straight), wb = weights(resumed);
+  const auto wa = trainer_weights(straight), wb = trainer_weights(resumed);
   ASSERT_EQ(wa.size(), wb.size());
   EXPECT_EQ(0, std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)))
       << "the resumed CUDA run's weights differ from the uninterrupted run's";
@@ -172,7 +145,7 @@ TEST(CudaTrain, Zero1And2OnCudaEqualZero0) {
     for (int s = 0; s < 5; ++s) got.push_back(t.train_step().loss);
     t.save_checkpoint();  // per-rank parts and a global commit at ZeRO >= 1, staged
     t.finish_checkpoints();
-    const auto w = weights(t);
+    const auto w = trainer_weights(t);
     if (zero == 0) {
       want = got;
       want_w = w;
@@ -193,7 +166,7 @@ TEST(CudaTrain, LoomTrainDeviceCudaEndToEnd) {
   const std::string bin = carried ? carried : LOOM_BIN;
   if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " not built (cmake --target loom)";
   test::TempDir d("cudatrain_cli");
-  const std::string data = corpus(d.str());
+  const std::string data = fox_corpus(d.str());
   const std::string cmd =
       bin + " train --device cuda --set train.steps=5 --set train.quiet=true" +
       " --set model.n_layer=2 --set train.seq_len=32 --set train.micro_batch=4" +
