@@ -28,10 +28,8 @@ NCCLLIB=$(dirname "$(find /usr/local/cuda/ /usr/lib /opt -name 'libnccl.so.2*' 2
 echo "cuBLASLt in $CULIB; NCCL in $NCCLLIB"
 export LD_LIBRARY_PATH="$PWD/build-gpucarry/lib:$CULIB:$NCCLLIB:${LD_LIBRARY_PATH:-}"
 
-# The CUDA test binaries. Tests another engineer adds to tests/cuda (cuda_train_tests: the
-# trainer on the CUDA backend) join this list when their target exists; add new ones here.
+# The CUDA test binaries (a new tests/cuda target joins here).
 TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests"
-OPTIONAL_TESTS=""
 
 B=build-gpucarry
 [ -f $B.tgz ] && [ ! -d $B ] && tar xzf $B.tgz  # gpu_bundle.sh packs it for the trip
@@ -53,11 +51,7 @@ if [ $prebuilt = 0 ]; then
       -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$DEPS" \
       -DGTest_DIR="$DEPS/lib/x86_64-linux-gnu/cmake/GTest" \
       > "$LOG/configure.txt" 2>&1
-    targets="$TESTS bench_cuda loom"
-    for t in $OPTIONAL_TESTS; do
-      timeout 30 cmake --build $B --target help 2>/dev/null | grep -q "^$t:" && targets="$targets $t"
-    done
-    timeout 400 cmake --build $B -j 16 --target $targets > "$LOG/build.txt" 2>&1
+    timeout 400 cmake --build $B -j 16 --target $TESTS bench_cuda loom > "$LOG/build.txt" 2>&1
     tail -5 "$LOG/build.txt"
   fi
 fi
@@ -66,11 +60,8 @@ stamp "binaries: $B"
 LOOM=$B/loom; [ -x $B/bench/loom ] && LOOM=$B/bench/loom
 export LOOM_BIN=$PWD/$LOOM
 if want test; then
-  for t in $TESTS $OPTIONAL_TESTS; do
-    if [ ! -x $B/tests/cuda/$t ]; then
-      [[ " $OPTIONAL_TESTS " == *" $t "* ]] && { echo "$t: not built (optional)"; continue; }
-      echo "$t: missing"; rc=1; continue
-    fi
+  for t in $TESTS; do
+    [ -x $B/tests/cuda/$t ] || { echo "$t: missing"; rc=1; continue; }
     stamp "$t"
     timeout 180 $B/tests/cuda/$t --gtest_brief=1 > "$LOG/$t.txt" 2>&1 || { echo "$t: FAILED (rc $?)"; rc=1; }
     grep -E "FAILED|Failure|PASSED|error|differ" "$LOG/$t.txt" | head -30
