@@ -27,7 +27,7 @@
 // STEPS TARGET STALENESS`, whose learner writes OUT/bench_rl_mpi_STALENESS.json.
 //   bench_rl [OUT_DIR] [STEPS] [TARGET_ACCURACY] [MODES] [ROUNDS]
 // MODES: comma-separated, default sync-1t,async-1,async-1h,mpi-0,mpi-1 (sync-1t always runs);
-// also sync, async-2, async-2h, async-2p. ROUNDS: default 3.
+// also sync, async-2, async-2h, async-2p, mpi-2. ROUNDS: default 3.
 #include <omp.h>
 
 #include <unistd.h>
@@ -371,7 +371,8 @@ int main(int argc, char** argv) {
                                    {"async-2h", 2, 1, false, 0, kShare},
                                    {"async-2p", 2, 1, false, bench_options().max_tokens / 2},
                                    {"mpi-0", 0, 1, true},
-                                   {"mpi-1", 1, 1, true}};
+                                   {"mpi-1", 1, 1, true},
+                                   {"mpi-2", 2, 1, true}};
   std::vector<Mode> picked = {known[0]};  // the baseline always runs, first in each round
   for (size_t a = 0; a <= modes.size();) {
     size_t b = modes.find(',', a);
@@ -382,7 +383,7 @@ int main(int argc, char** argv) {
     auto it =
         std::find_if(known.begin(), known.end(), [&](const Mode& m) { return m.name == name; });
     LOOM_CHECK(it != known.end(), "bench_rl: unknown mode '", name,
-               "' (sync-1t, sync, async-1, async-1h, async-2, async-2h, async-2p, mpi-0, mpi-1)");
+               "' (sync-1t, sync, async-1, async-1h, async-2, async-2h, async-2p, mpi-0, mpi-1, mpi-2)");
     picked.push_back(*it);
   }
   std::printf(
