@@ -990,8 +990,6 @@ double Decoder::forward_loss(const ModelInput& in, StepOutputs* out) {
 
 void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
                              ForwardAttention* attention) {
-  LOOM_CHECK(!sp_on(), "forward_logits under sequence parallelism is not supported (its rows ",
-             "would be split over the tensor-parallel ranks)");
   LOOM_CHECK(pp_.whole(), "forward_logits runs the whole model, not a pipeline stage");
   LOOM_CHECK(!attention || cp_.size == 1, "an attention override excludes context parallelism");
   ModelInput fwd = in;
@@ -1008,6 +1006,8 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
   const int C = cfg_.d_model, V = cfg_.vocab, n = static_cast<int>(rows.size());
   embed_forward(fwd);
   forward_blocks(fwd);
+  // Under SP each rank normalises its rows and final_norm gathers all N (the head's column-
+  // parallel input edge), so any row can be chosen on every rank.
   final_norm(in.N);
   // The chosen rows side by side, then one GEMM (a batch of decodes is one GEMM, not n GEMVs).
   for (int i = 0; i < n; ++i) {

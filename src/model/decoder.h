@@ -149,8 +149,9 @@ class Decoder {
   // Forward only, one layer's activations at a time: logits [rows.size(), vocab] of the given
   // token rows. `attention` (nullable) replaces every layer's attention core (the serving
   // engine's KV cache); without it, packed causal attention over in.cu_seqlens. Under tensor
-  // parallelism (not sequence parallelism) every rank of the group calls it with the same input
-  // and gets the full rows (the vocabulary slices all-gathered).
+  // parallelism every rank of the group calls it with the same input and rows and gets the full
+  // rows (the vocabulary slices all-gathered); under sequence parallelism too (in.N must then
+  // split over the group, as for a step: the final norm's rows are gathered before the head).
   void forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
                       ForwardAttention* attention = nullptr);
 

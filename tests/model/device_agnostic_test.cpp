@@ -85,7 +85,7 @@ CpData cp_share(const Data& d) {
 
 // Everything a step and the forward-only paths do: two micro-batches (the second smaller, so
 // the buffers are reused), loss weights, sequence and token log-probabilities, forward_loss,
-// and forward_logits of chosen rows (not under SP, which refuses it).
+// and forward_logits of chosen rows (under SP too: the final norm's rows gathered).
 Result run(Backend& be, Family f, Recompute rc, DType act, Tp tpm = Tp::None) {
   ModelConfig c = tiny(f);
   const bool moe = tpm == Tp::Moe || tpm == Tp::Ep2 || tpm == Tp::Cp2;
@@ -133,13 +133,14 @@ Result run(Backend& be, Family f, Recompute rc, DType act, Tp tpm = Tp::None) {
   r.loss2 = m.forward_backward(in2, 0.5f);
   r.grads = grads_of(m);
   r.fwd_loss = m.forward_loss(in);
-  if (tpm == Tp::Tp2Sp || tpm == Tp::Cp2) {
+  if (tpm == Tp::Cp2) {
     if (mirror.unmatched() != 0) r.loss = -1;  // a ring message without its match
     return r;
   }
   const std::vector<int> rows = {10, 0, 6};
   r.logits.resize(rows.size() * c.vocab);
   m.forward_logits(in2, rows, r.logits.data());
+  if (mirror.unmatched() != 0) r.loss = -1;
   return r;
 }
 
