@@ -23,6 +23,7 @@
 #include "model/mirror_communicator.h"
 #include "model/model_test_util.h"
 #include "parallel/expert_parallel.h"
+#include "parallel/pipeline_stage.h"
 #include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
 
@@ -154,13 +155,14 @@ Result run_stages(Backend& be) {
   m.params().init(7);
   m.params().zero_grad();
   Data d = test::make_data({9, 7}, c.vocab, 3);
-  const size_t bytes = size_t(m.stage_act_elems(d.input().N)) * sizeof(float);
+  parallel::StageRunner st(m);
+  const size_t bytes = size_t(st.act_elems(d.input().N)) * sizeof(float);
   BackendBuffer x(be, bytes, "stage"), dx(be, bytes, "stage");
   Result r;
-  m.stage_forward(0, d.input(), nullptr, x.as<float>());
-  r.fwd_loss = m.stage_forward_loss(1, d.input(), x.as<float>(), nullptr);
-  r.loss = m.stage_backward(1, d.input(), x.as<float>(), nullptr, dx.as<float>(), 0.25f);
-  r.loss2 = m.stage_backward(0, d.input(), nullptr, dx.as<float>(), nullptr, 0.25f);
+  st.forward(0, d.input(), nullptr, x.as<float>());
+  r.fwd_loss = st.forward_loss(1, d.input(), x.as<float>(), nullptr);
+  r.loss = st.backward(1, d.input(), x.as<float>(), nullptr, dx.as<float>(), 0.25f);
+  r.loss2 = st.backward(0, d.input(), nullptr, dx.as<float>(), nullptr, 0.25f);
   r.grads = grads_of(m);
   return r;
 }
