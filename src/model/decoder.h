@@ -139,7 +139,7 @@ class Decoder {
   // the sequences' log-probabilities (whole model only: a pipeline's last stage gets them from
   // parallel::StageRunner::forward_loss; under context parallelism summed over the CP group, so
   // every CP rank gets whole sequences' values). A MoE model adds each MoE layer's auxiliary
-  // load-balancing loss weighted by the micro- batch's token count N (a per-token term, averaged
+  // load-balancing loss weighted by the micro-batch's token count N (a per-token term, averaged
   // like the language-model loss; its gradient weight is dloss * N), included in the returned sum
   // (and in last_aux_loss()).
   double forward_backward(const ModelInput& in, float dloss, StepOutputs* out = nullptr);
