@@ -71,6 +71,7 @@ int run_rl_here(const Args& args) {
              "under loom launch -n N: ranks 1..K generate, the other N - K learn (data-parallel)")
       .value("learner-tp", "1",
              "with --rollout-ranks: tensor-parallel ranks per data-parallel learner group")
+      .flag("learner-sp", "with --learner-tp > 1: sequence parallelism inside each TP group")
       .value("weight-sync", "bf16", "with --rollout-ranks: weights broadcast as bf16 or f32")
       .value("threads-per-role", "0", "with --async: OpenMP/BLAS threads each (0: half the cores)")
       .value("save-every", "0", "checkpoint every N steps (0: only at the end)")
@@ -115,6 +116,8 @@ int run_rl_here(const Args& args) {
   LOOM_CHECK(mpi || !o.has("weight-sync"), "--weight-sync needs --rollout-ranks");
   LOOM_CHECK(mpi || !o.has("learner-tp"), "--learner-tp needs --rollout-ranks");
   const int learner_tp = o.get_int32("learner-tp", 1, 1 << 20);
+  const bool learner_sp = o.has("learner-sp");
+  LOOM_CHECK(!learner_sp || learner_tp > 1, "--learner-sp needs --learner-tp > 1");
   const DType weight_dtype = rl::weight_sync_dtype(o.get("weight-sync"));
   ro.partial_tokens = o.get_int32("partial-tokens", 0, 1 << 16);
   LOOM_CHECK(ro.partial_tokens == 0 || async || mpi,
@@ -165,6 +168,7 @@ int run_rl_here(const Args& args) {
   mo.learner_timeout = ao.learner_timeout;
   mo.steps = steps;
   mo.learner_tp = learner_tp;
+  mo.learner_sp = learner_sp;
   mo.save_every = save_every;
   const int rank = comm::world().rank();
   if (mpi && rank > rollout_ranks) {
@@ -261,10 +265,11 @@ int run_rl_here(const Args& args) {
                                   buffer, carried);
   };
 
+  const std::string tp_groups =
+      learner_tp > 1 ? cat(" as TP groups of ", learner_tp, learner_sp ? " with SP" : "") : "";
   log_info("GRPO on ", env->name(),
            (mpi     ? cat(", over ", rollout_ranks, " rollout rank(s) + ",
-                          comm::world().size() - rollout_ranks, " learner rank(s)",
-                      learner_tp > 1 ? cat(" as TP groups of ", learner_tp) : std::string(),
+                          comm::world().size() - rollout_ranks, " learner rank(s)", tp_groups,
                           " (max staleness ", ao.max_staleness, ", weights sent as ",
                           dtype_name(weight_dtype), ")")
             : async ? cat(", async (max staleness ", ao.max_staleness,

@@ -572,7 +572,8 @@ void Decoder::norm_backward(float* dinp, const Norm& p, const float* dout, const
   round_act(dinp, int64_t(N) * C);
 }
 
-void Decoder::embed_forward(const ModelInput& in) {
+void Decoder::embed(const ModelInput& in) {
+  LOOM_CHECK(pp_.first, "the token embedding lives on the first pipeline stage");
   const int C = cfg_.d_model, N = in.N, Nl = local_rows(N);
   float* x = b_->layers[0].x_in;
   vocab_ops_->embed(x, b_->tokens, params_.ptr("embed.wte"), N, C);
@@ -825,73 +826,6 @@ bool Decoder::holds_layer(int l) const {
   return false;
 }
 
-std::pair<int, int> Decoder::chunk_range(int chunk) const {
-  LOOM_CHECK(chunk >= 0 && chunk < num_chunks(), "pipeline chunk ", chunk, " of ", num_chunks());
-  return pp_.whole() ? std::make_pair(0, cfg_.n_layer) : pp_.chunks[chunk];
-}
-
-void Decoder::stage_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out) {
-  chunk_forward(chunk, in, x_in, x_out, false);
-}
-
-// for_backward: the recomputation that starts stage_backward. Its last block runs inside the
-// backward's hooks (before_block(e-1, true) here, after_block(e-1, true) after the block's
-// backward), as in forward_backward, where the last block stays gathered into backward: the
-// block is not released and gathered again between its forward and its backward.
-void Decoder::chunk_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out,
-                            bool for_backward) {
-  check_input(in, cfg_);
-  check_layout(in);
-  ensure_buffers(in.N);
-  upload_input(in);
-  auto [b, e] = chunk_range(chunk);
-  aux_sum_ = 0;
-  const int64_t n = stage_act_elems(in.N);
-  if (is_first_stage(chunk)) {
-    embed_forward(in);
-  } else {
-    LOOM_CHECK(x_in, "pipeline chunk ", chunk, " needs its input activation");
-    be_.copy_d2d(b_->layers[b].x_in, x_in, size_t(n) * sizeof(float));
-  }
-  float* out = b_->x_final;
-  if (!is_last_stage(chunk)) {
-    if (!x_out) x_out = stage_out_.ensure_n<float>(be_, size_t(n), "activations");
-    out = x_out;
-  }
-  for (int l = b; l < e; ++l) {
-    const bool into_backward = for_backward && l == e - 1;
-    if (before_block) before_block(l, into_backward);
-    block_forward(l, in, b_->layers[l], l + 1 < e ? b_->layers[l + 1].x_in : out);
-    if (after_block && !into_backward) after_block(l, false);
-  }
-}
-
-double Decoder::stage_backward(int chunk, const ModelInput& in, const float* x_in,
-                               const float* dx_out, float* dx_in, float dloss) {
-  LOOM_CHECK(in.targets, "stage_backward needs targets");
-  chunk_forward(chunk, in, x_in, nullptr, true);  // recompute from the kept chunk input
-  auto [b, e] = chunk_range(chunk);
-  const int64_t n = stage_act_elems(in.N);
-  dloss_ = dloss;
-  double loss = aux_sum_;
-  if (is_last_stage(chunk)) {
-    loss += head(in, dloss, true);
-  } else {
-    LOOM_CHECK(dx_out, "pipeline chunk ", chunk, " needs its output gradient");
-    be_.copy_d2d(b_->dres, dx_out, size_t(n) * sizeof(float));
-  }
-  for (int l = e - 1; l >= b; --l) {
-    if (before_block && l != e - 1) before_block(l, true);  // e-1: since its recomputation
-    recompute_and_backward(l, in);
-    if (after_block) after_block(l, true);
-  }
-  if (is_first_stage(chunk))
-    embed_backward(in);
-  else
-    be_.copy_d2d(dx_in, b_->dres, size_t(n) * sizeof(float));
-  return loss;
-}
-
 // Block l's backward into b_->dres, after recomputing what the recompute mode did not keep.
 void Decoder::recompute_and_backward(int l, const ModelInput& in) {
   const LayerActs& a = b_->layers[l];
@@ -902,30 +836,39 @@ void Decoder::recompute_and_backward(int l, const ModelInput& in) {
   block_backward(l, in, a, b_->dres);
 }
 
-double Decoder::stage_forward_loss(int chunk, const ModelInput& in, const float* x_in, float* x_out,
-                                   StepOutputs* out) {
-  LOOM_CHECK(in.targets, "stage_forward_loss needs targets");
-  stage_forward(chunk, in, x_in, x_out);
-  double loss = aux_sum_;
-  if (is_last_stage(chunk)) {
-    loss += head(in, 0.f, false);
-    if (out) collect_outputs(in, out);  // the head's per-token losses are this micro-batch's
-  }
-  return loss;
-}
-
-double Decoder::run(const ModelInput& in, float dloss, bool grads) {
-  LOOM_CHECK(pp_.whole() || (pp_.first && pp_.last && num_chunks() == 1 &&
-                             pp_.chunks[0] == std::make_pair(0, cfg_.n_layer)),
-             "a pipeline stage runs through stage_forward / stage_backward");
+void Decoder::begin_pass(const ModelInput& in, float dloss) {
   check_input(in, cfg_);
   check_layout(in);
   ensure_buffers(in.N);
   upload_input(in);
-  const int L = cfg_.n_layer;
   aux_sum_ = 0;
   dloss_ = dloss;
-  embed_forward(in);
+}
+
+void Decoder::forward_layer(int l, const ModelInput& in, float* x_out) {
+  LOOM_CHECK(holds_layer(l) && x_out, "forward_layer(", l, "): a layer this stage holds, and ",
+             "where its output goes");
+  block_forward(l, in, b_->layers[l], x_out);
+}
+
+void Decoder::backward_layer(int l, const ModelInput& in) {
+  LOOM_CHECK(holds_layer(l), "layer ", l, " is not held by this pipeline stage");
+  recompute_and_backward(l, in);
+}
+
+double Decoder::head_loss(const ModelInput& in, bool grads) {
+  LOOM_CHECK(pp_.last, "the head lives on the last pipeline stage");
+  LOOM_CHECK(!grads || in.targets, "a backward from the loss needs targets");
+  return head(in, dloss_, grads);
+}
+
+double Decoder::run(const ModelInput& in, float dloss, bool grads) {
+  LOOM_CHECK(pp_.whole() || (pp_.first && pp_.last && pp_.chunks.size() == 1 &&
+                             pp_.chunks[0] == std::make_pair(0, cfg_.n_layer)),
+             "a pipeline stage runs through parallel::StageRunner (parallel/pipeline_stage.h)");
+  begin_pass(in, dloss);
+  const int L = cfg_.n_layer;
+  embed(in);
   forward_blocks(in);
   double loss = head(in, dloss, grads) + aux_sum_;
   if (!grads) return loss;
@@ -990,8 +933,6 @@ double Decoder::forward_loss(const ModelInput& in, StepOutputs* out) {
 
 void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
                              ForwardAttention* attention) {
-  LOOM_CHECK(!sp_on(), "forward_logits under sequence parallelism is not supported (its rows ",
-             "would be split over the tensor-parallel ranks)");
   LOOM_CHECK(pp_.whole(), "forward_logits runs the whole model, not a pipeline stage");
   LOOM_CHECK(!attention || cp_.size == 1, "an attention override excludes context parallelism");
   ModelInput fwd = in;
@@ -1006,8 +947,10 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
   ensure_buffers(in.N);
   upload_input(fwd);
   const int C = cfg_.d_model, V = cfg_.vocab, n = static_cast<int>(rows.size());
-  embed_forward(fwd);
+  embed(fwd);
   forward_blocks(fwd);
+  // Under SP each rank normalises its rows and final_norm gathers all N (the head's column-
+  // parallel input edge), so any row can be chosen on every rank.
   final_norm(in.N);
   // The chosen rows side by side, then one GEMM (a batch of decodes is one GEMM, not n GEMVs).
   for (int i = 0; i < n; ++i) {

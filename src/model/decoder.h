@@ -137,11 +137,11 @@ class Decoder {
   // parameters' (ParamInfo::trainable), which are never written and whose weight-gradient GEMMs
   // are skipped. Returns the sum of the (weighted) per-token losses; `out` (nullable) receives
   // the sequences' log-probabilities (whole model only: a pipeline's last stage gets them from
-  // stage_forward_loss; under context parallelism summed over the CP group, so every CP rank
-  // gets whole sequences' values).
-  // A MoE model adds each MoE layer's auxiliary load-balancing loss weighted by the micro-
-  // batch's token count N (a per-token term, averaged like the language-model loss; its
-  // gradient weight is dloss * N), included in the returned sum (and in last_aux_loss()).
+  // parallel::StageRunner::forward_loss; under context parallelism summed over the CP group, so
+  // every CP rank gets whole sequences' values). A MoE model adds each MoE layer's auxiliary
+  // load-balancing loss weighted by the micro-batch's token count N (a per-token term, averaged
+  // like the language-model loss; its gradient weight is dloss * N), included in the returned sum
+  // (and in last_aux_loss()).
   double forward_backward(const ModelInput& in, float dloss, StepOutputs* out = nullptr);
   // Forward only, keeping one layer's activations at a time (evaluation, reference models);
   // returns the sum of the (weighted) per-token losses, as forward_backward would.
@@ -149,8 +149,9 @@ class Decoder {
   // Forward only, one layer's activations at a time: logits [rows.size(), vocab] of the given
   // token rows. `attention` (nullable) replaces every layer's attention core (the serving
   // engine's KV cache); without it, packed causal attention over in.cu_seqlens. Under tensor
-  // parallelism (not sequence parallelism) every rank of the group calls it with the same input
-  // and gets the full rows (the vocabulary slices all-gathered).
+  // parallelism every rank of the group calls it with the same input and rows and gets the full
+  // rows (the vocabulary slices all-gathered); under sequence parallelism too (in.N must then
+  // split over the group, as for a step: the final norm's rows are gathered before the head).
   void forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
                       ForwardAttention* attention = nullptr);
 
@@ -164,31 +165,38 @@ class Decoder {
   // a block's parameters in before_block and frees them in after_block).
   Hook<int, bool> before_block, after_block;
 
-  // Pipeline stages (parallel/pipeline.h drives them). Activations are [local_rows(N), C].
-  // stage_forward runs chunk `chunk` on x_in (ignored on the first stage, which embeds the
-  // tokens) and writes its output to x_out (ignored on the last stage). stage_backward
-  // recomputes the chunk from its input (so only chunk inputs are kept between forward and
-  // backward, whatever the number of micro-batches in flight), then runs backward from dx_out
-  // (or from the loss on the last stage) and writes the chunk's input gradient to dx_in
-  // (embedding gradients on the first stage). Gradients accumulate. Both call before_block /
-  // after_block around each block as forward_backward does (the recomputation's blocks as
-  // forward uses, except the last, whose hooks span its recomputation and its backward).
-  // Returns this chunk's part of the loss sum (head loss on the last stage, MoE aux losses).
+  // The layers this rank holds under pipeline parallelism (build_params holds only those).
   const PipelineStage& pipeline_stage() const { return pp_; }
-  int num_chunks() const { return pp_.whole() ? 1 : static_cast<int>(pp_.chunks.size()); }
   bool holds_layer(int l) const;
-  bool is_first_stage(int chunk) const { return pp_.first && chunk == 0; }
-  bool is_last_stage(int chunk) const { return pp_.last && chunk == num_chunks() - 1; }
-  int64_t stage_act_elems(int N) const { return int64_t(local_rows(N)) * cfg_.d_model; }
-  void stage_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out);
-  double stage_backward(int chunk, const ModelInput& in, const float* x_in, const float* dx_out,
-                        float* dx_in, float dloss);
-  // Forward only (evaluation): stage_forward, then this chunk's part of the loss sum as
-  // stage_backward would return it (head loss on the last stage, MoE aux losses); no backward,
-  // no gradient touched. On the last stage `out` (nullable) receives the sequences'
-  // log-probabilities as forward_loss gives them (DPO under pipeline parallelism).
-  double stage_forward_loss(int chunk, const ModelInput& in, const float* x_in, float* x_out,
-                            StepOutputs* out = nullptr);
+
+  // The model in pieces, for what runs a range of its layers at a time: a pipeline stage's
+  // chunks (parallel/pipeline_stage.h, driven by the schedule executor of parallel/pipeline.h).
+  // forward_backward is the same pieces over every layer. A pass over micro-batch `in` starts
+  // with begin_pass (input checks, buffers sized, inputs uploaded, the MoE aux sum reset; dloss
+  // is each token's loss-gradient weight, as forward_backward's), then: embed, or the input
+  // activation written to layer_input(first layer); forward_layer per layer (with the block
+  // hooks called by the caller); on the last stage head_loss; or the output gradient written to
+  // residual_grad(); backward_layer per layer, last to first; embed_backward on the first stage.
+  // Activations and their gradients are this rank's rows: [activation_elems(N)] floats,
+  // buffers of backend().
+  Backend& backend() const { return be_; }
+  int64_t activation_elems(int N) const { return int64_t(local_rows(N)) * cfg_.d_model; }
+  void begin_pass(const ModelInput& in, float dloss);
+  void embed(const ModelInput& in);
+  float* layer_input(int l) { return b_->layers[l].x_in; }
+  float* final_hidden() { return b_->x_final; }  // the last layer's output: the head's input
+  float* residual_grad() { return b_->dres; }
+  // Layer l forward into x_out (the next layer's input, final_hidden(), or the caller's buffer).
+  void forward_layer(int l, const ModelInput& in, float* x_out);
+  // The final norm, head and loss on final_hidden() (with grads, residual_grad() then holds the
+  // gradient of the last layer's output); returns the (weighted) loss sum.
+  double head_loss(const ModelInput& in, bool grads);
+  // Layer l's backward from residual_grad() (recomputing what the recompute mode did not keep;
+  // under Recompute::Full after forward_layer of the same pass) into residual_grad().
+  void backward_layer(int l, const ModelInput& in);
+  void embed_backward(const ModelInput& in);
+  // The sequences' log-probabilities of the last head_loss into `out`.
+  void collect_outputs(const ModelInput& in, StepOutputs* out) const;
 
   // Linear layers by name ("blocks.<l>.attn.qkv", "blocks.<l>.attn.proj", "blocks.<l>.mlp.fc",
   // "blocks.<l>.mlp.proj", "head"; those this rank holds), with their local shapes [in, out]:
@@ -259,13 +267,7 @@ class Decoder {
   float* scratch(BackendBuffer& buf, int64_t n);
   void use_forward_only_buffers(bool on) { b_ = on ? &infer_buf_ : &train_buf_; }
   struct ForwardOnlyScope;
-  void collect_outputs(const ModelInput& in, StepOutputs* out) const;
-  void embed_forward(const ModelInput& in);
-  void embed_backward(const ModelInput& in);
   void forward_blocks(const ModelInput& in);  // every block, with the before/after hooks
-  // stage_forward's body; for_backward: stage_backward's recomputation (see there for hooks).
-  void chunk_forward(int chunk, const ModelInput& in, const float* x_in, float* x_out,
-                     bool for_backward);
   void block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out);
   // Layer l's attention over qkv's fp32 values into a.att (and a.lse).
   void attention_core(int l, const ModelInput& in, const LayerActs& a, const float* qkv);
@@ -326,9 +328,7 @@ class Decoder {
   PipelineStage pp_;
   ContextParallel cp_;
   std::unique_ptr<AttentionCore> cp_attention_;  // under CP: the layout's (ring) attention
-  BackendBuffer stage_out_;                      // scratch output of a recomputed chunk
-  std::pair<int, int> chunk_range(int chunk) const;
-  std::vector<std::unique_ptr<MoeLayer>> moe_;  // per layer (null for dense layers)
+  std::vector<std::unique_ptr<MoeLayer>> moe_;   // per layer (null for dense layers)
   double aux_sum_ = 0;
   int head_rows_ = 0;  // set_head_rows (0: head_chunk's rule)
   float dloss_ = 0;

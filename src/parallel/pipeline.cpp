@@ -19,10 +19,10 @@ PipelineStage pipeline_stage_of(const pp::StageLayout& layout, int rank) {
 }
 
 PipelineRunner::PipelineRunner(Decoder& model, comm::Communicator& pp, pp::Schedule schedule)
-    : model_(model), pp_(pp), schedule_(std::move(schedule)) {
+    : model_(model), stage_(model), pp_(pp), schedule_(std::move(schedule)) {
   LOOM_CHECK(schedule_.p == pp.size(), "a schedule for ", schedule_.p,
              " pipeline ranks on a group of ", pp.size());
-  LOOM_CHECK(model.num_chunks() == schedule_.v, "the model stage has ", model.num_chunks(),
+  LOOM_CHECK(stage_.num_chunks() == schedule_.v, "the model stage has ", stage_.num_chunks(),
              " chunks but the schedule ", schedule_.v, " per rank");
   const int p = pp.size(), r = pp.rank();
   if (p > 1 && model.config().tied) {
@@ -46,9 +46,9 @@ float* PipelineRunner::buffer(std::map<std::pair<int, int>, std::vector<float>>&
 double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
   LOOM_CHECK(static_cast<int>(micro.size()) == schedule_.m, "the schedule runs ", schedule_.m,
              " micro-batches per step, got ", micro.size());
-  n_ = model_.stage_act_elems(micro[0].N);
+  n_ = stage_.act_elems(micro[0].N);
   for (const auto& in : micro)
-    LOOM_CHECK(model_.stage_act_elems(in.N) == n_,
+    LOOM_CHECK(stage_.act_elems(in.N) == n_,
                "pipeline micro-batches must all have the same number of tokens");
   const int p = schedule_.p, me = pp_.rank();
   std::map<std::pair<int, int>, comm::Work> recv_act, recv_grad;
@@ -78,35 +78,35 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
         break;
       case pp::Op::Forward: {
         const float* x_in = nullptr;
-        if (!model_.is_first_stage(c)) {
+        if (!stage_.is_first_stage(c)) {
           // Stage s-1 on this rank (p = 1 with v > 1): its output is local.
           if (p == 1) act_in_[{mb, c}] = act_out_[{mb, c - 1}];
           auto it = recv_act.find({mb, c});
           if (it != recv_act.end()) it->second.wait();
           x_in = act_in_.at({mb, c}).data();
         }
-        if (!model_.is_last_stage(c)) {
+        if (!stage_.is_last_stage(c)) {
           float* out = buffer(act_out_, mb, c);
           if (before_micro) before_micro(mb);
           const double t = now_seconds();
-          model_.stage_forward(c, in, x_in, out);
+          stage_.forward(c, in, x_in, out);
           busy += now_seconds() - t;
         }
         break;
       }
       case pp::Op::Backward: {
-        const float* x_in = model_.is_first_stage(c) ? nullptr : act_in_.at({mb, c}).data();
+        const float* x_in = stage_.is_first_stage(c) ? nullptr : act_in_.at({mb, c}).data();
         const float* dx_out = nullptr;
-        if (!model_.is_last_stage(c)) {
+        if (!stage_.is_last_stage(c)) {
           if (p == 1) grad_in_[{mb, c}] = grad_out_[{mb, c + 1}];
           auto it = recv_grad.find({mb, c});
           if (it != recv_grad.end()) it->second.wait();
           dx_out = grad_in_.at({mb, c}).data();
         }
-        float* dx_in = model_.is_first_stage(c) ? nullptr : buffer(grad_out_, mb, c);
+        float* dx_in = stage_.is_first_stage(c) ? nullptr : buffer(grad_out_, mb, c);
         if (before_micro) before_micro(mb);
         const double t = now_seconds();
-        loss += model_.stage_backward(c, in, x_in, dx_out, dx_in, dloss);
+        loss += stage_.backward(c, in, x_in, dx_out, dx_in, dloss);
         busy += now_seconds() - t;
         aux_ += model_.last_aux_loss();
         break;
@@ -150,14 +150,14 @@ double PipelineRunner::forward_window(const ModelInput* micro, int m, int first,
                                       std::vector<StepOutputs>* outs) {
   const int p = schedule_.p, v = schedule_.v, me = pp_.rank();
   const int from = (me + p - 1) % p, to = (me + 1) % p;
-  n_ = model_.stage_act_elems(micro[0].N);
+  n_ = stage_.act_elems(micro[0].N);
   for (int j = 0; j < m; ++j)
-    LOOM_CHECK(model_.stage_act_elems(micro[j].N) == n_,
+    LOOM_CHECK(stage_.act_elems(micro[j].N) == n_,
                "pipeline micro-batches must all have the same number of tokens");
   std::map<std::pair<int, int>, comm::Work> recv_act;
   if (p > 1)
     for (int c = 0; c < v; ++c)
-      for (int j = 0; j < m && !model_.is_first_stage(c); ++j)
+      for (int j = 0; j < m && !stage_.is_first_stage(c); ++j)
         recv_act[{j, c}] = pp_.recv_async(buffer(act_in_, j, c), n_, DType::F32, from,
                                           tag(j, schedule_.stage_of(me, c), 0));
   std::vector<comm::Work> sends;
@@ -166,17 +166,17 @@ double PipelineRunner::forward_window(const ModelInput* micro, int m, int first,
     const int stage = schedule_.stage_of(me, c);
     for (int j = 0; j < m; ++j) {
       const float* x_in = nullptr;
-      if (!model_.is_first_stage(c)) {
+      if (!stage_.is_first_stage(c)) {
         if (p == 1)  // stage s-1 is this rank's previous chunk
           act_in_[{j, c}] = act_out_[{j, c - 1}];
         else
           recv_act.at({j, c}).wait();
         x_in = act_in_.at({j, c}).data();
       }
-      float* x_out = model_.is_last_stage(c) ? nullptr : buffer(act_out_, j, c);
+      float* x_out = stage_.is_last_stage(c) ? nullptr : buffer(act_out_, j, c);
       if (before_micro) before_micro(first + j);
-      StepOutputs* out = outs && model_.is_last_stage(c) ? &(*outs)[size_t(first + j)] : nullptr;
-      loss += model_.stage_forward_loss(c, micro[j], x_in, x_out, out);
+      StepOutputs* out = outs && stage_.is_last_stage(c) ? &(*outs)[size_t(first + j)] : nullptr;
+      loss += stage_.forward_loss(c, micro[j], x_in, x_out, out);
       if (x_out && p > 1)
         sends.push_back(pp_.send_async(x_out, n_, DType::F32, to, tag(j, stage + 1, 0)));
     }

@@ -1,9 +1,10 @@
 // Pipeline parallelism at run time: a rank walks its action list from a schedule
 // (schedule/pipeline_schedule.h: GPipe, 1F1B, interleaved) and runs each action on its Decoder
-// stage: receives are posted asynchronously and waited just before the compute that needs them,
-// sends are asynchronous and waited at the end of the step. Between a chunk's forward and its
-// backward only the chunk's input activation is kept (the backward recomputes the chunk), so
-// any number of micro-batches in flight costs one [tokens, C] buffer each.
+// stage's chunks (pipeline_stage.h: StageRunner): receives are posted asynchronously and waited
+// just before the compute that needs them, sends are asynchronous and waited at the end of the
+// step. Between a chunk's forward and its backward only the chunk's input activation is kept (the
+// backward recomputes the chunk), so any number of micro-batches in flight costs one [tokens, C]
+// buffer each.
 //
 // Tied embeddings: the first stage (embedding) and the last stage (head) both hold embed.wte;
 // after the step's backwards their gradients are summed over the two ranks so the copies stay
@@ -21,6 +22,7 @@
 
 #include "comm/communicator.h"
 #include "model/decoder.h"
+#include "parallel/pipeline_stage.h"
 #include "parallel/schedule/pipeline_schedule.h"
 #include "parallel/schedule/stage_layers.h"
 
@@ -74,6 +76,7 @@ class PipelineRunner {
   double forward_window(const ModelInput* micro, int m, int first, std::vector<StepOutputs>* outs);
 
   Decoder& model_;
+  StageRunner stage_;  // this rank's chunks of the model
   comm::Communicator& pp_;
   pp::Schedule schedule_;
   std::unique_ptr<comm::Communicator> tied_;  // first + last stage (p > 1, tied embeddings)

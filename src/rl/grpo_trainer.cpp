@@ -12,6 +12,27 @@
 
 namespace loom::rl {
 
+namespace {
+
+// Sequence parallelism splits a pass's tokens evenly over the tensor-parallel group: a batch
+// whose count does not split gets one more sequence of padding (token 0 at positions 0, 1, ...,
+// no targets: loss weight 0), which attends only to itself and adds no loss and no gradient.
+// Exact for a dense model; check_learner_grid refuses a MoE policy whose routing it would change.
+void pad_for_sequence_parallel(Batch& b, const Decoder& m) {
+  const TensorParallel& tp = m.tensor_parallel();
+  if (tp.size == 1 || !tp.sequence_parallel || b.tokens.empty()) return;
+  const int n = static_cast<int>(b.tokens.size()), pad = (tp.size - n % tp.size) % tp.size;
+  if (pad == 0) return;
+  for (int t = 0; t < pad; ++t) {
+    b.tokens.push_back(0);
+    b.positions.push_back(t);
+    b.targets.push_back(-1);
+  }
+  b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+}
+
+}  // namespace
+
 Json RlStepStats::json() const {
   Json j = Json::object();
   j["step"] = step;
@@ -161,6 +182,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
 
   // 4. One learner step, when any learner has a token to train on.
   if (totals.tokens > 0) {
+    pad_for_sequence_parallel(b, policy_);  // after the spans: they index the rows before it
     ModelInput in = b.input();
     // The logits of the response tokens' rows, from a forward pass each of the policy and the
     // reference: the log-probs of the sampled tokens and the policy's entropy there. The rows x
@@ -185,6 +207,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       c.positions.assign(b.positions.begin() + lo, b.positions.begin() + hi);
       c.targets.assign(b.targets.begin() + lo, b.targets.begin() + hi);
       for (size_t k = k0; k <= k1; ++k) c.cu_seqlens.push_back(b.cu_seqlens[k] - lo);
+      pad_for_sequence_parallel(c, policy_);
       std::vector<int> rows;
       for (size_t k = k0; k < k1; ++k)
         for (int t = 0; t < span[k].second; ++t) rows.push_back(span[k].first - lo + t);

@@ -70,7 +70,8 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       buffer_(mo.max_staleness) {
   check_rl_layout(world.size(), mo.rollout_ranks);
   // On every rank before any collective: a bad grid ends them all with the same error.
-  check_learner_grid(world.size() - mo.rollout_ranks, mo.learner_tp, policy.config());
+  check_learner_grid(world.size() - mo.rollout_ranks, mo.learner_tp, policy.config(),
+                     mo.learner_sp);
   LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
   K_ = mo.rollout_ranks;
   L_ = world.size() - K_;
@@ -195,6 +196,7 @@ void MpiGrpo::setup_tensor_parallel() {
   tp.size = T_;
   tp.rank = tp_->rank();
   tp.comm = tp_.get();
+  tp.sequence_parallel = mo_.learner_sp;
   tp = parallel::with_tensor_parallel_ops(tp);  // the layers' communication over that group
   shard_ =
       std::make_unique<Decoder>(policy_.config(), cpu_backend(), Recompute::None, DType::F32, tp);

@@ -40,7 +40,9 @@
 //   shards' bits), which learner 0 broadcasts to the rollout ranks (they run the whole model),
 //   evaluates and saves; at the checkpoint steps (save_every, and the last) the optimizer's
 //   moments too (checkpoint_optimizer()). Checkpoints are therefore the one-learner layout, and
-//   any layout resumes from any other.
+//   any layout resumes from any other. With learner_sp the TP groups run sequence parallelism
+//   too (a pass's tokens padded to split over the group: GrpoLearner); a MoE policy's experts
+//   are replicated over the TP group, as the trainer's etp = 1.
 // With max_staleness = 0, fp32 weight sync and one learner, the run is the synchronous
 // algorithm (GrpoTrainer) bit for bit: the same engine samples the same requests from the same
 // weights, and the learner sees the groups in the same order. With several learners it is the
@@ -78,6 +80,9 @@ struct MpiRlOptions {
   bool fixed_lag = false;
   // Tensor-parallel ranks per data-parallel learner group (--learner-tp; divides the learners).
   int learner_tp = 1;
+  // With learner_tp > 1: sequence parallelism inside each TP group (--learner-sp; the trainer's
+  // parallel.sp): norms and residuals split along the tokens.
+  bool learner_sp = false;
   // With learner_tp > 1: after every save_every-th step (0: only the last) the optimizer state
   // is gathered for learner 0's checkpoint (checkpoint_optimizer()).
   int64_t save_every = 0;

@@ -8,8 +8,9 @@
 
 namespace loom::rl {
 
-void check_learner_grid(int learners, int tp, const ModelConfig& cfg) {
+void check_learner_grid(int learners, int tp, const ModelConfig& cfg, bool sp) {
   LOOM_CHECK(tp >= 1, "--learner-tp must be at least 1 (got ", tp, ")");
+  LOOM_CHECK(!sp || tp > 1, "--learner-sp needs --learner-tp > 1 (got ", tp, ")");
   if (tp == 1) return;
   LOOM_CHECK(learners % tp == 0, "--learner-tp ", tp, " must divide the ", learners,
              " learner rank(s) (ranks minus --rollout-ranks): the learners form data-parallel ",
@@ -23,7 +24,16 @@ void check_learner_grid(int learners, int tp, const ModelConfig& cfg) {
              ") must be divisible by it");
   LOOM_CHECK(cfg.vocab % tp == 0, "--learner-tp ", tp, ": model.vocab (", cfg.vocab,
              ") must be divisible by it");
-  LOOM_CHECK(!cfg.is_moe(), "--learner-tp: mixture-of-experts policies are not supported");
+  // A MoE policy trains under TP as the trainer runs it (every TP rank routes all tokens; the
+  // experts replicated over the group). Under SP a learner pads a pass whose tokens do not split
+  // over the group with a sequence that carries no loss (grpo_trainer.cpp): exact for a dense
+  // model, but padding tokens would enter the routing statistics (the auxiliary loss) and the
+  // experts' capacity.
+  LOOM_CHECK(!sp || !cfg.is_moe() || (cfg.aux_loss_coeff == 0 && cfg.capacity_factor <= 0),
+             "--learner-sp with a mixture-of-experts policy needs model.aux_loss_coeff = 0 and ",
+             "dropless routing (model.capacity_factor = 0), got ", cfg.aux_loss_coeff, " and ",
+             cfg.capacity_factor, ": the padding that splits a pass's tokens over the TP group ",
+             "would enter the routing statistics; run without --learner-sp");
 }
 
 void extract_shard(ParamSet& whole, ParamSet& shard) {

@@ -19,8 +19,9 @@
 namespace loom::rl {
 
 // Checks a grid of `learners` learner ranks as data-parallel groups of `tp` tensor-parallel ranks
-// for `cfg`; throws naming the numbers (and the model field that does not split).
-void check_learner_grid(int learners, int tp, const ModelConfig& cfg);
+// (with sequence parallelism when `sp`) for `cfg`; throws naming the numbers (and the model field
+// that does not split, or the MoE settings SP's padding would change).
+void check_learner_grid(int learners, int tp, const ModelConfig& cfg, bool sp = false);
 
 // shard's parameters <- their local pieces of the same-named whole tensors of `whole`.
 void extract_shard(ParamSet& whole, ParamSet& shard);

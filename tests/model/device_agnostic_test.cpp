@@ -23,6 +23,7 @@
 #include "model/mirror_communicator.h"
 #include "model/model_test_util.h"
 #include "parallel/expert_parallel.h"
+#include "parallel/pipeline_stage.h"
 #include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
 
@@ -85,7 +86,7 @@ CpData cp_share(const Data& d) {
 
 // Everything a step and the forward-only paths do: two micro-batches (the second smaller, so
 // the buffers are reused), loss weights, sequence and token log-probabilities, forward_loss,
-// and forward_logits of chosen rows (not under SP, which refuses it).
+// and forward_logits of chosen rows (under SP too: the final norm's rows gathered).
 Result run(Backend& be, Family f, Recompute rc, DType act, Tp tpm = Tp::None) {
   ModelConfig c = tiny(f);
   const bool moe = tpm == Tp::Moe || tpm == Tp::Ep2 || tpm == Tp::Cp2;
@@ -133,13 +134,14 @@ Result run(Backend& be, Family f, Recompute rc, DType act, Tp tpm = Tp::None) {
   r.loss2 = m.forward_backward(in2, 0.5f);
   r.grads = grads_of(m);
   r.fwd_loss = m.forward_loss(in);
-  if (tpm == Tp::Tp2Sp || tpm == Tp::Cp2) {
+  if (tpm == Tp::Cp2) {
     if (mirror.unmatched() != 0) r.loss = -1;  // a ring message without its match
     return r;
   }
   const std::vector<int> rows = {10, 0, 6};
   r.logits.resize(rows.size() * c.vocab);
   m.forward_logits(in2, rows, r.logits.data());
+  if (mirror.unmatched() != 0) r.loss = -1;
   return r;
 }
 
@@ -153,13 +155,14 @@ Result run_stages(Backend& be) {
   m.params().init(7);
   m.params().zero_grad();
   Data d = test::make_data({9, 7}, c.vocab, 3);
-  const size_t bytes = size_t(m.stage_act_elems(d.input().N)) * sizeof(float);
+  parallel::StageRunner st(m);
+  const size_t bytes = size_t(st.act_elems(d.input().N)) * sizeof(float);
   BackendBuffer x(be, bytes, "stage"), dx(be, bytes, "stage");
   Result r;
-  m.stage_forward(0, d.input(), nullptr, x.as<float>());
-  r.fwd_loss = m.stage_forward_loss(1, d.input(), x.as<float>(), nullptr);
-  r.loss = m.stage_backward(1, d.input(), x.as<float>(), nullptr, dx.as<float>(), 0.25f);
-  r.loss2 = m.stage_backward(0, d.input(), nullptr, dx.as<float>(), nullptr, 0.25f);
+  st.forward(0, d.input(), nullptr, x.as<float>());
+  r.fwd_loss = st.forward_loss(1, d.input(), x.as<float>(), nullptr);
+  r.loss = st.backward(1, d.input(), x.as<float>(), nullptr, dx.as<float>(), 0.25f);
+  r.loss2 = st.backward(0, d.input(), nullptr, dx.as<float>(), nullptr, 0.25f);
   r.grads = grads_of(m);
   return r;
 }

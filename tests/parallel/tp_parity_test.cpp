@@ -73,7 +73,69 @@ void check_bf16_storage(Family f, bool sp) {
   EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
 }
 
+// The forward-only paths under TP (with and without SP) against one process on the same
+// packed micro-batch: forward_logits of chosen rows (from both ranks' halves of the sequence
+// under SP, one row twice) and the sequences' and tokens' log-probabilities of forward_loss,
+// within 1e-5 of the largest value (the TP tests' tolerance: the row-parallel sums reorder).
+void check_forward_only(Family f, bool sp) {
+  comm::ParallelDims dims;
+  dims.tp = 2;
+  comm::ProcessGroups pg(comm::world(), dims);
+  const ModelConfig cfg = tp_model(f);
+  Decoder one(cfg, cpu_backend());
+  one.params().init(5);
+  Decoder m(cfg, cpu_backend(), Recompute::None, DType::F32, tensor_parallel_layout(pg, sp));
+  m.params().init(5);
+  const MicroBatch mb = make_micro(3, 0, 2, 16, cfg.vocab, {5, 14, 13});
+  const std::vector<int> rows = {31, 0, 17, 15, 16, 4, 31};
+  std::vector<float> want(rows.size() * cfg.vocab), got(want.size(), -1e30f);
+  one.forward_logits(mb.input(), rows, want.data());
+  m.forward_logits(mb.input(), rows, got.data());
+  float peak = 0, worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    peak = std::max(peak, std::abs(want[i]));
+    worst = std::max(worst, std::abs(want[i] - got[i]));
+  }
+  EXPECT_GT(peak, 0.f);
+  EXPECT_LE(worst, 1e-5f * peak) << "forward_logits under tp=2 sp=" << sp;
+  StepOutputs a, b;
+  a.want_token_logprobs = b.want_token_logprobs = true;
+  const double la = one.forward_loss(mb.input(), &a), lb = m.forward_loss(mb.input(), &b);
+  EXPECT_NEAR(la, lb, 1e-5 * std::abs(la));
+  ASSERT_EQ(a.seq_logprobs.size(), b.seq_logprobs.size());
+  ASSERT_EQ(a.seq_logprobs.size(), mb.cu.size() - 1);
+  for (size_t s = 0; s < a.seq_logprobs.size(); ++s)
+    EXPECT_NEAR(a.seq_logprobs[s], b.seq_logprobs[s], 1e-5 * std::abs(a.seq_logprobs[s]) + 1e-9)
+        << "sequence " << s;
+  ASSERT_EQ(a.token_logprobs.size(), b.token_logprobs.size());
+  for (size_t i = 0; i < a.token_logprobs.size(); ++i)
+    EXPECT_NEAR(a.token_logprobs[i], b.token_logprobs[i],
+                1e-5 * (1 + std::abs(a.token_logprobs[i])))
+        << "token " << i;
+  // Under SP the tokens must split over the group, as for a step: a clear error on every rank
+  // before any collective.
+  if (sp) {
+    const MicroBatch odd = make_micro(0, 0, 1, 15, cfg.vocab);
+    try {
+      m.forward_logits(odd.input(), {0}, got.data());
+      ADD_FAILURE() << "15 tokens over 2 SP ranks were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("splits the 15 tokens"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
+
+TEST(TensorParallel, ForwardLogitsUnderTpGpt2) {
+  check_forward_only(Family::GPT2, false);
+}
+TEST(TensorParallel, ForwardLogitsUnderSequenceParallelGpt2) {
+  check_forward_only(Family::GPT2, true);
+}
+TEST(TensorParallel, ForwardLogitsUnderSequenceParallelLlama) {
+  check_forward_only(Family::Llama, true);
+}
 
 TEST(TensorParallel, Bf16StorageUnderTp) {
   check_bf16_storage(Family::GPT2, false);

@@ -5,8 +5,9 @@
 # take the same steps to 1e-5, and with max staleness 1 their checkpoint carries the groups
 # generated ahead, which a resume trains on; 1 learner + 2 rollout ranks (bf16 sync,
 # max staleness 1) runs to the end; 2 tensor-parallel learners (--learner-tp 2) take the same
-# steps to 1e-5 and resume bit for bit; partial rollouts span weight versions; layouts the job
-# cannot hold end with a clear error and a non-zero exit.
+# steps to 1e-5 and resume bit for bit, and with --learner-sp take the same steps too; partial
+# rollouts span weight versions; layouts the job cannot hold end with a clear error and a
+# non-zero exit.
 loom=$1
 src=$2
 source "$src/tests/rl/rl_cli_setup.sh"
@@ -68,6 +69,17 @@ echo "ok: 2 TP learners + 1 rollout rank = 1 learner (to 1e-5)"
   --max-staleness 0 --weight-sync f32 --resume >/dev/null 2>&1
 same_run "$work/tp2" "$work/tp2r" 4
 echo "ok: 2 TP learners, --resume = uninterrupted"
+# The same TP group with sequence parallelism (--learner-sp; passes padded to an even count).
+"${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/tp2sp" --steps 4 --rollout-ranks 1 --learner-tp 2 \
+  --learner-sp --max-staleness 0 --weight-sync f32 >/dev/null 2>&1
+for k in loss grad_norm reward_mean; do
+  paste <(column "$work/sync/metrics.jsonl" $k) <(column "$work/tp2sp/metrics.jsonl" $k) |
+    awk -v k=$k '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
+                   if (d > 1e-5 * a + 1e-9) { print "TP 2 + SP: step " NR - 1 " " k " " $2 " vs " $1; bad = 1 } }
+                 END { exit bad }'
+done
+[ "$(wc -l < "$work/tp2sp/metrics.jsonl")" -eq 4 ] || { echo "tp2sp: not 4 metrics rows"; exit 1; }
+echo "ok: 2 TP learners with SP + 1 rollout rank = 1 learner (to 1e-5)"
 
 # Max staleness 1: the checkpoint after step 2 carries the groups of step 2 that the rollout
 # rank had generated ahead (by version 1 or 2, depending on timing); the resumed run trains its
@@ -126,5 +138,7 @@ expect_fail "runs on 2 ranks only with --rollout-ranks" \
 expect_fail "--learner-tp 2 must divide the 1 learner rank" \
   "${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/bad" --steps 2 --rollout-ranks 2 --learner-tp 2
 expect_fail "--learner-tp needs --rollout-ranks" "$loom" "${rl[@]}" --out "$work/bad" --learner-tp 2
+expect_fail "--learner-sp needs --learner-tp > 1" \
+  "${launch[@]}" -n 2 -- "${rl[@]}" --out "$work/bad" --steps 2 --rollout-ranks 1 --learner-sp
 [ ! -e "$work/bad/metrics.jsonl" ] || { echo "a refused layout wrote metrics"; exit 1; }
 echo "PASS"

@@ -255,4 +255,24 @@ TEST(LearnerGrid, RefusesLayoutsThatDoNotSplit) {
   ModelConfig vocab = c;
   vocab.vocab = 259;
   EXPECT_NE(message(2, 2, vocab).find("model.vocab (259)"), std::string::npos);
+  // Sequence parallelism needs a TP group; a MoE policy trains under TP, and under SP only
+  // without the auxiliary loss and capacity that SP's padding tokens would change.
+  auto sp_message = [](int tp, const ModelConfig& cfg) {
+    try {
+      check_learner_grid(2, tp, cfg, true);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(sp_message(1, c).find("--learner-sp needs --learner-tp > 1"), std::string::npos);
+  EXPECT_NO_THROW(check_learner_grid(2, 2, c, true));
+  ModelConfig moe = rltest::tiny_moe_config();
+  EXPECT_NO_THROW(check_learner_grid(2, 2, moe));
+  EXPECT_NE(sp_message(2, moe).find("model.aux_loss_coeff = 0"), std::string::npos)
+      << sp_message(2, moe);
+  moe.aux_loss_coeff = 0;
+  EXPECT_NO_THROW(check_learner_grid(2, 2, moe, true));
+  moe.capacity_factor = 1.25;
+  EXPECT_NE(sp_message(2, moe).find("dropless routing"), std::string::npos);
 }

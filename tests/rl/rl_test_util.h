@@ -68,13 +68,24 @@ inline RlOptions small_options() {
   return o;
 }
 
-// A tiny policy, a byte tokenizer with ChatML, and the LowBytes environment.
+// tiny_config with every MLP a mixture of 4 experts (top 2, dropless).
+inline ModelConfig tiny_moe_config() {
+  ModelConfig c = tiny_config();
+  c.n_experts = 4, c.top_k = 2;
+  c.validate();
+  return c;
+}
+
+// A tiny policy (tiny_config unless given), a byte tokenizer with ChatML, and the LowBytes
+// environment.
 struct Fixture {
-  Decoder model{tiny_config(), cpu_backend()};
+  Decoder model;
   data::BpeTokenizer tok = byte_tokenizer();
   data::ChatTemplate chat{"chatml", tok};
   LowBytes env;
-  Fixture() { model.params().init(3); }
+  explicit Fixture(const ModelConfig& c = tiny_config()) : model(c, cpu_backend()) {
+    model.params().init(3);
+  }
 };
 
 }  // namespace loom::rl::rltest
