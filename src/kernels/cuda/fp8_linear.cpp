@@ -103,18 +103,34 @@ void CudaFp8Linear::quantize(Tensor t, void* dst, const float* v, int rows, int 
   const bool e5m2 = t == DY && opt_.hybrid;
   cuda::fp8_amax(st, v, int64_t(rows) * cols, scalars_ + kAmax);
   const float* scale = nullptr;
-  if (delayed()) {
+  if (ext_scales_ != nullptr) {
+    ext_record_(t, scalars_ + kAmax);
+    scale = ext_scales_ + t;
+  } else if (delayed()) {
     if (recording_) {
       cuda::fp8_record_amax(st, scalars_ + kAmax, scalars_ + kPending + 4 * t);
       seen_[t] = true;
     }
     scale = scalars_ + kScale + 4 * t;
+  } else if (reduce_amax) {
+    reduce_amax(scalars_ + kAmax);
   }
   cuda::fp8_quantize(st, dst, e5m2, v, rows, cols, transpose, scalars_ + kAmax, scale, opt_.margin,
                      sinv);
 }
 
+void CudaFp8Linear::use_delayed_state(const float* scales,
+                                      std::function<void(int tensor, const float* amax)> record) {
+  LOOM_CHECK(delayed() && scales != nullptr && record,
+             "fp8 linear (cuda): an external delayed-scaling state needs delayed scaling, its ",
+             "scales and a recorder");
+  ext_scales_ = scales;
+  ext_record_ = std::move(record);
+}
+
 void CudaFp8Linear::begin_step() {
+  LOOM_CHECK(ext_scales_ == nullptr, "fp8 linear (cuda): begin_step on a layer whose delayed ",
+             "scaling state is held outside it (its holder rolls the histories)");
   if (!delayed()) return;
   auto st = static_cast<cudaStream_t>(be_.stream());
   for (int t = 0; t < 3; ++t) {
@@ -129,7 +145,7 @@ void CudaFp8Linear::begin_step() {
 
 float CudaFp8Linear::scale(Tensor t) const {
   float s = 0.f;
-  be_.download(&s, scalars_ + kScale + 4 * t, sizeof s);
+  be_.download(&s, ext_scales_ != nullptr ? ext_scales_ + t : scalars_ + kScale + 4 * t, sizeof s);
   return s;
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "kernels/cuda/cuda_backend.h"
 
@@ -63,8 +64,21 @@ class CudaFp8Linear {
                 int N, int in, int out);
 
   // Delayed scaling (as Fp8Linear::roll_history): a new training step; the amaxes recorded
-  // since the last call join the histories and give the scales of this step.
+  // since the last call join the histories and give the scales of this step. Not with
+  // use_delayed_state (its holder rolls the histories).
   void begin_step();
+  // Delayed scaling with the state held outside the layer (precision/device_fp8_scaling.h: every
+  // layer's in one buffer, so a step's amaxes are reduced over the ranks in one all-reduce and
+  // checkpointed): the quantisations read the scales at `scales` (x, W, dy: three consecutive
+  // device floats) and hand each amax (a device float, valid until the next quantisation) to
+  // `record` with the tensor's index, recording or not (the holder decides).
+  void use_delayed_state(const float* scales,
+                         std::function<void(int tensor, const float* amax)> record);
+  // Current scaling across ranks (tensor parallelism, where a tensor is split): called with each
+  // tensor's amax (a device float) before its scale is derived, to max-reduce it over the group
+  // in place (Transformer Engine's amax reduction), so that every rank quantises with the scale
+  // of the whole tensor. Null: the local amax (one rank).
+  std::function<void(float* amax)> reduce_amax;
   // Evaluation passes quantise with the current scales but record no amaxes.
   void set_recording(bool on) { recording_ = on; }
   enum Tensor { X = 0, W = 1, DY = 2 };
@@ -85,6 +99,8 @@ class CudaFp8Linear {
   CudaFp8Options opt_;
   CudaFp8Scratch& scratch_;
   bool recording_ = true;
+  const float* ext_scales_ = nullptr;  // use_delayed_state
+  std::function<void(int, const float*)> ext_record_;
   bool seen_[3] = {false, false, false};
   int pos_[3] = {0, 0, 0};
   // amax, inverse scales, (delayed) scales, pending amaxes, histories; 16-byte lines
