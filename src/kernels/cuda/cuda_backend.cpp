@@ -769,8 +769,8 @@ void CudaBackend::fp8_record_amax(float* pending, const float* amax) {
 void CudaBackend::fp8_roll_history(float* history, int len, int32_t* pos_count, float* pending,
                                    const float* amax, float* scale, bool e5m2, int margin,
                                    bool most_recent) {
-  cuda::fp8_roll_history_state(impl_->stream, history, len, pos_count, pending, amax, scale, e5m2,
-                               margin, most_recent);
+  cuda::fp8_roll_history(impl_->stream, history, len, pos_count, pending, amax, scale, e5m2, margin,
+                         most_recent);
 }
 
 void CudaBackend::round_to(DType t, float* x, int64_t n, void* store) {

@@ -63,15 +63,13 @@ class CudaFp8Linear {
   void backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                 int N, int in, int out);
 
-  // Delayed scaling (as Fp8Linear::roll_history): a new training step; the amaxes recorded
-  // since the last call join the histories and give the scales of this step. Not with
-  // use_delayed_state (its holder rolls the histories).
-  void begin_step();
-  // Delayed scaling with the state held outside the layer (precision/device_fp8_scaling.h: every
-  // layer's in one buffer, so a step's amaxes are reduced over the ranks in one all-reduce and
-  // checkpointed): the quantisations read the scales at `scales` (x, W, dy: three consecutive
-  // device floats) and hand each amax (a device float, valid until the next quantisation) to
-  // `record` with the tensor's index, recording or not (the holder decides).
+  // Delayed scaling (amax_history > 0): its state lives outside the layer (precision/
+  // device_fp8_scaling.h: every layer's in one buffer, so a step's amaxes are max-reduced over
+  // the ranks in one all-reduce, rolled into the histories by Backend ops and checkpointed).
+  // The quantisations read the scales at `scales` (x, W, dy: three consecutive device floats)
+  // and hand each amax they compute (a device float, valid until the next quantisation) to
+  // `record` with the tensor's index; the holder decides whether it records (evaluation passes
+  // do not). Required before a delayed-scaling layer's first GEMM.
   void use_delayed_state(const float* scales,
                          std::function<void(int tensor, const float* amax)> record);
   // Current scaling across ranks (tensor parallelism, where a tensor is split): called with each
@@ -79,10 +77,10 @@ class CudaFp8Linear {
   // in place (Transformer Engine's amax reduction), so that every rank quantises with the scale
   // of the whole tensor. Null: the local amax (one rank).
   std::function<void(float* amax)> reduce_amax;
-  // Evaluation passes quantise with the current scales but record no amaxes.
-  void set_recording(bool on) { recording_ = on; }
   enum Tensor { X = 0, W = 1, DY = 2 };
-  float scale(Tensor t) const;  // delayed: the scale the next GEMM uses (downloads; tests)
+  // Delayed: the scale the next GEMM uses (downloads; tests, bench_cuda's trace); current
+  // scaling: 1 (its scales are derived per call on the device).
+  float scale(Tensor t) const;
 
  private:
   // Codes of tensor t's values v [rows, cols] (transposed when asked) with its scale (current:
@@ -98,12 +96,9 @@ class CudaFp8Linear {
   CudaBackend& be_;
   CudaFp8Options opt_;
   CudaFp8Scratch& scratch_;
-  bool recording_ = true;
   const float* ext_scales_ = nullptr;  // use_delayed_state
   std::function<void(int, const float*)> ext_record_;
-  bool seen_[3] = {false, false, false};
-  int pos_[3] = {0, 0, 0};
-  // amax, inverse scales, (delayed) scales, pending amaxes, histories; 16-byte lines
+  // The amax of the tensor being quantised and the three inverse scales; 16-byte lines
   float* scalars_ = nullptr;
 };
 
