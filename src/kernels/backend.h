@@ -271,6 +271,25 @@ struct Backend {
   virtual void round_to(DType t, float* x, int64_t n, void* store) = 0;
   virtual void convert(void* dst, DType dt, const void* src, DType st, int64_t n) = 0;
 
+  // ---- Delayed fp8 scaling's bookkeeping (precision/device_fp8_scaling.h), on the device so a
+  // step needs no host round trip: every pointer is a buffer of this backend, each scalar one
+  // fp32. The arithmetic is the CPU recipe's (Fp8Linear in precision/fp8_recipes.h).
+  // *amax = max |x[i]| over n elements, compared as bit patterns (a NaN wins, as cpu::fp8_amax).
+  virtual void fp8_amax(const float* x, int64_t n, float* amax) = 0;
+  // *pending = max(*pending, *amax) when *amax is finite (a step whose tensor is not finite is
+  // skipped by the trainer, so its amax must not enter the history). A pending amax is -1 while
+  // nothing was recorded since the last step.
+  virtual void fp8_record_amax(float* pending, const float* amax) = 0;
+  // One tensor's history step, when *pending >= 0 (something was recorded; else nothing
+  // happens): with a = *amax (the pending amax max-reduced over ranks; it may be `pending`),
+  // history[pos] = a for pos_count = {pos, count} (int32), pos advances modulo len and count
+  // up to len; amax = a (most_recent) or the history's max (len entries, zeros where unused);
+  // *scale = fmt_max / amax / 2^margin for e4m3 (448) or e5m2 (57344), unchanged when amax is 0
+  // or not finite, fp32's max when the quotient overflows; then *pending = -1.
+  virtual void fp8_roll_history(float* history, int len, int32_t* pos_count, float* pending,
+                                const float* amax, float* scale, bool e5m2, int margin,
+                                bool most_recent) = 0;
+
   // ---- bf16 policy: the optimizer writes the model's working copies. adamw on the fp32
   // master, then model[i] = round_bf16(master[i]) and, when model_bf16 is not null, its bf16
   // bits there (what the bf16 GEMMs read). The CPU backend does it in one pass; this default

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 
 namespace loom {
@@ -46,20 +47,54 @@ CudaFp8Recipes::CudaFp8Recipes(Decoder& model, CudaBackend& be, const CudaFp8Opt
       weight = std::max(weight, size_t(l.in) * size_t(l.out));
     }
   scratch_ = std::make_unique<CudaFp8Scratch>(max_tokens, widest, weight, o.mx ? 2 : 1);
-  for (const std::string& n : names_) {
+  if (delayed_) {
+    Fp8Options d = keep;
+    d.kind = Fp8RecipeKind::TensorwiseDelayed;
+    d.hybrid = o.hybrid;
+    d.margin = o.margin;
+    d.amax_history = o.amax_history;
+    d.most_recent = o.most_recent;
+    scaling_ = std::make_unique<DeviceFp8Scaling>(be, d, names_);
+  }
+  for (size_t i = 0; i < names_.size(); ++i) {
     layers_.push_back(std::make_unique<Layer>(*this, o));
-    model.attach_recipe(n, layers_.back().get());
+    if (scaling_) {
+      DeviceFp8Scaling* s = scaling_.get();
+      layers_.back()->lin.use_delayed_state(
+          s->scales(i), [s, i](int t, const float* amax) { s->record_amax(i, t, amax); });
+    }
+    model.attach_recipe(names_[i], layers_.back().get());
   }
 }
 
 CudaFp8Recipes::~CudaFp8Recipes() = default;
 
 void CudaFp8Recipes::begin_step() {
-  for (auto& l : layers_) l->lin.begin_step();
+  if (scaling_) scaling_->begin_step(amax_group_);
 }
 
 void CudaFp8Recipes::set_recording(bool on) {
-  for (auto& l : layers_) l->lin.set_recording(on);
+  if (scaling_) scaling_->set_recording(on);  // the only recipe that records anything
+}
+
+void CudaFp8Recipes::set_tp_group(comm::Communicator* g) {
+  for (auto& l : layers_) {
+    if (g == nullptr || g->size() == 1) {
+      l->lin.reduce_amax = nullptr;
+    } else {
+      l->lin.reduce_amax = [g](float* amax) {
+        g->all_reduce(amax, 1, DType::F32, comm::ReduceOp::Max);
+      };
+    }
+  }
+}
+
+Json CudaFp8Recipes::state() const {
+  return scaling_ ? scaling_->state() : Json();
+}
+
+void CudaFp8Recipes::restore(const Json* j, const std::string& where) {
+  if (scaling_) scaling_->restore(j, where);  // the other recipes keep nothing between steps
 }
 
 const CudaFp8Linear& CudaFp8Recipes::linear(size_t i) const {

@@ -4,11 +4,15 @@
 // for the codes. Built with the CUDA backend only; the Trainer reaches it through
 // precision/device_fp8.h, the GPU tests and bench_cuda directly.
 //
-// Delayed scaling: begin_step() before each training step (after the previous optimizer step)
-// rolls the amaxes recorded since the last call into the histories, as Fp8Recipes::begin_step;
-// forward-only passes between steps run inside set_recording(false), so the histories hold
-// training steps only. The weights are quantised on every call (no cached copy), so there is
-// nothing to refresh after an optimizer step or a checkpoint load.
+// Delayed scaling: every layer's scales, pending amaxes and histories live in one
+// DeviceFp8Scaling (precision/device_fp8_scaling.h; Backend ops, tested against the CPU recipe
+// on the CPU and guarded backends). begin_step() before each training step (after the previous
+// optimizer step) max-reduces the amaxes recorded since the last call over the amax group and
+// rolls them into the histories, as Fp8Recipes::begin_step; forward-only passes between steps
+// run inside set_recording(false), so the histories hold training steps only; state() /
+// restore() checkpoint them in the CPU recipe's format. Current scaling max-reduces every amax
+// over the TP group when one is set. The weights are quantised on every call (no cached copy),
+// so there is nothing to refresh after an optimizer step or a checkpoint load.
 #pragma once
 
 #include <functional>
@@ -21,6 +25,7 @@
 #include "model/decoder.h"
 #include "model/linear.h"
 #include "precision/device_fp8.h"
+#include "precision/device_fp8_scaling.h"
 #include "precision/fp8_recipes.h"
 
 namespace loom {
@@ -44,8 +49,14 @@ class CudaFp8Recipes : public DeviceFp8Recipes {
   size_t size() const override { return layers_.size(); }
   bool delayed() const override { return delayed_; }
   const std::string& name(size_t i) const override { return names_.at(i); }
+  void set_amax_group(comm::Communicator* g) override { amax_group_ = g; }
+  void set_tp_group(comm::Communicator* g) override;
+  Json state() const override;
+  void restore(const Json* j, const std::string& where) override;
   // Layer i's scaling state (delayed scaling's scales: CudaFp8Linear::scale, a download).
   const CudaFp8Linear& linear(size_t i) const;
+  // Delayed scaling's state of every layer (nullptr for the other recipes).
+  const DeviceFp8Scaling* scaling() const { return scaling_.get(); }
   // Called with "fp8 linear" before each layer's forward and backward (a profiler's marks: the
   // layers run their kernels on the CUDA backend directly). Null: none.
   std::function<void(const char*)> mark;
@@ -58,6 +69,8 @@ class CudaFp8Recipes : public DeviceFp8Recipes {
 
   CudaBackend& be_;
   bool delayed_;
+  std::unique_ptr<DeviceFp8Scaling> scaling_;  // delayed scaling
+  comm::Communicator* amax_group_ = nullptr;
   std::unique_ptr<CudaFp8Scratch> scratch_;
   BackendBuffer widen_;
   std::vector<std::unique_ptr<Layer>> layers_;

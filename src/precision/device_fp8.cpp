@@ -22,10 +22,6 @@ void check_device_fp8(const Fp8Options& o, const DeviceFp8Target& t, const std::
   LOOM_CHECK(o.kind == Fp8RecipeKind::Mxfp8 || t.sm_version >= 89, where, recipe,
              " needs fp8 tensor cores (sm_89 or newer); this GPU is sm_", t.sm_version,
              ": use mxfp8 (emulated on bf16 GEMMs), train in bf16, or use the CPU");
-  LOOM_CHECK(o.kind != Fp8RecipeKind::TensorwiseDelayed || t.dp_ranks == 1, where, recipe, " over ",
-             t.dp_ranks, " data-parallel ranks is not supported on the GPU yet (its ",
-             "step amaxes are not max-reduced over the ranks): use fp8_tensorwise_current or ",
-             "mxfp8, or one rank");
   LOOM_CHECK(t.tokens > 0 && t.tokens % 16 == 0, where, recipe, ": the fp8 GEMMs need a ",
              "multiple of 16 tokens per micro-batch (cuBLASLt's fp8 alignment), got ", t.tokens,
              " (train.micro_batch x train.seq_len)");

@@ -7,21 +7,28 @@
 //       silent fallback: a run asked for fp8 must not quietly train in another precision).
 //   mxfp8: 1x32 blocks dequantised to bf16 for bf16 GEMMs (no GPU before Blackwell multiplies
 //       MX blocks), on any GPU the CUDA backend runs on.
-// Refused by name as well: fp8_tensorwise_delayed over several data-parallel ranks (the GPU
-// recipe does not max-reduce its step amaxes over the ranks yet, so each rank's history would
-// differ from one process's), and a micro-batch or layer width that is not a multiple of 16
-// (cuBLASLt's fp8 alignment).
+// Refused by name as well: a micro-batch or layer width that is not a multiple of 16 (cuBLASLt's
+// fp8 alignment).
+// Across ranks, as the CPU recipe: delayed scaling max-reduces each step's amaxes over its amax
+// group (the trainer's TP x DP ranks, through a communicator of device memory), and current
+// scaling max-reduces every amax over the TP group where one is set; delayed scaling's state
+// (scales, histories, pending amaxes; precision/device_fp8_scaling.h) is checkpointed in the
+// CPU recipe's format.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "core/json.h"
 #include "model/decoder.h"
 #include "precision/fp8_recipes.h"
 
 namespace loom {
 
 class Backend;
+namespace comm {
+class Communicator;
+}
 
 // The GPU recipe as the Trainer drives it: one fp8 layer per selected linear (fp8_layer_names),
 // attached to the model.
@@ -35,16 +42,25 @@ class DeviceFp8Recipes {
   // amaxes (the histories hold training steps only).
   virtual void set_recording(bool on) = 0;
   virtual size_t size() const = 0;
-  // Delayed scaling (amax histories that a checkpoint does not hold yet).
+  // Delayed scaling (amax histories, kept across steps and checkpoints).
   virtual bool delayed() const = 0;
   virtual const std::string& name(size_t i) const = 0;
+  // Delayed scaling: the group (a communicator of the device's memory, e.g. make_device_
+  // communicator over the TP x DP ranks) its step amaxes are max-reduced over; null: none.
+  virtual void set_amax_group(comm::Communicator* g) = 0;
+  // Current scaling: the TP group (device memory) every amax is max-reduced over; null: none.
+  virtual void set_tp_group(comm::Communicator* g) = 0;
+  // Delayed scaling's state for checkpoints, Fp8Recipes::state()'s format (a null Json for the
+  // other recipes), and its restore (Fp8Recipes::restore's semantics and checks).
+  virtual Json state() const = 0;
+  virtual void restore(const Json* j, const std::string& where) = 0;
 };
 
 // What the device offers the recipe, known before the model is allocated.
 struct DeviceFp8Target {
   bool cuda = false;   // the backend is the CUDA one (the only device with fp8 recipes)
   int sm_version = 0;  // its compute capability, 10 * major + minor
-  int dp_ranks = 1;    // data-parallel ranks of the run
+  int dp_ranks = 1;    // data-parallel ranks of the run (every recipe runs on any number)
   int tokens = 0;      // tokens per micro-batch (train.micro_batch * train.seq_len)
 };
 

@@ -159,17 +159,21 @@ static float float_of(const Json& j) {
   return f;
 }
 
+Json Fp8Linear::tensor_state(float scale, const std::vector<float>& history, const float* pending) {
+  Json h = Json::array();
+  for (float a : history) h.push_back(bits_of(a));
+  Json o = Json::object();
+  o["scale"] = bits_of(scale);
+  o["history"] = h;
+  if (pending != nullptr) o["pending"] = bits_of(*pending);
+  return o;
+}
+
 Json Fp8Linear::state() const {
   Json out = Json::array();
   for (int t = 0; t < 3; ++t) {
     const State& s = state_[t];
-    Json h = Json::array();
-    for (float a : history(Tensor(t))) h.push_back(bits_of(a));
-    Json o = Json::object();
-    o["scale"] = bits_of(s.scale);
-    o["history"] = h;
-    if (s.seen) o["pending"] = bits_of(s.pending);
-    out.push_back(o);
+    out.push_back(tensor_state(s.scale, history(Tensor(t)), s.seen ? &s.pending : nullptr));
   }
   return out;
 }
@@ -330,37 +334,53 @@ void Fp8Recipes::set_evaluating(bool on) {
   for (auto& l : linears_) l->set_recording(!on);
 }
 
-Json Fp8Recipes::state() const {
-  if (opt_.kind != Fp8RecipeKind::TensorwiseDelayed) return Json();
-  Json layers = Json::object();
-  for (size_t i = 0; i < linears_.size(); ++i) layers[names_[i]] = linears_[i]->state();
+Json fp8_recipes_state(int amax_history, const std::vector<std::string>& names,
+                       const std::vector<Json>& layers) {
+  LOOM_CHECK(names.size() == layers.size(), "fp8 state: ", names.size(), " names for ",
+             layers.size(), " layers");
+  Json by_name = Json::object();
+  for (size_t i = 0; i < names.size(); ++i) by_name[names[i]] = layers[i];
   Json out = Json::object();
-  out["recipe"] = fp8_recipe_name(opt_.kind);
-  out["amax_history"] = opt_.amax_history;
-  out["layers"] = layers;
+  out["recipe"] = fp8_recipe_name(Fp8RecipeKind::TensorwiseDelayed);
+  out["amax_history"] = amax_history;
+  out["layers"] = by_name;
   return out;
 }
 
-void Fp8Recipes::restore(const Json* j, const std::string& where) {
-  if (opt_.kind != Fp8RecipeKind::TensorwiseDelayed) return;  // nothing kept between steps
+const Json::Object* fp8_state_layers(const Json* j, const std::vector<std::string>& names,
+                                     int amax_history, const std::string& where) {
   if (j == nullptr || j->is_null()) {
     log_warn(where, ": no fp8 delayed-scaling state (another recipe, or none): the amax ",
              "histories start empty, so this run is not bit-identical to an uninterrupted one");
-    return;
+    return nullptr;
   }
   LOOM_CHECK(j->is_object() && j->contains("layers") && j->contains("amax_history"), where,
              ": fp8 state without layers or amax_history");
   const int64_t len = j->at("amax_history").as_int();
-  LOOM_CHECK(len == opt_.amax_history, where, ": fp8 amax histories of length ", len,
-             ", but this run's precision.fp8_amax_history is ", opt_.amax_history);
+  LOOM_CHECK(len == amax_history, where, ": fp8 amax histories of length ", len,
+             ", but this run's precision.fp8_amax_history is ", amax_history);
   const Json::Object& layers = j->at("layers").as_object();
-  for (const std::string& n : names_)
+  for (const std::string& n : names)
     LOOM_CHECK(layers.count(n) == 1, where, ": no fp8 state for ", n,
                " (the checkpoint's fp8 layers differ: fp8_keep_first / fp8_keep_last)");
-  LOOM_CHECK(layers.size() == names_.size(), where, ": fp8 state for ", layers.size(),
-             " layers, but this run has ", names_.size(), " fp8 layers");
+  LOOM_CHECK(layers.size() == names.size(), where, ": fp8 state for ", layers.size(),
+             " layers, but this run has ", names.size(), " fp8 layers");
+  return &layers;
+}
+
+Json Fp8Recipes::state() const {
+  if (opt_.kind != Fp8RecipeKind::TensorwiseDelayed) return Json();
+  std::vector<Json> layers;
+  for (const auto& l : linears_) layers.push_back(l->state());
+  return fp8_recipes_state(opt_.amax_history, names_, layers);
+}
+
+void Fp8Recipes::restore(const Json* j, const std::string& where) {
+  if (opt_.kind != Fp8RecipeKind::TensorwiseDelayed) return;  // nothing kept between steps
+  const Json::Object* layers = fp8_state_layers(j, names_, opt_.amax_history, where);
+  if (layers == nullptr) return;
   for (size_t i = 0; i < linears_.size(); ++i)
-    linears_[i]->restore(layers.at(names_[i]), cat(where, ": fp8 state of ", names_[i]));
+    linears_[i]->restore(layers->at(names_[i]), cat(where, ": fp8 state of ", names_[i]));
 }
 
 std::unique_ptr<Fp8Recipes> attach_fp8_recipes(const Config& cfg, Decoder& model, bool quiet) {

@@ -81,9 +81,14 @@ class Fp8Linear : public GemmRecipe {
   // exact; restore() throws naming `where` on a malformed or mismatched value.
   Json state() const;
   void restore(const Json& j, const std::string& where);
+  // One tensor's entry of state(): its scale, history (oldest first) and, when an amax was
+  // recorded since the last roll, the pending one (the GPU recipe writes the same entries).
+  static Json tensor_state(float scale, const std::vector<float>& history, const float* pending);
 
-  // Inspection (tests): the scale the next GEMM uses for t (delayed), the history (newest last).
+  // Inspection (tests): the scale the next GEMM uses for t (delayed), the history (newest last),
+  // whether an amax of t was recorded since the last roll.
   float scale(Tensor t) const { return state_[t].scale; }
+  bool recorded(Tensor t) const { return state_[t].seen; }
   std::vector<float> history(Tensor t) const;
   cpu::Fp8Format format(Tensor t) const { return t == DY ? bwd_ : fwd_; }
 
@@ -111,6 +116,17 @@ class Fp8Linear : public GemmRecipe {
   std::vector<uint16_t> a_, b_, c_;  // scratch: quantised x, dy, and (MX) x/dy blocked along N
   std::vector<float> x32_;           // x widened from bf16 storage
 };
+
+// Delayed scaling's checkpoint state as Fp8Recipes::state() writes it: the recipe, the history
+// length and one Fp8Linear::state() per layer name (the GPU recipe writes the same, so a
+// checkpoint moves between CPU and GPU runs).
+Json fp8_recipes_state(int amax_history, const std::vector<std::string>& names,
+                       const std::vector<Json>& layers);
+// The per-layer states of such a checkpoint state `j` after checking it against a run with the
+// fp8 layers `names` and histories of `amax_history` (refused naming `where`); nullptr, with a
+// warning that the run is not bit-identical, when the checkpoint holds none (j null).
+const Json::Object* fp8_state_layers(const Json* j, const std::vector<std::string>& names,
+                                     int amax_history, const std::string& where);
 
 // The linears a recipe takes, in the model's order: every block linear but the first keep_first
 // and last keep_last blocks' (never the head). The CPU and GPU recipes select alike.

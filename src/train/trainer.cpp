@@ -377,7 +377,20 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
         cat("train.device = \"", opt_.device, "\": "), opt_.quiet);
   // Delayed scaling's amaxes are max-reduced over the ranks of one pipeline stage (TE's amax
   // reduction group): one process's history under TP, DP and CP alike.
-  if (fp8_) fp8_->set_amax_group(pg_->cp().size() > 1 ? &pg_->tp_dp_cp() : &pg_->tp_dp());
+  comm::Communicator& amax_group = pg_->cp().size() > 1 ? pg_->tp_dp_cp() : pg_->tp_dp();
+  if (fp8_) fp8_->set_amax_group(&amax_group);
+  if (device_fp8_) {
+    // The same groups on device memory (the amaxes never leave the GPU). Without TP the amax
+    // group holds the gradient group's ranks: the engine's device communicator serves.
+    if (pg_->tp().size() > 1) {
+      fp8_amax_device_comm_ = make_device_communicator(amax_group, *be_);
+      if (fp8_opt->kind == Fp8RecipeKind::TensorwiseCurrent)
+        fp8_tp_device_comm_ = make_device_communicator(pg_->tp(), *be_);
+    }
+    device_fp8_->set_amax_group(fp8_amax_device_comm_ ? fp8_amax_device_comm_.get()
+                                                      : dp_device_comm_.get());
+    device_fp8_->set_tp_group(fp8_tp_device_comm_.get());
+  }
   LOOM_CHECK(
       !fp8_ || (dp_->zero() < 3 && !base_zero3_),
       "precision.fp8_recipe: not supported with ZeRO-3 (the recipe keeps fp8 weight copies)");
@@ -761,8 +774,10 @@ ckpt::TrainerState Trainer::checkpoint_state(int64_t optimizer_steps) const {
   }
   if (policy_.loss_scaling) st.extra["loss_scaler"] = scaler_.state();
   if (lora_) st.extra["lora"] = lora_->config().describe();
-  if (fp8_)
-    if (Json f = fp8_->state(); !f.is_null()) st.extra["fp8"] = f;  // delayed scaling's histories
+  // Delayed scaling's histories, in one format from either recipe (a checkpoint moves between
+  // CPU and GPU runs).
+  const Json f = fp8_ ? fp8_->state() : device_fp8_ ? device_fp8_->state() : Json();
+  if (!f.is_null()) st.extra["fp8"] = f;
   return st;
 }
 
@@ -783,12 +798,9 @@ int64_t Trainer::restore_state(const ckpt::Checkpoint& c, bool same_layout) {
              ": checkpoint was trained with precision '", recorded("precision"),
              "', this run uses '", policy_.name, "'");
   if (policy_.loss_scaling) scaler_.restore(extra.at("loss_scaler"));
-  if (fp8_) fp8_->restore(extra.contains("fp8") ? &extra.at("fp8") : nullptr, c.dir());
-  // The GPU recipe's delayed-scaling histories live on the device and are not checkpointed yet:
-  // a resumed run rebuilds them from its first steps (scale 1 until then).
-  if (device_fp8_ && device_fp8_->delayed())
-    log_warn(c.dir(), ": the GPU's fp8 amax histories are not in checkpoints; resuming with ",
-             "fresh histories (the run is not bit-identical to an uninterrupted one)");
+  const Json* fp8_state = extra.contains("fp8") ? &extra.at("fp8") : nullptr;
+  if (fp8_) fp8_->restore(fp8_state, c.dir());
+  if (device_fp8_) device_fp8_->restore(fp8_state, c.dir());
   train_data_->restore(c.state().data);
   step_ = c.state().step;
   return extra.at("optimizer_steps").as_int();

@@ -258,6 +258,9 @@ class Trainer {
   // train.device = cuda over several ranks: the data-parallel group over NCCL (train/device.h),
   // the engine's gradient all-reduce on device memory. Declared before dp_: destroyed after it.
   std::unique_ptr<comm::Communicator> dp_device_comm_;
+  // The GPU fp8 recipe's amax reductions on device memory where the groups differ from the DP
+  // one (tensor parallelism): delayed scaling's over TP x DP, current scaling's over TP.
+  std::unique_ptr<comm::Communicator> fp8_amax_device_comm_, fp8_tp_device_comm_;
   std::unique_ptr<parallel::DataParallel> dp_;
   bool whole_ = true;  // one rank holding every whole tensor: one-process checkpoint files
   // LoRA with parallel.zero = 3: the frozen base sharded over DP, gathered block by block.

@@ -18,6 +18,7 @@
 #include "model/decoder.h"
 #include "model/step_check.h"
 #include "precision/cuda_fp8_recipes.h"
+#include "precision/device_fp8_scaling.h"
 #include "precision/fp8_recipes.h"
 
 namespace loom {
@@ -200,8 +201,11 @@ TEST(CudaFp8, LinearMatchesCpuRecipe) {
 }
 
 // Delayed scaling, one layer over six steps (new inputs and weights each step) against the CPU
-// recipe's Fp8Linear with the same history: the scales after every roll are equal bit for bit
-// (the same fp32 arithmetic on the same amaxes), the outputs as in the current-scaling test.
+// recipe's Fp8Linear with the same history: the layer's state in a DeviceFp8Scaling on the GPU
+// (as CudaFp8Recipes holds it; its amaxes recorded by the layer's quantisations, rolled by
+// fp8_roll_history's kernel), so the scales after every roll and the checkpoint state are equal
+// bit for bit (the same fp32 arithmetic on the same amaxes); the outputs as in the
+// current-scaling test.
 TEST(CudaFp8, DelayedScalingMatchesCpuRecipe) {
   LOOM_REQUIRE_GPU();
   if (gpu()->sm_version() < 89) GTEST_SKIP() << "fp8 tensor cores need sm_89";
@@ -213,23 +217,28 @@ TEST(CudaFp8, DelayedScalingMatchesCpuRecipe) {
     o.amax_history = 3;  // shorter than the run: the ring wraps
     o.most_recent = most_recent;
     Fp8Linear cpu_lin(o, nullptr);
-    CudaFp8Options go;
-    go.hybrid = true;
-    go.amax_history = 3;
-    go.most_recent = most_recent;
+    DeviceFp8Scaling state(*gpu(), o, {"layer"});
+    CudaFp8Options go = cuda_fp8_options(o);
     CudaFp8Scratch scratch(N, std::max(in, out), size_t(in) * out);
     CudaFp8Linear lin(*gpu(), go, scratch);
+    lin.use_delayed_state(state.scales(0),
+                          [&](int t, const float* amax) { state.record_amax(0, t, amax); });
     for (int step = 0; step < 6; ++step) {
       const std::string what =
           std::string(most_recent ? "most_recent" : "max") + " step " + std::to_string(step);
       cpu_lin.new_weights();
       cpu_lin.roll_history();
-      lin.begin_step();
-      for (auto t : {Fp8Linear::X, Fp8Linear::W, Fp8Linear::DY})
+      state.begin_step(nullptr);
+      for (auto t : {Fp8Linear::X, Fp8Linear::W, Fp8Linear::DY}) {
         EXPECT_EQ(lin.scale(CudaFp8Linear::Tensor(t)), cpu_lin.scale(t)) << what << " tensor " << t;
+        EXPECT_EQ(state.history(0, t), cpu_lin.history(t)) << what << " tensor " << t;
+      }
       const float g = float(1 << step) / 8;  // magnitudes that change, so the scales move
       compare_layers(cpu_lin, lin, layer_data(N, in, out, 40 + 4 * step, 3 * g, 1e-3 / g), N, in,
                      out, 1e-3, what);
+      // The pending amaxes of this step too: the checkpoint entry is the CPU recipe's.
+      EXPECT_EQ(state.state().dump(), fp8_recipes_state(3, {"layer"}, {cpu_lin.state()}).dump())
+          << what;
     }
   }
 }

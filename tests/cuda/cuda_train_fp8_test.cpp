@@ -12,12 +12,16 @@
 //   learning: the GPU run's last loss below 0.8 x its first.
 // Also: the GPU recipe takes the layers the CPU one does (fp8_keep_last), evaluation records no
 // amaxes and agrees as loosely, and on a GPU without fp8 tensor cores (below sm_89) the
-// per-tensor recipes are refused by name while mxfp8 runs. Skipped without a CUDA device.
+// per-tensor recipes are refused by name while mxfp8 runs. Delayed scaling resumed from a GPU
+// checkpoint is bit-identical to the uninterrupted GPU run (its histories travel in the
+// checkpoint, in the CPU recipe's format: a CPU trainer resumes them). Skipped without a CUDA
+// device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -120,4 +124,45 @@ TEST(CudaTrainFp8, TensorwiseDelayedTracksTheCpuTrainer) {
 TEST(CudaTrainFp8, Mxfp8WithAKeptBlockTracksTheCpuTrainer) {
   LOOM_REQUIRE_GPU();
   run_against_cpu("mxfp8", "fp8_keep_last = 1\n");
+}
+
+// 8 steps straight against 4 + checkpoint + a new trainer resuming + 4, on the GPU with delayed
+// scaling (a history of 3, so the ring wraps before and after the checkpoint): the scales,
+// histories and pending amaxes travel in the checkpoint (precision/device_fp8_scaling.h), so the
+// losses and final weights are the same bits (as the CPU trainer's
+// Fp8State.DelayedScalingResumesBitIdentically). The state a resumed trainer holds is the one
+// saved, and a CPU trainer resuming the GPU's checkpoint holds the same (one format).
+TEST(CudaTrainFp8, TensorwiseDelayedResumesBitIdentically) {
+  LOOM_REQUIRE_GPU();
+  if (!fp8_tensor_cores()) return expect_refused_without_fp8_cores("fp8_tensorwise_delayed");
+  const std::string extra = "fp8_amax_history = 3\n";
+  test::TempDir a("cudafp8_straight"), b("cudafp8_split");
+  Trainer straight(config(a.str(), "fp8_tensorwise_delayed", extra), nullptr, test::gpu());
+  std::vector<double> want, got;
+  for (int s = 0; s < 8; ++s) want.push_back(straight.train_step().loss);
+  std::string saved;
+  {
+    Trainer t(config(b.str(), "fp8_tensorwise_delayed", extra), nullptr, test::gpu());
+    for (int s = 0; s < 4; ++s) got.push_back(t.train_step().loss);
+    ASSERT_NE(t.device_fp8_recipes(), nullptr);
+    saved = t.device_fp8_recipes()->state().dump();
+    t.save_checkpoint();
+    t.finish_checkpoints();
+  }
+  ASSERT_NE(saved.find("\"pending\""), std::string::npos) << "no pending amax saved: " << saved;
+  Config resume = config(b.str(), "fp8_tensorwise_delayed", extra);
+  {
+    Trainer cpu(resume);  // the CPU recipe on the GPU's checkpoint
+    ASSERT_EQ(cpu.step(), 4);
+    EXPECT_EQ(cpu.fp8_recipes()->state().dump(), saved);
+  }
+  Trainer resumed(resume, nullptr, test::gpu());
+  ASSERT_EQ(resumed.step(), 4);
+  EXPECT_EQ(resumed.device_fp8_recipes()->state().dump(), saved);
+  for (int s = 0; s < 4; ++s) got.push_back(resumed.train_step().loss);
+  EXPECT_EQ(got, want);
+  const auto wa = test::trainer_weights(straight), wb = test::trainer_weights(resumed);
+  ASSERT_EQ(wa.size(), wb.size());
+  EXPECT_EQ(0, std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)))
+      << "the resumed fp8-delayed CUDA run's weights differ from the uninterrupted run's";
 }

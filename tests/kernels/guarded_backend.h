@@ -338,6 +338,20 @@ class GuardedBackend final : public Backend {
     Op op(*this, "add_2d", {dst, src});
     in_.add_2d(dst, ldd, src, lds, rows, cols);
   }
+  void fp8_amax(const float* x, int64_t n, float* amax) override {
+    Op op(*this, "fp8_amax", {x, amax});
+    in_.fp8_amax(x, n, amax);
+  }
+  void fp8_record_amax(float* pending, const float* amax) override {
+    Op op(*this, "fp8_record_amax", {pending, amax});
+    in_.fp8_record_amax(pending, amax);
+  }
+  void fp8_roll_history(float* history, int len, int32_t* pos_count, float* pending,
+                        const float* amax, float* scale, bool e5m2, int margin,
+                        bool most_recent) override {
+    Op op(*this, "fp8_roll_history", {history, pos_count, pending, amax, scale});
+    in_.fp8_roll_history(history, len, pos_count, pending, amax, scale, e5m2, margin, most_recent);
+  }
   void round_to(DType t, float* x, int64_t n, void* store) override {
     Op op(*this, "round_to", {x, store});
     in_.round_to(t, x, n, store);

@@ -304,6 +304,20 @@ class TapBackend final : public Backend {
     on("add_2d");
     in_.add_2d(dst, ldd, src, lds, rows, cols);
   }
+  void fp8_amax(const float* x, int64_t n, float* amax) override {
+    on("fp8_amax");
+    in_.fp8_amax(x, n, amax);
+  }
+  void fp8_record_amax(float* pending, const float* amax) override {
+    on("fp8_record_amax");
+    in_.fp8_record_amax(pending, amax);
+  }
+  void fp8_roll_history(float* history, int len, int32_t* pos_count, float* pending,
+                        const float* amax, float* scale, bool e5m2, int margin,
+                        bool most_recent) override {
+    on("fp8_roll_history");
+    in_.fp8_roll_history(history, len, pos_count, pending, amax, scale, e5m2, margin, most_recent);
+  }
   void round_to(DType t, float* x, int64_t n, void* store) override {
     on("round_to");
     in_.round_to(t, x, n, store);

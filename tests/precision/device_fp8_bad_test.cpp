@@ -2,8 +2,9 @@
 // keys select for the GPU recipe (the CPU recipe's, fp8_keep_first / fp8_keep_last included),
 // and what check_device_fp8 refuses, by name, before a model is allocated: a backend without
 // fp8 recipes, per-tensor scaling below sm_89 (refused, not a silent fallback; mxfp8 runs
-// there), delayed scaling over several data-parallel ranks, micro-batches that are not a
-// multiple of 16 tokens. The GPU side: tests/cuda/cuda_train_fp8_test.cpp.
+// there), micro-batches that are not a multiple of 16 tokens. Delayed scaling over several
+// data-parallel ranks runs (its amaxes are max-reduced over them, device_fp8_scaling_test.cpp
+// and tests/parallel/fp8_device_amax_test.cpp). The GPU side: tests/cuda/cuda_train_fp8_test.cpp.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -97,8 +98,8 @@ TEST(DeviceFp8BadInput, RecipesThatCannotRunAreRefusedByName) {
   DeviceFp8Target other = h100();
   other.cuda = false;
   expect_refused(mx, other, {"precision.fp8_recipe = \"mxfp8\"", "CUDA backend only"});
-  // Delayed scaling over data-parallel ranks.
-  expect_refused(delayed, h100(2), {"fp8_tensorwise_delayed", "over 2 data-parallel ranks"});
+  // Delayed scaling over data-parallel ranks: accepted (the step amaxes are max-reduced).
+  EXPECT_NO_THROW(check_device_fp8(delayed, h100(2), ""));
   // Tokens per micro-batch not a multiple of 16, and none.
   expect_refused(current, h100(1, 24), {"multiple of 16 tokens", "got 24"});
   expect_refused(current, h100(1, 0), {"multiple of 16 tokens", "got 0"});

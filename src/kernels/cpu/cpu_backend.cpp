@@ -4,6 +4,7 @@
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/fp8.h"
 #include "kernels/cpu/moe.h"
 
 #include <omp.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -311,6 +313,17 @@ class CpuBackend final : public Backend {
     double sum = 0;  // index order: bit-reproducible
     for (int64_t i = 0; i < n; ++i) sum += w ? double(w[i]) * x[i] : x[i];
     return sum;
+  }
+
+  void fp8_amax(const float* x, int64_t n, float* amax) override { *amax = cpu::fp8_amax(x, n); }
+  void fp8_record_amax(float* pending, const float* amax) override {
+    if (std::isfinite(*amax)) *pending = std::max(*pending, *amax);
+  }
+  void fp8_roll_history(float* history, int len, int32_t* pos_count, float* pending,
+                        const float* amax, float* scale, bool e5m2, int margin,
+                        bool most_recent) override {
+    cpu::fp8_roll_history(e5m2 ? cpu::Fp8Format::E5M2 : cpu::Fp8Format::E4M3, history, len,
+                          pos_count, pending, amax, scale, margin, most_recent);
   }
 
   void round_to(DType t, float* x, int64_t n, void* store) override {

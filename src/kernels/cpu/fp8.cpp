@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -278,6 +279,23 @@ float fp8_amax(const float* x, int64_t n) {
   uint32_t mx = 0;
   for (uint32_t p : part) mx = std::max(mx, p);
   return bits_f32(mx);
+}
+
+void fp8_roll_history(Fp8Format f, float* history, int len, int32_t* pos_count, float* pending,
+                      const float* amax, float* scale, int margin, bool most_recent) {
+  if (!(*pending >= 0.f)) return;  // nothing recorded since the last step
+  const float a = *amax;
+  history[pos_count[0]] = a;
+  pos_count[0] = (pos_count[0] + 1) % len;
+  pos_count[1] = std::min(pos_count[1] + 1, len);
+  float use = a;
+  if (!most_recent)
+    for (int i = 0; i < len; ++i) use = std::max(use, history[i]);
+  if (use > 0.f && std::isfinite(use)) {
+    const float s = std::ldexp(fp8_max(f) / use, -margin);
+    *scale = std::isfinite(s) ? s : FLT_MAX;
+  }
+  *pending = -1.f;
 }
 
 void fp8_quantize(Fp8Format f, const float* x, float scale, uint8_t* q, int64_t n) {

@@ -46,6 +46,11 @@ float e8m0_to_f32(uint8_t code);  // 2^(code - 127); NaN for 0xFF
 // max |x[i]| over the array (NaN when any element is NaN; +inf when any is infinite).
 float fp8_amax(const float* x, int64_t n);
 
+// Delayed scaling's history step on host memory: Backend::fp8_roll_history's CPU op (its
+// contract is there).
+void fp8_roll_history(Fp8Format f, float* history, int len, int32_t* pos_count, float* pending,
+                      const float* amax, float* scale, int margin, bool most_recent);
+
 // q[i] = fp8 code of x[i] * scale; y[i] = decode(q[i]) * scale_inv.
 void fp8_quantize(Fp8Format f, const float* x, float scale, uint8_t* q, int64_t n);
 void fp8_dequantize(Fp8Format f, const uint8_t* q, float scale_inv, float* y, int64_t n);

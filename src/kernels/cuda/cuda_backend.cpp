@@ -758,6 +758,21 @@ bool CudaBackend::all_finite(const float* x, int64_t n) {
   return bad == 0;
 }
 
+void CudaBackend::fp8_amax(const float* x, int64_t n, float* amax) {
+  cuda::fp8_amax(impl_->stream, x, n, amax);
+}
+
+void CudaBackend::fp8_record_amax(float* pending, const float* amax) {
+  cuda::fp8_record_amax(impl_->stream, amax, pending);
+}
+
+void CudaBackend::fp8_roll_history(float* history, int len, int32_t* pos_count, float* pending,
+                                   const float* amax, float* scale, bool e5m2, int margin,
+                                   bool most_recent) {
+  cuda::fp8_roll_history(impl_->stream, history, len, pos_count, pending, amax, scale, e5m2, margin,
+                         most_recent);
+}
+
 void CudaBackend::round_to(DType t, float* x, int64_t n, void* store) {
   cuda::round_to(impl_->stream, t, x, n);
   if (store) cuda::convert(impl_->stream, store, t, x, DType::F32, n);

@@ -209,6 +209,13 @@ class CudaBackend final : public Backend {
                        const float* out_b, const float* lse_b, int N, int H, int D) override;
   void add_2d(float* dst, int ldd, const float* src, int lds, int rows, int cols) override;
 
+  // Delayed fp8 scaling's bookkeeping (kernels/cuda/fp8_quant.cu).
+  void fp8_amax(const float* x, int64_t n, float* amax) override;
+  void fp8_record_amax(float* pending, const float* amax) override;
+  void fp8_roll_history(float* history, int len, int32_t* pos_count, float* pending,
+                        const float* amax, float* scale, bool e5m2, int margin,
+                        bool most_recent) override;
+
   // ---- CUDA-only entry points
   void gemm_ex(const GemmEx& g);
   // Every tensor of a model in one launch (chunks of 64K elements; the table is uploaded

@@ -10,9 +10,8 @@
 namespace loom {
 namespace {
 // Slots of scalars_ (floats, 16 bytes apart: cuBLASLt refuses unaligned scale pointers): the
-// amax of the tensor being quantised, the three inverse scales; delayed scaling's scales,
-// pending amaxes and histories (kHist + t * history length).
-constexpr int kAmax = 0, kSinv = 4, kScale = 16, kPending = 28, kHist = 40;
+// amax of the tensor being quantised, the three inverse scales.
+constexpr int kAmax = 0, kSinv = 4, kScalars = 16;
 int sinv_slot(int t) {
   return kSinv + 4 * t;
 }
@@ -85,12 +84,11 @@ CudaFp8Linear::CudaFp8Linear(CudaBackend& be, const CudaFp8Options& o, CudaFp8Sc
   LOOM_CHECK(o.margin >= 0 && o.margin <= 30, "fp8 margin ", o.margin, " outside [0, 30]");
   LOOM_CHECK(o.amax_history >= 0 && o.amax_history <= (1 << 20), "fp8 amax history ",
              o.amax_history, " outside [0, 2^20]");
-  const size_t n = align_up(size_t(kHist) + 3 * size_t(o.amax_history), 64);
-  LOOM_CHECK(cudaMalloc(reinterpret_cast<void**>(&scalars_), n * sizeof(float)) == cudaSuccess,
-             "fp8 linear (cuda): cannot allocate its scales");
-  std::vector<float> init(n, 0.f);  // scales 1, pending amaxes and histories 0
-  for (int t = 0; t < 3; ++t) init[kScale + 4 * t] = 1.f;
-  be.upload(scalars_, init.data(), n * sizeof(float));
+  LOOM_CHECK(
+      cudaMalloc(reinterpret_cast<void**>(&scalars_), kScalars * sizeof(float)) == cudaSuccess,
+      "fp8 linear (cuda): cannot allocate its scales");
+  const std::vector<float> init(kScalars, 0.f);
+  be.upload(scalars_, init.data(), kScalars * sizeof(float));
 }
 
 CudaFp8Linear::~CudaFp8Linear() {
@@ -104,32 +102,31 @@ void CudaFp8Linear::quantize(Tensor t, void* dst, const float* v, int rows, int 
   cuda::fp8_amax(st, v, int64_t(rows) * cols, scalars_ + kAmax);
   const float* scale = nullptr;
   if (delayed()) {
-    if (recording_) {
-      cuda::fp8_record_amax(st, scalars_ + kAmax, scalars_ + kPending + 4 * t);
-      seen_[t] = true;
-    }
-    scale = scalars_ + kScale + 4 * t;
+    LOOM_CHECK(ext_scales_ != nullptr, "fp8 linear (cuda): delayed scaling without its state ",
+               "(use_delayed_state: precision/device_fp8_scaling.h holds it)");
+    ext_record_(t, scalars_ + kAmax);
+    scale = ext_scales_ + t;
+  } else if (reduce_amax) {
+    reduce_amax(scalars_ + kAmax);
   }
   cuda::fp8_quantize(st, dst, e5m2, v, rows, cols, transpose, scalars_ + kAmax, scale, opt_.margin,
                      sinv);
 }
 
-void CudaFp8Linear::begin_step() {
-  if (!delayed()) return;
-  auto st = static_cast<cudaStream_t>(be_.stream());
-  for (int t = 0; t < 3; ++t) {
-    if (!seen_[t]) continue;
-    cuda::fp8_roll_history(st, scalars_ + kHist + size_t(t) * opt_.amax_history, opt_.amax_history,
-                           pos_[t], scalars_ + kPending + 4 * t, scalars_ + kScale + 4 * t,
-                           t == DY && opt_.hybrid, opt_.margin, opt_.most_recent);
-    pos_[t] = (pos_[t] + 1) % opt_.amax_history;
-    seen_[t] = false;
-  }
+void CudaFp8Linear::use_delayed_state(const float* scales,
+                                      std::function<void(int tensor, const float* amax)> record) {
+  LOOM_CHECK(delayed() && scales != nullptr && record,
+             "fp8 linear (cuda): an external delayed-scaling state needs delayed scaling, its ",
+             "scales and a recorder");
+  ext_scales_ = scales;
+  ext_record_ = std::move(record);
 }
 
 float CudaFp8Linear::scale(Tensor t) const {
+  if (!delayed()) return 1.f;
+  LOOM_CHECK(ext_scales_ != nullptr, "fp8 linear (cuda): delayed scaling without its state");
   float s = 0.f;
-  be_.download(&s, scalars_ + kScale + 4 * t, sizeof s);
+  be_.download(&s, ext_scales_ + t, sizeof s);
   return s;
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "kernels/cuda/cuda_backend.h"
 
@@ -62,13 +63,24 @@ class CudaFp8Linear {
   void backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                 int N, int in, int out);
 
-  // Delayed scaling (as Fp8Linear::roll_history): a new training step; the amaxes recorded
-  // since the last call join the histories and give the scales of this step.
-  void begin_step();
-  // Evaluation passes quantise with the current scales but record no amaxes.
-  void set_recording(bool on) { recording_ = on; }
+  // Delayed scaling (amax_history > 0): its state lives outside the layer (precision/
+  // device_fp8_scaling.h: every layer's in one buffer, so a step's amaxes are max-reduced over
+  // the ranks in one all-reduce, rolled into the histories by Backend ops and checkpointed).
+  // The quantisations read the scales at `scales` (x, W, dy: three consecutive device floats)
+  // and hand each amax they compute (a device float, valid until the next quantisation) to
+  // `record` with the tensor's index; the holder decides whether it records (evaluation passes
+  // do not). Required before a delayed-scaling layer's first GEMM.
+  void use_delayed_state(const float* scales,
+                         std::function<void(int tensor, const float* amax)> record);
+  // Current scaling across ranks (tensor parallelism, where a tensor is split): called with each
+  // tensor's amax (a device float) before its scale is derived, to max-reduce it over the group
+  // in place (Transformer Engine's amax reduction), so that every rank quantises with the scale
+  // of the whole tensor. Null: the local amax (one rank).
+  std::function<void(float* amax)> reduce_amax;
   enum Tensor { X = 0, W = 1, DY = 2 };
-  float scale(Tensor t) const;  // delayed: the scale the next GEMM uses (downloads; tests)
+  // Delayed: the scale the next GEMM uses (downloads; tests, bench_cuda's trace); current
+  // scaling: 1 (its scales are derived per call on the device).
+  float scale(Tensor t) const;
 
  private:
   // Codes of tensor t's values v [rows, cols] (transposed when asked) with its scale (current:
@@ -84,10 +96,9 @@ class CudaFp8Linear {
   CudaBackend& be_;
   CudaFp8Options opt_;
   CudaFp8Scratch& scratch_;
-  bool recording_ = true;
-  bool seen_[3] = {false, false, false};
-  int pos_[3] = {0, 0, 0};
-  // amax, inverse scales, (delayed) scales, pending amaxes, histories; 16-byte lines
+  const float* ext_scales_ = nullptr;  // use_delayed_state
+  std::function<void(int, const float*)> ext_record_;
+  // The amax of the tensor being quantised and the three inverse scales; 16-byte lines
   float* scalars_ = nullptr;
 };
 

@@ -44,14 +44,20 @@ __global__ void k_record_amax(const float* amax, float* pending) {
   if (isfinite(*amax)) *pending = fmaxf(*pending, *amax);
 }
 
-__global__ void k_roll_history(float* history, int len, int pos, float* pending, float* scale,
-                               float fmt_max, int margin, bool most_recent) {
-  history[pos] = *pending;
-  float use = *pending;
+// As cpu::fp8_roll_history (the CPU backend's op), one thread.
+__global__ void k_roll_history(float* history, int len, int32_t* pos_count, float* pending,
+                               const float* amax, float* scale, float fmt_max, int margin,
+                               bool most_recent) {
+  if (!(*pending >= 0.f)) return;  // nothing recorded since the last step
+  const float a = *amax;
+  history[pos_count[0]] = a;
+  pos_count[0] = (pos_count[0] + 1) % len;
+  pos_count[1] = min(pos_count[1] + 1, len);
+  float use = a;
   if (!most_recent)
     for (int i = 0; i < len; ++i) use = fmaxf(use, history[i]);
   *scale = scale_from(fmt_max, use, margin, *scale);
-  *pending = 0.f;
+  *pending = -1.f;
 }
 
 __device__ __nv_fp8_storage_t to_fp8(float v, bool e5m2) {
@@ -175,10 +181,10 @@ void fp8_record_amax(cudaStream_t st, const float* amax, float* pending) {
   LOOM_CUDA_LAUNCHED("fp8_record_amax");
 }
 
-void fp8_roll_history(cudaStream_t st, float* history, int len, int pos, float* pending,
-                      float* scale, bool e5m2, int margin, bool most_recent) {
-  k_roll_history<<<1, 1, 0, st>>>(history, len, pos, pending, scale, fp8_max(e5m2), margin,
-                                  most_recent);
+void fp8_roll_history(cudaStream_t st, float* history, int len, int32_t* pos_count, float* pending,
+                      const float* amax, float* scale, bool e5m2, int margin, bool most_recent) {
+  k_roll_history<<<1, 1, 0, st>>>(history, len, pos_count, pending, amax, scale, fp8_max(e5m2),
+                                  margin, most_recent);
   LOOM_CUDA_LAUNCHED("fp8_roll_history");
 }
 

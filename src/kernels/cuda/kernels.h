@@ -136,12 +136,13 @@ void fp8_amax(cudaStream_t st, const float* x, int64_t n, float* amax);
 void fp8_quantize(cudaStream_t st, void* dst, bool e5m2, const float* x, int rows, int cols,
                   bool transpose, const float* amax, const float* scale, int margin,
                   float* scale_inv);
-// Delayed scaling (the CPU recipe's Fp8Linear): *pending = max(*pending, *amax) if *amax is
-// finite; at a step's start, history[pos] = *pending, *scale from the history's max (or the
-// newest entry) as fmt_max / amax / 2^margin (kept when that amax is 0), *pending = 0.
+// Delayed scaling's bookkeeping, the CPU recipe's arithmetic (Backend::fp8_record_amax and
+// fp8_roll_history, whose contracts these kernels implement; the state is held by
+// precision/device_fp8_scaling.h): a pending amax of -1 means nothing recorded since the last
+// step; pos_count = {pos, count} on the device; the amax rolled may be reduced over ranks.
 void fp8_record_amax(cudaStream_t st, const float* amax, float* pending);
-void fp8_roll_history(cudaStream_t st, float* history, int len, int pos, float* pending,
-                      float* scale, bool e5m2, int margin, bool most_recent);
+void fp8_roll_history(cudaStream_t st, float* history, int len, int32_t* pos_count, float* pending,
+                      const float* amax, float* scale, bool e5m2, int margin, bool most_recent);
 // MXFP8 (the CPU's mx_quantize): deq[rows, cols] = bf16 values of x's MX quantisation, blocks of
 // 32 along the columns (a row's contiguous elements) or along the rows (down each column).
 void mx_dequantize(cudaStream_t st, uint16_t* deq, bool e5m2, const float* x, int rows, int cols,
