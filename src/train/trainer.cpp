@@ -343,9 +343,13 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   if (!opt_.pretrained.empty() && !lora_) load_pretrained(opt_.pretrained);
   if (!stage.whole()) {
     // One schedule step runs the rank's grad_accum micro-batches through the pipeline.
-    // (Its activations and the tied embedding's gradient are device memory on a device.)
+    // Its activations and the tied embedding's gradient are device memory on a device, moved
+    // by the staged communicator whatever parallel.device_comm says: the runner posts receives
+    // ahead of need (a whole evaluation window's at once), which MPI's tags match in any order,
+    // but NCCL's in-order matching on one stream could deadlock on (docs/parallel.md).
     pipe_ = std::make_unique<parallel::PipelineRunner>(
-        *model_, on_device(pg_->pp()), pp::make_schedule(pp_kind, layout.p, opt_.grad_accum, vp));
+        *model_, on_device(pg_->pp(), DeviceComm::Staged),
+        pp::make_schedule(pp_kind, layout.p, opt_.grad_accum, vp));
     // A tied embedding counts on the first stage only.
     std::vector<double> pw = pipe_->grad_norm_weights();
     // (Per model parameter: LoRA's trained set is the adapters, never on a tied embedding.)
@@ -897,10 +901,10 @@ void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, 
                      on);
 }
 
-comm::Communicator& Trainer::on_device(comm::Communicator& host) {
+comm::Communicator& Trainer::on_device(comm::Communicator& host, DeviceComm kind) {
   if (be_->host_accessible()) return host;
   auto& c = device_comms_[&host];
-  if (!c) c = make_device_communicator(host, *be_, device_comm_);
+  if (!c) c = make_device_communicator(host, *be_, kind == DeviceComm::Auto ? device_comm_ : kind);
   return *c;
 }
 

@@ -262,8 +262,9 @@ class Trainer {
   // scalar reductions stay on the host groups. Declared before dp_ and pipe_: destroyed after.
   DeviceComm device_comm_ = DeviceComm::Auto;  // parallel.device_comm
   std::map<const comm::Communicator*, std::unique_ptr<comm::Communicator>> device_comms_;
-  // `host` itself on a host-accessible backend, else its device communicator (made once).
-  comm::Communicator& on_device(comm::Communicator& host);
+  // `host` itself on a host-accessible backend, else its device communicator (made once, of
+  // `kind`, parallel.device_comm when Auto).
+  comm::Communicator& on_device(comm::Communicator& host, DeviceComm kind = DeviceComm::Auto);
   std::unique_ptr<parallel::DataParallel> dp_;
   bool whole_ = true;  // one rank holding every whole tensor: one-process checkpoint files
   // LoRA with parallel.zero = 3: the frozen base sharded over DP, gathered block by block.

@@ -250,8 +250,8 @@ class NcclCommunicator : public Communicator {
   // send to rank+1 and receive from rank-1 run concurrently instead of deadlocking on one
   // stream, and everything pending is issued in the order it was called. So `tag` is not
   // matched: callers issue, for each ordered pair of ranks, sends and receives in the same
-  // order (Loom's exchanges do: the ring attention's steps, the pipeline schedules' actions,
-  // docs/parallel.md "Parallelism on the device"); the tag is checked only to be non-negative.
+  // order (the ring attention's steps do; docs/parallel.md "Parallelism on the device"); the
+  // tag is checked only to be non-negative.
   Work send_async(const void* buf, int64_t n, DType t, int peer, int tag) override {
     return post(true, const_cast<void*>(buf), n, t, peer, tag);
   }

@@ -11,10 +11,12 @@
 // order, in one ncclGroupStart/End at the first wait() or test() on any of them (or before the
 // next collective), so a ring step's send and receive progress concurrently and an exchange
 // with one peer in both directions does not deadlock the stream. Tags are not matched: for each
-// ordered pair of ranks, callers issue sends and receives in the same order (Loom's ring
-// attention, pipeline schedules and EP all-to-all do; docs/parallel.md). Where that cannot hold,
-// or two ranks share a GPU (NCCL refuses), the staged communicator (comm/staged_communicator.h)
-// moves device memory over MPI with real tags.
+// ordered pair of ranks, callers issue sends and receives in the same order, and a group's
+// messages must not wait on messages the caller issues later (a group blocks the stream until
+// all of it is matched). The ring attention and the EP all-to-all satisfy both; the pipeline
+// runner's early receives do not, so its group uses the staged communicator
+// (comm/staged_communicator.h: device memory over MPI with real tags), as do ranks that share
+// a GPU (NCCL refuses them). docs/parallel.md, "Parallelism on the device".
 //
 // Bootstrap: the ncclUniqueId of rank 0 reaches the other ranks either through an existing
 // communicator (MPI world: a host broadcast of 128 bytes) or through a file (rendezvous on a
