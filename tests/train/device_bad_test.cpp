@@ -114,3 +114,16 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
     expect_refused(c, &g, d.str(), k.message);
   }
 }
+
+// FP8 on the device with a layout the GPU recipe has not been checked under (its amaxes are not
+// reduced over TP or CP) is refused by name, before anything is written.
+TEST(DeviceBadInput, Fp8WithTensorParallelismOnADeviceIsRefused) {
+  test::TempDir d("devbad_fp8tp");
+  test::GuardedBackend g;
+  Config c = config(d.str());
+  c.set("precision.fp8_recipe", "\"fp8_tensorwise_current\"", "test");
+  c.set("parallel.tp", "2", "test");
+  expect_refused(c, &g, d.str(),
+                 "precision.fp8_recipe with tensor, context, pipeline or expert parallelism "
+                 "(parallel.tp = 2, cp = 1, pp = 1, vp = 1, ep = 1)");
+}
