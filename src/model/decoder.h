@@ -123,6 +123,7 @@ class Decoder {
   const ExpertParallel& expert_parallel() const { return ep_; }
 
   const ModelConfig& config() const { return cfg_; }
+  Backend& backend() const { return be_; }  // where its buffers live and its ops run
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }
   DType act_dtype() const { return act_dtype_; }

@@ -152,7 +152,7 @@ void DataParallel::start_step(int micro_batches) {
   if (opt_.zero <= 1) P_.zero_grad();  // ZeRO-2/3 keep the full buffer zero (released)
   // (ZeRO-3 releases the experts' gradients after reducing them: zero, and no pages touched.)
   if (experts_apart() && !experts_sharded())
-    std::fill(P_.grad() + expert_lo_, P_.grad() + expert_hi_, 0.f);
+    be_.fill_bytes(P_.grad() + expert_lo_, 0, size_t(expert_hi_ - expert_lo_) * sizeof(float));
   for (BackendBuffer* b : {&egshard_, &gshard_})
     if (!b->empty()) be_.fill_bytes(b->data(), 0, b->bytes());
 }

@@ -36,11 +36,15 @@ int PipelineRunner::tag(int microbatch, int stage, int kind) const {
   return (microbatch * schedule_.num_stages() + stage) * 2 + kind;
 }
 
-float* PipelineRunner::buffer(std::map<std::pair<int, int>, std::vector<float>>& m, int mb,
-                              int chunk) {
-  auto& v = m[{mb, chunk}];
-  v.resize(size_t(n_));
-  return v.data();
+float* PipelineRunner::buffer(Buffers& m, int mb, int chunk) {
+  return m[{mb, chunk}].ensure_n<float>(model_.backend(), size_t(std::max<int64_t>(n_, 1)),
+                                        "pipeline");
+}
+
+void PipelineRunner::copy_local(Buffers& to, const Buffers& from, int mb, int to_chunk,
+                                int from_chunk) {
+  float* dst = buffer(to, mb, to_chunk);
+  model_.backend().copy_d2d(dst, from.at({mb, from_chunk}).data(), size_t(n_) * sizeof(float));
 }
 
 double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
@@ -69,21 +73,21 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
             pp_.recv_async(buffer(grad_in_, mb, c), n_, DType::F32, a.peer, tag(mb, stage, 1));
         break;
       case pp::Op::SendAct:
-        sends.push_back(pp_.send_async(act_out_[{mb, c}].data(), n_, DType::F32, a.peer,
+        sends.push_back(pp_.send_async(act_out_.at({mb, c}).as<float>(), n_, DType::F32, a.peer,
                                        tag(mb, stage + 1, 0)));
         break;
       case pp::Op::SendGrad:
-        sends.push_back(pp_.send_async(grad_out_[{mb, c}].data(), n_, DType::F32, a.peer,
+        sends.push_back(pp_.send_async(grad_out_.at({mb, c}).as<float>(), n_, DType::F32, a.peer,
                                        tag(mb, stage - 1, 1)));
         break;
       case pp::Op::Forward: {
         const float* x_in = nullptr;
         if (!stage_.is_first_stage(c)) {
           // Stage s-1 on this rank (p = 1 with v > 1): its output is local.
-          if (p == 1) act_in_[{mb, c}] = act_out_[{mb, c - 1}];
+          if (p == 1) copy_local(act_in_, act_out_, mb, c, c - 1);
           auto it = recv_act.find({mb, c});
           if (it != recv_act.end()) it->second.wait();
-          x_in = act_in_.at({mb, c}).data();
+          x_in = act_in_.at({mb, c}).as<float>();
         }
         if (!stage_.is_last_stage(c)) {
           float* out = buffer(act_out_, mb, c);
@@ -95,13 +99,13 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
         break;
       }
       case pp::Op::Backward: {
-        const float* x_in = stage_.is_first_stage(c) ? nullptr : act_in_.at({mb, c}).data();
+        const float* x_in = stage_.is_first_stage(c) ? nullptr : act_in_.at({mb, c}).as<float>();
         const float* dx_out = nullptr;
         if (!stage_.is_last_stage(c)) {
-          if (p == 1) grad_in_[{mb, c}] = grad_out_[{mb, c + 1}];
+          if (p == 1) copy_local(grad_in_, grad_out_, mb, c, c + 1);
           auto it = recv_grad.find({mb, c});
           if (it != recv_grad.end()) it->second.wait();
-          dx_out = grad_in_.at({mb, c}).data();
+          dx_out = grad_in_.at({mb, c}).as<float>();
         }
         float* dx_in = stage_.is_first_stage(c) ? nullptr : buffer(grad_out_, mb, c);
         if (before_micro) before_micro(mb);
@@ -168,10 +172,10 @@ double PipelineRunner::forward_window(const ModelInput* micro, int m, int first,
       const float* x_in = nullptr;
       if (!stage_.is_first_stage(c)) {
         if (p == 1)  // stage s-1 is this rank's previous chunk
-          act_in_[{j, c}] = act_out_[{j, c - 1}];
+          copy_local(act_in_, act_out_, j, c, c - 1);
         else
           recv_act.at({j, c}).wait();
-        x_in = act_in_.at({j, c}).data();
+        x_in = act_in_.at({j, c}).as<float>();
       }
       float* x_out = stage_.is_last_stage(c) ? nullptr : buffer(act_out_, j, c);
       if (before_micro) before_micro(first + j);

@@ -4,7 +4,9 @@
 // just before the compute that needs them, sends are asynchronous and waited at the end of the
 // step. Between a chunk's forward and its backward only the chunk's input activation is kept (the
 // backward recomputes the chunk), so any number of micro-batches in flight costs one [tokens, C]
-// buffer each.
+// buffer each. Those buffers are the model's Backend buffers (device memory on a GPU) and `pp`
+// moves them where they are: on a device it must be a device communicator (train/device.h
+// make_device_communicator).
 //
 // Tied embeddings: the first stage (embedding) and the last stage (head) both hold embed.wte;
 // after the step's backwards their gradients are summed over the two ranks so the copies stay
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "kernels/buffer.h"
 #include "model/decoder.h"
 #include "parallel/pipeline_stage.h"
 #include "parallel/schedule/pipeline_schedule.h"
@@ -72,7 +75,10 @@ class PipelineRunner {
 
  private:
   int tag(int microbatch, int stage, int kind) const;
-  float* buffer(std::map<std::pair<int, int>, std::vector<float>>& m, int mb, int chunk);
+  using Buffers = std::map<std::pair<int, int>, BackendBuffer>;
+  float* buffer(Buffers& m, int mb, int chunk);
+  // Stage s-1 on this rank (p = 1 with v > 1): its output (or input gradient) is copied over.
+  void copy_local(Buffers& to, const Buffers& from, int mb, int to_chunk, int from_chunk);
   double forward_window(const ModelInput* micro, int m, int first, std::vector<StepOutputs>* outs);
 
   Decoder& model_;
@@ -82,7 +88,7 @@ class PipelineRunner {
   std::unique_ptr<comm::Communicator> tied_;  // first + last stage (p > 1, tied embeddings)
   int64_t n_ = 0;                             // elements of one activation
   double aux_ = 0, idle_ = 0;
-  std::map<std::pair<int, int>, std::vector<float>> act_in_, act_out_, grad_in_, grad_out_;
+  Buffers act_in_, act_out_, grad_in_, grad_out_;
 };
 
 }  // namespace loom::parallel

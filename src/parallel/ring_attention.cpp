@@ -153,14 +153,17 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
   comm::Work acc_sends[2];  // the accumulator sends in flight, one per acc_out_ buffer
   for (int s = 0; s < cp; ++s) {
     comm::Work send, recv, acc_recv;
+    // The accumulated dK/dV of the block held at step s (s >= 2) comes from rank - 1, which
+    // handled that block at step s - 1; received while this rank computes its contribution.
+    // Posted before this step's block receive: rank - 1 sent it (end of step s - 1) before
+    // that block (start of step s), and a communicator without tags (NCCL) matches each
+    // pair's messages in the order they were issued.
+    if (s >= 2) acc_recv = cp_.comm->recv_async(acc_in, n, DType::F32, prev, kTagAcc + s);
     if (s + 1 < cp) {
       send = cp_.comm->send_async(cur, n, DType::F32, next, kTagBwd + s);
       recv = cp_.comm->recv_async(nxt, n, DType::F32, prev, kTagBwd + s);
       stats_.bytes_sent += n * 4;
     }
-    // The accumulated dK/dV of the block held at step s (s >= 2) comes from rank - 1, which
-    // handled that block at step s - 1; received while this rank computes its contribution.
-    if (s >= 2) acc_recv = cp_.comm->recv_async(acc_in, n, DType::F32, prev, kTagAcc + s);
     pending_ = {&send, &recv, &acc_recv, &acc_sends[0], &acc_sends[1]};
     if (!overlap_) {
       const double t = now_seconds();

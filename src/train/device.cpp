@@ -10,6 +10,7 @@
 #include "core/log.h"
 
 #include "comm/communicator.h"
+#include "comm/staged_communicator.h"
 
 #if LOOM_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -91,19 +92,39 @@ class BackendSelfCommunicator : public comm::Communicator {
 
 }  // namespace
 
-std::unique_ptr<comm::Communicator> make_device_communicator(comm::Communicator& group,
-                                                             Backend& be) {
+DeviceComm device_comm_from_name(const std::string& name, const std::string& key) {
+  DeviceComm k = DeviceComm::Auto;
+  if (name == "nccl")
+    k = DeviceComm::Nccl;
+  else if (name == "staged")
+    k = DeviceComm::Staged;
+  else
+    LOOM_CHECK(name == "auto", key, " must be auto, nccl or staged, got '", name, "'");
+  LOOM_CHECK(k != DeviceComm::Nccl || nccl_built(), key,
+             " = nccl: this loom was built without the NCCL communicator; use staged or auto");
+  return k;
+}
+
+const char* device_comm_name(DeviceComm kind) {
+  return kind == DeviceComm::Nccl ? "nccl" : kind == DeviceComm::Staged ? "staged" : "auto";
+}
+
+std::unique_ptr<comm::Communicator> make_device_communicator(comm::Communicator& group, Backend& be,
+                                                             DeviceComm kind) {
   if (group.size() == 1) return std::make_unique<BackendSelfCommunicator>(group.name(), be);
 #if LOOM_HAVE_CUDA && LOOM_HAVE_NCCL
   auto* cb = dynamic_cast<CudaBackend*>(&be);
-  LOOM_CHECK(cb, "a device communicator needs the CUDA backend, not ", be.name());
-  int gpu = 0;
-  LOOM_CHECK(cudaGetDevice(&gpu) == cudaSuccess, "cudaGetDevice failed");
-  return comm::make_nccl_communicator(group, gpu, cb->stream(), group.name() + "-nccl");
+  if (kind == DeviceComm::Nccl || (kind == DeviceComm::Auto && cb)) {
+    LOOM_CHECK(cb, "the NCCL communicator needs the CUDA backend, not ", be.name());
+    int gpu = 0;
+    LOOM_CHECK(cudaGetDevice(&gpu) == cudaSuccess, "cudaGetDevice failed");
+    return comm::make_nccl_communicator(group, gpu, cb->stream(), group.name() + "-nccl");
+  }
 #else
-  fail("collectives on ", be.name(), " memory need the NCCL communicator, which this build lacks ",
-       "(group ", group.name(), ")");
+  LOOM_CHECK(kind != DeviceComm::Nccl, "collectives on ", be.name(), " memory over NCCL: this ",
+             "build lacks the NCCL communicator (group ", group.name(), ")");
 #endif
+  return comm::make_staged_communicator(group, be);
 }
 
 int gpu_count() {

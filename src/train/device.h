@@ -39,11 +39,21 @@ void check_device(const std::string& device, const std::string& key);
 DeviceChoice select_device(const std::string& device, const std::string& key, bool quiet,
                            int gpu = -1);
 
+// How the ranks of a device run exchange device memory (parallel.device_comm): NCCL, or
+// staged through host buffers around the host communicator (comm/staged_communicator.h: no
+// NCCL needed, and several ranks may share one GPU, which NCCL refuses). Auto: NCCL on the CUDA
+// backend of a build that has it, else staged.
+enum class DeviceComm { Auto, Nccl, Staged };
+// Throws naming `key` unless `name` is auto, nccl or staged, or for nccl in a build without it.
+DeviceComm device_comm_from_name(const std::string& name, const std::string& key);
+const char* device_comm_name(DeviceComm kind);
+
 // `group` for collectives on `be`'s memory: one rank, a communicator whose data moves are
 // Backend copies; several, the ranks over NCCL on the device `be` computes on (its stream),
-// bootstrapped through `group` (a host communicator). Throws without NCCL for several ranks.
-std::unique_ptr<comm::Communicator> make_device_communicator(comm::Communicator& group,
-                                                             Backend& be);
+// bootstrapped through `group` (a host communicator), or `group` itself with every buffer
+// staged through the host (`kind`). The result must not outlive `group`.
+std::unique_ptr<comm::Communicator> make_device_communicator(comm::Communicator& group, Backend& be,
+                                                             DeviceComm kind = DeviceComm::Auto);
 
 // The launcher's local rank (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, LOCAL_RANK), 0 without.
 int local_rank();

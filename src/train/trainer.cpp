@@ -200,6 +200,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
       cfg_.get_string("parallel.pp_schedule", vp > 1 ? "interleaved" : "1f1b"));
   const int pp_first = get_int32(cfg_, "parallel.pp_first_stage_layers", -1);
   const int pp_last = get_int32(cfg_, "parallel.pp_last_stage_layers", -1);
+  device_comm_ = device_comm_from_name(cfg_.get_string("parallel.device_comm", "auto"),
+                                       "parallel.device_comm");
   if (!be_->host_accessible()) {  // before any data is opened or anything allocated
     Fp8Options fp8_probe;
     check_device_support((world ? *world : comm::world()).size(), dims, vp, dpo, lora_enabled(cfg_),
@@ -263,13 +265,18 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   LOOM_CHECK(train_data_->vocab() <= mcfg_.vocab, "the data's vocabulary (", train_data_->vocab(),
              ") exceeds model.vocab (", mcfg_.vocab, ")");
 
-  const TensorParallel tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
-  const ExpertParallel ep = parallel::expert_parallel_layout(*pg_, etp);
+  TensorParallel tp = parallel::tensor_parallel_layout(*pg_, sequence_parallel);
+  ExpertParallel ep = parallel::expert_parallel_layout(*pg_, etp);
+  // On a device the layers' collectives take device memory: their groups' device communicators
+  // (the same groups, the same ranks; a host-accessible backend keeps the host groups).
+  tp.comm = &on_device(*tp.comm);
+  ep.comm = &on_device(*ep.comm);
+  if (ep.tp_comm) ep.tp_comm = &on_device(*ep.tp_comm);
   LOOM_CHECK(etp == ep.tp_size, "parallel.etp (", etp, ") must divide parallel.tp (", tp.size, ")");
   model_ = std::make_unique<Decoder>(mcfg_, *be_, rc, policy_.compute, tp, ep, stage);
   // Context-parallel ranks join data parallelism for the gradient reduction (dp x cp).
   if (pg_->cp().size() > 1)
-    model_->set_context_parallel(parallel::context_parallel_layout(pg_->cp()));
+    model_->set_context_parallel(parallel::context_parallel_layout(on_device(pg_->cp())));
   // Experts split by EP are reduced over the ranks holding the same experts: edp, and under
   // CP also every CP rank of them (edp x cp; the EP all-to-all stays within one CP rank).
   comm::Communicator* edp = &pg_->edp();
@@ -281,6 +288,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
     edp_cp_ = w.split(index, pos, "edp-cp");
     edp = edp_cp_.get();
   }
+  edp = &on_device(*edp);  // the experts' gradients: device memory
   if (!opt_.freeze.empty()) {
     // Before the engine: every layout steps the same AdamW, which skips frozen parameters, and
     // their gradients stay zero (the model skips their weight-gradient GEMMs), so they add
@@ -316,19 +324,18 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
       round_to(policy_.compute, model_->params().data(), model_->params().total());
     parallel::DataParallelOptions adapters_opt = dpo;
     adapters_opt.zero = std::min(dpo.zero, 2);
-    dp_ = std::make_unique<parallel::DataParallel>(*model_, grad_group(), adapters_opt, acfg,
-                                                   policy_.compute, *be_, edp, &lora_->params());
+    dp_ = std::make_unique<parallel::DataParallel>(*model_, on_device(grad_group()), adapters_opt,
+                                                   acfg, policy_.compute, *be_, edp,
+                                                   &lora_->params());
   } else {
     // The engine draws the initial weights: under ZeRO-3 only what this rank keeps (its shard
     // and the parameters that stay gathered), never the whole model.
     dpo.init_seed = opt_.seed;
-    // On a device the engine's collectives move device memory: NCCL over several ranks, Backend
-    // copies in one; the trainer's scalar reductions (loss, token counts, the norm) stay on the
-    // host groups.
-    if (!be_->host_accessible()) dp_device_comm_ = make_device_communicator(grad_group(), *be_);
-    dp_ = std::make_unique<parallel::DataParallel>(
-        *model_, dp_device_comm_ ? *dp_device_comm_ : grad_group(), dpo, acfg, policy_.compute,
-        *be_, edp);
+    // On a device the engine's collectives move device memory (on_device: NCCL or staged over
+    // several ranks, Backend copies in one); the trainer's scalar reductions (loss, token counts,
+    // the norm) stay on the host groups.
+    dp_ = std::make_unique<parallel::DataParallel>(*model_, on_device(grad_group()), dpo, acfg,
+                                                   policy_.compute, *be_, edp);
   }
   norm_weights_ = parallel::grad_norm_weights(trained_params(), pg_->tp().rank(), etp);
   // Pretrained weights are the fp32 truth: the master copy takes them before the model's copy
@@ -336,8 +343,13 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   if (!opt_.pretrained.empty() && !lora_) load_pretrained(opt_.pretrained);
   if (!stage.whole()) {
     // One schedule step runs the rank's grad_accum micro-batches through the pipeline.
+    // Its activations and the tied embedding's gradient are device memory on a device, moved
+    // by the staged communicator whatever parallel.device_comm says: the runner posts receives
+    // ahead of need (a whole evaluation window's at once), which MPI's tags match in any order,
+    // but NCCL's in-order matching on one stream could deadlock on (docs/parallel.md).
     pipe_ = std::make_unique<parallel::PipelineRunner>(
-        *model_, pg_->pp(), pp::make_schedule(pp_kind, layout.p, opt_.grad_accum, vp));
+        *model_, on_device(pg_->pp(), DeviceComm::Staged),
+        pp::make_schedule(pp_kind, layout.p, opt_.grad_accum, vp));
     // A tied embedding counts on the first stage only.
     std::vector<double> pw = pipe_->grad_norm_weights();
     // (Per model parameter: LoRA's trained set is the adapters, never on a tied embedding.)
@@ -380,16 +392,13 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   comm::Communicator& amax_group = pg_->cp().size() > 1 ? pg_->tp_dp_cp() : pg_->tp_dp();
   if (fp8_) fp8_->set_amax_group(&amax_group);
   if (device_fp8_) {
-    // The same groups on device memory (the amaxes never leave the GPU). Without TP the amax
-    // group holds the gradient group's ranks: the engine's device communicator serves.
-    if (pg_->tp().size() > 1) {
-      fp8_amax_device_comm_ = make_device_communicator(amax_group, *be_);
-      if (fp8_opt->kind == Fp8RecipeKind::TensorwiseCurrent)
-        fp8_tp_device_comm_ = make_device_communicator(pg_->tp(), *be_);
-    }
-    device_fp8_->set_amax_group(fp8_amax_device_comm_ ? fp8_amax_device_comm_.get()
-                                                      : dp_device_comm_.get());
-    device_fp8_->set_tp_group(fp8_tp_device_comm_.get());
+    // The same groups on device memory (the amaxes never leave the GPU); current scaling's
+    // per-quantisation reduction over TP shares TP's device communicator.
+    device_fp8_->set_amax_group(&on_device(amax_group));
+    device_fp8_->set_tp_group(pg_->tp().size() > 1 &&
+                                      fp8_opt->kind == Fp8RecipeKind::TensorwiseCurrent
+                                  ? &on_device(pg_->tp())
+                                  : nullptr);
   }
   LOOM_CHECK(
       !fp8_ || (dp_->zero() < 3 && !base_zero3_),
@@ -878,40 +887,40 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
 }
 
 // What the trainer's step keeps off a device so far, refused up front with the reason (before
-// the model allocates or anything is written). One process, or pure data parallelism at ZeRO
-// 0-2 whose gradient reductions and parameter gathers go through NCCL (dp_device_comm_). MoE
-// models train on the device (their layers run through Backend ops; without EP the experts'
-// gradients are ordinary dense ones, reduced with the rest), but not split over ranks.
+// the model allocates or anything is written). Every layout (DP with ZeRO 0-2, TP with SP, PP
+// with virtual stages, CP, EP, MoE) trains on the device: each group that moves device memory
+// has its device communicator (on_device: NCCL, or staged through the host), and the layers'
+// parallel parts (vocabulary-parallel cross-entropy, pipeline activations, the CP ring, the EP
+// exchange) run on Backend buffers and ops.
 void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, int vp,
                                    const parallel::DataParallelOptions& dpo, bool lora,
                                    const Fp8Options* fp8) const {
   const std::string on =
       cat("train.device = \"", opt_.device, "\" (the ", be_->name(), " backend): ");
-  // Both exchange device memory between ranks point to point (ring attention's KV blocks, EP's
-  // token all-to-all), which the NCCL communicator cannot do yet: it ignores message tags and
-  // issues sends and receives ungrouped, so the ring's and the all-to-all's pairs could match
-  // the wrong message or deadlock.
-  LOOM_CHECK(d.cp == 1, on, "context parallelism (parallel.cp = ", d.cp,
-             ") is not supported yet: ring attention across ranks needs NCCL point-to-point ",
-             "messages the NCCL communicator lacks (tags, grouped send/receive)");
-  LOOM_CHECK(d.ep == 1, on, "expert parallelism (parallel.ep = ", d.ep,
-             ") is not supported yet: the experts' token all-to-all across ranks needs NCCL ",
-             "point-to-point messages the NCCL communicator lacks (tags, grouped send/receive); ",
-             "a mixture-of-experts model trains on the device with parallel.ep = 1");
-  LOOM_CHECK(d.tp == 1 && d.pp == 1 && vp == 1, on,
-             "only data parallelism is supported so far (parallel.tp, pp and vp must be 1)");
   LOOM_CHECK(dpo.zero <= 2, on, "parallel.zero = 3 is not supported yet (its block gathers ",
              "release host pages): use 0, 1 or 2");
   LOOM_CHECK(dpo.grad_reduce_dtype == DType::F32, on,
              "parallel.grad_reduce_dtype = \"bf16\" is not supported yet: use \"fp32\"");
-  LOOM_CHECK(world_size == 1 || nccl_built(), on, world_size,
-             " ranks need the NCCL communicator, which this build lacks: run one process");
   LOOM_CHECK(!lora && opt_.mode != "dpo", on, "LoRA and DPO are not supported yet ",
              "(their adapters and reference model are updated by host code): use the CPU");
-  // (Data parallelism is the only layout left here: the ranks are the DP ranks.)
+  // The GPU fp8 recipe max-reduces its amaxes over the CPU recipe's groups (TP x DP x CP for
+  // delayed scaling, TP for current scaling) on device communicators; it was never run on a
+  // pipeline stage or with experts split over ranks: refused there until it is (docs/gpu.md,
+  // "fp8 in the GPU trainer").
+  LOOM_CHECK(!fp8 || (d.pp == 1 && vp == 1 && d.ep == 1), on,
+             "precision.fp8_recipe with pipeline or expert parallelism (parallel.pp = ", d.pp,
+             ", vp = ", vp, ", ep = ", d.ep, ") is not supported on the GPU yet: use data, ",
+             "tensor or context parallelism, or train in bf16");
   if (fp8)
     check_device_fp8(*fp8, device_fp8_target(*be_, world_size, opt_.micro_batch * opt_.seq_len),
                      on);
+}
+
+comm::Communicator& Trainer::on_device(comm::Communicator& host, DeviceComm kind) {
+  if (be_->host_accessible()) return host;
+  auto& c = device_comms_[&host];
+  if (!c) c = make_device_communicator(host, *be_, kind == DeviceComm::Auto ? device_comm_ : kind);
+  return *c;
 }
 
 // Host tensors for checkpoint I/O: on a host-accessible backend the views themselves; on a

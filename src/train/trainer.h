@@ -23,6 +23,7 @@
 #include "precision/fp8_recipes.h"
 #include "precision/policy.h"
 #include "train/batch.h"
+#include "train/device.h"
 #include "train/dpo.h"
 #include "train/loss_guard.h"
 #include "train/metrics.h"
@@ -255,12 +256,15 @@ class Trainer {
   // LoRA's adapters).
   std::unique_ptr<comm::ProcessGroups> pg_;
   std::unique_ptr<comm::Communicator> edp_cp_;  // expert-data x context parallel (cp > 1)
-  // train.device = cuda over several ranks: the data-parallel group over NCCL (train/device.h),
-  // the engine's gradient all-reduce on device memory. Declared before dp_: destroyed after it.
-  std::unique_ptr<comm::Communicator> dp_device_comm_;
-  // The GPU fp8 recipe's amax reductions on device memory where the groups differ from the DP
-  // one (tensor parallelism): delayed scaling's over TP x DP, current scaling's over TP.
-  std::unique_ptr<comm::Communicator> fp8_amax_device_comm_, fp8_tp_device_comm_;
+  // On a device, each process group that moves device memory (DP's gradients, TP's and SP's
+  // activations, the CP ring, the EP all-to-all, pipeline activations) as a device communicator
+  // (train/device.h: NCCL, or staged through the host), keyed by its host group; the trainer's
+  // scalar reductions stay on the host groups. Declared before dp_ and pipe_: destroyed after.
+  DeviceComm device_comm_ = DeviceComm::Auto;  // parallel.device_comm
+  std::map<const comm::Communicator*, std::unique_ptr<comm::Communicator>> device_comms_;
+  // `host` itself on a host-accessible backend, else its device communicator (made once, of
+  // `kind`, parallel.device_comm when Auto).
+  comm::Communicator& on_device(comm::Communicator& host, DeviceComm kind = DeviceComm::Auto);
   std::unique_ptr<parallel::DataParallel> dp_;
   bool whole_ = true;  // one rank holding every whole tensor: one-process checkpoint files
   // LoRA with parallel.zero = 3: the frozen base sharded over DP, gathered block by block.

@@ -28,8 +28,10 @@ NCCLLIB=$(dirname "$(find /usr/local/cuda/ /usr/lib /opt -name 'libnccl.so.2*' 2
 echo "cuBLASLt in $CULIB; NCCL in $NCCLLIB"
 export LD_LIBRARY_PATH="$PWD/build-gpucarry/lib:$CULIB:$NCCLLIB:${LD_LIBRARY_PATH:-}"
 
-# The CUDA test binaries (a new tests/cuda target joins here).
-TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests"
+# The CUDA test binaries (a new tests/cuda target joins here). cuda_parallel_tests forks into two
+# ranks on this one GPU (no MPI here) and trains TP, SP, PP, CP and EP through the staged device
+# communicator (NCCL refuses two ranks on one GPU).
+TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests cuda_parallel_tests"
 
 B=build-gpucarry
 [ -f $B.tgz ] && [ ! -d $B ] && tar xzf $B.tgz  # gpu_bundle.sh packs it for the trip

@@ -161,6 +161,47 @@ TEST(PipelineSchedule, SendsPairWithReceivesAndComputeIsComplete) {
   for (const Action& a : single.ranks[0]) EXPECT_TRUE(a.is_compute());
 }
 
+// A communicator without message tags (NCCL) matches the k-th send from rank a to rank b with
+// the k-th receive on b from a: for every ordered pair of ranks, the messages a's list sends to b
+// must be, in order, the messages b's list receives from a (a message: micro-batch, the stage it
+// goes to, activation or gradient).
+TEST(PipelineSchedule, EveryPairSendsAndReceivesInTheSameOrder) {
+  struct Msg {
+    int mb, stage, grad;
+    bool operator==(const Msg&) const = default;
+  };
+  int schedules = 0;
+  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved})
+    for (int p : {2, 3, 4, 8})
+      for (int v : {1, 2, 4})
+        for (int m = p; m <= 2 * p + 1; ++m) {
+          if (v > 1 && kind != ScheduleKind::Interleaved) continue;
+          if (kind == ScheduleKind::Interleaved && m % p != 0) continue;
+          const Schedule s = make_schedule(kind, p, m, v);
+          ++schedules;
+          // sent[a][b], received[b][a]
+          using Lists = std::vector<std::vector<std::vector<Msg>>>;
+          const size_t np = static_cast<size_t>(p);
+          Lists sent(np, std::vector<std::vector<Msg>>(np));
+          Lists received = sent;
+          for (int r = 0; r < p; ++r)
+            for (const Action& a : s.ranks[size_t(r)]) {
+              const int stage = s.stage_of(r, a.chunk);
+              if (a.op == Op::SendAct) sent[r][a.peer].push_back({a.microbatch, stage + 1, 0});
+              if (a.op == Op::SendGrad) sent[r][a.peer].push_back({a.microbatch, stage - 1, 1});
+              if (a.op == Op::RecvAct) received[r][a.peer].push_back({a.microbatch, stage, 0});
+              if (a.op == Op::RecvGrad) received[r][a.peer].push_back({a.microbatch, stage, 1});
+            }
+          for (int a = 0; a < p; ++a)
+            for (int b = 0; b < p; ++b)
+              EXPECT_TRUE(sent[a][b] == received[b][a])
+                  << schedule_kind_name(kind) << " p=" << p << " v=" << v << " m=" << m << ": rank "
+                  << a << " -> " << b << " sends " << sent[a][b].size()
+                  << " messages in another order than " << b << " receives them";
+        }
+  EXPECT_GT(schedules, 30);
+}
+
 TEST(PipelineSchedule, FormatShowsTimeline) {
   const std::string text = format_schedule(make_1f1b(4, 8), true);
   // Rank 3 (last stage) starts at tick 3, then alternates; rank 0 idles while the first

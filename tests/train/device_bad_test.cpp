@@ -81,9 +81,10 @@ TEST(DeviceBadInput, AutoWithoutAGpuTrainsOnTheCpu) {
 }
 
 // What the device path does not cover yet is refused by name, before anything is written (a
-// device run must not start and crash later). MoE models train on a device in one process (or
-// over data parallelism); their experts split over ranks (EP) and CP are refused until the NCCL
-// communicator has point-to-point messages.
+// device run must not start and crash later). Every parallel layout trains on a device (TP, PP,
+// CP and EP over device communicators, tests/train/device_parallel_test.cpp); ZeRO-3, bf16
+// gradient reduction, LoRA/DPO and some FP8 recipes do not yet. A device communicator that is
+// not one of the three, or NCCL in a build without it, is refused by its key.
 TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
   struct Case {
     const char* key;
@@ -91,8 +92,11 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
     const char* message;
   };
   const Case cases[] = {
-      {"parallel.ep", "2", "expert parallelism (parallel.ep = 2)"},
-      {"parallel.cp", "2", "context parallelism (parallel.cp = 2)"},
+      {"parallel.device_comm", "\"mpi\"",
+       "parallel.device_comm must be auto, nccl or staged, got 'mpi'"},
+      {"parallel.device_comm", nccl_built() ? "\"bogus\"" : "\"nccl\"",
+       nccl_built() ? "parallel.device_comm must be auto, nccl or staged, got 'bogus'"
+                    : "parallel.device_comm = nccl: this loom was built without the NCCL"},
       {"parallel.zero", "3", "parallel.zero = 3 is not supported yet"},
       {"train.mode", "\"dpo\"", "LoRA and DPO are not supported yet"},
       {"precision.fp8_recipe", "\"fp8_tensorwise_current\"", "precision.fp8_recipe"},
@@ -109,4 +113,17 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
     }
     expect_refused(c, &g, d.str(), k.message);
   }
+}
+
+// FP8 on the device with a layout the GPU recipe has never run under (a pipeline stage) is
+// refused by name, before anything is written.
+TEST(DeviceBadInput, Fp8WithPipelineParallelismOnADeviceIsRefused) {
+  test::TempDir d("devbad_fp8tp");
+  test::GuardedBackend g;
+  Config c = config(d.str());
+  c.set("precision.fp8_recipe", "\"fp8_tensorwise_current\"", "test");
+  c.set("parallel.pp", "2", "test");
+  expect_refused(c, &g, d.str(),
+                 "precision.fp8_recipe with pipeline or expert parallelism "
+                 "(parallel.pp = 2, vp = 1, ep = 1)");
 }

@@ -93,6 +93,27 @@ class NcclWork : public Work::Impl {
   ncclComm_t comm_;
 };
 
+class NcclCommunicator;
+
+// A point-to-point message not yet issued: sends and receives wait in the communicator until
+// the first wait() or test() on any of them, or the next collective, issues every pending one
+// in one ncclGroupStart/End (see flush_p2p).
+struct P2pSlot {
+  std::shared_ptr<NcclWork> done;  // set when issued
+};
+
+class NcclP2pWork : public Work::Impl {
+ public:
+  NcclP2pWork(NcclCommunicator& c, std::shared_ptr<P2pSlot> slot)
+      : comm_(c), slot_(std::move(slot)) {}
+  bool test() override;
+  void wait() override;
+
+ private:
+  NcclCommunicator& comm_;
+  std::shared_ptr<P2pSlot> slot_;
+};
+
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int device, cudaStream_t compute, std::string name,
@@ -113,6 +134,10 @@ class NcclCommunicator : public Communicator {
     LOOM_CUDA_OK(cudaMalloc(&scratch_, kScratch * sizeof(double)));
   }
   ~NcclCommunicator() override {
+    try {
+      flush_p2p();  // (a message nobody waited for still has its peer waiting for it)
+    } catch (...) {
+    }
     if (stream_) cudaStreamSynchronize(stream_);
     if (comm_) ncclCommDestroy(comm_);
     if (scratch_) cudaFree(scratch_);
@@ -219,18 +244,38 @@ class NcclCommunicator : public Communicator {
     return end();
   }
 
-  Work send_async(const void* buf, int64_t n, DType t, int peer, int) override {
-    check_peer(peer);
-    begin();
-    LOOM_NCCL_CHECK(ncclSend(buf, n, nccl_type(t), peer, comm_, stream_));
-    return end();
+  // Point to point. NCCL has no tags: it matches the k-th send from rank a to rank b with the
+  // k-th receive on b from a. The messages wait here and go out together at the first wait()
+  // or test() on one of them (or the next collective), in one ncclGroupStart/End: a ring step's
+  // send to rank+1 and receive from rank-1 run concurrently instead of deadlocking on one
+  // stream, and everything pending is issued in the order it was called. So `tag` is not
+  // matched: callers issue, for each ordered pair of ranks, sends and receives in the same
+  // order (the ring attention's steps do; docs/parallel.md "Parallelism on the device"); the
+  // tag is checked only to be non-negative.
+  Work send_async(const void* buf, int64_t n, DType t, int peer, int tag) override {
+    return post(true, const_cast<void*>(buf), n, t, peer, tag);
   }
 
-  Work recv_async(void* buf, int64_t n, DType t, int peer, int) override {
-    check_peer(peer);
-    begin();
-    LOOM_NCCL_CHECK(ncclRecv(buf, n, nccl_type(t), peer, comm_, stream_));
-    return end();
+  Work recv_async(void* buf, int64_t n, DType t, int peer, int tag) override {
+    return post(false, buf, n, t, peer, tag);
+  }
+
+  // Issues every pending point-to-point message (no-op when none).
+  void flush_p2p() {
+    if (pending_.empty()) return;
+    std::vector<Pending> ops;
+    ops.swap(pending_);
+    begin_stream();
+    LOOM_NCCL_CHECK(ncclGroupStart());
+    for (const Pending& p : ops) {
+      if (p.send)
+        LOOM_NCCL_CHECK(ncclSend(p.buf, p.n, nccl_type(p.t), p.peer, comm_, stream_));
+      else
+        LOOM_NCCL_CHECK(ncclRecv(p.buf, p.n, nccl_type(p.t), p.peer, comm_, stream_));
+    }
+    LOOM_NCCL_CHECK(ncclGroupEnd());
+    auto done = std::make_shared<NcclWork>(stream_, compute_, comm_);
+    for (const Pending& p : ops) p.slot->done = done;
   }
 
   Work all_to_all_async(const void* send, void* recv, int64_t n, DType t) override {
@@ -255,6 +300,7 @@ class NcclCommunicator : public Communicator {
 
   // Host doubles: staged through the device scratch in chunks.
   void all_reduce_f64(double* buf, int64_t n, ReduceOp op) override {
+    flush_p2p();
     for (int64_t off = 0; off < n; off += kScratch) {
       const int64_t m = std::min<int64_t>(kScratch, n - off);
       LOOM_CUDA_OK(cudaMemcpyAsync(scratch_, buf + off, m * sizeof(double), cudaMemcpyHostToDevice,
@@ -268,6 +314,7 @@ class NcclCommunicator : public Communicator {
   }
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    flush_p2p();
     LOOM_CUDA_OK(cudaStreamSynchronize(stream_));
     ncclComm_t sub = nullptr;
     LOOM_NCCL_CHECK(
@@ -289,10 +336,31 @@ class NcclCommunicator : public Communicator {
     return std::vector<int>(v.begin(), v.end());
   }
   void begin() {
+    flush_p2p();  // the stream runs the communicator's operations in the order they were called
+    begin_stream();
+  }
+  void begin_stream() {
     LOOM_CUDA_OK(cudaEventRecord(ready_, compute_));
     LOOM_CUDA_OK(cudaStreamWaitEvent(stream_, ready_, 0));
   }
   Work end() { return Work(std::make_shared<NcclWork>(stream_, compute_, comm_)); }
+  struct Pending {
+    bool send;
+    void* buf;
+    int64_t n;
+    DType t;
+    int peer;
+    std::shared_ptr<P2pSlot> slot;
+  };
+  Work post(bool send, void* buf, int64_t n, DType t, int peer, int tag) {
+    check_peer(peer);
+    LOOM_CHECK(n >= 0 && tag >= 0, name_, ": bad ", send ? "send" : "receive", " of ", n,
+               " elements with tag ", tag);
+    nccl_type(t);  // an unsupported type fails here, not at the flush
+    auto slot = std::make_shared<P2pSlot>();
+    pending_.push_back({send, buf, n, t, peer, slot});
+    return Work(std::make_shared<NcclP2pWork>(*this, std::move(slot)));
+  }
   bool equal(const std::vector<int64_t>& c) const {
     return std::all_of(c.begin(), c.end(), [&](int64_t x) { return x == c[0]; });
   }
@@ -312,7 +380,18 @@ class NcclCommunicator : public Communicator {
   std::string name_;
   std::vector<int> world_ranks_;
   int rank_ = 0, size_ = 1;
+  std::vector<Pending> pending_;  // point-to-point messages not issued yet
 };
+
+bool NcclP2pWork::test() {
+  if (!slot_->done) comm_.flush_p2p();
+  return slot_->done->test();
+}
+
+void NcclP2pWork::wait() {
+  if (!slot_->done) comm_.flush_p2p();
+  slot_->done->wait();
+}
 
 std::unique_ptr<Communicator> make_from_id(const ncclUniqueId& id, int rank, int size, int device,
                                            void* compute_stream, const std::string& name,

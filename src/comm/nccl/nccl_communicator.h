@@ -4,8 +4,19 @@
 // Ordering: every *_async call first makes the communication stream wait for the work already
 // queued on the compute stream (an event), so it reduces what compute produced; Work::wait()
 // then makes the compute stream wait for the collective (device-side) and blocks the host until
-// it is done; Work::test() polls. NCCL has no message tags: sends to one peer are matched in
-// issue order (the `tag` argument is ignored).
+// it is done; Work::test() polls.
+//
+// Point to point: NCCL has no message tags; it matches sends from one rank to another with that
+// rank's receives in issue order. Sends and receives are held back and issued together, in call
+// order, in one ncclGroupStart/End at the first wait() or test() on any of them (or before the
+// next collective), so a ring step's send and receive progress concurrently and an exchange
+// with one peer in both directions does not deadlock the stream. Tags are not matched: for each
+// ordered pair of ranks, callers issue sends and receives in the same order, and a group's
+// messages must not wait on messages the caller issues later (a group blocks the stream until
+// all of it is matched). The ring attention and the EP all-to-all satisfy both; the pipeline
+// runner's early receives do not, so its group uses the staged communicator
+// (comm/staged_communicator.h: device memory over MPI with real tags), as do ranks that share
+// a GPU (NCCL refuses them). docs/parallel.md, "Parallelism on the device".
 //
 // Bootstrap: the ncclUniqueId of rank 0 reaches the other ranks either through an existing
 // communicator (MPI world: a host broadcast of 128 bytes) or through a file (rendezvous on a
