@@ -9,6 +9,7 @@
 #include "core/config_int32.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/buffer.h"
 
 namespace loom {
 
@@ -85,7 +86,9 @@ struct Lora::Adapter : LinearAdapter {
   std::string a_name, b_name;
   Split split = Split::None;
   comm::Communicator* tp = nullptr;
-  std::vector<float> h, dh;
+  // h = x A^T and its gradient [N, r]: memory of the backend the GEMMs run on (device memory
+  // on a GPU), grown on demand and kept between calls.
+  BackendBuffer h, dh;
   // Dropout: the state the trainer sets (shared by every adapter), this adapter's stream, and
   // where its local input columns sit in the layer's whole input (a row-parallel layer's shard
   // starts at col0 of in_global).
@@ -100,8 +103,8 @@ struct Lora::Adapter : LinearAdapter {
 
   const float* A() const { return P->data() + P->info(a_name).offset; }
   const float* B() const { return P->data() + P->info(b_name).offset; }
-  void all_reduce(std::vector<float>& v) const {
-    tp->all_reduce(v.data(), int64_t(v.size()), DType::F32, comm::ReduceOp::Sum);
+  void all_reduce(float* v, int N) const {
+    tp->all_reduce(v, int64_t(N) * r, DType::F32, comm::ReduceOp::Sum);
   }
   bool dropping() const { return drop && drop->active && drop->p > 0; }
 
@@ -156,43 +159,47 @@ struct Lora::Adapter : LinearAdapter {
   }
   // The adapter's input: x, or drop(x) in the shared scratch while training with dropout (the
   // adapters run one at a time, so one buffer serves them all).
-  const float* input(const float* x, int N, int first_row) {
+  const float* input(Backend& be, const float* x, int N, int first_row) {
     if (!dropping()) return x;
+    // The mask is drawn and applied by host loops (the trainer refuses lora.dropout on a
+    // device up front; this catches any other caller).
+    LOOM_CHECK(be.host_accessible(), "LoRA dropout on the ", be.name(),
+               " backend is not supported yet (its mask is applied by host code)");
     scratch->x.resize(size_t(N) * in);
     apply_mask(scratch->x.data(), x, N, first_row);
     return scratch->x.data();
   }
 
   void forward(Backend& be, float* y, const float* x_in, int N, int first_row) override {
-    const float* x = input(x_in, N, first_row);
-    h.resize(size_t(N) * r);
-    be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, h.data(), r);
-    be.gemm(false, true, N, out, r, scale, h.data(), r, B(), r, 1.f, y, out);
+    const float* x = input(be, x_in, N, first_row);
+    float* hp = h.ensure_n<float>(be, size_t(N) * r, "scratch");
+    be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, hp, r);
+    be.gemm(false, true, N, out, r, scale, hp, r, B(), r, 1.f, y, out);
   }
   // With h = x A^T and y += s h B^T: dB += s dy^T h, dh = s dy B, dA += dh^T x, dx += dh A
   // (x here the dropped input; dx's share then goes through the same mask).
   void backward(Backend& be, float* dx, const float* dy, const float* x_in, int N,
                 int first_row) override {
-    const float* x = input(x_in, N, first_row);
-    h.resize(size_t(N) * r);
-    dh.resize(size_t(N) * r);
-    be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, h.data(), r);
-    if (split == Split::Row) all_reduce(h);
+    const float* x = input(be, x_in, N, first_row);
+    float* hp = h.ensure_n<float>(be, size_t(N) * r, "scratch");
+    float* dhp = dh.ensure_n<float>(be, size_t(N) * r, "scratch");
+    be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, hp, r);
+    if (split == Split::Row) all_reduce(hp, N);
     float* dA = P->trainable_grad_ptr(a_name);
     float* dB = P->trainable_grad_ptr(b_name);
-    if (dB) be.gemm(true, false, out, r, N, scale, dy, out, h.data(), r, 1.f, dB, r);
-    be.gemm(false, false, N, r, out, scale, dy, out, B(), r, 0.f, dh.data(), r);
+    if (dB) be.gemm(true, false, out, r, N, scale, dy, out, hp, r, 1.f, dB, r);
+    be.gemm(false, false, N, r, out, scale, dy, out, B(), r, 0.f, dhp, r);
     if (dx && !dropping()) {
-      be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 1.f, dx, in);
+      be.gemm(false, false, N, in, r, 1.f, dhp, r, A(), in, 1.f, dx, in);
     } else if (dx) {
       std::vector<float>& t = scratch->dx;  // not scratch->x: that holds x's dropped copy
       t.resize(size_t(N) * in);
-      be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 0.f, t.data(), in);
+      be.gemm(false, false, N, in, r, 1.f, dhp, r, A(), in, 0.f, t.data(), in);
       apply_mask(t.data(), t.data(), N, first_row);
       be.add_inplace(dx, t.data(), int64_t(N) * in);
     }
-    if (split == Split::Column) all_reduce(dh);  // after dx, which keeps the partial sum
-    if (dA) be.gemm(true, false, r, in, N, 1.f, dh.data(), r, x, in, 1.f, dA, in);
+    if (split == Split::Column) all_reduce(dhp, N);  // after dx, which keeps the partial sum
+    if (dA) be.gemm(true, false, r, in, N, 1.f, dhp, r, x, in, 1.f, dA, in);
   }
 };
 
