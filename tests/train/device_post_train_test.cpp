@@ -12,9 +12,8 @@
 #include <vector>
 
 #include "core/fs.h"
-#include "core/rng.h"
-#include "data/bpe.h"
 #include "train/guarded_trainer_run.h"
+#include "train/preference_pairs.h"
 #include "train/trainer.h"
 
 using namespace loom;
@@ -84,28 +83,12 @@ std::string lora_trained(const test::GuardedRun& want) {
   return "";
 }
 
-// ---- DPO: pairs whose chosen reply is the reversed word, the rejected one "zzzz".
-
-void write_pairs(const std::string& d, int n) {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  data::save_loom_tokenizer(data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp),
-                            d + "/tok");
-  std::string text;
-  for (int i = 0; i < n; ++i) {
-    std::string w;
-    for (int k = 0; k < 4; ++k) w += char('a' + int(uniform_at(5, uint64_t(i), uint64_t(k)) * 6));
-    std::string r(w.rbegin(), w.rend());
-    text += "{\"prompt\": \"rev " + w + "\", \"chosen\": \"" + r + "\", \"rejected\": \"zzzz\"}\n";
-  }
-  write_file_atomic(d + "/pairs.jsonl", text);
-}
+// ---- DPO (the pairs of train/preference_pairs.h).
 
 // Full DPO (the reference a second Decoder on the backend) or, with `lora`, DPO of adapters
 // (the reference is the base, the adapters detached); two micro-batches of two pairs a step.
 Config dpo_config(const std::string& d, int zero, const std::string& precision, bool lora) {
-  write_pairs(d, 60);
+  test::write_preference_pairs(d, 60);
   Config c = Config::parse(
       "[model]\npreset = \"tiny-llama\"\nn_layer = 2\nd_model = 32\nn_head = 4\nn_kv_head = 2\n"
       "d_ff = 64\nvocab = 260\nmax_seq = 48\ninit_std = 0.1\n"
