@@ -96,8 +96,11 @@ struct Lora::Adapter : LinearAdapter {
   DropoutScratch* scratch = nullptr;
   uint64_t drop_key = 0;
   int64_t in_global = 0, col0 = 0;
-  // The last mask drawn (bits, row by row) and what it was drawn for.
+  // The last mask drawn (bits, row by row) and what it was drawn for; on a backend whose memory
+  // the host cannot reach, its copy there (uploaded once per mask drawn: a few bytes per row).
   std::vector<uint64_t> bits;
+  BackendBuffer dbits;
+  bool dbits_stale = true;
   uint64_t mask_epoch = 0;
   int mask_first_row = -1, mask_rows = -1;
 
@@ -142,32 +145,29 @@ struct Lora::Adapter : LinearAdapter {
     mask_epoch = drop->epoch;
     mask_first_row = first_row;
     mask_rows = N;
+    dbits_stale = true;
     return bits.data();
   }
-  // out[N, in] = v * m / (1 - p) (in place allowed).
-  void apply_mask(float* out, const float* v, int N, int first_row) {
+  // out[N, in] = v * m / (1 - p) (in place allowed), a Backend op on the mask's bits (drawn on
+  // the host: they depend on the RNG's counters only, never on device data).
+  void apply_mask(Backend& be, float* out, const float* v, int N, int first_row) {
     const uint64_t* m = mask(N, first_row);
-    const int64_t words = (in + 63) / 64;
-    const float keep_scale = drop->keep_scale;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; ++n) {
-      const uint64_t* w = m + int64_t(n) * words;
-      const float* vr = v + int64_t(n) * in;
-      float* o = out + int64_t(n) * in;
-      for (int c = 0; c < in; ++c) o[c] = (w[c >> 6] >> (c & 63)) & 1 ? vr[c] * keep_scale : 0.f;
+    if (!be.host_accessible()) {
+      const size_t bytes = bits.size() * sizeof(uint64_t);
+      void* d = dbits.ensure(be, bytes, "scratch");
+      if (dbits_stale && bytes > 0) be.copy_h2d(d, bits.data(), bytes);
+      dbits_stale = false;
+      m = static_cast<const uint64_t*>(d);
     }
+    be.apply_bit_mask(out, v, m, N, in, drop->keep_scale);
   }
   // The adapter's input: x, or drop(x) in the shared scratch while training with dropout (the
   // adapters run one at a time, so one buffer serves them all).
   const float* input(Backend& be, const float* x, int N, int first_row) {
     if (!dropping()) return x;
-    // The mask is drawn and applied by host loops (the trainer refuses lora.dropout on a
-    // device up front; this catches any other caller).
-    LOOM_CHECK(be.host_accessible(), "LoRA dropout on the ", be.name(),
-               " backend is not supported yet (its mask is applied by host code)");
-    scratch->x.resize(size_t(N) * in);
-    apply_mask(scratch->x.data(), x, N, first_row);
-    return scratch->x.data();
+    float* xd = scratch->x.ensure_n<float>(be, size_t(N) * in, "scratch");
+    apply_mask(be, xd, x, N, first_row);
+    return xd;
   }
 
   void forward(Backend& be, float* y, const float* x_in, int N, int first_row) override {
@@ -192,11 +192,11 @@ struct Lora::Adapter : LinearAdapter {
     if (dx && !dropping()) {
       be.gemm(false, false, N, in, r, 1.f, dhp, r, A(), in, 1.f, dx, in);
     } else if (dx) {
-      std::vector<float>& t = scratch->dx;  // not scratch->x: that holds x's dropped copy
-      t.resize(size_t(N) * in);
-      be.gemm(false, false, N, in, r, 1.f, dhp, r, A(), in, 0.f, t.data(), in);
-      apply_mask(t.data(), t.data(), N, first_row);
-      be.add_inplace(dx, t.data(), int64_t(N) * in);
+      // Not scratch->x: that holds x's dropped copy.
+      float* t = scratch->dx.ensure_n<float>(be, size_t(N) * in, "scratch");
+      be.gemm(false, false, N, in, r, 1.f, dhp, r, A(), in, 0.f, t, in);
+      apply_mask(be, t, t, N, first_row);
+      be.add_inplace(dx, t, int64_t(N) * in);
     }
     if (split == Split::Column) all_reduce(dhp, N);  // after dx, which keeps the partial sum
     if (dA) be.gemm(true, false, r, in, N, 1.f, dhp, r, x, in, 1.f, dA, in);

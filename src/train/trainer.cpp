@@ -214,7 +214,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   const int pp_last = get_int32(cfg_, "parallel.pp_last_stage_layers", -1);
   if (!be_->host_accessible()) {  // before any data is opened or anything allocated
     Fp8Options fp8_probe;
-    check_device_support((world ? *world : comm::world()).size(), dims, vp, lora_enabled(cfg_),
+    check_device_support((world ? *world : comm::world()).size(), dims, vp,
                          Fp8Options::from(cfg_, mcfg_.n_layer, &fp8_probe) ? &fp8_probe : nullptr);
   }
   if (opt_.eval_interval > 0) {  // every data-parallel rank evaluates the same batches
@@ -890,10 +890,10 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
 // What the trainer's step keeps off a device so far, refused up front with the reason (before
 // the model allocates or anything is written). One process, or pure data parallelism (ZeRO 0-3,
 // gradients reduced in fp32 or bf16) whose gradient reductions and parameter gathers go
-// through NCCL (dp_device_comm_); LoRA (without dropout) and DPO included. MoE
+// through NCCL (dp_device_comm_); LoRA and DPO included. MoE
 // models train on the device (their layers run through Backend ops; without EP the experts'
 // gradients are ordinary dense ones, reduced with the rest), but not split over ranks.
-void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, int vp, bool lora,
+void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, int vp,
                                    const Fp8Options* fp8) const {
   const std::string on =
       cat("train.device = \"", opt_.device, "\" (the ", be_->name(), " backend): ");
@@ -912,12 +912,8 @@ void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, 
              "only data parallelism is supported so far (parallel.tp, pp and vp must be 1)");
   LOOM_CHECK(world_size == 1 || nccl_built(), on, world_size,
              " ranks need the NCCL communicator, which this build lacks: run one process");
-  // LoRA and DPO run on the device (adapters, their optimizer, the frozen reference), except
-  // LoRA dropout, whose mask is drawn and applied by host loops (model/lora.cpp).
-  const double lora_dropout = lora ? cfg_.get_double("lora.dropout", 0.0) : 0.0;
-  LOOM_CHECK(lora_dropout == 0, on, "lora.dropout = ", lora_dropout,
-             " is not supported yet (its mask is applied by host code): use 0, or the CPU");
-  // (Data parallelism is the only layout left here: the ranks are the DP ranks.)
+  // (Data parallelism is the only layout left here: the ranks are the DP ranks. LoRA, its
+  // dropout included, and DPO run on the device.)
   if (fp8)
     check_device_fp8(*fp8, device_fp8_target(*be_, world_size, opt_.micro_batch * opt_.seq_len),
                      on);

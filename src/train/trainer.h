@@ -73,7 +73,7 @@ struct TrainOptions {
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there; train/device.h). On cuda
   // the whole step runs on the device: one process, or data parallelism at ZeRO 0-3 over
   // NCCL (fp32 or bf16 gradient reduction), MoE models, LoRA and DPO; what does not run there
-  // yet (CP, EP, TP/PP, LoRA dropout) is refused up front with the reason. The FP8 recipes run
+  // yet (CP, EP, TP/PP) is refused up front with the reason. The FP8 recipes run
   // on CUDA as far as precision/device_fp8.h says.
   std::string device = "cpu";
   // Guard: this many consecutive skipped steps (non-finite gradients) stop the run with an error
@@ -174,7 +174,7 @@ class Trainer {
   ckpt::TensorList shard_list(const std::vector<StateSlice>& s) const;
   ckpt::TensorList stage(ckpt::TensorList views);  // host copies of device tensors (see .cpp)
   void unstage();                                  // ... uploaded back after they were filled
-  void check_device_support(int world_size, const comm::ParallelDims& d, int vp, bool lora,
+  void check_device_support(int world_size, const comm::ParallelDims& d, int vp,
                             const Fp8Options* fp8) const;
   ckpt::TensorList optim_list() const;
   bool resume_distributed();

@@ -180,13 +180,15 @@ TEST(CudaTrainPost, Bf16GradReductionTracksTheCpuTrainer) {
   }
 }
 
-// LoRA in fp32 (adapters' GEMMs on the device, merged weights by a device GEMM) and in bf16
-// under ZeRO-3 (the frozen base sharded and gathered in device memory).
+// LoRA in fp32 (adapters' GEMMs on the device, merged weights by a device GEMM), in bf16 under
+// ZeRO-3 (the frozen base sharded and gathered in device memory), and with dropout.
 TEST(CudaTrainPost, LoraTracksTheCpuTrainer) {
   LOOM_REQUIRE_GPU();
   check_against_cpu(lora_with({}), 8, 1e-3);
   check_against_cpu(lora_with({{"precision.policy", "\"bf16\""}, {"parallel.zero", "3"}}), 8, 1e-2,
                     1e-2);
+  // Dropout: the same mask bits on both (drawn on the host), applied on the device.
+  check_against_cpu(lora_with({{"lora.dropout", "0.25"}}), 8, 1e-3);
 }
 
 // Full DPO (the reference a second Decoder on the GPU), DPO under ZeRO-3 (policy and reference

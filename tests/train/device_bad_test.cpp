@@ -83,7 +83,7 @@ TEST(DeviceBadInput, AutoWithoutAGpuTrainsOnTheCpu) {
 // What the device path does not cover yet is refused by name, before anything is written (a
 // device run must not start and crash later). MoE models, ZeRO-3, LoRA and DPO train on a
 // device; the experts split over ranks (EP) and CP are refused until the NCCL communicator has
-// point-to-point messages, and LoRA dropout until its mask is a Backend op.
+// point-to-point messages.
 TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
   struct Case {
     const char* key;
@@ -93,8 +93,6 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
   const Case cases[] = {
       {"parallel.ep", "2", "expert parallelism (parallel.ep = 2)"},
       {"parallel.cp", "2", "context parallelism (parallel.cp = 2)"},
-      // (Before train.pretrained is asked for: the device's refusals come first.)
-      {"lora.dropout", "0.1", "lora.dropout = 0.1 is not supported yet"},
       {"precision.fp8_recipe", "\"fp8_tensorwise_current\"", "precision.fp8_recipe"},
   };
   for (const Case& k : cases) {
@@ -103,7 +101,6 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
     test::GuardedBackend g;
     Config c = config(d.str());
     c.set(k.key, k.value, "test");
-    if (std::string(k.key) == "lora.dropout") c.set("lora.rank", "4", "test");
     expect_refused(c, &g, d.str(), k.message);
   }
 }

@@ -1,6 +1,6 @@
 // Post-training on a device backend, proven without a GPU over the guarded CPU backend (see
-// train/guarded_trainer_run.h): LoRA (the adapters' GEMMs and their scratch, their optimizer,
-// checkpoints of adapters only, the merged weights an export writes) and DPO (the frozen
+// train/guarded_trainer_run.h): LoRA (the adapters' GEMMs and their scratch, dropout, their
+// optimizer, checkpoints of adapters only, the merged weights an export writes) and DPO (the frozen
 // reference's forward, the sequence log-probabilities read back, the per-token weights of the
 // DPO gradient uploaded with the micro-batch), each with a checkpoint and a resume, bit for bit
 // equal to the same run on the CPU backend. Under ZeRO-3 the frozen weights (LoRA's base, DPO's
@@ -55,7 +55,7 @@ Config fox_config(const std::string& dir, const std::string& family, const std::
 // The LoRA run of `family` under `dir`: its base pretrained first (two CPU steps, weights
 // only), then adapters on every linear layer of the blocks (rank 4).
 Config lora_config(const std::string& dir, const std::string& family, int zero,
-                   const std::string& precision) {
+                   const std::string& precision, double dropout) {
   {
     Config base = fox_config(dir, family, dir + "/base");
     base.set("train.steps", "2", "test");
@@ -70,6 +70,7 @@ Config lora_config(const std::string& dir, const std::string& family, int zero,
   c.set("lora.alpha", "8", "test");
   c.set("precision.policy", quoted(precision), "test");
   if (zero > 0) c.set("parallel.zero", std::to_string(zero), "test");
+  if (dropout > 0) c.set("lora.dropout", std::to_string(dropout), "test");
   return c;
 }
 
@@ -134,9 +135,10 @@ std::string dpo_ran(const test::GuardedRun& want) {
   return moved ? "" : " (the policy never left its reference)";
 }
 
-[[noreturn]] void lora_child(const std::string& family, int zero, const std::string& precision) {
+[[noreturn]] void lora_child(const std::string& family, int zero, const std::string& precision,
+                             double dropout = 0) {
   test::guarded_child(
-      [&](const std::string& dir) { return lora_config(dir, family, zero, precision); },
+      [&](const std::string& dir) { return lora_config(dir, family, zero, precision, dropout); },
       lora_trained);
 }
 
@@ -153,10 +155,13 @@ std::string dpo_ran(const test::GuardedRun& want) {
 // LoRA on GPT-2 (fp32, the adapters' engine at ZeRO-0: whole checkpoints of adapters only) and
 // on Llama (bf16, ZeRO-3: the frozen base sharded and gathered block by block in Backend
 // memory, the adapters' gradients and optimizer state sharded as ZeRO-2 does; per-rank parts).
+// With dropout: the mask drawn on the host, its bits uploaded and applied by
+// Backend::apply_bit_mask into Backend scratch (forward, and backward's input gradient).
 TEST(DevicePostTrain, GuardedLoraRunsEqualCpuRuns) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(lora_child("gpt2", 0, "fp32"), ::testing::ExitedWithCode(0), "");
   EXPECT_EXIT(lora_child("llama", 3, "bf16"), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(lora_child("gpt2", 0, "fp32", 0.25), ::testing::ExitedWithCode(0), "");
 }
 
 // Full DPO in fp32 (the reference a whole Decoder on the backend, copied from the policy by a
