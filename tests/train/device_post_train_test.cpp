@@ -87,14 +87,14 @@ std::string lora_trained(const test::GuardedRun& want) {
 // ---- DPO (the pairs of train/preference_pairs.h).
 
 // Full DPO (the reference a second Decoder on the backend) or, with `lora`, DPO of adapters
-// (the reference is the base, the adapters detached); two micro-batches of two pairs a step.
+// (the reference is the base, the adapters detached); two micro-batches of one pair a step.
 Config dpo_config(const std::string& d, int zero, const std::string& precision, bool lora) {
   test::write_preference_pairs(d, 60);
   Config c = Config::parse(
       "[model]\npreset = \"tiny-llama\"\nn_layer = 2\nd_model = 32\nn_head = 4\nn_kv_head = 2\n"
       "d_ff = 64\nvocab = 260\nmax_seq = 48\ninit_std = 0.1\n"
       "[data]\nsource = \"preference\"\nvalid_fraction = 0.2\n"
-      "[train]\nmode = \"dpo\"\nmicro_batch = 4\nseq_len = 48\ngrad_accum = 2\nquiet = true\n"
+      "[train]\nmode = \"dpo\"\nmicro_batch = 2\nseq_len = 48\ngrad_accum = 2\nquiet = true\n"
       "steps = 6\npeak_gflops = 100\ncheckpoint_interval = 3\neval_interval = 3\n"
       "eval_batches = 2\nclip_grad = 0.5\ntensorboard = false\n"
       "[optim]\nlr = 3e-3\nwarmup_steps = 2\nweight_decay = 0.0\n"
