@@ -128,6 +128,11 @@ struct Backend {
   virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;
   virtual void add_inplace(float* acc, const float* x, int64_t n) = 0;
   virtual void scale_inplace(float* x, float s, int64_t n) = 0;
+  // A dropout mask kept as bits: out[n, c] = x[n, c] * scale where bit c of row n is set, else
+  // 0, for N rows of C columns; row n's bits are words[n * ceil(C / 64) ...], bit c % 64 of word
+  // c / 64. out == x allowed. (LoRA dropout: the mask is drawn on the host, the bits uploaded.)
+  virtual void apply_bit_mask(float* out, const float* x, const uint64_t* bits, int N, int C,
+                              float scale) = 0;
 
   // Row softmax over `cols`; backward: dinp = out * (dout - sum(dout * out)).
   virtual void softmax_forward(float* out, const float* inp, int rows, int cols) = 0;

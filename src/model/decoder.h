@@ -180,7 +180,6 @@ class Decoder {
   // residual_grad(); backward_layer per layer, last to first; embed_backward on the first stage.
   // Activations and their gradients are this rank's rows: [activation_elems(N)] floats,
   // buffers of backend().
-  Backend& backend() const { return be_; }
   int64_t activation_elems(int N) const { return int64_t(local_rows(N)) * cfg_.d_model; }
   void begin_pass(const ModelInput& in, float dloss);
   void embed(const ModelInput& in);

@@ -9,6 +9,7 @@
 #include "core/config_int32.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/buffer.h"
 
 namespace loom {
 
@@ -85,7 +86,9 @@ struct Lora::Adapter : LinearAdapter {
   std::string a_name, b_name;
   Split split = Split::None;
   comm::Communicator* tp = nullptr;
-  std::vector<float> h, dh;
+  // h = x A^T and its gradient [N, r]: memory of the backend the GEMMs run on (device memory
+  // on a GPU), grown on demand and kept between calls.
+  BackendBuffer h, dh;
   // Dropout: the state the trainer sets (shared by every adapter), this adapter's stream, and
   // where its local input columns sit in the layer's whole input (a row-parallel layer's shard
   // starts at col0 of in_global).
@@ -93,15 +96,18 @@ struct Lora::Adapter : LinearAdapter {
   DropoutScratch* scratch = nullptr;
   uint64_t drop_key = 0;
   int64_t in_global = 0, col0 = 0;
-  // The last mask drawn (bits, row by row) and what it was drawn for.
+  // The last mask drawn (bits, row by row) and what it was drawn for; on a backend whose memory
+  // the host cannot reach, its copy there (uploaded once per mask drawn: a few bytes per row).
   std::vector<uint64_t> bits;
+  BackendBuffer dbits;
+  bool dbits_stale = true;
   uint64_t mask_epoch = 0;
   int mask_first_row = -1, mask_rows = -1;
 
   const float* A() const { return P->data() + P->info(a_name).offset; }
   const float* B() const { return P->data() + P->info(b_name).offset; }
-  void all_reduce(std::vector<float>& v) const {
-    tp->all_reduce(v.data(), int64_t(v.size()), DType::F32, comm::ReduceOp::Sum);
+  void all_reduce(float* v, int N) const {
+    tp->all_reduce(v, int64_t(N) * r, DType::F32, comm::ReduceOp::Sum);
   }
   bool dropping() const { return drop && drop->active && drop->p > 0; }
 
@@ -139,60 +145,61 @@ struct Lora::Adapter : LinearAdapter {
     mask_epoch = drop->epoch;
     mask_first_row = first_row;
     mask_rows = N;
+    dbits_stale = true;
     return bits.data();
   }
-  // out[N, in] = v * m / (1 - p) (in place allowed).
-  void apply_mask(float* out, const float* v, int N, int first_row) {
+  // out[N, in] = v * m / (1 - p) (in place allowed), a Backend op on the mask's bits (drawn on
+  // the host: they depend on the RNG's counters only, never on device data).
+  void apply_mask(Backend& be, float* out, const float* v, int N, int first_row) {
     const uint64_t* m = mask(N, first_row);
-    const int64_t words = (in + 63) / 64;
-    const float keep_scale = drop->keep_scale;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; ++n) {
-      const uint64_t* w = m + int64_t(n) * words;
-      const float* vr = v + int64_t(n) * in;
-      float* o = out + int64_t(n) * in;
-      for (int c = 0; c < in; ++c) o[c] = (w[c >> 6] >> (c & 63)) & 1 ? vr[c] * keep_scale : 0.f;
+    if (!be.host_accessible()) {
+      const size_t bytes = bits.size() * sizeof(uint64_t);
+      void* d = dbits.ensure(be, bytes, "scratch");
+      if (dbits_stale && bytes > 0) be.copy_h2d(d, bits.data(), bytes);
+      dbits_stale = false;
+      m = static_cast<const uint64_t*>(d);
     }
+    be.apply_bit_mask(out, v, m, N, in, drop->keep_scale);
   }
   // The adapter's input: x, or drop(x) in the shared scratch while training with dropout (the
   // adapters run one at a time, so one buffer serves them all).
-  const float* input(const float* x, int N, int first_row) {
+  const float* input(Backend& be, const float* x, int N, int first_row) {
     if (!dropping()) return x;
-    scratch->x.resize(size_t(N) * in);
-    apply_mask(scratch->x.data(), x, N, first_row);
-    return scratch->x.data();
+    float* xd = scratch->x.ensure_n<float>(be, size_t(N) * in, "scratch");
+    apply_mask(be, xd, x, N, first_row);
+    return xd;
   }
 
   void forward(Backend& be, float* y, const float* x_in, int N, int first_row) override {
-    const float* x = input(x_in, N, first_row);
-    h.resize(size_t(N) * r);
-    be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, h.data(), r);
-    be.gemm(false, true, N, out, r, scale, h.data(), r, B(), r, 1.f, y, out);
+    const float* x = input(be, x_in, N, first_row);
+    float* hp = h.ensure_n<float>(be, size_t(N) * r, "scratch");
+    be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, hp, r);
+    be.gemm(false, true, N, out, r, scale, hp, r, B(), r, 1.f, y, out);
   }
   // With h = x A^T and y += s h B^T: dB += s dy^T h, dh = s dy B, dA += dh^T x, dx += dh A
   // (x here the dropped input; dx's share then goes through the same mask).
   void backward(Backend& be, float* dx, const float* dy, const float* x_in, int N,
                 int first_row) override {
-    const float* x = input(x_in, N, first_row);
-    h.resize(size_t(N) * r);
-    dh.resize(size_t(N) * r);
-    be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, h.data(), r);
-    if (split == Split::Row) all_reduce(h);
+    const float* x = input(be, x_in, N, first_row);
+    float* hp = h.ensure_n<float>(be, size_t(N) * r, "scratch");
+    float* dhp = dh.ensure_n<float>(be, size_t(N) * r, "scratch");
+    be.gemm(false, true, N, r, in, 1.f, x, in, A(), in, 0.f, hp, r);
+    if (split == Split::Row) all_reduce(hp, N);
     float* dA = P->trainable_grad_ptr(a_name);
     float* dB = P->trainable_grad_ptr(b_name);
-    if (dB) be.gemm(true, false, out, r, N, scale, dy, out, h.data(), r, 1.f, dB, r);
-    be.gemm(false, false, N, r, out, scale, dy, out, B(), r, 0.f, dh.data(), r);
+    if (dB) be.gemm(true, false, out, r, N, scale, dy, out, hp, r, 1.f, dB, r);
+    be.gemm(false, false, N, r, out, scale, dy, out, B(), r, 0.f, dhp, r);
     if (dx && !dropping()) {
-      be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 1.f, dx, in);
+      be.gemm(false, false, N, in, r, 1.f, dhp, r, A(), in, 1.f, dx, in);
     } else if (dx) {
-      std::vector<float>& t = scratch->dx;  // not scratch->x: that holds x's dropped copy
-      t.resize(size_t(N) * in);
-      be.gemm(false, false, N, in, r, 1.f, dh.data(), r, A(), in, 0.f, t.data(), in);
-      apply_mask(t.data(), t.data(), N, first_row);
-      be.add_inplace(dx, t.data(), int64_t(N) * in);
+      // Not scratch->x: that holds x's dropped copy.
+      float* t = scratch->dx.ensure_n<float>(be, size_t(N) * in, "scratch");
+      be.gemm(false, false, N, in, r, 1.f, dhp, r, A(), in, 0.f, t, in);
+      apply_mask(be, t, t, N, first_row);
+      be.add_inplace(dx, t, int64_t(N) * in);
     }
-    if (split == Split::Column) all_reduce(dh);  // after dx, which keeps the partial sum
-    if (dA) be.gemm(true, false, r, in, N, 1.f, dh.data(), r, x, in, 1.f, dA, in);
+    if (split == Split::Column) all_reduce(dhp, N);  // after dx, which keeps the partial sum
+    if (dA) be.gemm(true, false, r, in, N, 1.f, dhp, r, x, in, 1.f, dA, in);
   }
 };
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/buffer.h"
 #include "model/decoder.h"
 
 namespace loom {
@@ -88,8 +89,9 @@ class Lora {
   };
   DropoutState drop_;
   // The dropped input and input gradient of the adapter running now (one at a time).
+  // Memory of the backend the adapters run on.
   struct DropoutScratch {
-    std::vector<float> x, dx;
+    BackendBuffer x, dx;
   };
   DropoutScratch scratch_;
   Decoder& model_;

@@ -207,6 +207,18 @@ void ParamSet::init_ranges(uint64_t seed, const std::vector<Range>& ranges) {
     }
 }
 
+void ParamSet::draw_to_backend(uint64_t seed, int64_t begin, int64_t end, float* out) const {
+  Backend& be = backend();
+  if (be.host_accessible()) return draw(seed, begin, end, out);
+  std::vector<float> host;
+  for (int64_t a = begin; a < end; a += kStageChunk) {
+    const int64_t b = std::min(end, a + kStageChunk);
+    host.assign(size_t(b - a), 0.f);
+    draw(seed, a, b, host.data());
+    be.copy_h2d(out + (a - begin), host.data(), sizeof(float) * size_t(b - a));
+  }
+}
+
 void ParamSet::zero_grad() {
   LOOM_CHECK(be_, "ParamSet::zero_grad: the parameters are not allocated");
   be_->fill_bytes(grad(), 0, sizeof(float) * size_t(total_));

@@ -95,6 +95,9 @@ class ParamSet {
   // Writes init()'s values of the flat elements [begin, end) to out[0, end - begin) (host
   // memory), e.g. into a shard kept elsewhere; the padding between parameters is left as it is.
   void draw(uint64_t seed, int64_t begin, int64_t end, float* out) const;
+  // draw() into `out` in memory of this set's backend (a ZeRO-3 master shard): drawn in place
+  // on a host-accessible backend, elsewhere in host chunks copied over, their padding zeros.
+  void draw_to_backend(uint64_t seed, int64_t begin, int64_t end, float* out) const;
   void zero_grad();
 
   // Host staging, whatever the device: the flat elements [begin, end) of the values (or the

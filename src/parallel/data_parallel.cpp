@@ -134,10 +134,10 @@ void DataParallel::draw_initial_weights(uint64_t seed) {
   // master, and into the model only the parameters that stay gathered.
   P_.init_ranges(seed, gatherer_->resident_ranges());
   for (auto [lo, hi] : gatherer_->resident_ranges()) round(P_.data() + lo, hi - lo);
-  P_.draw(seed, lo_, hi_, adam_->master());
+  P_.draw_to_backend(seed, lo_, hi_, adam_->master());
   round(adam_->master(), hi_ - lo_);
   if (experts_sharded()) {
-    P_.draw(seed, elo_, ehi_, expert_adam_->master());
+    P_.draw_to_backend(seed, elo_, ehi_, expert_adam_->master());
     round(expert_adam_->master(), ehi_ - elo_);
   }
 }

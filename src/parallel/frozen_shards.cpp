@@ -1,7 +1,6 @@
 #include "parallel/frozen_shards.h"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -25,9 +24,12 @@ FrozenShards::FrozenShards(Decoder& model, comm::Communicator& dp, bool take_val
   shard_ = (total_ + D - 1) / D;
   lo_ = std::min(int64_t(dp_.rank()) * shard_, total_);
   hi_ = std::min(lo_ + shard_, total_);
-  own_ = Tensor::zeros({std::max<int64_t>(1, hi_ - lo_)});
+  // On the model's backend (device memory on a GPU: the gathers copy from it there).
+  Backend& be = P_.backend();
+  own_ = BackendBuffer::zeroed(be, sizeof(float) * size_t(std::max<int64_t>(1, hi_ - lo_)),
+                               "parameters");
   if (take_values && hi_ > lo_)
-    std::memcpy(own_.data<float>(), P_.data() + lo_, sizeof(float) * (hi_ - lo_));
+    be.copy_d2d(own_.data(), P_.data() + lo_, sizeof(float) * size_t(hi_ - lo_));
 
   // A block's parameters: runs of consecutive parameters of the flat buffer (one, unless MoE
   // experts lie at the end of the buffer), the alignment padding between them included (zeros
@@ -62,7 +64,7 @@ FrozenShards::FrozenShards(Decoder& model, comm::Communicator& dp, bool take_val
   if (at < total_) resident_.push_back({at, total_});
   if (take_values)
     for (auto& u : units_)
-      for (auto& r : u.ranges) release_memory(P_.data() + r.lo, r.hi - r.lo);
+      for (auto& r : u.ranges) release_memory(be, P_.data() + r.lo, r.hi - r.lo);
   // Subscribers beside others (a profiler, say): removed by id, nobody else's hook touched.
   before_id_ = model_.before_block.subscribe([this](int l, bool bwd) { before(l, bwd); });
   after_id_ = model_.after_block.subscribe([this](int l, bool bwd) { after(l, bwd); });
@@ -92,7 +94,9 @@ void FrozenShards::gather(int l) {
     // This rank's part in place, then every rank's part from its owner (in-place all-gather:
     // rank k's elements sit where its shard intersects the range).
     const int64_t a = std::max(r.lo, lo_), b = std::min(r.hi, hi_);
-    if (a < b) std::memcpy(P_.data() + a, own_.data<float>() + (a - lo_), sizeof(float) * (b - a));
+    if (a < b)
+      P_.backend().copy_d2d(P_.data() + a, own_.as<float>() + (a - lo_),
+                            sizeof(float) * size_t(b - a));
     r.work = dp_.all_gather_async(P_.data() + r.lo, r.counts, DType::F32);
   }
   u.state = Unit::InFlight;
@@ -104,7 +108,7 @@ void FrozenShards::release(int l) {
   if (u.state == Unit::Released) return;
   for (auto& r : u.ranges) {
     r.work.wait();
-    release_memory(P_.data() + r.lo, r.hi - r.lo);
+    release_memory(P_.backend(), P_.data() + r.lo, r.hi - r.lo);
   }
   u.state = Unit::Released;
   --gathered_;

@@ -18,6 +18,7 @@
 
 #include "comm/communicator.h"
 #include "core/tensor.h"
+#include "kernels/buffer.h"
 #include "model/decoder.h"
 
 namespace loom::parallel {
@@ -38,8 +39,9 @@ class FrozenShards {
   int64_t shard_begin() const { return lo_; }
   int64_t shard_end() const { return hi_; }
   // The values of this rank's shard, [shard_begin(), shard_end()) of the flat buffer (writable:
-  // see take_values; frozen once blocks are gathered).
-  float* own() { return own_.data<float>(); }
+  // see take_values; frozen once blocks are gathered). Memory of the model's backend: on a
+  // device, written through Backend copies.
+  float* own() { return own_.as<float>(); }
   // The most blocks gathered (in flight or resident) at once since construction: the block in
   // use and the prefetched next one.
   int max_gathered_units() const { return max_gathered_; }
@@ -69,7 +71,7 @@ class FrozenShards {
   int n_layer_ = 0;
   int64_t before_id_ = -1, after_id_ = -1;  // our subscriptions to the model's block hooks
   int64_t total_ = 0, shard_ = 0, lo_ = 0, hi_ = 0;
-  Tensor own_;  // the values of [lo_, hi_)
+  BackendBuffer own_;  // the values of [lo_, hi_), on the model's backend
   std::vector<Unit> units_;
   std::vector<std::pair<int64_t, int64_t>> resident_;
   int gathered_ = 0, max_gathered_ = 0;

@@ -24,10 +24,6 @@ GradReducer::GradReducer(ParamSet& P, comm::Communicator& dp, const FlatShards& 
       hi_(shards.end(dp.rank())) {
   LOOM_CHECK(zero == 0 || shard_grads || hi_ == lo_, "ZeRO-", zero,
              " reduces into a gradient shard, and none was given");
-  // The bf16 wire copies are rounded and widened by host loops.
-  LOOM_CHECK(reduce_dtype != DType::BF16 || be.host_accessible(),
-             "parallel.grad_reduce_dtype = \"bf16\" on the ", be.name(),
-             " backend is not supported yet (its wire buffers are host memory): use \"fp32\"");
   build(bucket_elems, stages);
 }
 
@@ -105,10 +101,10 @@ void GradReducer::launch(Bucket& b) {
 // into scratch, then gather_bf16_sums).
 void GradReducer::launch_bf16(Bucket& b) {
   const int64_t n = b.hi - b.lo, mine = b.counts[dp_.rank()];
-  const float* g = P_.grad() + b.lo;
-  b.wire.resize(n);
-  for (int64_t i = 0; i < n; ++i) b.wire[i] = f32_to_bf16(g[i]);
-  b.work = dp_.reduce_scatter_bf16_async(b.wire.data(), reduce_target(b), b.counts);
+  // Rounded (nearest even) by a Backend op: on a device the gradients never leave it.
+  uint16_t* wire = b.wire.ensure_n<uint16_t>(be_, size_t(n), "scratch");
+  be_.convert(wire, DType::BF16, P_.grad() + b.lo, DType::F32, n);
+  b.work = dp_.reduce_scatter_bf16_async(wire, reduce_target(b), b.counts);
   wire_bytes_ += 2 * (n - mine);
 }
 
@@ -119,9 +115,9 @@ void GradReducer::launch_bf16(Bucket& b) {
 void GradReducer::gather_bf16_sums(Bucket& b) {
   b.work.wait();
   const int64_t n = b.hi - b.lo, mine = b.counts[dp_.rank()], at = b.own_lo - b.lo;
-  const float* sums = b.scratch.as<float>();  // (bf16 reduction: host memory, checked in ctor)
-  for (int64_t i = 0; i < mine; ++i) b.wire[at + i] = f32_to_bf16(sums[i]);
-  b.work = dp_.all_gather_async(b.wire.data(), b.counts, DType::BF16);
+  uint16_t* wire = b.wire.as<uint16_t>();
+  if (mine > 0) be_.convert(wire + at, DType::BF16, b.scratch.as<float>(), DType::F32, mine);
+  b.work = dp_.all_gather_async(wire, b.counts, DType::BF16);
   wire_bytes_ += 2 * (n - mine);
 }
 
@@ -139,11 +135,10 @@ void GradReducer::on_ready(int stage) {
 
 void GradReducer::complete(Bucket& b) {
   if (bf16() && zero_ == 0) {
-    float* g = P_.grad() + b.lo;
-    for (int64_t i = 0; i < b.hi - b.lo; ++i) g[i] = bf16_to_f32(b.wire[i]);
+    be_.convert(P_.grad() + b.lo, DType::F32, b.wire.data(), DType::BF16, b.hi - b.lo);
     b.scratch.reset();
   }
-  std::vector<uint16_t>().swap(b.wire);
+  b.wire.reset();  // transient, like scratch
   if (zero_ < 2) return;
   int64_t mine = b.counts[dp_.rank()];
   if (mine > 0) be_.add_inplace(shard_grads_ + (b.own_lo - lo_), b.scratch.as<float>(), mine);
@@ -167,7 +162,7 @@ int64_t GradReducer::resident_scratch_bytes() const {
   int64_t bytes = 0;
   for (auto& b : buckets_) {
     bytes += resident_bytes(b.scratch.data(), int64_t(b.scratch.bytes()));
-    bytes += resident_bytes(b.wire.data(), int64_t(b.wire.capacity()) * 2);
+    bytes += resident_bytes(b.wire.data(), int64_t(b.wire.bytes()));
   }
   return bytes;
 }

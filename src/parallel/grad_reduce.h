@@ -63,8 +63,9 @@ class GradReducer {
     // the bucket's reduction is in flight.
     BackendBuffer scratch;
     // bf16 reduction: this rank's gradients rounded to bf16 (ZeRO-0: then every rank's sums,
-    // gathered); transient, like scratch.
-    std::vector<uint16_t> wire;
+    // gathered), Backend memory ("scratch"; the casts are Backend::convert); transient, like
+    // scratch.
+    BackendBuffer wire;
   };
 
   void build(int64_t bucket_elems, const std::vector<int>& stages);

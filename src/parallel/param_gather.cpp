@@ -86,7 +86,7 @@ void ParamGatherer::build_units() {
 
 void ParamGatherer::release_blocks() {
   for (auto& u : units_)
-    for (auto& p : u.pieces) release_memory(P_.data() + p.lo, p.hi - p.lo);
+    for (auto& p : u.pieces) release_memory(P_.backend(), P_.data() + p.lo, p.hi - p.lo);
 }
 
 // This rank's part of [lo, hi) from its master (rounded to the compute type), then everyone's.
@@ -131,7 +131,9 @@ void ParamGatherer::release_unit(int l) {
   if (u.state == Unit::Released) return;
   for (auto& p : u.pieces) {
     p.work.wait();
-    release_memory(P_.data() + p.lo, p.hi - p.lo);
+    // (Host pages returned on the CPU; on a device the block is zeroed by a Backend fill, so a
+    // released block reads as zeros on both and a step's results do not depend on where.)
+    release_memory(P_.backend(), P_.data() + p.lo, p.hi - p.lo);
   }
   u.state = Unit::Released;
   --gathered_;

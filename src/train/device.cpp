@@ -58,9 +58,12 @@ class BackendSelfCommunicator : public comm::Communicator {
     be_.copy_d2d(recv, send, size_t(counts[0]) * dtype_size(t));
     return {};
   }
-  comm::Work reduce_scatter_bf16_async(const uint16_t*, float*,
-                                       const std::vector<int64_t>&) override {
-    fail(name_, ": bf16 reduce-scatter of ", be_.name(), " memory is not supported");
+  // One rank's sum is its own bf16 values, widened (exactly) to fp32 by a Backend op.
+  comm::Work reduce_scatter_bf16_async(const uint16_t* send, float* recv,
+                                       const std::vector<int64_t>& counts) override {
+    LOOM_CHECK(counts.size() == 1, name_, ": reduce_scatter needs one count per rank");
+    if (counts[0] > 0) be_.convert(recv, DType::F32, send, DType::BF16, counts[0]);
+    return {};
   }
   comm::Work all_gather_async(void*, const std::vector<int64_t>& counts, DType) override {
     LOOM_CHECK(counts.size() == 1, name_, ": all_gather needs one count per rank");

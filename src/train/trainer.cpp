@@ -139,6 +139,18 @@ int freeze_by_prefixes(ParamSet& P, const std::string& list) {
   return frozen;
 }
 
+// Every parameter of P whole, as views of its buffer (backend memory: on a device only for
+// Trainer::stage), each held by replica `replica` (a data-parallel rank).
+ckpt::TensorList whole_views(ParamSet& P, int replica) {
+  ckpt::TensorList out;
+  for (const ParamInfo& p : P.infos()) {
+    ckpt::ShardInfo info;
+    info.replica_id = replica;
+    out.push_back({p.name, Tensor::view_of(P.data() + p.offset, p.shape, DType::F32), info});
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string Trainer::checkpoint_root() const {
@@ -204,7 +216,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
                                        "parallel.device_comm");
   if (!be_->host_accessible()) {  // before any data is opened or anything allocated
     Fp8Options fp8_probe;
-    check_device_support((world ? *world : comm::world()).size(), dims, vp, dpo, lora_enabled(cfg_),
+    check_device_support((world ? *world : comm::world()).size(), dims, vp,
                          Fp8Options::from(cfg_, mcfg_.n_layer, &fp8_probe) ? &fp8_probe : nullptr);
   }
   if (opt_.eval_interval > 0) {  // every data-parallel rank evaluates the same batches
@@ -313,15 +325,18 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
     // the adapters (about 1% of the model) stay whole on every rank, their gradients and
     // optimizer state sharded as ZeRO-2 shards them.
     base_zero3_ = dpo.zero == 3;
+    // The adapters' gradients and weights (and under ZeRO-3 the base's shards) are backend
+    // memory: on a device the collectives that move them are the device's (as below for the
+    // whole model; the ranks are the DP ranks: no context parallelism on a device).
     if (base_zero3_) {
-      base_shards_ = std::make_unique<parallel::FrozenShards>(*model_, pg_->dp(), false);
+      base_shards_ = std::make_unique<parallel::FrozenShards>(*model_, on_device(pg_->dp()), false);
     } else {
       model_->params().init(opt_.seed);
     }
     load_pretrained(opt_.pretrained);  // dp_ is not there yet: whole tensors on every rank
     lora_ = std::make_unique<Lora>(*model_, *lora_cfg);
     if (policy_.compute != DType::F32 && !base_zero3_)  // (load_pretrained rounds the shards)
-      round_to(policy_.compute, model_->params().data(), model_->params().total());
+      be_->round_to(policy_.compute, model_->params().data(), model_->params().total(), nullptr);
     parallel::DataParallelOptions adapters_opt = dpo;
     adapters_opt.zero = std::min(dpo.zero, 2);
     dp_ = std::make_unique<parallel::DataParallel>(*model_, on_device(grad_group()), adapters_opt,
@@ -457,7 +472,11 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
                          now_seconds() - setup_start, restore_seconds);
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // The reference's shards gather over a device communicator on a device (device_comms_),
+  // which is declared after them: they go first.
+  reference_shards_.reset();
+}
 
 StepResult Trainer::train_step() {
   maybe_inject_fault(rank_, step_);
@@ -888,21 +907,14 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
 
 // What the trainer's step keeps off a device so far, refused up front with the reason (before
 // the model allocates or anything is written). Every layout (DP with ZeRO 0-2, TP with SP, PP
-// with virtual stages, CP, EP, MoE) trains on the device: each group that moves device memory
+// with virtual stages, CP, EP, MoE; ZeRO-3, bf16 gradient reduction, LoRA and DPO) trains on the device: each group that moves device memory
 // has its device communicator (on_device: NCCL, or staged through the host), and the layers'
 // parallel parts (vocabulary-parallel cross-entropy, pipeline activations, the CP ring, the EP
 // exchange) run on Backend buffers and ops.
 void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, int vp,
-                                   const parallel::DataParallelOptions& dpo, bool lora,
                                    const Fp8Options* fp8) const {
   const std::string on =
       cat("train.device = \"", opt_.device, "\" (the ", be_->name(), " backend): ");
-  LOOM_CHECK(dpo.zero <= 2, on, "parallel.zero = 3 is not supported yet (its block gathers ",
-             "release host pages): use 0, 1 or 2");
-  LOOM_CHECK(dpo.grad_reduce_dtype == DType::F32, on,
-             "parallel.grad_reduce_dtype = \"bf16\" is not supported yet: use \"fp32\"");
-  LOOM_CHECK(!lora && opt_.mode != "dpo", on, "LoRA and DPO are not supported yet ",
-             "(their adapters and reference model are updated by host code): use the CPU");
   // The GPU fp8 recipe max-reduces its amaxes over the CPU recipe's groups (TP x DP x CP for
   // delayed scaling, TP for current scaling) on device communicators; it was never run on a
   // pipeline stage or with experts split over ranks: refused there until it is (docs/gpu.md,
@@ -1274,7 +1286,9 @@ void Trainer::reference_from_init_weights(bool resumed) {
 void Trainer::make_reference(const ckpt::Checkpoint* from) {
   reference_shards_.reset();  // it points into the old reference
   reference_pipe_.reset();
-  reference_ = std::make_unique<Decoder>(mcfg_, cpu_backend(), Recompute::None, policy_.compute,
+  // On the policy's backend: on a device the reference's forward runs there too, and its
+  // weights are copied and rounded by Backend ops (checkpoint reads staged through the host).
+  reference_ = std::make_unique<Decoder>(mcfg_, *be_, Recompute::None, policy_.compute,
                                          model_->tensor_parallel(), ExpertParallel{},
                                          model_->pipeline_stage());
   // Under a pipeline the reference runs forward only through its own stages, with the policy's
@@ -1288,22 +1302,22 @@ void Trainer::make_reference(const ckpt::Checkpoint* from) {
   const ParamSet& P = model_->params();
   LOOM_CHECK(R.total() == P.total(), "DPO reference layout mismatch");
   const bool sharded = dp_->zero() == 3;
-  const auto round = [&](float* p, int64_t n) {
-    if (policy_.compute != DType::F32 && n > 0) round_to(policy_.compute, p, size_t(n));
+  const auto round = [&](float* p, int64_t n) {  // backend memory
+    if (policy_.compute != DType::F32 && n > 0) be_->round_to(policy_.compute, p, n, nullptr);
+  };
+  const auto copy = [&](float* dst, const float* src, int64_t n) {
+    if (n > 0) be_->copy_d2d(dst, src, sizeof(float) * size_t(n));
   };
   if (!sharded && !from) {
-    std::copy(P.data(), P.data() + P.total(), R.data());  // whole (this rank's TP shard)
+    copy(R.data(), P.data(), P.total());  // whole (this rank's TP shard)
     return;
   }
   if (!sharded) {
-    ckpt::TensorList whole;
-    for (auto& [name, t] : R.tensors()) {
-      ckpt::ShardInfo info;
-      info.replica_id = pg_->dp().rank();
-      whole.push_back({name, t, info});
-    }
-    ckpt::fill_from_whole(*from, R, whole, {});
-    check_finite(R, from->dir());
+    staged_.clear();
+    const ckpt::TensorList host = stage(whole_views(R, pg_->dp().rank()));
+    ckpt::fill_from_whole(*from, R, host, {});
+    check_finite(host, from->dir());
+    unstage();
     round(R.data(), R.total());
     return;
   }
@@ -1324,20 +1338,24 @@ void Trainer::make_reference(const ckpt::Checkpoint* from) {
       info.global_offset = {a - p.offset};
       pieces.push_back({p.name, Tensor::view_of(R.data() + a, {b - a}, DType::F32), info});
     }
-    ckpt::fill_from_whole(*from, R, pieces, {});
-    check_finite(R, from->dir());  // the rest of R is zeros
+    staged_.clear();
+    const ckpt::TensorList host = stage(pieces);
+    ckpt::fill_from_whole(*from, R, host, {});
+    check_finite(host, from->dir());  // the rest of R is zeros
+    unstage();
     for (const auto& piece : pieces) round(piece.tensor.data<float>(), piece.tensor.numel());
   } else {
     // The policy's master shard (its starting weights) and its gathered non-block parameters.
     for (const auto& sl : dp_->param_slices()) {
       float* dst = R.data() + R.info(sl.name).offset + sl.offset;
-      std::copy_n(sl.tensor.data<float>(), sl.tensor.numel(), dst);
+      copy(dst, sl.tensor.data<float>(), sl.tensor.numel());
       round(dst, sl.tensor.numel());
     }
     for (const ParamInfo& p : P.infos())
-      if (!in_block(p.name)) std::copy_n(P.data() + p.offset, p.numel, R.data() + p.offset);
+      if (!in_block(p.name)) copy(R.data() + p.offset, P.data() + p.offset, p.numel);
   }
-  reference_shards_ = std::make_unique<parallel::FrozenShards>(*reference_, pg_->dp());
+  reference_shards_ = std::make_unique<parallel::FrozenShards>(
+      *reference_, on_device(pg_->dp()));
   LOOM_CHECK(reference_shards_->shard_begin() == lo && reference_shards_->shard_end() == hi,
              "DPO reference: its ZeRO-3 shard differs from the policy's");
 }
@@ -1385,32 +1403,34 @@ void Trainer::load_pretrained(const std::string& path) {
       pieces.push_back(
           {p.name, Tensor::view_of(base_shards_->own() + (a - lo), {b - a}, DType::F32), info});
     }
-    ckpt::fill_from_whole(c, P, pieces, {});
-    for (const auto& piece : pieces) {
-      const float* v = piece.tensor.data<float>();
-      LOOM_CHECK(cpu_backend().all_finite(v, piece.tensor.numel()), c.dir(), ": parameter '",
-                 piece.name, "' holds non-finite values (NaN or inf)");
+    // Read into host memory (the buffers themselves on the CPU, staged copies on a device),
+    // checked and rounded there, then uploaded.
+    staged_.clear();
+    const ckpt::TensorList host = stage(pieces);
+    ckpt::fill_from_whole(c, P, host, {});
+    check_finite(host, c.dir());
+    for (const auto& piece : host)
       if (policy_.compute != DType::F32)
         round_to(policy_.compute, piece.tensor.data<float>(), size_t(piece.tensor.numel()));
-    }
+    unstage();
     return;
   }
   // LoRA's base (before the engine exists, or under it) is whole on every rank (replicated).
   if ((!dp_ || lora_) && model_->tensor_parallel().size == 1 && model_->pipeline_stage().whole()) {
     // Under LoRA the base is whole (replicated) on every rank.
-    c.restore_model(model_->params().tensors());
-    check_finite(model_->params(), c.dir());
+    staged_.clear();
+    const ckpt::TensorList host = stage(whole_views(model_->params(), pg_->dp().rank()));
+    c.restore_model(host);
+    check_finite(host, c.dir());
+    unstage();
   } else if (!dp_ || lora_) {
     // LoRA under TP or PP (before the engine exists): each rank's whole TP shard of every
     // parameter of its pipeline stage, placed by its ParamInfo.
-    ckpt::TensorList whole;
-    for (auto& [name, t] : model_->params().tensors()) {
-      ckpt::ShardInfo info;
-      info.replica_id = pg_->dp().rank();
-      whole.push_back({name, t, info});
-    }
-    ckpt::fill_from_whole(c, model_->params(), whole, {});
-    check_finite(model_->params(), c.dir());
+    staged_.clear();
+    const ckpt::TensorList host = stage(whole_views(model_->params(), pg_->dp().rank()));
+    ckpt::fill_from_whole(c, model_->params(), host, {});
+    check_finite(host, c.dir());
+    unstage();
   } else {
     staged_.clear();
     const ckpt::TensorList slices = stage(shard_list(dp_->param_slices()));

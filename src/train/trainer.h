@@ -72,9 +72,10 @@ struct TrainOptions {
   // no gradients, no updates, in one process and under every parallel layout.
   std::string freeze;
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there; train/device.h). On cuda
-  // the whole step runs on the device: one process, or data parallelism at ZeRO 0-2 over
-  // NCCL; what does not run there yet (MoE, CP, TP/PP, ZeRO-3, LoRA, DPO) is refused up
-  // front with the reason. The FP8 recipes run on CUDA as far as precision/device_fp8.h says.
+  // the whole step runs on the device: one process, or data parallelism at ZeRO 0-3 over
+  // NCCL (fp32 or bf16 gradient reduction), MoE models, LoRA and DPO; what does not run there
+  // yet (CP, EP, TP/PP) is refused up front with the reason. The FP8 recipes run
+  // on CUDA as far as precision/device_fp8.h says.
   std::string device = "cpu";
   // Guard: this many consecutive skipped steps (non-finite gradients) stop the run with an error
   // (or roll it back, train.on_spike = "rollback"), before a checkpoint of bad weights could
@@ -175,7 +176,6 @@ class Trainer {
   ckpt::TensorList stage(ckpt::TensorList views);  // host copies of device tensors (see .cpp)
   void unstage();                                  // ... uploaded back after they were filled
   void check_device_support(int world_size, const comm::ParallelDims& d, int vp,
-                            const parallel::DataParallelOptions& dpo, bool lora,
                             const Fp8Options* fp8) const;
   ckpt::TensorList optim_list() const;
   bool resume_distributed();

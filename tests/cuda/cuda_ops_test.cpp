@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "cuda/cuda_test_util.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
@@ -348,6 +349,22 @@ TEST(CudaOps, GeluSwigluAddScale) {
   gpu()->add_inplace(o.f(), gy.f(), n);
   gpu()->scale_inplace(o.f(), 0.37f, n);
   EXPECT_TRUE(close(o.get(), r, 0, 0)) << "add_inplace + scale_inplace";
+
+  // LoRA dropout's mask: F = 130 columns, so rows span three 64-bit words (the last partial);
+  // random bits, applied out of place and in place.
+  const int64_t words = (F + 63) / 64;
+  std::vector<uint64_t> bits(size_t(N * words));
+  for (size_t i = 0; i < bits.size(); ++i)
+    bits[i] = uint64_t(uniform_at(54, i, 0) * 4294967296.0) << 32 |
+              uint64_t(uniform_at(54, i, 1) * 4294967296.0);
+  DevBuf gbits(bits);
+  cpu().apply_bit_mask(r.data(), x.data(), bits.data(), N, F, 1.25f);
+  o.poison();
+  gpu()->apply_bit_mask(o.f(), gx.f(), static_cast<const uint64_t*>(gbits.raw()), N, F, 1.25f);
+  EXPECT_TRUE(close(o.get(), r, 0, 0)) << "apply_bit_mask";
+  o.set(x);
+  gpu()->apply_bit_mask(o.f(), o.f(), static_cast<const uint64_t*>(gbits.raw()), N, F, 1.25f);
+  EXPECT_TRUE(close(o.get(), r, 0, 0)) << "apply_bit_mask in place";
 }
 
 TEST(CudaOps, RopeStridedRowsRoundTrip) {

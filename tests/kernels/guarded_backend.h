@@ -189,6 +189,11 @@ class GuardedBackend final : public Backend {
     Op op(*this, "scale_inplace", {x});
     in_.scale_inplace(x, s, n);
   }
+  void apply_bit_mask(float* out, const float* x, const uint64_t* bits, int N, int C,
+                      float scale) override {
+    Op op(*this, "apply_bit_mask", {out, x, bits});
+    in_.apply_bit_mask(out, x, bits, N, C, scale);
+  }
   void softmax_forward(float* out, const float* inp, int rows, int cols) override {
     Op op(*this, "softmax_forward", {out, inp});
     in_.softmax_forward(out, inp, rows, cols);

@@ -796,3 +796,28 @@ TEST(FastExp, AccurateOverTheFloatRange) {
 
 }  // namespace
 }  // namespace loom
+
+// LoRA dropout's bit mask: bit c % 64 of word c / 64 of row n keeps element (n, c), scaled;
+// rows of 70 columns use two words each (the second partial), out of place and in place.
+TEST(Ops, ApplyBitMask) {
+  const int N = 3, C = 70;
+  const std::vector<float> x = loom::test::random_floats(size_t(N) * C, 81);
+  std::vector<uint64_t> bits(size_t(N) * 2, 0);
+  bits[0] = 0x5ull;       // row 0: columns 0 and 2
+  bits[1] = 0x1ull << 5;  // row 0: column 69
+  bits[2] = ~0ull;        // row 1: columns 0..63
+  bits[5] = 0x3Full;      // row 2: columns 64..69
+  std::vector<float> want(x.size(), 0.f);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) {
+      const bool keep =
+          (n == 0 && (c == 0 || c == 2 || c == 69)) || (n == 1 && c < 64) || (n == 2 && c >= 64);
+      want[size_t(n * C + c)] = keep ? x[size_t(n * C + c)] * 1.5f : 0.f;
+    }
+  std::vector<float> out(x.size(), -1.f);
+  loom::cpu_backend().apply_bit_mask(out.data(), x.data(), bits.data(), N, C, 1.5f);
+  EXPECT_EQ(0, std::memcmp(out.data(), want.data(), out.size() * sizeof(float)));
+  std::vector<float> in_place = x;
+  loom::cpu_backend().apply_bit_mask(in_place.data(), in_place.data(), bits.data(), N, C, 1.5f);
+  EXPECT_EQ(0, std::memcmp(in_place.data(), want.data(), want.size() * sizeof(float)));
+}

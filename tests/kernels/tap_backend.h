@@ -156,6 +156,11 @@ class TapBackend final : public Backend {
     on("scale_inplace");
     in_.scale_inplace(x, s, n);
   }
+  void apply_bit_mask(float* out, const float* x, const uint64_t* bits, int N, int C,
+                      float scale) override {
+    on("apply_bit_mask");
+    in_.apply_bit_mask(out, x, bits, N, C, scale);
+  }
   void softmax_forward(float* out, const float* inp, int rows, int cols) override {
     on("softmax_forward");
     in_.softmax_forward(out, inp, rows, cols);

@@ -82,8 +82,8 @@ TEST(DeviceBadInput, AutoWithoutAGpuTrainsOnTheCpu) {
 
 // What the device path does not cover yet is refused by name, before anything is written (a
 // device run must not start and crash later). Every parallel layout trains on a device (TP, PP,
-// CP and EP over device communicators, tests/train/device_parallel_test.cpp); ZeRO-3, bf16
-// gradient reduction, LoRA/DPO and some FP8 recipes do not yet. A device communicator that is
+// CP and EP over device communicators, tests/train/device_parallel_test.cpp), as do ZeRO-3, bf16
+// gradient reduction, LoRA and DPO; some FP8 recipes do not yet. A device communicator that is
 // not one of the three, or NCCL in a build without it, is refused by its key.
 TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
   struct Case {
@@ -97,8 +97,6 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
       {"parallel.device_comm", nccl_built() ? "\"bogus\"" : "\"nccl\"",
        nccl_built() ? "parallel.device_comm must be auto, nccl or staged, got 'bogus'"
                     : "parallel.device_comm = nccl: this loom was built without the NCCL"},
-      {"parallel.zero", "3", "parallel.zero = 3 is not supported yet"},
-      {"train.mode", "\"dpo\"", "LoRA and DPO are not supported yet"},
       {"precision.fp8_recipe", "\"fp8_tensorwise_current\"", "precision.fp8_recipe"},
   };
   for (const Case& k : cases) {
@@ -107,10 +105,6 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
     test::GuardedBackend g;
     Config c = config(d.str());
     c.set(k.key, k.value, "test");
-    if (std::string(k.key) == "train.mode") {
-      // DPO's own checks come first otherwise: give it the data source it needs.
-      c.set("data.source", "\"preference\"", "test");
-    }
     expect_refused(c, &g, d.str(), k.message);
   }
 }

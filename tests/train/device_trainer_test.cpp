@@ -2,9 +2,10 @@
 // backend (tests/kernels/guarded_backend.h: its buffers are PROT_NONE outside its ops, so any
 // host read or write of a parameter, gradient, optimizer moment or activation faults, as it
 // would read garbage on a GPU), with a checkpoint, a resume and an evaluation, must equal the
-// same run on the CPU backend bit for bit. The ops are the CPU's, so equality is exact; only
-// where the host touches memory differs (staging through copy_d2h / copy_h2d). Each guarded run
-// happens in a child process (a death test that must exit 0), so a fault fails this test only.
+// same run on the CPU backend bit for bit (train/guarded_trainer_run.h). The ops are the CPU's,
+// so equality is exact; only where the host touches memory differs (staging through copy_d2h /
+// copy_h2d). Each guarded run happens in a child process (a death test that must exit 0), so a
+// fault fails this test only. LoRA and DPO: device_post_train_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "core/fs.h"
 #include "kernels/guarded_backend.h"
 #include "temp_dir.h"
+#include "train/guarded_trainer_run.h"
 #include "train/trainer.h"
 
 using namespace loom;
@@ -64,85 +66,21 @@ Config config(const std::string& dir, const std::string& family, int zero = 0,
   return c;
 }
 
-struct Run {
-  std::vector<double> loss, aux_loss, grad_norm, valid;
-  std::vector<float> values;
-  int64_t resumed_at = -1;
-};
-
-// Three steps, an evaluation and a checkpoint; a new Trainer resumes from it and runs the
-// other three (and evaluates again). `be` null: the CPU backend as train.device = cpu picks it.
-Run train(const std::string& dir, const std::string& family, int zero, const std::string& precision,
-          bool moe, Backend* be) {
-  Run r;
-  const Config c = config(dir, family, zero, precision, moe);
-  {
-    Trainer t(c, nullptr, be);
-    for (int i = 0; i < 3; ++i) {
-      StepResult s = t.train_step();
-      r.loss.push_back(s.loss);
-      r.aux_loss.push_back(s.aux_loss);
-      r.grad_norm.push_back(s.grad_norm);
-    }
-    r.valid.push_back(t.evaluate());
-    t.save_checkpoint();
-    t.finish_checkpoints();
-  }
-  Trainer t(c, nullptr, be);
-  r.resumed_at = t.step();
-  for (int i = 0; i < 3; ++i) {
-    StepResult s = t.train_step();
-    r.loss.push_back(s.loss);
-    r.aux_loss.push_back(s.aux_loss);
-    r.grad_norm.push_back(s.grad_norm);
-  }
-  r.valid.push_back(t.evaluate());
-  const ParamSet& P = t.model().params();
-  r.values.resize(size_t(P.total()));
-  P.read_values(0, P.total(), r.values.data());
-  return r;
-}
-
-// In the child: the guarded run against the CPU run; exits 0 only when they agree bit for bit
-// and the steps really went through the guarded backend.
+// In the child: the run of `config(...)` on the guarded backend against the CPU one.
 [[noreturn]] void guarded_child(const std::string& family, int zero = 0,
-                                const std::string& precision = "fp32", bool moe = false) {
-  // The CPU reference's bf16 GEMMs on the fp32 GEMM over widened values (as the device recipe
-  // computes them), not oneDNN's, whose summation order differs.
-  setenv("LOOM_BF16_GEMM", "fallback", 1);
-  Run want, got;
-  test::GuardedBackend g;
-  // fp32: every pointer an op receives must be a backend buffer (or cu_seqlens), so no host
-  // scratch is handed to an op either.
-  g.set_strict(true);
-  try {
-    test::TempDir a("devtrain_cpu"), b("devtrain_guarded");
-    want = train(a.str(), family, zero, precision, moe, nullptr);
-    got = train(b.str(), family, zero, precision, moe, &g);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "run threw: %s\n", e.what());
-    std::exit(2);
-  }
-  std::string bad;
-  if (got.resumed_at != 3 || want.resumed_at != 3) bad += " (did not resume at step 3)";
-  if (got.loss != want.loss) bad += " losses";
-  if (got.aux_loss != want.aux_loss) bad += " aux losses";
-  // (A MoE model's aux loss is positive: a run whose router never ran would show 0.)
-  if (moe && !(want.aux_loss.at(0) > 0)) bad += " (no MoE aux loss)";
-  if (got.grad_norm != want.grad_norm) bad += " grad norms";
-  if (got.valid != want.valid) bad += " validation losses";
-  if (got.values.size() != want.values.size() ||
-      std::memcmp(got.values.data(), want.values.data(), got.values.size() * sizeof(float)) != 0)
-    bad += " final weights";
-  for (const std::string& op :
-       std::set<std::string>(g.host_pointer_ops().begin(), g.host_pointer_ops().end()))
-    bad += " (host memory given to " + op + ")";
-  // Six steps of two micro-batches each run hundreds of ops; a run that silently fell back on
-  // the CPU backend would leave the guard idle.
-  if (g.ops() < 500) bad += " (too few ops went through the guarded backend)";
-  if (!bad.empty())
-    std::fprintf(stderr, "guarded trainer differs from the CPU one:%s\n", bad.c_str());
-  std::exit(bad.empty() ? 0 : 1);
+                                const std::string& precision = "fp32", bool moe = false,
+                                const std::string& reduce = "fp32") {
+  test::guarded_child(
+      [&](const std::string& dir) {
+        Config c = config(dir, family, zero, precision, moe);
+        c.set("parallel.grad_reduce_dtype", "\"" + reduce + "\"", "test");
+        return c;
+      },
+      [&](const test::GuardedRun& want) {
+        // (A MoE model's aux loss is positive: a run whose router never ran would show 0.)
+        return moe && !(want.aux_loss.at(0) > 0) ? std::string(" (no MoE aux loss)")
+                                                 : std::string();
+      });
 }
 
 }  // namespace
@@ -174,6 +112,26 @@ TEST(DeviceTrainer, GuardedBf16AndFp16RunsEqualCpuRuns) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(guarded_child("gpt2", 0, "bf16"), ::testing::ExitedWithCode(0), "");
   EXPECT_EXIT(guarded_child("llama", 0, "fp16"), ::testing::ExitedWithCode(0), "");
+}
+
+// ZeRO-3 in one process: the master shard is the whole model, the blocks are released (a
+// Backend fill zeroes them where the CPU returns their pages) after each use and gathered back
+// from the master before the next (AdamW's write_model: a Backend copy, rounded on the backend
+// under bf16), the parameters outside the blocks stay; checkpoints are per-rank parts.
+TEST(DeviceTrainer, GuardedZero3RunsEqualCpuRuns) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child("gpt2", 3), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child("llama", 3, "bf16"), ::testing::ExitedWithCode(0), "");
+}
+
+// Gradients reduced in bf16 (parallel.grad_reduce_dtype): each bucket rounded to bf16 by
+// Backend::convert into a Backend wire buffer, reduce-scattered (one rank: widened back by the
+// device communicator's convert), summed in fp32; ZeRO-0 rounds the sums and gathers them back
+// into the gradients, ZeRO-2 adds them to its shard. Strict: no host wire buffer is left.
+TEST(DeviceTrainer, GuardedBf16GradReductionEqualsCpuRuns) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(guarded_child("gpt2", 0, "fp32", false, "bf16"), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(guarded_child("llama", 2, "bf16", false, "bf16"), ::testing::ExitedWithCode(0), "");
 }
 
 // Mixture-of-experts models (tiny-moe, tiny-llama-moe: 8 experts, top-2) on the device: the

@@ -280,6 +280,17 @@ class CpuBackend final : public Backend {
   }
   void add_inplace(float* acc, const float* x, int64_t n) override { cpu::add_inplace(acc, x, n); }
   void scale_inplace(float* x, float s, int64_t n) override { cpu::scale_inplace(x, s, n); }
+  void apply_bit_mask(float* out, const float* x, const uint64_t* bits, int N, int C,
+                      float scale) override {
+    const int64_t words = (int64_t(C) + 63) / 64;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      const uint64_t* w = bits + int64_t(n) * words;
+      const float* xr = x + int64_t(n) * C;
+      float* o = out + int64_t(n) * C;
+      for (int c = 0; c < C; ++c) o[c] = (w[c >> 6] >> (c & 63)) & 1 ? xr[c] * scale : 0.f;
+    }
+  }
   void softmax_forward(float* out, const float* inp, int rows, int cols) override {
     cpu::softmax_forward(out, inp, rows, cols);
   }
@@ -307,8 +318,12 @@ class CpuBackend final : public Backend {
              float beta2, float eps, float weight_decay, float grad_scale, int64_t step) override {
     cpu::adamw(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step);
   }
-  double sum_squares(const float* x, int64_t n) override { return cpu::sum_squares(x, n); }
-  bool all_finite(const float* x, int64_t n) override { return cpu::all_finite(x, n); }
+  double sum_squares(const float* x, int64_t n) override {
+    return cpu::sum_squares(x, n);
+  }
+  bool all_finite(const float* x, int64_t n) override {
+    return cpu::all_finite(x, n);
+  }
   double weighted_sum(const float* x, const float* w, int64_t n) override {
     double sum = 0;  // index order: bit-reproducible
     for (int64_t i = 0; i < n; ++i) sum += w ? double(w[i]) * x[i] : x[i];

@@ -548,6 +548,10 @@ void CudaBackend::add_inplace(float* acc, const float* x, int64_t n) {
 void CudaBackend::scale_inplace(float* x, float s, int64_t n) {
   cuda::scale_inplace(impl_->stream, x, s, n);
 }
+void CudaBackend::apply_bit_mask(float* out, const float* x, const uint64_t* bits, int N, int C,
+                                 float scale) {
+  cuda::apply_bit_mask(impl_->stream, out, x, bits, N, C, scale);
+}
 void CudaBackend::softmax_forward(float* out, const float* inp, int rows, int cols) {
   cuda::softmax_forward(impl_->stream, out, inp, rows, cols);
 }

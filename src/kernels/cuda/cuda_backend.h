@@ -159,6 +159,8 @@ class CudaBackend final : public Backend {
   void add(float* out, const float* a, const float* b, int64_t n) override;
   void add_inplace(float* acc, const float* x, int64_t n) override;
   void scale_inplace(float* x, float s, int64_t n) override;
+  void apply_bit_mask(float* out, const float* x, const uint64_t* bits, int N, int C,
+                      float scale) override;
   void softmax_forward(float* out, const float* inp, int rows, int cols) override;
   void softmax_backward(float* dinp, const float* out, const float* dout, int rows,
                         int cols) override;

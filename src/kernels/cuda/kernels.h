@@ -44,6 +44,9 @@ void swiglu_backward(cudaStream_t st, float* dinp, const float* inp, const float
 void add(cudaStream_t st, float* out, const float* a, const float* b, int64_t n);
 void add_inplace(cudaStream_t st, float* acc, const float* x, int64_t n);
 void scale_inplace(cudaStream_t st, float* x, float s, int64_t n);
+// Backend::apply_bit_mask.
+void apply_bit_mask(cudaStream_t st, float* out, const float* x, const uint64_t* bits, int N, int C,
+                    float scale);
 void fill(cudaStream_t st, float* x, float value, int64_t n);
 // C[i*ldc + j] = beta * C (beta == 0 clears, NaN included): GEMMs with K == 0.
 void scale_matrix(cudaStream_t st, float* C, int M, int N, int ldc, float beta);

@@ -138,6 +138,14 @@ __global__ void k_add_inplace(float* acc, const float* x, int64_t n) {
 __global__ void k_scale(float* x, float s, int64_t n) {
   GRID_STRIDE(i, n) x[i] *= s;
 }
+__global__ void k_bit_mask(float* out, const float* x, const uint64_t* bits, int C, int64_t words,
+                           float scale, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const int64_t row = i / C;
+    const int c = int(i % C);
+    out[i] = (bits[row * words + (c >> 6)] >> (c & 63)) & 1 ? x[i] * scale : 0.f;
+  }
+}
 __global__ void k_fill(float* x, float v, int64_t n) {
   GRID_STRIDE(i, n) x[i] = v;
 }
@@ -609,6 +617,13 @@ void scale_inplace(cudaStream_t st, float* x, float s, int64_t n) {
   if (n <= 0) return;
   k_scale<<<grid_1d(n), kThreads, 0, st>>>(x, s, n);
   LOOM_CUDA_LAUNCHED("scale_inplace");
+}
+void apply_bit_mask(cudaStream_t st, float* out, const float* x, const uint64_t* bits, int N,
+                    int C, float scale) {
+  const int64_t n = int64_t(N) * C;
+  if (n <= 0) return;
+  k_bit_mask<<<grid_1d(n), kThreads, 0, st>>>(out, x, bits, C, (int64_t(C) + 63) / 64, scale, n);
+  LOOM_CUDA_LAUNCHED("apply_bit_mask");
 }
 void fill(cudaStream_t st, float* x, float value, int64_t n) {
   if (n <= 0) return;

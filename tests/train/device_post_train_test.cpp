@@ -1,0 +1,180 @@
+// Post-training on a device backend, proven without a GPU over the guarded CPU backend (see
+// train/guarded_trainer_run.h): LoRA (the adapters' GEMMs and their scratch, dropout, their
+// optimizer, checkpoints of adapters only, the merged weights an export writes) and DPO (the frozen
+// reference's forward, the sequence log-probabilities read back, the per-token weights of the
+// DPO gradient uploaded with the micro-batch), each with a checkpoint and a resume, bit for bit
+// equal to the same run on the CPU backend. Under ZeRO-3 the frozen weights (LoRA's base, DPO's
+// reference) are sharded and gathered block by block in Backend memory (FrozenShards).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/fs.h"
+#include "train/guarded_trainer_run.h"
+#include "train/preference_pairs.h"
+#include "train/trainer.h"
+
+using namespace loom;
+
+namespace {
+
+std::string quoted(const std::string& s) {
+  return std::string(1, '"').append(s).append(1, '"');
+}
+
+// ---- LoRA: a tiny model pretrained for two steps on the CPU, then adapted.
+
+std::string fox_corpus(const std::string& dir) {
+  std::string path = dir + "/corpus.txt";
+  std::string text;
+  for (int i = 0; i < 200; ++i)
+    text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
+  write_file_atomic(path, text);
+  return path;
+}
+
+Config fox_config(const std::string& dir, const std::string& family, const std::string& out) {
+  Config c = Config::parse(
+      "[model]\npreset = \"tiny\"\nn_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 32\n"
+      "[train]\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\nquiet = true\nsteps = 6\n"
+      "peak_gflops = 100\ncheckpoint_interval = 3\neval_interval = 3\neval_batches = 2\n"
+      "clip_grad = 0.5\ntensorboard = false\n"
+      "[optim]\nlr = 3e-3\nwarmup_steps = 2\n",
+      "test.toml");
+  c.set("train.out_dir", quoted(out), "test");
+  c.set("data.paths", quoted(fox_corpus(dir)), "test");
+  if (family == "llama") {
+    c.set("model.family", "\"llama\"", "test");
+    c.set("model.n_kv_head", "1", "test");
+  }
+  return c;
+}
+
+// The LoRA run of `family` under `dir`: its base pretrained first (two CPU steps, weights
+// only), then adapters on every linear layer of the blocks (rank 4).
+Config lora_config(const std::string& dir, const std::string& family, int zero,
+                   const std::string& precision, double dropout) {
+  {
+    Config base = fox_config(dir, family, dir + "/base");
+    base.set("train.steps", "2", "test");
+    base.set("train.checkpoint_interval", "2", "test");
+    base.set("train.eval_interval", "0", "test");
+    Trainer pre(base);
+    pre.run();
+  }
+  Config c = fox_config(dir, family, dir + "/run");
+  c.set("train.pretrained", quoted(dir + "/base/checkpoints"), "test");
+  c.set("lora.rank", "4", "test");
+  c.set("lora.alpha", "8", "test");
+  c.set("precision.policy", quoted(precision), "test");
+  if (zero > 0) c.set("parallel.zero", std::to_string(zero), "test");
+  if (dropout > 0) c.set("lora.dropout", std::to_string(dropout), "test");
+  return c;
+}
+
+// The CPU run must really have trained adapters: B starts at zero, so after six steps some of
+// the adapters' weights are non-zero, and merging them changes the base.
+std::string lora_trained(const test::GuardedRun& want) {
+  bool moved = false;
+  for (float v : want.adapters) moved |= v != 0.f;
+  if (want.adapters.empty() || !moved) return " (the adapters did not train)";
+  if (test::same_bits(want.merged, want.values)) return " (merging changed nothing)";
+  return "";
+}
+
+// ---- DPO (the pairs of train/preference_pairs.h).
+
+// Full DPO (the reference a second Decoder on the backend) or, with `lora`, DPO of adapters
+// (the reference is the base, the adapters detached); two micro-batches of one pair a step.
+Config dpo_config(const std::string& d, int zero, const std::string& precision, bool lora) {
+  test::write_preference_pairs(d, 60);
+  Config c = Config::parse(
+      "[model]\npreset = \"tiny-llama\"\nn_layer = 2\nd_model = 32\nn_head = 4\nn_kv_head = 2\n"
+      "d_ff = 64\nvocab = 260\nmax_seq = 48\ninit_std = 0.1\n"
+      "[data]\nsource = \"preference\"\nvalid_fraction = 0.2\n"
+      "[train]\nmode = \"dpo\"\nmicro_batch = 2\nseq_len = 48\ngrad_accum = 2\nquiet = true\n"
+      "steps = 6\npeak_gflops = 100\ncheckpoint_interval = 3\neval_interval = 3\n"
+      "eval_batches = 2\nclip_grad = 0.5\ntensorboard = false\n"
+      "[optim]\nlr = 3e-3\nwarmup_steps = 2\nweight_decay = 0.0\n"
+      "[dpo]\nbeta = 0.5\n",
+      "test.toml");
+  c.set("data.path", quoted(d + "/pairs.jsonl"), "test");
+  c.set("data.tokenizer", quoted("loom:" + d + "/tok"), "test");
+  c.set("precision.policy", quoted(precision), "test");
+  if (zero > 0) c.set("parallel.zero", std::to_string(zero), "test");
+  if (lora) {
+    // The base LoRA needs (train.pretrained): the same model after one full-DPO step on the
+    // CPU, weights only.
+    Config base = c;
+    base.set("train.out_dir", quoted(d + "/base"), "test");
+    base.set("train.steps", "1", "test");
+    base.set("train.checkpoint_interval", "1", "test");
+    base.set("train.eval_interval", "0", "test");
+    base.set("precision.policy", "\"fp32\"", "test");
+    if (zero > 0) base.set("parallel.zero", "0", "test");
+    {
+      Trainer pre(base);
+      pre.run();
+    }
+    c.set("train.pretrained", quoted(d + "/base/checkpoints"), "test");
+    c.set("lora.rank", "4", "test");
+    c.set("lora.alpha", "8", "test");
+  }
+  c.set("train.out_dir", quoted(d + "/run"), "test");
+  return c;
+}
+
+// The CPU run's DPO figures (rewards, margin, accuracy per step) must be there and not all
+// zero: a run whose policy never moved from its reference would show zero rewards.
+std::string dpo_ran(const test::GuardedRun& want) {
+  if (want.extra.size() != 6 * 4) return " (no DPO step figures)";
+  bool moved = false;
+  for (double v : want.extra) moved |= v != 0 && v != 1;  // (accuracy alone may be 0 or 1)
+  return moved ? "" : " (the policy never left its reference)";
+}
+
+[[noreturn]] void lora_child(const std::string& family, int zero, const std::string& precision,
+                             double dropout = 0) {
+  test::guarded_child(
+      [&](const std::string& dir) { return lora_config(dir, family, zero, precision, dropout); },
+      lora_trained);
+}
+
+[[noreturn]] void dpo_child(int zero, const std::string& precision, bool lora) {
+  test::guarded_child(
+      [&](const std::string& dir) { return dpo_config(dir, zero, precision, lora); },
+      [&](const test::GuardedRun& want) {
+        return dpo_ran(want) + (lora ? lora_trained(want) : std::string());
+      });
+}
+
+}  // namespace
+
+// LoRA on GPT-2 (fp32, the adapters' engine at ZeRO-0: whole checkpoints of adapters only) and
+// on Llama (bf16, ZeRO-3: the frozen base sharded and gathered block by block in Backend
+// memory, the adapters' gradients and optimizer state sharded as ZeRO-2 does; per-rank parts).
+// With dropout: the mask drawn on the host, its bits uploaded and applied by
+// Backend::apply_bit_mask into Backend scratch (forward, and backward's input gradient).
+TEST(DevicePostTrain, GuardedLoraRunsEqualCpuRuns) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(lora_child("gpt2", 0, "fp32"), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(lora_child("llama", 3, "bf16"), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(lora_child("gpt2", 0, "fp32", 0.25), ::testing::ExitedWithCode(0), "");
+}
+
+// Full DPO in fp32 (the reference a whole Decoder on the backend, copied from the policy by a
+// Backend copy) and in bf16 under ZeRO-3 (policy and reference both sharded: the reference's
+// shard copied from the policy's master and rounded on the backend).
+TEST(DevicePostTrain, GuardedDpoRunsEqualCpuRuns) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(dpo_child(0, "fp32", false), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(dpo_child(3, "bf16", false), ::testing::ExitedWithCode(0), "");
+}
+
+// DPO of LoRA adapters: the reference forward is the base with the adapters detached.
+TEST(DevicePostTrain, GuardedLoraDpoRunEqualsCpuRun) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(dpo_child(0, "fp32", true), ::testing::ExitedWithCode(0), "");
+}

@@ -1,0 +1,32 @@
+// Preference data for DPO tests: a byte tokenizer with ChatML markers and pairs whose chosen
+// reply is the prompt's word reversed and whose rejected reply is "zzzz" (a preference a tiny
+// model learns, and that holds for held-out prompts).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/fs.h"
+#include "core/rng.h"
+#include "data/bpe.h"
+
+namespace loom::test {
+
+// Writes <d>/tok (the tokenizer, data.tokenizer = "loom:<d>/tok") and <d>/pairs.jsonl (n pairs).
+inline void write_preference_pairs(const std::string& d, int n) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
+  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
+  data::save_loom_tokenizer(data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp),
+                            d + "/tok");
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    std::string w;
+    for (int k = 0; k < 4; ++k) w += char('a' + int(uniform_at(5, uint64_t(i), uint64_t(k)) * 6));
+    std::string r(w.rbegin(), w.rend());
+    text += "{\"prompt\": \"rev " + w + "\", \"chosen\": \"" + r + "\", \"rejected\": \"zzzz\"}\n";
+  }
+  write_file_atomic(d + "/pairs.jsonl", text);
+}
+
+}  // namespace loom::test
