@@ -686,7 +686,7 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     // experts) or its expert-tensor-parallel slice's.
     const float* x = fp32_in(a.ln2, int64_t(N) * C, scratch(moe_in_, int64_t(N) * C));
     moe_[l]->backward(b_->dln, tpo_->full_rows(dres, N, C), x, N, moe_weights(l, false),
-                      moe_weights(l, true), dloss_ * static_cast<float>(N));
+                      moe_weights(l, true), aux_dloss_ * static_cast<float>(N));
     dl = b_->dln + int64_t(row0(N)) * C;
   } else {
     // MLP branch: x_out = x_mid + act * mp_w^T + mp_b. Under bf16 storage act was not kept:
@@ -843,6 +843,7 @@ void Decoder::begin_pass(const ModelInput& in, float dloss) {
   upload_input(in);
   aux_sum_ = 0;
   dloss_ = dloss;
+  aux_dloss_ = in.aux_weight >= 0 ? in.aux_weight : dloss;
 }
 
 void Decoder::forward_layer(int l, const ModelInput& in, float* x_out) {

@@ -54,6 +54,12 @@ struct ModelInput {
   // sum as w[i] * loss[i] and its gradient is scaled by w[i]. 0 masks a token exactly as a
   // target of -1 does (SFT prompt masking); negative weights are allowed (DPO, GRPO).
   const float* loss_weights = nullptr;
+  // The MoE auxiliary loss's gradient weight per token of this pass, in dloss's units
+  // (negative: dloss itself, the trainer's case, where dloss = 1 / the step's tokens). A pass
+  // whose dloss is not a per-token mean (DPO and GRPO pass 1 and carry their normalisation in
+  // loss_weights) sets it to 1 / the step's tokens, so the auxiliary loss is averaged as the
+  // trainer averages it instead of weighted by the pass's token count.
+  float aux_weight = -1.f;
 };
 
 // What a forward reports besides the loss sum, for post-training (DPO, GRPO) and evaluation.
@@ -332,6 +338,7 @@ class Decoder {
   double aux_sum_ = 0;
   int head_rows_ = 0;  // set_head_rows (0: head_chunk's rule)
   float dloss_ = 0;
+  float aux_dloss_ = 0;  // ModelInput::aux_weight, or dloss_
   // Local sizes on this tensor-parallel rank.
   int hq_ = 0, hkv_ = 0, qkv_ = 0, att_ = 0, ff_ = 0, fc_ = 0, vocab_ = 0, v0_ = 0;
   Backend& be_;

@@ -152,7 +152,11 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
 
   // 3. Data parallelism: the step's counts over every learner's share (the normalisation of
   // the GRPO loss is the whole batch's, so that the learners' gradients sum to its gradient).
+  // The MoE auxiliary loss is averaged over every token the learners route this step, as the
+  // trainer averages it (ModelInput::aux_weight); the passes below carry dloss = 1.
+  double routed_tokens = double(b.tokens.size());
   if (dp_) {
+    routed_tokens = dp_->all_reduce_scalar(routed_tokens, comm::ReduceOp::Sum);
     const int64_t ages = dp_->all_reduce_scalar(int64_t(st.staleness.size()), comm::ReduceOp::Max);
     st.staleness.resize(size_t(ages), 0);
     std::vector<double> c = {sum,
@@ -184,6 +188,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
   if (totals.tokens > 0) {
     pad_for_sequence_parallel(b, policy_);  // after the spans: they index the rows before it
     ModelInput in = b.input();
+    in.aux_weight = static_cast<float>(1.0 / routed_tokens);
     // The logits of the response tokens' rows, from a forward pass each of the policy and the
     // reference: the log-probs of the sampled tokens and the policy's entropy there. The rows x
     // vocabulary logits are taken a run of whole sequences at a time, at most logit_rows rows
@@ -286,6 +291,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
         ModelInput own_in = own.input(), share_in = share.input();
         own_in.loss_weights = weights.data();
         share_in.loss_weights = weights.data() + b.cu_seqlens[ks];
+        own_in.aux_weight = share_in.aux_weight = in.aux_weight;
         // The helper may start while it can finish no later than the learner's own part, as
         // the last step's speed predicts (no prediction yet: any time).
         const double f0 = now_seconds();

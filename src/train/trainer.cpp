@@ -1114,6 +1114,15 @@ void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
 // train.init_from: every rank reads the whole tensors of a one-process checkpoint (mapped, only
 // the rows it needs) and extracts its pieces by the placement consolidation uses
 // (ckpt/reshard.h), then continues the run's step, optimizer, loss scale and data position.
+// The DPO loss is normalised by pairs in its token weights and passes dloss = 1; a MoE
+// model's auxiliary loss is averaged over the step's routed tokens as in pre-training (every
+// micro-batch's, on every DP and CP rank: micro-batches of one shape).
+float Trainer::dpo_aux_weight(const ModelInput& in) const {
+  const double tokens = double(in.N) * double(micro_.size()) * double(pg_->dp().size()) *
+                        double(pg_->cp().size());
+  return static_cast<float>(1.0 / tokens);
+}
+
 Trainer::DpoStats Trainer::dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step) {
   // Under context parallelism this rank's chunks of the pairs (the sequences stay in order, so
   // pair k is still local sequences 2k and 2k+1), erased again on the way out.
@@ -1139,6 +1148,7 @@ Trainer::DpoStats Trainer::dpo_micro(const Batch& b, bool backward, int64_t pair
   const DpoStats st = dpo_terms(in, ref, pol, pairs_in_step, w);
   if (backward) {
     in.loss_weights = w.data();
+    in.aux_weight = dpo_aux_weight(in);
     model_->forward_backward(in, 1.f);
   }
   return st;
@@ -1211,7 +1221,10 @@ Trainer::DpoStats Trainer::dpo_pipeline(std::vector<Batch>& batches, bool backwa
       total.pairs += st.pairs;
       in[j].loss_weights = w[j].data();
     }
-  if (backward) pipe_->run(in, 1.f);
+  if (backward) {
+    for (ModelInput& x : in) x.aux_weight = dpo_aux_weight(x);
+    pipe_->run(in, 1.f);
+  }
   comm::Communicator& pp = pg_->pp();
   total.loss = pp.all_reduce_scalar(total.loss, comm::ReduceOp::Sum);
   total.reward_chosen = pp.all_reduce_scalar(total.reward_chosen, comm::ReduceOp::Sum);

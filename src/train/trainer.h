@@ -122,6 +122,7 @@ class Trainer {
     double loss = 0, reward_chosen = 0, reward_rejected = 0, correct = 0;
     int64_t pairs = 0;
   };
+  float dpo_aux_weight(const ModelInput& in) const;
   DpoStats dpo_micro(const Batch& b, bool backward, int64_t pairs_in_step);
   // The same for a pipeline's micro-batches together (every pipeline rank; the figures summed
   // over the pipeline).

@@ -110,6 +110,33 @@ TEST(StepApi, WeightsScaleLossAndGradient) {
   EXPECT_GT(checked, 20);
 }
 
+// A pass that carries its normalisation in the token weights (dloss = 1: DPO, GRPO) sets
+// aux_weight so that a MoE model's auxiliary loss is averaged as the trainer's dloss averages
+// it: weights w everywhere with aux_weight w equal dloss w (a power of two: exact). Without it
+// the auxiliary gradient would be weighted by the pass's token count (1/w times too much).
+TEST(StepApi, AuxWeightAveragesTheMoeAuxiliaryLoss) {
+  ModelConfig c = model_preset("tiny-moe");
+  c.n_layer = 2, c.d_model = 16, c.n_head = 4, c.n_kv_head = 4, c.head_dim = 4, c.d_ff = 32;
+  c.vocab = 32, c.max_seq = 16, c.n_experts = 4, c.top_k = 2, c.aux_loss_coeff = 0.1;
+  Decoder m(c, cpu_backend());
+  m.params().init(11);
+  Data d = make_data({7, 9}, 32, 13);
+  const float w = 0.0625f;
+  m.params().zero_grad();
+  m.forward_backward(d.input(), w);
+  const auto mean = grads(m);
+  d.weights.assign(d.tokens.size(), w);
+  ModelInput in = d.input();
+  in.aux_weight = w;
+  m.params().zero_grad();
+  m.forward_backward(in, 1.f);
+  EXPECT_TRUE(same_bits(mean, grads(m)));
+  in.aux_weight = -1.f;  // dloss = 1 for the auxiliary loss too
+  m.params().zero_grad();
+  m.forward_backward(in, 1.f);
+  EXPECT_FALSE(same_bits(mean, grads(m)));
+}
+
 // Per-sequence sums of log p(target) (and per-token values) against a float64 forward written
 // from the definitions; the same from forward_backward and the forward-only forward_loss.
 TEST(StepApi, SequenceLogProbsMatchFloat64Reference) {
