@@ -222,6 +222,7 @@ void ParamSet::draw_to_backend(uint64_t seed, int64_t begin, int64_t end, float*
 void ParamSet::zero_grad() {
   LOOM_CHECK(be_, "ParamSet::zero_grad: the parameters are not allocated");
   be_->fill_bytes(grad(), 0, sizeof(float) * size_t(total_));
+  ++grad_zero_count_;
 }
 
 static void check_range(const char* op, int64_t begin, int64_t end, int64_t total, bool allocated) {

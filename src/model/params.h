@@ -99,6 +99,11 @@ class ParamSet {
   // on a host-accessible backend, elsewhere in host chunks copied over, their padding zeros.
   void draw_to_backend(uint64_t seed, int64_t begin, int64_t end, float* out) const;
   void zero_grad();
+  // Counts zero_grad() calls: a gradient writer that remembers the count at its last write
+  // knows, when it differs, that its gradient holds zeros and can overwrite instead of
+  // accumulate (the bf16 weight-gradient GEMMs skip reading dW: beta = 0). Only zero_grad()
+  // advances it, so any other way of clearing gradients just keeps writers accumulating.
+  uint64_t grad_zero_count() const { return grad_zero_count_; }
 
   // Host staging, whatever the device: the flat elements [begin, end) of the values (or the
   // gradients) copied to or from host memory through the backend (copy_d2h / copy_h2d).
@@ -173,6 +178,7 @@ class ParamSet {
   BackendBuffer values_, grads_;  // "parameters" and "gradients" in the memory report
   BackendBuffer values_bf16_;     // "parameters (bf16)": empty unless allocate_bf16_copy()
   std::vector<Range> bf16_written_;
+  uint64_t grad_zero_count_ = 0;
 };
 
 }  // namespace loom

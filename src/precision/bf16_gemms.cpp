@@ -57,6 +57,17 @@ const uint16_t* Bf16Gemms::input(ActIn x, int64_t n) {
   return a_.data();
 }
 
+float Bf16Gemms::dw_beta(const float* dw, int64_t n) {
+  if (!params_) return 1.f;
+  const float* g = params_->grad();
+  if (!g || dw < g || dw + n > g + params_->total()) return 1.f;
+  const uint64_t zeroed = params_->grad_zero_count();
+  uint64_t& written = dw_written_[dw];  // 0 when never written: zero_grad() counts from 1
+  const bool zero = zeroed > 0 && written != zeroed;
+  written = zeroed;
+  return zero ? 0.f : 1.f;
+}
+
 void Bf16Gemms::forward(Backend&, float* y, ActIn x, const float* w, const float* b, int N, int in,
                         int out) {
   if (N == 0 || out == 0) return;
@@ -79,8 +90,8 @@ void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float*
     cpu::gemm_bf16(false, false, N, in, out, 1.f, b_.data(), out, weight(w, int64_t(out) * in), in,
                    0.f, dx, in);
   if (dw != nullptr)  // dW[out, in] += dy^T x
-    cpu::gemm_bf16(true, false, out, in, N, 1.f, b_.data(), out, input(x, int64_t(N) * in), in, 1.f,
-                   dw, in);
+    cpu::gemm_bf16(true, false, out, in, N, 1.f, b_.data(), out, input(x, int64_t(N) * in), in,
+                   dw_beta(dw, int64_t(out) * in), dw, in);
   if (db != nullptr)  // column sums of dy, as the fp32 path computes them (x unused there)
     cpu::matmul_backward(nullptr, nullptr, db, dy, nullptr, w, N, in, out);
 }

@@ -46,11 +46,16 @@ class Bf16Gemms : public GemmRecipe {
  private:
   const uint16_t* weight(const float* w, int64_t n);
   const uint16_t* input(ActIn x, int64_t n);
+  // 0 when dw (n elements) is known to hold zeros (in the set's gradient, which zero_grad()
+  // cleared since this recipe last wrote it), else 1; notes the write that follows.
+  float dw_beta(const float* dw, int64_t n);
   ParamSet* params_ = nullptr;
   std::unordered_map<const float*, std::vector<uint16_t>> weights_;  // outside params_
   std::unordered_map<const float*, bool> fresh_;
   std::unordered_map<const float*, int64_t> sizes_;  // elements of each weight seen
-  std::vector<uint16_t> a_, b_;                      // converted activations / gradients
+  // Per weight gradient: ParamSet::grad_zero_count() at this recipe's last write into it.
+  std::unordered_map<const float*, uint64_t> dw_written_;
+  std::vector<uint16_t> a_, b_;  // converted activations / gradients
   int64_t conversions_ = 0;
 };
 

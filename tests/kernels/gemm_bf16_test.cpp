@@ -328,3 +328,37 @@ TEST(GemmBf16, SmallGemmsLeaveTheThreadCountAsSet) {
   omp_set_num_threads(saved);
   expect_near_reference(s, o, 1.0f, 0.0f, C, false, "8x8x8");
 }
+
+// The weight-gradient layout (C[M,N] = alpha A^T B + beta C, fp32 C) above the single-thread
+// threshold runs in blocks of C's rows, one single-threaded oneDNN matmul each, accumulating
+// through a scratch block when beta != 0: checked against the reference at both block sizes
+// (128 and 256 rows) with a partial last block and padded leading dimensions, and bit-identical
+// for 1, 2 and 3 threads (the blocks do not depend on the thread count).
+TEST(GemmBf16, WeightGradientBlocksMatchReferenceOnAnyThreadCount) {
+  PathScope scope(Path::OneDnn);
+  if (!scope.ok()) GTEST_SKIP() << "oneDNN path not available: " << cpu::bf16_gemm_path_name();
+  const int saved = omp_get_max_threads();
+  for (const Shape& s : {Shape{true, false, 1000, 150, 64, 3}, Shape{true, false, 3100, 40, 33, 1}})
+    for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {-2.0f, 0.25f}}) {
+      const Operands o = make_operands(s, beta, 5 + s.M);
+      std::vector<float> by_threads[3];
+      for (int t = 1; t <= 3; ++t) {
+        omp_set_num_threads(t);
+        std::vector<float>& C = by_threads[t - 1];
+        C = o.C0;
+        cpu::gemm_bf16(true, false, s.M, s.N, s.K, alpha, o.A.data(), o.lda, o.B.data(), o.ldb,
+                       beta, C.data(), o.ldc);
+        expect_near_reference(s, o, alpha, beta, C, false,
+                              cat(describe(Path::OneDnn, s, alpha, beta, false), " threads=", t));
+        if (::testing::Test::HasFatalFailure()) break;
+      }
+      omp_set_num_threads(saved);
+      for (int t = 2; t <= 3; ++t) {
+        for (size_t i = 0; i < o.C0.size(); ++i) {
+          if (std::isnan(by_threads[0][i])) continue;  // the padding stays NaN
+          ASSERT_EQ(by_threads[t - 1][i], by_threads[0][i])
+              << describe(Path::OneDnn, s, alpha, beta, false) << " threads=" << t << " at " << i;
+        }
+      }
+    }
+}

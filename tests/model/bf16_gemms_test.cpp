@@ -167,3 +167,55 @@ TEST(Bf16Gemms, OptimizerWrittenWeightsNeedNoConversion) {
   m.forward_loss(d.input());
   EXPECT_EQ(recipe->weight_conversions(), 2 * int64_t(m.linears().size()));
 }
+
+// The first weight-gradient GEMM into a linear's dW after ParamSet::zero_grad() overwrites it
+// (no read of dW) instead of accumulating onto the zeros; later ones accumulate. Garbage (NaN)
+// written into the linears' gradients after zero_grad() must vanish, the result must equal
+// accumulating onto zeros bit for bit, and a second micro-batch must add to the first.
+TEST(Bf16Gemms, FirstWeightGradientAfterZeroGradOverwrites) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) GTEST_SKIP() << "no AVX512-BF16 here";
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder m(small(f), cpu_backend(), Recompute::None, DType::BF16);
+    m.params().init(6);
+    round_to(DType::BF16, m.params().data(), size_t(m.params().total()));
+    auto recipe = attach_bf16_gemms(m, true);
+    ASSERT_NE(recipe, nullptr);
+    ParamSet& P = m.params();
+    const int64_t n = P.total();
+    std::vector<const ParamInfo*> weights;  // the linears' weight matrices
+    for (const auto& l : m.linears()) {
+      const std::string w =
+          l.name == "head" && !P.has("head.weight") ? "embed.wte" : l.name + ".weight";
+      weights.push_back(&P.info(w));
+    }
+    Data d1 = make_data(2, 32, 11), d2 = make_data(2, 32, 12);
+
+    P.zero_grad();
+    for (const ParamInfo* w : weights)
+      std::fill(P.grad() + w->offset, P.grad() + w->offset + w->numel, std::nanf(""));
+    m.forward_backward(d1.input(), 1.f / 64);
+    const std::vector<float> g1(P.grad(), P.grad() + n);
+    for (const ParamInfo* w : weights)
+      for (int64_t i = 0; i < w->numel; ++i)
+        ASSERT_TRUE(std::isfinite(g1[size_t(w->offset + i)])) << w->name << "[" << i << "]";
+
+    // Zeroed by hand, not by zero_grad(): the recipe accumulates onto the zeros.
+    std::fill(P.grad(), P.grad() + n, 0.f);
+    m.forward_backward(d1.input(), 1.f / 64);
+    EXPECT_EQ(0, std::memcmp(g1.data(), P.grad(), sizeof(float) * size_t(n))) << family_name(f);
+
+    P.zero_grad();
+    m.forward_backward(d2.input(), 1.f / 64);
+    const std::vector<float> g2(P.grad(), P.grad() + n);
+    P.zero_grad();
+    m.forward_backward(d1.input(), 1.f / 64);
+    m.forward_backward(d2.input(), 1.f / 64);  // a second micro-batch of the same step
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      worst = std::max(worst, double(std::fabs(P.grad()[i] - (g1[size_t(i)] + g2[size_t(i)]))));
+      scale = std::max(scale, double(std::fabs(g1[size_t(i)] + g2[size_t(i)])));
+    }
+    EXPECT_LE(worst, 1e-6 * scale) << family_name(f);
+    EXPECT_GT(scale, 0.0);
+  }
+}

@@ -5,6 +5,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -159,9 +160,14 @@ bool dnnl_isa_has_bf16() {
   return (isa & need) == need;
 }
 
-bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
-                    int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b,
-                    float beta, void* C, bool c_bf16, int ldc, int64_t stride_c, int batch) {
+namespace {
+
+// One oneDNN matmul; one_thread forces the single-threaded primitive (the caller splits the
+// work itself). check_only: look the primitive up (creating it) without running it.
+bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+             int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b, float beta,
+             void* C, bool c_bf16, int ldc, int64_t stride_c, int batch, bool one_thread_forced,
+             bool check_only = false) {
   Key key;
   key.trans_a = trans_a;
   key.trans_b = trans_b;
@@ -177,7 +183,7 @@ bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
   // there too (see kSingleThreadedWork), by lowering the OpenMP thread count while the
   // primitive is created and run.
   const double work = static_cast<double>(M) * N * K * batch;
-  const bool one_thread = omp_in_parallel() || work <= kSingleThreadedWork;
+  const bool one_thread = one_thread_forced || omp_in_parallel() || work <= kSingleThreadedWork;
   key.threads = one_thread ? 1 : omp_get_max_threads();
   const OmpThreadsOverride override_threads(one_thread ? 1 : 0);
   if (batch > 1) {
@@ -189,6 +195,7 @@ bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
   key.beta_bits = f32_bits(beta);
   const std::shared_ptr<Entry> e = lookup(key);
   if (!e->usable) return false;
+  if (check_only) return true;
   dnnl::engine& engine = cpu_engine();
   thread_local dnnl::stream stream(engine);
   try {
@@ -204,6 +211,75 @@ bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
     throw Error(cat("bf16 GEMM: oneDNN matmul M=", M, " N=", N, " K=", K, " failed: ", err.what()));
   }
   return true;
+}
+
+// Rows of C per block of the weight-gradient layout (below): fixed by M alone, never by the
+// thread count, so every element of C comes from the same single-threaded primitive whatever
+// the thread count (bit-identical results). 128 rows keep 2 threads busy on the 768- and
+// 2304-row weights (6 and 18 blocks); 256 rows where there are a dozen blocks or more.
+int dw_block_rows(int M) {
+  return M / 256 >= 12 ? 256 : 128;
+}
+
+// The weight-gradient layout, C[M,N] = alpha A^T B + beta C with A [K,M] and B [K,N] stored
+// row-major (dW = dY^T X: M output features, N input features, K tokens), fp32 C. oneDNN runs
+// it well below its forward speed: its sum post-op (beta != 0) reads C in a separate slow pass
+// (280 GFLOP/s against 420-460 without, one core, K = 256), and its own blocking of the long-K
+// case (K = 2048) reaches ~360. Split into blocks of rows of C, each one single-threaded
+// matmul with beta = 0 and the blocks spread over the OpenMP threads, it reaches ~420 without
+// accumulation and ~380-400 with it: a block is written into per-thread scratch that stays in
+// cache, then added to C (C = beta C + block) in one pass. Returns false, without touching C,
+// when oneDNN has no optimised kernel for a block's shape.
+bool blocked_weight_gradient(int M, int N, int K, float alpha, const uint16_t* A, int lda,
+                             const uint16_t* B, int ldb, float beta, float* C, int ldc) {
+  const int rows = dw_block_rows(M), blocks = (M + rows - 1) / rows, last = M - (blocks - 1) * rows;
+  const int ld = beta == 0.f ? ldc : N;  // into C directly, or into the scratch block
+  for (int r : {rows, last})             // both shapes usable before any block writes
+    if (!run_one(true, false, r, N, K, alpha, A, lda, 0, B, ldb, 0, 0.f, nullptr, false, ld, 0, 1,
+                 true, true))
+      return false;
+  bool ok = true;
+#pragma omp parallel for schedule(static) reduction(&& : ok)
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int m0 = blk * rows, r = std::min(rows, M - m0);
+    float* c = C + int64_t(m0) * ldc;
+    if (beta == 0.f) {
+      ok = run_one(true, false, r, N, K, alpha, A + m0, lda, 0, B, ldb, 0, 0.f, c, false, ldc, 0, 1,
+                   true) &&
+           ok;
+      continue;
+    }
+    thread_local std::vector<float> block;
+    block.resize(size_t(rows) * N);
+    ok = run_one(true, false, r, N, K, alpha, A + m0, lda, 0, B, ldb, 0, 0.f, block.data(), false,
+                 N, 0, 1, true) &&
+         ok;
+    for (int i = 0; i < r; ++i) {
+      float* __restrict ci = c + int64_t(i) * ldc;
+      const float* __restrict bi = block.data() + size_t(i) * N;
+      if (beta == 1.f) {
+        for (int j = 0; j < N; ++j) ci[j] += bi[j];
+      } else {
+        for (int j = 0; j < N; ++j) ci[j] = beta * ci[j] + bi[j];
+      }
+    }
+  }
+  LOOM_CHECK(ok, "bf16 GEMM: a weight-gradient block's oneDNN kernel vanished (M=", M, " N=", N,
+             " K=", K, ")");
+  return true;
+}
+
+}  // namespace
+
+bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+                    int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b,
+                    float beta, void* C, bool c_bf16, int ldc, int64_t stride_c, int batch) {
+  if (trans_a && !trans_b && !c_bf16 && batch == 1 && !omp_in_parallel() &&
+      M >= 2 * dw_block_rows(M) && static_cast<double>(M) * N * K > kSingleThreadedWork)
+    return blocked_weight_gradient(M, N, K, alpha, A, lda, B, ldb, beta, static_cast<float*>(C),
+                                   ldc);
+  return run_one(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C,
+                 c_bf16, ldc, stride_c, batch, false);
 }
 
 }  // namespace loom::cpu::detail
