@@ -1,0 +1,309 @@
+#include "kernels/cpu/paged_decode.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/simd_math.h"
+
+#ifndef LOOM_PAGED_HINT
+#define LOOM_PAGED_HINT _MM_HINT_T0
+#endif
+
+namespace loom::cpu {
+
+#ifdef __AVX512F__
+
+bool paged_decode_supported(int head_dim) {
+  return head_dim % 16 == 0 && head_dim >= 16 && head_dim <= 128;
+}
+
+namespace {
+
+// Grow-only buffers of the thread that runs a range (OpenMP keeps its threads): a decode runs
+// once per layer and token, and allocating them each time cost more than small ranges compute.
+struct Scratch {
+  std::vector<float> q, scores, acc, inv;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+float* grown(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+constexpr __mmask16 kAll = 0xFFFF;
+
+// r[j] = the sum of v[j]'s 16 lanes, for 16 vectors at once: halving steps that add two
+// vectors' halves side by side (31 shuffles and 15 adds), where one lane tree per vector took 4
+// shuffles and 4 adds each. (Zero-masked forms: GCC 12 warns that the plain ones read an
+// undefined register.)
+inline __m512 sum_lanes16(const __m512* v) {
+  __m512 u[8], w[4], x[2];
+  for (int i = 0; i < 8; ++i)  // each 256-bit half: one vector's 8 partial sums
+    u[i] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_maskz_shuffle_f32x4(kAll, v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // 128-bit lane k of w[i]: 4 partial sums of v[4i + k]
+    w[i] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll, u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_maskz_shuffle_f32x4(kAll, u[2 * i], u[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    x[i] = _mm512_add_ps(_mm512_maskz_shuffle_ps(kAll, w[2 * i], w[2 * i + 1], 0x44),
+                         _mm512_maskz_shuffle_ps(kAll, w[2 * i], w[2 * i + 1], 0xEE));
+  // Element e of 128-bit lane k now holds v[4e + k]'s sum: put it at lane 4e + k.
+  const __m512 y = _mm512_add_ps(_mm512_maskz_shuffle_ps(kAll, x[0], x[1], 0x88),
+                                 _mm512_maskz_shuffle_ps(kAll, x[0], x[1], 0xDD));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_maskz_permutexvar_ps(kAll, idx, y);
+}
+
+// A row of D = 16 NV stored elements as NV fp32 vectors in the "arranged" order. fp32: as
+// stored. bf16: each 64-byte load of 32 elements gives the even ones by a 16-bit shift and the
+// odd ones by masking off the low halves (one instruction per 16 elements, where a 16-element
+// widening takes two); the query and the value accumulators use the same order (arrange()), so
+// dot products and sums are unchanged by it. An odd last 16 are widened in order.
+template <int NV>
+inline void load_row(const float* p, __m512* x) {
+  for (int i = 0; i < NV; ++i) x[i] = _mm512_loadu_ps(p + 16 * i);
+}
+template <int NV>
+inline void load_row(const uint16_t* p, __m512* x) {
+  const __m512i high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  int i = 0;
+  for (; i + 2 <= NV; i += 2) {
+    const __m512i w = _mm512_loadu_si512(p + 16 * i);
+    x[i] = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, w, 16));
+    x[i + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+  }
+  if (i < NV) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * i));
+    x[i] = _mm512_castsi512_ps(
+        _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, h), 16));
+  }
+}
+
+// Index in the arranged order of element d of a row of D (T = uint16_t: evens then odds in
+// each 32; an odd last 16 in order).
+template <typename T>
+inline int arranged(int d, int D) {
+  if constexpr (sizeof(T) == 4) {
+    return d;
+  } else {
+    const int c = d / 32 * 32;
+    if (c + 32 > D) return d;
+    const int e = d - c;
+    return c + (e % 2) * 16 + e / 2;
+  }
+}
+
+// Prefetches rows [j0, j1) of a block (rows `lds` elements apart, `run` bytes each) a few lines
+// per call of step(), spread over the loop that sums the current block: a burst of a whole
+// block's worth overfills the queue of outstanding misses and stalls the loads behind it.
+template <typename T>
+struct Prefetcher {
+  const char* row = nullptr;  // row j's first byte
+  size_t stride = 0, run = 0, off = 0;
+  int j = 0, j1 = 0;
+  Prefetcher(const T* block, int64_t lds, size_t run_bytes, int j0, int jend)
+      : row(reinterpret_cast<const char*>(block + j0 * lds)),
+        stride(size_t(lds) * sizeof(T)),
+        run(run_bytes),
+        j(j0),
+        j1(jend) {}
+  void step(int lines) {
+    for (int i = 0; i < lines && j < j1; ++i) {
+      _mm_prefetch(row + off, LOOM_PAGED_HINT);
+      off += 64;
+      if (off >= run) {
+        off = 0;
+        row += stride;
+        ++j;
+      }
+    }
+  }
+  void finish() { step(1 << 30); }
+  // Lines left for rows [j, j1).
+  int lines() const { return j >= j1 ? 0 : int((j1 - j) * ((run + 63) / 64) - off / 64); }
+};
+
+// Decode reads every cached key and value once and computes little per byte: the pool is read
+// a block at a time (the range's heads of a position are one contiguous run), all scores first,
+// one softmax per query head over the whole context (no online rescaling), then the values.
+// Scores: 16 positions of one head at a time, each a vector of partial products, reduced
+// together (sum_lanes16). Values: each head's accumulators stay in registers over a block. The
+// next block is prefetched a slice per head while this one is summed (a sequence's blocks need
+// not be adjacent, and the hardware prefetcher stops at the end of each).
+template <typename T, int NV>
+void decode_heads(float* out, const float* q, const PagedKvLayer& c, const PagedChunk& ch, int h0,
+                  int h1, int group, float scale) {
+  constexpr int D = 16 * NV;
+  const int Hkv = c.n_kv_head, bs = c.block_size;
+  const int L = ch.start_pos + 1;
+  const int nh = h1 - h0, rows = nh * group;  // row r = h * group + g
+  const int64_t lds = int64_t(Hkv) * D;       // elements from one position to the next
+  const size_t run = size_t(nh) * D * sizeof(T);
+  Scratch& s = scratch();
+  float* qa = grown(s.q, size_t(rows) * D);
+  float* sc = grown(s.scores, size_t(rows) * L);
+  float* acc = grown(s.acc, size_t(rows) * D);
+  float* inv = grown(s.inv, size_t(rows));
+  for (int r = 0; r < rows; ++r) {
+    const float* qr = q + (int64_t(h0) * group + r) * D;
+    for (int d = 0; d < D; ++d) qa[int64_t(r) * D + arranged<T>(d, D)] = qr[d];
+  }
+  const T* K = static_cast<const T*>(c.k);
+  const T* V = static_cast<const T*>(c.v);
+  auto block = [&](const T* pool, int b) {
+    return pool + (int64_t(ch.block_table[b]) * bs * Hkv + h0) * D;
+  };
+  const int nblocks = (L + bs - 1) / bs;
+  const __m512 vscale = _mm512_set1_ps(scale);
+
+  // Scores.
+  for (int b = 0; b < nblocks; ++b) {
+    const int p0 = b * bs, nk = std::min(bs, L - p0);
+    const T* kb = block(K, b);
+    // The next block of keys; after the last, the first block of values.
+    const bool last = b + 1 == nblocks;
+    const T* next = last ? block(V, 0) : block(K, b + 1);
+    const int next_nk = last ? std::min(bs, L) : std::min(bs, L - p0 - bs);
+    for (int h = 0; h < nh; ++h) {
+      Prefetcher<T> pf(next, lds, run, next_nk * h / nh, next_nk * (h + 1) / nh);
+      const int per_row = (pf.lines() + nk - 1) / std::max(nk, 1);
+      for (int g = 0; g < group; ++g) {
+        const int r = h * group + g;
+        __m512 qv[NV];
+        for (int i = 0; i < NV; ++i) qv[i] = _mm512_loadu_ps(qa + int64_t(r) * D + 16 * i);
+        for (int t0 = 0; t0 < nk; t0 += 16) {
+          const int nt = std::min(16, nk - t0);
+          __m512 part[16];
+#pragma GCC unroll 16
+          for (int j = 0; j < 16; ++j) {
+            part[j] = _mm512_setzero_ps();
+            if (j < nt) {
+              pf.step(per_row);
+              __m512 x[NV];
+              load_row<NV>(kb + (t0 + j) * lds + int64_t(h) * D, x);
+              for (int i = 0; i < NV; ++i) part[j] = _mm512_fmadd_ps(qv[i], x[i], part[j]);
+            }
+          }
+          const __m512 v = _mm512_mul_ps(sum_lanes16(part), vscale);
+          _mm512_mask_storeu_ps(sc + int64_t(r) * L + p0 + t0, __mmask16((1u << nt) - 1), v);
+        }
+      }
+      pf.finish();
+    }
+  }
+  // Softmax weights, unnormalised (divided by their sum at the end).
+  for (int r = 0; r < rows; ++r) {
+    float* w = sc + int64_t(r) * L;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j < L; ++j) m = std::max(m, w[j]);
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < L; ++j) {
+      w[j] = fast_exp(w[j] - m);
+      sum += w[j];
+    }
+    inv[r] = 1.0f / sum;
+  }
+  // Values: per head, the block's even and odd positions in two sets of accumulators (two
+  // dependency chains), added to the running sum at the end of the block.
+  std::fill(acc, acc + size_t(rows) * D, 0.0f);
+  for (int b = 0; b < nblocks; ++b) {
+    const int p0 = b * bs, nk = std::min(bs, L - p0);
+    const T* vb = block(V, b);
+    const bool last = b + 1 == nblocks;
+    const int next_nk = last ? 0 : std::min(bs, L - p0 - bs);
+    const T* next = last ? vb : block(V, b + 1);
+    for (int h = 0; h < nh; ++h) {
+      Prefetcher<T> pf(next, lds, run, next_nk * h / nh, next_nk * (h + 1) / nh);
+      const int per_pair = 2 * ((pf.lines() + nk - 1) / std::max(nk, 1));
+      for (int g = 0; g < group; ++g) {
+        const int r = h * group + g;
+        const float* w = sc + int64_t(r) * L + p0;
+        __m512 a0[NV], a1[NV];
+        for (int i = 0; i < NV; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+        int j = 0;
+        for (; j + 2 <= nk; j += 2) {
+          pf.step(per_pair);
+          __m512 x[NV], y[NV];
+          load_row<NV>(vb + j * lds + int64_t(h) * D, x);
+          load_row<NV>(vb + (j + 1) * lds + int64_t(h) * D, y);
+          const __m512 w0 = _mm512_set1_ps(w[j]), w1 = _mm512_set1_ps(w[j + 1]);
+          for (int i = 0; i < NV; ++i) {
+            a0[i] = _mm512_fmadd_ps(w0, x[i], a0[i]);
+            a1[i] = _mm512_fmadd_ps(w1, y[i], a1[i]);
+          }
+        }
+        if (j < nk) {
+          __m512 x[NV];
+          load_row<NV>(vb + j * lds + int64_t(h) * D, x);
+          const __m512 w0 = _mm512_set1_ps(w[j]);
+          for (int i = 0; i < NV; ++i) a0[i] = _mm512_fmadd_ps(w0, x[i], a0[i]);
+        }
+        float* a = acc + int64_t(r) * D;
+        for (int i = 0; i < NV; ++i)
+          _mm512_storeu_ps(a + 16 * i,
+                           _mm512_add_ps(_mm512_loadu_ps(a + 16 * i), _mm512_add_ps(a0[i], a1[i])));
+      }
+      pf.finish();
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    float* o = out + (int64_t(h0) * group + r) * D;
+    const float* a = acc + int64_t(r) * D;
+    for (int d = 0; d < D; ++d) o[d] = a[arranged<T>(d, D)] * inv[r];
+  }
+}
+
+template <typename T>
+void dispatch(float* out, const float* q, const PagedKvLayer& c, const PagedChunk& ch, int h0,
+              int h1, int group, float scale) {
+  switch (c.head_dim / 16) {
+    case 1:
+      return decode_heads<T, 1>(out, q, c, ch, h0, h1, group, scale);
+    case 2:
+      return decode_heads<T, 2>(out, q, c, ch, h0, h1, group, scale);
+    case 3:
+      return decode_heads<T, 3>(out, q, c, ch, h0, h1, group, scale);
+    case 4:
+      return decode_heads<T, 4>(out, q, c, ch, h0, h1, group, scale);
+    case 5:
+      return decode_heads<T, 5>(out, q, c, ch, h0, h1, group, scale);
+    case 6:
+      return decode_heads<T, 6>(out, q, c, ch, h0, h1, group, scale);
+    case 7:
+      return decode_heads<T, 7>(out, q, c, ch, h0, h1, group, scale);
+    case 8:
+      return decode_heads<T, 8>(out, q, c, ch, h0, h1, group, scale);
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+void paged_decode_heads(float* out, const float* q, const PagedKvLayer& c, const PagedChunk& ch,
+                        int h0, int h1, int group, float scale) {
+  if (c.dtype == DType::F32)
+    dispatch<float>(out, q, c, ch, h0, h1, group, scale);
+  else
+    dispatch<uint16_t>(out, q, c, ch, h0, h1, group, scale);
+}
+
+#else
+
+bool paged_decode_supported(int) {
+  return false;
+}
+void paged_decode_heads(float*, const float*, const PagedKvLayer&, const PagedChunk&, int, int, int,
+                        float) {}
+
+#endif
+
+}  // namespace loom::cpu
