@@ -131,29 +131,58 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
   // Work items: (chunk, range of kv heads, tile of up to kQueryTile queries). A slot holds every
   // head's row side by side, so an item reads its heads' rows of a block in memory order (all
   // heads, as one thread runs a decode, is one contiguous sweep of the block): one head at a
-  // time read 256-byte pieces 3 KB apart (gpt2), at a third of the read bandwidth. The heads
-  // are split into as many ranges as keep every thread busy (a single decode over 2 threads: 2
-  // ranges). The query heads of one kv head share each block of keys/values loaded, and one
-  // long prefill still spreads over threads.
+  // time read 256-byte pieces 3 KB apart (gpt2), at a third of the read bandwidth. A decode is
+  // also split into position segments (paged_decode.h; as many tiles), merged afterwards. The
+  // heads are split into as many ranges as keep every thread busy (a single decode over 2
+  // threads: its 2 segments, every head; over 4: 2 ranges of each). The query heads of one kv
+  // head share each block of keys/values loaded, and one long prefill still spreads over
+  // threads.
   struct Item {
     int chunk, h0, h1, q0, q1;
     int64_t row0;
+    int seg, nseg;  // a decode's position segment (nseg 1: the whole context, no merge)
+    int64_t dec;    // a segmented decode's index among them (its partials)
+  };
+  const bool dec_ok = paged_decode_supported(D);
+  const auto segments = [&](const PagedChunk& ch) {
+    return ch.n == 1 && dec_ok ? paged_decode_segments(ch.start_pos + 1, bs) : 0;
   };
   int tiles = 0;
-  for (int s = 0; s < nchunks; ++s) tiles += (chunks[s].n + kQueryTile - 1) / kQueryTile;
+  for (int s = 0; s < nchunks; ++s) {
+    const int segs = segments(chunks[s]);
+    tiles += segs > 0 ? segs : (chunks[s].n + kQueryTile - 1) / kQueryTile;
+  }
   const int threads = omp_get_max_threads();
   const int ranges = std::min(Hkv, std::max(1, (threads + tiles - 1) / std::max(tiles, 1)));
   thread_local std::vector<Item> items_buf;  // grow-only, as paged_kv_write's rows
   std::vector<Item>& items = items_buf;
   items.clear();
+  thread_local std::vector<std::pair<int, int64_t>> merged_buf;  // (chunk, row) of each
+  std::vector<std::pair<int, int64_t>>& merged = merged_buf;     // segmented decode
+  merged.clear();
   int64_t row = 0;
   for (int s = 0; s < nchunks; ++s) {
-    for (int t = 0; t < chunks[s].n; t += kQueryTile)
-      for (int r = 0; r < ranges; ++r)
-        items.push_back({s, Hkv * r / ranges, Hkv * (r + 1) / ranges, t,
-                         std::min(chunks[s].n, t + kQueryTile), row});
+    const int segs = segments(chunks[s]);
+    if (segs > 0) {
+      if (segs > 1) merged.emplace_back(s, row);
+      for (int g = 0; g < segs; ++g)
+        for (int r = 0; r < ranges; ++r)
+          items.push_back({s, Hkv * r / ranges, Hkv * (r + 1) / ranges, 0, 1, row, g, segs,
+                           segs > 1 ? int64_t(merged.size()) - 1 : -1});
+    } else {
+      for (int t = 0; t < chunks[s].n; t += kQueryTile)
+        for (int r = 0; r < ranges; ++r)
+          items.push_back({s, Hkv * r / ranges, Hkv * (r + 1) / ranges, t,
+                           std::min(chunks[s].n, t + kQueryTile), row, 0, 1, -1});
+    }
     row += chunks[s].n;
   }
+  // Segment partials: [segmented decode][segment][query head][m, l, D sums].
+  const int64_t part_stride = D + 2;
+  thread_local std::vector<float> partial_buf;
+  std::vector<float>& partial = partial_buf;
+  const size_t part_size = merged.size() * size_t(kDecodeSegments) * Hq * part_stride;
+  if (partial.size() < part_size) partial.resize(part_size);
   const int max_heads = (Hkv + ranges - 1) / ranges;
 
 #pragma omp parallel
@@ -165,10 +194,8 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
     const size_t rows = size_t(kQueryTile) * max_heads * group;
     const bool f32 = c.dtype == DType::F32;
     thread_local std::vector<float> kbuf, vbuf, acc, m, l, s;
-    const bool decode_only =
-        tiles == nchunks &&
-        std::all_of(chunks, chunks + nchunks, [](const PagedChunk& x) { return x.n == 1; }) &&
-        paged_decode_supported(D);
+    const bool decode_only = dec_ok && std::all_of(chunks, chunks + nchunks,
+                                                   [](const PagedChunk& x) { return x.n == 1; });
     if (!decode_only) {
       for (auto* v : {&kbuf, &vbuf})
         if (v->size() < size_t(bs) * max_heads * D) v->resize(size_t(bs) * max_heads * D);
@@ -182,9 +209,12 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
       const Item& it = items[w];
       const PagedChunk& ch = chunks[it.chunk];
       const int nq = it.q1 - it.q0, nh = it.h1 - it.h0;
-      if (ch.n == 1 && paged_decode_supported(D)) {
-        paged_decode_heads(out + it.row0 * int64_t(Hq) * D, q + it.row0 * ldq, c, ch, it.h0, it.h1,
-                           group, scale);
+      if (ch.n == 1 && dec_ok) {
+        float* part = it.dec < 0
+                          ? nullptr
+                          : partial.data() + (it.dec * kDecodeSegments + it.seg) * Hq * part_stride;
+        paged_decode_heads(out + it.row0 * int64_t(Hq) * D, part, q + it.row0 * ldq, c, ch, it.h0,
+                           it.h1, group, scale, it.seg, it.nseg);
         continue;
       }
       // Row index of (query i, kv head h of the range, group member g).
@@ -300,6 +330,33 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
             const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
             for (int d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
           }
+    }
+    // Segmented decodes: each query head's segments merged in segment order (the loop above
+    // ends in a barrier, so every partial is written).
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < int64_t(merged.size()) * Hq; ++w) {
+      const int64_t i = w / Hq;
+      const int hq = int(w % Hq);
+      const PagedChunk& ch = chunks[merged[size_t(i)].first];
+      const int segs = paged_decode_segments(ch.start_pos + 1, bs);
+      const auto seg = [&](int g) {
+        return partial.data() + ((i * kDecodeSegments + g) * Hq + hq) * part_stride;
+      };
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int g = 0; g < segs; ++g) mx = std::max(mx, seg(g)[0]);
+      float* o = out + merged[size_t(i)].second * int64_t(Hq) * D + int64_t(hq) * D;
+      float lsum = 0;
+      for (int g = 0; g < segs; ++g) {
+        const float* p = seg(g);
+        const float f = fast_exp(p[0] - mx);
+        lsum += p[1] * f;
+        if (g == 0)
+          for (int d = 0; d < D; ++d) o[d] = p[2 + d] * f;
+        else
+          for (int d = 0; d < D; ++d) o[d] += p[2 + d] * f;
+      }
+      const float inv = 1.0f / lsum;
+      for (int d = 0; d < D; ++d) o[d] *= inv;
     }
   }
 }

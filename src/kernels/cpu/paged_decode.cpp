@@ -26,7 +26,7 @@ namespace {
 // Grow-only buffers of the thread that runs a range (OpenMP keeps its threads): a decode runs
 // once per layer and token, and allocating them each time cost more than small ranges compute.
 struct Scratch {
-  std::vector<float> q, scores, acc, inv, part;
+  std::vector<float> q, scores, acc, inv, part, mx;
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -139,17 +139,21 @@ struct Prefetcher {
 // block is prefetched a few lines per row and head while this one is summed (a sequence's
 // blocks need not be adjacent, and the hardware prefetcher stops at the end of each).
 template <typename T, int NV>
-void decode_heads(float* out, const float* q, const PagedKvLayer& c, const PagedChunk& ch, int h0,
-                  int h1, int group, float scale) {
+void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer& c,
+                  const PagedChunk& ch, int h0, int h1, int group, float scale, int seg, int nseg) {
   constexpr int D = 16 * NV;
   const int Hkv = c.n_kv_head, bs = c.block_size;
   const int L = ch.start_pos + 1;
+  // The segment: blocks [b0, b1), positions [P0, P0 + Ls).
+  const int all_blocks = (L + bs - 1) / bs;
+  const int b0 = all_blocks * seg / nseg, b1 = all_blocks * (seg + 1) / nseg;
+  const int P0 = b0 * bs, Ls = std::min(b1 * bs, L) - P0;
   const int nh = h1 - h0, rows = nh * group;  // row r = h * group + g
   const int64_t lds = int64_t(Hkv) * D;       // elements from one position to the next
   const size_t run = size_t(nh) * D * sizeof(T);
   Scratch& s = scratch();
   float* qa = grown(s.q, size_t(rows) * D);
-  float* sc = grown(s.scores, size_t(rows) * L);
+  float* sc = grown(s.scores, size_t(rows) * Ls);
   float* acc = grown(s.acc, size_t(rows) * D);
   float* inv = grown(s.inv, size_t(rows));
   float* part = grown(s.part, size_t(rows) * 16 * 16);  // [row][position of the tile][lane]
@@ -162,17 +166,16 @@ void decode_heads(float* out, const float* q, const PagedKvLayer& c, const Paged
   auto block = [&](const T* pool, int b) {
     return pool + (int64_t(ch.block_table[b]) * bs * Hkv + h0) * D;
   };
-  const int nblocks = (L + bs - 1) / bs;
   const __m512 vscale = _mm512_set1_ps(scale);
 
-  // Scores.
-  for (int b = 0; b < nblocks; ++b) {
+  // Scores (sc[r * Ls + p - P0]).
+  for (int b = b0; b < b1; ++b) {
     const int p0 = b * bs, nk = std::min(bs, L - p0);
     const T* kb = block(K, b);
     // The next block of keys; after the last, the first block of values.
-    const bool last = b + 1 == nblocks;
-    Prefetcher<T> pf(last ? block(V, 0) : block(K, b + 1), lds, run, 0,
-                     last ? std::min(bs, L) : std::min(bs, L - p0 - bs));
+    const bool last = b + 1 == b1;
+    Prefetcher<T> pf(last ? block(V, b0) : block(K, b + 1), lds, run, 0,
+                     last ? std::min(bs, L - P0) : std::min(bs, L - p0 - bs));
     const int per_step = (pf.lines() + nk * nh - 1) / (nk * nh);
     for (int t0 = 0; t0 < nk; t0 += 16) {
       const int nt = std::min(16, nk - t0);
@@ -195,31 +198,34 @@ void decode_heads(float* out, const float* q, const PagedKvLayer& c, const Paged
         __m512 v[16];
         for (int j = 0; j < 16; ++j)
           v[j] = j < nt ? _mm512_loadu_ps(part + (int64_t(r) * 16 + j) * 16) : _mm512_setzero_ps();
-        _mm512_mask_storeu_ps(sc + int64_t(r) * L + p0 + t0, __mmask16((1u << nt) - 1),
+        _mm512_mask_storeu_ps(sc + int64_t(r) * Ls + p0 - P0 + t0, __mmask16((1u << nt) - 1),
                               _mm512_mul_ps(sum_lanes16(v), vscale));
       }
     }
     pf.finish();
   }
-  // Softmax weights, unnormalised (divided by their sum at the end).
+  // Softmax weights, unnormalised (divided by their sum at the end); a segment's maximum and
+  // sum are kept for the merge.
+  float* mx = grown(s.mx, size_t(rows));
   for (int r = 0; r < rows; ++r) {
-    float* w = sc + int64_t(r) * L;
+    float* w = sc + int64_t(r) * Ls;
     float m = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j < L; ++j) m = std::max(m, w[j]);
+    for (int j = 0; j < Ls; ++j) m = std::max(m, w[j]);
     float sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < L; ++j) {
+    for (int j = 0; j < Ls; ++j) {
       w[j] = fast_exp(w[j] - m);
       sum += w[j];
     }
-    inv[r] = 1.0f / sum;
+    mx[r] = m;
+    inv[r] = sum;
   }
   // Values, two positions per pass over a head's accumulators (in L1).
   std::fill(acc, acc + size_t(rows) * D, 0.0f);
-  for (int b = 0; b < nblocks; ++b) {
+  for (int b = b0; b < b1; ++b) {
     const int p0 = b * bs, nk = std::min(bs, L - p0);
     const T* vb = block(V, b);
-    const bool last = b + 1 == nblocks;
+    const bool last = b + 1 == b1;
     Prefetcher<T> pf(last ? vb : block(V, b + 1), lds, run, 0,
                      last ? 0 : std::min(bs, L - p0 - bs));
     const int steps = (nk + 1) / 2 * nh;
@@ -234,7 +240,7 @@ void decode_heads(float* out, const float* q, const PagedKvLayer& c, const Paged
         if (pair) load_row<NV>(vr + lds + int64_t(h) * D, y);
         for (int g = 0; g < group; ++g) {
           const int r = h * group + g;
-          const float* w = sc + int64_t(r) * L + p0 + j;
+          const float* w = sc + int64_t(r) * Ls + p0 - P0 + j;
           const __m512 w0 = _mm512_set1_ps(w[0]);
           float* a = acc + int64_t(r) * D;
           if (pair) {
@@ -254,32 +260,36 @@ void decode_heads(float* out, const float* q, const PagedKvLayer& c, const Paged
     pf.finish();
   }
   for (int r = 0; r < rows; ++r) {
-    float* o = out + (int64_t(h0) * group + r) * D;
     const float* a = acc + int64_t(r) * D;
-    for (int d = 0; d < D; ++d) o[d] = a[arranged<T>(d, D)] * inv[r];
+    if (partial == nullptr) {
+      float* o = out + (int64_t(h0) * group + r) * D;
+      const float f = 1.0f / inv[r];
+      for (int d = 0; d < D; ++d) o[d] = a[arranged<T>(d, D)] * f;
+    } else {
+      float* p = partial + (int64_t(h0) * group + r) * (D + 2);
+      p[0] = mx[r];
+      p[1] = inv[r];
+      for (int d = 0; d < D; ++d) p[2 + d] = a[arranged<T>(d, D)];
+    }
   }
 }
 
 template <typename T>
-void dispatch(float* out, const float* q, const PagedKvLayer& c, const PagedChunk& ch, int h0,
-              int h1, int group, float scale) {
+void dispatch(float* out, float* partial, const float* q, const PagedKvLayer& c,
+              const PagedChunk& ch, int h0, int h1, int group, float scale, int seg, int nseg) {
   switch (c.head_dim / 16) {
-    case 1:
-      return decode_heads<T, 1>(out, q, c, ch, h0, h1, group, scale);
-    case 2:
-      return decode_heads<T, 2>(out, q, c, ch, h0, h1, group, scale);
-    case 3:
-      return decode_heads<T, 3>(out, q, c, ch, h0, h1, group, scale);
-    case 4:
-      return decode_heads<T, 4>(out, q, c, ch, h0, h1, group, scale);
-    case 5:
-      return decode_heads<T, 5>(out, q, c, ch, h0, h1, group, scale);
-    case 6:
-      return decode_heads<T, 6>(out, q, c, ch, h0, h1, group, scale);
-    case 7:
-      return decode_heads<T, 7>(out, q, c, ch, h0, h1, group, scale);
-    case 8:
-      return decode_heads<T, 8>(out, q, c, ch, h0, h1, group, scale);
+#define LOOM_DECODE_CASE(NV) \
+  case NV:                   \
+    return decode_heads<T, NV>(out, partial, q, c, ch, h0, h1, group, scale, seg, nseg);
+    LOOM_DECODE_CASE(1)
+    LOOM_DECODE_CASE(2)
+    LOOM_DECODE_CASE(3)
+    LOOM_DECODE_CASE(4)
+    LOOM_DECODE_CASE(5)
+    LOOM_DECODE_CASE(6)
+    LOOM_DECODE_CASE(7)
+    LOOM_DECODE_CASE(8)
+#undef LOOM_DECODE_CASE
     default:
       break;
   }
@@ -287,12 +297,13 @@ void dispatch(float* out, const float* q, const PagedKvLayer& c, const PagedChun
 
 }  // namespace
 
-void paged_decode_heads(float* out, const float* q, const PagedKvLayer& c, const PagedChunk& ch,
-                        int h0, int h1, int group, float scale) {
+void paged_decode_heads(float* out, float* partial, const float* q, const PagedKvLayer& c,
+                        const PagedChunk& ch, int h0, int h1, int group, float scale, int seg,
+                        int nseg) {
   if (c.dtype == DType::F32)
-    dispatch<float>(out, q, c, ch, h0, h1, group, scale);
+    dispatch<float>(out, partial, q, c, ch, h0, h1, group, scale, seg, nseg);
   else
-    dispatch<uint16_t>(out, q, c, ch, h0, h1, group, scale);
+    dispatch<uint16_t>(out, partial, q, c, ch, h0, h1, group, scale, seg, nseg);
 }
 
 #else
@@ -300,8 +311,8 @@ void paged_decode_heads(float* out, const float* q, const PagedKvLayer& c, const
 bool paged_decode_supported(int) {
   return false;
 }
-void paged_decode_heads(float*, const float*, const PagedKvLayer&, const PagedChunk&, int, int, int,
-                        float) {}
+void paged_decode_heads(float*, float*, const float*, const PagedKvLayer&, const PagedChunk&, int,
+                        int, int, float, int, int) {}
 
 #endif
 
