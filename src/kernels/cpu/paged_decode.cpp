@@ -9,10 +9,6 @@
 
 #include "kernels/cpu/simd_math.h"
 
-#ifndef LOOM_PAGED_HINT
-#define LOOM_PAGED_HINT _MM_HINT_T0
-#endif
-
 namespace loom::cpu {
 
 #ifdef __AVX512F__
@@ -26,7 +22,7 @@ namespace {
 // Grow-only buffers of the thread that runs a range (OpenMP keeps its threads): a decode runs
 // once per layer and token, and allocating them each time cost more than small ranges compute.
 struct Scratch {
-  std::vector<float> q, scores, acc, inv, part, mx;
+  std::vector<float> q, scores, acc, sum, part, mx;
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -116,7 +112,7 @@ struct Prefetcher {
         j1(jend) {}
   void step(int lines) {
     for (int i = 0; i < lines && j < j1; ++i) {
-      _mm_prefetch(row + off, LOOM_PAGED_HINT);
+      _mm_prefetch(row + off, _MM_HINT_T0);  // (to L2 only, _MM_HINT_T1, was slower)
       off += 64;
       if (off >= run) {
         off = 0;
@@ -133,8 +129,8 @@ struct Prefetcher {
 // Decode reads every cached key and value once and computes little per byte: the pool is read
 // a block at a time in memory order (position by position, the range's heads of a position one
 // contiguous run: read head by head instead, 16 positions at a time, fp32 keys came from memory
-// 10% slower), all scores first, one softmax per query head over the whole context (no online
-// rescaling), then the values. Scores: each (position, head) leaves a vector of partial
+// 10% slower), all scores of the segment first, one softmax per query head over the segment
+// (no online rescaling), then the values. Scores: each (position, head) leaves a vector of partial
 // products in L1, and every 16 positions of a head are reduced together (sum_lanes16). The next
 // block is prefetched a few lines per row and head while this one is summed (a sequence's
 // blocks need not be adjacent, and the hardware prefetcher stops at the end of each).
@@ -155,7 +151,7 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
   float* qa = grown(s.q, size_t(rows) * D);
   float* sc = grown(s.scores, size_t(rows) * Ls);
   float* acc = grown(s.acc, size_t(rows) * D);
-  float* inv = grown(s.inv, size_t(rows));
+  float* sums = grown(s.sum, size_t(rows));
   float* part = grown(s.part, size_t(rows) * 16 * 16);  // [row][position of the tile][lane]
   for (int r = 0; r < rows; ++r) {
     const float* qr = q + (int64_t(h0) * group + r) * D;
@@ -218,7 +214,7 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
       sum += w[j];
     }
     mx[r] = m;
-    inv[r] = sum;
+    sums[r] = sum;
   }
   // Values, two positions per pass over a head's accumulators (in L1).
   std::fill(acc, acc + size_t(rows) * D, 0.0f);
@@ -263,12 +259,12 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
     const float* a = acc + int64_t(r) * D;
     if (partial == nullptr) {
       float* o = out + (int64_t(h0) * group + r) * D;
-      const float f = 1.0f / inv[r];
+      const float f = 1.0f / sums[r];
       for (int d = 0; d < D; ++d) o[d] = a[arranged<T>(d, D)] * f;
     } else {
       float* p = partial + (int64_t(h0) * group + r) * (D + 2);
       p[0] = mx[r];
-      p[1] = inv[r];
+      p[1] = sums[r];
       for (int d = 0; d < D; ++d) p[2 + d] = a[arranged<T>(d, D)];
     }
   }
