@@ -2,9 +2,14 @@
 // token's 12 layers for --streams sequences of --context cached positions, fp32 and bf16 pools.
 // Between tokens a buffer the size of the int8 weights (128 MB) is read, as the GEMVs would, so
 // the keys and values come from memory, not the caches. Prints microseconds per token (all
-// layers) and the KV bytes read per second, beside the load average.
+// layers) and the KV bytes read per second against the streaming-read probe of `loom bench serve
+// --decode` (infer::measure_read_bandwidth_gbs, on the same threads, the faster of a run before
+// and one after), beside the load average.
 //
-//   bench_paged_attention [--threads N] [--context C] [--streams S] [--reps R]
+//   bench_paged_attention [--threads N] [--context C] [--streams S] [--reps R] [--flush 0|1]
+//
+// --flush 0 skips the read between tokens: the keys and values then come from the caches (L2/L3
+// for one stream), which times the kernel's arithmetic rather than the memory.
 #include <omp.h>
 
 #include <algorithm>
@@ -20,13 +25,14 @@
 #include "core/bench_util.h"
 #include "core/dtype.h"
 #include "core/log.h"
+#include "infer/decode_bench.h"
 #include "kernels/cpu/gemm_lowp_pages.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace {}  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 1, context = 192, streams = 1, reps = 20;
+  int threads = 1, context = 192, streams = 1, reps = 20, flush_between = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int v = std::atoi(argv[i + 1]);
@@ -38,6 +44,8 @@ int main(int argc, char** argv) {
       streams = v;
     else if (a == "--reps")
       reps = v;
+    else if (a == "--flush")
+      flush_between = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -65,8 +73,14 @@ int main(int argc, char** argv) {
   const size_t pool = size_t(num_blocks) * bs * H * D;
   std::printf(
       "paged attention, gpt2-124m shape (12 layers x 12 heads x 64), context %d, %d "
-      "stream(s), %d thread(s)\n",
-      context, streams, threads);
+      "stream(s), %d thread(s), %s\n",
+      context, streams, threads, flush_between ? "from memory" : "in cache");
+  const double probe_before = infer::measure_read_bandwidth_gbs();
+  struct Row {
+    DType dt;
+    double best, mean, bytes;
+  };
+  std::vector<Row> rows;
   for (DType dt : {DType::F32, DType::BF16}) {
     const size_t esz = dt == DType::F32 ? 4 : 2;
     // On huge pages, as infer::KvCache keeps its pool.
@@ -93,7 +107,8 @@ int main(int argc, char** argv) {
     volatile long sink = 0;
     for (int r = 0; r < reps; ++r) {
       long s = 0;
-      for (size_t i = 0; i < flush.size(); i += 64) s += flush[i];
+      if (flush_between)
+        for (size_t i = 0; i < flush.size(); i += 64) s += flush[i];
       sink = sink + s;
       const double t0 = loom::now_seconds();
       for (int l = 0; l < layers; ++l) {
@@ -112,9 +127,14 @@ int main(int argc, char** argv) {
       total += t;
     }
     const double bytes = 2.0 * layers * streams * context * H * D * esz;
-    std::printf("  %s cache: best %.1f us/token (mean %.1f), %.2f MB of KV, %.1f GB/s; load %.2f\n",
-                dt == DType::F32 ? "fp32" : "bf16", best * 1e6, total / reps * 1e6, bytes / 1e6,
-                bytes / best / 1e9, loom::load_average());
+    rows.push_back({dt, best, total / reps, bytes});
   }
+  const double probe = std::max(probe_before, infer::measure_read_bandwidth_gbs());
+  for (const Row& r : rows)
+    std::printf(
+        "  %s cache: best %.1f us/token (mean %.1f), %.2f MB of KV, %.1f GB/s = %.0f%% of the "
+        "probe's %.1f; load %.2f\n",
+        r.dt == DType::F32 ? "fp32" : "bf16", r.best * 1e6, r.mean * 1e6, r.bytes / 1e6,
+        r.bytes / r.best / 1e9, 100 * r.bytes / r.best / 1e9 / probe, probe, loom::load_average());
   return 0;
 }

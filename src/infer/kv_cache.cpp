@@ -1,10 +1,48 @@
 #include "infer/kv_cache.h"
 
 #include <algorithm>
+#include <mutex>
+#include <utility>
 
 #include "core/error.h"
 
 namespace loom::infer {
+
+namespace {
+
+// The spare pool (kv_cache.h): one, taken only at its exact size (a pool never grows or
+// shrinks under a cache's views), guarded for engines built on different threads.
+std::mutex g_spare_mu;
+cpu::HugeBuffer g_spare;
+
+cpu::HugeBuffer take_pool(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(g_spare_mu);
+    if (g_spare.size() == bytes) return std::move(g_spare);
+  }
+  return cpu::HugeBuffer(bytes);
+}
+
+}  // namespace
+
+size_t KvCache::spare_pool_bytes() {
+  std::lock_guard<std::mutex> lock(g_spare_mu);
+  return g_spare.size();
+}
+
+void KvCache::release_spare_pool() {
+  cpu::HugeBuffer old;
+  std::lock_guard<std::mutex> lock(g_spare_mu);
+  old = std::move(g_spare);
+}
+
+KvCache::~KvCache() {
+  if (pool_.size() == 0) return;
+  cpu::HugeBuffer old;  // an older spare, freed outside the lock
+  std::lock_guard<std::mutex> lock(g_spare_mu);
+  old = std::move(g_spare);
+  g_spare = std::move(pool_);
+}
 
 int64_t KvCache::bytes_per_block(const KvSpec& s, int block_size) {
   return 2 * int64_t(s.n_layer) * block_size * s.n_kv_head * s.head_dim * dtype_size(s.dtype);
@@ -24,9 +62,10 @@ KvCache::KvCache(const KvSpec& spec, int block_size, int num_blocks) {
   view_.num_blocks = num_blocks;
   const size_t layer_bytes =
       size_t(num_blocks) * block_size * spec.n_kv_head * spec.head_dim * dtype_size(spec.dtype);
-  // One zero-filled allocation on huge pages (decode attention reads a token's keys and values
-  // from blocks anywhere in the pool); its pages are faulted in as blocks are first written.
-  pool_ = cpu::HugeBuffer(2 * size_t(spec.n_layer) * layer_bytes);
+  // One allocation on huge pages (decode attention reads a token's keys and values from blocks
+  // anywhere in the pool): the spare pool if it has this size, else a new zero-filled one whose
+  // pages are faulted in as blocks are first written.
+  pool_ = take_pool(2 * size_t(spec.n_layer) * layer_bytes);
   for (int l = 0; l < spec.n_layer; ++l) {
     view_.k.push_back(pool_.as<uint8_t>() + (2 * size_t(l)) * layer_bytes);
     view_.v.push_back(pool_.as<uint8_t>() + (2 * size_t(l) + 1) * layer_bytes);

@@ -140,3 +140,37 @@ TEST(Scheduler, SharesCachedPrefixBlocks) {
   EXPECT_EQ(c[0].start, 8);
   s.remove(d.get());
 }
+
+// A destroyed cache's pool is the next same-size cache's (no new mapping, no page faults
+// again), and only at its exact size: a cache of another size maps its own pool, which then
+// replaces the spare. Reuse shows in the contents: a new mapping is zero-filled.
+TEST(KvCache, PoolIsReusedByTheNextCacheOfItsSize) {
+  KvCache::release_spare_pool();
+  EXPECT_EQ(KvCache::spare_pool_bytes(), 0u);
+  const void* first = nullptr;
+  {
+    KvCache a(spec(), 4, 64);
+    first = a.view().k[0];
+    static_cast<float*>(a.view().k[0])[0] = 3.0f;  // a written slot
+  }
+  const size_t bytes = KvCache::spare_pool_bytes();
+  EXPECT_EQ(bytes, size_t(KvCache::bytes_per_block(spec(), 4)) * 64);
+  {
+    KvCache b(spec(), 4, 64);
+    EXPECT_EQ(b.view().k[0], first);
+    EXPECT_EQ(static_cast<const float*>(b.view().k[0])[0], 3.0f);
+    EXPECT_EQ(KvCache::spare_pool_bytes(), 0u);  // taken
+  }
+  {
+    KvCache c(spec(), 4, 32);  // another size: its own, zero-filled; the spare stays meanwhile
+    EXPECT_EQ(static_cast<const float*>(c.view().k[0])[0], 0.0f);
+    EXPECT_EQ(KvCache::spare_pool_bytes(), bytes);
+  }
+  EXPECT_EQ(KvCache::spare_pool_bytes(), bytes / 2);  // the last destroyed one's
+  {
+    KvCache d(spec(), 4, 64);
+    EXPECT_EQ(static_cast<const float*>(d.view().k[0])[0], 0.0f);
+  }
+  KvCache::release_spare_pool();
+  EXPECT_EQ(KvCache::spare_pool_bytes(), 0u);
+}

@@ -113,6 +113,9 @@ TEST(PagedAttention, DecodesMatchDenseForEveryHeadDimension) {
   for (int D : {48, 80, 24, 12})
     for (DType dt : {DType::F32, DType::BF16})
       run_case({4, 2, D, 8, {{0, 1}, {7, 1}, {8, 1}, {100, 1}, {200, 3}}, dt}, 7 + D);
+  // The largest head the decode kernel keeps in registers, blocks of 32 (two tiles of 16).
+  for (DType dt : {DType::F32, DType::BF16})
+    run_case({4, 2, 128, 32, {{0, 1}, {31, 1}, {32, 1}, {47, 1}, {150, 1}}, dt}, 9);
 }
 
 TEST(PagedAttention, ChunkedPrefillMatchesDense) {

@@ -1,5 +1,8 @@
 // Pointwise ops: GeLU, SwiGLU, add, scale. Outputs may alias inputs element for element
-// (out == inp); `omp simd` keeps the loops vectorised without runtime alias checks.
+// (out == inp); `omp simd` keeps the loops vectorised without runtime alias checks. A combined
+// `parallel for simd` names its `if` clause's construct (`if (parallel : ...)`): a bare `if`
+// applies to the simd part too, and GCC then ran every call below the parallel threshold (a
+// decode token's 3072-wide GeLU, its residual adds) as a scalar loop.
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -17,7 +20,7 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 // gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3); since 0.5 (1 + tanh(u)) =
 // sigmoid(2u), this is x * sigmoid(2u): one exp, no tanh.
 void gelu_forward(float* out, const float* inp, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for simd schedule(static) if (parallel : worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
@@ -27,7 +30,7 @@ void gelu_forward(float* out, const float* inp, int64_t n) {
 
 // d/dx [x s(2u)] = s + x * 2 s (1 - s) * u',  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for simd schedule(static) if (parallel : worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
@@ -72,17 +75,17 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
 }
 
 void add(float* out, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for simd schedule(static) if (parallel : worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 void add_inplace(float* acc, const float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for simd schedule(static) if (parallel : worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
 void scale_inplace(float* x, float s, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for simd schedule(static) if (parallel : worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/paged_decode.h"
 #include "kernels/cpu/simd_math.h"
 
 namespace loom::cpu {
@@ -80,132 +81,6 @@ inline float dot(const float* a, const float* b, int D) {
   return s;
 }
 
-#ifdef __AVX512F__
-inline __m512 load16(const float* p) {
-  return _mm512_loadu_ps(p);
-}
-// bf16 to fp32 is a 16-bit shift (the zero-masked forms: GCC 12 warns that the plain ones read
-// an undefined register).
-inline __m512 load16(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m512i wide = _mm512_maskz_cvtepu16_epi32(__mmask16(0xFFFF), h);
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(__mmask16(0xFFFF), wide, 16));
-}
-
-// dot() for a key row in the pool's storage type (D a multiple of 16): the same two chains and
-// lane tree.
-template <typename T>
-inline float dot_row(const float* q, const T* k, int D) {
-  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-  int d = 0;
-  for (; d + 32 <= D; d += 32) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(k + d), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d + 16), load16(k + d + 16), s1);
-  }
-  if (d < D) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(k + d), s0);
-  const __mmask16 all = 0xFFFF;
-  const __m512 v = _mm512_add_ps(s0, s1);
-  const __m512 x = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, 0xEE));
-  const __m512 y = _mm512_add_ps(x, _mm512_maskz_shuffle_f32x4(all, x, x, 0x55));
-  const __m512 z = _mm512_add_ps(y, _mm512_maskz_permute_ps(all, y, 0x4E));
-  return _mm512_cvtss_f32(_mm512_add_ps(z, _mm512_maskz_permute_ps(all, z, 0xB1)));
-}
-
-// Prefetches `bytes` from p (a hint: never dereferenced).
-inline void prefetch_span(const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
-}
-
-// One decode query (a chunk of one token) over kv heads [h0, h1), D a multiple of 16. Decode
-// reads every cached key and value once and computes little per byte, so the pool is read in
-// memory order and each byte once: the keys of a block position for every head of the range
-// (one contiguous run), all scores first; then one softmax per query head over the whole
-// context (no online rescaling); then the values in the same order, into accumulators that stay
-// in L1. The next block is prefetched row by row while this one is summed (the blocks of a
-// sequence need not be adjacent, and the hardware prefetcher stops at the end of each). Every
-// query head's result depends only on its own rows, in a fixed order: not on the range or the
-// threads.
-template <typename T>
-void decode_one(float* out, const float* q, const PagedKvLayer& c, const PagedChunk& ch, int h0,
-                int h1, int group, float scale, std::vector<float>& sbuf,
-                std::vector<float>& abuf) {
-  const int D = c.head_dim, Hkv = c.n_kv_head, bs = c.block_size;
-  const int L = ch.start_pos + 1;  // positions 0 .. start_pos (the new one written already)
-  const int nh = h1 - h0, rows = nh * group;  // query heads of the range, row r = h * group + g
-  if (sbuf.size() < size_t(rows) * L) sbuf.resize(size_t(rows) * L);
-  if (abuf.size() < size_t(rows) * D) abuf.resize(size_t(rows) * D);
-  const T* K = static_cast<const T*>(c.k);
-  const T* V = static_cast<const T*>(c.v);
-  const int64_t lds = int64_t(Hkv) * D;           // elements from one position to the next
-  const size_t run = size_t(nh) * D * sizeof(T);  // bytes of the range's heads at one position
-  const float* qr = q + int64_t(h0) * group * D;
-  auto block = [&](const T* pool, int b) {
-    return pool + (int64_t(ch.block_table[b]) * bs * Hkv + h0) * D;
-  };
-  const int nblocks = (L + bs - 1) / bs;
-  // Scores.
-  float* sc = sbuf.data();
-  for (int b = 0; b < nblocks; ++b) {
-    const int p0 = b * bs, nk = std::min(bs, L - p0);
-    const T* kb = block(K, b);
-    const T* nkb = b + 1 < nblocks ? block(K, b + 1) : nullptr;
-    for (int j = 0; j < nk; ++j) {
-      // (At the last block of keys: the values' first block, which the next loop starts on.)
-      prefetch_span((nkb != nullptr ? nkb : block(V, 0)) + j * lds, run);
-      const T* kr = kb + j * lds;
-      for (int h = 0; h < nh; ++h)
-        for (int g = 0; g < group; ++g) {
-          const int r = h * group + g;
-          sc[int64_t(r) * L + p0 + j] =
-              dot_row(qr + int64_t(r) * D, kr + int64_t(h) * D, D) * scale;
-        }
-    }
-  }
-  // Softmax weights, unnormalised (divided by their sum at the end).
-  std::vector<float> inv(static_cast<size_t>(rows));
-  for (int r = 0; r < rows; ++r) {
-    float* s = sc + int64_t(r) * L;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j < L; ++j) m = std::max(m, s[j]);
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < L; ++j) {
-      s[j] = fast_exp(s[j] - m);
-      sum += s[j];
-    }
-    inv[size_t(r)] = 1.0f / sum;
-  }
-  // Values.
-  float* acc = abuf.data();
-  std::fill(acc, acc + size_t(rows) * D, 0.0f);
-  for (int b = 0; b < nblocks; ++b) {
-    const int p0 = b * bs, nk = std::min(bs, L - p0);
-    const T* vb = block(V, b);
-    const T* nvb = b + 1 < nblocks ? block(V, b + 1) : nullptr;
-    for (int j = 0; j < nk; ++j) {
-      if (nvb != nullptr) prefetch_span(nvb + j * lds, run);
-      const T* vr = vb + j * lds;
-      for (int h = 0; h < nh; ++h)
-        for (int g = 0; g < group; ++g) {
-          const int r = h * group + g;
-          const __m512 w = _mm512_set1_ps(sc[int64_t(r) * L + p0 + j]);
-          float* a = acc + int64_t(r) * D;
-          for (int d = 0; d < D; d += 16)
-            _mm512_storeu_ps(
-                a + d, _mm512_fmadd_ps(w, load16(vr + int64_t(h) * D + d), _mm512_loadu_ps(a + d)));
-        }
-    }
-  }
-  for (int r = 0; r < rows; ++r) {
-    const __m512 f = _mm512_set1_ps(inv[size_t(r)]);
-    for (int d = 0; d < D; d += 16)
-      _mm512_storeu_ps(out + int64_t(h0 * group + r) * D + d,
-                       _mm512_mul_ps(_mm512_loadu_ps(acc + int64_t(r) * D + d), f));
-  }
-}
-#endif
-
 }  // namespace
 
 void paged_kv_write(const PagedKvLayer& c, const float* k_new, const float* v_new, int ld,
@@ -213,7 +88,11 @@ void paged_kv_write(const PagedKvLayer& c, const float* k_new, const float* v_ne
   check(c, chunks, nchunks);
   const int HD = c.n_kv_head * c.head_dim;
   LOOM_CHECK(ld >= HD, "paged_kv_write: row stride ", ld, " below n_kv_head * head_dim ", HD);
-  std::vector<int64_t> first_row(nchunks + 1, 0);
+  // Grow-only (called once per layer and step); a local reference, so that the parallel loop's
+  // threads read the caller's copy.
+  thread_local std::vector<int64_t> first_row_buf;
+  std::vector<int64_t>& first_row = first_row_buf;
+  first_row.assign(nchunks + 1, 0);
   for (int s = 0; s < nchunks; ++s) first_row[s + 1] = first_row[s] + chunks[s].n;
     // A decode step's few rows are copied by one thread: a parallel region (once per layer and
     // token) costs more than the copy.
@@ -252,59 +131,97 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
   // Work items: (chunk, range of kv heads, tile of up to kQueryTile queries). A slot holds every
   // head's row side by side, so an item reads its heads' rows of a block in memory order (all
   // heads, as one thread runs a decode, is one contiguous sweep of the block): one head at a
-  // time read 256-byte pieces 3 KB apart (gpt2), at a third of the read bandwidth. The heads
-  // are split into as many ranges as keep every thread busy (a single decode over 2 threads: 2
-  // ranges). The query heads of one kv head share each block of keys/values loaded, and one
-  // long prefill still spreads over threads.
+  // time read 256-byte pieces 3 KB apart (gpt2), at a third of the read bandwidth. A decode is
+  // also split into position segments (paged_decode.h; as many tiles), merged afterwards. The
+  // heads are split into as many ranges as keep every thread busy (a single decode over 2
+  // threads: its 2 segments, every head; over 4: 2 ranges of each). The query heads of one kv
+  // head share each block of keys/values loaded, and one long prefill still spreads over
+  // threads.
   struct Item {
     int chunk, h0, h1, q0, q1;
     int64_t row0;
+    int seg, nseg;  // a decode's position segment (nseg 1: the whole context, no merge)
+    int64_t dec;    // a segmented decode's index among them (its partials)
+  };
+  const bool dec_ok = paged_decode_supported(D);
+  const auto segments = [&](const PagedChunk& ch) {
+    return ch.n == 1 && dec_ok ? paged_decode_segments(ch.start_pos + 1, bs) : 0;
   };
   int tiles = 0;
-  for (int s = 0; s < nchunks; ++s) tiles += (chunks[s].n + kQueryTile - 1) / kQueryTile;
+  for (int s = 0; s < nchunks; ++s) {
+    const int segs = segments(chunks[s]);
+    tiles += segs > 0 ? segs : (chunks[s].n + kQueryTile - 1) / kQueryTile;
+  }
   const int threads = omp_get_max_threads();
   const int ranges = std::min(Hkv, std::max(1, (threads + tiles - 1) / std::max(tiles, 1)));
-  std::vector<Item> items;
+  thread_local std::vector<Item> items_buf;  // grow-only, as paged_kv_write's rows
+  std::vector<Item>& items = items_buf;
+  items.clear();
+  thread_local std::vector<std::pair<int, int64_t>> merged_buf;  // (chunk, row) of each
+  std::vector<std::pair<int, int64_t>>& merged = merged_buf;     // segmented decode
+  merged.clear();
   int64_t row = 0;
   for (int s = 0; s < nchunks; ++s) {
-    for (int t = 0; t < chunks[s].n; t += kQueryTile)
-      for (int r = 0; r < ranges; ++r)
-        items.push_back({s, Hkv * r / ranges, Hkv * (r + 1) / ranges, t,
-                         std::min(chunks[s].n, t + kQueryTile), row});
+    const int segs = segments(chunks[s]);
+    if (segs > 0) {
+      if (segs > 1) merged.emplace_back(s, row);
+      for (int g = 0; g < segs; ++g)
+        for (int r = 0; r < ranges; ++r)
+          items.push_back({s, Hkv * r / ranges, Hkv * (r + 1) / ranges, 0, 1, row, g, segs,
+                           segs > 1 ? int64_t(merged.size()) - 1 : -1});
+    } else {
+      for (int t = 0; t < chunks[s].n; t += kQueryTile)
+        for (int r = 0; r < ranges; ++r)
+          items.push_back({s, Hkv * r / ranges, Hkv * (r + 1) / ranges, t,
+                           std::min(chunks[s].n, t + kQueryTile), row, 0, 1, -1});
+    }
     row += chunks[s].n;
   }
+  // Segment partials: [segmented decode][segment][query head][m, l, D sums].
+  const int64_t part_stride = D + 2;
+  thread_local std::vector<float> partial_buf;
+  std::vector<float>& partial = partial_buf;
+  const size_t part_size = merged.size() * size_t(kDecodeSegments) * Hq * part_stride;
+  if (partial.size() < part_size) partial.resize(part_size);
   const int max_heads = (Hkv + ranges - 1) / ranges;
 
 #pragma omp parallel
   {
     // Per (query, kv head of the range, query head of its group): the online softmax's running
     // maximum m, sum l and output acc; one block's scores (then weights) of one row.
+    // Grow-only per thread (OpenMP keeps its threads): a decode-only step uses none of them, and
+    // allocating them for every layer's call cost more than its small ranges compute.
     const size_t rows = size_t(kQueryTile) * max_heads * group;
     const bool f32 = c.dtype == DType::F32;
-    std::vector<float> kbuf(f32 ? 0 : size_t(bs) * max_heads * D), vbuf(kbuf.size());
-    std::vector<float> acc(rows * D), m(rows), l(rows), s(static_cast<size_t>(bs));
-    std::vector<float> dec_scores, dec_acc;  // decode_one's
+    thread_local std::vector<float> kbuf, vbuf, acc, m, l, s;
+    const bool decode_only = dec_ok && std::all_of(chunks, chunks + nchunks,
+                                                   [](const PagedChunk& x) { return x.n == 1; });
+    if (!decode_only) {
+      for (auto* v : {&kbuf, &vbuf})
+        if (v->size() < size_t(bs) * max_heads * D) v->resize(size_t(bs) * max_heads * D);
+      if (acc.size() < rows * D) acc.resize(rows * D);
+      for (auto* v : {&m, &l})
+        if (v->size() < rows) v->resize(rows);
+      if (s.size() < size_t(bs)) s.resize(size_t(bs));
+    }
 #pragma omp for schedule(dynamic)
     for (size_t w = 0; w < items.size(); ++w) {
       const Item& it = items[w];
       const PagedChunk& ch = chunks[it.chunk];
       const int nq = it.q1 - it.q0, nh = it.h1 - it.h0;
-#ifdef __AVX512F__
-      if (ch.n == 1 && D % 16 == 0) {
-        float* o = out + it.row0 * int64_t(Hq) * D;
-        const float* qi = q + it.row0 * ldq;
-        if (f32)
-          decode_one<float>(o, qi, c, ch, it.h0, it.h1, group, scale, dec_scores, dec_acc);
-        else
-          decode_one<uint16_t>(o, qi, c, ch, it.h0, it.h1, group, scale, dec_scores, dec_acc);
+      if (ch.n == 1 && dec_ok) {
+        float* part = it.dec < 0
+                          ? nullptr
+                          : partial.data() + (it.dec * kDecodeSegments + it.seg) * Hq * part_stride;
+        paged_decode_heads(out + it.row0 * int64_t(Hq) * D, part, q + it.row0 * ldq, c, ch, it.h0,
+                           it.h1, group, scale, it.seg, it.nseg);
         continue;
       }
-#endif
       // Row index of (query i, kv head h of the range, group member g).
       const auto rix = [&](int i, int h, int g) { return (size_t(i) * nh + h) * group + g; };
       std::fill(acc.begin(), acc.begin() + size_t(nq) * nh * group * D, 0.0f);
-      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
-      std::fill(l.begin(), l.end(), 0.0f);
+      std::fill(m.begin(), m.begin() + rows, -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.begin() + rows, 0.0f);
       const int last_pos = ch.start_pos + it.q1 - 1;  // the tile's last query sees [0, last_pos]
       // Row (position j of the block, head h of the range) is at kb + j * lds + h * D: in place
       // for fp32 (a slot holds every head), in kbuf/vbuf for bf16 (the range's heads, widened).
@@ -413,6 +330,33 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
             const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
             for (int d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
           }
+    }
+    // Segmented decodes: each query head's segments merged in segment order (the loop above
+    // ends in a barrier, so every partial is written).
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < int64_t(merged.size()) * Hq; ++w) {
+      const int64_t i = w / Hq;
+      const int hq = int(w % Hq);
+      const PagedChunk& ch = chunks[merged[size_t(i)].first];
+      const int segs = paged_decode_segments(ch.start_pos + 1, bs);
+      const auto seg = [&](int g) {
+        return partial.data() + ((i * kDecodeSegments + g) * Hq + hq) * part_stride;
+      };
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int g = 0; g < segs; ++g) mx = std::max(mx, seg(g)[0]);
+      float* o = out + merged[size_t(i)].second * int64_t(Hq) * D + int64_t(hq) * D;
+      float lsum = 0;
+      for (int g = 0; g < segs; ++g) {
+        const float* p = seg(g);
+        const float f = fast_exp(p[0] - mx);
+        lsum += p[1] * f;
+        if (g == 0)
+          for (int d = 0; d < D; ++d) o[d] = p[2 + d] * f;
+        else
+          for (int d = 0; d < D; ++d) o[d] += p[2 + d] * f;
+      }
+      const float inv = 1.0f / lsum;
+      for (int d = 0; d < D; ++d) o[d] *= inv;
     }
   }
 }

@@ -37,7 +37,8 @@ void paged_kv_write(const PagedKvLayer& cache, const float* k_new, const float* 
 // out[rows, Hq * D] = causal attention of q (rows `ldq` apart, Hq heads of D) over positions
 // [0, start_pos + i] of each chunk's sequence, read from the cache (written first with
 // paged_kv_write). Online softmax in fp32; parallel over chunks x ranges of kv heads x query
-// tiles, each range read a block at a time in memory order; the bits do not depend on the threads.
+// tiles (a decode: x position segments, paged_decode.h), each range read a block at a time in
+// memory order; the bits do not depend on the threads.
 void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& cache,
                      const PagedChunk* chunks, int nchunks, int Hq, float scale);
 
