@@ -15,6 +15,7 @@
 #include "model/reference_decoder.h"
 #include "temp_dir.h"
 #include "train/dpo.h"
+#include "train/preference_pairs.h"
 #include "train/preference_source.h"
 #include "train/trainer.h"
 
@@ -49,25 +50,6 @@ std::string dir_for(const std::string& name) {
   return loom::test::scoped_dir("dpo_" + name);
 }
 
-// Byte tokenizer with ChatML markers, and pairs whose chosen reply is the reversed word and
-// whose rejected reply is a run of 'z' (a preference a tiny model learns, and that holds for
-// held-out prompts).
-void write_data(const std::string& d, int n) {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  data::save_loom_tokenizer(data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp),
-                            d + "/tok");
-  std::string text;
-  for (int i = 0; i < n; ++i) {
-    std::string w;
-    for (int k = 0; k < 4; ++k) w += char('a' + int(uniform_at(5, uint64_t(i), uint64_t(k)) * 6));
-    std::string r(w.rbegin(), w.rend());
-    text += "{\"prompt\": \"rev " + w + "\", \"chosen\": \"" + r + "\", \"rejected\": \"zzzz\"}\n";
-  }
-  write_file_atomic(d + "/pairs.jsonl", text);
-}
-
 Config dpo_config(const std::string& d, int steps) {
   Config c = Config::parse(
       "[model]\npreset = \"tiny-llama\"\nn_layer = 2\nd_model = 32\nn_head = 4\nn_kv_head = 2\n"
@@ -89,7 +71,7 @@ Config dpo_config(const std::string& d, int steps) {
 // The DPO loss of a batch equals the float64 forward's, and its gradient finite differences.
 TEST(Dpo, TrainerLossAndGradientAgainstReferences) {
   const std::string d = dir_for("grad");
-  write_data(d, 40);
+  test::write_preference_pairs(d, 40);
   Trainer t(dpo_config(d, 1));
   ParamSet& P = t.model().params();
   // A reference copy (the starting weights), then a policy that differs from it.
@@ -146,7 +128,7 @@ TEST(Dpo, TrainerLossAndGradientAgainstReferences) {
 // steps).
 TEST(Dpo, TrainingRaisesHeldOutRewardAccuracy) {
   const std::string d = dir_for("learn");
-  write_data(d, 200);
+  test::write_preference_pairs(d, 200);
   Config c = dpo_config(d, 60);
   c.set("train.eval_interval", "60", "test");
   Trainer t(c);
@@ -156,7 +138,7 @@ TEST(Dpo, TrainingRaisesHeldOutRewardAccuracy) {
   t.evaluate();
   std::printf("held-out reward accuracy after 60 steps: %.3f\n", t.last_eval_extra()[0].second);
   EXPECT_GT(t.last_eval_extra()[0].second, 0.8);  // valid_reward_accuracy
-  EXPECT_GT(t.last_eval_extra()[1].second, 0.0);   // valid_reward_margin
+  EXPECT_GT(t.last_eval_extra()[1].second, 0.0);  // valid_reward_margin
 }
 
 // The reference is the run's starting weights whatever way the run comes back: a resumed run
@@ -165,7 +147,7 @@ TEST(Dpo, TrainingRaisesHeldOutRewardAccuracy) {
 // import`) takes them as its reference too (policy = reference: the first loss is log 2).
 TEST(Dpo, ReferenceIsTheStartingWeightsAfterResumeAndInitFrom) {
   const std::string d = dir_for("resume");
-  write_data(d, 40);
+  test::write_preference_pairs(d, 40);
   auto config = [&](const std::string& out) {
     Config c = dpo_config(d, 6);
     c.set("train.out_dir", "\"" + d + "/" + out + "\"", "test");
