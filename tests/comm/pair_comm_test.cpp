@@ -175,15 +175,5 @@ TEST(PairComm, SizeMismatchIsAnError) {
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  return test::run_pair(
-      [](comm::Communicator& w) {
-        g_world = &w;
-        if (w.rank() != 0) {
-          auto& listeners = testing::UnitTest::GetInstance()->listeners();
-          delete listeners.Release(listeners.default_result_printer());
-        }
-        const int rc = RUN_ALL_TESTS();
-        return int(w.all_reduce_scalar(int64_t(rc), comm::ReduceOp::Max));
-      },
-      120);
+  return test::run_all_tests_as_pair(&g_world, 120);
 }

@@ -10,6 +10,7 @@
 // Fork before anything starts threads or touches a GPU (the first thing main() does).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -374,6 +375,22 @@ inline int run_pair(const std::function<int(comm::Communicator&)>& body, double 
   const bool child_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   if (!child_ok) std::fprintf(stderr, "rank 1 failed (status %d)\n", status);
   return rc != 0 || !child_ok ? 1 : 0;
+}
+
+// A gtest binary's main over two forked ranks: *world is set to each rank's communicator, rank 1
+// prints nothing of its own, and the exit status is the worse of the two ranks' RUN_ALL_TESTS.
+inline int run_all_tests_as_pair(comm::Communicator** world, double timeout_s) {
+  return run_pair(
+      [world](comm::Communicator& w) {
+        *world = &w;
+        if (w.rank() != 0) {
+          auto& listeners = testing::UnitTest::GetInstance()->listeners();
+          delete listeners.Release(listeners.default_result_printer());
+        }
+        const int rc = RUN_ALL_TESTS();
+        return int(w.all_reduce_scalar(int64_t(rc), comm::ReduceOp::Max));
+      },
+      timeout_s);
 }
 
 }  // namespace loom::test

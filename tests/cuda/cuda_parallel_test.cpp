@@ -153,15 +153,5 @@ TEST(CudaParallel, ExpertParallel) {
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   // Fork first: nothing may have touched the GPU or started threads yet.
-  return test::run_pair(
-      [](comm::Communicator& w) {
-        g_world = &w;
-        if (w.rank() != 0) {
-          auto& listeners = testing::UnitTest::GetInstance()->listeners();
-          delete listeners.Release(listeners.default_result_printer());
-        }
-        const int rc = RUN_ALL_TESTS();
-        return int(w.all_reduce_scalar(int64_t(rc), comm::ReduceOp::Max));
-      },
-      170);
+  return test::run_all_tests_as_pair(&g_world, 170);
 }
