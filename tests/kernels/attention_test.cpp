@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "same_bits.h"
 
 namespace {
 
@@ -385,9 +386,6 @@ TEST(Attention, PackedDocumentsDoNotAttendAcrossBoundaries) {
 }
 
 TEST(Attention, BitIdenticalAcrossThreadCounts) {
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   // The backward picks its schedule from the thread count (one item per (sequence, kv head)
   // when there are enough of them, finer items otherwise). The first problem has 2 such items:
   // 1 thread takes the fused schedule, 2 and 5 threads the split one, so this also checks that
@@ -401,12 +399,12 @@ TEST(Attention, BitIdenticalAcrossThreadCounts) {
     for (int threads : {2, 5}) {
       omp_set_num_threads(threads);
       const Result many = run_kernel(p, true);
-      EXPECT_TRUE(same(one.out, many.out)) << threads << " threads";
-      EXPECT_TRUE(same(one.lse, many.lse)) << threads << " threads";
-      EXPECT_TRUE(same(one.dqkv, many.dqkv)) << threads << " threads";
+      EXPECT_TRUE(loom::test::same_bits(one.out, many.out)) << threads << " threads";
+      EXPECT_TRUE(loom::test::same_bits(one.lse, many.lse)) << threads << " threads";
+      EXPECT_TRUE(loom::test::same_bits(one.dqkv, many.dqkv)) << threads << " threads";
     }
     const Result again = run_kernel(p, true);
-    EXPECT_TRUE(same(one.dqkv, again.dqkv));
+    EXPECT_TRUE(loom::test::same_bits(one.dqkv, again.dqkv));
   }
   omp_set_num_threads(saved);
 }

@@ -17,6 +17,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/moe.h"
+#include "same_bits.h"
 
 namespace {
 
@@ -593,14 +594,11 @@ TEST(MoeLayer, BitIdenticalOnOneAndTwoThreads) {
   loom::set_num_threads(2);
   const LayerResult two = run_layer(s, p);
   loom::set_num_threads(saved);
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-  };
-  EXPECT_TRUE(same(one.y, two.y));
-  EXPECT_TRUE(same(one.dx, two.dx));
-  EXPECT_TRUE(same(one.dwr, two.dwr));
-  EXPECT_TRUE(same(one.dw1, two.dw1));
-  EXPECT_TRUE(same(one.dw2, two.dw2));
+  EXPECT_TRUE(loom::test::same_bits(one.y, two.y));
+  EXPECT_TRUE(loom::test::same_bits(one.dx, two.dx));
+  EXPECT_TRUE(loom::test::same_bits(one.dwr, two.dwr));
+  EXPECT_TRUE(loom::test::same_bits(one.dw1, two.dw1));
+  EXPECT_TRUE(loom::test::same_bits(one.dw2, two.dw2));
   EXPECT_EQ(one.aux, two.aux);
   EXPECT_EQ(one.dropped, two.dropped);
 }

@@ -15,6 +15,7 @@
 #include "kernels/cpu/simd_math.h"
 #include "kernels/grad_check.h"
 #include "kernels/reference_ops.h"
+#include "same_bits.h"
 
 namespace loom {
 namespace {
@@ -42,10 +43,6 @@ void with_threads(int n, Fn fn) {
   omp_set_num_threads(n);
   fn();
   omp_set_num_threads(saved);
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 Vec scaled(const Vec& v, double s) {
@@ -184,7 +181,7 @@ TEST(Matmul, BiasGradientBitsIndependentOfThreadCount) {
     be().matmul_backward(nullptr, nullptr, db2.data(), dout.data(), inp.data(), w.data(), N, IC,
                          OC);
   });
-  EXPECT_TRUE(same_bits(db1, db2));
+  EXPECT_TRUE(loom::test::same_bits(db1, db2));
 }
 
 // ---------------------------------------------------------------------------------- embedding
@@ -234,8 +231,8 @@ TEST(Embedding, BackwardBitsIndependentOfThreadCount) {
   with_threads(1, [&] { be().embedding_backward(d1.data(), dout.data(), ids.data(), N, C); });
   with_threads(2, [&] { be().embedding_backward(d2.data(), dout.data(), ids.data(), N, C); });
   with_threads(2, [&] { be().embedding_backward(d2again.data(), dout.data(), ids.data(), N, C); });
-  EXPECT_TRUE(same_bits(d1, d2));
-  EXPECT_TRUE(same_bits(d2, d2again));
+  EXPECT_TRUE(loom::test::same_bits(d1, d2));
+  EXPECT_TRUE(loom::test::same_bits(d2, d2again));
   EXPECT_TRUE(all_close(d2, embedding_backward_reference(dtable0, dout, ids, C), 1e-4, 1e-5));
 }
 
@@ -323,9 +320,9 @@ TEST(LayerNorm, BackwardMayWriteInputGradientOverOutputGradient) {
   auto inplace = dout;
   be().layernorm_backward(inplace.data(), dw2.data(), db2.data(), inplace.data(), x.data(),
                           w.data(), mean.data(), rstd.data(), N, C);
-  EXPECT_TRUE(same_bits(dx, inplace));
-  EXPECT_TRUE(same_bits(dw1, dw2));
-  EXPECT_TRUE(same_bits(db1, db2));
+  EXPECT_TRUE(loom::test::same_bits(dx, inplace));
+  EXPECT_TRUE(loom::test::same_bits(dw1, dw2));
+  EXPECT_TRUE(loom::test::same_bits(db1, db2));
 
   std::vector<float> rdx(N * C), rdw1(C, 0.0f), rdw2(C, 0.0f);  // RMSNorm likewise
   be().rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
@@ -334,8 +331,8 @@ TEST(LayerNorm, BackwardMayWriteInputGradientOverOutputGradient) {
   inplace = dout;
   be().rmsnorm_backward(inplace.data(), rdw2.data(), inplace.data(), x.data(), w.data(),
                         rstd.data(), N, C);
-  EXPECT_TRUE(same_bits(rdx, inplace));
-  EXPECT_TRUE(same_bits(rdw1, rdw2));
+  EXPECT_TRUE(loom::test::same_bits(rdx, inplace));
+  EXPECT_TRUE(loom::test::same_bits(rdw1, rdw2));
 }
 
 TEST(LayerNorm, BackwardBitsIndependentOfThreadCount) {
@@ -353,9 +350,9 @@ TEST(LayerNorm, BackwardBitsIndependentOfThreadCount) {
     be().layernorm_backward(dx2.data(), dw2.data(), db2.data(), dout.data(), x.data(), w.data(),
                             mean.data(), rstd.data(), N, C);
   });
-  EXPECT_TRUE(same_bits(dx1, dx2));
-  EXPECT_TRUE(same_bits(dw1, dw2));
-  EXPECT_TRUE(same_bits(db1, db2));
+  EXPECT_TRUE(loom::test::same_bits(dx1, dx2));
+  EXPECT_TRUE(loom::test::same_bits(dw1, dw2));
+  EXPECT_TRUE(loom::test::same_bits(db1, db2));
 }
 
 // ---------------------------------------------------------------------------------- rmsnorm
@@ -666,8 +663,8 @@ TEST(CrossEntropy, GradientMayOverwriteLogits) {
   auto buf = logits;
   be().cross_entropy(losses_alias.data(), buf.data(), buf.data(), targets.data(), N, V, 0.5f,
                      nullptr);
-  EXPECT_TRUE(same_bits(losses_sep, losses_alias));
-  EXPECT_TRUE(same_bits(dlogits, buf));
+  EXPECT_TRUE(loom::test::same_bits(losses_sep, losses_alias));
+  EXPECT_TRUE(loom::test::same_bits(dlogits, buf));
 }
 
 TEST(CrossEntropy, TargetOutsideVocabularyIsAnErrorWithNoOutput) {

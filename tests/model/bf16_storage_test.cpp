@@ -11,6 +11,7 @@
 #include "model/decoder.h"
 #include "model_test_util.h"
 #include "precision/bf16_gemms.h"
+#include "same_bits.h"
 
 using namespace loom;
 using loom::test::make_data;
@@ -49,10 +50,6 @@ Outputs run(const ModelConfig& c, Recompute rc, bool recipe, bool typed) {
   return out;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 }  // namespace
 
 TEST(Bf16Storage, SameModelAsRoundedFp32Storage) {
@@ -69,8 +66,8 @@ TEST(Bf16Storage, SameModelAsRoundedFp32Storage) {
                                    (recipe ? " bf16 GEMMs" : " fp32 GEMMs");
           EXPECT_EQ(typed.loss, ref.loss) << what;
           EXPECT_EQ(typed.fwd_loss, ref.fwd_loss) << what;
-          EXPECT_TRUE(same_bits(typed.grads, ref.grads)) << what;
-          EXPECT_TRUE(same_bits(typed.logits, ref.logits)) << what;
+          EXPECT_TRUE(loom::test::same_bits(typed.grads, ref.grads)) << what;
+          EXPECT_TRUE(loom::test::same_bits(typed.logits, ref.logits)) << what;
         }
 }
 

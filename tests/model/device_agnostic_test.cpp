@@ -26,6 +26,7 @@
 #include "parallel/pipeline_stage.h"
 #include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
+#include "same_bits.h"
 
 using namespace loom;
 
@@ -194,12 +195,6 @@ Result run_lora(Backend& be) {
   return r;
 }
 
-bool same(const std::vector<float>& a, const std::vector<float>& b) {
-  // Empty vectors may hold null data pointers, which memcmp must not see (UBSan).
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
 // In the child: the guarded run, compared with the CPU run; exits 0 only when all agree.
 // pipeline: the stage path (run_stages) instead of run's; lora: run_lora; tp: run's layout.
 [[noreturn]] void guarded_child(Family f, Recompute rc, DType act, bool pipeline = false,
@@ -223,11 +218,12 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
   std::string bad;
   if (got.loss != want.loss || got.loss2 != want.loss2) bad += " loss";
   if (got.fwd_loss != want.fwd_loss) bad += " forward_loss";
-  if (!same(got.values, want.values)) bad += " initial values";
-  if (!same(got.grads, want.grads)) bad += " gradients";
-  if (!same(got.logits, want.logits)) bad += " logits";
+  if (!loom::test::same_bits(got.values, want.values)) bad += " initial values";
+  if (!loom::test::same_bits(got.grads, want.grads)) bad += " gradients";
+  if (!loom::test::same_bits(got.logits, want.logits)) bad += " logits";
   if (got.out.seq_logprobs != want.out.seq_logprobs) bad += " seq_logprobs";
-  if (!same(got.out.token_logprobs, want.out.token_logprobs)) bad += " token_logprobs";
+  if (!loom::test::same_bits(got.out.token_logprobs, want.out.token_logprobs))
+    bad += " token_logprobs";
   for (const std::string& op :
        std::set<std::string>(g.host_pointer_ops().begin(), g.host_pointer_ops().end()))
     bad += " (host memory given to " + op + ")";
@@ -347,7 +343,7 @@ TEST(DeviceAgnostic, HostAccessToParametersIsRefusedNamingTheOperation) {
   m.params().init(3);
   Decoder ref(tiny(Family::GPT2), cpu_backend());
   ref.params().init(3);
-  EXPECT_TRUE(same(values_of(m), values_of(ref)));
+  EXPECT_TRUE(loom::test::same_bits(values_of(m), values_of(ref)));
   EXPECT_NE(g.memory_report().find("parameters"), std::string::npos) << g.memory_report();
 }
 
@@ -428,5 +424,5 @@ TEST(TensorParallelLayout, OneRankIsTheOneProcessModelBitForBit) {
     (m == &a ? ga : gb).assign(m->params().grad(), m->params().grad() + m->params().total());
   }
   EXPECT_EQ(la, lb);
-  EXPECT_TRUE(same(ga, gb));
+  EXPECT_TRUE(loom::test::same_bits(ga, gb));
 }

@@ -11,6 +11,7 @@
 #include "model/decoder.h"
 #include "model/model_test_util.h"
 #include "model/reference_decoder.h"
+#include "same_bits.h"
 
 using namespace loom;
 
@@ -42,10 +43,6 @@ std::vector<float> grads(Decoder& m) {
   return {m.params().grad(), m.params().grad() + m.params().total()};
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
-
 }  // namespace
 
 // A weight of 0 masks a token exactly as a target of -1 does: same loss, same gradient bits.
@@ -67,7 +64,7 @@ TEST(StepApi, ZeroWeightEqualsIgnoredTarget) {
     m.params().zero_grad();
     const double b = m.forward_backward(ignored.input(), 0.25f);
     EXPECT_EQ(a, b) << family_name(f);
-    EXPECT_TRUE(same_bits(ga, grads(m))) << family_name(f);
+    EXPECT_TRUE(loom::test::same_bits(ga, grads(m))) << family_name(f);
   }
 }
 
@@ -130,11 +127,11 @@ TEST(StepApi, AuxWeightAveragesTheMoeAuxiliaryLoss) {
   in.aux_weight = w;
   m.params().zero_grad();
   m.forward_backward(in, 1.f);
-  EXPECT_TRUE(same_bits(mean, grads(m)));
+  EXPECT_TRUE(loom::test::same_bits(mean, grads(m)));
   in.aux_weight = -1.f;  // dloss = 1 for the auxiliary loss too
   m.params().zero_grad();
   m.forward_backward(in, 1.f);
-  EXPECT_FALSE(same_bits(mean, grads(m)));
+  EXPECT_FALSE(loom::test::same_bits(mean, grads(m)));
 }
 
 // Per-sequence sums of log p(target) (and per-token values) against a float64 forward written
@@ -274,7 +271,7 @@ TEST(StepApi, AttentionOverrideReplacesEveryLayersCore) {
   att.in = &in;
   m.forward_logits(in, rows, overridden.data(), &att);
   EXPECT_EQ(att.layers, (std::vector<int>{0, 1}));
-  EXPECT_TRUE(same_bits(plain, overridden));
+  EXPECT_TRUE(loom::test::same_bits(plain, overridden));
   // The override is gone afterwards, and training still works (its buffers are untouched).
   m.params().zero_grad();
   EXPECT_GT(m.forward_backward(d.input(), 1.f), 0.0);
@@ -372,7 +369,7 @@ TEST(Linear, RecipeComputesEveryGemmOfItsLayer) {
   m.params().zero_grad();
   plain.params().zero_grad();
   EXPECT_EQ(m.forward_backward(d.input(), 1.f), plain.forward_backward(d.input(), 1.f));
-  EXPECT_TRUE(same_bits(grads(m), grads(plain)));
+  EXPECT_TRUE(loom::test::same_bits(grads(m), grads(plain)));
   EXPECT_EQ(qkv.forwards, 1);
   EXPECT_EQ(qkv.backwards, 1);
   EXPECT_EQ(head.forwards, 1);  // 16 rows: one head chunk

@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "same_bits.h"
 #include "temp_dir.h"
 #include "train/trainer.h"
 
@@ -49,10 +50,6 @@ std::vector<float> weights(Trainer& t) {
   return std::vector<float>(p.data(), p.data() + p.total());
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 TEST(Fp8State, DelayedScalingResumesBitIdentically) {
   const std::string d = test::scoped_dir("fp8_state_resume");
   const int N = 8;
@@ -77,7 +74,8 @@ TEST(Fp8State, DelayedScalingResumesBitIdentically) {
   EXPECT_EQ(l->history(Fp8Linear::X).size(), 3u);
   for (int i = N / 2; i < N; ++i) resumed_losses.push_back(t.train_step().loss);
   for (int i = 0; i < N; ++i) EXPECT_EQ(straight_losses[i], resumed_losses[i]) << "step " << i;
-  EXPECT_TRUE(bitwise_equal(straight, weights(t))) << "weights after " << N << " steps differ";
+  EXPECT_TRUE(loom::test::same_bits(straight, weights(t)))
+      << "weights after " << N << " steps differ";
 }
 
 TEST(Fp8State, EvaluationRecordsNoAmax) {
@@ -95,7 +93,7 @@ TEST(Fp8State, EvaluationRecordsNoAmax) {
         ASSERT_EQ(a->history(k), b->history(k)) << n << " tensor " << k << " step " << i;
       }
   }
-  EXPECT_TRUE(bitwise_equal(weights(plain), weights(evaluated)));
+  EXPECT_TRUE(loom::test::same_bits(weights(plain), weights(evaluated)));
 }
 
 TEST(Fp8StateBadInput, HistoryLengthMismatchIsRefused) {

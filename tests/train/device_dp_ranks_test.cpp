@@ -23,6 +23,7 @@
 #include "model/decoder.h"
 #include "model/model_test_util.h"
 #include "parallel/data_parallel.h"
+#include "same_bits.h"
 
 using namespace loom;
 
@@ -135,10 +136,6 @@ Result run(Backend& be, int zero, DType reduce, DType act) {
   return r;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 [[noreturn]] void guarded_child(int zero, DType reduce, DType act) {
   std::string bad;
   try {
@@ -156,8 +153,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
     for (double s : want.sq)
       if (!(s > 0)) bad += " (a zero gradient norm)";
     if (got.sq != want.sq) bad += " gradient norms";
-    if (!same_bits(got.values, want.values)) bad += " weights";
-    if (!same_bits(got.shard, want.shard)) bad += " reduced gradient shard";
+    if (!loom::test::same_bits(got.values, want.values)) bad += " weights";
+    if (!loom::test::same_bits(got.shard, want.shard)) bad += " reduced gradient shard";
     if (got.gathers != want.gathers || got.max_units != want.max_units) bad += " gathers";
     for (const std::string& op :
          std::set<std::string>(g.host_pointer_ops().begin(), g.host_pointer_ops().end()))

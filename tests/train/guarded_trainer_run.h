@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "kernels/guarded_backend.h"
 #include "model/lora.h"
+#include "same_bits.h"
 #include "temp_dir.h"
 #include "train/trainer.h"
 
@@ -69,10 +70,6 @@ GuardedRun train_and_resume(const std::string& dir, MakeConfig make, Backend* be
   return r;
 }
 
-inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // What differs between the CPU run `want` and the guarded run `got` ("" when nothing), and
 // whether the guarded run really went through the guarded backend `g`.
 inline std::string guarded_differences(const GuardedRun& want, const GuardedRun& got,
@@ -84,9 +81,9 @@ inline std::string guarded_differences(const GuardedRun& want, const GuardedRun&
   if (got.grad_norm != want.grad_norm) bad += " grad norms";
   if (got.valid != want.valid) bad += " validation losses";
   if (got.extra != want.extra) bad += " step figures";
-  if (!same_bits(got.values, want.values)) bad += " final weights";
-  if (!same_bits(got.adapters, want.adapters)) bad += " adapters";
-  if (!same_bits(got.merged, want.merged)) bad += " merged weights";
+  if (!loom::test::same_bits(got.values, want.values)) bad += " final weights";
+  if (!loom::test::same_bits(got.adapters, want.adapters)) bad += " adapters";
+  if (!loom::test::same_bits(got.merged, want.merged)) bad += " merged weights";
   for (const std::string& op :
        std::set<std::string>(g.host_pointer_ops().begin(), g.host_pointer_ops().end()))
     bad += " (host memory given to " + op + ")";
