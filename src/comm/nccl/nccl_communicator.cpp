@@ -212,7 +212,12 @@ class NcclCommunicator : public Communicator {
     for (int64_t i = 0; i < mine; ++i) sum[i] = bf16_to_f32(host[i]);
     for (int r = 1; r < size_; ++r)
       for (int64_t i = 0; i < mine; ++i) sum[i] += bf16_to_f32(host[r * mine + i]);
-    LOOM_CUDA_OK(cudaMemcpy(recv, sum.data(), mine * sizeof(float), cudaMemcpyHostToDevice));
+    // On the compute stream, which later kernels reading `recv` use: a plain cudaMemcpy from
+    // pageable memory may return before its DMA lands, and the legacy default stream does not
+    // order with a non-blocking compute stream. The synchronize keeps `sum` alive until then.
+    LOOM_CUDA_OK(
+        cudaMemcpyAsync(recv, sum.data(), mine * sizeof(float), cudaMemcpyHostToDevice, compute_));
+    LOOM_CUDA_OK(cudaStreamSynchronize(compute_));
     return {};
   }
 
