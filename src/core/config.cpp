@@ -26,6 +26,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json.h"
 
 namespace loom {
 
@@ -68,36 +69,13 @@ std::string float_text(double v) {
   return s;
 }
 
+// A TOML basic string: JSON's escapes are TOML's too, and TOML also forbids a raw DEL.
 std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
+  std::string out;
+  json_escape(out, s);
+  for (size_t i = out.find('\x7f'); i != std::string::npos; i = out.find('\x7f', i))
+    out.replace(i, 1, "\\u007f");
+  return out;
 }
 
 std::string line_of(const std::string& where, const toml::node& n) {

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -189,6 +190,21 @@ TEST(Config, DumpReadsBackToTheSameValues) {
   EXPECT_EQ(back.get_double("t.u.v", 0), 0.1);
   EXPECT_EQ(back.get_string("p", ""), "/tmp/x");
   EXPECT_EQ(back.dump(), c.dump());
+}
+
+TEST(Config, DumpEscapesEveryControlCharacter) {
+  // Every control character, and DEL (which TOML forbids raw), as \u escapes in the source.
+  std::string toml = "k = \"", want;
+  for (int ch = 1; ch <= 0x7f; ch = ch == 0x1f ? 0x7f : ch + 1) {
+    char u[8];
+    std::snprintf(u, sizeof u, "\\u%04x", ch);
+    toml += u;
+    want += char(ch);
+  }
+  Config c = Config::parse(toml + "\"\n", "c.toml");
+  ASSERT_EQ(c.get_string("k", ""), want);
+  Config back = Config::parse(c.dump(), "dump");
+  EXPECT_EQ(back.get_string("k", ""), want);
 }
 
 TEST(Config, Int32GetterRefusesWhatAnIntCannotHold) {
