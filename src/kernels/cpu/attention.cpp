@@ -47,7 +47,6 @@ constexpr int kMR = 1;
 #endif
 constexpr int VW = LOOM_ATTN_VW;
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(VW * sizeof(int32_t))));
 typedef uint32_t vu __attribute__((vector_size(VW * sizeof(uint32_t))));
 
 constexpr int kB = 64;        // query rows per tile = key columns per tile
@@ -79,25 +78,26 @@ inline vf swap_lanes(vf x, int step) {
 #if LOOM_ATTN_VW == 16
   switch (step) {
     case 8:
-      return __builtin_shuffle(x, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+      return __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
     case 4:
-      return __builtin_shuffle(x, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+      return __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
     case 2:
-      return __builtin_shuffle(x, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+      return __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
     default:
-      return __builtin_shuffle(x, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+      return __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
   }
 #elif LOOM_ATTN_VW == 8
   switch (step) {
     case 4:
-      return __builtin_shuffle(x, vi{4, 5, 6, 7, 0, 1, 2, 3});
+      return __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
     case 2:
-      return __builtin_shuffle(x, vi{2, 3, 0, 1, 6, 7, 4, 5});
+      return __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5);
     default:
-      return __builtin_shuffle(x, vi{1, 0, 3, 2, 5, 4, 7, 6});
+      return __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
   }
 #else
-  return step == 2 ? __builtin_shuffle(x, vi{2, 3, 0, 1}) : __builtin_shuffle(x, vi{1, 0, 3, 2});
+  return step == 2 ? __builtin_shufflevector(x, x, 2, 3, 0, 1)
+                   : __builtin_shufflevector(x, x, 1, 0, 3, 2);
 #endif
 }
 inline float hmax(vf x) {
@@ -324,24 +324,24 @@ void pack_rows(float* dst, int Dp, const float* src, int64_t ld, int n, int rows
 }
 
 typedef float v8 __attribute__((vector_size(8 * sizeof(float))));
-typedef int32_t v8i __attribute__((vector_size(8 * sizeof(int32_t))));
 
 // Transposes an 8x8 block held as 8 row vectors into 8 column vectors (3 shuffle stages).
 inline void transpose8(v8 r[8]) {
   v8 t[8], u[8];
   for (int i = 0; i < 8; i += 2) {
-    t[i] = __builtin_shuffle(r[i], r[i + 1], v8i{0, 8, 1, 9, 4, 12, 5, 13});
-    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], v8i{2, 10, 3, 11, 6, 14, 7, 15});
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
   }
   for (int i = 0; i < 8; i += 4) {
     for (int k = 0; k < 2; ++k) {
-      u[i + 2 * k] = __builtin_shuffle(t[i + k], t[i + k + 2], v8i{0, 1, 8, 9, 4, 5, 12, 13});
-      u[i + 2 * k + 1] = __builtin_shuffle(t[i + k], t[i + k + 2], v8i{2, 3, 10, 11, 6, 7, 14, 15});
+      u[i + 2 * k] = __builtin_shufflevector(t[i + k], t[i + k + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 2 * k + 1] =
+          __builtin_shufflevector(t[i + k], t[i + k + 2], 2, 3, 10, 11, 6, 7, 14, 15);
     }
   }
   for (int c = 0; c < 4; ++c) {
-    r[c] = __builtin_shuffle(u[c], u[c + 4], v8i{0, 1, 2, 3, 8, 9, 10, 11});
-    r[c + 4] = __builtin_shuffle(u[c], u[c + 4], v8i{4, 5, 6, 7, 12, 13, 14, 15});
+    r[c] = __builtin_shufflevector(u[c], u[c + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    r[c + 4] = __builtin_shufflevector(u[c], u[c + 4], 4, 5, 6, 7, 12, 13, 14, 15);
   }
 }
 
