@@ -39,7 +39,8 @@ LoomEngine::LoomEngine(ModelRunner& runner, const EngineConfig& cfg)
       cache_(runner.kv_spec(), cfg.block_size,
              cfg.num_blocks > 0
                  ? cfg.num_blocks
-                 : KvCache::blocks_for_bytes(runner.kv_spec(), cfg.block_size, cfg.kv_cache_bytes)),
+                 : KvCache::blocks_for_bytes(runner.kv_spec(), cfg.block_size, cfg.kv_cache_bytes),
+             runner.cache_backend()),
       scheduler_(cfg.scheduler, cache_) {
   stats_.kv_blocks_total = cache_.num_blocks();
   logits_.resize(size_t(runner.vocab()));
