@@ -3,6 +3,7 @@
 #include "ckpt/checkpoint.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace loom::cli {
 
@@ -46,6 +47,29 @@ void set_text_codec(infer::EngineConfig& cfg, const data::BpeTokenizer* tok,
       if (t >= 0 && t < tok->vocab_size()) tok->decode_append(t, s);
     return s;
   };
+}
+
+DeviceChoice select_serving_device(const std::string& device, const std::string& key,
+                                   const std::string& doing) {
+  // select_device's own notice speaks of training: this one names what runs.
+  const DeviceChoice dev = select_device(device, key, /*quiet=*/true);
+  if (device == "auto")
+    log_info(key, " auto: ", doing, " on ", dev.describe,
+             dev.cuda ? ""
+                      : (cuda_built() ? " (no CUDA device is visible)"
+                                      : " (this build has no CUDA backend)"));
+  return dev;
+}
+
+void check_serving_weights(const std::string& weights, const std::string& key,
+                           const DeviceChoice& dev) {
+  if (!dev.cuda || weights == "fp32") return;
+  fail(key, " ", weights, " on ", dev.describe, ": weight-only ", weights,
+       " decode runs on the CPU only (its kernels read host copies of the weights); on the GPU "
+       "use ",
+       key,
+       " fp32 (a bf16 checkpoint keeps its bf16 weights and KV cache), or "
+       "--device cpu");
 }
 
 }  // namespace loom::cli
