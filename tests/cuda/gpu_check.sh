@@ -31,7 +31,7 @@ export LD_LIBRARY_PATH="$PWD/build-gpucarry/lib:$CULIB:$NCCLLIB:${LD_LIBRARY_PAT
 # The CUDA test binaries (a new tests/cuda target joins here). cuda_parallel_tests forks into two
 # ranks on this one GPU (no MPI here) and trains TP, SP, PP, CP and EP through the staged device
 # communicator (NCCL refuses two ranks on one GPU).
-TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests cuda_parallel_tests"
+TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests cuda_parallel_tests cuda_serve_tests"
 
 B=build-gpucarry
 [ -f $B.tgz ] && [ ! -d $B ] && tar xzf $B.tgz  # gpu_bundle.sh packs it for the trip
