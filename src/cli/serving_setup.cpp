@@ -64,12 +64,11 @@ DeviceChoice select_serving_device(const std::string& device, const std::string&
 void check_serving_weights(const std::string& weights, const std::string& key,
                            const DeviceChoice& dev) {
   if (!dev.cuda || weights == "fp32") return;
-  fail(key, " ", weights, " on ", dev.describe, ": weight-only ", weights,
-       " decode runs on the CPU only (its kernels read host copies of the weights); on the GPU "
-       "use ",
-       key,
-       " fp32 (a bf16 checkpoint keeps its bf16 weights and KV cache), or "
-       "--device cpu");
+  const std::string why =
+      " decode runs on the CPU only (its kernels read host copies of the "
+      "weights); on the GPU use ";
+  fail(key, " ", weights, " on ", dev.describe, ": weight-only ", weights, why, key,
+       " fp32 (a bf16 checkpoint keeps its bf16 weights and KV cache), or --device cpu");
 }
 
 }  // namespace loom::cli

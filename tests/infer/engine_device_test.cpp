@@ -5,6 +5,7 @@
 // families, fp32 and bf16 caches, prefix sharing, chunked prefill and preemption. Plus the
 // paged ops' bad input through the Backend.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +28,9 @@ namespace {
 // In the child: every schedule on the CPU and on the guarded backend; exits 0 only when all
 // agree and each schedule showed what it exercises.
 [[noreturn]] void guarded_engine_child(Family f, DType act) {
+  // One thread: the bits do not depend on the thread count, and many tiny steps under a loaded
+  // machine's spinning OpenMP barriers took 20 s instead of a few.
+  omp_set_num_threads(1);
   std::string bad;
   for (const rp::ReplaySetup& s : rp::replay_setups()) {
     const rp::Replay want = rp::replay(cpu_backend(), f, act, s);
