@@ -51,8 +51,10 @@ void set_text_codec(infer::EngineConfig& cfg, const data::BpeTokenizer* tok,
 
 DeviceChoice select_serving_device(const std::string& device, const std::string& key,
                                    const std::string& doing) {
-  // select_device's own notice speaks of training: this one names what runs.
-  const DeviceChoice dev = select_device(device, key, /*quiet=*/true);
+  // select_device's own notice speaks of training: this one names what runs. GPU 0 of those
+  // visible (CUDA_VISIBLE_DEVICES picks it), not the launcher's local rank: `loom serve` steps
+  // its engine on a thread of its own, whose current CUDA device is the default, 0.
+  const DeviceChoice dev = select_device(device, key, /*quiet=*/true, /*gpu=*/0);
   if (device == "auto")
     log_info(key, " auto: ", doing, " on ", dev.describe,
              dev.cuda ? ""

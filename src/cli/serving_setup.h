@@ -26,7 +26,8 @@ void set_text_codec(infer::EngineConfig& cfg, const data::BpeTokenizer* tok,
 
 // The device `loom generate` / `loom serve` run the engine on (option `key`, e.g. --device):
 // cpu, cuda (an error naming the key without a CUDA build or a visible GPU) or auto (the GPU
-// when there is one, else the CPU with a logged notice saying what `doing` runs on).
+// when there is one, else the CPU with a logged notice saying what `doing` runs on). On CUDA,
+// the first visible GPU.
 DeviceChoice select_serving_device(const std::string& device, const std::string& key,
                                    const std::string& doing);
 
