@@ -52,16 +52,12 @@ int run_generate(const Args& args) {
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
       .value("max-num-seqs", "64", "sequences batched at once")
       .value("kv-cache-mb", "256", "KV cache size")
-      .value("device", "cpu", "cpu, cuda or auto (the serving engine runs on the CPU so far)");
+      .value("device", "cpu", "cpu, cuda or auto (a GPU when there is one, else the CPU)");
   if (!o.parse(args)) return 0;
-  // The serving engine's attention over the paged KV cache is host code over the model's
-  // buffers (docs/architecture.md): it has no device path yet, so cuda is refused by name
-  // (after the same availability checks as loom train) and auto stays on the CPU.
-  check_device(o.get("device"), "--device");
-  LOOM_CHECK(o.get("device") != "cuda", "--device cuda: loom generate runs on the CPU only so ",
-             "far (the serving engine's paged-KV-cache attention has no CUDA path yet); use cpu");
-  if (o.get("device") == "auto" && gpu_count() > 0)
-    log_info("--device auto: generating on the CPU (the serving engine has no CUDA path yet)");
+  // The engine runs where the model does (cuda: weights, KV cache and attention on the GPU,
+  // the scheduler and sampling on the host). cuda without a CUDA build or a GPU is an error
+  // naming --device, before any file is read; auto falls back to the CPU with a notice.
+  const DeviceChoice dev = select_serving_device(o.get("device"), "--device", "generating");
   // Options first, in the names the user typed, before any file is read.
   const double temperature = o.get_double("temperature"), top_p = o.get_double("top-p"),
                min_p = o.get_double("min-p"), rep = o.get_double("repetition-penalty");
@@ -70,7 +66,7 @@ int run_generate(const Args& args) {
   LOOM_CHECK(top_p > 0 && top_p <= 1, "--top-p must lie in (0, 1], got ", top_p);
   LOOM_CHECK(min_p >= 0 && min_p <= 1, "--min-p must lie in [0, 1], got ", min_p);
   LOOM_CHECK(rep > 0 && rep <= 10, "--repetition-penalty must lie in (0, 10], got ", rep);
-  auto model = load_model_from_checkpoint(o.get("ckpt"));
+  auto model = load_model_from_checkpoint(o.get("ckpt"), *dev.backend);
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
   std::unique_ptr<data::ChatTemplate> chat;
   if (!o.get("chat-template").empty()) {

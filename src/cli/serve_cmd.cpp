@@ -78,7 +78,9 @@ int run_serve_here(const Args& args) {
       .value("drain-timeout", "30", "seconds to let requests finish on SIGTERM")
       .value("weights", "fp32",
              "linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with per-channel "
-             "scales); fp32 compute")
+             "scales); fp32 compute; bf16, int8 and fp8 on the CPU only")
+      .value("device", "cpu",
+             "cpu, cuda or auto (a GPU when there is one, else the CPU); one rank only")
       .value("tp", "0", "tensor-parallel ranks (0: every rank started; must equal that number)")
       .value("tp-timeout", "60",
              "seconds a rank waits for the others (a step, rank 0's next message) before failing");
@@ -91,6 +93,9 @@ int run_serve_here(const Args& args) {
   so.max_body_bytes = size_t(o.get_int("max-body-mb", 1, 4096)) << 20;
   const double drain = static_cast<double>(o.get_int("drain-timeout", 0, 3600));
   const infer::WeightType weights = infer::weight_type_from_name(o.get("weights"));
+  // cuda without a CUDA build or a GPU fails here, naming --device, before the port opens.
+  const DeviceChoice dev = select_serving_device(o.get("device"), "--device", "serving");
+  check_serving_weights(o.get("weights"), "--weights", dev);
   infer::EngineConfig ec;
   ec.scheduler.max_num_seqs = static_cast<int>(o.get_int("max-num-seqs", 1, 4096));
   ec.scheduler.max_batched_tokens = static_cast<int>(o.get_int("max-batched-tokens", 1, 1 << 20));
@@ -106,10 +111,12 @@ int run_serve_here(const Args& args) {
   const double tp_timeout = o.get_double("tp-timeout");
   LOOM_CHECK(tp_timeout > 1, "--tp-timeout must exceed 1 s (rank 0 sends a keep-alive every ",
              "second while idle), got ", tp_timeout);
+  LOOM_CHECK(tp == 1 || !dev.cuda, "--device ", o.get("device"), " with --tp ", tp,
+             ": tensor-parallel serving runs on the CPU only so far; use --device cpu");
   std::unique_ptr<comm::ProcessGroups> groups;
   std::unique_ptr<Decoder> model;
   if (tp == 1) {
-    model = load_model_from_checkpoint(o.get("ckpt"));
+    model = load_model_from_checkpoint(o.get("ckpt"), *dev.backend);
   } else {
     comm::ParallelDims dims;
     dims.tp = tp;
@@ -119,7 +126,9 @@ int run_serve_here(const Args& args) {
   }
   // Decode streams every weight once per token: narrower copies make it faster (every rank
   // reads its shard's copies).
-  infer::QuantizedWeights quant(*model, weights);
+  // On a GPU the model decodes with the weights it holds (check_serving_weights).
+  std::unique_ptr<infer::QuantizedWeights> quant;
+  if (!dev.cuda) quant = std::make_unique<infer::QuantizedWeights>(*model, weights);
   if (world.rank() != 0) {
     // The engine's cache on rank 0 has this many blocks too (the same config and spec).
     infer::DecoderRunner probe(*model);
@@ -161,9 +170,9 @@ int run_serve_here(const Args& args) {
   std::signal(SIGINT, on_signal);
   std::thread http([&] { server.run(); });
   server.set_ready(true);
-  log_info("serving ", so.model_name, " (", model->config().num_params(), " parameters, ",
-           infer::weight_type_name(weights), " weights, ", engine.cache().num_blocks(),
-           " KV blocks of ", engine.cache().block_size(), " tokens",
+  log_info("serving ", so.model_name, " on ", dev.describe, " (", model->config().num_params(),
+           " parameters, ", infer::weight_type_name(weights), " weights, ",
+           engine.cache().num_blocks(), " KV blocks of ", engine.cache().block_size(), " tokens",
            tp > 1 ? cat(", tensor parallel over ", tp, " ranks") : std::string(), ") on http://",
            so.host, ":", port, " (pid ", ::getpid(), ": SIGTERM drains, then stops every rank)");
   std::printf("listening on http://%s:%d\n", so.host.c_str(), port);

@@ -3,6 +3,7 @@
 #include "ckpt/checkpoint.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace loom::cli {
 
@@ -46,6 +47,30 @@ void set_text_codec(infer::EngineConfig& cfg, const data::BpeTokenizer* tok,
       if (t >= 0 && t < tok->vocab_size()) tok->decode_append(t, s);
     return s;
   };
+}
+
+DeviceChoice select_serving_device(const std::string& device, const std::string& key,
+                                   const std::string& doing) {
+  // select_device's own notice speaks of training: this one names what runs. GPU 0 of those
+  // visible (CUDA_VISIBLE_DEVICES picks it), not the launcher's local rank: `loom serve` steps
+  // its engine on a thread of its own, whose current CUDA device is the default, 0.
+  const DeviceChoice dev = select_device(device, key, /*quiet=*/true, /*gpu=*/0);
+  if (device == "auto")
+    log_info(key, " auto: ", doing, " on ", dev.describe,
+             dev.cuda ? ""
+                      : (cuda_built() ? " (no CUDA device is visible)"
+                                      : " (this build has no CUDA backend)"));
+  return dev;
+}
+
+void check_serving_weights(const std::string& weights, const std::string& key,
+                           const DeviceChoice& dev) {
+  if (!dev.cuda || weights == "fp32") return;
+  const std::string why =
+      " decode runs on the CPU only (its kernels read host copies of the "
+      "weights); on the GPU use ";
+  fail(key, " ", weights, " on ", dev.describe, ": weight-only ", weights, why, key,
+       " fp32 (a bf16 checkpoint keeps its bf16 weights and KV cache), or --device cpu");
 }
 
 }  // namespace loom::cli

@@ -9,6 +9,7 @@
 #include "data/chat.h"
 #include "infer/engine.h"
 #include "model/decoder.h"
+#include "train/device.h"
 
 namespace loom::cli {
 
@@ -22,5 +23,18 @@ std::unique_ptr<data::BpeTokenizer> checkpoint_tokenizer(const std::string& ckpt
 // tokenizer does not have (a model vocabulary padded past it) decode to nothing.
 void set_text_codec(infer::EngineConfig& cfg, const data::BpeTokenizer* tok,
                     const data::ChatTemplate* chat);
+
+// The device `loom generate` / `loom serve` run the engine on (option `key`, e.g. --device):
+// cpu, cuda (an error naming the key without a CUDA build or a visible GPU) or auto (the GPU
+// when there is one, else the CPU with a logged notice saying what `doing` runs on). On CUDA,
+// the first visible GPU.
+DeviceChoice select_serving_device(const std::string& device, const std::string& key,
+                                   const std::string& doing);
+
+// Refuses, naming `key`, a weight type the device cannot decode with: the weight-only copies
+// (bf16, int8, fp8) are CPU kernels over host memory; on a GPU the model decodes with the
+// weights it holds (fp32, or bf16 values under a bf16 checkpoint's precision policy).
+void check_serving_weights(const std::string& weights, const std::string& key,
+                           const DeviceChoice& dev);
 
 }  // namespace loom::cli

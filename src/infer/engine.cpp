@@ -39,7 +39,8 @@ LoomEngine::LoomEngine(ModelRunner& runner, const EngineConfig& cfg)
       cache_(runner.kv_spec(), cfg.block_size,
              cfg.num_blocks > 0
                  ? cfg.num_blocks
-                 : KvCache::blocks_for_bytes(runner.kv_spec(), cfg.block_size, cfg.kv_cache_bytes)),
+                 : KvCache::blocks_for_bytes(runner.kv_spec(), cfg.block_size, cfg.kv_cache_bytes),
+             runner.cache_backend()),
       scheduler_(cfg.scheduler, cache_) {
   stats_.kv_blocks_total = cache_.num_blocks();
   logits_.resize(size_t(runner.vocab()));
@@ -309,6 +310,10 @@ bool LoomEngine::step() {
   stats_.prompt_tokens_total += prompt_tokens;
   stats_.generation_tokens_total += generated;
   stats_.kv_blocks_used = cache_.num_used();
+  // The finished sequences left: a caller that got its last answer reads counts without them
+  // (they were refreshed only at the next step's start, which raced with such a reader).
+  stats_.requests_running = scheduler_.num_running();
+  stats_.requests_waiting = scheduler_.num_waiting();
   return true;
 }
 

@@ -17,6 +17,10 @@
 
 #include "core/dtype.h"
 
+namespace loom {
+struct Backend;
+}
+
 namespace loom::infer {
 
 // ---- engine <-> model ------------------------------------------------------------------------
@@ -28,7 +32,8 @@ struct KvSpec {
   DType dtype = DType::F32;
 };
 
-// The cache memory the engine owns: per layer, base pointers of the key and value pools.
+// The cache memory the engine owns: per layer, base pointers of the key and value pools (host
+// memory, or buffers of the runner's cache_backend()).
 // Element (block b, slot s, head h, dim d) of layer l's keys is at
 //   k[l] + ((int64_t(b) * block_size + s) * n_kv_head + h) * head_dim + d   (in elements).
 struct KvCacheView {
@@ -58,6 +63,9 @@ class ModelRunner {
   virtual int vocab() const = 0;
   virtual int max_seq() const = 0;  // longest sequence (prompt + completion) the model takes
   virtual KvSpec kv_spec() const = 0;
+  // Where the KV cache's pool must live: a Backend whose memory the host cannot address (the
+  // model runs on a GPU), or null for host memory (the CPU).
+  virtual Backend* cache_backend() const { return nullptr; }
   // Runs every chunk of the batch. logits: [number of chunks with want_logits, vocab], in batch
   // order, fp32 (the log-softmax is the engine's business).
   virtual void forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,

@@ -10,12 +10,12 @@
 
 namespace loom {
 
-std::unique_ptr<Decoder> load_model_from_checkpoint(const std::string& path) {
+std::unique_ptr<Decoder> load_model_from_checkpoint(const std::string& path, Backend& be) {
   ckpt::Checkpoint c(path);
   Config cfg = Config::parse(c.state().config_text, c.dir() + "/state.json:config_text");
   ModelConfig mc = model_config_from(cfg);
   PrecisionPolicy policy = precision_from_name(cfg.get_string("precision.policy", "fp32"));
-  auto model = std::make_unique<Decoder>(mc, cpu_backend(), Recompute::None, policy.compute);
+  auto model = std::make_unique<Decoder>(mc, be, Recompute::None, policy.compute);
   if (!c.state().extra.contains("lora")) {
     auto staged = model->params().host_values();  // host staging of the weights
     c.restore_model(staged);

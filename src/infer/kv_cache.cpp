@@ -52,7 +52,7 @@ int KvCache::blocks_for_bytes(const KvSpec& s, int block_size, int64_t bytes) {
   return static_cast<int>(std::min<int64_t>(bytes / bytes_per_block(s, block_size), 1 << 30));
 }
 
-KvCache::KvCache(const KvSpec& spec, int block_size, int num_blocks) {
+KvCache::KvCache(const KvSpec& spec, int block_size, int num_blocks, Backend* backend) {
   LOOM_CHECK(spec.dtype == DType::F32 || spec.dtype == DType::BF16,
              "the KV cache stores fp32 or bf16, not ", dtype_name(spec.dtype));
   LOOM_CHECK(block_size > 0 && num_blocks > 0, "KV cache of ", num_blocks, " blocks of ",
@@ -65,10 +65,20 @@ KvCache::KvCache(const KvSpec& spec, int block_size, int num_blocks) {
   // One allocation on huge pages (decode attention reads a token's keys and values from blocks
   // anywhere in the pool): the spare pool if it has this size, else a new zero-filled one whose
   // pages are faulted in as blocks are first written.
-  pool_ = take_pool(2 * size_t(spec.n_layer) * layer_bytes);
+  // On a device: one buffer of its backend, zero-filled so that no slot ever holds garbage a
+  // kernel could turn into NaNs.
+  uint8_t* base = nullptr;
+  if (backend) {
+    device_pool_ =
+        BackendBuffer::zeroed(*backend, 2 * size_t(spec.n_layer) * layer_bytes, "kv_cache");
+    base = device_pool_.as<uint8_t>();
+  } else {
+    pool_ = take_pool(2 * size_t(spec.n_layer) * layer_bytes);
+    base = pool_.as<uint8_t>();
+  }
   for (int l = 0; l < spec.n_layer; ++l) {
-    view_.k.push_back(pool_.as<uint8_t>() + (2 * size_t(l)) * layer_bytes);
-    view_.v.push_back(pool_.as<uint8_t>() + (2 * size_t(l) + 1) * layer_bytes);
+    view_.k.push_back(base + (2 * size_t(l)) * layer_bytes);
+    view_.v.push_back(base + (2 * size_t(l) + 1) * layer_bytes);
   }
   ref_.assign(size_t(num_blocks), 0);
   hash_.assign(size_t(num_blocks), 0);

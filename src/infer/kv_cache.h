@@ -20,13 +20,16 @@
 #include <vector>
 
 #include "infer/engine_api.h"
+#include "kernels/buffer.h"
 #include "kernels/cpu/gemm_lowp_pages.h"
 
 namespace loom::infer {
 
 class KvCache {
  public:
-  KvCache(const KvSpec& spec, int block_size, int num_blocks);
+  // backend: where the pool lives (ModelRunner::cache_backend; null: host memory, with the
+  // spare pool). A device pool is one buffer of that backend, zero-filled, with no spare.
+  KvCache(const KvSpec& spec, int block_size, int num_blocks, Backend* backend = nullptr);
   ~KvCache();  // leaves the pool as the spare (replacing an older spare)
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -64,6 +67,7 @@ class KvCache {
  private:
   void forget(int32_t block);  // drops a block's cache entry (before reuse)
   cpu::HugeBuffer pool_;       // every layer's keys, then values (view_ points in)
+  BackendBuffer device_pool_;  // instead, on a device backend
   KvCacheView view_;
   std::vector<int> ref_;
   std::vector<uint64_t> hash_;

@@ -2,23 +2,24 @@
 
 #include "core/error.h"
 #include "infer/decode_profile.h"
-#include "kernels/cpu/paged_attention.h"
 
 namespace loom::infer {
 namespace {
 
 // Layer by layer: write the chunks' new keys and values into the cache, then let every new
-// query attend to its sequence's cached positions.
+// query attend to its sequence's cached positions; both are Backend ops over the model's
+// buffers and the step's chunk table.
 struct PagedAttention : ForwardAttention {
+  Backend* be = nullptr;
   const KvCacheView* cache = nullptr;
-  std::vector<cpu::PagedChunk> chunks;  // the batch's chunks, rows in batch order
+  const int32_t* table = nullptr;  // a PagedChunkTable in the backend's memory
+  int nchunks = 0, rows = 0;
+  double positions = 0;  // keys and values read: every cached and new position of a chunk
   void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
                float* out) override {
-    double positions = 0;  // keys and values read: every cached and new position of a chunk
-    for (const cpu::PagedChunk& c : chunks) positions += c.start_pos + c.n;
     ProfileScope profile(DecodeProfile::kAttention,
                          positions * 2 * Hkv * D * dtype_size(cache->spec.dtype));
-    cpu::PagedKvLayer kv;
+    PagedKvBuffers kv;
     kv.k = cache->k[size_t(layer)];
     kv.v = cache->v[size_t(layer)];
     kv.dtype = cache->spec.dtype;
@@ -26,9 +27,8 @@ struct PagedAttention : ForwardAttention {
     kv.block_size = cache->block_size;
     kv.n_kv_head = Hkv;
     kv.head_dim = D;
-    const int nc = static_cast<int>(chunks.size());
-    cpu::paged_kv_write(kv, qkv + Hq * D, qkv + (Hq + Hkv) * D, ld, chunks.data(), nc);
-    cpu::paged_attention(out, qkv, ld, kv, chunks.data(), nc, Hq, scale);
+    be->paged_kv_write(kv, qkv + Hq * D, qkv + (Hq + Hkv) * D, ld, table, nchunks, rows);
+    be->paged_attention(out, qkv, ld, kv, table, nchunks, rows, Hq, scale);
   }
 };
 
@@ -38,6 +38,10 @@ DecoderRunner::DecoderRunner(Decoder& model) : model_(model) {
   LOOM_CHECK(model.pipeline_stage().whole(), "serving runs the whole model, not a pipeline stage");
   LOOM_CHECK(!model.tensor_parallel().sequence_parallel,
              "serving under tensor parallelism runs without sequence parallelism");
+}
+
+Backend* DecoderRunner::cache_backend() const {
+  return model_.backend().host_accessible() ? nullptr : &model_.backend();
 }
 
 KvSpec DecoderRunner::kv_spec() const {
@@ -76,11 +80,30 @@ void DecoderRunner::forward(const std::vector<SeqChunk>& batch, const KvCacheVie
   in.cu_seqlens = cu_.data();
   in.N = static_cast<int>(tokens_.size());
   in.nseq = static_cast<int>(batch.size());
-  PagedAttention att;
-  att.cache = &cache;
+  // The chunk table (block tables: only the entries each chunk reaches), built once per step
+  // and read by every layer: in place on the host, else uploaded in one copy.
+  table_.clear(static_cast<int>(batch.size()));
   for (const SeqChunk& c : batch)
-    att.chunks.push_back({c.n, c.start_pos, c.block_table, c.num_blocks});
+    table_.add(c.n, c.start_pos, c.block_table,
+               (c.start_pos + c.n + cache.block_size - 1) / cache.block_size);
+  Backend& be = model_.backend();
+  PagedAttention att;
+  att.be = &be;
+  att.cache = &cache;
+  att.nchunks = table_.chunks();
+  att.rows = table_.rows();
+  for (const SeqChunk& c : batch) att.positions += c.start_pos + c.n;
+  const std::vector<int32_t>& ints = table_.ints();
+  if (be.host_accessible()) {
+    att.table = ints.data();
+  } else {
+    int32_t* dev = table_dev_.ensure_n<int32_t>(be, ints.size(), "kv_chunk_table");
+    be.copy_h2d(dev, ints.data(), ints.size() * sizeof(int32_t));
+    att.table = dev;
+  }
   model_.forward_logits(in, rows, logits, &att);
+  // A device records bad block indices instead of throwing: surface them with this step.
+  if (!be.host_accessible()) be.sync();
 }
 
 }  // namespace loom::infer

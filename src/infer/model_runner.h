@@ -2,11 +2,16 @@
 // forward-only pass (Decoder::forward_logits), with each layer's attention core replaced by
 // attention over the paged KV cache (the chunk's new keys and values written into its blocks
 // first). Keys and values are cached in the model's compute type (bf16 halves the cache).
+// Everything runs through the model's Backend (Backend::paged_kv_write / paged_attention): on
+// a device the KV pool and the step's chunk table (block tables included, uploaded once per
+// step) are device buffers, and the logits come back in one copy per step.
 #pragma once
 
 #include <vector>
 
 #include "infer/engine_api.h"
+#include "kernels/buffer.h"
+#include "kernels/paged_kv.h"
 #include "model/decoder.h"
 
 namespace loom::infer {
@@ -17,12 +22,16 @@ class DecoderRunner : public ModelRunner {
   int vocab() const override { return model_.config().vocab; }
   int max_seq() const override { return model_.config().max_seq; }
   KvSpec kv_spec() const override;
+  // The model's backend when the host cannot address its memory; else the host pool.
+  Backend* cache_backend() const override;
   void forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
                float* logits) override;
 
  private:
   Decoder& model_;
   std::vector<int32_t> tokens_, positions_, cu_;
+  PagedChunkTable table_;
+  BackendBuffer table_dev_;  // the table on a device backend (grow-only)
 };
 
 }  // namespace loom::infer

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/paged_kv.h"
 #include "kernels/rope_scaling.h"
 
 namespace loom {
@@ -294,6 +295,22 @@ struct Backend {
   virtual void fp8_roll_history(float* history, int len, int32_t* pos_count, float* pending,
                                 const float* amax, float* scale, bool e5m2, int margin,
                                 bool most_recent) = 0;
+
+  // ---- Serving over a paged KV cache (infer/model_runner.cpp; kernels/cpu/paged_attention.h
+  // says what each computes): `cache` holds one layer's pools and `chunks` is a PagedChunkTable
+  // of `nchunks` chunks and `rows` rows in an int32 buffer of this backend (kernels/paged_kv.h).
+  // A block index outside [0, cache.num_blocks), or a block table too short for its chunk, is an
+  // input error (thrown here, or by the next sync on a device).
+  // Writes the chunks' new keys and values (rows of n_kv_head * head_dim floats, `ld` apart;
+  // rounded to bf16 when the pool is bf16) into their slots.
+  virtual void paged_kv_write(const PagedKvBuffers& cache, const float* k_new, const float* v_new,
+                              int ld, const int32_t* chunks, int nchunks, int rows) = 0;
+  // out[rows, Hq * D] = causal attention of each new query (rows `ldq` apart, Hq heads) over
+  // positions [0, start_pos + i] of its sequence, read from the cache (written first), online
+  // softmax in fp32, grouped-query heads (Hq % n_kv_head == 0).
+  virtual void paged_attention(float* out, const float* q, int ldq, const PagedKvBuffers& cache,
+                               const int32_t* chunks, int nchunks, int rows, int Hq,
+                               float scale) = 0;
 
   // ---- bf16 policy: the optimizer writes the model's working copies. adamw on the fp32
   // master, then model[i] = round_bf16(master[i]) and, when model_bf16 is not null, its bf16

@@ -361,19 +361,22 @@ void Server::routes() {
           break;
         }
       }
+      // The outcome is counted before the cancel: once the engine has freed the blocks, a
+      // reader of /metrics must already see the abort (the test waits for the blocks, then
+      // reads the count; the other order raced under load).
       if (gone) {
         const std::vector<int64_t> ids = ex->engine_ids;
         lock.unlock();
-        for (int64_t id : ids) engine_.cancel(id);
         record("abort");
+        for (int64_t id : ids) engine_.cancel(id);
         res.status = 499;  // nobody reads it: the connection is closed (nginx's "client closed")
         return;
       }
       if (ex->open > 0) {
         const std::vector<int64_t> ids = ex->engine_ids;
         lock.unlock();
-        for (int64_t id : ids) engine_.cancel(id);
         record("abort");
+        for (int64_t id : ids) engine_.cancel(id);
         send_error(res, ApiError{504, "the request timed out", "server_error", ""});
         return;
       }

@@ -24,7 +24,7 @@ cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$D/lib/x86_64-linux-gnu/cmake/"
 rm -f "$D"/lib/x86_64-linux-gnu/cmake/GTest/GMock*
 sed -i '/GMock/d' "$D/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake"
 
-TARGETS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests cuda_parallel_tests bench_cuda loom"
+TARGETS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests cuda_parallel_tests cuda_serve_tests bench_cuda loom"
 export CCACHE_BASEDIR=$PWD
 # No MPI: the GPU machine has no Open MPI libraries (one-process runs there; NCCL is the device's).
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_NATIVE=OFF \

@@ -3,7 +3,8 @@
 # carried (made here by tests/cuda/gpu_bundle.sh). Uses the prebuilt binaries when they start
 # there, else builds the CUDA tests and bench there; runs every CUDA test (none may be skipped;
 # the step tests run the real Decoder on the GPU against the CPU one), compute-sanitizer
-# memcheck of real-Decoder steps, racecheck on the attention and norm kernels, and bench_cuda
+# memcheck of real-Decoder steps and the paged KV-cache ops, racecheck on the attention, norm
+# and paged-attention kernels, and bench_cuda
 # (the real Decoder + device AdamW: gpt2-124m 16 x 1024 in bf16 / fp8 / fp8-delayed / mxfp8,
 # llama-1b; the GEMM sweep). Every stage and command has a timeout; the default stages should
 # take 3 to 4 minutes on an H100 (estimated, not yet measured). Logs go to $OUT (when set) or
@@ -31,7 +32,7 @@ export LD_LIBRARY_PATH="$PWD/build-gpucarry/lib:$CULIB:$NCCLLIB:${LD_LIBRARY_PAT
 # The CUDA test binaries (a new tests/cuda target joins here). cuda_parallel_tests forks into two
 # ranks on this one GPU (no MPI here) and trains TP, SP, PP, CP and EP through the staged device
 # communicator (NCCL refuses two ranks on one GPU).
-TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests cuda_parallel_tests"
+TESTS="cuda_host_tests cuda_ops_tests cuda_step_tests cuda_nccl_tests moe_ring_cuda_tests cuda_train_tests cuda_parallel_tests cuda_serve_tests"
 
 B=build-gpucarry
 [ -f $B.tgz ] && [ ! -d $B ] && tar xzf $B.tgz  # gpu_bundle.sh packs it for the trip
@@ -86,6 +87,14 @@ if want sanitize && command -v compute-sanitizer >/dev/null; then
   timeout 90 $S --tool racecheck $B/tests/cuda/cuda_ops_tests --gtest_brief=1 \
     --gtest_filter='CudaAttention.MatchesCpu*:CudaAttention.TensorCoresMatch*:CudaOps.LayerNorm*' \
     > "$LOG/sanitizer_racecheck.txt" 2>&1 || { echo "racecheck: rc $?"; rc=1; }
+  # The serving engine's paged KV-cache kernels (kernels/cuda/paged_attention.cu): out-of-bounds
+  # reads of the pool or the chunk table, and the attention's shared-memory merge of its warps.
+  stamp "memcheck + racecheck: paged KV-cache ops"
+  timeout 60 $S --tool memcheck $B/tests/cuda/cuda_serve_tests --gtest_brief=1 \
+    --gtest_filter='CudaPaged.*' > "$LOG/sanitizer_memcheck_paged.txt" 2>&1 || { echo "memcheck paged: rc $?"; rc=1; }
+  timeout 60 $S --tool racecheck $B/tests/cuda/cuda_serve_tests --gtest_brief=1 \
+    --gtest_filter='CudaPaged.OpsMatchTheCpuBackend' > "$LOG/sanitizer_racecheck_paged.txt" 2>&1 ||
+    { echo "racecheck paged: rc $?"; rc=1; }
   tail -n 4 "$LOG"/sanitizer_*.txt
 fi
 if want memcheck-ops && command -v compute-sanitizer >/dev/null; then

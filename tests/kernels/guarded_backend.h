@@ -357,6 +357,16 @@ class GuardedBackend final : public Backend {
     Op op(*this, "fp8_roll_history", {history, pos_count, pending, amax, scale});
     in_.fp8_roll_history(history, len, pos_count, pending, amax, scale, e5m2, margin, most_recent);
   }
+  void paged_kv_write(const PagedKvBuffers& c, const float* k_new, const float* v_new, int ld,
+                      const int32_t* chunks, int nchunks, int rows) override {
+    Op op(*this, "paged_kv_write", {c.k, c.v, k_new, v_new, chunks});
+    in_.paged_kv_write(c, k_new, v_new, ld, chunks, nchunks, rows);
+  }
+  void paged_attention(float* out, const float* q, int ldq, const PagedKvBuffers& c,
+                       const int32_t* chunks, int nchunks, int rows, int Hq, float scale) override {
+    Op op(*this, "paged_attention", {out, q, c.k, c.v, chunks});
+    in_.paged_attention(out, q, ldq, c, chunks, nchunks, rows, Hq, scale);
+  }
   void round_to(DType t, float* x, int64_t n, void* store) override {
     Op op(*this, "round_to", {x, store});
     in_.round_to(t, x, n, store);

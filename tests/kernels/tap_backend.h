@@ -309,6 +309,16 @@ class TapBackend final : public Backend {
     on("add_2d");
     in_.add_2d(dst, ldd, src, lds, rows, cols);
   }
+  void paged_kv_write(const PagedKvBuffers& c, const float* k_new, const float* v_new, int ld,
+                      const int32_t* chunks, int nchunks, int rows) override {
+    on("paged_kv_write");
+    in_.paged_kv_write(c, k_new, v_new, ld, chunks, nchunks, rows);
+  }
+  void paged_attention(float* out, const float* q, int ldq, const PagedKvBuffers& c,
+                       const int32_t* chunks, int nchunks, int rows, int Hq, float scale) override {
+    on("paged_attention");
+    in_.paged_attention(out, q, ldq, c, chunks, nchunks, rows, Hq, scale);
+  }
   void fp8_amax(const float* x, int64_t n, float* amax) override {
     on("fp8_amax");
     in_.fp8_amax(x, n, amax);

@@ -6,6 +6,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/moe.h"
+#include "kernels/cpu/paged_attention.h"
 
 #include <omp.h>
 #include <sys/mman.h>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_set>
+#include <vector>
 
 #include "kernels/memory_ledger.h"
 
@@ -330,7 +332,9 @@ class CpuBackend final : public Backend {
     return sum;
   }
 
-  void fp8_amax(const float* x, int64_t n, float* amax) override { *amax = cpu::fp8_amax(x, n); }
+  void fp8_amax(const float* x, int64_t n, float* amax) override {
+    *amax = cpu::fp8_amax(x, n);
+  }
   void fp8_record_amax(float* pending, const float* amax) override {
     if (std::isfinite(*amax)) *pending = std::max(*pending, *amax);
   }
@@ -365,6 +369,20 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // ---- Serving: the chunk table read in place (host memory), then the cpu:: paged kernels.
+  void paged_kv_write(const PagedKvBuffers& c, const float* k_new, const float* v_new, int ld,
+                      const int32_t* chunks, int nchunks, int rows) override {
+    const cpu::PagedKvLayer kv = paged_layer(c);
+    const std::vector<cpu::PagedChunk>& ch = paged_chunks(chunks, nchunks, rows);
+    cpu::paged_kv_write(kv, k_new, v_new, ld, ch.data(), nchunks);
+  }
+  void paged_attention(float* out, const float* q, int ldq, const PagedKvBuffers& c,
+                       const int32_t* chunks, int nchunks, int rows, int Hq, float scale) override {
+    const cpu::PagedKvLayer kv = paged_layer(c);
+    const std::vector<cpu::PagedChunk>& ch = paged_chunks(chunks, nchunks, rows);
+    cpu::paged_attention(out, q, ldq, kv, ch.data(), nchunks, Hq, scale);
+  }
+
   // ---- bf16 policy (kernels/cpu/adamw.cpp)
   void adamw_to_bf16(float* master, const float* grad, float* m, float* v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, float grad_scale,
@@ -374,6 +392,38 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  static cpu::PagedKvLayer paged_layer(const PagedKvBuffers& c) {
+    cpu::PagedKvLayer kv;
+    kv.k = c.k;
+    kv.v = c.v;
+    kv.dtype = c.dtype;
+    kv.num_blocks = c.num_blocks;
+    kv.block_size = c.block_size;
+    kv.n_kv_head = c.n_kv_head;
+    kv.head_dim = c.head_dim;
+    return kv;
+  }
+  // The table's chunks as cpu::PagedChunk (block tables pointing into the table), in a
+  // grow-only per-thread vector: called twice per layer and step. The cpu:: kernels check the
+  // block indices; the rows are checked here.
+  static const std::vector<cpu::PagedChunk>& paged_chunks(const int32_t* t, int nchunks, int rows) {
+    thread_local std::vector<cpu::PagedChunk> out;
+    LOOM_CHECK(nchunks >= 0 && rows >= 0, "paged attention: ", nchunks, " chunks of ", rows,
+               " rows");
+    out.resize(size_t(nchunks));
+    int row = 0;
+    for (int s = 0; s < nchunks; ++s) {
+      const int32_t* f = t + int64_t(s) * kPagedChunkInts;
+      LOOM_CHECK(f[kPagedRow0] == row && f[kPagedN] >= 0 && f[kPagedBlocks] >= 0 &&
+                     f[kPagedTable] >= nchunks * kPagedChunkInts,
+                 "paged attention: chunk ", s, " of the chunk table is malformed (row ",
+                 f[kPagedRow0], ", expected ", row, ")");
+      out[size_t(s)] = {f[kPagedN], f[kPagedStart], t + f[kPagedTable], f[kPagedBlocks]};
+      row += f[kPagedN];
+    }
+    LOOM_CHECK(row == rows, "paged attention: the chunk table has ", row, " rows, the op ", rows);
+    return out;
+  }
   // memmove semantics are not promised by the interface, but a copy onto itself is harmless.
   static void copy(void* dst, const void* src, size_t bytes) {
     if (bytes && dst != src) std::memcpy(dst, src, bytes);

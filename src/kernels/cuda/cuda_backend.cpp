@@ -15,6 +15,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/moe_ring.h"
+#include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/vocab_slice.h"
 
 namespace loom {
@@ -36,6 +37,10 @@ const char* op_name(int op) {
       return "rope_backward";
     case cuda::kOpMoe:
       return "MoE routing";
+    case cuda::kOpPagedKvWrite:
+      return "paged_kv_write";
+    case cuda::kOpPagedAttention:
+      return "paged_attention";
     default:
       return "cuda op";
   }
@@ -196,6 +201,10 @@ void CudaBackend::check_device_errors() {
       fail(op_name(e.op), ": token ", e.row, " has expert ", e.value, ", outside [0, E)");
     case cuda::kErrNegativePos:
       fail("rope: negative position ", e.value, " at row ", e.row);
+    case cuda::kErrBlockRange:
+      fail(op_name(e.op), ": chunk ", e.row, " names KV block ", e.value, ", outside the pool");
+    case cuda::kErrPagedTable:
+      fail(op_name(e.op), ": chunk ", e.row, "'s block table does not cover position ", e.value);
     default:
       fail(op_name(e.op), ": device error code ", e.code);
   }
@@ -760,6 +769,19 @@ bool CudaBackend::all_finite(const float* x, int64_t n) {
   check_device_errors();
   std::memcpy(&bad, impl_->result_host, sizeof(int));
   return bad == 0;
+}
+
+void CudaBackend::paged_kv_write(const PagedKvBuffers& cache, const float* k_new,
+                                 const float* v_new, int ld, const int32_t* chunks, int nchunks,
+                                 int rows) {
+  cuda::paged_kv_write(impl_->stream, cache, k_new, v_new, ld, chunks, nchunks, rows, impl_->err);
+}
+
+void CudaBackend::paged_attention(float* out, const float* q, int ldq, const PagedKvBuffers& cache,
+                                  const int32_t* chunks, int nchunks, int rows, int Hq,
+                                  float scale) {
+  cuda::paged_attention(impl_->stream, out, q, ldq, cache, chunks, nchunks, rows, Hq, scale,
+                        impl_->err);
 }
 
 void CudaBackend::fp8_amax(const float* x, int64_t n, float* amax) {

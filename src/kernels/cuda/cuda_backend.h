@@ -211,6 +211,12 @@ class CudaBackend final : public Backend {
                        const float* out_b, const float* lse_b, int N, int H, int D) override;
   void add_2d(float* dst, int ldd, const float* src, int lds, int rows, int cols) override;
 
+  // Serving over the paged KV cache (kernels/cuda/paged_attention.cu).
+  void paged_kv_write(const PagedKvBuffers& cache, const float* k_new, const float* v_new, int ld,
+                      const int32_t* chunks, int nchunks, int rows) override;
+  void paged_attention(float* out, const float* q, int ldq, const PagedKvBuffers& cache,
+                       const int32_t* chunks, int nchunks, int rows, int Hq, float scale) override;
+
   // Delayed fp8 scaling's bookkeeping (kernels/cuda/fp8_quant.cu).
   void fp8_amax(const float* x, int64_t n, float* amax) override;
   void fp8_record_amax(float* pending, const float* amax) override;

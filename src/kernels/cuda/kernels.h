@@ -19,6 +19,8 @@ enum DeviceErrorCode : int {
   kErrTargetRange = 2,  // cross_entropy: target >= V
   kErrNegativePos = 3,  // rope: negative position
   kErrExpertRange = 4,  // MoE: an expert index outside [0, E) (row = token, value = index)
+  kErrBlockRange = 5,   // paged KV cache: a block index outside the pool (row = chunk)
+  kErrPagedTable = 6,   // paged KV cache: a block table too short (row = chunk, value = position)
 };
 struct DeviceError {
   int code;
@@ -33,6 +35,8 @@ enum DeviceOp : int {
   kOpRopeForward,
   kOpRopeBackward,
   kOpMoe,
+  kOpPagedKvWrite,
+  kOpPagedAttention,
 };
 
 // ---- pointwise
