@@ -10,8 +10,10 @@
 // Refused by name as well: a micro-batch or layer width that is not a multiple of 16 (cuBLASLt's
 // fp8 alignment).
 // Across ranks, as the CPU recipe: delayed scaling max-reduces each step's amaxes over its amax
-// group (the trainer's TP x DP ranks, through a communicator of device memory), and current
-// scaling max-reduces every amax over the TP group where one is set; delayed scaling's state
+// group (the trainer's TP x DP (x CP) ranks of the pipeline stage, through a communicator of
+// device memory; a stage's recipe holds its own blocks' layers, possibly none; expert MLPs take
+// no recipe, on the CPU either), and current scaling max-reduces every amax over the TP group
+// where one is set; delayed scaling's state
 // (scales, histories, pending amaxes; precision/device_fp8_scaling.h) is checkpointed in the
 // CPU recipe's format.
 #pragma once
