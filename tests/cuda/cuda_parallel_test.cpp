@@ -28,6 +28,7 @@
 #include "comm/pair_communicator.h"
 #include "cuda_train_util.h"
 #include "kernels/guarded_backend.h"
+#include "precision/device_fp8.h"
 #include "precision/guarded_fp8_recipes.h"
 #include "temp_dir.h"
 #include "train/device.h"
@@ -45,7 +46,8 @@ struct Layout {
   std::vector<std::pair<std::string, std::string>> keys;
   int n_layer = 2;
   int grad_accum = 2;
-  bool fp8 = false;  // an fp8 recipe: looser GPU tolerances (above)
+  bool fp8 = false;        // an fp8 recipe: looser GPU tolerances (above)
+  bool fp8_cores = false;  // a per-tensor fp8 recipe: cuBLASLt fp8 GEMMs (sm_89 or newer)
 };
 
 // `device`: "cpu", "cuda", or "" (a backend handed to the Trainer decides).
@@ -100,6 +102,12 @@ void check(const Layout& l) {
   SCOPED_TRACE(l.name);
   ASSERT_EQ(g_world->size(), 2);
   const bool gpu = gpu_count() > 0;
+  if (gpu && l.fp8_cores) {
+    // The process's CUDA backend (the trainers below share it).
+    Backend& be = *select_device("cuda", "test", true).backend;
+    const int sm = device_fp8_target(be, 1, 16).sm_version;
+    if (sm < 89) GTEST_SKIP() << "sm_" << sm << " has no fp8 tensor cores";
+  }
   test::TempDir a("cudapar_cpu"), b("cudapar_dev"), d("cudapar_resume");
   const Run cpu = straight(config(a.str(), l, "cpu", 0), nullptr);
   test::GuardedBackend guard;
@@ -173,6 +181,7 @@ TEST(CudaParallel, DataParallelFp8Delayed) {
           {"precision.fp8_amax_history", "4"}},
          2,
          2,
+         true,
          true});
 }
 
