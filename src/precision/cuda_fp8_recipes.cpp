@@ -37,7 +37,9 @@ CudaFp8Recipes::CudaFp8Recipes(Decoder& model, CudaBackend& be, const CudaFp8Opt
                                int max_tokens, const Fp8Options& keep)
     : be_(be), delayed_(o.amax_history > 0) {
   names_ = fp8_layer_names(model, keep);
-  LOOM_CHECK(!names_.empty(), "fp8 recipes (cuda): the model has no block linear to attach to");
+  // A pipeline stage may hold no selected linear (its blocks kept in bf16, or only the head):
+  // it attaches nothing, but delayed scaling still checkpoints its (empty) state, as the CPU
+  // recipe's Fp8Recipes does on such a stage.
   // One scratch for the widest selected layer: the layers run one after another on one stream.
   int widest = 0;
   size_t weight = 0;
@@ -46,7 +48,8 @@ CudaFp8Recipes::CudaFp8Recipes(Decoder& model, CudaBackend& be, const CudaFp8Opt
       widest = std::max({widest, l.in, l.out});
       weight = std::max(weight, size_t(l.in) * size_t(l.out));
     }
-  scratch_ = std::make_unique<CudaFp8Scratch>(max_tokens, widest, weight, o.mx ? 2 : 1);
+  if (!names_.empty())
+    scratch_ = std::make_unique<CudaFp8Scratch>(max_tokens, widest, weight, o.mx ? 2 : 1);
   if (delayed_) {
     Fp8Options d = keep;
     d.kind = Fp8RecipeKind::TensorwiseDelayed;

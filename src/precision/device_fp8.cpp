@@ -1,6 +1,7 @@
 #include "precision/device_fp8.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -13,10 +14,25 @@
 #endif
 
 namespace loom {
+namespace {
+struct StandIn {
+  const Backend* be = nullptr;
+  DeviceFp8StandIn make;
+};
+StandIn& stand_in() {
+  static StandIn s;
+  return s;
+}
+}  // namespace
+
+void set_device_fp8_stand_in(const Backend* be, DeviceFp8StandIn make) {
+  stand_in() = make ? StandIn{be, std::move(make)} : StandIn{};
+}
 
 void check_device_fp8(const Fp8Options& o, const DeviceFp8Target& t, const std::string& where) {
   const std::string recipe = cat("precision.fp8_recipe = \"", fp8_recipe_name(o.kind), "\"");
-  LOOM_CHECK(t.cuda, where, recipe, ": the fp8 recipes run on the CPU and on the CUDA backend ",
+  LOOM_CHECK(t.cuda || t.stand_in, where, recipe,
+             ": the fp8 recipes run on the CPU and on the CUDA backend ",
              "only; leave precision.fp8_recipe unset");
   // Hopper-class fp8 tensor cores; MXFP8 multiplies dequantised bf16 values and needs none.
   LOOM_CHECK(o.kind == Fp8RecipeKind::Mxfp8 || t.sm_version >= 89, where, recipe,
@@ -31,6 +47,11 @@ DeviceFp8Target device_fp8_target(Backend& be, int dp_ranks, int tokens) {
   DeviceFp8Target t;
   t.dp_ranks = dp_ranks;
   t.tokens = tokens;
+  if (stand_in().make && stand_in().be == &be) {
+    t.stand_in = true;
+    t.sm_version = 90;
+    return t;
+  }
 #if LOOM_HAVE_CUDA
   if (auto* cb = dynamic_cast<CudaBackend*>(&be)) {
     t.cuda = true;
@@ -53,6 +74,7 @@ std::unique_ptr<DeviceFp8Recipes> attach_device_fp8_recipes(const Fp8Options& o,
                  " is ", l.in, " -> ", l.out, "; the fp8 GEMMs need widths that are multiples ",
                  "of 16 (model.d_model and the MLP width), or keep that block in bf16 ",
                  "(precision.fp8_keep_first / fp8_keep_last)");
+  if (stand_in().make && stand_in().be == &be) return stand_in().make(o, model, be);
 #if LOOM_HAVE_CUDA
   auto r = std::make_unique<CudaFp8Recipes>(model, dynamic_cast<CudaBackend&>(be),
                                             cuda_fp8_options(o), tokens, o);

@@ -10,12 +10,15 @@
 // Refused by name as well: a micro-batch or layer width that is not a multiple of 16 (cuBLASLt's
 // fp8 alignment).
 // Across ranks, as the CPU recipe: delayed scaling max-reduces each step's amaxes over its amax
-// group (the trainer's TP x DP ranks, through a communicator of device memory), and current
-// scaling max-reduces every amax over the TP group where one is set; delayed scaling's state
+// group (the trainer's TP x DP (x CP) ranks of the pipeline stage, through a communicator of
+// device memory; a stage's recipe holds its own blocks' layers, possibly none; expert MLPs take
+// no recipe, on the CPU either), and current scaling max-reduces every amax over the TP group
+// where one is set; delayed scaling's state
 // (scales, histories, pending amaxes; precision/device_fp8_scaling.h) is checkpointed in the
 // CPU recipe's format.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -58,10 +61,11 @@ class DeviceFp8Recipes {
 
 // What the device offers the recipe, known before the model is allocated.
 struct DeviceFp8Target {
-  bool cuda = false;   // the backend is the CUDA one (the only device with fp8 recipes)
-  int sm_version = 0;  // its compute capability, 10 * major + minor
-  int dp_ranks = 1;    // data-parallel ranks of the run (every recipe runs on any number)
-  int tokens = 0;      // tokens per micro-batch (train.micro_batch * train.seq_len)
+  bool cuda = false;      // the backend is the CUDA one (the only device with fp8 recipes)
+  bool stand_in = false;  // a test's stand-in recipe is registered for it (set_device_fp8_stand_in)
+  int sm_version = 0;     // its compute capability, 10 * major + minor
+  int dp_ranks = 1;       // data-parallel ranks of the run (every recipe runs on any number)
+  int tokens = 0;         // tokens per micro-batch (train.micro_batch * train.seq_len)
 };
 
 // Throws an error naming precision.fp8_recipe (and the value at fault) when recipe `o` cannot
@@ -70,6 +74,16 @@ void check_device_fp8(const Fp8Options& o, const DeviceFp8Target& t, const std::
 
 // The target of a backend: its kind and SM version (a non-CUDA backend: cuda = false).
 DeviceFp8Target device_fp8_target(Backend& be, int dp_ranks, int tokens);
+
+// Tests: a recipe standing in for the GPU one on a device backend that is not CUDA (the guarded
+// CPU backend, which runs the trainer's device paths without a GPU), made by `make` for the
+// backend `be` while registered (a null `make` unregisters). check_device_fp8 takes such a
+// backend as it takes an sm_90 GPU (the same alignment rules), and attach_device_fp8_recipes
+// calls `make` where it would build the CUDA recipe: so a test runs the trainer's fp8 wiring
+// (layers per pipeline stage, amax groups, begin_step, evaluation, checkpoints) on the device.
+using DeviceFp8StandIn =
+    std::function<std::unique_ptr<DeviceFp8Recipes>(const Fp8Options&, Decoder&, Backend&)>;
+void set_device_fp8_stand_in(const Backend* be, DeviceFp8StandIn make);
 
 // Checks as check_device_fp8 does, then attaches the GPU recipe to `model` (on `be`, the CUDA
 // backend) for micro-batches of up to `tokens` tokens, replacing any recipe on those linears;

@@ -17,7 +17,9 @@ DeviceFp8Scaling::DeviceFp8Scaling(Backend& be, const Fp8Options& o, std::vector
              fp8_recipe_name(o.kind), " keeps no amax history");
   LOOM_CHECK(o.amax_history >= 1 && o.amax_history <= (1 << 20), "fp8 scaling state: amax ",
              "history ", o.amax_history, " outside [1, 2^20]");
-  LOOM_CHECK(!names_.empty(), "fp8 scaling state: no fp8 layer");
+  // No layer is a state too: a pipeline stage whose blocks all stay bf16 (fp8_keep_first /
+  // fp8_keep_last) holds none, checkpoints an empty layer map and reduces nothing.
+  if (names_.empty()) return;
   const size_t n = names_.size() * 3, floats = n * (kHistories + size_t(o.amax_history));
   mem_ = BackendBuffer(be, floats * sizeof(float), "fp8 scaling");
   ring_ = BackendBuffer::zeroed(be, n * 2 * sizeof(int32_t), "fp8 scaling");
@@ -57,6 +59,8 @@ void DeviceFp8Scaling::record(size_t i, int t, const float* v, int64_t n) {
 }
 
 void DeviceFp8Scaling::begin_step(comm::Communicator* group) {
+  // (A stage without fp8 layers: so are the other ranks of its group, which share its layers.)
+  if (names_.empty()) return;
   const size_t n = names_.size() * 3;
   // Every layer's three amaxes in one all-reduce (as Fp8Recipes::begin_step), into a copy: a
   // tensor this rank did not record (-1) takes no part in the max and does not roll here.
@@ -111,6 +115,7 @@ std::vector<float> DeviceFp8Scaling::history(size_t i, int t) const {
 }
 
 Json DeviceFp8Scaling::state() const {
+  if (names_.empty()) return fp8_recipes_state(opt_.amax_history, names_, {});
   const std::vector<float> all = download();
   const std::vector<int32_t> rings = download_rings();
   const size_t n = names_.size() * 3, len = size_t(opt_.amax_history);
@@ -131,7 +136,7 @@ Json DeviceFp8Scaling::state() const {
 
 void DeviceFp8Scaling::restore(const Json* j, const std::string& where) {
   const Json::Object* layers = fp8_state_layers(j, names_, opt_.amax_history, where);
-  if (layers == nullptr) return;
+  if (layers == nullptr || names_.empty()) return;
   // Every layer parsed and checked before anything changes (no half-restored state).
   const size_t n = names_.size() * 3, len = size_t(opt_.amax_history);
   std::vector<float> all(n * (kHistories + len), 0.f);

@@ -33,7 +33,8 @@ class Communicator;
 class DeviceFp8Scaling {
  public:
   // For the fp8 layers `names` (delayed scaling: o.kind must be fp8_tensorwise_delayed): scales
-  // 1, empty histories, nothing pending.
+  // 1, empty histories, nothing pending. `names` may be empty (a pipeline stage whose blocks
+  // all stay bf16): nothing to roll or reduce, and state() is the CPU recipe's empty one.
   DeviceFp8Scaling(Backend& be, const Fp8Options& o, std::vector<std::string> names);
   DeviceFp8Scaling(const DeviceFp8Scaling&) = delete;
   DeviceFp8Scaling& operator=(const DeviceFp8Scaling&) = delete;

@@ -216,7 +216,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
                                        "parallel.device_comm");
   if (!be_->host_accessible()) {  // before any data is opened or anything allocated
     Fp8Options fp8_probe;
-    check_device_support((world ? *world : comm::world()).size(), dims, vp,
+    check_device_support((world ? *world : comm::world()).size(),
                          Fp8Options::from(cfg_, mcfg_.n_layer, &fp8_probe) ? &fp8_probe : nullptr);
   }
   if (opt_.eval_interval > 0) {  // every data-parallel rank evaluates the same batches
@@ -907,22 +907,18 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
 
 // What the trainer's step keeps off a device so far, refused up front with the reason (before
 // the model allocates or anything is written). Every layout (DP with ZeRO 0-2, TP with SP, PP
-// with virtual stages, CP, EP, MoE; ZeRO-3, bf16 gradient reduction, LoRA and DPO) trains on the device: each group that moves device memory
-// has its device communicator (on_device: NCCL, or staged through the host), and the layers'
-// parallel parts (vocabulary-parallel cross-entropy, pipeline activations, the CP ring, the EP
-// exchange) run on Backend buffers and ops.
-void Trainer::check_device_support(int world_size, const comm::ParallelDims& d, int vp,
-                                   const Fp8Options* fp8) const {
+// with virtual stages, CP, EP, MoE; ZeRO-3, bf16 gradient reduction, LoRA and DPO) trains on the
+// device: each group that moves device memory has its device communicator (on_device: NCCL, or
+// staged through the host), and the layers' parallel parts (vocabulary-parallel cross-entropy,
+// pipeline activations, the CP ring, the EP exchange) run on Backend buffers and ops.
+void Trainer::check_device_support(int world_size, const Fp8Options* fp8) const {
   const std::string on =
       cat("train.device = \"", opt_.device, "\" (the ", be_->name(), " backend): ");
-  // The GPU fp8 recipe max-reduces its amaxes over the CPU recipe's groups (TP x DP x CP for
-  // delayed scaling, TP for current scaling) on device communicators; it was never run on a
-  // pipeline stage or with experts split over ranks: refused there until it is (docs/gpu.md,
-  // "fp8 in the GPU trainer").
-  LOOM_CHECK(!fp8 || (d.pp == 1 && vp == 1 && d.ep == 1), on,
-             "precision.fp8_recipe with pipeline or expert parallelism (parallel.pp = ", d.pp,
-             ", vp = ", vp, ", ep = ", d.ep, ") is not supported on the GPU yet: use data, ",
-             "tensor or context parallelism, or train in bf16");
+  // fp8 runs on every layout the CPU recipe does: its amaxes are max-reduced over the CPU
+  // recipe's groups (TP x DP x CP of the pipeline stage for delayed scaling, TP for current
+  // scaling) on device communicators; a pipeline stage's recipe holds its own layers' state;
+  // expert MLPs take no recipe on either path (Decoder::linears() lists none), so under EP only
+  // the replicated attention and dense layers are fp8 (docs/gpu.md, "fp8 in the GPU trainer").
   if (fp8)
     check_device_fp8(*fp8, device_fp8_target(*be_, world_size, opt_.micro_batch * opt_.seq_len),
                      on);

@@ -52,6 +52,15 @@ class GuardedBackend final : public Backend {
   void allow_host(const void* p, size_t bytes) { allowed_[p] = bytes; }
   const std::vector<std::string>& host_pointer_ops() const { return host_ptrs_; }
 
+  // Host code standing in for a device kernel the backend lacks (a test's stand-in for a
+  // GPU-only op, e.g. tests/precision/guarded_fp8_recipes.h): `f` runs with the buffers open,
+  // counted and checked as the op `name` on `device_ptrs`.
+  template <typename F>
+  void host_op(const char* name, std::initializer_list<const void*> device_ptrs, F&& f) {
+    Op op(*this, name, device_ptrs);
+    f();
+  }
+
   // ---- memory
   void* alloc(size_t bytes, const char* cls) override {
     const size_t page = size_t(sysconf(_SC_PAGESIZE));

@@ -6,7 +6,8 @@
 // ways (the device state restored from the CPU recipe's and the CPU recipe restored from the
 // device's, then both go on). The guarded runs happen in a child process (a death test that
 // must exit 0), so a fault fails its test only. Bad checkpoint states are refused naming the
-// layer, with nothing changed.
+// layer, with nothing changed; a state without layers (a bf16 pipeline stage) is the CPU
+// recipe's empty one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -141,4 +142,28 @@ TEST(DeviceFp8ScalingBadInput, MismatchedStatesAreRefusedWithNothingChanged) {
   layers["blocks.1.mlp.fc"] = tensors;
   corrupt["layers"] = layers;
   refused(corrupt, "fp8 state of blocks.1.mlp.fc");
+}
+
+// A pipeline stage whose blocks all stay bf16 holds no fp8 layer: its state is the CPU recipe's
+// empty one (an empty layer map), a step rolls nothing, its own state restores, and a state with
+// layers is refused (the checkpoint belongs to another layout).
+TEST(DeviceFp8Scaling, NoLayersIsTheCpuRecipesEmptyState) {
+  const Fp8Options o = delayed(true, 0, 3, false);
+  DeviceFp8Scaling empty(cpu_backend(), o, {});
+  EXPECT_EQ(empty.size(), 0u);
+  empty.begin_step(nullptr);
+  const Json s = empty.state();
+  EXPECT_EQ(s.dump(), fp8_recipes_state(3, {}, {}).dump());
+  EXPECT_TRUE(s.at("layers").as_object().empty());
+  empty.restore(&s, "ckpt/step_3");
+  test::Fp8ScalingPair two(cpu_backend(), o, 2);
+  const Json other = two.device().state();
+  try {
+    empty.restore(&other, "ckpt/step_3");
+    ADD_FAILURE() << "a state with 2 layers was accepted by a stage with none";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8 state for 2 layers, but this run has 0"),
+              std::string::npos)
+        << e.what();
+  }
 }

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "kernels/cuda/fp8_gemm_rules.h"
 
 namespace loom::cuda {
 namespace {
@@ -34,10 +35,6 @@ cudaDataType_t cuda_type(DType t) {
     default:
       fail("gemm (cuda): unsupported operand type ", dtype_name(t));
   }
-}
-
-bool is_fp8(DType t) {
-  return t == DType::F8E4M3 || t == DType::F8E5M2;
 }
 
 using Key = std::array<int64_t, 22>;
@@ -214,17 +211,7 @@ void LtGemm::run(cudaStream_t st, const GemmEx& g, int compute) {
              "gemm (cuda): output type must be fp32, bf16 or fp16, got ", dtype_name(g.c_type));
   const bool fp8 = is_fp8(g.a_type) || is_fp8(g.b_type);
   if (fp8) {
-    LOOM_CHECK(impl_->sm >= 89, "gemm (cuda): fp8 needs sm_89 or newer (this device is sm_",
-               impl_->sm, ")");
-    LOOM_CHECK(!g.trans_a && g.trans_b,
-               "gemm (cuda): fp8 operands must be A[M,K] (not transposed) and B stored [N,K] "
-               "(trans_b), the only layout cuBLASLt supports for fp8");
-    LOOM_CHECK(g.a_scale && g.b_scale, "gemm (cuda): fp8 needs per-tensor scales a_scale/b_scale");
-    LOOM_CHECK(pointer_alignment(g.a_scale) >= 16 && pointer_alignment(g.b_scale) >= 16,
-               "gemm (cuda): fp8 scale pointers must be 16-byte aligned (cuBLASLt refuses others "
-               "at launch); got alignments ",
-               pointer_alignment(g.a_scale), " and ", pointer_alignment(g.b_scale));
-    LOOM_CHECK(!g.bias, "gemm (cuda): bias is not supported with fp8 operands");
+    check_fp8_gemm(g, impl_->sm);  // cuBLASLt's fp8 rules (fp8_gemm_rules.h)
   } else {
     LOOM_CHECK(g.a_type == g.b_type, "gemm (cuda): A and B types differ (", dtype_name(g.a_type),
                ", ", dtype_name(g.b_type), ")");
