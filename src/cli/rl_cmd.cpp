@@ -72,6 +72,11 @@ int run_rl_here(const Args& args) {
       .value("learner-tp", "1",
              "with --rollout-ranks: tensor-parallel ranks per data-parallel learner group")
       .flag("learner-sp", "with --learner-tp > 1: sequence parallelism inside each TP group")
+      .value("learner-ep", "1",
+             "with --rollout-ranks, a MoE policy: data-parallel learner groups the experts are "
+             "split over (expert parallelism)")
+      .value("learner-etp", "1",
+             "with --rollout-ranks, a MoE policy: TP ranks each expert's width is split over")
       .value("weight-sync", "bf16", "with --rollout-ranks: weights broadcast as bf16 or f32")
       .value("threads-per-role", "0", "with --async: OpenMP/BLAS threads each (0: half the cores)")
       .value("save-every", "0", "checkpoint every N steps (0: only at the end)")
@@ -118,6 +123,10 @@ int run_rl_here(const Args& args) {
   const int learner_tp = o.get_int32("learner-tp", 1, 1 << 20);
   const bool learner_sp = o.has("learner-sp");
   LOOM_CHECK(!learner_sp || learner_tp > 1, "--learner-sp needs --learner-tp > 1");
+  LOOM_CHECK(mpi || (!o.has("learner-ep") && !o.has("learner-etp")),
+             "--learner-ep and --learner-etp need --rollout-ranks");
+  const int learner_ep = o.get_int32("learner-ep", 1, 1 << 20);
+  const int learner_etp = o.get_int32("learner-etp", 1, 1 << 20);
   const DType weight_dtype = rl::weight_sync_dtype(o.get("weight-sync"));
   ro.partial_tokens = o.get_int32("partial-tokens", 0, 1 << 16);
   LOOM_CHECK(ro.partial_tokens == 0 || async || mpi,
@@ -169,6 +178,8 @@ int run_rl_here(const Args& args) {
   mo.steps = steps;
   mo.learner_tp = learner_tp;
   mo.learner_sp = learner_sp;
+  mo.learner_ep = learner_ep;
+  mo.learner_etp = learner_etp;
   mo.save_every = save_every;
   const int rank = comm::world().rank();
   if (mpi && rank > rollout_ranks) {
@@ -259,14 +270,17 @@ int run_rl_here(const Args& args) {
     const std::vector<rl::BufferedStep> buffer = async_loop ? async_loop->buffer_contents(&carried)
                                                  : mpi_loop ? mpi_loop->buffer_contents(&carried)
                                                             : std::vector<rl::BufferedStep>{};
-    // Under --learner-tp the whole optimizer state, gathered by the learners at this step.
+    // Under --learner-tp/-ep/-etp the whole optimizer state, gathered by the learners at this
+    // step.
     return rl::save_rl_checkpoint(root, step, info, *model,
                                   mpi_loop ? mpi_loop->checkpoint_optimizer() : learner.optimizer(),
                                   buffer, carried);
   };
 
   const std::string tp_groups =
-      learner_tp > 1 ? cat(" as TP groups of ", learner_tp, learner_sp ? " with SP" : "") : "";
+      (learner_tp > 1 ? cat(" as TP groups of ", learner_tp, learner_sp ? " with SP" : "") : "") +
+      (learner_ep > 1 ? cat(", experts split over ", learner_ep, " of them (EP)") : "") +
+      (learner_etp > 1 ? cat(", each expert over ", learner_etp, " TP ranks (ETP)") : "");
   log_info("GRPO on ", env->name(),
            (mpi     ? cat(", over ", rollout_ranks, " rollout rank(s) + ",
                           comm::world().size() - rollout_ranks, " learner rank(s)", tp_groups,

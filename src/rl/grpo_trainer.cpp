@@ -31,6 +31,30 @@ void pad_for_sequence_parallel(Batch& b, const Decoder& m) {
   b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
 }
 
+// Expert parallelism: a pass of padding that every rank of the EP group can run alongside the
+// others' real passes (their token exchanges need every rank): one token, no target.
+Batch padding_pass(const Decoder& m) {
+  Batch c;
+  c.tokens = {0};
+  c.positions = {0};
+  c.targets = {-1};
+  c.cu_seqlens = {0, 1};
+  pad_for_sequence_parallel(c, m);
+  return c;
+}
+
+// The first element of the experts' weights, which the decoder puts after every other
+// parameter (the flat buffer's tail; total() when there are none).
+int64_t experts_begin(const ParamSet& P) {
+  int64_t lo = P.total();
+  for (const ParamInfo& p : P.infos())
+    if (p.expert) lo = std::min(lo, p.offset);
+  for (const ParamInfo& p : P.infos())
+    LOOM_CHECK(p.expert == (p.offset >= lo), p.name, ": expert weights must follow every other ",
+               "parameter");
+  return lo;
+}
+
 }  // namespace
 
 Json RlStepStats::json() const {
@@ -67,8 +91,15 @@ Json RlStepStats::json() const {
   return j;
 }
 
-GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp)
+GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp,
+                         comm::Communicator* expert_dp)
     : policy_(policy), opt_(opt), dp_(dp && dp->size() > 1 ? dp : nullptr) {
+  if (policy.expert_parallel().size > 1) {
+    LOOM_CHECK(dp_, "an expert-parallel learner needs the data-parallel learners it splits the ",
+               "experts over");
+    ep_ = policy.expert_parallel().comm;
+    edp_ = expert_dp && expert_dp->size() > 1 ? expert_dp : nullptr;
+  }
   LOOM_CHECK(opt.prompts_per_step > 0 && opt.group_size > 1, "GRPO needs prompts and groups of ",
              "at least 2 completions (group_size = ", opt.group_size, ")");
   LOOM_CHECK(opt.max_tokens > 0, "max_tokens must be positive");
@@ -76,9 +107,11 @@ GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicat
              "[0, 1), not ", opt.learner_share);
   LOOM_CHECK(policy.act_dtype() == DType::F32, "GRPO runs the fp32 policy for now");
   if (opt.grpo.beta > 0) {
-    // In the policy's layout: under tensor parallelism, the same shard of the starting weights.
-    reference_ = std::make_unique<Decoder>(policy.config(), cpu_backend(), Recompute::None,
-                                           DType::F32, policy.tensor_parallel());
+    // In the policy's layout: under tensor and expert parallelism, the same shard of the
+    // starting weights.
+    reference_ =
+        std::make_unique<Decoder>(policy.config(), cpu_backend(), Recompute::None, DType::F32,
+                                  policy.tensor_parallel(), policy.expert_parallel());
     reference_->params().copy_values_from(policy.params());
   }
   optim_ = std::make_unique<AdamW>(policy.params(), opt.adam, DType::F32, cpu_backend());
@@ -198,13 +231,29 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
     const int64_t budget =
         opt_.logit_rows > 0 ? opt_.logit_rows : std::max<int64_t>(1, (int64_t(1) << 24) / V);
     double entropy_sum = 0;
-    bool any_rows = false;
     std::vector<float> logits, ref_logits;
+    std::vector<std::pair<size_t, size_t>> passes;  // sequences [k0, k1) of each pass with rows
     for (size_t k0 = 0; k0 < samples.size();) {
       size_t k1 = k0;
       int64_t nrows = 0;
       while (k1 < samples.size() && (k1 == k0 || nrows + span[k1].second <= budget))
         nrows += span[k1++].second;
+      if (nrows > 0) passes.push_back({k0, k1});
+      k0 = k1;
+    }
+    const bool any_rows = !passes.empty();
+    // Expert parallelism: each pass exchanges tokens over the EP group, so every rank of it runs
+    // as many passes as the one with the most; a rank with fewer runs padding passes (their
+    // logits unread).
+    const int64_t npass = ep_ ? ep_->all_reduce_scalar(int64_t(passes.size()), comm::ReduceOp::Max)
+                              : int64_t(passes.size());
+    for (int64_t pi = int64_t(passes.size()); pi < npass; ++pi) {
+      const Batch c = padding_pass(policy_);
+      logits.resize(size_t(V));
+      policy_.forward_logits(c.input(), {0}, logits.data());
+      if (reference_) reference_->forward_logits(c.input(), {0}, logits.data());
+    }
+    for (auto [k0, k1] : passes) {
       // Sequences k0 .. k1 - 1: a slice of the packed batch.
       const int32_t lo = b.cu_seqlens[k0], hi = b.cu_seqlens[k1];
       Batch c;
@@ -217,9 +266,6 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       for (size_t k = k0; k < k1; ++k)
         for (int t = 0; t < span[k].second; ++t) rows.push_back(span[k].first - lo + t);
       const size_t chunk_k0 = k0;
-      k0 = k1;
-      if (rows.empty()) continue;
-      any_rows = true;
       logits.resize(rows.size() * size_t(V));
       policy_.forward_logits(c.input(), rows, logits.data());
       if (reference_) {
@@ -324,11 +370,25 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
         float* grad = Pm.grad();
         for (int64_t i = 0; i < Pm.total(); ++i) grad[i] += g[i];
       }
+    } else if (ep_) {
+      // Nothing to train on here, but the EP group's passes exchange tokens with this rank: a
+      // padding pass with no loss weight and no auxiliary-loss weight adds zero gradients.
+      const Batch c = padding_pass(policy_);
+      std::vector<float> zeros(c.tokens.size(), 0.f);
+      ModelInput pin = c.input();
+      pin.loss_weights = zeros.data();
+      pin.aux_weight = 0.f;
+      policy_.forward_backward(pin, 1.f);
     }
     if (dp_) {
       // The gradients of the shares sum to the batch's (ZeRO-0's all-reduce, in fp32); every
       // learner then takes the same AdamW step on the same sum, so their weights stay equal.
-      dp_->all_reduce(Pm.grad(), Pm.total(), DType::F32, comm::ReduceOp::Sum);
+      // Under expert parallelism the experts (the buffer's tail) differ between EP ranks: they
+      // are summed over the groups holding the same experts.
+      const int64_t lo = ep_ ? experts_begin(Pm) : Pm.total();
+      dp_->all_reduce(Pm.grad(), lo, DType::F32, comm::ReduceOp::Sum);
+      if (edp_ && lo < Pm.total())
+        edp_->all_reduce(Pm.grad() + lo, Pm.total() - lo, DType::F32, comm::ReduceOp::Sum);
       std::vector<double> parts = {gs.loss, gs.kl, gs.clip_fraction, gs.mean_is_weight,
                                    entropy_sum};
       dp_->all_reduce_f64(parts.data(), int64_t(parts.size()), comm::ReduceOp::Sum);
@@ -354,18 +414,23 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
 double GrpoLearner::grad_sq() {
   ParamSet& Pm = policy_.params();
   const TensorParallel& tp = policy_.tensor_parallel();
-  if (tp.size == 1) return cpu_backend().sum_squares(Pm.grad(), Pm.total());
+  if (tp.size == 1 && !ep_) return cpu_backend().sum_squares(Pm.grad(), Pm.total());
   // Every element once over the TP group: sharded parameters on every rank, replicated ones
-  // (their gradients are equal on every rank) on rank 0. The data-parallel learners already
-  // hold the same summed gradients.
-  const std::vector<double> w = parallel::grad_norm_weights(Pm, tp.rank);
-  double sq = 0;
+  // (their gradients are equal on every rank) on rank 0, the experts on the first ETP group.
+  // The data-parallel learners already hold the same summed gradients; under expert
+  // parallelism the experts' part is summed over the EP group (each rank holds other experts).
+  const std::vector<double> w =
+      parallel::grad_norm_weights(Pm, tp.rank, policy_.expert_parallel().tp_size);
+  double sq[2] = {0, 0};  // the rest, the experts split over the EP group
   for (size_t i = 0; i < Pm.infos().size(); ++i) {
     const ParamInfo& p = Pm.infos()[i];
-    if (w[i] > 0) sq += w[i] * cpu_backend().sum_squares(Pm.grad() + p.offset, p.numel);
+    if (w[i] > 0)
+      sq[p.expert && ep_ ? 1 : 0] +=
+          w[i] * cpu_backend().sum_squares(Pm.grad() + p.offset, p.numel);
   }
-  tp.comm->all_reduce_f64(&sq, 1, comm::ReduceOp::Sum);
-  return sq;
+  if (tp.size > 1) tp.comm->all_reduce_f64(sq, 2, comm::ReduceOp::Sum);
+  if (ep_) ep_->all_reduce_f64(sq + 1, 1, comm::ReduceOp::Sum);
+  return sq[0] + sq[1];
 }
 
 GrpoTrainer::GrpoTrainer(Decoder& policy, const data::BpeTokenizer& tok,

@@ -94,8 +94,13 @@ class GrpoLearner {
   // all the groups (up to the order of floating-point sums). A policy built with a tensor-
   // parallel layout (Decoder::tensor_parallel) is a shard: every rank of its TP group is given
   // the same groups, and the gradient norm is taken over the group (`dp` then joins the ranks of
-  // one TP rank across the data-parallel groups).
-  GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp = nullptr);
+  // one TP rank across the data-parallel groups). A policy built with expert parallelism
+  // (Decoder::expert_parallel, its experts split over data-parallel groups) reduces its experts'
+  // gradients over `expert_dp` (the groups holding the same experts; null: none other) and the
+  // rest over `dp`, and runs as many passes as every rank of its EP group (padding passes that
+  // carry no gradient where its share has fewer), since each pass exchanges tokens with them.
+  GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp = nullptr,
+              comm::Communicator* expert_dp = nullptr);
   // One step on `groups` with the weights of version `version` (steps taken); fills the reward,
   // loss and staleness fields of `st` (the whole step's, under data parallelism). Collective
   // over `dp`: every learner calls it each step, with a share that may be empty.
@@ -109,6 +114,9 @@ class GrpoLearner {
   Decoder& policy_;
   const RlOptions& opt_;
   comm::Communicator* dp_ = nullptr;  // the learner ranks (null: one learner)
+  // Expert parallelism: the EP group (passes in lockstep; the experts' norm) and the expert-data-
+  // parallel group (the experts' gradients); null without EP, or (edp) with one group of each.
+  comm::Communicator *ep_ = nullptr, *edp_ = nullptr;
   std::unique_ptr<Decoder> reference_;
   std::unique_ptr<AdamW> optim_;
   LearnerHelper* helper_ = nullptr;

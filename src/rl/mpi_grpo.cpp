@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/backend.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "rl/rl_checkpoint.h"
 #include "rl/trajectory_wire.h"
@@ -70,8 +71,8 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       buffer_(mo.max_staleness) {
   check_rl_layout(world.size(), mo.rollout_ranks);
   // On every rank before any collective: a bad grid ends them all with the same error.
-  check_learner_grid(world.size() - mo.rollout_ranks, mo.learner_tp, policy.config(),
-                     mo.learner_sp);
+  check_learner_grid(world.size() - mo.rollout_ranks, mo.learner_tp, policy.config(), mo.learner_sp,
+                     mo.learner_ep, mo.learner_etp);
   LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
   K_ = mo.rollout_ranks;
   L_ = world.size() - K_;
@@ -85,11 +86,12 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
     li_ = learners_->rank();
     T_ = mo.learner_tp;
     D_ = L_ / T_;
-    if (T_ > 1) setup_tensor_parallel();
-    learner_ = std::make_unique<GrpoLearner>(T_ > 1 ? *shard_ : policy, opt_,
-                                             T_ > 1 ? dp_.get() : learners_.get());
-    // A restore writes the whole model (and, under TP, the whole optimizer state, cut below).
-    step_ = first_ = restore ? restore(policy, T_ > 1 ? *whole_optim_ : learner_->optimizer()) : 0;
+    E_ = mo.learner_ep;
+    if (T_ > 1 || E_ > 1 || mo.learner_etp > 1) setup_model_parallel();
+    learner_ = std::make_unique<GrpoLearner>(shard_ ? *shard_ : policy, opt_,
+                                             shard_ ? dp_.get() : learners_.get(), edp_.get());
+    // A restore writes the whole model (and, with a shard, the whole optimizer state, cut below).
+    step_ = first_ = restore ? restore(policy, shard_ ? *whole_optim_ : learner_->optimizer()) : 0;
     LOOM_CHECK(mo.steps >= first_, "the run starts at step ", first_, ", past its ", mo.steps,
                " steps");
     if (L_ > 1) {
@@ -100,10 +102,10 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       learners_->broadcast(policy.params().host_data("broadcasting the weights to the learners"),
                            policy.params().total(), DType::F32, 0);
     }
-    if (T_ > 1) {
+    if (shard_) {
       extract_shard(policy.params(), shard_->params());
       if (restore) extract_shard_state(*whole_optim_, learner_->optimizer(), shard_->params());
-      if (!gather_) whole_optim_.reset();  // only learner 0's TP group assembles the whole state
+      if (!gather_) whole_optim_.reset();  // only learner 0's gathering group assembles it
     }
     if (rank_ == 0) {
       // A resume's buffered groups are trained on first; the rollout ranks generate from the
@@ -187,23 +189,55 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
 
 MpiGrpo::~MpiGrpo() = default;
 
-void MpiGrpo::setup_tensor_parallel() {
-  // Collective over the learners, in this order: the TP group (T consecutive learners), then
-  // the data-parallel group (the same TP rank in every TP group).
-  tp_ = learners_->split(li_ / T_, li_ % T_, "rl-learner-tp");
-  dp_ = learners_->split(li_ % T_, li_ / T_, "rl-learner-dp");
+void MpiGrpo::setup_model_parallel() {
+  // Learner i is TP rank i % T of data-parallel group d = i / T, and group d is EP rank d % E of
+  // expert-data-parallel group d / E (the trainer's order: comm/process_groups.h).
+  const int tr = li_ % T_, d = li_ / T_, er = d % E_, ed = d / E_;
+  // Collective over the learners, in this order: the TP group (T consecutive learners), the
+  // data-parallel group (the same TP rank in every TP group); with EP the EP group (E
+  // consecutive data-parallel groups), the expert-data-parallel group (the same EP rank in every
+  // EP group), and the first T x E learners, which hold every element between them.
+  tp_ = learners_->split(d, tr, "rl-learner-tp");
+  dp_ = learners_->split(tr, d, "rl-learner-dp");
+  comm::Communicator* gather_group = tp_.get();
+  if (E_ > 1) {
+    ep_ = learners_->split(tr + T_ * ed, er, "rl-learner-ep");
+    edp_ = learners_->split(tr + T_ * er, ed, "rl-learner-edp");
+    whole_ = learners_->split(ed == 0 ? 0 : 1, li_, "rl-learner-whole");
+    gather_group = whole_.get();
+  }
   TensorParallel tp;
-  tp.size = T_;
-  tp.rank = tp_->rank();
-  tp.comm = tp_.get();
-  tp.sequence_parallel = mo_.learner_sp;
-  tp = parallel::with_tensor_parallel_ops(tp);  // the layers' communication over that group
-  shard_ =
-      std::make_unique<Decoder>(policy_.config(), cpu_backend(), Recompute::None, DType::F32, tp);
+  if (T_ > 1) {
+    tp.size = T_;
+    tp.rank = tr;
+    tp.comm = tp_.get();
+    tp.sequence_parallel = mo_.learner_sp;
+    tp = parallel::with_tensor_parallel_ops(tp);  // the layers' communication over that group
+  }
+  ExpertParallel ep;
+  const int etp = mo_.learner_etp;
+  if (E_ > 1) {
+    ep.size = E_;
+    ep.rank = er;
+    ep.comm = ep_.get();
+  }
+  ep.tp_size = etp;
+  ep.tp_rank = tr % etp;
+  if (etp == T_ && etp > 1) {
+    ep.tp_comm = tp_.get();
+  } else if (etp > 1) {
+    ep.tp_owner = tp_->split(tr / etp, tr % etp, "rl-learner-etp");
+    ep.tp_comm = ep.tp_owner.get();
+  }
+  ep.make_exchange = &parallel::make_expert_exchange;
+  shard_ = std::make_unique<Decoder>(policy_.config(), cpu_backend(), Recompute::None, DType::F32,
+                                     tp, ep);
   // The starting weights: the reference model (beta > 0) copies them from the shard.
   extract_shard(policy_.params(), shard_->params());
   whole_optim_ = std::make_unique<AdamW>(policy_.params(), opt_.adam, DType::F32, cpu_backend());
-  if (li_ / T_ == 0) gather_ = std::make_unique<TpGather>(shard_->params(), *tp_);
+  if (ed == 0)  // with E = 1: learner 0's TP group
+    gather_ = std::make_unique<TpGather>(shard_->params(), *gather_group,
+                                         owned_params(shard_->params(), tr, etp, er));
 }
 
 void MpiGrpo::gather_whole() {
@@ -291,7 +325,7 @@ RlStepStats MpiGrpo::step() {
   if (mo_.before_learn) mo_.before_learn(step_);
   learner_->learn(share, step_, &st);
   ++step_;
-  if (T_ > 1) gather_whole();  // the whole policy for the weight sync, evaluation and saves
+  if (shard_) gather_whole();  // the whole policy for the weight sync, evaluation and saves
   if (rank_ == 0) {
     // The new weights to the rollout ranks (not after the last step: nobody generates then).
     if (step_ < mo_.steps) broadcast_weights();

@@ -43,6 +43,13 @@
 //   any layout resumes from any other. With learner_sp the TP groups run sequence parallelism
 //   too (a pass's tokens padded to split over the group: GrpoLearner); a MoE policy's experts
 //   are replicated over the TP group, as the trainer's etp = 1.
+// - Expert parallelism (learner_ep = E > 1, a MoE policy): as the trainer's parallel.ep, the
+//   experts are split over E consecutive data-parallel groups (group d: EP rank d % E, expert-
+//   data-parallel rank d / E), each pass exchanging tokens over the EP group; with learner_etp
+//   each expert's width is split over that many ranks of a TP group (parallel.etp). Learner 0's
+//   TP groups of the first EP group (the first T x E learners) then hold every element once
+//   between them, and gather the whole policy after each step (and the optimizer's moments at
+//   the checkpoint steps), as the TP group does without EP.
 // With max_staleness = 0, fp32 weight sync and one learner, the run is the synchronous
 // algorithm (GrpoTrainer) bit for bit: the same engine samples the same requests from the same
 // weights, and the learner sees the groups in the same order. With several learners it is the
@@ -83,8 +90,12 @@ struct MpiRlOptions {
   // With learner_tp > 1: sequence parallelism inside each TP group (--learner-sp; the trainer's
   // parallel.sp): norms and residuals split along the tokens.
   bool learner_sp = false;
-  // With learner_tp > 1: after every save_every-th step (0: only the last) the optimizer state
-  // is gathered for learner 0's checkpoint (checkpoint_optimizer()).
+  // Data-parallel learner groups the experts of a MoE policy are split over (--learner-ep;
+  // divides the groups), and TP ranks each expert's width is split over (--learner-etp; divides
+  // learner_tp).
+  int learner_ep = 1, learner_etp = 1;
+  // With learner_tp, learner_ep or learner_etp > 1: after every save_every-th step (0: only the
+  // last) the optimizer state is gathered for learner 0's checkpoint (checkpoint_optimizer()).
   int64_t save_every = 0;
   // Learner 0, a resume: the checkpoint's buffered groups (rl_checkpoint.h), trained on first;
   // the rollout ranks start after the last step they cover.
@@ -116,10 +127,10 @@ class MpiGrpo {
   // Learner: after the last step, waits until every broadcast was taken (bounded).
   void finish();
   GrpoLearner& learner() { return *learner_; }
-  // Learner: the model its optimizer steps (its TP shard under learner_tp > 1, else the policy).
+  // Learner: the model its optimizer steps (its shard under TP or EP, else the policy).
   Decoder& trained_model() { return shard_ ? *shard_ : policy_; }
   // Learner 0: the optimizer state of the whole model, for a checkpoint after a step that
-  // gathers it (every step without TP; with TP the save_every-th and the last).
+  // gathers it (every step without TP or EP; with them the save_every-th and the last).
   AdamW& checkpoint_optimizer() { return whole_optim_ ? *whole_optim_ : learner_->optimizer(); }
   ReplayStats buffer_stats() const { return buffer_.stats(); }
   // Learner 0, for a checkpoint between steps: the groups of the next lead steps (max_staleness,
@@ -158,9 +169,8 @@ class MpiGrpo {
   // silent ranks.
   void receive_until(int64_t until);
   std::string rollout_name(int world_rank) const;
-  void setup_tensor_parallel();              // learners, learner_tp > 1
-  void restore_shard(bool optimizer_state);  // the shard (and moments) from the whole model
-  void gather_whole();                       // TP group of learner 0: after each step
+  void setup_model_parallel();  // learners, TP or EP
+  void gather_whole();          // the learners that hold learner 0's whole model: after each step
 
   comm::Communicator& world_;
   Decoder& policy_;
@@ -174,11 +184,12 @@ class MpiGrpo {
   int64_t lead_ = 1;                // how far ahead of the learner new groups start (rollout_lead)
   std::vector<PromptGroup> carry_;  // rollout, partial rollouts: groups cut in the last batch
   std::unique_ptr<GrpoLearner> learner_;
-  // Tensor parallelism: learner index, TP size, data-parallel groups; the TP and data-parallel
-  // communicators, this rank's shard of the policy (policy_ stays whole), the whole model's
-  // optimizer state (learner 0's checkpoints and restores), the gather (TP group 0 only).
-  int li_ = 0, T_ = 1, D_ = 1;
-  std::unique_ptr<comm::Communicator> tp_, dp_;
+  // Tensor and expert parallelism: learner index, TP size, data-parallel groups, EP size; the
+  // TP, data-parallel, EP, expert-data-parallel and gathering communicators, this rank's shard of
+  // the policy (policy_ stays whole), the whole model's optimizer state (learner 0's checkpoints
+  // and restores), the gather (the first T x E learners only).
+  int li_ = 0, T_ = 1, D_ = 1, E_ = 1;
+  std::unique_ptr<comm::Communicator> tp_, dp_, ep_, edp_, whole_;
   std::unique_ptr<Decoder> shard_;
   std::unique_ptr<AdamW> whole_optim_;
   std::unique_ptr<TpGather> gather_;

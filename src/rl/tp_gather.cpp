@@ -8,13 +8,29 @@
 
 namespace loom::rl {
 
-void check_learner_grid(int learners, int tp, const ModelConfig& cfg, bool sp) {
+void check_learner_grid(int learners, int tp, const ModelConfig& cfg, bool sp, int ep, int etp) {
   LOOM_CHECK(tp >= 1, "--learner-tp must be at least 1 (got ", tp, ")");
   LOOM_CHECK(!sp || tp > 1, "--learner-sp needs --learner-tp > 1 (got ", tp, ")");
-  if (tp == 1) return;
+  LOOM_CHECK(ep >= 1 && etp >= 1, "--learner-ep and --learner-etp must be at least 1 (got ", ep,
+             " and ", etp, ")");
+  LOOM_CHECK((ep == 1 && etp == 1) || cfg.is_moe(), "--learner-ep ", ep, " / --learner-etp ", etp,
+             " split the experts of a mixture-of-experts policy; this one has none ",
+             "(model.n_experts = ", cfg.n_experts, ")");
+  // The trainer's layout: EP splits the data-parallel groups, ETP the TP group.
+  LOOM_CHECK(tp % etp == 0, "--learner-etp ", etp, " must divide --learner-tp ", tp,
+             ": each expert's width is split over that many of a TP group's ranks");
+  LOOM_CHECK(cfg.n_experts % ep == 0, "--learner-ep ", ep, ": model.n_experts (", cfg.n_experts,
+             ") must be divisible by it");
+  LOOM_CHECK(cfg.d_ff % etp == 0, "--learner-etp ", etp, ": model.d_ff (", cfg.d_ff,
+             ") must be divisible by it");
+  if (tp == 1 && ep == 1) return;
   LOOM_CHECK(learners % tp == 0, "--learner-tp ", tp, " must divide the ", learners,
              " learner rank(s) (ranks minus --rollout-ranks): the learners form data-parallel ",
              "groups of ", tp, " tensor-parallel ranks");
+  LOOM_CHECK((learners / tp) % ep == 0, "--learner-ep ", ep, " must divide the ", learners / tp,
+             " data-parallel learner group(s) (", learners, " learner rank(s) / --learner-tp ", tp,
+             "): the experts are split over data-parallel groups, as the trainer's parallel.ep");
+  if (tp == 1) return;
   // The decoder's own check, without a communicator (none exists yet on any rank).
   LOOM_CHECK(cfg.n_head % tp == 0, "--learner-tp ", tp, ": model.n_head (", cfg.n_head,
              ") must be divisible by it");
@@ -54,14 +70,24 @@ void extract_shard_state(AdamW& whole, AdamW& shard, const ParamSet& shard_param
   shard.set_steps_taken(whole.steps_taken());
 }
 
-TpGather::TpGather(const ParamSet& shard, comm::Communicator& tp) : shard_(shard), tp_(tp) {
+std::vector<char> owned_params(const ParamSet& shard, int tp_rank, int etp, int ep_rank) {
+  std::vector<char> owned;
+  for (const ParamInfo& p : shard.infos())
+    owned.push_back(p.expert ? tp_rank < etp : (p.sharded() || tp_rank == 0) && ep_rank == 0);
+  return owned;
+}
+
+TpGather::TpGather(const ParamSet& shard, comm::Communicator& tp, const std::vector<char>& owned)
+    : shard_(shard), tp_(tp) {
   const int n = tp.size(), me = tp.rank();
   std::vector<int64_t> mine;  // 4 numbers a run
   int64_t values = 0;
   const auto& infos = shard.infos();
+  LOOM_CHECK(owned.size() == infos.size(), "learner gather: ", owned.size(),
+             " ownership flags for ", infos.size(), " parameters");
   for (size_t i = 0; i < infos.size(); ++i) {
     const ParamInfo& p = infos[i];
-    if (!p.sharded() && me != 0) continue;  // replicated: every rank holds the same values
+    if (!owned[i]) continue;  // another learner of the group holds the same values
     ckpt::for_each_global_run(p, 0, p.numel, [&](int64_t local, int64_t global, int64_t len) {
       mine.insert(mine.end(), {int64_t(i), local, global, len});
       values += len;
@@ -84,13 +110,21 @@ TpGather::TpGather(const ParamSet& shard, comm::Communicator& tp) : shard_(shard
   for (int r = 0; r < n; ++r) {
     for (int64_t k = at; k < at + sizes[size_t(r)]; k += 4) {
       const Run run{all[size_t(k)], all[size_t(k + 1)], all[size_t(k + 2)], all[size_t(k + 3)]};
-      LOOM_CHECK(run.param >= 0 && run.param < int64_t(infos.size()), "learner TP gather: TP rank ",
-                 r, " holds another model");
+      LOOM_CHECK(run.param >= 0 && run.param < int64_t(infos.size()), "learner gather: rank ", r,
+                 " holds another model");
       runs_[size_t(r)].push_back(run);
       counts_[size_t(r)] += run.length;
     }
     at += sizes[size_t(r)];
   }
+  // Every element of every whole tensor exactly once (a layout whose ownership leaves a hole
+  // or a duplicate would otherwise send stale or doubled bytes silently).
+  std::vector<int64_t> covered(infos.size(), 0);
+  for (const auto& runs : runs_)
+    for (const Run& run : runs) covered[size_t(run.param)] += run.length;
+  for (size_t i = 0; i < infos.size(); ++i)
+    LOOM_CHECK(covered[i] == global_numel(infos[i]), "learner gather: the group holds ", covered[i],
+               " of the ", global_numel(infos[i]), " elements of ", infos[i].name);
   int64_t sum = 0;
   for (int64_t c : counts_) sum += c;
   buf_.resize(size_t(sum));

@@ -273,8 +273,18 @@ TEST(MpiGrpo, TwoLearnersTakeOneLearnersSteps) {
 // The same with sequence parallelism in the TP groups (passes padded to an even token count),
 // and with a MoE policy (experts replicated over the TP group; under SP without the auxiliary
 // loss, which the padding would change), within the same tolerances.
+// With expert parallelism (ep = 2: the experts split over the 2 learner ranks, or the 2 data-
+// parallel TP groups) and expert tensor parallelism (etp = 2: each expert's width split over
+// the TP group) the same, within the same tolerances: the whole weights every learner of the
+// first EP group assembles are the same bits; EP ranks hold other experts.
+struct LearnerLayout {
+  int tp = 2, ep = 1, etp = 1;
+  bool sp = false;
+};
+
 static void check_tp_learners(bool sp, const ModelConfig& cfg, const char* what,
-                              const RlOptions& opt = rltest::small_options()) {
+                              const RlOptions& opt = rltest::small_options(),
+                              LearnerLayout layout = {}) {
   set_num_threads(1);
   const int64_t steps = 4;
   rltest::Fixture f(cfg);
@@ -282,7 +292,9 @@ static void check_tp_learners(bool sp, const ModelConfig& cfg, const char* what,
                         f.model.params().data() + f.model.params().total());
   MpiRlOptions m = mpi_options(steps, 0, DType::F32);
   m.rollout_ranks = 1;
-  m.learner_tp = 2;
+  m.learner_tp = layout.tp;
+  m.learner_ep = layout.ep;
+  m.learner_etp = layout.etp;
   m.learner_sp = sp;
   MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, opt, m);
   std::vector<RlStepStats> got;
@@ -305,11 +317,18 @@ static void check_tp_learners(bool sp, const ModelConfig& cfg, const char* what,
     h[size_t(2 * W().rank() + 1)] = int64_t(weights_hash(g.trained_model().params(), DType::F32));
   W().all_gather(h.data(), std::vector<int64_t>(size_t(n), 2), DType::I64);
   if (W().rank() != 0) return;
-  EXPECT_EQ(h[0], h[4]) << "the two TP learners assembled different whole weights";
-  EXPECT_NE(h[1], h[5]) << "the two TP ranks hold the same shard";
-  if (n == 5) {
+  EXPECT_EQ(h[0], h[4]) << "learners 0 and 1 assembled different whole weights";
+  EXPECT_NE(h[1], h[5]) << "learners 0 and 1 (other TP or EP ranks) hold the same shard";
+  if (n == 5 && layout.ep == 1) {
     EXPECT_EQ(h[1], h[7]) << "TP rank 0 of the two data-parallel groups differs";
     EXPECT_EQ(h[5], h[9]) << "TP rank 1 of the two data-parallel groups differs";
+  }
+  if (n == 5 && layout.ep == 2) {
+    // Both data-parallel groups form the first EP group: all four assemble the whole model;
+    // the two groups hold other experts.
+    EXPECT_EQ(h[0], h[6]) << "EP rank 1's learners assembled other whole weights";
+    EXPECT_EQ(h[0], h[8]) << "EP rank 1's learners assembled other whole weights";
+    EXPECT_NE(h[1], h[7]) << "the two EP ranks hold the same experts";
   }
   rltest::Fixture ref(cfg);
   GrpoTrainer sync(ref.model, ref.tok, ref.chat, ref.env, opt);
@@ -318,7 +337,7 @@ static void check_tp_learners(bool sp, const ModelConfig& cfg, const char* what,
   for (int64_t s = 0; s < steps; ++s) {
     const RlStepStats x = sync.step();
     const RlStepStats& y = got[size_t(s)];
-    if (s == 0 && n == 3) {  // (2 data-parallel groups sum the rewards in another order)
+    if (s == 0 && (n - 1) / layout.tp == 1) {  // (2 data-parallel groups sum in another order)
       EXPECT_EQ(x.reward_mean, y.reward_mean) << "the same starting weights";
     }
     EXPECT_NEAR(x.reward_mean, y.reward_mean, 1e-12) << "step " << s;
@@ -345,9 +364,10 @@ static void check_tp_learners(bool sp, const ModelConfig& cfg, const char* what,
   EXPECT_LT(std::sqrt(diff), 1e-3 * std::sqrt(moved))
       << "|w_tp - w_one| = " << std::sqrt(diff) << ", |w_one - w_start| = " << std::sqrt(moved);
   std::printf(
-      "%d x TP 2 (%s) vs 1 learner: |w_tp - w_one| / |w_one - w_start| = %.3g, loss %.3g, "
-      "grad norm %.3g (relative)\n",
-      (n - 1) / 2, what, std::sqrt(diff / moved), worst_loss, worst_norm);
+      "%d x TP %d, EP %d, ETP %d (%s) vs 1 learner: |w_tp - w_one| / |w_one - w_start| = %.3g, "
+      "loss %.3g, grad norm %.3g (relative)\n",
+      (n - 1) / layout.tp, layout.tp, layout.ep, layout.etp, what, std::sqrt(diff / moved),
+      worst_loss, worst_norm);
 }
 
 // Groups of 5 completions: batches of an odd number of sequences of mostly odd lengths, so
@@ -391,6 +411,115 @@ TEST(MpiGrpo, TensorParallelSequenceParallelMoeLearnersTakeOneLearnersSteps) {
   ModelConfig c = rltest::tiny_moe_config();
   c.aux_loss_coeff = 0;
   check_tp_learners(true, c, "MoE, SP", odd_groups());
+}
+
+// Expert parallelism inside the learners: 3 ranks as 2 learners whose data-parallel groups (one
+// learner each) split the 4 experts, 5 ranks as 2 TP groups of 2 splitting them; one learner's
+// steps. Two data-parallel groups route their shares apart, so the auxiliary loss (a function
+// of a pass's routing statistics) differs from one learner's on the whole batch: set to 0 here
+// (docs/rl.md).
+TEST(MpiGrpo, ExpertParallelMoeLearnersTakeOneLearnersSteps) {
+  if (!tp_learner_world()) GTEST_SKIP() << kTpLearnerRanks;
+  ModelConfig c = rltest::tiny_moe_config();
+  c.aux_loss_coeff = 0;
+  LearnerLayout l;
+  l.tp = W().size() == 3 ? 1 : 2;
+  l.ep = 2;
+  check_tp_learners(false, c, "MoE, EP", rltest::small_options(), l);
+}
+
+// Expert tensor parallelism: each expert's width split over the TP group (with one TP group the
+// auxiliary loss is one learner's), and over 5 ranks together with EP.
+TEST(MpiGrpo, ExpertTensorParallelMoeLearnersTakeOneLearnersSteps) {
+  if (!tp_learner_world()) GTEST_SKIP() << kTpLearnerRanks;
+  ModelConfig c = rltest::tiny_moe_config();
+  LearnerLayout l;
+  l.etp = 2;
+  if (W().size() == 5) {
+    c.aux_loss_coeff = 0;
+    l.ep = 2;
+  }
+  check_tp_learners(false, c, W().size() == 5 ? "MoE, EP + ETP" : "MoE, ETP",
+                    rltest::small_options(), l);
+}
+
+// Expert-parallel learners stopped after 2 steps and resumed from learner 0's checkpoint (the
+// whole weights and optimizer moments gathered from the experts' shards, cut again at the
+// resume) end with the uninterrupted run's steps and weights, bit for bit (max staleness 0,
+// fp32 sync). 3 ranks: EP over 2 learners; 5 ranks: EP over 2 TP groups with ETP.
+TEST(MpiGrpo, ExpertParallelLearnersResumeBitForBit) {
+  if (!tp_learner_world()) GTEST_SKIP() << kTpLearnerRanks;
+  set_num_threads(1);
+  const int64_t steps = 4, cut = 2;
+  ModelConfig cfg = rltest::tiny_moe_config();
+  MpiRlOptions m = mpi_options(steps, 0, DType::F32);
+  m.rollout_ranks = 1;
+  m.learner_ep = 2;
+  m.learner_tp = m.learner_etp = W().size() == 3 ? 1 : 2;
+  m.save_every = cut;
+  std::unique_ptr<test::TempDir> dir;
+  std::vector<uint8_t> path(512, 0);
+  if (W().rank() == 0) {
+    dir = std::make_unique<test::TempDir>("rl_mpi_ep_ckpt");
+    std::memcpy(path.data(), dir->str().data(), std::min<size_t>(dir->str().size(), 511));
+  }
+  W().broadcast(path.data(), 512, DType::U8, 0);
+  const std::string root = std::string(reinterpret_cast<const char*>(path.data())) + "/ckpt";
+  RlCheckpointInfo info;
+  info.description = "test";
+  std::vector<RlStepStats> full;
+  std::vector<float> full_weights;
+  {
+    rltest::Fixture a(cfg);
+    info.fingerprint = a.model.config().fingerprint();
+    MpiGrpo g(W(), a.model, a.tok, a.chat, a.env, rltest::small_options(), m);
+    if (g.is_learner()) {
+      for (int64_t s = 0; s < steps; ++s) {
+        full.push_back(g.step());
+        if (s + 1 == cut && W().rank() == 0)
+          save_rl_checkpoint(root, cut, info, a.model, g.checkpoint_optimizer(), {});
+      }
+      g.finish();
+      full_weights.assign(a.model.params().data(),
+                          a.model.params().data() + a.model.params().total());
+    } else {
+      g.run_rollout();
+    }
+  }
+  W().barrier();  // the checkpoint is on disk before any rank opens it
+  rltest::Fixture c(cfg);
+  RlRestore restore;
+  if (W().rank() != 1) {  // the learners
+    const std::string latest = ckpt::find_latest_checkpoint(root).value_or(root);
+    RlResumePoint rp = open_rl_checkpoint(latest, c.model.config().fingerprint());
+    EXPECT_EQ(rp.step, cut);
+    restore = rp.restore;
+  }
+  MpiGrpo g(W(), c.model, c.tok, c.chat, c.env, rltest::small_options(), m, restore);
+  if (!g.is_learner()) {
+    g.run_rollout();
+    W().barrier();
+    return;
+  }
+  EXPECT_EQ(g.first_step(), cut);
+  int trained = 0;
+  for (int64_t s = cut; s < steps; ++s) {
+    const RlStepStats y = g.step(), &x = full[size_t(s)];
+    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
+    EXPECT_EQ(x.loss, y.loss) << "step " << s;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
+    EXPECT_EQ(x.train_tokens, y.train_tokens) << "step " << s;
+    trained += y.train_tokens > 0;
+  }
+  EXPECT_GT(trained, 0) << "no resumed step had a gradient: the comparison proves nothing";
+  g.finish();
+  if (W().rank() == 0) {
+    const ParamSet& p = c.model.params();
+    ASSERT_EQ(int64_t(full_weights.size()), p.total());
+    EXPECT_EQ(std::memcmp(full_weights.data(), p.data(), size_t(p.total()) * sizeof(float)), 0)
+        << "the resumed run ends with other weights than the uninterrupted one";
+  }
+  W().barrier();  // rank 0's temp dir goes after every learner has read it
 }
 
 // A checkpoint of a multi-rank run carries the groups generated ahead of the learner: with max

@@ -276,3 +276,42 @@ TEST(LearnerGrid, RefusesLayoutsThatDoNotSplit) {
   moe.capacity_factor = 1.25;
   EXPECT_NE(sp_message(2, moe).find("dropless routing"), std::string::npos);
 }
+
+// Bad input for expert-parallel learners (--learner-ep, --learner-etp): a dense policy, an EP
+// size that does not divide the data-parallel groups or the experts, an ETP size that does not
+// divide the TP group or the experts' width: refused with the numbers named.
+TEST(LearnerGrid, RefusesExpertLayoutsThatDoNotSplit) {
+  const ModelConfig dense = rltest::tiny_config();
+  const ModelConfig moe = rltest::tiny_moe_config();  // 4 experts, d_ff 64
+  EXPECT_NO_THROW(check_learner_grid(2, 1, moe, false, 2));
+  EXPECT_NO_THROW(check_learner_grid(4, 2, moe, false, 2, 2));
+  EXPECT_NO_THROW(check_learner_grid(8, 2, moe, false, 4, 1));
+  auto message = [](int learners, int tp, const ModelConfig& cfg, int ep, int etp) {
+    try {
+      check_learner_grid(learners, tp, cfg, false, ep, etp);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(2, 1, dense, 2, 1).find("this one has none (model.n_experts = 0)"),
+            std::string::npos)
+      << message(2, 1, dense, 2, 1);
+  EXPECT_NE(message(2, 2, dense, 1, 2).find("--learner-etp 2 split the experts"), std::string::npos)
+      << message(2, 2, dense, 1, 2);
+  EXPECT_NE(message(3, 1, moe, 2, 1).find("--learner-ep 2 must divide the 3 data-parallel"),
+            std::string::npos)
+      << message(3, 1, moe, 2, 1);
+  EXPECT_NE(message(2, 2, moe, 2, 1).find("--learner-ep 2 must divide the 1 data-parallel"),
+            std::string::npos)
+      << message(2, 2, moe, 2, 1);
+  EXPECT_NE(message(3, 1, moe, 3, 1).find("model.n_experts (4) must be divisible"),
+            std::string::npos)
+      << message(3, 1, moe, 3, 1);
+  EXPECT_NE(message(2, 1, moe, 1, 2).find("--learner-etp 2 must divide --learner-tp 1"),
+            std::string::npos)
+      << message(2, 1, moe, 1, 2);
+  EXPECT_NE(message(3, 3, moe, 1, 3).find("--learner-etp 3: model.d_ff (64)"), std::string::npos)
+      << message(3, 3, moe, 1, 3);
+  EXPECT_NE(message(2, 1, moe, 0, 1).find("must be at least 1"), std::string::npos);
+}
