@@ -61,8 +61,9 @@ class Bf16Gemms : public GemmRecipe {
   std::vector<uint16_t> a_, b_;  // converted activations / gradients
   int64_t conversions_ = 0;
   // Large weights' input-gradient GEMMs keep the weight packed between calls
-  // (cpu::gemm_bf16_reused_b, keyed by the weight): version_ changes whenever any weight's bf16
-  // values may have (new_weights, a conversion, the optimizer's writes into the set's copy).
+  // (cpu::gemm_bf16_reused_b, keyed by this recipe's sizes_ entry for the weight): version_
+  // changes whenever any weight's bf16 values may have (new_weights, a conversion, the
+  // optimizer's writes into the set's copy).
   uint64_t weights_version();
   uint64_t version_ = 1, seen_bf16_writes_ = 0;
   std::vector<const void*> reused_;  // keys handed to gemm_bf16_reused_b
