@@ -45,6 +45,7 @@ void ParamSet::allocate_bf16_copy() {
 
 void ParamSet::note_bf16_written(int64_t begin, int64_t end) {
   if (values_bf16_.empty() || begin >= end) return;
+  ++bf16_write_count_;
   // Overlapping or adjacent ranges merge with the last, so a step's per-parameter calls (and
   // steps repeated before anyone takes the list) leave one range.
   if (!bf16_written_.empty() && begin <= bf16_written_.back().second &&

@@ -156,6 +156,9 @@ class ParamSet {
   void note_bf16_written(int64_t begin, int64_t end);
   // The ranges noted since the last call (the list is emptied).
   std::vector<Range> take_bf16_written();
+  // How many times note_bf16_written wrote into the copy: a reader that caches something derived
+  // from the bf16 values (a packed GEMM operand) knows they may have changed when it differs.
+  uint64_t bf16_write_count() const { return bf16_write_count_; }
 
   // Host tensors of the values, by name, for host code that reads them or fills them
   // (checkpoint save and load): views on a host-accessible backend (no copy), otherwise host
@@ -179,6 +182,7 @@ class ParamSet {
   BackendBuffer values_bf16_;     // "parameters (bf16)": empty unless allocate_bf16_copy()
   std::vector<Range> bf16_written_;
   uint64_t grad_zero_count_ = 0;
+  uint64_t bf16_write_count_ = 0;
 };
 
 }  // namespace loom

@@ -1,5 +1,7 @@
 #include "precision/bf16_gemms.h"
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -11,7 +13,21 @@ Bf16Gemms::Bf16Gemms(ParamSet* params) : params_(params) {
   if (params_) params_->allocate_bf16_copy();
 }
 
+Bf16Gemms::~Bf16Gemms() {
+  for (const void* key : reused_) cpu::gemm_bf16_release(key);
+}
+
+uint64_t Bf16Gemms::weights_version() {
+  const uint64_t writes = params_ ? params_->bf16_write_count() : 0;
+  if (writes != seen_bf16_writes_) {
+    seen_bf16_writes_ = writes;
+    ++version_;
+  }
+  return version_;
+}
+
 void Bf16Gemms::new_weights() {
+  ++version_;
   const std::vector<ParamSet::Range> written =
       params_ ? params_->take_bf16_written() : std::vector<ParamSet::Range>{};
   const float* base = params_ ? params_->data() : nullptr;
@@ -35,6 +51,7 @@ const uint16_t* Bf16Gemms::weight(const float* w, int64_t n) {
       cpu::f32_to_bf16_array(w, c, size_t(n));
       fresh = true;
       ++conversions_;
+      ++version_;
     }
     return c;
   }
@@ -44,6 +61,7 @@ const uint16_t* Bf16Gemms::weight(const float* w, int64_t n) {
     cpu::f32_to_bf16_array(w, c.data(), size_t(n));
     fresh = true;
     ++conversions_;
+    ++version_;
   }
   return c.data();
 }
@@ -86,9 +104,20 @@ void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float*
   if (N == 0) return;
   b_.resize(size_t(N) * out);
   cpu::f32_to_bf16_array(dy, b_.data(), b_.size());
-  if (dx != nullptr)  // dx[N, in] = dy W
+  // A weight this large is the output head's (or a vocabulary slice of it), whose input
+  // gradient runs once per chunk of rows: packed once per version, not once per chunk.
+  constexpr int64_t kReusedWeight = int64_t(16) << 20;
+  if (dx != nullptr && int64_t(out) * in >= kReusedWeight) {
+    const uint16_t* wb = weight(w, int64_t(out) * in);
+    // Keyed by this recipe's entry for the weight (stable while the recipe lives): another
+    // recipe's versions count apart.
+    const void* key = &sizes_.at(w);
+    if (std::find(reused_.begin(), reused_.end(), key) == reused_.end()) reused_.push_back(key);
+    cpu::gemm_bf16_reused_b(N, in, out, b_.data(), out, wb, in, dx, in, key, weights_version());
+  } else if (dx != nullptr) {  // dx[N, in] = dy W
     cpu::gemm_bf16(false, false, N, in, out, 1.f, b_.data(), out, weight(w, int64_t(out) * in), in,
                    0.f, dx, in);
+  }
   if (dw != nullptr)  // dW[out, in] += dy^T x
     cpu::gemm_bf16(true, false, out, in, N, 1.f, b_.data(), out, input(x, int64_t(N) * in), in,
                    dw_beta(dw, int64_t(out) * in), dw, in);

@@ -33,6 +33,9 @@ class Bf16Gemms : public GemmRecipe {
   // params (nullable): the set whose weights the layers use; its bf16 copy is allocated here.
   // Without it (or for a weight outside it) the recipe keeps converted copies of its own.
   explicit Bf16Gemms(ParamSet* params = nullptr);
+  ~Bf16Gemms() override;
+  Bf16Gemms(const Bf16Gemms&) = delete;
+  Bf16Gemms& operator=(const Bf16Gemms&) = delete;
   void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
                int out) override;
   void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
@@ -57,6 +60,13 @@ class Bf16Gemms : public GemmRecipe {
   std::unordered_map<const float*, uint64_t> dw_written_;
   std::vector<uint16_t> a_, b_;  // converted activations / gradients
   int64_t conversions_ = 0;
+  // Large weights' input-gradient GEMMs keep the weight packed between calls
+  // (cpu::gemm_bf16_reused_b, keyed by this recipe's sizes_ entry for the weight): version_
+  // changes whenever any weight's bf16 values may have (new_weights, a conversion, the
+  // optimizer's writes into the set's copy).
+  uint64_t weights_version();
+  uint64_t version_ = 1, seen_bf16_writes_ = 0;
+  std::vector<const void*> reused_;  // keys handed to gemm_bf16_reused_b
 };
 
 // Attaches one Bf16Gemms to every linear layer of `model` when the CPU runs bf16 GEMMs natively

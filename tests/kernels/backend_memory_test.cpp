@@ -1,6 +1,7 @@
 // Backend memory operations (alloc / free by buffer class, copies, fill, the weighted sum) on
 // the CPU backend, BackendBuffer's ownership, and the guarded test backend's protection.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -63,6 +64,27 @@ TEST(BackendMemory, CopiesAndFillRoundTrip) {
   EXPECT_EQ(std::memcmp(back.data(), host.data(), host.size() * 4), 0);
   be.copy_d2h(back.data(), d1.data(), host.size() * 4);
   for (float v : back) ASSERT_EQ(v, 0.f);
+}
+
+// A fill large enough to be split over the OpenMP team (chunks of 1 MiB), starting and ending
+// off a chunk boundary, under one and two threads: every byte inside set, none outside.
+TEST(BackendMemory, LargeFillSetsExactlyItsRange) {
+  Backend& be = cpu_backend();
+  const size_t total = (size_t(5) << 20) + 4096, begin = 37, bytes = total - begin - 1001;
+  std::vector<unsigned char> buf(total);
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (int byte : {0xab, 0x00}) {
+      std::fill(buf.begin(), buf.end(), static_cast<unsigned char>(0x5c));
+      be.fill_bytes(buf.data() + begin, byte, bytes);
+      for (size_t i = 0; i < total; ++i) {
+        const bool inside = i >= begin && i < begin + bytes;
+        ASSERT_EQ(buf[i], inside ? byte : 0x5c) << "byte " << i << ", " << threads << " threads";
+      }
+    }
+  }
+  set_num_threads(saved);
 }
 
 // Pages of [p, p + bytes) resident in memory (mincore).

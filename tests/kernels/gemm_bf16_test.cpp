@@ -362,3 +362,35 @@ TEST(GemmBf16, WeightGradientBlocksMatchReferenceOnAnyThreadCount) {
       }
     }
 }
+
+// gemm_bf16_reused_b: the plain GEMM's bits on every call of a version (the first reads the plain
+// B, the second packs it, the later ones reuse the packed copy), and a new version after B
+// changed reads the new values (a packed copy kept across versions would not).
+TEST(GemmBf16, ReusedBEqualsPlainGemmAcrossVersions) {
+  for (Path p : {Path::OneDnn, Path::Fallback}) {
+    PathScope scope(p);
+    if (!scope.ok()) continue;
+    const int M = 5, N = 40, K = 3000;
+    std::vector<uint16_t> A(size_t(M) * K), B(size_t(K) * N);
+    auto fill = [](std::vector<uint16_t>& x, uint64_t seed) {
+      for (size_t i = 0; i < x.size(); ++i) x[i] = f32_to_bf16(normal_at(seed, 1, i));
+    };
+    fill(A, 1);
+    int key = 0;  // any address names the cache entry
+    for (uint64_t version : {1, 2, 3}) {
+      fill(B, 10 + version);
+      std::vector<float> want(size_t(M) * N), got(size_t(M) * N, kNaN);
+      cpu::gemm_bf16(false, false, M, N, K, 1.f, A.data(), K, B.data(), N, 0.f, want.data(), N);
+      for (int call = 0; call < 3; ++call) {
+        std::fill(got.begin(), got.end(), kNaN);
+        cpu::gemm_bf16_reused_b(M, N, K, A.data(), K, B.data(), N, got.data(), N, &key, version);
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_EQ(f32_bits(want[i]), f32_bits(got[i]))
+              << (p == Path::OneDnn ? "onednn" : "fallback") << " version " << version << " call "
+              << call << " element " << i;
+      }
+    }
+    cpu::gemm_bf16_release(&key);
+    cpu::gemm_bf16_release(&key);  // nothing kept: a no-op
+  }
+}

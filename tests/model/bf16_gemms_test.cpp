@@ -219,3 +219,50 @@ TEST(Bf16Gemms, FirstWeightGradientAfterZeroGradOverwrites) {
     EXPECT_GT(scale, 0.0);
   }
 }
+
+// The output head's input gradient keeps its weight packed between the chunks of a step
+// (cpu::gemm_bf16_reused_b): every call gives the plain GEMM's bits, also after the weights
+// changed through the optimizer's writes into the bf16 copy (no new_weights() in between) or
+// through fp32 values and new_weights() (a load). A packed copy kept across either change
+// would give the old weights' product.
+TEST(Bf16Gemms, HeadInputGradientFollowsEveryWeightChange) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) GTEST_SKIP() << "no AVX512-BF16 here";
+  const int V = 1 << 18, C = 64, N = 8;  // 16M weights: the recipe's reuse threshold
+  ParamSet P;
+  P.add("head.weight", {V, C}, true, ParamInit::Normal, 0.02f);
+  P.allocate();
+  P.init(3);
+  round_to(DType::BF16, P.data(), size_t(P.total()));
+  Bf16Gemms recipe(&P);
+  std::vector<float> dy(size_t(N) * V);
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = bf16_to_f32(f32_to_bf16(normal_at(4, 1, i)));
+  std::vector<uint16_t> dy16(dy.size()), x16(size_t(N) * C, 0);
+  for (size_t i = 0; i < dy.size(); ++i) dy16[i] = f32_to_bf16(dy[i]);
+  const float* w = P.data();
+  auto check = [&](const char* when) {
+    std::vector<uint16_t> w16(size_t(P.total()));
+    for (size_t i = 0; i < w16.size(); ++i) w16[i] = f32_to_bf16(w[i]);
+    std::vector<float> want(size_t(N) * C), got(size_t(N) * C);
+    cpu::gemm_bf16(false, false, N, C, V, 1.f, dy16.data(), V, w16.data(), C, 0.f, want.data(), C);
+    for (int call = 0; call < 3; ++call) {  // plain, packing, packed
+      std::fill(got.begin(), got.end(), std::nanf(""));
+      recipe.backward(cpu_backend(), got.data(), nullptr, nullptr, dy.data(), ActIn(x16.data()), w,
+                      N, C, V);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), sizeof(float) * want.size()))
+          << when << ", call " << call;
+    }
+  };
+  check("first weights");
+  // As AdamW::update writes: the fp32 values and their bf16 bits, the range noted.
+  for (int64_t i = 0; i < P.total(); ++i) {
+    P.data()[i] = bf16_to_f32(f32_to_bf16(P.data()[i] * -0.75f + 1e-3f));
+    P.bf16_data()[i] = f32_to_bf16(P.data()[i]);
+  }
+  P.note_bf16_written(0, P.total());
+  check("after the optimizer's write");
+  recipe.new_weights();  // as the trainer does after each step: the written ranges are taken
+  // As a load writes: fp32 values only, then new_weights().
+  for (int64_t i = 0; i < P.total(); ++i) P.data()[i] = bf16_to_f32(f32_to_bf16(P.data()[i] * 2));
+  recipe.new_weights();
+  check("after fp32 values and new_weights()");
+}

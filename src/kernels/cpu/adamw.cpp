@@ -1,4 +1,7 @@
-// AdamW optimizer step and the reductions used for clipping and overflow checks.
+// AdamW optimizer step and the reductions used for clipping and overflow checks. The combined
+// `parallel for simd` loops name their `if` clause's construct (`if (parallel : ...)`): a bare
+// `if` also applies to the simd part, and GCC then ran every parameter below the parallel
+// threshold (norms, biases) as a scalar loop (elementwise.cpp had the same bug).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -50,7 +53,7 @@ template <bool kStoreBf16>
 void adamw_to_bf16_loop(float* master, const float* grad, float* m, float* v, int64_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                         const AdamwFactors& f, float* model, uint16_t* model_bf16) {
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for simd schedule(static) if (parallel : worth_parallel(n))
   for (int64_t i = 0; i < n; ++i) {
     const float p = adamw_element(master[i], grad[i], m[i], v[i], lr, beta1, beta2, eps,
                                   weight_decay, grad_scale, f);
@@ -68,7 +71,7 @@ void adamw_to_bf16_loop(float* master, const float* grad, float* m, float* v, in
 void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
            float beta2, float eps, float weight_decay, float grad_scale, int64_t step) {
   const AdamwFactors f = adamw_factors(beta1, beta2, step);
-#pragma omp parallel for simd schedule(static) if (worth_parallel(n))
+#pragma omp parallel for simd schedule(static) if (parallel : worth_parallel(n))
   for (int64_t i = 0; i < n; ++i)
     param[i] = adamw_element(param[i], grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay,
                              grad_scale, f);
@@ -113,7 +116,7 @@ double sum_squares(const float* x, int64_t n) {
 
 bool all_finite(const float* x, int64_t n) {
   uint32_t bad = 0;
-#pragma omp parallel for simd schedule(static) reduction(| : bad) if (worth_parallel(n))
+#pragma omp parallel for simd schedule(static) reduction(| : bad) if (parallel : worth_parallel(n))
   for (int64_t i = 0; i < n; ++i)
     bad |= (std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u;
   return bad == 0;

@@ -182,6 +182,19 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   run(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, true, ldc, 0, 1);
 }
 
+void gemm_bf16_reused_b(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
+                        float* C, int ldc, const void* key, uint64_t version) {
+  check_args("gemm_bf16_reused_b", false, false, M, N, K, lda, ldb, ldc);
+  if (M > 0 && N > 0 && K > 0 && bf16_gemm_path() == Bf16GemmPath::OneDnn &&
+      detail::dnnl_gemm_bf16_reused_b(M, N, K, A, lda, B, ldb, C, ldc, key, version))
+    return;
+  run(false, false, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 0.f, C, false, ldc, 0, 1);
+}
+
+void gemm_bf16_release(const void* key) {
+  detail::dnnl_release_reused_b(key);
+}
+
 void gemm_bf16_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                        const uint16_t* A, int lda, int64_t stride_a, const uint16_t* B, int ldb,
                        int64_t stride_b, float beta, float* C, int ldc, int64_t stride_c,

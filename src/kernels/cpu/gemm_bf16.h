@@ -36,6 +36,18 @@ void gemm_bf16_batched(bool trans_a, bool trans_b, int M, int N, int K, float al
                        int64_t stride_b, float beta, uint16_t* C, int ldc, int64_t stride_c,
                        int batch);
 
+// C[M,N] = A[M,K] B[K,N] (fp32 C overwritten) for a B that several calls read before it
+// changes: the output head's input gradient dX = dY W, one call per chunk of rows, where oneDNN
+// would repack the whole weight (77 MB for GPT-2) on every call. On the oneDNN path B is kept
+// packed in the kernel's layout under `key` while `version` stays the same (the caller changes
+// it whenever B's contents may have changed): the first call of a version reads the plain B,
+// the second packs it, the later ones reuse the packed copy. Same bits as gemm_bf16 (the same
+// kernel on the same values). The fallback path is plain gemm_bf16.
+void gemm_bf16_reused_b(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
+                        float* C, int ldc, const void* key, uint64_t version);
+// Frees what gemm_bf16_reused_b keeps under `key`.
+void gemm_bf16_release(const void* key);
+
 enum class Bf16GemmPath { OneDnn, Fallback };
 
 // The path the calls above take now, and its name ("onednn" or "fallback (<reason>)").

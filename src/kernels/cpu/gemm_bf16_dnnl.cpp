@@ -27,12 +27,13 @@ using Dims = memory::dims;
 
 struct Key {
   bool trans_a = false, trans_b = false, c_bf16 = false;
+  bool packed_b = false;  // B in the layout the primitive chooses (format any), packed by us
   int M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0, batch = 0, threads = 0;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   uint32_t alpha_bits = 0, beta_bits = 0;  // compared as bits, so equal keys hash equally
   auto fields() const {
-    return std::tie(trans_a, trans_b, c_bf16, M, N, K, lda, ldb, ldc, batch, threads, stride_a,
-                    stride_b, stride_c, alpha_bits, beta_bits);
+    return std::tie(trans_a, trans_b, c_bf16, packed_b, M, N, K, lda, ldb, ldc, batch, threads,
+                    stride_a, stride_b, stride_c, alpha_bits, beta_bits);
   }
   bool operator==(const Key& o) const { return fields() == o.fields(); }
 };
@@ -72,7 +73,8 @@ std::shared_ptr<Entry> make_entry(const Key& k) {
   auto e = std::make_shared<Entry>();
   using dt = memory::data_type;
   e->a_md = matrix_md(dt::bf16, k.batch, k.stride_a, k.M, k.K, k.trans_a, k.lda);
-  e->b_md = matrix_md(dt::bf16, k.batch, k.stride_b, k.K, k.N, k.trans_b, k.ldb);
+  e->b_md = k.packed_b ? memory::desc(Dims{k.K, k.N}, dt::bf16, memory::format_tag::any)
+                       : matrix_md(dt::bf16, k.batch, k.stride_b, k.K, k.N, k.trans_b, k.ldb);
   e->c_md = matrix_md(k.c_bf16 ? dt::bf16 : dt::f32, k.batch, k.stride_c, k.M, k.N, false, k.ldc);
   try {
     dnnl::primitive_attr attr;
@@ -93,6 +95,7 @@ std::shared_ptr<Entry> make_entry(const Key& k) {
       return e;
     }
     e->scratch_md = pd.scratchpad_desc();
+    if (k.packed_b) e->b_md = pd.weights_desc();
     e->prim = dnnl::matmul(pd);
     e->usable = true;
   } catch (const dnnl::error& err) {
@@ -162,12 +165,25 @@ bool dnnl_isa_has_bf16() {
 
 namespace {
 
+// A reused B operand's copy in the layout a primitive reads (gemm_bf16_reused_b): packed from
+// src once per version and kept until the version or the shape changes.
+struct PackedB {
+  const uint16_t* src = nullptr;
+  uint64_t version = 0;
+  int K = 0, N = 0, ldb = 0;
+  int uses = 0;     // calls with this (src, version, shape)
+  memory::desc md;  // the layout `mem` holds (empty: nothing packed yet)
+  memory mem;       // owns its buffer
+};
+
 // One oneDNN matmul; one_thread forces the single-threaded primitive (the caller splits the
-// work itself). check_only: look the primitive up (creating it) without running it.
+// work itself). check_only: look the primitive up (creating it) without running it. packed
+// (non-transposed, unbatched B only): B is read from packed->mem, packed from B first when it
+// holds another layout or nothing.
 bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
              int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b, float beta,
              void* C, bool c_bf16, int ldc, int64_t stride_c, int batch, bool one_thread_forced,
-             bool check_only = false) {
+             bool check_only = false, PackedB* packed = nullptr) {
   Key key;
   key.trans_a = trans_a;
   key.trans_b = trans_b;
@@ -179,6 +195,7 @@ bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
   key.ldb = ldb;
   key.ldc = ldc;
   key.batch = batch;
+  key.packed_b = packed != nullptr;
   // Inside a parallel region oneDNN runs on the calling thread alone; small GEMMs are run
   // there too (see kSingleThreadedWork), by lowering the OpenMP thread count while the
   // primitive is created and run.
@@ -200,7 +217,19 @@ bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
   thread_local dnnl::stream stream(engine);
   try {
     memory a(e->a_md, engine, const_cast<uint16_t*>(A));
-    memory b(e->b_md, engine, const_cast<uint16_t*>(B));
+    memory b;
+    if (packed) {
+      if (!packed->mem || packed->md != e->b_md) {
+        const memory::desc plain = matrix_md(memory::data_type::bf16, 1, 0, K, N, false, ldb);
+        memory src(plain, engine, const_cast<uint16_t*>(B));
+        packed->mem = memory(e->b_md, engine);
+        dnnl::reorder(src, packed->mem).execute(stream, src, packed->mem);
+        packed->md = e->b_md;
+      }
+      b = packed->mem;
+    } else {
+      b = memory(e->b_md, engine, const_cast<uint16_t*>(B));
+    }
     memory c(e->c_md, engine, C);
     memory s(e->scratch_md, engine, scratchpad(e->scratch_md.get_size()));
     e->prim.execute(
@@ -270,6 +299,45 @@ bool blocked_weight_gradient(int M, int N, int K, float alpha, const uint16_t* A
 }
 
 }  // namespace
+
+namespace {
+
+// The packed copies of reused B operands, one per caller's key.
+struct PackedCache {
+  std::mutex mu;  // (calls come from one thread in practice; the copies are shared state)
+  std::unordered_map<const void*, PackedB> map;
+};
+PackedCache& packed_cache() {
+  static PackedCache c;
+  return c;
+}
+
+}  // namespace
+
+bool dnnl_gemm_bf16_reused_b(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
+                             int ldb, float* C, int ldc, const void* key, uint64_t version) {
+  PackedCache& c = packed_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  // A bound, as for the primitives: a caller cycling through endless keys cannot grow it.
+  constexpr size_t kMaxPacked = 64;
+  if (c.map.size() >= kMaxPacked && !c.map.count(key)) c.map.clear();
+  PackedB& p = c.map[key];
+  if (p.src != B || p.version != version || p.K != K || p.N != N || p.ldb != ldb) {
+    p = PackedB{};
+    p.src = B, p.version = version, p.K = K, p.N = N, p.ldb = ldb;
+  }
+  // The first call of a version runs on the plain B (oneDNN packs its blocks on the fly, about
+  // as costly as one packing of the whole): a weight used once per version never pays twice.
+  const bool pack = ++p.uses >= 2;
+  return run_one(false, false, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 0.f, C, false, ldc, 0, 1, false,
+                 false, pack ? &p : nullptr);
+}
+
+void dnnl_release_reused_b(const void* key) {
+  PackedCache& c = packed_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.map.erase(key);
+}
 
 bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                     int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b,

@@ -17,4 +17,12 @@ bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
                     int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b,
                     float beta, void* C, bool c_bf16, int ldc, int64_t stride_c, int batch);
 
+// C[M,N] = A[M,K] B[K,N] (fp32 C, beta 0, nothing transposed) with B kept packed in the
+// primitive's own layout under `key` while `version` (and B, K, N, ldb) stay the same: packed
+// on the second call, reused by the later ones. Returns false, without touching C, as above.
+bool dnnl_gemm_bf16_reused_b(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
+                             int ldb, float* C, int ldc, const void* key, uint64_t version);
+// Frees the packed copy kept under `key` (nothing when there is none).
+void dnnl_release_reused_b(const void* key);
+
 }  // namespace loom::cpu::detail

@@ -13,5 +13,10 @@ bool dnnl_gemm_bf16(bool, bool, int, int, int, float, const uint16_t*, int, int6
                     const uint16_t*, int, int64_t, float, void*, bool, int, int64_t, int) {
   return false;
 }
+bool dnnl_gemm_bf16_reused_b(int, int, int, const uint16_t*, int, const uint16_t*, int, float*, int,
+                             const void*, uint64_t) {
+  return false;
+}
+void dnnl_release_reused_b(const void*) {}
 
 }  // namespace loom::cpu::detail
