@@ -4,11 +4,17 @@
 // as one decode step of M streams does. Prints, per weight type and M, the time per pass, the
 // weight bytes read per second (against the measured streaming-read bandwidth: the roofline of
 // M = 1) and the multiply-adds per second (what bounds M = 16). Figures, not assertions.
+// Two times per weight type and M: the best whole pass, and the sum over the layers of each
+// call's best time ("per call"): on a loaded machine a pass (2-25 ms) is rarely left alone by
+// the scheduler, a single call (20-700 us) often is, so the second is the steadier figure.
 //
 //   bench_gemm_lowp [--threads 1] [--reps 10] [--layers 12] [--head 1] [--m 1,16]
-//                   [--types fp32,bf16,int8,fp8] [--huge 1]
+//                   [--types fp32,bf16,int8,fp8] [--huge 1] [--one 0]
 //
 // --huge 0 puts the weights and the bandwidth probe on 4 KiB pages instead of 2 MiB ones.
+// --one 1 makes the same weights one [N, 768] matrix, read by one call instead of 4 per layer
+// and the head's: the difference is what the calls cost beyond their bytes (thread start,
+// each thread's first rows fetched cold, the wait for the slower thread at the end).
 //
 // Under valgrind --tool=callgrind (say --reps 1 --layers 1 --head 0, collecting in the kernels
 // only: --collect-atstart=no --toggle-collect='loom::cpu::linear_*'
@@ -58,7 +64,7 @@ struct Layer {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "bench_gemm_lowp: %s\nusage: bench_gemm_lowp [--threads N] [--reps N] [--layers "
-               "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8] [--huge 0|1]\n",
+               "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8] [--huge 0|1] [--one 0|1]\n",
                why);
   std::exit(2);
 }
@@ -74,7 +80,7 @@ int positive(const char* flag, const std::string& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 1, reps = 10, n_layer = 12, head = 1, huge = 1;
+  int threads = 1, reps = 10, n_layer = 12, head = 1, huge = 1, one = 0;
   std::vector<int> ms = {1, 16};
   std::vector<std::string> types = {"fp32", "bf16", "int8", "fp8"};
   for (int i = 1; i < argc; i += 2) {
@@ -90,6 +96,9 @@ int main(int argc, char** argv) {
     else if (k == "--head") {
       if (v != "0" && v != "1") usage(("--head wants 0 or 1, got '" + v + "'").c_str());
       head = v == "1";
+    } else if (k == "--one") {
+      if (v != "0" && v != "1") usage(("--one wants 0 or 1, got '" + v + "'").c_str());
+      one = v == "1";
     } else if (k == "--huge") {
       if (v != "0" && v != "1") usage(("--huge wants 0 or 1, got '" + v + "'").c_str());
       huge = v == "1";
@@ -111,6 +120,11 @@ int main(int argc, char** argv) {
     for (auto [K, N] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}})
       layers.push_back({K, N, {}, {}});
   if (head) layers.push_back({C, V, {}, {}});
+  if (one) {  // the same weights as one [N, 768] matrix
+    int64_t n = 0;
+    for (const Layer& L : layers) n += int64_t(L.K) * L.N / C;
+    layers.assign(1, Layer{C, int(n), {}, {}});
+  }
   int64_t weights = 0;
   int max_k = 0, max_n = 0;
   for (const Layer& L : layers) weights += int64_t(L.K) * L.N;
@@ -151,21 +165,35 @@ int main(int argc, char** argv) {
       "streaming read %.2f GB/s, load %.2f\n",
       n_layer, head ? " + head" : "", weights / 1e6, threads,
       cpu::lowp_uses_avx512() ? "on" : "off", huge ? "2 MiB" : "4 KiB", bw, load0);
-  std::printf("%-5s %3s %10s %10s %8s %10s\n", "type", "M", "ms/pass", "GB/s", "of read", "GMAC/s");
+  // What one OpenMP fork/join costs alone (best of 2000 regions): a pass makes one per call.
+  double fork = 1e30;
+  for (int r = 0; r < 2000; ++r) {
+    volatile int sink = 0;
+    const double t0 = now_seconds();
+#pragma omp parallel
+    sink = omp_get_thread_num();
+    fork = std::min(fork, now_seconds() - t0);
+    (void)sink;
+  }
+  std::printf("%zu calls per pass; an empty parallel region %.2f us (best of 2000)\n",
+              layers.size(), fork * 1e6);
+  std::printf("%-5s %3s %10s %10s %8s %10s %12s %10s\n", "type", "M", "ms/pass", "GB/s", "of read",
+              "GMAC/s", "ms per call", "GB/s");
   for (const std::string& t : types) {
     const double bytes_per_weight = t == "fp32" ? 4 : t == "bf16" ? 2 : 1;
     for (int M : ms) {
+      auto call = [&](Layer& L) {
+        if (t == "fp32")
+          cpu::gemv_f32w(y.data(), x.data(), L.f32, L.bias.data(), M, L.K, L.N);
+        else if (t == "bf16")
+          cpu::linear_bf16w(y.data(), x.data(), L.bf16, L.bias.data(), M, L.K, L.N);
+        else if (t == "int8")
+          cpu::linear_int8w(y.data(), x.data(), L.i8, L.scale.data(), L.bias.data(), M, L.K, L.N);
+        else
+          cpu::linear_fp8w(y.data(), x.data(), L.f8, L.scale.data(), L.bias.data(), M, L.K, L.N);
+      };
       auto pass = [&] {
-        for (Layer& L : layers) {
-          if (t == "fp32")
-            cpu::gemv_f32w(y.data(), x.data(), L.f32, L.bias.data(), M, L.K, L.N);
-          else if (t == "bf16")
-            cpu::linear_bf16w(y.data(), x.data(), L.bf16, L.bias.data(), M, L.K, L.N);
-          else if (t == "int8")
-            cpu::linear_int8w(y.data(), x.data(), L.i8, L.scale.data(), L.bias.data(), M, L.K, L.N);
-          else
-            cpu::linear_fp8w(y.data(), x.data(), L.f8, L.scale.data(), L.bias.data(), M, L.K, L.N);
-        }
+        for (Layer& L : layers) call(L);
       };
       pass();  // warm-up
       double best = 1e30;
@@ -174,9 +202,21 @@ int main(int argc, char** argv) {
         pass();
         best = std::min(best, now_seconds() - t0);
       }
+      // Each call alone, best of reps per call (passes in order, so each call's weights come
+      // from memory as in a pass).
+      std::vector<double> call_best(layers.size(), 1e30);
+      for (int r = 0; r < reps; ++r)
+        for (size_t i = 0; i < layers.size(); ++i) {
+          const double t0 = now_seconds();
+          call(layers[i]);
+          call_best[i] = std::min(call_best[i], now_seconds() - t0);
+        }
+      double calls = 0;
+      for (double c : call_best) calls += c;
       const double gbs = weights * bytes_per_weight / best / 1e9;
-      std::printf("%-5s %3d %10.2f %10.2f %7.0f%% %10.2f\n", t.c_str(), M, best * 1e3, gbs,
-                  100 * gbs / bw, double(weights) * M / best / 1e9);
+      std::printf("%-5s %3d %10.2f %10.2f %7.0f%% %10.2f %12.3f %10.2f\n", t.c_str(), M, best * 1e3,
+                  gbs, 100 * gbs / bw, double(weights) * M / best / 1e9, calls * 1e3,
+                  weights * bytes_per_weight / calls / 1e9);
     }
   }
   std::printf("load %.2f -> %.2f\n", load0, load_average());
