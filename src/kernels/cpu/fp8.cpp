@@ -21,7 +21,9 @@
 #include <immintrin.h>
 #endif
 
+#if !defined(__clang__)  // (clang has no such warning and rejects the name)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX512 intrinsics
+#endif
 
 namespace loom::cpu {
 namespace {
