@@ -67,6 +67,18 @@ std::vector<std::vector<int64_t>> gather_hashes(const MpiGrpo& g, int64_t versio
   return out;
 }
 
+// Rank 0 makes a temporary directory (held in `dir`, removed when it goes) and every rank gets
+// its path: one machine, so the learners can read what rank 0 writes there.
+std::string shared_temp_dir(const char* name, std::unique_ptr<test::TempDir>& dir) {
+  std::vector<uint8_t> path(512, 0);
+  if (W().rank() == 0) {
+    dir = std::make_unique<test::TempDir>(name);
+    std::memcpy(path.data(), dir->str().data(), std::min<size_t>(dir->str().size(), 511));
+  }
+  W().broadcast(path.data(), 512, DType::U8, 0);
+  return std::string(reinterpret_cast<const char*>(path.data()));
+}
+
 }  // namespace
 
 TEST(MpiGrpo, LayoutErrors) {
@@ -458,13 +470,7 @@ TEST(MpiGrpo, ExpertParallelLearnersResumeBitForBit) {
   m.learner_tp = m.learner_etp = W().size() == 3 ? 1 : 2;
   m.save_every = cut;
   std::unique_ptr<test::TempDir> dir;
-  std::vector<uint8_t> path(512, 0);
-  if (W().rank() == 0) {
-    dir = std::make_unique<test::TempDir>("rl_mpi_ep_ckpt");
-    std::memcpy(path.data(), dir->str().data(), std::min<size_t>(dir->str().size(), 511));
-  }
-  W().broadcast(path.data(), 512, DType::U8, 0);
-  const std::string root = std::string(reinterpret_cast<const char*>(path.data())) + "/ckpt";
+  const std::string root = shared_temp_dir("rl_mpi_ep_ckpt", dir) + "/ckpt";
   RlCheckpointInfo info;
   info.description = "test";
   std::vector<RlStepStats> full;
@@ -536,13 +542,7 @@ TEST(MpiGrpo, ResumeTrainsOnTheCheckpointsBufferedGroups) {
   m.fixed_lag = true;
   // Rank 0 writes the checkpoint; every learner restores from it (one machine).
   std::unique_ptr<test::TempDir> dir;
-  std::vector<uint8_t> path(512, 0);
-  if (W().rank() == 0) {
-    dir = std::make_unique<test::TempDir>("rl_mpi_ckpt");
-    std::memcpy(path.data(), dir->str().data(), std::min<size_t>(dir->str().size(), 511));
-  }
-  W().broadcast(path.data(), 512, DType::U8, 0);
-  const std::string root = std::string(reinterpret_cast<const char*>(path.data())) + "/ckpt";
+  const std::string root = shared_temp_dir("rl_mpi_ckpt", dir) + "/ckpt";
   RlCheckpointInfo info;
   info.description = "test";
   info.max_staleness = 1;
@@ -662,13 +662,7 @@ TEST(MpiGrpo, PartialRolloutsResumeTheirCutGroups) {
   const int64_t steps = 5, cut = 2;
   const MpiRlOptions m = mpi_options(steps, 1, DType::F32);
   std::unique_ptr<test::TempDir> dir;
-  std::vector<uint8_t> path(512, 0);
-  if (W().rank() == 0) {
-    dir = std::make_unique<test::TempDir>("rl_mpi_partial_ckpt");
-    std::memcpy(path.data(), dir->str().data(), std::min<size_t>(dir->str().size(), 511));
-  }
-  W().broadcast(path.data(), 512, DType::U8, 0);
-  const std::string root = std::string(reinterpret_cast<const char*>(path.data())) + "/ckpt";
+  const std::string root = shared_temp_dir("rl_mpi_partial_ckpt", dir) + "/ckpt";
   RlCheckpointInfo info;
   info.description = "test";
   info.max_staleness = 1;
