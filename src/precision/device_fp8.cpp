@@ -40,7 +40,7 @@ void check_device_fp8(const Fp8Options& o, const DeviceFp8Target& t, const std::
              ": use mxfp8 (emulated on bf16 GEMMs), train in bf16, or use the CPU");
   LOOM_CHECK(t.tokens > 0 && t.tokens % 16 == 0, where, recipe, ": the fp8 GEMMs need a ",
              "multiple of 16 tokens per micro-batch (cuBLASLt's fp8 alignment), got ", t.tokens,
-             " (train.micro_batch x train.seq_len)");
+             " (train.micro_batch x train.seq_len, DPO: twice that)");
 }
 
 DeviceFp8Target device_fp8_target(Backend& be, int dp_ranks, int tokens) {
@@ -74,7 +74,7 @@ std::unique_ptr<DeviceFp8Recipes> attach_device_fp8_recipes(const Fp8Options& o,
                  " is ", l.in, " -> ", l.out, "; the fp8 GEMMs need widths that are multiples ",
                  "of 16 (model.d_model and the MLP width), or keep that block in bf16 ",
                  "(precision.fp8_keep_first / fp8_keep_last)");
-  if (stand_in().make && stand_in().be == &be) return stand_in().make(o, model, be);
+  if (stand_in().make && stand_in().be == &be) return stand_in().make(o, model, be, tokens);
 #if LOOM_HAVE_CUDA
   auto r = std::make_unique<CudaFp8Recipes>(model, dynamic_cast<CudaBackend&>(be),
                                             cuda_fp8_options(o), tokens, o);

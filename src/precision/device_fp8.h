@@ -65,7 +65,8 @@ struct DeviceFp8Target {
   bool stand_in = false;  // a test's stand-in recipe is registered for it (set_device_fp8_stand_in)
   int sm_version = 0;     // its compute capability, 10 * major + minor
   int dp_ranks = 1;       // data-parallel ranks of the run (every recipe runs on any number)
-  int tokens = 0;         // tokens per micro-batch (train.micro_batch * train.seq_len)
+  int tokens = 0;         // tokens of the largest forward (train.micro_batch x train.seq_len;
+                          // DPO: twice that, its chosen and rejected rows)
 };
 
 // Throws an error naming precision.fp8_recipe (and the value at fault) when recipe `o` cannot
@@ -79,14 +80,16 @@ DeviceFp8Target device_fp8_target(Backend& be, int dp_ranks, int tokens);
 // CPU backend, which runs the trainer's device paths without a GPU), made by `make` for the
 // backend `be` while registered (a null `make` unregisters). check_device_fp8 takes such a
 // backend as it takes an sm_90 GPU (the same alignment rules), and attach_device_fp8_recipes
-// calls `make` where it would build the CUDA recipe: so a test runs the trainer's fp8 wiring
-// (layers per pipeline stage, amax groups, begin_step, evaluation, checkpoints) on the device.
-using DeviceFp8StandIn =
-    std::function<std::unique_ptr<DeviceFp8Recipes>(const Fp8Options&, Decoder&, Backend&)>;
+// calls `make` where it would build the CUDA recipe, with the same largest micro-batch (tokens):
+// so a test runs the trainer's fp8 wiring (layers per pipeline stage, amax groups, begin_step,
+// evaluation, checkpoints, the scratch's size) on the device.
+using DeviceFp8StandIn = std::function<std::unique_ptr<DeviceFp8Recipes>(
+    const Fp8Options&, Decoder&, Backend&, int max_tokens)>;
 void set_device_fp8_stand_in(const Backend* be, DeviceFp8StandIn make);
 
 // Checks as check_device_fp8 does, then attaches the GPU recipe to `model` (on `be`, the CUDA
-// backend) for micro-batches of up to `tokens` tokens, replacing any recipe on those linears;
+// backend) for forwards of up to `tokens` tokens (its scratch's size: the caller passes the
+// largest it will run, e.g. DPO's chosen + rejected rows), replacing any recipe on those linears;
 // also refuses a selected layer whose width is not a multiple of 16. Logs what it did unless
 // quiet. Throws in a build without the CUDA backend.
 std::unique_ptr<DeviceFp8Recipes> attach_device_fp8_recipes(const Fp8Options& o, Decoder& model,

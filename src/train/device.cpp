@@ -193,7 +193,7 @@ DeviceChoice select_device(const std::string& device, const std::string& key, bo
     if (!quiet)
       log_info(key, " = auto: ",
                cuda_built() ? "no CUDA device is visible" : "this build has no CUDA backend",
-               "; training on the CPU");
+               "; using the CPU");
     return c;
   }
 #if LOOM_HAVE_CUDA
@@ -203,7 +203,7 @@ DeviceChoice select_device(const std::string& device, const std::string& key, bo
   c.backend = &be;
   c.cuda = true;
   c.describe = cat("cuda:", gpu, " (", be.device_name(), ", sm_", be.sm_version(), ")");
-  if (!quiet && device == "auto") log_info(key, " = auto: training on ", c.describe);
+  if (!quiet && device == "auto") log_info(key, " = auto: using ", c.describe);
 #endif
   return c;
 }

@@ -2,7 +2,8 @@
 // bench train) = "cpu", "cuda" or "auto". The CUDA backend exists only in a build with the
 // toolkit (LOOM_CUDA); "cuda" without it, or without a visible GPU, is an error naming the key,
 // raised before anything is written. "auto" takes CUDA when both are there, else the CPU with a
-// logged notice.
+// logged notice ("--device = auto: ...; using the CPU"), worded for every caller: training,
+// benchmarks, generation and serving all pick their device here.
 #pragma once
 
 #include <memory>

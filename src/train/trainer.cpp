@@ -92,6 +92,14 @@ void maybe_inject_fault(int rank, int64_t step) {
   std::raise(SIGKILL);
 }
 
+// The tokens of the largest forward the linear layers run: a micro-batch's rows (DPO: every
+// pair's chosen and rejected sequences, twice train.micro_batch; evaluation batches are the
+// same size) of train.seq_len tokens (a CP rank sees part of each: fewer). The device fp8
+// recipe's scratch is sized for it, so no forward outgrows it mid-run.
+int largest_forward_tokens(const TrainOptions& o) {
+  return o.micro_batch * o.seq_len * (o.mode == "dpo" ? 2 : 1);
+}
+
 // A parameter of one of the blocks (what ZeRO-3 gathers around use), not the embeddings, final
 // norm or head.
 bool in_block(const std::string& name) {
@@ -214,10 +222,19 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   const int pp_last = get_int32(cfg_, "parallel.pp_last_stage_layers", -1);
   device_comm_ = device_comm_from_name(cfg_.get_string("parallel.device_comm", "auto"),
                                        "parallel.device_comm");
-  if (!be_->host_accessible()) {  // before any data is opened or anything allocated
+  {  // before any data is opened or anything allocated
     Fp8Options fp8_probe;
-    check_device_support((world ? *world : comm::world()).size(),
-                         Fp8Options::from(cfg_, mcfg_.n_layer, &fp8_probe) ? &fp8_probe : nullptr);
+    const bool fp8 = Fp8Options::from(cfg_, mcfg_.n_layer, &fp8_probe);
+    // ZeRO-3 keeps no layer's whole weight between uses; the CPU recipe keeps fp8 copies of
+    // them, and the GPU recipe, which quantises the gathered weights on every call, has not
+    // been proven against the CPU trainer under ZeRO-3 (which has no fp8 run to compare with).
+    // (LoRA at ZeRO-3 shards the frozen base the same way.)
+    LOOM_CHECK(!fp8 || dpo.zero < 3, "precision.fp8_recipe = \"", fp8_recipe_name(fp8_probe.kind),
+               "\" is not supported with parallel.zero = 3 (the fp8 recipes need each layer's ",
+               "whole weight at hand); use parallel.zero = 0, 1 or 2, or leave ",
+               "precision.fp8_recipe unset");
+    if (!be_->host_accessible())
+      check_device_support((world ? *world : comm::world()).size(), fp8 ? &fp8_probe : nullptr);
   }
   if (opt_.eval_interval > 0) {  // every data-parallel rank evaluates the same batches
     valid_data_ = make_batch_source(cfg_, opt_, mcfg_, "valid");
@@ -400,7 +417,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   if (fp8_opt && be_->host_accessible()) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   if (fp8_opt && !be_->host_accessible())
     device_fp8_ = attach_device_fp8_recipes(
-        *fp8_opt, *model_, *be_, pg_->dp().size(), opt_.micro_batch * opt_.seq_len,
+        *fp8_opt, *model_, *be_, pg_->dp().size(), largest_forward_tokens(opt_),
         cat("train.device = \"", opt_.device, "\": "), opt_.quiet);
   // Delayed scaling's amaxes are max-reduced over the ranks of one pipeline stage (TE's amax
   // reduction group): one process's history under TP, DP and CP alike.
@@ -415,9 +432,6 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
                                   ? &on_device(pg_->tp())
                                   : nullptr);
   }
-  LOOM_CHECK(
-      !fp8_ || (dp_->zero() < 3 && !base_zero3_),
-      "precision.fp8_recipe: not supported with ZeRO-3 (the recipe keeps fp8 weight copies)");
   micro_.resize(opt_.grad_accum);
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
 
@@ -920,8 +934,7 @@ void Trainer::check_device_support(int world_size, const Fp8Options* fp8) const 
   // expert MLPs take no recipe on either path (Decoder::linears() lists none), so under EP only
   // the replicated attention and dense layers are fp8 (docs/gpu.md, "fp8 in the GPU trainer").
   if (fp8)
-    check_device_fp8(*fp8, device_fp8_target(*be_, world_size, opt_.micro_batch * opt_.seq_len),
-                     on);
+    check_device_fp8(*fp8, device_fp8_target(*be_, world_size, largest_forward_tokens(opt_)), on);
 }
 
 comm::Communicator& Trainer::on_device(comm::Communicator& host, DeviceComm kind) {
@@ -1114,8 +1127,8 @@ void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
 // model's auxiliary loss is averaged over the step's routed tokens as in pre-training (every
 // micro-batch's, on every DP and CP rank: micro-batches of one shape).
 float Trainer::dpo_aux_weight(const ModelInput& in) const {
-  const double tokens = double(in.N) * double(micro_.size()) * double(pg_->dp().size()) *
-                        double(pg_->cp().size());
+  const double tokens =
+      double(in.N) * double(micro_.size()) * double(pg_->dp().size()) * double(pg_->cp().size());
   return static_cast<float>(1.0 / tokens);
 }
 
@@ -1363,8 +1376,7 @@ void Trainer::make_reference(const ckpt::Checkpoint* from) {
     for (const ParamInfo& p : P.infos())
       if (!in_block(p.name)) copy(R.data() + p.offset, P.data() + p.offset, p.numel);
   }
-  reference_shards_ = std::make_unique<parallel::FrozenShards>(
-      *reference_, on_device(pg_->dp()));
+  reference_shards_ = std::make_unique<parallel::FrozenShards>(*reference_, on_device(pg_->dp()));
   LOOM_CHECK(reference_shards_->shard_begin() == lo && reference_shards_->shard_end() == hi,
              "DPO reference: its ZeRO-3 shard differs from the policy's");
 }

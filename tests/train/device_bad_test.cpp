@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "kernels/guarded_backend.h"
+#include "precision/guarded_fp8_recipes.h"
 #include "temp_dir.h"
 #include "train/device.h"
 #include "train/trainer.h"
@@ -80,6 +81,20 @@ TEST(DeviceBadInput, AutoWithoutAGpuTrainsOnTheCpu) {
   EXPECT_TRUE(std::isfinite(t.train_step().loss));
 }
 
+// The notice of "auto" falling back on the CPU fits every caller (training, bench, generate,
+// serve all pick their device through select_device): it says which key chose what, not what
+// the caller goes on to do.
+TEST(DeviceBadInput, AutoNoticeIsWordedForEveryCaller) {
+  if (gpu_count() > 0) GTEST_SKIP() << "a GPU is visible: auto picks it";
+  ::testing::internal::CaptureStdout();
+  const DeviceChoice dc = select_device("auto", "--device", /*quiet=*/false);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_FALSE(dc.cuda);
+  EXPECT_NE(out.find("--device = auto: "), std::string::npos) << out;
+  EXPECT_NE(out.find("; using the CPU"), std::string::npos) << out;
+  EXPECT_EQ(out.find("training"), std::string::npos) << out;
+}
+
 // What the device path does not cover yet is refused by name, before anything is written (a
 // device run must not start and crash later). Every parallel layout trains on a device (TP, PP,
 // CP and EP over device communicators, tests/train/device_parallel_test.cpp), as do ZeRO-3, bf16
@@ -118,4 +133,24 @@ TEST(DeviceBadInput, Fp8WithPipelineParallelismIsRefusedOnlyForTheBackend) {
   c.set("precision.fp8_recipe", "\"fp8_tensorwise_current\"", "test");
   c.set("parallel.pp", "2", "test");
   expect_refused(c, &g, d.str(), "the fp8 recipes run on the CPU and on the CUDA backend only");
+}
+
+// FP8 with ZeRO-3 is refused by name up front, on the CPU and on a device alike (the device
+// here the guarded backend with the stand-in GPU recipe registered, so the refusal is not the
+// "no fp8 on this backend" one): the keys named, nothing written.
+TEST(DeviceBadInput, Fp8WithZero3IsRefusedUpFront) {
+  for (const char* recipe : {"fp8_tensorwise_current", "fp8_tensorwise_delayed", "mxfp8"})
+    for (bool device : {false, true}) {
+      SCOPED_TRACE(std::string(recipe) + (device ? " on the device" : " on the CPU"));
+      test::TempDir d("devbad_fp8z3");
+      test::GuardedBackend g;
+      test::GuardedFp8Recipes::Registration stand_in(g);
+      Config c = config(d.str());
+      c.set("precision.fp8_recipe", std::string("\"") + recipe + "\"", "test");
+      c.set("parallel.zero", "3", "test");
+      expect_refused(c, device ? &g : nullptr, d.str(),
+                     std::string("precision.fp8_recipe = \"") + recipe +
+                         "\" is not supported with parallel.zero = 3");
+      EXPECT_EQ(stand_in.counts.recipes, 0);
+    }
 }

@@ -7,11 +7,14 @@
 // reference) are sharded and gathered block by block in Backend memory (FrozenShards).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "core/fs.h"
+#include "precision/guarded_fp8_recipes.h"
 #include "train/guarded_trainer_run.h"
 #include "train/preference_pairs.h"
 #include "train/trainer.h"
@@ -150,6 +153,37 @@ std::string dpo_ran(const test::GuardedRun& want) {
       });
 }
 
+// DPO with an fp8 recipe on the device: the stand-in GPU recipe (precision/guarded_fp8_recipes.h)
+// refuses a forward larger than the tokens it was attached for, as the CUDA recipe's scratch
+// does, and DPO's forwards hold each pair's chosen and rejected rows (twice train.micro_batch):
+// the trainer must size the recipe for those. Then the run equals the CPU recipe's bit for bit.
+[[noreturn]] void dpo_fp8_child(const std::string& recipe) {
+  setenv("LOOM_BF16_GEMM", "fallback", 1);  // the CPU recipe's GEMMs in one summation order
+  auto make = [&](const std::string& dir) {
+    Config c = dpo_config(dir, 0, "fp32", false);
+    c.set("precision.fp8_recipe", quoted(recipe), "test");
+    c.set("precision.fp8_format", "\"hybrid\"", "test");
+    return c;
+  };
+  test::GuardedRun want, got;
+  test::GuardedBackend g;
+  g.set_strict(true);
+  test::GuardedFp8Recipes::Registration stand_in(g);
+  try {
+    test::TempDir a("devdpo8_cpu"), b("devdpo8_guarded");
+    want = test::train_and_resume(a.str(), make, nullptr);
+    got = test::train_and_resume(b.str(), make, &g);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "run threw: %s\n", e.what());
+    std::exit(2);
+  }
+  std::string bad = dpo_ran(want) + test::guarded_differences(want, got, g);
+  if (stand_in.counts.gemms == 0) bad += " (no fp8 GEMM ran on the device)";
+  if (!bad.empty())
+    std::fprintf(stderr, "guarded trainer differs from the CPU one:%s\n", bad.c_str());
+  std::exit(bad.empty() ? 0 : 1);
+}
+
 }  // namespace
 
 // LoRA on GPT-2 (fp32, the adapters' engine at ZeRO-0: whole checkpoints of adapters only) and
@@ -177,4 +211,11 @@ TEST(DevicePostTrain, GuardedDpoRunsEqualCpuRuns) {
 TEST(DevicePostTrain, GuardedLoraDpoRunEqualsCpuRun) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(dpo_child(0, "fp32", true), ::testing::ExitedWithCode(0), "");
+}
+
+// DPO with fp8 current scaling on the device (the stand-in recipe): sized for DPO's doubled
+// forwards, equal to the CPU recipe's run.
+TEST(DevicePostTrain, GuardedFp8DpoRunEqualsCpuRun) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(dpo_fp8_child("fp8_tensorwise_current"), ::testing::ExitedWithCode(0), "");
 }
