@@ -51,7 +51,7 @@ void set_text_codec(infer::EngineConfig& cfg, const data::BpeTokenizer* tok,
 
 DeviceChoice select_serving_device(const std::string& device, const std::string& key,
                                    const std::string& doing) {
-  // select_device's own notice speaks of training: this one names what runs. GPU 0 of those
+  // select_device's own notice only says which device: this one names what runs. GPU 0 of those
   // visible (CUDA_VISIBLE_DEVICES picks it), not the launcher's local rank: `loom serve` steps
   // its engine on a thread of its own, whose current CUDA device is the default, 0.
   const DeviceChoice dev = select_device(device, key, /*quiet=*/true, /*gpu=*/0);
