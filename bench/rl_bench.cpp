@@ -76,13 +76,6 @@ struct LetterA : Environment {
   }
 };
 
-data::BpeTokenizer byte_tokenizer() {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
-}
-
 ModelConfig bench_config() {
   ModelConfig c = model_preset("tiny-llama");
   c.n_layer = 4, c.d_model = 256, c.n_head = 8, c.n_kv_head = 4, c.head_dim = 32, c.d_ff = 512;
@@ -132,7 +125,7 @@ Run run(const Mode& m, int steps, double target) {
   r.staleness = m.staleness;
   Decoder model(bench_config(), cpu_backend());
   model.params().init(7);
-  auto tok = byte_tokenizer();
+  auto tok = data::byte_chatml_tokenizer();
   data::ChatTemplate chat("chatml", tok);
   LetterA env;
   RlOptions o = bench_options();
@@ -382,8 +375,9 @@ int main(int argc, char** argv) {
     if (name.empty() || name == "sync-1t") continue;
     auto it =
         std::find_if(known.begin(), known.end(), [&](const Mode& m) { return m.name == name; });
-    LOOM_CHECK(it != known.end(), "bench_rl: unknown mode '", name,
-               "' (sync-1t, sync, async-1, async-1h, async-2, async-2h, async-2p, mpi-0, mpi-1, mpi-2)");
+    LOOM_CHECK(
+        it != known.end(), "bench_rl: unknown mode '", name,
+        "' (sync-1t, sync, async-1, async-1h, async-2, async-2h, async-2p, mpi-0, mpi-1, mpi-2)");
     picked.push_back(*it);
   }
   std::printf(

@@ -12,6 +12,29 @@ namespace loom::cli {
 
 int run_bench_serve(const Args& args);  // bench_serve_cmd.cpp
 
+// The options of both training benchmarks (TrainBenchOptions, FinetuneBenchOptions): the model,
+// the step's shape and threads, and how many steps are timed; defaults from `b`.
+template <typename Bench>
+static Options& timed_steps_options(Options& o, const Bench& b) {
+  return o.value("preset", b.preset, "model preset")
+      .value("batch", std::to_string(b.batch), "sequences per step")
+      .value("seq", std::to_string(b.seq), "tokens per sequence")
+      .value("threads", std::to_string(b.threads), "threads (OpenMP and BLAS)")
+      .value("steps", std::to_string(b.steps), "timed steps (the median is reported)")
+      .value("warmup", std::to_string(b.warmup), "untimed steps first");
+}
+
+// Reads them back; --seq and --threads have the benchmark's own lower bounds.
+template <typename Bench>
+static void read_timed_steps(const Options& o, Bench& b, int min_seq, int min_threads) {
+  b.preset = o.get("preset");
+  b.batch = o.get_int32("batch", 1);
+  b.seq = o.get_int32("seq", min_seq);
+  b.threads = o.get_int32("threads", min_threads, kMaxThreads);
+  b.steps = o.get_int32("steps", 1);
+  b.warmup = o.get_int32("warmup", 0);
+}
+
 static int run_bench_finetune(const Args& args) {
   Options o("loom bench finetune [--preset P] [--batch B] [--seq T] [--threads N] [--lora-rank R]",
             "LoRA against full fine-tuning of a preset on synthetic tokens (fp32): step time, CPU\n"
@@ -19,12 +42,7 @@ static int run_bench_finetune(const Args& args) {
             "state bytes; then full-fine-tuning SFT on synthetic chat data with and without\n"
             "packing (real tokens/s, packing efficiency). The last line is one JSON object.");
   FinetuneBenchOptions b;
-  o.value("preset", b.preset, "model preset")
-      .value("batch", std::to_string(b.batch), "sequences per step")
-      .value("seq", std::to_string(b.seq), "tokens per sequence")
-      .value("threads", std::to_string(b.threads), "threads (OpenMP and BLAS)")
-      .value("steps", std::to_string(b.steps), "timed steps (the median is reported)")
-      .value("warmup", std::to_string(b.warmup), "untimed steps first")
+  timed_steps_options(o, b)
       .value("lora-rank", std::to_string(b.lora_rank), "LoRA rank")
       .value("lora-alpha", "8", "LoRA alpha")
       .value("lora-targets", b.lora_targets, "LoRA targets (all-linear, or names/suffixes)")
@@ -33,12 +51,7 @@ static int run_bench_finetune(const Args& args) {
       .value("sft-examples", std::to_string(b.sft_examples), "synthetic conversations for SFT")
       .value("timeout", "3600", "seconds each measured configuration may take");
   if (!o.parse(args)) return 0;
-  b.preset = o.get("preset");
-  b.batch = o.get_int32("batch", 1);
-  b.seq = o.get_int32("seq", 16);
-  b.threads = o.get_int32("threads", 1, kMaxThreads);
-  b.steps = o.get_int32("steps", 1);
-  b.warmup = o.get_int32("warmup", 0);
+  read_timed_steps(o, b, 16, 1);
   b.lora_rank = o.get_int32("lora-rank", 1);
   b.lora_alpha = o.get_double("lora-alpha");
   b.lora_targets = o.get("lora-targets");
@@ -71,12 +84,7 @@ int run_bench(const Args& args) {
             "prints tokens/s, achieved GFLOP/s (6*N*tokens + attention) and the ratio to this\n"
             "machine's measured OpenBLAS sgemm peak. The last line is one JSON object.");
   TrainBenchOptions b;
-  o.value("preset", b.preset, "model preset")
-      .value("batch", std::to_string(b.batch), "sequences per step")
-      .value("seq", std::to_string(b.seq), "tokens per sequence")
-      .value("threads", std::to_string(b.threads), "threads (OpenMP and BLAS)")
-      .value("steps", std::to_string(b.steps), "timed steps (the median is reported)")
-      .value("warmup", std::to_string(b.warmup), "untimed steps first")
+  timed_steps_options(o, b)
       .value("precision", b.precision, "fp32, bf16 or fp16")
       .value("recompute", b.recompute, "none, selective or full")
       .value("fp8", b.fp8,
@@ -88,12 +96,7 @@ int run_bench(const Args& args) {
              "MFU is against the GPU's dense bf16 peak")
       .value("peak-tflops", "0", "the GPU's dense bf16 peak for MFU (0: known by its name)");
   if (!o.parse(Args(args.begin() + 1, args.end()))) return 0;
-  b.preset = o.get("preset");
-  b.batch = o.get_int32("batch", 1);
-  b.seq = o.get_int32("seq", 1);
-  b.threads = o.get_int32("threads", 0, kMaxThreads);
-  b.steps = o.get_int32("steps", 1);
-  b.warmup = o.get_int32("warmup", 0);
+  read_timed_steps(o, b, 1, 0);
   b.precision = o.get("precision");
   b.recompute = o.get("recompute");
   b.fp8 = o.get("fp8");

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
+#include "core/jsonl.h"
 #include "core/log.h"
 #include "data/bpe.h"
 #include "data/chat.h"
@@ -142,17 +143,10 @@ int run_generate(const Args& args) {
 
   // Batch generation: results in input order; lines already in the output are skipped.
   LOOM_CHECK(!o.get("output").empty(), "--input needs --output");
-  const std::string in_text = read_file(o.get("input"));
   std::vector<std::pair<Json, std::string>> lines;
-  for (size_t pos = 0, n = 0; pos < in_text.size(); ++n) {
-    size_t end = in_text.find('\n', pos);
-    if (end == std::string::npos) end = in_text.size();
-    std::string_view l(in_text.data() + pos, end - pos);
-    pos = end + 1;
-    if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = cat(o.get("input"), ":", n + 1);
-    lines.push_back({Json::parse(l, where), where});
-  }
+  for_each_jsonl(o.get("input"), [&](const Json& j, const std::string& where) {
+    lines.push_back({j, where});
+  });
   size_t done = 0;
   if (file_exists(o.get("output"))) {
     const std::string prev = read_file(o.get("output"));

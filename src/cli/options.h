@@ -58,4 +58,8 @@ class Options {
   std::map<std::string, std::vector<std::string>> multi_;
 };
 
+// The help of an option that names a tokenizer (the specs data::load_tokenizer reads).
+inline constexpr const char* kTokenizerSpecHelp =
+    "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)";
+
 }  // namespace loom::cli

@@ -23,10 +23,7 @@ int run_tokenize(const Args& args) {
       "by --chat-template, one sequence per example, plus PREFIX.mask.bin/.idx (uint8, 1 where\n"
       "the loss trains) for data.source = \"chat_tokens\" (docs/finetuning.md).");
   o.multi("input", "JSONL file (repeatable; read in the order given)")
-      .value("tokenizer", "",
-             "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind "
-             "detected)",
-             true)
+      .value("tokenizer", "", kTokenizerSpecHelp, true)
       .value("out", "", "output prefix: writes PREFIX.bin and PREFIX.idx", true)
       .value("field", "text", "JSON field holding each document's text")
       .flag("append-eod", "append <|endoftext|> to every document")

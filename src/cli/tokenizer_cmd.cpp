@@ -63,10 +63,7 @@ int tokenizer_encode(const Args& args) {
   Options o("loom tokenizer encode --vocab PATH < text",
             "Reads UTF-8 text on stdin and prints its token ids as one JSON array. Special-token\n"
             "strings in the text become their ids unless --no-special is given.");
-  o.value(
-       "vocab", "",
-       "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
-       true)
+  o.value("vocab", "", kTokenizerSpecHelp, true)
       .flag("no-special", "encode special-token strings as ordinary text");
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
@@ -84,10 +81,7 @@ int tokenizer_encode(const Args& args) {
 int tokenizer_decode(const Args& args) {
   Options o("loom tokenizer decode --vocab PATH < ids.json",
             "Reads a JSON array of token ids on stdin and writes the decoded bytes to stdout.");
-  o.value(
-      "vocab", "",
-      "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
-      true);
+  o.value("vocab", "", kTokenizerSpecHelp, true);
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
   Json j = Json::parse(read_stdin(), "stdin");
@@ -109,10 +103,7 @@ int tokenizer_decode(const Args& args) {
 
 int tokenizer_info(const Args& args) {
   Options o("loom tokenizer info --vocab PATH", "Prints a vocabulary's size and special tokens.");
-  o.value(
-      "vocab", "",
-      "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
-      true);
+  o.value("vocab", "", kTokenizerSpecHelp, true);
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
   Json info = Json::object();
@@ -129,10 +120,7 @@ int tokenizer_info(const Args& args) {
 int tokenizer_export(const Args& args) {
   Options o("loom tokenizer export --vocab SPEC --out DIR [--chat-template chatml|llama3]",
             "Writes a vocabulary as Hugging Face tokenizer.json + tokenizer_config.json.");
-  o.value(
-       "vocab", "",
-       "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)",
-       true)
+  o.value("vocab", "", kTokenizerSpecHelp, true)
       .value("out", "", "output folder", true)
       .value("chat-template", "", "chat template written into tokenizer_config.json")
       .value("max-length", "1024", "model_max_length in tokenizer_config.json");

@@ -275,4 +275,11 @@ std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
   return out;
 }
 
+BpeTokenizer byte_chatml_tokenizer() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
+  SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
+  return BpeTokenizer::from_ranks(tokens, PreTokenizer::Gpt2, sp);
+}
+
 }  // namespace loom::data

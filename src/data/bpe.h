@@ -125,6 +125,11 @@ BpeTokenizer load_tiktoken(const std::string& path);  // settings as for "tiktok
 void save_loom_tokenizer(const BpeTokenizer& tok, const std::string& dir);
 BpeTokenizer load_loom_tokenizer(const std::string& dir);
 
+// The byte tokenizer of synthetic chat data (benchmarks, tests): ids 0..255 the bytes, no
+// merges, GPT-2 pre-tokenisation, and ChatML's markers as specials (<|endoftext|> 256,
+// <|im_start|> 257, <|im_end|> 258).
+BpeTokenizer byte_chatml_tokenizer();
+
 // Writes ranks as "base64(bytes) rank" lines, the tiktoken format.
 std::string tiktoken_text(const BpeTokenizer& tok);
 

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/jsonl.h"
 
 namespace loom::data {
 
@@ -133,19 +134,10 @@ ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::
 }
 
 std::vector<ChatExample> load_chat_jsonl(const std::string& path, const ChatTemplate& t) {
-  const std::string text = read_file(path);
   std::vector<ChatExample> out;
-  size_t line = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    ++line;
-    const std::string_view l(text.data() + pos, end - pos);
-    pos = end + 1;
-    if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank line
-    const std::string where = cat(path, ":", line);
-    out.push_back(parse_chat_example(Json::parse(l, where), t, where));
-  }
+  for_each_jsonl(path, [&](const Json& j, const std::string& where) {
+    out.push_back(parse_chat_example(j, t, where));
+  });
   LOOM_CHECK(!out.empty(), path, ": no examples");
   return out;
 }

@@ -158,11 +158,7 @@ Json time_steps(const FinetuneBenchOptions& o, bool lora) {
 // Synthetic chat data for the SFT throughput: conversations of 1/8 to 1/2 of --seq tokens
 // (byte tokens; a NUL byte never occurs, so token 0 marks padding), and a byte tokenizer.
 void write_chat_data(const std::string& dir, const FinetuneBenchOptions& o) {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  data::save_loom_tokenizer(data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp),
-                            dir + "/tok");
+  data::save_loom_tokenizer(data::byte_chatml_tokenizer(), dir + "/tok");
   std::string text;
   const int template_tokens = 12;  // ChatML's markers and role names around two turns
   for (int i = 0; i < o.sft_examples; ++i) {

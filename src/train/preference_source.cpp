@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/jsonl.h"
 
 namespace loom {
 namespace {
@@ -39,18 +40,8 @@ PreferenceSource::PreferenceSource(const std::string& path, const std::string& t
   LOOM_CHECK(!tokenizer_spec.empty(), "data.source = \"preference\" needs data.tokenizer");
   tok_ = data::load_tokenizer(tokenizer_spec);
   data::ChatTemplate t(template_name, *tok_);
-  const std::string text = read_file(path);
   std::vector<Pair> all;
-  size_t line = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    ++line;
-    const std::string_view l(text.data() + pos, end - pos);
-    pos = end + 1;
-    if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = cat(path, ":", line);
-    const Json j = Json::parse(l, where);
+  for_each_jsonl(path, [&](const Json& j, const std::string& where) {
     LOOM_CHECK(
         j.is_object() && j.contains("prompt") && j.contains("chosen") && j.contains("rejected"),
         where, ": expected 'prompt', 'chosen' and 'rejected'");
@@ -65,7 +56,7 @@ PreferenceSource::PreferenceSource(const std::string& path, const std::string& t
       (which == 0 ? p.chosen : p.rejected) = t.render(conv);
     }
     all.push_back(std::move(p));
-  }
+  });
   const int64_t n = static_cast<int64_t>(all.size());
   LOOM_CHECK(n > 0, path, ": no preference pairs");
   LOOM_CHECK(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must lie in [0, 1)");

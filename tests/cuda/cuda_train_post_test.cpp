@@ -19,16 +19,14 @@
 #include "cuda/cuda_train_util.h"
 #include "model/lora.h"
 #include "temp_dir.h"
-#include "train/preference_pairs.h"
 #include "train/trainer.h"
+#include "train/trainer_setups.h"
 
 using namespace loom;
 
 namespace {
 
-std::string quoted(const std::string& s) {
-  return std::string(1, '"').append(s).append(1, '"');
-}
+using test::quoted;
 
 struct Curve {
   std::vector<double> loss;
@@ -108,16 +106,8 @@ auto tiny_with(std::vector<std::pair<std::string, std::string>> extra) {
 // LoRA over a base pretrained for two CPU steps (weights only).
 auto lora_with(std::vector<std::pair<std::string, std::string>> extra) {
   return [extra](const std::string& dir) {
-    {
-      Config base = test::tiny_train_config(dir, "tiny", 2, 2);
-      base.set("train.out_dir", quoted(dir + "/base"), "test");
-      Trainer pre(base);
-      pre.run();
-    }
     Config c = test::tiny_train_config(dir, "tiny", 8, 0);
-    c.set("train.pretrained", quoted(dir + "/base/checkpoints"), "test");
-    c.set("lora.rank", "4", "test");
-    c.set("lora.alpha", "8", "test");
+    test::lora_over_base(c, test::tiny_train_config(dir, "tiny", 2, 2), dir, 2);
     for (const auto& [k, v] : extra) c.set(k, v, "test");
     return c;
   };
@@ -127,31 +117,15 @@ auto lora_with(std::vector<std::pair<std::string, std::string>> extra) {
 // base that one full-DPO step on the CPU saved (weights only).
 auto dpo_with(bool lora, std::vector<std::pair<std::string, std::string>> extra) {
   return [lora, extra](const std::string& dir) {
-    test::write_preference_pairs(dir, 60);
-    Config c = Config::parse(
-        "[model]\npreset = \"tiny-llama\"\nn_layer = 2\nd_model = 32\nn_head = 4\n"
-        "n_kv_head = 2\nd_ff = 64\nvocab = 260\nmax_seq = 48\ninit_std = 0.1\n"
-        "[data]\nsource = \"preference\"\nvalid_fraction = 0.2\n"
-        "[train]\nmode = \"dpo\"\nmicro_batch = 4\nseq_len = 48\ngrad_accum = 2\n"
+    Config c = test::tiny_dpo_config(
+        dir,
+        "[train]\nmicro_batch = 4\nseq_len = 48\ngrad_accum = 2\n"
         "quiet = true\nsteps = 8\npeak_gflops = 100\neval_interval = 1000\neval_batches = 2\n"
         "clip_grad = 1.0\n"
-        "tensorboard = false\n[optim]\nlr = 1e-3\nwarmup_steps = 2\nweight_decay = 0.0\n"
-        "[dpo]\nbeta = 0.5\n",
-        "test.toml");
-    c.set("data.path", quoted(dir + "/pairs.jsonl"), "test");
-    c.set("data.tokenizer", quoted("loom:" + dir + "/tok"), "test");
+        "tensorboard = false\n[optim]\nlr = 1e-3\nwarmup_steps = 2\n");
     if (lora) {
-      Config base = c;
-      base.set("train.out_dir", quoted(dir + "/base"), "test");
-      base.set("train.steps", "1", "test");
-      base.set("train.checkpoint_interval", "1", "test");
-      {
-        Trainer pre(base);
-        pre.run();
-      }
-      c.set("train.pretrained", quoted(dir + "/base/checkpoints"), "test");
-      c.set("lora.rank", "4", "test");
-      c.set("lora.alpha", "8", "test");
+      const Config base = c;
+      test::lora_over_base(c, base, dir, 1);
     }
     c.set("train.out_dir", quoted(dir + "/run"), "test");
     for (const auto& [k, v] : extra) c.set(k, v, "test");

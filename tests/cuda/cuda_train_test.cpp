@@ -25,8 +25,8 @@ using namespace loom;
 
 namespace {
 
-using test::fox_corpus;
 using test::trainer_weights;
+using test::write_fox_corpus;
 
 // GPT-2 family (cuda_train_util.h's sizes).
 Config config(const std::string& dir, int steps, int ckpt) {
@@ -166,7 +166,7 @@ TEST(CudaTrain, LoomTrainDeviceCudaEndToEnd) {
   const std::string bin = carried ? carried : LOOM_BIN;
   if (!std::filesystem::exists(bin)) GTEST_SKIP() << bin << " not built (cmake --target loom)";
   test::TempDir d("cudatrain_cli");
-  const std::string data = fox_corpus(d.str());
+  const std::string data = write_fox_corpus(d.str(), test::kFoxLines);
   const std::string cmd =
       bin + " train --device cuda --set train.steps=5 --set train.quiet=true" +
       " --set model.n_layer=2 --set train.seq_len=32 --set train.micro_batch=4" +

@@ -1,26 +1,20 @@
-// What the CUDA trainer tests share: a tiny corpus, the tiny trainer config they all start from
-// (2 layers of 64 wide, byte vocabulary, two micro-batches of 4 x 32 per step, clipping on,
-// validation batches for evaluate(); eval_interval past the run: only when a test calls it) and
-// a read-back of the trainer's weights.
+// What the CUDA trainer tests share: the tiny trainer config they all start from (2 layers of 64
+// wide, byte vocabulary, two micro-batches of 4 x 32 per step, clipping on, validation batches
+// for evaluate(); eval_interval past the run: only when a test calls it) over a fox corpus of
+// kFoxLines lines; the corpus and the read-back of the trainer's weights are
+// tests/train/trainer_setups.h's.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "core/config.h"
-#include "core/fs.h"
-#include "train/trainer.h"
+#include "train/trainer_setups.h"
 
 namespace loom::test {
 
-inline std::string fox_corpus(const std::string& dir) {
-  std::string path = dir + "/corpus.txt";
-  std::string text;
-  for (int i = 0; i < 400; ++i)
-    text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
-  write_file_atomic(path, text);
-  return path;
-}
+// The corpus the CUDA trainer tests read.
+constexpr int kFoxLines = 400;
 
 // `preset` cut to the sizes above, `steps` steps, a checkpoint every `ckpt` steps (0: none);
 // `extra` is more TOML appended (sections the base does not open, e.g. [precision]).
@@ -34,21 +28,12 @@ inline Config tiny_train_config(const std::string& dir, const std::string& prese
       "[optim]\nlr = 3e-3\nwarmup_steps = 5\n" +
           extra,
       "test.toml");
-  // quoted() keeps GCC 12's -Wrestrict false positive on `"\"" + s + "\""` away.
-  auto quoted = [](const std::string& s) { return std::string(1, '"').append(s).append(1, '"'); };
   c.set("model.preset", quoted(preset), "test");
   c.set("train.steps", std::to_string(steps), "test");
   c.set("train.checkpoint_interval", std::to_string(ckpt), "test");
   c.set("train.out_dir", quoted(dir + "/run"), "test");
-  c.set("data.paths", quoted(fox_corpus(dir)), "test");
+  c.set("data.paths", quoted(write_fox_corpus(dir, kFoxLines)), "test");
   return c;
-}
-
-inline std::vector<float> trainer_weights(Trainer& t) {
-  const ParamSet& P = t.model().params();
-  std::vector<float> v(size_t(P.total()));
-  P.read_values(0, P.total(), v.data());
-  return v;
 }
 
 }  // namespace loom::test

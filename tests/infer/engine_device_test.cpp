@@ -44,13 +44,14 @@ namespace {
       std::exit(2);
     }
     const std::string at = std::string(" [") + s.name + "]";
-    if (got.tokens != want.tokens) bad += " tokens" + at;
-    for (size_t i = 0; i < want.logprobs.size(); ++i)
-      if (!loom::test::same_bits(got.logprobs[i], want.logprobs[i]) || want.logprobs[i].empty())
-        bad += " logprobs of request " + std::to_string(i) + at;
-    if (got.preemptions != want.preemptions || got.cached_tokens != want.cached_tokens)
-      bad += " schedule" + at;
-    if (got.blocks_left_used != 0) bad += " blocks not freed" + at;
+    // Bit for bit, and the logprobs really reported.
+    bad += rp::replay_differences(
+        want, got,
+        [](const std::vector<float>& g, const std::vector<float>& w) {
+          if (w.empty()) return std::string("none reported");
+          return loom::test::same_bits(g, w) ? std::string() : std::string("bits differ");
+        },
+        at);
     if (std::string(s.name) == "preemption" && want.preemptions == 0) bad += " no preemption";
     if (std::string(s.name) == "one at a time" && want.cached_tokens == 0) bad += " no prefix hit";
     for (const std::string& op :

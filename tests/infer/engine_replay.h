@@ -1,9 +1,9 @@
-// The serving engine's schedules replayed on any Backend, for comparing a device engine with the
-// CPU engine: the tiny models of infer_test_util.h (both families, GQA for Llama, fp32 or bf16
-// activations and KV cache), prompts sharing a prefix, and the schedules of the engine tests
-// (many requests at once, one at a time so later prompts hit the prefix cache, small prefill
-// chunks, no chunking, and a pool so small it forces preemption). Each request decodes greedily
-// with the sampled token's logprob reported.
+// The serving engine's schedules replayed on any Backend, for comparing the engine with the
+// no-cache forward (engine_test.cpp) and a device engine with the CPU engine: the tiny models of
+// infer_test_util.h (both families, GQA for Llama, fp32 or bf16 activations and KV cache), prompts
+// sharing a prefix, and the schedules of the engine tests (many requests at once, one at a time so
+// later prompts hit the prefix cache, small prefill chunks, no chunking, and a pool so small it
+// forces preemption). Each request decodes greedily with the sampled token's logprob reported.
 #pragma once
 
 #include <cstdint>
@@ -34,22 +34,32 @@ inline std::vector<ReplaySetup> replay_setups() {
           {"preemption", 7, 32, true, true}};
 }
 
-// What a replay produced: per request (in submit order) its tokens and their logprobs; and the
-// engine's evidence that the schedule did what its name says.
+// The prompts every replay submits (in this order): two of them extend the last one, so their
+// prefix can be found in the cache.
+inline std::vector<std::vector<int32_t>> replay_prompts() {
+  const auto shared = prompt(20, 9);
+  return {prompt(7, 1), prompt(5, 2, shared), prompt(9, 3, shared), prompt(33, 4), shared};
+}
+
+// The number of tokens each replayed request decodes.
+constexpr int kReplayTokens = 12;
+
+// What a replay produced: per request (in submit order) its tokens, their logprobs, its finish
+// reason and its prompt tokens found in the cache; and the engine's evidence that the schedule
+// did what its name says.
 struct Replay {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<float>> logprobs;
+  std::vector<std::string> finish_reasons;
+  std::vector<int64_t> cached_prompt_tokens;
   int64_t preemptions = 0, cached_tokens = 0;
   int blocks_left_used = -1;
 };
 
-inline Replay replay(Backend& be, Family f, DType act, const ReplaySetup& s) {
-  Decoder m(tiny(f), be, Recompute::None, act);
-  m.params().init(5);
+// The schedule `s` on the model `m`.
+inline Replay replay(Decoder& m, const ReplaySetup& s) {
   DecoderRunner runner(m);
-  const auto shared = prompt(20, 9);
-  const std::vector<std::vector<int32_t>> prompts = {prompt(7, 1), prompt(5, 2, shared),
-                                                     prompt(9, 3, shared), prompt(33, 4), shared};
+  const std::vector<std::vector<int32_t>> prompts = replay_prompts();
   EngineConfig cfg;
   cfg.block_size = 8;
   cfg.num_blocks = s.blocks;
@@ -60,9 +70,11 @@ inline Replay replay(Backend& be, Family f, DType act, const ReplaySetup& s) {
   Replay r;
   r.tokens.resize(prompts.size());
   r.logprobs.resize(prompts.size());
+  r.finish_reasons.resize(prompts.size());
+  r.cached_prompt_tokens.resize(prompts.size(), -1);
   SamplingParams p;
   p.temperature = 0;
-  p.max_tokens = 12;
+  p.max_tokens = kReplayTokens;
   p.ignore_eos = true;
   p.logprobs = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -70,7 +82,11 @@ inline Replay replay(Backend& be, Family f, DType act, const ReplaySetup& s) {
       const size_t k = index.at(ev.request_id);
       r.tokens[k].insert(r.tokens[k].end(), ev.tokens.begin(), ev.tokens.end());
       r.logprobs[k].insert(r.logprobs[k].end(), ev.logprobs.begin(), ev.logprobs.end());
-      if (ev.finished) r.cached_tokens += ev.usage.cached_prompt_tokens;
+      if (ev.finished) {
+        r.finish_reasons[k] = ev.finish_reason;
+        r.cached_prompt_tokens[k] = ev.usage.cached_prompt_tokens;
+        r.cached_tokens += ev.usage.cached_prompt_tokens;
+      }
     });
     index[id] = i;
     if (!s.together) e.run_until_idle();
@@ -79,6 +95,36 @@ inline Replay replay(Backend& be, Family f, DType act, const ReplaySetup& s) {
   r.preemptions = e.stats().preemptions_total;
   r.blocks_left_used = e.cache().num_used();
   return r;
+}
+
+// The schedule `s` on the tiny model of family `f` (seed 5) on `be` with activations in `act`.
+inline Replay replay(Backend& be, Family f, DType act, const ReplaySetup& s) {
+  Decoder m(tiny(f), be, Recompute::None, act);
+  m.params().init(5);
+  return replay(m, s);
+}
+
+// What differs between the replays `want` (the reference) and `got` of one schedule, each item
+// followed by `at` ("" when nothing): the tokens, the schedule (preemptions, prefix hits), the
+// blocks `got` left in use, and each request's logprobs, which `agree(got, want)` compares
+// ("" when they agree, else how they differ).
+template <typename Agree>
+std::string replay_differences(const Replay& want, const Replay& got, Agree agree,
+                               const std::string& at) {
+  std::string bad;
+  if (got.tokens != want.tokens) bad += " tokens" + at;
+  if (got.preemptions != want.preemptions || got.cached_tokens != want.cached_tokens)
+    bad += " schedule (preemptions " + std::to_string(got.preemptions) + " vs " +
+           std::to_string(want.preemptions) + ", cached prompt tokens " +
+           std::to_string(got.cached_tokens) + " vs " + std::to_string(want.cached_tokens) + ")" +
+           at;
+  if (got.blocks_left_used != 0) bad += " blocks not freed" + at;
+  if (got.logprobs.size() != want.logprobs.size()) return bad + " request count" + at;
+  for (size_t i = 0; i < want.logprobs.size(); ++i) {
+    const std::string why = agree(got.logprobs[i], want.logprobs[i]);
+    if (!why.empty()) bad += " logprobs of request " + std::to_string(i) + " (" + why + ")" + at;
+  }
+  return bad;
 }
 
 }  // namespace loom::infer::test

@@ -1,7 +1,8 @@
 // The serving engine with the real Decoder: greedy output equals the no-cache forward's greedy
 // output token for token (both families, shared prefixes, chunked prefill on and off, a pool so
-// small it forces preemption, one or many requests at once); logprobs equal the full forward's
-// log-softmax; seeds reproduce across batch compositions; stops, cancellation, errors.
+// small it forces preemption, one or many requests at once: the schedules of engine_replay.h);
+// logprobs equal the full forward's log-softmax; seeds reproduce across batch compositions; stops,
+// cancellation, errors.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -14,10 +15,12 @@
 #include "infer/model_runner.h"
 #include "model/decoder.h"
 
+#include "engine_replay.h"
 #include "infer_test_util.h"
 
 using namespace loom;
 using namespace loom::infer;
+namespace rp = loom::infer::test;
 using loom::infer::test::prompt;
 using loom::infer::test::tiny;
 
@@ -65,45 +68,22 @@ TEST(Engine, GreedyEqualsNoCacheForwardUnderEverySchedule) {
   for (Family f : {Family::GPT2, Family::Llama}) {
     Decoder m(tiny(f), cpu_backend());
     m.params().init(5);
-    const auto shared = prompt(20, 9);
-    std::vector<std::vector<int32_t>> prompts = {prompt(7, 1), prompt(5, 2, shared),
-                                                 prompt(9, 3, shared), prompt(33, 4), shared};
     std::vector<std::vector<int32_t>> want;
-    for (auto& p : prompts) want.push_back(no_cache_greedy(m, p, 12));
-    DecoderRunner runner(m);
-    struct Setup {
-      const char* name;
-      int blocks, budget;
-      bool chunked, together;
-    };
-    for (Setup s :
-         {Setup{"many at once", 64, 256, true, true}, Setup{"one at a time", 64, 256, true, false},
-          Setup{"small chunks", 64, 8, true, true}, Setup{"no chunking", 64, 64, false, true},
-          Setup{"preemption", 7, 32, true, true}}) {
-      EngineConfig cfg;
-      cfg.block_size = 8;
-      cfg.num_blocks = s.blocks;
-      cfg.scheduler.max_batched_tokens = s.budget;
-      cfg.scheduler.chunked_prefill = s.chunked;
-      LoomEngine e(runner, cfg);
-      Collected got;
-      std::vector<int64_t> ids;
-      for (auto& p : prompts) {
-        ids.push_back(e.submit(p, greedy(12), got.sink()));
-        if (!s.together) e.run_until_idle();
-      }
-      e.run_until_idle();
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        EXPECT_EQ(got.tokens[ids[i]][0], want[i]) << family_name(f) << ", " << s.name << ", " << i;
-        EXPECT_EQ(got.reason[ids[i]][0], "length");
+    for (auto& p : rp::replay_prompts()) want.push_back(no_cache_greedy(m, p, rp::kReplayTokens));
+    for (const rp::ReplaySetup& s : rp::replay_setups()) {
+      const rp::Replay got = rp::replay(m, s);
+      ASSERT_EQ(got.tokens.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(got.tokens[i], want[i]) << family_name(f) << ", " << s.name << ", " << i;
+        EXPECT_EQ(got.finish_reasons[i], "length");
       }
       if (std::string(s.name) == "preemption") {
-        EXPECT_GT(e.stats().preemptions_total, 0);
+        EXPECT_GT(got.preemptions, 0);
       }
       if (std::string(s.name) == "one at a time") {  // later prompts found the shared prefix
-        EXPECT_EQ(got.usage[ids[2]][0].cached_prompt_tokens, 16);
+        EXPECT_EQ(got.cached_prompt_tokens[2], 16);
       }
-      EXPECT_EQ(e.cache().num_used(), 0);  // every block back
+      EXPECT_EQ(got.blocks_left_used, 0);  // every block back
     }
   }
 }

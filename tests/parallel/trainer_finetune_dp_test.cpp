@@ -25,8 +25,8 @@
 #include "trainer_fixture.h"
 
 using namespace loom;
-using loom::testing_parallel::rel_diff;
 using loom::testing_parallel::job_tag;
+using loom::testing_parallel::rel_diff;
 using loom::testing_parallel::W;
 
 namespace {
@@ -485,11 +485,7 @@ TEST(TrainerFinetuneDp, LoraContextParallelMatchesOneProcess) {
 // Byte tokenizer with ChatML markers and preference pairs (chosen: the reversed word; rejected:
 // "zzzz"), written by every rank into its own directory.
 std::string dpo_data(const std::string& d) {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  data::save_loom_tokenizer(data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp),
-                            d + "/tok");
+  data::save_loom_tokenizer(data::byte_chatml_tokenizer(), d + "/tok");
   std::string text;
   for (int i = 0; i < 64; ++i) {
     std::string w;

@@ -156,7 +156,7 @@ TEST(HttpEnv, AGarbageEnvironmentDropsGroupsNotTheJob) {
   auto e = env(s, "/garbage", &st);
   Decoder m(rltest::tiny_config(), cpu_backend());
   m.params().init(3);
-  auto tok = rltest::byte_tokenizer();
+  auto tok = data::byte_chatml_tokenizer();
   data::ChatTemplate chat("chatml", tok);
   RlOptions o;
   o.prompts_per_step = 2;

@@ -152,7 +152,7 @@ TEST(Environments, RewardsAreExactChecks) {
 TEST(GrpoTrainer, RaisesTheRewardOfATinyModel) {
   Decoder m(rltest::tiny_config(), cpu_backend());
   m.params().init(3);
-  auto tok = rltest::byte_tokenizer();
+  auto tok = data::byte_chatml_tokenizer();
   data::ChatTemplate chat("chatml", tok);
   rltest::LetterA env;
   RlOptions o;

@@ -43,13 +43,6 @@ struct LowBytes : Environment {
   }
 };
 
-inline data::BpeTokenizer byte_tokenizer() {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
-}
-
 inline ModelConfig tiny_config() {
   ModelConfig c = model_preset("tiny-llama");
   c.n_layer = 2, c.d_model = 32, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 8, c.d_ff = 64;
@@ -80,7 +73,7 @@ inline ModelConfig tiny_moe_config() {
 // environment.
 struct Fixture {
   Decoder model;
-  data::BpeTokenizer tok = byte_tokenizer();
+  data::BpeTokenizer tok = data::byte_chatml_tokenizer();
   data::ChatTemplate chat{"chatml", tok};
   LowBytes env;
   explicit Fixture(const ModelConfig& c = tiny_config()) : model(c, cpu_backend()) {

@@ -27,13 +27,6 @@ using namespace loom;
 
 namespace {
 
-data::BpeTokenizer byte_tokenizer() {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
-}
-
 // The real runner, slowed down: a request then takes long enough that a test sees whether it
 // was cancelled or ran to its end.
 struct SlowRunner : infer::ModelRunner {
@@ -84,7 +77,7 @@ int raw_http(int port, const std::string& path, const std::string& body, bool ha
 }
 
 struct Fixture : testing::Test {
-  data::BpeTokenizer tok = byte_tokenizer();
+  data::BpeTokenizer tok = data::byte_chatml_tokenizer();
   std::unique_ptr<data::ChatTemplate> chat;
   std::unique_ptr<Decoder> model;
   std::unique_ptr<infer::DecoderRunner> runner;

@@ -18,14 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Byte tokens 0..255 plus the templates' markers as special tokens 256...
-data::BpeTokenizer byte_tokenizer() {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
-}
-
 // The shared scratch directory (removed at the end of the test), with a file writer.
 struct TempDir : loom::test::TempDir {
   TempDir() : loom::test::TempDir("chat") {}
@@ -36,14 +28,14 @@ struct TempDir : loom::test::TempDir {
 };
 
 std::string tokenizer_spec(const TempDir& d) {
-  data::save_loom_tokenizer(byte_tokenizer(), d.path + "/tok");
+  data::save_loom_tokenizer(data::byte_chatml_tokenizer(), d.path + "/tok");
   return "loom:" + d.path + "/tok";
 }
 
 }  // namespace
 
 TEST(ChatTemplate, ChatmlRendersTheTextAndMasksOnlyAssistantTurns) {
-  auto tok = byte_tokenizer();
+  auto tok = data::byte_chatml_tokenizer();
   data::ChatTemplate t("chatml", tok);
   auto ex = t.render({{"system", "be brief"}, {"user", "hi"}, {"assistant", "yo"}});
   // The text Hugging Face's ChatML template writes.
@@ -65,7 +57,7 @@ TEST(ChatTemplate, ChatmlRendersTheTextAndMasksOnlyAssistantTurns) {
 }
 
 TEST(ChatTemplate, MissingMarkersAndBadLinesAreClearErrors) {
-  auto tok = byte_tokenizer();
+  auto tok = data::byte_chatml_tokenizer();
   EXPECT_THROW(data::ChatTemplate("llama3", tok), Error);  // no <|begin_of_text|> here
   EXPECT_THROW(data::ChatTemplate("vicuna", tok), Error);
   data::ChatTemplate t("chatml", tok);

@@ -15,13 +15,6 @@ using namespace loom;
 
 namespace {
 
-data::BpeTokenizer byte_tokenizer() {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
-}
-
 // Runs f, which must throw an Error whose message holds every needle.
 template <typename F>
 void expect_error(F&& f, std::vector<std::string> needles) {
@@ -51,7 +44,7 @@ void write_dataset(const std::string& prefix, data::TokenDType dtype,
 TEST(ChatTokensBad, MalformedLineNamesFileAndLineAndWritesNothing) {
   const std::string d = loom::test::scoped_dir("chat_tokens_bad_line");
   write_file_atomic(d + "/c.jsonl", kGood + kGood + "{\"messages\": [{\"role\": \"wizard\"}]}\n");
-  auto tok = byte_tokenizer();
+  auto tok = data::byte_chatml_tokenizer();
   data::ChatTemplate t("chatml", tok);
   expect_error([&] { data::write_chat_token_files({d + "/c.jsonl"}, t, 259, d + "/out"); },
                {d + "/c.jsonl:3"});

@@ -16,19 +16,12 @@ using namespace loom;
 
 namespace {
 
-data::BpeTokenizer byte_tokenizer() {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  return data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp);
-}
-
 // A tokenizer and 40 examples of varied lengths (conversations and prompt/completion lines,
 // one blank line), with their token files under d/chat.
 struct ChatFiles {
   std::string dir, jsonl, tok, prefix;
   explicit ChatFiles(const std::string& d) : dir(d) {
-    data::save_loom_tokenizer(byte_tokenizer(), d + "/tok");
+    data::save_loom_tokenizer(data::byte_chatml_tokenizer(), d + "/tok");
     tok = "loom:" + d + "/tok";
     std::string text;
     for (int i = 0; i < 40; ++i) {
@@ -45,7 +38,7 @@ struct ChatFiles {
     jsonl = d + "/chat.jsonl";
     write_file_atomic(jsonl, text);
     prefix = d + "/chat";
-    auto t = byte_tokenizer();
+    auto t = data::byte_chatml_tokenizer();
     data::ChatTemplate tmpl("chatml", t);
     data::write_chat_token_files({jsonl}, tmpl, t.vocab_size(), prefix);
   }
@@ -60,7 +53,7 @@ bool same_batch(const Batch& a, const Batch& b) {
 
 TEST(ChatTokens, FilesHoldTheRenderedIdsAndMasks) {
   ChatFiles f(loom::test::scoped_dir("chat_tokens_files"));
-  auto tok = byte_tokenizer();
+  auto tok = data::byte_chatml_tokenizer();
   data::ChatTemplate t("chatml", tok);
   const auto examples = data::load_chat_jsonl(f.jsonl, t);
   data::ChatTokenFile file(f.prefix);
@@ -80,7 +73,7 @@ TEST(ChatTokens, FilesHoldTheRenderedIdsAndMasks) {
 
 TEST(ChatTokens, SourceGivesTheJsonlSourcesBatches) {
   ChatFiles f(loom::test::scoped_dir("chat_tokens_source"));
-  const int vocab = byte_tokenizer().vocab_size();
+  const int vocab = data::byte_chatml_tokenizer().vocab_size();
   for (bool packed : {true, false})
     for (const char* split : {"train", "valid"})
       for (int rank = 0; rank < 2; ++rank) {

@@ -16,61 +16,25 @@
 #include "core/fs.h"
 #include "precision/guarded_fp8_recipes.h"
 #include "train/guarded_trainer_run.h"
-#include "train/preference_pairs.h"
 #include "train/trainer.h"
+#include "train/trainer_setups.h"
 
 using namespace loom;
 
 namespace {
 
-std::string quoted(const std::string& s) {
-  return std::string(1, '"').append(s).append(1, '"');
-}
+using test::quoted;
 
 // ---- LoRA: a tiny model pretrained for two steps on the CPU, then adapted.
-
-std::string fox_corpus(const std::string& dir) {
-  std::string path = dir + "/corpus.txt";
-  std::string text;
-  for (int i = 0; i < 200; ++i)
-    text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
-  write_file_atomic(path, text);
-  return path;
-}
-
-Config fox_config(const std::string& dir, const std::string& family, const std::string& out) {
-  Config c = Config::parse(
-      "[model]\npreset = \"tiny\"\nn_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 32\n"
-      "[train]\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\nquiet = true\nsteps = 6\n"
-      "peak_gflops = 100\ncheckpoint_interval = 3\neval_interval = 3\neval_batches = 2\n"
-      "clip_grad = 0.5\ntensorboard = false\n"
-      "[optim]\nlr = 3e-3\nwarmup_steps = 2\n",
-      "test.toml");
-  c.set("train.out_dir", quoted(out), "test");
-  c.set("data.paths", quoted(fox_corpus(dir)), "test");
-  if (family == "llama") {
-    c.set("model.family", "\"llama\"", "test");
-    c.set("model.n_kv_head", "1", "test");
-  }
-  return c;
-}
 
 // The LoRA run of `family` under `dir`: its base pretrained first (two CPU steps, weights
 // only), then adapters on every linear layer of the blocks (rank 4).
 Config lora_config(const std::string& dir, const std::string& family, int zero,
                    const std::string& precision, double dropout) {
-  {
-    Config base = fox_config(dir, family, dir + "/base");
-    base.set("train.steps", "2", "test");
-    base.set("train.checkpoint_interval", "2", "test");
-    base.set("train.eval_interval", "0", "test");
-    Trainer pre(base);
-    pre.run();
-  }
-  Config c = fox_config(dir, family, dir + "/run");
-  c.set("train.pretrained", quoted(dir + "/base/checkpoints"), "test");
-  c.set("lora.rank", "4", "test");
-  c.set("lora.alpha", "8", "test");
+  Config c = test::guarded_run_config(dir, family, dir + "/run");
+  Config base = test::guarded_run_config(dir, family, dir + "/base");
+  base.set("train.eval_interval", "0", "test");
+  test::lora_over_base(c, base, dir, 2);
   c.set("precision.policy", quoted(precision), "test");
   if (zero > 0) c.set("parallel.zero", std::to_string(zero), "test");
   if (dropout > 0) c.set("lora.dropout", std::to_string(dropout), "test");
@@ -92,38 +56,22 @@ std::string lora_trained(const test::GuardedRun& want) {
 // Full DPO (the reference a second Decoder on the backend) or, with `lora`, DPO of adapters
 // (the reference is the base, the adapters detached); two micro-batches of one pair a step.
 Config dpo_config(const std::string& d, int zero, const std::string& precision, bool lora) {
-  test::write_preference_pairs(d, 60);
-  Config c = Config::parse(
-      "[model]\npreset = \"tiny-llama\"\nn_layer = 2\nd_model = 32\nn_head = 4\nn_kv_head = 2\n"
-      "d_ff = 64\nvocab = 260\nmax_seq = 48\ninit_std = 0.1\n"
-      "[data]\nsource = \"preference\"\nvalid_fraction = 0.2\n"
-      "[train]\nmode = \"dpo\"\nmicro_batch = 2\nseq_len = 48\ngrad_accum = 2\nquiet = true\n"
+  Config c = test::tiny_dpo_config(
+      d,
+      "[train]\nmicro_batch = 2\nseq_len = 48\ngrad_accum = 2\nquiet = true\n"
       "steps = 6\npeak_gflops = 100\ncheckpoint_interval = 3\neval_interval = 3\n"
       "eval_batches = 2\nclip_grad = 0.5\ntensorboard = false\n"
-      "[optim]\nlr = 3e-3\nwarmup_steps = 2\nweight_decay = 0.0\n"
-      "[dpo]\nbeta = 0.5\n",
-      "test.toml");
-  c.set("data.path", quoted(d + "/pairs.jsonl"), "test");
-  c.set("data.tokenizer", quoted("loom:" + d + "/tok"), "test");
+      "[optim]\nlr = 3e-3\nwarmup_steps = 2\n");
   c.set("precision.policy", quoted(precision), "test");
   if (zero > 0) c.set("parallel.zero", std::to_string(zero), "test");
   if (lora) {
     // The base LoRA needs (train.pretrained): the same model after one full-DPO step on the
     // CPU, weights only.
     Config base = c;
-    base.set("train.out_dir", quoted(d + "/base"), "test");
-    base.set("train.steps", "1", "test");
-    base.set("train.checkpoint_interval", "1", "test");
     base.set("train.eval_interval", "0", "test");
     base.set("precision.policy", "\"fp32\"", "test");
     if (zero > 0) base.set("parallel.zero", "0", "test");
-    {
-      Trainer pre(base);
-      pre.run();
-    }
-    c.set("train.pretrained", quoted(d + "/base/checkpoints"), "test");
-    c.set("lora.rank", "4", "test");
-    c.set("lora.alpha", "8", "test");
+    test::lora_over_base(c, base, d, 1);
   }
   c.set("train.out_dir", quoted(d + "/run"), "test");
   return c;

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "core/fs.h"
 #include "kernels/guarded_backend.h"
 #include "temp_dir.h"
 #include "train/guarded_trainer_run.h"
@@ -26,30 +25,11 @@ using namespace loom;
 
 namespace {
 
-std::string corpus(const std::string& dir) {
-  std::string path = dir + "/corpus.txt";
-  std::string text;
-  for (int i = 0; i < 200; ++i)
-    text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
-  write_file_atomic(path, text);
-  return path;
-}
-
-// Two micro-batches per step (grad_accum), clipping on (the norm is read back), evaluation
-// every 3 steps, a checkpoint at step 3. `moe`: the tiny MoE preset of the family (8 experts,
-// top-2), whose router, dispatch, expert GEMMs and aux loss run through Backend ops.
+// guarded_run_config's run; `moe`: the tiny MoE preset of the family (8 experts, top-2), whose
+// router, dispatch, expert GEMMs and aux loss run through Backend ops.
 Config config(const std::string& dir, const std::string& family, int zero = 0,
               const std::string& precision = "fp32", bool moe = false) {
-  Config c = Config::parse(
-      std::string("[model]\npreset = \"") + (moe ? "tiny-moe" : "tiny") + "\"\n" +
-          "n_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 32\n"
-          "[train]\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\nquiet = true\nsteps = 6\n"
-          "peak_gflops = 100\ncheckpoint_interval = 3\neval_interval = 3\neval_batches = 2\n"
-          "clip_grad = 0.5\ntensorboard = false\n"
-          "[optim]\nlr = 3e-3\nwarmup_steps = 2\n",
-      "test.toml");
-  c.set("train.out_dir", "\"" + dir + "/run\"", "test");
-  c.set("data.paths", "\"" + corpus(dir) + "\"", "test");
+  Config c = test::guarded_run_config(dir, family, dir + "/run", moe ? "tiny-moe" : "tiny");
   // ZeRO 1-2 in one process: the sharded optimizer, its gradient shard and bucket scratch
   // (Backend memory), per-rank checkpoint parts with a global commit.
   if (zero > 0) c.set("parallel.zero", std::to_string(zero), "test");
@@ -57,8 +37,6 @@ Config config(const std::string& dir, const std::string& family, int zero = 0,
   if (family == "llama") {
     // (and the asynchronous checkpoint writer, whose snapshot copies the staged host tensors)
     c.set("train.ckpt_async", "true", "test");
-    c.set("model.family", "\"llama\"", "test");
-    c.set("model.n_kv_head", "1", "test");
     // Capacity-limited routing: some of the 32 tokens' 64 assignments overflow an expert's 8
     // slots and are dropped (the routing plan the host reads back decides which).
     if (moe) c.set("model.capacity_factor", "1.0", "test");

@@ -22,11 +22,7 @@ std::string test_dir(const std::string& name) {
 
 // A byte tokenizer with ChatML's markers, and a chat file: "reverse" a short string.
 std::string chat_data(const std::string& dir) {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  data::save_loom_tokenizer(data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp),
-                            dir + "/tok");
+  data::save_loom_tokenizer(data::byte_chatml_tokenizer(), dir + "/tok");
   std::string text;
   for (int i = 0; i < 64; ++i) {
     std::string w;

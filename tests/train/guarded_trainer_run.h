@@ -19,6 +19,7 @@
 #include "same_bits.h"
 #include "temp_dir.h"
 #include "train/trainer.h"
+#include "train/trainer_setups.h"
 
 namespace loom::test {
 
@@ -31,10 +32,27 @@ struct GuardedRun {
   int64_t resumed_at = -1;
 };
 
-inline std::vector<float> read_all(const ParamSet& P) {
-  std::vector<float> v(size_t(P.total()));
-  P.read_values(0, P.total(), v.data());
-  return v;
+// The run the guarded-trainer tests start from: `preset` ("tiny", "tiny-moe") of `family` cut to
+// 2 layers of 32 (Llama: one KV head), six steps of two micro-batches each (grad_accum),
+// clipping on (the norm is read back), evaluation every 3 steps and a checkpoint at step 3, into
+// `out`, over a fox corpus of 200 lines written in `dir`.
+inline Config guarded_run_config(const std::string& dir, const std::string& family,
+                                 const std::string& out, const std::string& preset = "tiny") {
+  Config c = Config::parse(
+      "[model]\nn_layer = 2\nd_model = 32\nn_head = 2\nmax_seq = 32\n"
+      "[train]\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\nquiet = true\nsteps = 6\n"
+      "peak_gflops = 100\ncheckpoint_interval = 3\neval_interval = 3\neval_batches = 2\n"
+      "clip_grad = 0.5\ntensorboard = false\n"
+      "[optim]\nlr = 3e-3\nwarmup_steps = 2\n",
+      "test.toml");
+  c.set("model.preset", quoted(preset), "test");
+  c.set("train.out_dir", quoted(out), "test");
+  c.set("data.paths", quoted(write_fox_corpus(dir, 200)), "test");
+  if (family == "llama") {
+    c.set("model.family", quoted("llama"), "test");
+    c.set("model.n_kv_head", "1", "test");
+  }
+  return c;
 }
 
 // `make(dir)` is the run's config for a run directory under `dir` (each run its own). `be` null:
@@ -60,12 +78,12 @@ GuardedRun train_and_resume(const std::string& dir, MakeConfig make, Backend* be
   r.resumed_at = t.step();
   for (int i = 0; i < 3; ++i) record(t.train_step());
   r.valid.push_back(t.evaluate());
-  r.values = read_all(t.model().params());
+  r.values = param_values(t.model().params());
   if (Lora* l = t.lora()) {
-    r.adapters = read_all(l->params());
+    r.adapters = param_values(l->params());
     // The merged weights an export writes (W += scale B A, a Backend GEMM on the device).
     l->merge_into_base();
-    r.merged = read_all(t.model().params());
+    r.merged = param_values(t.model().params());
   }
   return r;
 }

@@ -14,11 +14,7 @@ namespace loom::test {
 
 // Writes <d>/tok (the tokenizer, data.tokenizer = "loom:<d>/tok") and <d>/pairs.jsonl (n pairs).
 inline void write_preference_pairs(const std::string& d, int n) {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
-  data::SpecialTokens sp = {{"<|endoftext|>", 256}, {"<|im_start|>", 257}, {"<|im_end|>", 258}};
-  data::save_loom_tokenizer(data::BpeTokenizer::from_ranks(tokens, data::PreTokenizer::Gpt2, sp),
-                            d + "/tok");
+  data::save_loom_tokenizer(data::byte_chatml_tokenizer(), d + "/tok");
   std::string text;
   for (int i = 0; i < n; ++i) {
     std::string w;

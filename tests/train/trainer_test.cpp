@@ -13,6 +13,7 @@
 #include "core/tfevents_reader.h"
 #include "temp_dir.h"
 #include "train/trainer.h"
+#include "train/trainer_setups.h"
 
 using namespace loom;
 
@@ -21,15 +22,6 @@ namespace {
 // A fresh directory removed when the test ends, pass or fail.
 std::string test_dir(const std::string& name) {
   return loom::test::scoped_dir("trainer_" + name);
-}
-
-std::string corpus(const std::string& dir) {
-  std::string path = dir + "/corpus.txt";
-  std::string text;
-  for (int i = 0; i < 200; ++i)
-    text += "the quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
-  write_file_atomic(path, text);
-  return path;
 }
 
 Config tiny_config(const std::string& dir, int steps) {
@@ -41,7 +33,7 @@ Config tiny_config(const std::string& dir, int steps) {
       "test.toml");
   c.set("train.steps", std::to_string(steps), "test");
   c.set("train.out_dir", "\"" + dir + "/run\"", "test");
-  c.set("data.paths", "\"" + corpus(dir) + "\"", "test");
+  c.set("data.paths", "\"" + test::write_fox_corpus(dir, 200) + "\"", "test");
   return c;
 }
 
