@@ -11,6 +11,8 @@
 //   bench_gemm_lowp [--threads 1] [--reps 10] [--layers 12] [--head 1] [--m 1,16]
 //                   [--types fp32,bf16,int8,fp8] [--huge 1] [--one 0]
 //
+// "mean" is the mean pass beside the best (what every call's spread inflates).
+//
 // Type fp8bw is fp8 with its single-input GEMV on the AVX512BW steps instead of the byte
 // permutes (the same bits): `--types fp8,fp8bw,fp8,fp8bw` compares them alternating.
 // --huge 0 puts the weights and the bandwidth probe on 4 KiB pages instead of 2 MiB ones.
@@ -181,8 +183,8 @@ int main(int argc, char** argv) {
   }
   std::printf("%zu calls per pass; an empty parallel region %.2f us (best of 2000)\n",
               layers.size(), fork * 1e6);
-  std::printf("%-5s %3s %10s %10s %8s %10s %12s %10s\n", "type", "M", "ms/pass", "GB/s", "of read",
-              "GMAC/s", "ms per call", "GB/s");
+  std::printf("%-5s %3s %10s %10s %10s %8s %10s %12s %10s\n", "type", "M", "ms/pass", "mean",
+              "GB/s", "of read", "GMAC/s", "ms per call", "GB/s");
   for (const std::string& t : types) {
     const double bytes_per_weight = t == "fp32" ? 4 : t == "bf16" ? 2 : 1;
     const bool vbmi = cpu::lowp_uses_vbmi() || t == "fp8bw";  // (restored below)
@@ -202,11 +204,13 @@ int main(int argc, char** argv) {
         for (Layer& L : layers) call(L);
       };
       pass();  // warm-up
-      double best = 1e30;
+      double best = 1e30, sum = 0;
       for (int r = 0; r < reps; ++r) {
         const double t0 = now_seconds();
         pass();
-        best = std::min(best, now_seconds() - t0);
+        const double dt = now_seconds() - t0;
+        best = std::min(best, dt);
+        sum += dt;
       }
       // Each call alone, best of reps per call (passes in order, so each call's weights come
       // from memory as in a pass).
@@ -220,8 +224,9 @@ int main(int argc, char** argv) {
       double calls = 0;
       for (double c : call_best) calls += c;
       const double gbs = weights * bytes_per_weight / best / 1e9;
-      std::printf("%-5s %3d %10.2f %10.2f %7.0f%% %10.2f %12.3f %10.2f\n", t.c_str(), M, best * 1e3,
-                  gbs, 100 * gbs / bw, double(weights) * M / best / 1e9, calls * 1e3,
+      std::printf("%-5s %3d %10.2f %10.2f %10.2f %7.0f%% %10.2f %12.3f %10.2f\n", t.c_str(), M,
+                  best * 1e3, sum / reps * 1e3, gbs, 100 * gbs / bw,
+                  double(weights) * M / best / 1e9, calls * 1e3,
                   weights * bytes_per_weight / calls / 1e9);
     }
     cpu::set_lowp_vbmi(vbmi);
