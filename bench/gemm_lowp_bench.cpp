@@ -11,6 +11,10 @@
 //   bench_gemm_lowp [--threads 1] [--reps 10] [--layers 12] [--head 1] [--m 1,16]
 //                   [--types fp32,bf16,int8,fp8] [--huge 1] [--one 0]
 //
+// "mean" is the mean pass beside the best (what every call's spread inflates).
+//
+// Type fp8bw is fp8 with its single-input GEMV on the AVX512BW steps instead of the byte
+// permutes (the same bits): `--types fp8,fp8bw,fp8,fp8bw` compares them alternating.
 // --huge 0 puts the weights and the bandwidth probe on 4 KiB pages instead of 2 MiB ones.
 // --one 1 makes the same weights one [N, 768] matrix, read by one call instead of 4 per layer
 // and the head's: the difference is what the calls cost beyond their bytes (thread start,
@@ -62,10 +66,11 @@ struct Layer {
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "bench_gemm_lowp: %s\nusage: bench_gemm_lowp [--threads N] [--reps N] [--layers "
-               "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8] [--huge 0|1] [--one 0|1]\n",
-               why);
+  std::fprintf(
+      stderr,
+      "bench_gemm_lowp: %s\nusage: bench_gemm_lowp [--threads N] [--reps N] [--layers "
+      "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8,fp8bw] [--huge 0|1] [--one 0|1]\n",
+      why);
   std::exit(2);
 }
 
@@ -108,8 +113,8 @@ int main(int argc, char** argv) {
     } else if (k == "--types") {
       types = split(v);
       for (const std::string& t : types)
-        if (t != "fp32" && t != "bf16" && t != "int8" && t != "fp8")
-          usage(("unknown type '" + t + "' (fp32, bf16, int8, fp8)").c_str());
+        if (t != "fp32" && t != "bf16" && t != "int8" && t != "fp8" && t != "fp8bw")
+          usage(("unknown type '" + t + "' (fp32, bf16, int8, fp8, fp8bw)").c_str());
     } else
       usage(("unknown flag " + k).c_str());
   }
@@ -162,9 +167,10 @@ int main(int argc, char** argv) {
   const double load0 = load_average();
   std::printf(
       "bench_gemm_lowp: %d layers%s, %.1fM weights, %d threads, AVX-512 %s, %s pages, "
-      "streaming read %.2f GB/s, load %.2f\n",
+      "fp8 by byte permutes %s, streaming read %.2f GB/s, load %.2f\n",
       n_layer, head ? " + head" : "", weights / 1e6, threads,
-      cpu::lowp_uses_avx512() ? "on" : "off", huge ? "2 MiB" : "4 KiB", bw, load0);
+      cpu::lowp_uses_avx512() ? "on" : "off", huge ? "2 MiB" : "4 KiB",
+      cpu::lowp_uses_vbmi() ? "on" : "off", bw, load0);
   // What one OpenMP fork/join costs alone (best of 2000 regions): a pass makes one per call.
   double fork = 1e30;
   for (int r = 0; r < 2000; ++r) {
@@ -177,10 +183,12 @@ int main(int argc, char** argv) {
   }
   std::printf("%zu calls per pass; an empty parallel region %.2f us (best of 2000)\n",
               layers.size(), fork * 1e6);
-  std::printf("%-5s %3s %10s %10s %8s %10s %12s %10s\n", "type", "M", "ms/pass", "GB/s", "of read",
-              "GMAC/s", "ms per call", "GB/s");
+  std::printf("%-5s %3s %10s %10s %10s %8s %10s %12s %10s\n", "type", "M", "ms/pass", "mean",
+              "GB/s", "of read", "GMAC/s", "ms per call", "GB/s");
   for (const std::string& t : types) {
     const double bytes_per_weight = t == "fp32" ? 4 : t == "bf16" ? 2 : 1;
+    const bool vbmi = cpu::lowp_uses_vbmi() || t == "fp8bw";  // (restored below)
+    if (t == "fp8bw") cpu::set_lowp_vbmi(false);
     for (int M : ms) {
       auto call = [&](Layer& L) {
         if (t == "fp32")
@@ -196,11 +204,13 @@ int main(int argc, char** argv) {
         for (Layer& L : layers) call(L);
       };
       pass();  // warm-up
-      double best = 1e30;
+      double best = 1e30, sum = 0;
       for (int r = 0; r < reps; ++r) {
         const double t0 = now_seconds();
         pass();
-        best = std::min(best, now_seconds() - t0);
+        const double dt = now_seconds() - t0;
+        best = std::min(best, dt);
+        sum += dt;
       }
       // Each call alone, best of reps per call (passes in order, so each call's weights come
       // from memory as in a pass).
@@ -214,10 +224,12 @@ int main(int argc, char** argv) {
       double calls = 0;
       for (double c : call_best) calls += c;
       const double gbs = weights * bytes_per_weight / best / 1e9;
-      std::printf("%-5s %3d %10.2f %10.2f %7.0f%% %10.2f %12.3f %10.2f\n", t.c_str(), M, best * 1e3,
-                  gbs, 100 * gbs / bw, double(weights) * M / best / 1e9, calls * 1e3,
+      std::printf("%-5s %3d %10.2f %10.2f %10.2f %7.0f%% %10.2f %12.3f %10.2f\n", t.c_str(), M,
+                  best * 1e3, sum / reps * 1e3, gbs, 100 * gbs / bw,
+                  double(weights) * M / best / 1e9, calls * 1e3,
                   weights * bytes_per_weight / calls / 1e9);
     }
+    cpu::set_lowp_vbmi(vbmi);
   }
   std::printf("load %.2f -> %.2f\n", load0, load_average());
   return 0;

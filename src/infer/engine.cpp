@@ -226,6 +226,7 @@ bool LoomEngine::step() {
     stats_.requests_waiting = scheduler_.num_waiting();
     stats_.kv_blocks_used = cache_.num_used();
     stats_.preemptions_total = scheduler_.preemptions();
+    stats_.cached_tokens_total = scheduler_.cached_tokens();
   }
   if (chunks.empty()) {
     profile.discard();  // idle polls are not steps

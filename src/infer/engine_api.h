@@ -111,7 +111,8 @@ struct TokenEvent {
 
 struct EngineStats {
   int64_t requests_total = 0, requests_running = 0, requests_waiting = 0;
-  int64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
+  int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
+  int64_t cached_tokens_total = 0;  // prompt tokens found in the prefix cache (usage's cached)
   int64_t preemptions_total = 0;
   int kv_blocks_total = 0, kv_blocks_used = 0;
 };

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "infer/argmax.h"
 
 namespace loom::infer {
 
@@ -42,7 +43,7 @@ SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<
   double lse = 0;
   if (p.logprobs >= 0) {
     raw.assign(x, x + V);
-    const float mx = *std::max_element(x, x + V);
+    const float mx = x[argmax_first(x, V)];
     double z = 0;
     for (int j = 0; j < V; ++j) z += std::exp(double(x[j]) - mx);
     lse = mx + std::log(z);
@@ -65,11 +66,11 @@ SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<
 
   int chosen;
   if (p.temperature == 0) {
-    chosen = static_cast<int>(std::max_element(x, x + V) - x);  // lowest id on ties
+    chosen = argmax_first(x, V);  // lowest id on ties
   } else if (p.top_k == 0 && p.top_p >= 1 && p.min_p == 0) {
     // No filter: one pass over the vocabulary in id order, no sort (O(V) per token).
     // Each weight's exp computed once and kept (the search for the draw used to repeat it).
-    const float top = *std::max_element(x, x + V);
+    const float top = x[argmax_first(x, V)];
     std::vector<double> w(static_cast<size_t>(V));
     double total = 0;
     for (int j = 0; j < V; ++j)

@@ -54,7 +54,10 @@ void Scheduler::admit_prefix(Sequence* s) {
     ++s->hashed_blocks;
   }
   s->computed = s->hashed_blocks * bs;
-  if (!s->admitted_once) s->cached_prompt_tokens = std::min(s->computed, s->prompt_len);
+  if (!s->admitted_once) {
+    s->cached_prompt_tokens = std::min(s->computed, s->prompt_len);
+    cached_tokens_ += s->cached_prompt_tokens;
+  }
   s->admitted_once = true;
 }
 

@@ -61,6 +61,9 @@ class Scheduler {
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   int num_running() const { return static_cast<int>(running_.size()); }
   int64_t preemptions() const { return preemptions_; }
+  // Prompt tokens taken from the prefix cache, summed over sequences' first admissions (what
+  // their usage reports as cached; a preempted sequence's re-admission is recompute, not a hit).
+  int64_t cached_tokens() const { return cached_tokens_; }
   const SchedulerConfig& config() const { return cfg_; }
 
  private:
@@ -73,6 +76,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // admission order: the last is the newest
   int64_t preemptions_ = 0;
+  int64_t cached_tokens_ = 0;
 };
 
 }  // namespace loom::infer

@@ -164,6 +164,8 @@ void Server::routes() {
          s.kv_blocks_total ? double(s.kv_blocks_used) / s.kv_blocks_total : 0.0);
     line("prompt_tokens_total", "counter", "Prompt tokens computed.", s.prompt_tokens_total);
     line("generation_tokens_total", "counter", "Tokens generated.", s.generation_tokens_total);
+    line("prompt_tokens_cached_total", "counter",
+         "Prompt tokens found in the prefix cache (not computed).", s.cached_tokens_total);
     line("num_preemptions_total", "counter", "Sequences preempted for KV-cache room.",
          s.preemptions_total);
     std::lock_guard<std::mutex> lock(metrics_->mu);

@@ -48,8 +48,11 @@ void check_against_reference(const std::vector<float>& y, const std::vector<floa
 }
 
 struct Restore {
-  bool avx = lowp_uses_avx512();
-  ~Restore() { set_lowp_avx512(avx); }
+  bool avx = lowp_uses_avx512(), vbmi = lowp_uses_vbmi();
+  ~Restore() {
+    set_lowp_avx512(avx);
+    set_lowp_vbmi(vbmi);
+  }
 };
 
 }  // namespace
@@ -139,6 +142,37 @@ TEST(GemmLowp, Avx512AndScalarLoopsGiveTheSameBits) {
         for (int t = 0; t < 4; ++t)
           ASSERT_EQ(got[t], want[t]) << "type " << t << " M " << m << " K " << K << " N " << N;
       }
+    }
+}
+
+// fp8's single-input GEMV by byte permutes (AVX512_VBMI) against the AVX512BW steps and the
+// scalar loop: the same bits for every code (the NaN codes, which quantize_fp8_rows never
+// writes, included: all three read them alike), K
+// with 64-wide steps then 32- and 16-wide ones and a tail, row counts around the 8-row tile.
+TEST(GemmLowp, Fp8ByPermutesGivesTheSameBitsAsTheOtherLoops) {
+  Restore restore;
+  set_lowp_vbmi(true);
+  if (!lowp_uses_vbmi()) GTEST_SKIP() << "this CPU has no AVX512_VBMI";
+  for (int K : {64, 256, 317, 768})
+    for (int N : {8, 13, 40}) {
+      std::vector<uint8_t> q(size_t(N) * K);
+      for (size_t i = 0; i < q.size(); ++i)  // every code, in an order that differs row by row
+        q[i] = uint8_t(i * 7 + i / size_t(K) * 31);
+      std::vector<float> x = randn(size_t(K), 20), s = randn(size_t(N), 21), b = randn(N, 22);
+      std::vector<float> got[3];
+      for (int path = 0; path < 3; ++path) {  // permutes, AVX512BW steps, scalar
+        set_lowp_avx512(path < 2);
+        set_lowp_vbmi(path == 0);
+        got[path].assign(size_t(N), 0.f);
+        linear_fp8w(got[path].data(), x.data(), q.data(), s.data(), b.data(), 1, K, N);
+      }
+      set_lowp_avx512(true);
+      set_lowp_vbmi(true);
+      for (int n = 0; n < N; ++n) EXPECT_TRUE(std::isfinite(got[0][size_t(n)])) << n;
+      ASSERT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0)
+          << "K " << K << " N " << N;
+      ASSERT_EQ(std::memcmp(got[0].data(), got[2].data(), got[0].size() * sizeof(float)), 0)
+          << "K " << K << " N " << N;
     }
 }
 
