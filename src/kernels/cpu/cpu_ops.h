@@ -40,6 +40,8 @@ void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld, f
 void add(float* out, const float* a, const float* b, int64_t n);
 void add_inplace(float* acc, const float* x, int64_t n);
 void scale_inplace(float* x, float s, int64_t n);
+// Every row of out [rows, cols] set to row (a bias seeding a GEMM output), over the team.
+void broadcast_rows(float* out, const float* row, int rows, int cols);
 void softmax_forward(float* out, const float* inp, int rows, int cols);
 void softmax_backward(float* dinp, const float* out, const float* dout, int rows, int cols);
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
