@@ -99,6 +99,20 @@ struct Backend {
   // GeLU, tanh approximation (as GPT-2). n elements.
   virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  // Optional fused GeLU passes for bf16-stored inputs (the Decoder's bf16 storage): out =
+  // bf16(gelu(x)), x = in32 when given, else in16 widened; backward dinp = round_bf16(gelu'(x)
+  // * dout) with its bits also in dinp_bits when given, dout rounded to bf16 in place first
+  // when round_dout. false (the default): not provided, the caller runs the separate passes.
+  virtual bool gelu_forward_bf16(uint16_t* out, const float* in32, const uint16_t* in16,
+                                 int64_t n) {
+    (void)out, (void)in32, (void)in16, (void)n;
+    return false;
+  }
+  virtual bool gelu_backward_bf16(float* dinp, uint16_t* dinp_bits, const uint16_t* in16,
+                                  float* dout, bool round_dout, int64_t n) {
+    (void)dinp, (void)dinp_bits, (void)in16, (void)dout, (void)round_dout, (void)n;
+    return false;
+  }
 
   // SwiGLU: inp[N, 2F] holds [gate | up] per row; out[N,F] = silu(gate) * up.
   virtual void swiglu_forward(float* out, const float* inp, int N, int F) = 0;
@@ -148,6 +162,17 @@ struct Backend {
   virtual void cross_entropy(float* losses, float* dlogits, const float* logits,
                              const int32_t* targets, int N, int V, float dloss,
                              const float* weights) = 0;
+  // Optional, for the bf16 policy's head: logits rounded to bf16 in place, then cross_entropy
+  // with the gradient (with grads) replacing them, rounded to bf16, its bits also in
+  // dlogit_bits when given: the roundings done in the same pass. false (the default): not
+  // provided, the caller rounds and calls cross_entropy.
+  virtual bool cross_entropy_bf16(float* losses, float* logits, uint16_t* dlogit_bits,
+                                  const int32_t* targets, int N, int V, float dloss,
+                                  const float* weights, bool grads) {
+    (void)losses, (void)logits, (void)dlogit_bits, (void)targets, (void)N, (void)V, (void)dloss,
+        (void)weights, (void)grads;
+    return false;
+  }
 
   // Causal attention, tile by tile with an online softmax (memory linear in sequence length).
   // Tokens of `nseq` sequences are concatenated; sequence s spans [cu_seqlens[s],

@@ -483,6 +483,12 @@ void Decoder::round_act(float* x, int64_t n) const {
   if (act_dtype_ != DType::F32) be_.round_to(act_dtype_, x, n, nullptr);
 }
 
+void Decoder::round_grad(const Linear& lin, float* dy, int64_t n) const {
+  if (act_dtype_ == DType::BF16 && lin.recipe)
+    if (uint16_t* bits = lin.recipe->dy_bits(dy, n)) return be_.round_to(DType::BF16, dy, n, bits);
+  round_act(dy, n);
+}
+
 void Decoder::store_activations_as_fp32() {
   LOOM_CHECK(train_buf_.N == 0 && infer_buf_.N == 0,
              "store_activations_as_fp32 must be called before the first forward");
@@ -547,6 +553,10 @@ void Decoder::mlp_act_forward(const LayerActs& a, const float* fc32, int N) {
     round_act(a.act.f32, int64_t(N) * F);
     return;
   }
+  // One fused pass where the backend has it (the CPU: widen, GeLU and narrow per cached block).
+  if (cfg_.family == Family::GPT2 &&
+      be_.gelu_forward_bf16(a.act.bf16, fc32, fc32 ? nullptr : a.fc.bf16, int64_t(N) * F))
+    return;
   const int rows = block_rows(FC, N);
   float* blk_a = scratch(blk_a_, int64_t(rows) * FC);
   float* blk_b = scratch(blk_b_, int64_t(rows) * F);
@@ -560,8 +570,18 @@ void Decoder::mlp_act_forward(const LayerActs& a, const float* fc32, int N) {
   }
 }
 
-void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, const float* dact, int N) {
+void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, float* dact, int N,
+                               const Linear& fc) {
   const int F = ff_, FC = fc_;
+  // bf16 storage: one fused pass where the backend has it (dact rounded, widened fc, GeLU's
+  // gradient, dfc rounded with the bits fc's bf16 GEMMs read), else the separate passes below.
+  if (!a.fc.f32 && cfg_.family == Family::GPT2) {
+    uint16_t* bits = fc.recipe ? fc.recipe->dy_bits(dfc, int64_t(N) * FC) : nullptr;
+    if (be_.gelu_backward_bf16(dfc, bits, a.fc.bf16, dact, act_dtype_ != DType::F32,
+                               int64_t(N) * F))
+      return;
+  }
+  round_act(dact, int64_t(N) * F);
   auto back = [&](float* d, const float* x, const float* dout, int n) {
     if (cfg_.family == Family::GPT2)
       be_.gelu_backward(d, x, dout, int64_t(n) * F);
@@ -579,7 +599,7 @@ void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, const float* dact
       back(dfc + int64_t(r0) * FC, blk, dact + int64_t(r0) * F, n);
     }
   }
-  round_act(dfc, int64_t(N) * FC);
+  round_grad(fc, dfc, int64_t(N) * FC);
 }
 
 void Decoder::norm_backward(float* dinp, const Norm& p, const float* dout, const float* inp,
@@ -699,7 +719,7 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
 
 void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, Q = qkv_, Hq = hq_, Hkv = hkv_,
-            D = cfg_.head_dim, A = att_, F = ff_;
+            D = cfg_.head_dim, A = att_;
   const LayerParams p = layer_params(l);
   float* dl = nullptr;
   if (moe_.size() && moe_[l]) {  // x_out = x_mid + moe(ln2)
@@ -715,14 +735,13 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     // recomputed from fc (the same values forward had).
     if (a.act.bf16) mlp_act_forward(a, nullptr, N);
     p.mp.backward(be_, b_->dact, dres, a.act.in(), N);
-    round_act(b_->dact, int64_t(N) * F);
-    mlp_act_backward(a, b_->dfc, b_->dact, N);
+    mlp_act_backward(a, b_->dfc, b_->dact, N, p.fc);
     dl = p.fc.backward(be_, b_->dln, b_->dfc, a.ln2.in(), N);
   }
   round_act(dl, int64_t(Nl) * C);
   norm_backward(b_->dtmp, p.ln2, dl, a.x_mid, a.ln2_mean, a.ln2_rstd, Nl);
   be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
-  round_act(dres, int64_t(Nl) * C);
+  round_grad(p.proj, dres, int64_t(Nl) * C);
   // Attention branch: x_mid = x_in + att * proj_w^T + proj_b.
   p.proj.backward(be_, b_->datt, dres, a.att.in(), N);
   round_act(b_->datt, int64_t(N) * A);
@@ -736,7 +755,7 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     be_.rope_backward_scaled(b_->dqkv + A, b_->positions, N, Hkv, D, Q, cfg_.rope_theta,
                              cfg_.rope_scaling);
   }
-  round_act(b_->dqkv, int64_t(N) * Q);
+  round_grad(p.qkv, b_->dqkv, int64_t(N) * Q);
   dl = p.qkv.backward(be_, b_->dln, b_->dqkv, a.ln1.in(), N);
   round_act(dl, int64_t(Nl) * C);
   norm_backward(b_->dtmp, p.ln1, dl, a.x_in, a.ln1_mean, a.ln1_rstd, Nl);
@@ -788,11 +807,21 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
     // keys its mask by the token's row).
     H.first_row = r0;
     H.local_forward(be_, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
-    round_act(b_->logits, int64_t(n) * V);
-    vocab_ops_->cross_entropy(b_->losses + r0, b_->logits, b_->targets + r0, n, dloss,
-                              b_->weights ? b_->weights + r0 : nullptr, grads);
-    if (grads) {
+    const float* w = b_->weights ? b_->weights + r0 : nullptr;
+    // bf16: the logits' rounding, the loss and the gradient's rounding (with the bits the
+    // head's bf16 GEMMs read) in one pass over each row where the backend fuses them.
+    uint16_t* bits = grads && act_dtype_ == DType::BF16 && H.recipe
+                         ? H.recipe->dy_bits(b_->logits, int64_t(n) * V)
+                         : nullptr;
+    const bool fused = act_dtype_ == DType::BF16 &&
+                       vocab_ops_->cross_entropy_bf16(b_->losses + r0, b_->logits, bits,
+                                                      b_->targets + r0, n, dloss, w, grads);
+    if (!fused) {
       round_act(b_->logits, int64_t(n) * V);
+      vocab_ops_->cross_entropy(b_->losses + r0, b_->logits, b_->targets + r0, n, dloss, w, grads);
+    }
+    if (grads) {
+      if (!fused) round_grad(H, b_->logits, int64_t(n) * V);
       H.local_backward(be_, b_->dln + int64_t(r0) * C, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     }
   }

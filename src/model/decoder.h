@@ -294,6 +294,9 @@ class Decoder {
   const float* head_weight();
   float* head_grad();
   void round_act(float* x, int64_t n) const;
+  // round_act of the output gradient dy (n elements) that lin's backward reads next; a bf16
+  // recipe gets dy's bf16 bits stored in the same pass (GemmRecipe::dy_bits).
+  void round_grad(const Linear& lin, float* dy, int64_t n) const;
   // Typed storage (bf16 policy). Where an fp32 producer of `buf` writes: buf itself, or the
   // fp32 scratch whose values are then stored (keep: rounded as the policy says, and written
   // to bf16 storage; the scratch keeps the rounded values for fp32 readers that follow).
@@ -304,8 +307,9 @@ class Decoder {
   // The MLP's activation act = gelu(fc) / swiglu(fc) of N rows into a.act (rounded), from fc's
   // fp32 values (fc32) or, when null, from a.fc's bf16 storage, in cache-sized row blocks.
   void mlp_act_forward(const LayerActs& a, const float* fc32, int N);
-  // dfc = the activation's backward from dact, reading fc as stored.
-  void mlp_act_backward(const LayerActs& a, float* dfc, const float* dact, int N);
+  // dfc = the activation's backward from dact (rounded here to the activation type first),
+  // reading fc as stored; dfc rounded as fc's backward reads it (round_grad).
+  void mlp_act_backward(const LayerActs& a, float* dfc, float* dact, int N, const Linear& fc);
   // Rows per block of a [N, width] pass that widens bf16 rows into cache-sized scratch (on a
   // GPU all N rows at once).
   int block_rows(int width, int N) const;

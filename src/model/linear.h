@@ -70,6 +70,15 @@ class GemmRecipe {
                        int in, int out) = 0;
   virtual void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                         const float* w, int N, int in, int out) = 0;
+  // Where the caller may leave dy's bf16 bits (n elements) while it rounds dy to bf16 in place
+  // just before backward() with this dy: one pass over dy instead of a rounding pass and the
+  // recipe's own conversion. The note lasts until the recipe's next forward() or backward().
+  // nullptr (the default): the recipe reads dy as it does without a note.
+  virtual uint16_t* dy_bits(const float* dy, int64_t n) {
+    (void)dy;
+    (void)n;
+    return nullptr;
+  }
 };
 
 struct Linear {

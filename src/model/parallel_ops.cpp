@@ -34,6 +34,12 @@ class WholeVocab final : public VocabOps {
                      const float* weights, bool grads) override {
     be_.cross_entropy(losses, grads ? logits : nullptr, logits, targets, n, V_, dloss, weights);
   }
+  bool cross_entropy_bf16(float* losses, float* logits, uint16_t* dlogit_bits,
+                          const int32_t* targets, int n, float dloss, const float* weights,
+                          bool grads) override {
+    return be_.cross_entropy_bf16(losses, logits, dlogit_bits, targets, n, V_, dloss, weights,
+                                  grads);
+  }
   float* logits_slot(float* full, int) override { return full; }
   void gather_logits(float*, int) override {}
 

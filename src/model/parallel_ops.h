@@ -58,6 +58,16 @@ class VocabOps {
   // contract; with grads the gradient replaces the logits in place).
   virtual void cross_entropy(float* losses, float* logits, const int32_t* targets, int n,
                              float dloss, const float* weights, bool grads) = 0;
+  // The same on logits rounded to bf16 first, the gradient rounded to bf16 and its bits also
+  // in dlogit_bits when given (Backend::cross_entropy_bf16), where this rank's vocabulary is
+  // whole and the backend fuses it; false: not done, the caller rounds and calls the above.
+  virtual bool cross_entropy_bf16(float* losses, float* logits, uint16_t* dlogit_bits,
+                                  const int32_t* targets, int n, float dloss, const float* weights,
+                                  bool grads) {
+    (void)losses, (void)logits, (void)dlogit_bits, (void)targets, (void)n, (void)dloss,
+        (void)weights, (void)grads;
+    return false;
+  }
   // Logits of n rows for the caller: where this rank's head writes its [n, slice] (inside
   // `full` [n, vocab] with one rank), then gather_logits fills `full` from every rank's slice.
   virtual float* logits_slot(float* full, int n) = 0;

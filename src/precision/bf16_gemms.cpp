@@ -86,14 +86,22 @@ float Bf16Gemms::dw_beta(const float* dw, int64_t n) {
   return zero ? 0.f : 1.f;
 }
 
+uint16_t* Bf16Gemms::dy_bits(const float* dy, int64_t n) {
+  b_.resize(size_t(n));
+  dy_noted_ = dy;
+  dy_noted_n_ = n;
+  return b_.data();
+}
+
 void Bf16Gemms::forward(Backend&, float* y, ActIn x, const float* w, const float* b, int N, int in,
                         int out) {
+  dy_noted_ = nullptr;
   if (N == 0 || out == 0) return;
   const uint16_t* wb = weight(w, int64_t(out) * in);
   const uint16_t* xb = input(x, int64_t(N) * in);
   float beta = 0.f;
-  if (b != nullptr) {  // y seeded with the bias, the GEMM adds onto it
-    for (int i = 0; i < N; ++i) std::copy(b, b + out, y + int64_t(i) * out);
+  if (b != nullptr) {  // y seeded with the bias (over the team), the GEMM adds onto it
+    cpu::broadcast_rows(y, b, N, out);
     beta = 1.f;
   }
   cpu::gemm_bf16(false, true, N, out, in, 1.f, xb, in, wb, in, beta, y, out);
@@ -101,9 +109,15 @@ void Bf16Gemms::forward(Backend&, float* y, ActIn x, const float* w, const float
 
 void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x,
                          const float* w, int N, int in, int out) {
+  // dy's bits are in b_ already when the caller stored them while rounding dy (dy_bits), else
+  // converted here (exact either way: dy holds bf16 values).
+  const bool noted = dy == dy_noted_ && int64_t(N) * out == dy_noted_n_;
+  dy_noted_ = nullptr;
   if (N == 0) return;
-  b_.resize(size_t(N) * out);
-  cpu::f32_to_bf16_array(dy, b_.data(), b_.size());
+  if (!noted) {
+    b_.resize(size_t(N) * out);
+    cpu::f32_to_bf16_array(dy, b_.data(), b_.size());
+  }
   // A weight this large is the output head's (or a vocabulary slice of it), whose input
   // gradient runs once per chunk of rows: packed once per version, not once per chunk.
   constexpr int64_t kReusedWeight = int64_t(16) << 20;

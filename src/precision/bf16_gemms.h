@@ -40,6 +40,7 @@ class Bf16Gemms : public GemmRecipe {
                int out) override;
   void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                 const float* w, int N, int in, int out) override;
+  uint16_t* dy_bits(const float* dy, int64_t n) override;
   // The weights changed (optimizer step, checkpoint load): those the optimizer wrote into the
   // bf16 copy since the last call are current, the others are converted again on next use.
   void new_weights();
@@ -59,6 +60,9 @@ class Bf16Gemms : public GemmRecipe {
   // Per weight gradient: ParamSet::grad_zero_count() at this recipe's last write into it.
   std::unordered_map<const float*, uint64_t> dw_written_;
   std::vector<uint16_t> a_, b_;  // converted activations / gradients
+  // The dy whose bf16 bits the caller left in b_ (dy_bits), consumed by the next backward().
+  const float* dy_noted_ = nullptr;
+  int64_t dy_noted_n_ = 0;
   int64_t conversions_ = 0;
   // Large weights' input-gradient GEMMs keep the weight packed between calls
   // (cpu::gemm_bf16_reused_b, keyed by this recipe's sizes_ entry for the weight): version_

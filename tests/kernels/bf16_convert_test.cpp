@@ -1,5 +1,6 @@
 // fp32 <-> bf16 array conversions against core/dtype.h's scalar functions, bit for bit.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstring>
 #include <vector>
@@ -116,7 +117,7 @@ TEST(Bf16Convert, NaNStaysNaN) {
 }
 
 TEST(Bf16Convert, RandomBitPatternsMatchScalar) {
-  // Every kind of value, over several parallel chunks (the array path splits at 64K).
+  // Every kind of value, over several parallel parts.
   std::vector<float> src(300007);
   uint64_t s = 0x9e3779b97f4a7c15ull;
   for (auto& f : src) {
@@ -129,6 +130,41 @@ TEST(Bf16Convert, RandomBitPatternsMatchScalar) {
     f = bits_f32(bits);
   }
   expect_matches_scalar(src);
+}
+
+// The arrays are split into one part per thread (multiples of 16 elements, the last part takes
+// the rest): every element converted once, nothing past the end written, at any team size and
+// at lengths around the split's threshold (32K elements) and the Decoder's 64K-float blocks.
+TEST(Bf16Convert, SplitOverThreadsCoversEveryElement) {
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3, 5, 64}) {
+    omp_set_num_threads(threads);
+    for (size_t n :
+         {size_t{32767}, size_t{32768}, size_t{32769}, size_t{65536} + 15, size_t{3} * 65536 + 3}) {
+      std::vector<float> src(n);
+      for (size_t i = 0; i < n; ++i)  // distinct per element, with bits below bf16's to round
+        src[i] = bits_f32(0x3f800000u + static_cast<uint32_t>(i) * 0x1235u);
+      std::vector<uint16_t> out(n + 1, 0xabcd);
+      cpu::f32_to_bf16_array(src.data(), out.data(), n);
+      std::vector<float> wide(n + 1, -7.f), x = src;
+      x.push_back(-7.f);
+      std::vector<uint16_t> bits(n + 1, 0xabcd);
+      cpu::bf16_to_f32_array(out.data(), wide.data(), n);
+      cpu::round_bf16_array(x.data(), bits.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t want = f32_to_bf16(src[i]);
+        ASSERT_EQ(out[i], want) << threads << " threads, n " << n << ", at " << i;
+        ASSERT_EQ(f32_bits(wide[i]), f32_bits(bf16_to_f32(want))) << threads << " threads, " << i;
+        ASSERT_EQ(f32_bits(x[i]), f32_bits(round_bf16(src[i]))) << threads << " threads, " << i;
+        ASSERT_EQ(bits[i], want) << threads << " threads, n " << n << ", at " << i;
+      }
+      EXPECT_EQ(out[n], 0xabcd);
+      EXPECT_EQ(wide[n], -7.f);
+      EXPECT_EQ(x[n], -7.f);
+      EXPECT_EQ(bits[n], 0xabcd);
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(Bf16Convert, EveryBf16WidensExactly) {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/rng.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "model/decoder.h"
 #include "optim/adamw.h"
@@ -265,4 +266,66 @@ TEST(Bf16Gemms, HeadInputGradientFollowsEveryWeightChange) {
   for (int64_t i = 0; i < P.total(); ++i) P.data()[i] = bf16_to_f32(f32_to_bf16(P.data()[i] * 2));
   recipe.new_weights();
   check("after fp32 values and new_weights()");
+}
+
+// GemmRecipe::dy_bits: the bits a caller leaves while rounding dy are what backward() reads for
+// that dy, and only for that dy and only up to the recipe's next call (a note left for another
+// pointer or size, or before a forward, is ignored: dy is converted as without a note).
+TEST(Bf16Gemms, NotedGradientBitsAreUsedOnlyForTheirDy) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) GTEST_SKIP() << "no AVX512-BF16 here";
+  const int N = 24, in = 40, out = 56;
+  std::vector<float> w(size_t(out) * in), x(size_t(N) * in), dy(size_t(N) * out);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = round_bf16(uniform_at(7, 1, i) - 0.5f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = round_bf16(uniform_at(7, 2, i) - 0.5f);
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = uniform_at(7, 3, i) - 0.5f;  // not yet rounded
+  std::vector<float> y(size_t(N) * out);
+  struct Result {
+    std::vector<float> dx, dw;
+  };
+  // One backward on a fresh recipe; `note` runs between the forward and the backward.
+  auto run = [&](auto note) {
+    Bf16Gemms r;
+    std::vector<float> d = dy;
+    Result res{std::vector<float>(x.size()), std::vector<float>(w.size(), 0.f)};
+    r.forward(cpu_backend(), y.data(), ActIn(x.data()), w.data(), nullptr, N, in, out);
+    note(r, d);
+    r.backward(cpu_backend(), res.dx.data(), res.dw.data(), nullptr, d.data(), ActIn(x.data()),
+               w.data(), N, in, out);
+    return res;
+  };
+  const int64_t n = int64_t(N) * out;
+  auto same = [](const Result& a, const Result& b) { return a.dx == b.dx && a.dw == b.dw; };
+  const Result plain = run([&](Bf16Gemms&, std::vector<float>& d) {
+    cpu::round_bf16_array(d.data(), nullptr, d.size());
+  });
+  // Rounded with the bits stored in the same pass: the same products.
+  EXPECT_TRUE(same(plain, run([&](Bf16Gemms& r, std::vector<float>& d) {
+                     cpu::round_bf16_array(d.data(), r.dy_bits(d.data(), n), d.size());
+                   })));
+  // Wrong bits noted for dy are read (so the checks below could fail)...
+  auto wrong = [&](Bf16Gemms& r, const float* key, int64_t len) {
+    uint16_t* b = r.dy_bits(key, len);
+    std::fill(b, b + len, uint16_t{0x3f80});  // 1.0 everywhere
+  };
+  EXPECT_FALSE(same(plain, run([&](Bf16Gemms& r, std::vector<float>& d) {
+                      cpu::round_bf16_array(d.data(), nullptr, d.size());
+                      wrong(r, d.data(), n);
+                    })));
+  // ...but not when noted for another pointer, another size, or before a forward.
+  std::vector<float> other(dy.size());
+  EXPECT_TRUE(same(plain, run([&](Bf16Gemms& r, std::vector<float>& d) {
+                     cpu::round_bf16_array(d.data(), nullptr, d.size());
+                     wrong(r, other.data(), n);
+                   })));
+  EXPECT_TRUE(same(plain, run([&](Bf16Gemms& r, std::vector<float>& d) {
+                     cpu::round_bf16_array(d.data(), nullptr, d.size());
+                     wrong(r, d.data(), n - 1);
+                   })));
+  EXPECT_TRUE(same(plain, run([&](Bf16Gemms& r, std::vector<float>& d) {
+                     cpu::round_bf16_array(d.data(), nullptr, d.size());
+                     wrong(r, d.data(), n);
+                     std::vector<float> y2(y.size());
+                     r.forward(cpu_backend(), y2.data(), ActIn(x.data()), w.data(), nullptr, N, in,
+                               out);
+                   })));
 }

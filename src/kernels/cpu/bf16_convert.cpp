@@ -4,6 +4,8 @@
 
 #include "kernels/cpu/bf16_convert.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "core/dtype.h"
@@ -22,8 +24,8 @@
 namespace loom::cpu {
 namespace {
 
-// Elements per OpenMP chunk: a conversion is memory bound, so only large arrays are split.
-constexpr size_t kChunk = size_t{1} << 16;
+// Parts are multiples of one AVX512 vector (16 floats), so only the last part has a tail.
+constexpr size_t kAlign = 16;
 
 #if defined(__x86_64__)
 // Round-to-nearest-even of fp32 bit patterns to bf16 (upper 16 bits kept, lower cleared); NaN
@@ -94,14 +96,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void bf16_to_f32_avx512(con
 }
 #endif
 
+// One equal part per thread (above the fork/join threshold): the Decoder converts cache-sized
+// row blocks of 64K floats, which fixed 64K-element chunks left on one thread (the other
+// spinning), and a 3-chunk array split 2:1. Elementwise, so the split never changes a bit.
 template <typename Fn>
 void chunked(size_t n, Fn&& fn) {
-  const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
-#pragma omp parallel for schedule(static) if (chunks > 1 && \
-                                              worth_parallel(static_cast <int64_t>(n)))
-  for (int64_t c = 0; c < chunks; ++c) {
-    const size_t begin = static_cast<size_t>(c) * kChunk;
-    fn(begin, std::min(kChunk, n - begin));
+  const int threads =
+      worth_parallel(static_cast<int64_t>(n)) && !omp_in_parallel() ? omp_get_max_threads() : 1;
+  if (threads <= 1) return fn(size_t{0}, n);
+  const size_t part = (n / kAlign + threads - 1) / threads * kAlign;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int t = 0; t < threads; ++t) {
+    const size_t begin = std::min(n, static_cast<size_t>(t) * part);
+    const size_t end = t + 1 == threads ? n : std::min(n, begin + part);
+    if (end > begin) fn(begin, end - begin);
   }
 }
 

@@ -271,6 +271,16 @@ class CpuBackend final : public Backend {
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
     cpu::gelu_backward(dinp, inp, dout, n);
   }
+  bool gelu_forward_bf16(uint16_t* out, const float* in32, const uint16_t* in16,
+                         int64_t n) override {
+    cpu::gelu_forward_bf16(out, in32, in16, n);
+    return true;
+  }
+  bool gelu_backward_bf16(float* dinp, uint16_t* dinp_bits, const uint16_t* in16, float* dout,
+                          bool round_dout, int64_t n) override {
+    cpu::gelu_backward_bf16(dinp, dinp_bits, in16, dout, round_dout, n);
+    return true;
+  }
   void swiglu_forward(float* out, const float* inp, int N, int F) override {
     cpu::swiglu_forward(out, inp, N, F);
   }
@@ -319,6 +329,12 @@ class CpuBackend final : public Backend {
   void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                      int N, int V, float dloss, const float* weights) override {
     cpu::cross_entropy(losses, dlogits, logits, targets, N, V, dloss, weights);
+  }
+  bool cross_entropy_bf16(float* losses, float* logits, uint16_t* dlogit_bits,
+                          const int32_t* targets, int N, int V, float dloss, const float* weights,
+                          bool grads) override {
+    cpu::cross_entropy_bf16(losses, logits, dlogit_bits, targets, N, V, dloss, weights, grads);
+    return true;
   }
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,

@@ -31,6 +31,12 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
                       const float* weight, const float* rstd, int N, int C);
 void gelu_forward(float* out, const float* inp, int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+// GeLU on bf16-stored values, fused with the conversions (gelu_bf16.cpp): out = bf16(gelu(x))
+// with x = in32 when given, else widened from in16; dinp = round_bf16(gelu'(x) * dout), its bits
+// also in dinp_bits when given, with dout rounded to bf16 in place first when round_dout.
+void gelu_forward_bf16(uint16_t* out, const float* in32, const uint16_t* in16, int64_t n);
+void gelu_backward_bf16(float* dinp, uint16_t* dinp_bits, const uint16_t* in16, float* dout,
+                        bool round_dout, int64_t n);
 void swiglu_forward(float* out, const float* inp, int N, int F);
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F);
 void rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld, float theta,
@@ -40,10 +46,16 @@ void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld, f
 void add(float* out, const float* a, const float* b, int64_t n);
 void add_inplace(float* acc, const float* x, int64_t n);
 void scale_inplace(float* x, float s, int64_t n);
+// Every row of out [rows, cols] set to row (a bias seeding a GEMM output), over the team.
+void broadcast_rows(float* out, const float* row, int rows, int cols);
 void softmax_forward(float* out, const float* inp, int rows, int cols);
 void softmax_backward(float* dinp, const float* out, const float* dout, int rows, int cols);
 void cross_entropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                    int N, int V, float dloss, const float* weights = nullptr);
+// cross_entropy on logits rounded to bf16 in place first, the gradient (with grads) replacing
+// them rounded to bf16, its bits also in dlogit_bits when given; row by row, in cache.
+void cross_entropy_bf16(float* losses, float* logits, uint16_t* dlogit_bits, const int32_t* targets,
+                        int N, int V, float dloss, const float* weights, bool grads);
 // Vocabulary-slice ops (Backend's tensor-parallel block; vocab_slice.cpp).
 void embedding_forward_slice(float* out, const int32_t* ids, const float* table, int N, int C,
                              int v0, int V);

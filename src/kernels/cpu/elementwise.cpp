@@ -89,4 +89,13 @@ void scale_inplace(float* x, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
+void broadcast_rows(float* out, const float* row, int rows, int cols) {
+#pragma omp parallel for schedule(static) if (parallel : worth_parallel(rows, cols))
+  for (int i = 0; i < rows; ++i) {
+    float* o = out + static_cast<int64_t>(i) * cols;
+#pragma omp simd
+    for (int j = 0; j < cols; ++j) o[j] = row[j];
+  }
+}
+
 }  // namespace loom::cpu

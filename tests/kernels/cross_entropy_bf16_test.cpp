@@ -1,0 +1,50 @@
+// cpu::cross_entropy_bf16 (the bf16 head's fused pass) against the passes it replaces: the
+// logits rounded to bf16, cross_entropy, the gradient rounded with its bits stored; bit for bit,
+// with and without gradients, with per-row weights and an ignored row.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kernels/cpu/bf16_convert.h"
+#include "kernels/cpu/cpu_ops.h"
+
+using namespace loom;
+
+TEST(CrossEntropyBf16, FusedPassEqualsRoundingAroundCrossEntropy) {
+  for (int V : {97, 5000}) {
+    const int N = 9;
+    std::vector<float> logits(size_t(N) * V), weights(N);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = 6.f * (uniform_at(9, 1, i) - 0.5f);
+    for (int i = 0; i < N; ++i) weights[size_t(i)] = uniform_at(9, 2, uint64_t(i)) - 0.25f;
+    std::vector<int32_t> targets(N);
+    for (int i = 0; i < N; ++i) targets[size_t(i)] = (i * 37) % V;
+    targets[3] = -1;  // ignored row
+    for (bool grads : {false, true}) {
+      for (const float* w : std::vector<const float*>{nullptr, weights.data()}) {
+        std::vector<float> ref = logits, ref_loss(N, -1.f);
+        cpu::round_bf16_array(ref.data(), nullptr, ref.size());
+        cpu::cross_entropy(ref_loss.data(), grads ? ref.data() : nullptr, ref.data(),
+                           targets.data(), N, V, 0.125f, w);
+        std::vector<uint16_t> ref_bits(ref.size());
+        if (grads) cpu::round_bf16_array(ref.data(), ref_bits.data(), ref.size());
+
+        std::vector<float> got = logits, loss(N, -1.f);
+        std::vector<uint16_t> bits(ref.size(), 0xabcd);
+        cpu::cross_entropy_bf16(loss.data(), got.data(), bits.data(), targets.data(), N, V, 0.125f,
+                                w, grads);
+        for (int i = 0; i < N; ++i)
+          ASSERT_EQ(f32_bits(loss[size_t(i)]), f32_bits(ref_loss[size_t(i)])) << "row " << i;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          // Without gradients the logits are left rounded (as the Decoder's pass left them).
+          ASSERT_EQ(f32_bits(got[i]), f32_bits(ref[i]))
+              << "V " << V << " grads " << grads << " " << i;
+          ASSERT_EQ(bits[i], grads ? ref_bits[i] : uint16_t{0xabcd}) << i;
+        }
+        EXPECT_GT(loss[0], 0.f);
+        EXPECT_EQ(loss[3], 0.f);
+      }
+    }
+  }
+}
