@@ -618,7 +618,11 @@ void Decoder::embed(const ModelInput& in) {
   LOOM_CHECK(pp_.first, "the token embedding lives on the first pipeline stage");
   const int C = cfg_.d_model, N = in.N, Nl = local_rows(N);
   float* x = b_->layers[0].x_in;
+  // 2-byte weights (ParamSet::drop_fp32): the batch's rows widened from the bf16 copy for the
+  // lookup, their pages returned after it.
+  params_.widen_rows("embed.wte", b_->tokens, N);
   vocab_ops_->embed(x, b_->tokens, params_.ptr("embed.wte"), N, C);
+  params_.release_fp32("embed.wte");
   if (cfg_.uses_positions_table())
     be_.embedding_forward(x, b_->positions + row0(N), params_.ptr("embed.wpe"), Nl, C, true);
   round_act(x, int64_t(Nl) * C);

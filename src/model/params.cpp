@@ -1,7 +1,11 @@
 #include "model/params.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 #include <utility>
 
 #include "core/error.h"
@@ -193,7 +197,10 @@ void ParamSet::init_ranges(uint64_t seed, const std::vector<Range>& ranges) {
   bf16_written_.clear();  // fp32 values written without their bf16 copy
   LOOM_CHECK(be_, "ParamSet::init: the parameters are not allocated");
   if (be_->host_accessible()) {
-    for (auto [begin, end] : ranges) draw(seed, begin, end, data() + begin);
+    for (auto [begin, end] : ranges) {
+      draw(seed, begin, end, data() + begin);
+      settle_dropped(begin, end);
+    }
     return;
   }
   // Drawn in host memory chunk by chunk and copied over. The chunk starts zeroed so that the
@@ -234,6 +241,7 @@ static void check_range(const char* op, int64_t begin, int64_t end, int64_t tota
 
 void ParamSet::read_values(int64_t begin, int64_t end, float* out) const {
   check_range("read_values", begin, end, total_, be_);
+  if (dropped_ > 0) return copy_values_to(out, begin, end);  // host memory is the backend's
   be_->copy_d2h(out, data() + begin, sizeof(float) * size_t(end - begin));
 }
 
@@ -241,6 +249,7 @@ void ParamSet::write_values(int64_t begin, int64_t end, const float* in) {
   bf16_written_.clear();  // fp32 values written without their bf16 copy
   check_range("write_values", begin, end, total_, be_);
   be_->copy_h2d(data() + begin, in, sizeof(float) * size_t(end - begin));
+  settle_dropped(begin, end);
 }
 
 void ParamSet::read_grads(int64_t begin, int64_t end, float* out) const {
@@ -255,7 +264,8 @@ void ParamSet::copy_values_from(const ParamSet& src) {
              "ParamSet::copy_values_from: a set of ", src.total_, " elements in ",
              src.infos_.size(), " parameters into one of ", total_, " in ", infos_.size());
   if (src.be_ == be_) {
-    be_->copy_d2d(data(), src.data(), sizeof(float) * size_t(total_));
+    src.copy_values_to(data(), 0, total_);
+    settle_dropped(0, total_);
     return;
   }
   std::vector<float> host;
@@ -271,7 +281,11 @@ std::map<std::string, Tensor> ParamSet::host_values() const {
   LOOM_CHECK(be_, "ParamSet::host_values: the parameters are not allocated");
   std::map<std::string, Tensor> m;
   for (const ParamInfo& p : infos_) {
-    if (be_->host_accessible()) {
+    if (p.fp32_dropped) {  // no fp32 values to view: widened from the bf16 copy
+      Tensor t = Tensor::zeros(p.shape, DType::F32);
+      copy_values_to(t.data<float>(), p.offset, p.offset + p.numel);
+      m[p.name] = t;
+    } else if (be_->host_accessible()) {
       m[p.name] = Tensor::view_of(const_cast<float*>(data()) + p.offset, p.shape, DType::F32);
     } else {
       Tensor t = Tensor::zeros(p.shape, DType::F32);
@@ -285,9 +299,10 @@ std::map<std::string, Tensor> ParamSet::host_values() const {
 void ParamSet::store_values(const std::map<std::string, Tensor>& staged) {
   bf16_written_.clear();  // fp32 values written without their bf16 copy
   LOOM_CHECK(be_, "ParamSet::store_values: the parameters are not allocated");
-  if (be_->host_accessible()) return;  // host_values handed out views: written in place
   for (const auto& [name, t] : staged) {
     const ParamInfo& p = info(name);
+    // host_values handed out views (written in place), except for dropped parameters.
+    if (be_->host_accessible() && !p.fp32_dropped) continue;
     LOOM_CHECK(t.dtype() == DType::F32 && t.numel() == p.numel && t.is_contiguous(),
                "ParamSet::store_values: ", name, " is not a contiguous fp32 tensor of ", p.numel,
                " elements");
@@ -296,7 +311,10 @@ void ParamSet::store_values(const std::map<std::string, Tensor>& staged) {
 }
 
 std::map<std::string, Tensor> ParamSet::tensors(const char* op) {
-  float* base = host_data(op ? op : "ParamSet::tensors (host views of the parameters)");
+  if (!op) op = "ParamSet::tensors (host views of the parameters)";
+  float* base = host_data(op);
+  LOOM_CHECK(dropped_ == 0, op, ": ", dropped_,
+             " parameters keep no fp32 values (the bf16 policy's 2-byte weights); use host_values");
   std::map<std::string, Tensor> m;
   for (auto& p : infos_) m[p.name] = Tensor::view_of(base + p.offset, p.shape, DType::F32);
   return m;
@@ -307,6 +325,152 @@ std::map<std::string, Tensor> ParamSet::grad_tensors(const char* op) {
   std::map<std::string, Tensor> m;
   for (auto& p : infos_) m[p.name] = Tensor::view_of(base + p.offset, p.shape, DType::F32);
   return m;
+}
+
+// ---- 2-byte weights
+
+// Zeroes [p, p+n) and returns its whole pages to the kernel: private anonymous memory reads back
+// as zeros after MADV_DONTNEED (parallel/page_memory.h does the same for ZeRO's buffers; the
+// model library does not link it).
+static void release_pages(float* p, int64_t n) {
+  if (n <= 0) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + uintptr_t(n) * 4;
+  const uintptr_t a = (begin + page - 1) / page * page, b = end / page * page;
+  if (a >= b) {
+    std::memset(p, 0, size_t(n) * 4);
+    return;
+  }
+  std::memset(p, 0, a - begin);
+  std::memset(reinterpret_cast<void*>(b), 0, end - b);
+  if (madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED) != 0)
+    std::memset(reinterpret_cast<void*>(a), 0, b - a);
+}
+
+const ParamInfo* ParamSet::info_at(int64_t at) const {
+  // Offsets increase with the order of add().
+  auto it = std::upper_bound(infos_.begin(), infos_.end(), at,
+                             [](int64_t x, const ParamInfo& p) { return x < p.offset; });
+  if (it == infos_.begin()) return nullptr;
+  --it;
+  return at < it->offset + it->numel ? &*it : nullptr;
+}
+
+bool ParamSet::fp32_dropped_at(int64_t at) const {
+  if (dropped_ == 0) return false;
+  const ParamInfo* p = info_at(at);
+  return p && p->fp32_dropped;
+}
+
+void ParamSet::for_runs(int64_t a, int64_t b,
+                        const std::function<void(int64_t, int64_t, bool)>& fn) const {
+  if (a >= b) return;
+  if (dropped_ == 0) return fn(a, b, false);
+  int64_t run_lo = a, at = a;
+  bool kind = false;
+  auto push = [&](int64_t hi, bool dropped) {  // [at, hi) of one kind
+    if (hi <= at) return;
+    if (dropped != kind && at > run_lo) {
+      fn(run_lo, at, kind);
+      run_lo = at;
+    }
+    kind = dropped;
+    at = hi;
+  };
+  for (const ParamInfo& p : infos_) {
+    if (!p.fp32_dropped) continue;
+    const int64_t lo = std::max(a, p.offset), hi = std::min(b, p.offset + p.numel);
+    if (lo >= hi) continue;
+    push(lo, false);
+    push(hi, true);
+  }
+  push(b, false);
+  if (at > run_lo) fn(run_lo, at, kind);
+}
+
+void ParamSet::settle_dropped(int64_t a, int64_t b) {
+  if (dropped_ == 0) return;
+  for_runs(a, b, [&](int64_t lo, int64_t hi, bool dropped) {
+    if (!dropped) return;
+    be_->convert(values_bf16_.as<uint16_t>() + lo, DType::BF16, data() + lo, DType::F32, hi - lo);
+    note_bf16_written(lo, hi);
+    release_pages(data() + lo, hi - lo);
+  });
+}
+
+void ParamSet::copy_values_to(float* dst, int64_t a, int64_t b) const {
+  check_range("copy_values_to", a, b, total_, be_);
+  for_runs(a, b, [&](int64_t lo, int64_t hi, bool dropped) {
+    if (dropped)
+      be_->convert(dst + (lo - a), DType::F32, values_bf16_.as<uint16_t>() + lo, DType::BF16,
+                   hi - lo);
+    else
+      be_->copy_d2d(dst + (lo - a), data() + lo, sizeof(float) * size_t(hi - lo));
+  });
+}
+
+void ParamSet::drop_fp32(const std::vector<std::string>& names) {
+  LOOM_CHECK(be_ && be_->host_accessible(),
+             "ParamSet::drop_fp32: only host memory returns its pages (the bf16 GEMMs' CPU path)");
+  LOOM_CHECK(!values_bf16_.empty(), "ParamSet::drop_fp32: no bf16 copy (allocate_bf16_copy)");
+  for (const std::string& name : names) {
+    ParamInfo& p = infos_[index_.at(info(name).name)];
+    if (p.fp32_dropped) continue;
+    p.fp32_dropped = true;
+    ++dropped_;
+    settle_dropped(p.offset, p.offset + p.numel);
+  }
+}
+
+std::vector<std::string> ParamSet::keep_fp32() {
+  std::vector<std::string> names;
+  for (ParamInfo& p : infos_) {
+    if (!p.fp32_dropped) continue;
+    be_->convert(data() + p.offset, DType::F32, values_bf16_.as<uint16_t>() + p.offset, DType::BF16,
+                 p.numel);
+    p.fp32_dropped = false;
+    names.push_back(p.name);
+  }
+  dropped_ = 0;
+  // The copy still holds these values: converting them again would give the same bits.
+  for (const std::string& n : names) {
+    const ParamInfo& p = info(n);
+    note_bf16_written(p.offset, p.offset + p.numel);
+  }
+  return names;
+}
+
+void ParamSet::widen_rows(const std::string& name, const int32_t* ids, int64_t n) {
+  const ParamInfo& p = info(name);
+  if (!p.fp32_dropped || p.numel == 0) return;
+  const int64_t rows = p.shape[0], len = p.numel / rows;
+  // Global id -> local row: a row shard's contiguous global rows by subtraction, any other
+  // row shard through a map; unsharded and column shards hold every row.
+  int64_t first = 0;
+  bool contiguous = true;
+  std::unordered_map<int64_t, int64_t> local;
+  if (p.shard_dim == 0) {
+    first = p.global_index[0];
+    for (int64_t i = 0; i < rows && contiguous; ++i) contiguous = p.global_index[i] == first + i;
+    if (!contiguous)
+      for (int64_t i = 0; i < rows; ++i) local[p.global_index[i]] = i;
+  }
+  const uint16_t* src = values_bf16_.as<uint16_t>() + p.offset;
+  float* dst = data() + p.offset;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t r = int64_t(ids[i]) - first;
+    if (!contiguous) {
+      auto it = local.find(ids[i]);
+      r = it == local.end() ? -1 : it->second;
+    }
+    if (r < 0 || r >= rows) continue;
+    be_->convert(dst + r * len, DType::F32, src + r * len, DType::BF16, len);
+  }
+}
+
+void ParamSet::release_fp32(const std::string& name) {
+  const ParamInfo& p = info(name);
+  if (p.fp32_dropped) release_pages(data() + p.offset, p.numel);
 }
 
 }  // namespace loom

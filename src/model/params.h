@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -47,6 +48,9 @@ struct ParamInfo {
   // A frozen parameter (trainable = false: LoRA's base, a reference model) gets no gradient:
   // the model never writes its gradient buffer and skips the GEMMs that would compute it.
   bool trainable = true;
+  // The bf16 policy's 2-byte weights (ParamSet::drop_fp32): the values live in the set's bf16
+  // copy only; the fp32 buffer's elements of this parameter hold nothing (pages released).
+  bool fp32_dropped = false;
 };
 
 // Where a parameter's local elements sit in its global tensor (the one-process parameter):
@@ -160,6 +164,36 @@ class ParamSet {
   // from the bf16 values (a packed GEMM operand) knows they may have changed when it differs.
   uint64_t bf16_write_count() const { return bf16_write_count_; }
 
+  // ---- 2-byte weights: under the bf16 policy with the bf16 GEMMs, the parameters those GEMMs
+  // read (every linear weight, the tied embedding/head) keep no fp32 values in the model: the
+  // bf16 copy is their only model copy (the optimizer's fp32 master is the other). drop_fp32
+  // rounds the named parameters' fp32 values into the bf16 copy (allocated before) and returns
+  // their fp32 pages to the kernel (host memory only). Writers of the fp32 values through
+  // ParamSet (write_values, store_values, copy_values_from, init) round what they write into
+  // the copy instead; readers (read_values, host_values, copy_values_to) widen it; code that
+  // reads data() in place reads it widened on demand (widen_rows) or through the copy.
+  void drop_fp32(const std::vector<std::string>& names);
+  // Every dropped parameter widened back into the fp32 buffer and kept there again (a load
+  // that fills the buffer in place); returns their names, for drop_fp32 after.
+  std::vector<std::string> keep_fp32();
+  bool any_fp32_dropped() const { return dropped_ > 0; }
+  // The elements of the set's layout in [a, b) in maximal runs of one kind: fn(lo, hi,
+  // dropped), dropped when [lo, hi) lies in parameters whose fp32 values are dropped (padding
+  // between parameters counts as kept: it holds zeros in the fp32 buffer).
+  void for_runs(int64_t a, int64_t b, const std::function<void(int64_t, int64_t, bool)>& fn) const;
+  // Whether the parameter holding flat element `at` (padding: none) has its fp32 values
+  // dropped.
+  bool fp32_dropped_at(int64_t at) const;
+  // The flat elements [a, b) as fp32 into dst (memory of the set's backend): copied, or
+  // widened from the bf16 copy where dropped.
+  void copy_values_to(float* dst, int64_t a, int64_t b) const;
+  // A dropped parameter's rows that `ids` (n token ids, host memory) select, widened from the
+  // bf16 copy into its fp32 buffer (an embedding lookup reads them there); release_fp32 returns
+  // the pages after the lookup. Rows are global ids: a row shard (tensor parallelism) maps
+  // them through global_index, ids it does not hold skipped. Nothing for a kept parameter.
+  void widen_rows(const std::string& name, const int32_t* ids, int64_t n);
+  void release_fp32(const std::string& name);
+
   // Host tensors of the values, by name, for host code that reads them or fills them
   // (checkpoint save and load): views on a host-accessible backend (no copy), otherwise host
   // copies staged through copy_d2h. After filling them, store_values copies staged tensors back
@@ -173,6 +207,10 @@ class ParamSet {
 
  private:
   void check_host(const char* op) const;
+  // fp32 values of [a, b) (backend memory) into the set: the fp32 buffer where kept, rounded
+  // into the bf16 copy where dropped (the writers above).
+  void settle_dropped(int64_t a, int64_t b);
+  const ParamInfo* info_at(int64_t at) const;
 
   std::vector<ParamInfo> infos_;
   std::map<std::string, size_t> index_;
@@ -183,6 +221,7 @@ class ParamSet {
   std::vector<Range> bf16_written_;
   uint64_t grad_zero_count_ = 0;
   uint64_t bf16_write_count_ = 0;
+  int dropped_ = 0;  // parameters with fp32_dropped
 };
 
 }  // namespace loom

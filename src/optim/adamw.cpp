@@ -65,7 +65,8 @@ void AdamW::set_steps_taken(int64_t t) {
 void AdamW::sync_master_from_model() {
   model_written_ = false;
   if (master_.empty() || hi_ == lo_) return;
-  be_.copy_d2d(master_.data(), params_.data() + lo_, sizeof(float) * (hi_ - lo_));
+  // (Widened from the bf16 copy where the model keeps no fp32 values.)
+  params_.copy_values_to(master_.as<float>(), lo_, hi_);
 }
 
 void AdamW::write_model(int64_t a, int64_t b) {
@@ -78,14 +79,23 @@ void AdamW::write_model(int64_t a, int64_t b) {
 
 void AdamW::write_model_range(int64_t a, int64_t b) {
   if (a >= b) return;
-  float* model = params_.data() + a;
-  be_.copy_d2d(model, master_.as<float>() + (a - lo_), sizeof(float) * (b - a));
-  if (param_dtype_ == DType::F32) return;
-  // On the backend: the model's buffer is device memory there (core's round_to is the CPU's).
-  // bf16: rounded and, where the set keeps one, stored in its bf16 copy in the same pass.
-  uint16_t* copy = param_dtype_ == DType::BF16 ? params_.bf16_data() : nullptr;
-  be_.round_to(param_dtype_, model, b - a, copy ? copy + a : nullptr);
-  if (param_dtype_ == DType::BF16) params_.note_bf16_written(a, b);
+  params_.for_runs(a, b, [&](int64_t lo, int64_t hi, bool dropped) {
+    const float* src = master_.as<float>() + (lo - lo_);
+    if (dropped) {  // 2-byte weights: the bf16 copy is the model's only copy
+      be_.convert(params_.bf16_data() + lo, DType::BF16, src, DType::F32, hi - lo);
+      params_.note_bf16_written(lo, hi);
+      return;
+    }
+    float* model = params_.data() + lo;
+    be_.copy_d2d(model, src, sizeof(float) * (hi - lo));
+    if (param_dtype_ == DType::F32) return;
+    // On the backend: the model's buffer is device memory there (core's round_to is the
+    // CPU's). bf16: rounded and, where the set keeps one, stored in its bf16 copy in the same
+    // pass.
+    uint16_t* copy = param_dtype_ == DType::BF16 ? params_.bf16_data() : nullptr;
+    be_.round_to(param_dtype_, model, hi - lo, copy ? copy + lo : nullptr);
+    if (param_dtype_ == DType::BF16) params_.note_bf16_written(lo, hi);
+  });
 }
 
 void AdamW::sync_model_from_master() {
@@ -118,8 +128,8 @@ void AdamW::update(double lr, float grad_scale, const float* grad) {
     if (a > written) write_model_range(written, a);
     be_.adamw_to_bf16(w + k, grad + k, m() + k, v() + k, b - a, static_cast<float>(lr),
                       static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                      static_cast<float>(cfg_.eps), wd, grad_scale, t_, params_.data() + a,
-                      copy ? copy + a : nullptr);
+                      static_cast<float>(cfg_.eps), wd, grad_scale, t_,
+                      p.fp32_dropped ? nullptr : params_.data() + a, copy ? copy + a : nullptr);
     params_.note_bf16_written(a, b);
     written = std::max(written, b);
   }

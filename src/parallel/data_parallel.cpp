@@ -274,9 +274,19 @@ std::vector<float> DataParallel::reduced_grad_shard() const {
 std::vector<StateSlice> DataParallel::param_slices() {
   std::vector<StateSlice> out;
   if (opt_.zero == 0) {
-    for (const ParamInfo& p : P_.infos())
-      out.push_back(
-          {p.name, Tensor::view_of(P_.data() + p.offset, p.shape, DType::F32), p.numel, 0});
+    // (The 2-byte weights keep no fp32 values: widened from the bf16 copy, which holds the
+    // master rounded, as the fp32 model did. A copy, read only: a load into the model keeps
+    // the fp32 values first, ParamSet::keep_fp32.)
+    for (const ParamInfo& p : P_.infos()) {
+      Tensor t;
+      if (p.fp32_dropped) {
+        t = Tensor::zeros(p.shape, DType::F32);
+        P_.copy_values_to(t.data<float>(), p.offset, p.offset + p.numel);
+      } else {
+        t = Tensor::view_of(P_.data() + p.offset, p.shape, DType::F32);
+      }
+      out.push_back({p.name, t, p.numel, 0});
+    }
     return out;
   }
   float* w = adam_->master() ? adam_->master() - lo_ : P_.data();
@@ -299,6 +309,7 @@ MemoryUse DataParallel::memory_use() const {
   MemoryUse u;
   // The whole flat buffer, the expert-parallel experts included.
   u.params = resident_bytes(P_.data(), P_.total() * 4);
+  if (P_.bf16_data()) u.params += resident_bytes(P_.bf16_data(), P_.total() * 2);
   u.grads = resident_bytes(P_.grad(), P_.total() * 4);
   for (const BackendBuffer* b : {&gshard_, &egshard_})
     if (!b->empty()) u.grads += resident_bytes(b->data(), int64_t(b->bytes()));

@@ -94,7 +94,24 @@ void ParamGatherer::gather_range_async(int64_t lo, int64_t hi, comm::Work* work,
                                        std::vector<int64_t>* counts) {
   *counts = dense_.counts_of(lo, hi);
   dense_adam_.write_model(lo, hi);
+  // 2-byte weights (ParamSet::drop_fp32, ZeRO-1/2 only): the owners wrote every value's bf16
+  // bits into the set's bf16 copy, and under the bf16 policy every model value is a bf16 value,
+  // so the copy goes on the wire (half the bytes); the parameters that keep fp32 values are
+  // widened from it once gathered (widen_kept).
+  if (P_.any_fp32_dropped()) {
+    *work = dp_.all_gather_async(P_.bf16_data() + lo, *counts, DType::BF16);
+    return;
+  }
   *work = dp_.all_gather_async(P_.data() + lo, *counts, DType::F32);
+}
+
+void ParamGatherer::widen_kept(int64_t lo, int64_t hi) {
+  if (!P_.any_fp32_dropped()) return;
+  P_.for_runs(lo, hi, [&](int64_t a, int64_t b, bool dropped) {
+    if (!dropped)
+      P_.backend().convert(P_.data() + a, DType::F32, P_.bf16_data() + a, DType::BF16, b - a);
+  });
+  P_.note_bf16_written(lo, hi);  // every rank's bits, as its optimizer wrote them
 }
 
 void ParamGatherer::gather_resident() {
@@ -104,6 +121,7 @@ void ParamGatherer::gather_resident() {
     std::vector<int64_t> counts;
     gather_range_async(lo, hi, &w, &counts);
     w.wait();
+    widen_kept(lo, hi);
   }
 }
 

@@ -25,6 +25,8 @@ class ParamGatherer {
   ParamGatherer(Decoder& model, ParamSet& P, comm::Communicator& dp, const FlatShards& dense,
                 AdamW& dense_adam, bool blocks, comm::Communicator* edp = nullptr,
                 const FlatShards* experts = nullptr, AdamW* expert_adam = nullptr);
+  // (Under the bf16 policy's 2-byte weights, ParamSet::drop_fp32, which ZeRO-3 never has,
+  // ZeRO-1/2 gather the bf16 copy: bf16 on the wire.)
   ~ParamGatherer();  // waits for what is in flight and unhooks
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
@@ -62,6 +64,8 @@ class ParamGatherer {
   void build_units();
   void gather_range_async(int64_t lo, int64_t hi, comm::Work* work, std::vector<int64_t>* counts);
   void gather_piece_async(Piece& p);
+  // After a bf16 gather of [lo, hi): the parameters that keep fp32 values widened into them.
+  void widen_kept(int64_t lo, int64_t hi);
   bool pipelined() const { return !model_.pipeline_stage().whole(); }
   std::pair<int, int> chunk_of(int layer) const;
   void ensure_gathered(int layer);

@@ -47,6 +47,8 @@ const uint16_t* Bf16Gemms::weight(const float* w, int64_t n) {
   const float* base = params_ ? params_->data() : nullptr;
   if (base && w >= base && w + n <= base + params_->total()) {  // in the set's bf16 copy
     uint16_t* c = params_->bf16_data() + (w - base);
+    // A weight without fp32 values (ParamSet::drop_fp32): the copy is the weight itself.
+    if (!fresh && params_->fp32_dropped_at(w - base)) fresh = true;
     if (!fresh) {
       cpu::f32_to_bf16_array(w, c, size_t(n));
       fresh = true;
@@ -137,6 +139,20 @@ void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float*
                    dw_beta(dw, int64_t(out) * in), dw, in);
   if (db != nullptr)  // column sums of dy, as the fp32 path computes them (x unused there)
     cpu::matmul_backward(nullptr, nullptr, db, dy, nullptr, w, N, in, out);
+}
+
+void drop_fp32_weights(Decoder& model) {
+  ParamSet& P = model.params();
+  LOOM_CHECK(P.bf16_data(), "drop_fp32_weights: no bf16 copy (attach_bf16_gemms first)");
+  std::vector<std::string> names;
+  for (const auto& l : model.linears())  // "<prefix>" reads "<prefix>.weight"; the head its own
+    names.push_back(l.name != "head"      ? l.name + ".weight"
+                    : model.config().tied ? "embed.wte"
+                                          : "head.weight");
+  // The token embedding too when untied (Llama): only the lookup reads it, from widened rows.
+  if (P.has("embed.wte") && std::find(names.begin(), names.end(), "embed.wte") == names.end())
+    names.push_back("embed.wte");
+  P.drop_fp32(names);
 }
 
 std::unique_ptr<Bf16Gemms> attach_bf16_gemms(Decoder& model, bool quiet) {

@@ -78,4 +78,11 @@ class Bf16Gemms : public GemmRecipe {
 // nullptr. The caller owns the result and keeps it alive as long as the model runs.
 std::unique_ptr<Bf16Gemms> attach_bf16_gemms(Decoder& model, bool quiet = false);
 
+// The 2-byte weights: after attach_bf16_gemms, the parameters the linear layers read as weights
+// (the tied embedding, which is the head's weight, among them) and the token embedding (whose
+// lookup reads the batch's rows widened, ParamSet::widen_rows) keep no fp32 values in the model
+// (ParamSet::drop_fp32): the bf16 copy the GEMMs read is their only model copy, the optimizer's
+// fp32 master the other. Norms, biases and a position table keep theirs (small, read as fp32).
+void drop_fp32_weights(Decoder& model);
+
 }  // namespace loom

@@ -110,10 +110,32 @@ bool in_block(const std::string& name) {
 // weights are NaN or inf must never be trained on, sampled from, or written over good ones.
 // (A Backend op on the set's own backend: on a device, one flag comes back per parameter.)
 void check_finite(const ParamSet& P, const std::string& where) {
-  for (const ParamInfo& p : P.infos())
-    LOOM_CHECK(P.backend().all_finite(P.data() + p.offset, p.numel), where, ": parameter '", p.name,
-               "' holds non-finite values (NaN or inf)");
+  for (const ParamInfo& p : P.infos()) {
+    bool finite = true;
+    if (p.fp32_dropped) {  // 2-byte weights (host memory): the bf16 copy's exponent bits
+      const uint16_t* b = P.bf16_data() + p.offset;
+      for (int64_t i = 0; i < p.numel && finite; ++i) finite = (b[i] & 0x7f80u) != 0x7f80u;
+    } else {
+      finite = P.backend().all_finite(P.data() + p.offset, p.numel);
+    }
+    LOOM_CHECK(finite, where, ": parameter '", p.name, "' holds non-finite values (NaN or inf)");
+  }
 }
+
+// A load that fills the model's fp32 values in place (a checkpoint's restore, pretrained
+// weights) under the 2-byte weights (ParamSet::drop_fp32): the dropped parameters are widened
+// back for it and dropped again after (the loaded values rounded into the bf16 copy), so a
+// load holds the fp32 container for its duration only.
+struct Fp32KeptForLoad {
+  explicit Fp32KeptForLoad(ParamSet& p) : P(p), names(p.keep_fp32()) {}
+  ~Fp32KeptForLoad() {
+    if (!names.empty()) P.drop_fp32(names);
+  }
+  Fp32KeptForLoad(const Fp32KeptForLoad&) = delete;
+  Fp32KeptForLoad& operator=(const Fp32KeptForLoad&) = delete;
+  ParamSet& P;
+  std::vector<std::string> names;
+};
 
 // Weights in host tensors (a checkpoint's as read, before they go to the device).
 void check_finite(const ckpt::TensorList& host, const std::string& where) {
@@ -413,6 +435,11 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
     bf16_gemms_ = attach_bf16_gemms(*model_, opt_.quiet);
   // (On a device the linear layers widen stored bf16 into the Decoder's Backend scratch,
   // Linear::widen, and the GPU multiplies on the tensor cores of the policy's type.)
+  // The 2-byte weights: what the bf16 GEMMs read keeps no fp32 values in the model (the bf16
+  // copy and the optimizer's master are its copies); not under LoRA (the frozen base is read
+  // by the adapters' merge and export) nor FP8 (its recipes replace these on the linears and
+  // quantise the fp32 weights).
+  if (bf16_gemms_ && !lora_ && !fp8_opt) drop_fp32_weights(*model_);
   // FP8: the CPU recipe on the host, the GPU one on a device (the same keys select both).
   if (fp8_opt && be_->host_accessible()) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   if (fp8_opt && !be_->host_accessible())
@@ -907,6 +934,7 @@ bool Trainer::resume_from(const std::string& path) {
 // Weights that are not finite are refused, naming the parameter, before anything else is read.
 void Trainer::restore(const ckpt::Checkpoint& c) {
   const int64_t optimizer_steps = restore_state(c);
+  Fp32KeptForLoad kept(model_->params());
   // Read into host memory (the buffers themselves on the CPU, staged copies on a device),
   // checked, then uploaded. (A failed read before left copies behind: not uploaded now.)
   staged_.clear();
@@ -1331,7 +1359,7 @@ void Trainer::make_reference(const ckpt::Checkpoint* from) {
     if (n > 0) be_->copy_d2d(dst, src, sizeof(float) * size_t(n));
   };
   if (!sharded && !from) {
-    copy(R.data(), P.data(), P.total());  // whole (this rank's TP shard)
+    P.copy_values_to(R.data(), 0, P.total());  // whole (this rank's TP shard)
     return;
   }
   if (!sharded) {
@@ -1397,6 +1425,7 @@ ParamSet& Trainer::trained_params() {
 // The model's parameters from a checkpoint of the same model (a one-process or consolidated
 // checkpoint, or a Hugging Face import); nothing else of it is used.
 void Trainer::load_pretrained(const std::string& path) {
+  Fp32KeptForLoad kept(model_->params());
   ckpt::Checkpoint c(path);
   LOOM_CHECK(!c.state().extra.contains("layout"), c.dir(),
              ": a rank's checkpoint of a distributed run; consolidate the run's checkpoints first "
@@ -1490,6 +1519,7 @@ void Trainer::start_from_one_process(const std::string& path) {
     return;
   }
   const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
+  Fp32KeptForLoad kept(model_->params());
   staged_.clear();
   ckpt::fill_from_whole(c, trained_params(), stage(shard_list(dp_->param_slices())),
                         stage(optim_list()));

@@ -51,7 +51,10 @@ Config tiny_config(const std::string& dir, int steps) {
 
 std::vector<float> params_of(Trainer& t) {
   auto& P = t.model().params();
-  return std::vector<float>(P.data(), P.data() + P.total());
+  // (read_values: the bf16 policy's 2-byte weights keep no fp32 values; widened from bf16.)
+  std::vector<float> v(size_t(P.total()));
+  P.read_values(0, P.total(), v.data());
+  return v;
 }
 
 // The weights of an uninterrupted 6-step run.

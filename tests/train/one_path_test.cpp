@@ -43,7 +43,10 @@ Config config(const std::string& dir, const std::string& precision, int steps = 
 
 std::vector<float> weights_of(Trainer& t) {
   const ParamSet& P = t.model().params();
-  return std::vector<float>(P.data(), P.data() + P.total());
+  // (read_values: the bf16 policy's 2-byte weights keep no fp32 values; widened from bf16.)
+  std::vector<float> v(size_t(P.total()));
+  P.read_values(0, P.total(), v.data());
+  return v;
 }
 
 }  // namespace

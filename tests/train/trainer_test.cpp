@@ -1,6 +1,7 @@
 // The training application end to end on a tiny model: determinism, bit-identical resume,
 // fp16 loss scaling, bf16 storage, checkpoint validation and config errors.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -8,9 +9,12 @@
 #include <fstream>
 #include <map>
 
+#include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/tfevents_reader.h"
+#include "kernels/cpu/gemm_bf16.h"
+#include "parallel/data_parallel.h"
 #include "temp_dir.h"
 #include "train/trainer.h"
 #include "train/trainer_setups.h"
@@ -39,7 +43,10 @@ Config tiny_config(const std::string& dir, int steps) {
 
 std::vector<float> params_of(Trainer& t) {
   auto& P = t.model().params();
-  return std::vector<float>(P.data(), P.data() + P.total());
+  // (read_values: the bf16 policy's 2-byte weights keep no fp32 values; widened from bf16.)
+  std::vector<float> v(size_t(P.total()));
+  P.read_values(0, P.total(), v.data());
+  return v;
 }
 
 }  // namespace
@@ -345,5 +352,42 @@ TEST(Trainer, NonFiniteWeightsInACheckpointAreAnError) {
     ADD_FAILURE() << "a checkpoint with NaN weights was loaded";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
+  }
+}
+
+// The 2-byte weights in the trainer: under bf16 with the bf16 GEMMs, the linear weights and the
+// tied embedding keep no fp32 values (the resident parameter memory is lower by their 4 bytes
+// per element, up to the pages they share with kept neighbours), and a checkpoint still saves
+// every weight as the master rounded to bf16, which the run's own values are.
+TEST(Trainer, Bf16WeightsKeepNoFp32ValuesAndSaveTheMasterRounded) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) GTEST_SKIP() << "no AVX512-BF16";
+  std::string d = test_dir("bf16_2byte");
+  Config c = tiny_config(d, 3);
+  c.set("model.d_model", "64", "test");
+  c.set("precision.policy", "\"bf16\"", "test");
+  Trainer t(c);
+  t.run();
+  t.save_checkpoint();
+  const ParamSet& P = t.model().params();
+  int64_t dropped = 0, runs = 0;
+  for (const ParamInfo& p : P.infos())
+    if (p.fp32_dropped) dropped += p.numel, ++runs;
+  EXPECT_TRUE(P.info("embed.wte").fp32_dropped);
+  EXPECT_TRUE(P.info("blocks.0.mlp.fc.weight").fp32_dropped);
+  EXPECT_FALSE(P.info("blocks.0.mlp.fc.bias").fp32_dropped);
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  ASSERT_GT(4 * dropped, 4 * page * runs);  // so that the bound below can fail
+  const parallel::MemoryUse u = t.data_parallel()->memory_use();
+  // The kept fp32 values and the whole bf16 copy, plus the pages shared at the edges.
+  EXPECT_LE(u.params, 4 * (P.total() - dropped) + 2 * P.total() + page * (2 * runs + 2));
+  const ckpt::Checkpoint saved(d + "/run/checkpoints");
+  const std::vector<float> v = params_of(t);
+  for (const ParamInfo& p : P.infos()) {
+    const Tensor w = saved.model().load(p.name), m = saved.optim().load("master." + p.name);
+    ASSERT_EQ(w.numel(), p.numel);
+    for (int64_t i = 0; i < p.numel; ++i) {
+      ASSERT_EQ(w.data<float>()[i], round_bf16(m.data<float>()[i])) << p.name << " " << i;
+      ASSERT_EQ(w.data<float>()[i], v[size_t(p.offset + i)]) << p.name << " " << i;
+    }
   }
 }

@@ -49,7 +49,7 @@ inline uint32_t round_bits_bf16(float x) {
   return r & 0xffff0000u;
 }
 
-template <bool kStoreBf16>
+template <bool kStoreF32, bool kStoreBf16>
 void adamw_to_bf16_loop(float* master, const float* grad, float* m, float* v, int64_t n, float lr,
                         float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                         const AdamwFactors& f, float* model, uint16_t* model_bf16) {
@@ -59,7 +59,7 @@ void adamw_to_bf16_loop(float* master, const float* grad, float* m, float* v, in
                                   weight_decay, grad_scale, f);
     master[i] = p;
     const uint32_t r = round_bits_bf16(p);
-    model[i] = std::bit_cast<float>(r);
+    if constexpr (kStoreF32) model[i] = std::bit_cast<float>(r);
     if constexpr (kStoreBf16) model_bf16[i] = static_cast<uint16_t>(r >> 16);
   }
 }
@@ -79,17 +79,23 @@ void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float
 
 // adamw on the master, and in the same pass (one read of the master) the model's weights
 // derived from it: model[i] = round_bf16(master[i]) and model_bf16[i] its bits. Replaces
-// adamw + copy + round + convert (four passes over the weights) under the bf16 policy.
+// adamw + copy + round + convert (four passes over the weights) under the bf16 policy. model
+// null (the 2-byte weights, ParamSet::drop_fp32: no fp32 model values kept): the bf16 bits
+// alone, 4 bytes per element less written.
 void adamw_to_bf16(float* master, const float* grad, float* m, float* v, int64_t n, float lr,
                    float beta1, float beta2, float eps, float weight_decay, float grad_scale,
                    int64_t step, float* model, uint16_t* model_bf16) {
   const AdamwFactors f = adamw_factors(beta1, beta2, step);
-  if (model_bf16)
-    adamw_to_bf16_loop<true>(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale,
-                             f, model, model_bf16);
+  LOOM_CHECK(model || model_bf16, "adamw_to_bf16: neither fp32 nor bf16 model weights to write");
+  if (model && model_bf16)
+    adamw_to_bf16_loop<true, true>(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                   grad_scale, f, model, model_bf16);
+  else if (model)
+    adamw_to_bf16_loop<true, false>(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                    grad_scale, f, model, nullptr);
   else
-    adamw_to_bf16_loop<false>(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                              grad_scale, f, model, nullptr);
+    adamw_to_bf16_loop<false, true>(master, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                    grad_scale, f, nullptr, model_bf16);
 }
 
 // Fixed chunks (their number depends only on n) summed in double, then the chunk sums added

@@ -1,0 +1,184 @@
+// The bf16 policy's 2-byte weights (ParamSet::drop_fp32, precision/bf16_gemms.h's
+// drop_fp32_weights): the parameters the bf16 GEMMs read keep no fp32 values in the model; the
+// bf16 copy is their only model copy. Tested: the set's readers and writers go through the copy,
+// the pages are really returned, and a model trained with the fp32 values dropped is the model
+// trained with them kept, bit for bit (losses, bf16 weights, widened values, masters).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/cpu/gemm_bf16.h"
+#include "model/decoder.h"
+#include "optim/adamw.h"
+#include "parallel/page_memory.h"
+#include "precision/bf16_gemms.h"
+
+using namespace loom;
+
+namespace {
+
+bool has_bf16_gemms() {
+  return cpu::bf16_gemm_path() == cpu::Bf16GemmPath::OneDnn;
+}
+
+ModelConfig small(Family f) {
+  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
+  c.n_layer = 2, c.d_model = 64, c.n_head = 4, c.n_kv_head = f == Family::GPT2 ? 4 : 2;
+  c.head_dim = 16, c.d_ff = 128, c.vocab = 96, c.max_seq = 64;
+  return c;
+}
+
+struct Data {
+  std::vector<int32_t> tokens, targets, positions, cu;
+  ModelInput input() const {
+    return {tokens.data(),
+            targets.data(),
+            positions.data(),
+            cu.data(),
+            static_cast<int>(tokens.size()),
+            static_cast<int>(cu.size()) - 1};
+  }
+};
+
+Data make_data(int rows, int T, uint64_t seed) {
+  Data d;
+  d.cu.push_back(0);
+  for (int r = 0; r < rows; ++r) {
+    for (int t = 0; t < T; ++t) {
+      d.tokens.push_back(int32_t(uniform_at(seed, 1, d.tokens.size()) * 96));
+      d.targets.push_back(int32_t(uniform_at(seed, 2, d.targets.size()) * 96));
+      d.positions.push_back(t);
+    }
+    d.cu.push_back(int32_t(d.tokens.size()));
+  }
+  return d;
+}
+
+int64_t page() {
+  return int64_t(sysconf(_SC_PAGESIZE));
+}
+
+std::vector<float> values_of(const ParamSet& P) {
+  std::vector<float> v(size_t(P.total()));
+  P.read_values(0, P.total(), v.data());
+  return v;
+}
+
+}  // namespace
+
+// Writers round into the bf16 copy and readers widen it; the fp32 pages stay returned; a load
+// in place gets the values back (keep_fp32) and drops them again.
+TEST(Bf16Weights, SetReadersAndWritersGoThroughTheCopy) {
+  ParamSet P;
+  P.add("w", {64, 256}, true, ParamInit::Normal, 1.f);  // 16 pages of fp32
+  P.add("b", {256}, false, ParamInit::Normal, 1.f);
+  P.allocate();
+  P.init(3);
+  const std::vector<float> drawn = values_of(P);
+  EXPECT_THROW(P.drop_fp32({"w"}), Error);  // no bf16 copy yet
+  P.allocate_bf16_copy();
+  P.drop_fp32({"w"});
+  EXPECT_TRUE(P.info("w").fp32_dropped);
+  EXPECT_FALSE(P.info("b").fp32_dropped);
+  EXPECT_TRUE(P.fp32_dropped_at(P.info("w").offset + 5));
+  EXPECT_FALSE(P.fp32_dropped_at(P.info("b").offset));
+  const int64_t w_bytes = 4 * P.info("w").numel;
+  EXPECT_LE(parallel::resident_bytes(P.data() + P.info("w").offset, w_bytes), 2 * page());
+  std::vector<float> v = values_of(P);
+  for (const ParamInfo& p : P.infos())
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const float want = p.fp32_dropped ? round_bf16(drawn[p.offset + i]) : drawn[p.offset + i];
+      ASSERT_EQ(v[p.offset + i], want) << p.name << " " << i;
+    }
+  EXPECT_NE(drawn[P.info("w").offset], round_bf16(drawn[P.info("w").offset]));  // could fail
+  // write_values rounds into the copy; nothing is resident again.
+  std::vector<float> in(size_t(P.total()), 0.f);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = 1.f + 1e-3f * float(i % 1000);
+  P.write_values(0, P.total(), in.data());
+  EXPECT_LE(parallel::resident_bytes(P.data() + P.info("w").offset, w_bytes), 2 * page());
+  v = values_of(P);
+  const int64_t wo = P.info("w").offset;
+  for (int64_t i = 0; i < P.info("w").numel; ++i) ASSERT_EQ(v[wo + i], round_bf16(in[wo + i]));
+  // host_values hands out widened copies; store_values rounds them back into the copy.
+  auto host = P.host_values();
+  host.at("w").data<float>()[7] = 2.5f;
+  P.store_values(host);
+  EXPECT_EQ(values_of(P)[wo + 7], 2.5f);
+  EXPECT_THROW(P.tensors("a test"), Error);  // no fp32 values to view in place
+  // widen_rows: the selected rows only, then returned.
+  const int32_t ids[] = {3, 60};
+  P.widen_rows("w", ids, 2);
+  EXPECT_EQ(P.data()[wo + 3 * 256 + 7], v[wo + 3 * 256 + 7]);
+  EXPECT_EQ(P.data()[wo + 60 * 256 + 9], v[wo + 60 * 256 + 9]);
+  EXPECT_EQ(P.data()[wo + 10 * 256], 0.f);
+  P.release_fp32("w");
+  EXPECT_LE(parallel::resident_bytes(P.data() + wo, w_bytes), 2 * page());
+  // keep_fp32: the values back in place, and the names to drop again.
+  const std::vector<float> before = values_of(P);
+  const std::vector<std::string> names = P.keep_fp32();
+  ASSERT_EQ(names, std::vector<std::string>{"w"});
+  EXPECT_FALSE(P.any_fp32_dropped());
+  EXPECT_EQ(0, std::memcmp(before.data(), P.data(), 4 * size_t(P.total())));
+  P.drop_fp32(names);
+  EXPECT_EQ(values_of(P), before);
+}
+
+// Two models from the same weights, one with the fp32 values of its GEMM weights dropped:
+// every loss, gradient, bf16 weight, widened value and master weight equal bit for bit over
+// steps, evaluation included, for GPT-2 (tied embedding: the lookup reads widened rows) and
+// Llama; and the dropped model's fp32 buffer holds none of those pages, AdamW included.
+TEST(Bf16Weights, TrainingWithoutFp32ValuesIsBitIdentical) {
+  if (!has_bf16_gemms()) GTEST_SKIP() << "no AVX512-BF16 here: the fp32 container stays";
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder kept(small(f), cpu_backend(), Recompute::None, DType::BF16);
+    Decoder drop(small(f), cpu_backend(), Recompute::None, DType::BF16);
+    for (Decoder* m : {&kept, &drop}) {
+      m->params().init(5);
+      round_to(DType::BF16, m->params().data(), size_t(m->params().total()));
+    }
+    AdamW ok(kept.params(), AdamWConfig{}, DType::BF16, cpu_backend());
+    AdamW od(drop.params(), AdamWConfig{}, DType::BF16, cpu_backend());
+    auto rk = attach_bf16_gemms(kept, true), rd = attach_bf16_gemms(drop, true);
+    drop_fp32_weights(drop);
+    ParamSet &K = kept.params(), &D = drop.params();
+    int64_t dropped = 0, runs = 0;
+    for (const ParamInfo& p : D.infos()) {
+      const bool gemm_weight = p.name == "embed.wte" || p.name == "head.weight" ||
+                               (p.name.find(".weight") != std::string::npos &&
+                                (p.name.find(".attn.") != std::string::npos ||
+                                 p.name.find(".mlp.") != std::string::npos));
+      EXPECT_EQ(p.fp32_dropped, gemm_weight) << p.name;
+      if (p.fp32_dropped) dropped += p.numel, ++runs;
+    }
+    ASSERT_GT(4 * dropped, 4 * page() * runs);  // so that the memory check below can fail
+    const Data d = make_data(2, 24, 11);
+    for (int s = 0; s < 4; ++s) {
+      rk->new_weights(), rd->new_weights();
+      K.zero_grad(), D.zero_grad();
+      const double lk = kept.forward_backward(d.input(), 1.f / 48);
+      const double ld = drop.forward_backward(d.input(), 1.f / 48);
+      ASSERT_EQ(lk, ld) << "step " << s;
+      ASSERT_EQ(0, std::memcmp(K.grad(), D.grad(), 4 * size_t(K.total()))) << "step " << s;
+      ok.step(1e-2, 1.f), od.step(1e-2, 1.f);
+    }
+    rk->new_weights(), rd->new_weights();
+    EXPECT_EQ(kept.forward_loss(d.input()), drop.forward_loss(d.input()));
+    EXPECT_EQ(0, std::memcmp(K.bf16_data(), D.bf16_data(), 2 * size_t(K.total())));
+    const std::vector<float> vk = values_of(K), vd = values_of(D);
+    EXPECT_EQ(0, std::memcmp(vk.data(), vd.data(), 4 * vk.size()));
+    EXPECT_EQ(0, std::memcmp(vk.data(), K.data(), 4 * vk.size()));  // kept: its own values
+    EXPECT_EQ(0, std::memcmp(ok.master(), od.master(), 4 * size_t(K.total())));
+    // The dropped parameters' fp32 pages (but the few they share with kept neighbours) are not
+    // resident, after optimizer steps and embedding lookups.
+    const int64_t rk_bytes = parallel::resident_bytes(K.data(), 4 * K.total());
+    const int64_t rd_bytes = parallel::resident_bytes(D.data(), 4 * D.total());
+    EXPECT_GE(rk_bytes - rd_bytes, 4 * dropped - 2 * page() * runs);
+    EXPECT_EQ(rk->weight_conversions(), int64_t(kept.linears().size()));
+    EXPECT_EQ(rd->weight_conversions(), 0);  // the copy is the weight: never converted
+  }
+}
