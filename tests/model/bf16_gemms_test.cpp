@@ -12,43 +12,15 @@
 #include "model/decoder.h"
 #include "optim/adamw.h"
 #include "precision/bf16_gemms.h"
+#include "small_bf16_models.h"
 
 using namespace loom;
 
 namespace {
 
-ModelConfig small(Family f) {
-  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
-  c.n_layer = 2, c.d_model = 64, c.n_head = 4, c.n_kv_head = f == Family::GPT2 ? 4 : 2;
-  c.head_dim = 16, c.d_ff = 128, c.vocab = 96, c.max_seq = 64;
-  return c;
-}
-
-struct Data {
-  std::vector<int32_t> tokens, targets, positions, cu;
-  ModelInput input() const {
-    return {tokens.data(),
-            targets.data(),
-            positions.data(),
-            cu.data(),
-            static_cast<int>(tokens.size()),
-            static_cast<int>(cu.size()) - 1};
-  }
-};
-
-Data make_data(int rows, int T, uint64_t seed) {
-  Data d;
-  d.cu.push_back(0);
-  for (int r = 0; r < rows; ++r) {
-    for (int t = 0; t < T; ++t) {
-      d.tokens.push_back(int32_t(uniform_at(seed, 1, d.tokens.size()) * 96));
-      d.targets.push_back(int32_t(uniform_at(seed, 2, d.targets.size()) * 96));
-      d.positions.push_back(t);
-    }
-    d.cu.push_back(int32_t(d.tokens.size()));
-  }
-  return d;
-}
+using test::small_batch;
+using test::small_bf16_model;
+using Data = test::SmallBatch;
 
 double cosine(const float* a, const float* b, int64_t n) {
   double ab = 0, aa = 0, bb = 0;
@@ -62,14 +34,14 @@ double cosine(const float* a, const float* b, int64_t n) {
 TEST(Bf16Gemms, SameModelAsFp32GemmsOnBf16Values) {
   if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) GTEST_SKIP() << "no AVX512-BF16 here";
   for (Family f : {Family::GPT2, Family::Llama}) {
-    Decoder a(small(f), cpu_backend(), Recompute::None, DType::BF16);
-    Decoder b(small(f), cpu_backend(), Recompute::None, DType::BF16);
+    Decoder a(small_bf16_model(f), cpu_backend(), Recompute::None, DType::BF16);
+    Decoder b(small_bf16_model(f), cpu_backend(), Recompute::None, DType::BF16);
     a.params().init(3);
     round_to(DType::BF16, a.params().data(), size_t(a.params().total()));
     std::copy(a.params().data(), a.params().data() + a.params().total(), b.params().data());
     auto recipe = attach_bf16_gemms(b, true);
     ASSERT_NE(recipe, nullptr);
-    Data d = make_data(4, 32, 5);
+    Data d = small_batch(4, 32, 5);
     a.params().zero_grad();
     b.params().zero_grad();
     const double la = a.forward_backward(d.input(), 1.f / 128),
@@ -84,16 +56,16 @@ TEST(Bf16Gemms, SameModelAsFp32GemmsOnBf16Values) {
 
 TEST(Bf16Gemms, NewWeightsAreConvertedAgain) {
   if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) GTEST_SKIP() << "no AVX512-BF16 here";
-  Decoder m(small(Family::Llama), cpu_backend(), Recompute::None, DType::BF16);
+  Decoder m(small_bf16_model(Family::Llama), cpu_backend(), Recompute::None, DType::BF16);
   m.params().init(7);
   round_to(DType::BF16, m.params().data(), size_t(m.params().total()));
   auto recipe = attach_bf16_gemms(m, true);
-  Data d = make_data(2, 16, 3);
+  Data d = small_batch(2, 16, 3);
   const double before = m.forward_loss(d.input());
   for (int64_t i = 0; i < m.params().total(); ++i) m.params().data()[i] *= 0.5f;  // exact in bf16
   recipe->new_weights();
   const double after = m.forward_loss(d.input());
-  Decoder fresh(small(Family::Llama), cpu_backend(), Recompute::None, DType::BF16);
+  Decoder fresh(small_bf16_model(Family::Llama), cpu_backend(), Recompute::None, DType::BF16);
   std::copy(m.params().data(), m.params().data() + m.params().total(), fresh.params().data());
   auto r2 = attach_bf16_gemms(fresh, true);
   EXPECT_EQ(after, fresh.forward_loss(d.input()));
@@ -107,7 +79,7 @@ TEST(Bf16Gemms, TrainingTracksFp32) {
   std::vector<double> curve[2];
   for (int k = 0; k < 2; ++k) {
     const DType t = k == 0 ? DType::F32 : DType::BF16;
-    ModelConfig c = small(Family::GPT2);
+    ModelConfig c = small_bf16_model(Family::GPT2);
     c.init_std = 0.02f;
     Decoder m(c, cpu_backend(), Recompute::None, t);
     m.params().init(1);
@@ -115,7 +87,7 @@ TEST(Bf16Gemms, TrainingTracksFp32) {
     AdamWConfig ac;
     AdamW opt(m.params(), ac, t, cpu_backend());
     auto recipe = t == DType::BF16 ? attach_bf16_gemms(m, true) : nullptr;
-    Data d = make_data(4, 32, 9);
+    Data d = small_batch(4, 32, 9);
     for (int s = 0; s < 40; ++s) {
       if (recipe) recipe->new_weights();
       m.params().zero_grad();
@@ -134,13 +106,13 @@ TEST(Bf16Gemms, TrainingTracksFp32) {
 // converting them itself: the same loss and gradients, bit for bit).
 TEST(Bf16Gemms, OptimizerWrittenWeightsNeedNoConversion) {
   if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) GTEST_SKIP() << "no AVX512-BF16 here";
-  Decoder m(small(Family::GPT2), cpu_backend(), Recompute::None, DType::BF16);
+  Decoder m(small_bf16_model(Family::GPT2), cpu_backend(), Recompute::None, DType::BF16);
   m.params().init(4);
   round_to(DType::BF16, m.params().data(), size_t(m.params().total()));
   AdamW opt(m.params(), AdamWConfig{}, DType::BF16, cpu_backend());
   auto recipe = attach_bf16_gemms(m, true);
   ASSERT_NE(m.params().bf16_data(), nullptr);
-  Data d = make_data(2, 16, 8);
+  Data d = small_batch(2, 16, 8);
   for (int s = 0; s < 3; ++s) {
     recipe->new_weights();
     m.params().zero_grad();
@@ -154,7 +126,7 @@ TEST(Bf16Gemms, OptimizerWrittenWeightsNeedNoConversion) {
   const double loss = m.forward_backward(d.input(), 1.f / 32);
   EXPECT_EQ(recipe->weight_conversions(), int64_t(m.linears().size()));
 
-  Decoder fresh(small(Family::GPT2), cpu_backend(), Recompute::None, DType::BF16);
+  Decoder fresh(small_bf16_model(Family::GPT2), cpu_backend(), Recompute::None, DType::BF16);
   std::copy(m.params().data(), m.params().data() + m.params().total(), fresh.params().data());
   auto r2 = attach_bf16_gemms(fresh, true);
   fresh.params().zero_grad();
@@ -176,7 +148,7 @@ TEST(Bf16Gemms, OptimizerWrittenWeightsNeedNoConversion) {
 TEST(Bf16Gemms, FirstWeightGradientAfterZeroGradOverwrites) {
   if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn) GTEST_SKIP() << "no AVX512-BF16 here";
   for (Family f : {Family::GPT2, Family::Llama}) {
-    Decoder m(small(f), cpu_backend(), Recompute::None, DType::BF16);
+    Decoder m(small_bf16_model(f), cpu_backend(), Recompute::None, DType::BF16);
     m.params().init(6);
     round_to(DType::BF16, m.params().data(), size_t(m.params().total()));
     auto recipe = attach_bf16_gemms(m, true);
@@ -189,7 +161,7 @@ TEST(Bf16Gemms, FirstWeightGradientAfterZeroGradOverwrites) {
           l.name == "head" && !P.has("head.weight") ? "embed.wte" : l.name + ".weight";
       weights.push_back(&P.info(w));
     }
-    Data d1 = make_data(2, 32, 11), d2 = make_data(2, 32, 12);
+    Data d1 = small_batch(2, 32, 11), d2 = small_batch(2, 32, 12);
 
     P.zero_grad();
     for (const ParamInfo* w : weights)

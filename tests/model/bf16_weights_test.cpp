@@ -17,6 +17,7 @@
 #include "optim/adamw.h"
 #include "parallel/page_memory.h"
 #include "precision/bf16_gemms.h"
+#include "small_bf16_models.h"
 
 using namespace loom;
 
@@ -26,38 +27,9 @@ bool has_bf16_gemms() {
   return cpu::bf16_gemm_path() == cpu::Bf16GemmPath::OneDnn;
 }
 
-ModelConfig small(Family f) {
-  ModelConfig c = model_preset(f == Family::GPT2 ? "tiny" : "tiny-llama");
-  c.n_layer = 2, c.d_model = 64, c.n_head = 4, c.n_kv_head = f == Family::GPT2 ? 4 : 2;
-  c.head_dim = 16, c.d_ff = 128, c.vocab = 96, c.max_seq = 64;
-  return c;
-}
-
-struct Data {
-  std::vector<int32_t> tokens, targets, positions, cu;
-  ModelInput input() const {
-    return {tokens.data(),
-            targets.data(),
-            positions.data(),
-            cu.data(),
-            static_cast<int>(tokens.size()),
-            static_cast<int>(cu.size()) - 1};
-  }
-};
-
-Data make_data(int rows, int T, uint64_t seed) {
-  Data d;
-  d.cu.push_back(0);
-  for (int r = 0; r < rows; ++r) {
-    for (int t = 0; t < T; ++t) {
-      d.tokens.push_back(int32_t(uniform_at(seed, 1, d.tokens.size()) * 96));
-      d.targets.push_back(int32_t(uniform_at(seed, 2, d.targets.size()) * 96));
-      d.positions.push_back(t);
-    }
-    d.cu.push_back(int32_t(d.tokens.size()));
-  }
-  return d;
-}
+using test::small_batch;
+using test::small_bf16_model;
+using Data = test::SmallBatch;
 
 int64_t page() {
   return int64_t(sysconf(_SC_PAGESIZE));
@@ -135,8 +107,8 @@ TEST(Bf16Weights, SetReadersAndWritersGoThroughTheCopy) {
 TEST(Bf16Weights, TrainingWithoutFp32ValuesIsBitIdentical) {
   if (!has_bf16_gemms()) GTEST_SKIP() << "no AVX512-BF16 here: the fp32 container stays";
   for (Family f : {Family::GPT2, Family::Llama}) {
-    Decoder kept(small(f), cpu_backend(), Recompute::None, DType::BF16);
-    Decoder drop(small(f), cpu_backend(), Recompute::None, DType::BF16);
+    Decoder kept(small_bf16_model(f), cpu_backend(), Recompute::None, DType::BF16);
+    Decoder drop(small_bf16_model(f), cpu_backend(), Recompute::None, DType::BF16);
     for (Decoder* m : {&kept, &drop}) {
       m->params().init(5);
       round_to(DType::BF16, m->params().data(), size_t(m->params().total()));
@@ -156,7 +128,7 @@ TEST(Bf16Weights, TrainingWithoutFp32ValuesIsBitIdentical) {
       if (p.fp32_dropped) dropped += p.numel, ++runs;
     }
     ASSERT_GT(4 * dropped, 4 * page() * runs);  // so that the memory check below can fail
-    const Data d = make_data(2, 24, 11);
+    const Data d = small_batch(2, 24, 11);
     for (int s = 0; s < 4; ++s) {
       rk->new_weights(), rd->new_weights();
       K.zero_grad(), D.zero_grad();
