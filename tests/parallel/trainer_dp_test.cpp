@@ -20,8 +20,8 @@
 #include "trainer_fixture.h"
 
 using namespace loom;
-using loom::testing_parallel::rel_diff;
 using loom::testing_parallel::job_tag;
+using loom::testing_parallel::rel_diff;
 using loom::testing_parallel::W;
 
 namespace {
