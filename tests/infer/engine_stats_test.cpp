@@ -12,18 +12,11 @@
 
 using namespace loom;
 using namespace loom::infer;
+using loom::infer::test::greedy;
 using loom::infer::test::prompt;
 using loom::infer::test::tiny;
 
 namespace {
-
-SamplingParams greedy(int n) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = n;
-  p.ignore_eos = true;
-  return p;
-}
 
 // Runs the prompts one after another (each finds the blocks the earlier ones left cached) and
 // returns the sum of their usage's cached prompt tokens; `stats` receives the engine's counters.

@@ -21,6 +21,7 @@
 using namespace loom;
 using namespace loom::infer;
 namespace rp = loom::infer::test;
+using loom::infer::test::greedy;
 using loom::infer::test::prompt;
 using loom::infer::test::tiny;
 
@@ -53,14 +54,6 @@ struct Collected {
     };
   }
 };
-
-SamplingParams greedy(int n) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = n;
-  p.ignore_eos = true;
-  return p;
-}
 
 }  // namespace
 

@@ -1,11 +1,13 @@
 // What the engine tests share: a tiny model of either family (GQA for Llama) with weights large
-// enough that greedy choices are clear, and seeded prompts over its 64-token vocabulary.
+// enough that greedy choices are clear, seeded prompts over its 64-token vocabulary, and greedy
+// sampling parameters.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "core/rng.h"
+#include "infer/engine_api.h"
 #include "model/model_config.h"
 
 namespace loom::infer::test {
@@ -22,6 +24,15 @@ inline std::vector<int32_t> prompt(int len, uint64_t seed,
                                    const std::vector<int32_t>& prefix = {}) {
   std::vector<int32_t> p = prefix;
   for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(uniform_at(seed, 1, i) * 64));
+  return p;
+}
+
+// Greedy decoding of exactly n tokens (end-of-sequence ignored).
+inline SamplingParams greedy(int n) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = n;
+  p.ignore_eos = true;
   return p;
 }
 
