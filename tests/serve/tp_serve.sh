@@ -29,8 +29,13 @@ trap 'echo "tp_serve.sh: failed at line $LINENO (elapsed ${SECONDS} s)"; tail -2
   --set train.steps=2 --set train.micro_batch=2 --set train.seq_len=16 \
   --set train.peak_gflops=100 --set train.quiet=true --set train.out_dir="$work/run" >/dev/null
 
-# Starts a server (the command in "$@"), waits for its port; sets server and url.
+# Starts a server (the command in "$@"), waits for its port; sets server and url. The output
+# files are emptied here, before the fork: the child's own truncation can come after the first
+# grep below, which then read the previous server's "listening on" and URL (a dead port, or an
+# empty URL once the child truncated: the test's intermittent failure, even on an idle machine).
 start() {
+  : >"$work/out"
+  : >"$work/err"
   "$@" --ckpt "${ckpt:-$work/run/checkpoints}" --port 0 --kv-cache-mb 4 >"$work/out" 2>"$work/err" &
   server=$!
   for _ in $(seq 600); do
