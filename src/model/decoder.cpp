@@ -218,11 +218,18 @@ Decoder::Norm Decoder::norm_params(const std::string& prefix) {
           has_b ? grad_of(b) : nullptr};
 }
 
+// A linear's weight. Under the 2-byte weights (ParamSet::drop_fp32) a weight the GEMM recipe
+// reads keeps only its place in the fp32 buffer: the recipe takes the address as a key into the
+// bf16 copy. Without a recipe ptr() refuses a dropped weight (the GEMM would read zeros).
+static const float* linear_weight(ParamSet& P, const std::string& name, bool recipe) {
+  return recipe ? P.fp32_storage_ptr(name) : P.ptr(name);
+}
+
 Linear Decoder::linear(const std::string& prefix, int in, int out, Linear::Split split) {
   const std::string w = prefix + ".weight", b = prefix + ".bias";
   const bool has_b = params_.has(b);
   Linear lin;
-  lin.w = params_.ptr(w);
+  lin.w = linear_weight(params_, w, recipes_.count(prefix) > 0);
   lin.b = has_b ? params_.ptr(b) : nullptr;
   lin.dw = grad_of(w);
   lin.db = has_b ? grad_of(b) : nullptr;
@@ -621,7 +628,7 @@ void Decoder::embed(const ModelInput& in) {
   // 2-byte weights (ParamSet::drop_fp32): the batch's rows widened from the bf16 copy for the
   // lookup, their pages returned after it.
   params_.widen_rows("embed.wte", b_->tokens, N);
-  vocab_ops_->embed(x, b_->tokens, params_.ptr("embed.wte"), N, C);
+  vocab_ops_->embed(x, b_->tokens, params_.fp32_storage_ptr("embed.wte"), N, C);
   params_.release_fp32("embed.wte");
   if (cfg_.uses_positions_table())
     be_.embedding_forward(x, b_->positions + row0(N), params_.ptr("embed.wpe"), Nl, C, true);
@@ -768,7 +775,7 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
 }
 
 const float* Decoder::head_weight() {
-  return cfg_.tied ? params_.ptr("embed.wte") : params_.ptr("head.weight");
+  return linear_weight(params_, cfg_.tied ? "embed.wte" : "head.weight", recipes_.count("head"));
 }
 float* Decoder::head_grad() {
   return grad_of(cfg_.tied ? "embed.wte" : "head.weight");

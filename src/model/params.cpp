@@ -76,6 +76,23 @@ void ParamSet::check_host(const char* op) const {
              "backend yet)");
 }
 
+void ParamSet::refuse_dropped(const char* op) const {
+  for (const ParamInfo& p : infos_)
+    if (p.fp32_dropped) kept_info(p.name, op);  // throws, naming the first
+  fail("ParamSet: ", dropped_, " parameters counted as dropped, none marked");
+}
+
+const ParamInfo& ParamSet::kept_info(const std::string& name, const char* op) const {
+  const ParamInfo& p = info(name);
+  LOOM_CHECK(!p.fp32_dropped, op ? op : "host access to the parameters", ": parameter '", name, "'",
+             dropped_ > 1 ? cat(" (and ", dropped_ - 1, " more)") : std::string(),
+             " keeps no fp32 values (the bf16 policy's 2-byte weights, ParamSet::drop_fp32): its "
+             "elements in the fp32 buffer are zeros. Read it widened from the bf16 copy "
+             "(read_values, host_values, copy_values_to), or take fp32_storage() where the "
+             "dropped parameters are handled");
+  return p;
+}
+
 const ParamInfo& ParamSet::info(const std::string& name) const {
   auto it = index_.find(name);
   LOOM_CHECK(it != index_.end(), "no parameter named '", name, "'");
@@ -198,7 +215,7 @@ void ParamSet::init_ranges(uint64_t seed, const std::vector<Range>& ranges) {
   LOOM_CHECK(be_, "ParamSet::init: the parameters are not allocated");
   if (be_->host_accessible()) {
     for (auto [begin, end] : ranges) {
-      draw(seed, begin, end, data() + begin);
+      draw(seed, begin, end, fp32_storage() + begin);
       settle_dropped(begin, end);
     }
     return;
@@ -242,13 +259,13 @@ static void check_range(const char* op, int64_t begin, int64_t end, int64_t tota
 void ParamSet::read_values(int64_t begin, int64_t end, float* out) const {
   check_range("read_values", begin, end, total_, be_);
   if (dropped_ > 0) return copy_values_to(out, begin, end);  // host memory is the backend's
-  be_->copy_d2h(out, data() + begin, sizeof(float) * size_t(end - begin));
+  be_->copy_d2h(out, fp32_storage() + begin, sizeof(float) * size_t(end - begin));
 }
 
 void ParamSet::write_values(int64_t begin, int64_t end, const float* in) {
   bf16_written_.clear();  // fp32 values written without their bf16 copy
   check_range("write_values", begin, end, total_, be_);
-  be_->copy_h2d(data() + begin, in, sizeof(float) * size_t(end - begin));
+  be_->copy_h2d(fp32_storage() + begin, in, sizeof(float) * size_t(end - begin));
   settle_dropped(begin, end);
 }
 
@@ -264,7 +281,7 @@ void ParamSet::copy_values_from(const ParamSet& src) {
              "ParamSet::copy_values_from: a set of ", src.total_, " elements in ",
              src.infos_.size(), " parameters into one of ", total_, " in ", infos_.size());
   if (src.be_ == be_) {
-    src.copy_values_to(data(), 0, total_);
+    src.copy_values_to(fp32_storage(), 0, total_);
     settle_dropped(0, total_);
     return;
   }
@@ -286,7 +303,8 @@ std::map<std::string, Tensor> ParamSet::host_values() const {
       copy_values_to(t.data<float>(), p.offset, p.offset + p.numel);
       m[p.name] = t;
     } else if (be_->host_accessible()) {
-      m[p.name] = Tensor::view_of(const_cast<float*>(data()) + p.offset, p.shape, DType::F32);
+      m[p.name] =
+          Tensor::view_of(const_cast<float*>(fp32_storage()) + p.offset, p.shape, DType::F32);
     } else {
       Tensor t = Tensor::zeros(p.shape, DType::F32);
       read_values(p.offset, p.offset + p.numel, t.data<float>());
@@ -312,9 +330,7 @@ void ParamSet::store_values(const std::map<std::string, Tensor>& staged) {
 
 std::map<std::string, Tensor> ParamSet::tensors(const char* op) {
   if (!op) op = "ParamSet::tensors (host views of the parameters)";
-  float* base = host_data(op);
-  LOOM_CHECK(dropped_ == 0, op, ": ", dropped_,
-             " parameters keep no fp32 values (the bf16 policy's 2-byte weights); use host_values");
+  float* base = host_data(op);  // (refuses dropped parameters: use host_values)
   std::map<std::string, Tensor> m;
   for (auto& p : infos_) m[p.name] = Tensor::view_of(base + p.offset, p.shape, DType::F32);
   return m;
@@ -392,9 +408,10 @@ void ParamSet::settle_dropped(int64_t a, int64_t b) {
   if (dropped_ == 0) return;
   for_runs(a, b, [&](int64_t lo, int64_t hi, bool dropped) {
     if (!dropped) return;
-    be_->convert(values_bf16_.as<uint16_t>() + lo, DType::BF16, data() + lo, DType::F32, hi - lo);
+    be_->convert(values_bf16_.as<uint16_t>() + lo, DType::BF16, fp32_storage() + lo, DType::F32,
+                 hi - lo);
     note_bf16_written(lo, hi);
-    release_pages(data() + lo, hi - lo);
+    release_pages(fp32_storage() + lo, hi - lo);
   });
 }
 
@@ -405,7 +422,7 @@ void ParamSet::copy_values_to(float* dst, int64_t a, int64_t b) const {
       be_->convert(dst + (lo - a), DType::F32, values_bf16_.as<uint16_t>() + lo, DType::BF16,
                    hi - lo);
     else
-      be_->copy_d2d(dst + (lo - a), data() + lo, sizeof(float) * size_t(hi - lo));
+      be_->copy_d2d(dst + (lo - a), fp32_storage() + lo, sizeof(float) * size_t(hi - lo));
   });
 }
 
@@ -426,8 +443,8 @@ std::vector<std::string> ParamSet::keep_fp32() {
   std::vector<std::string> names;
   for (ParamInfo& p : infos_) {
     if (!p.fp32_dropped) continue;
-    be_->convert(data() + p.offset, DType::F32, values_bf16_.as<uint16_t>() + p.offset, DType::BF16,
-                 p.numel);
+    be_->convert(fp32_storage() + p.offset, DType::F32, values_bf16_.as<uint16_t>() + p.offset,
+                 DType::BF16, p.numel);
     p.fp32_dropped = false;
     names.push_back(p.name);
   }
@@ -456,7 +473,7 @@ void ParamSet::widen_rows(const std::string& name, const int32_t* ids, int64_t n
       for (int64_t i = 0; i < rows; ++i) local[p.global_index[i]] = i;
   }
   const uint16_t* src = values_bf16_.as<uint16_t>() + p.offset;
-  float* dst = data() + p.offset;
+  float* dst = fp32_storage() + p.offset;
   for (int64_t i = 0; i < n; ++i) {
     int64_t r = int64_t(ids[i]) - first;
     if (!contiguous) {
@@ -470,7 +487,7 @@ void ParamSet::widen_rows(const std::string& name, const int32_t* ids, int64_t n
 
 void ParamSet::release_fp32(const std::string& name) {
   const ParamInfo& p = info(name);
-  if (p.fp32_dropped) release_pages(data() + p.offset, p.numel);
+  if (p.fp32_dropped) release_pages(fp32_storage() + p.offset, p.numel);
 }
 
 }  // namespace loom

@@ -120,24 +120,46 @@ class ParamSet {
 
   int64_t total() const { return total_; }
   // The buffers on the backend's device: what ops take. Host code never dereferences these;
-  // it uses host_data / host_grad / host_ptr, or the staging copies above.
-  float* data() { return values_.as<float>(); }
+  // it uses host_data / host_grad / host_ptr, or the staging copies above. The value accessors
+  // (data, host_data, ptr, host_ptr) refuse, naming the parameter, once a parameter's fp32
+  // values are dropped (drop_fp32): its elements there read as zeros, never as its values.
+  float* data() { return check_kept("ParamSet::data()"), values_.as<float>(); }
   float* grad() { return grads_.as<float>(); }
-  const float* data() const { return values_.as<float>(); }
+  const float* data() const { return check_kept("ParamSet::data()"), values_.as<float>(); }
   const float* grad() const { return grads_.as<float>(); }
   // The same pointers for host code that reads or writes them in place: throws loom::Error
   // naming `op` and the backend when the host cannot touch the backend's memory.
-  float* host_data(const char* op) { return check_host(op), data(); }
+  float* host_data(const char* op) { return check_host(op), check_kept(op), values_.as<float>(); }
   float* host_grad(const char* op) { return check_host(op), grad(); }
-  const float* host_data(const char* op) const { return check_host(op), data(); }
+  const float* host_data(const char* op) const {
+    return check_host(op), check_kept(op), values_.as<float>();
+  }
   const float* host_grad(const char* op) const { return check_host(op), grad(); }
   float* host_ptr(const std::string& name, const char* op) {
-    return host_data(op) + info(name).offset;
+    check_host(op);
+    return values_.as<float>() + kept_info(name, op).offset;
   }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   const ParamInfo& info(const std::string& name) const;
   bool has(const std::string& name) const { return index_.count(name) > 0; }
-  float* ptr(const std::string& name) { return data() + info(name).offset; }
+  float* ptr(const std::string& name) {
+    return values_.as<float>() + kept_info(name, "ParamSet::ptr").offset;
+  }
+  const float* ptr(const std::string& name) const {
+    return values_.as<float>() + kept_info(name, "ParamSet::ptr").offset;
+  }
+  // The fp32 buffer as it is, dropped parameters included (their elements hold zeros, their
+  // pages released): for code that handles the dropped parameters itself (for_runs,
+  // fp32_dropped: the optimizer, the gathers, widen_rows' lookups) or only needs addresses (a
+  // weight's pointer as a key). Anything else takes data() / ptr(), which refuse.
+  float* fp32_storage() { return values_.as<float>(); }
+  const float* fp32_storage() const { return values_.as<float>(); }
+  float* fp32_storage_ptr(const std::string& name) {
+    return values_.as<float>() + info(name).offset;
+  }
+  const float* fp32_storage_ptr(const std::string& name) const {
+    return values_.as<float>() + info(name).offset;
+  }
   float* grad_ptr(const std::string& name) { return grad() + info(name).offset; }
   // The gradient a backward pass accumulates into: nullptr for a frozen parameter.
   float* trainable_grad_ptr(const std::string& name) {
@@ -207,6 +229,13 @@ class ParamSet {
 
  private:
   void check_host(const char* op) const;
+  // Throws naming `op` and a dropped parameter when any (check_kept) or `name` (kept_info) has
+  // its fp32 values dropped.
+  void check_kept(const char* op) const {
+    if (dropped_ > 0) refuse_dropped(op);
+  }
+  [[noreturn]] void refuse_dropped(const char* op) const;
+  const ParamInfo& kept_info(const std::string& name, const char* op) const;
   // fp32 values of [a, b) (backend memory) into the set: the fp32 buffer where kept, rounded
   // into the bf16 copy where dropped (the writers above).
   void settle_dropped(int64_t a, int64_t b);

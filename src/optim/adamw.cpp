@@ -86,7 +86,7 @@ void AdamW::write_model_range(int64_t a, int64_t b) {
       params_.note_bf16_written(lo, hi);
       return;
     }
-    float* model = params_.data() + lo;
+    float* model = params_.fp32_storage() + lo;  // (a kept run)
     be_.copy_d2d(model, src, sizeof(float) * (hi - lo));
     if (param_dtype_ == DType::F32) return;
     // On the backend: the model's buffer is device memory there (core's round_to is the
@@ -129,7 +129,8 @@ void AdamW::update(double lr, float grad_scale, const float* grad) {
     be_.adamw_to_bf16(w + k, grad + k, m() + k, v() + k, b - a, static_cast<float>(lr),
                       static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
                       static_cast<float>(cfg_.eps), wd, grad_scale, t_,
-                      p.fp32_dropped ? nullptr : params_.data() + a, copy ? copy + a : nullptr);
+                      p.fp32_dropped ? nullptr : params_.fp32_storage() + a,
+                      copy ? copy + a : nullptr);
     params_.note_bf16_written(a, b);
     written = std::max(written, b);
   }

@@ -252,7 +252,28 @@ void DataParallel::sync_model_from_master() {
 }
 
 void DataParallel::sync_master_from_model() {
-  if (opt_.zero == 0) adam_->sync_master_from_model();
+  if (opt_.zero != 0) return;
+  if (!P_.any_fp32_dropped()) return adam_->sync_master_from_model();
+  // (load_slices: the dropped parameters were loaded into the master; the kept ones copied.)
+  float* master = adam_->master();
+  P_.for_runs(0, total_, [&](int64_t a, int64_t b, bool dropped) {
+    if (!dropped) be_.copy_d2d(master + a, P_.fp32_storage() + a, sizeof(float) * size_t(b - a));
+  });
+}
+
+std::vector<StateSlice> DataParallel::load_slices() {
+  if (opt_.zero != 0 || !P_.any_fp32_dropped()) return param_slices();
+  // ZeRO-0 steps every dense parameter: its master is indexed like the flat buffer.
+  float* master = adam_->master();
+  LOOM_CHECK(master, "DataParallel::load_slices: dropped fp32 weights without an fp32 master");
+  std::vector<StateSlice> out;
+  for (const ParamInfo& p : P_.infos()) {
+    LOOM_CHECK(!p.fp32_dropped || p.offset + p.numel <= total_, p.name,
+               ": an expert weight without fp32 values");
+    float* base = p.fp32_dropped ? master : P_.fp32_storage();
+    out.push_back({p.name, Tensor::view_of(base + p.offset, p.shape, DType::F32), p.numel, 0});
+  }
+  return out;
 }
 
 std::vector<StateSlice> DataParallel::state_slices() {
@@ -275,15 +296,14 @@ std::vector<StateSlice> DataParallel::param_slices() {
   std::vector<StateSlice> out;
   if (opt_.zero == 0) {
     // (The 2-byte weights keep no fp32 values: widened from the bf16 copy, which holds the
-    // master rounded, as the fp32 model did. A copy, read only: a load into the model keeps
-    // the fp32 values first, ParamSet::keep_fp32.)
+    // master rounded, as the fp32 model did. A copy, read only: a load takes load_slices.)
     for (const ParamInfo& p : P_.infos()) {
       Tensor t;
       if (p.fp32_dropped) {
         t = Tensor::zeros(p.shape, DType::F32);
         P_.copy_values_to(t.data<float>(), p.offset, p.offset + p.numel);
       } else {
-        t = Tensor::view_of(P_.data() + p.offset, p.shape, DType::F32);
+        t = Tensor::view_of(P_.fp32_storage() + p.offset, p.shape, DType::F32);  // (kept)
       }
       out.push_back({p.name, t, p.numel, 0});
     }
@@ -308,7 +328,7 @@ std::vector<StateSlice> DataParallel::param_slices() {
 MemoryUse DataParallel::memory_use() const {
   MemoryUse u;
   // The whole flat buffer, the expert-parallel experts included.
-  u.params = resident_bytes(P_.data(), P_.total() * 4);
+  u.params = resident_bytes(P_.fp32_storage(), P_.total() * 4);
   if (P_.bf16_data()) u.params += resident_bytes(P_.bf16_data(), P_.total() * 2);
   u.grads = resident_bytes(P_.grad(), P_.total() * 4);
   for (const BackendBuffer* b : {&gshard_, &egshard_})

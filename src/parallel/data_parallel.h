@@ -122,13 +122,19 @@ class DataParallel : public Optimizer {
   // parameter whole (offset 0); ZeRO >= 1 the owned slice of each flattened parameter (from the
   // fp32 master when there is one). Restoring them, then sync_model_from_master(), resumes.
   std::vector<StateSlice> param_slices();
+  // The slices a load writes (a resume, train.pretrained, train.init_from): param_slices(),
+  // except at ZeRO-0 under the 2-byte weights (ParamSet::drop_fp32), where a dropped
+  // parameter, which has no fp32 values in the model to fill, is read straight into its fp32
+  // master: the load never rebuilds the model's fp32 container. Views, written in place.
+  std::vector<StateSlice> load_slices();
   // After loading the shard's master weights (ZeRO-3, or a separate master copy): refresh the
   // model's parameters from them everywhere.
   void sync_model_from_master() override;
-  // After param_slices() were written from outside with new weights (train.pretrained, an
+  // After load_slices() were written from outside with new weights (train.pretrained, an
   // imported checkpoint): under ZeRO-0 those slices are the model's own weights, so the master
-  // copy (bf16, fp16) takes them first; ZeRO >= 1's slices are the master itself. Then
-  // sync_model_from_master() puts them everywhere.
+  // copy (bf16, fp16) takes them first (the dropped parameters' slices were the master
+  // already); ZeRO >= 1's slices are the master itself. Then sync_model_from_master() puts
+  // them everywhere.
   void sync_master_from_model();
 
   // The reduced gradient of this rank's shard (ZeRO >= 1), for tests and inspection.
@@ -150,6 +156,9 @@ class DataParallel : public Optimizer {
   // of a bucket of n elements sends the n - own elements of the other ranks' blocks, an
   // all-reduce twice that, at the element size of the payload (4 for fp32, 2 for bf16).
   int64_t grad_wire_bytes() const { return reducer_->wire_bytes(); }
+  // The same for the parameter all-gathers of ZeRO >= 1 (0 at ZeRO-0): 2 bytes per element
+  // under the 2-byte weights (the bf16 copy gathered), 4 otherwise.
+  int64_t param_gather_wire_bytes() const { return gatherer_ ? gatherer_->wire_bytes() : 0; }
   // ZeRO-3: the most block units gathered (in flight or resident) at once since construction
   // or the last reset: at most the block in use and the prefetched next one.
   int max_gathered_units() const { return gatherer_ ? gatherer_->max_gathered_units() : 0; }

@@ -99,17 +99,27 @@ void ParamGatherer::gather_range_async(int64_t lo, int64_t hi, comm::Work* work,
   // so the copy goes on the wire (half the bytes); the parameters that keep fp32 values are
   // widened from it once gathered (widen_kept).
   if (P_.any_fp32_dropped()) {
+    count_wire(*counts, dp_.rank(), 2);
     *work = dp_.all_gather_async(P_.bf16_data() + lo, *counts, DType::BF16);
     return;
   }
+  count_wire(*counts, dp_.rank(), 4);
   *work = dp_.all_gather_async(P_.data() + lo, *counts, DType::F32);
+}
+
+void ParamGatherer::count_wire(const std::vector<int64_t>& counts, int rank, int64_t elem_bytes) {
+  int64_t others = 0;
+  for (size_t r = 0; r < counts.size(); ++r)
+    if (int(r) != rank) others += counts[r];
+  wire_bytes_ += elem_bytes * others;
 }
 
 void ParamGatherer::widen_kept(int64_t lo, int64_t hi) {
   if (!P_.any_fp32_dropped()) return;
   P_.for_runs(lo, hi, [&](int64_t a, int64_t b, bool dropped) {
     if (!dropped)
-      P_.backend().convert(P_.data() + a, DType::F32, P_.bf16_data() + a, DType::BF16, b - a);
+      P_.backend().convert(P_.fp32_storage() + a, DType::F32, P_.bf16_data() + a, DType::BF16,
+                           b - a);
   });
   P_.note_bf16_written(lo, hi);  // every rank's bits, as its optimizer wrote them
 }
@@ -133,6 +143,7 @@ void ParamGatherer::gather_piece_async(Piece& p) {
     return;
   }
   expert_adam_->write_model(p.lo, p.hi);
+  count_wire(p.counts, edp_->rank(), 4);
   p.work = edp_->all_gather_async(P_.data() + p.lo, p.counts, DType::F32);
 }
 

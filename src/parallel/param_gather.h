@@ -43,6 +43,11 @@ class ParamGatherer {
   void before(int layer, bool backward);
   void after(int layer, bool backward);
   int max_gathered_units() const { return max_gathered_; }
+  // Bytes of parameters this rank has put on the wire in its all-gathers since construction,
+  // counted as DataParallel::grad_wire_bytes counts them (a gather of n elements sends the
+  // n - own elements of the other ranks' blocks) at the payload's element size: 2 for the
+  // 2-byte weights' bf16 gather, 4 for fp32.
+  int64_t wire_bytes() const { return wire_bytes_; }
   void reset_max_gathered_units() { max_gathered_ = gathered_; }
 
  private:
@@ -64,6 +69,7 @@ class ParamGatherer {
   void build_units();
   void gather_range_async(int64_t lo, int64_t hi, comm::Work* work, std::vector<int64_t>* counts);
   void gather_piece_async(Piece& p);
+  void count_wire(const std::vector<int64_t>& counts, int rank, int64_t elem_bytes);
   // After a bf16 gather of [lo, hi): the parameters that keep fp32 values widened into them.
   void widen_kept(int64_t lo, int64_t hi);
   bool pipelined() const { return !model_.pipeline_stage().whole(); }
@@ -85,6 +91,7 @@ class ParamGatherer {
   std::vector<Unit> units_;
   std::vector<std::pair<int64_t, int64_t>> resident_;
   int gathered_ = 0, max_gathered_ = 0;  // units not Released now, and the peak
+  int64_t wire_bytes_ = 0;
 };
 
 }  // namespace loom::parallel

@@ -30,7 +30,7 @@ void Bf16Gemms::new_weights() {
   ++version_;
   const std::vector<ParamSet::Range> written =
       params_ ? params_->take_bf16_written() : std::vector<ParamSet::Range>{};
-  const float* base = params_ ? params_->data() : nullptr;
+  const float* base = params_ ? params_->fp32_storage() : nullptr;  // (addresses: keys)
   for (auto& [w, fresh] : fresh_) {
     fresh = false;
     if (!base || w < base || w >= base + params_->total()) continue;
@@ -44,8 +44,8 @@ const uint16_t* Bf16Gemms::weight(const float* w, int64_t n) {
   int64_t& size = sizes_[w];
   if (size != n) fresh = false;
   size = n;
-  const float* base = params_ ? params_->data() : nullptr;
-  if (base && w >= base && w + n <= base + params_->total()) {  // in the set's bf16 copy
+  const float* base = params_ ? params_->fp32_storage() : nullptr;  // (addresses: keys)
+  if (base && w >= base && w + n <= base + params_->total()) {      // in the set's bf16 copy
     uint16_t* c = params_->bf16_data() + (w - base);
     // A weight without fp32 values (ParamSet::drop_fp32): the copy is the weight itself.
     if (!fresh && params_->fp32_dropped_at(w - base)) fresh = true;

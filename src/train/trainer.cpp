@@ -116,26 +116,11 @@ void check_finite(const ParamSet& P, const std::string& where) {
       const uint16_t* b = P.bf16_data() + p.offset;
       for (int64_t i = 0; i < p.numel && finite; ++i) finite = (b[i] & 0x7f80u) != 0x7f80u;
     } else {
-      finite = P.backend().all_finite(P.data() + p.offset, p.numel);
+      finite = P.backend().all_finite(P.fp32_storage() + p.offset, p.numel);  // (kept)
     }
     LOOM_CHECK(finite, where, ": parameter '", p.name, "' holds non-finite values (NaN or inf)");
   }
 }
-
-// A load that fills the model's fp32 values in place (a checkpoint's restore, pretrained
-// weights) under the 2-byte weights (ParamSet::drop_fp32): the dropped parameters are widened
-// back for it and dropped again after (the loaded values rounded into the bf16 copy), so a
-// load holds the fp32 container for its duration only.
-struct Fp32KeptForLoad {
-  explicit Fp32KeptForLoad(ParamSet& p) : P(p), names(p.keep_fp32()) {}
-  ~Fp32KeptForLoad() {
-    if (!names.empty()) P.drop_fp32(names);
-  }
-  Fp32KeptForLoad(const Fp32KeptForLoad&) = delete;
-  Fp32KeptForLoad& operator=(const Fp32KeptForLoad&) = delete;
-  ParamSet& P;
-  std::vector<std::string> names;
-};
 
 // Weights in host tensors (a checkpoint's as read, before they go to the device).
 void check_finite(const ckpt::TensorList& host, const std::string& where) {
@@ -934,11 +919,10 @@ bool Trainer::resume_from(const std::string& path) {
 // Weights that are not finite are refused, naming the parameter, before anything else is read.
 void Trainer::restore(const ckpt::Checkpoint& c) {
   const int64_t optimizer_steps = restore_state(c);
-  Fp32KeptForLoad kept(model_->params());
   // Read into host memory (the buffers themselves on the CPU, staged copies on a device),
   // checked, then uploaded. (A failed read before left copies behind: not uploaded now.)
   staged_.clear();
-  const ckpt::TensorList model = stage(shard_list(dp_->param_slices()));
+  const ckpt::TensorList model = stage(shard_list(dp_->load_slices()));
   c.restore_model(model);
   check_finite(model, c.dir());
   c.restore_optim(stage(optim_list()));
@@ -1425,7 +1409,6 @@ ParamSet& Trainer::trained_params() {
 // The model's parameters from a checkpoint of the same model (a one-process or consolidated
 // checkpoint, or a Hugging Face import); nothing else of it is used.
 void Trainer::load_pretrained(const std::string& path) {
-  Fp32KeptForLoad kept(model_->params());
   ckpt::Checkpoint c(path);
   LOOM_CHECK(!c.state().extra.contains("layout"), c.dir(),
              ": a rank's checkpoint of a distributed run; consolidate the run's checkpoints first "
@@ -1483,7 +1466,7 @@ void Trainer::load_pretrained(const std::string& path) {
     unstage();
   } else {
     staged_.clear();
-    const ckpt::TensorList slices = stage(shard_list(dp_->param_slices()));
+    const ckpt::TensorList slices = stage(shard_list(dp_->load_slices()));
     ckpt::fill_from_whole(c, model_->params(), slices, {});
     check_finite(slices, c.dir());
     unstage();
@@ -1519,9 +1502,8 @@ void Trainer::start_from_one_process(const std::string& path) {
     return;
   }
   const int64_t optimizer_steps = restore_state(c, /*same_layout=*/false);
-  Fp32KeptForLoad kept(model_->params());
   staged_.clear();
-  ckpt::fill_from_whole(c, trained_params(), stage(shard_list(dp_->param_slices())),
+  ckpt::fill_from_whole(c, trained_params(), stage(shard_list(dp_->load_slices())),
                         stage(optim_list()));
   unstage();
   dp_->sync_model_from_master();

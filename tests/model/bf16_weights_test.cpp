@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <string>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -60,7 +62,7 @@ TEST(Bf16Weights, SetReadersAndWritersGoThroughTheCopy) {
   EXPECT_TRUE(P.fp32_dropped_at(P.info("w").offset + 5));
   EXPECT_FALSE(P.fp32_dropped_at(P.info("b").offset));
   const int64_t w_bytes = 4 * P.info("w").numel;
-  EXPECT_LE(parallel::resident_bytes(P.data() + P.info("w").offset, w_bytes), 2 * page());
+  EXPECT_LE(parallel::resident_bytes(P.fp32_storage_ptr("w"), w_bytes), 2 * page());
   std::vector<float> v = values_of(P);
   for (const ParamInfo& p : P.infos())
     for (int64_t i = 0; i < p.numel; ++i) {
@@ -72,7 +74,7 @@ TEST(Bf16Weights, SetReadersAndWritersGoThroughTheCopy) {
   std::vector<float> in(size_t(P.total()), 0.f);
   for (size_t i = 0; i < in.size(); ++i) in[i] = 1.f + 1e-3f * float(i % 1000);
   P.write_values(0, P.total(), in.data());
-  EXPECT_LE(parallel::resident_bytes(P.data() + P.info("w").offset, w_bytes), 2 * page());
+  EXPECT_LE(parallel::resident_bytes(P.fp32_storage_ptr("w"), w_bytes), 2 * page());
   v = values_of(P);
   const int64_t wo = P.info("w").offset;
   for (int64_t i = 0; i < P.info("w").numel; ++i) ASSERT_EQ(v[wo + i], round_bf16(in[wo + i]));
@@ -85,11 +87,11 @@ TEST(Bf16Weights, SetReadersAndWritersGoThroughTheCopy) {
   // widen_rows: the selected rows only, then returned.
   const int32_t ids[] = {3, 60};
   P.widen_rows("w", ids, 2);
-  EXPECT_EQ(P.data()[wo + 3 * 256 + 7], v[wo + 3 * 256 + 7]);
-  EXPECT_EQ(P.data()[wo + 60 * 256 + 9], v[wo + 60 * 256 + 9]);
-  EXPECT_EQ(P.data()[wo + 10 * 256], 0.f);
+  EXPECT_EQ(P.fp32_storage()[wo + 3 * 256 + 7], v[wo + 3 * 256 + 7]);
+  EXPECT_EQ(P.fp32_storage()[wo + 60 * 256 + 9], v[wo + 60 * 256 + 9]);
+  EXPECT_EQ(P.fp32_storage()[wo + 10 * 256], 0.f);
   P.release_fp32("w");
-  EXPECT_LE(parallel::resident_bytes(P.data() + wo, w_bytes), 2 * page());
+  EXPECT_LE(parallel::resident_bytes(P.fp32_storage() + wo, w_bytes), 2 * page());
   // keep_fp32: the values back in place, and the names to drop again.
   const std::vector<float> before = values_of(P);
   const std::vector<std::string> names = P.keep_fp32();
@@ -98,6 +100,69 @@ TEST(Bf16Weights, SetReadersAndWritersGoThroughTheCopy) {
   EXPECT_EQ(0, std::memcmp(before.data(), P.data(), 4 * size_t(P.total())));
   P.drop_fp32(names);
   EXPECT_EQ(values_of(P), before);
+}
+
+// The raw accessors of the fp32 values (data, ptr, host_data, host_ptr) refuse a dropped
+// parameter, naming it and the caller's operation, instead of handing out its zeros; a kept
+// parameter reads as before, and fp32_storage / fp32_storage_ptr give the storage explicitly.
+TEST(Bf16Weights, RawAccessorsRefuseDroppedParameters) {
+  ParamSet P;
+  P.add("w", {64, 256}, true, ParamInit::Normal, 1.f);
+  P.add("b", {256}, false, ParamInit::Normal, 1.f);
+  P.allocate();
+  P.init(3);
+  const std::vector<float> drawn = values_of(P);
+  P.allocate_bf16_copy();
+  P.drop_fp32({"w"});
+  const ParamSet& C = P;
+  const auto refuses = [](const std::function<void()>& f, const std::string& op) {
+    try {
+      f();
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("'w'"), std::string::npos) << m;
+      EXPECT_NE(m.find(op), std::string::npos) << m;
+      EXPECT_NE(m.find("keeps no fp32 values"), std::string::npos) << m;
+      return;
+    }
+    ADD_FAILURE() << op << " handed out a dropped parameter's zeros";
+  };
+  refuses([&] { P.ptr("w"); }, "ParamSet::ptr");
+  refuses([&] { C.ptr("w"); }, "ParamSet::ptr");
+  refuses([&] { P.host_ptr("w", "a host read"); }, "a host read");
+  refuses([&] { P.data(); }, "ParamSet::data()");
+  refuses([&] { C.data(); }, "ParamSet::data()");
+  refuses([&] { P.host_data("a whole-buffer read"); }, "a whole-buffer read");
+  refuses([&] { C.host_data("a const read"); }, "a const read");
+  refuses([&] { P.tensors("an export"); }, "an export");
+  // Kept parameters: their values, in place.
+  EXPECT_EQ(P.ptr("b")[5], drawn[P.info("b").offset + 5]);
+  EXPECT_EQ(P.host_ptr("b", "a test")[7], drawn[P.info("b").offset + 7]);
+  // The storage, asked for by name: the dropped parameter's zeros.
+  EXPECT_EQ(P.fp32_storage_ptr("w"), P.fp32_storage() + P.info("w").offset);
+  EXPECT_EQ(P.fp32_storage_ptr("w")[3], 0.f);
+  EXPECT_NE(drawn[P.info("w").offset + 3], 0.f);
+  // Kept again: every accessor reads the values.
+  P.keep_fp32();
+  EXPECT_EQ(P.ptr("w")[3], round_bf16(drawn[P.info("w").offset + 3]));
+  EXPECT_EQ(P.data(), P.fp32_storage());
+}
+
+// A Decoder whose linear weight is dropped but read by no GEMM recipe (the fp32 GEMM would
+// multiply by zeros) refuses the forward pass, naming the weight.
+TEST(Bf16Weights, ALinearWithoutRecipeRefusesADroppedWeight) {
+  Decoder m(small_bf16_model(Family::GPT2), cpu_backend(), Recompute::None, DType::BF16);
+  m.params().init(5);
+  m.params().allocate_bf16_copy();
+  m.params().drop_fp32({"blocks.0.mlp.fc.weight"});
+  const Data d = small_batch(2, 24, 11);
+  try {
+    m.forward_loss(d.input());
+    ADD_FAILURE() << "the forward pass read a dropped weight's zeros";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'blocks.0.mlp.fc.weight'"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Two models from the same weights, one with the fp32 values of its GEMM weights dropped:
@@ -148,7 +213,7 @@ TEST(Bf16Weights, TrainingWithoutFp32ValuesIsBitIdentical) {
     // The dropped parameters' fp32 pages (but the few they share with kept neighbours) are not
     // resident, after optimizer steps and embedding lookups.
     const int64_t rk_bytes = parallel::resident_bytes(K.data(), 4 * K.total());
-    const int64_t rd_bytes = parallel::resident_bytes(D.data(), 4 * D.total());
+    const int64_t rd_bytes = parallel::resident_bytes(D.fp32_storage(), 4 * D.total());
     EXPECT_GE(rk_bytes - rd_bytes, 4 * dropped - 2 * page() * runs);
     EXPECT_EQ(rk->weight_conversions(), int64_t(kept.linears().size()));
     EXPECT_EQ(rd->weight_conversions(), 0);  // the copy is the weight: never converted

@@ -534,6 +534,52 @@ TEST(TrainerDp, ReducedPrecisionPoliciesMatchOneProcess) {
   }
 }
 
+// ZeRO-1/2 under the bf16 policy's 2-byte weights gather the bf16 copy: 2 bytes per element on
+// the wire (DataParallel::param_gather_wire_bytes; 4 if the gather went back to fp32), and the
+// losses, gradient norms, bf16 weights and their widened values equal ZeRO-0's bit for bit
+// (ZeRO-0 all-gathers nothing). Two ranks and one micro-batch per step: a two-term gradient
+// sum has one value whichever collective takes it (ZeRO-2 reduces each micro-batch, so with
+// accumulation its sums would group the terms differently).
+TEST(TrainerDp, Bf16GatherOfZero12EqualsZero0BitForBit) {
+  if (W().size() != 2) GTEST_SKIP() << "bit identity with ZeRO-0 needs a two-rank sum";
+  const int steps = 3;
+  std::vector<StepResult> ref;
+  std::vector<uint16_t> ref_bits;
+  std::vector<float> ref_values;
+  for (int zero : {0, 1, 2}) {
+    Config c = config(runs.dir("bf16_gather_z" + std::to_string(zero)), steps, 1, zero);
+    c.set("precision.policy", "\"bf16\"", "test");
+    Trainer t(c);
+    const ParamSet& P = t.model().params();
+    if (!P.any_fp32_dropped()) GTEST_SKIP() << "no AVX512-BF16 here: no 2-byte weights";
+    parallel::DataParallel& dp = *t.data_parallel();
+    const int64_t before = dp.param_gather_wire_bytes();
+    std::vector<StepResult> got;
+    for (int s = 0; s < steps; ++s) got.push_back(t.train_step());
+    const int64_t bytes = dp.param_gather_wire_bytes() - before;
+    const std::vector<uint16_t> bits(P.bf16_data(), P.bf16_data() + P.total());
+    std::vector<float> values(size_t(P.total()));
+    P.read_values(0, P.total(), values.data());
+    if (zero == 0) {
+      EXPECT_EQ(bytes, 0);
+      ref = got;
+      ref_bits = bits;
+      ref_values = values;
+      continue;
+    }
+    // One gather of the whole buffer per step; this rank sends the elements it does not own.
+    const int64_t others = P.total() - (dp.shard_end() - dp.shard_begin());
+    ASSERT_GT(others, 0);
+    EXPECT_EQ(bytes, int64_t(steps) * 2 * others) << "ZeRO-" << zero;
+    for (int s = 0; s < steps; ++s) {
+      EXPECT_EQ(got[s].loss, ref[s].loss) << "ZeRO-" << zero << " step " << s;
+      EXPECT_EQ(got[s].grad_norm, ref[s].grad_norm) << "ZeRO-" << zero << " step " << s;
+    }
+    EXPECT_EQ(0, std::memcmp(bits.data(), ref_bits.data(), 2 * bits.size())) << "ZeRO-" << zero;
+    EXPECT_EQ(0, std::memcmp(values.data(), ref_values.data(), 4 * values.size())) << zero;
+  }
+}
+
 TEST(TrainerDp, ResumeIsBitIdenticalUnderTheSameLayout) {
   // (zero, tp, sp): DP layouts, and tensor + sequence parallel with ZeRO-1.
   for (auto [zero, tp, sp] :
