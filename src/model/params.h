@@ -195,8 +195,9 @@ class ParamSet {
   // the copy instead; readers (read_values, host_values, copy_values_to) widen it; code that
   // reads data() in place reads it widened on demand (widen_rows) or through the copy.
   void drop_fp32(const std::vector<std::string>& names);
-  // Every dropped parameter widened back into the fp32 buffer and kept there again (a load
-  // that fills the buffer in place); returns their names, for drop_fp32 after.
+  // Every dropped parameter widened back into the fp32 buffer and kept there again (for code
+  // that must fill the buffer in place; the trainer's loads do not: DataParallel::load_slices);
+  // returns their names, for drop_fp32 after.
   std::vector<std::string> keep_fp32();
   bool any_fp32_dropped() const { return dropped_ > 0; }
   // The elements of the set's layout in [a, b) in maximal runs of one kind: fn(lo, hi,
