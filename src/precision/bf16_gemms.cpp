@@ -107,12 +107,9 @@ void Bf16Gemms::forward(Backend&, float* y, ActIn x, const float* w, const float
   if (N == 0 || out == 0) return;
   const uint16_t* wb = weight(w, int64_t(out) * in);
   const uint16_t* xb = input(x, int64_t(N) * in);
-  float beta = 0.f;
-  if (b != nullptr) {  // y seeded with the bias (over the team), the GEMM adds onto it
-    cpu::broadcast_rows(y, b, N, out);
-    beta = 1.f;
-  }
-  cpu::gemm_bf16(false, true, N, out, in, 1.f, xb, in, wb, in, beta, y, out);
+  if (b != nullptr)  // the bias added in the GEMM's kernel: no seeding pass, no reading y
+    return cpu::gemm_bf16_bias(N, out, in, xb, in, wb, in, b, y, out);
+  cpu::gemm_bf16(false, true, N, out, in, 1.f, xb, in, wb, in, 0.f, y, out);
 }
 
 void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x,
