@@ -173,6 +173,17 @@ struct Backend {
         (void)weights, (void)grads;
     return false;
   }
+  // Optional, for the bf16 head whose GEMM writes its logits as bf16 bits (GemmRecipe::
+  // bf16_outputs): cross_entropy on those values, the gradient's bf16 bits (round to nearest
+  // even) replacing the logits in place with grads. N = 0 only answers whether it is provided.
+  // false (the default): not provided (nothing touched); the caller keeps fp32 logits.
+  virtual bool cross_entropy_from_bf16(float* losses, uint16_t* logits, const int32_t* targets,
+                                       int N, int V, float dloss, const float* weights,
+                                       bool grads) {
+    (void)losses, (void)logits, (void)targets, (void)N, (void)V, (void)dloss, (void)weights,
+        (void)grads;
+    return false;
+  }
 
   // Causal attention, tile by tile with an online softmax (memory linear in sequence length).
   // Tokens of `nseq` sequences are concatenated; sequence s spans [cu_seqlens[s],

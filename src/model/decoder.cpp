@@ -639,6 +639,10 @@ void Decoder::embed_backward(const ModelInput& in) {
   const int C = cfg_.d_model;
   float* gwte = grad_of("embed.wte");
   float* gwpe = cfg_.uses_positions_table() ? grad_of("embed.wpe") : nullptr;
+  // The end of the backward: gradients left to a writer that did not come (lazy zeroing: a
+  // linear without rows) become zeros now, before the lookup's gradient accumulates onto the
+  // table (which a tied head may not have overwritten) and before anyone reads them.
+  params_.settle_grads();
   // Frozen tables: nothing to accumulate (the same on every tensor-parallel rank, so the
   // gather below is skipped by all of them).
   if (!gwte && !gwpe) return;
@@ -812,13 +816,31 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   // place, and consumed by the head's backward before the next chunk overwrites them. Under
   // tensor parallelism each rank holds its vocabulary slice of every row's logits.
   const int chunk = head_chunk();
+  // bf16 with a recipe that writes bf16 outputs: the logits chunk is the GEMM's bf16 output (2
+  // bytes a logit, so a 256-row chunk of GPT-2's vocabulary stays in the L3), the loss reads
+  // it and the gradient's bits replace it in place, and the backward GEMMs read those bits: no
+  // fp32 logits and no rounding pass. Chosen by the policy and the recipe alone, never by the
+  // storage, so fp32 containers holding the rounded values (store_activations_as_fp32) run the
+  // same GEMM and stay bit-identical.
+  const bool bf16_logits =
+      act_dtype_ == DType::BF16 && H.bf16_outputs() &&
+      vocab_ops_->cross_entropy_from_bf16(nullptr, nullptr, nullptr, 0, dloss, nullptr, grads);
   for (int r0 = 0; r0 < N; r0 += chunk) {
     int n = std::min(chunk, N - r0);
     // An adapter on the head sees rows r0.. of the micro-batch, not rows 0.. (LoRA dropout
     // keys its mask by the token's row).
     H.first_row = r0;
-    H.local_forward(be_, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
     const float* w = b_->weights ? b_->weights + r0 : nullptr;
+    const ActIn x = b_->lnf.in(int64_t(r0) * C);
+    if (bf16_logits) {
+      auto* bits = reinterpret_cast<uint16_t*>(b_->logits);  // within the fp32 chunk's space
+      H.local_forward_bf16(be_, bits, x, n);
+      vocab_ops_->cross_entropy_from_bf16(b_->losses + r0, bits, b_->targets + r0, n, dloss, w,
+                                          grads);
+      if (grads) H.local_backward_bf16(be_, b_->dln + int64_t(r0) * C, bits, x, n);
+      continue;
+    }
+    H.local_forward(be_, b_->logits, x, n);
     // bf16: the logits' rounding, the loss and the gradient's rounding (with the bits the
     // head's bf16 GEMMs read) in one pass over each row where the backend fuses them.
     uint16_t* bits = grads && act_dtype_ == DType::BF16 && H.recipe
@@ -833,7 +855,7 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
     }
     if (grads) {
       if (!fused) round_grad(H, b_->logits, int64_t(n) * V);
-      H.local_backward(be_, b_->dln + int64_t(r0) * C, b_->logits, b_->lnf.in(int64_t(r0) * C), n);
+      H.local_backward(be_, b_->dln + int64_t(r0) * C, b_->logits, x, n);
     }
   }
   // One reduction on the device, one double back (fixed order: bit-reproducible).

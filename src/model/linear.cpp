@@ -55,6 +55,16 @@ void Linear::local_backward(Backend& be, float* dx, const float* dy, ActIn x, in
   }
 }
 
+void Linear::local_forward_bf16(Backend& be, uint16_t* y, ActIn x, int N) const {
+  LOOM_CHECK(bf16_outputs(), "local_forward_bf16: the layer has no bf16-output recipe");
+  recipe->forward_bf16(be, y, x, w, N, in, out);
+}
+
+void Linear::local_backward_bf16(Backend& be, float* dx, const uint16_t* dy, ActIn x, int N) const {
+  LOOM_CHECK(bf16_outputs(), "local_backward_bf16: the layer has no bf16-output recipe");
+  recipe->backward_bf16(be, dx, dw, dy, x, w, N, in, out);
+}
+
 void Linear::gather_input(const ActBuf& x, int N) const {
   if (split == Split::Column && tp) tp->gather_rows(x, N, in);
 }

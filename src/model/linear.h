@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 
@@ -79,6 +80,22 @@ class GemmRecipe {
     (void)n;
     return nullptr;
   }
+  // Whether forward_bf16 / backward_bf16 are provided: a layer without bias or adapter whose
+  // output the caller keeps as bf16 bits (the bf16 head's logits) is written by the GEMM as
+  // bf16 (round to nearest even of the fp32 sums) and its gradient read as bf16 bits, with no
+  // fp32 pass over it in between.
+  virtual bool bf16_outputs() const { return false; }
+  virtual void forward_bf16(Backend& be, uint16_t* y, ActIn x, const float* w, int N, int in,
+                            int out) {
+    (void)be, (void)y, (void)x, (void)w, (void)N, (void)in, (void)out;
+    LOOM_CHECK(false, "this GEMM recipe does not write bf16 outputs");
+  }
+  // backward() without db, dy given as bf16 bits.
+  virtual void backward_bf16(Backend& be, float* dx, float* dw, const uint16_t* dy, ActIn x,
+                             const float* w, int N, int in, int out) {
+    (void)be, (void)dx, (void)dw, (void)dy, (void)x, (void)w, (void)N, (void)in, (void)out;
+    LOOM_CHECK(false, "this GEMM recipe does not read bf16 output gradients");
+  }
 };
 
 struct Linear {
@@ -119,6 +136,11 @@ struct Linear {
   // One shard's computation without the edges: y = x W^T + b (+ adapter), and its backward.
   void local_forward(Backend& be, float* y, ActIn x, int N) const;
   void local_backward(Backend& be, float* dx, const float* dy, ActIn x, int N) const;
+  // The same with y and dy as bf16 bits, where bf16_outputs(): a recipe that provides them,
+  // no bias and no adapter (the bf16 head).
+  bool bf16_outputs() const { return recipe && recipe->bf16_outputs() && !b && !db && !adapter; }
+  void local_forward_bf16(Backend& be, uint16_t* y, ActIn x, int N) const;
+  void local_backward_bf16(Backend& be, float* dx, const uint16_t* dy, ActIn x, int N) const;
 
  private:
   // x's fp32 values over N rows: x itself, or widened into `widen` (or the host scratch).

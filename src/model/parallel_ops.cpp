@@ -40,6 +40,10 @@ class WholeVocab final : public VocabOps {
     return be_.cross_entropy_bf16(losses, logits, dlogit_bits, targets, n, V_, dloss, weights,
                                   grads);
   }
+  bool cross_entropy_from_bf16(float* losses, uint16_t* logits, const int32_t* targets, int n,
+                               float dloss, const float* weights, bool grads) override {
+    return be_.cross_entropy_from_bf16(losses, logits, targets, n, V_, dloss, weights, grads);
+  }
   float* logits_slot(float* full, int) override { return full; }
   void gather_logits(float*, int) override {}
 

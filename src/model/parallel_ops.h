@@ -68,6 +68,14 @@ class VocabOps {
         (void)weights, (void)grads;
     return false;
   }
+  // The same on logits the head's GEMM wrote as bf16 bits, the gradient's bits replacing them
+  // (Backend::cross_entropy_from_bf16), where this rank's vocabulary is whole and the backend
+  // provides it; n = 0 only answers whether it would. false: not done, nothing touched.
+  virtual bool cross_entropy_from_bf16(float* losses, uint16_t* logits, const int32_t* targets,
+                                       int n, float dloss, const float* weights, bool grads) {
+    (void)losses, (void)logits, (void)targets, (void)n, (void)dloss, (void)weights, (void)grads;
+    return false;
+  }
   // Logits of n rows for the caller: where this rank's head writes its [n, slice] (inside
   // `full` [n, vocab] with one rank), then gather_logits fills `full` from every rank's slice.
   virtual float* logits_slot(float* full, int n) = 0;

@@ -246,8 +246,19 @@ void ParamSet::draw_to_backend(uint64_t seed, int64_t begin, int64_t end, float*
 
 void ParamSet::zero_grad() {
   LOOM_CHECK(be_, "ParamSet::zero_grad: the parameters are not allocated");
-  be_->fill_bytes(grad(), 0, sizeof(float) * size_t(total_));
+  float* g = grad();
+  lazy_.zero(total_, [&](int64_t lo, int64_t hi) {
+    be_->fill_bytes(g + lo, 0, sizeof(float) * size_t(hi - lo));
+  });
   ++grad_zero_count_;
+}
+
+void ParamSet::settle_grads(int64_t lo, int64_t hi) {
+  if (!be_) return;
+  float* g = grad();
+  lazy_.settle(lo, hi, [&](int64_t a, int64_t b) {
+    be_->fill_bytes(g + a, 0, sizeof(float) * size_t(b - a));
+  });
 }
 
 static void check_range(const char* op, int64_t begin, int64_t end, int64_t total, bool allocated) {
@@ -271,6 +282,9 @@ void ParamSet::write_values(int64_t begin, int64_t end, const float* in) {
 
 void ParamSet::read_grads(int64_t begin, int64_t end, float* out) const {
   check_range("read_grads", begin, end, total_, be_);
+  // Lazily zeroed ranges still pending are zeros to every reader (filling them changes no
+  // value a reader can see, hence const).
+  const_cast<ParamSet*>(this)->settle_grads(begin, end);
   be_->copy_d2h(out, grad() + begin, sizeof(float) * size_t(end - begin));
 }
 
@@ -338,6 +352,7 @@ std::map<std::string, Tensor> ParamSet::tensors(const char* op) {
 
 std::map<std::string, Tensor> ParamSet::grad_tensors(const char* op) {
   float* base = host_grad(op ? op : "ParamSet::grad_tensors (host views of the gradients)");
+  settle_grads();
   std::map<std::string, Tensor> m;
   for (auto& p : infos_) m[p.name] = Tensor::view_of(base + p.offset, p.shape, DType::F32);
   return m;

@@ -15,6 +15,7 @@
 
 #include "core/tensor.h"
 #include "kernels/buffer.h"
+#include "model/grad_zeroing.h"
 
 namespace loom {
 
@@ -108,6 +109,18 @@ class ParamSet {
   // accumulate (the bf16 weight-gradient GEMMs skip reading dW: beta = 0). Only zero_grad()
   // advances it, so any other way of clearing gradients just keeps writers accumulating.
   uint64_t grad_zero_count() const { return grad_zero_count_; }
+  // Lazy zeroing (model/grad_zeroing.h): the gradient elements [lo, hi) are overwritten whole
+  // by their first write after each zero_grad() (the bf16 weight-gradient GEMMs), so
+  // zero_grad() skips them; their writer calls grad_overwritten before it writes, and every
+  // reader of gradients settles first (settle_grads: what is still pending becomes zeros).
+  // The set's own readers (read_grads, grad_tensors) settle themselves; the Decoder settles at
+  // the end of its backward, the data-parallel reducer per bucket, the optimizer step
+  // everything.
+  void allow_lazy_zero(int64_t lo, int64_t hi) { lazy_.allow(lo, hi); }
+  void grad_overwritten(int64_t lo, int64_t hi) { lazy_.overwritten(lo, hi); }
+  void settle_grads(int64_t lo, int64_t hi);
+  void settle_grads() { settle_grads(0, total_); }
+  bool grads_pending(int64_t lo, int64_t hi) const { return lazy_.pending(lo, hi); }
 
   // Host staging, whatever the device: the flat elements [begin, end) of the values (or the
   // gradients) copied to or from host memory through the backend (copy_d2h / copy_h2d).
@@ -250,6 +263,7 @@ class ParamSet {
   BackendBuffer values_bf16_;     // "parameters (bf16)": empty unless allocate_bf16_copy()
   std::vector<Range> bf16_written_;
   uint64_t grad_zero_count_ = 0;
+  GradZeroing lazy_;
   uint64_t bf16_write_count_ = 0;
   int dropped_ = 0;  // parameters with fp32_dropped
 };

@@ -179,6 +179,7 @@ void DataParallel::finish_micro() {
 }
 
 double DataParallel::grad_sq_local(const std::vector<double>& weights) const {
+  P_.settle_grads();  // (lazy zeroing: what no writer overwrote reads zero; usually nothing)
   const float* g = opt_.zero == 0 ? P_.grad() : gshard_.as<float>() - lo_;
   double sum = 0;
   const auto& infos = P_.infos();
@@ -233,6 +234,7 @@ void DataParallel::set_steps_taken(int64_t t) {
 }
 
 void DataParallel::step(double lr, float grad_scale) {
+  P_.settle_grads();  // (lazy zeroing: what no writer overwrote reads zero; usually nothing)
   expert_adam(lr, grad_scale);
   if (opt_.zero == 0) {
     adam_->update(lr, grad_scale, P_.grad());

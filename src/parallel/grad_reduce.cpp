@@ -80,6 +80,9 @@ float* GradReducer::reduce_target(Bucket& b) {
 
 void GradReducer::launch(Bucket& b) {
   b.launched = true;
+  // Lazy zeroing: the bucket's gradients that no writer overwrote this step (a linear without
+  // rows) read zero, not the previous step's values.
+  P_.settle_grads(b.lo, b.hi);
   ++started_;
   if (bf16()) {
     launch_bf16(b);

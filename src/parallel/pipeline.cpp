@@ -121,6 +121,9 @@ double PipelineRunner::run(const std::vector<ModelInput>& micro, float dloss) {
   const double total = now_seconds() - t_start;
   idle_ = total > 0 ? std::max(0.0, 1.0 - busy / total) : 0.0;
   // (A frozen embedding, LoRA's base, has no gradient to keep equal.)
+  // Every micro-batch's backward is done: lazily zeroed gradients nobody wrote are zeros now
+  // (a stage without the embedding never ran Decoder::embed_backward, which settles).
+  model_.params().settle_grads();
   if (tied_ && model_.params().info("embed.wte").trainable) {
     ParamSet& P = model_.params();
     const ParamInfo& e = P.info("embed.wte");

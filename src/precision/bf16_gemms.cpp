@@ -82,9 +82,15 @@ float Bf16Gemms::dw_beta(const float* dw, int64_t n) {
   const float* g = params_->grad();
   if (!g || dw < g || dw + n > g + params_->total()) return 1.f;
   const uint64_t zeroed = params_->grad_zero_count();
-  uint64_t& written = dw_written_[dw];  // 0 when never written: zero_grad() counts from 1
+  auto [it, first_use] = dw_written_.try_emplace(dw, 0);
+  uint64_t& written = it->second;  // 0 when never written: zero_grad() counts from 1
   const bool zero = zeroed > 0 && written != zeroed;
   written = zeroed;
+  // This GEMM is dW's first writer after every zero_grad() and writes it whole: zero_grad()
+  // may leave it to this write (lazy zeroing, ParamSet::allow_lazy_zero).
+  const int64_t at = dw - g;
+  if (first_use) params_->allow_lazy_zero(at, at + n);
+  if (zero) params_->grad_overwritten(at, at + n);
   return zero ? 0.f : 1.f;
 }
 
@@ -101,12 +107,9 @@ void Bf16Gemms::forward(Backend&, float* y, ActIn x, const float* w, const float
   if (N == 0 || out == 0) return;
   const uint16_t* wb = weight(w, int64_t(out) * in);
   const uint16_t* xb = input(x, int64_t(N) * in);
-  float beta = 0.f;
-  if (b != nullptr) {  // y seeded with the bias (over the team), the GEMM adds onto it
-    cpu::broadcast_rows(y, b, N, out);
-    beta = 1.f;
-  }
-  cpu::gemm_bf16(false, true, N, out, in, 1.f, xb, in, wb, in, beta, y, out);
+  if (b != nullptr)  // the bias added in the GEMM's kernel: no seeding pass, no reading y
+    return cpu::gemm_bf16_bias(N, out, in, xb, in, wb, in, b, y, out);
+  cpu::gemm_bf16(false, true, N, out, in, 1.f, xb, in, wb, in, 0.f, y, out);
 }
 
 void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x,
@@ -120,6 +123,13 @@ void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float*
     b_.resize(size_t(N) * out);
     cpu::f32_to_bf16_array(dy, b_.data(), b_.size());
   }
+  backward_gemms(dx, dw, b_.data(), x, w, N, in, out);
+  if (db != nullptr)  // column sums of dy, as the fp32 path computes them (x unused there)
+    cpu::matmul_backward(nullptr, nullptr, db, dy, nullptr, w, N, in, out);
+}
+
+void Bf16Gemms::backward_gemms(float* dx, float* dw, const uint16_t* dyb, ActIn x, const float* w,
+                               int N, int in, int out) {
   // A weight this large is the output head's (or a vocabulary slice of it), whose input
   // gradient runs once per chunk of rows: packed once per version, not once per chunk.
   constexpr int64_t kReusedWeight = int64_t(16) << 20;
@@ -129,16 +139,29 @@ void Bf16Gemms::backward(Backend&, float* dx, float* dw, float* db, const float*
     // recipe's versions count apart.
     const void* key = &sizes_.at(w);
     if (std::find(reused_.begin(), reused_.end(), key) == reused_.end()) reused_.push_back(key);
-    cpu::gemm_bf16_reused_b(N, in, out, b_.data(), out, wb, in, dx, in, key, weights_version());
+    cpu::gemm_bf16_reused_b(N, in, out, dyb, out, wb, in, dx, in, key, weights_version());
   } else if (dx != nullptr) {  // dx[N, in] = dy W
-    cpu::gemm_bf16(false, false, N, in, out, 1.f, b_.data(), out, weight(w, int64_t(out) * in), in,
-                   0.f, dx, in);
+    cpu::gemm_bf16(false, false, N, in, out, 1.f, dyb, out, weight(w, int64_t(out) * in), in, 0.f,
+                   dx, in);
   }
   if (dw != nullptr)  // dW[out, in] += dy^T x
-    cpu::gemm_bf16(true, false, out, in, N, 1.f, b_.data(), out, input(x, int64_t(N) * in), in,
+    cpu::gemm_bf16(true, false, out, in, N, 1.f, dyb, out, input(x, int64_t(N) * in), in,
                    dw_beta(dw, int64_t(out) * in), dw, in);
-  if (db != nullptr)  // column sums of dy, as the fp32 path computes them (x unused there)
-    cpu::matmul_backward(nullptr, nullptr, db, dy, nullptr, w, N, in, out);
+}
+
+void Bf16Gemms::forward_bf16(Backend&, uint16_t* y, ActIn x, const float* w, int N, int in,
+                             int out) {
+  dy_noted_ = nullptr;
+  if (N == 0 || out == 0) return;
+  const uint16_t* wb = weight(w, int64_t(out) * in);
+  cpu::gemm_bf16(false, true, N, out, in, 1.f, input(x, int64_t(N) * in), in, wb, in, 0.f, y, out);
+}
+
+void Bf16Gemms::backward_bf16(Backend&, float* dx, float* dw, const uint16_t* dy, ActIn x,
+                              const float* w, int N, int in, int out) {
+  dy_noted_ = nullptr;
+  if (N == 0) return;
+  backward_gemms(dx, dw, dy, x, w, N, in, out);
 }
 
 void drop_fp32_weights(Decoder& model) {

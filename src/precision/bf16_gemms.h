@@ -41,6 +41,12 @@ class Bf16Gemms : public GemmRecipe {
   void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                 const float* w, int N, int in, int out) override;
   uint16_t* dy_bits(const float* dy, int64_t n) override;
+  // The head's logits written as bf16 by the GEMM itself and their gradient read as bits.
+  bool bf16_outputs() const override { return true; }
+  void forward_bf16(Backend& be, uint16_t* y, ActIn x, const float* w, int N, int in,
+                    int out) override;
+  void backward_bf16(Backend& be, float* dx, float* dw, const uint16_t* dy, ActIn x, const float* w,
+                     int N, int in, int out) override;
   // The weights changed (optimizer step, checkpoint load): those the optimizer wrote into the
   // bf16 copy since the last call are current, the others are converted again on next use.
   void new_weights();
@@ -53,6 +59,9 @@ class Bf16Gemms : public GemmRecipe {
   // 0 when dw (n elements) is known to hold zeros (in the set's gradient, which zero_grad()
   // cleared since this recipe last wrote it), else 1; notes the write that follows.
   float dw_beta(const float* dw, int64_t n);
+  // backward()'s GEMMs with dy's bf16 bits at dyb.
+  void backward_gemms(float* dx, float* dw, const uint16_t* dyb, ActIn x, const float* w, int N,
+                      int in, int out);
   ParamSet* params_ = nullptr;
   std::unordered_map<const float*, std::vector<uint16_t>> weights_;  // outside params_
   std::unordered_map<const float*, bool> fresh_;

@@ -1,6 +1,7 @@
 // cpu::cross_entropy_bf16 (the bf16 head's fused pass) against the passes it replaces: the
 // logits rounded to bf16, cross_entropy, the gradient rounded with its bits stored; bit for bit,
-// with and without gradients, with per-row weights and an ignored row.
+// with and without gradients, with per-row weights and an ignored row; and its variant on logits
+// held as bf16 bits.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -44,6 +45,44 @@ TEST(CrossEntropyBf16, FusedPassEqualsRoundingAroundCrossEntropy) {
         }
         EXPECT_GT(loss[0], 0.f);
         EXPECT_EQ(loss[3], 0.f);
+      }
+    }
+  }
+}
+
+// cpu::cross_entropy_from_bf16 (the head whose GEMM wrote bf16 logits) against the fused fp32
+// pass on the same values widened: the same losses and, with gradients, the same gradient bits
+// written over the logits' bits in place; without gradients the logits are left as they were.
+TEST(CrossEntropyBf16, FromBf16BitsEqualsFusedPassOnWidenedLogits) {
+  for (int V : {97, 5000}) {
+    const int N = 9;
+    std::vector<uint16_t> logits(size_t(N) * V);
+    for (size_t i = 0; i < logits.size(); ++i)
+      logits[i] = f32_to_bf16(6.f * (uniform_at(9, 3, i) - 0.5f));
+    std::vector<float> weights(N);
+    for (int i = 0; i < N; ++i) weights[size_t(i)] = uniform_at(9, 4, uint64_t(i)) - 0.25f;
+    std::vector<int32_t> targets(N);
+    for (int i = 0; i < N; ++i) targets[size_t(i)] = (i * 41) % V;
+    targets[5] = -1;  // ignored row
+    for (bool grads : {false, true}) {
+      for (const float* w : std::vector<const float*>{nullptr, weights.data()}) {
+        std::vector<float> ref(logits.size()), ref_loss(N, -1.f);
+        cpu::bf16_to_f32_array(logits.data(), ref.data(), ref.size());
+        std::vector<uint16_t> ref_bits(ref.size());
+        cpu::cross_entropy_bf16(ref_loss.data(), ref.data(), ref_bits.data(), targets.data(), N, V,
+                                0.125f, w, grads);
+
+        std::vector<uint16_t> got = logits;
+        std::vector<float> loss(N, -1.f);
+        cpu::cross_entropy_from_bf16(loss.data(), got.data(), targets.data(), N, V, 0.125f, w,
+                                     grads);
+        for (int i = 0; i < N; ++i)
+          ASSERT_EQ(f32_bits(loss[size_t(i)]), f32_bits(ref_loss[size_t(i)])) << "row " << i;
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_EQ(got[i], grads ? ref_bits[i] : logits[i])
+              << "V " << V << " grads " << grads << " " << i;
+        EXPECT_GT(loss[0], 0.f);
+        EXPECT_EQ(loss[5], 0.f);
       }
     }
   }

@@ -336,6 +336,11 @@ class CpuBackend final : public Backend {
     cpu::cross_entropy_bf16(losses, logits, dlogit_bits, targets, N, V, dloss, weights, grads);
     return true;
   }
+  bool cross_entropy_from_bf16(float* losses, uint16_t* logits, const int32_t* targets, int N,
+                               int V, float dloss, const float* weights, bool grads) override {
+    if (N > 0) cpu::cross_entropy_from_bf16(losses, logits, targets, N, V, dloss, weights, grads);
+    return true;
+  }
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,
                          float scale) override {

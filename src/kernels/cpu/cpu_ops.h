@@ -56,6 +56,10 @@ void cross_entropy(float* losses, float* dlogits, const float* logits, const int
 // them rounded to bf16, its bits also in dlogit_bits when given; row by row, in cache.
 void cross_entropy_bf16(float* losses, float* logits, uint16_t* dlogit_bits, const int32_t* targets,
                         int N, int V, float dloss, const float* weights, bool grads);
+// cross_entropy on logits held as bf16 bits [N, V]; with grads the gradient's bf16 bits
+// (rounded to nearest even) replace them in place. Row by row, in cache.
+void cross_entropy_from_bf16(float* losses, uint16_t* logits, const int32_t* targets, int N, int V,
+                             float dloss, const float* weights, bool grads);
 // Vocabulary-slice ops (Backend's tensor-parallel block; vocab_slice.cpp).
 void embedding_forward_slice(float* out, const int32_t* ids, const float* table, int N, int C,
                              int v0, int V);

@@ -1,5 +1,6 @@
 // Fused softmax + cross-entropy over the vocabulary, with its gradient.
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cpu/bf16_convert.h"
@@ -82,6 +83,26 @@ void cross_entropy_bf16(float* losses, float* logits, uint16_t* dlogit_bits, con
     if (grads)
       round_bf16_array(x, dlogit_bits ? dlogit_bits + static_cast<int64_t>(i) * V : nullptr,
                        size_t(V));
+  }
+}
+
+// The bf16 head whose GEMM wrote the logits as bf16 (2 bytes: a 256-row chunk of GPT-2's
+// vocabulary fits the L3 where its fp32 form did not): each row widened into a per-thread fp32
+// row in cache, cross_entropy_row on it, and the gradient's bf16 bits written over the row's
+// logits. The same values as cross_entropy_bf16 on the widened logits (rounding a bf16 value
+// is exact), so the same bits.
+void cross_entropy_from_bf16(float* losses, uint16_t* logits, const int32_t* targets, int N, int V,
+                             float dloss, const float* weights, bool grads) {
+  check_targets(targets, N, V);
+#pragma omp parallel for schedule(static) if (worth_parallel(N, V))
+  for (int i = 0; i < N; ++i) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(V));
+    uint16_t* bits = logits + static_cast<int64_t>(i) * V;
+    bf16_to_f32_array(bits, row.data(), size_t(V));  // one thread's row: no nested team
+    cross_entropy_row(losses != nullptr ? losses + i : nullptr, grads ? row.data() : nullptr,
+                      row.data(), targets[i], V, weights != nullptr ? dloss * weights[i] : dloss);
+    if (grads) f32_to_bf16_array(row.data(), bits, size_t(V));
   }
 }
 

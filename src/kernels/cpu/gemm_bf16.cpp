@@ -182,6 +182,18 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   run(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, true, ldc, 0, 1);
 }
 
+void gemm_bf16_bias(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
+                    const float* bias, float* C, int ldc) {
+  check_args("gemm_bf16_bias", false, true, M, N, K, lda, ldb, ldc);
+  if (M == 0 || N == 0) return;
+  if (K > 0 && bf16_gemm_path() == Bf16GemmPath::OneDnn &&
+      detail::dnnl_gemm_bf16_bias(M, N, K, A, lda, B, ldb, bias, C, ldc))
+    return;
+  for (int r = 0; r < M; ++r)
+    std::copy(bias, bias + N, C + int64_t(r) * ldc);  // (as seeded before)
+  run(false, true, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 1.f, C, false, ldc, 0, 1);
+}
+
 void gemm_bf16_reused_b(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
                         float* C, int ldc, const void* key, uint64_t version) {
   check_args("gemm_bf16_reused_b", false, false, M, N, K, lda, ldb, ldc);

@@ -25,6 +25,12 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                int lda, const uint16_t* B, int ldb, float beta, uint16_t* C, int ldc);
 
+// C[M,N] = A[M,K] B^T + bias (B stored [N,K] row-major, bias [N] fp32, C fp32 overwritten): a
+// linear layer's forward. oneDNN adds the bias in its kernel (no pass seeding C with the bias
+// and no accumulation onto C); the fallback seeds C and accumulates, as a caller would.
+void gemm_bf16_bias(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
+                    const float* bias, float* C, int ldc);
+
 // `batch` independent GEMMs of one shape, matrix b at X + b * stride_x (attention heads, MoE
 // experts of equal size). A stride of 0 shares that operand across the batch.
 void gemm_bf16_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha,

@@ -28,12 +28,13 @@ using Dims = memory::dims;
 struct Key {
   bool trans_a = false, trans_b = false, c_bf16 = false;
   bool packed_b = false;  // B in the layout the primitive chooses (format any), packed by us
+  bool bias = false;      // an fp32 bias row [N] added to every row of C in the kernel
   int M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0, batch = 0, threads = 0;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   uint32_t alpha_bits = 0, beta_bits = 0;  // compared as bits, so equal keys hash equally
   auto fields() const {
-    return std::tie(trans_a, trans_b, c_bf16, packed_b, M, N, K, lda, ldb, ldc, batch, threads,
-                    stride_a, stride_b, stride_c, alpha_bits, beta_bits);
+    return std::tie(trans_a, trans_b, c_bf16, packed_b, bias, M, N, K, lda, ldb, ldc, batch,
+                    threads, stride_a, stride_b, stride_c, alpha_bits, beta_bits);
   }
   bool operator==(const Key& o) const { return fields() == o.fields(); }
 };
@@ -50,7 +51,7 @@ struct KeyHash {
 struct Entry {
   bool usable = false;  // false: oneDNN offered only a reference kernel or refused the layout
   dnnl::matmul prim;
-  memory::desc a_md, b_md, c_md, scratch_md;
+  memory::desc a_md, b_md, c_md, bias_md, scratch_md;
 };
 
 dnnl::engine& cpu_engine() {
@@ -76,6 +77,7 @@ std::shared_ptr<Entry> make_entry(const Key& k) {
   e->b_md = k.packed_b ? memory::desc(Dims{k.K, k.N}, dt::bf16, memory::format_tag::any)
                        : matrix_md(dt::bf16, k.batch, k.stride_b, k.K, k.N, k.trans_b, k.ldb);
   e->c_md = matrix_md(k.c_bf16 ? dt::bf16 : dt::f32, k.batch, k.stride_c, k.M, k.N, false, k.ldc);
+  if (k.bias) e->bias_md = memory::desc(Dims{1, k.N}, dt::f32, Dims{k.N, 1});
   try {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -85,8 +87,10 @@ std::shared_ptr<Entry> make_entry(const Key& k) {
       ops.append_sum(bits_f32(k.beta_bits));
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->a_md, e->b_md, e->c_md), attr,
-                                          cpu_engine());
+    const dnnl::matmul::desc desc = k.bias
+                                        ? dnnl::matmul::desc(e->a_md, e->b_md, e->bias_md, e->c_md)
+                                        : dnnl::matmul::desc(e->a_md, e->b_md, e->c_md);
+    const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
     const std::string impl = pd.impl_info_str();
     if (impl.rfind("ref", 0) == 0) {
       log_warn("bf16 GEMM: oneDNN has only its reference kernel (", impl, ") for M=", k.M,
@@ -183,7 +187,7 @@ struct PackedB {
 bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
              int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b, float beta,
              void* C, bool c_bf16, int ldc, int64_t stride_c, int batch, bool one_thread_forced,
-             bool check_only = false, PackedB* packed = nullptr) {
+             bool check_only = false, PackedB* packed = nullptr, const float* bias = nullptr) {
   Key key;
   key.trans_a = trans_a;
   key.trans_b = trans_b;
@@ -196,6 +200,7 @@ bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
   key.ldc = ldc;
   key.batch = batch;
   key.packed_b = packed != nullptr;
+  key.bias = bias != nullptr;
   // Inside a parallel region oneDNN runs on the calling thread alone; small GEMMs are run
   // there too (see kSingleThreadedWork), by lowering the OpenMP thread count while the
   // primitive is created and run.
@@ -232,9 +237,10 @@ bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
     }
     memory c(e->c_md, engine, C);
     memory s(e->scratch_md, engine, scratchpad(e->scratch_md.get_size()));
-    e->prim.execute(
-        stream,
-        {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, s}});
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, s}};
+    if (bias) args.emplace(DNNL_ARG_BIAS, memory(e->bias_md, engine, const_cast<float*>(bias)));
+    e->prim.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& err) {
     throw Error(cat("bf16 GEMM: oneDNN matmul M=", M, " N=", N, " K=", K, " failed: ", err.what()));
@@ -348,6 +354,12 @@ bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
                                    ldc);
   return run_one(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C,
                  c_bf16, ldc, stride_c, batch, false);
+}
+
+bool dnnl_gemm_bf16_bias(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
+                         int ldb, const float* bias, float* C, int ldc) {
+  return run_one(false, true, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 0.f, C, false, ldc, 0, 1, false,
+                 false, nullptr, bias);
 }
 
 }  // namespace loom::cpu::detail

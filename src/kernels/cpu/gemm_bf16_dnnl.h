@@ -24,5 +24,8 @@ bool dnnl_gemm_bf16_reused_b(int M, int N, int K, const uint16_t* A, int lda, co
                              int ldb, float* C, int ldc, const void* key, uint64_t version);
 // Frees the packed copy kept under `key` (nothing when there is none).
 void dnnl_release_reused_b(const void* key);
+// C[M,N] = A[M,K] B^T + bias (B stored [N,K]), the bias added in the kernel.
+bool dnnl_gemm_bf16_bias(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
+                         int ldb, const float* bias, float* C, int ldc);
 
 }  // namespace loom::cpu::detail

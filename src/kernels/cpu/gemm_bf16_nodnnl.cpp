@@ -18,5 +18,9 @@ bool dnnl_gemm_bf16_reused_b(int, int, int, const uint16_t*, int, const uint16_t
   return false;
 }
 void dnnl_release_reused_b(const void*) {}
+bool dnnl_gemm_bf16_bias(int, int, int, const uint16_t*, int, const uint16_t*, int, const float*,
+                         float*, int) {
+  return false;
+}
 
 }  // namespace loom::cpu::detail
