@@ -334,12 +334,13 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void gemv_tile_fp8_vbmi(
 }
 
 // Rows per tile of a single input (gemv_tile_avx512 with MB = 1): 8 for 1-byte weights (8
-// chains), 4 for bf16 and fp32. Wider rows in a tile of 8 made the tile and the next one it
-// prefetches 24-48 KB at K = 768, past half of L1 (32 KB): bf16's GEMV streamed at 100% of
-// the read bandwidth where int8's tile of 6 KB went past it, and 4 rows gave every layer's
-// best call 2-5% faster (bf16) and ~10% (fp32), measured alternating in one process (slow
-// memory state); 4 chains still hide the FMA latency, since 2- and 4-byte weights are
-// read-bound well before the FMA port is.
+// chains), 4 for bf16 and fp32. With 8 rows of wider weights the tile and the next one it
+// prefetches were 24 KB (bf16) and 48 KB (fp32) at K = 768, against int8's 12 KB, whose GEMV
+// reads at the probe: near or past Zen 4's 32 KB L1, so prefetched lines were evicted before
+// use. 4 rows made the sum of every layer's best call 3-5% faster for bf16 and up to ~10% for
+// fp32 (slow memory state; none for fp32 in the fast one), measured alternating with 8 rows
+// (docs/serving.md, s27-decode). 4 chains still hide the FMA latency: 2- and 4-byte weights
+// are read-bound well before the FMA port is.
 template <typename W>
 constexpr int kSingleInputRows = sizeof(W) == 1 ? 8 : 4;
 
