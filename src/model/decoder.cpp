@@ -243,7 +243,25 @@ Linear Decoder::linear(const std::string& prefix, int in, int out, Linear::Split
   return lin;
 }
 
+Decoder::LayerParamsKey Decoder::layer_params_key() {
+  return {params_.layout_version(), attach_generation_, params_.data(), params_.grad(), tpo_.get()};
+}
+
 Decoder::LayerParams Decoder::layer_params(int l) {
+  const LayerParamsKey key = layer_params_key();
+  if (!(key == layer_params_built_) || layer_params_cache_.size() != size_t(cfg_.n_layer)) {
+    layer_params_cache_.assign(size_t(cfg_.n_layer), LayerParams{});
+    layer_params_valid_.assign(size_t(cfg_.n_layer), 0);
+    layer_params_built_ = key;
+  }
+  if (!layer_params_valid_[size_t(l)]) {
+    layer_params_cache_[size_t(l)] = build_layer_params(l);
+    layer_params_valid_[size_t(l)] = 1;
+  }
+  return layer_params_cache_[size_t(l)];
+}
+
+Decoder::LayerParams Decoder::build_layer_params(int l) {
   const std::string p = "blocks." + std::to_string(l) + ".";
   const int C = cfg_.d_model;
   LayerParams lp;
@@ -285,6 +303,7 @@ static void check_linear_name(const std::vector<Decoder::LinearInfo>& all,
 
 void Decoder::attach_adapter(const std::string& name, LinearAdapter* adapter) {
   check_linear_name(linears(), name);
+  ++attach_generation_;  // layer_params' cache holds the old attachment
   if (adapter)
     adapters_[name] = adapter;
   else
@@ -293,6 +312,7 @@ void Decoder::attach_adapter(const std::string& name, LinearAdapter* adapter) {
 
 void Decoder::attach_recipe(const std::string& name, GemmRecipe* recipe) {
   check_linear_name(linears(), name);
+  ++attach_generation_;
   if (recipe)
     recipes_[name] = recipe;
   else

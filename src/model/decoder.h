@@ -257,7 +257,11 @@ class Decoder {
   };
 
   void build_params();
+  // Layer l's parameters: built once and kept (per token a decode step would otherwise build
+  // ~12 names and make ~24 string-keyed look-ups per layer), rebuilt when anything they are
+  // made from may have changed (layer_params_key()).
   LayerParams layer_params(int l);
+  LayerParams build_layer_params(int l);
   Norm norm_params(const std::string& prefix);
   // With what is attached to it, and its split over the tensor-parallel group.
   Linear linear(const std::string& prefix, int in, int out, Linear::Split split);
@@ -396,6 +400,20 @@ class Decoder {
   ForwardAttention* attention_override_ = nullptr;  // during forward_logits only
   std::map<std::string, LinearAdapter*> adapters_;
   std::map<std::string, GemmRecipe*> recipes_;
+  // layer_params' cache and what it was built from: the parameter set's layout version (names,
+  // buffers, trainable flags), its buffers, the tensor-parallel ops, and attach_generation_
+  // (advanced by every attach_adapter / attach_recipe).
+  struct LayerParamsKey {
+    uint64_t layout = 0, attach = 0;
+    const float *data = nullptr, *grad = nullptr;
+    const void* tpo = nullptr;
+    bool operator==(const LayerParamsKey&) const = default;
+  };
+  LayerParamsKey layer_params_key();
+  uint64_t attach_generation_ = 0;
+  LayerParamsKey layer_params_built_;
+  std::vector<LayerParams> layer_params_cache_;
+  std::vector<char> layer_params_valid_;
 };
 
 }  // namespace loom

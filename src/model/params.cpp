@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <unordered_map>
 #include <utility>
@@ -12,6 +13,11 @@
 #include "core/rng.h"
 
 namespace loom {
+
+uint64_t ParamSet::next_layout_version() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
+}
 
 void ParamSet::add(const std::string& name, const Shape& shape, bool decay, ParamInit init,
                    float std) {
@@ -29,6 +35,7 @@ void ParamSet::add(const std::string& name, const Shape& shape, bool decay, Para
   total_ = p.offset + p.numel;
   index_[name] = infos_.size();
   infos_.push_back(p);
+  layout_changed();
 }
 
 void ParamSet::allocate(Backend& be) {
@@ -37,6 +44,7 @@ void ParamSet::allocate(Backend& be) {
   values_ = BackendBuffer::zeroed(be, bytes, "parameters");
   grads_ = BackendBuffer::zeroed(be, bytes, "gradients");
   be_ = &be;
+  layout_changed();
 }
 
 void ParamSet::allocate_bf16_copy() {
@@ -111,6 +119,7 @@ void ParamSet::set_shard(const std::string& name, const Shape& global_shape, int
   p.global_shape = global_shape;
   p.shard_dim = dim;
   p.global_index = std::move(global_index);
+  layout_changed();
 }
 
 void ParamSet::set_inner_shard(const std::string& name, int dim, std::vector<int64_t> inner_index) {
@@ -124,18 +133,21 @@ void ParamSet::set_inner_shard(const std::string& name, int dim, std::vector<int
              ": one global row per local row");
   p.inner_dim = dim;
   p.inner_index = std::move(inner_index);
+  layout_changed();
 }
 
 void ParamSet::mark_expert(const std::string& name) {
   auto it = index_.find(name);
   LOOM_CHECK(it != index_.end(), "no parameter named '", name, "'");
   infos_[it->second].expert = true;
+  layout_changed();
 }
 
 void ParamSet::set_trainable(const std::string& name, bool trainable) {
   auto it = index_.find(name);
   LOOM_CHECK(it != index_.end(), "no parameter named '", name, "'");
   infos_[it->second].trainable = trainable;
+  layout_changed();
 }
 
 bool ParamSet::any_frozen() const {

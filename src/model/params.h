@@ -78,6 +78,12 @@ class ParamSet {
   // Freezes (or unfreezes) a parameter; any time, since it only steers backward.
   void set_trainable(const std::string& name, bool trainable);
   bool any_frozen() const;
+  // Changes whenever what ptr(), grad_ptr(), trainable_grad_ptr() or has() answer may change
+  // (add, allocate, set_trainable, the shard and expert marks): a reader that caches those
+  // pointers (Decoder's per-layer parameters) rebuilds them when it differs. Drawn from one
+  // process-wide counter, so two sets (or a set and its copy made before a change) never share
+  // a value by accident.
+  uint64_t layout_version() const { return layout_version_; }
   // Marks a 3-D expert shard (set_shard along dim 0 first) as split inside each expert too.
   void set_inner_shard(const std::string& name, int dim, std::vector<int64_t> inner_index);
   // After every add(): zero-filled values and grads allocated on `be` (Backend::alloc_zeroed:
@@ -266,6 +272,9 @@ class ParamSet {
   GradZeroing lazy_;
   uint64_t bf16_write_count_ = 0;
   int dropped_ = 0;  // parameters with fp32_dropped
+  uint64_t layout_version_ = next_layout_version();
+  static uint64_t next_layout_version();
+  void layout_changed() { layout_version_ = next_layout_version(); }
 };
 
 }  // namespace loom

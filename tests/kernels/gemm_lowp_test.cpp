@@ -109,8 +109,8 @@ TEST(GemmLowp, Int8QuantisationIsBoundedAndTheProductMatchesTheReference) {
   }
 }
 
-// The AVX-512 kernel works on tiles (8 rows of one input; 4 rows of up to 4 inputs; then single
-// rows) that must each sum in the scalar loop's order: every M of a decode batch, row counts
+// The AVX-512 kernel works on tiles (8 or 4 rows of one input; 4 rows of up to 4 inputs; then
+// single rows) that must each sum in the scalar loop's order: every M of a decode batch, row counts
 // with every tail, K with and without a tail, every weight type; and prefill chunks (M 17, 33)
 // widen their weight blocks to the same values.
 TEST(GemmLowp, Avx512AndScalarLoopsGiveTheSameBits) {

@@ -333,8 +333,19 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void gemv_tile_fp8_vbmi(
   }
 }
 
+// Rows per tile of a single input (gemv_tile_avx512 with MB = 1): 8 for 1-byte weights (8
+// chains), 4 for bf16 and fp32. With 8 rows of wider weights the tile and the next one it
+// prefetches were 24 KB (bf16) and 48 KB (fp32) at K = 768, against int8's 12 KB, whose GEMV
+// reads at the probe: near or past Zen 4's 32 KB L1, so prefetched lines were evicted before
+// use. 4 rows made the sum of every layer's best call 3-5% faster for bf16 and up to ~10% for
+// fp32 (slow memory state; none for fp32 in the fast one), measured alternating with 8 rows
+// (docs/serving.md, s27-decode). 4 chains still hide the FMA latency: 2- and 4-byte weights
+// are read-bound well before the FMA port is.
+template <typename W>
+constexpr int kSingleInputRows = sizeof(W) == 1 ? 8 : 4;
+
 // Inputs in blocks of up to 4 (16 accumulators for 4 rows: 21 of the 32 vector registers with
-// the inputs and the weight); a single input takes 8 rows at a time (8 chains).
+// the inputs and the weight); a single input takes kSingleInputRows rows at a time.
 template <typename W, int R>
 __attribute__((target("avx512f,avx512bw"))) void gemv_rowblock_avx512(float* y, const float* x,
                                                                       const W* w,
@@ -374,9 +385,10 @@ __attribute__((target("avx512f,avx512bw"))) void gemv_rows_avx512(float* y, cons
   if constexpr (std::is_same_v<W, uint8_t>)
     if (M == 1 && g_vbmi.load(std::memory_order_relaxed))
       for (; n + 8 <= n1; n += 8) gemv_tile_fp8_vbmi<8>(y, x, w, scale, b, K, N, n, more(n + 8));
+  constexpr int R1 = kSingleInputRows<W>;
   if (M == 1)
-    for (; n + 8 <= n1; n += 8)
-      gemv_tile_avx512<W, 8, 1>(y, x, w, scale, b, K, N, n, 0, more(n + 8));
+    for (; n + R1 <= n1; n += R1)
+      gemv_tile_avx512<W, R1, 1>(y, x, w, scale, b, K, N, n, 0, more(n + R1));
   for (; n + 4 <= n1; n += 4)
     gemv_rowblock_avx512<W, 4>(y, x, w, scale, b, M, K, N, n, more(n + 4));
   for (; n < n1; ++n) gemv_rowblock_avx512<W, 1>(y, x, w, scale, b, M, K, N, n, more(n + 1));
