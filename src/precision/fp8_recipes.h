@@ -62,7 +62,11 @@ struct Fp8Options {
 class Fp8Linear : public GemmRecipe {
  public:
   enum Tensor { X = 0, W = 1, DY = 2 };
-  Fp8Linear(const Fp8Options& o, comm::Communicator* tp);
+  // params (nullable): the set holding the layer's weight and gradient. Where its fp32 values
+  // are dropped (drop_fp32_weights: the bf16 copy is the weight) W is quantised from that copy,
+  // half the bytes of fp32 (the same values); a gradient it knows to be zeroed is written
+  // rather than accumulated (no pass adding the GEMM's result onto zeros).
+  Fp8Linear(const Fp8Options& o, comm::Communicator* tp, ParamSet* params = nullptr);
 
   void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
                int out) override;
@@ -101,20 +105,33 @@ class Fp8Linear : public GemmRecipe {
     bool seen = false;
   };
   float tp_max(float amax) const;
-  // Per-tensor: amax of t's values now (recorded for delayed), and the scale to use.
-  float tensor_scale(Tensor t, const float* v, int64_t n);
+  // Per-tensor: t's values v (fp32, or bf16 bits) quantised into out, returning the scale used:
+  // current scaling from their amax now (TP-reduced; a first pass), delayed scaling with the
+  // step's scale, recording their amax in the same pass. `again`: the tensor quantised a second
+  // time in the step (x for wgrad): no amax recorded, no state changed.
+  template <typename In>
+  float quantise_tensor(Tensor t, const In* v, int64_t n, uint16_t* out, bool again = false);
+  // x as the recipe reads it: the stored bf16 bits, or fp32 values.
+  template <typename Fn>
+  void with_input(ActIn x, Fn&& fn) const;
   void quantise_weight(const float* w, int in, int out);
+  // W's bf16 copy in the parameter set where its fp32 values are dropped, else null.
+  const uint16_t* weight_bf16(const float* w, int64_t n) const;
+  // 0 when dw (n elements) is known to hold zeros (params_' gradient, zeroed since this layer
+  // last wrote it), else 1; notes the write that follows (Bf16Gemms::dw_beta's rule).
+  float dw_beta(const float* dw, int64_t n);
 
   Fp8Options opt_;
   cpu::Fp8Format fwd_, bwd_;
   comm::Communicator* tp_;
+  ParamSet* params_;
+  uint64_t dw_written_ = 0;  // params_->grad_zero_count() at this layer's last dW write
   State state_[3];
   bool fresh_ = false;
   bool record_ = true;
   const float* wptr_ = nullptr;
   std::vector<uint16_t> wq_, wq_t_;  // W's fp8 values in bf16 (MX: blocks along in / along out)
-  std::vector<uint16_t> a_, b_, c_;  // scratch: quantised x, dy, and (MX) x/dy blocked along N
-  std::vector<float> x32_;           // x widened from bf16 storage
+  std::vector<uint16_t> a_, b_;      // scratch: quantised x and dy (grown, kept between calls)
 };
 
 // Delayed scaling's checkpoint state as Fp8Recipes::state() writes it: the recipe, the history

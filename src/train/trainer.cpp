@@ -438,9 +438,9 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   // Linear::widen, and the GPU multiplies on the tensor cores of the policy's type.)
   // The 2-byte weights: what the bf16 GEMMs read keeps no fp32 values in the model (the bf16
   // copy and the optimizer's master are its copies); not under LoRA (the frozen base is read
-  // by the adapters' merge and export) nor FP8 (its recipes replace these on the linears and
-  // quantise the fp32 weights).
-  if (bf16_gemms_ && !lora_ && !fp8_opt) drop_fp32_weights(*model_);
+  // by the adapters' merge and export). FP8's CPU recipes quantise such weights from the bf16
+  // copy (the same values, half the bytes).
+  if (bf16_gemms_ && !lora_) drop_fp32_weights(*model_);
   // FP8: the CPU recipe on the host, the GPU one on a device (the same keys select both).
   if (fp8_opt && be_->host_accessible()) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   if (fp8_opt && !be_->host_accessible())
