@@ -425,11 +425,58 @@ ColScratch& col_scratch(int64_t C) {
   return s;
 }
 
+#if defined(__x86_64__)
+LOOM_AVX512 inline uint32_t hmax_epu32(__m512i v) {
+  const __m256i m = _mm256_max_epu32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  __m128i q = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0x4E));
+  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0xB1));
+  return uint32_t(_mm_cvtsi128_si32(q));
+}
+
+// mx_row_blocks with each block of 32 held in two registers: its amax, scale and elements
+// without a round trip through memory (the same operations as the portable loop: same bits).
+template <typename In>
+LOOM_AVX512 void mx_row_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, int64_t r0,
+                                      int64_t r1, int cols, int ld, uint8_t* scales, uint8_t* codes,
+                                      uint16_t* deq) {
+  const __m512i abs = _mm512_set1_epi32(int(kAbs));
+  const int64_t C = cols;
+  const int nb = (cols + 31) / 32;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int b = 0; b < nb; ++b) {
+      const int c0 = b * 32, k = std::min(32, cols - c0);
+      const __mmask16 l0 = static_cast<__mmask16>(k >= 16 ? 0xFFFFu : (1u << k) - 1u);
+      const __mmask16 l1 = static_cast<__mmask16>(k >= 32  ? 0xFFFFu
+                                                  : k > 16 ? (1u << (k - 16)) - 1u
+                                                           : 0u);
+      const In* xr = x + r * ld + c0;
+      const __m512 v0 = load16(xr, l0), v1 = load16(xr + 16, l1);
+      const uint32_t a =
+          hmax_epu32(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), abs),
+                                      _mm512_and_si512(_mm512_castps_si512(v1), abs)));
+      const uint8_t s = e8m0_block_scale(bits_f32(a), f);
+      if (scales) scales[r * nb + b] = s;
+      float mult, X;
+      block_factors(s, &mult, &X);
+      const __m512 mv = _mm512_set1_ps(mult), Xv = _mm512_set1_ps(X);
+      const int64_t o = r * C + c0;
+      elems16(F, v0, mv, Xv, true, l0, codes ? codes + o : nullptr, deq ? deq + o : nullptr);
+      if (l1)
+        elems16(F, v1, mv, Xv, true, l1, codes ? codes + o + 16 : nullptr,
+                deq ? deq + o + 16 : nullptr);
+    }
+}
+#endif
+
 // Rows [r0, r1) of x with blocks of 32 along the columns (mx_quantize, along_rows = false).
 template <typename In>
 void mx_row_blocks(Fp8Format f, const In* x, int64_t r0, int64_t r1, int cols, int ld,
                    uint8_t* scales, uint8_t* codes, uint16_t* deq) {
   const Fmt& F = fmt(f);
+#if defined(__x86_64__)
+  if (avx512()) return mx_row_blocks_avx512(F, f, x, r0, r1, cols, ld, scales, codes, deq);
+#endif
   const int64_t C = cols;
   const int nb = (cols + 31) / 32;
   float mult[32], X[32];
