@@ -270,11 +270,20 @@ void Fp8Linear::quantise_weight(const float* w, int in, int out) {
   fresh_ = true;
 }
 
+uint16_t* Fp8Linear::dy_bits(const float* dy, int64_t n) {
+  s_->dy.resize(size_t(n));
+  dy_noted_ = dy;
+  dy_noted_n_ = n;
+  return s_->dy.data();
+}
+
 void Fp8Linear::forward(Backend&, float* y, ActIn x_in, const float* w, const float* b, int N,
                         int in, int out) {
+  dy_noted_ = nullptr;
   if (N == 0 || out == 0) return;
   quantise_weight(w, in, out);
   const int64_t nx = int64_t(N) * in;
+  std::vector<uint16_t>& a_ = s_->a;
   a_.resize(size_t(nx));
   float alpha = 1.f;
   with_input(x_in, [&](const auto* x) {
@@ -293,17 +302,28 @@ void Fp8Linear::forward(Backend&, float* y, ActIn x_in, const float* w, const fl
 
 void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x_in,
                          const float* w, int N, int in, int out) {
+  const int64_t ny = int64_t(N) * out, nx = int64_t(N) * in;
+  // dy's bf16 bits where the caller left them (dy_bits): the same values as dy, half the bytes.
+  const uint16_t* dyb = dy == dy_noted_ && ny == dy_noted_n_ ? s_->dy.data() : nullptr;
+  dy_noted_ = nullptr;
   if (N == 0) return;
   quantise_weight(w, in, out);
-  const int64_t ny = int64_t(N) * out, nx = int64_t(N) * in;
   const bool mx = opt_.kind == Fp8RecipeKind::Mxfp8;
+  std::vector<uint16_t>&a_ = s_->a, &b_ = s_->b;
   b_.resize(size_t(ny));
   float s_dy = 1.f, s_x = 1.f;
-  if (mx) {
-    if (dx != nullptr) cpu::mx_quantize(bwd_, dy, N, out, out, false, nullptr, nullptr, b_.data());
-  } else {
-    s_dy = quantise_tensor(DY, dy, ny, b_.data());
-  }
+  auto with_dy = [&](auto&& fn) {
+    if (dyb)
+      fn(dyb);
+    else
+      fn(dy);
+  };
+  with_dy([&](const auto* d) {
+    if (!mx)
+      s_dy = quantise_tensor(DY, d, ny, b_.data());
+    else if (dx != nullptr)
+      cpu::mx_quantize(bwd_, d, N, out, out, false, nullptr, nullptr, b_.data());
+  });
   if (dx != nullptr) {  // dx[N, in] = dy W, reduced over out: MX blocks of W along out
     const float alpha = mx ? 1.f : (1.f / s_dy) * (1.f / state_[W].scale);
     cpu::gemm_bf16(false, false, N, in, out, alpha, b_.data(), out, mx ? wq_t_.data() : wq_.data(),
@@ -311,7 +331,10 @@ void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float*
   }
   if (dw != nullptr) {  // dW[out, in] += dy^T x, reduced over N: MX blocks along the tokens
     a_.resize(size_t(nx));
-    if (mx) cpu::mx_quantize(bwd_, dy, N, out, out, true, nullptr, nullptr, b_.data());
+    if (mx)
+      with_dy([&](const auto* d) {
+        cpu::mx_quantize(bwd_, d, N, out, out, true, nullptr, nullptr, b_.data());
+      });
     with_input(x_in, [&](const auto* x) {
       if (mx)
         cpu::mx_quantize(fwd_, x, N, in, in, true, nullptr, nullptr, a_.data());
@@ -332,6 +355,7 @@ Fp8Recipes::Fp8Recipes(Decoder& model, const Fp8Options& o) : opt_(o) {
   tp_ = tp.size > 1 ? tp.comm : nullptr;
   for (const std::string& name : fp8_layer_names(model, o)) {
     linears_.push_back(std::make_unique<Fp8Linear>(o, tp_, &model.params()));
+    linears_.back()->share_scratch(&scratch_);
     names_.push_back(name);
     model.attach_recipe(name, linears_.back().get());
   }

@@ -73,6 +73,18 @@ class Fp8Linear : public GemmRecipe {
   void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                 const float* w, int N, int in, int out) override;
 
+  // Under bf16 activations the caller rounds dy in place and leaves its bf16 bits here in the
+  // same pass (GemmRecipe::dy_bits): backward() then quantises dy from half the bytes (the
+  // same values). The note lasts until this layer's next forward() or backward().
+  uint16_t* dy_bits(const float* dy, int64_t n) override;
+
+  // Scratch of the GEMM inputs (quantised x and dy, dy's bf16 bits), used within one call
+  // only: the layers of one model share one (Fp8Recipes), as the bf16 recipe's layers do.
+  struct Scratch {
+    std::vector<uint16_t> a, b, dy;
+  };
+  void share_scratch(Scratch* s) { s_ = s; }
+
   void new_weights() { fresh_ = false; }
   // Delayed scaling: the amaxes seen since the last call (max over calls) as the history's
   // newest entry, then new scales. `amax` overrides them (the holder's TP-reduced values).
@@ -131,7 +143,10 @@ class Fp8Linear : public GemmRecipe {
   bool record_ = true;
   const float* wptr_ = nullptr;
   std::vector<uint16_t> wq_, wq_t_;  // W's fp8 values in bf16 (MX: blocks along in / along out)
-  std::vector<uint16_t> a_, b_;      // scratch: quantised x and dy (grown, kept between calls)
+  Scratch own_;
+  Scratch* s_ = &own_;               // (grown, kept between calls: no allocation per step)
+  const float* dy_noted_ = nullptr;  // the dy whose bits s_->dy holds (dy_bits)
+  int64_t dy_noted_n_ = 0;
 };
 
 // Delayed scaling's checkpoint state as Fp8Recipes::state() writes it: the recipe, the history
@@ -180,6 +195,7 @@ class Fp8Recipes {
   comm::Communicator* amax_group_ = nullptr;  // delayed: the step's amax reduction (TP x DP)
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<Fp8Linear>> linears_;
+  Fp8Linear::Scratch scratch_;  // shared by linears_
 };
 
 // Fp8Recipes::set_evaluating(true) for a scope (null: nothing to do).
