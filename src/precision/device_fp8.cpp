@@ -38,15 +38,28 @@ void check_device_fp8(const Fp8Options& o, const DeviceFp8Target& t, const std::
   LOOM_CHECK(o.kind == Fp8RecipeKind::Mxfp8 || t.sm_version >= 89, where, recipe,
              " needs fp8 tensor cores (sm_89 or newer); this GPU is sm_", t.sm_version,
              ": use mxfp8 (emulated on bf16 GEMMs), train in bf16, or use the CPU");
-  LOOM_CHECK(t.tokens > 0 && t.tokens % 16 == 0, where, recipe, ": the fp8 GEMMs need a ",
-             "multiple of 16 tokens per micro-batch (cuBLASLt's fp8 alignment), got ", t.tokens,
-             " (train.micro_batch x train.seq_len, DPO: twice that)");
+  // Under context parallelism a rank's GEMMs see its share of every sequence, tokens / cp rows
+  // (the trainer has already refused a seq_len that 2 x cp does not divide).
+  const int cp = std::max(t.cp, 1);
+  const int share = t.tokens % cp == 0 ? t.tokens / cp : 0;
+  if (cp == 1)
+    LOOM_CHECK(share > 0 && share % 16 == 0, where, recipe, ": the fp8 GEMMs need a ",
+               "multiple of 16 tokens per micro-batch (cuBLASLt's fp8 alignment), got ", t.tokens,
+               " (train.micro_batch x train.seq_len, DPO: twice that)");
+  else
+    LOOM_CHECK(share > 0 && share % 16 == 0, where, recipe, ": the fp8 GEMMs need a ",
+               "multiple of 16 tokens per micro-batch and context-parallel rank (cuBLASLt's fp8 ",
+               "alignment), got ", t.tokens, " tokens over ", cp, " ranks (train.micro_batch x ",
+               "train.seq_len / parallel.cp, DPO: twice that); use a train.micro_batch x "
+               "train.seq_len that is a ",
+               "multiple of ", 16 * cp);
 }
 
-DeviceFp8Target device_fp8_target(Backend& be, int dp_ranks, int tokens) {
+DeviceFp8Target device_fp8_target(Backend& be, int dp_ranks, int tokens, int cp) {
   DeviceFp8Target t;
   t.dp_ranks = dp_ranks;
   t.tokens = tokens;
+  t.cp = cp;
   if (stand_in().make && stand_in().be == &be) {
     t.stand_in = true;
     t.sm_version = 90;

@@ -7,8 +7,8 @@
 //       silent fallback: a run asked for fp8 must not quietly train in another precision).
 //   mxfp8: 1x32 blocks dequantised to bf16 for bf16 GEMMs (no GPU before Blackwell multiplies
 //       MX blocks), on any GPU the CUDA backend runs on.
-// Refused by name as well: a micro-batch or layer width that is not a multiple of 16 (cuBLASLt's
-// fp8 alignment).
+// Refused by name as well: a micro-batch (under context parallelism: a rank's share of it) or
+// layer width that is not a multiple of 16 (cuBLASLt's fp8 alignment).
 // Across ranks, as the CPU recipe: delayed scaling max-reduces each step's amaxes over its amax
 // group (the trainer's TP x DP (x CP) ranks of the pipeline stage, through a communicator of
 // device memory; a stage's recipe holds its own blocks' layers, possibly none; expert MLPs take
@@ -67,6 +67,7 @@ struct DeviceFp8Target {
   int dp_ranks = 1;       // data-parallel ranks of the run (every recipe runs on any number)
   int tokens = 0;         // tokens of the largest forward (train.micro_batch x train.seq_len;
                           // DPO: twice that, its chosen and rejected rows)
+  int cp = 1;             // context-parallel ranks: each multiplies its share, tokens / cp
 };
 
 // Throws an error naming precision.fp8_recipe (and the value at fault) when recipe `o` cannot
@@ -74,7 +75,7 @@ struct DeviceFp8Target {
 void check_device_fp8(const Fp8Options& o, const DeviceFp8Target& t, const std::string& where);
 
 // The target of a backend: its kind and SM version (a non-CUDA backend: cuda = false).
-DeviceFp8Target device_fp8_target(Backend& be, int dp_ranks, int tokens);
+DeviceFp8Target device_fp8_target(Backend& be, int dp_ranks, int tokens, int cp = 1);
 
 // Tests: a recipe standing in for the GPU one on a device backend that is not CUDA (the guarded
 // CPU backend, which runs the trainer's device paths without a GPU), made by `make` for the

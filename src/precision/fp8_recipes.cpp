@@ -85,8 +85,12 @@ std::string Fp8Options::describe() const {
   return s;
 }
 
-Fp8Linear::Fp8Linear(const Fp8Options& o, comm::Communicator* tp)
-    : opt_(o), fwd_(Fp8Format::E4M3), bwd_(o.hybrid ? Fp8Format::E5M2 : Fp8Format::E4M3), tp_(tp) {
+Fp8Linear::Fp8Linear(const Fp8Options& o, comm::Communicator* tp, ParamSet* params)
+    : opt_(o),
+      fwd_(Fp8Format::E4M3),
+      bwd_(o.hybrid ? Fp8Format::E5M2 : Fp8Format::E4M3),
+      tp_(tp),
+      params_(params) {
   if (o.kind == Fp8RecipeKind::TensorwiseDelayed)
     for (State& s : state_) s.hist.assign(size_t(o.amax_history), 0.f);
 }
@@ -104,22 +108,61 @@ static float scale_from(float fmt_max, float amax, int margin, float prev) {
   return std::isfinite(s) ? s : FLT_MAX;
 }
 
-float Fp8Linear::tensor_scale(Tensor t, const float* v, int64_t n) {
+template <typename In>
+float Fp8Linear::quantise_tensor(Tensor t, const In* v, int64_t n, uint16_t* out, bool again) {
   State& s = state_[t];
+  const Fp8Format f = format(t);
   if (opt_.kind == Fp8RecipeKind::TensorwiseCurrent) {
+    // The scale needs the amax of every element first: two passes (the second mostly from
+    // cache for tensors of a few MB).
     const float amax = tp_max(cpu::fp8_amax(v, n));
-    s.scale = scale_from(cpu::fp8_max(format(t)), amax, opt_.margin, 1.f);
+    const float scale = scale_from(cpu::fp8_max(f), amax, opt_.margin, 1.f);
+    if (!again) s.scale = scale;
+    cpu::fp8_scaled_to_bf16(f, v, scale, out, n);
+    return scale;
+  }
+  // Delayed: the scale is the step's, known before the pass, so the cast and this step's amax
+  // (recorded for the next steps, reduced over TP x DP once in begin_step) share one pass. A
+  // non-finite amax is not recorded (that step's gradients are not finite either, and the
+  // trainer skips it); an evaluation pass records nothing.
+  if (again || !record_) {
+    cpu::fp8_scaled_to_bf16(f, v, s.scale, out, n);
     return s.scale;
   }
-  // Delayed: this step's amax is recorded for the next steps (reduced over TP x DP once, in
-  // begin_step); a non-finite one is not (that step's gradients are not finite either, and the
-  // trainer skips it); an evaluation pass records nothing.
-  const float amax = cpu::fp8_amax(v, n);
-  if (record_ && std::isfinite(amax)) {
+  const float amax = cpu::fp8_scaled_to_bf16_amax(f, v, s.scale, out, n);
+  if (std::isfinite(amax)) {
     s.pending = s.seen ? std::max(s.pending, amax) : amax;
     s.seen = true;
   }
   return s.scale;
+}
+
+template <typename Fn>
+void Fp8Linear::with_input(ActIn x, Fn&& fn) const {
+  // Stored bf16 is quantised from its bits directly (the same values as widened, half the
+  // bytes, no widening pass).
+  if (x.bf16 != nullptr)
+    fn(x.bf16);
+  else
+    fn(x.f32);
+}
+
+const uint16_t* Fp8Linear::weight_bf16(const float* w, int64_t n) const {
+  if (params_ == nullptr || params_->bf16_data() == nullptr) return nullptr;
+  const float* base = params_->data();
+  if (w < base || w + n > base + params_->total() || !params_->fp32_dropped_at(w - base))
+    return nullptr;
+  return params_->bf16_data() + (w - base);
+}
+
+float Fp8Linear::dw_beta(const float* dw, int64_t n) {
+  if (params_ == nullptr) return 1.f;
+  const float* g = params_->grad();
+  if (g == nullptr || dw < g || dw + n > g + params_->total()) return 1.f;
+  const uint64_t zeroed = params_->grad_zero_count();
+  const bool zero = zeroed > 0 && dw_written_ != zeroed;  // 0 never written: counts from 1
+  dw_written_ = zeroed;
+  return zero ? 0.f : 1.f;
 }
 
 void Fp8Linear::roll_history(const float* amax) {
@@ -210,55 +253,77 @@ void Fp8Linear::quantise_weight(const float* w, int in, int out) {
   if (fresh_ && wptr_ == w && wq_.size() == size_t(in) * size_t(out)) return;
   const int64_t n = int64_t(in) * out;
   wq_.resize(size_t(n));
+  const uint16_t* wb = weight_bf16(w, n);
   if (opt_.kind == Fp8RecipeKind::Mxfp8) {
+    // Both blockings (along in for forward, along out for dgrad) in one read of W.
     wq_t_.resize(size_t(n));
-    cpu::mx_quantize(fwd_, w, out, in, in, false, nullptr, nullptr, wq_.data());
-    cpu::mx_quantize(fwd_, w, out, in, in, true, nullptr, nullptr, wq_t_.data());
+    if (wb)
+      cpu::mx_quantize_both(fwd_, wb, out, in, wq_.data(), wq_t_.data());
+    else
+      cpu::mx_quantize_both(fwd_, w, out, in, wq_.data(), wq_t_.data());
+  } else if (wb) {
+    quantise_tensor(W, wb, n, wq_.data());
   } else {
-    cpu::fp8_scaled_to_bf16(fwd_, w, tensor_scale(W, w, n), wq_.data(), n);
+    quantise_tensor(W, w, n, wq_.data());
   }
   wptr_ = w;
   fresh_ = true;
 }
 
-void Fp8Linear::forward(Backend& be, float* y, ActIn x_in, const float* w, const float* b, int N,
+uint16_t* Fp8Linear::dy_bits(const float* dy, int64_t n) {
+  s_->dy.resize(size_t(n));
+  dy_noted_ = dy;
+  dy_noted_n_ = n;
+  return s_->dy.data();
+}
+
+void Fp8Linear::forward(Backend&, float* y, ActIn x_in, const float* w, const float* b, int N,
                         int in, int out) {
+  dy_noted_ = nullptr;
   if (N == 0 || out == 0) return;
   quantise_weight(w, in, out);
   const int64_t nx = int64_t(N) * in;
-  const float* x = x_in.widened(be, nx, x32_);  // quantised from fp32 values (bf16 storage widened)
+  std::vector<uint16_t>& a_ = s_->a;
   a_.resize(size_t(nx));
   float alpha = 1.f;
-  if (opt_.kind == Fp8RecipeKind::Mxfp8) {
-    cpu::mx_quantize(fwd_, x, N, in, in, false, nullptr, nullptr, a_.data());
-  } else {
-    const float sx = tensor_scale(X, x, nx);
-    cpu::fp8_scaled_to_bf16(fwd_, x, sx, a_.data(), nx);
-    alpha = (1.f / sx) * (1.f / state_[W].scale);  // scale_inv_x * scale_inv_w
-  }
+  with_input(x_in, [&](const auto* x) {
+    if (opt_.kind == Fp8RecipeKind::Mxfp8)
+      cpu::mx_quantize(fwd_, x, N, in, in, false, nullptr, nullptr, a_.data());
+    else  // scale_inv_x * scale_inv_w
+      alpha = (1.f / quantise_tensor(X, x, nx, a_.data())) * (1.f / state_[W].scale);
+  });
   float beta = 0.f;
   if (b != nullptr) {  // y seeded with the bias, the GEMM adds onto it
-    for (int i = 0; i < N; ++i) std::copy(b, b + out, y + int64_t(i) * out);
+    cpu::broadcast_rows(y, b, N, out);
     beta = 1.f;
   }
   cpu::gemm_bf16(false, true, N, out, in, alpha, a_.data(), in, wq_.data(), in, beta, y, out);
 }
 
-void Fp8Linear::backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x_in,
+void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x_in,
                          const float* w, int N, int in, int out) {
+  const int64_t ny = int64_t(N) * out, nx = int64_t(N) * in;
+  // dy's bf16 bits where the caller left them (dy_bits): the same values as dy, half the bytes.
+  const uint16_t* dyb = dy == dy_noted_ && ny == dy_noted_n_ ? s_->dy.data() : nullptr;
+  dy_noted_ = nullptr;
   if (N == 0) return;
   quantise_weight(w, in, out);
-  const int64_t ny = int64_t(N) * out, nx = int64_t(N) * in;
-  const float* x = x_in.widened(be, nx, x32_);
   const bool mx = opt_.kind == Fp8RecipeKind::Mxfp8;
+  std::vector<uint16_t>&a_ = s_->a, &b_ = s_->b;
   b_.resize(size_t(ny));
   float s_dy = 1.f, s_x = 1.f;
-  if (mx) {
-    if (dx != nullptr) cpu::mx_quantize(bwd_, dy, N, out, out, false, nullptr, nullptr, b_.data());
-  } else {
-    s_dy = tensor_scale(DY, dy, ny);
-    cpu::fp8_scaled_to_bf16(bwd_, dy, s_dy, b_.data(), ny);
-  }
+  auto with_dy = [&](auto&& fn) {
+    if (dyb)
+      fn(dyb);
+    else
+      fn(dy);
+  };
+  with_dy([&](const auto* d) {
+    if (!mx)
+      s_dy = quantise_tensor(DY, d, ny, b_.data());
+    else if (dx != nullptr)
+      cpu::mx_quantize(bwd_, d, N, out, out, false, nullptr, nullptr, b_.data());
+  });
   if (dx != nullptr) {  // dx[N, in] = dy W, reduced over out: MX blocks of W along out
     const float alpha = mx ? 1.f : (1.f / s_dy) * (1.f / state_[W].scale);
     cpu::gemm_bf16(false, false, N, in, out, alpha, b_.data(), out, mx ? wq_t_.data() : wq_.data(),
@@ -266,29 +331,31 @@ void Fp8Linear::backward(Backend& be, float* dx, float* dw, float* db, const flo
   }
   if (dw != nullptr) {  // dW[out, in] += dy^T x, reduced over N: MX blocks along the tokens
     a_.resize(size_t(nx));
-    if (mx) {
-      cpu::mx_quantize(bwd_, dy, N, out, out, true, nullptr, nullptr, b_.data());
-      cpu::mx_quantize(fwd_, x, N, in, in, true, nullptr, nullptr, a_.data());
-    } else {
-      // x's scale as the forward computed it: current scaling sees the same values again (the
-      // amax is not recorded twice: delayed scaling's scale is fixed within the step).
-      s_x = opt_.kind == Fp8RecipeKind::TensorwiseCurrent
-                ? scale_from(cpu::fp8_max(fwd_), tp_max(cpu::fp8_amax(x, nx)), opt_.margin, 1.f)
-                : state_[X].scale;
-      cpu::fp8_scaled_to_bf16(fwd_, x, s_x, a_.data(), nx);
-    }
+    if (mx)
+      with_dy([&](const auto* d) {
+        cpu::mx_quantize(bwd_, d, N, out, out, true, nullptr, nullptr, b_.data());
+      });
+    with_input(x_in, [&](const auto* x) {
+      if (mx)
+        cpu::mx_quantize(fwd_, x, N, in, in, true, nullptr, nullptr, a_.data());
+      else  // x's scale as the forward computed it: current scaling sees the same values again
+        // (and delayed scaling's scale is fixed within the step, its amax recorded once)
+        s_x = quantise_tensor(X, x, nx, a_.data(), /*again=*/true);
+    });
     const float alpha = mx ? 1.f : (1.f / s_dy) * (1.f / s_x);
-    cpu::gemm_bf16(true, false, out, in, N, alpha, b_.data(), out, a_.data(), in, 1.f, dw, in);
+    cpu::gemm_bf16(true, false, out, in, N, alpha, b_.data(), out, a_.data(), in,
+                   dw_beta(dw, int64_t(out) * in), dw, in);
   }
-  if (db != nullptr)  // column sums of the fp32 dy, as the fp32 path computes them
-    cpu::matmul_backward(nullptr, nullptr, db, dy, x, w, N, in, out);
+  if (db != nullptr)  // column sums of the fp32 dy, as the fp32 path computes them (x unused)
+    cpu::matmul_backward(nullptr, nullptr, db, dy, nullptr, w, N, in, out);
 }
 
 Fp8Recipes::Fp8Recipes(Decoder& model, const Fp8Options& o) : opt_(o) {
   const TensorParallel& tp = model.tensor_parallel();
   tp_ = tp.size > 1 ? tp.comm : nullptr;
   for (const std::string& name : fp8_layer_names(model, o)) {
-    linears_.push_back(std::make_unique<Fp8Linear>(o, tp_));
+    linears_.push_back(std::make_unique<Fp8Linear>(o, tp_, &model.params()));
+    linears_.back()->share_scratch(&scratch_);
     names_.push_back(name);
     model.attach_recipe(name, linears_.back().get());
   }

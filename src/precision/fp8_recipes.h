@@ -62,12 +62,28 @@ struct Fp8Options {
 class Fp8Linear : public GemmRecipe {
  public:
   enum Tensor { X = 0, W = 1, DY = 2 };
-  Fp8Linear(const Fp8Options& o, comm::Communicator* tp);
+  // params (nullable): the set holding the layer's weight and gradient. Where its fp32 values
+  // are dropped (drop_fp32_weights: the bf16 copy is the weight) W is quantised from that copy,
+  // half the bytes of fp32 (the same values); a gradient it knows to be zeroed is written
+  // rather than accumulated (no pass adding the GEMM's result onto zeros).
+  Fp8Linear(const Fp8Options& o, comm::Communicator* tp, ParamSet* params = nullptr);
 
   void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
                int out) override;
   void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
                 const float* w, int N, int in, int out) override;
+
+  // Under bf16 activations the caller rounds dy in place and leaves its bf16 bits here in the
+  // same pass (GemmRecipe::dy_bits): backward() then quantises dy from half the bytes (the
+  // same values). The note lasts until this layer's next forward() or backward().
+  uint16_t* dy_bits(const float* dy, int64_t n) override;
+
+  // Scratch of the GEMM inputs (quantised x and dy, dy's bf16 bits), used within one call
+  // only: the layers of one model share one (Fp8Recipes), as the bf16 recipe's layers do.
+  struct Scratch {
+    std::vector<uint16_t> a, b, dy;
+  };
+  void share_scratch(Scratch* s) { s_ = s; }
 
   void new_weights() { fresh_ = false; }
   // Delayed scaling: the amaxes seen since the last call (max over calls) as the history's
@@ -101,20 +117,36 @@ class Fp8Linear : public GemmRecipe {
     bool seen = false;
   };
   float tp_max(float amax) const;
-  // Per-tensor: amax of t's values now (recorded for delayed), and the scale to use.
-  float tensor_scale(Tensor t, const float* v, int64_t n);
+  // Per-tensor: t's values v (fp32, or bf16 bits) quantised into out, returning the scale used:
+  // current scaling from their amax now (TP-reduced; a first pass), delayed scaling with the
+  // step's scale, recording their amax in the same pass. `again`: the tensor quantised a second
+  // time in the step (x for wgrad): no amax recorded, no state changed.
+  template <typename In>
+  float quantise_tensor(Tensor t, const In* v, int64_t n, uint16_t* out, bool again = false);
+  // x as the recipe reads it: the stored bf16 bits, or fp32 values.
+  template <typename Fn>
+  void with_input(ActIn x, Fn&& fn) const;
   void quantise_weight(const float* w, int in, int out);
+  // W's bf16 copy in the parameter set where its fp32 values are dropped, else null.
+  const uint16_t* weight_bf16(const float* w, int64_t n) const;
+  // 0 when dw (n elements) is known to hold zeros (params_' gradient, zeroed since this layer
+  // last wrote it), else 1; notes the write that follows (Bf16Gemms::dw_beta's rule).
+  float dw_beta(const float* dw, int64_t n);
 
   Fp8Options opt_;
   cpu::Fp8Format fwd_, bwd_;
   comm::Communicator* tp_;
+  ParamSet* params_;
+  uint64_t dw_written_ = 0;  // params_->grad_zero_count() at this layer's last dW write
   State state_[3];
   bool fresh_ = false;
   bool record_ = true;
   const float* wptr_ = nullptr;
   std::vector<uint16_t> wq_, wq_t_;  // W's fp8 values in bf16 (MX: blocks along in / along out)
-  std::vector<uint16_t> a_, b_, c_;  // scratch: quantised x, dy, and (MX) x/dy blocked along N
-  std::vector<float> x32_;           // x widened from bf16 storage
+  Scratch own_;
+  Scratch* s_ = &own_;               // (grown, kept between calls: no allocation per step)
+  const float* dy_noted_ = nullptr;  // the dy whose bits s_->dy holds (dy_bits)
+  int64_t dy_noted_n_ = 0;
 };
 
 // Delayed scaling's checkpoint state as Fp8Recipes::state() writes it: the recipe, the history
@@ -163,6 +195,7 @@ class Fp8Recipes {
   comm::Communicator* amax_group_ = nullptr;  // delayed: the step's amax reduction (TP x DP)
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<Fp8Linear>> linears_;
+  Fp8Linear::Scratch scratch_;  // shared by linears_
 };
 
 // Fp8Recipes::set_evaluating(true) for a scope (null: nothing to do).

@@ -50,8 +50,8 @@ Json run_train_bench(const TrainBenchOptions& o) {
     fp8_cfg.set("precision.fp8_format", o.fp8_format, "--fp8-format");
   }
   std::unique_ptr<Fp8Recipes> fp8 = attach_fp8_recipes(fp8_cfg, model, /*quiet=*/true);
-  // The 2-byte weights, as the trainer keeps them (not under FP8, whose recipes read fp32).
-  if (bf16 && !fp8) drop_fp32_weights(model);
+  // The 2-byte weights, as the trainer keeps them (FP8 quantises them from the bf16 copy).
+  if (bf16) drop_fp32_weights(model);
 
   Batch b = synthetic_batch(o.batch, o.seq, mc.vocab, 7);
   const double tokens = double(o.batch) * o.seq;

@@ -241,7 +241,8 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
                "whole weight at hand); use parallel.zero = 0, 1 or 2, or leave ",
                "precision.fp8_recipe unset");
     if (!be_->host_accessible())
-      check_device_support((world ? *world : comm::world()).size(), fp8 ? &fp8_probe : nullptr);
+      check_device_support((world ? *world : comm::world()).size(), dims.cp,
+                           fp8 ? &fp8_probe : nullptr);
   }
   if (opt_.eval_interval > 0) {  // every data-parallel rank evaluates the same batches
     valid_data_ = make_batch_source(cfg_, opt_, mcfg_, "valid");
@@ -422,9 +423,9 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   // Linear::widen, and the GPU multiplies on the tensor cores of the policy's type.)
   // The 2-byte weights: what the bf16 GEMMs read keeps no fp32 values in the model (the bf16
   // copy and the optimizer's master are its copies); not under LoRA (the frozen base is read
-  // by the adapters' merge and export) nor FP8 (its recipes replace these on the linears and
-  // quantise the fp32 weights).
-  if (bf16_gemms_ && !lora_ && !fp8_opt) drop_fp32_weights(*model_);
+  // by the adapters' merge and export). FP8's CPU recipes quantise such weights from the bf16
+  // copy (the same values, half the bytes).
+  if (bf16_gemms_ && !lora_) drop_fp32_weights(*model_);
   // FP8: the CPU recipe on the host, the GPU one on a device (the same keys select both).
   if (fp8_opt && be_->host_accessible()) fp8_ = attach_fp8_recipes(*fp8_opt, *model_, opt_.quiet);
   if (fp8_opt && !be_->host_accessible())
@@ -937,7 +938,7 @@ void Trainer::restore(const ckpt::Checkpoint& c) {
 // device: each group that moves device memory has its device communicator (on_device: NCCL, or
 // staged through the host), and the layers' parallel parts (vocabulary-parallel cross-entropy,
 // pipeline activations, the CP ring, the EP exchange) run on Backend buffers and ops.
-void Trainer::check_device_support(int world_size, const Fp8Options* fp8) const {
+void Trainer::check_device_support(int world_size, int cp, const Fp8Options* fp8) const {
   const std::string on =
       cat("train.device = \"", opt_.device, "\" (the ", be_->name(), " backend): ");
   // fp8 runs on every layout the CPU recipe does: its amaxes are max-reduced over the CPU
@@ -946,7 +947,8 @@ void Trainer::check_device_support(int world_size, const Fp8Options* fp8) const 
   // expert MLPs take no recipe on either path (Decoder::linears() lists none), so under EP only
   // the replicated attention and dense layers are fp8 (docs/gpu.md, "fp8 in the GPU trainer").
   if (fp8)
-    check_device_fp8(*fp8, device_fp8_target(*be_, world_size, largest_forward_tokens(opt_)), on);
+    check_device_fp8(*fp8, device_fp8_target(*be_, world_size, largest_forward_tokens(opt_), cp),
+                     on);
 }
 
 comm::Communicator& Trainer::on_device(comm::Communicator& host, DeviceComm kind) {

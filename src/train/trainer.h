@@ -176,7 +176,7 @@ class Trainer {
   ckpt::TensorList shard_list(const std::vector<StateSlice>& s) const;
   ckpt::TensorList stage(ckpt::TensorList views);  // host copies of device tensors (see .cpp)
   void unstage();                                  // ... uploaded back after they were filled
-  void check_device_support(int world_size, const Fp8Options* fp8) const;
+  void check_device_support(int world_size, int cp, const Fp8Options* fp8) const;
   ckpt::TensorList optim_list() const;
   bool resume_distributed();
   void start_from_one_process(const std::string& path);

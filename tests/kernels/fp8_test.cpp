@@ -248,6 +248,76 @@ TEST(Fp8Simd, VectorLoopsMatchPortableBits) {
   }
 }
 
+// The passes the recipes run on bf16 storage (activations, the 2-byte weights, dy's bits) give
+// the bits of the fp32 passes on the widened values; the fused cast + amax (delayed scaling) the
+// bits of the two passes; mx_quantize_both those of both blockings. Each on the AVX512 and the
+// portable loops, with and without non-finite inputs, with short blocks in both directions.
+TEST(Fp8Simd, Bf16InputsAndFusedPassesMatchTheSeparateFp32Passes) {
+  for (bool portable : {true, false}) {
+    if (!portable && !fp8_uses_avx512()) continue;
+    force_fp8_portable(portable);
+    for (bool finite : {true, false})
+      for (int n : {1, 17, 1000, 50 * 77, 70000}) {
+        SCOPED_TRACE(testing::Message()
+                     << "portable " << portable << " finite " << finite << " n " << n);
+        std::vector<float> x = mixed_inputs(size_t(n), uint32_t(n) + 5);
+        std::vector<uint16_t> bits(static_cast<size_t>(n));
+        for (size_t i = 0; i < x.size(); ++i) {
+          if (finite && !std::isfinite(x[i])) x[i] = -0.5f * float(i % 7);
+          bits[i] = f32_to_bf16(x[i]);
+          x[i] = bf16_to_f32(bits[i]);  // the widened values
+        }
+        ASSERT_EQ(f32_bits(fp8_amax(bits.data(), n)), f32_bits(fp8_amax(x.data(), n)));
+        if (finite || n >= 1000) {  // NaN wins
+          ASSERT_EQ(std::isnan(fp8_amax(x.data(), n)), !finite);
+        }
+        for (Fp8Format f : {E4, E5})
+          for (float scale : {1.f, 0.37f, 1024.f}) {
+            const size_t sz = static_cast<size_t>(n);
+            std::vector<uint16_t> ref(sz), a(sz), b(sz), c(sz);
+            fp8_scaled_to_bf16(f, x.data(), scale, ref.data(), n);
+            fp8_scaled_to_bf16(f, bits.data(), scale, a.data(), n);
+            const float amax_f = fp8_scaled_to_bf16_amax(f, x.data(), scale, b.data(), n);
+            const float amax_b = fp8_scaled_to_bf16_amax(f, bits.data(), scale, c.data(), n);
+            ASSERT_EQ(a, ref);
+            ASSERT_EQ(b, ref);
+            ASSERT_EQ(c, ref);
+            ASSERT_EQ(f32_bits(amax_f), f32_bits(fp8_amax(x.data(), n)));
+            ASSERT_EQ(f32_bits(amax_b), f32_bits(fp8_amax(x.data(), n)));
+          }
+      }
+    for (auto [rows, cols] : {std::pair{50, 77}, std::pair{64, 96}, std::pair{33, 31}}) {
+      SCOPED_TRACE(testing::Message() << "portable " << portable << " " << rows << "x" << cols);
+      const int64_t n = int64_t(rows) * cols;
+      std::vector<float> x = mixed_inputs(size_t(n), uint32_t(rows));
+      std::vector<uint16_t> bits(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        bits[size_t(i)] = f32_to_bf16(x[size_t(i)]);
+        x[size_t(i)] = bf16_to_f32(bits[size_t(i)]);
+      }
+      std::vector<uint16_t> by_cols(static_cast<size_t>(n)), by_rows(static_cast<size_t>(n)),
+          d(static_cast<size_t>(n)), e(static_cast<size_t>(n));
+      for (bool along_rows : {false, true}) {
+        std::vector<uint8_t> sa(static_cast<size_t>(n)), sb(static_cast<size_t>(n)),
+            ca(static_cast<size_t>(n)), cb(static_cast<size_t>(n));
+        mx_quantize(E4, x.data(), rows, cols, cols, along_rows, sa.data(), ca.data(),
+                    (along_rows ? by_rows : by_cols).data());
+        mx_quantize(E4, bits.data(), rows, cols, cols, along_rows, sb.data(), cb.data(), d.data());
+        EXPECT_EQ(sa, sb);
+        EXPECT_EQ(ca, cb);
+        EXPECT_EQ(d, along_rows ? by_rows : by_cols);
+      }
+      mx_quantize_both(E4, x.data(), rows, cols, d.data(), e.data());
+      EXPECT_EQ(d, by_cols);
+      EXPECT_EQ(e, by_rows);
+      mx_quantize_both(E4, bits.data(), rows, cols, d.data(), e.data());
+      EXPECT_EQ(d, by_cols);
+      EXPECT_EQ(e, by_rows);
+    }
+  }
+  force_fp8_portable(false);
+}
+
 TEST(Fp8Simd, AmaxPropagatesNanAndInf) {
   std::vector<float> x(100, -3.f);
   EXPECT_EQ(fp8_amax(x.data(), 100), 3.f);

@@ -105,6 +105,24 @@ TEST(DeviceFp8BadInput, RecipesThatCannotRunAreRefusedByName) {
   expect_refused(current, h100(1, 0), {"multiple of 16 tokens", "got 0"});
 }
 
+// Under context parallelism a rank multiplies its share of the micro-batch, tokens / cp: the
+// alignment holds for the share, not the whole micro-batch.
+TEST(DeviceFp8BadInput, ContextParallelSharesAreAlignedTo16Tokens) {
+  const Fp8Options current = from("fp8_recipe = \"fp8_tensorwise_current\"\n", 2);
+  DeviceFp8Target t = h100(1, 32);  // 2 x 16: a multiple of 16, whose share over cp = 4 is 8
+  t.cp = 4;
+  expect_refused(current, t,
+                 {"multiple of 16 tokens per micro-batch and context-parallel rank",
+                  "got 32 tokens over 4 ranks", "train.micro_batch x train.seq_len / parallel.cp",
+                  "multiple of 64"});
+  t.cp = 2;  // shares of 16
+  EXPECT_NO_THROW(check_device_fp8(current, t, ""));
+  t.tokens = 48;  // 3 x 16, but not divisible by cp = 2 into whole multiples of 16
+  expect_refused(current, t, {"context-parallel rank", "got 48 tokens over 2 ranks"});
+  t.tokens = 64;
+  EXPECT_NO_THROW(check_device_fp8(current, t, ""));
+}
+
 // On the CPU backend (or in a build without CUDA) the device attach refuses, naming the key,
 // and attaches nothing.
 TEST(DeviceFp8BadInput, AttachingOnTheCpuBackendIsRefused) {

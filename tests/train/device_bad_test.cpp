@@ -154,3 +154,35 @@ TEST(DeviceBadInput, Fp8WithZero3IsRefusedUpFront) {
       EXPECT_EQ(stand_in.counts.recipes, 0);
     }
 }
+
+// Context parallelism: the trainer checks the fp8 alignment on a rank's share of the micro-batch
+// (micro_batch x seq_len / cp), up front: 1 x 16 tokens over cp = 2 (8 per rank) is refused
+// naming the keys, though 16 is a multiple of 16; 2 x 16 (16 per rank) passes that check and
+// is refused only later, for the world of one process that cannot hold cp = 2.
+TEST(DeviceBadInput, Fp8UnderContextParallelismChecksTheRanksShare) {
+  for (int micro_batch : {1, 2}) {
+    SCOPED_TRACE(micro_batch);
+    test::TempDir d("devbad_fp8cp");
+    test::GuardedBackend g;
+    test::GuardedFp8Recipes::Registration stand_in(g);
+    Config c = config(d.str());
+    c.set("precision.policy", "\"bf16\"", "test");
+    c.set("precision.fp8_recipe", "\"fp8_tensorwise_current\"", "test");
+    c.set("parallel.cp", "2", "test");
+    c.set("train.micro_batch", std::to_string(micro_batch), "test");
+    try {
+      Trainer t(c, nullptr, &g);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      const bool fp8_refusal =
+          what.find("train.micro_batch x train.seq_len / parallel.cp") != std::string::npos;
+      EXPECT_EQ(fp8_refusal, micro_batch == 1) << what;
+      if (micro_batch == 1) {
+        EXPECT_NE(what.find("got 16 tokens over 2 ranks"), std::string::npos) << what;
+      }
+    }
+    EXPECT_FALSE(std::filesystem::exists(d.str() + "/run"));
+    EXPECT_EQ(stand_in.counts.recipes, 0);
+  }
+}

@@ -87,13 +87,26 @@ const Tables& tables() {
 
 std::atomic<bool> g_force_portable{false};
 
+// Input elements as fp32: fp32 itself, or bf16 bits (exactly their widened value).
+inline float in_f32(float v) {
+  return v;
+}
+inline float in_f32(uint16_t v) {
+  return bits_f32(uint32_t(v) << 16);
+}
+
 // The element loop shared by every quantiser: v = x[i] * m (m broadcast, or per element),
 // r = fp8 round of v; codes[i] = r's code; deq[i] = bf16 bits of r * X[i] (or of r when X is
-// null), with results below 2^-126 flushed to signed zero.
-void elems_portable(const Fmt& F, const float* x, int64_t n, const float* m, bool m_bcast,
-                    const float* X, uint8_t* codes, uint16_t* deq) {
+// null), with results below 2^-126 flushed to signed zero. amax (nullable): max'ed with the
+// largest |x[i]| as fp32 bits (NaN's bits exceed inf's), in the same pass.
+template <typename In>
+void elems_portable(const Fmt& F, const In* x, int64_t n, const float* m, bool m_bcast,
+                    const float* X, uint8_t* codes, uint16_t* deq, uint32_t* amax = nullptr) {
+  uint32_t mx = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i] * m[m_bcast ? 0 : i];
+    const float xi = in_f32(x[i]);
+    mx = std::max(mx, f32_bits(xi) & kAbs);
+    const float v = xi * m[m_bcast ? 0 : i];
     const uint32_t u = f32_bits(v), a = u & kAbs, sign = u & ~kAbs;
     if (a > kInf) {
       if (codes) codes[i] = uint8_t(F.nan_code | (sign >> 24));
@@ -112,6 +125,7 @@ void elems_portable(const Fmt& F, const float* x, int64_t n, const float* m, boo
       deq[i] = uint16_t((d | sign) >> 16);
     }
   }
+  if (amax) *amax = std::max(*amax, mx);
 }
 
 #if defined(__x86_64__)
@@ -155,17 +169,36 @@ LOOM_AVX512 inline void elems16(const Fmt& F, __m512 x, __m512 m, __m512 X, bool
   }
 }
 
-LOOM_AVX512 void elems_avx512(const Fmt& F, const float* x, int64_t n, const float* m, bool m_bcast,
-                              const float* X, uint8_t* codes, uint16_t* deq) {
+// 16 inputs (the lanes' ones; the others zero) as fp32.
+LOOM_AVX512 inline __m512 load16(const float* p, __mmask16 lanes) {
+  return _mm512_maskz_loadu_ps(lanes, p);
+}
+LOOM_AVX512 inline __m512 load16(const uint16_t* p, __mmask16 lanes) {
+  const __m256i h = _mm256_maskz_loadu_epi16(lanes, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <typename In>
+LOOM_AVX512 void elems_avx512(const Fmt& F, const In* x, int64_t n, const float* m, bool m_bcast,
+                              const float* X, uint8_t* codes, uint16_t* deq,
+                              uint32_t* amax = nullptr) {
   const __m512 one = _mm512_set1_ps(1.f);
+  const __m512i abs = _mm512_set1_epi32(int(kAbs));
+  __m512i mx = _mm512_setzero_si512();
   for (int64_t i = 0; i < n; i += 16) {
     const int64_t k = std::min<int64_t>(16, n - i);
     const __mmask16 lanes = static_cast<__mmask16>((1u << k) - 1u);
-    const __m512 xv = _mm512_maskz_loadu_ps(lanes, x + i);
+    const __m512 xv = load16(x + i, lanes);
+    if (amax) mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_castps_si512(xv), abs));
     const __m512 mv = m_bcast ? _mm512_set1_ps(m[0]) : _mm512_maskz_loadu_ps(lanes, m + i);
     const __m512 Xv = X ? _mm512_mask_loadu_ps(one, lanes, X + i) : one;
     elems16(F, xv, mv, Xv, X != nullptr, lanes, codes ? codes + i : nullptr,
             deq ? deq + i : nullptr);
+  }
+  if (amax) {
+    alignas(64) uint32_t l[16];  // (see amax_bits_avx512 on _mm512_reduce_max_epu32)
+    _mm512_store_si512(l, mx);
+    for (uint32_t v : l) *amax = std::max(*amax, v);
   }
 }
 
@@ -187,6 +220,24 @@ LOOM_AVX512 uint32_t amax_bits_avx512(const float* x, int64_t n) {
   for (uint32_t v : lanes) r = std::max(r, v);
   return r;
 }
+
+// bf16 bits: the largest |bits| of 32 lanes at a time, as the fp32 bits of the widened value.
+LOOM_AVX512 uint32_t amax_bits_avx512(const uint16_t* x, int64_t n) {
+  const __m512i abs = _mm512_set1_epi16(0x7fff);
+  __m512i mx = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    mx = _mm512_max_epu16(mx, _mm512_and_si512(_mm512_loadu_si512(x + i), abs));
+  if (i < n) {
+    const __mmask32 lanes = static_cast<__mmask32>((uint64_t{1} << (n - i)) - 1u);
+    mx = _mm512_max_epu16(mx, _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, x + i), abs));
+  }
+  alignas(64) uint16_t lanes[32];
+  _mm512_store_si512(lanes, mx);
+  uint32_t r = 0;
+  for (uint16_t v : lanes) r = std::max<uint32_t>(r, v);
+  return r << 16;
+}
 #endif
 
 bool avx512() {
@@ -199,22 +250,24 @@ bool avx512() {
 #endif
 }
 
-void elems(const Fmt& F, const float* x, int64_t n, const float* m, bool m_bcast, const float* X,
-           uint8_t* codes, uint16_t* deq) {
+template <typename In>
+void elems(const Fmt& F, const In* x, int64_t n, const float* m, bool m_bcast, const float* X,
+           uint8_t* codes, uint16_t* deq, uint32_t* amax = nullptr) {
 #if defined(__x86_64__)
-  if (avx512()) return elems_avx512(F, x, n, m, m_bcast, X, codes, deq);
+  if (avx512()) return elems_avx512(F, x, n, m, m_bcast, X, codes, deq, amax);
 #endif
-  elems_portable(F, x, n, m, m_bcast, X, codes, deq);
+  elems_portable(F, x, n, m, m_bcast, X, codes, deq, amax);
 }
 
 // The largest |x| as fp32 bits: for non-negative floats the integer order is the float order,
-// and NaN's bits exceed inf's, so a NaN anywhere wins.
-uint32_t amax_bits(const float* x, int64_t n) {
+// and NaN's bits exceed inf's, so a NaN anywhere wins (bf16 bits alike).
+template <typename In>
+uint32_t amax_bits(const In* x, int64_t n) {
 #if defined(__x86_64__)
   if (avx512()) return amax_bits_avx512(x, n);
 #endif
   uint32_t mx = 0;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, f32_bits(x[i]) & kAbs);
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, f32_bits(in_f32(x[i])) & kAbs);
   return mx;
 }
 
@@ -226,6 +279,18 @@ void chunked(int64_t n, Fn&& fn) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 1 && worth_parallel(n))
   for (int64_t c = 0; c < chunks; ++c) fn(c * kChunk, std::min(kChunk, n - c * kChunk));
+}
+
+// chunked() where fn returns a max (fp32 bits) over its chunk: the max over all of them (in
+// any order: max is exact).
+template <typename Fn>
+uint32_t chunked_max(int64_t n, Fn&& fn) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  uint32_t mx = 0;
+#pragma omp parallel for schedule(static) reduction(max : mx) if (chunks > 1 && worth_parallel(n))
+  for (int64_t c = 0; c < chunks; ++c)
+    mx = std::max(mx, fn(c * kChunk, std::min(kChunk, n - c * kChunk)));
+  return mx;
 }
 
 // The block scale's multiplier 2^-shared (into the fp8 range) and X = 2^shared, from the code.
@@ -276,11 +341,11 @@ float e8m0_to_f32(uint8_t code) {
 }
 
 float fp8_amax(const float* x, int64_t n) {
-  std::vector<uint32_t> part(size_t((n + kChunk - 1) / kChunk), 0);
-  chunked(n, [&](int64_t b, int64_t k) { part[size_t(b / kChunk)] = amax_bits(x + b, k); });
-  uint32_t mx = 0;
-  for (uint32_t p : part) mx = std::max(mx, p);
-  return bits_f32(mx);
+  return bits_f32(chunked_max(n, [&](int64_t b, int64_t k) { return amax_bits(x + b, k); }));
+}
+
+float fp8_amax(const uint16_t* x, int64_t n) {
+  return bits_f32(chunked_max(n, [&](int64_t b, int64_t k) { return amax_bits(x + b, k); }));
 }
 
 void fp8_roll_history(Fp8Format f, float* history, int len, int32_t* pos_count, float* pending,
@@ -317,50 +382,190 @@ void fp8_scaled_to_bf16(Fp8Format f, const float* x, float scale, uint16_t* out,
   });
 }
 
-void mx_quantize(Fp8Format f, const float* x, int rows, int cols, int ld, bool along_rows,
-                 uint8_t* scales, uint8_t* codes, uint16_t* deq) {
+void fp8_scaled_to_bf16(Fp8Format f, const uint16_t* x, float scale, uint16_t* out, int64_t n) {
+  chunked(n, [&](int64_t b, int64_t k) {
+    elems(fmt(f), x + b, k, &scale, true, nullptr, nullptr, out + b);
+  });
+}
+
+namespace {
+template <typename In>
+float scaled_to_bf16_amax(Fp8Format f, const In* x, float scale, uint16_t* out, int64_t n) {
+  return bits_f32(chunked_max(n, [&](int64_t b, int64_t k) {
+    uint32_t mx = 0;
+    elems(fmt(f), x + b, k, &scale, true, nullptr, nullptr, out + b, &mx);
+    return mx;
+  }));
+}
+}  // namespace
+
+float fp8_scaled_to_bf16_amax(Fp8Format f, const float* x, float scale, uint16_t* out, int64_t n) {
+  return scaled_to_bf16_amax(f, x, scale, out, n);
+}
+
+float fp8_scaled_to_bf16_amax(Fp8Format f, const uint16_t* x, float scale, uint16_t* out,
+                              int64_t n) {
+  return scaled_to_bf16_amax(f, x, scale, out, n);
+}
+
+namespace {
+
+// Per-thread scratch of the along-rows blocking (grown, never freed: no allocation per call).
+struct ColScratch {
+  std::vector<uint32_t> mx;
+  std::vector<float> mult, X;
+};
+ColScratch& col_scratch(int64_t C) {
+  thread_local ColScratch s;
+  if (s.mx.size() < size_t(C)) {
+    s.mx.resize(size_t(C));
+    s.mult.resize(size_t(C));
+    s.X.resize(size_t(C));
+  }
+  return s;
+}
+
+#if defined(__x86_64__)
+LOOM_AVX512 inline uint32_t hmax_epu32(__m512i v) {
+  const __m256i m = _mm256_max_epu32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  __m128i q = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0x4E));
+  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0xB1));
+  return uint32_t(_mm_cvtsi128_si32(q));
+}
+
+// mx_row_blocks with each block of 32 held in two registers: its amax, scale and elements
+// without a round trip through memory (the same operations as the portable loop: same bits).
+template <typename In>
+LOOM_AVX512 void mx_row_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, int64_t r0,
+                                      int64_t r1, int cols, int ld, uint8_t* scales, uint8_t* codes,
+                                      uint16_t* deq) {
+  const __m512i abs = _mm512_set1_epi32(int(kAbs));
+  const int64_t C = cols;
+  const int nb = (cols + 31) / 32;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int b = 0; b < nb; ++b) {
+      const int c0 = b * 32, k = std::min(32, cols - c0);
+      const __mmask16 l0 = static_cast<__mmask16>(k >= 16 ? 0xFFFFu : (1u << k) - 1u);
+      const __mmask16 l1 = static_cast<__mmask16>(k >= 32  ? 0xFFFFu
+                                                  : k > 16 ? (1u << (k - 16)) - 1u
+                                                           : 0u);
+      const In* xr = x + r * ld + c0;
+      const __m512 v0 = load16(xr, l0), v1 = load16(xr + 16, l1);
+      const uint32_t a =
+          hmax_epu32(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), abs),
+                                      _mm512_and_si512(_mm512_castps_si512(v1), abs)));
+      const uint8_t s = e8m0_block_scale(bits_f32(a), f);
+      if (scales) scales[r * nb + b] = s;
+      float mult, X;
+      block_factors(s, &mult, &X);
+      const __m512 mv = _mm512_set1_ps(mult), Xv = _mm512_set1_ps(X);
+      const int64_t o = r * C + c0;
+      elems16(F, v0, mv, Xv, true, l0, codes ? codes + o : nullptr, deq ? deq + o : nullptr);
+      if (l1)
+        elems16(F, v1, mv, Xv, true, l1, codes ? codes + o + 16 : nullptr,
+                deq ? deq + o + 16 : nullptr);
+    }
+}
+#endif
+
+// Rows [r0, r1) of x with blocks of 32 along the columns (mx_quantize, along_rows = false).
+template <typename In>
+void mx_row_blocks(Fp8Format f, const In* x, int64_t r0, int64_t r1, int cols, int ld,
+                   uint8_t* scales, uint8_t* codes, uint16_t* deq) {
   const Fmt& F = fmt(f);
+#if defined(__x86_64__)
+  if (avx512()) return mx_row_blocks_avx512(F, f, x, r0, r1, cols, ld, scales, codes, deq);
+#endif
+  const int64_t C = cols;
+  const int nb = (cols + 31) / 32;
+  float mult[32], X[32];
+  for (int64_t r = r0; r < r1; ++r)
+    for (int b = 0; b < nb; ++b) {
+      const int c0 = b * 32, k = std::min(32, cols - c0);
+      const In* xr = x + r * ld + c0;
+      const uint8_t s = e8m0_block_scale(bits_f32(amax_bits(xr, k)), f);
+      if (scales) scales[r * nb + b] = s;
+      block_factors(s, &mult[0], &X[0]);
+      std::fill(X + 1, X + k, X[0]);
+      elems(F, xr, k, mult, true, X, codes ? codes + r * C + c0 : nullptr,
+            deq ? deq + r * C + c0 : nullptr);
+    }
+}
+
+// Block b of 32 rows with blocks along the rows (mx_quantize, along_rows = true): per column
+// amaxes over the block's rows, then each row of the block with per-column factors (vector
+// loops run along the contiguous columns).
+template <typename In>
+void mx_col_blocks(Fp8Format f, const In* x, int64_t b, int64_t R, int cols, int ld,
+                   uint8_t* scales, uint8_t* codes, uint16_t* deq) {
+  const Fmt& F = fmt(f);
+  const int64_t C = cols;
+  ColScratch& cs = col_scratch(C);
+  uint32_t* mx = cs.mx.data();
+  std::fill(mx, mx + C, 0u);
+  const int64_t r0 = b * 32, r1 = std::min(R, r0 + 32);
+  for (int64_t r = r0; r < r1; ++r) {
+    const In* xr = x + r * ld;
+    for (int64_t c = 0; c < C; ++c) mx[c] = std::max(mx[c], f32_bits(in_f32(xr[c])) & kAbs);
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    const uint8_t s = e8m0_block_scale(bits_f32(mx[c]), f);
+    if (scales) scales[b * C + c] = s;
+    block_factors(s, &cs.mult[size_t(c)], &cs.X[size_t(c)]);
+  }
+  for (int64_t r = r0; r < r1; ++r)
+    elems(F, x + r * ld, C, cs.mult.data(), false, cs.X.data(), codes ? codes + r * C : nullptr,
+          deq ? deq + r * C : nullptr);
+}
+
+template <typename In>
+void mx_quantize_impl(Fp8Format f, const In* x, int rows, int cols, int ld, bool along_rows,
+                      uint8_t* scales, uint8_t* codes, uint16_t* deq) {
   const int64_t R = rows, C = cols;
   if (!along_rows) {
-    const int nb = (cols + 31) / 32;
 #pragma omp parallel for schedule(static) if (worth_parallel(R, C))
-    for (int64_t r = 0; r < R; ++r) {
-      float mult[32], X[32];
-      for (int b = 0; b < nb; ++b) {
-        const int c0 = b * 32, k = std::min(32, cols - c0);
-        const float* xr = x + r * ld + c0;
-        const uint8_t s = e8m0_block_scale(bits_f32(amax_bits(xr, k)), f);
-        if (scales) scales[r * nb + b] = s;
-        block_factors(s, &mult[0], &X[0]);
-        std::fill(X + 1, X + k, X[0]);
-        elems(F, xr, k, mult, true, X, codes ? codes + r * C + c0 : nullptr,
-              deq ? deq + r * C + c0 : nullptr);
-      }
-    }
+    for (int64_t r = 0; r < R; ++r) mx_row_blocks(f, x, r, r + 1, cols, ld, scales, codes, deq);
     return;
   }
-  // Blocks of 32 rows: per column amaxes over the block's rows, then each row of the block
-  // with per-column factors (vector loops run along the contiguous columns).
   const int64_t nb = (R + 31) / 32;
 #pragma omp parallel for schedule(static) if (worth_parallel(R, C))
+  for (int64_t b = 0; b < nb; ++b) mx_col_blocks(f, x, b, R, cols, ld, scales, codes, deq);
+}
+
+// Both blockings of x, stripe by stripe of 32 rows: the stripe is read from memory once and
+// from cache for the second blocking.
+template <typename In>
+void mx_both_impl(Fp8Format f, const In* x, int rows, int cols, uint16_t* deq_cols,
+                  uint16_t* deq_rows) {
+  const int64_t R = rows, C = cols, nb = (R + 31) / 32;
+#pragma omp parallel for schedule(static) if (worth_parallel(R, C))
   for (int64_t b = 0; b < nb; ++b) {
-    std::vector<uint32_t> mx(size_t(C), 0);
-    std::vector<float> mult(static_cast<size_t>(C)), X(static_cast<size_t>(C));
-    const int64_t r0 = b * 32, r1 = std::min(R, r0 + 32);
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * ld;
-      for (int64_t c = 0; c < C; ++c)
-        mx[size_t(c)] = std::max(mx[size_t(c)], f32_bits(xr[c]) & kAbs);
-    }
-    for (int64_t c = 0; c < C; ++c) {
-      const uint8_t s = e8m0_block_scale(bits_f32(mx[size_t(c)]), f);
-      if (scales) scales[b * C + c] = s;
-      block_factors(s, &mult[size_t(c)], &X[size_t(c)]);
-    }
-    for (int64_t r = r0; r < r1; ++r)
-      elems(F, x + r * ld, C, mult.data(), false, X.data(), codes ? codes + r * C : nullptr,
-            deq ? deq + r * C : nullptr);
+    mx_col_blocks(f, x, b, R, cols, cols, nullptr, nullptr, deq_rows);
+    mx_row_blocks(f, x, b * 32, std::min(R, b * 32 + 32), cols, cols, nullptr, nullptr, deq_cols);
   }
+}
+
+}  // namespace
+
+void mx_quantize(Fp8Format f, const float* x, int rows, int cols, int ld, bool along_rows,
+                 uint8_t* scales, uint8_t* codes, uint16_t* deq) {
+  mx_quantize_impl(f, x, rows, cols, ld, along_rows, scales, codes, deq);
+}
+
+void mx_quantize(Fp8Format f, const uint16_t* x, int rows, int cols, int ld, bool along_rows,
+                 uint8_t* scales, uint8_t* codes, uint16_t* deq) {
+  mx_quantize_impl(f, x, rows, cols, ld, along_rows, scales, codes, deq);
+}
+
+void mx_quantize_both(Fp8Format f, const float* x, int rows, int cols, uint16_t* deq_cols,
+                      uint16_t* deq_rows) {
+  mx_both_impl(f, x, rows, cols, deq_cols, deq_rows);
+}
+
+void mx_quantize_both(Fp8Format f, const uint16_t* x, int rows, int cols, uint16_t* deq_cols,
+                      uint16_t* deq_rows) {
+  mx_both_impl(f, x, rows, cols, deq_cols, deq_rows);
 }
 
 void force_fp8_portable(bool force) {

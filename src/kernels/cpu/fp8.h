@@ -45,6 +45,8 @@ float e8m0_to_f32(uint8_t code);  // 2^(code - 127); NaN for 0xFF
 
 // max |x[i]| over the array (NaN when any element is NaN; +inf when any is infinite).
 float fp8_amax(const float* x, int64_t n);
+// The same over bf16 bits (their widened values): half the bytes of the fp32 array.
+float fp8_amax(const uint16_t* x_bf16, int64_t n);
 
 // Delayed scaling's history step on host memory: Backend::fp8_roll_history's CPU op (its
 // contract is there).
@@ -59,6 +61,13 @@ void fp8_dequantize(Fp8Format f, const uint8_t* q, float scale_inv, float* y, in
 // exactly (at most 4 significant bits, exponents 2^-16 .. 2^15). A bf16 GEMM of these values
 // with fp32 accumulation, times 1/(scale_a * scale_b), is the per-tensor fp8 GEMM.
 void fp8_scaled_to_bf16(Fp8Format f, const float* x, float scale, uint16_t* out, int64_t n);
+// x as bf16 bits: the same bits as widening x to fp32 first (bf16 -> fp32 is exact).
+void fp8_scaled_to_bf16(Fp8Format f, const uint16_t* x_bf16, float scale, uint16_t* out, int64_t n);
+// fp8_scaled_to_bf16 and fp8_amax(x) in one pass (delayed scaling: the scale is known before
+// the amax): returns the amax.
+float fp8_scaled_to_bf16_amax(Fp8Format f, const float* x, float scale, uint16_t* out, int64_t n);
+float fp8_scaled_to_bf16_amax(Fp8Format f, const uint16_t* x_bf16, float scale, uint16_t* out,
+                              int64_t n);
 
 // MXFP8 of a row-major [rows, cols] matrix x (leading dimension ld), 32-element blocks along
 //   - the columns (along_rows = false): block b of row r is x[r, 32b .. 32b+31], scales
@@ -72,6 +81,16 @@ void fp8_scaled_to_bf16(Fp8Format f, const float* x, float scale, uint16_t* out,
 // under ~2^-118) are flushed to zero, as the bf16 GEMM's VDPBF16PS does with denormals anyway.
 void mx_quantize(Fp8Format f, const float* x, int rows, int cols, int ld, bool along_rows,
                  uint8_t* scales, uint8_t* codes, uint16_t* deq);
+// x as bf16 bits: the same results as widening x to fp32 first.
+void mx_quantize(Fp8Format f, const uint16_t* x_bf16, int rows, int cols, int ld, bool along_rows,
+                 uint8_t* scales, uint8_t* codes, uint16_t* deq);
+// Both blockings of a dense [rows, cols] x at once (a weight's forward and dgrad copies): deq_cols
+// = mx_quantize's deq with along_rows = false, deq_rows with along_rows = true; one read of x
+// from memory (32 rows at a time, the second blocking from cache).
+void mx_quantize_both(Fp8Format f, const float* x, int rows, int cols, uint16_t* deq_cols,
+                      uint16_t* deq_rows);
+void mx_quantize_both(Fp8Format f, const uint16_t* x_bf16, int rows, int cols, uint16_t* deq_cols,
+                      uint16_t* deq_rows);
 
 // Tests: run the portable loops even on an AVX512 CPU (true), or choose automatically (false).
 void force_fp8_portable(bool force);
