@@ -244,7 +244,8 @@ Linear Decoder::linear(const std::string& prefix, int in, int out, Linear::Split
 }
 
 Decoder::LayerParamsKey Decoder::layer_params_key() {
-  return {params_.layout_version(), attach_generation_, params_.data(), params_.grad(), tpo_.get()};
+  return {params_.layout_version(), attach_generation_, params_.fp32_storage(), params_.grad(),
+          tpo_.get()};
 }
 
 Decoder::LayerParams Decoder::layer_params(int l) {

@@ -463,6 +463,7 @@ void ParamSet::drop_fp32(const std::vector<std::string>& names) {
     p.fp32_dropped = true;
     ++dropped_;
     settle_dropped(p.offset, p.offset + p.numel);
+    layout_changed();  // ptr() refuses it from now on
   }
 }
 
@@ -476,6 +477,7 @@ std::vector<std::string> ParamSet::keep_fp32() {
     names.push_back(p.name);
   }
   dropped_ = 0;
+  if (!names.empty()) layout_changed();
   // The copy still holds these values: converting them again would give the same bits.
   for (const std::string& n : names) {
     const ParamInfo& p = info(n);

@@ -79,10 +79,10 @@ class ParamSet {
   void set_trainable(const std::string& name, bool trainable);
   bool any_frozen() const;
   // Changes whenever what ptr(), grad_ptr(), trainable_grad_ptr() or has() answer may change
-  // (add, allocate, set_trainable, the shard and expert marks): a reader that caches those
-  // pointers (Decoder's per-layer parameters) rebuilds them when it differs. Drawn from one
-  // process-wide counter, so two sets (or a set and its copy made before a change) never share
-  // a value by accident.
+  // (add, allocate, set_trainable, the shard and expert marks, drop_fp32 / keep_fp32): a reader
+  // that caches those pointers (Decoder's per-layer parameters) rebuilds them when it differs.
+  // Drawn from one process-wide counter, so two sets (or a set and its copy made before a change)
+  // never share a value by accident.
   uint64_t layout_version() const { return layout_version_; }
   // Marks a 3-D expert shard (set_shard along dim 0 first) as split inside each expert too.
   void set_inner_shard(const std::string& name, int dim, std::vector<int64_t> inner_index);

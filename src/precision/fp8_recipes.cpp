@@ -149,7 +149,7 @@ void Fp8Linear::with_input(ActIn x, Fn&& fn) const {
 
 const uint16_t* Fp8Linear::weight_bf16(const float* w, int64_t n) const {
   if (params_ == nullptr || params_->bf16_data() == nullptr) return nullptr;
-  const float* base = params_->data();
+  const float* base = params_->fp32_storage();
   if (w < base || w + n > base + params_->total() || !params_->fp32_dropped_at(w - base))
     return nullptr;
   return params_->bf16_data() + (w - base);

@@ -45,9 +45,12 @@ Config delayed_config(const std::string& dir, const std::string& run, int steps)
   return c;
 }
 
+// Widened from the bf16 copy where the 2-byte weights keep no fp32 values.
 std::vector<float> weights(Trainer& t) {
   const ParamSet& p = t.model().params();
-  return std::vector<float>(p.data(), p.data() + p.total());
+  std::vector<float> w(size_t(p.total()));
+  p.read_values(0, p.total(), w.data());
+  return w;
 }
 
 TEST(Fp8State, DelayedScalingResumesBitIdentically) {
