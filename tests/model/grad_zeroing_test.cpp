@@ -111,7 +111,7 @@ TEST(GradZeroing, GradientNoWriterTouchedReadsZero) {
   // A linear whose backward gets no rows (an MoE expert without tokens): its GEMM never writes
   // dW, and the end of the backward (Decoder::embed_backward) settles it to zero.
   P.zero_grad();
-  const Decoder::LinearInfo& lin = a.m.linears()[2];
+  const Decoder::LinearInfo lin = a.m.linears()[2];  // linears() returns a vector by value
   EXPECT_TRUE(P.grads_pending(lo, hi));
   a.recipe->backward(cpu_backend(), nullptr, P.grad() + lo, nullptr, nullptr, ActIn(),
                      P.data() + lo, 0, lin.in, lin.out);
