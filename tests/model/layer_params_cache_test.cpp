@@ -18,21 +18,6 @@ using test::Data;
 using test::make_data;
 using test::tiny;
 
-// Delegates to the backend and counts its forward calls.
-struct CountingRecipe : GemmRecipe {
-  int forwards = 0;
-  std::vector<float> x32;
-  void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
-               int out) override {
-    ++forwards;
-    be.matmul_forward(y, x.widened(be, int64_t(N) * in, x32), w, b, N, in, out);
-  }
-  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
-                const float* w, int N, int in, int out) override {
-    be.matmul_backward(dx, dw, db, dy, x.widened(be, int64_t(N) * in, x32), w, N, in, out);
-  }
-};
-
 // y += 0.5 x (in == out): a visible change of the layer's output.
 struct HalfAdapter : LinearAdapter {
   void forward(Backend&, float* y, const float* x, int N, int) override {
@@ -56,7 +41,7 @@ TEST(LayerParamsCache, AttachAndDetachAfterAPassTakeEffect) {
     const double base = plain.forward_loss(d.input());
     EXPECT_EQ(m.forward_loss(d.input()), base);  // the cache is built here
 
-    CountingRecipe r;
+    test::CountingRecipe r;
     m.attach_recipe("blocks.1.attn.proj", &r);
     EXPECT_EQ(m.forward_loss(d.input()), base);
     EXPECT_EQ(r.forwards, 1) << "a recipe attached after a pass was not called";

@@ -58,4 +58,21 @@ inline Data make_data(const std::vector<int>& lens, int vocab, uint64_t seed) {
   return d;
 }
 
+// A GEMM recipe that delegates to the backend and counts its calls: whether a linear's recipe
+// is in place, and how often it runs.
+struct CountingRecipe : GemmRecipe {
+  int forwards = 0, backwards = 0;
+  std::vector<float> x32;
+  void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
+               int out) override {
+    ++forwards;
+    be.matmul_forward(y, x.widened(be, int64_t(N) * in, x32), w, b, N, in, out);
+  }
+  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
+                const float* w, int N, int in, int out) override {
+    ++backwards;
+    be.matmul_backward(dx, dw, db, dy, x.widened(be, int64_t(N) * in, x32), w, N, in, out);
+  }
+};
+
 }  // namespace loom::test

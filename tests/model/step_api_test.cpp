@@ -301,21 +301,6 @@ struct DeltaAdapter : LinearAdapter {
   }
 };
 
-// Delegates to the backend and counts calls.
-struct CountingRecipe : GemmRecipe {
-  int forwards = 0, backwards = 0;
-  std::vector<float> x32;
-  void forward(Backend& be, float* y, ActIn x, const float* w, const float* b, int N, int in,
-               int out) override {
-    ++forwards;
-    be.matmul_forward(y, x.widened(be, int64_t(N) * in, x32), w, b, N, in, out);
-  }
-  void backward(Backend& be, float* dx, float* dw, float* db, const float* dy, ActIn x,
-                const float* w, int N, int in, int out) override {
-    ++backwards;
-    be.matmul_backward(dx, dw, db, dy, x.widened(be, int64_t(N) * in, x32), w, N, in, out);
-  }
-};
 }  // namespace
 
 // An adapter on a linear layer acts as a change of its weight: the model with W and adapter
@@ -362,7 +347,7 @@ TEST(Linear, RecipeComputesEveryGemmOfItsLayer) {
   Decoder m(tiny(Family::GPT2), cpu_backend()), plain(tiny(Family::GPT2), cpu_backend());
   m.params().init(29);
   plain.params().init(29);
-  CountingRecipe qkv, head;
+  test::CountingRecipe qkv, head;
   m.attach_recipe("blocks.0.attn.qkv", &qkv);
   m.attach_recipe("head", &head);
   Data d = make_data({8, 8}, 32, 9);
