@@ -57,6 +57,10 @@ void snapshot(const TensorList& src, TensorList* dst) {
     Tensor d = (*dst)[i].tensor;
     LOOM_CHECK(s.device() == Device::CPU, "checkpoint snapshot: tensor '", src[i].name,
                "' is not on the host (copy it to the host first)");
+    if (src[i].fill) {
+      src[i].fill(d.raw());
+      continue;
+    }
     if (!s.is_contiguous()) {
       d.copy_from(s);
       continue;

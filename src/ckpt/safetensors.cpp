@@ -244,7 +244,11 @@ void write_safetensors(const std::string& path, const TensorList& tensors, const
   for (size_t i : order) {
     const Tensor& t = tensors[i].tensor;
     const void* bytes = t.raw();
-    if (!t.is_contiguous()) {
+    if (tensors[i].fill) {
+      scratch.resize(t.nbytes());
+      tensors[i].fill(scratch.data());
+      bytes = scratch.data();
+    } else if (!t.is_contiguous()) {
       scratch.resize(t.nbytes());
       gather_bytes(t, scratch.data());
       bytes = scratch.data();

@@ -10,6 +10,7 @@
 // plain safetensors readers still see an ordinary file.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,6 +37,10 @@ struct NamedTensor {
   std::string name;
   Tensor tensor;
   ShardInfo shard = {};
+  // Set for a tensor made as it is written (StateSlice::fill): `tensor` gives its dtype and
+  // shape alone, and the writer calls fill(dst) for its bytes into a buffer it reuses, so that
+  // only one such tensor at a time takes memory.
+  std::function<void(void* dst)> fill = {};
 };
 
 using TensorList = std::vector<NamedTensor>;

@@ -83,7 +83,9 @@ int run_serve_here(const Args& args) {
              "cpu, cuda or auto (a GPU when there is one, else the CPU); one rank only")
       .value("tp", "0", "tensor-parallel ranks (0: every rank started; must equal that number)")
       .value("tp-timeout", "60",
-             "seconds a rank waits for the others (a step, rank 0's next message) before failing");
+             "seconds a rank waits for the others (a step, rank 0's next message) before failing")
+      .value("tp-startup-timeout", "300",
+             "seconds the ranks wait for each other to load their shards, before the steps");
   if (!o.parse(args)) return 0;
   serve::ServerOptions so;
   so.host = o.get("host");
@@ -111,6 +113,9 @@ int run_serve_here(const Args& args) {
   const double tp_timeout = o.get_double("tp-timeout");
   LOOM_CHECK(tp_timeout > 1, "--tp-timeout must exceed 1 s (rank 0 sends a keep-alive every ",
              "second while idle), got ", tp_timeout);
+  const double tp_startup_timeout = o.get_double("tp-startup-timeout");
+  LOOM_CHECK(tp_startup_timeout > 0, "--tp-startup-timeout must be positive, got ",
+             tp_startup_timeout);
   LOOM_CHECK(tp == 1 || !dev.cuda, "--device ", o.get("device"), " with --tp ", tp,
              ": tensor-parallel serving runs on the CPU only so far; use --device cpu");
   std::unique_ptr<comm::ProcessGroups> groups;
@@ -138,7 +143,8 @@ int run_serve_here(const Args& args) {
     std::signal(SIGTERM, SIG_IGN);
     std::signal(SIGINT, SIG_IGN);
     log_info("tensor-parallel rank ", world.rank(), " of ", tp, ": serving steps for rank 0");
-    infer::run_tp_worker(*model, groups->tp(), ec.block_size, blocks, tp_timeout);
+    infer::run_tp_worker(*model, groups->tp(), ec.block_size, blocks, tp_timeout,
+                         tp_startup_timeout);
     return 0;
   }
   so.max_seq = model->config().max_seq;
@@ -158,7 +164,8 @@ int run_serve_here(const Args& args) {
   if (tp == 1) {
     runner = std::make_unique<infer::DecoderRunner>(*model);
   } else {
-    auto l = std::make_unique<infer::TpLeaderRunner>(*model, groups->tp(), tp_timeout);
+    auto l = std::make_unique<infer::TpLeaderRunner>(*model, groups->tp(), tp_timeout,
+                                                     tp_startup_timeout);
     leader = l.get();
     runner = std::move(l);
   }

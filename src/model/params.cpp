@@ -467,25 +467,6 @@ void ParamSet::drop_fp32(const std::vector<std::string>& names) {
   }
 }
 
-std::vector<std::string> ParamSet::keep_fp32() {
-  std::vector<std::string> names;
-  for (ParamInfo& p : infos_) {
-    if (!p.fp32_dropped) continue;
-    be_->convert(fp32_storage() + p.offset, DType::F32, values_bf16_.as<uint16_t>() + p.offset,
-                 DType::BF16, p.numel);
-    p.fp32_dropped = false;
-    names.push_back(p.name);
-  }
-  dropped_ = 0;
-  if (!names.empty()) layout_changed();
-  // The copy still holds these values: converting them again would give the same bits.
-  for (const std::string& n : names) {
-    const ParamInfo& p = info(n);
-    note_bf16_written(p.offset, p.offset + p.numel);
-  }
-  return names;
-}
-
 void ParamSet::widen_rows(const std::string& name, const int32_t* ids, int64_t n) {
   const ParamInfo& p = info(name);
   if (!p.fp32_dropped || p.numel == 0) return;

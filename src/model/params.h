@@ -79,7 +79,7 @@ class ParamSet {
   void set_trainable(const std::string& name, bool trainable);
   bool any_frozen() const;
   // Changes whenever what ptr(), grad_ptr(), trainable_grad_ptr() or has() answer may change
-  // (add, allocate, set_trainable, the shard and expert marks, drop_fp32 / keep_fp32): a reader
+  // (add, allocate, set_trainable, the shard and expert marks, drop_fp32): a reader
   // that caches those pointers (Decoder's per-layer parameters) rebuilds them when it differs.
   // Drawn from one process-wide counter, so two sets (or a set and its copy made before a change)
   // never share a value by accident.
@@ -214,10 +214,6 @@ class ParamSet {
   // the copy instead; readers (read_values, host_values, copy_values_to) widen it; code that
   // reads data() in place reads it widened on demand (widen_rows) or through the copy.
   void drop_fp32(const std::vector<std::string>& names);
-  // Every dropped parameter widened back into the fp32 buffer and kept there again (for code
-  // that must fill the buffer in place; the trainer's loads do not: DataParallel::load_slices);
-  // returns their names, for drop_fp32 after.
-  std::vector<std::string> keep_fp32();
   bool any_fp32_dropped() const { return dropped_ > 0; }
   // The elements of the set's layout in [a, b) in maximal runs of one kind: fn(lo, hi,
   // dropped), dropped when [lo, hi) lies in parameters whose fp32 values are dropped (padding

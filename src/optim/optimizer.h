@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct StateSlice {
   Tensor tensor;         // 1-D view
   int64_t global_numel;  // the flattened parameter's size
   int64_t offset;        // where the slice starts within it
+  // Set for values made on demand (a weight kept only as bf16, widened): `tensor` then gives
+  // the shape alone (no memory) and fill(dst) writes the values into tensor.numel() floats.
+  std::function<void(void* dst)> fill = {};
 };
 
 class Optimizer {

@@ -294,21 +294,38 @@ std::vector<float> DataParallel::reduced_grad_shard() const {
   return g;
 }
 
+std::vector<StateSlice> DataParallel::whole_slices() {
+  // (The 2-byte weights keep no fp32 values: widened from the bf16 copy, which holds the master
+  // rounded, as the fp32 model did. Read only: a load takes load_slices.)
+  std::vector<StateSlice> out;
+  for (const ParamInfo& p : P_.infos()) {
+    if (!p.fp32_dropped) {
+      out.push_back(
+          {p.name, Tensor::view_of(P_.fp32_storage() + p.offset, p.shape, DType::F32), p.numel, 0});
+      continue;
+    }
+    const int64_t lo = p.offset, hi = p.offset + p.numel;
+    out.push_back(
+        {p.name, Tensor::view_of(nullptr, p.shape, DType::F32), p.numel, 0,
+         [this, lo, hi](void* dst) { P_.copy_values_to(static_cast<float*>(dst), lo, hi); }});
+  }
+  return out;
+}
+
+std::vector<StateSlice> DataParallel::save_slices() {
+  return opt_.zero == 0 ? whole_slices() : param_slices();
+}
+
 std::vector<StateSlice> DataParallel::param_slices() {
   std::vector<StateSlice> out;
   if (opt_.zero == 0) {
-    // (The 2-byte weights keep no fp32 values: widened from the bf16 copy, which holds the
-    // master rounded, as the fp32 model did. A copy, read only: a load takes load_slices.)
-    for (const ParamInfo& p : P_.infos()) {
-      Tensor t;
-      if (p.fp32_dropped) {
-        t = Tensor::zeros(p.shape, DType::F32);
-        P_.copy_values_to(t.data<float>(), p.offset, p.offset + p.numel);
-      } else {
-        t = Tensor::view_of(P_.fp32_storage() + p.offset, p.shape, DType::F32);  // (kept)
+    out = whole_slices();
+    for (StateSlice& s : out)  // a dropped parameter: a widened copy
+      if (s.fill) {
+        s.tensor = Tensor::zeros(s.tensor.shape(), DType::F32);
+        s.fill(s.tensor.raw());
+        s.fill = nullptr;
       }
-      out.push_back({p.name, t, p.numel, 0});
-    }
     return out;
   }
   float* w = adam_->master() ? adam_->master() - lo_ : P_.data();

@@ -122,6 +122,10 @@ class DataParallel : public Optimizer {
   // parameter whole (offset 0); ZeRO >= 1 the owned slice of each flattened parameter (from the
   // fp32 master when there is one). Restoring them, then sync_model_from_master(), resumes.
   std::vector<StateSlice> param_slices();
+  // The slices a save reads: param_slices(), except at ZeRO-0 under the 2-byte weights, where a
+  // dropped parameter comes as a fill (StateSlice::fill) that widens its bf16 copy while the
+  // writer writes it: one parameter's fp32 values at a time, not the whole container's.
+  std::vector<StateSlice> save_slices();
   // The slices a load writes (a resume, train.pretrained, train.init_from): param_slices(),
   // except at ZeRO-0 under the 2-byte weights (ParamSet::drop_fp32), where a dropped
   // parameter, which has no fp32 values in the model to fill, is read straight into its fp32
@@ -167,6 +171,8 @@ class DataParallel : public Optimizer {
   }
 
  private:
+  // ZeRO-0's slices: every parameter whole, a dropped one as a fill widening its bf16 copy.
+  std::vector<StateSlice> whole_slices();
   void draw_initial_weights(uint64_t seed);
   bool reduces_now() const;
   // Expert-parallel experts: [expert_lo_, expert_hi_) of the flat buffer (empty otherwise).

@@ -882,7 +882,7 @@ void Trainer::save_checkpoint() {
   // On a device the writer gets host copies (staged here, copied again by an asynchronous
   // writer's snapshot); on the CPU the buffers themselves.
   staged_.clear();
-  ckpt_writer_->save(st, stage(shard_list(dp_->param_slices())), stage(optim_list()));
+  ckpt_writer_->save(st, stage(shard_list(dp_->save_slices())), stage(optim_list()));
   staged_.clear();  // (nothing to upload: the writer only read them)
   if (!whole_ && !opt_.ckpt_async) commit_distributed();
   if (opt_.quiet) return;
@@ -994,7 +994,8 @@ ckpt::TensorList Trainer::shard_list(const std::vector<StateSlice>& slices) cons
       const ParamInfo& p = T.info(param);
       LOOM_CHECK(s.offset == 0 && s.tensor.numel() == p.numel, s.name,
                  ": one process's engine must hold whole parameters");
-      out.push_back({s.name, Tensor::view_of(s.tensor.data<float>(), p.shape, DType::F32)});
+      out.push_back(
+          {s.name, Tensor::view_of(s.tensor.data<float>(), p.shape, DType::F32), {}, s.fill});
     }
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
     return out;
@@ -1007,7 +1008,7 @@ ckpt::TensorList Trainer::shard_list(const std::vector<StateSlice>& slices) cons
       info.global_shape = {sl.global_numel};
       info.global_offset = {sl.offset};
     }
-    out.push_back({sl.name, sl.tensor, info});
+    out.push_back({sl.name, sl.tensor, info, sl.fill});
   }
   return out;
 }

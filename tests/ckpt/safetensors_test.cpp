@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "ckpt/test_util.h"
@@ -116,6 +117,29 @@ TEST(Safetensors, WritesNonContiguousTensorsInLogicalOrder) {
   const uint16_t* dst = back.data<uint16_t>();
   for (int i = 0; i < 6; ++i)
     for (int j = 0; j < 4; ++j) EXPECT_EQ(dst[i * 4 + j], src[j * 6 + i]);
+}
+
+// A tensor made as it is written (NamedTensor::fill: no memory of its own) is stored as the
+// same tensor held in memory is, byte for byte, next to ordinary ones.
+TEST(Safetensors, FilledTensorsAreWrittenAsHeldOnes) {
+  ScratchDir dir;
+  const Tensor a = random_tensor({3, 5}, DType::F32, 1), b = random_tensor({7}, DType::F32, 2);
+  const Tensor c = random_tensor({2, 2}, DType::BF16, 3);
+  write_safetensors(dir / "held.safetensors", TensorList{{"a", a}, {"b", b}, {"c", c}});
+  int fills = 0;
+  const auto fill_from = [&fills](const Tensor& t) {
+    return [&fills, t](void* dst) {
+      ++fills;
+      std::memcpy(dst, t.raw(), t.nbytes());
+    };
+  };
+  write_safetensors(
+      dir / "filled.safetensors",
+      TensorList{{"a", Tensor::view_of(nullptr, a.shape(), DType::F32), {}, fill_from(a)},
+                 {"b", b},
+                 {"c", Tensor::view_of(nullptr, c.shape(), DType::BF16), {}, fill_from(c)}});
+  EXPECT_EQ(fills, 2);
+  EXPECT_EQ(read_file(dir / "filled.safetensors"), read_file(dir / "held.safetensors"));
 }
 
 TEST(Safetensors, ShardInfoRoundTrips) {

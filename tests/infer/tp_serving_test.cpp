@@ -5,10 +5,12 @@
 // fp8); rank 1 follows the steps with its own KV cache until told to stop.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "comm/process_groups.h"
 #include "core/rng.h"
@@ -150,6 +152,29 @@ TEST(TpServing, NanWeightInOneShardIsRefusedOnEveryRank) {
             << e.what();
       }
     }
+}
+
+// Rank 0 starting up (loading and quantising its shard, reading the tokenizer) for longer than
+// the per-step timeout is not a timeout: rank 1 waits for rank 0's ready message under the
+// start-up timeout, and the step clock starts only then.
+TEST(TpServing, SlowStartOnRankZeroIsNotAStepTimeout) {
+  comm::ParallelDims dims;
+  dims.tp = comm::world().size();
+  comm::ProcessGroups pg(comm::world(), dims);
+  Decoder tp_model(tiny(Family::GPT2), cpu_backend(), Recompute::None, DType::F32,
+                   parallel::tensor_parallel_layout(pg, false));
+  tp_model.params().init(5);
+  constexpr double kStepTimeout = 2, kStartupTimeout = 30;
+  if (pg.tp().rank() != 0) {
+    EXPECT_NO_THROW(run_tp_worker(tp_model, pg.tp(), engine_config().block_size,
+                                  engine_config().num_blocks, kStepTimeout, kStartupTimeout));
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(kStepTimeout + 1.5));
+  TpLeaderRunner leader(tp_model, pg.tp(), kStepTimeout, kStartupTimeout);
+  const Output got = serve(leader, {prompt(7, 1)});
+  leader.stop();
+  EXPECT_EQ(got.tokens.at(0).size(), 10u);
 }
 
 LOOM_MPI_TEST_MAIN()

@@ -13,15 +13,35 @@
 
 using namespace loom;
 
+namespace {
+
+constexpr int kRows = 9;
+
+// kRows rows of V logits in [-3, 3) (counter stream `stream`), per-row weights in [-0.25, 0.75)
+// (stream + 1), targets spread over the vocabulary by `stride`, row `ignored` ignored (-1).
+struct CeRows {
+  std::vector<float> logits, weights;
+  std::vector<int32_t> targets;
+};
+CeRows ce_rows(int V, uint64_t stream, int stride, int ignored) {
+  CeRows d{std::vector<float>(size_t(kRows) * V), std::vector<float>(kRows),
+           std::vector<int32_t>(kRows)};
+  for (size_t i = 0; i < d.logits.size(); ++i)
+    d.logits[i] = 6.f * (uniform_at(9, stream, i) - 0.5f);
+  for (int i = 0; i < kRows; ++i) {
+    d.weights[size_t(i)] = uniform_at(9, stream + 1, uint64_t(i)) - 0.25f;
+    d.targets[size_t(i)] = (i * stride) % V;
+  }
+  d.targets[size_t(ignored)] = -1;
+  return d;
+}
+
+}  // namespace
+
 TEST(CrossEntropyBf16, FusedPassEqualsRoundingAroundCrossEntropy) {
   for (int V : {97, 5000}) {
-    const int N = 9;
-    std::vector<float> logits(size_t(N) * V), weights(N);
-    for (size_t i = 0; i < logits.size(); ++i) logits[i] = 6.f * (uniform_at(9, 1, i) - 0.5f);
-    for (int i = 0; i < N; ++i) weights[size_t(i)] = uniform_at(9, 2, uint64_t(i)) - 0.25f;
-    std::vector<int32_t> targets(N);
-    for (int i = 0; i < N; ++i) targets[size_t(i)] = (i * 37) % V;
-    targets[3] = -1;  // ignored row
+    const int N = kRows;
+    const auto [logits, weights, targets] = ce_rows(V, 1, 37, 3);
     for (bool grads : {false, true}) {
       for (const float* w : std::vector<const float*>{nullptr, weights.data()}) {
         std::vector<float> ref = logits, ref_loss(N, -1.f);
@@ -55,15 +75,10 @@ TEST(CrossEntropyBf16, FusedPassEqualsRoundingAroundCrossEntropy) {
 // written over the logits' bits in place; without gradients the logits are left as they were.
 TEST(CrossEntropyBf16, FromBf16BitsEqualsFusedPassOnWidenedLogits) {
   for (int V : {97, 5000}) {
-    const int N = 9;
-    std::vector<uint16_t> logits(size_t(N) * V);
-    for (size_t i = 0; i < logits.size(); ++i)
-      logits[i] = f32_to_bf16(6.f * (uniform_at(9, 3, i) - 0.5f));
-    std::vector<float> weights(N);
-    for (int i = 0; i < N; ++i) weights[size_t(i)] = uniform_at(9, 4, uint64_t(i)) - 0.25f;
-    std::vector<int32_t> targets(N);
-    for (int i = 0; i < N; ++i) targets[size_t(i)] = (i * 41) % V;
-    targets[5] = -1;  // ignored row
+    const int N = kRows;
+    const auto [fp32_logits, weights, targets] = ce_rows(V, 3, 41, 5);
+    std::vector<uint16_t> logits(fp32_logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = f32_to_bf16(fp32_logits[i]);
     for (bool grads : {false, true}) {
       for (const float* w : std::vector<const float*>{nullptr, weights.data()}) {
         std::vector<float> ref(logits.size()), ref_loss(N, -1.f);

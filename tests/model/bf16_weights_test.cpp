@@ -45,8 +45,7 @@ std::vector<float> values_of(const ParamSet& P) {
 
 }  // namespace
 
-// Writers round into the bf16 copy and readers widen it; the fp32 pages stay returned; a load
-// in place gets the values back (keep_fp32) and drops them again.
+// Writers round into the bf16 copy and readers widen it; the fp32 pages stay returned.
 TEST(Bf16Weights, SetReadersAndWritersGoThroughTheCopy) {
   ParamSet P;
   P.add("w", {64, 256}, true, ParamInit::Normal, 1.f);  // 16 pages of fp32
@@ -92,14 +91,6 @@ TEST(Bf16Weights, SetReadersAndWritersGoThroughTheCopy) {
   EXPECT_EQ(P.fp32_storage()[wo + 10 * 256], 0.f);
   P.release_fp32("w");
   EXPECT_LE(parallel::resident_bytes(P.fp32_storage() + wo, w_bytes), 2 * page());
-  // keep_fp32: the values back in place, and the names to drop again.
-  const std::vector<float> before = values_of(P);
-  const std::vector<std::string> names = P.keep_fp32();
-  ASSERT_EQ(names, std::vector<std::string>{"w"});
-  EXPECT_FALSE(P.any_fp32_dropped());
-  EXPECT_EQ(0, std::memcmp(before.data(), P.data(), 4 * size_t(P.total())));
-  P.drop_fp32(names);
-  EXPECT_EQ(values_of(P), before);
 }
 
 // The raw accessors of the fp32 values (data, ptr, host_data, host_ptr) refuse a dropped
@@ -142,10 +133,6 @@ TEST(Bf16Weights, RawAccessorsRefuseDroppedParameters) {
   EXPECT_EQ(P.fp32_storage_ptr("w"), P.fp32_storage() + P.info("w").offset);
   EXPECT_EQ(P.fp32_storage_ptr("w")[3], 0.f);
   EXPECT_NE(drawn[P.info("w").offset + 3], 0.f);
-  // Kept again: every accessor reads the values.
-  P.keep_fp32();
-  EXPECT_EQ(P.ptr("w")[3], round_bf16(drawn[P.info("w").offset + 3]));
-  EXPECT_EQ(P.data(), P.fp32_storage());
 }
 
 // A Decoder whose linear weight is dropped but read by no GEMM recipe (the fp32 GEMM would

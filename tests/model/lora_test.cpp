@@ -73,24 +73,7 @@ TEST(Lora, GradientsOfAAndBMatchFiniteDifferences) {
     P.zero_grad();
     m.forward_backward(d.input(), 1.f);
     const std::vector<float> g(P.grad(), P.grad() + P.total());
-    const float eps = 1e-2f;
-    int checked = 0;
-    for (const ParamInfo& p : P.infos())
-      for (int k = 0; k < 3; ++k) {
-        const int64_t i = p.offset + (p.numel - 1) * k / 2;
-        const float saved = P.data()[i];
-        P.data()[i] = saved + eps;
-        const double lp = m.forward_loss(d.input());
-        P.data()[i] = saved - eps;
-        const double lm = m.forward_loss(d.input());
-        P.data()[i] = saved;
-        const double numeric = (lp - lm) / (2 * eps);
-        EXPECT_NEAR(g[size_t(i)], numeric,
-                    2e-2 * std::max(std::fabs(double(g[size_t(i)])), std::fabs(numeric)) + 2e-3)
-            << p.name << " " << family_name(f);
-        ++checked;
-      }
-    EXPECT_EQ(checked, 3 * 16);
+    EXPECT_EQ(test::expect_gradients_match_differences(m, P, d, g, family_name(f)), 3 * 16);
   }
 }
 
@@ -173,24 +156,7 @@ TEST(Lora, DropoutGradientsMatchFiniteDifferences) {
     P.zero_grad();
     m.forward_backward(d.input(), 1.f);
     const std::vector<float> g(P.grad(), P.grad() + P.total());
-    const float eps = 1e-2f;
-    int checked = 0;
-    for (const ParamInfo& p : P.infos())
-      for (int k = 0; k < 3; ++k) {
-        const int64_t i = p.offset + (p.numel - 1) * k / 2;
-        const float saved = P.data()[i];
-        P.data()[i] = saved + eps;
-        const double lp = m.forward_loss(d.input());
-        P.data()[i] = saved - eps;
-        const double lm = m.forward_loss(d.input());
-        P.data()[i] = saved;
-        const double numeric = (lp - lm) / (2 * eps);
-        EXPECT_NEAR(g[size_t(i)], numeric,
-                    2e-2 * std::max(std::fabs(double(g[size_t(i)])), std::fabs(numeric)) + 2e-3)
-            << p.name << " " << family_name(f);
-        ++checked;
-      }
-    EXPECT_EQ(checked, 3 * 16);
+    EXPECT_EQ(test::expect_gradients_match_differences(m, P, d, g, family_name(f)), 3 * 16);
     // The input gradient through a dropped adapter: unfreeze one base weight upstream of the
     // adapters (block 0's first norm) and check it as well.
     const std::string up = "blocks.0.norm1.weight";
@@ -198,22 +164,9 @@ TEST(Lora, DropoutGradientsMatchFiniteDifferences) {
     m.params().zero_grad();
     P.zero_grad();
     m.forward_backward(d.input(), 1.f);
-    const ParamInfo& u = m.params().info(up);
-    for (int k = 0; k < 3; ++k) {
-      const int64_t i = u.offset + (u.numel - 1) * k / 2;
-      const double analytic = m.params().grad()[i];
-      float* w = m.params().data() + i;
-      const float saved = *w;
-      *w = saved + eps;
-      const double lp = m.forward_loss(d.input());
-      *w = saved - eps;
-      const double lm = m.forward_loss(d.input());
-      *w = saved;
-      const double numeric = (lp - lm) / (2 * eps);
-      EXPECT_NEAR(analytic, numeric,
-                  2e-2 * std::max(std::fabs(analytic), std::fabs(numeric)) + 2e-3)
-          << up << " " << family_name(f);
-    }
+    const std::vector<float> gm(m.params().grad(), m.params().grad() + m.params().total());
+    EXPECT_EQ(test::expect_gradients_match_differences(m, m.params(), d, gm, family_name(f), up),
+              3);
     m.params().set_trainable(up, false);
     lora.clear_dropout();
   }

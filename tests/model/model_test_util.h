@@ -1,7 +1,12 @@
 // What the model tests share: a tiny model of either family, and packed micro-batches.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -56,6 +61,32 @@ inline Data make_data(const std::vector<int>& lens, int vocab, uint64_t seed) {
     d.cu.push_back(static_cast<int32_t>(d.tokens.size()));
   }
   return d;
+}
+
+// The analytic gradient `g` (indexed like P's elements) of 3 elements of every parameter of P
+// (first, middle, last) against central differences of m's loss on `d` (eps 1e-2, within 2%
+// + 2e-3); returns how many were checked. `what` names the case in a failure; `only`, when
+// given, names the one parameter to check.
+inline int expect_gradients_match_differences(Decoder& m, ParamSet& P, const Data& d,
+                                              const std::vector<float>& g, const std::string& what,
+                                              const std::string& only = "") {
+  const float eps = 1e-2f;
+  int checked = 0;
+  for (const ParamInfo& p : P.infos())
+    for (int k = 0; k < 3 && (only.empty() || p.name == only); ++k) {
+      const int64_t i = p.offset + (p.numel - 1) * k / 2;
+      const float saved = P.data()[i];
+      P.data()[i] = saved + eps;
+      const double lp = m.forward_loss(d.input());
+      P.data()[i] = saved - eps;
+      const double lm = m.forward_loss(d.input());
+      P.data()[i] = saved;
+      const double numeric = (lp - lm) / (2 * eps), a = g[size_t(i)];
+      EXPECT_NEAR(a, numeric, 2e-2 * std::max(std::fabs(a), std::fabs(numeric)) + 2e-3)
+          << p.name << " " << what;
+      ++checked;
+    }
+  return checked;
 }
 
 // A GEMM recipe that delegates to the backend and counts its calls: whether a linear's recipe

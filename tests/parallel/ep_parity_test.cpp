@@ -55,6 +55,12 @@ void check_ep(Family f, int ep, int zero) {
       global_index);
 }
 
+// check_ep on a job of `ranks` ranks (skipped on other jobs: the test binary runs as 2 and 4).
+void check_ep_on(int ranks, Family f, int ep, int zero) {
+  if (world_size() != ranks) GTEST_SKIP() << "needs " << ranks << " ranks";
+  check_ep(f, ep, zero);
+}
+
 // ZeRO-3 of a MoE model that draws its own weights (DataParallelOptions::init_seed): every
 // parameter (a block's dense part and experts gathered through the block hooks) and every
 // master slice equal one process's init() at their global positions; between steps the rank
@@ -174,47 +180,37 @@ TEST(ExpertParallel, DispatchThenCombineIsExact) {
 }
 
 TEST(ExpertParallel, Ep2Gpt2) {
-  if (world_size() != 2) GTEST_SKIP() << "needs 2 ranks";
-  check_ep(Family::GPT2, 2, 0);
+  check_ep_on(2, Family::GPT2, 2, 0);
 }
 TEST(ExpertParallel, Ep2LlamaZero1) {
-  if (world_size() != 2) GTEST_SKIP() << "needs 2 ranks";
-  check_ep(Family::Llama, 2, 1);
+  check_ep_on(2, Family::Llama, 2, 1);
 }
 TEST(ExpertParallel, Ep4Llama) {
-  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  check_ep(Family::Llama, 4, 0);
+  check_ep_on(4, Family::Llama, 4, 0);
 }
 TEST(ExpertParallel, Ep2Dp2Gpt2Zero1) {
-  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  check_ep(Family::GPT2, 2, 1);
+  check_ep_on(4, Family::GPT2, 2, 1);
 }
 TEST(ExpertParallel, Ep2Dp2Llama) {
-  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  check_ep(Family::Llama, 2, 0);
+  check_ep_on(4, Family::Llama, 2, 0);
 }
 
 // ZeRO-3: the dense part sharded over DP and gathered block by block; the experts with it
 // (ep = 1) or sharded over the expert-data-parallel group (ep > 1).
 TEST(ExpertParallel, Dp2Zero3Gpt2) {
-  if (world_size() != 2) GTEST_SKIP() << "needs 2 ranks";
-  check_ep(Family::GPT2, 1, 3);
+  check_ep_on(2, Family::GPT2, 1, 3);
 }
 TEST(ExpertParallel, Ep2Zero3Llama) {
-  if (world_size() != 2) GTEST_SKIP() << "needs 2 ranks";
-  check_ep(Family::Llama, 2, 3);
+  check_ep_on(2, Family::Llama, 2, 3);
 }
 TEST(ExpertParallel, Dp4Zero3Llama) {
-  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  check_ep(Family::Llama, 1, 3);
+  check_ep_on(4, Family::Llama, 1, 3);
 }
 TEST(ExpertParallel, Ep2Dp2Zero3Gpt2) {
-  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  check_ep(Family::GPT2, 2, 3);
+  check_ep_on(4, Family::GPT2, 2, 3);
 }
 TEST(ExpertParallel, Ep4Zero3Gpt2) {
-  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  check_ep(Family::GPT2, 4, 3);
+  check_ep_on(4, Family::GPT2, 4, 3);
 }
 TEST(ExpertParallel, Zero3DrawsLikeOneProcess) {
   for (int ep : {1, 2}) {

@@ -66,6 +66,34 @@ std::vector<float> copy(const ParamSet& P) {
   return std::vector<float>(P.data(), P.data() + P.total());
 }
 
+// Step i of a layout (b) against one process's (a): the loss within 1e-5, the gradient norm
+// within 1e-4 (relative).
+void expect_step_like(const StepResult& a, const StepResult& b, int i) {
+  EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
+  EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4)
+      << "grad norm, step " << i << ": " << b.grad_norm << " vs " << a.grad_norm;
+}
+
+void expect_steps_like(Trainer& ref, Trainer& t, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    const StepResult a = ref.train_step(), b = t.train_step();
+    expect_step_like(a, b, i);
+  }
+}
+
+// Every rank's adapters, whole (all-gathered after a sharded step), against one process's.
+// Relative to the largest weight: Adam divides by sqrt(v), so a gradient element near zero
+// whose sum is rounded differently moves by up to ~lr, not by its own (tiny) size.
+void expect_same_adapters(const ParamSet& pa, const ParamSet& pb) {
+  ASSERT_EQ(pa.total(), pb.total());
+  double worst = 0, largest = 0;
+  for (int64_t i = 0; i < pa.total(); ++i) {
+    worst = std::max(worst, double(std::abs(pa.data()[i] - pb.data()[i])));
+    largest = std::max(largest, double(std::abs(pa.data()[i])));
+  }
+  EXPECT_LT(worst, 1e-4 * largest) << "adapter weights differ from one process's";
+}
+
 void check_lora_parity(int zero, double dropout = 0) {
   const int D = W().size(), A = 2, steps = 8;
   const std::string base = make_base();
@@ -77,24 +105,11 @@ void check_lora_parity(int zero, double dropout = 0) {
   ASSERT_TRUE(t.distributed());
   ASSERT_NE(t.lora(), nullptr);
   const std::vector<float> base_weights = copy(t.model().params());
-  for (int i = 0; i < steps; ++i) {
-    const StepResult a = ref.train_step(), b = t.train_step();
-    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
-    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4)
-        << "grad norm, step " << i << ": " << b.grad_norm << " vs " << a.grad_norm;
-  }
+  expect_steps_like(ref, t, steps);
   // Every rank's adapters (all-gathered after the sharded step under ZeRO 1/2) are one
   // process's; the base is untouched.
-  const ParamSet &pa = ref.lora()->params(), &pb = t.lora()->params();
-  ASSERT_EQ(pa.total(), pb.total());
-  // Relative to the largest weight: Adam divides by sqrt(v), so a gradient element near zero
-  // whose sum is rounded differently moves by up to ~lr, not by its own (tiny) size.
-  double worst = 0, largest = 0;
-  for (int64_t i = 0; i < pa.total(); ++i) {
-    worst = std::max(worst, double(std::abs(pa.data()[i] - pb.data()[i])));
-    largest = std::max(largest, double(std::abs(pa.data()[i])));
-  }
-  EXPECT_LT(worst, 1e-4 * largest) << "adapter weights differ from one process's";
+  const ParamSet& pb = t.lora()->params();
+  expect_same_adapters(ref.lora()->params(), pb);
   // The adapters were trained: B started at zero and moved (every step's batch differs, so the
   // losses alone are too noisy to show it in 8 steps).
   double b_largest = 0;
@@ -267,12 +282,7 @@ void check_lora_tp(bool sp, double dropout = 0, int zero = 0) {
   ASSERT_TRUE(t.distributed());
   ASSERT_EQ(t.groups()->tp().size(), 2);
   EXPECT_EQ(t.base_shards() != nullptr, zero == 3);
-  for (int i = 0; i < steps; ++i) {
-    const StepResult a = ref.train_step(), b = t.train_step();
-    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
-    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4)
-        << "grad norm, step " << i << ": " << b.grad_norm << " vs " << a.grad_norm;
-  }
+  expect_steps_like(ref, t, steps);
   // Each local adapter element against the one-process element it stands for.
   const ParamSet &pa = ref.lora()->params(), &pb = t.lora()->params();
   int sharded = 0;
@@ -351,12 +361,7 @@ void check_lora_pp(int zero) {
   Trainer t(c);
   ASSERT_NE(t.pipeline(), nullptr);
   EXPECT_EQ(t.base_shards() != nullptr, zero == 3);
-  for (int i = 0; i < steps; ++i) {
-    const StepResult a = ref.train_step(), b = t.train_step();
-    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
-    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4)
-        << "grad norm, step " << i << ": " << b.grad_norm << " vs " << a.grad_norm;
-  }
+  expect_steps_like(ref, t, steps);
   const ParamSet &pa = ref.lora()->params(), &pb = t.lora()->params();
   EXPECT_LT(pb.total(), pa.total());  // this stage's layers only
   double worst = 0, largest = 0;
@@ -466,20 +471,8 @@ TEST(TrainerFinetuneDp, LoraContextParallelMatchesOneProcess) {
   c.set("parallel.zero", "1", "test");
   Trainer t(c);
   ASSERT_EQ(t.groups()->cp().size(), 2);
-  for (int i = 0; i < steps; ++i) {
-    const StepResult a = ref.train_step(), b = t.train_step();
-    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
-    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4)
-        << "grad norm, step " << i << ": " << b.grad_norm << " vs " << a.grad_norm;
-  }
-  const ParamSet &pa = ref.lora()->params(), &pb = t.lora()->params();
-  ASSERT_EQ(pa.total(), pb.total());
-  double worst = 0, largest = 0;
-  for (int64_t i = 0; i < pa.total(); ++i) {
-    worst = std::max(worst, double(std::abs(pa.data()[i] - pb.data()[i])));
-    largest = std::max(largest, double(std::abs(pa.data()[i])));
-  }
-  EXPECT_LT(worst, 1e-4 * largest) << "adapter weights differ from one process's";
+  expect_steps_like(ref, t, steps);
+  expect_same_adapters(ref.lora()->params(), t.lora()->params());
 }
 
 // Byte tokenizer with ChatML markers and preference pairs (chosen: the reversed word; rejected:
@@ -581,8 +574,7 @@ void check_dpo_parity(int zero, const std::string& lora_base, int tp = 1, bool s
   for (int i = 0; i < steps; ++i) {
     const StepResult a = ref.train_step(), b = t.train_step();
     losses.push_back(b.loss);
-    EXPECT_LT(rel_diff(b.loss, a.loss), 1e-5) << "step " << i << ": " << b.loss << " vs " << a.loss;
-    EXPECT_LT(rel_diff(b.grad_norm, a.grad_norm), 1e-4) << "grad norm, step " << i;
+    expect_step_like(a, b, i);
     for (const char* k : {"rewards_chosen", "rewards_rejected", "reward_accuracy"})
       EXPECT_NEAR(extra(b, k), extra(a, k), 1e-5 + 1e-4 * std::abs(extra(a, k)))
           << k << ", step " << i;

@@ -79,6 +79,26 @@ std::string shared_temp_dir(const char* name, std::unique_ptr<test::TempDir>& di
   return std::string(reinterpret_cast<const char*>(path.data()));
 }
 
+// A step taken again (a resume, or the synchronous run) against the one it must equal, bit for
+// bit: the reward, loss, gradient norm and trained tokens.
+void expect_same_step(const RlStepStats& x, const RlStepStats& y, int64_t s) {
+  EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
+  EXPECT_EQ(x.loss, y.loss) << "step " << s;
+  EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
+  EXPECT_EQ(x.train_tokens, y.train_tokens) << "step " << s;
+}
+
+std::vector<float> weights_of(const ParamSet& p) {
+  return std::vector<float>(p.data(), p.data() + p.total());
+}
+
+// The resumed run's weights against the uninterrupted run's, bit for bit.
+void expect_resumed_weights(const std::vector<float>& full, const ParamSet& p) {
+  ASSERT_EQ(int64_t(full.size()), p.total());
+  EXPECT_EQ(std::memcmp(full.data(), p.data(), size_t(p.total()) * sizeof(float)), 0)
+      << "the resumed run ends with other weights than the uninterrupted one";
+}
+
 }  // namespace
 
 TEST(MpiGrpo, LayoutErrors) {
@@ -196,10 +216,7 @@ TEST(MpiGrpo, StalenessZeroReproducesTheSynchronousRun) {
   for (int64_t s = 0; s < steps; ++s) {
     const RlStepStats x = sync.step();
     const RlStepStats& y = got[size_t(s)];
-    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
-    EXPECT_EQ(x.loss, y.loss) << "step " << s;
-    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
-    EXPECT_EQ(x.train_tokens, y.train_tokens) << "step " << s;
+    expect_same_step(x, y, s);
     ASSERT_EQ(y.staleness.size(), 1u) << "step " << s;
     trained += x.train_tokens > 0;
   }
@@ -486,8 +503,7 @@ TEST(MpiGrpo, ExpertParallelLearnersResumeBitForBit) {
           save_rl_checkpoint(root, cut, info, a.model, g.checkpoint_optimizer(), {});
       }
       g.finish();
-      full_weights.assign(a.model.params().data(),
-                          a.model.params().data() + a.model.params().total());
+      full_weights = weights_of(a.model.params());
     } else {
       g.run_rollout();
     }
@@ -511,20 +527,12 @@ TEST(MpiGrpo, ExpertParallelLearnersResumeBitForBit) {
   int trained = 0;
   for (int64_t s = cut; s < steps; ++s) {
     const RlStepStats y = g.step(), &x = full[size_t(s)];
-    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
-    EXPECT_EQ(x.loss, y.loss) << "step " << s;
-    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
-    EXPECT_EQ(x.train_tokens, y.train_tokens) << "step " << s;
+    expect_same_step(x, y, s);
     trained += y.train_tokens > 0;
   }
   EXPECT_GT(trained, 0) << "no resumed step had a gradient: the comparison proves nothing";
   g.finish();
-  if (W().rank() == 0) {
-    const ParamSet& p = c.model.params();
-    ASSERT_EQ(int64_t(full_weights.size()), p.total());
-    EXPECT_EQ(std::memcmp(full_weights.data(), p.data(), size_t(p.total()) * sizeof(float)), 0)
-        << "the resumed run ends with other weights than the uninterrupted one";
-  }
+  if (W().rank() == 0) expect_resumed_weights(full_weights, c.model.params());
   W().barrier();  // rank 0's temp dir goes after every learner has read it
 }
 
@@ -569,8 +577,7 @@ TEST(MpiGrpo, ResumeTrainsOnTheCheckpointsBufferedGroups) {
         saved = save_rl_checkpoint(root, cut, info, a.model, g.learner().optimizer(), buf);
       }
       g.finish();
-      full_weights.assign(a.model.params().data(),
-                          a.model.params().data() + a.model.params().total());
+      full_weights = weights_of(a.model.params());
     } else {
       g.run_rollout();
     }
@@ -604,17 +611,11 @@ TEST(MpiGrpo, ResumeTrainsOnTheCheckpointsBufferedGroups) {
   EXPECT_EQ(g.first_step(), cut);
   for (int64_t s = cut; s < steps; ++s) {
     const RlStepStats y = g.step(), &x = full[size_t(s)];
-    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
-    EXPECT_EQ(x.loss, y.loss) << "step " << s;
-    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
-    EXPECT_EQ(x.train_tokens, y.train_tokens) << "step " << s;
+    expect_same_step(x, y, s);
     EXPECT_EQ(x.staleness, y.staleness) << "step " << s;
   }
   g.finish();
-  const ParamSet& p = c.model.params();
-  ASSERT_EQ(int64_t(full_weights.size()), p.total());
-  EXPECT_EQ(std::memcmp(full_weights.data(), p.data(), size_t(p.total()) * sizeof(float)), 0)
-      << "the resumed run ends with other weights than the uninterrupted one";
+  expect_resumed_weights(full_weights, c.model.params());
   W().barrier();  // rank 0's temp dir goes after every learner has read it
 }
 
@@ -682,8 +683,7 @@ TEST(MpiGrpo, PartialRolloutsResumeTheirCutGroups) {
         save_rl_checkpoint(root, cut, info, a.model, g.learner().optimizer(), buf, cut_groups);
       }
       g.finish();
-      full_weights.assign(a.model.params().data(),
-                          a.model.params().data() + a.model.params().total());
+      full_weights = weights_of(a.model.params());
     } else {
       g.run_rollout();
     }
@@ -709,18 +709,13 @@ TEST(MpiGrpo, PartialRolloutsResumeTheirCutGroups) {
   }
   for (int64_t s = cut; s < steps; ++s) {
     const RlStepStats y = g.step(), &x = full[size_t(s)];
+    expect_same_step(x, y, s);
     EXPECT_EQ(x.groups, y.groups) << "step " << s;
-    EXPECT_EQ(x.reward_mean, y.reward_mean) << "step " << s;
-    EXPECT_EQ(x.loss, y.loss) << "step " << s;
-    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
     EXPECT_EQ(x.staleness, y.staleness) << "step " << s;
     EXPECT_EQ(x.spanning_rollouts, y.spanning_rollouts) << "step " << s;
   }
   g.finish();
-  const ParamSet& p = c.model.params();
-  ASSERT_EQ(int64_t(full_weights.size()), p.total());
-  EXPECT_EQ(std::memcmp(full_weights.data(), p.data(), size_t(p.total()) * sizeof(float)), 0)
-      << "the resumed run ends with other weights than the uninterrupted one";
+  expect_resumed_weights(full_weights, c.model.params());
   W().barrier();  // rank 0's temp dir goes after the run
 }
 
