@@ -292,12 +292,9 @@ void Fp8Linear::forward(Backend&, float* y, ActIn x_in, const float* w, const fl
     else  // scale_inv_x * scale_inv_w
       alpha = (1.f / quantise_tensor(X, x, nx, a_.data())) * (1.f / state_[W].scale);
   });
-  float beta = 0.f;
-  if (b != nullptr) {  // y seeded with the bias, the GEMM adds onto it
-    cpu::broadcast_rows(y, b, N, out);
-    beta = 1.f;
-  }
-  cpu::gemm_bf16(false, true, N, out, in, alpha, a_.data(), in, wq_.data(), in, beta, y, out);
+  // (alpha varies per call or step: applied after the GEMM, no oneDNN primitive per value)
+  cpu::gemm_bf16_varying_alpha(false, true, N, out, in, alpha, a_.data(), in, wq_.data(), in, 0.f,
+                               y, out, b);
 }
 
 void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x_in,
@@ -326,8 +323,8 @@ void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float*
   });
   if (dx != nullptr) {  // dx[N, in] = dy W, reduced over out: MX blocks of W along out
     const float alpha = mx ? 1.f : (1.f / s_dy) * (1.f / state_[W].scale);
-    cpu::gemm_bf16(false, false, N, in, out, alpha, b_.data(), out, mx ? wq_t_.data() : wq_.data(),
-                   in, 0.f, dx, in);
+    cpu::gemm_bf16_varying_alpha(false, false, N, in, out, alpha, b_.data(), out,
+                                 mx ? wq_t_.data() : wq_.data(), in, 0.f, dx, in);
   }
   if (dw != nullptr) {  // dW[out, in] += dy^T x, reduced over N: MX blocks along the tokens
     a_.resize(size_t(nx));
@@ -343,8 +340,8 @@ void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float*
         s_x = quantise_tensor(X, x, nx, a_.data(), /*again=*/true);
     });
     const float alpha = mx ? 1.f : (1.f / s_dy) * (1.f / s_x);
-    cpu::gemm_bf16(true, false, out, in, N, alpha, b_.data(), out, a_.data(), in,
-                   dw_beta(dw, int64_t(out) * in), dw, in);
+    cpu::gemm_bf16_varying_alpha(true, false, out, in, N, alpha, b_.data(), out, a_.data(), in,
+                                 dw_beta(dw, int64_t(out) * in), dw, in);
   }
   if (db != nullptr)  // column sums of the fp32 dy, as the fp32 path computes them (x unused)
     cpu::matmul_backward(nullptr, nullptr, db, dy, nullptr, w, N, in, out);

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/fp8.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "precision/fp8_recipes.h"
 
 using namespace loom;
@@ -194,6 +195,35 @@ TEST(Fp8Recipe, EveryRecipeIsWithinABoundOfTheUnquantisedGemm) {
         EXPECT_NEAR(db[size_t(o)], s, 1e-9);
       }
     }
+}
+
+// The per-tensor recipes' scales change every call (current) or every step (delayed); the GEMMs
+// apply them after oneDNN's kernel (gemm_bf16_varying_alpha), so after the first step no oneDNN
+// primitive is created: a primitive per scale would be a JIT compilation per GEMM. The shapes
+// take the weight gradient's blocks (512 rows) as gpt2's layers do.
+TEST(Fp8Recipe, PerTensorRecipesCreateNoGemmPrimitivesAfterTheFirstStep) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn)
+    GTEST_SKIP() << "no oneDNN primitives: " << cpu::bf16_gemm_path_name();
+  const int N = 64, in = 96, out = 512;
+  for (Fp8RecipeKind k : {Fp8RecipeKind::TensorwiseCurrent, Fp8RecipeKind::TensorwiseDelayed}) {
+    Fp8Linear r(opts(k), nullptr);
+    std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f),
+        b(size_t(out), 0.5f);
+    uint64_t after_first = 0;
+    for (int step = 0; step < 4; ++step) {
+      // New amaxes every step: new scales.
+      auto x = uniform(size_t(N) * in, 0.1f, 1.f + float(step), uint32_t(10 + step));
+      auto w = uniform(size_t(out) * in, 0.01f, 0.1f * float(step + 1), uint32_t(20 + step));
+      auto dy = uniform(size_t(N) * out, 1e-3f, 1e-2f / float(step + 1), uint32_t(30 + step));
+      r.roll_history();
+      r.new_weights();
+      r.forward(cpu_backend(), y.data(), x.data(), w.data(), b.data(), N, in, out);
+      r.backward(cpu_backend(), dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, in,
+                 out);
+      if (step == 0) after_first = cpu::bf16_gemm_primitives_created();
+    }
+    EXPECT_EQ(cpu::bf16_gemm_primitives_created(), after_first) << fp8_recipe_name(k);
+  }
 }
 
 // Delayed scaling against a hand reference: history length 3, margin 1, amax = max of the
