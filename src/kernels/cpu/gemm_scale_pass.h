@@ -6,8 +6,8 @@ namespace loom::cpu {
 
 // C[i, j] = alpha * S[i, j], plus bias[j] (bias non-null) or plus C[i, j] (add_c; not both),
 // for i < rows, j < cols. alpha * S is rounded to fp32 before any addition (this file is compiled
-// without floating-point contraction: no fused multiply-add), as oneDNN rounds its output scale's
-// product before adding its sum post-op. S may be C itself (in place, lds == ldc).
+// without floating-point contraction: no fused multiply-add, on every compiler and CPU alike).
+// S may be C itself (in place, lds == ldc).
 void gemm_scale_pass(int rows, int cols, float alpha, const float* S, int lds, const float* bias,
                      bool add_c, float* C, int ldc);
 
