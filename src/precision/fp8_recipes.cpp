@@ -283,21 +283,25 @@ void Fp8Linear::forward(Backend&, float* y, ActIn x_in, const float* w, const fl
   if (N == 0 || out == 0) return;
   quantise_weight(w, in, out);
   const int64_t nx = int64_t(N) * in;
-  std::vector<uint16_t>& a_ = s_->a;
+  const bool mx = opt_.kind == Fp8RecipeKind::Mxfp8;
+  // (an evaluation forward keeps nothing: no backward follows it)
+  const bool keep = !mx && record_;
+  std::vector<uint16_t>& a_ = keep ? xq_ : s_->a;
   a_.resize(size_t(nx));
+  kept_x_ = nullptr;
   float alpha = 1.f;
   with_input(x_in, [&](const auto* x) {
-    if (opt_.kind == Fp8RecipeKind::Mxfp8)
+    if (mx) {
       cpu::mx_quantize(fwd_, x, N, in, in, false, nullptr, nullptr, a_.data());
-    else  // scale_inv_x * scale_inv_w
-      alpha = (1.f / quantise_tensor(X, x, nx, a_.data())) * (1.f / state_[W].scale);
+      return;
+    }
+    const float s_x = quantise_tensor(X, x, nx, a_.data());
+    alpha = (1.f / s_x) * (1.f / state_[W].scale);  // scale_inv_x * scale_inv_w
+    if (keep) kept_x_ = x, kept_n_ = nx, kept_scale_ = s_x;
   });
-  float beta = 0.f;
-  if (b != nullptr) {  // y seeded with the bias, the GEMM adds onto it
-    cpu::broadcast_rows(y, b, N, out);
-    beta = 1.f;
-  }
-  cpu::gemm_bf16(false, true, N, out, in, alpha, a_.data(), in, wq_.data(), in, beta, y, out);
+  // (alpha varies per call or step: applied after the GEMM, no oneDNN primitive per value)
+  cpu::gemm_bf16_varying_alpha(false, true, N, out, in, alpha, a_.data(), in, wq_.data(), in, 0.f,
+                               y, out, b);
 }
 
 void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float* dy, ActIn x_in,
@@ -326,16 +330,23 @@ void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float*
   });
   if (dx != nullptr) {  // dx[N, in] = dy W, reduced over out: MX blocks of W along out
     const float alpha = mx ? 1.f : (1.f / s_dy) * (1.f / state_[W].scale);
-    cpu::gemm_bf16(false, false, N, in, out, alpha, b_.data(), out, mx ? wq_t_.data() : wq_.data(),
-                   in, 0.f, dx, in);
+    cpu::gemm_bf16_varying_alpha(false, false, N, in, out, alpha, b_.data(), out,
+                                 mx ? wq_t_.data() : wq_.data(), in, 0.f, dx, in);
   }
   if (dw != nullptr) {  // dW[out, in] += dy^T x, reduced over N: MX blocks along the tokens
-    a_.resize(size_t(nx));
+    const uint16_t* xq = a_.data();
     if (mx)
       with_dy([&](const auto* d) {
         cpu::mx_quantize(bwd_, d, N, out, out, true, nullptr, nullptr, b_.data());
       });
     with_input(x_in, [&](const auto* x) {
+      if (!mx && kept_x_ == x && kept_n_ == nx) {  // the forward's quantised x
+        xq = xq_.data();
+        s_x = kept_scale_;
+        return;
+      }
+      a_.resize(size_t(nx));
+      xq = a_.data();
       if (mx)
         cpu::mx_quantize(fwd_, x, N, in, in, true, nullptr, nullptr, a_.data());
       else  // x's scale as the forward computed it: current scaling sees the same values again
@@ -343,9 +354,10 @@ void Fp8Linear::backward(Backend&, float* dx, float* dw, float* db, const float*
         s_x = quantise_tensor(X, x, nx, a_.data(), /*again=*/true);
     });
     const float alpha = mx ? 1.f : (1.f / s_dy) * (1.f / s_x);
-    cpu::gemm_bf16(true, false, out, in, N, alpha, b_.data(), out, a_.data(), in,
-                   dw_beta(dw, int64_t(out) * in), dw, in);
+    cpu::gemm_bf16_varying_alpha(true, false, out, in, N, alpha, b_.data(), out, xq, in,
+                                 dw_beta(dw, int64_t(out) * in), dw, in);
   }
+  kept_x_ = nullptr;
   if (db != nullptr)  // column sums of the fp32 dy, as the fp32 path computes them (x unused)
     cpu::matmul_backward(nullptr, nullptr, db, dy, nullptr, w, N, in, out);
 }

@@ -143,6 +143,13 @@ class Fp8Linear : public GemmRecipe {
   bool record_ = true;
   const float* wptr_ = nullptr;
   std::vector<uint16_t> wq_, wq_t_;  // W's fp8 values in bf16 (MX: blocks along in / along out)
+  // Per-tensor recipes: x quantised by the last training forward, with its scale, for that
+  // forward's wgrad (Transformer Engine keeps it too): no second amax and cast of x in backward.
+  // kept_x_ names the input it came from (null: none kept); backward uses it once.
+  std::vector<uint16_t> xq_;
+  const void* kept_x_ = nullptr;
+  int64_t kept_n_ = 0;
+  float kept_scale_ = 1.f;
   Scratch own_;
   Scratch* s_ = &own_;               // (grown, kept between calls: no allocation per step)
   const float* dy_noted_ = nullptr;  // the dy whose bits s_->dy holds (dy_bits)

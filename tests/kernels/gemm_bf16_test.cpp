@@ -429,3 +429,63 @@ TEST(GemmBf16, BiasInTheKernelMatchesReferenceOnBothPaths) {
     }
   }
 }
+
+// gemm_bf16_varying_alpha on the oneDNN path: the GEMM with alpha 1 (S), then fl(alpha * S)
+// plus the bias or C, each step rounded to fp32 (no fused multiply-add); on the fallback,
+// gemm_bf16 with that alpha. Shapes: the linear forward with a bias, dgrad, the weight-gradient
+// blocks with beta 0 and 1, and a small accumulating GEMM below the blocks' threshold. On the
+// oneDNN path a new alpha creates no primitive.
+TEST(GemmBf16, VaryingAlphaScalesTheUnscaledGemm) {
+  struct Case {
+    Shape s;
+    float beta;
+    bool bias;
+  };
+  const Case cases[] = {
+      {{false, true, 64, 300, 768, 3}, 0.f, true},   {{false, true, 37, 80, 96, 0}, 0.f, false},
+      {{false, false, 64, 200, 300, 2}, 0.f, false}, {{true, false, 1000, 150, 64, 3}, 0.f, false},
+      {{true, false, 1000, 150, 64, 3}, 1.f, false}, {{true, false, 20, 30, 40, 1}, 1.f, false}};
+  for (Path p : {Path::OneDnn, Path::Fallback}) {
+    PathScope scope(p);
+    if (!scope.ok()) continue;
+    for (const Case& c : cases) {
+      const Shape& s = c.s;
+      const Operands o = make_operands(s, c.beta, 7 + s.M);
+      std::vector<float> bias(size_t(s.N));
+      for (int j = 0; j < s.N; ++j) bias[size_t(j)] = 4.f * (uniform_at(7, 9, uint64_t(j)) - 0.5f);
+      std::vector<float> unscaled = o.C0;
+      cpu::gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, 1.f, o.A.data(), o.lda, o.B.data(), o.ldb, 0.f,
+                     unscaled.data(), o.ldc);
+      uint64_t created = 0;
+      int call = 0;
+      for (float alpha : {1.f, 1.f / (3.7f * 11.3f), 0.0171f, 2.5e3f}) {
+        std::vector<float> want = o.C0, got = o.C0;
+        if (p == Path::OneDnn) {
+          for (int r = 0; r < s.M; ++r)
+            for (int j = 0; j < s.N; ++j) {
+              const size_t i = size_t(r) * o.ldc + j;
+              // (volatile: the product rounded, never fused with the addition by the compiler)
+              const volatile float scaled = alpha * unscaled[i];
+              want[i] = scaled + (c.bias ? bias[size_t(j)] : c.beta != 0.f ? o.C0[i] : 0.f);
+            }
+        } else {
+          if (c.bias)
+            for (int r = 0; r < s.M; ++r)
+              std::copy(bias.begin(), bias.end(), want.begin() + int64_t(r) * o.ldc);
+          cpu::gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, alpha, o.A.data(), o.lda, o.B.data(), o.ldb,
+                         c.bias ? 1.f : c.beta, want.data(), o.ldc);
+        }
+        const uint64_t before = cpu::bf16_gemm_primitives_created();
+        cpu::gemm_bf16_varying_alpha(s.ta, s.tb, s.M, s.N, s.K, alpha, o.A.data(), o.lda,
+                                     o.B.data(), o.ldb, c.beta, got.data(), o.ldc,
+                                     c.bias ? bias.data() : nullptr);
+        created += call++ == 0 ? 0 : cpu::bf16_gemm_primitives_created() - before;
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_EQ(f32_bits(want[i]), f32_bits(got[i]))
+              << describe(p, s, alpha, c.beta, false) << " bias=" << c.bias << " at " << i;
+      }
+      EXPECT_EQ(created, 0u) << describe(p, s, 0.f, c.beta, false)
+                             << ": primitives created for new alphas";
+    }
+  }
+}

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/fp8.h"
+#include "kernels/cpu/gemm_bf16.h"
 #include "precision/fp8_recipes.h"
 
 using namespace loom;
@@ -194,6 +195,78 @@ TEST(Fp8Recipe, EveryRecipeIsWithinABoundOfTheUnquantisedGemm) {
         EXPECT_NEAR(db[size_t(o)], s, 1e-9);
       }
     }
+}
+
+// The per-tensor recipes' scales change every call (current) or every step (delayed); the GEMMs
+// apply them after oneDNN's kernel (gemm_bf16_varying_alpha), so after the first step no oneDNN
+// primitive is created: a primitive per scale would be a JIT compilation per GEMM. The shapes
+// take the weight gradient's blocks (512 rows) as gpt2's layers do.
+TEST(Fp8Recipe, PerTensorRecipesCreateNoGemmPrimitivesAfterTheFirstStep) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn)
+    GTEST_SKIP() << "no oneDNN primitives: " << cpu::bf16_gemm_path_name();
+  const int N = 64, in = 96, out = 512;
+  for (Fp8RecipeKind k : {Fp8RecipeKind::TensorwiseCurrent, Fp8RecipeKind::TensorwiseDelayed}) {
+    Fp8Linear r(opts(k), nullptr);
+    std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(out) * in, 0.f),
+        b(size_t(out), 0.5f);
+    uint64_t after_first = 0;
+    for (int step = 0; step < 4; ++step) {
+      // New amaxes every step: new scales.
+      auto x = uniform(size_t(N) * in, 0.1f, 1.f + float(step), uint32_t(10 + step));
+      auto w = uniform(size_t(out) * in, 0.01f, 0.1f * float(step + 1), uint32_t(20 + step));
+      auto dy = uniform(size_t(N) * out, 1e-3f, 1e-2f / float(step + 1), uint32_t(30 + step));
+      r.roll_history();
+      r.new_weights();
+      r.forward(cpu_backend(), y.data(), x.data(), w.data(), b.data(), N, in, out);
+      r.backward(cpu_backend(), dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, in,
+                 out);
+      if (step == 0) after_first = cpu::bf16_gemm_primitives_created();
+    }
+    EXPECT_EQ(cpu::bf16_gemm_primitives_created(), after_first) << fp8_recipe_name(k);
+  }
+}
+
+// The per-tensor recipes keep x as the training forward quantised it for that forward's wgrad.
+// Two layers sharing one scratch run forward, forward, backward, backward (a model's order):
+// each layer's dW and dx equal those of a fresh layer whose backward quantises x itself, bit
+// for bit; and an evaluation forward keeps nothing (its backward quantises x again).
+TEST(Fp8Recipe, WgradFromTheForwardsQuantisedInputEqualsAFreshQuantisation) {
+  const int N = 48, in = 64, out = 80;
+  for (Fp8RecipeKind k : {Fp8RecipeKind::TensorwiseCurrent, Fp8RecipeKind::TensorwiseDelayed}) {
+    Fp8Linear::Scratch shared;
+    Fp8Linear l1(opts(k), nullptr), l2(opts(k), nullptr);
+    l1.share_scratch(&shared);
+    l2.share_scratch(&shared);
+    auto x1 = uniform(size_t(N) * in, 0.1f, 3.f, 40), x2 = uniform(size_t(N) * in, 0.1f, 5.f, 41);
+    auto w = uniform(size_t(out) * in, 0.01f, 0.2f, 42);
+    auto dy = uniform(size_t(N) * out, 1e-3f, 1e-2f, 43);
+    std::vector<float> y(size_t(N) * out), dx1(size_t(N) * in), dx2(dx1), dw1(w.size(), 0.f),
+        dw2(w.size(), 0.f);
+    l1.forward(cpu_backend(), y.data(), x1.data(), w.data(), nullptr, N, in, out);
+    l2.forward(cpu_backend(), y.data(), x2.data(), w.data(), nullptr, N, in, out);
+    l2.backward(cpu_backend(), dx2.data(), dw2.data(), nullptr, dy.data(), x2.data(), w.data(), N,
+                in, out);
+    l1.backward(cpu_backend(), dx1.data(), dw1.data(), nullptr, dy.data(), x1.data(), w.data(), N,
+                in, out);
+    for (int eval = 0; eval < 2; ++eval)
+      for (int layer = 0; layer < 2; ++layer) {
+        std::vector<float> x = layer == 0 ? x1 : x2;
+        Fp8Linear fresh(opts(k), nullptr);
+        if (eval == 1) {  // an evaluation forward on other values in the same buffer first
+          const std::vector<float> x_eval = uniform(x.size(), 0.1f, 9.f, 44);
+          std::copy(x_eval.begin(), x_eval.end(), x.begin());
+          fresh.set_recording(false);
+          fresh.forward(cpu_backend(), y.data(), x.data(), w.data(), nullptr, N, in, out);
+          fresh.set_recording(true);
+          x = layer == 0 ? x1 : x2;  // (assigned in place: the same buffer)
+        }
+        std::vector<float> dx(dx1.size()), dw(w.size(), 0.f);
+        fresh.backward(cpu_backend(), dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(),
+                       N, in, out);
+        EXPECT_EQ(dw, layer == 0 ? dw1 : dw2) << fp8_recipe_name(k) << " layer " << layer;
+        EXPECT_EQ(dx, layer == 0 ? dx1 : dx2) << fp8_recipe_name(k) << " layer " << layer;
+      }
+  }
 }
 
 // Delayed scaling against a hand reference: history length 3, margin 1, amax = max of the

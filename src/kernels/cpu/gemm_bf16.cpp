@@ -194,6 +194,29 @@ void gemm_bf16_bias(int M, int N, int K, const uint16_t* A, int lda, const uint1
   run(false, true, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 1.f, C, false, ldc, 0, 1);
 }
 
+void gemm_bf16_varying_alpha(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                             const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta,
+                             float* C, int ldc, const float* bias) {
+  check_args("gemm_bf16_varying_alpha", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  LOOM_CHECK(beta == 0.f || beta == 1.f, "gemm_bf16_varying_alpha: beta ", beta,
+             " (expected 0 or 1)");
+  LOOM_CHECK(bias == nullptr || beta == 0.f, "gemm_bf16_varying_alpha: a bias with beta 1");
+  if (M == 0 || N == 0) return;
+  if (K > 0 && bf16_gemm_path() == Bf16GemmPath::OneDnn &&
+      detail::dnnl_gemm_bf16_varying_alpha(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
+                                           C, ldc, bias))
+    return;
+  if (bias != nullptr) {  // seeded, then accumulated onto: gemm_bf16's own arithmetic
+    for (int r = 0; r < M; ++r) std::copy(bias, bias + N, C + int64_t(r) * ldc);
+    beta = 1.f;
+  }
+  run(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, false, ldc, 0, 1);
+}
+
+uint64_t bf16_gemm_primitives_created() {
+  return detail::dnnl_primitives_created();
+}
+
 void gemm_bf16_reused_b(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
                         float* C, int ldc, const void* key, uint64_t version) {
   check_args("gemm_bf16_reused_b", false, false, M, N, K, lda, ldb, ldc);

@@ -31,6 +31,20 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
 void gemm_bf16_bias(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
                     const float* bias, float* C, int ldc);
 
+// gemm_bf16 with fp32 C, beta 0 or 1, for an alpha that changes from call to call (the fp8
+// recipes' 1 / (scale_a * scale_b)), plus an fp32 bias row [N] added to every row of C when
+// bias is non-null (beta 0 only). oneDNN compiles alpha into its primitive, so every new alpha
+// would create one (a JIT compilation, milliseconds with AMX, and a cache entry used once);
+// here the primitive runs with alpha 1 and beta 0 and alpha is applied in one pass over its
+// fp32 result S (weight gradients: block by block, in cache): C = fl(alpha * S) + bias, or
+// + C. That is the scaled fp32 sum, as cuBLASLt's scaled FP8 GEMM defines it; oneDNN's own
+// output scale and sum post-op round differently (they apply alpha and add C inside its kernel,
+// and select gemm:jit rather than the AMX brgemm kernel), so the bits differ from gemm_bf16 with
+// that alpha by rounding. The fallback path is that gemm_bf16 call (on C seeded with the bias).
+void gemm_bf16_varying_alpha(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                             const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta,
+                             float* C, int ldc, const float* bias = nullptr);
+
 // `batch` independent GEMMs of one shape, matrix b at X + b * stride_x (attention heads, MoE
 // experts of equal size). A stride of 0 shares that operand across the batch.
 void gemm_bf16_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
@@ -59,6 +73,10 @@ enum class Bf16GemmPath { OneDnn, Fallback };
 // The path the calls above take now, and its name ("onednn" or "fallback (<reason>)").
 Bf16GemmPath bf16_gemm_path();
 const char* bf16_gemm_path_name();
+
+// oneDNN primitives created by this process so far (0 on the fallback): tests check that a
+// steady workload stops creating them.
+uint64_t bf16_gemm_primitives_created();
 
 // Tests and benchmarks: force the fallback (true) or go back to the automatic choice (false).
 void force_bf16_gemm_fallback(bool force);

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cpu/gemm_bf16_dnnl.h"
+#include "kernels/cpu/gemm_scale_pass.h"
 
 namespace loom::cpu::detail {
 namespace {
@@ -70,7 +72,10 @@ memory::desc matrix_md(memory::data_type type, int batch, int64_t stride, int ro
                       Dims{stride == 0 ? int64_t{1} : stride, inner_strides[0], inner_strides[1]});
 }
 
+std::atomic<uint64_t> g_created{0};  // primitives created (dnnl_primitives_created)
+
 std::shared_ptr<Entry> make_entry(const Key& k) {
+  g_created.fetch_add(1, std::memory_order_relaxed);
   auto e = std::make_shared<Entry>();
   using dt = memory::data_type;
   e->a_md = matrix_md(dt::bf16, k.batch, k.stride_a, k.M, k.K, k.trans_a, k.lda);
@@ -265,13 +270,17 @@ int dw_block_rows(int M) {
 // accumulation and ~380-400 with it: a block is written into per-thread scratch that stays in
 // cache, then added to C (C = beta C + block) in one pass. Returns false, without touching C,
 // when oneDNN has no optimised kernel for a block's shape.
+// alpha_after: each block runs with alpha 1 and alpha is applied in the pass that writes or adds
+// it (gemm_scale_pass, while the block is in cache), so that one primitive serves every alpha.
 bool blocked_weight_gradient(int M, int N, int K, float alpha, const uint16_t* A, int lda,
-                             const uint16_t* B, int ldb, float beta, float* C, int ldc) {
+                             const uint16_t* B, int ldb, float beta, float* C, int ldc,
+                             bool alpha_after = false) {
   const int rows = dw_block_rows(M), blocks = (M + rows - 1) / rows, last = M - (blocks - 1) * rows;
+  const float kernel_alpha = alpha_after ? 1.f : alpha;
   const int ld = beta == 0.f ? ldc : N;  // into C directly, or into the scratch block
   for (int r : {rows, last})             // both shapes usable before any block writes
-    if (!run_one(true, false, r, N, K, alpha, A, lda, 0, B, ldb, 0, 0.f, nullptr, false, ld, 0, 1,
-                 true, true))
+    if (!run_one(true, false, r, N, K, kernel_alpha, A, lda, 0, B, ldb, 0, 0.f, nullptr, false, ld,
+                 0, 1, true, true))
       return false;
   bool ok = true;
 #pragma omp parallel for schedule(static) reduction(&& : ok)
@@ -279,16 +288,21 @@ bool blocked_weight_gradient(int M, int N, int K, float alpha, const uint16_t* A
     const int m0 = blk * rows, r = std::min(rows, M - m0);
     float* c = C + int64_t(m0) * ldc;
     if (beta == 0.f) {
-      ok = run_one(true, false, r, N, K, alpha, A + m0, lda, 0, B, ldb, 0, 0.f, c, false, ldc, 0, 1,
-                   true) &&
+      ok = run_one(true, false, r, N, K, kernel_alpha, A + m0, lda, 0, B, ldb, 0, 0.f, c, false,
+                   ldc, 0, 1, true) &&
            ok;
+      if (alpha_after) gemm_scale_pass(r, N, alpha, c, ldc, nullptr, false, c, ldc);
       continue;
     }
     thread_local std::vector<float> block;
     block.resize(size_t(rows) * N);
-    ok = run_one(true, false, r, N, K, alpha, A + m0, lda, 0, B, ldb, 0, 0.f, block.data(), false,
-                 N, 0, 1, true) &&
+    ok = run_one(true, false, r, N, K, kernel_alpha, A + m0, lda, 0, B, ldb, 0, 0.f, block.data(),
+                 false, N, 0, 1, true) &&
          ok;
+    if (alpha_after) {  // (beta 1)
+      gemm_scale_pass(r, N, alpha, block.data(), N, nullptr, true, c, ldc);
+      continue;
+    }
     for (int i = 0; i < r; ++i) {
       float* __restrict ci = c + int64_t(i) * ldc;
       const float* __restrict bi = block.data() + size_t(i) * N;
@@ -345,11 +359,19 @@ void dnnl_release_reused_b(const void* key) {
   c.map.erase(key);
 }
 
+namespace {
+// Whether a GEMM takes blocked_weight_gradient.
+bool weight_gradient_blocks(bool trans_a, bool trans_b, bool c_bf16, int batch, int M, int N,
+                            int K) {
+  return trans_a && !trans_b && !c_bf16 && batch == 1 && !omp_in_parallel() &&
+         M >= 2 * dw_block_rows(M) && static_cast<double>(M) * N * K > kSingleThreadedWork;
+}
+}  // namespace
+
 bool dnnl_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                     int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b,
                     float beta, void* C, bool c_bf16, int ldc, int64_t stride_c, int batch) {
-  if (trans_a && !trans_b && !c_bf16 && batch == 1 && !omp_in_parallel() &&
-      M >= 2 * dw_block_rows(M) && static_cast<double>(M) * N * K > kSingleThreadedWork)
+  if (weight_gradient_blocks(trans_a, trans_b, c_bf16, batch, M, N, K))
     return blocked_weight_gradient(M, N, K, alpha, A, lda, B, ldb, beta, static_cast<float*>(C),
                                    ldc);
   return run_one(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C,
@@ -360,6 +382,34 @@ bool dnnl_gemm_bf16_bias(int M, int N, int K, const uint16_t* A, int lda, const 
                          int ldb, const float* bias, float* C, int ldc) {
   return run_one(false, true, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 0.f, C, false, ldc, 0, 1, false,
                  false, nullptr, bias);
+}
+
+bool dnnl_gemm_bf16_varying_alpha(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                                  const uint16_t* A, int lda, const uint16_t* B, int ldb,
+                                  float beta, float* C, int ldc, const float* bias) {
+  if (bias == nullptr && weight_gradient_blocks(trans_a, trans_b, false, 1, M, N, K))
+    return blocked_weight_gradient(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, alpha != 1.f);
+  if (alpha == 1.f && bias == nullptr && beta == 0.f)  // (no pass multiplying by 1)
+    return run_one(trans_a, trans_b, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 0.f, C, false, ldc, 0, 1,
+                   false);
+  if (beta == 0.f) {
+    if (!run_one(trans_a, trans_b, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 0.f, C, false, ldc, 0, 1,
+                 false))
+      return false;
+    gemm_scale_pass(M, N, alpha, C, ldc, bias, false, C, ldc);
+    return true;
+  }
+  thread_local std::vector<float> product;  // (beta 1) alpha op(A) op(B) before it joins C
+  product.resize(size_t(M) * N);
+  if (!run_one(trans_a, trans_b, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 0.f, product.data(), false, N,
+               0, 1, false))
+    return false;
+  gemm_scale_pass(M, N, alpha, product.data(), N, nullptr, true, C, ldc);
+  return true;
+}
+
+uint64_t dnnl_primitives_created() {
+  return g_created.load(std::memory_order_relaxed);
 }
 
 }  // namespace loom::cpu::detail

@@ -28,4 +28,12 @@ void dnnl_release_reused_b(const void* key);
 bool dnnl_gemm_bf16_bias(int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
                          int ldb, const float* bias, float* C, int ldc);
 
+// gemm_bf16_varying_alpha's oneDNN path (beta 0 or 1; bias only with beta 0). Returns false,
+// without touching C, as above.
+bool dnnl_gemm_bf16_varying_alpha(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                                  const uint16_t* A, int lda, const uint16_t* B, int ldb,
+                                  float beta, float* C, int ldc, const float* bias);
+// oneDNN primitives created so far (each a JIT compilation).
+uint64_t dnnl_primitives_created();
+
 }  // namespace loom::cpu::detail

@@ -23,4 +23,12 @@ bool dnnl_gemm_bf16_bias(int, int, int, const uint16_t*, int, const uint16_t*, i
   return false;
 }
 
+bool dnnl_gemm_bf16_varying_alpha(bool, bool, int, int, int, float, const uint16_t*, int,
+                                  const uint16_t*, int, float, float*, int, const float*) {
+  return false;
+}
+uint64_t dnnl_primitives_created() {
+  return 0;
+}
+
 }  // namespace loom::cpu::detail
