@@ -277,8 +277,13 @@ void transpose_bf16(uint16_t* dst, const uint16_t* src, int rows, int K, int lds
   memory from(matrix_md(dt::bf16, 1, 0, rows, K, true, lds), engine, const_cast<uint16_t*>(src));
   memory to(matrix_md(dt::bf16, 1, 0, rows, K, false, K), engine, dst);
   thread_local dnnl::stream stream(engine);
-  dnnl::reorder(from, to).execute(stream, from, to);
-  stream.wait();
+  try {
+    dnnl::reorder(from, to).execute(stream, from, to);
+    stream.wait();
+  } catch (const dnnl::error& err) {
+    throw Error(
+        cat("bf16 GEMM: oneDNN transposition of ", K, " x ", rows, " failed: ", err.what()));
+  }
 }
 
 // Rows of C per block of the weight-gradient layout (below): fixed by M alone, never by the
@@ -297,12 +302,11 @@ int dw_block_rows(int M) {
 // matmul with beta = 0 and the blocks spread over the OpenMP threads, it reaches ~420 without
 // accumulation and ~380-400 with it: a block is written into per-thread scratch that stays in
 // cache, then added to C (C = beta C + block) in one pass. Returns false, without touching C,
-// when oneDNN has no optimised kernel for a block's shape. With AMX (and a small enough A, see
-// kAmxTransposedMaxElems), A is first transposed
-// into scratch (M x K bf16, one reorder over the team), so that the blocks run on the AMX
-// kernel, and B is packed once into that kernel's layout for all the full blocks
-// (packing it per block cost as much as the AMX kernel saved); without AMX the block reads A
-// transposed in place, as before.
+// when oneDNN has no optimised kernel for a block's shape. With AMX (and A^T within
+// kAmxTransposedMaxElems), A is first transposed into scratch (M x K bf16, one reorder over the
+// team), so that the blocks run on the AMX kernel, and B is packed once into that kernel's
+// layout for all the full blocks (packed per block, it cost as much as AMX saved); otherwise
+// the blocks read A transposed in place, as before.
 bool blocked_weight_gradient(int M, int N, int K, float alpha, const uint16_t* A, int lda,
                              const uint16_t* B, int ldb, float beta, float* C, int ldc) {
   const int rows = dw_block_rows(M), blocks = (M + rows - 1) / rows, last = M - (blocks - 1) * rows;
