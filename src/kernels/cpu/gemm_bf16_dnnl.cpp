@@ -188,7 +188,8 @@ struct PackedB {
 // One oneDNN matmul; one_thread forces the single-threaded primitive (the caller splits the
 // work itself). check_only: look the primitive up (creating it) without running it. packed
 // (non-transposed, unbatched B only): B is read from packed->mem, packed from B first when it
-// holds another layout or nothing.
+// holds another layout or nothing (also under check_only, so that calls from several threads
+// then only read it).
 bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
              int lda, int64_t stride_a, const uint16_t* B, int ldb, int64_t stride_b, float beta,
              void* C, bool c_bf16, int ldc, int64_t stride_c, int batch, bool one_thread_forced,
@@ -222,20 +223,21 @@ bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
   key.beta_bits = f32_bits(beta);
   const std::shared_ptr<Entry> e = lookup(key);
   if (!e->usable) return false;
-  if (check_only) return true;
+  if (check_only && !packed) return true;
   dnnl::engine& engine = cpu_engine();
   thread_local dnnl::stream stream(engine);
   try {
+    if (packed && (!packed->mem || packed->md != e->b_md)) {
+      const memory::desc plain = matrix_md(memory::data_type::bf16, 1, 0, K, N, false, ldb);
+      memory src(plain, engine, const_cast<uint16_t*>(B));
+      packed->mem = memory(e->b_md, engine);
+      dnnl::reorder(src, packed->mem).execute(stream, src, packed->mem);
+      packed->md = e->b_md;
+    }
+    if (check_only) return true;  // (with packed: B is packed now)
     memory a(e->a_md, engine, const_cast<uint16_t*>(A));
     memory b;
     if (packed) {
-      if (!packed->mem || packed->md != e->b_md) {
-        const memory::desc plain = matrix_md(memory::data_type::bf16, 1, 0, K, N, false, ldb);
-        memory src(plain, engine, const_cast<uint16_t*>(B));
-        packed->mem = memory(e->b_md, engine);
-        dnnl::reorder(src, packed->mem).execute(stream, src, packed->mem);
-        packed->md = e->b_md;
-      }
       b = packed->mem;
     } else {
       b = memory(e->b_md, engine, const_cast<uint16_t*>(B));
@@ -251,6 +253,42 @@ bool run_one(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const
     throw Error(cat("bf16 GEMM: oneDNN matmul M=", M, " N=", N, " K=", K, " failed: ", err.what()));
   }
   return true;
+}
+
+// Whether oneDNN may use AMX (honours ONEDNN_MAX_CPU_ISA). Its AMX matmul (brgemm) takes A
+// only untransposed: a transposed A (the weight-gradient layout) falls back to its AVX512-BF16
+// gemm kernel, at about a quarter of the AMX speed.
+bool dnnl_isa_has_amx() {
+  static const bool amx = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto need = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+    return (isa & need) == need;
+  }();
+  return amx;
+}
+
+// The AMX route of the weight-gradient layout (below) where A^T has at most this many elements
+// (2 MiB of bf16, within L2). Measured on two threads (a 2-thread micro-benchmark, load 5): the
+// block layers' dW at K = 256 (M <= 3072) went from 700-950 to 850-1150 GFLOP/s; the head's
+// chunks (M = 50304, K = 256) and K = 2048 (B8 x T256's block layers) fell to 290-390 from
+// 490-900, so they keep the AVX512-BF16 kernel on A transposed in place.
+constexpr int64_t kAmxTransposedMaxElems = int64_t(1) << 20;
+
+// dst [rows, K] (row-major) = the transpose of src [K, rows] (row stride lds), by a oneDNN
+// reorder (its JIT'd transposition; the team splits it when called outside a parallel region).
+void transpose_bf16(uint16_t* dst, const uint16_t* src, int rows, int K, int lds) {
+  using dt = memory::data_type;
+  dnnl::engine& engine = cpu_engine();
+  memory from(matrix_md(dt::bf16, 1, 0, rows, K, true, lds), engine, const_cast<uint16_t*>(src));
+  memory to(matrix_md(dt::bf16, 1, 0, rows, K, false, K), engine, dst);
+  thread_local dnnl::stream stream(engine);
+  try {
+    dnnl::reorder(from, to).execute(stream, from, to);
+    stream.wait();
+  } catch (const dnnl::error& err) {
+    throw Error(
+        cat("bf16 GEMM: oneDNN transposition of ", K, " x ", rows, " failed: ", err.what()));
+  }
 }
 
 // Rows of C per block of the weight-gradient layout (below): fixed by M alone, never by the
@@ -269,7 +307,11 @@ int dw_block_rows(int M) {
 // matmul with beta = 0 and the blocks spread over the OpenMP threads, it reaches ~420 without
 // accumulation and ~380-400 with it: a block is written into per-thread scratch that stays in
 // cache, then added to C (C = beta C + block) in one pass. Returns false, without touching C,
-// when oneDNN has no optimised kernel for a block's shape.
+// when oneDNN has no optimised kernel for a block's shape. With AMX (and A^T within
+// kAmxTransposedMaxElems), A is first transposed into scratch (M x K bf16, one reorder over the
+// team), so that the blocks run on the AMX kernel, and B is packed once into that kernel's
+// layout for all the full blocks (packed per block, it cost as much as AMX saved); otherwise
+// the blocks read A transposed in place, as before.
 // alpha_after: each block runs with alpha 1 and alpha is applied in the pass that writes or adds
 // it (gemm_scale_pass, while the block is in cache), so that one primitive serves every alpha.
 bool blocked_weight_gradient(int M, int N, int K, float alpha, const uint16_t* A, int lda,
@@ -278,27 +320,40 @@ bool blocked_weight_gradient(int M, int N, int K, float alpha, const uint16_t* A
   const int rows = dw_block_rows(M), blocks = (M + rows - 1) / rows, last = M - (blocks - 1) * rows;
   const float kernel_alpha = alpha_after ? 1.f : alpha;
   const int ld = beta == 0.f ? ldc : N;  // into C directly, or into the scratch block
-  for (int r : {rows, last})             // both shapes usable before any block writes
-    if (!run_one(true, false, r, N, K, kernel_alpha, A, lda, 0, B, ldb, 0, 0.f, nullptr, false, ld,
-                 0, 1, true, true))
-      return false;
+  const bool transpose = dnnl_isa_has_amx() && int64_t(M) * K <= kAmxTransposedMaxElems;
+  PackedB packed_b;  // (AMX) B for the blocks of `rows` rows; a shorter last block reads B plain
+  // (AMX) A transposed, [M, K]: the calling thread's scratch, read by the whole team (a
+  // thread_local named inside the loop would be each thread's own).
+  thread_local std::vector<uint16_t> a_t_scratch;
+  const uint16_t* a_t = nullptr;
+  if (transpose) {
+    a_t_scratch.resize(size_t(M) * K);
+    transpose_bf16(a_t_scratch.data(), A, M, K, lda);
+    a_t = a_t_scratch.data();
+  }
+  // One block's product into c (row stride ldc_block), reading A's block as the kernel wants it.
+  auto block_gemm = [&](int m0, int r, float* c, int ldc_block, bool check_only) {
+    if (!transpose)
+      return run_one(true, false, r, N, K, kernel_alpha, A + m0, lda, 0, B, ldb, 0, 0.f, c, false,
+                     ldc_block, 0, 1, true, check_only);
+    return run_one(false, false, r, N, K, kernel_alpha, a_t + int64_t(m0) * K, K, 0, B, ldb, 0, 0.f,
+                   c, false, ldc_block, 0, 1, true, check_only, r == rows ? &packed_b : nullptr);
+  };
+  for (int r : {rows, last})  // both shapes usable before any block writes
+    if (!block_gemm(0, r, nullptr, ld, true)) return false;
   bool ok = true;
 #pragma omp parallel for schedule(static) reduction(&& : ok)
   for (int blk = 0; blk < blocks; ++blk) {
     const int m0 = blk * rows, r = std::min(rows, M - m0);
     float* c = C + int64_t(m0) * ldc;
     if (beta == 0.f) {
-      ok = run_one(true, false, r, N, K, kernel_alpha, A + m0, lda, 0, B, ldb, 0, 0.f, c, false,
-                   ldc, 0, 1, true) &&
-           ok;
+      ok = block_gemm(m0, r, c, ldc, false) && ok;
       if (alpha_after) gemm_scale_pass(r, N, alpha, c, ldc, nullptr, false, c, ldc);
       continue;
     }
     thread_local std::vector<float> block;
     block.resize(size_t(rows) * N);
-    ok = run_one(true, false, r, N, K, kernel_alpha, A + m0, lda, 0, B, ldb, 0, 0.f, block.data(),
-                 false, N, 0, 1, true) &&
-         ok;
+    ok = block_gemm(m0, r, block.data(), N, false) && ok;
     if (alpha_after) {  // (beta 1)
       gemm_scale_pass(r, N, alpha, block.data(), N, nullptr, true, c, ldc);
       continue;
