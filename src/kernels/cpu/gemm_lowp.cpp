@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/fp8.h"
+#include "kernels/cpu/gemm_lowp_amx.h"
 
 namespace loom::cpu {
 namespace {
@@ -451,6 +452,7 @@ void gemm_blocked(float* y, const float* x, const W* w, const float* scale, cons
 
 void linear_bf16w(float* y, const float* x, const uint16_t* w, const float* b, int M, int K,
                   int N) {
+  if (amx_linear_bf16w(y, x, w, b, M, K, N)) return;
   if (M <= kLowpGemvRows)
     gemv(y, x, w, nullptr, b, M, K, N);
   else
@@ -459,6 +461,7 @@ void linear_bf16w(float* y, const float* x, const uint16_t* w, const float* b, i
 
 void linear_int8w(float* y, const float* x, const int8_t* w, const float* scale, const float* b,
                   int M, int K, int N) {
+  if (amx_linear_int8w(y, x, w, scale, b, M, K, N)) return;
   if (M <= kLowpGemvRows)
     gemv(y, x, w, scale, b, M, K, N);
   else
@@ -467,6 +470,7 @@ void linear_int8w(float* y, const float* x, const int8_t* w, const float* scale,
 
 void linear_fp8w(float* y, const float* x, const uint8_t* w, const float* scale, const float* b,
                  int M, int K, int N) {
+  if (amx_linear_fp8w(y, x, w, scale, b, M, K, N)) return;
   if (M <= kLowpGemvRows)
     gemv(y, x, w, scale, b, M, K, N);
   else

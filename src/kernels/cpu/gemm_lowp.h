@@ -8,6 +8,9 @@
 //     depend only on x[m] and W, not on M or the thread count.
 //   - larger M (prefill chunks): compute-bound, so blocks of W are widened to fp32 and multiplied
 //     with the BLAS.
+//   - on CPUs with AMX-BF16, every M >= kAmxMinRows (8) instead takes the tile path of
+//     gemm_lowp_amx.h (exact products, fp32 sums in its own order: the bits of y[m] again depend
+//     only on x[m] and W among such batches, but are not the GEMV's).
 #pragma once
 
 #include <cstdint>
