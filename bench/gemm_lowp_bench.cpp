@@ -13,10 +13,11 @@
 //
 // "mean" is the mean pass beside the best (what every call's spread inflates).
 //
-// Type fp8bw is fp8 with its single-input GEMV on the AVX512BW steps instead of the byte
-// permutes (the same bits): `--types fp8,fp8bw,fp8,fp8bw` compares them alternating. Types
-// bf16gemv, int8gemv and fp8gemv keep batches of kAmxMinRows or more off the AMX tile path
-// (kernels/cpu/gemm_lowp_amx.h) on CPUs that have it: `--m 16 --types bf16,bf16gemv`.
+// Types fp8bw and fp8vbmi are fp8 with its single-input GEMV on the AVX512BW steps or on the byte
+// permutes (the same bits; plain fp8 takes the CPU's default): `--types
+// fp8vbmi,fp8bw,fp8vbmi,fp8bw` compares them alternating. Types bf16gemv, int8gemv and fp8gemv keep
+// batches of kAmxMinRows or more off the AMX tile path (kernels/cpu/gemm_lowp_amx.h) on CPUs that
+// have it: `--m 16 --types bf16,bf16gemv`.
 // --huge 0 puts the weights and the bandwidth probe on 4 KiB pages instead of 2 MiB ones.
 // --one 1 makes the same weights one [N, 768] matrix, read by one call instead of 4 per layer
 // and the head's: the difference is what the calls cost beyond their bytes (thread start,
@@ -69,11 +70,11 @@ struct Layer {
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(
-      stderr,
-      "bench_gemm_lowp: %s\nusage: bench_gemm_lowp [--threads N] [--reps N] [--layers "
-      "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8,fp8bw] [--huge 0|1] [--one 0|1]\n",
-      why);
+  std::fprintf(stderr,
+               "bench_gemm_lowp: %s\nusage: bench_gemm_lowp [--threads N] [--reps N] [--layers "
+               "N] [--head 0|1] [--m 1,16] [--types fp32,bf16,int8,fp8,fp8bw,fp8vbmi] [--huge 0|1] "
+               "[--one 0|1]\n",
+               why);
   std::exit(2);
 }
 
@@ -117,9 +118,9 @@ int main(int argc, char** argv) {
       types = split(v);
       for (const std::string& t : types)
         if (t != "fp32" && t != "bf16" && t != "int8" && t != "fp8" && t != "fp8bw" &&
-            t != "bf16gemv" && t != "int8gemv" && t != "fp8gemv")
+            t != "fp8vbmi" && t != "bf16gemv" && t != "int8gemv" && t != "fp8gemv")
           usage(("unknown type '" + t +
-                 "' (fp32, bf16, int8, fp8, fp8bw, bf16gemv, int8gemv, fp8gemv)")
+                 "' (fp32, bf16, int8, fp8, fp8bw, fp8vbmi, bf16gemv, int8gemv, fp8gemv)")
                     .c_str());
     } else
       usage(("unknown flag " + k).c_str());
@@ -198,8 +199,8 @@ int main(int argc, char** argv) {
     const bool amx = cpu::lowp_uses_amx();  // (restored below)
     if (gemv) cpu::set_lowp_amx(false);
     const double bytes_per_weight = t == "fp32" ? 4 : t == "bf16" ? 2 : 1;
-    const bool vbmi = cpu::lowp_uses_vbmi() || t == "fp8bw";  // (restored below)
-    if (t == "fp8bw") cpu::set_lowp_vbmi(false);
+    const bool vbmi = cpu::lowp_uses_vbmi();  // (restored below)
+    if (t == "fp8bw" || t == "fp8vbmi") cpu::set_lowp_vbmi(t == "fp8vbmi");
     for (int M : ms) {
       auto call = [&](Layer& L) {
         if (t == "fp32")

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -34,8 +36,12 @@ bool cpu_has_amx() {
   constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
 }
+// LOOM_LOWP_AMX=0 in the environment keeps the tile path off (A/B runs of one binary).
 bool amx_available() {
-  static const bool available = cpu_has_amx();
+  static const bool available = [] {
+    const char* env = std::getenv("LOOM_LOWP_AMX");
+    return !(env && std::string_view(env) == "0") && cpu_has_amx();
+  }();
   return available;
 }
 std::atomic<bool> g_amx_off{false};

@@ -20,7 +20,8 @@ namespace loom::cpu {
 constexpr int kAmxMinRows = 8;
 
 // Whether the tile path runs: the CPU has AMX-BF16 (and AVX512_BF16, VBMI), Linux granted the
-// tile state, and tests have turned off neither it nor the AVX-512 loops (set_lowp_avx512).
+// tile state, LOOM_LOWP_AMX=0 is not in the environment, and tests have turned off neither it
+// nor the AVX-512 loops (set_lowp_avx512).
 bool lowp_uses_amx();
 void set_lowp_amx(bool on);  // tests and benchmarks: false keeps every M on the other paths
 
