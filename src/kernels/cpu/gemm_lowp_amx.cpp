@@ -187,7 +187,9 @@ LOOM_AMX_TARGET void tile_rows(float* y, const uint32_t* xv, int Mb, int m0, con
     // The next 32 rows (contiguous after these) are fetched into L2 while these are multiplied,
     // spread over the steps: without it every block's first loads (the tile loads of bf16
     // weights, the widening loads of int8 and fp8) wait for memory with nothing else in flight.
-    const uintptr_t next = reinterpret_cast<uintptr_t>(w + int64_t(n + (two ? 32 : rows)) * K);
+    // (As an integer: past the matrix's last rows the address is only a hint, never a pointer.)
+    const uintptr_t next = reinterpret_cast<uintptr_t>(w + int64_t(n) * K) +
+                           uintptr_t(two ? 32 : rows) * uintptr_t(K) * sizeof(W);
     constexpr int kStepLines = 16 * int(sizeof(W));  // 32 rows x 32 weights per step
     for (int k = 0; k < K; k += 32) {
       for (int j = 0; j < kStepLines; ++j)
