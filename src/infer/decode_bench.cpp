@@ -152,13 +152,15 @@ DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, 
   if (o.streams > 0) {
     // Many streams at once; the rate counts what is produced once every stream is decoding.
     LoomEngine e(runner, ec);
-    std::vector<std::vector<double>> times(size_t(o.streams));
+    // (Wall clock and process CPU time at every token.)
+    std::vector<std::vector<std::pair<double, double>>> times(size_t(o.streams));
     for (int s = 0; s < o.streams; ++s)
       e.submit(random_prompt(spec, 1 + s), greedy, [&, s](const TokenEvent& ev) {
-        for (size_t k = 0; k < ev.tokens.size(); ++k) times[size_t(s)].push_back(clock_now());
+        for (size_t k = 0; k < ev.tokens.size(); ++k)
+          times[size_t(s)].emplace_back(clock_now(), process_cpu_seconds());
       });
     e.run_until_idle();
-    double last_first = 0, end = 0;
+    std::pair<double, double> last_first{0, 0}, end{0, 0};
     for (const auto& t : times) {
       LOOM_CHECK(!t.empty(), "a stream produced no tokens");
       last_first = std::max(last_first, t.front());
@@ -166,8 +168,11 @@ DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, 
     }
     int64_t after = 0;
     for (const auto& t : times)
-      after += std::count_if(t.begin(), t.end(), [&](double x) { return x > last_first; });
-    r.batch_tokens_per_s = end > last_first ? double(after) / (end - last_first) : 0;
+      after += std::count_if(t.begin(), t.end(), [&](const auto& x) { return x > last_first; });
+    if (end.first > last_first.first && after > 0) {
+      r.batch_tokens_per_s = double(after) / (end.first - last_first.first);
+      r.batch_cpu_seconds_per_token = (end.second - last_first.second) / double(after);
+    }
   }
   const KvSpec kv = runner.kv_spec();
   const double kv_per_pos =
@@ -189,6 +194,7 @@ Json DecodeBenchResult::to_json() const {
   j["roofline_ratio"] = roofline_ratio;
   j["streams"] = streams;
   j["streams_aggregate_tokens_per_s"] = batch_tokens_per_s;
+  j["streams_cpu_ms_per_token"] = batch_cpu_seconds_per_token * 1e3;
   if (decode_tokens > 0) {
     // Milliseconds per decoded token, part by part (what profile_text prints).
     const auto& p = profile;

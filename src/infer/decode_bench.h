@@ -39,6 +39,9 @@ struct DecodeBenchResult {
   double roofline_tokens_per_s = 0, roofline_ratio = 0;
   int streams = 0;
   double batch_tokens_per_s = 0;  // all streams decoding: tokens after the last first token
+  // Process CPU time over the same tokens, per token (steadier than the rate under load at one
+  // thread; at more, waiting threads' spinning counts too).
+  double batch_cpu_seconds_per_token = 0;
   // The single stream's decode steps (after the first token), part by part; the time between
   // steps (the engine loop, callbacks) is decode_seconds less the steps'.
   DecodeProfile profile;

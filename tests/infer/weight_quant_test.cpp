@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -205,6 +206,40 @@ TEST_P(WeightQuant, Fp8LogitsMatchTheDequantisedModelAndStayWithinTolerance) {
   EXPECT_GT(d, 0);
   DecoderRunner run(model);
   EXPECT_EQ(engine_greedy(run, 2, 8)[0].size(), 8u);
+}
+
+// A seeded request gives the same text alone and beside others with low-precision weights:
+// alone its two completions decode two rows at a time on the GEMV; beside ten others twelve at a
+// time, on CPUs with AMX on the tile path (kernels/cpu/gemm_lowp_amx.h), whose sums differ from
+// the GEMV's only in the order and rounding of fp32 additions.
+TEST_P(WeightQuant, SeededSamplingIgnoresTheRestOfTheBatch) {
+  Decoder model(tiny(GetParam()), cpu_backend());
+  model.params().init(3);
+  for (WeightType t : {WeightType::BF16, WeightType::INT8, WeightType::FP8}) {
+    QuantizedWeights q(model, t);
+    DecoderRunner runner(model);
+    SamplingParams p;
+    p.temperature = 1.0f, p.top_p = 0.9f, p.max_tokens = 24, p.seed = 42, p.ignore_eos = true;
+    p.n = 2;
+    auto run = [&](int others) {
+      LoomEngine e(runner, EngineConfig{});
+      std::map<int, std::vector<int32_t>> mine;
+      SamplingParams o = p;
+      o.seed.reset();
+      o.n = 1;
+      for (int i = 0; i < others; ++i) e.submit(prompt(5 + i, 10 + i), o, [](const TokenEvent&) {});
+      e.submit(prompt(8, 1), p, [&mine](const TokenEvent& ev) {
+        mine[ev.index].insert(mine[ev.index].end(), ev.tokens.begin(), ev.tokens.end());
+      });
+      e.run_until_idle();
+      return mine;
+    };
+    const auto alone = run(0), crowded = run(10);
+    ASSERT_EQ(alone.size(), 2u);
+    EXPECT_EQ(alone.at(0).size(), 24u);
+    EXPECT_EQ(alone, crowded) << weight_type_name(t);
+    EXPECT_NE(alone.at(0), alone.at(1));  // the n completions differ
+  }
 }
 
 // A weight that is not finite has no int8 or fp8 scale: refused, naming the layer.

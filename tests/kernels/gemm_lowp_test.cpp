@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/gemm_lowp.h"
+#include "kernels/cpu/gemm_lowp_amx.h"
 #include "kernels/cpu/gemm_lowp_pages.h"
 
 using namespace loom;
@@ -48,10 +49,11 @@ void check_against_reference(const std::vector<float>& y, const std::vector<floa
 }
 
 struct Restore {
-  bool avx = lowp_uses_avx512(), vbmi = lowp_uses_vbmi();
+  bool avx = lowp_uses_avx512(), vbmi = lowp_uses_vbmi(), amx = lowp_uses_amx();
   ~Restore() {
     set_lowp_avx512(avx);
     set_lowp_vbmi(vbmi);
+    set_lowp_amx(amx);
   }
 };
 
@@ -116,6 +118,7 @@ TEST(GemmLowp, Int8QuantisationIsBoundedAndTheProductMatchesTheReference) {
 TEST(GemmLowp, Avx512AndScalarLoopsGiveTheSameBits) {
   Restore restore;
   if (!lowp_uses_avx512()) GTEST_SKIP() << "this CPU has no AVX-512";
+  set_lowp_amx(false);          // (the tile path sums in its own order: GemmLowpAmx below)
   for (int K : {32, 301, 317})  // 317: fp8's 32-wide steps, then one of 16, then the tail
     for (int N : {1, 7, 13, 40}) {
       const int M = 2 * kLowpGemvRows + 1;  // then prefill chunks: blocks widened for the BLAS
@@ -176,8 +179,12 @@ TEST(GemmLowp, Fp8ByPermutesGivesTheSameBitsAsTheOtherLoops) {
     }
 }
 
-// A decode's logits must not depend on what else is batched (seeded sampling) nor on threads.
+// A decode's logits must not depend on what else is batched (seeded sampling) nor on threads:
+// the GEMV's rows (on AMX CPUs batches of kAmxMinRows or more take the tile path, whose rows are
+// the same for every such batch: GemmLowpAmx.RowsDoNotDependOnTheBatchOrThreads).
 TEST(GemmLowp, RowsDoNotDependOnTheBatchOrThreads) {
+  Restore restore;
+  set_lowp_amx(false);
   const int M = 16, K = 96, N = 70000 / 96;  // past the threshold that splits rows over threads
   std::vector<float> x = randn(size_t(M) * K, 11), w = randn(size_t(N) * K, 12);
   std::vector<uint16_t> wb(w.size());
@@ -328,6 +335,106 @@ TEST(GemmLowp, RowPartsQuantisedWithTheWholeRowsMaximumEqualTheWholeRow) {
 // The decode weights' and KV pool's memory (gemm_lowp_pages.h): zero-filled, 2 MiB-aligned,
 // movable; asking for huge pages over memory in use keeps its contents (whether the kernel
 // grants them is its business: the bytes granted are whole aligned 2 MiB pieces of the range).
+// The tile path (AMX CPUs: batches of kAmxMinRows inputs or more, K a multiple of 32) against
+// the double reference with fp32 accumulation's bound, every weight type, batches within one
+// block of 16 inputs and past it, row counts with blocks of 32 and 16 and a short last block.
+TEST(GemmLowpAmx, MatchesTheReferenceForEveryWeightType) {
+  Restore restore;
+  if (!lowp_uses_amx()) GTEST_SKIP() << "this CPU (or its kernel) offers no AMX-BF16";
+  for (int M : {kAmxMinRows, 7, 16, 17, 40})
+    for (int K : {32, 96, 768})
+      for (int N : {5, 16, 40, 77}) {
+        const std::vector<float> x = randn(size_t(M) * K, 30), b = randn(size_t(N), 32);
+        std::vector<float> w = randn(size_t(N) * K, 31, 0.1f), deq8(w.size()), deqf(w.size());
+        std::vector<uint16_t> wb(w.size());
+        std::vector<int8_t> q(w.size());
+        std::vector<uint8_t> f(w.size());
+        std::vector<float> s8(static_cast<size_t>(N)), sf(s8.size());
+        ASSERT_TRUE(quantize_int8_rows(w.data(), N, K, q.data(), s8.data()));
+        ASSERT_TRUE(quantize_fp8_rows(w.data(), N, K, f.data(), sf.data()));
+        for (size_t i = 0; i < w.size(); ++i) {
+          deq8[i] = s8[i / size_t(K)] * q[i];
+          deqf[i] = sf[i / size_t(K)] * fp8_decode(Fp8Format::E4M3, f[i]);
+          wb[i] = f32_to_bf16(w[i]);
+          w[i] = bf16_to_f32(wb[i]);
+        }
+        std::vector<float> y(size_t(M) * N, -1.f);
+        linear_bf16w(y.data(), x.data(), wb.data(), b.data(), M, K, N);
+        check_against_reference(y, x, w, b, M, K, N);
+        linear_int8w(y.data(), x.data(), q.data(), s8.data(), b.data(), M, K, N);
+        check_against_reference(y, x, deq8, b, M, K, N);
+        linear_fp8w(y.data(), x.data(), f.data(), sf.data(), nullptr, M, K, N);
+        check_against_reference(y, x, deqf, {}, M, K, N);
+      }
+}
+
+// No input is rounded to bf16: through one-hot weights (1 as bf16, int8 and E4M3) every output
+// is its input bit for bit, inputs using all 24 bits of their significand (the three bf16 parts
+// sum back to it exactly; two parts would keep 16 bits).
+TEST(GemmLowpAmx, OneHotWeightsGiveEveryInputExactly) {
+  Restore restore;
+  if (!lowp_uses_amx()) GTEST_SKIP() << "this CPU (or its kernel) offers no AMX-BF16";
+  const int K = 96;
+  std::vector<uint16_t> wb(size_t(K) * K, 0);
+  std::vector<int8_t> q(wb.size(), 0);
+  std::vector<uint8_t> f(wb.size(), 0);
+  for (int k = 0; k < K; ++k) {
+    wb[size_t(k) * K + k] = 0x3F80;  // 1.0
+    q[size_t(k) * K + k] = 1;
+    f[size_t(k) * K + k] = 0x38;  // E4M3 1.0
+  }
+  const std::vector<float> ones(static_cast<size_t>(K), 1.f);
+  for (int M : {kAmxMinRows, 16, 19}) {
+    std::vector<float> x = randn(size_t(M) * K, 33);
+    for (float& v : x) v *= 1.f + 0x1p-23f;  // (the last bit set in most)
+    for (int t = 0; t < 3; ++t) {
+      std::vector<float> y(x.size(), -1.f);
+      if (t == 0) linear_bf16w(y.data(), x.data(), wb.data(), nullptr, M, K, K);
+      if (t == 1) linear_int8w(y.data(), x.data(), q.data(), ones.data(), nullptr, M, K, K);
+      if (t == 2) linear_fp8w(y.data(), x.data(), f.data(), ones.data(), nullptr, M, K, K);
+      ASSERT_EQ(std::memcmp(y.data(), x.data(), x.size() * sizeof(float)), 0)
+          << "type " << t << " M " << M;
+    }
+  }
+}
+
+// The tile path's rows depend only on their input and the weights: the same bits whatever the
+// batch (within and across blocks of 16 inputs) and the thread count.
+TEST(GemmLowpAmx, RowsDoNotDependOnTheBatchOrThreads) {
+  Restore restore;
+  if (!lowp_uses_amx()) GTEST_SKIP() << "this CPU (or its kernel) offers no AMX-BF16";
+  const int M = 40, K = 96, N = 70000 / 96;  // past the threshold that splits rows over threads
+  std::vector<float> x = randn(size_t(M) * K, 34), w = randn(size_t(N) * K, 35), s(size_t(N), 0.5f);
+  std::vector<uint16_t> wb(w.size());
+  std::vector<uint8_t> f(w.size());
+  ASSERT_TRUE(quantize_fp8_rows(w.data(), N, K, f.data(), s.data()));
+  for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+  const auto run = [&](std::vector<float>& y, int m0, int rows, bool fp8) {
+    if (fp8)
+      linear_fp8w(y.data(), x.data() + size_t(m0) * K, f.data(), s.data(), nullptr, rows, K, N);
+    else
+      linear_bf16w(y.data(), x.data() + size_t(m0) * K, wb.data(), nullptr, rows, K, N);
+  };
+  for (bool fp8 : {false, true}) {
+    std::vector<float> all(size_t(M) * N), part(size_t(16) * N);
+    run(all, 0, M, fp8);
+    for (int m0 : {0, 5, 12, 16, 29}) {  // blocks of kAmxMinRows inside, across and after 16
+      run(part, m0, kAmxMinRows, fp8);
+      EXPECT_TRUE(std::equal(part.begin(), part.begin() + long(kAmxMinRows) * N,
+                             all.begin() + long(m0) * N))
+          << "fp8 " << fp8 << " m0 " << m0;
+    }
+    run(part, 3, 16, fp8);
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + 3L * N)) << "fp8 " << fp8;
+    const int t = num_threads();
+    set_num_threads(1);
+    std::vector<float> serial(all.size());
+    run(serial, 0, M, fp8);
+    set_num_threads(t);
+    EXPECT_EQ(serial, all) << "fp8 " << fp8;
+  }
+}
+
 TEST(GemmLowpPages, HugeBufferIsZeroedAlignedAndMovable) {
   const size_t huge = size_t(2) << 20;
   for (bool advise : {true, false}) {

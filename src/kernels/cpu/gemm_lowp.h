@@ -8,6 +8,9 @@
 //     depend only on x[m] and W, not on M or the thread count.
 //   - larger M (prefill chunks): compute-bound, so blocks of W are widened to fp32 and multiplied
 //     with the BLAS.
+//   - on CPUs with AMX-BF16, every M >= kAmxMinRows (8) instead takes the tile path of
+//     gemm_lowp_amx.h (exact products, fp32 sums in its own order: the bits of y[m] again depend
+//     only on x[m] and W among such batches, but are not the GEMV's).
 #pragma once
 
 #include <cstdint>
@@ -51,8 +54,9 @@ bool quantize_fp8_rows(const float* w, int N, int K, uint8_t* q, float* scale,
 // Whether the AVX-512 kernels run (the CPU has AVX512F and tests have not turned them off).
 bool lowp_uses_avx512();
 void set_lowp_avx512(bool on);  // tests: false runs the scalar loops on an AVX-512 machine
-// Whether fp8's single-input GEMV widens by byte permutes (AVX512_VBMI CPUs; the same bits as
-// the AVX512BW steps, which set_lowp_vbmi(false) runs instead: tests and benchmarks).
+// Whether fp8's single-input GEMV widens by byte permutes (by default on AVX512_VBMI CPUs
+// without AVX512_FP16, where they are the faster way; the same bits as the AVX512BW steps, which
+// set_lowp_vbmi(false) runs instead; set_lowp_vbmi(true) turns them on on any VBMI CPU).
 bool lowp_uses_vbmi();
 void set_lowp_vbmi(bool on);
 
