@@ -140,6 +140,12 @@ void run(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uin
                   beta, static_cast<unsigned char*>(C) + b * stride_c * c_elem, c_bf16, ldc);
 }
 
+// The fallbacks' bias: every row of C [M, N] (row stride ldc) set to bias [N], for the GEMM to
+// accumulate onto.
+void seed_with_bias(int M, int N, const float* bias, float* C, int ldc) {
+  for (int r = 0; r < M; ++r) std::copy(bias, bias + N, C + int64_t(r) * ldc);
+}
+
 }  // namespace
 
 bool cpu_has_avx512_bf16() {
@@ -189,8 +195,7 @@ void gemm_bf16_bias(int M, int N, int K, const uint16_t* A, int lda, const uint1
   if (K > 0 && bf16_gemm_path() == Bf16GemmPath::OneDnn &&
       detail::dnnl_gemm_bf16_bias(M, N, K, A, lda, B, ldb, bias, C, ldc))
     return;
-  for (int r = 0; r < M; ++r)
-    std::copy(bias, bias + N, C + int64_t(r) * ldc);  // (as seeded before)
+  seed_with_bias(M, N, bias, C, ldc);  // (as seeded before)
   run(false, true, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 1.f, C, false, ldc, 0, 1);
 }
 
@@ -207,7 +212,7 @@ void gemm_bf16_varying_alpha(bool trans_a, bool trans_b, int M, int N, int K, fl
                                            C, ldc, bias))
     return;
   if (bias != nullptr) {  // seeded, then accumulated onto: gemm_bf16's own arithmetic
-    for (int r = 0; r < M; ++r) std::copy(bias, bias + N, C + int64_t(r) * ldc);
+    seed_with_bias(M, N, bias, C, ldc);
     beta = 1.f;
   }
   run(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, false, ldc, 0, 1);

@@ -444,14 +444,12 @@ bool dnnl_gemm_bf16_varying_alpha(bool trans_a, bool trans_b, int M, int N, int 
                                   float beta, float* C, int ldc, const float* bias) {
   if (bias == nullptr && weight_gradient_blocks(trans_a, trans_b, false, 1, M, N, K))
     return blocked_weight_gradient(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, alpha != 1.f);
-  if (alpha == 1.f && bias == nullptr && beta == 0.f)  // (no pass multiplying by 1)
-    return run_one(trans_a, trans_b, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 0.f, C, false, ldc, 0, 1,
-                   false);
   if (beta == 0.f) {
     if (!run_one(trans_a, trans_b, M, N, K, 1.f, A, lda, 0, B, ldb, 0, 0.f, C, false, ldc, 0, 1,
                  false))
       return false;
-    gemm_scale_pass(M, N, alpha, C, ldc, bias, false, C, ldc);
+    if (alpha != 1.f || bias != nullptr)  // (no pass multiplying by 1)
+      gemm_scale_pass(M, N, alpha, C, ldc, bias, false, C, ldc);
     return true;
   }
   thread_local std::vector<float> product;  // (beta 1) alpha op(A) op(B) before it joins C
