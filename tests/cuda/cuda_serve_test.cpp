@@ -151,17 +151,22 @@ TEST(CudaServe, EngineMatchesTheCpuEngine) {
         const rp::Replay got = rp::replay(*test::gpu(), f, act, s);
         const std::string at =
             std::string(family_name(f)) + " " + dtype_name(act) + " [" + s.name + "]";
-        // Greedy choices of these models are clear (infer_test_util.h): the same tokens, the
-        // same schedule; logprobs agree to GEMM rounding (fp32), or to a bf16 ulp of the
-        // activations (bf16).
-        const double tol = act == DType::F32 ? 1e-4 : 3e-2;
+        // fp32: the same tokens and the same schedule; logprobs agree to GEMM rounding (the
+        // closest greedy choice of these models is 0.002 apart). bf16 rounds every layer's
+        // output, the logits included: a GEMM that sums in another order can round an
+        // activation to the neighbouring bf16 value, and that reaches the logits. Measured on
+        // these models (CPU): bf16 and fp32 logprobs up to 0.074 apart, and exact ties among the
+        // rounded logits. So a request may take the other token where the CPU's best two are
+        // within 0.1 (its continuation is then not compared), and logprobs agree within 0.1; a
+        // wrong cache block or position moves them by far more.
+        const double tol = act == DType::F32 ? 1e-4 : 0.1, tie = act == DType::F32 ? 0 : 0.1;
         EXPECT_EQ(rp::replay_differences(
                       want, got,
                       [tol](const std::vector<float>& g, const std::vector<float>& w) {
                         const ::testing::AssertionResult r = test::close(g, w, 0, tol);
                         return r ? std::string() : std::string(r.message());
                       },
-                      " " + at),
+                      " " + at, tie),
                   "");
       }
 }
