@@ -472,8 +472,8 @@ Extracted extract_main_text(std::string_view html_in, const ExtractOptions& opt)
     return out;
   }
   std::string html = repair_utf8(html_in, true);
-  // Such a run is a tree deeper than it is long, which gumbo would build in quadratic time
-  // (html_formatting_run.h): the outcome of the parse, without it.
+  // A run of nested formatting elements past max_depth is a tree past max_depth, which gumbo
+  // would take quadratic time to build (html_formatting_run.h): the parse's outcome, unparsed.
   if (longest_formatting_run(html, opt.max_depth) > opt.max_depth)
     return too_deep_tree(opt.max_depth);
   ParseMemory memory(opt.max_parse_bytes);

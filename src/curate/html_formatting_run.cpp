@@ -105,8 +105,7 @@ size_t comment_end(std::string_view h, size_t i) {
   const std::string_view rest = h.substr(i + 4);
   if (rest.starts_with(">")) return i + 5;   // "<!-->"
   if (rest.starts_with("->")) return i + 6;  // "<!--->"
-  const size_t dashes = rest.find("--");
-  for (size_t d = dashes; d != kNotFound; d = rest.find("--", d + 1)) {
+  for (size_t d = rest.find("--"); d != kNotFound; d = rest.find("--", d + 1)) {
     if (rest.substr(d + 2).starts_with(">")) return i + 4 + d + 3;
     if (rest.substr(d + 2).starts_with("!>")) return i + 4 + d + 4;
   }
