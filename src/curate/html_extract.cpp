@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "curate/clean.h"
+#include "curate/html_formatting_run.h"
 #include "curate/stages.h"
 #include "curate/text.h"
 
@@ -451,6 +452,14 @@ size_t estimated_depth(std::string_view h, size_t stop_after) {
   return deepest;
 }
 
+// The outcome for a page whose elements nest deeper than max_depth.
+Extracted too_deep_tree(size_t max_depth) {
+  Extracted out;
+  out.rejected = "too_deep";
+  out.limit = cat("elements nested deeper than max_depth = ", max_depth);
+  return out;
+}
+
 }  // namespace
 
 Extracted extract_main_text(std::string_view html_in, const ExtractOptions& opt) {
@@ -463,6 +472,10 @@ Extracted extract_main_text(std::string_view html_in, const ExtractOptions& opt)
     return out;
   }
   std::string html = repair_utf8(html_in, true);
+  // A run of nested formatting elements past max_depth is a tree past max_depth, which gumbo
+  // would take quadratic time to build (html_formatting_run.h): the parse's outcome, unparsed.
+  if (longest_formatting_run(html, opt.max_depth) > opt.max_depth)
+    return too_deep_tree(opt.max_depth);
   ParseMemory memory(opt.max_parse_bytes);
   GumboOutput* g = memory.parse(html);
   if (!g) {
@@ -470,11 +483,7 @@ Extracted extract_main_text(std::string_view html_in, const ExtractOptions& opt)
     out.limit = cat("parsing needs more than max_parse_bytes = ", opt.max_parse_bytes);
     return out;
   }
-  if (tree_depth(g->root, opt.max_depth) > opt.max_depth) {
-    out.rejected = "too_deep";
-    out.limit = cat("elements nested deeper than max_depth = ", opt.max_depth);
-    return out;
-  }
+  if (tree_depth(g->root, opt.max_depth) > opt.max_depth) return too_deep_tree(opt.max_depth);
   const GumboNode* root = g->root;
   if (const GumboNode* t = find_tag(g->root, GUMBO_TAG_TITLE, false)) {
     out.title = std::string(trim_view(node_text(t)));

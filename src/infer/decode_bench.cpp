@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "infer/load_gen.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm_lowp_pages.h"
 
 namespace loom::infer {
@@ -62,7 +63,7 @@ double measure_read_bandwidth_gbs(int passes, bool huge_pages) {
   for (size_t i = 0; i < n; ++i) buf[i] = i;
   double best = 0;
   volatile uint64_t sink = 0;
-  const bool avx512 = __builtin_cpu_supports("avx512f") != 0;
+  const bool avx512 = cpu::cpu_features().avx512f;
   for (int p = 0; p < passes; ++p) {
     uint64_t sum = 0;
     double t = clock_now();

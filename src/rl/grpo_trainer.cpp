@@ -14,6 +14,17 @@ namespace loom::rl {
 
 namespace {
 
+// Sequences [k0, k1) of a packed batch, as a packed batch of their own.
+Batch sequences_of(const Batch& b, size_t k0, size_t k1) {
+  const int32_t lo = b.cu_seqlens[k0], hi = b.cu_seqlens[k1];
+  Batch c;
+  c.tokens.assign(b.tokens.begin() + lo, b.tokens.begin() + hi);
+  c.positions.assign(b.positions.begin() + lo, b.positions.begin() + hi);
+  c.targets.assign(b.targets.begin() + lo, b.targets.begin() + hi);
+  for (size_t k = k0; k <= k1; ++k) c.cu_seqlens.push_back(b.cu_seqlens[k] - lo);
+  return c;
+}
+
 // Sequence parallelism splits a pass's tokens evenly over the tensor-parallel group: a batch
 // whose count does not split gets one more sequence of padding (token 0 at positions 0, 1, ...,
 // no targets: loss weight 0), which attends only to itself and adds no loss and no gradient.
@@ -254,13 +265,8 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       if (reference_) reference_->forward_logits(c.input(), {0}, logits.data());
     }
     for (auto [k0, k1] : passes) {
-      // Sequences k0 .. k1 - 1: a slice of the packed batch.
-      const int32_t lo = b.cu_seqlens[k0], hi = b.cu_seqlens[k1];
-      Batch c;
-      c.tokens.assign(b.tokens.begin() + lo, b.tokens.begin() + hi);
-      c.positions.assign(b.positions.begin() + lo, b.positions.begin() + hi);
-      c.targets.assign(b.targets.begin() + lo, b.targets.begin() + hi);
-      for (size_t k = k0; k <= k1; ++k) c.cu_seqlens.push_back(b.cu_seqlens[k] - lo);
+      const int32_t lo = b.cu_seqlens[k0];
+      Batch c = sequences_of(b, k0, k1);
       pad_for_sequence_parallel(c, policy_);
       std::vector<int> rows;
       for (size_t k = k0; k < k1; ++k)
@@ -324,16 +330,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       } else {
         // Two passes whose gradients are added, each over whole sequences with the whole
         // batch's token weights (as data-parallel shares are).
-        auto slice = [&](size_t k0, size_t k1) {
-          const int32_t lo = b.cu_seqlens[k0], hi = b.cu_seqlens[k1];
-          Batch c;
-          c.tokens.assign(b.tokens.begin() + lo, b.tokens.begin() + hi);
-          c.positions.assign(b.positions.begin() + lo, b.positions.begin() + hi);
-          c.targets.assign(b.targets.begin() + lo, b.targets.begin() + hi);
-          for (size_t k = k0; k <= k1; ++k) c.cu_seqlens.push_back(b.cu_seqlens[k] - lo);
-          return c;
-        };
-        const Batch own = slice(0, ks), share = slice(ks, n);
+        const Batch own = sequences_of(b, 0, ks), share = sequences_of(b, ks, n);
         ModelInput own_in = own.input(), share_in = share.input();
         own_in.loss_weights = weights.data();
         share_in.loss_weights = weights.data() + b.cu_seqlens[ks];

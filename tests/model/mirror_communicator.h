@@ -18,16 +18,13 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "kernels/backend.h"
+#include "parallel/refusing_communicator.h"
 
 namespace loom::test {
 
-class MirrorCommunicator final : public comm::Communicator {
+class MirrorCommunicator final : public RefusingCommunicator {
  public:
-  explicit MirrorCommunicator(Backend& be) : be_(be) {}
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  int world_rank_of(int r) const override { return r; }
-  std::string name() const override { return "mirror"; }
+  explicit MirrorCommunicator(Backend& be) : RefusingCommunicator("mirror", 0, 2), be_(be) {}
 
   comm::Work all_reduce_async(void* buf, int64_t n, DType t, comm::ReduceOp op) override {
     if (op == comm::ReduceOp::Max) return {};  // the maximum of equal values (host or device)
@@ -46,10 +43,6 @@ class MirrorCommunicator final : public comm::Communicator {
     const size_t bytes = size_t(counts[0]) * dtype_size(t);
     be_.copy_d2d(static_cast<char*>(buf) + bytes, buf, bytes);
     return {};
-  }
-  comm::Work reduce_scatter_bf16_async(const uint16_t*, float*,
-                                       const std::vector<int64_t>&) override {
-    refuse();
   }
   comm::Work broadcast_async(void*, int64_t, DType, int) override { return {}; }
   // A message waits for its match by tag; the copy happens when both sides are posted (the
@@ -84,15 +77,12 @@ class MirrorCommunicator final : public comm::Communicator {
   }
   // Messages posted without their match (a ring that lost a step).
   size_t unmatched() const { return sends_.size() + recvs_.size(); }
-  void barrier() override {}
   void all_reduce_f64(double* buf, int64_t n, comm::ReduceOp op) override {
     if (op == comm::ReduceOp::Sum)
       for (int64_t i = 0; i < n; ++i) buf[i] *= 2;
   }
-  std::unique_ptr<Communicator> split(int, int, const std::string&) override { refuse(); }
 
  private:
-  [[noreturn]] static void refuse() { fail("mirror communicator: operation not modelled"); }
   struct Msg {
     void* p;
     size_t bytes;

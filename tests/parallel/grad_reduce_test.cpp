@@ -17,6 +17,7 @@
 #include "kernels/backend.h"
 #include "model/params.h"
 #include "parallel/grad_reduce.h"
+#include "parallel/refusing_communicator.h"
 
 using namespace loom;
 
@@ -25,15 +26,12 @@ namespace {
 constexpr float kPartner = 0.5f;  // every gradient element of the other rank
 
 // Rank 0 of two: records what this rank sends and adds the partner's gradient (kPartner).
-class RecordingPair final : public comm::Communicator {
+class RecordingPair final : public test::RefusingCommunicator {
  public:
   std::vector<float> sent;  // the flat gradient as sent, NaN where nothing was sent
-  explicit RecordingPair(int64_t total) : sent(size_t(total), std::nanf("")) {}
+  explicit RecordingPair(int64_t total)
+      : RefusingCommunicator("recording-dp", 0, 2), sent(size_t(total), std::nanf("")) {}
 
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  int world_rank_of(int r) const override { return r; }
-  std::string name() const override { return "recording-dp"; }
   comm::Work all_reduce_async(void* buf, int64_t n, DType, comm::ReduceOp) override {
     float* g = static_cast<float*>(buf);
     record(g, n);
@@ -48,18 +46,6 @@ class RecordingPair final : public comm::Communicator {
     for (int64_t i = 0; i < counts[0]; ++i) r[i] = s[i] + kPartner;
     return {};
   }
-  comm::Work reduce_scatter_bf16_async(const uint16_t*, float*,
-                                       const std::vector<int64_t>&) override {
-    refuse();
-  }
-  comm::Work all_gather_async(void*, const std::vector<int64_t>&, DType) override { refuse(); }
-  void all_reduce_f64(double*, int64_t, comm::ReduceOp) override { refuse(); }
-  void barrier() override {}
-  comm::Work broadcast_async(void*, int64_t, DType, int) override { refuse(); }
-  comm::Work send_async(const void*, int64_t, DType, int, int) override { refuse(); }
-  comm::Work recv_async(void*, int64_t, DType, int, int) override { refuse(); }
-  comm::Work all_to_all_async(const void*, void*, int64_t, DType) override { refuse(); }
-  std::unique_ptr<Communicator> split(int, int, const std::string&) override { refuse(); }
 
   const float* grads = nullptr;  // the flat gradient buffer, to place what is sent
 
@@ -69,7 +55,6 @@ class RecordingPair final : public comm::Communicator {
     ASSERT_TRUE(at >= 0 && at + n <= int64_t(sent.size())) << "a send outside the gradients";
     std::memcpy(sent.data() + at, send, sizeof(float) * size_t(n));
   }
-  [[noreturn]] static void refuse() { fail("recording-dp: not used by this test"); }
 };
 
 }  // namespace
@@ -119,5 +104,20 @@ TEST(GradReducer, LinearWithoutRowsSendsZerosNotThePreviousStep) {
       }
     }
     EXPECT_FALSE(P.grads_pending(0, n));
+  }
+}
+
+// A call the fake does not serve fails, naming the fake and the operation (the shared base of
+// the tests' fake communicators, parallel/refusing_communicator.h).
+TEST(GradReducer, FakeCommunicatorRefusesWhatItDoesNotServe) {
+  RecordingPair dp(4);
+  float buf[4] = {};
+  try {
+    dp.all_gather(buf, {2, 2}, DType::F32);
+    FAIL() << "the all-gather was not refused";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("recording-dp communicator: all_gather"),
+              std::string::npos)
+        << e.what();
   }
 }

@@ -23,6 +23,7 @@
 #include "model/decoder.h"
 #include "model/model_test_util.h"
 #include "parallel/data_parallel.h"
+#include "parallel/refusing_communicator.h"
 #include "same_bits.h"
 
 using namespace loom;
@@ -32,13 +33,9 @@ namespace {
 // Rank 0 of two whose partner holds the same gradients: sums are twice this rank's values
 // (x + x is exact, so the bf16 sum in fp32 is too), and a gather leaves the partner's blocks as
 // they are (they would hold the partner's master shard).
-class MirrorPair final : public comm::Communicator {
+class MirrorPair final : public test::RefusingCommunicator {
  public:
-  explicit MirrorPair(Backend& be) : be_(be) {}
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  int world_rank_of(int r) const override { return r; }
-  std::string name() const override { return "mirror-dp"; }
+  explicit MirrorPair(Backend& be) : RefusingCommunicator("mirror-dp", 0, 2), be_(be) {}
   comm::Work all_reduce_async(void* buf, int64_t n, DType t, comm::ReduceOp op) override {
     LOOM_CHECK(t == DType::F32 && op == comm::ReduceOp::Sum, "mirror-dp: fp32 sums only");
     be_.scale_inplace(static_cast<float*>(buf), 2.f, n);
@@ -71,12 +68,6 @@ class MirrorPair final : public comm::Communicator {
     if (op == comm::ReduceOp::Sum)
       for (int64_t i = 0; i < n; ++i) buf[i] *= 2;
   }
-  void barrier() override {}
-  comm::Work broadcast_async(void*, int64_t, DType, int) override { refuse(); }
-  comm::Work send_async(const void*, int64_t, DType, int, int) override { refuse(); }
-  comm::Work recv_async(void*, int64_t, DType, int, int) override { refuse(); }
-  comm::Work all_to_all_async(const void*, void*, int64_t, DType) override { refuse(); }
-  std::unique_ptr<Communicator> split(int, int, const std::string&) override { refuse(); }
   int64_t gathers() const { return gathers_; }
   int64_t bf16_reductions() const { return bf16_reductions_; }
 
@@ -84,7 +75,6 @@ class MirrorPair final : public comm::Communicator {
   static void check(const std::vector<int64_t>& counts) {
     LOOM_CHECK(counts.size() == 2, "mirror-dp: one count per rank");
   }
-  [[noreturn]] static void refuse() { fail("mirror-dp: operation not modelled"); }
   Backend& be_;
   int64_t gathers_ = 0, bf16_reductions_ = 0;
 };

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "core/dtype.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/parallel.h"
 
 #if defined(__x86_64__)
@@ -117,8 +118,7 @@ void chunked(size_t n, Fn&& fn) {
 
 bool bf16_convert_uses_avx512() {
 #if defined(__x86_64__)
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return has;
+  return cpu_features().avx512f && cpu_features().avx512bw;
 #else
   return false;
 #endif

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/cpu_features.h"
 
 extern "C" char* openblas_get_corename();
 
@@ -31,9 +32,8 @@ bool wants_avx512_core() {
   const char* core = openblas_get_corename();
   if (core == nullptr || (std::strcmp(core, "Haswell") != 0 && std::strcmp(core, "Zen") != 0))
     return false;
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const CpuFeatures& f = cpu_features();
+  return f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl;
 }
 
 void reexec_with_avx512_core() {
@@ -47,7 +47,7 @@ void reexec_with_avx512_core() {
   argv.push_back(nullptr);
   const char* before = std::getenv("OPENBLAS_CORETYPE");
   const std::string saved = before ? before : "";
-  setenv("OPENBLAS_CORETYPE", __builtin_cpu_supports("avx512bf16") ? "Cooperlake" : "SkylakeX", 1);
+  setenv("OPENBLAS_CORETYPE", cpu_features().avx512bf16 ? "Cooperlake" : "SkylakeX", 1);
   setenv("LOOM_BLAS_REEXEC", "1", 1);
   execv("/proc/self/exe", argv.data());
   // exec failed: carry on with the kernels OpenBLAS chose

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/parallel.h"
 
 #if defined(__x86_64__)
@@ -242,9 +243,8 @@ LOOM_AVX512 uint32_t amax_bits_avx512(const uint16_t* x, int64_t n) {
 
 bool avx512() {
 #if defined(__x86_64__)
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
-  return has && !g_force_portable.load(std::memory_order_relaxed);
+  const CpuFeatures& f = cpu_features();
+  return f.avx512f && f.avx512bw && f.avx512vl && !g_force_portable.load(std::memory_order_relaxed);
 #else
   return false;
 #endif

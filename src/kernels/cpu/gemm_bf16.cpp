@@ -14,12 +14,9 @@
 #include "core/log.h"
 #include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm_bf16_dnnl.h"
-
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 namespace loom::cpu {
 namespace {
@@ -149,15 +146,8 @@ void seed_with_bias(int M, int N, const float* bias, float* C, int ldc) {
 }  // namespace
 
 bool cpu_has_avx512_bf16() {
-#if defined(__x86_64__)
-  // __builtin_cpu_supports also checks that the OS saves the AVX512 registers (XCR0).
-  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) return false;
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
-  return (eax >> 5) & 1u;  // CPUID.(EAX=7,ECX=1):EAX bit 5 = AVX512_BF16
-#else
-  return false;
-#endif
+  const CpuFeatures& f = cpu_features();
+  return f.avx512f && f.avx512bw && f.avx512bf16;
 }
 
 bool bf16_gemm_onednn_built() {

@@ -1,6 +1,5 @@
 #include "kernels/cpu/gemm_lowp.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -15,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/gemm_lowp_amx.h"
 
@@ -24,20 +24,18 @@ namespace {
 // AVX512F and BW (fp8's widening works on 16-bit lanes; every AVX-512 CPU since Skylake-X has
 // both).
 bool cpu_has_avx512() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return cpu_features().avx512f && cpu_features().avx512bw;
 }
 std::atomic<bool> g_avx512{cpu_has_avx512()};
 // AVX512_VBMI (byte permutes): fp8's single-input GEMV widens its codes by table look-ups.
 bool cpu_has_vbmi() {
-  return cpu_has_avx512() && __builtin_cpu_supports("avx512vbmi");
+  return cpu_has_avx512() && cpu_features().avx512vbmi;
 }
 // Where the permutes are the faster widening: on AMD's Zen 4 they were (43 against 37 G weights/s
 // per thread in cache); on Intel's cores with AVX512_FP16 (and AMX), whose fp16 conversion is
 // cheaper, the AVX512BW steps are (18.7 against 17.5, docs/serving.md "AMX machine").
 bool prefer_vbmi() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  const bool fp16 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 23 & 1);  // AVX512_FP16
-  return cpu_has_vbmi() && !fp16;
+  return cpu_has_vbmi() && !cpu_features().avx512fp16;
 }
 std::atomic<bool> g_vbmi{prefer_vbmi()};
 

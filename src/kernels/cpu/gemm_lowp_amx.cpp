@@ -1,6 +1,5 @@
 #include "kernels/cpu/gemm_lowp_amx.h"
 
-#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/syscall.h>
@@ -14,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/gemm_lowp.h"
 
@@ -24,13 +24,9 @@ namespace {
   __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bf16,amx-tile,amx-bf16")))
 
 bool cpu_has_amx() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool avx512 = (b >> 16 & 1) && (b >> 30 & 1);  // F, BW
-  const bool vbmi = c >> 1 & 1;
-  const bool amx = (d >> 22 & 1) && (d >> 24 & 1);  // AMX-BF16, AMX-TILE
-  if (!avx512 || !vbmi || !amx || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-  if (!(a >> 5 & 1)) return false;  // AVX512_BF16
+  const CpuFeatures& f = cpu_features();
+  if (!(f.avx512f && f.avx512bw && f.avx512vbmi && f.avx512bf16 && f.amx_tile && f.amx_bf16))
+    return false;
   // Linux hands a process the tile state (8 KB per thread) only when asked; it refuses where the
   // kernel or the hypervisor does not support it.
   constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
