@@ -205,10 +205,10 @@ TEST(GemmLowp, RowsDoNotDependOnTheBatchOrThreads) {
 
 // fp32 weights: batches of kF32BatchMinRows inputs or more take their own block (8 rows, inputs
 // 3 at a time, the lanes reduced 16 outputs at once), which must sum every output in the order
-// of the single-input tiles: each row of every batch M 1..kLowpGemvRows (and past it, as
-// gemv_f32w serves any M) equals that input alone bit for bit, at 1 and 2 threads, with K at
-// the model's widths (with and without a tail) and row counts whose blocks leave remainders at
-// each thread's end.
+// of the single-input tiles: each row of every batch M 2..kLowpGemvRows (and past it, as
+// gemv_f32w serves any M) equals that input alone (M = 1) bit for bit, at 1 and 2 threads, with
+// K at the model's widths (with and without a tail) and row counts whose blocks leave
+// remainders at each thread's end.
 TEST(GemmLowp, F32BatchRowsEqualTheInputAloneBitForBit) {
   const int t = num_threads();
   for (int K : {768, 3072 + 5})
