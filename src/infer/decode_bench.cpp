@@ -155,12 +155,18 @@ DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, 
     LoomEngine e(runner, ec);
     // (Wall clock and process CPU time at every token.)
     std::vector<std::vector<std::pair<double, double>>> times(size_t(o.streams));
+    // Profiled from the step after the one that gave the last stream its first token (as the
+    // single stream's: installed inside that step, none of it counted).
+    int decoding = 0;
     for (int s = 0; s < o.streams; ++s)
       e.submit(random_prompt(spec, 1 + s), greedy, [&, s](const TokenEvent& ev) {
+        if (!ev.tokens.empty() && times[size_t(s)].empty() && ++decoding == o.streams)
+          set_decode_profile(&r.streams_profile);
         for (size_t k = 0; k < ev.tokens.size(); ++k)
           times[size_t(s)].emplace_back(clock_now(), process_cpu_seconds());
       });
     e.run_until_idle();
+    set_decode_profile(nullptr);
     std::pair<double, double> last_first{0, 0}, end{0, 0};
     for (const auto& t : times) {
       LOOM_CHECK(!t.empty(), "a stream produced no tokens");
@@ -173,6 +179,8 @@ DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, 
     if (end.first > last_first.first && after > 0) {
       r.batch_tokens_per_s = double(after) / (end.first - last_first.first);
       r.batch_cpu_seconds_per_token = (end.second - last_first.second) / double(after);
+      r.streams_seconds = end.first - last_first.first;
+      r.streams_cpu_seconds = end.second - last_first.second;
     }
   }
   const KvSpec kv = runner.kv_spec();
@@ -219,26 +227,29 @@ Json DecodeBenchResult::to_json() const {
   return j;
 }
 
-std::string DecodeBenchResult::profile_text() const {
-  if (decode_tokens <= 0) return "";
+namespace {
+
+// One line per part of `p` over `count` tokens or steps taking `seconds` in all (wall clock) and
+// `cpu_seconds` of process CPU time.
+std::string parts_text(const DecodeProfile& p, double seconds, double cpu_seconds, int count,
+                       const char* title, const char* unit, double read_gbs) {
   using P = DecodeProfile;
-  const DecodeProfile& p = profile;
-  const double token = decode_seconds / decode_tokens;
+  const double per = seconds / count;
   std::string out;
   char line[200];
-  auto row = [&](const char* name, double seconds, double bytes) {
-    const double s = seconds / decode_tokens;
-    int n = std::snprintf(line, sizeof line, "  %-34s %8.3f ms %5.1f%%", name, s * 1e3,
-                          100 * s / token);
-    if (bytes > 0 && seconds > 0) {
-      const double gbs = bytes / seconds / 1e9;
+  auto row = [&](const char* name, double part_seconds, double bytes) {
+    const double s = part_seconds / count;
+    int n =
+        std::snprintf(line, sizeof line, "  %-34s %8.3f ms %5.1f%%", name, s * 1e3, 100 * s / per);
+    if (bytes > 0 && part_seconds > 0) {
+      const double gbs = bytes / part_seconds / 1e9;
       std::snprintf(line + n, sizeof line - size_t(n), "  %6.1f MB  %5.1f GB/s = %5.1f%% of read",
-                    bytes / decode_tokens / 1e6, gbs, 100 * gbs / read_bandwidth_gbs);
+                    bytes / count / 1e6, gbs, 100 * gbs / read_gbs);
     }
     out += line;
     out += "\n";
   };
-  std::snprintf(line, sizeof line, "single-stream decode, per token (%d tokens):\n", decode_tokens);
+  std::snprintf(line, sizeof line, "%s, per %s (%d %ss):\n", title, unit, count, unit);
   out += line;
   row("linear layers (GEMV)", p.seconds[P::kGemv], p.bytes[P::kGemv]);
   row("attention (paged KV, incl. write)", p.seconds[P::kAttention], p.bytes[P::kAttention]);
@@ -247,11 +258,27 @@ std::string DecodeBenchResult::profile_text() const {
   row("sampling", p.seconds[P::kSample], 0);
   row("engine step (scheduler, events)",
       p.seconds[P::kStep] - p.seconds[P::kForward] - p.seconds[P::kSample], 0);
-  row("between steps", decode_seconds - p.seconds[P::kStep], 0);
-  row("token", decode_seconds, p.bytes[P::kGemv] + p.bytes[P::kAttention]);
-  std::snprintf(line, sizeof line, "  %-34s %8.3f ms\n", "CPU time per token (all threads)",
-                decode_cpu_seconds / decode_tokens * 1e3);
+  row("between steps", seconds - p.seconds[P::kStep], 0);
+  row(unit, seconds, p.bytes[P::kGemv] + p.bytes[P::kAttention]);
+  const std::string cpu = std::string("CPU time per ") + unit + " (all threads)";
+  std::snprintf(line, sizeof line, "  %-34s %8.3f ms\n", cpu.c_str(), cpu_seconds / count * 1e3);
   out += line;
+  return out;
+}
+
+}  // namespace
+
+std::string DecodeBenchResult::profile_text() const {
+  std::string out;
+  if (decode_tokens > 0)
+    out = parts_text(profile, decode_seconds, decode_cpu_seconds, decode_tokens,
+                     "single-stream decode", "token", read_bandwidth_gbs);
+  const int steps = int(streams_profile.calls[DecodeProfile::kStep]);
+  if (steps > 0) {
+    const std::string title = std::to_string(streams) + "-stream decode";
+    out += parts_text(streams_profile, streams_seconds, streams_cpu_seconds, steps, title.c_str(),
+                      "step", read_bandwidth_gbs);
+  }
   return out;
 }
 

@@ -50,9 +50,14 @@ struct DecodeBenchResult {
   // machine runs (a load that takes the core away stretches decode_seconds, not this).
   double decode_cpu_seconds = 0;
   int decode_tokens = 0;
+  // The many streams' decode steps once every stream is decoding, part by part, over
+  // streams_seconds (wall clock; streams_cpu_seconds of process CPU time).
+  DecodeProfile streams_profile;
+  double streams_seconds = 0, streams_cpu_seconds = 0;
   Json to_json() const;
-  // One line per part: milliseconds per token, share of the token, and GB/s where bytes are
-  // read (the GEMV's weights, the attention's keys and values) against read_bandwidth_gbs.
+  // One line per part: milliseconds per token (the many streams': per step), share of the
+  // token, and GB/s where bytes are read (the GEMV's weights, the attention's keys and values)
+  // against read_bandwidth_gbs.
   std::string profile_text() const;
 };
 

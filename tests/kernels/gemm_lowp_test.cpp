@@ -203,6 +203,36 @@ TEST(GemmLowp, RowsDoNotDependOnTheBatchOrThreads) {
   EXPECT_EQ(serial, all);
 }
 
+// fp32 weights: batches of kF32BatchMinRows inputs or more take their own block (8 rows, inputs
+// 3 at a time, the lanes reduced 16 outputs at once), which must sum every output in the order
+// of the single-input tiles: each row of every batch M 2..kLowpGemvRows (and past it, as
+// gemv_f32w serves any M) equals that input alone (M = 1) bit for bit, at 1 and 2 threads, with
+// K at the model's widths (with and without a tail) and row counts whose blocks leave
+// remainders at each thread's end.
+TEST(GemmLowp, F32BatchRowsEqualTheInputAloneBitForBit) {
+  const int t = num_threads();
+  for (int K : {768, 3072 + 5})
+    for (int N : {45, 2304 / 8 + 3}) {
+      const int M = 2 * kLowpGemvRows + 3;
+      std::vector<float> x = randn(size_t(M) * K, 30), w = randn(size_t(N) * K, 31, 0.05f),
+                         b = randn(size_t(N), 32);
+      std::vector<float> alone(size_t(M) * N);
+      for (int m = 0; m < M; ++m)
+        gemv_f32w(alone.data() + size_t(m) * N, x.data() + size_t(m) * K, w.data(), b.data(), 1, K,
+                  N);
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        for (int batch = 2; batch <= M; ++batch) {
+          std::vector<float> y(size_t(batch) * N);
+          gemv_f32w(y.data(), x.data(), w.data(), b.data(), batch, K, N);
+          ASSERT_EQ(std::memcmp(y.data(), alone.data(), y.size() * sizeof(float)), 0)
+              << "M " << batch << " K " << K << " N " << N << " threads " << threads;
+        }
+      }
+      set_num_threads(t);
+    }
+}
+
 // fp8 weights: every E4M3 code but the NaNs, read through one-hot inputs, gives exactly the
 // value fp8.h decodes (GEMV rows and the blocked GEMM, AVX-512 and scalar alike), times its
 // row's scale.

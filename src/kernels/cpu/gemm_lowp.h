@@ -29,6 +29,8 @@ void linear_fp8w(float* y, const float* x, const uint8_t* w, const float* scale,
 
 // The decode kernel on fp32 weights (any M, though it is meant for M <= kLowpGemvRows: it
 // streams W once, where a BLAS GEMM with M = 1 reaches a fraction of the read bandwidth).
+// Batches of 6 or more take a block of 8 rows that sums in the same order: the bits of y[m]
+// depend only on x[m] and W for every M.
 void gemv_f32w(float* y, const float* x, const float* w, const float* b, int M, int K, int N);
 
 // The largest magnitude of every row: amax[n] = max|W[n, :]|, +infinity for a row holding a NaN or
