@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -489,6 +490,105 @@ LOOM_AVX512 inline __m512i all_lanes_max_epu32(__m512i v) {
   return _mm512_max_epu32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB));
 }
 
+// bf16 inputs on the fast path, 32 lanes of 16 bits: a bf16 is the top half of an fp32 whose
+// low half is zero, so mx_elems16_ordinary's integer rounding, thresholds and saturation apply
+// to the halves unchanged (half an ulp minus one, the kept bits and k shifted down by 16). Its
+// magic-number addition (non-zero lanes in fp8's subnormal range) does not: where a row of 32
+// has such a lane the caller runs them through mx_elems16_ordinary instead (false returned).
+// Zeros round to zero on the integer path too.
+struct MxScaledBf16 {
+  __m512i max_bits, minnorm_bits;  // 16-bit lanes
+};
+
+LOOM_AVX512 inline MxScaledBf16 mx_scaled_bf16(const Fmt& F, Fp8Format f, __m512i amax) {
+  const __m512i k = _mm512_slli_epi16(
+      _mm512_sub_epi16(_mm512_srli_epi16(amax, 7), _mm512_set1_epi16(short(127 + fp8_emax(f)))), 7);
+  return {_mm512_add_epi16(k, _mm512_set1_epi16(short(F.max_bits >> 16))),
+          _mm512_add_epi16(k, _mm512_set1_epi16(short(F.minnorm_bits >> 16)))};
+}
+
+LOOM_AVX512 inline __mmask32 mx_ordinary_bf16(Fp8Format f, __m512i amax) {
+  const int k0 = 127 + fp8_emax(f);
+  return _mm512_cmpge_epu16_mask(amax, _mm512_set1_epi16(short((k0 - kMxFastMaxK) << 7))) &
+         _mm512_cmplt_epu16_mask(amax, _mm512_set1_epi16(short((k0 + kMxFastMaxK + 1) << 7)));
+}
+
+LOOM_AVX512 inline bool mx_elems32_bf16_ordinary(const Fmt& F, __m512i u, const MxScaledBf16& S,
+                                                 __mmask32 lanes, uint16_t* deq) {
+  const __m512i one = _mm512_set1_epi16(1);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi16(0x7fff));
+  // non-zero and below the normal range: a - 1 < minnorm - 1 (zero wraps past it)
+  if (_mm512_mask_cmplt_epu16_mask(lanes, _mm512_sub_epi16(a, one),
+                                   _mm512_sub_epi16(S.minnorm_bits, one)))
+    return false;
+  const unsigned shift = unsigned(F.shift - 16);
+  const __m512i half = _mm512_set1_epi16(short((1u << (shift - 1)) - 1u));
+  const __m512i keep = _mm512_set1_epi16(short(~((1u << shift) - 1u)));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(a, shift), one);
+  __m512i r = _mm512_and_si512(_mm512_add_epi16(a, _mm512_add_epi16(half, lsb)), keep);
+  r = _mm512_mask_mov_epi16(r, _mm512_cmpge_epu16_mask(a, S.max_bits), S.max_bits);
+  _mm512_mask_storeu_epi16(deq, lanes, _mm512_or_si512(r, _mm512_xor_si512(u, a)));
+  return true;
+}
+
+// 32 bf16 lanes through mx_elems16_ordinary, with their blocks' amaxes (16-bit lanes).
+LOOM_AVX512 inline void mx_elems32_bf16_widened(const Fmt& F, Fp8Format f, __m512i u, __m512i amax,
+                                                __mmask32 lanes, uint16_t* deq) {
+  for (int h = 0; h < 2; ++h) {
+    const __mmask16 l = static_cast<__mmask16>(lanes >> (16 * h));
+    if (!l) continue;
+    const __m256i uh = h ? _mm512_extracti64x4_epi64(u, 1) : _mm512_castsi512_si256(u);
+    const __m256i ah = h ? _mm512_extracti64x4_epi64(amax, 1) : _mm512_castsi512_si256(amax);
+    const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(uh), 16));
+    const __m512i a32 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(ah), 16);
+    mx_elems16_ordinary(F, x, mx_scaled(F, f, a32), l, deq + 16 * h);
+  }
+}
+
+// The max of v's 16-bit lanes in every lane.
+LOOM_AVX512 inline __m512i all_lanes_max_epu16(__m512i v) {
+  v = _mm512_max_epu16(v, _mm512_shuffle_i32x4(v, v, 0x4E));
+  v = _mm512_max_epu16(v, _mm512_shuffle_i32x4(v, v, 0xB1));
+  v = _mm512_max_epu16(v, _mm512_shuffle_epi32(v, _MM_PERM_BADC));
+  v = _mm512_max_epu16(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB));
+  return _mm512_max_epu16(v, _mm512_rol_epi32(v, 16));
+}
+
+// A block of k <= 32 bf16 values along a row on the fast path; false (nothing written) where
+// its scale is not ordinary.
+LOOM_AVX512 inline bool mx_row_block_bf16(const Fmt& F, Fp8Format f, const uint16_t* x, int k,
+                                          uint16_t* deq) {
+  const __mmask32 lanes = k >= 32 ? ~__mmask32{0} : (__mmask32{1} << k) - 1u;
+  const __m512i u = _mm512_maskz_loadu_epi16(lanes, x);
+  const __m512i amax = all_lanes_max_epu16(_mm512_and_si512(u, _mm512_set1_epi16(0x7fff)));
+  if (!(mx_ordinary_bf16(f, amax) & 1u)) return false;
+  if (!mx_elems32_bf16_ordinary(F, u, mx_scaled_bf16(F, f, amax), lanes, deq))
+    mx_elems32_bf16_widened(F, f, u, amax, lanes, deq);
+  return true;
+}
+
+// 32 columns c0.. of an along-rows block of bf16 values (rows r0..r1) on the fast path; false
+// (nothing written) where a column's scale is not ordinary.
+LOOM_AVX512 inline bool mx_col_block_bf16(const Fmt& F, Fp8Format f, const uint16_t* x, int64_t r0,
+                                          int64_t r1, int64_t c0, int64_t C, int ld,
+                                          uint16_t* deq) {
+  const int64_t k = std::min<int64_t>(32, C - c0);
+  const __mmask32 lanes = k >= 32 ? ~__mmask32{0} : (__mmask32{1} << k) - 1u;
+  const __m512i abs = _mm512_set1_epi16(0x7fff);
+  __m512i amax = _mm512_setzero_si512();
+  for (int64_t r = r0; r < r1; ++r)
+    amax = _mm512_max_epu16(
+        amax, _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, x + r * ld + c0), abs));
+  if ((mx_ordinary_bf16(f, amax) & lanes) != lanes) return false;
+  const MxScaledBf16 S = mx_scaled_bf16(F, f, amax);
+  for (int64_t r = r0; r < r1; ++r) {
+    const __m512i u = _mm512_maskz_loadu_epi16(lanes, x + r * ld + c0);
+    if (!mx_elems32_bf16_ordinary(F, u, S, lanes, deq + r * C + c0))
+      mx_elems32_bf16_widened(F, f, u, amax, lanes, deq + r * C + c0);
+  }
+  return true;
+}
+
 // mx_row_blocks with each block of 32 held in two registers: its amax, scale and elements
 // without a round trip through memory (ordinary blocks on the fast path, the others with the
 // reference's operations: the same bits as the portable loop either way).
@@ -508,13 +608,15 @@ LOOM_AVX512 void mx_row_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, in
                                                   : k > 16 ? (1u << (k - 16)) - 1u
                                                            : 0u);
       const In* xr = x + r * ld + c0;
+      const int64_t o = r * C + c0;
+      if constexpr (std::is_same_v<In, uint16_t>)
+        if (fast && scales == nullptr && mx_row_block_bf16(F, f, xr, k, deq + o)) continue;
       const __m512 v0 = load16(xr, l0), v1 = load16(xr + 16, l1);
       const __m512i amax =
           all_lanes_max_epu32(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), abs),
                                                _mm512_and_si512(_mm512_castps_si512(v1), abs)));
       const uint32_t a = uint32_t(_mm_cvtsi128_si32(_mm512_castsi512_si128(amax)));
       if (scales) scales[r * nb + b] = e8m0_block_scale(bits_f32(a), f);
-      const int64_t o = r * C + c0;
       if (fast && (mx_ordinary(f, amax) & 1u)) {
         const MxScaled S = mx_scaled(F, f, amax);
         mx_elems16_ordinary(F, v0, S, l0, deq + o);
@@ -539,7 +641,14 @@ LOOM_AVX512 void mx_col_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, in
                                       uint16_t* deq) {
   const __m512i abs = _mm512_set1_epi32(int(kAbs));
   const int64_t C = cols, r0 = b * 32, r1 = std::min(R, r0 + 32);
+  const bool fast = deq != nullptr && codes == nullptr;
   for (int64_t c0 = 0; c0 < C; c0 += 16) {
+    if constexpr (std::is_same_v<In, uint16_t>)
+      if (fast && scales == nullptr && c0 % 32 == 0 &&
+          mx_col_block_bf16(F, f, x, r0, r1, c0, C, ld, deq)) {
+        c0 += 16;  // 32 columns done
+        continue;
+      }
     const int64_t k = std::min<int64_t>(16, C - c0);
     const __mmask16 lanes = static_cast<__mmask16>((1u << k) - 1u);
     __m512i amax = _mm512_setzero_si512();
@@ -550,7 +659,7 @@ LOOM_AVX512 void mx_col_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, in
     _mm512_store_si512(a, amax);
     if (scales)
       for (int64_t j = 0; j < k; ++j) scales[b * C + c0 + j] = e8m0_block_scale(bits_f32(a[j]), f);
-    if (deq != nullptr && codes == nullptr && (mx_ordinary(f, amax) & lanes) == lanes) {
+    if (fast && (mx_ordinary(f, amax) & lanes) == lanes) {
       const MxScaled S = mx_scaled(F, f, amax);
       for (int64_t r = r0; r < r1; ++r)
         mx_elems16_ordinary(F, load16(x + r * ld + c0, lanes), S, lanes, deq + r * C + c0);
