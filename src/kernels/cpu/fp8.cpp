@@ -567,18 +567,13 @@ LOOM_AVX512 inline bool mx_row_block_bf16(const Fmt& F, Fp8Format f, const uint1
   return true;
 }
 
-// 32 columns c0.. of an along-rows block of bf16 values (rows r0..r1) on the fast path; false
-// (nothing written) where a column's scale is not ordinary.
+// 32 columns c0.. of an along-rows block of bf16 values (rows r0..r1, their amaxes `amax`) on
+// the fast path; false (nothing written) where a column's scale is not ordinary.
 LOOM_AVX512 inline bool mx_col_block_bf16(const Fmt& F, Fp8Format f, const uint16_t* x, int64_t r0,
-                                          int64_t r1, int64_t c0, int64_t C, int ld,
+                                          int64_t r1, int64_t c0, int64_t C, int ld, __m512i amax,
                                           uint16_t* deq) {
   const int64_t k = std::min<int64_t>(32, C - c0);
   const __mmask32 lanes = k >= 32 ? ~__mmask32{0} : (__mmask32{1} << k) - 1u;
-  const __m512i abs = _mm512_set1_epi16(0x7fff);
-  __m512i amax = _mm512_setzero_si512();
-  for (int64_t r = r0; r < r1; ++r)
-    amax = _mm512_max_epu16(
-        amax, _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, x + r * ld + c0), abs));
   if ((mx_ordinary_bf16(f, amax) & lanes) != lanes) return false;
   const MxScaledBf16 S = mx_scaled_bf16(F, f, amax);
   for (int64_t r = r0; r < r1; ++r) {
@@ -587,6 +582,41 @@ LOOM_AVX512 inline bool mx_col_block_bf16(const Fmt& F, Fp8Format f, const uint1
       mx_elems32_bf16_widened(F, f, u, amax, lanes, deq + r * C + c0);
   }
   return true;
+}
+
+// The largest |x| of each column over rows [r0, r1) (as x's bits), read row by row: the
+// block's rows stream from memory once, and its second pass, down 32 rows at a time, finds
+// them in cache (reading down the rows first stalled on 32 streams at once).
+template <typename In>
+LOOM_AVX512 void col_amax_avx512(const In* x, int64_t r0, int64_t r1, int64_t C, int ld, In* amax) {
+  constexpr int64_t kLanes = 64 / sizeof(In);
+  std::fill(amax, amax + C, In(0));
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c0 = 0; c0 < C; c0 += kLanes) {
+      const int64_t k = std::min(kLanes, C - c0);
+      if constexpr (std::is_same_v<In, uint16_t>) {
+        const __mmask32 lanes = k >= 32 ? ~__mmask32{0} : (__mmask32{1} << k) - 1u;
+        const __m512i v = _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, x + r * ld + c0),
+                                           _mm512_set1_epi16(0x7fff));
+        _mm512_mask_storeu_epi16(amax + c0, lanes,
+                                 _mm512_max_epu16(v, _mm512_maskz_loadu_epi16(lanes, amax + c0)));
+      } else {
+        const __mmask16 lanes = static_cast<__mmask16>((1u << k) - 1u);
+        const __m512i v = _mm512_and_si512(_mm512_maskz_loadu_epi32(lanes, x + r * ld + c0),
+                                           _mm512_set1_epi32(int(kAbs)));
+        _mm512_mask_storeu_epi32(amax + c0, lanes,
+                                 _mm512_max_epu32(v, _mm512_maskz_loadu_epi32(lanes, amax + c0)));
+      }
+    }
+}
+
+// Room for C column amaxes and a whole register past the last 32-column chunk start.
+template <typename In>
+In* col_amax_scratch(int64_t C) {
+  thread_local std::vector<In> v;  // (grown, never freed: no allocation per call)
+  const size_t n = size_t((C + 31) / 32 * 32);
+  if (v.size() < n) v.resize(n);
+  return v.data();
 }
 
 // mx_row_blocks with each block of 32 held in two registers: its amax, scale and elements
@@ -639,22 +669,20 @@ template <typename In>
 LOOM_AVX512 void mx_col_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, int64_t b, int64_t R,
                                       int cols, int ld, uint8_t* scales, uint8_t* codes,
                                       uint16_t* deq) {
-  const __m512i abs = _mm512_set1_epi32(int(kAbs));
   const int64_t C = cols, r0 = b * 32, r1 = std::min(R, r0 + 32);
   const bool fast = deq != nullptr && codes == nullptr;
+  In* col_amax = col_amax_scratch<In>(C);
+  col_amax_avx512(x, r0, r1, C, ld, col_amax);
   for (int64_t c0 = 0; c0 < C; c0 += 16) {
     if constexpr (std::is_same_v<In, uint16_t>)
       if (fast && scales == nullptr && c0 % 32 == 0 &&
-          mx_col_block_bf16(F, f, x, r0, r1, c0, C, ld, deq)) {
+          mx_col_block_bf16(F, f, x, r0, r1, c0, C, ld, _mm512_loadu_si512(col_amax + c0), deq)) {
         c0 += 16;  // 32 columns done
         continue;
       }
     const int64_t k = std::min<int64_t>(16, C - c0);
     const __mmask16 lanes = static_cast<__mmask16>((1u << k) - 1u);
-    __m512i amax = _mm512_setzero_si512();
-    for (int64_t r = r0; r < r1; ++r)
-      amax = _mm512_max_epu32(
-          amax, _mm512_and_si512(_mm512_castps_si512(load16(x + r * ld + c0, lanes)), abs));
+    const __m512i amax = _mm512_castps_si512(load16(col_amax + c0, lanes));
     alignas(64) uint32_t a[16];
     _mm512_store_si512(a, amax);
     if (scales)
