@@ -663,8 +663,8 @@ LOOM_AVX512 void mx_row_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, in
     }
 }
 
-// mx_col_blocks on 16 columns at a time: their amaxes over the block's rows in one register,
-// then each row of the block's 16 columns (from cache) with per-lane constants.
+// mx_col_blocks with the column amaxes first (col_amax_avx512), then 16 columns at a time (32
+// bf16 columns on their fast path), each row of them from cache with per-lane constants.
 template <typename In>
 LOOM_AVX512 void mx_col_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, int64_t b, int64_t R,
                                       int cols, int ld, uint8_t* scales, uint8_t* codes,
