@@ -162,6 +162,13 @@ float Fp8Linear::dw_beta(const float* dw, int64_t n) {
   const uint64_t zeroed = params_->grad_zero_count();
   const bool zero = zeroed > 0 && dw_written_ != zeroed;  // 0 never written: counts from 1
   dw_written_ = zeroed;
+  // This GEMM writes dW whole as its first writer after every zero_grad(), so zero_grad() may
+  // leave it to this write (lazy zeroing, as Bf16Gemms::dw_beta does): no fill of the fp8
+  // linears' weight gradients that is overwritten before anyone reads it.
+  const int64_t at = dw - g;
+  if (!lazy_zero_allowed_) params_->allow_lazy_zero(at, at + n);
+  lazy_zero_allowed_ = true;
+  if (zero) params_->grad_overwritten(at, at + n);
   return zero ? 0.f : 1.f;
 }
 

@@ -130,14 +130,16 @@ class Fp8Linear : public GemmRecipe {
   // W's bf16 copy in the parameter set where its fp32 values are dropped, else null.
   const uint16_t* weight_bf16(const float* w, int64_t n) const;
   // 0 when dw (n elements) is known to hold zeros (params_' gradient, zeroed since this layer
-  // last wrote it), else 1; notes the write that follows (Bf16Gemms::dw_beta's rule).
+  // last wrote it), else 1; notes the write that follows (Bf16Gemms::dw_beta's rule, lazy
+  // zeroing included).
   float dw_beta(const float* dw, int64_t n);
 
   Fp8Options opt_;
   cpu::Fp8Format fwd_, bwd_;
   comm::Communicator* tp_;
   ParamSet* params_;
-  uint64_t dw_written_ = 0;  // params_->grad_zero_count() at this layer's last dW write
+  uint64_t dw_written_ = 0;         // params_->grad_zero_count() at this layer's last dW write
+  bool lazy_zero_allowed_ = false;  // dW's range given to params_' lazy zeroing
   State state_[3];
   bool fresh_ = false;
   bool record_ = true;

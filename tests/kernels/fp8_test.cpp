@@ -318,6 +318,78 @@ TEST(Fp8Simd, Bf16InputsAndFusedPassesMatchTheSeparateFp32Passes) {
   force_fp8_portable(false);
 }
 
+// A [rows, cols] matrix whose line i (row i when by_row, else column i) holds values from
+// 2^(e_i - 24) to 2^(e_i + 1), e_i sweeping -152 .. 128 over the lines: its blocks along the
+// lines sweep every MX block scale (zero, denormal and non-finite amaxes, the AVX512 fast path's
+// bound k = -100, the largest), with zeros, ties, fp32 denormals and a NaN here and there.
+std::vector<float> scale_sweep(int rows, int cols, bool by_row, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> m(-2.f, 2.f);
+  std::uniform_int_distribution<int> kind(0, 15), drop(0, 24);
+  const int lines = by_row ? rows : cols;
+  std::vector<float> x(size_t(rows) * size_t(cols));
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const int i = by_row ? r : c, e = -152 + i * 280 / (lines - 1);
+      const int k = kind(g);
+      float& v = x[size_t(r) * size_t(cols) + size_t(c)];
+      v = k == 0   ? (m(g) < 0 ? -0.f : 0.f)
+          : k == 1 ? std::ldexp(std::round(m(g) * 64.f) / 64.f + 0.0078125f, e)  // ties
+          : k == 2 ? bits_f32(g() & 0x807fffffu)                                 // fp32 denormal
+                   : std::ldexp(m(g), e - drop(g));
+      if (g() % 2000 == 0) v = std::nanf("");
+    }
+  return x;
+}
+
+// The first index where a and b differ (-1: none), for a message naming the element.
+int64_t first_difference(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return int64_t(i);
+  return -1;
+}
+
+// The MX loops asked for the dequantised values only (as the recipes ask: the AVX512 loops'
+// fast path for ordinary block scales) give the portable loop's bits, on blocks of every scale,
+// both formats, fp32 and bf16 inputs, both blockings and mx_quantize_both, short last blocks.
+TEST(Fp8Simd, MxDequantisedValuesMatchPortableOverEveryBlockScale) {
+  if (!fp8_uses_avx512()) GTEST_SKIP() << "no AVX512 on this CPU: only the portable loop runs";
+  for (bool by_row : {true, false})
+    for (Fp8Format f : {E4, E5}) {
+      const int rows = by_row ? 300 : 77, cols = by_row ? 77 : 300;
+      SCOPED_TRACE(testing::Message() << fp8_format_name(f) << " " << rows << "x" << cols);
+      std::vector<float> x = scale_sweep(rows, cols, by_row, by_row ? 1u : 2u);
+      const size_t n = x.size();
+      std::vector<uint16_t> bits(n);
+      std::vector<float> widened(n);
+      for (size_t i = 0; i < n; ++i) widened[i] = bf16_to_f32(bits[i] = f32_to_bf16(x[i]));
+      for (bool bf16_in : {false, true}) {
+        const float* xf = bf16_in ? widened.data() : x.data();
+        std::vector<uint16_t> ref_cols(n), ref_rows(n), got(n), got2(n);
+        force_fp8_portable(true);
+        mx_quantize(f, xf, rows, cols, cols, false, nullptr, nullptr, ref_cols.data());
+        mx_quantize(f, xf, rows, cols, cols, true, nullptr, nullptr, ref_rows.data());
+        force_fp8_portable(false);
+        for (bool along_rows : {false, true}) {
+          if (bf16_in)
+            mx_quantize(f, bits.data(), rows, cols, cols, along_rows, nullptr, nullptr, got.data());
+          else
+            mx_quantize(f, x.data(), rows, cols, cols, along_rows, nullptr, nullptr, got.data());
+          const int64_t i = first_difference(got, along_rows ? ref_rows : ref_cols);
+          ASSERT_EQ(i, -1) << "along_rows " << along_rows << ": x " << xf[i] << " gives "
+                           << got[size_t(i)] << ", portable "
+                           << (along_rows ? ref_rows : ref_cols)[size_t(i)];
+        }
+        if (bf16_in)
+          mx_quantize_both(f, bits.data(), rows, cols, got.data(), got2.data());
+        else
+          mx_quantize_both(f, x.data(), rows, cols, got.data(), got2.data());
+        ASSERT_EQ(first_difference(got, ref_cols), -1);
+        ASSERT_EQ(first_difference(got2, ref_rows), -1);
+      }
+    }
+}
+
 TEST(Fp8Simd, AmaxPropagatesNanAndInf) {
   std::vector<float> x(100, -3.f);
   EXPECT_EQ(fp8_amax(x.data(), 100), 3.f);

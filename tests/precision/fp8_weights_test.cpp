@@ -80,3 +80,41 @@ TEST(Fp8Weights, TwoByteWeightsAndBf16InputsTrainBitIdentically) {
       EXPECT_TRUE(drop.model->params().any_fp32_dropped());
     }
 }
+
+// Lazy gradient zeroing (model/grad_zeroing.h) covers the fp8 linears' weight gradients, which
+// their wgrad GEMM writes whole after each zero_grad(): zero_grad() leaves them (pending, the
+// last step's values still there), and the step's gradients equal those of a step after a full
+// fill (zero_grad, then settle_grads: every pending range filled with zeros), bit for bit.
+TEST(Fp8Weights, LazilyZeroedWeightGradientsEqualFullyZeroedOnes) {
+  if (cpu::bf16_gemm_path() != cpu::Bf16GemmPath::OneDnn)
+    GTEST_SKIP() << "no AVX512-BF16 here: no 2-byte weights";
+  for (Fp8RecipeKind k :
+       {Fp8RecipeKind::TensorwiseCurrent, Fp8RecipeKind::TensorwiseDelayed, Fp8RecipeKind::Mxfp8}) {
+    SCOPED_TRACE(fp8_recipe_name(k));
+    Fp8Run lazy = make_run(Family::GPT2, k, true, false),
+           full = make_run(Family::GPT2, k, true, false);
+    const SmallBatch d1 = small_batch(2, 24, 12), d2 = small_batch(2, 24, 13);
+    const ParamSet& P = lazy.model->params();
+    const ParamInfo& w = P.info(lazy.fp8->names().front() + ".weight");
+    double loss[2];
+    for (Fp8Run* r : {&lazy, &full}) {
+      ParamSet& Q = r->model->params();
+      r->fp8->begin_step();
+      Q.zero_grad();
+      r->model->forward_backward(d1.input(), 1.f / 48);
+      r->optim->step(1e-2, 1.f);
+      r->fp8->begin_step();
+      Q.zero_grad();
+      if (r == &full) Q.settle_grads();
+      loss[r == &full] = r->model->forward_backward(d2.input(), 1.f / 48);
+    }
+    EXPECT_EQ(loss[0], loss[1]);
+    EXPECT_EQ(0, std::memcmp(P.grad(), full.model->params().grad(), 4 * size_t(P.total())));
+    // and the fill was skipped: after another zero_grad the fp8 weight's gradient is pending
+    lazy.model->params().zero_grad();
+    EXPECT_TRUE(P.grads_pending(w.offset, w.offset + w.numel));
+    bool stale = false;
+    for (int64_t i = 0; i < w.numel && !stale; ++i) stale = P.grad()[w.offset + i] != 0.f;
+    EXPECT_TRUE(stale);
+  }
+}

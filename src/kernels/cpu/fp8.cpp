@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -426,16 +427,201 @@ ColScratch& col_scratch(int64_t C) {
 }
 
 #if defined(__x86_64__)
-LOOM_AVX512 inline uint32_t hmax_epu32(__m512i v) {
-  const __m256i m = _mm256_max_epu32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-  __m128i q = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0x4E));
-  q = _mm_max_epu32(q, _mm_shuffle_epi32(q, 0xB1));
-  return uint32_t(_mm_cvtsi128_si32(q));
+// The MX fast path. For a block of shared exponent k (X = 2^k) the reference computes
+// v = x * 2^-k, rounds v to fp8 (integer RNE in the normal range, the magic-number addition in
+// the subnormal range, saturation at the max normal) and returns r * 2^k. Where |k| <= 100,
+// every non-zero result is at least the subnormal quantum times 2^k >= 2^-116 and the magic
+// number times 2^k at most 2^114 (normal fp32s), so each of those steps commutes with the exact
+// scaling by 2^k: rounding x itself against the thresholds and the magic number times 2^k (k
+// added to their exponent fields) gives the same bits. An input or product below fp32's normal
+// range (or flushed by DAZ/FTZ) rounds to a signed zero either way: it lies far below half a
+// quantum. Two multiplies, the flush of tiny results and the NaN lanes (a non-finite block has
+// the NaN scale, not an ordinary one) go.
+constexpr int kMxFastMaxK = 100;
+
+// The fast path's per-lane constants from the lanes' block amaxes (fp32 bits).
+struct MxScaled {
+  __m512i max_bits, minnorm_bits;
+  __m512 magic;
+};
+
+LOOM_AVX512 inline MxScaled mx_scaled(const Fmt& F, Fp8Format f, __m512i amax) {
+  const __m512i k = _mm512_slli_epi32(
+      _mm512_sub_epi32(_mm512_srli_epi32(amax, 23), _mm512_set1_epi32(127 + fp8_emax(f))), 23);
+  return {_mm512_add_epi32(k, _mm512_set1_epi32(int(F.max_bits))),
+          _mm512_add_epi32(k, _mm512_set1_epi32(int(F.minnorm_bits))),
+          _mm512_castsi512_ps(_mm512_add_epi32(k, _mm512_set1_epi32(int(F.magic_bits))))};
+}
+
+// The lanes whose block amax gives |k| <= kMxFastMaxK (a non-finite amax does not).
+LOOM_AVX512 inline __mmask16 mx_ordinary(Fp8Format f, __m512i amax) {
+  const int k0 = 127 + fp8_emax(f);  // the exponent field of an amax giving k = 0
+  const uint32_t lowest = uint32_t(k0 - kMxFastMaxK) << 23, past = uint32_t(k0 + kMxFastMaxK + 1)
+                                                                   << 23;
+  return _mm512_cmpge_epu32_mask(amax, _mm512_set1_epi32(int(lowest))) &
+         _mm512_cmplt_epu32_mask(amax, _mm512_set1_epi32(int(past)));
+}
+
+// elems16's deq for blocks of ordinary scales (see kMxFastMaxK).
+LOOM_AVX512 inline void mx_elems16_ordinary(const Fmt& F, __m512 x, const MxScaled& S,
+                                            __mmask16 lanes, uint16_t* deq) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(int(kAbs)));
+  const __m512i sign = _mm512_xor_si512(u, a);
+  const __mmask16 big = _mm512_cmpge_epu32_mask(a, S.max_bits);
+  const __mmask16 sub = _mm512_cmplt_epu32_mask(a, S.minnorm_bits);
+  const __m512i half = _mm512_set1_epi32(int((1u << (F.shift - 1)) - 1u));
+  const __m512i keep = _mm512_set1_epi32(int(~((1u << F.shift) - 1u)));
+  const __m512i lsb =
+      _mm512_and_si512(_mm512_srli_epi32(a, unsigned(F.shift)), _mm512_set1_epi32(1));
+  __m512i r = _mm512_and_si512(_mm512_add_epi32(a, _mm512_add_epi32(half, lsb)), keep);
+  const __m512 s = _mm512_add_ps(_mm512_castsi512_ps(a), S.magic);
+  r = _mm512_mask_mov_epi32(r, sub, _mm512_castps_si512(_mm512_sub_ps(s, S.magic)));
+  r = _mm512_mask_mov_epi32(r, big, S.max_bits);
+  const __m512i d = _mm512_srli_epi32(_mm512_or_si512(r, sign), 16);
+  _mm256_mask_storeu_epi16(deq, lanes, _mm512_cvtepi32_epi16(d));
+}
+
+// The max of v's lanes in every lane.
+LOOM_AVX512 inline __m512i all_lanes_max_epu32(__m512i v) {
+  v = _mm512_max_epu32(v, _mm512_shuffle_i32x4(v, v, 0x4E));
+  v = _mm512_max_epu32(v, _mm512_shuffle_i32x4(v, v, 0xB1));
+  v = _mm512_max_epu32(v, _mm512_shuffle_epi32(v, _MM_PERM_BADC));
+  return _mm512_max_epu32(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB));
+}
+
+// bf16 inputs on the fast path, 32 lanes of 16 bits: a bf16 is the top half of an fp32 whose
+// low half is zero, so mx_elems16_ordinary's integer rounding, thresholds and saturation apply
+// to the halves unchanged (half an ulp minus one, the kept bits and k shifted down by 16). Its
+// magic-number addition (non-zero lanes in fp8's subnormal range) does not: where a row of 32
+// has such a lane the caller runs them through mx_elems16_ordinary instead (false returned).
+// Zeros round to zero on the integer path too.
+struct MxScaledBf16 {
+  __m512i max_bits, minnorm_bits;  // 16-bit lanes
+};
+
+LOOM_AVX512 inline MxScaledBf16 mx_scaled_bf16(const Fmt& F, Fp8Format f, __m512i amax) {
+  const __m512i k = _mm512_slli_epi16(
+      _mm512_sub_epi16(_mm512_srli_epi16(amax, 7), _mm512_set1_epi16(short(127 + fp8_emax(f)))), 7);
+  return {_mm512_add_epi16(k, _mm512_set1_epi16(short(F.max_bits >> 16))),
+          _mm512_add_epi16(k, _mm512_set1_epi16(short(F.minnorm_bits >> 16)))};
+}
+
+LOOM_AVX512 inline __mmask32 mx_ordinary_bf16(Fp8Format f, __m512i amax) {
+  const int k0 = 127 + fp8_emax(f);
+  return _mm512_cmpge_epu16_mask(amax, _mm512_set1_epi16(short((k0 - kMxFastMaxK) << 7))) &
+         _mm512_cmplt_epu16_mask(amax, _mm512_set1_epi16(short((k0 + kMxFastMaxK + 1) << 7)));
+}
+
+LOOM_AVX512 inline bool mx_elems32_bf16_ordinary(const Fmt& F, __m512i u, const MxScaledBf16& S,
+                                                 __mmask32 lanes, uint16_t* deq) {
+  const __m512i one = _mm512_set1_epi16(1);
+  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi16(0x7fff));
+  // non-zero and below the normal range: a - 1 < minnorm - 1 (zero wraps past it)
+  if (_mm512_mask_cmplt_epu16_mask(lanes, _mm512_sub_epi16(a, one),
+                                   _mm512_sub_epi16(S.minnorm_bits, one)))
+    return false;
+  const unsigned shift = unsigned(F.shift - 16);
+  const __m512i half = _mm512_set1_epi16(short((1u << (shift - 1)) - 1u));
+  const __m512i keep = _mm512_set1_epi16(short(~((1u << shift) - 1u)));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(a, shift), one);
+  __m512i r = _mm512_and_si512(_mm512_add_epi16(a, _mm512_add_epi16(half, lsb)), keep);
+  r = _mm512_mask_mov_epi16(r, _mm512_cmpge_epu16_mask(a, S.max_bits), S.max_bits);
+  _mm512_mask_storeu_epi16(deq, lanes, _mm512_or_si512(r, _mm512_xor_si512(u, a)));
+  return true;
+}
+
+// 32 bf16 lanes through mx_elems16_ordinary, with their blocks' amaxes (16-bit lanes).
+LOOM_AVX512 inline void mx_elems32_bf16_widened(const Fmt& F, Fp8Format f, __m512i u, __m512i amax,
+                                                __mmask32 lanes, uint16_t* deq) {
+  for (int h = 0; h < 2; ++h) {
+    const __mmask16 l = static_cast<__mmask16>(lanes >> (16 * h));
+    if (!l) continue;
+    const __m256i uh = h ? _mm512_extracti64x4_epi64(u, 1) : _mm512_castsi512_si256(u);
+    const __m256i ah = h ? _mm512_extracti64x4_epi64(amax, 1) : _mm512_castsi512_si256(amax);
+    const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(uh), 16));
+    const __m512i a32 = _mm512_slli_epi32(_mm512_cvtepu16_epi32(ah), 16);
+    mx_elems16_ordinary(F, x, mx_scaled(F, f, a32), l, deq + 16 * h);
+  }
+}
+
+// The max of v's 16-bit lanes in every lane.
+LOOM_AVX512 inline __m512i all_lanes_max_epu16(__m512i v) {
+  v = _mm512_max_epu16(v, _mm512_shuffle_i32x4(v, v, 0x4E));
+  v = _mm512_max_epu16(v, _mm512_shuffle_i32x4(v, v, 0xB1));
+  v = _mm512_max_epu16(v, _mm512_shuffle_epi32(v, _MM_PERM_BADC));
+  v = _mm512_max_epu16(v, _mm512_shuffle_epi32(v, _MM_PERM_CDAB));
+  return _mm512_max_epu16(v, _mm512_rol_epi32(v, 16));
+}
+
+// A block of k <= 32 bf16 values along a row on the fast path; false (nothing written) where
+// its scale is not ordinary.
+LOOM_AVX512 inline bool mx_row_block_bf16(const Fmt& F, Fp8Format f, const uint16_t* x, int k,
+                                          uint16_t* deq) {
+  const __mmask32 lanes = k >= 32 ? ~__mmask32{0} : (__mmask32{1} << k) - 1u;
+  const __m512i u = _mm512_maskz_loadu_epi16(lanes, x);
+  const __m512i amax = all_lanes_max_epu16(_mm512_and_si512(u, _mm512_set1_epi16(0x7fff)));
+  if (!(mx_ordinary_bf16(f, amax) & 1u)) return false;
+  if (!mx_elems32_bf16_ordinary(F, u, mx_scaled_bf16(F, f, amax), lanes, deq))
+    mx_elems32_bf16_widened(F, f, u, amax, lanes, deq);
+  return true;
+}
+
+// 32 columns c0.. of an along-rows block of bf16 values (rows r0..r1, their amaxes `amax`) on
+// the fast path; false (nothing written) where a column's scale is not ordinary.
+LOOM_AVX512 inline bool mx_col_block_bf16(const Fmt& F, Fp8Format f, const uint16_t* x, int64_t r0,
+                                          int64_t r1, int64_t c0, int64_t C, int ld, __m512i amax,
+                                          uint16_t* deq) {
+  const int64_t k = std::min<int64_t>(32, C - c0);
+  const __mmask32 lanes = k >= 32 ? ~__mmask32{0} : (__mmask32{1} << k) - 1u;
+  if ((mx_ordinary_bf16(f, amax) & lanes) != lanes) return false;
+  const MxScaledBf16 S = mx_scaled_bf16(F, f, amax);
+  for (int64_t r = r0; r < r1; ++r) {
+    const __m512i u = _mm512_maskz_loadu_epi16(lanes, x + r * ld + c0);
+    if (!mx_elems32_bf16_ordinary(F, u, S, lanes, deq + r * C + c0))
+      mx_elems32_bf16_widened(F, f, u, amax, lanes, deq + r * C + c0);
+  }
+  return true;
+}
+
+// The largest |x| of each column over rows [r0, r1) (as x's bits), read row by row: the
+// block's rows stream from memory once, and its second pass, down 32 rows at a time, finds
+// them in cache (reading down the rows first stalled on 32 streams at once).
+template <typename In>
+LOOM_AVX512 void col_amax_avx512(const In* x, int64_t r0, int64_t r1, int64_t C, int ld, In* amax) {
+  constexpr int64_t kLanes = 64 / sizeof(In);
+  std::fill(amax, amax + C, In(0));
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c0 = 0; c0 < C; c0 += kLanes) {
+      const int64_t k = std::min(kLanes, C - c0);
+      if constexpr (std::is_same_v<In, uint16_t>) {
+        const __mmask32 lanes = k >= 32 ? ~__mmask32{0} : (__mmask32{1} << k) - 1u;
+        const __m512i v = _mm512_and_si512(_mm512_maskz_loadu_epi16(lanes, x + r * ld + c0),
+                                           _mm512_set1_epi16(0x7fff));
+        _mm512_mask_storeu_epi16(amax + c0, lanes,
+                                 _mm512_max_epu16(v, _mm512_maskz_loadu_epi16(lanes, amax + c0)));
+      } else {
+        const __mmask16 lanes = static_cast<__mmask16>((1u << k) - 1u);
+        const __m512i v = _mm512_and_si512(_mm512_maskz_loadu_epi32(lanes, x + r * ld + c0),
+                                           _mm512_set1_epi32(int(kAbs)));
+        _mm512_mask_storeu_epi32(amax + c0, lanes,
+                                 _mm512_max_epu32(v, _mm512_maskz_loadu_epi32(lanes, amax + c0)));
+      }
+    }
+}
+
+// Room for C column amaxes and a whole register past the last 32-column chunk start.
+template <typename In>
+In* col_amax_scratch(int64_t C) {
+  thread_local std::vector<In> v;  // (grown, never freed: no allocation per call)
+  const size_t n = size_t((C + 31) / 32 * 32);
+  if (v.size() < n) v.resize(n);
+  return v.data();
 }
 
 // mx_row_blocks with each block of 32 held in two registers: its amax, scale and elements
-// without a round trip through memory (the same operations as the portable loop: same bits).
+// without a round trip through memory (ordinary blocks on the fast path, the others with the
+// reference's operations: the same bits as the portable loop either way).
 template <typename In>
 LOOM_AVX512 void mx_row_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, int64_t r0,
                                       int64_t r1, int cols, int ld, uint8_t* scales, uint8_t* codes,
@@ -443,6 +629,7 @@ LOOM_AVX512 void mx_row_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, in
   const __m512i abs = _mm512_set1_epi32(int(kAbs));
   const int64_t C = cols;
   const int nb = (cols + 31) / 32;
+  const bool fast = deq != nullptr && codes == nullptr;
   for (int64_t r = r0; r < r1; ++r)
     for (int b = 0; b < nb; ++b) {
       const int c0 = b * 32, k = std::min(32, cols - c0);
@@ -451,21 +638,69 @@ LOOM_AVX512 void mx_row_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, in
                                                   : k > 16 ? (1u << (k - 16)) - 1u
                                                            : 0u);
       const In* xr = x + r * ld + c0;
-      const __m512 v0 = load16(xr, l0), v1 = load16(xr + 16, l1);
-      const uint32_t a =
-          hmax_epu32(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), abs),
-                                      _mm512_and_si512(_mm512_castps_si512(v1), abs)));
-      const uint8_t s = e8m0_block_scale(bits_f32(a), f);
-      if (scales) scales[r * nb + b] = s;
-      float mult, X;
-      block_factors(s, &mult, &X);
-      const __m512 mv = _mm512_set1_ps(mult), Xv = _mm512_set1_ps(X);
       const int64_t o = r * C + c0;
+      if constexpr (std::is_same_v<In, uint16_t>)
+        if (fast && scales == nullptr && mx_row_block_bf16(F, f, xr, k, deq + o)) continue;
+      const __m512 v0 = load16(xr, l0), v1 = load16(xr + 16, l1);
+      const __m512i amax =
+          all_lanes_max_epu32(_mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), abs),
+                                               _mm512_and_si512(_mm512_castps_si512(v1), abs)));
+      const uint32_t a = uint32_t(_mm_cvtsi128_si32(_mm512_castsi512_si128(amax)));
+      if (scales) scales[r * nb + b] = e8m0_block_scale(bits_f32(a), f);
+      if (fast && (mx_ordinary(f, amax) & 1u)) {
+        const MxScaled S = mx_scaled(F, f, amax);
+        mx_elems16_ordinary(F, v0, S, l0, deq + o);
+        if (l1) mx_elems16_ordinary(F, v1, S, l1, deq + o + 16);
+        continue;
+      }
+      float mult, X;
+      block_factors(e8m0_block_scale(bits_f32(a), f), &mult, &X);
+      const __m512 mv = _mm512_set1_ps(mult), Xv = _mm512_set1_ps(X);
       elems16(F, v0, mv, Xv, true, l0, codes ? codes + o : nullptr, deq ? deq + o : nullptr);
       if (l1)
         elems16(F, v1, mv, Xv, true, l1, codes ? codes + o + 16 : nullptr,
                 deq ? deq + o + 16 : nullptr);
     }
+}
+
+// mx_col_blocks with the column amaxes first (col_amax_avx512), then 16 columns at a time (32
+// bf16 columns on their fast path), each row of them from cache with per-lane constants.
+template <typename In>
+LOOM_AVX512 void mx_col_blocks_avx512(const Fmt& F, Fp8Format f, const In* x, int64_t b, int64_t R,
+                                      int cols, int ld, uint8_t* scales, uint8_t* codes,
+                                      uint16_t* deq) {
+  const int64_t C = cols, r0 = b * 32, r1 = std::min(R, r0 + 32);
+  const bool fast = deq != nullptr && codes == nullptr;
+  In* col_amax = col_amax_scratch<In>(C);
+  col_amax_avx512(x, r0, r1, C, ld, col_amax);
+  for (int64_t c0 = 0; c0 < C; c0 += 16) {
+    if constexpr (std::is_same_v<In, uint16_t>)
+      if (fast && scales == nullptr && c0 % 32 == 0 &&
+          mx_col_block_bf16(F, f, x, r0, r1, c0, C, ld, _mm512_loadu_si512(col_amax + c0), deq)) {
+        c0 += 16;  // 32 columns done
+        continue;
+      }
+    const int64_t k = std::min<int64_t>(16, C - c0);
+    const __mmask16 lanes = static_cast<__mmask16>((1u << k) - 1u);
+    const __m512i amax = _mm512_castps_si512(load16(col_amax + c0, lanes));
+    alignas(64) uint32_t a[16];
+    _mm512_store_si512(a, amax);
+    if (scales)
+      for (int64_t j = 0; j < k; ++j) scales[b * C + c0 + j] = e8m0_block_scale(bits_f32(a[j]), f);
+    if (fast && (mx_ordinary(f, amax) & lanes) == lanes) {
+      const MxScaled S = mx_scaled(F, f, amax);
+      for (int64_t r = r0; r < r1; ++r)
+        mx_elems16_ordinary(F, load16(x + r * ld + c0, lanes), S, lanes, deq + r * C + c0);
+      continue;
+    }
+    alignas(64) float mult[16], X[16];
+    for (int j = 0; j < 16; ++j)
+      block_factors(e8m0_block_scale(bits_f32(a[j]), f), &mult[j], &X[j]);
+    const __m512 mv = _mm512_load_ps(mult), Xv = _mm512_load_ps(X);
+    for (int64_t r = r0; r < r1; ++r)
+      elems16(F, load16(x + r * ld + c0, lanes), mv, Xv, true, lanes,
+              codes ? codes + r * C + c0 : nullptr, deq ? deq + r * C + c0 : nullptr);
+  }
 }
 #endif
 
@@ -500,6 +735,9 @@ template <typename In>
 void mx_col_blocks(Fp8Format f, const In* x, int64_t b, int64_t R, int cols, int ld,
                    uint8_t* scales, uint8_t* codes, uint16_t* deq) {
   const Fmt& F = fmt(f);
+#if defined(__x86_64__)
+  if (avx512()) return mx_col_blocks_avx512(F, f, x, b, R, cols, ld, scales, codes, deq);
+#endif
   const int64_t C = cols;
   ColScratch& cs = col_scratch(C);
   uint32_t* mx = cs.mx.data();
