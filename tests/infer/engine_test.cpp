@@ -23,6 +23,7 @@ using namespace loom::infer;
 namespace rp = loom::infer::test;
 using loom::infer::test::greedy;
 using loom::infer::test::prompt;
+using loom::infer::test::seeded_completions;
 using loom::infer::test::tiny;
 
 namespace {
@@ -117,20 +118,13 @@ TEST(Engine, SeededSamplingIgnoresTheRestOfTheBatch) {
   SamplingParams p;
   p.temperature = 1.0f, p.top_p = 0.9f, p.max_tokens = 10, p.seed = 42, p.ignore_eos = true;
   p.n = 2;
-  auto run = [&](int others) {
-    LoomEngine e(runner, EngineConfig{});
-    Collected got;
-    SamplingParams q = p;
-    q.seed.reset();
-    for (int i = 0; i < others; ++i) e.submit(prompt(5 + i, 10 + i), q, got.sink());
-    const int64_t id = e.submit(prompt(8, 1), p, got.sink());
-    e.run_until_idle();
-    return got.tokens[id];
-  };
-  auto alone = run(0), crowded = run(3);
-  EXPECT_EQ(alone[0], crowded[0]);
-  EXPECT_EQ(alone[1], crowded[1]);
-  EXPECT_NE(alone[0], alone[1]);  // the n completions differ
+  SamplingParams q = p;
+  q.seed.reset();
+  const auto alone = seeded_completions(runner, p, q, 0),
+             crowded = seeded_completions(runner, p, q, 3);
+  EXPECT_EQ(alone.at(0), crowded.at(0));
+  EXPECT_EQ(alone.at(1), crowded.at(1));
+  EXPECT_NE(alone.at(0), alone.at(1));  // the n completions differ
 }
 
 TEST(Engine, StopsCancellationAndBadRequests) {

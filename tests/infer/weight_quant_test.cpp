@@ -23,6 +23,7 @@
 using namespace loom;
 using namespace loom::infer;
 using loom::infer::test::prompt;
+using loom::infer::test::seeded_completions;
 using loom::infer::test::tiny;
 
 namespace {
@@ -221,20 +222,11 @@ TEST_P(WeightQuant, SeededSamplingIgnoresTheRestOfTheBatch) {
     SamplingParams p;
     p.temperature = 1.0f, p.top_p = 0.9f, p.max_tokens = 24, p.seed = 42, p.ignore_eos = true;
     p.n = 2;
-    auto run = [&](int others) {
-      LoomEngine e(runner, EngineConfig{});
-      std::map<int, std::vector<int32_t>> mine;
-      SamplingParams o = p;
-      o.seed.reset();
-      o.n = 1;
-      for (int i = 0; i < others; ++i) e.submit(prompt(5 + i, 10 + i), o, [](const TokenEvent&) {});
-      e.submit(prompt(8, 1), p, [&mine](const TokenEvent& ev) {
-        mine[ev.index].insert(mine[ev.index].end(), ev.tokens.begin(), ev.tokens.end());
-      });
-      e.run_until_idle();
-      return mine;
-    };
-    const auto alone = run(0), crowded = run(10);
+    SamplingParams o = p;
+    o.seed.reset();
+    o.n = 1;
+    const auto alone = seeded_completions(runner, p, o, 0),
+               crowded = seeded_completions(runner, p, o, 10);
     ASSERT_EQ(alone.size(), 2u);
     EXPECT_EQ(alone.at(0).size(), 24u);
     EXPECT_EQ(alone, crowded) << weight_type_name(t);
