@@ -7,17 +7,6 @@
 
 namespace loom {
 
-Recompute recompute_from_name(const std::string& s) {
-  if (s == "none") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  fail("recompute must be none, selective or full, got '", s, "'");
-}
-
-const char* recompute_name(Recompute r) {
-  return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
-}
-
 void TensorParallel::validate(const ModelConfig& c) const {
   LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor-parallel rank ", rank,
              " outside a group of ", size);

@@ -18,6 +18,7 @@
 
 #include "comm/communicator.h"
 #include "core/dtype.h"
+#include "core/recompute.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 #include "model/context_parallel.h"
@@ -29,15 +30,6 @@
 #include "model/params.h"
 
 namespace loom {
-
-// What is kept between forward and backward (docs/architecture.md):
-//   None       every layer's activations;
-//   Selective  all but the attention core (RoPE'd q/k kept; attention output and LSE
-//              recomputed per layer in backward);
-//   Full       only each layer's input; the whole layer is recomputed in backward.
-enum class Recompute { None, Selective, Full };
-Recompute recompute_from_name(const std::string& s);
-const char* recompute_name(Recompute r);
 
 // One micro-batch of N tokens made of nseq sequences (rows of a batch, or packed documents).
 struct ModelInput {

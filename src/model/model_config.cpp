@@ -176,7 +176,10 @@ std::string ModelConfig::fingerprint() const {
 }
 
 ModelConfig model_config_from(const Config& cfg) {
-  ModelConfig c = model_preset(cfg.get_string("model.preset", "tiny"));
+  return model_config_from(cfg, model_preset(cfg.get_string("model.preset", "tiny")));
+}
+
+ModelConfig model_config_from(const Config& cfg, ModelConfig c) {
   std::string fam = cfg.get_string("model.family", family_name(c.family));
   LOOM_CHECK(fam == "gpt2" || fam == "llama", "model.family must be gpt2 or llama, got '", fam,
              "'");

@@ -72,5 +72,8 @@ std::vector<std::string> model_preset_names();
 
 // Reads [model] from a config: `preset` then any field overrides (model.n_layer = ...).
 ModelConfig model_config_from(const Config& cfg);
+// The same over a given starting shape instead of model.preset (which it does not read): the
+// planner's published shapes (plan/model.h) take the trainer's keys this way.
+ModelConfig model_config_from(const Config& cfg, ModelConfig base);
 
 }  // namespace loom
