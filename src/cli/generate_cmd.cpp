@@ -24,6 +24,7 @@
 #include "infer/generator.h"
 #include "infer/model_runner.h"
 #include "infer/request_sampling.h"
+#include "infer/weight_quant.h"
 #include "train/device.h"
 
 namespace loom::cli {
@@ -51,14 +52,15 @@ int run_generate(const Args& args) {
       .flag("ignore-eos", "keep going past the end-of-text token")
       .value("chat-template", "", "chatml or llama3: prompts are user messages in this template")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
-      .value("max-num-seqs", "64", "sequences batched at once")
-      .value("kv-cache-mb", "256", "KV cache size")
       .value("device", "cpu", "cpu, cuda or auto (a GPU when there is one, else the CPU)");
+  declare_engine_options(o);
   if (!o.parse(args)) return 0;
   // The engine runs where the model does (cuda: weights, KV cache and attention on the GPU,
   // the scheduler and sampling on the host). cuda without a CUDA build or a GPU is an error
   // naming --device, before any file is read; auto falls back to the CPU with a notice.
   const DeviceChoice dev = select_serving_device(o.get("device"), "--device", "generating");
+  const infer::WeightType weights = engine_weights_from(o);
+  check_serving_weights(o.get("weights"), "--weights", dev);
   // Options first, in the names the user typed, before any file is read.
   const double temperature = o.get_double("temperature"), top_p = o.get_double("top-p"),
                min_p = o.get_double("min-p"), rep = o.get_double("repetition-penalty");
@@ -68,6 +70,10 @@ int run_generate(const Args& args) {
   LOOM_CHECK(min_p >= 0 && min_p <= 1, "--min-p must lie in [0, 1], got ", min_p);
   LOOM_CHECK(rep > 0 && rep <= 10, "--repetition-penalty must lie in (0, 10], got ", rep);
   auto model = load_model_from_checkpoint(o.get("ckpt"), *dev.backend);
+  // Decode streams every weight once per token: narrower copies make it faster (on the CPU; on
+  // a GPU the model decodes with the weights it holds).
+  std::unique_ptr<infer::QuantizedWeights> quant;
+  if (!dev.cuda) quant = std::make_unique<infer::QuantizedWeights>(*model, weights);
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
   std::unique_ptr<data::ChatTemplate> chat;
   if (!o.get("chat-template").empty()) {
@@ -91,9 +97,7 @@ int run_generate(const Args& args) {
   sp.ignore_eos = o.has("ignore-eos");
   infer::validate(sp, model->config().vocab);
 
-  infer::EngineConfig ec;
-  ec.scheduler.max_num_seqs = static_cast<int>(o.get_int("max-num-seqs", 1, 4096));
-  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  infer::EngineConfig ec = engine_config_from(o);
   set_text_codec(ec, tok.get(), chat.get());
   auto encode = [&](const Json& line, const std::string& where) {
     std::vector<int32_t> ids;

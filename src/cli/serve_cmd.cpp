@@ -69,16 +69,10 @@ int run_serve_here(const Args& args) {
       .value("model-name", "loom", "the model's name in the API")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
       .value("chat-template", "chatml", "chatml, llama3, or none (no chat completions)")
-      .value("max-num-seqs", "64", "sequences batched at once")
-      .value("max-batched-tokens", "512", "tokens per engine step (decodes first, then prefill)")
-      .value("kv-cache-mb", "512", "KV cache size")
       .value("max-queue", "256", "requests waiting or running; more get 503")
       .value("max-tokens", "256", "default max_tokens of a request")
       .value("max-body-mb", "16", "largest request body accepted (413 past it)")
       .value("drain-timeout", "30", "seconds to let requests finish on SIGTERM")
-      .value("weights", "fp32",
-             "linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with per-channel "
-             "scales); fp32 compute; bf16, int8 and fp8 on the CPU only")
       .value("device", "cpu",
              "cpu, cuda or auto (a GPU when there is one, else the CPU); one rank only")
       .value("tp", "0", "tensor-parallel ranks (0: every rank started; must equal that number)")
@@ -86,6 +80,7 @@ int run_serve_here(const Args& args) {
              "seconds a rank waits for the others (a step, rank 0's next message) before failing")
       .value("tp-startup-timeout", "300",
              "seconds the ranks wait for each other to load their shards, before the steps");
+  declare_engine_options(o);
   if (!o.parse(args)) return 0;
   serve::ServerOptions so;
   so.host = o.get("host");
@@ -94,14 +89,11 @@ int run_serve_here(const Args& args) {
   so.default_max_tokens = static_cast<int>(o.get_int("max-tokens", 1, 1 << 20));
   so.max_body_bytes = size_t(o.get_int("max-body-mb", 1, 4096)) << 20;
   const double drain = static_cast<double>(o.get_int("drain-timeout", 0, 3600));
-  const infer::WeightType weights = infer::weight_type_from_name(o.get("weights"));
+  const infer::WeightType weights = engine_weights_from(o);
   // cuda without a CUDA build or a GPU fails here, naming --device, before the port opens.
   const DeviceChoice dev = select_serving_device(o.get("device"), "--device", "serving");
   check_serving_weights(o.get("weights"), "--weights", dev);
-  infer::EngineConfig ec;
-  ec.scheduler.max_num_seqs = static_cast<int>(o.get_int("max-num-seqs", 1, 4096));
-  ec.scheduler.max_batched_tokens = static_cast<int>(o.get_int("max-batched-tokens", 1, 1 << 20));
-  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  infer::EngineConfig ec = engine_config_from(o);
   ec.max_queue = static_cast<int>(o.get_int("max-queue", 1, 1 << 20));
 
   comm::Communicator& world = comm::world();

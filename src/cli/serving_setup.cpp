@@ -7,6 +7,28 @@
 
 namespace loom::cli {
 
+void declare_engine_options(Options& o) {
+  o.value("max-num-seqs", "64", "engine: sequences batched at once")
+      .value("max-batched-tokens", "512",
+             "engine: tokens per step (decodes first, then prefill chunks)")
+      .value("kv-cache-mb", "512", "engine: KV cache size")
+      .value("weights", "fp32",
+             "engine: linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with "
+             "per-channel scales); fp32 compute; bf16, int8 and fp8 on the CPU only");
+}
+
+infer::EngineConfig engine_config_from(const Options& o) {
+  infer::EngineConfig ec;
+  ec.scheduler.max_num_seqs = o.get_int32("max-num-seqs", 1, 4096);
+  ec.scheduler.max_batched_tokens = o.get_int32("max-batched-tokens", 1, 1 << 20);
+  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  return ec;
+}
+
+infer::WeightType engine_weights_from(const Options& o) {
+  return infer::weight_type_from_name(o.get("weights"));
+}
+
 std::unique_ptr<data::BpeTokenizer> checkpoint_tokenizer(const std::string& ckpt,
                                                          const std::string& spec_opt,
                                                          const Decoder& model) {
