@@ -859,7 +859,11 @@ int64_t Trainer::restore_state(const ckpt::Checkpoint& c, bool same_layout) {
   const Json* fp8_state = extra.contains("fp8") ? &extra.at("fp8") : nullptr;
   if (fp8_) fp8_->restore(fp8_state, c.dir());
   if (device_fp8_) device_fp8_->restore(fp8_state, c.dir());
-  train_data_->restore(c.state().data);
+  try {
+    train_data_->restore(c.state().data);
+  } catch (const Error& e) {
+    fail(c.dir(), "/state.json: field 'data' (the data position): ", e.what());
+  }
   step_ = c.state().step;
   return extra.at("optimizer_steps").as_int();
 }

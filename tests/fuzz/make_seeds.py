@@ -166,6 +166,18 @@ def main():
     put("curate_warc", "records", w)
     put("curate_warc", "records-gz", gzip.compress(w, mtime=0))
 
+    # Chat data and preference pairs: every form a line may take, and a bad one of each kind.
+    put("chat_data", "chat", "\n".join([
+        '{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi \\u00e9"}, '
+        '{"role": "assistant", "content": "yo"}]}',
+        '{"prompt": "2+2=", "completion": "4"}',
+        '{"messages": [{"role": "robot", "content": "x"}]}']) + "\n")
+    put("chat_data", "pairs", "\n".join([
+        '{"prompt": "rev abc", "chosen": "cba", "rejected": "zzzz"}',
+        '{"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "yo"}], '
+        '"rejected": "no"}',
+        '{"prompt": "x", "chosen": "same", "rejected": "same"}']) + "\n")
+
     # Supervisor lines: a bound byte, then a launcher's output (tags, errors, mpirun's report,
     # heartbeats, a long line, bytes that are not UTF-8).
     hello = ('{"ev":"hello","token":"t","attempt":0,"rank":1,"world":2,"pid":7,"host":"h",'
