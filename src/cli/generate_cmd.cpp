@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <fstream>
 #include <map>
 
 #include "ckpt/checkpoint.h"
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/results_file.h"
 #include "cli/serving_setup.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -151,20 +151,10 @@ int run_generate(const Args& args) {
   for_each_jsonl(o.get("input"), [&](const Json& j, const std::string& where) {
     lines.push_back({j, where});
   });
-  size_t done = 0;
-  if (file_exists(o.get("output"))) {
-    const std::string prev = read_file(o.get("output"));
-    for (size_t pos = 0; pos < prev.size();) {
-      size_t end = prev.find('\n', pos);
-      if (end == std::string::npos) break;  // a cut last line is written again
-      ++done;
-      pos = end + 1;
-    }
-    LOOM_CHECK(done <= lines.size(), o.get("output"), " has ", done, " results for ", lines.size(),
-               " prompts: not this input's output");
-  }
-  std::ofstream out(o.get("output"), std::ios::app);
-  LOOM_CHECK(out.good(), "cannot write ", o.get("output"));
+  ResultsFile out(o.get("output"));
+  const size_t done = out.done();
+  LOOM_CHECK(done <= lines.size(), o.get("output"), " has ", done, " results for ", lines.size(),
+             " prompts: not this input's output");
   struct Result {
     std::string text, reason, answer;
     bool scored = false;
@@ -198,7 +188,7 @@ int run_generate(const Args& args) {
         ++scored;
         correct += ok;
       }
-      out << j.dump() << '\n';
+      out.write_line(j.dump());
       results.erase(next_write++);
     }
     out.flush();

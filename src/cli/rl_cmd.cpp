@@ -277,10 +277,15 @@ int run_rl_here(const Args& args) {
              " greedy replies)");
   }
   const double t0 = now_seconds();
+  rl::RlStepStats run;  // the run's groups: trained, and dropped by cause
   for (int64_t s = first_step; s < steps; ++s) {
     const rl::RlStepStats st = mpi     ? mpi_loop->step()
                                : async ? async_loop->step()
                                        : sync_loop->step();
+    run.groups += st.groups;
+    run.dropped_env += st.dropped_env;
+    run.dropped_timeout += st.dropped_timeout;
+    run.dropped_stale += st.dropped_stale;
     Json j = st.json();
     j["wall_seconds"] = now_seconds() - t0;
     if (s == 0 && initial_accuracy) j["heldout_accuracy_initial"] = *initial_accuracy;
@@ -307,6 +312,16 @@ int run_rl_here(const Args& args) {
     log_info("environment calls ", http_stats->calls, ", retries ", http_stats->retries,
              ", failed ", http_stats->failed, ", malformed ", http_stats->malformed,
              ", reward out of range ", http_stats->out_of_range);
+  // A run that trained on nothing is a failure, not a run with reward 0.
+  LOOM_CHECK(run.groups > 0 || first_step >= steps, "every group of the run's ",
+             steps - first_step, " step(s) was dropped (", run.dropped_env,
+             " for environment errors, ", run.dropped_timeout, " past --rollout-timeout, ",
+             run.dropped_stale, " past --max-staleness)",
+             http_stats ? cat("; environment ", o.get("env-url"), ": ", http_stats->calls,
+                              " calls, ", http_stats->failed, " failed, ", http_stats->malformed,
+                              " malformed, ", http_stats->out_of_range, " rewards out of range")
+                        : std::string(),
+             ": nothing was trained, so no checkpoint is written");
   log_info("saved ", save(steps));
   return 0;
 }

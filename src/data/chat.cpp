@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/jsonl.h"
+#include "data/unicode.h"
 
 namespace loom::data {
 
@@ -103,6 +104,24 @@ std::vector<int32_t> ChatTemplate::prompt_ids(const std::vector<ChatMessage>& me
   return ex.ids;
 }
 
+namespace {
+
+// Text the template renders must be UTF-8, as plain tokenization requires (tokenize_job.cpp).
+void check_utf8(const std::string& text, const std::string& where, const char* field) {
+  size_t bad = 0;
+  LOOM_CHECK(utf8_valid(text, &bad), where, ": '", field, "' is not valid UTF-8 (byte ", bad,
+             " of the text)");
+}
+
+}  // namespace
+
+void check_chat_message(const std::string& role, const std::string& content,
+                        const std::string& where) {
+  LOOM_CHECK(role == "system" || role == "user" || role == "assistant", where, ": role '", role,
+             "' is not system, user or assistant");
+  check_utf8(content, where, "content");
+}
+
 ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::string& where) {
   LOOM_CHECK(j.is_object(), where, ": expected a JSON object");
   if (j.contains("messages")) {
@@ -118,8 +137,7 @@ ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::
       LOOM_CHECK(m.at("role").is_string() && m.at("content").is_string(), at,
                  ": 'role' and 'content' must be strings");
       const std::string& role = m.at("role").as_string();
-      LOOM_CHECK(role == "system" || role == "user" || role == "assistant", at, ": role '", role,
-                 "' is not system, user or assistant");
+      check_chat_message(role, m.at("content").as_string(), at);
       any_assistant |= role == "assistant";
       messages.push_back({role, m.at("content").as_string()});
     }
@@ -130,6 +148,8 @@ ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::
              ": expected 'messages', or 'prompt' and 'completion'");
   LOOM_CHECK(j.at("prompt").is_string() && j.at("completion").is_string(), where,
              ": 'prompt' and 'completion' must be strings");
+  check_utf8(j.at("prompt").as_string(), where, "prompt");
+  check_utf8(j.at("completion").as_string(), where, "completion");
   return t.render_completion(j.at("prompt").as_string(), j.at("completion").as_string());
 }
 

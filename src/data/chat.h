@@ -64,6 +64,11 @@ class ChatTemplate {
   int32_t end_of_turn_ = -1;
 };
 
+// Throws naming `where` unless `role` is system, user or assistant and `content` is UTF-8: what
+// every chat reader (chat data, preference pairs, `loom tokenize --chat`) requires of a message.
+void check_chat_message(const std::string& role, const std::string& content,
+                        const std::string& where);
+
 // One JSONL line: {"messages": [...]} or {"prompt": "...", "completion": "..."}; `where`
 // names the file and line in errors.
 ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::string& where);

@@ -166,6 +166,30 @@ def main():
     put("curate_warc", "records", w)
     put("curate_warc", "records-gz", gzip.compress(w, mtime=0))
 
+    # Chat data and preference pairs: every form a line may take, and a bad one of each kind.
+    put("chat_data", "chat", "\n".join([
+        '{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi \\u00e9"}, '
+        '{"role": "assistant", "content": "yo"}]}',
+        '{"prompt": "2+2=", "completion": "4"}',
+        '{"messages": [{"role": "robot", "content": "x"}]}']) + "\n")
+    put("chat_data", "pairs", "\n".join([
+        '{"prompt": "rev abc", "chosen": "cba", "rejected": "zzzz"}',
+        '{"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "yo"}], '
+        '"rejected": "no"}',
+        '{"prompt": "x", "chosen": "same", "rejected": "same"}']) + "\n")
+
+    # Supervisor lines: a bound byte, then a launcher's output (tags, errors, mpirun's report,
+    # heartbeats, a long line, bytes that are not UTF-8).
+    hello = ('{"ev":"hello","token":"t","attempt":0,"rank":1,"world":2,"pid":7,"host":"h",'
+             '"run_dir":"/r","setup_seconds":1.5}')
+    put("supervisor_lines", "launcher", b"\x40" + "\n".join([
+        "[1,0]<stdout>:step 1 loss 4.2", "[1,1]<stderr>:loom train: error: no such preset 'x'",
+        "[1,1]<stdout>:loom: rank 1 failed: out of memory",
+        "Primary job terminated: process rank 1 with PID 42",
+        "  Process name: [[4711,1],3]", hello, '{"ev":"section","step":3,"name":"data"}',
+        '{"ev":"step","step":3,"seconds":0.02}', '{"ev":"bye"}']).encode() +
+        b"\n[1,0]<stdout>:" + b"x" * 300 + b"\xe2\x82\xac\xff\x00\r\n")
+
     # HTML: the curate test pages.
     for page in sorted((ROOT / "tests" / "curate" / "data" / "html").rglob("*.htm*")):
         put("html", page.stem, page.read_bytes())
