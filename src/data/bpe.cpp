@@ -128,6 +128,36 @@ void BpeTokenizer::init_common() {
     special_of_id_[size_t(specials_[k].second)] = int32_t(k);
     special_first_byte_[uint8_t(specials_[k].first[0])] = true;
   }
+  special_trie_.assign(1, TrieNode{});
+  for (size_t k = 0; k < specials_.size(); ++k) {
+    int32_t node = 0;
+    for (char c : specials_[k].first) {
+      auto& next = special_trie_[size_t(node)].next;
+      auto it =
+          std::find_if(next.begin(), next.end(), [&](auto& e) { return e.first == uint8_t(c); });
+      if (it != next.end()) {
+        node = it->second;
+        continue;
+      }
+      next.emplace_back(uint8_t(c), int32_t(special_trie_.size()));
+      node = int32_t(special_trie_.size());
+      special_trie_.emplace_back();
+    }
+    special_trie_[size_t(node)].special = int32_t(k);
+  }
+}
+
+int32_t BpeTokenizer::match_special(std::string_view text, size_t i) const {
+  int32_t node = 0, found = -1;
+  for (; i < text.size(); ++i) {
+    const auto& next = special_trie_[size_t(node)].next;
+    auto it = std::find_if(next.begin(), next.end(),
+                           [&](auto& e) { return e.first == uint8_t(text[i]); });
+    if (it == next.end()) break;
+    node = it->second;
+    if (special_trie_[size_t(node)].special >= 0) found = special_trie_[size_t(node)].special;
+  }
+  return found;
 }
 
 int32_t BpeTokenizer::special_id(std::string_view text) const {
@@ -147,14 +177,13 @@ void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out,
   size_t start = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     if (!special_first_byte_[uint8_t(text[i])]) continue;
-    for (auto& [s, id] : specials_) {
-      if (text.compare(i, s.size(), s) != 0) continue;
-      encode_ordinary(text.substr(start, i - start), out);
-      out.push_back(id);
-      start = i + s.size();
-      i = start - 1;
-      break;
-    }
+    const int32_t k = match_special(text, i);
+    if (k < 0) continue;
+    const auto& [s, id] = specials_[size_t(k)];
+    encode_ordinary(text.substr(start, i - start), out);
+    out.push_back(id);
+    start = i + s.size();
+    i = start - 1;
   }
   encode_ordinary(text.substr(start), out);
 }
@@ -222,14 +251,13 @@ void BpeTokenizer::encode_pipeline(std::string_view raw, std::vector<int32_t>& o
   size_t start = 0;
   for (size_t i = 0; allow_special && i < text.size(); ++i) {
     if (!special_first_byte_[uint8_t(text[i])]) continue;
-    for (auto& [s, id] : specials_) {
-      if (text.compare(i, s.size(), s) != 0) continue;
-      if (i > start) sections.push_back({text.substr(start, i - start), -1});
-      sections.push_back({s, id});
-      start = i + s.size();
-      i = start - 1;
-      break;
-    }
+    const int32_t k = match_special(text, i);
+    if (k < 0) continue;
+    const auto& [s, id] = specials_[size_t(k)];
+    if (i > start) sections.push_back({text.substr(start, i - start), -1});
+    sections.push_back({s, id});
+    start = i + s.size();
+    i = start - 1;
   }
   if (start < text.size()) sections.push_back({text.substr(start), -1});
   auto has = [](const std::vector<int32_t>& ids, int32_t id) {
@@ -254,13 +282,36 @@ void BpeTokenizer::encode_pipeline(std::string_view raw, std::vector<int32_t>& o
     pieces.clear();
     hf_->pre_tokenize(normal, k == 0, pieces);
     for (const std::string& p : pieces) {
-      if (p.size() == 1 && byte_level()) {
+      if (!byte_level()) {
+        encode_words(p, out);
+        continue;
+      }
+      if (p.size() == 1) {
         out.push_back(byte_id_[uint8_t(p[0])]);
         continue;
       }
       encode_cached(p, out);
     }
   }
+}
+
+// Cuts a SentencePiece-style piece before each ▁ that no token reaches across
+// (HfPipeline::joins_space_mark) and encodes the words one by one.
+void BpeTokenizer::encode_words(std::string_view piece, std::vector<int32_t>& out) const {
+  constexpr std::string_view kMark = "\u2581";
+  size_t start = 0;
+  for (size_t at = piece.find(kMark, 1); at != std::string_view::npos;
+       at = piece.find(kMark, at + 1)) {
+    size_t k = at - 1;
+    while (k > 0 && (uint8_t(piece[k]) & 0xC0) == 0x80) --k;
+    const std::string_view before = piece.substr(k, at - k);
+    if (before == kMark || std::find(hf_->joins_space_mark.begin(), hf_->joins_space_mark.end(),
+                                     before) != hf_->joins_space_mark.end())
+      continue;
+    encode_cached(piece.substr(start, at - start), out);
+    start = at;
+  }
+  encode_cached(piece.substr(start), out);
 }
 
 // SentencePiece-style BPE: symbols start as characters; one outside the vocabulary takes no

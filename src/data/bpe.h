@@ -106,6 +106,7 @@ class BpeTokenizer {
   void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
   void encode_pipeline(std::string_view text, std::vector<int32_t>& out, bool allow_special) const;
   void encode_cached(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_words(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_chars(std::string_view piece, std::vector<int32_t>& out) const;
   const std::string& token_string(int32_t id) const;
   void merge_short(int32_t* ids, size_t n, std::vector<int32_t>& out) const;
@@ -128,6 +129,14 @@ class BpeTokenizer {
   SpecialTokens specials_;
   std::vector<int32_t> special_of_id_;  // id -> index into specials_ or -1
   bool special_first_byte_[256] = {};
+  // A byte trie over the special tokens' texts (Gemma's file has 6000 starting with '<').
+  struct TrieNode {
+    std::vector<std::pair<uint8_t, int32_t>> next;  // byte -> node
+    int32_t special = -1;                           // index into specials_ ending here
+  };
+  std::vector<TrieNode> special_trie_;
+  // Index into specials_ of the longest special token starting at text[i], or -1.
+  int32_t match_special(std::string_view text, size_t i) const;
   int32_t vocab_size_ = 0;
   uint64_t serial_ = 0;  // identifies this vocabulary to the per-thread caches
   std::shared_ptr<const HfPipeline> hf_;

@@ -55,6 +55,10 @@ class HfPipeline {
   // outside the vocabulary becomes its UTF-8 bytes' <0xNN> tokens (byte_fallback) or unk_id.
   // Otherwise tokens are bytes (ByteLevel) and decoding concatenates them.
   bool char_model = false;
+  // char_model: the characters some token holds right before a ▁ (U+2581). Before any other
+  // character a ▁ starts a piece of its own, as no merge can reach across it; splitting there
+  // keeps BPE short and cached without changing its result.
+  std::vector<std::string> joins_space_mark;
   // False when Loom's byte-level scanners do the same text steps (the pipeline then only
   // adds the post-processor's tokens).
   bool runs_encode = true;

@@ -115,6 +115,20 @@ std::optional<PreTokenizer> scanner_for(const HfComponents& c, bool* nfc) {
   return std::nullopt;
 }
 
+// The characters other than ▁ that some token has right before a ▁ (Gemma 3's ">▁</").
+std::vector<std::string> chars_before_space_mark(const std::vector<std::string>& tokens) {
+  constexpr std::string_view kMark = "\u2581";
+  std::set<std::string> found;
+  for (const std::string& t : tokens) {
+    for (size_t at = t.find(kMark, 1); at != std::string::npos; at = t.find(kMark, at + 1)) {
+      size_t k = at - 1;
+      while (k > 0 && (uint8_t(t[k]) & 0xC0) == 0x80) --k;
+      if (t.compare(k, at - k, kMark) != 0) found.insert(t.substr(k, at - k));
+    }
+  }
+  return {found.begin(), found.end()};
+}
+
 }  // namespace
 
 BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
@@ -268,6 +282,7 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
       if (a.lstrip) pipe->lstrip_ids.push_back(a.id);
       if (a.rstrip) pipe->rstrip_ids.push_back(a.id);
     }
+    if (!byte_level) pipe->joins_space_mark = chars_before_space_mark(tokens);
     pipe->source = j.dump();
   }
   try {
