@@ -20,6 +20,8 @@ PACKAGES=(
   python3-doc
   # loom curate (optional): gzip/zstd input, Unicode, HTML parsing, language ID
   zlib1g-dev libzstd-dev libutf8proc-dev libgumbo-dev libcld2-dev
+  # tokenizer.json Split regexes beyond Loom's own scanners (DeepSeek V3's)
+  libpcre2-dev
 )
 
 missing=()
