@@ -84,7 +84,7 @@ int run_rl_here(const Args& args) {
       .value("eval-every", "0", "held-out greedy accuracy every N steps (0: never)")
       .value("eval-tasks", "64", "held-out tasks per evaluation")
       .value("seed", "1", "task and sampling seed")
-      .value("chat-template", "chatml", "chat template of the prompts")
+      .value("chat-template", "chatml", "chat template of the prompts (chatml, llama3 or hf:PATH)")
       .value("tokenizer", "", "tokenizer spec (default: the checkpoint's data.tokenizer)");
   if (!o.parse(args)) return 0;
   rl::RlOptions ro;
