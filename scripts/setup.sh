@@ -12,8 +12,8 @@ PACKAGES=(
   libcpp-httplib-dev curl
   # fuzz targets (libFuzzer) and the sanitizer build
   clang libclang-rt-dev
-  # tests
-  libgtest-dev
+  # tests (python3-jinja2: the reference renderer of chat templates, for /usr/bin/python3)
+  libgtest-dev python3-jinja2
   # multi-process runs
   openmpi-bin libopenmpi-dev
   # the main job's corpus: the Python documentation as HTML

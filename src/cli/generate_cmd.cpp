@@ -50,7 +50,8 @@ int run_generate(const Args& args) {
       .multi("stop", "stop string (repeatable)")
       .value("seed", "0", "sampling seed")
       .flag("ignore-eos", "keep going past the end-of-text token")
-      .value("chat-template", "", "chatml or llama3: prompts are user messages in this template")
+      .value("chat-template", "",
+             "chatml, llama3 or hf:PATH: prompts are user messages in this template")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
       .value("device", "cpu", "cpu, cuda or auto (a GPU when there is one, else the CPU)");
   declare_engine_options(o);

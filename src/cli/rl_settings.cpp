@@ -82,7 +82,8 @@ const std::vector<Setting>& settings() {
        "held-out greedy accuracy every N steps (0: never)"},
       {"rl.eval_tasks", "eval-tasks", "64", false, "held-out tasks per evaluation"},
       {"rl.seed", "seed", "1", false, "task and sampling seed"},
-      {"rl.chat_template", "chat-template", "chatml", false, "chat template of the prompts"},
+      {"rl.chat_template", "chat-template", "chatml", false,
+       "chat template of the prompts (chatml, llama3 or hf:PATH)"},
       {"rl.tokenizer", "tokenizer", "", false,
        "tokenizer spec (default: the checkpoint's data.tokenizer)"},
   };

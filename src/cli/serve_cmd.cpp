@@ -68,7 +68,8 @@ int run_serve_here(const Args& args) {
       .value("port", "8080", "port (0: any free port, printed)")
       .value("model-name", "loom", "the model's name in the API")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
-      .value("chat-template", "chatml", "chatml, llama3, or none (no chat completions)")
+      .value("chat-template", "chatml",
+             "chatml, llama3, hf:PATH (a model's own), or none (no chat completions)")
       .value("max-queue", "256", "requests waiting or running; more get 503")
       .value("max-tokens", "256", "default max_tokens of a request")
       .value("max-body-mb", "16", "largest request body accepted (413 past it)")

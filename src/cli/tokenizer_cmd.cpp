@@ -134,7 +134,7 @@ int tokenizer_info(const Args& args) {
 }
 
 int tokenizer_export(const Args& args) {
-  Options o("loom tokenizer export --vocab SPEC --out DIR [--chat-template chatml|llama3]",
+  Options o("loom tokenizer export --vocab SPEC --out DIR [--chat-template chatml|llama3|hf:PATH]",
             "Writes a vocabulary as Hugging Face tokenizer.json + tokenizer_config.json.");
   o.value("vocab", "", kTokenizerSpecHelp, true)
       .value("out", "", "output folder", true)

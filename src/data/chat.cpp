@@ -4,28 +4,37 @@
 #include "core/fs.h"
 #include "core/jsonl.h"
 #include "data/unicode.h"
+#include "data/hf_chat_template.h"
 
 namespace loom::data {
 
 std::vector<std::string> ChatTemplate::special_tokens(const std::string& name) {
+  if (is_jinja_name(name)) {
+    const HfChatTemplate hf(name.substr(3));
+    if (hf.bos_token().empty()) return {hf.eos_token()};
+    return {hf.bos_token(), hf.eos_token()};
+  }
   if (name == "chatml") return {"<|im_start|>", "<|im_end|>"};
   if (name == "llama3")
     return {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
-  fail("unknown chat template '", name, "' (chatml or llama3)");
+  fail("unknown chat template '", name, "' (chatml, llama3 or hf:PATH)");
 }
 
 std::string ChatTemplate::end_of_turn_token(const std::string& name) {
+  if (is_jinja_name(name)) return special_tokens(name).back();
   special_tokens(name);  // refuses unknown names
   return name == "chatml" ? "<|im_end|>" : "<|eot_id|>";
 }
 
 std::string ChatTemplate::begin_of_text_token(const std::string& name) {
+  if (is_jinja_name(name)) return HfChatTemplate(name.substr(3)).bos_token();
   special_tokens(name);
   return name == "chatml" ? "" : "<|begin_of_text|>";
 }
 
 // Kept beside message() and prompt_ids(): the three must produce the same text.
 std::string ChatTemplate::jinja(const std::string& name) {
+  if (is_jinja_name(name)) return HfChatTemplate(name.substr(3)).source();
   if (name == "chatml")
     return "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
            "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt "
@@ -41,6 +50,10 @@ std::string ChatTemplate::jinja(const std::string& name) {
 
 ChatTemplate::ChatTemplate(const std::string& name, const BpeTokenizer& tok)
     : name_(name), tok_(tok) {
+  if (is_jinja_name(name)) {
+    init_jinja();
+    return;
+  }
   for (const std::string& s : special_tokens(name))
     LOOM_CHECK(tok.special_id(s) >= 0, "chat template ", name, " needs the special token ", s,
                ", which the tokenizer does not have (add it as a special token)");
@@ -79,6 +92,7 @@ void ChatTemplate::message(ChatExample& ex, const ChatMessage& m) const {
 }
 
 ChatExample ChatTemplate::render(const std::vector<ChatMessage>& messages) const {
+  if (hf_) return render_json(chat_messages_json(messages), Json(), name_);
   ChatExample ex;
   if (name_ == "llama3") append(ex, "<|begin_of_text|>", false, true);
   for (const ChatMessage& m : messages) message(ex, m);
@@ -91,6 +105,7 @@ ChatExample ChatTemplate::render_completion(const std::string& prompt,
 }
 
 std::vector<int32_t> ChatTemplate::prompt_ids(const std::vector<ChatMessage>& messages) const {
+  if (hf_) return tok_.encode(render_text(chat_messages_json(messages), Json(), true));
   ChatExample ex = render(messages);
   if (name_ == "chatml") {
     append(ex, "<|im_start|>", false, true);
@@ -124,6 +139,7 @@ void check_chat_message(const std::string& role, const std::string& content,
 
 ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::string& where) {
   LOOM_CHECK(j.is_object(), where, ": expected a JSON object");
+  if (t.is_jinja()) return parse_jinja_example(j, t, where);
   if (j.contains("messages")) {
     const Json& ms = j.at("messages");
     LOOM_CHECK(ms.is_array() && ms.size() > 0, where, ": 'messages' must be a non-empty array");

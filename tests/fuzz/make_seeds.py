@@ -133,6 +133,18 @@ def main():
                               merges=[[a, b] for a, b in merges])
     put("tokenizer_hf", "llama3", json.dumps(llama3_hf, ensure_ascii=False))
 
+    # jinja: the chat templates of tests/data/chat_templates/, and a short one using every
+    # statement kind.
+    for tpl in sorted((ROOT / "tests" / "data" / "chat_templates").glob("*/chat_template.jinja")):
+        put("jinja", tpl.parent.name, tpl.read_bytes())
+    put("jinja", "statements",
+        "{% macro m(a, b=2) %}{{ a ~ b }}{% endmacro %}{% set ns = namespace(n=0) %}"
+        "{%- for x in messages if x.role != 'tool' -%}{% set ns.n = ns.n + 1 %}"
+        "{% if loop.first %}{{ m(x.role) }}{% elif x.content is none %}{% continue %}"
+        "{% else %}{{ x.content | trim | tojson(indent=2) }}{% endif %}{% endfor %}"
+        "{% set b %}{{ tools[0].function.name[::-1] }}{% endset %}{{ b }}{# c #}"
+        "{% raw %}{{ x }}{% endraw %}{{ ns.n if ns.n > 1 else raise_exception('few') }}")
+
     # tiktoken: the first ranks of GPT-2's file, alone and with a sidecar.
     lines = (FIX / "tokenizers" / "gpt2.tiktoken").read_bytes().splitlines(keepends=True)
     ranks = b"".join(lines[:300])
