@@ -12,8 +12,8 @@ PACKAGES=(
   libcpp-httplib-dev curl
   # fuzz targets (libFuzzer) and the sanitizer build
   clang libclang-rt-dev
-  # tests
-  libgtest-dev
+  # tests; the torch reference of the Hugging Face families (tests/ckpt/hf_reference.py)
+  libgtest-dev python3-torch
   # multi-process runs
   openmpi-bin libopenmpi-dev
   # the main job's corpus: the Python documentation as HTML
