@@ -12,8 +12,9 @@ PACKAGES=(
   libcpp-httplib-dev curl
   # fuzz targets (libFuzzer) and the sanitizer build
   clang libclang-rt-dev
-  # tests (python3-jinja2: the reference renderer of chat templates, for /usr/bin/python3)
-  libgtest-dev python3-jinja2
+  # tests: python3-jinja2 renders chat templates as Hugging Face does, python3-torch runs the
+  # reference forward of the Hugging Face families (tests/ckpt/hf_reference.py); both for /usr/bin/python3
+  libgtest-dev python3-jinja2 python3-torch
   # multi-process runs
   openmpi-bin libopenmpi-dev
   # the main job's corpus: the Python documentation as HTML

@@ -64,6 +64,15 @@ std::vector<Piece> pieces(const HfModelShape& s) {
       add(h + "self_attn.q_proj.weight", b + "attn.qkv.weight", false, 0, q);
       add(h + "self_attn.k_proj.weight", b + "attn.qkv.weight", false, q, q + kv);
       add(h + "self_attn.v_proj.weight", b + "attn.qkv.weight", false, q + kv, q + 2 * kv);
+      if (s.qkv_bias()) {
+        add(h + "self_attn.q_proj.bias", b + "attn.qkv.bias", false, 0, q);
+        add(h + "self_attn.k_proj.bias", b + "attn.qkv.bias", false, q, q + kv);
+        add(h + "self_attn.v_proj.bias", b + "attn.qkv.bias", false, q + kv, q + 2 * kv);
+      }
+      if (s.qk_norm()) {
+        add(h + "self_attn.q_norm.weight", b + "attn.q_norm.weight");
+        add(h + "self_attn.k_norm.weight", b + "attn.k_norm.weight");
+      }
       add(h + "self_attn.o_proj.weight", b + "attn.proj.weight");
       add(h + "post_attention_layernorm.weight", b + "norm2.weight");
       add(h + "mlp.gate_proj.weight", b + "mlp.fc.weight", false, 0, s.d_ff);
@@ -261,6 +270,32 @@ struct ConfigReader {
   }
 };
 
+// transformers' class for a family's causal language model.
+const char* causal_lm_class(const std::string& family) {
+  if (family == "gpt2") return "GPT2LMHeadModel";
+  if (family == "qwen2") return "Qwen2ForCausalLM";
+  if (family == "qwen3") return "Qwen3ForCausalLM";
+  if (family == "mistral") return "MistralForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+// "architectures" (optional) names the class the weights were saved from: the family's causal
+// LM or its base model (no head: a tied embedding serves); a head of another kind is refused.
+void check_architectures(const ConfigReader& r, const std::string& family,
+                         const std::string& where) {
+  if (!r.has("architectures")) return;
+  const Json& a = r.get("architectures");
+  LOOM_CHECK(a.is_array(), where, ": field 'architectures' must be a list");
+  const std::string lm = causal_lm_class(family);
+  const std::string base = family == "gpt2" ? "GPT2Model" : lm.substr(0, lm.find("For")) + "Model";
+  for (size_t i = 0; i < a.size(); ++i) {
+    const Json& e = a.as_array()[i];
+    const std::string name = e.is_string() ? e.as_string() : e.dump();
+    LOOM_CHECK(name == lm || name == base, where, ": architectures[", i, "] '", name,
+               "' is not supported (Loom reads ", lm, " for model_type ", family, ")");
+  }
+}
+
 // rope_scaling: {"rope_type" (or the older "type"): "llama3", factor, low_freq_factor,
 // high_freq_factor, original_max_position_embeddings}; "default" means none.
 RopeScaling rope_scaling_from(const Json& j, const std::string& where) {
@@ -326,8 +361,13 @@ bool is_shard_file_name(const std::string& n) {
 }  // namespace
 
 void HfModelShape::validate() const {
-  LOOM_CHECK(family == "gpt2" || family == "llama", "model family '", family,
-             "' has no Hugging Face mapping (supported: gpt2, llama)");
+  LOOM_CHECK(family == "gpt2" || family == "llama" || family == "qwen2" || family == "qwen3" ||
+                 family == "mistral",
+             "model family '", family,
+             "' has no Hugging Face mapping (supported: gpt2, llama, qwen2, qwen3, mistral)");
+  LOOM_CHECK(sliding_window == 0 || family == "mistral", "model shape: a sliding window (",
+             sliding_window, ") maps only to the mistral family, not ", family);
+  LOOM_CHECK(sliding_window >= 0, "model shape: sliding_window must be >= 0, got ", sliding_window);
   auto pos = [](int v, const char* name) {
     LOOM_CHECK(v > 0, "model shape: ", name, " must be positive, got ", v);
   };
@@ -361,6 +401,11 @@ std::map<std::string, Shape> loom_param_shapes(const HfModelShape& s) {
     const std::string b = cat("blocks.", i, ".");
     m[b + "norm1.weight"] = {C};
     m[b + "attn.qkv.weight"] = {q + 2 * kv, C};
+    if (s.qkv_bias()) m[b + "attn.qkv.bias"] = {q + 2 * kv};
+    if (s.qk_norm()) {
+      m[b + "attn.q_norm.weight"] = {s.head_dim};
+      m[b + "attn.k_norm.weight"] = {s.head_dim};
+    }
     m[b + "attn.proj.weight"] = {C, q};
     m[b + "norm2.weight"] = {C};
     m[b + "mlp.fc.weight"] = {gpt2 ? F : 2 * F, C};
@@ -415,8 +460,8 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
     j["scale_attn_by_inverse_layer_idx"] = Json(false);
     j["reorder_and_upcast_attn"] = Json(false);
   } else {
-    j["architectures"] = Json(Json::Array{Json("LlamaForCausalLM")});
-    j["model_type"] = Json("llama");
+    j["architectures"] = Json(Json::Array{Json(causal_lm_class(s.family))});
+    j["model_type"] = Json(s.family);
     j["hidden_act"] = Json("silu");
     j["hidden_size"] = Json(s.d_model);
     j["intermediate_size"] = Json(s.d_ff);
@@ -438,10 +483,19 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
     } else {
       j["rope_scaling"] = Json();
     }
-    j["attention_bias"] = Json(false);
     j["attention_dropout"] = Json(0.0);
-    j["mlp_bias"] = Json(false);
-    j["pretraining_tp"] = Json(1);
+    if (s.family == "llama") {
+      j["attention_bias"] = Json(false);
+      j["mlp_bias"] = Json(false);
+      j["pretraining_tp"] = Json(1);
+    } else if (s.family == "mistral") {
+      j["sliding_window"] = s.sliding_window > 0 ? Json(s.sliding_window) : Json();
+    } else {  // qwen2, qwen3: the window stays off (use_sliding_window)
+      j["use_sliding_window"] = Json(false);
+      j["sliding_window"] = Json();
+      j["max_window_layers"] = Json(s.n_layer);
+      if (s.family == "qwen3") j["attention_bias"] = Json(false);
+    }
   }
   return j;
 }
@@ -487,8 +541,8 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
                ": scale_attn_weights false is not supported");
     LOOM_CHECK(!r.boolean("scale_attn_by_inverse_layer_idx", false), where,
                ": scale_attn_by_inverse_layer_idx is not supported");
-  } else if (type == "llama") {
-    s.family = "llama";
+  } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral") {
+    s.family = type;
     s.d_model = r.positive("hidden_size");
     s.d_ff = r.positive("intermediate_size");
     s.n_layer = r.positive("num_hidden_layers");
@@ -507,14 +561,35 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
     s.rope_theta = r.number("rope_theta", 10000.f);
     s.tied = r.boolean("tie_word_embeddings", false);
     const std::string act = r.string("hidden_act", "silu");
-    LOOM_CHECK(act == "silu", where, ": hidden_act '", act, "' is not supported (Llama uses silu)");
+    LOOM_CHECK(act == "silu", where, ": hidden_act '", act, "' is not supported (", type,
+               " uses silu)");
     if (r.has("rope_scaling")) s.rope_scaling = rope_scaling_from(r.get("rope_scaling"), where);
+    // transformers 5 writes both as one object, rope_parameters.
+    if (r.has("rope_parameters")) {
+      const Json& p = r.get("rope_parameters");
+      s.rope_scaling = rope_scaling_from(p, where);
+      s.rope_theta =
+          ConfigReader{p, where + ": rope_parameters"}.number("rope_theta", s.rope_theta);
+    }
+    // Qwen2 always has q/k/v biases (and no others); Qwen3's attention_bias would put one on
+    // o_proj as well, which no Loom option matches.
     LOOM_CHECK(!r.boolean("attention_bias", false), where,
                ": attention_bias true is not supported");
     LOOM_CHECK(!r.boolean("mlp_bias", false), where, ": mlp_bias true is not supported");
+    if (type == "qwen2" || type == "qwen3")
+      LOOM_CHECK(!r.boolean("use_sliding_window", false), where,
+                 ": use_sliding_window true is not supported (Loom's attention has no sliding ",
+                 "window)");
+    if (type == "mistral" && r.has("sliding_window")) {
+      s.sliding_window = r.positive("sliding_window");
+      // A window as long as the context never binds: the same model as none.
+      if (s.sliding_window >= s.max_seq) s.sliding_window = 0;
+    }
   } else {
-    fail(where, ": model_type '", type, "' is not supported (Loom imports gpt2 and llama)");
+    fail(where, ": model_type '", type,
+         "' is not supported (Loom imports gpt2, llama, qwen2, qwen3 and mistral)");
   }
+  check_architectures(r, s.family, where);
   s.bos_token_id = r.token_id("bos_token_id");
   s.eos_token_id = r.token_id("eos_token_id");
   try {

@@ -1,5 +1,6 @@
 // Hugging Face interchange: Loom parameters <-> a transformers model directory (config.json plus
 // model.safetensors, or model-0000i-of-0000n.safetensors with model.safetensors.index.json).
+// Families: GPT-2, Llama, Qwen2/2.5, Qwen3 and Mistral (dense).
 //
 // Loom keeps every linear weight as [out, in] (torch.nn.Linear), fuses q/k/v into one
 // "attn.qkv.weight" (rows: q heads, k heads, v heads) and, for Llama, gate/up into one
@@ -21,7 +22,9 @@ namespace loom::ckpt {
 
 // The shape-determining fields of a model, in the terms both sides share.
 struct HfModelShape {
-  std::string family;  // "gpt2" | "llama"
+  // "gpt2" | "llama" | "qwen2" (q/k/v biases) | "qwen3" (per-head q/k RMSNorm) | "mistral"
+  // (sliding window): the last three are Llama's layout with their one difference.
+  std::string family;
   int n_layer = 0;
   int d_model = 0;
   int n_head = 0;
@@ -34,8 +37,12 @@ struct HfModelShape {
   float rope_theta = 10000.f;  // Llama only
   RopeScaling rope_scaling;    // Llama only: rope_scaling {"rope_type": "llama3", ...}
   bool tied = true;            // output head shares the token embedding
+  int sliding_window = 0;      // mistral: sliding_window (0: null, no window)
   int bos_token_id = -1;       // -1: not written to config.json
   int eos_token_id = -1;
+
+  bool qkv_bias() const { return family == "qwen2"; }
+  bool qk_norm() const { return family == "qwen3"; }
 
   bool operator==(const HfModelShape&) const = default;
   void validate() const;  // throws naming the field

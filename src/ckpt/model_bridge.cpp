@@ -9,6 +9,21 @@ HfModelShape hf_shape_of(const ModelConfig& c) {
              " experts): Hugging Face export of MoE models is not supported");
   HfModelShape s;
   s.family = family_name(c.family);
+  // The Llama-layout families differ from Llama in one option each; Loom's configs may not
+  // combine them.
+  if (c.family == Family::Llama) {
+    LOOM_CHECK(int(c.qkv_bias) + int(c.qk_norm) + int(c.sliding_window > 0) <= 1, "model '", c.name,
+               "' combines model.qkv_bias (", c.qkv_bias, "), model.qk_norm (", c.qk_norm,
+               ") and model.sliding_window (", c.sliding_window,
+               "): no Hugging Face family has more than one of them");
+    if (c.qkv_bias) s.family = "qwen2";
+    if (c.qk_norm) s.family = "qwen3";
+    if (c.sliding_window > 0) s.family = "mistral";
+  } else {
+    LOOM_CHECK(!c.qkv_bias && !c.qk_norm && c.sliding_window == 0, "model '", c.name,
+               "': GPT-2 on Hugging Face has no q/k norm, separate q/k/v biases or sliding window");
+  }
+  s.sliding_window = c.sliding_window;
   s.n_layer = c.n_layer;
   s.d_model = c.d_model;
   s.n_head = c.n_head;
@@ -30,9 +45,11 @@ HfModelShape hf_shape_of(const ModelConfig& c) {
 ModelConfig model_config_of(const HfModelShape& s) {
   ModelConfig c;
   c.name = "hf-" + s.family;
-  LOOM_CHECK(s.family == "gpt2" || s.family == "llama", "unsupported model family '", s.family,
-             "'");
+  s.validate();
   c.family = s.family == "gpt2" ? Family::GPT2 : Family::Llama;
+  c.qkv_bias = s.qkv_bias();
+  c.qk_norm = s.qk_norm();
+  c.sliding_window = s.sliding_window;
   c.n_layer = s.n_layer;
   c.d_model = s.d_model;
   c.n_head = s.n_head;

@@ -63,7 +63,9 @@ static std::string model_section(const ModelConfig& mc) {
           "\nn_kv_head = ", mc.n_kv_head, "\nhead_dim = ", mc.head_dim, "\nd_ff = ", mc.d_ff,
           "\nvocab = ", mc.vocab, "\nmax_seq = ", mc.max_seq, "\nnorm_eps = ", mc.norm_eps,
           "\nrope_theta = ", mc.rope_theta, "\ntied = ", mc.tied ? "true" : "false",
-          "\nbias = ", mc.bias ? "true" : "false", "\n");
+          "\nbias = ", mc.bias ? "true" : "false", "\nqkv_bias = ", mc.qkv_bias ? "true" : "false",
+          "\nqk_norm = ", mc.qk_norm ? "true" : "false", "\nsliding_window = ", mc.sliding_window,
+          "\n");
   if (mc.rope_scaling.enabled())
     cfg += cat("rope_scaling = \"llama3\"\nrope_factor = ", mc.rope_scaling.factor,
                "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
@@ -92,11 +94,12 @@ static int export_peft_cmd(const ckpt::Checkpoint& c, const Config& run, const s
 }
 
 static int export_cmd(const Args& args) {
-  Options o("loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16] [--tokenizer SPEC]",
-            "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
-            "(GPT2LMHeadModel or LlamaForCausalLM names and layouts), generation_config.json and,\n"
-            "when the run names a tokenizer, tokenizer.json + tokenizer_config.json (with the\n"
-            "chat template of chat/preference runs): a directory transformers loads as is.");
+  Options o(
+      "loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16] [--tokenizer SPEC]",
+      "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
+      "(GPT-2, Llama, Qwen2, Qwen3 or Mistral names and layouts), generation_config.json and,\n"
+      "when the run names a tokenizer, tokenizer.json + tokenizer_config.json (with the\n"
+      "chat template of chat/preference runs): a directory transformers loads as is.");
   o.positional("path", "a step directory or a checkpoints root (uses latest)")
       .value("out", "", "output directory", true)
       .value("dtype", "fp32", "weight dtype in the exported file")
@@ -203,7 +206,8 @@ static int import_peft_cmd(const std::string& dir, const std::string& base, cons
 
 static int import_cmd(const Args& args) {
   Options o("loom ckpt import HF_DIR --out ROOT [--base CKPT]",
-            "Reads a Hugging Face GPT-2 or Llama model (config.json + safetensors) and writes a\n"
+            "Reads a Hugging Face GPT-2, Llama, Qwen2, Qwen3 or Mistral model (config.json +\n"
+            "safetensors, or the shards model.safetensors.index.json names) and writes a\n"
             "Loom checkpoint at step 0 under ROOT, usable by generate and as a training start.\n"
             "A PEFT LoRA directory (adapter_config.json) becomes a LoRA checkpoint over --base.");
   o.positional("hf_dir", "directory with config.json and model.safetensors")
