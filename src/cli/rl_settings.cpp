@@ -169,8 +169,8 @@ void RlSettings::check_model(const ModelConfig& policy, const std::string& ckpt)
   bool any = false;
   for (const std::string& k : cfg_.keys()) any = any || k.rfind("model.", 0) == 0;
   if (!any) return;
-  // The keys over the checkpoint's shape (or over the preset they name): the same shape, or
-  // the first key that differs is named.
+  // The keys over the checkpoint's shape (or over the preset they name) must give that shape;
+  // otherwise every [model] key given is named.
   const std::string preset = cfg_.get_string("model.preset", "");
   const ModelConfig stated =
       model_config_from(cfg_, preset.empty() ? policy : loom::model_preset(preset));

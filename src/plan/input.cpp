@@ -78,8 +78,9 @@ const std::vector<std::string>& known_keys() {
         "model.preset", "model.family", "model.n_layer", "model.d_model", "model.n_head",
         "model.n_kv_head", "model.head_dim", "model.d_ff", "model.vocab", "model.max_seq",
         "model.tied", "model.bias", "model.n_experts", "model.top_k", "model.moe_layer_freq",
-        "model.norm_eps", "model.rope_theta", "model.rope_scaling", "model.init_std",
-        "model.moe_router", "model.capacity_factor", "model.aux_loss_coeff",
+        "model.norm_eps", "model.rope_theta", "model.rope_scaling", "model.rope_factor",
+        "model.rope_low_freq_factor", "model.rope_high_freq_factor", "model.rope_original_max_seq",
+        "model.init_std", "model.moe_router", "model.capacity_factor", "model.aux_loss_coeff",
         // [parallel]
         "parallel.tp", "parallel.pp", "parallel.vp", "parallel.cp", "parallel.ep", "parallel.dp",
         "parallel.sp", "parallel.zero", "parallel.overlap_grad_reduce", "parallel.bucket_mb",
@@ -281,7 +282,7 @@ void read_train(const Config& cfg, const ModelSpec& m, TrainSpec& t) {
     t.fp8_recipe = parse_fp8_recipe(fp8_recipe_name(fp8.kind));
   }
 
-  t.micro_batch = cfg.get_int("train.micro_batch", 8);
+  t.micro_batch = cfg.get_int("train.micro_batch", 8);  // the trainer's defaults (TrainOptions)
   t.grad_accum = cfg.get_int("train.grad_accum", 1);
   t.recompute = recompute_from_name(cfg.get_string("train.recompute", "none"));
   const std::string mode = cfg.get_string("train.mode", "pretrain");
@@ -294,7 +295,8 @@ void read_train(const Config& cfg, const ModelSpec& m, TrainSpec& t) {
              cfg.where("train.grad_accum"),
              ") are both set: give one (global batch = micro_batch x grad_accum x dp)");
   t.global_batch = cfg.get_int("plan.global_batch", 0);
-  LOOM_CHECK(t.global_batch >= 0, "plan.global_batch must be positive, got ", t.global_batch);
+  LOOM_CHECK(!cfg.has("plan.global_batch") || t.global_batch >= 1, cfg.where("plan.global_batch"),
+             ": plan.global_batch must be positive, got ", t.global_batch);
   t.optimizer = parse_optimizer(cfg.get_string("plan.optimizer", name(t.optimizer)));
   t.overlap_param_gather = cfg.get_bool("plan.overlap_param_gather", t.overlap_param_gather);
   t.tp_comm_overlap = cfg.get_bool("plan.tp_comm_overlap", t.tp_comm_overlap);

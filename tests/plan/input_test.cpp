@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "plan/plan.h"
+#include "train/trainer.h"
 
 using namespace loom::plan;
 
@@ -94,6 +95,19 @@ TEST(PlanInput, TrainerKeysMeanWhatTheyMeanToTheTrainer) {
   EXPECT_EQ(in.train.fp8_recipe, Fp8Recipe::mxfp8);
 }
 
+TEST(PlanInput, DefaultsAreTheTrainers) {
+  const loom::TrainOptions trainer;
+  PlanInput in = read_plan_input(loom::Config());
+  EXPECT_EQ(in.model.name, "tiny");
+  EXPECT_EQ(in.train.micro_batch, trainer.micro_batch);
+  EXPECT_EQ(in.train.grad_accum, trainer.grad_accum);
+  EXPECT_EQ(in.model.seq, trainer.seq_len);
+  EXPECT_EQ(in.train.zero_stage, loom::parallel::DataParallelOptions{}.zero);
+  EXPECT_EQ(in.train.precision, Precision::fp32);
+  EXPECT_EQ(in.train.recompute, loom::Recompute::None);
+  EXPECT_FALSE(in.train.sequence_parallel);
+}
+
 TEST(PlanInput, SettingsThePlannerDoesNotModelAreRefused) {
   for (const char* bad :
        {"[parallel]\netp = 2\n", "[parallel]\npp = 2\npp_first_stage_layers = 1\n",
@@ -162,6 +176,8 @@ TEST(PlanInput, MalformedConfigsNameTheProblem) {
   EXPECT_NE(e.find("unknown model preset 'gpt5'"), std::string::npos) << e;
   e = error_of("[model]\npreset = \"llama3-8b\"\n[cluster]\nnodes = 2\n");
   EXPECT_NE(e.find("missing field 'cluster.preset'"), std::string::npos) << e;
+  e = error_of("[plan]\nglobal_batch = 0\n");
+  EXPECT_NE(e.find("plan.toml:2: plan.global_batch must be positive"), std::string::npos) << e;
   e = error_of("[plan]\nglobal_batch = 8\n[train]\ngrad_accum = 2\n");
   EXPECT_NE(e.find("are both set"), std::string::npos) << e;
   e = error_of(std::string(kGood) + "seq_len = \"two\"\n");
