@@ -55,6 +55,7 @@ class HfPipeline {
   // outside the vocabulary becomes its UTF-8 bytes' <0xNN> tokens (byte_fallback) or unk_id.
   // Otherwise tokens are bytes (ByteLevel) and decoding concatenates them.
   bool char_model = false;
+  bool byte_fallback = false;
   // char_model: the characters some token holds right before a ▁ (U+2581). Before any other
   // character a ▁ starts a piece of its own, as no merge can reach across it; splitting there
   // keeps BPE short and cached without changing its result.
