@@ -41,9 +41,10 @@ struct HfPreTokenizer {
 struct HfDecoder {
   enum class Kind { Replace, ByteFallback, Fuse, Strip, Metaspace };
   Kind kind = Kind::Fuse;
-  std::string pattern, content;  // Replace (literal); Strip: content is one character
-  size_t start = 0, stop = 0;    // Strip
-  bool strip_first = true;       // Metaspace: drop the first token's leading space
+  std::string pattern;         // Replace: the literal pattern; Metaspace: the replacement
+  std::string content;         // Replace: the replacement; Strip: the character stripped
+  size_t start = 0, stop = 0;  // Strip
+  bool strip_first = true;     // Metaspace: drop the first token's leading space
 };
 
 class HfPipeline {
