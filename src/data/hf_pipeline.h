@@ -1,7 +1,8 @@
 // The text steps of a Hugging Face tokenizer.json that run around its BPE model: normalizers,
 // pre-tokenizers, decoders and the post-processor's special tokens. hf_tokenizer.cpp builds one
-// from the file; BpeTokenizer runs it (bpe.h). Each step does what transformers.js does with
-// it, the reference Loom's tests compare against.
+// from the file; BpeTokenizer runs it (bpe.h). Steps do what transformers.js (the reference of
+// Loom's tests) does, except Split's behaviours and Metaspace's split, which it simplifies: those
+// follow Hugging Face's tokenizers.
 #pragma once
 
 #include <cstdint>
