@@ -203,21 +203,23 @@ void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& 
 }
 
 void BpeTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
+  PieceCache& cache = thread_cache(serial_).cache;
   const uint8_t* s = reinterpret_cast<const uint8_t*>(text.data());
   size_t n = text.size();
   for (size_t i = 0; i < n;) {
     size_t j = next_piece(pre_, s, n, i);
     std::string_view piece = text.substr(i, j - i);
     i = j;
-    if (piece.size() == 1 && byte_level()) {
+    if (piece.size() == 1) {
       out.push_back(byte_id_[uint8_t(piece[0])]);
       continue;
     }
-    encode_cached(piece, out);
+    encode_cached(piece, cache, out);
   }
 }
 
-void BpeTokenizer::encode_cached(std::string_view piece, std::vector<int32_t>& out) const {
+void BpeTokenizer::encode_cached(std::string_view piece, PieceCache& cache,
+                                 std::vector<int32_t>& out) const {
   if (whole_piece_) {  // tiktoken: a piece that is a token is that token
     if (const int32_t* id = by_bytes_.find(piece)) {
       out.push_back(*id);
@@ -229,12 +231,11 @@ void BpeTokenizer::encode_cached(std::string_view piece, std::vector<int32_t>& o
     chars ? encode_chars(piece, out) : encode_piece(piece, out);
     return;
   }
-  ThreadCache& tc = thread_cache(serial_);
   uint64_t h = hash_bytes(piece.data(), piece.size());
-  if (tc.cache.get(piece, h, out)) return;
+  if (cache.get(piece, h, out)) return;
   size_t before = out.size();
   chars ? encode_chars(piece, out) : encode_piece(piece, out);
-  tc.cache.put(piece, h, out.data() + before, out.size() - before);
+  cache.put(piece, h, out.data() + before, out.size() - before);
 }
 
 // tokenizer.json's order: added tokens are cut out first (longest at each position), their
@@ -271,6 +272,7 @@ void BpeTokenizer::encode_pipeline(std::string_view raw, std::vector<int32_t>& o
       sections[k + 1].text = js_trim(sections[k + 1].text, true, false);
   }
   std::vector<std::string> pieces;
+  PieceCache& cache = thread_cache(serial_).cache;
   for (size_t k = 0; k < sections.size(); ++k) {
     if (sections[k].id >= 0) {
       out.push_back(sections[k].id);
@@ -283,21 +285,22 @@ void BpeTokenizer::encode_pipeline(std::string_view raw, std::vector<int32_t>& o
     hf_->pre_tokenize(normal, k == 0, pieces);
     for (const std::string& p : pieces) {
       if (!byte_level()) {
-        encode_words(p, out);
+        encode_words(p, cache, out);
         continue;
       }
       if (p.size() == 1) {
         out.push_back(byte_id_[uint8_t(p[0])]);
         continue;
       }
-      encode_cached(p, out);
+      encode_cached(p, cache, out);
     }
   }
 }
 
 // Cuts a SentencePiece-style piece before each ▁ that no token reaches across
 // (HfPipeline::joins_space_mark) and encodes the words one by one.
-void BpeTokenizer::encode_words(std::string_view piece, std::vector<int32_t>& out) const {
+void BpeTokenizer::encode_words(std::string_view piece, PieceCache& cache,
+                                std::vector<int32_t>& out) const {
   constexpr std::string_view kMark = "\u2581";
   size_t start = 0;
   for (size_t at = piece.find(kMark, 1); at != std::string_view::npos;
@@ -308,10 +311,10 @@ void BpeTokenizer::encode_words(std::string_view piece, std::vector<int32_t>& ou
     if (before == kMark || std::find(hf_->joins_space_mark.begin(), hf_->joins_space_mark.end(),
                                      before) != hf_->joins_space_mark.end())
       continue;
-    encode_cached(piece.substr(start, at - start), out);
+    encode_cached(piece.substr(start, at - start), cache, out);
     start = at;
   }
-  encode_cached(piece.substr(start), out);
+  encode_cached(piece.substr(start), cache, out);
 }
 
 // SentencePiece-style BPE: symbols start as characters; one outside the vocabulary takes no
@@ -344,7 +347,7 @@ void BpeTokenizer::encode_chars(std::string_view piece, std::vector<int32_t>& ou
       continue;
     }
     const std::string_view ch = unknown[size_t(-id - 1)];
-    bool all = true;
+    bool all = hf_->byte_fallback;
     for (char b : ch) all &= byte_id_[uint8_t(b)] >= 0;
     if (all) {
       for (char b : ch) out.push_back(byte_id_[uint8_t(b)]);

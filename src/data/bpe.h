@@ -105,8 +105,8 @@ class BpeTokenizer {
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
   void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
   void encode_pipeline(std::string_view text, std::vector<int32_t>& out, bool allow_special) const;
-  void encode_cached(std::string_view piece, std::vector<int32_t>& out) const;
-  void encode_words(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_cached(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const;
+  void encode_words(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const;
   void encode_chars(std::string_view piece, std::vector<int32_t>& out) const;
   const std::string& token_string(int32_t id) const;
   void merge_short(int32_t* ids, size_t n, std::vector<int32_t>& out) const;

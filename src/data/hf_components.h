@@ -3,7 +3,6 @@
 // (`normalizer.normalizers[2].type`).
 #pragma once
 
-#include <functional>
 #include <string>
 
 #include "core/json.h"

@@ -1,7 +1,8 @@
 // The text steps of a Hugging Face tokenizer.json that run around its BPE model: normalizers,
 // pre-tokenizers, decoders and the post-processor's special tokens. hf_tokenizer.cpp builds one
-// from the file; BpeTokenizer runs it (bpe.h). Each step does what transformers.js does with
-// it, the reference Loom's tests compare against.
+// from the file; BpeTokenizer runs it (bpe.h). Steps do what transformers.js (the reference of
+// Loom's tests) does, except Split's behaviours and Metaspace's split, which it simplifies: those
+// follow Hugging Face's tokenizers.
 #pragma once
 
 #include <cstdint>
@@ -41,9 +42,10 @@ struct HfPreTokenizer {
 struct HfDecoder {
   enum class Kind { Replace, ByteFallback, Fuse, Strip, Metaspace };
   Kind kind = Kind::Fuse;
-  std::string pattern, content;  // Replace (literal); Strip: content is one character
-  size_t start = 0, stop = 0;    // Strip
-  bool strip_first = true;       // Metaspace: drop the first token's leading space
+  std::string pattern;         // Replace: the literal pattern; Metaspace: the replacement
+  std::string content;         // Replace: the replacement; Strip: the character stripped
+  size_t start = 0, stop = 0;  // Strip
+  bool strip_first = true;     // Metaspace: drop the first token's leading space
 };
 
 class HfPipeline {
@@ -55,6 +57,7 @@ class HfPipeline {
   // outside the vocabulary becomes its UTF-8 bytes' <0xNN> tokens (byte_fallback) or unk_id.
   // Otherwise tokens are bytes (ByteLevel) and decoding concatenates them.
   bool char_model = false;
+  bool byte_fallback = false;
   // char_model: the characters some token holds right before a ▁ (U+2581). Before any other
   // character a ▁ starts a piece of its own, as no merge can reach across it; splitting there
   // keeps BPE short and cached without changing its result.

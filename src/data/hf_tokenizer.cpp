@@ -268,6 +268,7 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
     pipe = std::make_shared<HfPipeline>();
     pipe->runs_encode = !scanner;
     pipe->char_model = !byte_level;
+    pipe->byte_fallback = byte_fallback;
     if (pipe->runs_encode) {
       compile_hf_splits(comp, where);
       pipe->normalizers = std::move(comp.normalizers);

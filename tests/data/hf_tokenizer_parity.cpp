@@ -25,8 +25,8 @@ std::vector<int32_t> ids_of(const Json& a) {
 
 std::string show(const std::vector<int32_t>& v) {
   std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "]";
+  for (size_t i = 0; i < v.size(); ++i) s.append(i ? "," : "").append(std::to_string(v[i]));
+  return s.append("]");
 }
 
 }  // namespace
@@ -61,15 +61,16 @@ int main(int argc, char** argv) {
       const std::string decoded = tok.decode(special);
       ++checked[model];
       std::string why;
+      auto differ = [&](const char* what, const std::string& loom, const std::string& ref) {
+        why.append("\n  ").append(what).append(" loom ").append(loom);
+        why.append("\n          ref  ").append(ref);
+      };
       if (plain != ids_of(r.at("plain")))
-        why +=
-            "\n  plain   loom " + show(plain) + "\n          ref  " + show(ids_of(r.at("plain")));
+        differ("plain  ", show(plain), show(ids_of(r.at("plain"))));
       if (special != ids_of(r.at("special")))
-        why += "\n  special loom " + show(special) + "\n          ref  " +
-               show(ids_of(r.at("special")));
+        differ("special", show(special), show(ids_of(r.at("special"))));
       if (decoded != r.at("decoded").as_string())
-        why += "\n  decoded loom " + Json(decoded).dump() + "\n          ref  " +
-               r.at("decoded").dump();
+        differ("decoded", Json(decoded).dump(), r.at("decoded").dump());
       if (why.empty()) continue;
       ++failed[model];
       std::printf("%s text %zu %s:%s\n", model.c_str(), i, Json(text).dump().c_str(), why.c_str());

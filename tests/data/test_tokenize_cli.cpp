@@ -206,6 +206,55 @@ TEST(TokenizerCli, EncodeDecodeAndTrain) {
   EXPECT_EQ(tok->decode(doc), "the loom trains the tokens 5");
 }
 
+// A SentencePiece-style tokenizer.json (Llama 2's normalizer, decoder and <s> post-processor)
+// through `tokenizer info|encode|decode` and `tokenize`.
+TEST(TokenizerCli, SentencePieceStyleTokenizerJson) {
+  const std::string dir = work_dir("spm");
+  write_file_atomic(dir + "/tokenizer.json", R"({
+    "added_tokens": [
+      {"id": 0, "content": "<unk>", "special": true, "lstrip": false, "rstrip": false,
+       "single_word": false, "normalized": false},
+      {"id": 1, "content": "<s>", "special": true, "lstrip": false, "rstrip": false,
+       "single_word": false, "normalized": false}],
+    "normalizer": {"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "▁"},
+      {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+    "pre_tokenizer": null,
+    "post_processor": {"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]},
+    "decoder": {"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": false,
+      "vocab": {"<unk>": 0, "<s>": 1, "▁": 2, "a": 3, "b": 4, "▁a": 5, "ab": 6, "▁ab": 7},
+      "merges": ["▁ a", "a b", "▁a b"]}})");
+  std::string out, err;
+  ASSERT_EQ(run_cli("tokenizer info --vocab hf:" + dir, &out, &err), 0) << err;
+  const Json info = Json::parse(out, "stdout");
+  EXPECT_EQ(info.at("pretokenizer").as_string(), "tokenizer.json");
+  EXPECT_FALSE(info.at("byte_level").as_bool());
+  EXPECT_EQ(info.at("add_special_tokens").at("before").dump(), "[1]");
+  ASSERT_EQ(run_cli("tokenizer encode --vocab " + dir, &out, &err, "ab a"), 0) << err;
+  EXPECT_EQ(out, "[7,5]\n");
+  ASSERT_EQ(run_cli("tokenizer encode --add-special-tokens --vocab " + dir, &out, &err, "ab c"), 0)
+      << err;
+  EXPECT_EQ(out, "[1,7,2,0]\n");  // c is not in the vocabulary: <unk>
+  ASSERT_EQ(run_cli("tokenizer decode --vocab " + dir, &out, &err, "[1,7,5]"), 0) << err;
+  EXPECT_EQ(out, "<s> ab a");
+  ASSERT_EQ(run_cli("tokenizer decode --vocab " + dir, &out, &err, "[7,5]"), 0) << err;
+  EXPECT_EQ(out, "ab a");
+  write_file_atomic(dir + "/c.jsonl", jsonl_line("ab ab") + jsonl_line("a"));
+  ASSERT_EQ(run_cli("tokenize --input " + dir + "/c.jsonl --tokenizer hf:" + dir + " --out " + dir +
+                        "/tok",
+                    &out, &err),
+            0)
+      << err;
+  IndexedDataset ds(dir + "/tok");
+  ASSERT_EQ(ds.num_documents(), 2);
+  EXPECT_EQ(ds.document(0).size(), 2u);
+}
+
 TEST(TokenizeJob, StaleTemporariesOfAKilledRunAreRemoved) {
   loom::test::TempDir dir("tokenize_stale");
   write_file_atomic(dir / "in.jsonl", jsonl_line("Hello world") + jsonl_line("again"));
