@@ -17,6 +17,7 @@
 #include "core/fs.h"
 #include "data/bpe.h"
 #include "data/chat.h"
+#include "data/hf_chat_template.h"
 #include "data/hf_tokenizer.h"
 #include "infer/generator.h"
 #include "model/decoder.h"
@@ -46,6 +47,27 @@ static int inspect(const Args& args) {
     }
   }
   return 0;
+}
+
+// A model's own chat template (chat_template.jinja, or tokenizer_config.json's) copied beside
+// its tokenizer as hf:TOK_DIR when Loom's Jinja subset reads it; "" (with a warning) otherwise.
+static std::string import_chat_template(const std::string& hf_dir, const std::string& tok_dir) {
+  const std::filesystem::path dir(hf_dir);
+  const std::string cfg = (dir / "tokenizer_config.json").string();
+  const std::string jinja = (dir / "chat_template.jinja").string();
+  const bool in_cfg =
+      file_exists(cfg) && Json::parse(read_file(cfg), cfg).contains("chat_template");
+  if (!in_cfg && !file_exists(jinja)) return "";  // a model without a chat format
+  for (const std::string& f : {cfg, jinja})
+    if (file_exists(f))
+      write_file_atomic(tok_dir + "/" + std::filesystem::path(f).filename().string(), read_file(f));
+  try {
+    data::HfChatTemplate check(tok_dir);
+    return "hf:" + tok_dir;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "warning: chat template not imported: %s\n", e.what());
+    return "";
+  }
 }
 
 // The chat template a run trained with: data.chat_template of chat or preference data.
@@ -104,7 +126,8 @@ static int export_cmd(const Args& args) {
       .value("out", "", "output directory", true)
       .value("dtype", "fp32", "weight dtype in the exported file")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer; none: skip)")
-      .value("chat-template", "", "chatml | llama3 | none (default: the run's, for chat data)")
+      .value("chat-template", "",
+             "chatml | llama3 | hf:PATH | none (default: the run's, for chat data)")
       .flag("peft", "a LoRA run: write its adapters as PEFT files, not the merged model")
       .value("base-model", "", "--peft: base_model_name_or_path (default: train.pretrained)");
   if (!o.parse(args)) return 0;
@@ -223,13 +246,16 @@ static int import_cmd(const Args& args) {
   // ROOT/tokenizer, named as the run's data.tokenizer) so generate and export find it.
   const std::string hf_tok = (std::filesystem::path(o.get("hf_dir")) / "tokenizer.json").string();
   std::string tok_dir;
-  std::string chat;  // the model's chat template, when it is one of Loom's
+  std::string chat;  // the model's chat template: one of Loom's, or its own as hf:PATH
   if (file_exists(hf_tok)) {
     try {
       data::load_hf_tokenizer(hf_tok);
       const std::string cfg_path =
           (std::filesystem::path(o.get("hf_dir")) / "tokenizer_config.json").string();
-      if (file_exists(cfg_path)) {
+      // HF reads chat_template.jinja in place of the config's template when both are there.
+      const bool own_jinja =
+          file_exists((std::filesystem::path(o.get("hf_dir")) / "chat_template.jinja").string());
+      if (file_exists(cfg_path) && !own_jinja) {
         const Json tc = Json::parse(read_file(cfg_path), cfg_path);
         if (tc.is_object() && tc.contains("chat_template") && tc.at("chat_template").is_string())
           for (const char* name : {"chatml", "llama3"})
@@ -238,6 +264,7 @@ static int import_cmd(const Args& args) {
       tok_dir = std::filesystem::absolute(std::filesystem::path(o.get("out")) / "tokenizer");
       make_dirs(tok_dir);
       write_file_atomic(tok_dir + "/tokenizer.json", read_file(hf_tok));
+      if (chat.empty()) chat = import_chat_template(o.get("hf_dir"), tok_dir);
     } catch (const Error& e) {
       std::fprintf(stderr, "warning: tokenizer.json not imported: %s\n", e.what());
       tok_dir.clear();

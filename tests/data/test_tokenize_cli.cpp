@@ -12,6 +12,8 @@
 #include "core/fs.h"
 #include "core/json.h"
 #include "data/bpe.h"
+#include "data/chat.h"
+#include "data/chat_tokens.h"
 #include "data/indexed_dataset.h"
 #include "data/line_reader.h"
 #include "data/tokenize_job.h"
@@ -253,6 +255,46 @@ TEST(TokenizerCli, SentencePieceStyleTokenizerJson) {
   IndexedDataset ds(dir + "/tok");
   ASSERT_EQ(ds.num_documents(), 2);
   EXPECT_EQ(ds.document(0).size(), 2u);
+}
+
+// A model's own Jinja template (hf:PATH) renders chat lines with tools into token files.
+TEST(TokenizeCli, ChatWithAModelsJinjaTemplate) {
+  const std::string d = work_dir("chat_jinja");
+  save_loom_tokenizer(byte_chatml_tokenizer(), d + "/tok");
+  const std::string line =
+      R"({"tools": [{"type": "function", "function": {"name": "add"}}], "messages": [)"
+      R"({"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "", "tool_calls": )"
+      R"([{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]}, )"
+      R"({"role": "tool", "content": "4"}, {"role": "assistant", "content": "4"}]})";
+  write_file_atomic(d + "/chat.jsonl", line + "\n");
+  const std::string tpl =
+      "hf:" + std::string(LOOM_DATA_FIXTURES) + "/../chat_templates/chatml_generation";
+  std::string out, err;
+  ASSERT_EQ(run_cli("tokenize --chat --input " + d + "/chat.jsonl --tokenizer loom:" + d +
+                        "/tok --chat-template " + tpl + " --out " + d + "/chat",
+                    &out, &err),
+            0)
+      << err;
+  const BpeTokenizer tok = byte_chatml_tokenizer();
+  const ChatExample want = parse_chat_example(Json::parse(line), ChatTemplate(tpl, tok), "line");
+  const ChatExample got = ChatTokenFile(d + "/chat").example(0);
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_EQ(got.mask, want.mask);
+  EXPECT_EQ(
+      tok.decode(got.ids),
+      "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<tool_call>add(a=2, b=2)"
+      "</"
+      "tool_call><|im_end|>\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n");
+  // A template the subset does not support is refused naming the construct and the line.
+  make_dirs(d + "/bad");
+  write_file_atomic(d + "/bad/chat_template.jinja", "{{ messages }}\n{% extends 'base' %}");
+  EXPECT_EQ(run_cli("tokenize --chat --input " + d + "/chat.jsonl --tokenizer loom:" + d +
+                        "/tok --chat-template hf:" + d + "/bad --out " + d + "/bad/chat",
+                    &out, &err),
+            1);
+  EXPECT_NE(err.find(d + "/bad/chat_template.jinja:2: the 'extends' tag is not supported"),
+            std::string::npos)
+      << err;
 }
 
 TEST(TokenizeJob, StaleTemporariesOfAKilledRunAreRemoved) {

@@ -40,11 +40,6 @@ int64_t need_int(const Value& v, const std::string& what) {
   return v.as_int();
 }
 
-void need_defined(const Value& v) {
-  if (v.is_undefined())
-    fail("'", v.undefined_name().empty() ? "value" : v.undefined_name(), "' is undefined");
-}
-
 // str.strip/lstrip/rstrip: Python whitespace, or any code point of `chars`.
 std::string strip(const std::string& s, const Value& chars, bool left, bool right) {
   const std::vector<uint32_t> cps = code_points(s);
@@ -724,6 +719,11 @@ std::string resolve(const std::string& n, const std::map<std::string, std::strin
 }
 
 }  // namespace
+
+void need_defined(const Value& v) {
+  if (v.is_undefined())
+    fail("'", v.undefined_name().empty() ? "value" : v.undefined_name(), "' is undefined");
+}
 
 Value ArgReader::at(size_t pos, const char* name, Value def) {
   max_pos_ = std::max(max_pos_, pos + 1);

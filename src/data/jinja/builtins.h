@@ -11,6 +11,9 @@
 
 namespace loom::data::jinja {
 
+// Throws "'name' is undefined" for an undefined value (using one beyond printing or testing).
+void need_defined(const Value& v);
+
 bool has_filter(const std::string& name);
 bool has_test(const std::string& name);
 Value apply_filter(const std::string& name, const Value& v, Args& args);

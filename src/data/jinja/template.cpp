@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "data/jinja/builtins.h"
 #include "data/jinja/parser.h"
+#include "data/unicode.h"
 
 namespace loom::data::jinja {
 namespace {
@@ -21,11 +22,6 @@ constexpr int kMaxCallDepth = 64;
 struct Located : Error {
   using Error::Error;
 };
-
-void need_defined(const Value& v) {
-  if (v.is_undefined())
-    fail("'", v.undefined_name().empty() ? "value" : v.undefined_name(), "' is undefined");
-}
 
 bool int_like(const Value& v) {
   return v.is_int() || v.is_bool();
@@ -472,51 +468,12 @@ void check_names(const Body& body, const std::string& where, bool* generation) {
   }
 }
 
-bool valid_utf8(const std::string& s, size_t* bad) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = s[i];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if (c >= 0xC2 && c < 0xE0) {
-      n = 2, cp = c & 0x1F;
-    } else if (c >= 0xE0 && c < 0xF0) {
-      n = 3, cp = c & 0x0F;
-    } else if (c >= 0xF0 && c < 0xF5) {
-      n = 4, cp = c & 0x07;
-    } else {
-      *bad = i;
-      return false;
-    }
-    if (i + n > s.size()) {
-      *bad = i;
-      return false;
-    }
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) {
-        *bad = i;
-        return false;
-      }
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (n == 4 && (cp < 0x10000 || cp > 0x10FFFF))) {
-      *bad = i;
-      return false;
-    }
-    i += n;
-  }
-  return true;
-}
-
 }  // namespace
 
 Template::Template(const std::string& source, const std::string& where, const LexOptions& opt)
     : where_(where) {
   size_t bad = 0;
-  LOOM_CHECK(valid_utf8(source, &bad), where, ": not valid UTF-8 (byte ", bad, ")");
+  LOOM_CHECK(utf8_valid(source, &bad), where, ": not valid UTF-8 (byte ", bad, ")");
   body_ = parse(lex(source, opt, where), where);
   check_names(body_, where, &has_generation_);
 }
