@@ -13,8 +13,9 @@
 
 namespace loom::cli {
 
-// The tokenizer named by `spec`, else by the checkpoint's run (data.tokenizer); null for a
-// byte-level model. Throws when the model is neither.
+// The tokenizer named by `spec`, else the checkpoint's own (ckpt::checkpoint_tokenizer_spec: its
+// copy, else the run's data.tokenizer resolved); null for a byte-level model. Throws when the
+// model is neither.
 std::unique_ptr<data::BpeTokenizer> checkpoint_tokenizer(const std::string& ckpt,
                                                          const std::string& spec,
                                                          const Decoder& model);

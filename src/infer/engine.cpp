@@ -73,7 +73,7 @@ int64_t LoomEngine::submit(std::vector<int32_t> prompt, const SamplingParams& pa
     throw RequestRejected{400, cat("the request needs ", blocks, " KV-cache blocks; the pool has ",
                                    cache_.num_blocks())};
   if (in_flight_.load() >= cfg_.max_queue)
-    throw RequestRejected{503, cat("the queue is full (", cfg_.max_queue, " requests)")};
+    throw RequestRejected{429, cat("the queue is full (", cfg_.max_queue, " requests)")};
   auto r = std::make_unique<Request>();
   r->id = next_id_++;
   r->params = params;
