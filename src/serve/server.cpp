@@ -11,7 +11,6 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/utf8.h"
 #include "serve/openai_api.h"
 
 namespace loom::serve {
@@ -46,7 +45,6 @@ struct Server::Exchange {
   int n = 1;
   std::vector<std::vector<int32_t>> prompts;
   std::vector<ChoiceResult> choices;
-  std::vector<std::string> held;  // streamed: an incomplete UTF-8 character, per choice
   std::vector<bool> started;
   std::vector<int64_t> engine_ids;
   int open = 0;
@@ -356,7 +354,6 @@ void Server::generate(bool chat, const std::shared_ptr<HttpConnection>& c, const
   ex->include_usage = r.include_usage;
   ex->prompts = prompts;
   ex->choices.resize(prompts.size() * size_t(ex->n));
-  ex->held.resize(ex->choices.size());
   ex->started.assign(ex->choices.size(), false);
   ex->open = static_cast<int>(ex->choices.size());
   ex->t0 = now();
@@ -452,16 +449,12 @@ void Server::on_event(const std::shared_ptr<Exchange>& ex, const infer::TokenEve
     ex->tokens += int64_t(ev.tokens.size());
   }
   if (ex->stream && (!ev.text.empty() || ev.finished || !ev.tokens.empty())) {
-    // A token may end inside a character: its bytes wait for the rest, and at the end what
-    // never completed is written as U+FFFD (the JSON writer's replacement).
-    std::string text = ex->held[k] + ev.text;
-    const size_t tail = ev.finished ? 0 : utf8_incomplete_tail(text);
-    ex->held[k] = text.substr(text.size() - tail);
-    text.resize(text.size() - tail);
+    // The engine holds back a character a token left incomplete until it completes (what
+    // never does ends the choice, written as U+FFFD by the JSON writer).
     const bool first = !ex->started[k];
     ex->started[k] = true;
-    if (!text.empty() || first || (ex->ctx.want_logprobs && !ev.tokens.empty()))
-      ex->conn->stream(sse(stream_chunk(ex->ctx, int(k), text, &ev, "", first)));
+    if (!ev.text.empty() || first || (ex->ctx.want_logprobs && !ev.tokens.empty()))
+      ex->conn->stream(sse(stream_chunk(ex->ctx, int(k), ev.text, &ev, "", first)));
     if (ev.finished && ev.finish_reason != "abort")
       ex->conn->stream(sse(stream_chunk(ex->ctx, int(k), "", nullptr, ev.finish_reason, false)));
   }

@@ -3,7 +3,7 @@
 # relative to where it ran (data.tokenizer = "loom:tok"); the trainer copies it into the
 # checkpoints root, so generate and serve from another directory read it there. A checkpoint
 # without the copy (as written before it existed) finds the run's path above its run
-# directory; with the tokenizer gone everywhere the error names the recorded spec.
+# directory; with the tokenizer gone everywhere the error names the recorded path.
 set -euo pipefail
 loom=$1
 work=$(mktemp -d)
@@ -59,7 +59,7 @@ echo "checkpoint without the copy: data.tokenizer resolved against the training 
 mv "$work/train/tok" "$work/train/tok.gone"
 rc=0
 gen >/dev/null 2>"$work/err" || rc=$?
-if [ $rc -eq 0 ] || ! grep -qF "loom:tok" "$work/err"; then
+if [ $rc -eq 0 ] || ! grep -qF "tok/tokenizer.json" "$work/err"; then
   echo "tokenizer gone: exit $rc"; cat "$work/err"; exit 1
 fi
-echo "tokenizer gone everywhere: the error names loom:tok"
+echo "tokenizer gone everywhere: the error names the recorded path"
