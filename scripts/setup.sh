@@ -8,8 +8,9 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   # trainer core: fp32 GEMMs (OpenBLAS), bf16 GEMMs on AVX512-BF16 CPUs (oneDNN), configs (toml++)
   libopenblas-openmp-dev libdnnl-dev libtomlplusplus-dev
-  # loom serve: HTTP (and curl, which the main job uses to query it)
-  libcpp-httplib-dev curl
+  # loom serve: its event-driven HTTP server (Boost.Asio/Beast), the HTTP client of bench serve
+  # and RL's environments (cpp-httplib), and curl, which the main job uses to query it
+  libboost-dev libcpp-httplib-dev curl
   # fuzz targets (libFuzzer) and the sanitizer build
   clang libclang-rt-dev
   # tests: python3-jinja2 renders chat templates as Hugging Face does, python3-torch runs the

@@ -1,6 +1,7 @@
 #include "cli/serving_setup.h"
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/tokenizer_copy.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -35,8 +36,7 @@ std::unique_ptr<data::BpeTokenizer> checkpoint_tokenizer(const std::string& ckpt
   std::string spec = spec_opt;
   if (spec.empty()) {
     ckpt::Checkpoint c(ckpt);
-    spec = Config::parse(c.state().config_text, c.dir() + "/state.json")
-               .get_string("data.tokenizer", "");
+    spec = ckpt::checkpoint_tokenizer_spec(c.dir(), c.state().config_text);
   }
   if (spec.empty()) {
     LOOM_CHECK(model.config().vocab == 256, "the checkpoint names no data.tokenizer and its ",

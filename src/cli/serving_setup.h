@@ -26,8 +26,9 @@ infer::EngineConfig engine_config_from(const Options& o);
 // --weights as a type (an error naming the option lists the valid ones).
 infer::WeightType engine_weights_from(const Options& o);
 
-// The tokenizer named by `spec`, else by the checkpoint's run (data.tokenizer); null for a
-// byte-level model. Throws when the model is neither.
+// The tokenizer named by `spec`, else the checkpoint's own (ckpt::checkpoint_tokenizer_spec: its
+// copy, else the run's data.tokenizer resolved); null for a byte-level model. Throws when the
+// model is neither.
 std::unique_ptr<data::BpeTokenizer> checkpoint_tokenizer(const std::string& ckpt,
                                                          const std::string& spec,
                                                          const Decoder& model);

@@ -11,6 +11,7 @@
 #include "ckpt/consolidate.h"
 #include "ckpt/global_commit.h"
 #include "ckpt/reshard.h"
+#include "ckpt/tokenizer_copy.h"
 #include "comm/process_groups.h"
 #include "core/config_int32.h"
 #include "core/error.h"
@@ -882,6 +883,7 @@ void Trainer::save_checkpoint() {
     ckpt_writer_ = std::make_unique<ckpt::CheckpointWriter>(checkpoint_root(), wo);
   }
   ckpt::TrainerState st = checkpoint_state(dp_->steps_taken());
+  if (rank_ == 0) ckpt::copy_tokenizer_in(opt_.out_dir, config_text_);  // served from anywhere
   // Per-rank parts: the previous step's global commit first (asynchronous: its parts are
   // durable by now), this one's after a synchronous write.
   if (!whole_) commit_distributed();
