@@ -71,6 +71,10 @@ static std::string model_section(const ModelConfig& mc) {
                "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
                "\nrope_high_freq_factor = ", mc.rope_scaling.high_freq_factor,
                "\nrope_original_max_seq = ", mc.rope_scaling.original_max_seq, "\n");
+  if (mc.is_moe())
+    cfg += cat("n_experts = ", mc.n_experts, "\ntop_k = ", mc.top_k, "\nmoe_router = \"",
+               mc.moe_router, "\"\ncapacity_factor = ", mc.capacity_factor,
+               "\nmoe_layer_freq = ", mc.moe_layer_freq, "\n");
   return cfg;
 }
 
