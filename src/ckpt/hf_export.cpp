@@ -700,8 +700,9 @@ TensorMap loom_to_hf(const HfModelShape& s, const TensorMap& loom, DType dtype) 
   return out;
 }
 
-TensorMap hf_to_loom(const HfModelShape& s, const TensorMap& hf_in, DType dtype,
-                     const std::string& where) {
+// The parameters of `hf_in` under their canonical names, checked against the family's.
+static TensorMap canonical_names(const HfModelShape& s, const TensorMap& hf_in,
+                                 const std::string& where) {
   TensorMap hf;
   for (const auto& [name, t] : hf_in) {
     if (ignorable_hf_name(s, name)) continue;
@@ -711,15 +712,28 @@ TensorMap hf_to_loom(const HfModelShape& s, const TensorMap& hf_in, DType dtype,
     hf[n] = t;
   }
   check_exact(hf, hf_param_shapes(s), where, s.family);
-  TensorMap out;
-  for (const auto& [name, shape] : loom_param_shapes(s)) out[name] = Tensor::zeros(shape, dtype);
+  return hf;
+}
+
+// The canonical, checked HF tensors into the Loom parameters `out`, converted to their dtypes.
+static void hf_to_loom_into(const HfModelShape& s, const TensorMap& hf, const TensorMap& out) {
+  check_exact(out, loom_param_shapes(s), "import destination", s.family);
   for (const Piece& p : pieces(s)) {
-    Tensor src = converted(hf.at(p.hf), dtype);
     Tensor dst = out.at(p.loom);
+    LOOM_CHECK(dst.is_contiguous(), "import destination: tensor '", p.loom, "' is not contiguous");
+    Tensor src = converted(hf.at(p.hf), dst.dtype());
     if (p.expert >= 0) dst = expert_matrix(dst, p.expert);
     if (p.row_end > 0) dst = dst.slice(p.row_begin, p.row_end);
     dst.copy_from(p.transpose ? transposed(src) : src);  // same dtype, contiguous: a memcpy
   }
+}
+
+TensorMap hf_to_loom(const HfModelShape& s, const TensorMap& hf_in, DType dtype,
+                     const std::string& where) {
+  const TensorMap hf = canonical_names(s, hf_in, where);
+  TensorMap out;
+  for (const auto& [name, shape] : loom_param_shapes(s)) out[name] = Tensor::zeros(shape, dtype);
+  hf_to_loom_into(s, hf, out);
   return out;
 }
 
@@ -781,10 +795,22 @@ void export_hf(const std::string& dir, const HfModelShape& shape, const TensorMa
   write_file_atomic(join(dir, kConfigFile), config.dump(2) + "\n");
 }
 
-HfModel import_hf(const std::string& dir, DType dtype) {
+HfModelShape read_hf_shape(const std::string& dir) {
   const std::string config_path = join(dir, kConfigFile);
+  return hf_shape_from_config(Json::parse(read_file(config_path), config_path), config_path);
+}
+
+HfModel import_hf(const std::string& dir, DType dtype) {
   HfModel m;
-  m.shape = hf_shape_from_config(Json::parse(read_file(config_path), config_path), config_path);
+  m.shape = read_hf_shape(dir);
+  for (const auto& [name, shape] : loom_param_shapes(m.shape))
+    m.params[name] = Tensor::zeros(shape, dtype);
+  import_hf_into(dir, m.shape, m.params);
+  return m;
+}
+
+void import_hf_into(const std::string& dir, const HfModelShape& shape, const TensorMap& dst) {
+  const std::string config_path = join(dir, kConfigFile);
 
   std::vector<std::unique_ptr<SafetensorsReader>> files;
   TensorMap hf;
@@ -792,7 +818,7 @@ HfModel import_hf(const std::string& dir, DType dtype) {
   // Buffers of dtypes Loom has no type for are read past, but only those a loader skips anyway.
   auto check_skipped = [&](const SafetensorsReader& f) {
     for (const auto& s : f.skipped())
-      LOOM_CHECK(ignorable_hf_name(m.shape, s.name), f.path(), ": tensor '", s.name, "' has dtype ",
+      LOOM_CHECK(ignorable_hf_name(shape, s.name), f.path(), ": tensor '", s.name, "' has dtype ",
                  s.dtype, ", which Loom cannot load (only buffers such as GPT-2's attn.bias mask ",
                  "are skipped)");
   };
@@ -820,16 +846,15 @@ HfModel import_hf(const std::string& dir, DType dtype) {
         check_skipped(*files.back());
         it = by_file.emplace(file, files.back().get()).first;
       }
-      if (ignorable_hf_name(m.shape, name) && !it->second->contains(name)) continue;  // skipped
+      if (ignorable_hf_name(shape, name) && !it->second->contains(name)) continue;  // skipped
       LOOM_CHECK(it->second->contains(name), index_path, ": weight_map puts '", name, "' in ",
                  it->second->path(), ", which does not contain it");
       hf[name] = it->second->view(name);
     }
     where = index_path;
   }
-  check_layer_count(m.shape, hf, config_path, where);
-  m.params = hf_to_loom(m.shape, hf, dtype, where);
-  return m;
+  check_layer_count(shape, hf, config_path, where);
+  hf_to_loom_into(shape, canonical_names(shape, hf, where), dst);
 }
 
 }  // namespace loom::ckpt

@@ -95,5 +95,11 @@ struct HfModel {
 // Reads config.json and model.safetensors (or the sharded set named by
 // model.safetensors.index.json) from `dir` into Loom names.
 HfModel import_hf(const std::string& dir, DType dtype = DType::F32);
+// The two halves of import_hf, for a caller that owns the destination (a model's parameters):
+// the shape config.json describes, then the weights of the mapped files converted tensor by
+// tensor into `dst` (exactly loom_param_shapes(shape), contiguous, each of its own dtype), so
+// the model is never held twice.
+HfModelShape read_hf_shape(const std::string& dir);
+void import_hf_into(const std::string& dir, const HfModelShape& shape, const TensorMap& dst);
 
 }  // namespace loom::ckpt
