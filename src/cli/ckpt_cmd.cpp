@@ -93,6 +93,10 @@ static std::string model_section(const ModelConfig& mc) {
                "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
                "\nrope_high_freq_factor = ", mc.rope_scaling.high_freq_factor,
                "\nrope_original_max_seq = ", mc.rope_scaling.original_max_seq, "\n");
+  if (mc.is_moe())
+    cfg += cat("n_experts = ", mc.n_experts, "\ntop_k = ", mc.top_k, "\nmoe_router = \"",
+               mc.moe_router, "\"\ncapacity_factor = ", mc.capacity_factor,
+               "\nmoe_layer_freq = ", mc.moe_layer_freq, "\n");
   return cfg;
 }
 
@@ -240,8 +244,8 @@ static int import_cmd(const Args& args) {
   if (!o.parse(args)) return 0;
   if (ckpt::is_peft_dir(o.get("hf_dir")))
     return import_peft_cmd(o.get("hf_dir"), o.get("base"), o.get("out"), o.has("merge"));
-  ckpt::HfModel hf = ckpt::import_hf(o.get("hf_dir"));
-  ModelConfig mc = ckpt::model_config_of(hf.shape);
+  const ckpt::HfModelShape shape = ckpt::read_hf_shape(o.get("hf_dir"));
+  ModelConfig mc = ckpt::model_config_of(shape);
   // The model's tokenizer.json, when Loom can read it, travels with the checkpoint (a copy under
   // ROOT/tokenizer, named as the run's data.tokenizer) so generate and export find it.
   const std::string hf_tok = (std::filesystem::path(o.get("hf_dir")) / "tokenizer.json").string();
@@ -270,21 +274,18 @@ static int import_cmd(const Args& args) {
       tok_dir.clear();
     }
   }
+  // The weights go straight from the mapped files into the model's parameters.
   Decoder model(mc, cpu_backend());
-  auto dst = model.params().tensors("Hugging Face import");
-  for (auto& [name, t] : dst) {
-    auto it = hf.params.find(name);
-    LOOM_CHECK(it != hf.params.end(), o.get("hf_dir"), ": no weights for ", name);
-    t.copy_from(it->second);
-  }
+  const auto dst = model.params().tensors("Hugging Face import");
+  ckpt::import_hf_into(o.get("hf_dir"), shape, dst);
   std::string cfg = model_section(mc);
   if (!tok_dir.empty()) cfg += cat("[data]\ntokenizer = \"hf:", tok_dir, "\"\n");
   ckpt::TrainerState st;
   st.config_text = cfg;
   st.extra["model_fingerprint"] = mc.fingerprint();
   st.extra["imported_from"] = o.get("hf_dir");
-  if (hf.shape.bos_token_id >= 0) st.extra["hf_bos_token_id"] = int64_t(hf.shape.bos_token_id);
-  if (hf.shape.eos_token_id >= 0) st.extra["hf_eos_token_id"] = int64_t(hf.shape.eos_token_id);
+  if (shape.bos_token_id >= 0) st.extra["hf_bos_token_id"] = int64_t(shape.bos_token_id);
+  if (shape.eos_token_id >= 0) st.extra["hf_eos_token_id"] = int64_t(shape.eos_token_id);
   if (!chat.empty()) st.extra["hf_chat_template"] = chat;
   std::string dir = ckpt::save_checkpoint(o.get("out"), st, dst, ckpt::TensorMap{});
   std::printf("imported %s -> %s\n", o.get("hf_dir").c_str(), dir.c_str());

@@ -1,4 +1,5 @@
-// The Llama-layout families through Hugging Face's layout (Llama, Qwen2, Qwen3, Mistral):
+// The Llama-layout families through Hugging Face's layout (Llama, Qwen2, Qwen3, Mistral, and
+// the mixtures of experts Mixtral and Qwen3-MoE in Loom's MoE layers):
 // config.json keys and tensor names as transformers writes them, and logits against a float64
 // torch reference written from the published architectures (hf_reference.py, run with Debian's
 // /usr/bin/python3 and python3-torch; skipped with a message without them), both ways: a Loom
@@ -24,7 +25,7 @@ namespace {
 
 using testing::ScratchDir;
 
-const char* const kFamilies[] = {"llama", "qwen2", "qwen3", "mistral"};
+const char* const kFamilies[] = {"llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"};
 
 bool have_torch() {
   static const bool ok = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
@@ -46,7 +47,10 @@ void run_reference(const std::vector<std::string>& args) {
 std::vector<float> reference_logits(const std::string& dir, const std::vector<int32_t>& tokens,
                                     int vocab) {
   std::string list;
-  for (int32_t t : tokens) list += (list.empty() ? "" : ",") + std::to_string(t);
+  for (int32_t t : tokens) {
+    if (!list.empty()) list += ',';
+    list += std::to_string(t);
+  }
   const std::string out = dir + "/reference_logits.bin";
   run_reference({"logits", dir, list, out});
   const std::string bytes = read_file(out);
@@ -97,8 +101,12 @@ ModelConfig small(const std::string& family) {
   c.norm_eps = 1e-6f;
   c.qkv_bias = family == "qwen2";
   c.tied = family == "qwen2";
-  c.qk_norm = family == "qwen3";
+  c.qk_norm = family == "qwen3" || family == "qwen3_moe";
   c.sliding_window = family == "mistral" ? 64 : 0;
+  if (family == "mixtral" || family == "qwen3_moe") {
+    c.n_experts = 4;
+    c.top_k = 2;
+  }
   return c;
 }
 
@@ -113,11 +121,15 @@ void randomise(ParamSet& P) {
 }
 
 TEST(HfFamilies, ConfigJsonRoundTripsAndNamesTheFamily) {
-  for (const char* f : kFamilies) {
+  const char* const classes[] = {"LlamaForCausalLM",   "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
+                                 "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"};
+  for (size_t i = 0; i < std::size(kFamilies); ++i) {
+    const char* f = kFamilies[i];
     const HfModelShape s = hf_shape_of(small(f));
     EXPECT_EQ(s.family, f);
     const Json c = hf_config_json(s, DType::BF16);
     EXPECT_EQ(c.at("model_type").as_string(), f);
+    EXPECT_EQ(c.at("architectures").as_array()[0].as_string(), classes[i]);
     EXPECT_EQ(hf_shape_from_config(Json::parse(c.dump()), "config.json"), s) << f;
     EXPECT_EQ(model_config_of(s).fingerprint(), small(f).fingerprint()) << f;
   }
@@ -138,6 +150,36 @@ TEST(HfFamilies, TensorNamesAreTransformers) {
   EXPECT_EQ(q3.at("model.layers.0.self_attn.q_norm.weight"), (Shape{8}));
   EXPECT_EQ(q3.at("model.layers.0.self_attn.k_norm.weight"), (Shape{8}));
   EXPECT_FALSE(q3.count("model.layers.0.self_attn.q_proj.bias"));
+}
+
+TEST(HfFamilies, ExpertTensorNamesAreTransformers) {
+  const auto mx = hf_param_shapes(hf_shape_of(small("mixtral")));
+  EXPECT_EQ(mx.at("model.layers.1.block_sparse_moe.gate.weight"), (Shape{4, 32}));
+  EXPECT_EQ(mx.at("model.layers.1.block_sparse_moe.experts.3.w1.weight"), (Shape{48, 32}));
+  EXPECT_EQ(mx.at("model.layers.1.block_sparse_moe.experts.3.w2.weight"), (Shape{32, 48}));
+  EXPECT_EQ(mx.at("model.layers.1.block_sparse_moe.experts.3.w3.weight"), (Shape{48, 32}));
+  EXPECT_FALSE(mx.count("model.layers.1.mlp.gate_proj.weight"));
+  const auto q = hf_param_shapes(hf_shape_of(small("qwen3_moe")));
+  EXPECT_EQ(q.at("model.layers.0.mlp.gate.weight"), (Shape{4, 32}));
+  EXPECT_EQ(q.at("model.layers.0.mlp.experts.2.up_proj.weight"), (Shape{48, 32}));
+  EXPECT_EQ(q.at("model.layers.0.self_attn.q_norm.weight"), (Shape{8}));
+  const Json c = hf_config_json(hf_shape_of(small("qwen3_moe")), DType::F32);
+  EXPECT_EQ(c.at("num_experts").as_int(), 4);
+  EXPECT_EQ(c.at("moe_intermediate_size").as_int(), 48);
+  EXPECT_TRUE(c.at("norm_topk_prob").as_bool());
+  // Loom's expert e holds gate then up rows in w1: exported as that expert's two matrices.
+  const ModelConfig cfg = small("mixtral");
+  const HfModelShape s = hf_shape_of(cfg);
+  TensorMap loom;
+  uint32_t seed = 1;
+  for (const auto& [name, shape] : loom_param_shapes(s))
+    loom[name] = testing::random_tensor(shape, DType::F32, seed++);
+  const TensorMap hf = loom_to_hf(s, loom, DType::F32);
+  const float* w1 = loom.at("blocks.0.moe.experts.w1").data<float>();
+  EXPECT_EQ(hf.at("model.layers.0.block_sparse_moe.experts.2.w3.weight").data<float>()[5],
+            w1[(2 * 96 + 48) * 32 + 5]);
+  const TensorMap back = hf_to_loom(s, hf, DType::F32, "test");
+  for (const auto& [name, t] : loom) EXPECT_TRUE(testing::same_tensor(back.at(name), t)) << name;
 }
 
 TEST(HfFamilies, ExportedLogitsMatchTheTorchReference) {
@@ -213,6 +255,19 @@ TEST(HfFamilies, UnsupportedArchitectureFieldsAreNamed) {
   Json full = llama_like("mistral");
   full["sliding_window"] = Json(128);
   EXPECT_EQ(hf_shape_from_config(full, "config.json").sliding_window, 0);
+}
+
+TEST(HfFamilies, UnsupportedExpertFieldsAreNamed) {
+  Json q = hf_config_json(hf_shape_of(small("qwen3_moe")), DType::F32);
+  q["norm_topk_prob"] = Json(false);
+  expect_refused(q, "norm_topk_prob false is not supported");
+  Json step = hf_config_json(hf_shape_of(small("qwen3_moe")), DType::F32);
+  step["decoder_sparse_step"] = Json(2);
+  expect_refused(step, "decoder_sparse_step other than 1 is not supported");
+  Json one = hf_config_json(hf_shape_of(small("mixtral")), DType::F32);
+  one["num_experts_per_tok"] = Json(1);
+  expect_refused(one, "num_experts_per_tok = 1 is not supported");
+  expect_refused(llama_like("qwen2_moe"), "its shared expert");
 }
 
 TEST(HfFamilies, Transformers5RopeParametersAreRead) {
