@@ -49,9 +49,9 @@ ResultsFile::~ResultsFile() {
 
 void ResultsFile::write_line(const std::string& line) {
   errno = 0;
-  LOOM_CHECK(std::fwrite(line.data(), 1, line.size(), f_) == line.size() &&
-                 std::fputc('\n', f_) != EOF,
-             "cannot write ", path_, ": ", std::strerror(errno ? errno : EIO));
+  LOOM_CHECK(
+      std::fwrite(line.data(), 1, line.size(), f_) == line.size() && std::fputc('\n', f_) != EOF,
+      "cannot write ", path_, ": ", std::strerror(errno ? errno : EIO));
 }
 
 void ResultsFile::flush() {

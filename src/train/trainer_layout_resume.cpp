@@ -9,8 +9,8 @@
 #include <filesystem>
 
 #include "ckpt/consolidate.h"
-#include "comm/process_groups.h"
 #include "ckpt/resume_layout.h"
+#include "comm/process_groups.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "train/trainer.h"
@@ -43,8 +43,8 @@ bool Trainer::resume_across_layouts() {
   try {
     ckpt::consolidate({shared, one, change.step});
   } catch (const Error& e) {
-    fail(shared, ": the newest checkpoint, step ", change.step, ", was committed by ",
-         change.ranks, " ranks (", change.layout, ") and cannot be consolidated to resume as one ",
+    fail(shared, ": the newest checkpoint, step ", change.step, ", was committed by ", change.ranks,
+         " ranks (", change.layout, ") and cannot be consolidated to resume as one ",
          "process: ", e.what(), "; resume it under its own layout instead");
   }
   start_from_one_process(one);
