@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8's last validation item: `loom plan` predictions of Loom's own measured training runs
+# `loom plan` predictions of Loom's own measured training runs
 # on this machine, calibrated with its measured GEMM, memory and MPI speeds
 # (bench/plan_calibrate.sh writes the cluster files).
 #

@@ -1,4 +1,4 @@
-// Issue 5's measurements, run as an MPI job on W ranks (e.g. mpirun -n 2 build/bench/bench_5d):
+// Pipeline, context-parallel and MoE measurements, run as an MPI job on W ranks (e.g. mpirun -n 2 build/bench/bench_5d):
 //  1. pipeline bubble: each rank's idle fraction over a step (PipelineRunner timestamps: time
 //     not spent in forward/backward computations), averaged over ranks, for GPipe, 1F1B and
 //     interleaved schedules with p = W; against the ideal (p-1)/(v*m) bubble (as a fraction of

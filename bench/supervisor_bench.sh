@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's supervisor figures, for a 2-rank `loom launch` run of MODEL (default gpt2-124m,
+# The supervisor's figures, for a 2-rank `loom launch` run of MODEL (default gpt2-124m,
 # seq 128, one sequence per rank, ZeRO-1, a checkpoint every 2 steps):
 #  1. overhead: the median step_seconds (steps after the first two) with heartbeats off and on;
 #  2. hang detection: SIGSTOP rank 1, time until the supervisor's "hung" event, against the

@@ -33,7 +33,7 @@ if [ ${#TARGETS[@]} -eq 0 ]; then
 fi
 
 # Per-target input size caps. html had 4 KB while html_extract overflowed its stack on ~100k
-# nested elements and grew memory quadratically on unclosed tags (issue 17 items 1-2); both are
+# nested elements and grew memory quadratically on unclosed tags; both are
 # bounded now (iterative walks, max_parse_mb, max_depth and its pre-scan), so it gets the
 # common cap. Keep the function: a parser with a known, separately tracked defect gets its cap.
 max_len() {
@@ -53,8 +53,8 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$work" "$art"
   log="$BUILD_DIR/fuzz/$t.log"
   echo "== fuzz $t: ${SECONDS_PER_TARGET}s"
-  # -rss_limit_mb/-malloc_limit_mb: one input must not take gigabytes (issue 17: no input
-  # exhausts memory). -timeout: one input must not take seconds.
+  # -rss_limit_mb/-malloc_limit_mb: one input must not take gigabytes (no input
+  # may exhaust memory). -timeout: one input must not take seconds.
   # The entry points' files (fuzz_util.h): in memory when /dev/shm exists, removed afterwards.
   scratch=$(mktemp -d "$([ -d /dev/shm ] && echo /dev/shm || echo "${TMPDIR:-/tmp}")/loom_fuzz_$t.XXXXXX")
   trap 'rm -rf "$scratch"' EXIT

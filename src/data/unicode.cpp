@@ -74,7 +74,7 @@ std::string utf8_replace_invalid(std::string_view s) {
       i += size_t(len);
       continue;
     }
-    // The maximal subpart: the lead byte and the continuation bytes that could still have
+    // The maximal subpart: the first byte and the continuation bytes that could still have
     // completed a valid sequence.
     const uint8_t b0 = p[i];
     size_t need = b0 >= 0xC2 && b0 < 0xE0   ? 1

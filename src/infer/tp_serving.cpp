@@ -18,7 +18,7 @@ namespace {
 // Message kinds, in the first of the header's int64 fields.
 constexpr int64_t kStep = 0x4c53'0001, kKeepAlive = 0x4c53'0002, kStop = 0x4c53'0003,
                   kReady = 0x4c53'0004;
-// kind, chunks, tokens, block-table entries, the leader's cache blocks, payload length.
+// kind, chunks, tokens, block-table entries, rank 0's cache blocks, payload length.
 constexpr int kHeader = 6;
 constexpr double kKeepAliveSeconds = 1.0;
 

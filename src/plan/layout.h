@@ -18,7 +18,7 @@ using loom::recompute_from_name;
 using loom::recompute_name;
 
 enum class Precision { fp32, bf16, fp16, fp8 };
-// The FP8 recipe of precision fp8 (the trainer's precision.fp8_recipe names; issue 18).
+// The FP8 recipe of precision fp8 (the trainer's precision.fp8_recipe names).
 enum class Fp8Recipe { delayed, current, mxfp8 };
 enum class Optimizer { adam, sgd, adam8bit };
 

@@ -131,7 +131,7 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
   L.attn_fwd = attn_f;
   L.compute_fwd = g + attn_f + elem;
   L.compute_bwd = 2 * g + attn_b + 2 * elem;
-  // FP8 recipes' own costs (issue 18): a quantisation pass over every block GEMM input, x in
+  // FP8 recipes' own costs: a quantisation pass over every block GEMM input, x in
   // forward and dy in backward (no fusion into the producing kernel assumed). Bytes per
   // element: read bf16 (2) + write fp8 (1) + the transposed fp8 copy for the other GEMM (1);
   // current scaling reads the tensor once more for its amax (2); MXFP8 writes its row- and

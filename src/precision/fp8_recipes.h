@@ -1,4 +1,4 @@
-// FP8 and MXFP8 training recipes (issue 18), as GemmRecipes attached per Linear by name: the
+// FP8 and MXFP8 training recipes, as GemmRecipes attached per Linear by name: the
 // GEMM inputs x, W (forward) and dy (backward) are quantised to fp8 the way Transformer Engine's
 // recipes do, then multiplied.
 //   fp8_tensorwise_current: one scale per tensor from its amax now: fmt_max / amax / 2^margin.

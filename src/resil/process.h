@@ -12,7 +12,7 @@
 
 namespace loom::resil {
 
-// Starts argv[0] (looked up in PATH) as the leader of a new process group, with `env` added to
+// Starts argv[0] (looked up in PATH) as leader of a new process group, with `env` added to
 // this process's environment, stdin from /dev/null and stdout + stderr into `out_fd`.
 // Returns its pid (= its process group id); throws loom::Error when fork fails. A command that
 // cannot be executed exits 127 after saying so on `out_fd`.

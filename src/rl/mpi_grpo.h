@@ -1,4 +1,4 @@
-// GRPO over MPI ranks (issue 15): `loom launch -n N -- rl ... --rollout-ranks K`. World ranks
+// GRPO over MPI ranks: `loom launch -n N -- rl ... --rollout-ranks K`. World ranks
 // 1..K are rollout ranks, each running the serving engine over its own copy of the weights and
 // generating its share of every step's prompts (prompt i goes to rollout rank 1 + i % K). The
 // other L = N - K ranks (world rank 0, then K+1..N-1) are learners: with L > 1 they are data-

@@ -1,4 +1,4 @@
-// The versioned replay buffer between rollouts and the learner (issue 15), as NeMo RL keeps it:
+// The versioned replay buffer between rollouts and the learner, as NeMo RL keeps it:
 // each prompt group is tagged with the weight version that generated it and the learner step it
 // was generated for (its target step). The learner at step s (holding weights version s) takes
 // the groups that target s; a group older than max_staleness steps is never handed out (it is

@@ -1,4 +1,4 @@
-// Weight sync between the learner and the rollout ranks (issue 15): the policy's flat parameter
+// Weight sync between the learner and the rollout ranks: the policy's flat parameter
 // buffer in the rollout compute type, preceded by the weight version, as one message that the
 // learner broadcasts after each step. bf16 (the default) halves the bytes of fp32; the rollout
 // ranks widen it back into their fp32 model, so they sample from the learner's weights rounded

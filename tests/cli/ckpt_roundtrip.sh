@@ -12,7 +12,7 @@ for family in gpt2 llama; do
     --set train.micro_batch=2 --set train.quiet=true --set train.peak_gflops=1 \
     --set data.paths="$work/text.txt" --set train.out_dir="$work/$family" >/dev/null
   if [ $family = gpt2 ]; then
-    # generate's numbers against this 32-token model (issue 17): the default --tokens fits the
+    # generate's numbers against this 32-token model: the default --tokens fits the
     # context left by the prompt (it was refused as 200 > 32); past 32 bits and past the
     # context are errors naming the flag (the latter was std::terminate), with nothing printed.
     "$loom" generate --ckpt "$work/$family/checkpoints" --prompt "the " >/dev/null

@@ -196,7 +196,7 @@ TEST(Clean, MojibakeSearchKeepsEverythingElse) {
   EXPECT_EQ(fix_mojibake("abc\xC3", &fixes), "abc\xC3");
   EXPECT_EQ(fix_mojibake("\xC3\x28\xC3\x83\xC2\xA9\xFF", &fixes), "\xC3\x28\xC3\xA9\xFF");
   EXPECT_EQ(fixes, 1);
-  // Truncated: the lead asks for more continuation characters than the text holds.
+  // Truncated: the first byte asks for more continuation characters than the text holds.
   EXPECT_EQ(fix_mojibake("x\xC3\xA2\xE2\x82\xAC"), "x\xC3\xA2\xE2\x82\xAC");
   // Triple encoding takes three rounds, the most there are: 4 + 2 + 1 sequences reversed.
   int64_t triple = 0;

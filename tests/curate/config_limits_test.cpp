@@ -1,4 +1,4 @@
-// Out-of-range curate settings (issue 17, item 3/5): every integer and number a pipeline or
+// Out-of-range curate settings: every integer and number a pipeline or
 // stage reads is range-checked before it is narrowed or used, and the error names the file,
 // the line and the key. Before, input.max_doc_bytes = -5 became a 16-EiB cap, a worker count of
 // 4294967297 became 1 worker and stage.N.bands = 4294967297 became 1 band, all silently.

@@ -323,7 +323,7 @@ TEST(TokenizeJob, StaleTemporariesOfAKilledRunAreRemoved) {
   EXPECT_TRUE(file_exists(dir / "out.idx"));
 }
 
-// Issue 17: one line is held whole, so its length is bounded and the error names file and line
+// One line is held whole, so its length is bounded and the error names file and line
 // (before, a file without newlines was held whole however large, and each 1 MiB block read
 // searched the whole carried line again: quadratic time).
 TEST(LineBlockReader, LineLongerThanTheBoundIsAnErrorNamingFileAndLine) {

@@ -1,4 +1,4 @@
-// The 8-rank combinations of issue 5 through the trainer (`loom train`'s code path), each
+// The 8-rank layout combinations (DP, TP, PP, CP, EP) through the trainer (`loom train`'s code path), each
 // against a single-process trainer on the same global batch for 10 steps (losses and grad
 // norms within 1e-5 relative): TP2 x PP2 x DP2 (with SP and ZeRO-1), TP2 x CP2 x DP2 (ZeRO-1),
 // and PP2 x EP2 x DP2 for a MoE model with ZeRO-1 (aux loss compared too).
