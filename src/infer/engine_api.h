@@ -88,6 +88,9 @@ struct SamplingParams {
   std::optional<uint64_t> seed;  // same seed + same prompt = same text, any batch
   int n = 1;                     // completions per prompt
   int logprobs = -1;             // -1: none; k >= 0: sampled token + top-k alternatives
+  // Added to the raw logits of these tokens before penalties and sampling (OpenAI's
+  // logit_bias); the reported logprobs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct Usage {
@@ -117,7 +120,8 @@ struct EngineStats {
   int kv_blocks_total = 0, kv_blocks_used = 0;
 };
 
-// Thrown by Engine::submit: the request can never run (400), or the queue is full (503).
+// Thrown by Engine::submit: the request can never run (400), the queue is full (429), or the
+// engine is shutting down (503).
 struct RequestRejected {
   int http_status = 400;
   std::string message;

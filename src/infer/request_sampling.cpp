@@ -29,6 +29,12 @@ void validate(const SamplingParams& p, int vocab) {
              p.logprobs);
   LOOM_CHECK(p.stop.size() <= 16, "at most 16 stop strings, got ", p.stop.size());
   for (const auto& s : p.stop) LOOM_CHECK(!s.empty(), "a stop string must not be empty");
+  for (auto [t, b] : p.logit_bias) {
+    LOOM_CHECK(t >= 0 && t < vocab, "logit_bias token id ", t, " outside the vocabulary [0, ",
+               vocab, ")");
+    LOOM_CHECK(std::isfinite(b) && std::fabs(b) <= 100, "logit_bias of token ", t,
+               " must lie in [-100, 100], got ", b);
+  }
   for (int32_t t : p.stop_token_ids)
     LOOM_CHECK(t >= 0 && t < vocab, "stop token id ", t, " outside the vocabulary [0, ", vocab,
                ")");
@@ -50,6 +56,7 @@ SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<
   }
   auto logprob = [&](int j) { return static_cast<float>(double(x[j]) - lse); };
 
+  for (auto [t, b] : p.logit_bias) x[t] += b;
   // Penalties.
   if (p.repetition_penalty != 1.f) {
     std::vector<bool> hit(static_cast<size_t>(V), false);

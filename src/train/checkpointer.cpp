@@ -6,6 +6,7 @@
 #include "ckpt/global_commit.h"
 #include "ckpt/model_loader.h"
 #include "ckpt/reshard.h"
+#include "ckpt/tokenizer_copy.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "resil/heartbeat.h"
@@ -110,7 +111,11 @@ int64_t Checkpointer::restore_state(const ckpt::Checkpoint& c, bool same_layout)
   if (s_.engine->loss_scaling()) s_.engine->scaler().restore(extra.at("loss_scaler"));
   const Json* fp8_state = extra.contains("fp8") ? &extra.at("fp8") : nullptr;
   s_.recipes.restore(fp8_state, c.dir());
-  data_.restore(c.state().data);
+  try {
+    data_.restore(c.state().data);
+  } catch (const Error& e) {
+    fail(c.dir(), "/state.json: field 'data' (the data position): ", e.what());
+  }
   step_ = c.state().step;
   return extra.at("optimizer_steps").as_int();
 }
@@ -129,6 +134,7 @@ void Checkpointer::save() {
     writer_ = std::make_unique<ckpt::CheckpointWriter>(s_.checkpoint_root(), wo);
   }
   ckpt::TrainerState st = checkpoint_state(s_.dp->steps_taken());
+  if (s_.rank == 0) ckpt::copy_tokenizer_in(s_.opt.out_dir, config_text_);  // served from anywhere
   // Per-rank parts: the previous step's global commit first (asynchronous: its parts are
   // durable by now), this one's after a synchronous write.
   if (!s_.whole) commit_distributed();
@@ -174,6 +180,7 @@ bool Checkpointer::resume_from(const std::string& path) {
 // and optimizer state placed as the engine holds them, and the model re-derived from them.
 // Weights that are not finite are refused, naming the parameter, before anything else is read.
 void Checkpointer::restore(const ckpt::Checkpoint& c) {
+  check_same_global_batch(c);  // the data position means the same place only then
   const int64_t optimizer_steps = restore_state(c);
   // Read into host memory (the buffers themselves on the CPU, staged copies on a device),
   // checked, then uploaded. (A failed read before left copies behind: not uploaded now.)
@@ -289,7 +296,8 @@ bool Checkpointer::resume_distributed() {
 
 // The data position is a global sample count: it means the same place in the data only under
 // the same global batch (micro_batch * grad_accum * dp) and sequence length as the checkpoint's
-// run, whose dp is that of the layout it was consolidated from (1 for a one-process run).
+// run, whose dp is that of the layout it was written under or consolidated from (1 for a
+// one-process run). Every resume and train.init_from checks it.
 void Checkpointer::check_same_global_batch(const ckpt::Checkpoint& c) const {
   const Config saved = Config::parse(c.state().config_text, c.dir() + "/state.json");
   const TrainOptions theirs_opt = train_options_from(saved);
@@ -299,6 +307,8 @@ void Checkpointer::check_same_global_batch(const ckpt::Checkpoint& c) const {
   const Json& extra = c.state().extra;
   if (extra.contains("consolidated_from"))
     dp = ckpt::DistributedLayout::parse(extra.at("consolidated_from").as_string()).dp;
+  else if (extra.contains("layout"))  // a rank's part of a distributed run
+    dp = ckpt::DistributedLayout::parse(extra.at("layout").as_string()).dp;
   const int64_t theirs = micro * accum * dp;
   const int our_dp = s_.pg->dp().size();
   const int64_t ours = int64_t(s_.opt.micro_batch) * s_.opt.grad_accum * our_dp;
@@ -348,6 +358,7 @@ void Checkpointer::start_from(const std::string& path) {
 }
 
 bool Checkpointer::resume() {
+  if (resume_across_layouts()) return true;  // the newest is another layout's
   return !s_.whole
              ? resume_distributed()
              : ckpt::has_checkpoints(s_.checkpoint_root()) && resume_from(s_.checkpoint_root());

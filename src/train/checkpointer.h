@@ -43,6 +43,9 @@ class Checkpointer {
   void restore(const ckpt::Checkpoint& c);
   void commit_distributed();
   bool resume_distributed();
+  // The newest checkpoint is another layout's (checkpointer_layout_resume.cpp): continued
+  // through start_from() or a consolidation, or refused naming both layouts.
+  bool resume_across_layouts();
   ckpt::TensorList optim_list() const;
   void check_same_global_batch(const ckpt::Checkpoint& c) const;
 

@@ -61,6 +61,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   flops_per_token_ = s_->model_cfg.train_flops_per_token(opt_.seq_len);
 
   make_dirs(opt_.out_dir);
+  if (s_->rank == 0) run_lock_ = lock_run_dir(opt_.out_dir);  // before anything there is read
   const double restore_start = now_seconds();
   const bool resumed = opt_.resume && ckpt_->resume();
   if (!resumed && !opt_.init_from.empty()) ckpt_->start_from(opt_.init_from);

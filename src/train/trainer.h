@@ -17,6 +17,7 @@
 #include "train/metrics.h"
 #include "train/train_options.h"
 #include "train/train_setup.h"
+#include "train/run_lock.h"
 
 namespace loom {
 
@@ -111,6 +112,7 @@ class Trainer {
   std::unique_ptr<BatchSource> train_data_, valid_data_;
   Json valid_start_;
   std::unique_ptr<Checkpointer> ckpt_;
+  std::unique_ptr<RunLock> run_lock_;  // rank 0's, on train.out_dir
   std::unique_ptr<MetricsLog> metrics_;
   std::vector<Batch> micro_;
   std::vector<std::pair<std::string, double>> eval_extra_;
