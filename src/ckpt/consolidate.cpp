@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/model_loader.h"
 #include "ckpt/reshard.h"
 #include "comm/process_groups.h"
 #include "core/config.h"
@@ -379,12 +380,13 @@ ConsolidateResult consolidate(const ConsolidateOptions& opt) {
   }
 
   // The one-process model and optimizer state, to be filled.
-  const Config cfg = Config::parse(c0.state().config_text, c0.dir() + "/state.json");
+  const SavedModel saved = saved_model_of(c0);
+  const Config& cfg = saved.config;
   const int64_t etp = cfg.get_int("parallel.etp", 1);
   LOOM_CHECK(etp == 1, c0.dir(), ": the run splits its experts with expert tensor parallelism ",
              "(parallel.etp = ", etp, "), whose shards consolidation does not place yet ",
              "(docs/parallel.md, \"Not done yet\"): cannot consolidate");
-  Decoder model(model_config_from(cfg), cpu_backend());
+  Decoder model(saved.model, cpu_backend());
   const std::string model_fp = c0.state().extra.contains("model_fingerprint")
                                    ? c0.state().extra.at("model_fingerprint").as_string()
                                    : std::string();

@@ -7,16 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/model_loader.h"  // load_model_from_checkpoint
 #include "infer/sampler.h"
 #include "model/decoder.h"
 
 namespace loom {
-
-// Builds the model a checkpoint was trained with and loads its weights (a LoRA checkpoint: its
-// base from train.pretrained with the adapters merged in), on `be` (the CPU, or a device the
-// serving engine runs on; it must outlive the model).
-std::unique_ptr<Decoder> load_model_from_checkpoint(const std::string& path,
-                                                    Backend& be = cpu_backend());
 
 // Appends `n` sampled tokens to `tokens`; on_token sees each new one as it is produced.
 void generate(Decoder& model, std::vector<int32_t>& tokens, int n, const SamplingOptions& o,

@@ -4,13 +4,10 @@
 #include <string>
 #include <thread>
 
-#include "ckpt/checkpoint.h"
-#include "ckpt/reshard.h"
-#include "core/config.h"
+#include "ckpt/model_loader.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "infer/kv_cache.h"
-#include "precision/policy.h"
 
 namespace loom::infer {
 namespace {
@@ -36,28 +33,7 @@ void wait_bounded(comm::Work& w, double timeout_s, const char* flag, const std::
 }  // namespace
 
 std::unique_ptr<Decoder> load_model_shard(const std::string& path, const TensorParallel& tp) {
-  ckpt::Checkpoint c(path);
-  LOOM_CHECK(!c.state().extra.contains("layout"), c.dir(),
-             ": a rank's checkpoint of a distributed run; consolidate the run's checkpoints first "
-             "(loom ckpt consolidate)");
-  LOOM_CHECK(!c.state().extra.contains("lora"), c.dir(),
-             ": a LoRA checkpoint holds adapters only; merge it first (loom ckpt merge)");
-  Config cfg = Config::parse(c.state().config_text, c.dir() + "/state.json:config_text");
-  ModelConfig mc = model_config_from(cfg);
-  try {
-    tp.validate(mc);
-  } catch (const Error& e) {
-    throw Error(cat(c.dir(), ": cannot serve this model over ", tp.size,
-                    " tensor-parallel ranks: ", e.what()));
-  }
-  PrecisionPolicy policy = precision_from_name(cfg.get_string("precision.policy", "fp32"));
-  auto model = std::make_unique<Decoder>(mc, cpu_backend(), Recompute::None, policy.compute, tp);
-  // Every local parameter whole (no data-parallel slicing): its piece of the whole tensor.
-  ckpt::TensorList local;
-  for (auto& [name, t] : model->params().tensors("loading tensor-parallel serving weights"))
-    local.push_back({name, t});
-  ckpt::fill_from_whole(c, model->params(), local, {});
-  return model;
+  return load_model_from_checkpoint(path, cpu_backend(), tp);
 }
 
 TpLeaderRunner::TpLeaderRunner(Decoder& model, comm::Communicator& tp, double timeout_s,

@@ -8,7 +8,7 @@
 #include "train/chat_source.h"
 #include "train/preference_source.h"
 #include "train/token_file_source.h"
-#include "train/trainer.h"
+#include "train/train_options.h"
 
 namespace loom {
 

@@ -16,7 +16,7 @@ bool Trainer::guard_step(const StepResult& r) {
   if (g.verdict == LossGuard::Verdict::Diverged && action == SpikeAction::Warn)
     action = SpikeAction::Stop;
   if (action == SpikeAction::Warn) {
-    if (rank_ == 0) log_warn(g.message, "; training on (train.on_spike = warn)");
+    if (s_->rank == 0) log_warn(g.message, "; training on (train.on_spike = warn)");
     return false;
   }
   // This step's checkpoint is never written (the check runs before the save), so the newest
@@ -40,9 +40,7 @@ void Trainer::roll_back(const std::string& why) {
   const int64_t bad_step = step_;
   const Json data_after = train_data_->state();
   finish_checkpoints();  // an asynchronous write in flight is from before the spike: keep it
-  const bool restored =
-      !whole_ ? resume_distributed()
-              : ckpt::has_checkpoints(checkpoint_root()) && resume_from(checkpoint_root());
+  const bool restored = ckpt_->resume();
   LOOM_CHECK(restored, "stopping: ", why, "; no checkpoint to roll back to under ",
              checkpoint_root(), " (train.on_spike = rollback needs one: set ",
              "train.checkpoint_interval)");
@@ -55,7 +53,7 @@ void Trainer::roll_back(const std::string& why) {
     metrics_ = std::make_unique<MetricsLog>(
         path, true, opt_.tensorboard ? opt_.out_dir + "/tensorboard" : "", step_);
   }
-  if (rank_ == 0)
+  if (s_->rank == 0)
     log_warn(why, ": rolled back to the checkpoint of step ", step_, " (rollback ", rollbacks_,
              " of ", guard_->options().max_rollbacks, "); the data of steps ", step_ + 1, " to ",
              bad_step, " is skipped (train.on_spike = rollback)");

@@ -99,7 +99,7 @@ TEST(Dpo, TrainerLossAndGradientAgainstReferences) {
     want += std::log1p(std::exp(-0.5 * h));
   }
   P.zero_grad();
-  const auto st = t.dpo_micro(b, true, 2);
+  const auto st = t.dpo()->micro(b, true, 2);
   EXPECT_EQ(st.pairs, 2);
   EXPECT_NEAR(st.loss, want, 1e-4);
   const std::vector<float> g(P.grad(), P.grad() + P.total());
@@ -110,9 +110,9 @@ TEST(Dpo, TrainerLossAndGradientAgainstReferences) {
       const int64_t i = p.offset + (p.numel - 1) * k;
       const float saved = P.data()[i];
       P.data()[i] = saved + eps;
-      const double lp = t.dpo_micro(b, false, 1).loss / 2;
+      const double lp = t.dpo()->micro(b, false, 1).loss / 2;
       P.data()[i] = saved - eps;
-      const double lm = t.dpo_micro(b, false, 1).loss / 2;
+      const double lm = t.dpo()->micro(b, false, 1).loss / 2;
       P.data()[i] = saved;
       const double numeric = (lp - lm) / (2 * eps);
       EXPECT_NEAR(g[size_t(i)], numeric,

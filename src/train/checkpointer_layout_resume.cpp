@@ -1,4 +1,4 @@
-// The trainer's resume across a change of layout (ckpt/resume_layout.h): a run directory whose
+// The Checkpointer's resume across a change of layout (ckpt/resume_layout.h): a run directory whose
 // newest checkpoint another layout wrote. A distributed run continues from a one-process
 // checkpoint through train.init_from's path (each rank extracts its pieces, ckpt/reshard.h); a
 // one-process run continues from a distributed step consolidated into one checkpoint
@@ -13,28 +13,28 @@
 #include "comm/process_groups.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "train/trainer.h"
+#include "train/checkpointer.h"
 
 namespace loom {
 
-bool Trainer::resume_across_layouts() {
-  comm::Communicator& w = pg_->world();
-  const std::string shared = opt_.out_dir + "/checkpoints";
+bool Checkpointer::resume_across_layouts() {
+  comm::Communicator& w = s_.pg->world();
+  const std::string shared = s_.opt.out_dir + "/checkpoints";
   ckpt::LayoutChange change;
-  if (rank_ == 0) change = ckpt::find_layout_change(shared, whole_);
+  if (s_.rank == 0) change = ckpt::find_layout_change(shared, s_.whole);
   int64_t rec[2] = {int64_t(change.kind), change.step};
   w.broadcast(rec, 2, DType::I64, 0);
   if (rec[0] == ckpt::LayoutChange::None) return false;
   if (rec[0] == ckpt::LayoutChange::FromOneProcess) {
-    if (rank_ == 0 && !opt_.quiet)
+    if (s_.rank == 0 && !s_.opt.quiet)
       log_info(shared, ": the newest checkpoint, step ", rec[1],
-               ", is a one-process one: every rank starts from it (", layout_name(), ")");
-    start_from_one_process(shared);
+               ", is a one-process one: every rank starts from it (", s_.layout_name(), ")");
+    start_from(shared);
     return true;
   }
-  // FromRanks: this run is one process (whole_), so rank 0 is all of it.
+  // FromRanks: this run is one process (s_.whole), so rank 0 is all of it.
   const std::string one = shared + "/consolidated";
-  if (!opt_.quiet)
+  if (!s_.opt.quiet)
     log_info(shared, ": the newest checkpoint, step ", change.step, ", was committed by ",
              change.ranks, " ranks (", change.layout, "): consolidating it into ", one,
              " to continue as one process");
@@ -47,7 +47,7 @@ bool Trainer::resume_across_layouts() {
          " ranks (", change.layout, ") and cannot be consolidated to resume as one ",
          "process: ", e.what(), "; resume it under its own layout instead");
   }
-  start_from_one_process(one);
+  start_from(one);
   return true;
 }
 
