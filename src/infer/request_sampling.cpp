@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "infer/argmax.h"
+#include "infer/constrain/token_constraint.h"
 
 namespace loom::infer {
 
@@ -29,13 +31,20 @@ void validate(const SamplingParams& p, int vocab) {
              p.logprobs);
   LOOM_CHECK(p.stop.size() <= 16, "at most 16 stop strings, got ", p.stop.size());
   for (const auto& s : p.stop) LOOM_CHECK(!s.empty(), "a stop string must not be empty");
+  LOOM_CHECK(!(p.constraint && p.ignore_eos),
+             "ignore_eos cannot be combined with a structured-output constraint (it ends only "
+             "when the output is complete)");
+  LOOM_CHECK(!p.constraint || p.constraint->vocab_size() <= vocab, "the constraint's vocabulary (",
+             p.constraint ? p.constraint->vocab_size() : 0, " tokens) is larger than the model's (",
+             vocab, ")");
   for (int32_t t : p.stop_token_ids)
     LOOM_CHECK(t >= 0 && t < vocab, "stop token id ", t, " outside the vocabulary [0, ", vocab,
                ")");
 }
 
 SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<int32_t>& seen,
-                    int prompt_len, uint64_t seed, uint64_t stream, uint64_t draw) {
+                    int prompt_len, uint64_t seed, uint64_t stream, uint64_t draw,
+                    const uint64_t* allowed) {
   SampledToken out;
   // The raw logits' log-sum-exp, for the reported log-probabilities: only when they are asked
   // for (a pass of exp over the whole vocabulary cost greedy decode 3-6% of its token time).
@@ -49,6 +58,9 @@ SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<
     lse = mx + std::log(z);
   }
   auto logprob = [&](int j) { return static_cast<float>(double(x[j]) - lse); };
+  if (allowed)
+    for (int j = 0; j < V; ++j)
+      if (!((allowed[j / 64] >> (j % 64)) & 1)) x[j] = -std::numeric_limits<float>::infinity();
 
   // Penalties.
   if (p.repetition_penalty != 1.f) {

@@ -11,6 +11,8 @@
 #include "core/log.h"
 #include "serve/connection.h"
 #include "serve/openai_api.h"
+#include "serve/structured_output.h"
+#include "serve/tool_calls.h"
 
 namespace loom::serve {
 
@@ -60,6 +62,8 @@ struct Exchange {
   int open = 0;
   double t0 = 0, t_first = 0, t_last = 0;
   int64_t tokens = 0;
+  std::vector<data::ToolDef> tool_defs;
+  std::vector<ToolCallStream> tools;  // per choice, when the request offers tools
 };
 
 }  // namespace
@@ -127,6 +131,12 @@ std::string Server::decode(const std::vector<int32_t>& ids) const {
       s.push_back(static_cast<char>(t));
   }
   return s;
+}
+
+StructuredOutputs& Server::structured() {
+  std::call_once(structured_once_,
+                 [this] { structured_ = std::make_unique<StructuredOutputs>(tok_); });
+  return *structured_;
 }
 
 void Server::routes() {
@@ -265,13 +275,14 @@ void Server::routes() {
         if (!chat_)
           throw ApiError{400, "this server has no chat template (start it with --chat-template)",
                          "invalid_request_error", "messages"};
-        std::vector<data::ChatMessage> ms;
-        for (const auto& m : r.messages) ms.push_back({m.role, m.content});
-        prompts.push_back(chat_->prompt_ids(ms));
+        prompts.push_back(chat_->prompt_ids(data::tool_conversation(
+            chat_->name(), r.messages,
+            r.structured.uses_tools() ? r.structured.tools : std::vector<data::ToolDef>{})));
       } else {
         for (const auto& p : r.prompts) prompts.push_back(encode(p));
         for (const auto& p : r.prompt_ids) prompts.push_back(p);
       }
+      r.sampling.constraint = structured().constraint(r.structured, chat_ ? chat_->name() : "");
       if (r.echo && r.stream)
         throw ApiError{400, "'echo' with 'stream' is not supported", "invalid_request_error",
                        "echo"};
@@ -293,6 +304,12 @@ void Server::routes() {
     ctx->want_logprobs = r.sampling.logprobs >= 0;
     ctx->token_text = [this](int32_t t) { return decode({t}); };
     const bool stream = r.stream;
+    if (r.structured.uses_tools()) {
+      ex->tool_defs = r.structured.tools;
+      for (size_t k = 0; k < ex->choices.size(); ++k)
+        ex->tools.emplace_back(chat_->name(), &ex->tool_defs, r.structured.parallel_tool_calls,
+                               r.structured.forces_call(), cat("call_", ctx->id, "_", k));
+    }
     try {
       for (size_t p = 0; p < prompts.size(); ++p) {
         const int base = static_cast<int>(p) * n;
@@ -301,7 +318,18 @@ void Server::routes() {
               std::lock_guard<std::mutex> lock(ex->mu);
               const int k = base + ev.index;
               ChoiceResult& c = ex->choices[size_t(k)];
-              c.text += ev.text;
+              // With tools, the text that is a call leaves the content (tool_calls.h).
+              std::string text = ev.text, reason = ev.finish_reason;
+              if (!ex->tools.empty()) {
+                text = ex->tools[size_t(k)].feed(ev.text);
+                if (ev.finished) {
+                  ParsedReply reply = ex->tools[size_t(k)].finish();
+                  text += reply.content;
+                  c.tool_calls = std::move(reply.calls);
+                  if (!c.tool_calls.empty() && reason == "stop") reason = "tool_calls";
+                }
+              }
+              c.text += text;
               c.tokens.insert(c.tokens.end(), ev.tokens.begin(), ev.tokens.end());
               c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
               c.top.insert(c.top.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
@@ -310,19 +338,21 @@ void Server::routes() {
                 ex->t_last = now();
                 ex->tokens += int64_t(ev.tokens.size());
               }
-              if (stream && (!ev.text.empty() || ev.finished || !ev.tokens.empty())) {
+              if (stream && (!text.empty() || ev.finished || !ev.tokens.empty())) {
                 const bool first = !ex->started[size_t(k)];
                 ex->started[size_t(k)] = true;
-                if (!ev.text.empty() || first || (ctx->want_logprobs && !ev.tokens.empty()))
+                if (!text.empty() || first || (ctx->want_logprobs && !ev.tokens.empty()))
                   ex->chunks.push_back(
-                      "data: " + stream_chunk(*ctx, k, ev.text, &ev, "", first).dump() + "\n\n");
-                if (ev.finished && ev.finish_reason != "abort")
+                      "data: " + stream_chunk(*ctx, k, text, &ev, "", first).dump() + "\n\n");
+                if (!c.tool_calls.empty())
+                  ex->chunks.push_back("data: " + tool_calls_chunk(*ctx, k, c.tool_calls).dump() +
+                                       "\n\n");
+                if (ev.finished && reason != "abort")
                   ex->chunks.push_back(
-                      "data: " +
-                      stream_chunk(*ctx, k, "", nullptr, ev.finish_reason, false).dump() + "\n\n");
+                      "data: " + stream_chunk(*ctx, k, "", nullptr, reason, false).dump() + "\n\n");
               }
               if (ev.finished) {
-                c.finish_reason = ev.finish_reason;
+                c.finish_reason = reason;
                 c.usage = ev.usage;
                 --ex->open;
               }

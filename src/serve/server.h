@@ -21,6 +21,8 @@ class Server;
 
 namespace loom::serve {
 
+class StructuredOutputs;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (see bind())
@@ -49,6 +51,7 @@ class Server {
  private:
   void routes();
   std::vector<int32_t> encode(const std::string& text) const;
+  StructuredOutputs& structured();  // built on first use: the vocabulary's trie
   std::string decode(const std::vector<int32_t>& ids) const;
   infer::Engine& engine_;
   const data::BpeTokenizer* tok_;
@@ -57,6 +60,8 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> ready_{false};
   std::unique_ptr<Metrics> metrics_;
+  std::once_flag structured_once_;
+  std::unique_ptr<StructuredOutputs> structured_;
   std::atomic<int64_t> next_id_{1};
   std::atomic<int> in_flight_{0};          // generation requests being answered
   int socket_ = -1;                        // the listening socket (for its backlog)
