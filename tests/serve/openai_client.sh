@@ -25,7 +25,7 @@ done
   --special "<|im_start|>" --special "<|im_end|>" --out "$work/tok" >/dev/null
 "$loom" train --set model.preset=tiny-llama --set model.n_layer=2 --set model.d_model=32 \
   --set model.n_head=4 --set model.n_kv_head=2 --set model.d_ff=64 --set model.vocab=320 \
-  --set model.max_seq=1024 --set data.source=chat --set data.path="$work/chat.jsonl" \
+  --set model.max_seq=2048 --set data.source=chat --set data.path="$work/chat.jsonl" \
   --set data.tokenizer="loom:$work/tok" --set train.steps=5 --set train.micro_batch=2 \
   --set train.seq_len=64 --set train.quiet=true --set train.peak_gflops=1 \
   --set train.out_dir="$work/run" >/dev/null
