@@ -59,8 +59,17 @@ SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<
   }
   auto logprob = [&](int j) { return static_cast<float>(double(x[j]) - lse); };
   if (allowed)
-    for (int j = 0; j < V; ++j)
-      if (!((allowed[j / 64] >> (j % 64)) & 1)) x[j] = -std::numeric_limits<float>::infinity();
+    for (int base = 0; base < V; base += 64) {
+      const uint64_t bits = allowed[base / 64];
+      const int n = std::min(64, V - base);
+      if (bits == ~uint64_t(0)) continue;  // a word of allowed tokens: nothing to mask
+      if (bits == 0) {
+        std::fill_n(x + base, n, -std::numeric_limits<float>::infinity());
+        continue;
+      }
+      for (int k = 0; k < n; ++k)
+        if (!((bits >> k) & 1)) x[base + k] = -std::numeric_limits<float>::infinity();
+    }
 
   // Penalties.
   if (p.repetition_penalty != 1.f) {

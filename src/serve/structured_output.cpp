@@ -64,12 +64,10 @@ std::shared_ptr<const cs::TokenConstraint> StructuredOutputs::constraint(
   std::string key;
   std::function<cs::Rx()> build;
   if (s.forces_call()) {
-    Json names = Json::array();
-    for (const auto& t : s.tools) names.push_back(Json(t.name));
-    Json ps = Json::array();
-    for (const auto& t : s.tools) ps.push_back(t.parameters);
+    Json tools = Json::array();
+    for (const auto& t : s.tools) tools.push_back(Json(Json::Array{Json(t.name), t.parameters}));
     key = cat("tools\n", template_name, "\n", int(s.tool_choice), "\n", s.tool_name, "\n",
-              s.parallel_tool_calls, "\n", names.dump(), ps.dump());
+              s.parallel_tool_calls, "\n", tools.dump());
     build = [&] { return forced_calls(s, params, template_name); };
   } else if (s.kind == K::JsonObject) {
     key = "json_object";
