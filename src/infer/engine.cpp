@@ -270,7 +270,7 @@ bool LoomEngine::step() {
       if (con) {
         const bool complete = con->accepting(c->constraint_state);
         if (!con->can_continue(c->constraint_state)) {
-          // Nothing may follow: the text is complete (or no token writes what must come next).
+          // Nothing may follow from the start (a choice of the empty string).
           finished.push_back(c);
           reasons.push_back(complete ? "stop" : "length");
           continue;
@@ -313,6 +313,9 @@ bool LoomEngine::step() {
           }
         }
       }
+      // A constrained text that nothing may follow is complete now (no step spent on its end).
+      if (reason.empty() && con && !con->can_continue(c->constraint_state))
+        reason = con->accepting(c->constraint_state) ? "stop" : "length";
       if (reason.empty() &&
           (c->generated >= r.params.max_tokens || int(c->seq.tokens.size()) >= runner_.max_seq()))
         reason = "length";

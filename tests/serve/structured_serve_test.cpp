@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <regex>
 #include <thread>
 
@@ -58,6 +59,11 @@ struct Structured : testing::Test {
     port = server->bind();
     http = std::thread([this] { server->run(); });
     server->set_ready(true);
+    // Listening before any test body runs: a stop() that came before the listen loop started
+    // would not end it.
+    httplib::Client health("127.0.0.1", port);
+    for (int i = 0; i < 200 && !health.Get("/health"); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   void TearDown() override {
     engine->stop(0);
