@@ -282,7 +282,8 @@ void Server::routes() {
         for (const auto& p : r.prompts) prompts.push_back(encode(p));
         for (const auto& p : r.prompt_ids) prompts.push_back(p);
       }
-      r.sampling.constraint = structured().constraint(r.structured, chat_ ? chat_->name() : "");
+      if (r.structured.kind != StructuredRequest::Kind::None || !r.structured.tools.empty())
+        r.sampling.constraint = structured().constraint(r.structured, chat_ ? chat_->name() : "");
       if (r.echo && r.stream)
         throw ApiError{400, "'echo' with 'stream' is not supported", "invalid_request_error",
                        "echo"};
