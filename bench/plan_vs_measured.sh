@@ -35,31 +35,32 @@ wait_for_quiet() {
   done
 }
 
-# name | loom train shape overrides | planner model keys | micro-batch
+# name | shape overrides (the same keys for loom train and loom plan) | micro-batch
 models=(
-  "tiny|--set model.preset=tiny|layers=4 hidden=128 heads=4 ffn=512 vocab=256 seq=128|8"
-  "gpt2-14m|--set model.preset=tiny --set model.n_layer=8 --set model.d_model=384 --set model.n_head=6 --set model.d_ff=1536|layers=8 hidden=384 heads=6 ffn=1536 vocab=256 seq=128|4"
+  "tiny|--set model.preset=tiny|8"
+  "gpt2-14m|--set model.preset=tiny --set model.n_layer=8 --set model.d_model=384 --set model.n_head=6 --set model.d_ff=1536|4"
 )
-# name | ranks | threads per rank | loom [parallel] overrides | planner train keys
+# name | ranks | threads per rank | [parallel] overrides (both commands)
 layouts=(
-  "1 proc x 1 thread|1|1||tp=1 dp=1 zero_stage=0"
-  "1 proc x ${cores} threads|1|${cores}||tp=1 dp=1 zero_stage=0"
-  "DP=2|2|1|--set parallel.dp=2 --set parallel.zero=0|tp=1 dp=2 zero_stage=0"
-  "TP=2|2|1|--set parallel.tp=2 --set parallel.dp=1|tp=2 dp=1 zero_stage=0"
-  "DP=2 ZeRO-1|2|1|--set parallel.dp=2 --set parallel.zero=1|tp=1 dp=2 zero_stage=1"
+  "1 proc x 1 thread|1|1|--set parallel.dp=1 --set parallel.zero=0"
+  "1 proc x ${cores} threads|1|${cores}|--set parallel.dp=1 --set parallel.zero=0"
+  "DP=2|2|1|--set parallel.dp=2 --set parallel.zero=0"
+  "TP=2|2|1|--set parallel.tp=2 --set parallel.dp=1"
+  "DP=2 ZeRO-1|2|1|--set parallel.dp=2 --set parallel.zero=1"
 )
 
 printf "%-9s %-22s %6s %12s %10s %12s %8s\n" model layout load measured_s min_s predicted_s error
 rows="[]"
 for m in "${models[@]}"; do
-  IFS='|' read -r mname mtrain mplan mb <<< "$m"
+  IFS='|' read -r mname mshape mb <<< "$m"
   [[ -n ${ONLY:-} && $mname != "$ONLY" ]] && continue
   for l in "${layouts[@]}"; do
-    IFS='|' read -r lname ranks threads lpar lplan <<< "$l"
+    IFS='|' read -r lname ranks threads lpar <<< "$l"
     out=$work/run
     rm -rf "$out"
-    common=(train $mtrain --set model.vocab=256 --set train.seq_len=128
-            --set train.micro_batch="$mb" --set train.steps="$steps" --set train.threads="$threads"
+    # shellcheck disable=SC2206
+    keys=($mshape --set model.vocab=256 --set train.seq_len=128 --set train.micro_batch="$mb" $lpar)
+    common=(train "${keys[@]}" --set train.steps="$steps" --set train.threads="$threads"
             --set train.out_dir="$out" --set train.resume=false --set train.log_interval=100
             --set train.eval_interval=0 --set train.checkpoint_interval=0)
     wait_for_quiet
@@ -67,8 +68,7 @@ for m in "${models[@]}"; do
     if [[ $ranks == 1 ]]; then
       "$loom" "${common[@]}" > "$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
     else
-      # shellcheck disable=SC2086
-      "$loom" launch -n "$ranks" --threads "$threads" -- "${common[@]}" $lpar > "$work/log" 2>&1 ||
+      "$loom" launch -n "$ranks" --threads "$threads" -- "${common[@]}" > "$work/log" 2>&1 ||
         { cat "$work/log" >&2; exit 1; }
     fi
     measured=$(jq -s '[.[] | select(.step_seconds != null and .step > 2) | .step_seconds] | sort |
@@ -78,16 +78,9 @@ for m in "${models[@]}"; do
               "$out/metrics.jsonl")
     cluster=$clusters/this-machine-1t.toml
     [[ $threads != 1 ]] && cluster=$clusters/this-machine-${threads}t.toml
-    dp=$(sed -E 's/.*dp=([0-9]+).*/\1/' <<< "$lplan")
-    plan_args=(plan --config "$cluster" --json --set cluster.gpus_per_node="$ranks"
-               --set train.global_batch=$((mb * dp)) --set train.micro_batch="$mb"
-               --set train.precision=fp32 --set train.optimizer=adam --set train.recompute=none
-               --set train.sequence_parallel=false --set train.flash_attention=true
-               --set model.gated_mlp=false --set model.tied_embeddings=true --set model.bias=true
-               --set model.learned_positions=true --set model.dropout=false)
-    for kv in $mplan; do plan_args+=(--set "model.$kv"); done
-    for kv in $lplan; do plan_args+=(--set "train.$kv"); done
-    predicted=$("$loom" "${plan_args[@]}" | jq '.step_time_s')
+    # The run's own keys on the calibrated cluster, one rank per planner "GPU".
+    predicted=$("$loom" plan --config "$cluster" --json --set cluster.gpus_per_node="$ranks" \
+                "${keys[@]}" | jq '.step_time_s')
     err=$(awk -v p="$predicted" -v m="$measured" 'BEGIN{printf "%+.1f%%", (p/m-1)*100}')
     printf "%-9s %-22s %6s %12.4f %10.4f %12.4f %8s\n" "$mname" "$lname" "$load" "$measured" \
       "$fastest" "$predicted" "$err"

@@ -200,19 +200,49 @@ TrainerState trainer_state_from_json(const Json& j, const std::string& where) {
   TrainerState s;
   try {
     LOOM_CHECK(j.is_object(), "expected a JSON object");
-    LOOM_CHECK(j.at("format").as_string() == kFormat, "format is '", j.at("format").as_string(),
-               "', expected '", kFormat, "'");
-    int64_t version = j.at("version").as_int();
+    // Each error names its field (the JSON layer's says only what was wrong).
+    auto field = [&](const char* k) -> const Json& {
+      LOOM_CHECK(j.contains(k), "missing field '", k, "'");
+      return j.at(k);
+    };
+    auto integer = [&](const char* k) -> int64_t {
+      try {
+        return field(k).as_int();
+      } catch (const Error& e) {
+        fail("field '", k, "': ", e.what());
+      }
+    };
+    auto text = [&](const char* k) -> std::string {
+      try {
+        return field(k).as_string();
+      } catch (const Error& e) {
+        fail("field '", k, "': ", e.what());
+      }
+    };
+    auto object = [&](const char* k) -> const Json& {
+      LOOM_CHECK(field(k).is_object(), "field '", k, "': expected an object");
+      return field(k);
+    };
+    LOOM_CHECK(text("format") == kFormat, "format is '", text("format"), "', expected '", kFormat,
+               "'");
+    int64_t version = integer("version");
     LOOM_CHECK(version == kVersion || version == kLegacyVersion, "version ", version,
                " is not supported (this build reads ", kLegacyVersion, " and ", kVersion, ")");
-    s.step = j.at("step").as_int();
+    s.step = integer("step");
     LOOM_CHECK(s.step >= 0, "negative step ", s.step);
-    s.seed = static_cast<uint64_t>(j.at("seed").as_int());
-    s.rng = j.at("rng");
-    s.data = j.at("data");
-    s.config_text = j.at("config").as_string();
-    s.fingerprint = j.at("fingerprint").as_string();
-    s.extra = j.at("extra");
+    s.seed = static_cast<uint64_t>(integer("seed"));
+    s.rng = field("rng");
+    s.data = object("data");
+    s.config_text = text("config");
+    s.fingerprint = text("fingerprint");
+    s.extra = object("extra");
+    if (s.extra.contains("optimizer_steps")) {
+      try {
+        s.extra.at("optimizer_steps").as_int();
+      } catch (const Error& e) {
+        fail("field 'extra.optimizer_steps': ", e.what());
+      }
+    }
   } catch (const Error& e) {
     fail(where, ": ", e.what());
   }

@@ -27,13 +27,14 @@ struct Piece {
   std::string hf, loom;
   int64_t row_begin = 0, row_end = 0;  // row_end 0: all rows
   bool transpose = false;
+  int64_t expert = -1;  // >= 0: that expert's matrix of a [E, rows, cols] parameter
 };
 
 std::vector<Piece> pieces(const HfModelShape& s) {
   std::vector<Piece> out;
   auto add = [&](std::string hf, std::string loom, bool transpose = false, int64_t r0 = 0,
-                 int64_t r1 = 0) {
-    out.push_back({std::move(hf), std::move(loom), r0, r1, transpose});
+                 int64_t r1 = 0, int64_t expert = -1) {
+    out.push_back({std::move(hf), std::move(loom), r0, r1, transpose, expert});
   };
   const int64_t q = int64_t{s.n_head} * s.head_dim, kv = int64_t{s.n_kv_head} * s.head_dim;
   if (s.family == "gpt2") {
@@ -64,11 +65,34 @@ std::vector<Piece> pieces(const HfModelShape& s) {
       add(h + "self_attn.q_proj.weight", b + "attn.qkv.weight", false, 0, q);
       add(h + "self_attn.k_proj.weight", b + "attn.qkv.weight", false, q, q + kv);
       add(h + "self_attn.v_proj.weight", b + "attn.qkv.weight", false, q + kv, q + 2 * kv);
+      if (s.qkv_bias()) {
+        add(h + "self_attn.q_proj.bias", b + "attn.qkv.bias", false, 0, q);
+        add(h + "self_attn.k_proj.bias", b + "attn.qkv.bias", false, q, q + kv);
+        add(h + "self_attn.v_proj.bias", b + "attn.qkv.bias", false, q + kv, q + 2 * kv);
+      }
+      if (s.qk_norm()) {
+        add(h + "self_attn.q_norm.weight", b + "attn.q_norm.weight");
+        add(h + "self_attn.k_norm.weight", b + "attn.k_norm.weight");
+      }
       add(h + "self_attn.o_proj.weight", b + "attn.proj.weight");
       add(h + "post_attention_layernorm.weight", b + "norm2.weight");
-      add(h + "mlp.gate_proj.weight", b + "mlp.fc.weight", false, 0, s.d_ff);
-      add(h + "mlp.up_proj.weight", b + "mlp.fc.weight", false, s.d_ff, 2 * int64_t{s.d_ff});
-      add(h + "mlp.down_proj.weight", b + "mlp.proj.weight");
+      if (!s.is_moe()) {
+        add(h + "mlp.gate_proj.weight", b + "mlp.fc.weight", false, 0, s.d_ff);
+        add(h + "mlp.up_proj.weight", b + "mlp.fc.weight", false, s.d_ff, 2 * int64_t{s.d_ff});
+        add(h + "mlp.down_proj.weight", b + "mlp.proj.weight");
+        continue;
+      }
+      // Mixtral names an expert's gate, down and up w1, w2 and w3; Qwen3-MoE as its MLP.
+      const bool mixtral = s.family == "mixtral";
+      const std::string m = h + (mixtral ? "block_sparse_moe." : "mlp."), r = b + "moe.";
+      add(m + "gate.weight", r + "router.weight");
+      for (int e = 0; e < s.n_experts; ++e) {
+        const std::string x = cat(m, "experts.", e, ".");
+        add(x + (mixtral ? "w1" : "gate_proj") + ".weight", r + "experts.w1", false, 0, s.d_ff, e);
+        add(x + (mixtral ? "w3" : "up_proj") + ".weight", r + "experts.w1", false, s.d_ff,
+            2 * int64_t{s.d_ff}, e);
+        add(x + (mixtral ? "w2" : "down_proj") + ".weight", r + "experts.w2", false, 0, 0, e);
+      }
     }
     add("model.norm.weight", "final_norm.weight");
   }
@@ -78,9 +102,15 @@ std::vector<Piece> pieces(const HfModelShape& s) {
 
 Shape hf_shape_of(const Piece& p, const Shape& loom) {
   Shape s = loom;
+  if (p.expert >= 0) s.erase(s.begin());
   if (p.row_end > 0) s[0] = p.row_end - p.row_begin;
   if (p.transpose) std::swap(s[0], s[1]);
   return s;
+}
+
+// Expert e's matrix of a contiguous [E, rows, cols] tensor (a view).
+Tensor expert_matrix(const Tensor& t, int64_t e) {
+  return t.slice(e, e + 1).reshape(Shape(t.shape().begin() + 1, t.shape().end()));
 }
 
 // Exact element-wise transpose of a contiguous 2-D tensor (any dtype: bytes are moved).
@@ -261,6 +291,56 @@ struct ConfigReader {
   }
 };
 
+// transformers' class for a family's causal language model.
+const char* causal_lm_class(const std::string& family) {
+  if (family == "gpt2") return "GPT2LMHeadModel";
+  if (family == "qwen2") return "Qwen2ForCausalLM";
+  if (family == "qwen3") return "Qwen3ForCausalLM";
+  if (family == "mistral") return "MistralForCausalLM";
+  if (family == "mixtral") return "MixtralForCausalLM";
+  if (family == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+// "architectures" (optional) names the class the weights were saved from: the family's causal
+// LM or its base model (no head: a tied embedding serves); a head of another kind is refused.
+void check_architectures(const ConfigReader& r, const std::string& family,
+                         const std::string& where) {
+  if (!r.has("architectures")) return;
+  const Json& a = r.get("architectures");
+  LOOM_CHECK(a.is_array(), where, ": field 'architectures' must be a list");
+  const std::string lm = causal_lm_class(family);
+  const std::string base = family == "gpt2" ? "GPT2Model" : lm.substr(0, lm.find("For")) + "Model";
+  for (size_t i = 0; i < a.size(); ++i) {
+    const Json& e = a.as_array()[i];
+    const std::string name = e.is_string() ? e.as_string() : e.dump();
+    LOOM_CHECK(name == lm || name == base, where, ": architectures[", i, "] '", name,
+               "' is not supported (Loom reads ", lm, " for model_type ", family, ")");
+  }
+}
+
+// The experts of a Mixtral or Qwen3-MoE config: every layer sparse, softmax routing with the
+// top k renormalised (what Loom's MoE layers compute).
+void read_moe(const ConfigReader& r, HfModelShape& s, const std::string& where) {
+  const bool mixtral = s.family == "mixtral";
+  s.n_experts = r.positive(mixtral ? "num_local_experts" : "num_experts");
+  s.top_k = r.positive("num_experts_per_tok");
+  LOOM_CHECK(s.top_k >= 2 && s.top_k <= s.n_experts, where, ": num_experts_per_tok = ", s.top_k,
+             " is not supported (Loom's MoE layers take 2 to ", s.n_experts, " experts a token)");
+  if (mixtral) {
+    LOOM_CHECK(r.number("router_jitter_noise", 0.f) == 0.f, where,
+               ": router_jitter_noise other than 0 is not supported");
+    return;
+  }
+  s.d_ff = r.positive("moe_intermediate_size");
+  LOOM_CHECK(r.boolean("norm_topk_prob", false), where,
+             ": norm_topk_prob false is not supported (Loom renormalises the top-k weights)");
+  LOOM_CHECK(!r.has("decoder_sparse_step") || r.integer("decoder_sparse_step") == 1, where,
+             ": decoder_sparse_step other than 1 is not supported (every layer is sparse)");
+  LOOM_CHECK(!r.has("mlp_only_layers") || r.get("mlp_only_layers").size() == 0, where,
+             ": mlp_only_layers is not supported (every layer is sparse)");
+}
+
 // rope_scaling: {"rope_type" (or the older "type"): "llama3", factor, low_freq_factor,
 // high_freq_factor, original_max_position_embeddings}; "default" means none.
 RopeScaling rope_scaling_from(const Json& j, const std::string& where) {
@@ -326,8 +406,20 @@ bool is_shard_file_name(const std::string& n) {
 }  // namespace
 
 void HfModelShape::validate() const {
-  LOOM_CHECK(family == "gpt2" || family == "llama", "model family '", family,
-             "' has no Hugging Face mapping (supported: gpt2, llama)");
+  LOOM_CHECK(family == "gpt2" || family == "llama" || family == "qwen2" || family == "qwen3" ||
+                 family == "mistral" || family == "mixtral" || family == "qwen3_moe",
+             "model family '", family,
+             "' has no Hugging Face mapping (supported: gpt2, llama, qwen2, qwen3, mistral, ",
+             "mixtral, qwen3_moe)");
+  LOOM_CHECK(sliding_window == 0 || family == "mistral" || family == "mixtral",
+             "model shape: a sliding window (", sliding_window,
+             ") maps only to the mistral and mixtral families, not ", family);
+  const bool moe_family = family == "mixtral" || family == "qwen3_moe";
+  LOOM_CHECK(moe_family == (n_experts > 0), "model shape: the ", family, " family ",
+             moe_family ? "needs experts" : "has no experts", " (n_experts ", n_experts, ")");
+  LOOM_CHECK(!moe_family || (top_k >= 2 && top_k <= n_experts), "model shape: top_k (", top_k,
+             ") must lie in [2, n_experts = ", n_experts, "]");
+  LOOM_CHECK(sliding_window >= 0, "model shape: sliding_window must be >= 0, got ", sliding_window);
   auto pos = [](int v, const char* name) {
     LOOM_CHECK(v > 0, "model shape: ", name, " must be positive, got ", v);
   };
@@ -361,10 +453,22 @@ std::map<std::string, Shape> loom_param_shapes(const HfModelShape& s) {
     const std::string b = cat("blocks.", i, ".");
     m[b + "norm1.weight"] = {C};
     m[b + "attn.qkv.weight"] = {q + 2 * kv, C};
+    if (s.qkv_bias()) m[b + "attn.qkv.bias"] = {q + 2 * kv};
+    if (s.qk_norm()) {
+      m[b + "attn.q_norm.weight"] = {s.head_dim};
+      m[b + "attn.k_norm.weight"] = {s.head_dim};
+    }
     m[b + "attn.proj.weight"] = {C, q};
     m[b + "norm2.weight"] = {C};
-    m[b + "mlp.fc.weight"] = {gpt2 ? F : 2 * F, C};
-    m[b + "mlp.proj.weight"] = {C, F};
+    if (s.is_moe()) {
+      const int64_t E = s.n_experts;
+      m[b + "moe.router.weight"] = {E, C};
+      m[b + "moe.experts.w1"] = {E, 2 * F, C};
+      m[b + "moe.experts.w2"] = {E, C, F};
+    } else {
+      m[b + "mlp.fc.weight"] = {gpt2 ? F : 2 * F, C};
+      m[b + "mlp.proj.weight"] = {C, F};
+    }
     if (gpt2) {
       m[b + "norm1.bias"] = {C};
       m[b + "attn.qkv.bias"] = {q + 2 * kv};
@@ -415,8 +519,8 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
     j["scale_attn_by_inverse_layer_idx"] = Json(false);
     j["reorder_and_upcast_attn"] = Json(false);
   } else {
-    j["architectures"] = Json(Json::Array{Json("LlamaForCausalLM")});
-    j["model_type"] = Json("llama");
+    j["architectures"] = Json(Json::Array{Json(causal_lm_class(s.family))});
+    j["model_type"] = Json(s.family);
     j["hidden_act"] = Json("silu");
     j["hidden_size"] = Json(s.d_model);
     j["intermediate_size"] = Json(s.d_ff);
@@ -438,10 +542,36 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
     } else {
       j["rope_scaling"] = Json();
     }
-    j["attention_bias"] = Json(false);
     j["attention_dropout"] = Json(0.0);
-    j["mlp_bias"] = Json(false);
-    j["pretraining_tp"] = Json(1);
+    if (s.family == "llama") {
+      j["attention_bias"] = Json(false);
+      j["mlp_bias"] = Json(false);
+      j["pretraining_tp"] = Json(1);
+    } else if (s.family == "mistral" || s.family == "mixtral") {
+      j["sliding_window"] = s.sliding_window > 0 ? Json(s.sliding_window) : Json();
+    } else {  // qwen2, qwen3, qwen3_moe: the window stays off (use_sliding_window)
+      j["use_sliding_window"] = Json(false);
+      j["sliding_window"] = Json();
+      j["max_window_layers"] = Json(s.n_layer);
+      if (s.family != "qwen2") j["attention_bias"] = Json(false);
+    }
+    if (s.family == "mixtral") {
+      j["num_local_experts"] = Json(s.n_experts);
+      j["num_experts_per_tok"] = Json(s.top_k);
+      j["router_jitter_noise"] = Json(0.0);
+    } else if (s.family == "qwen3_moe") {
+      j["num_experts"] = Json(s.n_experts);
+      j["num_experts_per_tok"] = Json(s.top_k);
+      j["moe_intermediate_size"] = Json(s.d_ff);
+      j["norm_topk_prob"] = Json(true);
+      j["decoder_sparse_step"] = Json(1);
+      j["mlp_only_layers"] = Json::array();
+    }
+    if (s.is_moe()) {
+      // Loom's auxiliary loss is its own training option (model.aux_loss_coeff).
+      j["output_router_logits"] = Json(false);
+      j["router_aux_loss_coef"] = Json(0.001);
+    }
   }
   return j;
 }
@@ -487,8 +617,13 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
                ": scale_attn_weights false is not supported");
     LOOM_CHECK(!r.boolean("scale_attn_by_inverse_layer_idx", false), where,
                ": scale_attn_by_inverse_layer_idx is not supported");
-  } else if (type == "llama") {
-    s.family = "llama";
+  } else if (type == "qwen2_moe") {
+    fail(where, ": model_type 'qwen2_moe' is not supported: its shared expert and that expert's ",
+         "sigmoid gate have no equivalent in Loom's MoE layers (Loom imports mixtral and ",
+         "qwen3_moe)");
+  } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" ||
+             type == "mixtral" || type == "qwen3_moe") {
+    s.family = type;
     s.d_model = r.positive("hidden_size");
     s.d_ff = r.positive("intermediate_size");
     s.n_layer = r.positive("num_hidden_layers");
@@ -507,14 +642,37 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
     s.rope_theta = r.number("rope_theta", 10000.f);
     s.tied = r.boolean("tie_word_embeddings", false);
     const std::string act = r.string("hidden_act", "silu");
-    LOOM_CHECK(act == "silu", where, ": hidden_act '", act, "' is not supported (Llama uses silu)");
+    LOOM_CHECK(act == "silu", where, ": hidden_act '", act, "' is not supported (", type,
+               " uses silu)");
     if (r.has("rope_scaling")) s.rope_scaling = rope_scaling_from(r.get("rope_scaling"), where);
+    // transformers 5 writes both as one object, rope_parameters.
+    if (r.has("rope_parameters")) {
+      const Json& p = r.get("rope_parameters");
+      s.rope_scaling = rope_scaling_from(p, where);
+      s.rope_theta =
+          ConfigReader{p, where + ": rope_parameters"}.number("rope_theta", s.rope_theta);
+    }
+    // Qwen2 always has q/k/v biases (and no others); Qwen3's attention_bias would put one on
+    // o_proj as well, which no Loom option matches.
     LOOM_CHECK(!r.boolean("attention_bias", false), where,
                ": attention_bias true is not supported");
     LOOM_CHECK(!r.boolean("mlp_bias", false), where, ": mlp_bias true is not supported");
+    if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe")
+      LOOM_CHECK(!r.boolean("use_sliding_window", false), where,
+                 ": use_sliding_window true is not supported (Loom's attention has no sliding ",
+                 "window)");
+    if (type == "mixtral" || type == "qwen3_moe") read_moe(r, s, where);
+    if ((type == "mistral" || type == "mixtral") && r.has("sliding_window")) {
+      s.sliding_window = r.positive("sliding_window");
+      // A window as long as the context never binds: the same model as none.
+      if (s.sliding_window >= s.max_seq) s.sliding_window = 0;
+    }
   } else {
-    fail(where, ": model_type '", type, "' is not supported (Loom imports gpt2 and llama)");
+    fail(where, ": model_type '", type,
+         "' is not supported (Loom imports gpt2, llama, qwen2, qwen3, mistral, mixtral and ",
+         "qwen3_moe)");
   }
+  check_architectures(r, s.family, where);
   s.bos_token_id = r.token_id("bos_token_id");
   s.eos_token_id = r.token_id("eos_token_id");
   try {
@@ -534,6 +692,7 @@ TensorMap loom_to_hf(const HfModelShape& s, const TensorMap& loom, DType dtype) 
   TensorMap out;
   for (const Piece& p : pieces(s)) {
     Tensor src = loom.at(p.loom);
+    if (p.expert >= 0) src = expert_matrix(src, p.expert);
     if (p.row_end > 0) src = src.slice(p.row_begin, p.row_end);
     Tensor t = converted(src, dtype);
     out[p.hf] = p.transpose ? transposed(t) : t;
@@ -541,8 +700,9 @@ TensorMap loom_to_hf(const HfModelShape& s, const TensorMap& loom, DType dtype) 
   return out;
 }
 
-TensorMap hf_to_loom(const HfModelShape& s, const TensorMap& hf_in, DType dtype,
-                     const std::string& where) {
+// The parameters of `hf_in` under their canonical names, checked against the family's.
+static TensorMap canonical_names(const HfModelShape& s, const TensorMap& hf_in,
+                                 const std::string& where) {
   TensorMap hf;
   for (const auto& [name, t] : hf_in) {
     if (ignorable_hf_name(s, name)) continue;
@@ -552,14 +712,28 @@ TensorMap hf_to_loom(const HfModelShape& s, const TensorMap& hf_in, DType dtype,
     hf[n] = t;
   }
   check_exact(hf, hf_param_shapes(s), where, s.family);
-  TensorMap out;
-  for (const auto& [name, shape] : loom_param_shapes(s)) out[name] = Tensor::zeros(shape, dtype);
+  return hf;
+}
+
+// The canonical, checked HF tensors into the Loom parameters `out`, converted to their dtypes.
+static void hf_to_loom_into(const HfModelShape& s, const TensorMap& hf, const TensorMap& out) {
+  check_exact(out, loom_param_shapes(s), "import destination", s.family);
   for (const Piece& p : pieces(s)) {
-    Tensor src = converted(hf.at(p.hf), dtype);
     Tensor dst = out.at(p.loom);
+    LOOM_CHECK(dst.is_contiguous(), "import destination: tensor '", p.loom, "' is not contiguous");
+    Tensor src = converted(hf.at(p.hf), dst.dtype());
+    if (p.expert >= 0) dst = expert_matrix(dst, p.expert);
     if (p.row_end > 0) dst = dst.slice(p.row_begin, p.row_end);
     dst.copy_from(p.transpose ? transposed(src) : src);  // same dtype, contiguous: a memcpy
   }
+}
+
+TensorMap hf_to_loom(const HfModelShape& s, const TensorMap& hf_in, DType dtype,
+                     const std::string& where) {
+  const TensorMap hf = canonical_names(s, hf_in, where);
+  TensorMap out;
+  for (const auto& [name, shape] : loom_param_shapes(s)) out[name] = Tensor::zeros(shape, dtype);
+  hf_to_loom_into(s, hf, out);
   return out;
 }
 
@@ -621,10 +795,22 @@ void export_hf(const std::string& dir, const HfModelShape& shape, const TensorMa
   write_file_atomic(join(dir, kConfigFile), config.dump(2) + "\n");
 }
 
-HfModel import_hf(const std::string& dir, DType dtype) {
+HfModelShape read_hf_shape(const std::string& dir) {
   const std::string config_path = join(dir, kConfigFile);
+  return hf_shape_from_config(Json::parse(read_file(config_path), config_path), config_path);
+}
+
+HfModel import_hf(const std::string& dir, DType dtype) {
   HfModel m;
-  m.shape = hf_shape_from_config(Json::parse(read_file(config_path), config_path), config_path);
+  m.shape = read_hf_shape(dir);
+  for (const auto& [name, shape] : loom_param_shapes(m.shape))
+    m.params[name] = Tensor::zeros(shape, dtype);
+  import_hf_into(dir, m.shape, m.params);
+  return m;
+}
+
+void import_hf_into(const std::string& dir, const HfModelShape& shape, const TensorMap& dst) {
+  const std::string config_path = join(dir, kConfigFile);
 
   std::vector<std::unique_ptr<SafetensorsReader>> files;
   TensorMap hf;
@@ -632,7 +818,7 @@ HfModel import_hf(const std::string& dir, DType dtype) {
   // Buffers of dtypes Loom has no type for are read past, but only those a loader skips anyway.
   auto check_skipped = [&](const SafetensorsReader& f) {
     for (const auto& s : f.skipped())
-      LOOM_CHECK(ignorable_hf_name(m.shape, s.name), f.path(), ": tensor '", s.name, "' has dtype ",
+      LOOM_CHECK(ignorable_hf_name(shape, s.name), f.path(), ": tensor '", s.name, "' has dtype ",
                  s.dtype, ", which Loom cannot load (only buffers such as GPT-2's attn.bias mask ",
                  "are skipped)");
   };
@@ -660,16 +846,15 @@ HfModel import_hf(const std::string& dir, DType dtype) {
         check_skipped(*files.back());
         it = by_file.emplace(file, files.back().get()).first;
       }
-      if (ignorable_hf_name(m.shape, name) && !it->second->contains(name)) continue;  // skipped
+      if (ignorable_hf_name(shape, name) && !it->second->contains(name)) continue;  // skipped
       LOOM_CHECK(it->second->contains(name), index_path, ": weight_map puts '", name, "' in ",
                  it->second->path(), ", which does not contain it");
       hf[name] = it->second->view(name);
     }
     where = index_path;
   }
-  check_layer_count(m.shape, hf, config_path, where);
-  m.params = hf_to_loom(m.shape, hf, dtype, where);
-  return m;
+  check_layer_count(shape, hf, config_path, where);
+  hf_to_loom_into(shape, canonical_names(shape, hf, where), dst);
 }
 
 }  // namespace loom::ckpt

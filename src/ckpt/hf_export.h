@@ -1,5 +1,8 @@
 // Hugging Face interchange: Loom parameters <-> a transformers model directory (config.json plus
 // model.safetensors, or model-0000i-of-0000n.safetensors with model.safetensors.index.json).
+// Families: GPT-2, Llama, Qwen2/2.5, Qwen3 and Mistral (dense), Mixtral and Qwen3-MoE (every
+// layer's MLP a mixture of experts: Loom's MoE layers, router "moe.router.weight" [E, C], the
+// experts' gate/up rows in "moe.experts.w1" [E, 2F, C] and down in "moe.experts.w2" [E, C, F]).
 //
 // Loom keeps every linear weight as [out, in] (torch.nn.Linear), fuses q/k/v into one
 // "attn.qkv.weight" (rows: q heads, k heads, v heads) and, for Llama, gate/up into one
@@ -21,7 +24,10 @@ namespace loom::ckpt {
 
 // The shape-determining fields of a model, in the terms both sides share.
 struct HfModelShape {
-  std::string family;  // "gpt2" | "llama"
+  // "gpt2" | "llama" | "qwen2" (q/k/v biases) | "qwen3" (per-head q/k RMSNorm) | "mistral"
+  // (sliding window): the last three are Llama's layout with their one difference; "mixtral"
+  // (Mistral's attention) and "qwen3_moe" (Qwen3's) with mixture-of-experts MLPs.
+  std::string family;
   int n_layer = 0;
   int d_model = 0;
   int n_head = 0;
@@ -34,8 +40,17 @@ struct HfModelShape {
   float rope_theta = 10000.f;  // Llama only
   RopeScaling rope_scaling;    // Llama only: rope_scaling {"rope_type": "llama3", ...}
   bool tied = true;            // output head shares the token embedding
-  int bos_token_id = -1;       // -1: not written to config.json
+  int sliding_window = 0;      // mistral, mixtral: sliding_window (0: null, no window)
+  // mixtral, qwen3_moe: experts in every layer (each of width d_ff) and experts per token,
+  // chosen by softmax scores with the top k renormalised to sum to 1.
+  int n_experts = 0;
+  int top_k = 0;
+  int bos_token_id = -1;  // -1: not written to config.json
   int eos_token_id = -1;
+
+  bool qkv_bias() const { return family == "qwen2"; }
+  bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
+  bool is_moe() const { return n_experts > 0; }
 
   bool operator==(const HfModelShape&) const = default;
   void validate() const;  // throws naming the field
@@ -80,5 +95,11 @@ struct HfModel {
 // Reads config.json and model.safetensors (or the sharded set named by
 // model.safetensors.index.json) from `dir` into Loom names.
 HfModel import_hf(const std::string& dir, DType dtype = DType::F32);
+// The two halves of import_hf, for a caller that owns the destination (a model's parameters):
+// the shape config.json describes, then the weights of the mapped files converted tensor by
+// tensor into `dst` (exactly loom_param_shapes(shape), contiguous, each of its own dtype), so
+// the model is never held twice.
+HfModelShape read_hf_shape(const std::string& dir);
+void import_hf_into(const std::string& dir, const HfModelShape& shape, const TensorMap& dst);
 
 }  // namespace loom::ckpt

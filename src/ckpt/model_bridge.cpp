@@ -5,10 +5,36 @@
 namespace loom::ckpt {
 
 HfModelShape hf_shape_of(const ModelConfig& c) {
-  LOOM_CHECK(!c.is_moe(), "model '", c.name, "' has mixture-of-experts layers (", c.n_experts,
-             " experts): Hugging Face export of MoE models is not supported");
+  // Mixtral and Qwen3-MoE: every layer sparse, dropless softmax routing over 2+ experts a
+  // token, the top k renormalised.
+  if (c.is_moe())
+    LOOM_CHECK(c.family == Family::Llama && c.moe_router == "softmax" && c.moe_layer_freq == 1 &&
+                   c.capacity_factor == 0 && c.top_k >= 2 && !c.qkv_bias,
+               "model '", c.name, "': a mixture of experts maps to Hugging Face's Mixtral or ",
+               "Qwen3-MoE only with the llama family, model.moe_router = softmax, ",
+               "model.moe_layer_freq = 1, model.capacity_factor = 0, model.top_k >= 2 and no ",
+               "model.qkv_bias (got ", family_name(c.family), ", ", c.moe_router, ", ",
+               c.moe_layer_freq, ", ", c.capacity_factor, ", ", c.top_k, ", ", c.qkv_bias, ")");
   HfModelShape s;
   s.family = family_name(c.family);
+  // The Llama-layout families differ from Llama in one option each; Loom's configs may not
+  // combine them.
+  if (c.family == Family::Llama) {
+    LOOM_CHECK(int(c.qkv_bias) + int(c.qk_norm) + int(c.sliding_window > 0) <= 1, "model '", c.name,
+               "' combines model.qkv_bias (", c.qkv_bias, "), model.qk_norm (", c.qk_norm,
+               ") and model.sliding_window (", c.sliding_window,
+               "): no Hugging Face family has more than one of them");
+    if (c.qkv_bias) s.family = "qwen2";
+    if (c.qk_norm) s.family = "qwen3";
+    if (c.sliding_window > 0) s.family = "mistral";
+    if (c.is_moe()) s.family = c.qk_norm ? "qwen3_moe" : "mixtral";
+  } else {
+    LOOM_CHECK(!c.qkv_bias && !c.qk_norm && c.sliding_window == 0, "model '", c.name,
+               "': GPT-2 on Hugging Face has no q/k norm, separate q/k/v biases or sliding window");
+  }
+  s.sliding_window = c.sliding_window;
+  s.n_experts = c.n_experts;
+  s.top_k = c.is_moe() ? c.top_k : 0;
   s.n_layer = c.n_layer;
   s.d_model = c.d_model;
   s.n_head = c.n_head;
@@ -30,9 +56,18 @@ HfModelShape hf_shape_of(const ModelConfig& c) {
 ModelConfig model_config_of(const HfModelShape& s) {
   ModelConfig c;
   c.name = "hf-" + s.family;
-  LOOM_CHECK(s.family == "gpt2" || s.family == "llama", "unsupported model family '", s.family,
-             "'");
+  s.validate();
   c.family = s.family == "gpt2" ? Family::GPT2 : Family::Llama;
+  c.qkv_bias = s.qkv_bias();
+  c.qk_norm = s.qk_norm();
+  c.sliding_window = s.sliding_window;
+  c.n_experts = s.n_experts;
+  if (s.is_moe()) {
+    c.top_k = s.top_k;
+    c.moe_router = "softmax";
+    c.moe_layer_freq = 1;
+    c.capacity_factor = 0;
+  }
   c.n_layer = s.n_layer;
   c.d_model = s.d_model;
   c.n_head = s.n_head;

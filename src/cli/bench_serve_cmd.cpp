@@ -10,6 +10,7 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/serving_setup.h"
 #include "core/bench_util.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -62,7 +63,6 @@ int run_bench_serve(const Args& args) {
       .value("model", "", "model name sent over HTTP (default: the server's)")
       .value("preset", "gpt2-124m", "in-process model preset (random weights)")
       .value("ckpt", "", "in-process: a checkpoint instead of a preset")
-      .value("weights", "fp32", "in-process weights for decode: fp32, bf16, int8 or fp8")
       .value("num-prompts", "32", "requests in a load run")
       .value("input-len", "128", "prompt tokens")
       .value("output-len", "64", "tokens generated per request")
@@ -76,13 +76,11 @@ int run_bench_serve(const Args& args) {
       .flag("no-load", "skip the load run (with --decode: decode figures only)")
       .value("streams", "16", "concurrent streams of --decode")
       .value("threads", "2", "threads (OpenMP and BLAS) of the in-process engine")
-      .value("max-num-seqs", "64", "in-process engine: sequences batched at once")
-      .value("max-batched-tokens", "512", "in-process engine: tokens per step")
-      .value("kv-cache-mb", "512", "in-process engine: KV cache size")
       .value("timeout", "600", "seconds a load run may take")
       .value("torch-single", "", "bench/torch_decode_baseline.py's single-stream tok/s: ratios")
       .value("torch-batch", "", "its batch-16 tok/s: ratio of --streams aggregate decode")
       .value("json", "", "write the figures here as one JSON object");
+  declare_engine_options(o);  // the in-process engine's
   if (!o.parse(args)) return 0;
   infer::LoadSpec spec;
   spec.num_prompts = o.get_int32("num-prompts", 1, 100000);
@@ -98,16 +96,13 @@ int run_bench_serve(const Args& args) {
   const double torch_single = parse_positive(o, "torch-single");
   const double torch_batch = parse_positive(o, "torch-batch");
   const std::string weights = o.get("weights");
-  const infer::WeightType wtype = infer::weight_type_from_name(weights);
+  const infer::WeightType wtype = engine_weights_from(o);
 
   // The in-process model and engine (for the load without --url, and for --decode).
   std::unique_ptr<Decoder> model;
   std::unique_ptr<infer::QuantizedWeights> quant;
   std::unique_ptr<infer::DecoderRunner> runner;
-  infer::EngineConfig ec;
-  ec.scheduler.max_num_seqs = o.get_int32("max-num-seqs", 1, 4096);
-  ec.scheduler.max_batched_tokens = o.get_int32("max-batched-tokens", 1, 1 << 20);
-  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  infer::EngineConfig ec = engine_config_from(o);
   const int threads = o.get_int32("threads", 1, 1024);
   if (!http || decode) {
     set_num_threads(threads);

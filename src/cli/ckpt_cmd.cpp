@@ -17,6 +17,7 @@
 #include "core/fs.h"
 #include "data/bpe.h"
 #include "data/chat.h"
+#include "data/hf_chat_template.h"
 #include "data/hf_tokenizer.h"
 #include "infer/generator.h"
 #include "model/decoder.h"
@@ -48,6 +49,27 @@ static int inspect(const Args& args) {
   return 0;
 }
 
+// A model's own chat template (chat_template.jinja, or tokenizer_config.json's) copied beside
+// its tokenizer as hf:TOK_DIR when Loom's Jinja subset reads it; "" (with a warning) otherwise.
+static std::string import_chat_template(const std::string& hf_dir, const std::string& tok_dir) {
+  const std::filesystem::path dir(hf_dir);
+  const std::string cfg = (dir / "tokenizer_config.json").string();
+  const std::string jinja = (dir / "chat_template.jinja").string();
+  const bool in_cfg =
+      file_exists(cfg) && Json::parse(read_file(cfg), cfg).contains("chat_template");
+  if (!in_cfg && !file_exists(jinja)) return "";  // a model without a chat format
+  for (const std::string& f : {cfg, jinja})
+    if (file_exists(f))
+      write_file_atomic(tok_dir + "/" + std::filesystem::path(f).filename().string(), read_file(f));
+  try {
+    data::HfChatTemplate check(tok_dir);
+    return "hf:" + tok_dir;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "warning: chat template not imported: %s\n", e.what());
+    return "";
+  }
+}
+
 // The chat template a run trained with: data.chat_template of chat or preference data.
 static std::string run_chat_template(const Config& run) {
   const std::string source = run.get_string("data.source", "");
@@ -63,12 +85,18 @@ static std::string model_section(const ModelConfig& mc) {
           "\nn_kv_head = ", mc.n_kv_head, "\nhead_dim = ", mc.head_dim, "\nd_ff = ", mc.d_ff,
           "\nvocab = ", mc.vocab, "\nmax_seq = ", mc.max_seq, "\nnorm_eps = ", mc.norm_eps,
           "\nrope_theta = ", mc.rope_theta, "\ntied = ", mc.tied ? "true" : "false",
-          "\nbias = ", mc.bias ? "true" : "false", "\n");
+          "\nbias = ", mc.bias ? "true" : "false", "\nqkv_bias = ", mc.qkv_bias ? "true" : "false",
+          "\nqk_norm = ", mc.qk_norm ? "true" : "false", "\nsliding_window = ", mc.sliding_window,
+          "\n");
   if (mc.rope_scaling.enabled())
     cfg += cat("rope_scaling = \"llama3\"\nrope_factor = ", mc.rope_scaling.factor,
                "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
                "\nrope_high_freq_factor = ", mc.rope_scaling.high_freq_factor,
                "\nrope_original_max_seq = ", mc.rope_scaling.original_max_seq, "\n");
+  if (mc.is_moe())
+    cfg += cat("n_experts = ", mc.n_experts, "\ntop_k = ", mc.top_k, "\nmoe_router = \"",
+               mc.moe_router, "\"\ncapacity_factor = ", mc.capacity_factor,
+               "\nmoe_layer_freq = ", mc.moe_layer_freq, "\n");
   return cfg;
 }
 
@@ -92,16 +120,18 @@ static int export_peft_cmd(const ckpt::Checkpoint& c, const Config& run, const s
 }
 
 static int export_cmd(const Args& args) {
-  Options o("loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16] [--tokenizer SPEC]",
-            "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
-            "(GPT2LMHeadModel or LlamaForCausalLM names and layouts), generation_config.json and,\n"
-            "when the run names a tokenizer, tokenizer.json + tokenizer_config.json (with the\n"
-            "chat template of chat/preference runs): a directory transformers loads as is.");
+  Options o(
+      "loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16] [--tokenizer SPEC]",
+      "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
+      "(GPT-2, Llama, Qwen2, Qwen3 or Mistral names and layouts), generation_config.json and,\n"
+      "when the run names a tokenizer, tokenizer.json + tokenizer_config.json (with the\n"
+      "chat template of chat/preference runs): a directory transformers loads as is.");
   o.positional("path", "a step directory or a checkpoints root (uses latest)")
       .value("out", "", "output directory", true)
       .value("dtype", "fp32", "weight dtype in the exported file")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer; none: skip)")
-      .value("chat-template", "", "chatml | llama3 | none (default: the run's, for chat data)")
+      .value("chat-template", "",
+             "chatml | llama3 | hf:PATH | none (default: the run's, for chat data)")
       .flag("peft", "a LoRA run: write its adapters as PEFT files, not the merged model")
       .value("base-model", "", "--peft: base_model_name_or_path (default: train.pretrained)");
   if (!o.parse(args)) return 0;
@@ -203,7 +233,8 @@ static int import_peft_cmd(const std::string& dir, const std::string& base, cons
 
 static int import_cmd(const Args& args) {
   Options o("loom ckpt import HF_DIR --out ROOT [--base CKPT]",
-            "Reads a Hugging Face GPT-2 or Llama model (config.json + safetensors) and writes a\n"
+            "Reads a Hugging Face GPT-2, Llama, Qwen2, Qwen3 or Mistral model (config.json +\n"
+            "safetensors, or the shards model.safetensors.index.json names) and writes a\n"
             "Loom checkpoint at step 0 under ROOT, usable by generate and as a training start.\n"
             "A PEFT LoRA directory (adapter_config.json) becomes a LoRA checkpoint over --base.");
   o.positional("hf_dir", "directory with config.json and model.safetensors")
@@ -213,19 +244,22 @@ static int import_cmd(const Args& args) {
   if (!o.parse(args)) return 0;
   if (ckpt::is_peft_dir(o.get("hf_dir")))
     return import_peft_cmd(o.get("hf_dir"), o.get("base"), o.get("out"), o.has("merge"));
-  ckpt::HfModel hf = ckpt::import_hf(o.get("hf_dir"));
-  ModelConfig mc = ckpt::model_config_of(hf.shape);
+  const ckpt::HfModelShape shape = ckpt::read_hf_shape(o.get("hf_dir"));
+  ModelConfig mc = ckpt::model_config_of(shape);
   // The model's tokenizer.json, when Loom can read it, travels with the checkpoint (a copy under
   // ROOT/tokenizer, named as the run's data.tokenizer) so generate and export find it.
   const std::string hf_tok = (std::filesystem::path(o.get("hf_dir")) / "tokenizer.json").string();
   std::string tok_dir;
-  std::string chat;  // the model's chat template, when it is one of Loom's
+  std::string chat;  // the model's chat template: one of Loom's, or its own as hf:PATH
   if (file_exists(hf_tok)) {
     try {
       data::load_hf_tokenizer(hf_tok);
       const std::string cfg_path =
           (std::filesystem::path(o.get("hf_dir")) / "tokenizer_config.json").string();
-      if (file_exists(cfg_path)) {
+      // HF reads chat_template.jinja in place of the config's template when both are there.
+      const bool own_jinja =
+          file_exists((std::filesystem::path(o.get("hf_dir")) / "chat_template.jinja").string());
+      if (file_exists(cfg_path) && !own_jinja) {
         const Json tc = Json::parse(read_file(cfg_path), cfg_path);
         if (tc.is_object() && tc.contains("chat_template") && tc.at("chat_template").is_string())
           for (const char* name : {"chatml", "llama3"})
@@ -234,26 +268,24 @@ static int import_cmd(const Args& args) {
       tok_dir = std::filesystem::absolute(std::filesystem::path(o.get("out")) / "tokenizer");
       make_dirs(tok_dir);
       write_file_atomic(tok_dir + "/tokenizer.json", read_file(hf_tok));
+      if (chat.empty()) chat = import_chat_template(o.get("hf_dir"), tok_dir);
     } catch (const Error& e) {
       std::fprintf(stderr, "warning: tokenizer.json not imported: %s\n", e.what());
       tok_dir.clear();
     }
   }
+  // The weights go straight from the mapped files into the model's parameters.
   Decoder model(mc, cpu_backend());
-  auto dst = model.params().tensors("Hugging Face import");
-  for (auto& [name, t] : dst) {
-    auto it = hf.params.find(name);
-    LOOM_CHECK(it != hf.params.end(), o.get("hf_dir"), ": no weights for ", name);
-    t.copy_from(it->second);
-  }
+  const auto dst = model.params().tensors("Hugging Face import");
+  ckpt::import_hf_into(o.get("hf_dir"), shape, dst);
   std::string cfg = model_section(mc);
   if (!tok_dir.empty()) cfg += cat("[data]\ntokenizer = \"hf:", tok_dir, "\"\n");
   ckpt::TrainerState st;
   st.config_text = cfg;
   st.extra["model_fingerprint"] = mc.fingerprint();
   st.extra["imported_from"] = o.get("hf_dir");
-  if (hf.shape.bos_token_id >= 0) st.extra["hf_bos_token_id"] = int64_t(hf.shape.bos_token_id);
-  if (hf.shape.eos_token_id >= 0) st.extra["hf_eos_token_id"] = int64_t(hf.shape.eos_token_id);
+  if (shape.bos_token_id >= 0) st.extra["hf_bos_token_id"] = int64_t(shape.bos_token_id);
+  if (shape.eos_token_id >= 0) st.extra["hf_eos_token_id"] = int64_t(shape.eos_token_id);
   if (!chat.empty()) st.extra["hf_chat_template"] = chat;
   std::string dir = ckpt::save_checkpoint(o.get("out"), st, dst, ckpt::TensorMap{});
   std::printf("imported %s -> %s\n", o.get("hf_dir").c_str(), dir.c_str());

@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <fstream>
 #include <map>
 
 #include "ckpt/checkpoint.h"
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/results_file.h"
 #include "cli/serving_setup.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -24,6 +24,7 @@
 #include "infer/generator.h"
 #include "infer/model_runner.h"
 #include "infer/request_sampling.h"
+#include "infer/weight_quant.h"
 #include "train/device.h"
 
 namespace loom::cli {
@@ -49,16 +50,18 @@ int run_generate(const Args& args) {
       .multi("stop", "stop string (repeatable)")
       .value("seed", "0", "sampling seed")
       .flag("ignore-eos", "keep going past the end-of-text token")
-      .value("chat-template", "", "chatml or llama3: prompts are user messages in this template")
+      .value("chat-template", "",
+             "chatml, llama3 or hf:PATH: prompts are user messages in this template")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
-      .value("max-num-seqs", "64", "sequences batched at once")
-      .value("kv-cache-mb", "256", "KV cache size")
       .value("device", "cpu", "cpu, cuda or auto (a GPU when there is one, else the CPU)");
+  declare_engine_options(o);
   if (!o.parse(args)) return 0;
   // The engine runs where the model does (cuda: weights, KV cache and attention on the GPU,
   // the scheduler and sampling on the host). cuda without a CUDA build or a GPU is an error
   // naming --device, before any file is read; auto falls back to the CPU with a notice.
   const DeviceChoice dev = select_serving_device(o.get("device"), "--device", "generating");
+  const infer::WeightType weights = engine_weights_from(o);
+  check_serving_weights(o.get("weights"), "--weights", dev);
   // Options first, in the names the user typed, before any file is read.
   const double temperature = o.get_double("temperature"), top_p = o.get_double("top-p"),
                min_p = o.get_double("min-p"), rep = o.get_double("repetition-penalty");
@@ -68,6 +71,10 @@ int run_generate(const Args& args) {
   LOOM_CHECK(min_p >= 0 && min_p <= 1, "--min-p must lie in [0, 1], got ", min_p);
   LOOM_CHECK(rep > 0 && rep <= 10, "--repetition-penalty must lie in (0, 10], got ", rep);
   auto model = load_model_from_checkpoint(o.get("ckpt"), *dev.backend);
+  // Decode streams every weight once per token: narrower copies make it faster (on the CPU; on
+  // a GPU the model decodes with the weights it holds).
+  std::unique_ptr<infer::QuantizedWeights> quant;
+  if (!dev.cuda) quant = std::make_unique<infer::QuantizedWeights>(*model, weights);
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
   std::unique_ptr<data::ChatTemplate> chat;
   if (!o.get("chat-template").empty()) {
@@ -91,9 +98,7 @@ int run_generate(const Args& args) {
   sp.ignore_eos = o.has("ignore-eos");
   infer::validate(sp, model->config().vocab);
 
-  infer::EngineConfig ec;
-  ec.scheduler.max_num_seqs = static_cast<int>(o.get_int("max-num-seqs", 1, 4096));
-  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  infer::EngineConfig ec = engine_config_from(o);
   set_text_codec(ec, tok.get(), chat.get());
   auto encode = [&](const Json& line, const std::string& where) {
     std::vector<int32_t> ids;
@@ -147,20 +152,10 @@ int run_generate(const Args& args) {
   for_each_jsonl(o.get("input"), [&](const Json& j, const std::string& where) {
     lines.push_back({j, where});
   });
-  size_t done = 0;
-  if (file_exists(o.get("output"))) {
-    const std::string prev = read_file(o.get("output"));
-    for (size_t pos = 0; pos < prev.size();) {
-      size_t end = prev.find('\n', pos);
-      if (end == std::string::npos) break;  // a cut last line is written again
-      ++done;
-      pos = end + 1;
-    }
-    LOOM_CHECK(done <= lines.size(), o.get("output"), " has ", done, " results for ", lines.size(),
-               " prompts: not this input's output");
-  }
-  std::ofstream out(o.get("output"), std::ios::app);
-  LOOM_CHECK(out.good(), "cannot write ", o.get("output"));
+  ResultsFile out(o.get("output"));
+  const size_t done = out.done();
+  LOOM_CHECK(done <= lines.size(), o.get("output"), " has ", done, " results for ", lines.size(),
+             " prompts: not this input's output");
   struct Result {
     std::string text, reason, answer;
     bool scored = false;
@@ -194,7 +189,7 @@ int run_generate(const Args& args) {
         ++scored;
         correct += ok;
       }
-      out << j.dump() << '\n';
+      out.write_line(j.dump());
       results.erase(next_write++);
     }
     out.flush();

@@ -7,6 +7,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "model/model_config.h"
 #include "plan/plan.h"
 #include "plan/search.h"
 #include "plan/validation.h"
@@ -28,23 +29,25 @@ struct Shorthand {
 };
 constexpr Shorthand kShorthands[] = {
     {"model", "model.preset"},
-    {"seq", "model.seq"},
+    {"seq", "train.seq_len"},
     {"cluster", "cluster.preset"},
     {"gpu", "cluster.gpu"},
     {"nodes", "cluster.nodes"},
     {"gpus-per-node", "cluster.gpus_per_node"},
-    {"global-batch", "train.global_batch"},
+    {"global-batch", "plan.global_batch"},
     {"micro-batch", "train.micro_batch"},
-    {"precision", "train.precision"},
-    {"optimizer", "train.optimizer"},
-    {"zero", "train.zero_stage"},
+    {"grad-accum", "train.grad_accum"},
+    {"precision", "precision.policy"},
+    {"fp8-recipe", "precision.fp8_recipe"},
+    {"optimizer", "plan.optimizer"},
+    {"zero", "parallel.zero"},
     {"recompute", "train.recompute"},
-    {"tp", "train.tp"},
-    {"pp", "train.pp"},
-    {"vp", "train.vp"},
-    {"cp", "train.cp"},
-    {"ep", "train.ep"},
-    {"dp", "train.dp"},
+    {"tp", "parallel.tp"},
+    {"pp", "parallel.pp"},
+    {"vp", "parallel.vp"},
+    {"cp", "parallel.cp"},
+    {"ep", "parallel.ep"},
+    {"dp", "parallel.dp"},
 };
 
 std::string validation_report(bool as_json) {
@@ -71,34 +74,42 @@ std::string validation_report(bool as_json) {
 }  // namespace
 
 int run_plan(const Args& args) {
-  Options opt("loom plan [--config FILE] [--model NAME] [--cluster NAME] [options]",
-              "Predicts memory per GPU, step time, tokens/s, TFLOP/s per GPU, MFU and goodput for\n"
-              "a model on a cluster with a parallel layout, or searches layouts (--search).\n"
-              "Options are shorthands for config keys ([model], [cluster], [train]; see\n"
-              "docs/plan.md); --set KEY=VALUE sets any key. Command line overrides the file.\n"
-              "Models: " +
-                  join(plan::model_preset_names()) + "\nClusters: " +
-                  join(plan::cluster_preset_names()) + "; GPUs: " + join(plan::gpu_preset_names()));
-  opt.value("config", "", "TOML file with [model], [cluster] and [train] sections")
+  Options opt(
+      "loom plan [--config FILE] [--model NAME] [--cluster NAME] [options]",
+      "Predicts memory per GPU, step time, tokens/s, TFLOP/s per GPU, MFU and goodput for\n"
+      "a model on a cluster with a parallel layout, or searches layouts (--search).\n"
+      "The config is a training config (loom train's [model], [parallel], [precision],\n"
+      "[train]; [data] and [optim] are accepted and not read) plus the planner's [cluster]\n"
+      "and [plan] sections (docs/plan.md); without a cluster, one dgx-h100 node. Options\n"
+      "are shorthands for config keys; --set KEY=VALUE sets any key. Command line\n"
+      "overrides the file.\n"
+      "Models: loom's presets (" +
+          join(loom::model_preset_names()) + ") or the planner's (" +
+          join(plan::model_preset_names()) + ")\nClusters: " + join(plan::cluster_preset_names()) +
+          "; GPUs: " + join(plan::gpu_preset_names()));
+  opt.value("config", "", "TOML file: a training config, with [cluster] and [plan] if wanted")
       .value("model", "", "model preset (model.preset)")
-      .value("seq", "", "sequence length (model.seq)")
+      .value("seq", "", "sequence length (train.seq_len)")
       .value("cluster", "", "cluster preset of DGX-style nodes (cluster.preset)")
       .value("gpu", "", "GPU type for a custom cluster (cluster.gpu)")
       .value("nodes", "", "number of nodes (cluster.nodes)")
       .value("gpus-per-node", "", "GPUs per node (cluster.gpus_per_node)")
-      .value("global-batch", "", "sequences per optimizer step (train.global_batch)")
+      .value("global-batch", "", "sequences per optimizer step (plan.global_batch)")
       .value("micro-batch", "", "sequences per micro-batch (train.micro_batch)")
-      .value("precision", "", "fp32, bf16, fp16 or fp8 (train.precision)")
-      .value("optimizer", "", "adam, sgd or adam8bit (train.optimizer)")
-      .value("zero", "", "ZeRO stage 0-3; 1 = distributed optimizer (train.zero_stage)")
+      .value("grad-accum", "", "micro-batches per step per DP rank (train.grad_accum)")
+      .value("precision", "", "fp32, bf16 or fp16 (precision.policy)")
+      .value("fp8-recipe", "",
+             "fp8_tensorwise_delayed, fp8_tensorwise_current or mxfp8 (precision.fp8_recipe)")
+      .value("optimizer", "", "adam, sgd or adam8bit (plan.optimizer)")
+      .value("zero", "", "ZeRO stage 0-3; 1 = distributed optimizer (parallel.zero)")
       .value("recompute", "", "none, selective or full (train.recompute)")
-      .value("tp", "", "tensor parallel size (train.tp)")
-      .value("pp", "", "pipeline parallel size (train.pp)")
-      .value("vp", "", "virtual pipeline chunks per stage (train.vp)")
-      .value("cp", "", "context parallel size (train.cp)")
-      .value("ep", "", "expert parallel size (train.ep)")
-      .value("dp", "", "data parallel size; default world / (tp pp cp) (train.dp)")
-      .multi("set", "any config key, e.g. --set train.tp_comm_overlap=true")
+      .value("tp", "", "tensor parallel size (parallel.tp)")
+      .value("pp", "", "pipeline parallel size (parallel.pp)")
+      .value("vp", "", "virtual pipeline chunks per stage (parallel.vp)")
+      .value("cp", "", "context parallel size (parallel.cp)")
+      .value("ep", "", "expert parallel size (parallel.ep)")
+      .value("dp", "", "data parallel size; default world / (tp pp cp) (parallel.dp)")
+      .multi("set", "any config key, e.g. --set plan.tp_comm_overlap=true")
       .flag("search", "enumerate layouts, drop those that do not fit, rank, explain the winner")
       .value("top", "10", "with --search: how many ranked layouts to list")
       .flag("json", "print one JSON object instead of a table")
@@ -110,7 +121,8 @@ int run_plan(const Args& args) {
   std::string out;
 
   if (opt.has("list")) {
-    out = "models:   " + join(plan::model_preset_names()) +
+    out = "models:   " + join(loom::model_preset_names()) +
+          "\nplanner models: " + join(plan::model_preset_names()) +
           "\nclusters: " + join(plan::cluster_preset_names()) +
           "\ngpus:     " + join(plan::gpu_preset_names()) + "\n";
   } else if (opt.has("validate")) {
@@ -120,7 +132,16 @@ int run_plan(const Args& args) {
     for (const Shorthand& s : kShorthands)
       if (opt.has(s.option)) cfg.set(s.key, opt.get(s.option), cat("--", s.option));
     for (const std::string& kv : opt.all("set")) cfg.set_override(kv, "--set");
+    LOOM_CHECK(opt.get("precision") != "fp8",
+               "--precision fp8: fp8 is --precision bf16 with --fp8-recipe "
+               "fp8_tensorwise_delayed, fp8_tensorwise_current or mxfp8 (precision.fp8_recipe)");
+    bool cluster_given = false;
+    for (const std::string& k : cfg.keys())
+      cluster_given = cluster_given || k.rfind("cluster.", 0) == 0;
     plan::PlanInput in = plan::read_plan_input(cfg);
+    if (!cluster_given)
+      std::fprintf(stderr, "loom plan: no cluster given: one %s node (--cluster, [cluster])\n",
+                   in.cluster.name.c_str());
     if (opt.has("search")) {
       int64_t top = opt.get_int("top");
       LOOM_CHECK(top >= 1, "--top must be >= 1");

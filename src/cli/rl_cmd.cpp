@@ -11,12 +11,14 @@
 #include "ckpt/checkpoint.h"
 #include "cli/command.h"
 #include "cli/options.h"
+#include "cli/rl_settings.h"
 #include "cli/serving_setup.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
 #include "infer/generator.h"
+#include "optim/adamw.h"
 #include "rl/async_grpo.h"
 #include "rl/evaluate.h"
 #include "rl/grpo_trainer.h"
@@ -31,145 +33,118 @@ namespace loom::cli {
 namespace {
 
 int run_rl_here(const Args& args) {
-  Options o("loom rl --ckpt PATH --env arithmetic|reverse|countdown --out DIR [options]",
-            "GRPO from a checkpoint on a built-in task with exact-match rewards, in one process:\n"
-            "synchronous by default; --async overlaps a rollout thread with the learner, using\n"
-            "data at most --max-staleness steps old (importance-weighted).");
-  o.value("ckpt", "", "starting checkpoint (a chat model: its tokenizer has the template's tokens)",
-          true)
-      .value("env", "reverse", "arithmetic, reverse, countdown or http")
-      .value("env-url", "", "--env http: the scoring service (POST prompt+completion -> reward)")
-      .value("env-tasks", "", "--env http: a JSONL task file ({\"prompt\": ..., \"answer\": ...})")
-      .value("env-prompts", "arithmetic", "--env http without --env-tasks: built-in prompts")
-      .value("env-timeout", "10", "--env http: seconds per call")
-      .value("env-retries", "2", "--env http: retries of a call that got no answer or a 5xx")
-      .value("out", "", "output directory (metrics.jsonl, checkpoints/)", true)
-      .value("steps", "20", "GRPO steps (in all, counting those before a resume)")
-      .value("prompts", "8", "prompts per step")
-      .value("group", "8", "completions per prompt (G)")
-      .value("max-tokens", "16", "tokens per completion at most")
-      .value("temperature", "1.0", "sampling temperature of the rollouts")
-      .value("lr", "1e-5", "learning rate")
-      .value("beta", "0", "KL coefficient (0: no reference model)")
-      .value("eps-low", "0.2", "lower clip range")
-      .value("eps-high", "0.28", "upper clip range (DAPO)")
-      .value("is-cap", "2.0", "truncation of the importance weights of stale samples")
-      .flag("no-std", "Dr. GRPO: advantages not divided by the group's std")
-      .flag("sequence-level", "normalise per sequence, not per token")
-      .flag("async", "overlap rollouts and learning (a rollout thread and the learner)")
-      .value("max-staleness", "1", "with --async: the oldest data used, in steps (0: on policy)")
-      .value("learner-timeout", "600", "seconds either side waits for the other before failing")
-      .value("partial-tokens", "0",
-             "with --async: tokens per completion per generation batch; longer completions "
-             "continue in the next batch from newer weights (partial rollouts; 0: off)")
-      .value("learner-share", "0",
-             "with --async: share (0..1) of each step's forward and backward that the rollout "
-             "thread computes while it waits for new weights (0: off)")
-      .value("rollout-timeout", "0",
-             "seconds per generation batch; later groups are dropped (0: none)")
-      .value("rollout-ranks", "0",
-             "under loom launch -n N: ranks 1..K generate, the other N - K learn (data-parallel)")
-      .value("learner-tp", "1",
-             "with --rollout-ranks: tensor-parallel ranks per data-parallel learner group")
-      .flag("learner-sp", "with --learner-tp > 1: sequence parallelism inside each TP group")
-      .value("learner-ep", "1",
-             "with --rollout-ranks, a MoE policy: data-parallel learner groups the experts are "
-             "split over (expert parallelism)")
-      .value("learner-etp", "1",
-             "with --rollout-ranks, a MoE policy: TP ranks each expert's width is split over")
-      .value("weight-sync", "bf16", "with --rollout-ranks: weights broadcast as bf16 or f32")
-      .value("threads-per-role", "0", "with --async: OpenMP/BLAS threads each (0: half the cores)")
-      .value("save-every", "0", "checkpoint every N steps (0: only at the end)")
-      .flag("resume", "continue from the newest checkpoint under --out (if any)")
-      .value("eval-every", "0", "held-out greedy accuracy every N steps (0: never)")
-      .value("eval-tasks", "64", "held-out tasks per evaluation")
-      .value("seed", "1", "task and sampling seed")
-      .value("chat-template", "chatml", "chat template of the prompts")
-      .value("tokenizer", "", "tokenizer spec (default: the checkpoint's data.tokenizer)");
+  Options o(
+      "loom rl --ckpt PATH --env arithmetic|reverse|countdown --out DIR [options]\n"
+      "  loom rl --config FILE [--set KEY=VALUE ...] [options]",
+      "GRPO from a checkpoint on a built-in task with exact-match rewards, in one process:\n"
+      "synchronous by default; --async overlaps a rollout thread with the learner, using\n"
+      "data at most --max-staleness steps old (importance-weighted).\n"
+      "Settings are keys of [rl] and of loom train's [model] [parallel] [precision] [optim]\n"
+      "(docs/rl.md); each option below is an alias of the key it names. The command line\n"
+      "overrides the file; an option and a --set of the same key that disagree are refused.");
+  RlSettings::declare(o);
   if (!o.parse(args)) return 0;
+  const RlSettings c(o);
+  for (const char* required : {"rl.ckpt", "rl.out"})
+    LOOM_CHECK(c.given(required), "missing required option ", c.name(required), " (", required,
+               ")");
+  const std::string ckpt_path = c.text("rl.ckpt"), out = c.text("rl.out");
   rl::RlOptions ro;
-  const int64_t steps = o.get_int("steps", 1, 1000000);
-  ro.prompts_per_step = o.get_int32("prompts", 1, 4096);
-  ro.group_size = o.get_int32("group", 2, 128);
-  ro.max_tokens = o.get_int32("max-tokens", 1, 1 << 16);
-  ro.temperature = static_cast<float>(o.get_double("temperature"));
-  LOOM_CHECK(ro.temperature > 0 && ro.temperature <= 10, "--temperature must lie in (0, 10]");
-  ro.lr = o.get_double("lr");
-  LOOM_CHECK(ro.lr > 0 && ro.lr < 1, "--lr must lie in (0, 1)");
-  ro.grpo.beta = o.get_double("beta");
-  ro.grpo.eps_low = o.get_double("eps-low");
-  ro.grpo.eps_high = o.get_double("eps-high");
-  ro.grpo.is_cap = o.get_double("is-cap");
+  const int64_t steps = c.integer("rl.steps", 1, 1000000);
+  ro.prompts_per_step = c.integer32("rl.prompts", 1, 4096);
+  ro.group_size = c.integer32("rl.group", 2, 128);
+  ro.max_tokens = c.integer32("rl.max_tokens", 1, 1 << 16);
+  ro.temperature = static_cast<float>(c.number("rl.temperature"));
+  LOOM_CHECK(ro.temperature > 0 && ro.temperature <= 10, c.name("rl.temperature"),
+             " must lie in (0, 10]");
+  ro.lr = c.number("optim.lr");
+  LOOM_CHECK(ro.lr > 0 && ro.lr < 1, c.name("optim.lr"), " must lie in (0, 1)");
+  ro.adam = adamw_config_from(c.config());
+  const std::string policy = c.config().get_string("precision.policy", "fp32");
+  LOOM_CHECK(policy == "fp32", "precision.policy = \"", policy, "\" (",
+             c.config().where("precision.policy"),
+             "): loom rl trains the fp32 policy (precision.policy = \"fp32\")");
+  ro.grpo.beta = c.number("rl.beta");
+  ro.grpo.eps_low = c.number("rl.eps_low");
+  ro.grpo.eps_high = c.number("rl.eps_high");
+  ro.grpo.is_cap = c.number("rl.is_cap");
   LOOM_CHECK(
       ro.grpo.beta >= 0 && ro.grpo.eps_low > 0 && ro.grpo.eps_low < 1 && ro.grpo.eps_high > 0,
-      "--beta must be >= 0, --eps-low in (0, 1), --eps-high > 0");
-  LOOM_CHECK(ro.grpo.is_cap >= 1 && ro.grpo.is_cap <= 1000, "--is-cap must lie in [1, 1000]");
-  ro.grpo.scale_by_std = !o.has("no-std");
-  ro.grpo.token_level = !o.has("sequence-level");
-  ro.seed = static_cast<uint64_t>(o.get_int("seed", 0, INT64_MAX));
-  ro.rollout_timeout = o.get_double("rollout-timeout");
-  LOOM_CHECK(ro.rollout_timeout >= 0, "--rollout-timeout must be >= 0");
-  const bool async = o.has("async");
+      c.name("rl.beta"), " must be >= 0, ", c.name("rl.eps_low"), " in (0, 1), ",
+      c.name("rl.eps_high"), " > 0");
+  LOOM_CHECK(ro.grpo.is_cap >= 1 && ro.grpo.is_cap <= 1000, c.name("rl.is_cap"),
+             " must lie in [1, 1000]");
+  ro.grpo.scale_by_std = !c.flag("rl.no_std");
+  ro.grpo.token_level = !c.flag("rl.sequence_level");
+  ro.seed = static_cast<uint64_t>(c.integer("rl.seed", 0, INT64_MAX));
+  ro.rollout_timeout = c.number("rl.rollout_timeout");
+  LOOM_CHECK(ro.rollout_timeout >= 0, c.name("rl.rollout_timeout"), " must be >= 0");
+  const bool async = c.flag("rl.async");
   rl::AsyncOptions ao;
-  ao.max_staleness = o.get_int("max-staleness", 0, 1000);
-  const int rollout_ranks = o.get_int32("rollout-ranks", 0, 1 << 20);
+  ao.max_staleness = c.integer("rl.max_staleness", 0, 1000);
+  const int rollout_ranks = c.integer32("rl.rollout_ranks", 0, 1 << 20);
   const bool mpi = rollout_ranks > 0;
   LOOM_CHECK(!(mpi && async), "--async runs in one process; --rollout-ranks runs over MPI ranks ",
              "(both asynchronous): choose one");
-  LOOM_CHECK(async || mpi || !o.has("max-staleness"),
-             "--max-staleness needs --async or --rollout-ranks");
-  LOOM_CHECK(mpi || !o.has("weight-sync"), "--weight-sync needs --rollout-ranks");
-  LOOM_CHECK(mpi || !o.has("learner-tp"), "--learner-tp needs --rollout-ranks");
-  const int learner_tp = o.get_int32("learner-tp", 1, 1 << 20);
-  const bool learner_sp = o.has("learner-sp");
-  LOOM_CHECK(!learner_sp || learner_tp > 1, "--learner-sp needs --learner-tp > 1");
-  LOOM_CHECK(mpi || (!o.has("learner-ep") && !o.has("learner-etp")),
-             "--learner-ep and --learner-etp need --rollout-ranks");
-  const int learner_ep = o.get_int32("learner-ep", 1, 1 << 20);
-  const int learner_etp = o.get_int32("learner-etp", 1, 1 << 20);
-  const DType weight_dtype = rl::weight_sync_dtype(o.get("weight-sync"));
-  ro.partial_tokens = o.get_int32("partial-tokens", 0, 1 << 16);
-  LOOM_CHECK(ro.partial_tokens == 0 || async || mpi,
-             "--partial-tokens needs --async or --rollout-ranks (partial rollouts continue on "
+  LOOM_CHECK(async || mpi || !c.given("rl.max_staleness"), c.name("rl.max_staleness"),
+             " needs --async or --rollout-ranks");
+  LOOM_CHECK(mpi || !c.given("rl.weight_sync"), c.name("rl.weight_sync"), " needs --rollout-ranks");
+  LOOM_CHECK(mpi || !c.given("parallel.tp"), c.name("parallel.tp"), " needs --rollout-ranks");
+  const int learner_tp = c.integer32("parallel.tp", 1, 1 << 20);
+  const bool learner_sp = c.flag("parallel.sp");
+  LOOM_CHECK(!learner_sp || learner_tp > 1, c.name("parallel.sp"), " needs --learner-tp > 1");
+  LOOM_CHECK(mpi || (!c.given("parallel.ep") && !c.given("parallel.etp")), c.name("parallel.ep"),
+             " and ", c.name("parallel.etp"), " need --rollout-ranks");
+  const int learner_ep = c.integer32("parallel.ep", 1, 1 << 20);
+  const int learner_etp = c.integer32("parallel.etp", 1, 1 << 20);
+  const DType weight_dtype = rl::weight_sync_dtype(c.text("rl.weight_sync"));
+  ro.partial_tokens = c.integer32("rl.partial_tokens", 0, 1 << 16);
+  LOOM_CHECK(ro.partial_tokens == 0 || async || mpi, c.name("rl.partial_tokens"),
+             " needs --async or --rollout-ranks (partial rollouts continue on "
              "newer weights, which the synchronous loop never has)");
-  ro.learner_share = o.get_double("learner-share");
-  LOOM_CHECK(ro.learner_share >= 0 && ro.learner_share < 1, "--learner-share must lie in [0, 1)");
-  LOOM_CHECK(ro.learner_share == 0 || async,
-             "--learner-share needs --async (the rollout thread computes that share)");
+  ro.learner_share = c.number("rl.learner_share");
+  LOOM_CHECK(ro.learner_share >= 0 && ro.learner_share < 1, c.name("rl.learner_share"),
+             " must lie in [0, 1)");
+  LOOM_CHECK(ro.learner_share == 0 || async, c.name("rl.learner_share"),
+             " needs --async (the rollout thread computes that share)");
   if (mpi)
     rl::check_rl_layout(comm::world().size(), rollout_ranks);
   else
     LOOM_CHECK(!comm::launched_distributed(), "loom rl runs on ", comm::world().size(),
                " ranks only with --rollout-ranks K (ranks 1..K generate, the others learn)");
-  ao.learner_timeout = o.get_double("learner-timeout");
-  LOOM_CHECK(ao.learner_timeout > 0 && ao.learner_timeout <= 86400,
-             "--learner-timeout must lie in (0, 86400] seconds");
-  ao.threads_per_role = o.get_int32("threads-per-role", 0, 4096);
-  const int64_t save_every = o.get_int("save-every", 0, 1000000);
-  const int64_t eval_every = o.get_int("eval-every", 0, 1000000);
-  const int eval_tasks = o.get_int32("eval-tasks", 1, 100000);
+  ao.learner_timeout = c.number("rl.learner_timeout");
+  LOOM_CHECK(ao.learner_timeout > 0 && ao.learner_timeout <= 86400, c.name("rl.learner_timeout"),
+             " must lie in (0, 86400] seconds");
+  ao.threads_per_role = c.integer32("rl.threads_per_role", 0, 4096);
+  const int64_t save_every = c.integer("rl.save_every", 0, 1000000);
+  const int64_t eval_every = c.integer("rl.eval_every", 0, 1000000);
+  const int eval_tasks = c.integer32("rl.eval_tasks", 1, 100000);
+  const bool resume = c.flag("rl.resume");
   std::unique_ptr<rl::Environment> env;
   std::shared_ptr<rl::HttpEnvStats> http_stats;
-  if (o.get("env") == "http") {
+  if (c.text("rl.env") == "http") {
     rl::HttpEnvOptions ho;
-    ho.url = o.get("env-url");
-    LOOM_CHECK(!ho.url.empty(), "--env http needs --env-url");
-    ho.timeout_s = o.get_double("env-timeout");
-    ho.retries = o.get_int32("env-retries", 0, 100);
+    ho.url = c.text("rl.env_url");
+    LOOM_CHECK(!ho.url.empty(), "--env http needs ", c.name("rl.env_url"));
+    ho.timeout_s = c.number("rl.env_timeout");
+    ho.retries = c.integer32("rl.env_retries", 0, 100);
     std::vector<rl::Task> tasks;
-    if (!o.get("env-tasks").empty()) tasks = rl::load_task_file(o.get("env-tasks"));
-    auto prompts = tasks.empty() ? rl::make_environment(o.get("env-prompts")) : nullptr;
+    if (!c.text("rl.env_tasks").empty()) tasks = rl::load_task_file(c.text("rl.env_tasks"));
+    auto prompts = tasks.empty() ? rl::make_environment(c.text("rl.env_prompts")) : nullptr;
     env = rl::make_http_environment(ho, std::move(tasks), std::move(prompts), &http_stats);
   } else {
-    LOOM_CHECK(o.get("env-url").empty() && o.get("env-tasks").empty(),
+    LOOM_CHECK(c.text("rl.env_url").empty() && c.text("rl.env_tasks").empty(),
                "--env-url and --env-tasks need --env http");
-    env = rl::make_environment(o.get("env"));
+    env = rl::make_environment(c.text("rl.env"));
   }
 
-  auto model = load_model_from_checkpoint(o.get("ckpt"));
-  auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
+  auto model = load_model_from_checkpoint(ckpt_path);
+  c.check_model(model->config(), ckpt_path);
+  const std::string tokenizer = c.text("rl.tokenizer"), chat_template = c.text("rl.chat_template");
+  c.check_all_read();
+  auto tok = checkpoint_tokenizer(ckpt_path, tokenizer, *model);
   LOOM_CHECK(tok, "loom rl needs a tokenizer with the chat template's special tokens");
-  data::ChatTemplate chat(o.get("chat-template"), *tok);
+  data::ChatTemplate chat(chat_template, *tok);
   rl::MpiRlOptions mo;
   mo.rollout_ranks = rollout_ranks;
   mo.weight_dtype = weight_dtype;
@@ -188,7 +163,7 @@ int run_rl_here(const Args& args) {
     // steps on its share of the groups, and writes nothing.
     rl::RlRestore restore;
     std::optional<std::string> latest;
-    if (o.has("resume")) latest = ckpt::find_latest_checkpoint(o.get("out") + "/checkpoints");
+    if (resume) latest = ckpt::find_latest_checkpoint(out + "/checkpoints");
     if (latest) restore = rl::open_rl_checkpoint(*latest, model->config().fingerprint()).restore;
     rl::MpiGrpo learner(comm::world(), *model, *tok, chat, *env, ro, mo, restore);
     for (int64_t s = learner.first_step(); s < steps; ++s) learner.step();
@@ -203,17 +178,16 @@ int run_rl_here(const Args& args) {
     rollout.run_rollout();
     return 0;
   }
-  const std::string out = o.get("out");
   make_dirs(out);
   const std::string root = out + "/checkpoints";
-  ckpt::Checkpoint start(o.get("ckpt"));
+  ckpt::Checkpoint start(ckpt_path);
   const std::string fingerprint = model->config().fingerprint();
 
   // A resume restores the learner (weights, optimizer, step) after the reference model has
   // copied the starting weights; the rollouts then start from the restored weights, and an
   // asynchronous run first trains on the groups its checkpoint had buffered.
   std::optional<std::string> latest;
-  if (o.has("resume")) latest = ckpt::find_latest_checkpoint(root);
+  if (resume) latest = ckpt::find_latest_checkpoint(root);
   int64_t first_step = 0;
   rl::RlRestore restore;
   if (latest) {
@@ -252,7 +226,7 @@ int run_rl_here(const Args& args) {
                              : async ? async_loop->learner()
                                      : sync_loop->learner();
   LOOM_CHECK(first_step <= steps, "the checkpoint ", latest.value_or(""), " is at step ",
-             first_step, ", past --steps ", steps);
+             first_step, ", past ", c.name("rl.steps"), " ", steps);
   if (latest) log_info("resumed from ", *latest, " at step ", first_step);
   MetricsLog metrics(out + "/metrics.jsonl", latest.has_value(), "", first_step - 1);
 
@@ -303,10 +277,15 @@ int run_rl_here(const Args& args) {
              " greedy replies)");
   }
   const double t0 = now_seconds();
+  rl::RlStepStats run;  // the run's groups: trained, and dropped by cause
   for (int64_t s = first_step; s < steps; ++s) {
     const rl::RlStepStats st = mpi     ? mpi_loop->step()
                                : async ? async_loop->step()
                                        : sync_loop->step();
+    run.groups += st.groups;
+    run.dropped_env += st.dropped_env;
+    run.dropped_timeout += st.dropped_timeout;
+    run.dropped_stale += st.dropped_stale;
     Json j = st.json();
     j["wall_seconds"] = now_seconds() - t0;
     if (s == 0 && initial_accuracy) j["heldout_accuracy_initial"] = *initial_accuracy;
@@ -333,6 +312,16 @@ int run_rl_here(const Args& args) {
     log_info("environment calls ", http_stats->calls, ", retries ", http_stats->retries,
              ", failed ", http_stats->failed, ", malformed ", http_stats->malformed,
              ", reward out of range ", http_stats->out_of_range);
+  // A run that trained on nothing is a failure, not a run with reward 0.
+  LOOM_CHECK(run.groups > 0 || first_step >= steps, "every group of the run's ",
+             steps - first_step, " step(s) was dropped (", run.dropped_env,
+             " for environment errors, ", run.dropped_timeout, " past --rollout-timeout, ",
+             run.dropped_stale, " past --max-staleness)",
+             http_stats ? cat("; environment ", o.get("env-url"), ": ", http_stats->calls,
+                              " calls, ", http_stats->failed, " failed, ", http_stats->malformed,
+                              " malformed, ", http_stats->out_of_range, " rewards out of range")
+                        : std::string(),
+             ": nothing was trained, so no checkpoint is written");
   log_info("saved ", save(steps));
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/tokenizer_copy.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "cli/serving_setup.h"
@@ -17,6 +18,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/open_files.h"
 #include "data/chat.h"
 #include "infer/engine.h"
 #include "infer/generator.h"
@@ -46,7 +48,7 @@ void serve_tensor_parallel(infer::LoomEngine& engine, infer::TpLeaderRunner& run
   while (!g_stop)
     if (!engine.step()) idle();
   log_info("stopping: draining requests for up to ", drain, " s");
-  server.set_ready(false);
+  server.set_draining();
   engine.refuse_new();
   const double until = now_seconds() + drain;
   while (engine.in_flight() > 0 && now_seconds() < until)
@@ -68,17 +70,19 @@ int run_serve_here(const Args& args) {
       .value("port", "8080", "port (0: any free port, printed)")
       .value("model-name", "loom", "the model's name in the API")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
-      .value("chat-template", "chatml", "chatml, llama3, or none (no chat completions)")
-      .value("max-num-seqs", "64", "sequences batched at once")
-      .value("max-batched-tokens", "512", "tokens per engine step (decodes first, then prefill)")
-      .value("kv-cache-mb", "512", "KV cache size")
-      .value("max-queue", "256", "requests waiting or running; more get 503")
-      .value("max-tokens", "256", "default max_tokens of a request")
+      .value("chat-template", "chatml",
+             "chatml, llama3, hf:PATH (a model's own), or none (no chat completions); unset, the "
+             "one the checkpoint's tokenizer copy records, else chatml")
+      .value("max-queue", "4096", "requests waiting or running; more get 429 with Retry-After")
+      .value("max-tokens", "0",
+             "max_tokens of a request that gives none: the context left after its prompt, "
+             "capped by this when > 0")
       .value("max-body-mb", "16", "largest request body accepted (413 past it)")
+      .value("read-timeout", "30",
+             "seconds for a client to send a whole request (and to idle on a kept-alive "
+             "connection)")
+      .value("write-timeout", "30", "seconds for a client to take each write of its answer")
       .value("drain-timeout", "30", "seconds to let requests finish on SIGTERM")
-      .value("weights", "fp32",
-             "linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with per-channel "
-             "scales); fp32 compute; bf16, int8 and fp8 on the CPU only")
       .value("device", "cpu",
              "cpu, cuda or auto (a GPU when there is one, else the CPU); one rank only")
       .value("tp", "0", "tensor-parallel ranks (0: every rank started; must equal that number)")
@@ -86,22 +90,24 @@ int run_serve_here(const Args& args) {
              "seconds a rank waits for the others (a step, rank 0's next message) before failing")
       .value("tp-startup-timeout", "300",
              "seconds the ranks wait for each other to load their shards, before the steps");
+  declare_engine_options(o);
   if (!o.parse(args)) return 0;
   serve::ServerOptions so;
   so.host = o.get("host");
   so.port = static_cast<int>(o.get_int("port", 0, 65535));
   so.model_name = o.get("model-name");
-  so.default_max_tokens = static_cast<int>(o.get_int("max-tokens", 1, 1 << 20));
+  so.default_max_tokens = static_cast<int>(o.get_int("max-tokens", 0, 1 << 20));
   so.max_body_bytes = size_t(o.get_int("max-body-mb", 1, 4096)) << 20;
+  so.read_timeout_seconds = o.get_double("read-timeout");
+  so.write_timeout_seconds = o.get_double("write-timeout");
+  LOOM_CHECK(so.read_timeout_seconds > 0 && so.write_timeout_seconds > 0,
+             "--read-timeout and --write-timeout must be positive");
   const double drain = static_cast<double>(o.get_int("drain-timeout", 0, 3600));
-  const infer::WeightType weights = infer::weight_type_from_name(o.get("weights"));
+  const infer::WeightType weights = engine_weights_from(o);
   // cuda without a CUDA build or a GPU fails here, naming --device, before the port opens.
   const DeviceChoice dev = select_serving_device(o.get("device"), "--device", "serving");
   check_serving_weights(o.get("weights"), "--weights", dev);
-  infer::EngineConfig ec;
-  ec.scheduler.max_num_seqs = static_cast<int>(o.get_int("max-num-seqs", 1, 4096));
-  ec.scheduler.max_batched_tokens = static_cast<int>(o.get_int("max-batched-tokens", 1, 1 << 20));
-  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  infer::EngineConfig ec = engine_config_from(o);
   ec.max_queue = static_cast<int>(o.get_int("max-queue", 1, 1 << 20));
 
   comm::Communicator& world = comm::world();
@@ -150,7 +156,9 @@ int run_serve_here(const Args& args) {
   so.max_seq = model->config().max_seq;
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
   std::unique_ptr<data::ChatTemplate> chat;
-  const std::string tpl = o.get("chat-template");
+  std::string tpl = o.get("chat-template");
+  if (!o.has("chat-template") && !ckpt::checkpoint_chat_template(o.get("ckpt")).empty())
+    tpl = ckpt::checkpoint_chat_template(o.get("ckpt"));
   if (tpl != "none" && tok) {
     try {
       chat = std::make_unique<data::ChatTemplate>(tpl, *tok);
@@ -171,6 +179,7 @@ int run_serve_here(const Args& args) {
   }
   infer::LoomEngine engine(*runner, ec);
   if (!leader) engine.start();
+  raise_open_file_limit();  // every open connection is a descriptor
   serve::Server server(engine, tok.get(), chat.get(), so);
   const int port = server.bind();
   std::signal(SIGTERM, on_signal);
@@ -195,11 +204,10 @@ int run_serve_here(const Args& args) {
   } else {
     while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     log_info("stopping: draining requests for up to ", drain, " s");
-    server.set_ready(false);
+    server.set_draining();
     engine.stop(drain);  // in-flight requests finish (or are cancelled at the deadline)
   }
-  server.set_ready(false);
-  server.stop();
+  server.stop(/*grace_seconds=*/5);  // the answers of cancelled requests are written first
   http.join();
   return 0;
 }

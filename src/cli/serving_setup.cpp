@@ -1,11 +1,34 @@
 #include "cli/serving_setup.h"
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/tokenizer_copy.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 
 namespace loom::cli {
+
+void declare_engine_options(Options& o) {
+  o.value("max-num-seqs", "64", "engine: sequences batched at once")
+      .value("max-batched-tokens", "512",
+             "engine: tokens per step (decodes first, then prefill chunks)")
+      .value("kv-cache-mb", "512", "engine: KV cache size")
+      .value("weights", "fp32",
+             "engine: linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with "
+             "per-channel scales); fp32 compute; bf16, int8 and fp8 on the CPU only");
+}
+
+infer::EngineConfig engine_config_from(const Options& o) {
+  infer::EngineConfig ec;
+  ec.scheduler.max_num_seqs = o.get_int32("max-num-seqs", 1, 4096);
+  ec.scheduler.max_batched_tokens = o.get_int32("max-batched-tokens", 1, 1 << 20);
+  ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  return ec;
+}
+
+infer::WeightType engine_weights_from(const Options& o) {
+  return infer::weight_type_from_name(o.get("weights"));
+}
 
 std::unique_ptr<data::BpeTokenizer> checkpoint_tokenizer(const std::string& ckpt,
                                                          const std::string& spec_opt,
@@ -13,8 +36,7 @@ std::unique_ptr<data::BpeTokenizer> checkpoint_tokenizer(const std::string& ckpt
   std::string spec = spec_opt;
   if (spec.empty()) {
     ckpt::Checkpoint c(ckpt);
-    spec = Config::parse(c.state().config_text, c.dir() + "/state.json")
-               .get_string("data.tokenizer", "");
+    spec = ckpt::checkpoint_tokenizer_spec(c.dir(), c.state().config_text);
   }
   if (spec.empty()) {
     LOOM_CHECK(model.config().vocab == 256, "the checkpoint names no data.tokenizer and its ",

@@ -1,20 +1,34 @@
-// What `loom generate` and `loom serve` both need to put a checkpoint behind the engine: the
-// run's tokenizer, and the engine's end-of-text ids and detokeniser for it.
+// What `loom generate`, `loom serve` and `loom bench serve` share to put a model behind the
+// engine: the engine's options, the run's tokenizer, and the engine's end-of-text ids and
+// detokeniser for it.
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "cli/options.h"
 #include "data/bpe.h"
 #include "data/chat.h"
 #include "infer/engine.h"
+#include "infer/weight_quant.h"
 #include "model/decoder.h"
 #include "train/device.h"
 
 namespace loom::cli {
 
-// The tokenizer named by `spec`, else by the checkpoint's run (data.tokenizer); null for a
-// byte-level model. Throws when the model is neither.
+// The engine's options, declared once so the three commands take the same names, defaults and
+// help: --max-num-seqs (64), --max-batched-tokens (512), --kv-cache-mb (512) and --weights
+// (fp32). 512 MB of KV cache holds 113 tokens for each of the 64 sequences of gpt2-124m in fp32
+// (73.7 KB per token): a full batch of short requests stays resident.
+void declare_engine_options(Options& o);
+// The scheduler and cache of an engine from those options (range errors name the option).
+infer::EngineConfig engine_config_from(const Options& o);
+// --weights as a type (an error naming the option lists the valid ones).
+infer::WeightType engine_weights_from(const Options& o);
+
+// The tokenizer named by `spec`, else the checkpoint's own (ckpt::checkpoint_tokenizer_spec: its
+// copy, else the run's data.tokenizer resolved); null for a byte-level model. Throws when the
+// model is neither.
 std::unique_ptr<data::BpeTokenizer> checkpoint_tokenizer(const std::string& ckpt,
                                                          const std::string& spec,
                                                          const Decoder& model);

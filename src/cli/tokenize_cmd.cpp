@@ -30,7 +30,7 @@ int run_tokenize(const Args& args) {
       .value("workers", "0", "encoding threads (0: all cores)")
       .flag("chat",
             "chat JSONL -> token files + loss-mask files (one thread; errors name the line)")
-      .value("chat-template", "chatml", "with --chat: chatml or llama3")
+      .value("chat-template", "chatml", "with --chat: chatml, llama3 or hf:PATH")
       .value("on-error", "skip",
              "malformed lines (bad JSON, missing field, invalid UTF-8): skip "
              "(count and report) or fail");

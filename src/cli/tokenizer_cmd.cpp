@@ -16,6 +16,7 @@
 #include "data/bpe.h"
 #include "data/bpe_train.h"
 #include "data/chat.h"
+#include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
 #include "data/indexed_dataset.h"
 
@@ -64,10 +65,14 @@ int tokenizer_encode(const Args& args) {
             "Reads UTF-8 text on stdin and prints its token ids as one JSON array. Special-token\n"
             "strings in the text become their ids unless --no-special is given.");
   o.value("vocab", "", kTokenizerSpecHelp, true)
-      .flag("no-special", "encode special-token strings as ordinary text");
+      .flag("no-special", "encode special-token strings as ordinary text")
+      .flag("add-special-tokens",
+            "add the tokenizer.json post-processor's tokens (Llama 2's <s>), as Hugging Face's "
+            "add_special_tokens");
   if (!o.parse(args)) return 0;
   auto tok = data::load_tokenizer(o.get("vocab"));
   std::vector<int32_t> ids = tok->encode(read_stdin(), !o.has("no-special"));
+  if (o.has("add-special-tokens")) tok->post_process(ids);
   std::string out = "[";
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i) out += ',';
@@ -108,7 +113,18 @@ int tokenizer_info(const Args& args) {
   auto tok = data::load_tokenizer(o.get("vocab"));
   Json info = Json::object();
   info["vocab_size"] = int64_t(tok->vocab_size());
-  info["pretokenizer"] = data::pretokenizer_name(tok->pretokenizer());
+  const data::HfPipeline* hf = tok->hf_pipeline();
+  // A tokenizer.json whose steps Loom's scanners do not run has no scanner name.
+  info["pretokenizer"] =
+      hf && hf->runs_encode ? "tokenizer.json" : data::pretokenizer_name(tok->pretokenizer());
+  info["byte_level"] = tok->byte_level();
+  if (hf) {
+    Json pre = Json::array(), post = Json::array();
+    for (int32_t id : hf->prefix) pre.push_back(int64_t(id));
+    for (int32_t id : hf->suffix) post.push_back(int64_t(id));
+    info["add_special_tokens"]["before"] = std::move(pre);
+    info["add_special_tokens"]["after"] = std::move(post);
+  }
   info["token_dtype"] = data::dtype_name(data::dtype_for_vocab(tok->vocab_size()));
   Json sp = Json::object();
   for (auto& [text, id] : tok->specials()) sp[text] = int64_t(id);
@@ -118,7 +134,7 @@ int tokenizer_info(const Args& args) {
 }
 
 int tokenizer_export(const Args& args) {
-  Options o("loom tokenizer export --vocab SPEC --out DIR [--chat-template chatml|llama3]",
+  Options o("loom tokenizer export --vocab SPEC --out DIR [--chat-template chatml|llama3|hf:PATH]",
             "Writes a vocabulary as Hugging Face tokenizer.json + tokenizer_config.json.");
   o.value("vocab", "", kTokenizerSpecHelp, true)
       .value("out", "", "output folder", true)

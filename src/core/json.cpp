@@ -139,18 +139,49 @@ void append_escape(std::string& out, unsigned char c) {
   }
 }
 
+// The writer's scan: the parser's specials and every byte >= 0x80 (checked as UTF-8).
+size_t next_special_or_high(std::string_view s, size_t i) {
+  const size_t n = s.size();
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w = swar::load8(s.data() + i);
+    uint64_t special =
+        swar::equal(w, '"') | swar::equal(w, '\\') | swar::below(w, 0x20) | (w & swar::kHigh);
+    if (special) return i + swar::first(special);
+  }
+  for (; i < n; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80) return i;
+  }
+  return n;
+}
+
 }  // namespace
 
+// Output that claims to be JSON is valid UTF-8 whatever the bytes given: an ill-formed
+// sequence (a token that ends inside a character, bytes of another encoding) is written as
+// U+FFFD, one per maximal ill-formed prefix, as Hugging Face's and vLLM's detokenisers do.
 void json_escape(std::string& out, std::string_view s) {
   out.reserve(out.size() + s.size() + 2);
   out += '"';
   size_t i = 0;
   for (;;) {
-    size_t j = next_special(s, i);
+    size_t j = next_special_or_high(s, i);
     out.append(s.data() + i, j - i);
     if (j == s.size()) break;
-    append_escape(out, static_cast<unsigned char>(s[j]));
-    i = j + 1;
+    if (static_cast<unsigned char>(s[j]) < 0x80) {
+      append_escape(out, static_cast<unsigned char>(s[j]));
+      i = j + 1;
+      continue;
+    }
+    size_t bad;
+    bool truncated;
+    if (const size_t len = utf8_char(s, j, bad, truncated)) {
+      out.append(s.data() + j, len);
+      i = j + len;
+    } else {
+      out += kUtf8Replacement;
+      i = j + bad;
+    }
   }
   out += '"';
 }

@@ -75,7 +75,8 @@ class Json {
   std::shared_ptr<Object> o_;
 };
 
-// Appends s to out as a quoted JSON string (escaping control characters and quotes).
+// Appends s to out as a quoted JSON string (escaping control characters and quotes); bytes
+// that are not well-formed UTF-8 are written as U+FFFD, so the output is always valid UTF-8.
 void json_escape(std::string& out, std::string_view s);
 
 }  // namespace loom

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <queue>
 
 #include "core/error.h"
+#include "data/hf_pipeline.h"
 #include "data/normalize.h"
+#include "data/unicode.h"
 
 namespace loom::data {
 
@@ -59,8 +62,10 @@ BpeTokenizer BpeTokenizer::from_ranks(std::vector<std::string> tokens, PreTokeni
 
 BpeTokenizer BpeTokenizer::from_merges(
     std::vector<std::string> tokens, const std::vector<std::pair<std::string, std::string>>& merges,
-    PreTokenizer pre, SpecialTokens specials, bool ignore_merges) {
+    PreTokenizer pre, SpecialTokens specials, bool ignore_merges,
+    std::shared_ptr<const HfPipeline> pipeline) {
   BpeTokenizer t;
+  t.hf_ = std::move(pipeline);
   t.tokens_ = std::move(tokens);
   t.pre_ = pre;
   t.specials_ = std::move(specials);
@@ -92,6 +97,13 @@ void BpeTokenizer::init_common() {
                " repeats the bytes of an earlier token");
   }
   for (int b = 0; b < 256; ++b) {
+    if (!byte_level()) {  // byte fallback: the <0xNN> tokens, where the vocabulary has them
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      const int32_t* id = by_bytes_.find(name);
+      byte_id_[b] = id ? *id : -1;
+      continue;
+    }
     const int32_t* id = by_bytes_.find(std::string_view(reinterpret_cast<const char*>(&b), 1));
     LOOM_CHECK(id, "vocabulary has no token for byte ", b, ": not a byte-level BPE vocabulary");
     byte_id_[b] = *id;
@@ -99,8 +111,11 @@ void BpeTokenizer::init_common() {
   vocab_size_ = int32_t(tokens_.size());
   for (auto& [text, id] : specials_) {
     LOOM_CHECK(!text.empty() && id >= 0, "bad special token '", text, "' = ", id);
-    LOOM_CHECK(size_t(id) >= tokens_.size() || tokens_[size_t(id)].empty(), "special token '", text,
-               "' reuses the id ", id, " of an ordinary token");
+    // A SentencePiece-style vocabulary's added token may also be the ordinary token of the
+    // same text.
+    LOOM_CHECK(size_t(id) >= tokens_.size() || tokens_[size_t(id)].empty() ||
+                   (!byte_level() && tokens_[size_t(id)] == text),
+               "special token '", text, "' reuses the id ", id, " of an ordinary token");
     vocab_size_ = std::max(vocab_size_, id + 1);
   }
   special_of_id_.assign(size_t(vocab_size_), -1);
@@ -113,6 +128,36 @@ void BpeTokenizer::init_common() {
     special_of_id_[size_t(specials_[k].second)] = int32_t(k);
     special_first_byte_[uint8_t(specials_[k].first[0])] = true;
   }
+  special_trie_.assign(1, TrieNode{});
+  for (size_t k = 0; k < specials_.size(); ++k) {
+    int32_t node = 0;
+    for (char c : specials_[k].first) {
+      auto& next = special_trie_[size_t(node)].next;
+      auto it =
+          std::find_if(next.begin(), next.end(), [&](auto& e) { return e.first == uint8_t(c); });
+      if (it != next.end()) {
+        node = it->second;
+        continue;
+      }
+      next.emplace_back(uint8_t(c), int32_t(special_trie_.size()));
+      node = int32_t(special_trie_.size());
+      special_trie_.emplace_back();
+    }
+    special_trie_[size_t(node)].special = int32_t(k);
+  }
+}
+
+int32_t BpeTokenizer::match_special(std::string_view text, size_t i) const {
+  int32_t node = 0, found = -1;
+  for (; i < text.size(); ++i) {
+    const auto& next = special_trie_[size_t(node)].next;
+    auto it = std::find_if(next.begin(), next.end(),
+                           [&](auto& e) { return e.first == uint8_t(text[i]); });
+    if (it == next.end()) break;
+    node = it->second;
+    if (special_trie_[size_t(node)].special >= 0) found = special_trie_[size_t(node)].special;
+  }
+  return found;
 }
 
 int32_t BpeTokenizer::special_id(std::string_view text) const {
@@ -121,20 +166,24 @@ int32_t BpeTokenizer::special_id(std::string_view text) const {
   return -1;
 }
 
+bool BpeTokenizer::byte_level() const {
+  return !hf_ || !hf_->char_model;
+}
+
 void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out,
                           bool allow_special) const {
+  if (hf_ && hf_->runs_encode) return encode_pipeline(text, out, allow_special);
   if (!allow_special || specials_.empty()) return encode_ordinary(text, out);
   size_t start = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     if (!special_first_byte_[uint8_t(text[i])]) continue;
-    for (auto& [s, id] : specials_) {
-      if (text.compare(i, s.size(), s) != 0) continue;
-      encode_ordinary(text.substr(start, i - start), out);
-      out.push_back(id);
-      start = i + s.size();
-      i = start - 1;
-      break;
-    }
+    const int32_t k = match_special(text, i);
+    if (k < 0) continue;
+    const auto& [s, id] = specials_[size_t(k)];
+    encode_ordinary(text.substr(start, i - start), out);
+    out.push_back(id);
+    start = i + s.size();
+    i = start - 1;
   }
   encode_ordinary(text.substr(start), out);
 }
@@ -154,7 +203,7 @@ void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& 
 }
 
 void BpeTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
-  ThreadCache& tc = thread_cache(serial_);
+  PieceCache& cache = thread_cache(serial_).cache;
   const uint8_t* s = reinterpret_cast<const uint8_t*>(text.data());
   size_t n = text.size();
   for (size_t i = 0; i < n;) {
@@ -165,21 +214,148 @@ void BpeTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>
       out.push_back(byte_id_[uint8_t(piece[0])]);
       continue;
     }
-    if (whole_piece_) {  // tiktoken: a piece that is a token is that token
-      if (const int32_t* id = by_bytes_.find(piece)) {
-        out.push_back(*id);
-        continue;
-      }
+    encode_cached(piece, cache, out);
+  }
+}
+
+void BpeTokenizer::encode_cached(std::string_view piece, PieceCache& cache,
+                                 std::vector<int32_t>& out) const {
+  if (whole_piece_) {  // tiktoken: a piece that is a token is that token
+    if (const int32_t* id = by_bytes_.find(piece)) {
+      out.push_back(*id);
+      return;
     }
-    if (piece.size() > kMaxCachedPiece) {
-      encode_piece(piece, out);
+  }
+  const bool chars = !byte_level();
+  if (piece.size() > kMaxCachedPiece) {
+    chars ? encode_chars(piece, out) : encode_piece(piece, out);
+    return;
+  }
+  uint64_t h = hash_bytes(piece.data(), piece.size());
+  if (cache.get(piece, h, out)) return;
+  size_t before = out.size();
+  chars ? encode_chars(piece, out) : encode_piece(piece, out);
+  cache.put(piece, h, out.data() + before, out.size() - before);
+}
+
+// tokenizer.json's order: added tokens are cut out first (longest at each position), their
+// lstrip/rstrip take the white space beside them, and each remaining section is normalized,
+// pre-tokenized and encoded on its own.
+void BpeTokenizer::encode_pipeline(std::string_view raw, std::vector<int32_t>& out,
+                                   bool allow_special) const {
+  const std::string text = utf8_replace_invalid(raw);
+  struct Section {
+    std::string text;
+    int32_t id;  // an added token's id, or -1 for text
+  };
+  std::vector<Section> sections;
+  size_t start = 0;
+  for (size_t i = 0; allow_special && i < text.size(); ++i) {
+    if (!special_first_byte_[uint8_t(text[i])]) continue;
+    const int32_t k = match_special(text, i);
+    if (k < 0) continue;
+    const auto& [s, id] = specials_[size_t(k)];
+    if (i > start) sections.push_back({text.substr(start, i - start), -1});
+    sections.push_back({s, id});
+    start = i + s.size();
+    i = start - 1;
+  }
+  if (start < text.size()) sections.push_back({text.substr(start), -1});
+  auto has = [](const std::vector<int32_t>& ids, int32_t id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
+  for (size_t k = 0; k < sections.size(); ++k) {
+    if (sections[k].id < 0) continue;
+    if (k > 0 && sections[k - 1].id < 0 && has(hf_->lstrip_ids, sections[k].id))
+      sections[k - 1].text = js_trim(sections[k - 1].text, false, true);
+    if (k + 1 < sections.size() && sections[k + 1].id < 0 && has(hf_->rstrip_ids, sections[k].id))
+      sections[k + 1].text = js_trim(sections[k + 1].text, true, false);
+  }
+  std::vector<std::string> pieces;
+  PieceCache& cache = thread_cache(serial_).cache;
+  for (size_t k = 0; k < sections.size(); ++k) {
+    if (sections[k].id >= 0) {
+      out.push_back(sections[k].id);
       continue;
     }
-    uint64_t h = hash_bytes(piece.data(), piece.size());
-    if (tc.cache.get(piece, h, out)) continue;
-    size_t before = out.size();
-    encode_piece(piece, out);
-    tc.cache.put(piece, h, out.data() + before, out.size() - before);
+    if (sections[k].text.empty()) continue;
+    const std::string normal = hf_->normalize(std::move(sections[k].text));
+    if (normal.empty()) continue;
+    pieces.clear();
+    hf_->pre_tokenize(normal, k == 0, pieces);
+    for (const std::string& p : pieces) {
+      if (!byte_level()) {
+        encode_words(p, cache, out);
+        continue;
+      }
+      if (p.size() == 1) {
+        out.push_back(byte_id_[uint8_t(p[0])]);
+        continue;
+      }
+      encode_cached(p, cache, out);
+    }
+  }
+}
+
+// Cuts a SentencePiece-style piece before each ▁ that no token reaches across
+// (HfPipeline::joins_space_mark) and encodes the words one by one.
+void BpeTokenizer::encode_words(std::string_view piece, PieceCache& cache,
+                                std::vector<int32_t>& out) const {
+  constexpr std::string_view kMark = "\u2581";
+  size_t start = 0;
+  for (size_t at = piece.find(kMark, 1); at != std::string_view::npos;
+       at = piece.find(kMark, at + 1)) {
+    size_t k = at - 1;
+    while (k > 0 && (uint8_t(piece[k]) & 0xC0) == 0x80) --k;
+    const std::string_view before = piece.substr(k, at - k);
+    if (before == kMark || std::find(hf_->joins_space_mark.begin(), hf_->joins_space_mark.end(),
+                                     before) != hf_->joins_space_mark.end())
+      continue;
+    encode_cached(piece.substr(start, at - start), cache, out);
+    start = at;
+  }
+  encode_cached(piece.substr(start), cache, out);
+}
+
+// SentencePiece-style BPE: symbols start as characters; one outside the vocabulary takes no
+// part in merges and becomes its bytes' <0xNN> tokens afterwards (or the unknown token when
+// a byte token is missing), as transformers.js applies byte_fallback.
+void BpeTokenizer::encode_chars(std::string_view piece, std::vector<int32_t>& out) const {
+  std::vector<int32_t> ids;
+  std::vector<std::string_view> unknown;  // symbol -(k+1) is unknown[k]
+  const auto* p = reinterpret_cast<const uint8_t*>(piece.data());
+  for (size_t i = 0; i < piece.size();) {
+    uint32_t cp;
+    const size_t len = p[i] < 0x80 ? 1 : size_t(utf8_decode(p + i, piece.size() - i, &cp));
+    const std::string_view ch = piece.substr(i, len);
+    i += len;
+    if (const int32_t* id = by_bytes_.find(ch)) {
+      ids.push_back(*id);
+    } else {
+      unknown.push_back(ch);
+      ids.push_back(-int32_t(unknown.size()));
+    }
+  }
+  std::vector<int32_t> merged;
+  if (ids.size() <= kShortPiece)
+    merge_short(ids.data(), ids.size(), merged);
+  else
+    merge_long(ids.data(), ids.size(), merged);
+  for (int32_t id : merged) {
+    if (id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    const std::string_view ch = unknown[size_t(-id - 1)];
+    bool all = hf_->byte_fallback;
+    for (char b : ch) all &= byte_id_[uint8_t(b)] >= 0;
+    if (all) {
+      for (char b : ch) out.push_back(byte_id_[uint8_t(b)]);
+      continue;
+    }
+    LOOM_CHECK(hf_->unk_id >= 0, "the character '", ch,
+               "' is not in the vocabulary, which has no byte fallback or unknown token");
+    out.push_back(hf_->unk_id);
   }
 }
 
@@ -257,22 +433,39 @@ void BpeTokenizer::merge_long(const int32_t* init, size_t n, std::vector<int32_t
   for (int64_t p = 0; p >= 0; p = next[size_t(p)]) out.push_back(id[size_t(p)]);
 }
 
-void BpeTokenizer::decode_append(int32_t id, std::string& out) const {
+const std::string& BpeTokenizer::token_string(int32_t id) const {
   LOOM_CHECK(id >= 0 && id < vocab_size_, "token id ", id, " is outside the vocabulary (size ",
              vocab_size_, ")");
-  if (size_t(id) < tokens_.size() && !tokens_[size_t(id)].empty()) {
-    out += tokens_[size_t(id)];
-    return;
-  }
+  if (size_t(id) < tokens_.size() && !tokens_[size_t(id)].empty()) return tokens_[size_t(id)];
   int32_t k = special_of_id_[size_t(id)];
   LOOM_CHECK(k >= 0, "token id ", id, " is not used by this vocabulary");
-  out += specials_[size_t(k)].first;
+  return specials_[size_t(k)].first;
+}
+
+void BpeTokenizer::decode_append(int32_t id, std::string& out) const {
+  const std::string& s = token_string(id);
+  if (byte_level())
+    out += s;
+  else
+    out += hf_->token_text(s);
 }
 
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
   std::string out;
+  if (!byte_level()) {
+    std::vector<std::string> tokens;
+    tokens.reserve(ids.size());
+    for (int32_t id : ids) tokens.push_back(token_string(id));
+    return hf_->decode(std::move(tokens));
+  }
   for (int32_t id : ids) decode_append(id, out);
   return out;
+}
+
+void BpeTokenizer::post_process(std::vector<int32_t>& ids) const {
+  if (!hf_) return;
+  ids.insert(ids.begin(), hf_->prefix.begin(), hf_->prefix.end());
+  ids.insert(ids.end(), hf_->suffix.begin(), hf_->suffix.end());
 }
 
 BpeTokenizer byte_chatml_tokenizer() {

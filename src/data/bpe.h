@@ -6,6 +6,11 @@
 // tiktoken files a pair's rank is the rank of the concatenated bytes (tiktoken's rule); for
 // the GPT-2 format it is the line of vocab.bpe that merges the pair (GPT-2's rule). Both are
 // stored as one (left id, right id) -> (rank, merged id) table.
+//
+// A tokenizer.json whose steps the byte-level scanners do not cover (SentencePiece-style
+// vocabularies, other normalizers and pre-tokenizers) carries an HfPipeline (hf_pipeline.h):
+// encoding then runs its normalizers and pre-tokenizers around the same merge loop, and
+// decoding its decoder chain.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +25,8 @@
 #include "data/pretokenize.h"
 
 namespace loom::data {
+
+class HfPipeline;
 
 using SpecialTokens = std::vector<std::pair<std::string, int32_t>>;
 
@@ -36,7 +43,8 @@ class BpeTokenizer {
   static BpeTokenizer from_merges(std::vector<std::string> tokens,
                                   const std::vector<std::pair<std::string, std::string>>& merges,
                                   PreTokenizer pre, SpecialTokens specials,
-                                  bool ignore_merges = false);
+                                  bool ignore_merges = false,
+                                  std::shared_ptr<const HfPipeline> pipeline = nullptr);
 
   // Unicode NFC applied to the text between special tokens before pre-tokenisation (a
   // tokenizer.json "normalizer": NFC, as Qwen2's). Needs nfc_available() (normalize.h).
@@ -58,8 +66,16 @@ class BpeTokenizer {
   // BPE of one pre-tokenised piece (no cache); exposed for tests and training.
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
 
-  // Exact inverse of encode. Throws loom::Error on an id outside the vocabulary.
+  // Adds the post-processor's special tokens around the ids of one text (Hugging Face's
+  // add_special_tokens: Llama 2's <s> in front); nothing for tokenizers without one.
+  void post_process(std::vector<int32_t>& ids) const;
+
+  // Exact inverse of encode for byte-level vocabularies. A SentencePiece-style one decodes
+  // through its decoder chain (byte tokens as UTF-8 with U+FFFD for ill-formed runs, its
+  // leading-space strip). Throws loom::Error on an id outside the vocabulary.
   std::string decode(std::span<const int32_t> ids) const;
+  // One token's bytes, for streaming; a SentencePiece-style token's text with its
+  // replacement character as a space and a <0xNN> token as that byte.
   void decode_append(int32_t id, std::string& out) const;
 
   int32_t vocab_size() const { return vocab_size_; }  // largest id + 1
@@ -68,6 +84,11 @@ class BpeTokenizer {
   int32_t special_id(std::string_view text) const;  // -1 if not a special token
   // The end-of-document token: <|endoftext|> if present, else -1.
   int32_t eot_id() const { return special_id("<|endoftext|>"); }
+  // The tokenizer.json steps this vocabulary runs, or null (hf_pipeline.h).
+  const HfPipeline* hf_pipeline() const { return hf_.get(); }
+  // Tokens are bytes (every vocabulary but a SentencePiece-style tokenizer.json's, whose
+  // tokens are text in the model's own alphabet).
+  bool byte_level() const;
   // Bytes of an ordinary token (empty for specials and unused ids).
   const std::string& token_bytes(int32_t id) const { return tokens_[size_t(id)]; }
   size_t n_ordinary() const { return tokens_.size(); }
@@ -83,6 +104,11 @@ class BpeTokenizer {
   void init_common();
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
   void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
+  void encode_pipeline(std::string_view text, std::vector<int32_t>& out, bool allow_special) const;
+  void encode_cached(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const;
+  void encode_words(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const;
+  void encode_chars(std::string_view piece, std::vector<int32_t>& out) const;
+  const std::string& token_string(int32_t id) const;
   void merge_short(int32_t* ids, size_t n, std::vector<int32_t>& out) const;
   void merge_long(const int32_t* ids, size_t n, std::vector<int32_t>& out) const;
   // (rank << 32 | merged id) for the pair, or ~0 if the pair does not merge.
@@ -103,8 +129,17 @@ class BpeTokenizer {
   SpecialTokens specials_;
   std::vector<int32_t> special_of_id_;  // id -> index into specials_ or -1
   bool special_first_byte_[256] = {};
+  // A byte trie over the special tokens' texts (Gemma's file has 6000 starting with '<').
+  struct TrieNode {
+    std::vector<std::pair<uint8_t, int32_t>> next;  // byte -> node
+    int32_t special = -1;                           // index into specials_ ending here
+  };
+  std::vector<TrieNode> special_trie_;
+  // Index into specials_ of the longest special token starting at text[i], or -1.
+  int32_t match_special(std::string_view text, size_t i) const;
   int32_t vocab_size_ = 0;
   uint64_t serial_ = 0;  // identifies this vocabulary to the per-thread caches
+  std::shared_ptr<const HfPipeline> hf_;
 };
 
 // Loads a tokenizer from a spec: "gpt2:DIR" (encoder.json + vocab.bpe), "tiktoken:FILE",

@@ -8,6 +8,8 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "data/bpe.h"
+
+#include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
 #include "data/tokenizer_files.h"
 
@@ -220,6 +222,10 @@ BpeTokenizer load_tiktoken(const std::string& path) {
 }
 
 std::string tiktoken_text(const BpeTokenizer& tok) {
+  LOOM_CHECK(!tok.hf_pipeline() || !tok.hf_pipeline()->runs_encode,
+             "this tokenizer runs tokenizer.json steps (normalizers, pre-tokenizers or a "
+             "SentencePiece-style vocabulary) that a tiktoken file cannot hold: use its "
+             "tokenizer.json");
   std::string out;
   for (size_t id = 0; id < tok.n_ordinary(); ++id) {
     const std::string& b = tok.token_bytes(int32_t(id));

@@ -3,28 +3,38 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/jsonl.h"
+#include "data/unicode.h"
+#include "data/hf_chat_template.h"
 
 namespace loom::data {
 
 std::vector<std::string> ChatTemplate::special_tokens(const std::string& name) {
+  if (is_jinja_name(name)) {
+    const HfChatTemplate hf(name.substr(3));
+    if (hf.bos_token().empty()) return {hf.eos_token()};
+    return {hf.bos_token(), hf.eos_token()};
+  }
   if (name == "chatml") return {"<|im_start|>", "<|im_end|>"};
   if (name == "llama3")
     return {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
-  fail("unknown chat template '", name, "' (chatml or llama3)");
+  fail("unknown chat template '", name, "' (chatml, llama3 or hf:PATH)");
 }
 
 std::string ChatTemplate::end_of_turn_token(const std::string& name) {
+  if (is_jinja_name(name)) return special_tokens(name).back();
   special_tokens(name);  // refuses unknown names
   return name == "chatml" ? "<|im_end|>" : "<|eot_id|>";
 }
 
 std::string ChatTemplate::begin_of_text_token(const std::string& name) {
+  if (is_jinja_name(name)) return HfChatTemplate(name.substr(3)).bos_token();
   special_tokens(name);
   return name == "chatml" ? "" : "<|begin_of_text|>";
 }
 
 // Kept beside message() and prompt_ids(): the three must produce the same text.
 std::string ChatTemplate::jinja(const std::string& name) {
+  if (is_jinja_name(name)) return HfChatTemplate(name.substr(3)).source();
   if (name == "chatml")
     return "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
            "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt "
@@ -40,6 +50,10 @@ std::string ChatTemplate::jinja(const std::string& name) {
 
 ChatTemplate::ChatTemplate(const std::string& name, const BpeTokenizer& tok)
     : name_(name), tok_(tok) {
+  if (is_jinja_name(name)) {
+    init_jinja();
+    return;
+  }
   for (const std::string& s : special_tokens(name))
     LOOM_CHECK(tok.special_id(s) >= 0, "chat template ", name, " needs the special token ", s,
                ", which the tokenizer does not have (add it as a special token)");
@@ -78,6 +92,7 @@ void ChatTemplate::message(ChatExample& ex, const ChatMessage& m) const {
 }
 
 ChatExample ChatTemplate::render(const std::vector<ChatMessage>& messages) const {
+  if (hf_) return render_json(chat_messages_json(messages), Json(), name_);
   ChatExample ex;
   if (name_ == "llama3") append(ex, "<|begin_of_text|>", false, true);
   for (const ChatMessage& m : messages) message(ex, m);
@@ -90,6 +105,7 @@ ChatExample ChatTemplate::render_completion(const std::string& prompt,
 }
 
 std::vector<int32_t> ChatTemplate::prompt_ids(const std::vector<ChatMessage>& messages) const {
+  if (hf_) return tok_.encode(render_text(chat_messages_json(messages), Json(), true));
   ChatExample ex = render(messages);
   if (name_ == "chatml") {
     append(ex, "<|im_start|>", false, true);
@@ -103,8 +119,27 @@ std::vector<int32_t> ChatTemplate::prompt_ids(const std::vector<ChatMessage>& me
   return ex.ids;
 }
 
+namespace {
+
+// Text the template renders must be UTF-8, as plain tokenization requires (tokenize_job.cpp).
+void check_utf8(const std::string& text, const std::string& where, const char* field) {
+  size_t bad = 0;
+  LOOM_CHECK(utf8_valid(text, &bad), where, ": '", field, "' is not valid UTF-8 (byte ", bad,
+             " of the text)");
+}
+
+}  // namespace
+
+void check_chat_message(const std::string& role, const std::string& content,
+                        const std::string& where) {
+  LOOM_CHECK(role == "system" || role == "user" || role == "assistant", where, ": role '", role,
+             "' is not system, user or assistant");
+  check_utf8(content, where, "content");
+}
+
 ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::string& where) {
   LOOM_CHECK(j.is_object(), where, ": expected a JSON object");
+  if (t.is_jinja()) return parse_jinja_example(j, t, where);
   if (j.contains("messages")) {
     const Json& ms = j.at("messages");
     LOOM_CHECK(ms.is_array() && ms.size() > 0, where, ": 'messages' must be a non-empty array");
@@ -118,8 +153,7 @@ ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::
       LOOM_CHECK(m.at("role").is_string() && m.at("content").is_string(), at,
                  ": 'role' and 'content' must be strings");
       const std::string& role = m.at("role").as_string();
-      LOOM_CHECK(role == "system" || role == "user" || role == "assistant", at, ": role '", role,
-                 "' is not system, user or assistant");
+      check_chat_message(role, m.at("content").as_string(), at);
       any_assistant |= role == "assistant";
       messages.push_back({role, m.at("content").as_string()});
     }
@@ -130,6 +164,8 @@ ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::
              ": expected 'messages', or 'prompt' and 'completion'");
   LOOM_CHECK(j.at("prompt").is_string() && j.at("completion").is_string(), where,
              ": 'prompt' and 'completion' must be strings");
+  check_utf8(j.at("prompt").as_string(), where, "prompt");
+  check_utf8(j.at("completion").as_string(), where, "completion");
   return t.render_completion(j.at("prompt").as_string(), j.at("completion").as_string());
 }
 

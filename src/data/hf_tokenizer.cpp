@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/error.h"
 #include "core/fs.h"
 #include "data/chat.h"
+#include "data/hf_components.h"
+#include "data/hf_pipeline.h"
 #include "data/normalize.h"
 #include "data/tokenizer_files.h"
 
@@ -28,87 +31,11 @@ constexpr const char* kQwen2Regex =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-// Field access with errors that name the field's path in the file.
-struct Field {
-  const Json& j;
-  std::string path;  // e.g. "model.vocab"
-
-  bool has(const char* k) const { return j.is_object() && j.contains(k) && !j.at(k).is_null(); }
-  Field at(const char* k, const std::string& where) const {
-    LOOM_CHECK(has(k), where, ": missing field '", sub(k), "'");
-    return {j.at(k), sub(k)};
-  }
-  std::string sub(const char* k) const { return path.empty() ? k : path + "." + k; }
-  std::string str(const std::string& where) const {
-    LOOM_CHECK(j.is_string(), where, ": '", path, "' must be a string");
-    return j.as_string();
-  }
-  bool boolean(const char* k, bool dflt, const std::string& where) const {
-    if (!has(k)) return dflt;
-    LOOM_CHECK(j.at(k).type() == Json::Type::Bool, where, ": '", sub(k), "' must be true or false");
-    return j.at(k).as_bool();
-  }
-  std::string type(const std::string& where) const {
-    LOOM_CHECK(j.is_object(), where, ": '", path, "' must be an object");
-    return has("type") ? at("type", where).str(where) : std::string();
-  }
-};
-
-// A ByteLevel pre-tokenizer: its use_regex (GPT-2's regex), after refusing add_prefix_space.
-bool byte_level_use_regex(const Field& f, const std::string& where) {
-  // Hugging Face's defaults: add_prefix_space and use_regex true when absent.
-  LOOM_CHECK(!f.boolean("add_prefix_space", true, where), where, ": '", f.sub("add_prefix_space"),
-             "' true is not supported (Loom encodes text as it is; GPT-2, Llama 3 and Qwen2 "
-             "write false)");
-  return f.boolean("use_regex", true, where);
-}
-
-PreTokenizer parse_pre_tokenizer(const Field& f, const std::string& where) {
-  LOOM_CHECK(!f.j.is_null(), where,
-             ": 'pre_tokenizer' is null: Loom needs byte-level "
-             "pre-tokenisation (ByteLevel, or Split + ByteLevel)");
-  const std::string type = f.type(where);
-  if (type == "ByteLevel") {
-    LOOM_CHECK(byte_level_use_regex(f, where), where,
-               ": 'pre_tokenizer' ByteLevel without "
-               "use_regex splits nothing, which no supported model does");
-    return PreTokenizer::Gpt2;
-  }
-  LOOM_CHECK(type == "Sequence", where, ": pre_tokenizer type '", type,
-             "' is not supported (ByteLevel, or a Sequence of Split and ByteLevel)");
-  Field list = f.at("pretokenizers", where);
-  LOOM_CHECK(list.j.is_array(), where, ": '", list.path, "' must be an array");
-  const auto& items = list.j.as_array();
-  if (items.size() == 1) return parse_pre_tokenizer({items[0], list.path + "[0]"}, where);
-  LOOM_CHECK(items.size() == 2, where, ": '", list.path, "' has ", items.size(),
-             " pre-tokenizers; Loom supports [Split, ByteLevel]");
-  Field split{items[0], list.path + "[0]"}, bl{items[1], list.path + "[1]"};
-  LOOM_CHECK(split.type(where) == "Split", where, ": '", split.path, "' is a ", split.type(where),
-             ", expected Split");
-  LOOM_CHECK(bl.type(where) == "ByteLevel", where, ": '", bl.path, "' is a ", bl.type(where),
-             ", expected ByteLevel");
-  LOOM_CHECK(!byte_level_use_regex(bl, where), where, ": '", bl.path,
-             ".use_regex' true after a Split is not supported");
-  Field pattern = split.at("pattern", where);
-  LOOM_CHECK(pattern.has("Regex"), where, ": '", pattern.path,
-             "' must be {\"Regex\": ...} (a String pattern is not supported)");
-  const std::string re = pattern.at("Regex", where).str(where);
-  const std::string behavior = split.has("behavior") ? split.at("behavior", where).str(where) : "";
-  LOOM_CHECK(behavior == "Isolated", where, ": '", split.sub("behavior"), "' '", behavior,
-             "' is not supported (Isolated)");
-  LOOM_CHECK(!split.boolean("invert", false, where), where, ": '", split.sub("invert"),
-             "' true is not supported");
-  if (re == kGpt2Regex) return PreTokenizer::Gpt2;
-  if (re == kCl100kRegex) return PreTokenizer::Cl100k;
-  if (re == kQwen2Regex) return PreTokenizer::Qwen2;
-  fail(where, ": '", pattern.path, ".Regex' ", Json(re).dump(),
-       " is not one Loom implements (GPT-2's, Llama 3's = cl100k's, or Qwen2's)");
-}
-
-void check_model_options(const Field& m, const std::string& where) {
+// Returns model.byte_fallback.
+bool check_model_options(const HfField& m, const std::string& where) {
   const std::string type = m.type(where);
   LOOM_CHECK(type.empty() || type == "BPE", where, ": model type '", type,
-             "' is not supported (Loom reads byte-level BPE)");
+             "' is not supported (Loom reads BPE models)");
   if (m.has("dropout")) {
     double d = 0;
     try {
@@ -121,24 +48,24 @@ void check_model_options(const Field& m, const std::string& where) {
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.has(k))
       LOOM_CHECK(m.at(k, where).str(where).empty(), where, ": 'model.", k, "' ", m.j.at(k).dump(),
-                 " is not supported (byte-level BPE has none)");
-  LOOM_CHECK(!m.boolean("byte_fallback", false, where), where,
-             ": 'model.byte_fallback' true (a SentencePiece-style vocabulary) is not supported");
+                 " is not supported (BPE without word prefixes or suffixes)");
+  return m.boolean("byte_fallback", false, where);
 }
 
 struct Added {
   std::string content;
   int32_t id;
+  bool lstrip, rstrip;
 };
 
-std::vector<Added> parse_added_tokens(const Field& root, const std::string& where) {
+std::vector<Added> parse_added_tokens(const HfField& root, const std::string& where) {
   std::vector<Added> out;
   if (!root.has("added_tokens")) return out;
-  Field list = root.at("added_tokens", where);
+  HfField list = root.at("added_tokens", where);
   LOOM_CHECK(list.j.is_array(), where, ": 'added_tokens' must be an array");
   std::set<std::string> seen;
   for (size_t i = 0; i < list.j.size(); ++i) {
-    Field t{list.j.as_array()[i], cat("added_tokens[", i, "]")};
+    HfField t = list.item(i);
     LOOM_CHECK(t.j.is_object(), where, ": '", t.path, "' must be an object");
     const std::string content = t.at("content", where).str(where);
     LOOM_CHECK(!content.empty(), where, ": '", t.sub("content"), "' is empty");
@@ -148,13 +75,15 @@ std::vector<Added> parse_added_tokens(const Field& root, const std::string& wher
     } catch (const Error& e) {
       fail(where, ": '", t.sub("id"), "': ", e.what());
     }
-    for (const char* k : {"lstrip", "rstrip", "single_word"})
-      LOOM_CHECK(!t.boolean(k, false, where), where, ": '", t.sub(k), "' true (for '", content,
-                 "') is not supported");
-    t.boolean("special", false, where);  // checked for type; both kinds are cut out alike
+    LOOM_CHECK(!t.boolean("single_word", false, where), where, ": '", t.sub("single_word"),
+               "' true (for '", content, "') is not supported");
+    // Both kinds are cut out alike, before normalization, as transformers.js does.
+    t.boolean("special", false, where);
+    t.boolean("normalized", false, where);
     LOOM_CHECK(seen.insert(content).second, where, ": '", t.path, "' repeats the token '", content,
                "'");
-    out.push_back({content, int32_t(id)});
+    out.push_back({content, int32_t(id), t.boolean("lstrip", false, where),
+                   t.boolean("rstrip", false, where)});
   }
   return out;
 }
@@ -165,38 +94,76 @@ std::string jsonl_quote(const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+// The byte-level pre-tokenisations Loom's own scanners run (no PCRE2, no pipeline): ByteLevel
+// with GPT-2's regex, or a Split on one of the known regexes then ByteLevel without one, after
+// no normalizer or NFC alone.
+std::optional<PreTokenizer> scanner_for(const HfComponents& c, bool* nfc) {
+  *nfc = c.normalizers.size() == 1 && c.normalizers[0].kind == HfNormalizer::Kind::Nfc;
+  if (!c.normalizers.empty() && !*nfc) return std::nullopt;
+  const auto& p = c.pre_tokenizers;
+  using K = HfPreTokenizer::Kind;
+  if (p.size() == 1 && p[0].kind == K::ByteLevel && p[0].use_regex) return PreTokenizer::Gpt2;
+  if (p.size() != 2 || p[0].kind != K::Split || p[1].kind != K::ByteLevel || p[1].use_regex ||
+      p[0].behavior != HfPreTokenizer::Behavior::Isolated || c.splits[0].is_string)
+    return std::nullopt;
+  const std::string& re = c.splits[0].regex;
+  if (re == kGpt2Regex) return PreTokenizer::Gpt2;
+  if (re == kCl100kRegex) return PreTokenizer::Cl100k;
+  if (re == kQwen2Regex) return PreTokenizer::Qwen2;
+  return std::nullopt;
+}
+
+// The characters other than ▁ that some token has right before a ▁ (Gemma 3's ">▁</").
+std::vector<std::string> chars_before_space_mark(const std::vector<std::string>& tokens) {
+  constexpr std::string_view kMark = "\u2581";
+  std::set<std::string> found;
+  for (const std::string& t : tokens) {
+    for (size_t at = t.find(kMark, 1); at != std::string::npos; at = t.find(kMark, at + 1)) {
+      size_t k = at - 1;
+      while (k > 0 && (uint8_t(t[k]) & 0xC0) == 0x80) --k;
+      if (t.compare(k, at - k, kMark) != 0) found.insert(t.substr(k, at - k));
+    }
+  }
+  return {found.begin(), found.end()};
+}
+
+}  // namespace
+
 BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   LOOM_CHECK(j.is_object(), where, ": expected a JSON object (a Hugging Face tokenizer.json)");
-  Field root{j, ""};
+  HfField root{j, ""};
   LOOM_CHECK(root.has("model"), where,
              ": missing field 'model' (not a Hugging Face tokenizer.json)");
-  Field model = root.at("model", where);
-  check_model_options(model, where);
-  bool use_nfc = false;
-  if (root.has("normalizer")) {
-    const Field n = root.at("normalizer", where);
-    use_nfc = n.type(where) == "NFC";
-    LOOM_CHECK(use_nfc, where, ": normalizer ", n.j.dump(),
-               " is not supported (none, or NFC as Qwen2's)");
-    LOOM_CHECK(nfc_available(), where, ": normalizer NFC needs utf8proc, which this build did ",
-               "not find (scripts/setup.sh installs libutf8proc-dev)");
-  }
+  HfField model = root.at("model", where);
+  const bool byte_fallback = check_model_options(model, where);
   if (root.has("truncation"))
     fail(where, ": 'truncation' is set; Loom encodes whole texts (write null)");
-  if (root.has("decoder")) {
-    const std::string d = root.at("decoder", where).type(where);
-    LOOM_CHECK(d == "ByteLevel", where, ": decoder type '", d,
-               "' is not supported (byte-level BPE decodes with ByteLevel)");
+  HfComponents comp = parse_hf_components(j, where);
+  // A ByteLevel pre-tokenizer makes the vocabulary byte-level (its strings spell bytes);
+  // without one, tokens are text (SentencePiece-style).
+  bool byte_level = false;
+  for (const HfPreTokenizer& p : comp.pre_tokenizers)
+    byte_level |= p.kind == HfPreTokenizer::Kind::ByteLevel;
+  if (byte_level) {
+    LOOM_CHECK(!byte_fallback, where,
+               ": 'model.byte_fallback' true with a ByteLevel pre-tokenizer is not supported "
+               "(a byte-level vocabulary has every byte already)");
+    LOOM_CHECK(comp.decoders.empty(), where,
+               ": 'decoder' of a byte-level vocabulary must be ByteLevel alone");
+  } else {
+    LOOM_CHECK(!comp.byte_level_decoder, where,
+               ": 'decoder' ByteLevel needs a ByteLevel step in 'pre_tokenizer' (without one the "
+               "vocabulary is not byte-level)");
   }
-  const PreTokenizer pre = parse_pre_tokenizer(
-      {root.has("pre_tokenizer") ? j.at("pre_tokenizer") : Json(), "pre_tokenizer"}, where);
   const std::vector<Added> added = parse_added_tokens(root, where);
   std::map<std::string, int32_t> added_id;
   for (const Added& a : added) added_id[a.content] = a.id;
 
-  // Vocabulary: byte-level strings -> ids. An added token may sit in it under its own text
-  // (GPT-2's <|endoftext|>, or a token outside the alphabet): it becomes special, not ordinary.
-  Field vocab = model.at("vocab", where);
+  // Vocabulary: strings -> ids. An added token may sit in it under its own text (GPT-2's
+  // <|endoftext|>, or a token outside the alphabet): it becomes special, not ordinary.
+  HfField vocab = model.at("vocab", where);
   LOOM_CHECK(vocab.j.is_object(), where, ": 'model.vocab' must be an object of token -> id");
   size_t max_id = 0;
   for (const auto& [text, idj] : vocab.j.as_object()) {
@@ -206,17 +173,26 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   }
   for (const Added& a : added) max_id = std::max(max_id, size_t(a.id));
   check_id_bound(max_id, vocab.j.size() + added.size(), where);
+  // A token's string as Loom stores it: bytes for a byte-level vocabulary, else the text.
+  auto decode_token = [&](std::string_view text, std::string* out) {
+    if (byte_level) return byte_level_decode(text, out);
+    out->assign(text);
+    return true;
+  };
   std::vector<std::string> tokens;
   std::string bytes;
   for (const auto& [text, idj] : vocab.j.as_object()) {
     const auto id = size_t(idj.as_int());
     auto a = added_id.find(text);
-    const bool decoded = byte_level_decode(text, &bytes);
+    const bool decoded = decode_token(text, &bytes);
     if (a != added_id.end() || (decoded && added_id.count(bytes))) {
       const int32_t want = a != added_id.end() ? a->second : added_id.at(bytes);
       LOOM_CHECK(want == int32_t(id), where, ": added token ", jsonl_quote(text), " has id ", want,
                  " but 'model.vocab' gives it ", id);
-      continue;  // a special token; its slot stays empty among the ordinary ones
+      // A byte-level special token's slot stays empty among the ordinary ones. In a
+      // SentencePiece-style vocabulary it stays a token BPE can make as well (Gemma's runs of
+      // ▁ are both), as in transformers.js.
+      if (byte_level) continue;
     }
     LOOM_CHECK(decoded, where, ": 'model.vocab' token ", jsonl_quote(text),
                " is not in the byte-level alphabet");
@@ -226,15 +202,17 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   }
   SpecialTokens specials;
   for (const Added& a : added) {
-    LOOM_CHECK(size_t(a.id) >= tokens.size() || tokens[size_t(a.id)].empty(), where,
-               ": added token ", jsonl_quote(a.content), " has id ", a.id,
-               ", which 'model.vocab' gives to ",
-               jsonl_quote(byte_level_encode(tokens[size_t(a.id)])));
+    LOOM_CHECK(
+        size_t(a.id) >= tokens.size() || tokens[size_t(a.id)].empty() ||
+            (!byte_level && tokens[size_t(a.id)] == a.content),
+        where, ": added token ", jsonl_quote(a.content), " has id ", a.id,
+        ", which 'model.vocab' gives to ",
+        jsonl_quote(byte_level ? byte_level_encode(tokens[size_t(a.id)]) : tokens[size_t(a.id)]));
     specials.emplace_back(a.content, a.id);
   }
 
   // Merges: "a b" strings (the classic form) or ["a", "b"] pairs (tokenizers 0.20+).
-  Field merges_f = model.at("merges", where);
+  HfField merges_f = model.at("merges", where);
   LOOM_CHECK(merges_f.j.is_array(), where, ": 'model.merges' must be an array");
   std::set<std::string> special_bytes;
   for (const Added& a : added) special_bytes.insert(a.content);
@@ -260,18 +238,59 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
       r = m.as_array()[1].as_string();
     }
     std::string a, b;
-    LOOM_CHECK(byte_level_decode(l, &a) && byte_level_decode(r, &b), where, ": 'model.merges[", k,
+    LOOM_CHECK(decode_token(l, &a) && decode_token(r, &b), where, ": 'model.merges[", k,
                "]' has a token outside the byte-level alphabet");
-    // A merge that makes an added token never applies to text (added tokens are cut out
-    // first); it is dropped, since that token is not an ordinary one here.
-    if (special_bytes.count(a + b) || special_bytes.count(a) || special_bytes.count(b)) continue;
+    // A merge that makes a byte-level added token never applies to text (added tokens are
+    // cut out first); it is dropped, since that token is not an ordinary one here.
+    if (byte_level &&
+        (special_bytes.count(a + b) || special_bytes.count(a) || special_bytes.count(b)))
+      continue;
     merges.emplace_back(std::move(a), std::move(b));
   }
   const bool ignore_merges = model.boolean("ignore_merges", false, where);
+
+  bool lr_strip = false;
+  for (const Added& a : added) lr_strip |= a.lstrip || a.rstrip;
+  bool nfc_only = false;
+  const std::optional<PreTokenizer> scanner =
+      lr_strip ? std::nullopt : scanner_for(comp, &nfc_only);
+  LOOM_CHECK(!nfc_only || nfc_available(), where, ": normalizer NFC needs utf8proc, which this ",
+             "build did not find (scripts/setup.sh installs libutf8proc-dev)");
+
+  auto id_of = [&](const std::string& name, const std::string& field) {
+    if (auto a = added_id.find(name); a != added_id.end()) return a->second;
+    if (vocab.j.contains(name)) return int32_t(vocab.j.at(name).as_int());
+    fail(where, ": '", field, "' names the token ", jsonl_quote(name),
+         ", which is neither an added token nor in 'model.vocab'");
+  };
+  std::shared_ptr<HfPipeline> pipe;
+  if (!scanner || !comp.prefix.empty() || !comp.suffix.empty()) {
+    pipe = std::make_shared<HfPipeline>();
+    pipe->runs_encode = !scanner;
+    pipe->char_model = !byte_level;
+    pipe->byte_fallback = byte_fallback;
+    if (pipe->runs_encode) {
+      compile_hf_splits(comp, where);
+      pipe->normalizers = std::move(comp.normalizers);
+      pipe->pre_tokenizers = std::move(comp.pre_tokenizers);
+    }
+    pipe->decoders = std::move(comp.decoders);
+    for (const std::string& t : comp.prefix) pipe->prefix.push_back(id_of(t, "post_processor"));
+    for (const std::string& t : comp.suffix) pipe->suffix.push_back(id_of(t, "post_processor"));
+    if (model.has("unk_token"))
+      pipe->unk_id = id_of(model.at("unk_token", where).str(where), "model.unk_token");
+    for (const Added& a : added) {
+      if (a.lstrip) pipe->lstrip_ids.push_back(a.id);
+      if (a.rstrip) pipe->rstrip_ids.push_back(a.id);
+    }
+    if (!byte_level) pipe->joins_space_mark = chars_before_space_mark(tokens);
+    pipe->source = j.dump();
+  }
   try {
-    BpeTokenizer t = BpeTokenizer::from_merges(std::move(tokens), merges, pre, std::move(specials),
-                                               ignore_merges);
-    t.set_nfc(use_nfc);
+    BpeTokenizer t =
+        BpeTokenizer::from_merges(std::move(tokens), merges, scanner.value_or(PreTokenizer::Gpt2),
+                                  std::move(specials), ignore_merges, std::move(pipe));
+    t.set_nfc(scanner && nfc_only);
     return t;
   } catch (const Error& e) {
     fail(where, ": ", e.what());
@@ -285,6 +304,7 @@ BpeTokenizer load_hf_tokenizer(const std::string& path) {
 }
 
 Json hf_tokenizer_json(const BpeTokenizer& tok) {
+  if (tok.hf_pipeline()) return Json::parse(tok.hf_pipeline()->source);  // as it was read
   Json j = Json::object();
   j["version"] = "1.0";
   j["truncation"] = Json();

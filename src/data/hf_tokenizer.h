@@ -1,20 +1,27 @@
-// Hugging Face tokenizer.json <-> Loom's byte-level BPE (BpeTokenizer).
+// Hugging Face tokenizer.json <-> Loom's BPE (BpeTokenizer).
 //
-// Loaded: a "BPE" model whose vocab keys and merges are in the byte-level alphabet, with the
-// pre-tokenisation GPT-2, Llama 3 and Qwen2 use: ByteLevel with use_regex (GPT-2's regex), or a
-// Sequence of a Split on the Llama 3 (= cl100k) or Qwen2 regex ("Isolated") and ByteLevel
-// without regex. Merges may be "a b" strings or ["a", "b"] pairs; model.ignore_merges is
-// honoured. added_tokens (special or not) become Loom special tokens with their own ids: they
-// are cut out of text before BPE, as Hugging Face does. Ids are the file's own.
-// The NFC normalizer (Qwen2) is applied where the build has utf8proc (normalize.h).
-// Refused, naming the field: other models, other normalizers (and NFC without utf8proc), other
-// pre-tokenizers or regexes,
-// add_prefix_space, byte_fallback, dropout, subword prefixes/suffixes, added tokens with
-// lstrip/rstrip/single_word, truncation. Not applied: post_processor (Loom never adds BOS/EOS
-// by itself; chat templates write their own markers) and padding.
+// Loaded: "BPE" models of two kinds. Byte-level ones (a ByteLevel pre-tokenizer: GPT-2, Llama 3,
+// Qwen2/3, DeepSeek V3) keep their vocabulary as bytes; the pre-tokenisations Loom's scanners
+// know (ByteLevel with GPT-2's regex, or a Split on the Llama 3 = cl100k or Qwen2 regex before
+// ByteLevel, after no normalizer or NFC) run on them directly, anything else through an
+// HfPipeline (hf_pipeline.h). SentencePiece-style ones (no ByteLevel: Llama 2, Gemma, Mistral)
+// keep their tokens as text, start BPE from characters and, with model.byte_fallback, write
+// characters outside the vocabulary as <0xNN> tokens. Normalizers: Sequence (also empty),
+// Prepend, Replace, Strip, NFC, NFKC. Pre-tokenizers: Sequence, Split (String or Regex patterns,
+// regexes through PCRE2: hf_regex.h), Metaspace (its prepend schemes and split), ByteLevel.
+// Decoders: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace. Post-processor:
+// TemplateProcessing (a single text's tokens, BpeTokenizer::post_process), ByteLevel, Sequence.
+// Merges may be "a b" strings or ["a", "b"] pairs; model.ignore_merges is honoured. added_tokens
+// (special or not) are cut out of the text before anything else, as transformers.js does, with
+// their lstrip/rstrip; ids are the file's own.
+// Refused, naming the field's path (`normalizer.normalizers[2].type`): other models (Unigram,
+// WordPiece) and components, dropout, subword prefixes/suffixes, ByteLevel add_prefix_space,
+// Split invert or Contiguous, added tokens with single_word, truncation. Not applied: padding,
+// the post-processor's pair template.
 //
-// Written: the same format (merges as "a b" strings, readable by every tokenizers version) and
-// tokenizer_config.json with the special tokens and, for a chat template, its Jinja text.
+// Written: a tokenizer read through an HfPipeline as its file was; a byte-level one in the same
+// format (merges as "a b" strings, readable by every tokenizers version) and tokenizer_config.json
+// with the special tokens and, for a chat template, its Jinja text.
 #pragma once
 
 #include <string>

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace loom::data {
@@ -78,5 +79,14 @@ inline CharClass class_at(const uint8_t* p, size_t n, int* len) {
 
 // True if s is valid UTF-8; otherwise *bad_offset (if given) is the first invalid byte.
 bool utf8_valid(std::string_view s, size_t* bad_offset = nullptr);
+
+// s with every ill-formed sequence replaced by U+FFFD, one per maximal subpart (the WHATWG
+// decoder's rule, which TextDecoder and Node's file reading follow).
+std::string utf8_replace_invalid(std::string_view s);
+
+// JavaScript's white space (String.prototype.trim, regex \s).
+bool js_space(uint32_t cp);
+// Valid UTF-8 s without its leading (left) and trailing (right) JavaScript white space.
+std::string js_trim(std::string_view s, bool left, bool right);
 
 }  // namespace loom::data

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "core/utf8.h"
 #include "infer/constrain/token_constraint.h"
 #include "infer/decode_profile.h"
 #include "infer/request_sampling.h"
@@ -75,7 +76,7 @@ int64_t LoomEngine::submit(std::vector<int32_t> prompt, const SamplingParams& pa
     throw RequestRejected{400, cat("the request needs ", blocks, " KV-cache blocks; the pool has ",
                                    cache_.num_blocks())};
   if (in_flight_.load() >= cfg_.max_queue)
-    throw RequestRejected{503, cat("the queue is full (", cfg_.max_queue, " requests)")};
+    throw RequestRejected{429, cat("the queue is full (", cfg_.max_queue, " requests)")};
   auto r = std::make_unique<Request>();
   r->id = next_id_++;
   r->params = params;
@@ -157,18 +158,6 @@ bool LoomEngine::is_stop_token(const Completion& c, int32_t t) const {
   return false;
 }
 
-// Bytes at the end of s that could start a multi-byte UTF-8 character still incomplete.
-static size_t incomplete_utf8_tail(const std::string& s) {
-  for (size_t k = 1; k <= 3 && k <= s.size(); ++k) {
-    const unsigned char ch = static_cast<unsigned char>(s[s.size() - k]);
-    if ((ch & 0xC0) != 0x80) {  // a lead byte (or ASCII): how long should its character be?
-      const size_t len = ch >= 0xF0 ? 4 : ch >= 0xE0 ? 3 : ch >= 0xC0 ? 2 : 1;
-      return len > k ? k : 0;
-    }
-  }
-  return 0;
-}
-
 void LoomEngine::emit(Completion& c, const std::vector<int32_t>& new_tokens,
                       const std::vector<float>& logprobs,
                       const std::vector<std::vector<std::pair<int32_t, float>>>& top, bool finished,
@@ -184,7 +173,7 @@ void LoomEngine::emit(Completion& c, const std::vector<int32_t>& new_tokens,
   // incomplete character; all of it at the end.
   size_t ready = c.text.size();
   if (!finished) {
-    size_t hold = incomplete_utf8_tail(c.text);
+    size_t hold = utf8_incomplete_tail(c.text);
     for (const std::string& s : r.params.stop)
       for (size_t k = std::min(s.size() - 1, c.text.size()); k > hold; --k)
         if (c.text.compare(c.text.size() - k, k, s, 0, k) == 0) {

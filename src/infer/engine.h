@@ -25,7 +25,7 @@ struct EngineConfig {
   int block_size = 16;
   int64_t kv_cache_bytes = int64_t(256) << 20;  // the pool's size, unless num_blocks is set
   int num_blocks = 0;
-  int max_queue = 1024;          // requests waiting or running; more are refused (503)
+  int max_queue = 1024;          // requests waiting or running; more are refused (429)
   std::vector<int32_t> eos_ids;  // end of text / end of turn: finish with "stop"
   // Text of a list of ids (the tokenizer's decode); empty function: no text, no stop strings.
   std::function<std::string(const std::vector<int32_t>&)> detokenize;

@@ -96,6 +96,9 @@ struct SamplingParams {
   // Structured output (infer/constrain/): only tokens that keep the text in the constraint's
   // language are drawn, and end of text only where the text is complete.
   std::shared_ptr<const constrain::TokenConstraint> constraint;
+  // Added to the raw logits of these tokens before penalties and sampling (OpenAI's
+  // logit_bias); the reported logprobs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct Usage {
@@ -125,7 +128,8 @@ struct EngineStats {
   int kv_blocks_total = 0, kv_blocks_used = 0;
 };
 
-// Thrown by Engine::submit: the request can never run (400), or the queue is full (503).
+// Thrown by Engine::submit: the request can never run (400), the queue is full (429), or the
+// engine is shutting down (503).
 struct RequestRejected {
   int http_status = 400;
   std::string message;

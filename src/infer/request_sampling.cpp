@@ -37,6 +37,12 @@ void validate(const SamplingParams& p, int vocab) {
   LOOM_CHECK(!p.constraint || p.constraint->vocab_size() <= vocab, "the constraint's vocabulary (",
              p.constraint ? p.constraint->vocab_size() : 0, " tokens) is larger than the model's (",
              vocab, ")");
+  for (auto [t, b] : p.logit_bias) {
+    LOOM_CHECK(t >= 0 && t < vocab, "logit_bias token id ", t, " outside the vocabulary [0, ",
+               vocab, ")");
+    LOOM_CHECK(std::isfinite(b) && std::fabs(b) <= 100, "logit_bias of token ", t,
+               " must lie in [-100, 100], got ", b);
+  }
   for (int32_t t : p.stop_token_ids)
     LOOM_CHECK(t >= 0 && t < vocab, "stop token id ", t, " outside the vocabulary [0, ", vocab,
                ")");
@@ -71,6 +77,7 @@ SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<
         if (!((bits >> k) & 1)) x[base + k] = -std::numeric_limits<float>::infinity();
     }
 
+  for (auto [t, b] : p.logit_bias) x[t] += b;
   // Penalties.
   if (p.repetition_penalty != 1.f) {
     std::vector<bool> hit(static_cast<size_t>(V), false);

@@ -1,9 +1,9 @@
-// Sampling for the serving engine, per completion (SamplingParams, engine_api.h): penalties
-// (repetition over prompt and output as Hugging Face and vLLM apply it; presence and frequency
-// over the output, OpenAI's definition), temperature, top-k, top-p, min-p, then a draw from the
-// counter-based RNG keyed by (seed, completion index, output position), so a request with a
-// seed gets the same tokens whatever else is in the batch. Log-probabilities are those of the
-// raw logits (log-softmax before any penalty or temperature), as OpenAI and vLLM report them.
+// Sampling for the serving engine, per completion (SamplingParams, engine_api.h): logit_bias,
+// penalties (repetition over prompt and output as Hugging Face and vLLM apply it; presence and
+// frequency over the output, OpenAI's definition), temperature, top-k, top-p, min-p, then a draw
+// from the counter-based RNG keyed by (seed, completion index, output position), so a request with
+// a seed gets the same tokens whatever else is in the batch. Log-probabilities are those of the raw
+// logits (log-softmax before any penalty or temperature), as OpenAI and vLLM report them.
 #pragma once
 
 #include <cstdint>

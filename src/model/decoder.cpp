@@ -7,17 +7,6 @@
 
 namespace loom {
 
-Recompute recompute_from_name(const std::string& s) {
-  if (s == "none") return Recompute::None;
-  if (s == "selective") return Recompute::Selective;
-  if (s == "full") return Recompute::Full;
-  fail("recompute must be none, selective or full, got '", s, "'");
-}
-
-const char* recompute_name(Recompute r) {
-  return r == Recompute::None ? "none" : r == Recompute::Selective ? "selective" : "full";
-}
-
 void TensorParallel::validate(const ModelConfig& c) const {
   LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor-parallel rank ", rank,
              " outside a group of ", size);
@@ -29,6 +18,10 @@ void TensorParallel::validate(const ModelConfig& c) const {
              ") must be divisible by parallel.tp (", size, "): KV heads are split, not replicated");
   LOOM_CHECK(c.d_ff % size == 0, "model.d_ff (", c.d_ff, ") must be divisible by parallel.tp (",
              size, ")");
+  // The ranks hold different heads, so the q/k norms' weight gradients would need a sum over
+  // the group that the layout does not make.
+  LOOM_CHECK(!c.qk_norm,
+             "model.qk_norm is not supported under tensor parallelism (parallel.tp = ", size, ")");
   LOOM_CHECK(c.vocab % size == 0, "model.vocab (", c.vocab, ") must be divisible by parallel.tp (",
              size, "): pad the vocabulary to a multiple of ", size,
              " (e.g. model.vocab = ", (c.vocab + size - 1) / size * size, ")");
@@ -106,9 +99,9 @@ void Decoder::build_params() {
     params_.add(n + ".weight", {C}, false, ParamInit::Ones);
     if (b) params_.add(n + ".bias", {C}, false, ParamInit::Zeros);
   };
-  auto linear = [&](const std::string& n, int64_t out, int64_t in, float s) {
+  auto linear = [&](const std::string& n, int64_t out, int64_t in, float s, bool with_bias) {
     params_.add(n + ".weight", {out, in}, true, ParamInit::Normal, s);
-    if (b) params_.add(n + ".bias", {out}, false, ParamInit::Zeros);
+    if (with_bias) params_.add(n + ".bias", {out}, false, ParamInit::Zeros);
   };
   const int64_t Vl = vocab_;
   // Under pipeline parallelism each rank builds only what its stages hold (same names, so the
@@ -121,16 +114,20 @@ void Decoder::build_params() {
     if (!holds_layer(l)) continue;
     std::string p = "blocks." + std::to_string(l);
     norm(p + ".norm1");
-    linear(p + ".attn.qkv", qkv_, C, std);
-    linear(p + ".attn.proj", C, att_, proj_std);
+    linear(p + ".attn.qkv", qkv_, C, std, cfg_.has_qkv_bias());
+    linear(p + ".attn.proj", C, att_, proj_std, b);
+    if (cfg_.qk_norm) {
+      params_.add(p + ".attn.q_norm.weight", {cfg_.head_dim}, false, ParamInit::Ones);
+      params_.add(p + ".attn.k_norm.weight", {cfg_.head_dim}, false, ParamInit::Ones);
+    }
     norm(p + ".norm2");
     if (cfg_.is_moe_layer(l)) {
       params_.add(p + ".moe.router.weight", {int64_t(cfg_.n_experts), C}, true, ParamInit::Normal,
                   std);
       continue;
     }
-    linear(p + ".mlp.fc", fc_, C, std);
-    linear(p + ".mlp.proj", C, ff_, proj_std);
+    linear(p + ".mlp.fc", fc_, C, std, b);
+    linear(p + ".mlp.proj", C, ff_, proj_std, b);
   }
   if (pp_.last) {
     norm("final_norm");
@@ -268,6 +265,10 @@ Decoder::LayerParams Decoder::build_layer_params(int l) {
   LayerParams lp;
   lp.ln1 = norm_params(p + "norm1");
   lp.ln2 = norm_params(p + "norm2");
+  if (cfg_.qk_norm) {
+    lp.q_norm = norm_params(p + "attn.q_norm");
+    lp.k_norm = norm_params(p + "attn.k_norm");
+  }
   using S = Linear::Split;
   lp.qkv = linear(p + "attn.qkv", C, qkv_, S::Column);
   lp.proj = linear(p + "attn.proj", att_, C, S::Row);
@@ -359,6 +360,10 @@ void Decoder::ensure_buffers(int N) {
     shared.ln1_mean = take(1);
     shared.ln1_rstd = take(1);
     shared.qkv = take_act(Q);
+    if (cfg_.qk_norm) {
+      shared.qk_raw = take((H + hkv_) * cfg_.head_dim);
+      shared.qk_rstd = take(H + hkv_);
+    }
     shared.att = take_act(A);
     shared.lse = take(H);
     shared.x_mid = take(C);
@@ -392,6 +397,10 @@ void Decoder::ensure_buffers(int N) {
       a.ln1_mean = take(1);
       a.ln1_rstd = take(1);
       a.qkv = take_act(Q);
+      if (cfg_.qk_norm) {
+        a.qk_raw = take((H + hkv_) * cfg_.head_dim);
+        a.qk_rstd = take(H + hkv_);
+      }
       if (recompute_ != Recompute::Selective) {  // selective: attention core recomputed, shared
         a.att = take_act(A);
         a.lse = take(H);
@@ -695,6 +704,43 @@ void Decoder::set_context_parallel(const ContextParallel& cp) {
   attention_ = cp_attention_ ? cp_attention_.get() : packed_attention_.get();
 }
 
+// The query heads (then the key heads) of every row gathered into [N * heads, D] rows, one
+// RMSNorm over each, written back into the rows.
+void Decoder::qk_norm_forward(const LayerParams& p, const LayerActs& a, float* qkv, int N) {
+  const int D = cfg_.head_dim;
+  const size_t pitch = size_t(qkv_) * sizeof(float);
+  float* out = scratch(blk_a_, int64_t(N) * hq_ * D);
+  const int heads[2] = {hq_, hkv_};
+  const float* w[2] = {p.q_norm.w, p.k_norm.w};
+  for (int part = 0; part < 2; ++part) {
+    const int64_t col = part == 0 ? 0 : att_;
+    float* raw = a.qk_raw + int64_t(N) * col;
+    float* rstd = a.qk_rstd + int64_t(N) * (part == 0 ? 0 : hq_);
+    const size_t row = size_t(heads[part]) * D * sizeof(float);
+    be_.copy_2d(raw, row, qkv + col, pitch, row, size_t(N));
+    be_.rmsnorm_forward(out, rstd, raw, w[part], N * heads[part], D, cfg_.norm_eps);
+    be_.copy_2d(qkv + col, pitch, out, row, row, size_t(N));
+  }
+}
+
+void Decoder::qk_norm_backward(const LayerParams& p, const LayerActs& a, float* dqkv, int N) {
+  const int D = cfg_.head_dim;
+  const size_t pitch = size_t(qkv_) * sizeof(float);
+  float* d = scratch(blk_a_, int64_t(N) * hq_ * D);
+  float* dx = scratch(blk_b_, int64_t(N) * hq_ * D);
+  const int heads[2] = {hq_, hkv_};
+  const Norm* norm[2] = {&p.q_norm, &p.k_norm};
+  for (int part = 0; part < 2; ++part) {
+    const int64_t col = part == 0 ? 0 : att_;
+    const float* raw = a.qk_raw + int64_t(N) * col;
+    const float* rstd = a.qk_rstd + int64_t(N) * (part == 0 ? 0 : hq_);
+    const size_t row = size_t(heads[part]) * D * sizeof(float);
+    be_.copy_2d(d, row, dqkv + col, pitch, row, size_t(N));
+    be_.rmsnorm_backward(dx, norm[part]->dw, d, raw, norm[part]->w, rstd, N * heads[part], D);
+    be_.copy_2d(dqkv + col, pitch, dx, row, row, size_t(N));
+  }
+}
+
 void Decoder::attention_core(int l, const ModelInput& in, const LayerActs& a, const float* qkv) {
   const int Hq = hq_, Hkv = hkv_, D = cfg_.head_dim, Q = qkv_;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
@@ -717,6 +763,7 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   norm_forward(a.ln1, mine, a.ln1_mean, a.ln1_rstd, a.x_in, p.ln1.w, p.ln1.b, Nl);
   float* qkv = fp32_out(a.qkv, b_->q32);
   p.qkv.forward(be_, qkv, a.ln1, N);
+  if (cfg_.qk_norm) qk_norm_forward(p, a, qkv, N);
   if (cfg_.uses_rope()) {
     be_.rope_forward_scaled(qkv, b_->positions, N, Hq, D, Q, cfg_.rope_theta, cfg_.rope_scaling);
     be_.rope_forward_scaled(qkv + A, b_->positions, N, Hkv, D, Q, cfg_.rope_theta,
@@ -791,6 +838,7 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     be_.rope_backward_scaled(b_->dqkv + A, b_->positions, N, Hkv, D, Q, cfg_.rope_theta,
                              cfg_.rope_scaling);
   }
+  if (cfg_.qk_norm) qk_norm_backward(p, a, b_->dqkv, N);
   round_grad(p.qkv, b_->dqkv, int64_t(N) * Q);
   dl = p.qkv.backward(be_, b_->dln, b_->dqkv, a.ln1.in(), N);
   round_act(dl, int64_t(Nl) * C);
@@ -909,6 +957,12 @@ static void check_input(const ModelInput& in, const ModelConfig& cfg) {
                " at position ", i, " is outside the vocabulary [0, ", cfg.vocab, ")");
     LOOM_CHECK(in.positions[i] >= 0 && in.positions[i] < cfg.max_seq, "position ", in.positions[i],
                " exceeds model.max_seq ", cfg.max_seq);
+    // Below the window every earlier position is in it: full causal attention is exact.
+    LOOM_CHECK(cfg.sliding_window == 0 || in.positions[i] < cfg.sliding_window, "position ",
+               in.positions[i], " reaches past model.sliding_window = ", cfg.sliding_window,
+               ": sliding-window attention is not implemented (training's packed and ring ",
+               "attention and the serving engine's paged attention attend to every earlier ",
+               "position); keep sequences within ", cfg.sliding_window, " tokens");
     if (in.targets)
       LOOM_CHECK(in.targets[i] >= -1 && in.targets[i] < cfg.vocab, "target id ", in.targets[i],
                  " at position ", i, " is outside the vocabulary");

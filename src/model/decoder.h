@@ -18,6 +18,7 @@
 
 #include "comm/communicator.h"
 #include "core/dtype.h"
+#include "core/recompute.h"
 #include "kernels/backend.h"
 #include "kernels/buffer.h"
 #include "model/context_parallel.h"
@@ -29,15 +30,6 @@
 #include "model/params.h"
 
 namespace loom {
-
-// What is kept between forward and backward (docs/architecture.md):
-//   None       every layer's activations;
-//   Selective  all but the attention core (RoPE'd q/k kept; attention output and LSE
-//              recomputed per layer in backward);
-//   Full       only each layer's input; the whole layer is recomputed in backward.
-enum class Recompute { None, Selective, Full };
-Recompute recompute_from_name(const std::string& s);
-const char* recompute_name(Recompute r);
 
 // One micro-batch of N tokens made of nseq sequences (rows of a batch, or packed documents).
 struct ModelInput {
@@ -239,6 +231,7 @@ class Decoder {
   };
   struct LayerParams {
     Norm ln1, ln2;
+    Norm q_norm, k_norm;       // model.qk_norm only
     Linear qkv, proj, fc, mp;  // fc and mp (the MLP) unbound in a MoE layer
   };
   // Under the bf16 policy the GEMM inputs and what attention and the MLP read back in backward
@@ -249,6 +242,9 @@ class Decoder {
     ActBuf ln1;
     float *ln1_mean = nullptr, *ln1_rstd = nullptr;
     ActBuf qkv, att;
+    // model.qk_norm: the query heads [N * Hq, D], then the key heads [N * Hkv, D], before their
+    // norm, and the norm's rstd of each head row.
+    float *qk_raw = nullptr, *qk_rstd = nullptr;
     float* lse = nullptr;
     float* x_mid = nullptr;
     ActBuf ln2;
@@ -279,6 +275,10 @@ class Decoder {
   struct ForwardOnlyScope;
   void forward_blocks(const ModelInput& in);  // every block, with the before/after hooks
   void block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out);
+  // model.qk_norm: the per-head RMSNorm of qkv's query and key heads (fp32 [N, qkv_] rows, in
+  // place, before RoPE), and its backward on dqkv (after RoPE's).
+  void qk_norm_forward(const LayerParams& p, const LayerActs& a, float* qkv, int N);
+  void qk_norm_backward(const LayerParams& p, const LayerActs& a, float* dqkv, int N);
   // Layer l's attention over qkv's fp32 values into a.att (and a.lse).
   void attention_core(int l, const ModelInput& in, const LayerActs& a, const float* qkv);
   void block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres);

@@ -111,6 +111,8 @@ void ModelConfig::validate() const {
   LOOM_CHECK(max_seq > 0, "model.max_seq must be positive, got ", max_seq);
   LOOM_CHECK(norm_eps > 0, "model.norm_eps must be positive");
   LOOM_CHECK(init_std > 0, "model.init_std must be positive");
+  LOOM_CHECK(sliding_window >= 0, "model.sliding_window must be >= 0 (0: none), got ",
+             sliding_window);
   LOOM_CHECK(n_experts >= 0, "model.n_experts must be >= 0 (0: dense), got ", n_experts);
   if (n_experts == 0) return;
   LOOM_CHECK(top_k >= 1 && top_k <= n_experts, "model.top_k (", top_k,
@@ -132,8 +134,8 @@ int ModelConfig::num_moe_layers() const {
 int64_t ModelConfig::num_params() const {
   int64_t C = d_model, b = bias ? 1 : 0;
   int64_t norm = C * (1 + b);
-  int64_t attn = static_cast<int64_t>(qkv_dim()) * C + b * qkv_dim() +
-                 C * static_cast<int64_t>(n_head) * head_dim + b * C;
+  int64_t attn = static_cast<int64_t>(qkv_dim()) * C + (has_qkv_bias() ? qkv_dim() : 0) +
+                 C * static_cast<int64_t>(n_head) * head_dim + b * C + (qk_norm ? 2 * head_dim : 0);
   int64_t mlp = static_cast<int64_t>(fc_dim()) * C + b * fc_dim() + C * d_ff + b * C;
   int64_t per_layer = 2 * norm + attn + mlp;
   int64_t embed = static_cast<int64_t>(vocab) * C +
@@ -172,11 +174,17 @@ std::string ModelConfig::fingerprint() const {
              !rope_scaling.enabled()
                  ? std::string()
                  : cat(" rope=llama3/", rope_scaling.factor, "/", rope_scaling.low_freq_factor, "/",
-                       rope_scaling.high_freq_factor, "/", rope_scaling.original_max_seq));
+                       rope_scaling.high_freq_factor, "/", rope_scaling.original_max_seq),
+             // The families' parameters appear only when present (older checkpoints stay
+             // compatible).
+             qkv_bias && !bias ? " qkv_bias=1" : "", qk_norm ? " qk_norm=1" : "");
 }
 
 ModelConfig model_config_from(const Config& cfg) {
-  ModelConfig c = model_preset(cfg.get_string("model.preset", "tiny"));
+  return model_config_from(cfg, model_preset(cfg.get_string("model.preset", "tiny")));
+}
+
+ModelConfig model_config_from(const Config& cfg, ModelConfig c) {
   std::string fam = cfg.get_string("model.family", family_name(c.family));
   LOOM_CHECK(fam == "gpt2" || fam == "llama", "model.family must be gpt2 or llama, got '", fam,
              "'");
@@ -214,6 +222,9 @@ ModelConfig model_config_from(const Config& cfg) {
   c.init_std = static_cast<float>(cfg.get_double("model.init_std", c.init_std));
   c.tied = cfg.get_bool("model.tied", c.tied);
   c.bias = cfg.get_bool("model.bias", c.bias);
+  c.qkv_bias = cfg.get_bool("model.qkv_bias", c.qkv_bias);
+  c.qk_norm = cfg.get_bool("model.qk_norm", c.qk_norm);
+  c.sliding_window = get_int32(cfg, "model.sliding_window", c.sliding_window);
   c.n_experts = get_int32(cfg, "model.n_experts", c.n_experts);
   c.top_k = get_int32(cfg, "model.top_k", c.top_k);
   c.moe_router = cfg.get_string("model.moe_router", c.moe_router);

@@ -35,6 +35,15 @@ struct ModelConfig {
   float init_std = 0.02f;
   bool tied = true;  // output head shares the token embedding
   bool bias = true;  // linear and norm biases
+  // Biases on the q, k and v projections only (Qwen2), with bias = false elsewhere.
+  bool qkv_bias = false;
+  // RMSNorm of each query and key head over its head_dim, before RoPE (Qwen3): one weight of
+  // head_dim per layer for the queries (attn.q_norm) and one for the keys (attn.k_norm).
+  bool qk_norm = false;
+  // Attention sees the last sliding_window positions only (Mistral); 0: every earlier one.
+  // Loom's attention kernels attend to every earlier position, so a run whose positions reach
+  // the window is refused (Decoder) rather than computed over the wrong keys.
+  int sliding_window = 0;
   // Mixture of experts (docs/parallel.md): n_experts = 0 is a dense model. A MoE layer replaces
   // the MLP with a router (top_k of n_experts, softmax or sigmoid scores) and n_experts expert
   // MLPs of width d_ff (GeLU for gpt2, SwiGLU for llama; no biases). Layer l is a MoE layer when
@@ -49,6 +58,7 @@ struct ModelConfig {
   bool uses_rope() const { return family == Family::Llama; }
   bool uses_positions_table() const { return family == Family::GPT2; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim; }
+  bool has_qkv_bias() const { return bias || qkv_bias; }
   int fc_dim() const { return family == Family::Llama ? 2 * d_ff : d_ff; }
   bool is_moe() const { return n_experts > 0; }
   bool is_moe_layer(int l) const { return n_experts > 0 && l % moe_layer_freq == 0; }
@@ -72,5 +82,8 @@ std::vector<std::string> model_preset_names();
 
 // Reads [model] from a config: `preset` then any field overrides (model.n_layer = ...).
 ModelConfig model_config_from(const Config& cfg);
+// The same over a given starting shape instead of model.preset (which it does not read): the
+// planner's published shapes (plan/model.h) take the trainer's keys this way.
+ModelConfig model_config_from(const Config& cfg, ModelConfig base);
 
 }  // namespace loom

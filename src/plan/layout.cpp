@@ -30,18 +30,6 @@ const char* name(Optimizer o) {
   }
   return "?";
 }
-const char* name(Recompute r) {
-  switch (r) {
-    case Recompute::none:
-      return "none";
-    case Recompute::selective:
-      return "selective";
-    case Recompute::full:
-      return "full";
-  }
-  return "?";
-}
-
 const char* name(Fp8Recipe r) {
   switch (r) {
     case Fp8Recipe::delayed:
@@ -70,12 +58,6 @@ Fp8Recipe parse_fp8_recipe(const std::string& s) {
   fail("unknown fp8 recipe '", s,
        "' (valid: fp8_tensorwise_delayed, fp8_tensorwise_current, mxfp8)");
 }
-Recompute parse_recompute(const std::string& s) {
-  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
-    if (s == name(r)) return r;
-  fail("unknown recompute '", s, "' (valid: none, selective, full)");
-}
-
 int64_t micro_batches(const TrainSpec& t) {
   return t.global_batch / (t.dp * t.micro_batch);
 }
@@ -109,8 +91,9 @@ void resolve_and_validate(const ModelSpec& m, const ClusterSpec& c, TrainSpec& t
   pos(t.cp, "cp");
   pos(t.ep, "ep");
   pos(t.micro_batch, "micro_batch");
-  pos(t.global_batch, "global_batch");
-  LOOM_CHECK(t.zero_stage >= 0 && t.zero_stage <= 3, "layout: zero_stage must be 0..3, got ",
+  pos(t.grad_accum, "grad_accum");
+  LOOM_CHECK(t.global_batch >= 0, "layout: 'global_batch' must be >= 0, got ", t.global_batch);
+  LOOM_CHECK(t.zero_stage >= 0 && t.zero_stage <= 3, "layout: parallel.zero must be 0..3, got ",
              t.zero_stage);
   LOOM_CHECK(t.precision != Precision::fp8 || c.gpu.peak_fp8_tflops > 0, "precision fp8: GPU '",
              c.gpu.name, "' has no FP8 tensor cores (use bf16)");
@@ -152,12 +135,13 @@ void resolve_and_validate(const ModelSpec& m, const ClusterSpec& c, TrainSpec& t
                "; use a GPU count that is a multiple of ", model_par);
     t.dp = c.world() / model_par;
   }
-  LOOM_CHECK(
-      world_size(t) == c.world(), "world size mismatch: tp x pp x cp x dp = ", t.tp, " x ", t.pp,
-      " x ", t.cp, " x ", t.dp, " = ", world_size(t), " but the cluster has ", c.world(), " GPUs (",
-      c.nodes, " nodes x ", c.gpus_per_node,
-      "); leave dp unset to use dp = ", c.world() % model_par == 0 ? c.world() / model_par : 0,
-      c.world() % model_par == 0 ? "" : " (not possible: change tp/pp/cp)");
+  LOOM_CHECK(world_size(t) == c.world(), "world size mismatch: tp x pp x cp x dp = ", t.tp, " x ",
+             t.pp, " x ", t.cp, " x ", t.dp, " = ", world_size(t), " but the cluster has ",
+             c.world(), " GPUs (", c.nodes, " nodes x ", c.gpus_per_node,
+             "); leave parallel.dp unset to use dp = ",
+             c.world() % model_par == 0 ? c.world() / model_par : 0,
+             c.world() % model_par == 0 ? "" : " (not possible: change tp/pp/cp)");
+  if (t.global_batch == 0) t.global_batch = t.micro_batch * t.grad_accum * t.dp;
   LOOM_CHECK((t.dp * t.cp) % t.ep == 0, "expert parallel ", t.ep,
              " must divide dp x cp = ", t.dp * t.cp,
              " (experts are spread over data-parallel ranks)");
@@ -174,7 +158,9 @@ void resolve_and_validate(const ModelSpec& m, const ClusterSpec& c, TrainSpec& t
                ") to be a multiple of pp (", t.pp, ")");
   if (t.tp == 1) t.sequence_parallel = false;
   if (t.zero_stage == 3 && t.pp > 1)
-    fail("zero_stage 3 with pipeline parallelism is not supported (use zero_stage 1 with pp > 1)");
+    fail(
+        "parallel.zero = 3 with pipeline parallelism is not supported (use parallel.zero = 1 "
+        "with pp > 1)");
 }
 
 }  // namespace loom::plan

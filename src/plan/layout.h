@@ -6,26 +6,32 @@
 #include <cstdint>
 #include <string>
 
+#include "core/recompute.h"
 #include "plan/cluster.h"
 #include "plan/model.h"
 
 namespace loom::plan {
 
+// The one Recompute of the model (core/recompute.h), spelled plan::Recompute here too.
+using loom::Recompute;
+using loom::recompute_from_name;
+using loom::recompute_name;
+
 enum class Precision { fp32, bf16, fp16, fp8 };
 // The FP8 recipe of precision fp8 (the trainer's precision.fp8_recipe names; issue 18).
 enum class Fp8Recipe { delayed, current, mxfp8 };
 enum class Optimizer { adam, sgd, adam8bit };
-enum class Recompute { none, selective, full };
 
 struct TrainSpec {
-  int64_t global_batch = 0;  // sequences per optimizer step
+  int64_t global_batch = 0;  // sequences per optimizer step; 0: micro_batch x grad_accum x dp
   int64_t micro_batch = 1;
+  int64_t grad_accum = 1;  // micro-batches per step when global_batch is 0
   Precision precision = Precision::bf16;
   Fp8Recipe fp8_recipe = Fp8Recipe::delayed;  // precision fp8 only (TE's default on Hopper)
   Optimizer optimizer = Optimizer::adam;
   int zero_stage =
       1;  // 0 replicated, 1 optimizer state sharded (distributed optimizer), 2 +grads, 3 +weights
-  Recompute recompute = Recompute::selective;
+  Recompute recompute = Recompute::Selective;
   int64_t tp = 1, pp = 1, vp = 1, cp = 1, ep = 1;
   int64_t dp = 0;                    // 0: world / (tp*pp*cp)
   bool sequence_parallel = true;     // only meaningful with tp > 1
@@ -43,11 +49,9 @@ struct TrainSpec {
 
 const char* name(Precision p);
 const char* name(Optimizer o);
-const char* name(Recompute r);
 const char* name(Fp8Recipe r);
 Precision parse_precision(const std::string& s);  // throws listing valid values
 Optimizer parse_optimizer(const std::string& s);
-Recompute parse_recompute(const std::string& s);
 Fp8Recipe parse_fp8_recipe(const std::string& s);
 
 // Fills dp when 0 and checks every constraint; throws loom::Error with a suggestion.

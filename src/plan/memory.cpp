@@ -51,7 +51,7 @@ double activation_bytes_per_token_layer(const ModelSpec& m, const TrainSpec& t, 
   const double tp = double(t.tp);
   const bool sp = t.sequence_parallel && t.tp > 1;
   const double k = m.moe() ? double(m.top_k) : 1.0;
-  if (r == Recompute::full) return 2 * h / (sp ? tp : 1);  // the layer input only
+  if (r == Recompute::Full) return 2 * h / (sp ? tp : 1);  // the layer input only
   // GEMM inputs saved for backward: bf16, or the fp8 copy FP8 training casts them to.
   const double gin = t.precision == Precision::fp8 ? 1 : t.precision == Precision::fp32 ? 4 : 2;
   const double act = t.precision == Precision::fp32 ? 4 : 2;
@@ -67,7 +67,7 @@ double activation_bytes_per_token_layer(const ModelSpec& m, const TrainSpec& t, 
   // dropout its mask (1) and output (2). Flash attention keeps only a fp32 log-sum-exp.
   double quad =
       t.flash_attention ? 4.0 * m.heads : (2.0 + (m.dropout ? 3.0 : 0.0)) * m.heads * double(m.seq);
-  if (r == Recompute::selective) quad = 0;  // core attention recomputed in backward
+  if (r == Recompute::Selective) quad = 0;  // core attention recomputed in backward
   return sp ? (replicated + split + quad) / tp : replicated + (split + quad) / tp;
 }
 
@@ -115,8 +115,8 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const ClusterSpec& c, const T
     }
     mem.activations = per_layer * layers_in_flight;
     // Full recompute rebuilds one layer's complete activations during its backward.
-    if (t.recompute == Recompute::full)
-      mem.activations += n * activation_bytes_per_token_layer(m, t, Recompute::none);
+    if (t.recompute == Recompute::Full)
+      mem.activations += n * activation_bytes_per_token_layer(m, t, Recompute::None);
     if (sp_params.has_output)  // logits in bf16 plus the fp32 copy the loss works on
       mem.activations += n * double(m.vocab) / tp * 6;
     if (sp_params.has_embedding && m.dropout) mem.activations += n * h * 3 / (sp ? tp : 1);

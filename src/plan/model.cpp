@@ -24,7 +24,8 @@ ParamCounts count_params(const ModelSpec& m) {
   p.mlp = h * up + b * up + double(m.ffn) * h + b * h;
   p.router = m.moe() ? h * m.experts : 0;
   p.norms = 2 * h * (m.bias ? 2 : 1);  // LayerNorm has a bias, RMSNorm does not
-  p.embedding = double(m.vocab) * h + (m.learned_positions ? double(m.seq) * h : 0);
+  p.embedding = double(m.vocab) * h +
+                (m.learned_positions ? double(m.positions > 0 ? m.positions : m.seq) * h : 0);
   p.output = (m.tied_embeddings ? 0 : double(m.vocab) * h) + h * (m.bias ? 2 : 1);
   return p;
 }

@@ -18,6 +18,7 @@ struct ModelSpec {
   int64_t ffn = 0;       // MLP inner size (per expert for MoE)
   int64_t vocab = 0;
   int64_t seq = 0;        // training sequence length
+  int64_t positions = 0;  // rows of the learned position table (0: seq)
   int64_t experts = 0;    // 0 or 1: dense MLP
   int64_t top_k = 1;      // experts each token is routed to
   bool gated_mlp = true;  // SwiGLU (3 matrices) vs GeLU/ReLU^2 (2 matrices)

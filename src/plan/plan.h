@@ -19,9 +19,12 @@ struct PlanInput {
   TrainSpec train;
 };
 
-// Reads [model], [cluster] and [train] sections (see docs/plan.md for every key). Presets are
-// applied first (model.preset, cluster.preset, cluster.gpu), then explicit fields override
-// them. Unknown keys, missing fields and impossible layouts throw loom::Error naming the key.
+// Reads a training config ([model], [parallel], [precision], [train]: the trainer's keys, read
+// by the trainer's readers) plus the planner's [cluster] and [plan] sections (docs/plan.md lists
+// every key). Presets are applied first (model.preset, cluster.preset, cluster.gpu), then
+// explicit fields override them; no cluster at all is one dgx-h100 node. Unknown keys, keys of
+// the planner's former dialect (named with their replacement), missing fields and settings the
+// planner does not model throw loom::Error naming the key.
 PlanInput read_plan_input(const Config& cfg);
 
 struct Plan {

@@ -70,6 +70,14 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
                             const SearchOptions& opt, const Efficiency& e) {
   validate(m);
   validate(c);
+  // The global batch stays what the config asks for: one given as micro_batch x grad_accum x
+  // dp is that product at the config's own layout.
+  TrainSpec fixed = base;
+  if (fixed.global_batch == 0) {
+    TrainSpec own = base;
+    resolve_and_validate(m, c, own);
+    fixed.global_batch = own.global_batch;
+  }
   SearchResult res;
   const int64_t world = c.world();
   std::vector<Candidate> all_fitting;
@@ -89,7 +97,7 @@ SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const Trai
           for (int64_t ep : eps)
             for (int64_t mbs : opt.micro_batches)
               for (Recompute rc : opt.recomputes) {
-                TrainSpec t = base;
+                TrainSpec t = fixed;
                 t.tp = tp;
                 t.cp = cp;
                 t.pp = pp;

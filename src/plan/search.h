@@ -11,7 +11,7 @@ namespace loom::plan {
 
 struct SearchOptions {
   std::vector<int64_t> micro_batches = {1, 2, 4, 8};
-  std::vector<Recompute> recomputes = {Recompute::none, Recompute::selective, Recompute::full};
+  std::vector<Recompute> recomputes = {Recompute::None, Recompute::Selective, Recompute::Full};
   int64_t max_vp = 8;
   int64_t max_cp = 16;
 };
@@ -30,8 +30,10 @@ struct SearchResult {
   std::string explanation;
 };
 
-// `base` supplies everything the search does not vary (batch, precision, optimizer, ZeRO,
-// overlap switches); tp, pp, vp, cp, ep, micro_batch and recompute are searched.
+// `base` supplies everything the search does not vary (global batch, precision, optimizer,
+// ZeRO, overlap switches); tp, pp, vp, cp, ep, micro_batch and recompute are searched. A base
+// without a global batch fixes micro_batch x grad_accum x dp of its own layout, which must
+// then be valid.
 SearchResult search_layouts(const ModelSpec& m, const ClusterSpec& c, const TrainSpec& base,
                             const SearchOptions& opt = {},
                             const Efficiency& e = default_efficiency());

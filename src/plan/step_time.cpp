@@ -170,8 +170,8 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
   if (m.moe() && t.ep > 1) L.ep = 2 * gather_or_scatter(n * k * h * act, t.ep, ep_link);
   double layer_fwd = L.compute_fwd + L.tp_fwd + L.cp_fwd + L.ep;
   double layer_bwd = L.compute_bwd + L.tp_fwd + L.cp_bwd + L.ep;
-  double layer_recompute = t.recompute == Recompute::full        ? layer_fwd
-                           : t.recompute == Recompute::selective ? attn_f
+  double layer_recompute = t.recompute == Recompute::Full        ? layer_fwd
+                           : t.recompute == Recompute::Selective ? attn_f
                                                                  : 0;
 
   // ---- stages ----
@@ -189,7 +189,7 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
   int64_t bottleneck_layers = r.stage_time == t_last    ? last.layers
                               : r.stage_time == t_first ? first.layers
                                                         : middle_layers;
-  r.stage_tp_comm = bottleneck_layers * L.tp_fwd * (2 + (t.recompute == Recompute::full ? 1 : 0));
+  r.stage_tp_comm = bottleneck_layers * L.tp_fwd * (2 + (t.recompute == Recompute::Full ? 1 : 0));
   r.stage_cp_comm = bottleneck_layers * (L.cp_fwd + L.cp_bwd);
   r.stage_ep_comm = bottleneck_layers * 2 * L.ep;
   r.stage_compute = r.stage_time - r.stage_tp_comm - r.stage_cp_comm - r.stage_ep_comm;
@@ -255,8 +255,8 @@ StepBreakdown step_time(const ModelSpec& m, const ClusterSpec& c, const TrainSpe
   const double attn_reported = attention_flops_per_token(m, m.seq) * (t.causal_flops ? 0.5 : 1);
   const double layer_tok = layer_gemm_flops_per_token(m) + attn_reported;
   r.model_flops_per_step = 3 * tokens * (m.layers * layer_tok + logits_flops_per_token(m));
-  double recompute_tok = t.recompute == Recompute::full        ? layer_tok
-                         : t.recompute == Recompute::selective ? attn_reported
+  double recompute_tok = t.recompute == Recompute::Full        ? layer_tok
+                         : t.recompute == Recompute::Selective ? attn_reported
                                                                : 0;
   r.hardware_flops_per_step = r.model_flops_per_step + tokens * m.layers * recompute_tok;
   const double world = double(world_size(t));

@@ -26,7 +26,7 @@ PublishedRow megatron_row(const char* size, const char* preset, int64_t tp, int6
   t.precision = Precision::fp16;
   t.optimizer = Optimizer::adam;
   t.zero_stage = 0;
-  t.recompute = Recompute::full;
+  t.recompute = Recompute::Full;
   t.tp = tp;
   t.pp = pp;
   t.vp = layers_per_vstage ? r.input.model.layers / pp / layers_per_vstage : 1;
@@ -57,7 +57,7 @@ PublishedRow nemo_row(const char* name, const char* preset, int64_t gpus, int64_
   t.micro_batch = 1;
   t.precision = Precision::fp8;
   t.zero_stage = 1;
-  t.recompute = Recompute::none;
+  t.recompute = Recompute::None;
   t.tp = tp;
   t.pp = pp;
   t.cp = cp;
@@ -83,7 +83,7 @@ PublishedRow llama3_row(const char* name, int64_t gpus, int64_t dp, double tflop
   t.micro_batch = 1;
   t.precision = Precision::bf16;
   t.zero_stage = 1;
-  t.recompute = Recompute::none;
+  t.recompute = Recompute::None;
   t.tp = 8;
   t.pp = 16;
   t.vp = 2;
@@ -134,7 +134,7 @@ PublishedRow mcore_row(const char* size, ModelSpec model, int64_t gpus, int64_t 
   t.precision = Precision::bf16;
   t.optimizer = Optimizer::adam;
   t.zero_stage = 1;
-  t.recompute = Recompute::none;
+  t.recompute = Recompute::None;
   t.tp = tp;
   t.pp = pp;
   t.cp = cp;

@@ -20,11 +20,11 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <regex>
 
 #include "core/error.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "resil/output_lines.h"
 #include "resil/process.h"
 #include "resil/protocol.h"
 
@@ -86,18 +86,6 @@ bool process_stopped(int64_t pid) {
   std::getline(f, s);
   size_t p = s.rfind(')');
   return p != std::string::npos && p + 2 < s.size() && (s[p + 2] == 'T' || s[p + 2] == 't');
-}
-
-// "[1,3]<stdout>:text" (mpirun --tag-output) -> rank 3, text. Returns -1 for untagged lines.
-int untag(const std::string& line, std::string* text) {
-  static const std::regex tag(R"(^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$)");
-  std::smatch m;
-  if (!std::regex_match(line, m, tag)) {
-    *text = line;
-    return -1;
-  }
-  *text = m[3];
-  return std::stoi(m[1]);
 }
 
 struct RankState;
@@ -204,7 +192,7 @@ class Supervisor {
   void handle_line(Conn& c, const std::string& line, double now);
   void bad_heartbeat(const Conn& c, const std::string& why);
   void read_output(bool drain);
-  void output_line(const std::string& line);
+  void output_line(std::string_view line, bool continued);
   void check_silence(double now);
   void set_cause(Cause c) {
     if (!cause_) cause_ = std::move(c);
@@ -239,7 +227,8 @@ class Supervisor {
   int child_status_ = 0;
   bool child_reaped_ = false;
   int out_fd_ = -1;
-  std::string out_buf_;
+  LineSplitter out_lines_;
+  int out_rank_ = -1;  // the rank of the last output line (a cut line's next pieces are its)
   int signal_ = 0;
   int64_t steps_this_attempt_ = 0;
   std::optional<Cause> cause_;
@@ -341,22 +330,24 @@ bool Supervisor::all_connections_closed() {
 
 void Supervisor::read_output(bool drain) {
   if (out_fd_ < 0) return;
-  double t0 = now_seconds();
+  const double t0 = now_seconds();
+  auto emit = [this](std::string_view line, bool continued) { output_line(line, continued); };
   char buf[65536];
+  // A rank that floods its output keeps the pipe full: without a bound on one call the
+  // heartbeats, the signals and the launcher's exit would wait for it to pause.
+  size_t taken = 0;
   for (;;) {
     ssize_t n = ::read(out_fd_, buf, sizeof buf);
     if (n > 0) {
-      out_buf_.append(buf, size_t(n));
-      size_t nl;
-      while ((nl = out_buf_.find('\n')) != std::string::npos) {
-        output_line(out_buf_.substr(0, nl));
-        out_buf_.erase(0, nl + 1);
-      }
+      out_lines_.feed(std::string_view(buf, size_t(n)), emit);
+      std::fflush(stdout);
+      taken += size_t(n);
+      if (!drain && taken >= (size_t(4) << 20)) return;
       continue;
     }
     if (n == 0) {  // every writer is gone
-      if (!out_buf_.empty()) output_line(out_buf_);
-      out_buf_.clear();
+      out_lines_.finish(emit);
+      std::fflush(stdout);
       ::close(out_fd_);
       out_fd_ = -1;
       return;
@@ -369,29 +360,34 @@ void Supervisor::read_output(bool drain) {
   }
 }
 
-void Supervisor::output_line(const std::string& line) {
-  std::string text;
-  int rank = o_.tagged_output ? untag(line, &text) : (text = line, -1);
-  static const std::regex loom_fail(R"(loom: rank (\d+) failed: (.*))");
-  static const std::regex cmd_error(R"(^loom \S+: (?:internal )?error: (.*))");
-  static const std::regex mpi_rank(
-      R"((?:process rank (\d+))|(?:Process name: \[\[\d+,\d+\],(\d+)\]))");
-  std::smatch m;
-  Cause& oc = output_cause_;
-  if (oc.rank < 0 && std::regex_search(text, m, loom_fail)) {
-    oc.rank = std::stoi(m[1]);
-    oc.text = m[2];
-  } else if (oc.rank < 0 && rank >= 0 && std::regex_search(text, m, cmd_error)) {
-    oc.rank = rank;
-    oc.text = m[1];
-  } else if (mpi_named_rank_ < 0 && rank < 0 && std::regex_search(text, m, mpi_rank)) {
-    mpi_named_rank_ = std::stoi(m[1].matched ? m[1] : m[2]);
+void Supervisor::output_line(std::string_view line, bool continued) {
+  std::string_view text = line;
+  int rank = -1;
+  if (continued) {
+    rank = out_rank_;  // the rest of a cut line: no tag of its own, and nothing to look for
+  } else {
+    rank = o_.tagged_output ? untag(line, &text) : -1;
+    out_rank_ = rank;
+    Cause& oc = output_cause_;
+    std::string_view msg;
+    int r = -1;
+    if (oc.rank < 0 && rank_failed_message(text, &r, &msg)) {
+      oc.rank = r;
+      oc.text = printable_utf8(msg, 4096);
+    } else if (oc.rank < 0 && rank >= 0 && command_error_message(text, &msg)) {
+      oc.rank = rank;
+      oc.text = printable_utf8(msg, 4096);
+    } else if (mpi_named_rank_ < 0 && rank < 0 && mpi_reported_rank(text, &r)) {
+      mpi_named_rank_ = r;
+    }
   }
+  // The bytes as the rank wrote them (binary included), one line each.
   if (rank >= 0)
-    std::printf("[rank %d] %s\n", rank, text.c_str());
+    std::fprintf(stdout, "[rank %d] ", rank);
   else
-    std::printf("%s%s\n", o_.untagged_prefix.c_str(), text.c_str());
-  std::fflush(stdout);
+    std::fputs(o_.untagged_prefix.c_str(), stdout);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
 }
 
 void Supervisor::accept_all(double now) {
@@ -424,9 +420,10 @@ void Supervisor::bad_heartbeat(const Conn& c, const std::string& why) {
 
 void Supervisor::read_conn(Conn& c, double now) {
   char buf[4096];
-  for (;;) {
+  for (size_t taken = 0; taken < (size_t(1) << 20);) {  // a flooding sender waits its turn
     ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
     if (n > 0) {
+      taken += size_t(n);
       c.buf.append(buf, size_t(n));
       size_t nl;
       while (c.fd >= 0 && (nl = c.buf.find('\n')) != std::string::npos) {

@@ -1,6 +1,7 @@
 #include "rl/http_env.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -40,6 +41,34 @@ std::vector<Task> load_task_file(const std::string& path) {
 
 #ifdef LOOM_RL_HAVE_HTTP
 namespace {
+
+// One POST whose whole exchange (connect, request, headers, body) ends within `seconds`.
+// cpp-httplib's timeouts bound each read and write, not the call: a server that sends its
+// headers and then a byte every half second would hold the call for ever. A watcher shuts the
+// client's socket at the deadline (Client::stop, safe from another thread), which ends the call
+// with an error; *late says that it was the deadline.
+httplib::Result post_within(httplib::Client& cli, const std::string& path, const std::string& body,
+                            double seconds, bool* late) {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  *late = false;
+  std::thread watcher([&] {
+    std::unique_lock<std::mutex> lock(m);
+    if (!cv.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done; })) {
+      *late = true;
+      cli.stop();
+    }
+  });
+  httplib::Result res = cli.Post(path, body, "application/json");
+  {
+    std::lock_guard<std::mutex> lock(m);
+    done = true;
+  }
+  cv.notify_one();
+  watcher.join();
+  return res;
+}
 
 class HttpEnvironment : public Environment {
  public:
@@ -82,7 +111,12 @@ class HttpEnvironment : public Environment {
       cli.set_connection_timeout(ms);
       cli.set_read_timeout(ms);
       cli.set_write_timeout(ms);
-      auto res = cli.Post(path_, text, "application/json");
+      bool late = false;
+      auto res = post_within(cli, path_, text, opt_.timeout_s, &late);
+      if (late) {
+        last = cat("no whole answer within ", opt_.timeout_s, " s");
+        continue;
+      }
       if (!res) {
         last = cat("no answer (", httplib::to_string(res.error()), ")");
         continue;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/open_files.h"
 
 namespace loom::serve {
 namespace {
@@ -133,6 +134,7 @@ HttpTarget parse_url(const std::string& url) {
 
 std::vector<infer::RequestRecord> run_load_http(const HttpTarget& target,
                                                 const infer::LoadSpec& spec, double* duration) {
+  raise_open_file_limit();  // a connection per request in flight
   const std::vector<double> arrivals = infer::poisson_arrivals(spec);
   std::vector<infer::RequestRecord> rec(size_t(spec.num_prompts));
   std::vector<std::thread> threads;

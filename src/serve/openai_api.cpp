@@ -1,6 +1,7 @@
 #include "serve/openai_api.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "serve/tool_calls.h"
@@ -59,6 +60,26 @@ std::vector<int32_t> id_list(const Json& a, const std::string& param) {
     ids.push_back(static_cast<int32_t>(t.as_int()));
   }
   return ids;
+}
+
+// {"token id": bias}: ids as decimal strings, biases in [-100, 100] added to the logits.
+std::vector<std::pair<int32_t, float>> logit_bias(const Json& m) {
+  if (!m.is_object())
+    bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [k, v] : m.as_object()) {
+    char* end = nullptr;
+    const long long id = std::strtoll(k.c_str(), &end, 10);
+    if (k.empty() || *end != 0 || !(k[0] >= '0' && k[0] <= '9') || id < 0 || id > INT32_MAX)
+      bad("logit_bias", cat("'logit_bias' key '", k, "' is not a token id"));
+    if (!v.is_number() || !std::isfinite(v.as_double()) || v.as_double() < -100 ||
+        v.as_double() > 100)
+      bad("logit_bias",
+          cat("'logit_bias' of token ", k, " must be a number in [-100, 100], got ", v.dump()));
+    out.emplace_back(int32_t(id), float(v.as_double()));
+  }
+  if (out.size() > 1024) bad("logit_bias", "at most 1024 'logit_bias' entries");
+  return out;
 }
 
 std::string content_text(const Json& c, const std::string& param) {
@@ -137,6 +158,11 @@ ApiRequest parse_request(const std::string& body, bool chat, int default_max_tok
   if (given(j, "max_tokens")) s.max_tokens = int(integer(j, "max_tokens", 0, 1 << 20));
   if (given(j, "max_completion_tokens"))
     s.max_tokens = int(integer(j, "max_completion_tokens", 0, 1 << 20));
+  r.max_tokens_given = given(j, "max_tokens") || given(j, "max_completion_tokens");
+  // Fields Loom does not honour are refused rather than silently dropped.
+  for (const char* k : {"functions", "function_call", "guided_grammar", "suffix", "prediction"})
+    if (given(j, k)) bad(k, cat("'", k, "' is not supported by this server"));
+  if (given(j, "logit_bias")) s.logit_bias = logit_bias(j.at("logit_bias"));
   if (given(j, "temperature")) s.temperature = float(number(j, "temperature", 0, 2));
   if (given(j, "top_p")) s.top_p = float(number(j, "top_p", 1e-9, 1));
   if (given(j, "top_k")) {
@@ -151,6 +177,8 @@ ApiRequest parse_request(const std::string& body, bool chat, int default_max_tok
   if (given(j, "repetition_penalty"))
     s.repetition_penalty = float(number(j, "repetition_penalty", 1e-3, 10));
   if (given(j, "n")) s.n = int(integer(j, "n", 1, 16));
+  if (given(j, "best_of") && integer(j, "best_of", 1, 16) != s.n)
+    bad("best_of", "'best_of' other than 'n' is not supported");
   if (given(j, "seed")) s.seed = static_cast<uint64_t>(integer(j, "seed", INT64_MIN, INT64_MAX));
   if (given(j, "ignore_eos")) s.ignore_eos = boolean(j, "ignore_eos");
   if (given(j, "stop")) {
@@ -275,7 +303,6 @@ Json logprobs_json(const ResponseContext& ctx, const std::vector<int32_t>& token
 Json completion_response(const ResponseContext& ctx, const std::vector<ChoiceResult>& choices) {
   Json j = envelope(ctx, false);
   Json cs = Json::array();
-  infer::Usage total;
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceResult& c = choices[i];
     Json ch = Json::object();
@@ -293,19 +320,23 @@ Json completion_response(const ResponseContext& ctx, const std::vector<ChoiceRes
     ch["logprobs"] = ctx.want_logprobs ? logprobs_json(ctx, c.tokens, c.logprobs, c.top) : Json();
     ch["finish_reason"] = c.finish_reason == "abort" ? Json() : Json(c.finish_reason);
     cs.push_back(ch);
-    // Completions of one prompt share it: its tokens count once per prompt, as OpenAI does.
-    total.completion_tokens += c.usage.completion_tokens;
   }
-  // Prompt tokens: each distinct prompt once (choices of a prompt are adjacent, n per prompt).
-  for (size_t i = 0; i < choices.size(); ++i)
-    if (i == 0 || choices[i].usage.prompt_tokens != choices[i - 1].usage.prompt_tokens ||
-        choices[i].usage.cached_prompt_tokens != choices[i - 1].usage.cached_prompt_tokens) {
+  j["choices"] = cs;
+  j["usage"] = usage_json(total_usage(choices, ctx.n));
+  return j;
+}
+
+infer::Usage total_usage(const std::vector<ChoiceResult>& choices, int n) {
+  infer::Usage total;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    total.completion_tokens += choices[i].usage.completion_tokens;
+    // Completions of one prompt share it: its tokens count once per prompt, as OpenAI does.
+    if (i % size_t(n) == 0) {
       total.prompt_tokens += choices[i].usage.prompt_tokens;
       total.cached_prompt_tokens += choices[i].usage.cached_prompt_tokens;
     }
-  j["choices"] = cs;
-  j["usage"] = usage_json(total);
-  return j;
+  }
+  return total;
 }
 
 Json stream_chunk(const ResponseContext& ctx, int index, const std::string& text,

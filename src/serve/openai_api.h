@@ -40,7 +40,8 @@ struct ApiRequest {
   std::vector<std::vector<int32_t>> prompt_ids;  // completions: token-id prompts
   std::vector<ChatMessage> messages;             // chat
   infer::SamplingParams sampling;
-  StructuredRequest structured;  // output constraints and tools (structured_request.h)
+  StructuredRequest structured;   // output constraints and tools (structured_request.h)
+  bool max_tokens_given = false;  // else the server picks it (the context left)
   bool stream = false, include_usage = false, echo = false;
 };
 
@@ -62,6 +63,7 @@ struct ResponseContext {
   std::string id, model;
   int64_t created = 0;
   bool chat = false;
+  int n = 1;  // choices per prompt (adjacent in a response)
   bool want_logprobs = false;
   std::function<std::string(int32_t)> token_text;
 };
@@ -71,6 +73,9 @@ Json completion_response(const ResponseContext& ctx, const std::vector<ChoiceRes
 // One streamed chunk for choice `index` with new text (and its tokens' logprobs), or its end.
 Json stream_chunk(const ResponseContext& ctx, int index, const std::string& text,
                   const infer::TokenEvent* ev, const std::string& finish_reason, bool first);
+// Usage of a response: completion tokens of every choice, prompt tokens once per prompt (its
+// n choices share it).
+infer::Usage total_usage(const std::vector<ChoiceResult>& choices, int n);
 // The usage-only chunk of stream_options.include_usage (empty choices).
 Json usage_chunk(const ResponseContext& ctx, const infer::Usage& total);
 Json usage_json(const infer::Usage& u);

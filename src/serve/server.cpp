@@ -1,25 +1,29 @@
 #include "serve/server.h"
 
-#include <httplib.h>
-
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <charconv>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
+#include <ctime>
 #include <map>
+#include <optional>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
-#include "serve/connection.h"
 #include "serve/openai_api.h"
 #include "serve/structured_output.h"
 #include "serve/tool_calls.h"
 
 namespace loom::serve {
 
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
 // Counters and latency histograms for /metrics (Prometheus text format).
 struct Server::Metrics {
-  std::mutex mu;
-  std::map<std::string, int64_t> requests;  // by final status: success, error, abort
+  std::map<std::string, int64_t> requests;  // by outcome: success, error, abort, rate_limited
   static constexpr double kBuckets[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
   struct Histogram {
     std::vector<int64_t> counts = std::vector<int64_t>(std::size(kBuckets) + 1, 0);
@@ -35,36 +39,55 @@ struct Server::Metrics {
   } ttft, tpot;
 };
 
+// One API request's engine requests and what they produced, on the I/O thread.
+struct Server::Exchange {
+  std::shared_ptr<HttpConnection> conn;  // reset once answered
+  ResponseContext ctx;
+  bool stream = false, echo = false, include_usage = false;
+  bool done = false;  // answered (or its client gone): later engine events are dropped
+  int n = 1;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<ChoiceResult> choices;
+  std::vector<bool> started;
+  std::vector<int64_t> engine_ids;
+  int open = 0;
+  double t0 = 0, t_first = 0, t_last = 0;
+  int64_t tokens = 0;
+  std::unique_ptr<net::steady_timer> deadline;
+  std::vector<data::ToolDef> tool_defs;
+  std::vector<ToolCallStream> tools;  // per choice, when the request offers tools
+};
+
 namespace {
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-void send_json(httplib::Response& res, int status, const Json& j) {
-  res.status = status;
-  res.set_content(j.dump(), "application/json");
+// Prometheus sample values, exact: integers as integers, others in the shortest form that
+// reads back as the same double.
+std::string number_text(int64_t v) {
+  return std::to_string(v);
+}
+std::string number_text(double v) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  send_json(res, e.status, e.body());
+void send_json(HttpConnection& c, int status, const Json& j,
+               const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+  c.respond(status, "application/json", j.dump(), headers);
 }
 
-// One API request's engine requests and what they produced, shared by the engine's callback
-// (on the engine thread) and the HTTP handler (waiting, or streaming chunks).
-struct Exchange {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<ChoiceResult> choices;
-  std::vector<int64_t> engine_ids;
-  std::deque<std::string> chunks;  // streamed: serialised "data: ..." events not yet sent
-  std::vector<bool> started;
-  int open = 0;
-  double t0 = 0, t_first = 0, t_last = 0;
-  int64_t tokens = 0;
-  std::vector<data::ToolDef> tool_defs;
-  std::vector<ToolCallStream> tools;  // per choice, when the request offers tools
-};
+void send_error(HttpConnection& c, const ApiError& e,
+                const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+  send_json(c, e.status, e.body(), headers);
+}
+
+std::string sse(const Json& j) {
+  return "data: " + j.dump() + "\n\n";
+}
 
 }  // namespace
 
@@ -74,42 +97,81 @@ Server::Server(infer::Engine& engine, const data::BpeTokenizer* tok, const data:
       tok_(tok),
       chat_(chat),
       opt_(opt),
-      http_(std::make_unique<httplib::Server>()),
-      metrics_(std::make_unique<Metrics>()) {
-  // Enough workers that /health and /metrics answer while many requests wait on the engine.
-  http_->new_task_queue = [] { return new httplib::ThreadPool(64); };
-  http_->set_read_timeout(30, 0);
-  http_->set_payload_max_length(opt_.max_body_bytes);
-  http_->set_write_timeout(30, 0);
-  // Debian's compiled cpp-httplib listens with a backlog of 5: a burst of clients would see
-  // refused connections. The socket is captured here and listened on again with room for 1024.
-  http_->set_socket_options([this](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char*>(&yes), sizeof(yes));
-    socket_ = static_cast<int>(sock);
-  });
-  routes();
+      io_(std::make_shared<net::io_context>(1)),
+      metrics_(std::make_unique<Metrics>()),
+      compile_(std::make_unique<net::thread_pool>(1)) {
+  limits_.read_timeout = opt_.read_timeout_seconds;
+  limits_.write_timeout = opt_.write_timeout_seconds;
+  limits_.max_body_bytes = opt_.max_body_bytes;
+  handler_ = [this](const std::shared_ptr<HttpConnection>& c, const HttpRequest& req) {
+    try {
+      handle(c, req);
+    } catch (const std::exception& e) {
+      send_error(*c, ApiError{500, e.what(), "server_error"});
+    }
+  };
 }
 
 Server::~Server() {
   stop();
+  compile_->join();  // its jobs post onto io_, which no longer runs them
 }
 
 int Server::bind() {
-  const int port = opt_.port == 0 ? http_->bind_to_any_port(opt_.host)
-                                  : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
-  LOOM_CHECK(port > 0, "cannot listen on ", opt_.host, ":", opt_.port,
-             " (in use, or not an address of this machine)");
-  if (socket_ >= 0) ::listen(socket_, 1024);
-  return port;
+  boost::system::error_code ec;
+  const auto addr = net::ip::make_address(opt_.host, ec);
+  LOOM_CHECK(!ec, "--host ", opt_.host, " is not a numeric IP address");
+  acceptor_ = std::make_unique<tcp::acceptor>(*io_);
+  const tcp::endpoint ep(addr, static_cast<unsigned short>(opt_.port));
+  acceptor_->open(ep.protocol(), ec);
+  if (!ec) acceptor_->set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_->bind(ep, ec);
+  // Room for a burst of thousands of clients connecting at once (the kernel caps it at
+  // net.core.somaxconn).
+  if (!ec) acceptor_->listen(4096, ec);
+  LOOM_CHECK(!ec, "cannot listen on ", opt_.host, ":", opt_.port, " (", ec.message(), ")");
+  accept();
+  return acceptor_->local_endpoint().port();
+}
+
+void Server::accept() {
+  acceptor_->async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !acceptor_->is_open()) return;
+    if (ec) {
+      // Out of descriptors (EMFILE) and the like: wait a little rather than spin.
+      log_warn("loom serve: accept failed: ", ec.message());
+      auto t = std::make_shared<net::steady_timer>(*io_, std::chrono::milliseconds(100));
+      t->async_wait([this, t](boost::system::error_code) { accept(); });
+      return;
+    }
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);  // a streamed token goes out at once
+    std::make_shared<HttpConnection>(std::move(socket), limits_, handler_)->start();
+    accept();
+  });
 }
 
 void Server::run() {
-  http_->listen_after_bind();
+  io_->run();
 }
 
-void Server::stop() {
-  if (http_) http_->stop();
+void Server::stop(double grace_seconds) {
+  if (grace_seconds > 0 && !io_->stopped()) {
+    net::post(*io_, [this] {
+      boost::system::error_code ignored;
+      if (acceptor_) acceptor_->close(ignored);
+    });
+    const double until = now() + grace_seconds;
+    while (in_flight_.load() > 0 && now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // The last answers' writes were started on the I/O thread; a round trip through it lets
+    // their handlers run.
+    auto flushed = std::make_shared<std::atomic<bool>>(false);
+    net::post(*io_, [flushed] { *flushed = true; });
+    while (!*flushed && !io_->stopped() && now() < until + 1)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  io_->stop();
 }
 
 std::vector<int32_t> Server::encode(const std::string& text) const {
@@ -139,14 +201,65 @@ StructuredOutputs& Server::structured() {
   return *structured_;
 }
 
-void Server::routes() {
-  httplib::Server& h = *http_;
-  h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+std::string Server::metrics_text() const {
+  const infer::EngineStats s = engine_.stats();
+  std::string out;
+  auto line = [&](const std::string& name, const std::string& type, const std::string& help,
+                  const std::string& v) {
+    out += cat("# HELP loom:", name, " ", help, "\n# TYPE loom:", name, " ", type, "\nloom:", name,
+               " ", v, "\n");
+  };
+  line("num_requests_running", "gauge", "Sequences in the running batch.",
+       number_text(s.requests_running));
+  line("num_requests_waiting", "gauge", "Sequences waiting to be scheduled.",
+       number_text(s.requests_waiting));
+  line("http_requests_in_flight", "gauge", "Generation requests being answered over HTTP.",
+       number_text(in_flight_.load()));
+  line("kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use.",
+       number_text(s.kv_blocks_total ? double(s.kv_blocks_used) / s.kv_blocks_total : 0.0));
+  line("prompt_tokens_total", "counter", "Prompt tokens computed.",
+       number_text(s.prompt_tokens_total));
+  line("generation_tokens_total", "counter", "Tokens generated.",
+       number_text(s.generation_tokens_total));
+  line("prompt_tokens_cached_total", "counter",
+       "Prompt tokens found in the prefix cache (not computed).",
+       number_text(s.cached_tokens_total));
+  line("num_preemptions_total", "counter", "Sequences preempted for KV-cache room.",
+       number_text(s.preemptions_total));
+  out +=
+      "# HELP loom:request_total Finished requests by outcome.\n"
+      "# TYPE loom:request_total counter\n";
+  for (auto& [k, v] : metrics_->requests)
+    out += cat("loom:request_total{outcome=\"", k, "\"} ", number_text(v), "\n");
+  auto hist = [&](const std::string& name, const std::string& help, const Metrics::Histogram& hg) {
+    out += cat("# HELP loom:", name, " ", help, "\n# TYPE loom:", name, " histogram\n");
+    int64_t acc = 0;
+    for (size_t b = 0; b < std::size(Metrics::kBuckets); ++b) {
+      acc += hg.counts[b];
+      out += cat("loom:", name, "_bucket{le=\"", number_text(Metrics::kBuckets[b]), "\"} ",
+                 number_text(acc), "\n");
+    }
+    out += cat("loom:", name, "_bucket{le=\"+Inf\"} ", number_text(hg.n), "\nloom:", name, "_sum ",
+               number_text(hg.sum), "\nloom:", name, "_count ", number_text(hg.n), "\n");
+  };
+  hist("time_to_first_token_seconds", "Time to first token.", metrics_->ttft);
+  hist("time_per_output_token_seconds", "Time per output token after the first.", metrics_->tpot);
+  return out;
+}
+
+void Server::handle(const std::shared_ptr<HttpConnection>& c, const HttpRequest& req) {
+  const std::string target(req.target());
+  const std::string path = target.substr(0, target.find('?'));
+  const bool get = req.method() == boost::beast::http::verb::get;
+  const bool post = req.method() == boost::beast::http::verb::post;
+  // Bodies are read as JSON whatever their Content-Type says, as OpenAI's server does (curl -d
+  // sends application/x-www-form-urlencoded).
+  if (get && path == "/health") {
     Json j = Json::object();
-    j["status"] = ready_ ? "ok" : "loading";
-    send_json(res, ready_ ? 200 : 503, j);
-  });
-  h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    j["status"] = draining_ ? "draining" : ready_ ? "ok" : "loading";
+    return send_json(*c, ready_ && !draining_ ? 200 : 503, j);
+  }
+  if (get && path == "/v1/models") {
     Json m = Json::object();
     m["id"] = opt_.model_name;
     m["object"] = "model";
@@ -158,50 +271,13 @@ void Server::routes() {
     Json data = Json::array();
     data.push_back(m);
     j["data"] = data;
-    send_json(res, 200, j);
-  });
-  h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    const infer::EngineStats s = engine_.stats();
-    std::string out;
-    auto line = [&](const std::string& name, const std::string& type, const std::string& help,
-                    double v) {
-      out += cat("# HELP loom:", name, " ", help, "\n# TYPE loom:", name, " ", type,
-                 "\nloom:", name, " ", v, "\n");
-    };
-    line("num_requests_running", "gauge", "Sequences in the running batch.", s.requests_running);
-    line("num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", s.requests_waiting);
-    line("kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use.",
-         s.kv_blocks_total ? double(s.kv_blocks_used) / s.kv_blocks_total : 0.0);
-    line("prompt_tokens_total", "counter", "Prompt tokens computed.", s.prompt_tokens_total);
-    line("generation_tokens_total", "counter", "Tokens generated.", s.generation_tokens_total);
-    line("prompt_tokens_cached_total", "counter",
-         "Prompt tokens found in the prefix cache (not computed).", s.cached_tokens_total);
-    line("num_preemptions_total", "counter", "Sequences preempted for KV-cache room.",
-         s.preemptions_total);
-    std::lock_guard<std::mutex> lock(metrics_->mu);
-    out +=
-        "# HELP loom:request_total Finished requests by outcome.\n"
-        "# TYPE loom:request_total counter\n";
-    for (auto& [k, v] : metrics_->requests)
-      out += cat("loom:request_total{outcome=\"", k, "\"} ", v, "\n");
-    auto hist = [&](const std::string& name, const std::string& help,
-                    const Metrics::Histogram& hg) {
-      out += cat("# HELP loom:", name, " ", help, "\n# TYPE loom:", name, " histogram\n");
-      int64_t acc = 0;
-      for (size_t b = 0; b < std::size(Metrics::kBuckets); ++b) {
-        acc += hg.counts[b];
-        out += cat("loom:", name, "_bucket{le=\"", Metrics::kBuckets[b], "\"} ", acc, "\n");
-      }
-      out += cat("loom:", name, "_bucket{le=\"+Inf\"} ", hg.n, "\nloom:", name, "_sum ", hg.sum,
-                 "\nloom:", name, "_count ", hg.n, "\n");
-    };
-    hist("time_to_first_token_seconds", "Time to first token.", metrics_->ttft);
-    hist("time_per_output_token_seconds", "Time per output token after the first.", metrics_->tpot);
-    res.set_content(out, "text/plain; version=0.0.4");
-  });
-  h.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    return send_json(*c, 200, j);
+  }
+  if (get && path == "/metrics")
+    return c->respond(200, "text/plain; version=0.0.4", metrics_text());
+  if (post && path == "/tokenize") {
     try {
-      Json j = Json::parse(req.body, "request body");
+      Json j = Json::parse(req.body(), "request body");
       std::vector<int32_t> ids;
       if (j.is_object() && j.contains("messages")) {
         if (!chat_)
@@ -222,16 +298,16 @@ void Server::routes() {
       out["tokens"] = a;
       out["count"] = int64_t(ids.size());
       out["max_model_len"] = opt_.max_seq;
-      send_json(res, 200, out);
+      return send_json(*c, 200, out);
     } catch (const ApiError& e) {
-      send_error(res, e);
+      return send_error(*c, e);
     } catch (const Error& e) {
-      send_error(res, ApiError{400, e.what(), "invalid_request_error", ""});
+      return send_error(*c, ApiError{400, e.what(), "invalid_request_error", ""});
     }
-  });
-  h.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  }
+  if (post && path == "/detokenize") {
     try {
-      Json j = Json::parse(req.body, "request body");
+      Json j = Json::parse(req.body(), "request body");
       if (!j.is_object() || !j.contains("tokens") || !j.at("tokens").is_array())
         throw ApiError{400, "expected {\"tokens\": [ids]}", "invalid_request_error", "tokens"};
       std::vector<int32_t> ids;
@@ -243,263 +319,242 @@ void Server::routes() {
         ids.push_back(int32_t(v));
       }
       Json out = Json::object();
-      out["prompt"] = decode(ids);
-      send_json(res, 200, out);
+      out["prompt"] = decode(ids);  // bytes that end inside a character are written as U+FFFD
+      return send_json(*c, 200, out);
     } catch (const ApiError& e) {
-      send_error(res, e);
+      return send_error(*c, e);
     } catch (const Error& e) {
-      send_error(res, ApiError{400, e.what(), "invalid_request_error", ""});
+      return send_error(*c, ApiError{400, e.what(), "invalid_request_error", ""});
     }
-  });
+  }
+  if (post && (path == "/v1/completions" || path == "/v1/chat/completions"))
+    return generate(path == "/v1/chat/completions", c, req);
+  send_error(*c, ApiError{404, cat("Not found: ", req.method_string(), " ", path),
+                          "invalid_request_error", ""});
+}
 
-  auto generate = [this](bool chat, const httplib::Request& req, httplib::Response& res) {
-    ApiRequest r;
-    std::vector<std::vector<int32_t>> prompts;
-    // Generation requests hold an HTTP worker while they wait; past this many the server answers
-    // 429 so that workers stay free for /health and /metrics.
-    struct Slot {
-      std::atomic<int>& n;
-      ~Slot() { --n; }
-    } slot{in_flight_};
-    const int busy = ++in_flight_;
+void Server::generate(bool chat, const std::shared_ptr<HttpConnection>& c, const HttpRequest& req) {
+  ApiRequest r;
+  std::vector<std::vector<int32_t>> prompts;
+  try {
+    if (draining_) throw ApiError{503, "the server is shutting down", "server_error", ""};
+    if (!ready_) throw ApiError{503, "the model is loading", "server_error", ""};
+    r = parse_request(req.body(), chat, opt_.default_max_tokens);
+    if (!r.model.empty() && r.model != opt_.model_name)
+      throw ApiError{404, cat("The model `", r.model, "` does not exist."), "invalid_request_error",
+                     "model", "model_not_found"};
+    if (chat) {
+      if (!chat_)
+        throw ApiError{400, "this server has no chat template (start it with --chat-template)",
+                       "invalid_request_error", "messages"};
+      prompts.push_back(chat_->prompt_ids(data::tool_conversation(
+          chat_->name(), r.messages,
+          r.structured.uses_tools() ? r.structured.tools : std::vector<data::ToolDef>{})));
+    } else {
+      for (const auto& p : r.prompts) prompts.push_back(encode(p));
+      for (const auto& p : r.prompt_ids) prompts.push_back(p);
+    }
+    if (r.echo && r.stream)
+      throw ApiError{400, "'echo' with 'stream' is not supported", "invalid_request_error", "echo"};
+  } catch (const ApiError& e) {
+    return send_error(*c, e);
+  }
+  if (r.structured.kind == StructuredRequest::Kind::None && r.structured.tools.empty())
+    return submit(chat, c, std::move(r), std::move(prompts));
+  net::post(*compile_, [this, chat, c, r = std::move(r), prompts = std::move(prompts)]() mutable {
+    std::optional<ApiError> err;
     try {
-      if (!ready_) throw ApiError{503, "the model is loading", "server_error", ""};
-      if (busy > kMaxInFlight)
-        throw ApiError{429, cat("too many concurrent requests (", kMaxInFlight, ")"),
-                       "rate_limit_error", ""};
-      r = parse_request(req.body, chat, opt_.default_max_tokens);
-      if (!r.model.empty() && r.model != opt_.model_name)
-        throw ApiError{404, cat("The model `", r.model, "` does not exist."),
-                       "invalid_request_error", "model", "model_not_found"};
-      if (chat) {
-        if (!chat_)
-          throw ApiError{400, "this server has no chat template (start it with --chat-template)",
-                         "invalid_request_error", "messages"};
-        prompts.push_back(chat_->prompt_ids(data::tool_conversation(
-            chat_->name(), r.messages,
-            r.structured.uses_tools() ? r.structured.tools : std::vector<data::ToolDef>{})));
-      } else {
-        for (const auto& p : r.prompts) prompts.push_back(encode(p));
-        for (const auto& p : r.prompt_ids) prompts.push_back(p);
-      }
-      if (r.structured.kind != StructuredRequest::Kind::None || !r.structured.tools.empty())
-        r.sampling.constraint = structured().constraint(r.structured, chat_ ? chat_->name() : "");
-      if (r.echo && r.stream)
-        throw ApiError{400, "'echo' with 'stream' is not supported", "invalid_request_error",
-                       "echo"};
+      r.sampling.constraint = structured().constraint(r.structured, chat_ ? chat_->name() : "");
     } catch (const ApiError& e) {
-      send_error(res, e);
-      return;
+      err = e;
+    } catch (const std::exception& e) {
+      err = ApiError{500, e.what(), "server_error", ""};
     }
-    auto ex = std::make_shared<Exchange>();
-    const int n = r.sampling.n;
-    ex->choices.resize(prompts.size() * size_t(n));
-    ex->started.assign(ex->choices.size(), false);
-    ex->open = static_cast<int>(ex->choices.size());
-    ex->t0 = now();
-    auto ctx = std::make_shared<ResponseContext>();
-    ctx->id = cat(chat ? "chatcmpl-" : "cmpl-", next_id_++);
-    ctx->model = opt_.model_name;
-    ctx->created = int64_t(std::time(nullptr));
-    ctx->chat = chat;
-    ctx->want_logprobs = r.sampling.logprobs >= 0;
-    ctx->token_text = [this](int32_t t) { return decode({t}); };
-    const bool stream = r.stream;
-    if (r.structured.uses_tools()) {
-      ex->tool_defs = r.structured.tools;
-      for (size_t k = 0; k < ex->choices.size(); ++k)
-        ex->tools.emplace_back(chat_->name(), &ex->tool_defs, r.structured.parallel_tool_calls,
-                               r.structured.forces_call(), cat("call_", ctx->id, "_", k));
+    net::post(*io_, [this, chat, c = std::move(c), r = std::move(r), prompts = std::move(prompts),
+                     err = std::move(err)]() mutable {
+      if (c->closed()) return;  // its client left while the constraint compiled
+      if (err) return send_error(*c, *err);
+      if (draining_)
+        return send_error(*c, ApiError{503, "the server is shutting down", "server_error", ""});
+      submit(chat, c, std::move(r), std::move(prompts));
+    });
+  });
+}
+
+void Server::submit(bool chat, const std::shared_ptr<HttpConnection>& c, ApiRequest r,
+                    std::vector<std::vector<int32_t>> prompts) {
+  auto ex = std::make_shared<Exchange>();
+  ex->conn = c;
+  ex->n = r.sampling.n;
+  ex->stream = r.stream;
+  ex->echo = r.echo;
+  ex->include_usage = r.include_usage;
+  ex->prompts = prompts;
+  ex->choices.resize(prompts.size() * size_t(ex->n));
+  ex->started.assign(ex->choices.size(), false);
+  ex->open = static_cast<int>(ex->choices.size());
+  ex->t0 = now();
+  ResponseContext& ctx = ex->ctx;
+  ctx.id = cat(chat ? "chatcmpl-" : "cmpl-", next_id_++);
+  ctx.model = opt_.model_name;
+  ctx.created = int64_t(std::time(nullptr));
+  ctx.chat = chat;
+  ctx.n = ex->n;
+  ctx.want_logprobs = r.sampling.logprobs >= 0;
+  ctx.token_text = [this](int32_t t) { return decode({t}); };
+  if (r.structured.uses_tools()) {
+    ex->tool_defs = r.structured.tools;
+    for (size_t k = 0; k < ex->choices.size(); ++k)
+      ex->tools.emplace_back(chat_->name(), &ex->tool_defs, r.structured.parallel_tool_calls,
+                             r.structured.forces_call(), cat("call_", ctx.id, "_", k));
+  }
+  try {
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      infer::SamplingParams sp = r.sampling;
+      // No max_tokens: what the context leaves after this prompt (at least 1, so that a prompt
+      // filling the context is refused naming its length), capped by the server's default.
+      if (!r.max_tokens_given) {
+        const int left = opt_.max_seq > 0 ? opt_.max_seq - int(prompts[p].size()) : 256;
+        sp.max_tokens = std::max(
+            1, opt_.default_max_tokens > 0 ? std::min(left, opt_.default_max_tokens) : left);
+      }
+      const int base = static_cast<int>(p) * ex->n;
+      const int64_t id =
+          engine_.submit(prompts[p], sp, [this, io = io_, ex, base](const infer::TokenEvent& ev) {
+            infer::TokenEvent e = ev;
+            e.index += base;
+            net::post(*io, [this, ex, e] { on_event(ex, e); });
+          });
+      ex->engine_ids.push_back(id);
     }
-    try {
-      for (size_t p = 0; p < prompts.size(); ++p) {
-        const int base = static_cast<int>(p) * n;
-        const int64_t id = engine_.submit(
-            prompts[p], r.sampling, [ex, ctx, base, stream](const infer::TokenEvent& ev) {
-              std::lock_guard<std::mutex> lock(ex->mu);
-              const int k = base + ev.index;
-              ChoiceResult& c = ex->choices[size_t(k)];
-              // With tools, the text that is a call leaves the content (tool_calls.h).
-              std::string text = ev.text, reason = ev.finish_reason;
-              if (!ex->tools.empty()) {
-                text = ex->tools[size_t(k)].feed(ev.text);
-                if (ev.finished) {
-                  ParsedReply reply = ex->tools[size_t(k)].finish();
-                  text += reply.content;
-                  c.tool_calls = std::move(reply.calls);
-                  if (!c.tool_calls.empty() && reason == "stop") reason = "tool_calls";
-                }
-              }
-              c.text += text;
-              c.tokens.insert(c.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-              c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
-              c.top.insert(c.top.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
-              if (!ev.tokens.empty()) {
-                if (ex->t_first == 0) ex->t_first = now();
-                ex->t_last = now();
-                ex->tokens += int64_t(ev.tokens.size());
-              }
-              if (stream && (!text.empty() || ev.finished || !ev.tokens.empty())) {
-                const bool first = !ex->started[size_t(k)];
-                ex->started[size_t(k)] = true;
-                if (!text.empty() || first || (ctx->want_logprobs && !ev.tokens.empty()))
-                  ex->chunks.push_back(
-                      "data: " + stream_chunk(*ctx, k, text, &ev, "", first).dump() + "\n\n");
-                if (!c.tool_calls.empty())
-                  ex->chunks.push_back("data: " + tool_calls_chunk(*ctx, k, c.tool_calls).dump() +
-                                       "\n\n");
-                if (ev.finished && reason != "abort")
-                  ex->chunks.push_back(
-                      "data: " + stream_chunk(*ctx, k, "", nullptr, reason, false).dump() + "\n\n");
-              }
-              if (ev.finished) {
-                c.finish_reason = reason;
-                c.usage = ev.usage;
-                --ex->open;
-              }
-              ex->cv.notify_all();
-            });
-        std::lock_guard<std::mutex> lock(ex->mu);
-        ex->engine_ids.push_back(id);
-      }
-    } catch (const infer::RequestRejected& e) {
-      for (int64_t id : ex->engine_ids) engine_.cancel(id);
-      send_error(res, ApiError{e.http_status, e.message,
-                               e.http_status == 400 ? "invalid_request_error" : "server_error",
-                               e.http_status == 400 ? "prompt" : ""});
-      std::lock_guard<std::mutex> lock(metrics_->mu);
-      ++metrics_->requests["error"];
-      return;
+  } catch (const infer::RequestRejected& e) {
+    for (int64_t id : ex->engine_ids) engine_.cancel(id);
+    ex->done = true;
+    if (e.http_status == 429) {
+      ++metrics_->requests["rate_limited"];
+      return send_error(*c, ApiError{429, e.message, "rate_limit_error", ""},
+                        {{"Retry-After", std::to_string(opt_.retry_after_seconds)}});
     }
-    auto record = [this, ex](const std::string& outcome) {
-      std::lock_guard<std::mutex> lock(metrics_->mu);
-      ++metrics_->requests[outcome];
-      if (ex->t_first > 0) {
-        metrics_->ttft.add(ex->t_first - ex->t0);
-        if (ex->tokens > 1) metrics_->tpot.add((ex->t_last - ex->t_first) / double(ex->tokens - 1));
-      }
-    };
-    const double deadline = now() + opt_.request_timeout_seconds;
-    if (!stream) {
-      // The client's socket, watched while the answer is generated: one that hangs up cancels
-      // its sequences at once (their blocks freed) instead of running to max_tokens.
-      const int fd = find_connection_socket(req.local_port, req.remote_addr, req.remote_port);
-      bool gone = false;
-      std::unique_lock<std::mutex> lock(ex->mu);
-      while (ex->open > 0) {
-        ex->cv.wait_for(lock, std::chrono::milliseconds(50));
-        if (now() > deadline) break;
-        if (fd >= 0 && ex->open > 0 && peer_closed(fd)) {
-          gone = true;
-          break;
-        }
-      }
-      // The outcome is counted before the cancel: once the engine has freed the blocks, a
-      // reader of /metrics must already see the abort (the test waits for the blocks, then
-      // reads the count; the other order raced under load).
-      if (gone) {
-        const std::vector<int64_t> ids = ex->engine_ids;
-        lock.unlock();
-        record("abort");
-        for (int64_t id : ids) engine_.cancel(id);
-        res.status = 499;  // nobody reads it: the connection is closed (nginx's "client closed")
-        return;
-      }
-      if (ex->open > 0) {
-        const std::vector<int64_t> ids = ex->engine_ids;
-        lock.unlock();
-        record("abort");
-        for (int64_t id : ids) engine_.cancel(id);
-        send_error(res, ApiError{504, "the request timed out", "server_error", ""});
-        return;
-      }
-      std::vector<ChoiceResult> choices = ex->choices;
-      lock.unlock();
-      if (r.echo)
-        for (size_t k = 0; k < choices.size(); ++k)
-          choices[k].text = decode(prompts[k / size_t(n)]) + choices[k].text;
-      record("success");
-      send_json(res, 200, completion_response(*ctx, choices));
-      return;
-    }
-    // Streamed: the provider runs on this worker thread until every choice ended.
-    const bool include_usage = r.include_usage;
-    ++in_flight_;  // the stream holds its worker until the provider ends (released below)
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, ex, ctx, include_usage, deadline, record](size_t, httplib::DataSink& sink) {
-          std::unique_lock<std::mutex> lock(ex->mu);
-          ex->cv.wait_for(lock, std::chrono::milliseconds(100),
-                          [&] { return !ex->chunks.empty() || ex->open == 0; });
-          while (!ex->chunks.empty()) {
-            const std::string c = std::move(ex->chunks.front());
-            ex->chunks.pop_front();
-            if (!sink.write(c.data(), c.size())) return false;  // client gone: releaser cancels
-          }
-          if (ex->open == 0) {
-            if (include_usage) {
-              infer::Usage total;
-              for (size_t k = 0; k < ex->choices.size(); ++k) {
-                total.completion_tokens += ex->choices[k].usage.completion_tokens;
-                if (k == 0 ||
-                    ex->choices[k].usage.prompt_tokens != ex->choices[k - 1].usage.prompt_tokens) {
-                  total.prompt_tokens += ex->choices[k].usage.prompt_tokens;
-                  total.cached_prompt_tokens += ex->choices[k].usage.cached_prompt_tokens;
-                }
-              }
-              const std::string u = "data: " + usage_chunk(*ctx, total).dump() + "\n\n";
-              sink.write(u.data(), u.size());
-            }
-            const std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-            lock.unlock();
-            record("success");
-            sink.done();
-            return true;
-          }
-          if (now() > deadline) return false;
-          return sink.is_writable ? sink.is_writable() : true;
-        },
-        [this, ex](bool success) {
-          --in_flight_;
-          // On a closed connection (or an error): cancel whatever is still running.
-          std::vector<int64_t> ids;
-          {
-            std::lock_guard<std::mutex> lock(ex->mu);
-            if (success && ex->open == 0) return;
-            ids = ex->engine_ids;
-          }
-          for (int64_t id : ids) engine_.cancel(id);
-          std::lock_guard<std::mutex> lock(metrics_->mu);
-          ++metrics_->requests["abort"];
-        });
+    ++metrics_->requests["error"];
+    return send_error(*c, ApiError{e.http_status, e.message,
+                                   e.http_status == 400 ? "invalid_request_error" : "server_error",
+                                   e.http_status == 400 ? "prompt" : ""});
+  }
+  ++in_flight_;
+  std::weak_ptr<Exchange> weak = ex;
+  c->on_gone = [this, weak] {
+    if (auto x = weak.lock()) give_up(x, "abort");
   };
-  h.Post("/v1/completions",
-         [generate](const httplib::Request& q, httplib::Response& s) { generate(false, q, s); });
-  h.Post("/v1/chat/completions",
-         [generate](const httplib::Request& q, httplib::Response& s) { generate(true, q, s); });
-  h.set_error_handler(
-      [max = opt_.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return;  // an API error already written
-        ApiError e{res.status, cat("no route for ", req.method, " ", req.path),
-                   "invalid_request_error", ""};
-        if (res.status == 404) e.message = cat("Not found: ", req.method, " ", req.path);
-        if (res.status == 413)
-          e.message = cat("request body larger than ", max, " bytes (loom serve --max-body-mb)");
-        send_error(res, e);
-      });
-  h.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "internal error";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        send_error(res, ApiError{500, what, "server_error", ""});
-      });
+  ex->deadline = std::make_unique<net::steady_timer>(
+      *io_, std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                std::chrono::duration<double>(opt_.request_timeout_seconds)));
+  ex->deadline->async_wait([this, weak](boost::system::error_code ec) {
+    auto x = weak.lock();
+    if (ec || !x || x->done) return;
+    const ApiError e{504, "the request timed out", "server_error", ""};
+    if (x->stream) {
+      x->conn->stream(sse(e.body()));
+      x->conn->stream("data: [DONE]\n\n");
+      x->conn->end_stream();
+    } else {
+      send_error(*x->conn, e);
+    }
+    give_up(x, "abort");
+  });
+  if (ex->stream) c->begin_stream("text/event-stream");
+}
+
+// The exchange ends unanswered (its client left, or it timed out): its sequences are cancelled
+// at once, freeing their blocks. The outcome is counted first: a reader of /metrics who sees
+// the blocks freed must already see it.
+void Server::give_up(const std::shared_ptr<Exchange>& ex, const std::string& outcome) {
+  if (ex->done) return;
+  ex->done = true;
+  ++metrics_->requests[outcome];
+  --in_flight_;
+  if (ex->deadline) ex->deadline->cancel();
+  for (int64_t id : ex->engine_ids) engine_.cancel(id);
+  if (ex->conn) ex->conn->on_gone = nullptr;
+  ex->conn.reset();
+}
+
+void Server::on_event(const std::shared_ptr<Exchange>& ex, const infer::TokenEvent& ev) {
+  if (ex->done) return;
+  const size_t k = size_t(ev.index);
+  ChoiceResult& c = ex->choices[k];
+  // With tools, the text that is a call leaves the content (tool_calls.h).
+  std::string text = ev.text, reason = ev.finish_reason;
+  if (!ex->tools.empty()) {
+    text = ex->tools[k].feed(ev.text);
+    if (ev.finished) {
+      ParsedReply reply = ex->tools[k].finish();
+      text += reply.content;
+      c.tool_calls = std::move(reply.calls);
+      if (!c.tool_calls.empty() && reason == "stop") reason = "tool_calls";
+    }
+  }
+  c.text += text;
+  c.tokens.insert(c.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+  c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+  c.top.insert(c.top.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
+  if (!ev.tokens.empty()) {
+    if (ex->t_first == 0) ex->t_first = now();
+    ex->t_last = now();
+    ex->tokens += int64_t(ev.tokens.size());
+  }
+  if (ex->stream && (!text.empty() || ev.finished || !ev.tokens.empty())) {
+    // The engine holds back a character a token left incomplete until it completes (what
+    // never does ends the choice, written as U+FFFD by the JSON writer).
+    const bool first = !ex->started[k];
+    ex->started[k] = true;
+    if (!text.empty() || first || (ex->ctx.want_logprobs && !ev.tokens.empty()))
+      ex->conn->stream(sse(stream_chunk(ex->ctx, int(k), text, &ev, "", first)));
+    if (!c.tool_calls.empty())
+      ex->conn->stream(sse(tool_calls_chunk(ex->ctx, int(k), c.tool_calls)));
+    if (ev.finished && reason != "abort")
+      ex->conn->stream(sse(stream_chunk(ex->ctx, int(k), "", nullptr, reason, false)));
+  }
+  if (ev.finished) {
+    c.finish_reason = reason;
+    c.usage = ev.usage;
+    if (--ex->open == 0) finish(ex);
+  }
+}
+
+void Server::finish(const std::shared_ptr<Exchange>& ex) {
+  bool aborted = false;
+  for (const ChoiceResult& c : ex->choices) aborted |= c.finish_reason == "abort";
+  ex->done = true;
+  ex->deadline->cancel();
+  --in_flight_;
+  std::shared_ptr<HttpConnection> conn = std::move(ex->conn);
+  conn->on_gone = nullptr;
+  // Cut short by the engine (its drain deadline passed, or a step failed): never an answer
+  // that looks complete.
+  const ApiError cut{503,
+                     "the request was cancelled before it finished (the server is "
+                     "shutting down, or the engine failed)",
+                     "server_error", ""};
+  auto& m = *metrics_;
+  ++m.requests[aborted ? "abort" : "success"];
+  if (ex->t_first > 0) {
+    m.ttft.add(ex->t_first - ex->t0);
+    if (ex->tokens > 1) m.tpot.add((ex->t_last - ex->t_first) / double(ex->tokens - 1));
+  }
+  if (!ex->stream) {
+    if (aborted) return send_error(*conn, cut);
+    std::vector<ChoiceResult> choices = ex->choices;
+    if (ex->echo)
+      for (size_t k = 0; k < choices.size(); ++k)
+        choices[k].text = decode(ex->prompts[k / size_t(ex->n)]) + choices[k].text;
+    return send_json(*conn, 200, completion_response(ex->ctx, choices));
+  }
+  if (aborted)
+    conn->stream(sse(cut.body()));
+  else if (ex->include_usage)
+    conn->stream(sse(usage_chunk(ex->ctx, total_usage(ex->choices, ex->n))));
+  conn->stream("data: [DONE]\n\n");
+  conn->end_stream();
 }
 
 }  // namespace loom::serve

@@ -98,16 +98,17 @@ void ChatSource::pack(Batch& b) {
     b.cu_seqlens.push_back(used);
   };
   if (packed_) {
-    // Greedy: examples in order while they fit whole; an example longer than a whole
-    // micro-batch is cut; the first that does not fit waits for the next micro-batch.
+    // Greedy: examples in order while they fit whole; an example longer than the model's
+    // context or a whole micro-batch is cut; the first that does not fit waits for the next
+    // micro-batch.
     while (used < N) {
       const data::ChatExample ex = example(order_->next());
-      const int len = static_cast<int>(ex.ids.size());
+      const int len = std::min(static_cast<int>(ex.ids.size()), max_example_);
       if (used > 0 && len > N - used) {
         order_->put_back();
         break;
       }
-      place(ex, N - used);
+      place(ex, std::min(N - used, max_example_));
     }
   } else {
     for (int r = 0; r < B_; ++r) {

@@ -13,6 +13,8 @@
 // packed; the same examples give the same batches either way.
 #pragma once
 
+#include <cstdint>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +46,10 @@ class ChatSource : public BatchSource {
   int vocab() const override { return vocab_; }
   std::string describe() const override;
   int64_t truncated() const { return truncated_; }
+  // The longest example a micro-batch holds, in tokens: positions restart at 0 in each packed
+  // example, so the model's context (model.max_seq) bounds one, not micro_batch x seq_len. A
+  // longer example is cut there and counted in truncated().
+  void limit_example_tokens(int max_tokens) { max_example_ = max_tokens; }
 
  private:
   // The split's examples [first, first + count) of `total`, and the epoch order over them.
@@ -65,6 +71,7 @@ class ChatSource : public BatchSource {
   int rank_, world_;
   std::unique_ptr<EpochOrder> order_;
   int64_t truncated_ = 0;
+  int max_example_ = INT32_MAX;
   std::string split_;
 };
 

@@ -27,10 +27,12 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
   if (kind == "chat") {
     const std::string path = cfg.get_string("data.path", "");
     LOOM_CHECK(!path.empty(), "data.source = \"chat\" needs data.path (a chat JSONL file)");
-    return std::make_unique<ChatSource>(
+    auto s = std::make_unique<ChatSource>(
         path, cfg.get_string("data.tokenizer", ""), cfg.get_string("data.chat_template", "chatml"),
         opt.micro_batch, opt.seq_len, cfg.get_bool("data.packed", true), seed,
         cfg.get_double("data.valid_fraction", 0.05), split, dp_rank, dp_size);
+    s->limit_example_tokens(model.max_seq);
+    return s;
   }
   if (kind == "chat_tokens") {
     // Chat token files (loom tokenize --chat): streamed from PREFIX.{bin,idx} and its loss
@@ -40,9 +42,11 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
                "of `loom tokenize --chat --out PREFIX`)");
     const std::string tok = cfg.get_string("data.tokenizer", "");
     const int vocab = tok.empty() ? model.vocab : data::load_tokenizer(tok)->vocab_size();
-    return std::make_unique<ChatSource>(
+    auto s = std::make_unique<ChatSource>(
         prefix, vocab, opt.micro_batch, opt.seq_len, cfg.get_bool("data.packed", true), seed,
         cfg.get_double("data.valid_fraction", 0.05), split, dp_rank, dp_size);
+    s->limit_example_tokens(model.max_seq);
+    return s;
   }
   if (kind == "preference") {
     const std::string path = cfg.get_string("data.path", "");

@@ -43,8 +43,11 @@ MetricsLog::~MetricsLog() {
 void MetricsLog::write(const Json& record) {
   if (!f_) return;
   std::string line = record.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), f_);
-  std::fflush(f_);
+  // A record that cannot be written (a full disk) stops the run, as the TensorBoard writer
+  // does: training on with its metrics lost would leave a run nobody can judge.
+  LOOM_CHECK(std::fwrite(line.data(), 1, line.size(), f_) == line.size() && std::fflush(f_) == 0,
+             path_, ": cannot write the metrics log (", std::strerror(errno),
+             "): stopping the run rather than training on without its metrics");
   if (!tensorboard_ || !record.contains("step")) return;
   std::vector<std::pair<std::string, double>> scalars;
   for (auto& [name, v] : record.as_object())

@@ -5,13 +5,17 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/jsonl.h"
+#include "core/log.h"
 
 namespace loom {
 namespace {
 
 std::vector<data::ChatMessage> messages_of(const Json& v, const std::string& role,
                                            const std::string& where, const std::string& field) {
-  if (v.is_string()) return {{role, v.as_string()}};
+  if (v.is_string()) {
+    data::check_chat_message(role, v.as_string(), cat(where, ": '", field, "'"));
+    return {{role, v.as_string()}};
+  }
   LOOM_CHECK(v.is_array() && v.size() > 0, where, ": '", field,
              "' must be a string or a non-empty list of messages");
   std::vector<data::ChatMessage> out;
@@ -19,9 +23,20 @@ std::vector<data::ChatMessage> messages_of(const Json& v, const std::string& rol
     LOOM_CHECK(m.is_object() && m.contains("role") && m.contains("content") &&
                    m.at("role").is_string() && m.at("content").is_string(),
                where, ": '", field, "' messages need string 'role' and 'content'");
+    const std::string at = cat(where, ": '", field, "'[", out.size(), "]");
+    data::check_chat_message(m.at("role").as_string(), m.at("content").as_string(), at);
     out.push_back({m.at("role").as_string(), m.at("content").as_string()});
   }
   return out;
+}
+
+// True when none of the example's trained tokens has a target inside a row of seq_len tokens:
+// the reply is cut away entirely.
+bool reply_cut_away(const data::ChatExample& ex, int seq_len) {
+  const size_t n = std::min(ex.mask.size(), size_t(seq_len));
+  for (size_t i = 1; i < n; ++i)
+    if (ex.mask[i]) return false;
+  return true;
 }
 
 }  // namespace
@@ -41,6 +56,8 @@ PreferenceSource::PreferenceSource(const std::string& path, const std::string& t
   tok_ = data::load_tokenizer(tokenizer_spec);
   data::ChatTemplate t(template_name, *tok_);
   std::vector<Pair> all;
+  int64_t identical = 0, cut_away = 0;
+  std::string first_identical, first_cut_away;
   for_each_jsonl(path, [&](const Json& j, const std::string& where) {
     LOOM_CHECK(
         j.is_object() && j.contains("prompt") && j.contains("chosen") && j.contains("rejected"),
@@ -55,10 +72,25 @@ PreferenceSource::PreferenceSource(const std::string& path, const std::string& t
                  "' must end with an assistant reply");
       (which == 0 ? p.chosen : p.rejected) = t.render(conv);
     }
+    if (p.chosen.ids == p.rejected.ids && identical++ == 0) first_identical = where;
+    if ((reply_cut_away(p.chosen, T_) || reply_cut_away(p.rejected, T_)) && cut_away++ == 0)
+      first_cut_away = where;
     all.push_back(std::move(p));
   });
   const int64_t n = static_cast<int64_t>(all.size());
   LOOM_CHECK(n > 0, path, ": no preference pairs");
+  // Pairs that teach nothing: both sides alike, or a side with no reply token in the row.
+  LOOM_CHECK(identical < n, path, ": every one of the ", n,
+             " pairs has 'chosen' equal to 'rejected': no preference to learn");
+  if (rank_ == 0 && split == "train") {
+    if (identical > 0)
+      log_warn(path, ": ", identical, " of ", n, " pairs have 'chosen' equal to 'rejected' (first ",
+               first_identical, "): they carry no preference and add nothing to the gradient");
+    if (cut_away > 0)
+      log_warn(path, ": ", cut_away, " of ", n, " pairs have a prompt so long that a whole reply ",
+               "falls past train.seq_len ", T_, " (first ", first_cut_away,
+               "): their DPO term compares nothing; raise train.seq_len or shorten the prompts");
+  }
   LOOM_CHECK(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must lie in [0, 1)");
   int64_t held = static_cast<int64_t>(valid_fraction * n);
   if (valid_fraction > 0) held = std::max<int64_t>(1, held);

@@ -11,6 +11,7 @@
 #include "ckpt/consolidate.h"
 #include "ckpt/global_commit.h"
 #include "ckpt/reshard.h"
+#include "ckpt/tokenizer_copy.h"
 #include "comm/process_groups.h"
 #include "core/config_int32.h"
 #include "core/error.h"
@@ -449,10 +450,13 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   flops_per_token_ = mcfg_.train_flops_per_token(opt_.seq_len);
 
   make_dirs(opt_.out_dir);
+  if (rank_ == 0) run_lock_ = lock_run_dir(opt_.out_dir);  // before anything there is read
   const double restore_start = now_seconds();
-  bool resumed = !whole_ ? opt_.resume && resume_distributed()
-                         : opt_.resume && ckpt::has_checkpoints(checkpoint_root()) &&
-                               resume_from(checkpoint_root());
+  bool resumed = opt_.resume && resume_across_layouts();  // the newest is another layout's
+  if (!resumed)
+    resumed = !whole_ ? opt_.resume && resume_distributed()
+                      : opt_.resume && ckpt::has_checkpoints(checkpoint_root()) &&
+                            resume_from(checkpoint_root());
   if (!resumed && !opt_.init_from.empty()) start_from_one_process(opt_.init_from);
   reference_from_init_weights(resumed);
   const double restore_seconds = now_seconds() - restore_start;
@@ -856,7 +860,11 @@ int64_t Trainer::restore_state(const ckpt::Checkpoint& c, bool same_layout) {
   const Json* fp8_state = extra.contains("fp8") ? &extra.at("fp8") : nullptr;
   if (fp8_) fp8_->restore(fp8_state, c.dir());
   if (device_fp8_) device_fp8_->restore(fp8_state, c.dir());
-  train_data_->restore(c.state().data);
+  try {
+    train_data_->restore(c.state().data);
+  } catch (const Error& e) {
+    fail(c.dir(), "/state.json: field 'data' (the data position): ", e.what());
+  }
   step_ = c.state().step;
   return extra.at("optimizer_steps").as_int();
 }
@@ -875,6 +883,7 @@ void Trainer::save_checkpoint() {
     ckpt_writer_ = std::make_unique<ckpt::CheckpointWriter>(checkpoint_root(), wo);
   }
   ckpt::TrainerState st = checkpoint_state(dp_->steps_taken());
+  if (rank_ == 0) ckpt::copy_tokenizer_in(opt_.out_dir, config_text_);  // served from anywhere
   // Per-rank parts: the previous step's global commit first (asynchronous: its parts are
   // durable by now), this one's after a synchronous write.
   if (!whole_) commit_distributed();
@@ -919,6 +928,7 @@ bool Trainer::resume_from(const std::string& path) {
 // and optimizer state placed as the engine holds them, and the model re-derived from them.
 // Weights that are not finite are refused, naming the parameter, before anything else is read.
 void Trainer::restore(const ckpt::Checkpoint& c) {
+  check_same_global_batch(c);  // the data position means the same place only then
   const int64_t optimizer_steps = restore_state(c);
   // Read into host memory (the buffers themselves on the CPU, staged copies on a device),
   // checked, then uploaded. (A failed read before left copies behind: not uploaded now.)
@@ -1114,7 +1124,8 @@ bool Trainer::resume_distributed() {
 
 // The data position is a global sample count: it means the same place in the data only under
 // the same global batch (micro_batch * grad_accum * dp) and sequence length as the checkpoint's
-// run, whose dp is that of the layout it was consolidated from (1 for a one-process run).
+// run, whose dp is that of the layout it was written under or consolidated from (1 for a
+// one-process run). Every resume and train.init_from checks it.
 void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
   const Config saved = Config::parse(c.state().config_text, c.dir() + "/state.json");
   const TrainOptions defaults;
@@ -1125,6 +1136,8 @@ void Trainer::check_same_global_batch(const ckpt::Checkpoint& c) const {
   const Json& extra = c.state().extra;
   if (extra.contains("consolidated_from"))
     dp = ckpt::DistributedLayout::parse(extra.at("consolidated_from").as_string()).dp;
+  else if (extra.contains("layout"))  // a rank's part of a distributed run
+    dp = ckpt::DistributedLayout::parse(extra.at("layout").as_string()).dp;
   const int64_t theirs = micro * accum * dp;
   const int our_dp = pg_->dp().size();
   const int64_t ours = int64_t(opt_.micro_batch) * opt_.grad_accum * our_dp;

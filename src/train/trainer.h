@@ -27,6 +27,7 @@
 #include "train/dpo.h"
 #include "train/loss_guard.h"
 #include "train/metrics.h"
+#include "train/run_lock.h"
 
 namespace loom {
 
@@ -179,6 +180,7 @@ class Trainer {
   void check_device_support(int world_size, int cp, const Fp8Options* fp8) const;
   ckpt::TensorList optim_list() const;
   bool resume_distributed();
+  bool resume_across_layouts();  // trainer_layout_resume.cpp
   void start_from_one_process(const std::string& path);
   void load_pretrained(const std::string& path);
   void reference_from_init_weights(bool resumed);  // DPO: see trainer.cpp
@@ -243,6 +245,7 @@ class Trainer {
   std::vector<std::pair<std::string, double>> eval_extra_;
   std::unique_ptr<BatchSource> train_data_, valid_data_;
   Json valid_start_;
+  std::unique_ptr<RunLock> run_lock_;  // rank 0's, on train.out_dir
   std::unique_ptr<MetricsLog> metrics_;
   std::vector<Batch> micro_;
   int64_t step_ = 0;

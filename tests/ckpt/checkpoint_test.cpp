@@ -1,6 +1,8 @@
 #include "ckpt/checkpoint.h"
 
 #include <gtest/gtest.h>
+
+#include <tuple>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -221,6 +223,28 @@ TEST(Checkpoint, DamagedCheckpointsGiveErrorsNamingTheFile) {
   e = error_of([&] { Checkpoint ck(dir); });
   EXPECT_NE(e.find(state_path), std::string::npos) << e;
   EXPECT_NE(e.find("'step'"), std::string::npos) << e;
+
+  // A version-1 state.json (no commit record to catch it) with a field of the wrong type: the
+  // error names the file and the field.
+  for (const auto& [from, to, field] :
+       {std::tuple{"\"step\": 9", "\"step\": \"9\"", "field 'step': expected integer"},
+        std::tuple{"\"extra\": {", "\"extra\": {\"optimizer_steps\": \"1\", ",
+                   "field 'extra.optimizer_steps': expected integer"},
+        std::tuple{"\"data\": {", "\"data\": 3, \"unused\": {",
+                   "field 'data': expected an object"}}) {
+    std::string text = state_bytes;
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from << " in " << text;
+    text.replace(at, std::string(from).size(), to);
+    const size_t v = text.find("\"version\": 2");
+    ASSERT_NE(v, std::string::npos) << text;
+    text.replace(v, 12, "\"version\": 1");
+    write_file_atomic(state_path, text);
+    fs::remove(dir + "/commit.json");
+    e = error_of([&] { Checkpoint ck(dir); });
+    EXPECT_NE(e.find(state_path), std::string::npos) << e;
+    EXPECT_NE(e.find(field), std::string::npos) << e;
+  }
 
   fs::remove(state_path);
   e = error_of([&] { Checkpoint ck(dir); });

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/utf8.h"
 
 using namespace loom;
 
@@ -76,8 +77,10 @@ TEST(Json, EscapesEveryByteAtEveryOffset) {
         if (c < 0x20) {
           const char* hex = "0123456789abcdef";
           expect_escape = std::string("\\u00") + hex[c >> 4] + hex[c & 15];
+        } else if (c < 0x80) {
+          expect_escape = std::string(1, static_cast<char>(c));  // DEL as it is
         } else {
-          expect_escape = std::string(1, static_cast<char>(c));  // DEL and non-ASCII as they are
+          expect_escape = "\xEF\xBF\xBD";  // a lone byte >= 0x80 is no character: U+FFFD
         }
     }
     for (size_t before = 0; before < 18; ++before) {
@@ -88,13 +91,64 @@ TEST(Json, EscapesEveryByteAtEveryOffset) {
       ASSERT_EQ(out, "x\"" + std::string(before, 'a') + expect_escape +
                          std::string(17 - before, 'b') + "\"")
           << "byte " << c << " after " << before;
-      // Every byte reads back as itself (invalid UTF-8 included: strings hold bytes).
-      ASSERT_EQ(Json::parse(out.substr(1)).as_string(), s) << "byte " << c << " after " << before;
+      // Every byte reads back as itself, the replaced ones as U+FFFD.
+      ASSERT_EQ(Json::parse(out.substr(1)).as_string(),
+                std::string(before, 'a') + (c < 0x80 ? std::string(1, char(c)) : expect_escape) +
+                    std::string(17 - before, 'b'))
+          << "byte " << c << " after " << before;
+      // The parser takes raw bytes as they are (strings hold bytes).
+      ASSERT_EQ(Json::parse(
+                    "\"" + std::string(1, char(c == '"' || c == '\\' || c < 0x20 ? 'q' : c)) + "\"")
+                    .as_string(),
+                std::string(1, char(c == '"' || c == '\\' || c < 0x20 ? 'q' : c)));
     }
   }
   std::string out;
   json_escape(out, "");
   EXPECT_EQ(out, "\"\"");
+}
+
+// Well-formed UTF-8 of every length is copied at every offset of a block; ill-formed bytes
+// become U+FFFD, one per maximal ill-formed prefix (Unicode's Table 3-8 and Python's
+// bytes.decode(errors="replace") give the same), so dump() is valid UTF-8 for any bytes.
+TEST(Json, WritesOnlyValidUtf8) {
+  const std::string chars[] = {"\xC3\xA9", "\xE6\xBC\xA2", "\xF0\x9F\x98\x80", "\xF4\x8F\xBF\xBF"};
+  for (const std::string& ch : chars)
+    for (size_t before = 0; before < 12; ++before) {
+      const std::string s = std::string(before, 'a') + ch + "bbbbbbbbbb";
+      std::string out;
+      json_escape(out, s);
+      ASSERT_EQ(out, "\"" + s + "\"") << before;
+    }
+  const std::pair<std::string, std::string> cases[] = {
+      {"\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64",
+       "a\uFFFD\uFFFD\uFFFDb\uFFFDc\uFFFD\uFFFDd"},        // Unicode's own example
+      {"\xED\xA0\x80x", "\uFFFD\uFFFD\uFFFDx"},            // a surrogate
+      {"\xE0\x80\xAFy", "\uFFFD\uFFFD\uFFFDy"},            // overlong
+      {"\xF4\x90\x80\x80z", "\uFFFD\uFFFD\uFFFD\uFFFDz"},  // past U+10FFFF
+      {"\xC0\xAFw", "\uFFFD\uFFFDw"},
+      {"\xFF\xFE", "\uFFFD\uFFFD"},
+      {"\xE6\xBC", "\uFFFD"},  // a character cut at the end of the string
+      {"\xF0\x9F\x98\\", "\uFFFD\\\\"},
+  };
+  for (auto& [in, want] : cases) {
+    std::string out;
+    json_escape(out, in);
+    EXPECT_EQ(Json::parse(out).as_string(), Json::parse("\"" + want + "\"").as_string()) << want;
+    EXPECT_EQ(utf8_lossy(in), Json::parse(out).as_string()) << want;
+  }
+}
+
+TEST(Json, FindsTheIncompleteCharacterAtTheEnd) {
+  EXPECT_EQ(utf8_incomplete_tail(""), 0u);
+  EXPECT_EQ(utf8_incomplete_tail("abc"), 0u);
+  EXPECT_EQ(utf8_incomplete_tail("a\xE6"), 1u);
+  EXPECT_EQ(utf8_incomplete_tail("a\xE6\xBC"), 2u);
+  EXPECT_EQ(utf8_incomplete_tail("a\xE6\xBC\xA2"), 0u);  // complete
+  EXPECT_EQ(utf8_incomplete_tail("\xF0\x9F\x98"), 3u);
+  EXPECT_EQ(utf8_incomplete_tail("a\xFF"), 0u);      // never a character: nothing to wait for
+  EXPECT_EQ(utf8_incomplete_tail("a\xE0\x80"), 0u);  // overlong already
+  EXPECT_EQ(utf8_incomplete_tail("a\x80"), 0u);      // a stray continuation byte
 }
 
 TEST(Json, ParsesEscapesAtEveryOffset) {

@@ -40,21 +40,27 @@ void expect_refused(const std::function<void(Json&)>& edit,
 
 TEST(HfTokenizerBad, UnsupportedModelsAndPartsAreRefusedNamingTheField) {
   expect_refused([](Json& j) { j["model"]["type"] = "WordPiece"; }, {"model type", "WordPiece"});
-  expect_refused([](Json& j) { j["model"]["byte_fallback"] = true; }, {"model.byte_fallback"});
+  expect_refused([](Json& j) { j["model"]["byte_fallback"] = true; },
+                 {"model.byte_fallback", "ByteLevel"});
   expect_refused([](Json& j) { j["model"]["dropout"] = 0.1; }, {"model.dropout"});
   expect_refused([](Json& j) { j["model"]["continuing_subword_prefix"] = "##"; },
                  {"model.continuing_subword_prefix"});
-  expect_refused([](Json& j) { j["normalizer"]["type"] = "NFKC"; }, {"normalizer", "NFKC"});
+  expect_refused([](Json& j) { j["normalizer"]["type"] = "BertNormalizer"; },
+                 {"'normalizer.type'", "BertNormalizer"});
+  // Without a ByteLevel pre-tokenizer the vocabulary would be read as text, which its
+  // ByteLevel decoder contradicts.
   expect_refused([](Json& j) { j["pre_tokenizer"]["type"] = "Metaspace"; },
-                 {"pre_tokenizer type", "Metaspace"});
+                 {"decoder", "ByteLevel", "pre_tokenizer"});
   expect_refused([](Json& j) { j["pre_tokenizer"] = Json(); }, {"pre_tokenizer"});
+  expect_refused([](Json& j) { j["pre_tokenizer"]["type"] = "Whitespace"; },
+                 {"'pre_tokenizer.type'", "Whitespace"});
   expect_refused([](Json& j) { j["pre_tokenizer"]["add_prefix_space"] = true; },
                  {"pre_tokenizer.add_prefix_space"});
   expect_refused(
       [](Json& j) {
         Json split = Json::object();
         split["type"] = "Split";
-        split["pattern"]["Regex"] = "\\w+";
+        split["pattern"]["Regex"] = "[\\S]";  // \S inside a class
         split["behavior"] = "Isolated";
         Json bl = Json::parse(j["pre_tokenizer"].dump());
         bl["use_regex"] = false;
@@ -63,11 +69,47 @@ TEST(HfTokenizerBad, UnsupportedModelsAndPartsAreRefusedNamingTheField) {
         seq["pretokenizers"] = Json(Json::Array{split, bl});
         j["pre_tokenizer"] = seq;
       },
-      {"pre_tokenizer.pretokenizers[0].pattern.Regex", "\\\\w+"});
-  expect_refused([](Json& j) { j["decoder"]["type"] = "WordPiece"; }, {"decoder type"});
+      {"pre_tokenizer.pretokenizers[0].pattern.Regex", "[\\\\S]"});
+  expect_refused([](Json& j) { j["decoder"]["type"] = "WordPiece"; }, {"'decoder.type'"});
   expect_refused([](Json& j) { j["truncation"]["max_length"] = 8; }, {"truncation"});
-  expect_refused([](Json& j) { j["added_tokens"].as_array()[0]["lstrip"] = true; },
-                 {"added_tokens[0].lstrip"});
+  expect_refused([](Json& j) { j["added_tokens"].as_array()[0]["single_word"] = true; },
+                 {"added_tokens[0].single_word"});
+}
+
+// A component deep in a Sequence is named by its path.
+TEST(HfTokenizerBad, UnsupportedComponentsInSequencesNameTheirPath) {
+  auto component = [](const char* type) {
+    Json c = Json::object();
+    c["type"] = type;
+    return c;
+  };
+  expect_refused(
+      [&](Json& j) {
+        Json seq = component("Sequence");
+        seq["normalizers"] =
+            Json(Json::Array{component("NFC"), component("NFKC"), component("Lowercase")});
+        j["normalizer"] = seq;
+      },
+      {"'normalizer.normalizers[2].type'", "Lowercase"});
+  expect_refused(
+      [&](Json& j) {
+        Json seq = component("Sequence");
+        seq["decoders"] = Json(Json::Array{component("Fuse"), component("CTC")});
+        j["decoder"] = seq;
+      },
+      {"'decoder.decoders[1].type'", "CTC"});
+  expect_refused([&](Json& j) { j["post_processor"] = component("BertProcessing"); },
+                 {"'post_processor.type'", "BertProcessing"});
+  expect_refused(
+      [&](Json& j) {
+        Json t = component("TemplateProcessing");
+        Json special = Json::object(), text = Json::object();
+        special["SpecialToken"]["id"] = "<nope>";
+        text["Sequence"]["id"] = "A";
+        t["single"] = Json(Json::Array{special, text});
+        j["post_processor"] = t;
+      },
+      {"post_processor", "<nope>"});
 }
 
 TEST(HfTokenizerBad, InconsistentVocabulariesAreRefused) {

@@ -12,6 +12,8 @@
 #include "core/fs.h"
 #include "core/json.h"
 #include "data/bpe.h"
+#include "data/chat.h"
+#include "data/chat_tokens.h"
 #include "data/indexed_dataset.h"
 #include "data/line_reader.h"
 #include "data/tokenize_job.h"
@@ -204,6 +206,95 @@ TEST(TokenizerCli, EncodeDecodeAndTrain) {
   EXPECT_EQ(doc.back(), 279);
   doc.pop_back();
   EXPECT_EQ(tok->decode(doc), "the loom trains the tokens 5");
+}
+
+// A SentencePiece-style tokenizer.json (Llama 2's normalizer, decoder and <s> post-processor)
+// through `tokenizer info|encode|decode` and `tokenize`.
+TEST(TokenizerCli, SentencePieceStyleTokenizerJson) {
+  const std::string dir = work_dir("spm");
+  write_file_atomic(dir + "/tokenizer.json", R"({
+    "added_tokens": [
+      {"id": 0, "content": "<unk>", "special": true, "lstrip": false, "rstrip": false,
+       "single_word": false, "normalized": false},
+      {"id": 1, "content": "<s>", "special": true, "lstrip": false, "rstrip": false,
+       "single_word": false, "normalized": false}],
+    "normalizer": {"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "▁"},
+      {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+    "pre_tokenizer": null,
+    "post_processor": {"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]},
+    "decoder": {"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": false,
+      "vocab": {"<unk>": 0, "<s>": 1, "▁": 2, "a": 3, "b": 4, "▁a": 5, "ab": 6, "▁ab": 7},
+      "merges": ["▁ a", "a b", "▁a b"]}})");
+  std::string out, err;
+  ASSERT_EQ(run_cli("tokenizer info --vocab hf:" + dir, &out, &err), 0) << err;
+  const Json info = Json::parse(out, "stdout");
+  EXPECT_EQ(info.at("pretokenizer").as_string(), "tokenizer.json");
+  EXPECT_FALSE(info.at("byte_level").as_bool());
+  EXPECT_EQ(info.at("add_special_tokens").at("before").dump(), "[1]");
+  ASSERT_EQ(run_cli("tokenizer encode --vocab " + dir, &out, &err, "ab a"), 0) << err;
+  EXPECT_EQ(out, "[7,5]\n");
+  ASSERT_EQ(run_cli("tokenizer encode --add-special-tokens --vocab " + dir, &out, &err, "ab c"), 0)
+      << err;
+  EXPECT_EQ(out, "[1,7,2,0]\n");  // c is not in the vocabulary: <unk>
+  ASSERT_EQ(run_cli("tokenizer decode --vocab " + dir, &out, &err, "[1,7,5]"), 0) << err;
+  EXPECT_EQ(out, "<s> ab a");
+  ASSERT_EQ(run_cli("tokenizer decode --vocab " + dir, &out, &err, "[7,5]"), 0) << err;
+  EXPECT_EQ(out, "ab a");
+  write_file_atomic(dir + "/c.jsonl", jsonl_line("ab ab") + jsonl_line("a"));
+  ASSERT_EQ(run_cli("tokenize --input " + dir + "/c.jsonl --tokenizer hf:" + dir + " --out " + dir +
+                        "/tok",
+                    &out, &err),
+            0)
+      << err;
+  IndexedDataset ds(dir + "/tok");
+  ASSERT_EQ(ds.num_documents(), 2);
+  EXPECT_EQ(ds.document(0).size(), 2u);
+}
+
+// A model's own Jinja template (hf:PATH) renders chat lines with tools into token files.
+TEST(TokenizeCli, ChatWithAModelsJinjaTemplate) {
+  const std::string d = work_dir("chat_jinja");
+  save_loom_tokenizer(byte_chatml_tokenizer(), d + "/tok");
+  const std::string line =
+      R"({"tools": [{"type": "function", "function": {"name": "add"}}], "messages": [)"
+      R"({"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "", "tool_calls": )"
+      R"([{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]}, )"
+      R"({"role": "tool", "content": "4"}, {"role": "assistant", "content": "4"}]})";
+  write_file_atomic(d + "/chat.jsonl", line + "\n");
+  const std::string tpl =
+      "hf:" + std::string(LOOM_DATA_FIXTURES) + "/../chat_templates/chatml_generation";
+  std::string out, err;
+  ASSERT_EQ(run_cli("tokenize --chat --input " + d + "/chat.jsonl --tokenizer loom:" + d +
+                        "/tok --chat-template " + tpl + " --out " + d + "/chat",
+                    &out, &err),
+            0)
+      << err;
+  const BpeTokenizer tok = byte_chatml_tokenizer();
+  const ChatExample want = parse_chat_example(Json::parse(line), ChatTemplate(tpl, tok), "line");
+  const ChatExample got = ChatTokenFile(d + "/chat").example(0);
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_EQ(got.mask, want.mask);
+  EXPECT_EQ(
+      tok.decode(got.ids),
+      "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<tool_call>add(a=2, b=2)"
+      "</"
+      "tool_call><|im_end|>\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n");
+  // A template the subset does not support is refused naming the construct and the line.
+  make_dirs(d + "/bad");
+  write_file_atomic(d + "/bad/chat_template.jinja", "{{ messages }}\n{% extends 'base' %}");
+  EXPECT_EQ(run_cli("tokenize --chat --input " + d + "/chat.jsonl --tokenizer loom:" + d +
+                        "/tok --chat-template hf:" + d + "/bad --out " + d + "/bad/chat",
+                    &out, &err),
+            1);
+  EXPECT_NE(err.find(d + "/bad/chat_template.jinja:2: the 'extends' tag is not supported"),
+            std::string::npos)
+      << err;
 }
 
 TEST(TokenizeJob, StaleTemporariesOfAKilledRunAreRemoved) {

@@ -133,6 +133,18 @@ def main():
                               merges=[[a, b] for a, b in merges])
     put("tokenizer_hf", "llama3", json.dumps(llama3_hf, ensure_ascii=False))
 
+    # jinja: the chat templates of tests/data/chat_templates/, and a short one using every
+    # statement kind.
+    for tpl in sorted((ROOT / "tests" / "data" / "chat_templates").glob("*/chat_template.jinja")):
+        put("jinja", tpl.parent.name, tpl.read_bytes())
+    put("jinja", "statements",
+        "{% macro m(a, b=2) %}{{ a ~ b }}{% endmacro %}{% set ns = namespace(n=0) %}"
+        "{%- for x in messages if x.role != 'tool' -%}{% set ns.n = ns.n + 1 %}"
+        "{% if loop.first %}{{ m(x.role) }}{% elif x.content is none %}{% continue %}"
+        "{% else %}{{ x.content | trim | tojson(indent=2) }}{% endif %}{% endfor %}"
+        "{% set b %}{{ tools[0].function.name[::-1] }}{% endset %}{{ b }}{# c #}"
+        "{% raw %}{{ x }}{% endraw %}{{ ns.n if ns.n > 1 else raise_exception('few') }}")
+
     # tiktoken: the first ranks of GPT-2's file, alone and with a sidecar.
     lines = (FIX / "tokenizers" / "gpt2.tiktoken").read_bytes().splitlines(keepends=True)
     ranks = b"".join(lines[:300])
@@ -165,6 +177,30 @@ def main():
               b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n\r\n\x89PNG"))
     put("curate_warc", "records", w)
     put("curate_warc", "records-gz", gzip.compress(w, mtime=0))
+
+    # Chat data and preference pairs: every form a line may take, and a bad one of each kind.
+    put("chat_data", "chat", "\n".join([
+        '{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi \\u00e9"}, '
+        '{"role": "assistant", "content": "yo"}]}',
+        '{"prompt": "2+2=", "completion": "4"}',
+        '{"messages": [{"role": "robot", "content": "x"}]}']) + "\n")
+    put("chat_data", "pairs", "\n".join([
+        '{"prompt": "rev abc", "chosen": "cba", "rejected": "zzzz"}',
+        '{"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "yo"}], '
+        '"rejected": "no"}',
+        '{"prompt": "x", "chosen": "same", "rejected": "same"}']) + "\n")
+
+    # Supervisor lines: a bound byte, then a launcher's output (tags, errors, mpirun's report,
+    # heartbeats, a long line, bytes that are not UTF-8).
+    hello = ('{"ev":"hello","token":"t","attempt":0,"rank":1,"world":2,"pid":7,"host":"h",'
+             '"run_dir":"/r","setup_seconds":1.5}')
+    put("supervisor_lines", "launcher", b"\x40" + "\n".join([
+        "[1,0]<stdout>:step 1 loss 4.2", "[1,1]<stderr>:loom train: error: no such preset 'x'",
+        "[1,1]<stdout>:loom: rank 1 failed: out of memory",
+        "Primary job terminated: process rank 1 with PID 42",
+        "  Process name: [[4711,1],3]", hello, '{"ev":"section","step":3,"name":"data"}',
+        '{"ev":"step","step":3,"seconds":0.02}', '{"ev":"bye"}']).encode() +
+        b"\n[1,0]<stdout>:" + b"x" * 300 + b"\xe2\x82\xac\xff\x00\r\n")
 
     # HTML: the curate test pages.
     for page in sorted((ROOT / "tests" / "curate" / "data" / "html").rglob("*.htm*")):

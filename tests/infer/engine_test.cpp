@@ -111,6 +111,39 @@ TEST(Engine, LogprobsAreTheFullForwardsLogSoftmax) {
   }
 }
 
+// logit_bias moves the draw (greedy included) but not the reported logprobs, which stay the
+// raw logits' log-softmax; a bias of -100 takes the free greedy choice out.
+TEST(Engine, LogitBiasSteersTheDrawNotTheLogprobs) {
+  Decoder m(tiny(Family::Llama), cpu_backend());
+  m.params().init(7);
+  DecoderRunner runner(m);
+  LoomEngine e(runner, EngineConfig{});
+  const std::vector<int32_t> seqv = prompt(10, 2);
+  SamplingParams p = greedy(4);
+  p.logprobs = 0;
+  Collected free_run, pushed, banned;
+  const int64_t a = e.submit(seqv, p, free_run.sink());
+  p.logit_bias = {{17, 100.f}};
+  const int64_t b = e.submit(seqv, p, pushed.sink());
+  e.run_until_idle();
+  const int32_t first = free_run.tokens[a][0][0];
+  ASSERT_NE(first, 17);
+  EXPECT_EQ(pushed.tokens[b][0], std::vector<int32_t>(4, 17));
+  std::vector<float> logits(64);
+  std::vector<int32_t> pos(seqv.size()), cu = {0, int32_t(seqv.size())};
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
+  ModelInput in{seqv.data(), nullptr, pos.data(), cu.data(), int(seqv.size()), 1};
+  m.forward_logits(in, {int(seqv.size()) - 1}, logits.data());
+  double mx = logits[0], z = 0;
+  for (float x : logits) mx = std::max(mx, double(x));
+  for (float x : logits) z += std::exp(x - mx);
+  EXPECT_NEAR(pushed.logprobs[b][0][0], logits[17] - mx - std::log(z), 1e-4);
+  p.logit_bias = {{first, -100.f}};
+  const int64_t c = e.submit(seqv, p, banned.sink());
+  e.run_until_idle();
+  EXPECT_NE(banned.tokens[c][0][0], first);
+}
+
 TEST(Engine, SeededSamplingIgnoresTheRestOfTheBatch) {
   Decoder m(tiny(Family::GPT2), cpu_backend());
   m.params().init(3);
@@ -185,7 +218,7 @@ TEST(Engine, StopsCancellationAndBadRequests) {
     EXPECT_EQ(got.reason[id][0], "abort");
     EXPECT_EQ(e.cache().num_used(), 0);
   }
-  // Requests that can never run are refused with 400; a full queue with 503.
+  // Requests that can never run are refused with 400; a full queue with 429.
   {
     EngineConfig small = cfg;
     small.max_queue = 1;
@@ -204,8 +237,13 @@ TEST(Engine, StopsCancellationAndBadRequests) {
     SamplingParams bad = greedy(1);
     bad.top_p = 0;
     EXPECT_EQ(status(p, bad), 400);
+    SamplingParams biased = greedy(1);
+    biased.logit_bias = {{64, 1.f}};  // outside the vocabulary
+    EXPECT_EQ(status(p, biased), 400);
+    biased.logit_bias = {{3, 101.f}};
+    EXPECT_EQ(status(p, biased), 400);
     EXPECT_EQ(status(p, greedy(5)), 200);
-    EXPECT_EQ(status(p, greedy(5)), 503);
+    EXPECT_EQ(status(p, greedy(5)), 429);
   }
 }
 

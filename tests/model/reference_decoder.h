@@ -1,5 +1,6 @@
-// A float64 reference forward of a dense Decoder (GPT-2 and Llama families), written from the
-// definitions with no shared code: the per-token log-softmax of every position, to check the
+// A float64 reference forward of a dense Decoder (GPT-2 and Llama families, with q/k/v biases
+// and per-head q/k RMSNorm where the config has them), written from the definitions with no
+// shared code: the per-token log-softmax of every position, to check the
 // model's log-probabilities, logits and the serving engine's outputs against.
 #pragma once
 
@@ -94,6 +95,15 @@ class ReferenceDecoder {
     }
   }
 
+  // RMSNorm of one head's D values in place (weight `p`.weight of D).
+  void head_rms_norm(double* h, const std::string& p) const {
+    const int D = cfg_.head_dim;
+    double ms = 0;
+    for (int e = 0; e < D; ++e) ms += h[e] * h[e];
+    const double r = 1 / std::sqrt(ms / D + cfg_.norm_eps);
+    for (int e = 0; e < D; ++e) h[e] = h[e] * r * w(p + ".weight")[e];
+  }
+
   void block(int l, std::vector<Vec>& x) const {
     const std::string p = "blocks." + std::to_string(l);
     const int n = static_cast<int>(x.size()), C = cfg_.d_model, D = cfg_.head_dim;
@@ -101,6 +111,9 @@ class ReferenceDecoder {
     std::vector<Vec> qkv(n);
     for (int i = 0; i < n; ++i) {
       qkv[i] = linear(p + ".attn.qkv", norm(p + ".norm1", x[i]), cfg_.qkv_dim());
+      if (cfg_.qk_norm)
+        for (int h = 0; h < Hq + Hkv; ++h)
+          head_rms_norm(qkv[i].data() + h * D, p + (h < Hq ? ".attn.q_norm" : ".attn.k_norm"));
       if (cfg_.uses_rope())
         for (int h = 0; h < Hq + Hkv; ++h) rope(qkv[i].data() + h * D, i);
     }

@@ -50,25 +50,17 @@ Calibration sample_calibration() {
   return c;
 }
 
-PlanInput cpu_input(const std::string& cluster_toml, const std::string& train) {
+// Loom's tiny preset (a GPT-2 shape: 4 x 128, vocabulary 256, sequence 128) in fp32,
+// 8 sequences per micro-batch, on `cluster_toml` with the [parallel] keys in `parallel`.
+PlanInput cpu_input(const std::string& cluster_toml, const std::string& parallel) {
   std::string toml = cluster_toml + R"(
 [model]
-layers = 4
-hidden = 128
-heads = 4
-ffn = 512
-vocab = 256
-seq = 128
-gated_mlp = false
-tied_embeddings = true
-bias = true
-learned_positions = true
+preset = "tiny"
 [train]
 micro_batch = 8
-precision = "fp32"
-recompute = "none"
-sequence_parallel = false
-)" + train;
+seq_len = 128
+[parallel]
+)" + parallel;
   return read_plan_input(Config::parse(toml, "cpu.toml"));
 }
 
@@ -164,7 +156,7 @@ TEST(Calibration, CommSamplesRoundTripAndErrorsNameTheField) {
 }
 
 TEST(Calibration, ClusterFileReadsBackIntoThePlanner) {
-  PlanInput in = cpu_input(cluster_toml(sample_calibration()), "global_batch = 8\ndp = 1\n");
+  PlanInput in = cpu_input(cluster_toml(sample_calibration()), "dp = 1\n");
   const ClusterSpec& c = in.cluster;
   EXPECT_EQ(c.name, "test-node");
   EXPECT_EQ(c.gpus_per_node, 2);
@@ -184,7 +176,7 @@ TEST(Calibration, ClusterFileReadsBackIntoThePlanner) {
   EXPECT_NE(error_of([&] { cluster_toml(bad); }).find("incomplete calibration"), std::string::npos);
   // A custom device without figures names the missing one.
   EXPECT_NE(error_of([] {
-              make_plan(cpu_input("[cluster]\ngpu = \"custom\"\n", "global_batch = 8\n"));
+              make_plan(cpu_input("[cluster]\ngpu = \"custom\"\n", ""));
             }).find("gpu.peak_bf16_tflops"),
             std::string::npos);
 }
@@ -195,23 +187,23 @@ TEST(Calibration, Fp32UsesTheMeasuredFp32Peak) {
   Calibration c = sample_calibration();
   c.mem_bw_gbs = 1e9;
   c.ranks_per_node = 1;
-  Plan a = make_plan(cpu_input(cluster_toml(c), "global_batch = 8\ndp = 1\n"));
+  Plan a = make_plan(cpu_input(cluster_toml(c), "dp = 1\n"));
   c.peak_gflops = 120;
-  Plan b = make_plan(cpu_input(cluster_toml(c), "global_batch = 8\ndp = 1\n"));
+  Plan b = make_plan(cpu_input(cluster_toml(c), "dp = 1\n"));
   EXPECT_NEAR(b.step.step / a.step.step, 0.5, 1e-3);
   EXPECT_GT(a.step.step, 0);
 }
 
 TEST(Calibration, CommOnComputeCoresIsNeverHidden) {
   std::string file = cluster_toml(sample_calibration());
-  Plan cpu = make_plan(cpu_input(file, "global_batch = 16\ndp = 2\nzero_stage = 0\n"));
+  Plan cpu = make_plan(cpu_input(file, "dp = 2\nzero = 0\n"));
   EXPECT_GT(cpu.step.dp_comm, 0);
   EXPECT_DOUBLE_EQ(cpu.step.dp_exposed, cpu.step.dp_comm);
   // The same cluster with overlapping communication hides part of it.
   std::string overlapping = file;
   overlapping.replace(overlapping.find("comm_overlaps_compute = false"), 29,
                       "comm_overlaps_compute = true");
-  Plan gpu_like = make_plan(cpu_input(overlapping, "global_batch = 16\ndp = 2\nzero_stage = 0\n"));
+  Plan gpu_like = make_plan(cpu_input(overlapping, "dp = 2\nzero = 0\n"));
   EXPECT_LT(gpu_like.step.dp_exposed, cpu.step.dp_exposed);
   // Ring all-reduce of fp32 gradients over the measured link: B/bw + 2 lat for 2 ranks.
   double grads = count_params(cpu.in.model).total(cpu.in.model) * 4;
@@ -221,19 +213,18 @@ TEST(Calibration, CommOnComputeCoresIsNeverHidden) {
   summing.link.reduce_bw_gbs = 2;
   std::string with_sum = cluster_toml(summing);
   EXPECT_NE(with_sum.find("reduce_bw_gbs = 2"), std::string::npos);
-  Plan s = make_plan(cpu_input(with_sum, "global_batch = 16\ndp = 2\nzero_stage = 0\n"));
+  Plan s = make_plan(cpu_input(with_sum, "dp = 2\nzero = 0\n"));
   EXPECT_NEAR(s.step.dp_comm, grads / 5e9 + 2 * 3e-6 + 0.5 * grads / 2e9, 1e-9);
   // ZeRO-1: reduce-scatter of the gradients summed at its own rate, all-gather of the weights.
   summing.link.reduce_scatter_bw_gbs = 1;
-  Plan z =
-      make_plan(cpu_input(cluster_toml(summing), "global_batch = 16\ndp = 2\nzero_stage = 1\n"));
+  Plan z = make_plan(cpu_input(cluster_toml(summing), "dp = 2\nzero = 1\n"));
   EXPECT_NEAR(z.step.dp_comm, 2 * (0.5 * grads / 5e9 + 3e-6) + 0.5 * grads / 1e9, 1e-9);
 }
 
 TEST(Calibration, TensorParallelMessagesUseTheActivationWidth) {
   std::string file = cluster_toml(sample_calibration());
-  Plan fp32 = make_plan(cpu_input(file, "global_batch = 8\ntp = 2\ndp = 1\n"));
-  PlanInput in = cpu_input(file, "global_batch = 8\ntp = 2\ndp = 1\n");
+  Plan fp32 = make_plan(cpu_input(file, "tp = 2\ndp = 1\n"));
+  PlanInput in = cpu_input(file, "tp = 2\ndp = 1\n");
   in.train.precision = Precision::bf16;
   Plan bf16 = make_plan(in);
   // 4 layers x (forward + backward) x 2 all-reduces of n h activations each.
@@ -245,7 +236,7 @@ TEST(Calibration, TensorParallelMessagesUseTheActivationWidth) {
 TEST(Calibration, ElementwiseWorkRunsFromCacheWhenALayerFits) {
   Calibration c = sample_calibration();
   c.ranks_per_node = 1;
-  const std::string train = "global_batch = 8\ndp = 1\n";
+  const std::string train = "dp = 1\n";
   Plan dram = make_plan(cpu_input(cluster_toml(c), train));
   c.cache_bw_gbs = 100;
   c.cache_mb = 1;  // one layer's activations (8 x 128 tokens x 640 x 4 B = 2.6 MB) do not fit

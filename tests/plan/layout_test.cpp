@@ -59,7 +59,7 @@ TEST(PlanLayout, WorldSizeMustMatch) {
       e.find("world size mismatch: tp x pp x cp x dp = 8 x 1 x 1 x 4 = 32 but the cluster has 16"),
       std::string::npos)
       << e;
-  EXPECT_NE(e.find("leave dp unset to use dp = 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("leave parallel.dp unset to use dp = 2"), std::string::npos) << e;
   ClusterSpec odd = h100(1);
   odd.gpus_per_node = 6;
   e = error_of(model_preset("llama3-8b"), odd, layout(4, 1, 8));
@@ -91,7 +91,7 @@ TEST(PlanLayout, OtherImpossibleSettings) {
             std::string::npos);
   t = layout(1, 1, 8);
   t.zero_stage = 5;
-  EXPECT_NE(error_of(model_preset("llama3-8b"), h100(1), t).find("zero_stage must be 0..3"),
+  EXPECT_NE(error_of(model_preset("llama3-8b"), h100(1), t).find("parallel.zero must be 0..3"),
             std::string::npos);
   t = layout(1, 1, 8);
   t.vp = 2;
@@ -116,5 +116,5 @@ TEST(PlanLayout, UnknownNames) {
   }
   EXPECT_THROW(cluster_preset("dgx-v100"), loom::Error);
   EXPECT_THROW(parse_precision("int4"), loom::Error);
-  EXPECT_THROW(parse_recompute("some"), loom::Error);
+  EXPECT_THROW(recompute_from_name("some"), loom::Error);
 }

@@ -94,22 +94,22 @@ TEST(PlanMemory, KorthikantiActivationFormulas) {
   TrainSpec t = layout(1, 1, 8);
   t.flash_attention = false;
   t.precision = Precision::fp16;
-  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::none),
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::None),
                    h * (34 + 5 * a * s / h));
   t.tp = 8;
   t.sequence_parallel = false;
-  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::none),
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::None),
                    h * (10 + 24.0 / 8 + 5 * a * s / (h * 8)));
   t.sequence_parallel = true;
-  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::none),
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::None),
                    h / 8 * (34 + 5 * a * s / h));
-  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::selective), 34 * h / 8);
-  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::full), 2 * h / 8);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::Selective), 34 * h / 8);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::Full), 2 * h / 8);
   t.sequence_parallel = false;
-  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::full), 2 * h);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::Full), 2 * h);
   // Flash attention drops the s^2 terms, leaving a fp32 log-sum-exp per head.
   t.flash_attention = true;
-  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::none),
+  EXPECT_DOUBLE_EQ(activation_bytes_per_token_layer(m, t, Recompute::None),
                    h * (10 + 24.0 / 8) + 4 * a / 8);
 }
 
@@ -117,10 +117,10 @@ TEST(PlanMemory, PipelineKeepsPMicroBatchesInFlightAndInterleavingAddsOneOverV) 
   ModelSpec m = model_preset("llama3-70b");  // no dropout: activations are layer terms only
   ClusterSpec c = nodes("dgx-h100", 8);
   TrainSpec t = layout(4, 4, 64);  // dp 4, 16 micro-batches per step
-  t.recompute = Recompute::none;
+  t.recompute = Recompute::None;
   resolve_and_validate(m, c, t);
   const double n = m.seq * 1.0;
-  const double per_layer = n * activation_bytes_per_token_layer(m, t, Recompute::none);
+  const double per_layer = n * activation_bytes_per_token_layer(m, t, Recompute::None);
   StageParams first = stage_params(m, t, Stage::first);
   MemoryBreakdown mem = memory_per_gpu(m, c, t);
   ASSERT_STREQ(mem.worst_stage, "first");
@@ -134,7 +134,7 @@ TEST(PlanMemory, PipelineKeepsPMicroBatchesInFlightAndInterleavingAddsOneOverV) 
               1e-6 * inter.activations);
   // Fewer micro-batches than stages: only those are in flight.
   TrainSpec few = layout(4, 4, 8);
-  few.recompute = Recompute::none;
+  few.recompute = Recompute::None;
   resolve_and_validate(m, c, few);
   EXPECT_EQ(micro_batches(few), 2);
   EXPECT_NEAR(memory_per_gpu(m, c, few).activations, per_layer * first.layers * 2,

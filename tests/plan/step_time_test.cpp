@@ -84,9 +84,9 @@ TEST(PlanStepTime, BubbleIsPMinusOneOverVTimesStage) {
 
 TEST(PlanStepTime, FullRecomputeCostsAForwardPass) {
   PlanInput in = llama70b(8, 8, 4, 1, 64);
-  in.train.recompute = Recompute::none;
+  in.train.recompute = Recompute::None;
   Plan none = make_plan(in);
-  in.train.recompute = Recompute::full;
+  in.train.recompute = Recompute::Full;
   Plan full = make_plan(in);
   EXPECT_GT(full.step.step, none.step.step * 1.2);
   EXPECT_DOUBLE_EQ(full.step.model_flops_per_step, none.step.model_flops_per_step);

@@ -3,15 +3,19 @@
 // test (CMakeLists.txt).
 #include "resil/supervisor.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "core/error.h"
+#include "resil/output_lines.h"
 #include "resil/protocol.h"
 #include "temp_dir.h"
 
@@ -170,6 +174,133 @@ TEST(Supervisor, SigtermReachesEveryRank) {
   EXPECT_TRUE(gone(pid_of(dir, 0, 0)));
   EXPECT_TRUE(gone(pid_of(dir, 1, 0)));
   EXPECT_EQ(count(events(dir), {"\"signal\""}), 1);
+}
+
+// The supervisor's stdout sent to `path` while it lives (the ranks' lines go there, not into the
+// test log).
+class StdoutTo {
+ public:
+  explicit StdoutTo(const std::string& path) {
+    std::fflush(stdout);
+    saved_ = ::dup(1);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::close(fd);
+  }
+  ~StdoutTo() {
+    std::fflush(stdout);
+    ::dup2(saved_, 1);
+    ::close(saved_);
+  }
+
+ private:
+  int saved_ = -1;
+};
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+long peak_rss_mb() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024;
+}
+
+// A launcher whose output is not heartbeats: only the output and the exit code matter.
+SupervisorOptions output_only(const test::TempDir& dir, const std::string& script) {
+  auto o = options(dir, script);
+  o.world = 0;
+  o.expect_heartbeats = false;
+  o.tagged_output = true;
+  return o;
+}
+
+TEST(SupervisorOutput, AOneMegabyteLineWithoutNewlineIsCutIntoBoundedLines) {
+  test::TempDir dir("super");
+  auto o =
+      output_only(dir, "printf '[1,0]<stdout>:'; head -c 1000000 /dev/zero | tr '\\0' x; exit 0");
+  int rc;
+  {
+    StdoutTo out(dir / "out");
+    rc = supervise(o);
+  }
+  EXPECT_EQ(rc, 0);
+  std::string out = read_all(dir / "out");
+  size_t xs = 0, lines = 0;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l); ++lines) {
+    ASSERT_EQ(l.rfind("[rank 0] ", 0), 0u) << l.substr(0, 40);
+    EXPECT_LE(l.size(), kMaxOutputLine + 9);
+    xs += std::count(l.begin(), l.end(), 'x');
+  }
+  EXPECT_EQ(xs, 1000000u);
+  EXPECT_EQ(lines, (1000000 + 14 + kMaxOutputLine - 1) / kMaxOutputLine);
+}
+
+TEST(SupervisorOutput, AHundredMegabyteLineKeepsMemoryBounded) {
+  test::TempDir dir("super");
+  auto o = output_only(dir,
+                       "printf '[1,0]<stdout>:loom '; head -c 100000000 /dev/zero | tr '\\0' x; "
+                       "exit 0");
+  long before = peak_rss_mb();
+  int rc;
+  {
+    StdoutTo out("/dev/null");
+    rc = supervise(o);
+  }
+  EXPECT_EQ(rc, 0);
+  EXPECT_LT(peak_rss_mb() - before, 32) << "peak RSS grew from " << before << " MB";
+}
+
+TEST(SupervisorOutput, BinaryOutputPassesThroughAndTheExitCodeCounts) {
+  test::TempDir dir("super");
+  {
+    std::ifstream r("/dev/urandom", std::ios::binary);
+    std::string b(1 << 22, '\0');
+    r.read(b.data(), b.size());
+    std::ofstream(dir / "bin", std::ios::binary) << b;
+  }
+  auto o = output_only(dir, "cat " + (dir / "bin") + "; exit 3");
+  o.tagged_output = false;
+  int rc;
+  testing::internal::CaptureStderr();
+  {
+    StdoutTo out(dir / "out");
+    rc = supervise(o);
+  }
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find("the launcher exited with code 3"), std::string::npos) << err;
+  // The same bytes, NULs included; only newlines were added (one per cut piece and at the end).
+  auto strip = [](std::string s) {
+    s.erase(std::remove(s.begin(), s.end(), '\n'), s.end());
+    return s;
+  };
+  EXPECT_TRUE(strip(read_all(dir / "out")) == strip(read_all(dir / "bin")));
+}
+
+// `yes` keeps the output pipe full for the whole job: the heartbeats are still read (the healthy
+// ranks are not called hung), a hung rank is still found, and the restarted job completes.
+TEST(SupervisorOutput, AFloodingRankDoesNotBlindTheSupervisor) {
+  test::TempDir dir("super");
+  auto o = options(dir, "yes & y=$!; " + fake(0, 2, 40, dir.path) + " & a=$!; " +
+                            fake(1, 2, 40, dir.path, "hang:1:8") +
+                            " & b=$!; wait $a; ra=$?; wait $b; rb=$?; kill $y; exit $((ra | rb))");
+  o.max_restarts = 1;
+  o.timeouts.startup = 20;
+  long before = peak_rss_mb();
+  int rc;
+  {
+    StdoutTo out("/dev/null");
+    rc = supervise(o);
+  }
+  EXPECT_EQ(rc, 0);
+  auto ev = events(dir);
+  EXPECT_EQ(count(ev, {"\"event\": \"hung\"", "\"rank\": 1", "\"step\": 8"}), 1) << dump(ev);
+  EXPECT_EQ(count(ev, {"\"done\"", "\"attempt\": 1"}), 1) << dump(ev);
+  EXPECT_LT(peak_rss_mb() - before, 32) << "peak RSS grew from " << before << " MB";
 }
 
 TEST(Supervisor, ImpossibleOptionsAreRefused) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -25,6 +26,7 @@ struct Server {
   std::thread th;
   int port = 0;
   int flaky_calls = 0;
+  std::atomic<bool> stopping{false};
   Server() {
     srv.Post("/ok", [](const httplib::Request& q, httplib::Response& r) {
       Json j = Json::parse(q.body);
@@ -52,6 +54,19 @@ struct Server {
       r.set_content("{\"reward\": 7.5}", "application/json");
     });
     srv.Post("/missing", [](const httplib::Request&, httplib::Response& r) { r.status = 404; });
+    // Headers at once, then one byte of the body every 0.5 s (for 20 s at most): each read
+    // finishes well within any read timeout, the whole answer never does.
+    srv.Post("/trickle", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_chunked_content_provider("application/json", [this](size_t, httplib::DataSink& sink) {
+        for (int i = 0; i < 40 && !stopping; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          if (!sink.write(" ", 1)) return false;
+        }
+        sink.write("{\"reward\": 1}", 13);
+        sink.done();
+        return true;
+      });
+    });
     port = srv.bind_to_any_port("127.0.0.1");
     th = std::thread([this] { srv.listen_after_bind(); });
     // Bound wait for the listener (the socket is bound already, so a client connects anyway).
@@ -59,6 +74,7 @@ struct Server {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ~Server() {
+    stopping = true;
     srv.stop();
     th.join();
   }
@@ -123,6 +139,20 @@ TEST(HttpEnv, FailuresAreClearErrorsAndCounted) {
   HttpEnvOptions bad;
   bad.url = "ftp://x";
   EXPECT_THROW(make_http_environment(bad, {{"p", "", {}}}, nullptr), Error);
+}
+
+// --env-timeout bounds the whole exchange: a server trickling its body a byte every 0.5 s is cut
+// at the deadline on every try (3 tries of 1 s here), not kept for as long as it trickles.
+TEST(HttpEnv, TheTimeoutCoversTheWholeExchange) {
+  Server s;
+  std::shared_ptr<HttpEnvStats> st;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto e = env(s, "/trickle", &st, 1.0);
+  const std::string err = error_of(*e, "x");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(err.find("no whole answer within 1 s after 3 tries of 1 s"), std::string::npos) << err;
+  EXPECT_LT(took, 5.0);
+  EXPECT_EQ(st->failed, 1);
 }
 
 TEST(HttpEnv, TaskFilesWithBadLinesNameTheLine) {

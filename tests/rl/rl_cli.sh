@@ -3,7 +3,8 @@
 # entropy; --async --max-staleness 0 is the synchronous run bit for bit; a run stopped and
 # continued with --resume (synchronous, and --async with max staleness 0 and 1) gives the same
 # steps and weights as the uninterrupted run (max staleness 0, where the run is deterministic);
-# an --async checkpoint carries the replay buffer; bad options end with a clear error.
+# an --async checkpoint carries the replay buffer; a config file of the options' keys is the same
+# run; bad options end with a clear error.
 loom=$1
 src=$2
 source "$src/tests/rl/rl_cli_setup.sh"
@@ -19,6 +20,25 @@ column "$work/sync/metrics.jsonl" entropy | awk '{ if (!($1 > 0 && $1 <= log(320
 "$loom" "${rl[@]}" --out "$work/async0" --steps 4 --async --max-staleness 0 --threads-per-role 1 >/dev/null 2>&1
 same_run "$work/sync" "$work/async0" 4
 echo "ok: --async --max-staleness 0 = synchronous"
+
+# The synchronous run from a config file ([rl] and [optim] keys for the options): the same bits.
+cat > "$work/rl.toml" <<EOF
+[optim]
+lr = 1e-4
+[rl]
+ckpt = "$ckpt"
+out = "$work/from_config"
+env = "reverse"
+prompts = 4
+group = 4
+max_tokens = 12
+temperature = 0.7
+seed = 3
+steps = 4
+EOF
+"$loom" rl --config "$work/rl.toml" >/dev/null 2>&1
+same_run "$work/sync" "$work/from_config" 4
+echo "ok: --config with the options' keys = the options"
 
 # Stopped after 2 steps, resumed to 4: the same as the uninterrupted runs.
 "$loom" "${rl[@]}" --out "$work/sync_r" --steps 2 >/dev/null 2>&1
@@ -82,6 +102,9 @@ expect_fail "--async runs in one process; --rollout-ranks runs over MPI ranks" \
   "$loom" "${rl[@]}" --out "$work/bad" --async --rollout-ranks 1
 expect_fail "--max-staleness needs --async or --rollout-ranks" "$loom" "${rl[@]}" --out "$work/bad" --max-staleness 2
 expect_fail "--rollout-ranks needs at least 2 ranks" "$loom" "${rl[@]}" --out "$work/bad" --rollout-ranks 1
+expect_fail "'parallel.zero' is a loom train key that loom rl does not honour" \
+  "$loom" "${rl[@]}" --out "$work/bad" --set parallel.zero=1
+expect_fail "--seed 3 and --set rl.seed=4 disagree" "$loom" "${rl[@]}" --out "$work/bad" --set rl.seed=4
 expect_fail "is at step 4, past --steps 2" "$loom" "${rl[@]}" --out "$work/sync" --steps 2 --resume
 mkdir -p "$work/bad_resume" && cp -r "$ckpt" "$work/bad_resume/checkpoints"
 expect_fail "not a loom rl checkpoint \\(no rl_adam_steps" "$loom" "${rl[@]}" --out "$work/bad_resume" --steps 2 --resume

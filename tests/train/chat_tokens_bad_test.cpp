@@ -55,6 +55,23 @@ TEST(ChatTokensBad, MalformedLineNamesFileAndLineAndWritesNothing) {
                {"no examples", "empty.jsonl"});
 }
 
+// `loom tokenize --chat` refuses content that is not UTF-8, as plain `loom tokenize` does, naming
+// the line, the message and the byte, and writes nothing.
+TEST(ChatTokensBad, InvalidUtf8ContentIsRefused) {
+  const std::string d = loom::test::scoped_dir("chat_tokens_bad_utf8");
+  for (const std::string& bad :
+       {std::string("{\"messages\": [{\"role\": \"user\", \"content\": \"h\xff\"}, "
+                    "{\"role\": \"assistant\", \"content\": \"yo\"}]}\n"),
+        std::string("{\"prompt\": \"hi\", \"completion\": \"\xc3\x28\"}\n")}) {
+    write_file_atomic(d + "/c.jsonl", kGood + bad);
+    auto tok = data::byte_chatml_tokenizer();
+    data::ChatTemplate t("chatml", tok);
+    expect_error([&] { data::write_chat_token_files({d + "/c.jsonl"}, t, 259, d + "/out"); },
+                 {d + "/c.jsonl:2", "is not valid UTF-8 (byte "});
+    EXPECT_FALSE(file_exists(d + "/out.bin"));
+  }
+}
+
 TEST(ChatTokensBad, MaskFileMissingShortOrCorrupt) {
   const std::string d = loom::test::scoped_dir("chat_tokens_bad_mask");
   write_dataset(d + "/a", data::TokenDType::UInt16, {{1, 2, 3}, {4, 5}});

@@ -205,3 +205,46 @@ TEST(Dpo, ReferenceIsTheStartingWeightsAfterResumeAndInitFrom) {
   ASSERT_EQ(t.step(), 2);
   for (int i = 2; i < 4; ++i) EXPECT_EQ(t.train_step().loss, from_straight[size_t(i)]) << i;
 }
+
+// Preference data that teaches nothing or is not chat data: a pair with chosen == rejected and a
+// prompt that pushes a whole reply past train.seq_len are warned with their count and first
+// line; every pair identical is refused; an unknown role and content that is not UTF-8 are
+// refused naming the line, as chat data is.
+TEST(Dpo, PreferenceDataThatTeachesNothingIsWarnedOrRefused) {
+  const std::string d = dir_for("pref_bad");
+  test::write_preference_pairs(d, 6);
+  const std::string tok = "loom:" + d + "/tok";
+  auto source = [&](const std::string& text) {
+    write_file_atomic(d + "/p.jsonl", text);
+    return PreferenceSource(d + "/p.jsonl", tok, "chatml", 2, 32, 1, 0.0, "train");
+  };
+  const std::string good = read_file(d + "/pairs.jsonl");
+  const std::string same = "{\"prompt\": \"x\", \"chosen\": \"yy\", \"rejected\": \"yy\"}\n";
+  const std::string long_prompt =
+      "{\"prompt\": \"" + std::string(40, 'p') + "\", \"chosen\": \"a\", \"rejected\": \"b\"}\n";
+  testing::internal::CaptureStderr();
+  source(good + same + same + long_prompt);
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("2 of 9 pairs have 'chosen' equal to 'rejected' (first " + d + "/p.jsonl:7)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("1 of 9 pairs have a prompt so long that a whole reply falls past "
+                     "train.seq_len 32 (first " +
+                     d + "/p.jsonl:9)"),
+            std::string::npos)
+      << log;
+  auto refused = [&](const std::string& text, const std::string& needle) {
+    try {
+      source(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused(same + same, "every one of the 2 pairs has 'chosen' equal to 'rejected'");
+  refused(good + "{\"prompt\": [{\"role\": \"robot\", \"content\": \"x\"}], \"chosen\": \"a\", "
+                 "\"rejected\": \"b\"}\n",
+          "p.jsonl:7: 'prompt'[0]: role 'robot' is not system, user or assistant");
+  refused(good + "{\"prompt\": \"x\", \"chosen\": \"a\\u00e9\", \"rejected\": \"b\xff\"}\n",
+          "p.jsonl:7: 'rejected': 'content' is not valid UTF-8 (byte 1");
+}

@@ -3,8 +3,10 @@
 // frozen base untouched), plus the errors a user can run into.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
+#include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "data/bpe.h"
@@ -194,6 +196,32 @@ TEST(Finetune, ClearErrors) {
   Config tpl = chat_config(d, d + "/w", 2);
   tpl.set("data.chat_template", "\"llama3\"", "test");  // markers missing from the tokenizer
   EXPECT_THROW(Trainer t(tpl), Error);
+}
+
+// Packed SFT with a conversation longer than the model's context (about 210 tokens against
+// model.max_seq 128, in micro-batches of 4 x 64 = 256 tokens): it is cut at 128 tokens and
+// counted, and the run trains through it.
+TEST(Finetune, PackedSftCutsAConversationLongerThanTheContext) {
+  const std::string d = test_dir("long_chat");
+  Config c = chat_config(d, d + "/run", 6);
+  std::string text;
+  for (int i = 0; i < 20; ++i)
+    text += "{\"messages\": [{\"role\": \"user\", \"content\": \"hi " + std::to_string(i) +
+            "\"}, {\"role\": \"assistant\", \"content\": \"ok\"}]}\n";
+  text += "{\"messages\": [{\"role\": \"user\", \"content\": \"" + std::string(170, 'x') +
+          "\"}, {\"role\": \"assistant\", \"content\": \"long\"}]}\n";
+  write_file_atomic(d + "/long.jsonl", text);
+  c.set("data.path", "\"" + d + "/long.jsonl\"", "test");
+  c.set("data.valid_fraction", "0", "test");
+  c.set("model.max_seq", "128", "test");
+  c.set("train.micro_batch", "4", "test");
+  c.set("train.seq_len", "64", "test");
+  Trainer t(c);
+  for (int s = 0; s < 6; ++s) EXPECT_TRUE(std::isfinite(t.train_step().loss)) << "step " << s;
+  t.save_checkpoint();
+  t.finish_checkpoints();
+  const ckpt::Checkpoint saved(d + "/run/checkpoints");
+  EXPECT_GE(saved.state().data.at("truncated").as_int(), 1);
 }
 
 // train.freeze equals a learning rate of 0 for those parameters: they never move, and every

