@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/utf8.h"
+#include "infer/constrain/token_constraint.h"
 #include "infer/decode_profile.h"
 #include "infer/request_sampling.h"
 
@@ -22,6 +23,7 @@ struct LoomEngine::Completion {
   int32_t stop_token = -1;
   size_t sent = 0;  // bytes of text already delivered
   bool done = false;
+  int constraint_state = 0;  // the structured-output automaton's state after the output so far
 };
 
 struct LoomEngine::Request {
@@ -89,6 +91,7 @@ int64_t LoomEngine::submit(std::vector<int32_t> prompt, const SamplingParams& pa
     c->seq.tokens = prompt;
     c->seq.prompt_len = r->prompt_len;
     c->seq.owner = c.get();
+    if (params.constraint) c->constraint_state = params.constraint->start();
     r->completions.push_back(std::move(c));
   }
   r->open = params.n;
@@ -248,11 +251,29 @@ bool LoomEngine::step() {
     if (!s.want_logits) continue;
     float* x = logits_.data() + int64_t(row++) * V;
     Request& r = *c->request;
+    const constrain::TokenConstraint* con = r.params.constraint.get();
     SampledToken t;
     {
       ProfileScope sampling(DecodeProfile::kSample);
+      const uint64_t* allowed = nullptr;
+      if (con) {
+        const bool complete = con->accepting(c->constraint_state);
+        if (!con->can_continue(c->constraint_state)) {
+          // Nothing may follow from the start (a choice of the empty string).
+          finished.push_back(c);
+          reasons.push_back(complete ? "stop" : "length");
+          continue;
+        }
+        const std::vector<uint64_t>& bits = con->allowed(c->constraint_state);
+        mask_.assign((size_t(V) + 63) / 64, 0);
+        std::copy(bits.begin(), bits.begin() + std::min(bits.size(), mask_.size()), mask_.begin());
+        if (complete)  // end of text only where the text is complete
+          for (int32_t e : cfg_.eos_ids)
+            if (e >= 0 && e < V) mask_[size_t(e) / 64] |= uint64_t(1) << (e % 64);
+        allowed = mask_.data();
+      }
       t = sample(x, V, r.params, c->seq.tokens, c->seq.prompt_len, r.seed, uint64_t(c->index),
-                 uint64_t(c->generated));
+                 uint64_t(c->generated), allowed);
     }
     ++generated;
     ++c->generated;
@@ -264,6 +285,11 @@ bool LoomEngine::step() {
     } else {
       shown.push_back(t.token);
       c->seq.tokens.push_back(t.token);
+      if (con) {
+        c->constraint_state = con->advance(c->constraint_state, t.token);
+        LOOM_CHECK(c->constraint_state != constrain::ByteDfa::kDead, "token ", t.token,
+                   " was drawn outside its structured-output mask");
+      }
       if (cfg_.detokenize) {
         const std::vector<int32_t> out(c->seq.tokens.begin() + c->seq.prompt_len,
                                        c->seq.tokens.end());
@@ -276,6 +302,9 @@ bool LoomEngine::step() {
           }
         }
       }
+      // A constrained text that nothing may follow is complete now (no step spent on its end).
+      if (reason.empty() && con && !con->can_continue(c->constraint_state))
+        reason = con->accepting(c->constraint_state) ? "stop" : "length";
       if (reason.empty() &&
           (c->generated >= r.params.max_tokens || int(c->seq.tokens.size()) >= runner_.max_seq()))
         reason = "length";

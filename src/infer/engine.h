@@ -84,6 +84,7 @@ class LoomEngine : public Engine {
   std::thread thread_;
   EngineStats stats_;  // guarded by mu_
   std::vector<float> logits_;
+  std::vector<uint64_t> mask_;  // a structured output's allowed tokens, this step
 };
 
 }  // namespace loom::infer

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -22,6 +23,10 @@ struct Backend;
 }
 
 namespace loom::infer {
+
+namespace constrain {
+class TokenConstraint;
+}
 
 // ---- engine <-> model ------------------------------------------------------------------------
 
@@ -88,6 +93,9 @@ struct SamplingParams {
   std::optional<uint64_t> seed;  // same seed + same prompt = same text, any batch
   int n = 1;                     // completions per prompt
   int logprobs = -1;             // -1: none; k >= 0: sampled token + top-k alternatives
+  // Structured output (infer/constrain/): only tokens that keep the text in the constraint's
+  // language are drawn, and end of text only where the text is complete.
+  std::shared_ptr<const constrain::TokenConstraint> constraint;
   // Added to the raw logits of these tokens before penalties and sampling (OpenAI's
   // logit_bias); the reported logprobs stay those of the raw logits.
   std::vector<std::pair<int32_t, float>> logit_bias;

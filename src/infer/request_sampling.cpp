@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "infer/argmax.h"
+#include "infer/constrain/token_constraint.h"
 
 namespace loom::infer {
 
@@ -29,6 +31,12 @@ void validate(const SamplingParams& p, int vocab) {
              p.logprobs);
   LOOM_CHECK(p.stop.size() <= 16, "at most 16 stop strings, got ", p.stop.size());
   for (const auto& s : p.stop) LOOM_CHECK(!s.empty(), "a stop string must not be empty");
+  LOOM_CHECK(!(p.constraint && p.ignore_eos),
+             "ignore_eos cannot be combined with a structured-output constraint (it ends only "
+             "when the output is complete)");
+  LOOM_CHECK(!p.constraint || p.constraint->vocab_size() <= vocab, "the constraint's vocabulary (",
+             p.constraint ? p.constraint->vocab_size() : 0, " tokens) is larger than the model's (",
+             vocab, ")");
   for (auto [t, b] : p.logit_bias) {
     LOOM_CHECK(t >= 0 && t < vocab, "logit_bias token id ", t, " outside the vocabulary [0, ",
                vocab, ")");
@@ -41,7 +49,8 @@ void validate(const SamplingParams& p, int vocab) {
 }
 
 SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<int32_t>& seen,
-                    int prompt_len, uint64_t seed, uint64_t stream, uint64_t draw) {
+                    int prompt_len, uint64_t seed, uint64_t stream, uint64_t draw,
+                    const uint64_t* allowed) {
   SampledToken out;
   // The raw logits' log-sum-exp, for the reported log-probabilities: only when they are asked
   // for (a pass of exp over the whole vocabulary cost greedy decode 3-6% of its token time).
@@ -55,6 +64,18 @@ SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<
     lse = mx + std::log(z);
   }
   auto logprob = [&](int j) { return static_cast<float>(double(x[j]) - lse); };
+  if (allowed)
+    for (int base = 0; base < V; base += 64) {
+      const uint64_t bits = allowed[base / 64];
+      const int n = std::min(64, V - base);
+      if (bits == ~uint64_t(0)) continue;  // a word of allowed tokens: nothing to mask
+      if (bits == 0) {
+        std::fill_n(x + base, n, -std::numeric_limits<float>::infinity());
+        continue;
+      }
+      for (int k = 0; k < n; ++k)
+        if (!((bits >> k) & 1)) x[base + k] = -std::numeric_limits<float>::infinity();
+    }
 
   for (auto [t, b] : p.logit_bias) x[t] += b;
   // Penalties.

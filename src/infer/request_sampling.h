@@ -24,9 +24,11 @@ struct SampledToken {
 };
 
 // logits [vocab] (scratch: modified); `seen` the completion's tokens so far (prompt first
-// `prompt_len` of them); `seed` the stream, `draw` the output position.
+// `prompt_len` of them); `seed` the stream, `draw` the output position. `allowed`, when given,
+// holds a bit per token id (bit t of word t / 64): the others cannot be drawn (a structured
+// output's mask); the reported log-probabilities stay those of the raw logits.
 SampledToken sample(float* logits, int vocab, const SamplingParams& p,
                     const std::vector<int32_t>& seen, int prompt_len, uint64_t seed,
-                    uint64_t stream, uint64_t draw);
+                    uint64_t stream, uint64_t draw, const uint64_t* allowed = nullptr);
 
 }  // namespace loom::infer

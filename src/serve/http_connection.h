@@ -42,6 +42,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                  const Handler& handler);
   void start();
   void close();  // drops the connection now (its handler's on_gone runs if one is set)
+  bool closed() const { return closed_; }
 
   // The whole response; extra headers as name/value pairs.
   void respond(int status, const std::string& content_type, std::string body,

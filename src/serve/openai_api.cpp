@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "serve/tool_calls.h"
 
 namespace loom::serve {
 
@@ -121,11 +122,14 @@ ApiRequest parse_request(const std::string& body, bool chat, int default_max_tok
       if (!m.is_object() || !given(m, "role") || !m.at("role").is_string())
         bad(p, "'" + p + "' must be an object with a string 'role'");
       const std::string role = m.at("role").as_string();
-      if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+      if (role != "system" && role != "user" && role != "assistant" && role != "developer" &&
+          role != "tool")
         bad(p + ".role", "unsupported role '" + role + "'");
-      r.messages.push_back(
-          {role == "developer" ? "system" : role,
-           content_text(m.contains("content") ? m.at("content") : Json(), p + ".content")});
+      ChatMessage msg;
+      msg.role = role == "developer" ? "system" : role;
+      msg.content = content_text(m.contains("content") ? m.at("content") : Json(), p + ".content");
+      parse_tool_fields(m, p, msg);
+      r.messages.push_back(std::move(msg));
     }
   } else {
     if (!given(j, "prompt")) bad("prompt", "'prompt' is required");
@@ -156,9 +160,7 @@ ApiRequest parse_request(const std::string& body, bool chat, int default_max_tok
     s.max_tokens = int(integer(j, "max_completion_tokens", 0, 1 << 20));
   r.max_tokens_given = given(j, "max_tokens") || given(j, "max_completion_tokens");
   // Fields Loom does not honour are refused rather than silently dropped.
-  for (const char* k : {"response_format", "tools", "tool_choice", "functions", "function_call",
-                        "parallel_tool_calls", "guided_json", "guided_regex", "guided_choice",
-                        "guided_grammar", "structured_outputs", "suffix", "prediction"})
+  for (const char* k : {"functions", "function_call", "guided_grammar", "suffix", "prediction"})
     if (given(j, k)) bad(k, cat("'", k, "' is not supported by this server"));
   if (given(j, "logit_bias")) s.logit_bias = logit_bias(j.at("logit_bias"));
   if (given(j, "temperature")) s.temperature = float(number(j, "temperature", 0, 2));
@@ -205,6 +207,7 @@ ApiRequest parse_request(const std::string& body, bool chat, int default_max_tok
   } else if (given(j, "logprobs")) {
     s.logprobs = int(integer(j, "logprobs", 0, 20));
   }
+  r.structured = parse_structured(j, chat);
   if (given(j, "stream")) r.stream = boolean(j, "stream");
   if (given(j, "echo")) r.echo = boolean(j, "echo");
   if (given(j, "stream_options")) {
@@ -307,8 +310,9 @@ Json completion_response(const ResponseContext& ctx, const std::vector<ChoiceRes
     if (ctx.chat) {
       Json m = Json::object();
       m["role"] = "assistant";
-      m["content"] = c.text;
+      m["content"] = c.text.empty() && !c.tool_calls.empty() ? Json() : Json(c.text);
       m["refusal"] = Json();
+      if (!c.tool_calls.empty()) m["tool_calls"] = tool_calls_json(c.tool_calls, false);
       ch["message"] = m;
     } else {
       ch["text"] = c.text;

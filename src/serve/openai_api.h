@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "core/json.h"
+#include "data/chat_tools.h"
 #include "infer/engine_api.h"
+#include "serve/structured_request.h"
 
 namespace loom::serve {
 
@@ -29,9 +31,7 @@ struct ApiError {
   Json body() const;
 };
 
-struct ChatMessage {
-  std::string role, content;
-};
+using ChatMessage = data::ChatTurn;
 
 struct ApiRequest {
   bool chat = false;
@@ -40,6 +40,7 @@ struct ApiRequest {
   std::vector<std::vector<int32_t>> prompt_ids;  // completions: token-id prompts
   std::vector<ChatMessage> messages;             // chat
   infer::SamplingParams sampling;
+  StructuredRequest structured;   // output constraints and tools (structured_request.h)
   bool max_tokens_given = false;  // else the server picks it (the context left)
   bool stream = false, include_usage = false, echo = false;
 };
@@ -55,6 +56,7 @@ struct ChoiceResult {
   std::vector<std::vector<std::pair<int32_t, float>>> top;
   std::string finish_reason;
   infer::Usage usage;
+  std::vector<data::ToolCall> tool_calls;  // read from the text (tool_calls.h); text the rest
 };
 
 struct ResponseContext {

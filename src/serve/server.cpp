@@ -7,11 +7,14 @@
 #include <chrono>
 #include <ctime>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "serve/openai_api.h"
+#include "serve/structured_output.h"
+#include "serve/tool_calls.h"
 
 namespace loom::serve {
 
@@ -51,6 +54,8 @@ struct Server::Exchange {
   double t0 = 0, t_first = 0, t_last = 0;
   int64_t tokens = 0;
   std::unique_ptr<net::steady_timer> deadline;
+  std::vector<data::ToolDef> tool_defs;
+  std::vector<ToolCallStream> tools;  // per choice, when the request offers tools
 };
 
 namespace {
@@ -93,7 +98,8 @@ Server::Server(infer::Engine& engine, const data::BpeTokenizer* tok, const data:
       chat_(chat),
       opt_(opt),
       io_(std::make_shared<net::io_context>(1)),
-      metrics_(std::make_unique<Metrics>()) {
+      metrics_(std::make_unique<Metrics>()),
+      compile_(std::make_unique<net::thread_pool>(1)) {
   limits_.read_timeout = opt_.read_timeout_seconds;
   limits_.write_timeout = opt_.write_timeout_seconds;
   limits_.max_body_bytes = opt_.max_body_bytes;
@@ -108,6 +114,7 @@ Server::Server(infer::Engine& engine, const data::BpeTokenizer* tok, const data:
 
 Server::~Server() {
   stop();
+  compile_->join();  // its jobs post onto io_, which no longer runs them
 }
 
 int Server::bind() {
@@ -186,6 +193,12 @@ std::string Server::decode(const std::vector<int32_t>& ids) const {
       s.push_back(static_cast<char>(t));
   }
   return s;
+}
+
+StructuredOutputs& Server::structured() {
+  std::call_once(structured_once_,
+                 [this] { structured_ = std::make_unique<StructuredOutputs>(tok_); });
+  return *structured_;
 }
 
 std::string Server::metrics_text() const {
@@ -334,9 +347,9 @@ void Server::generate(bool chat, const std::shared_ptr<HttpConnection>& c, const
       if (!chat_)
         throw ApiError{400, "this server has no chat template (start it with --chat-template)",
                        "invalid_request_error", "messages"};
-      std::vector<data::ChatMessage> ms;
-      for (const auto& m : r.messages) ms.push_back({m.role, m.content});
-      prompts.push_back(chat_->prompt_ids(ms));
+      prompts.push_back(chat_->prompt_ids(data::tool_conversation(
+          chat_->name(), r.messages,
+          r.structured.uses_tools() ? r.structured.tools : std::vector<data::ToolDef>{})));
     } else {
       for (const auto& p : r.prompts) prompts.push_back(encode(p));
       for (const auto& p : r.prompt_ids) prompts.push_back(p);
@@ -346,6 +359,30 @@ void Server::generate(bool chat, const std::shared_ptr<HttpConnection>& c, const
   } catch (const ApiError& e) {
     return send_error(*c, e);
   }
+  if (r.structured.kind == StructuredRequest::Kind::None && r.structured.tools.empty())
+    return submit(chat, c, std::move(r), std::move(prompts));
+  net::post(*compile_, [this, chat, c, r = std::move(r), prompts = std::move(prompts)]() mutable {
+    std::optional<ApiError> err;
+    try {
+      r.sampling.constraint = structured().constraint(r.structured, chat_ ? chat_->name() : "");
+    } catch (const ApiError& e) {
+      err = e;
+    } catch (const std::exception& e) {
+      err = ApiError{500, e.what(), "server_error", ""};
+    }
+    net::post(*io_, [this, chat, c = std::move(c), r = std::move(r), prompts = std::move(prompts),
+                     err = std::move(err)]() mutable {
+      if (c->closed()) return;  // its client left while the constraint compiled
+      if (err) return send_error(*c, *err);
+      if (draining_)
+        return send_error(*c, ApiError{503, "the server is shutting down", "server_error", ""});
+      submit(chat, c, std::move(r), std::move(prompts));
+    });
+  });
+}
+
+void Server::submit(bool chat, const std::shared_ptr<HttpConnection>& c, ApiRequest r,
+                    std::vector<std::vector<int32_t>> prompts) {
   auto ex = std::make_shared<Exchange>();
   ex->conn = c;
   ex->n = r.sampling.n;
@@ -365,6 +402,12 @@ void Server::generate(bool chat, const std::shared_ptr<HttpConnection>& c, const
   ctx.n = ex->n;
   ctx.want_logprobs = r.sampling.logprobs >= 0;
   ctx.token_text = [this](int32_t t) { return decode({t}); };
+  if (r.structured.uses_tools()) {
+    ex->tool_defs = r.structured.tools;
+    for (size_t k = 0; k < ex->choices.size(); ++k)
+      ex->tools.emplace_back(chat_->name(), &ex->tool_defs, r.structured.parallel_tool_calls,
+                             r.structured.forces_call(), cat("call_", ctx.id, "_", k));
+  }
   try {
     for (size_t p = 0; p < prompts.size(); ++p) {
       infer::SamplingParams sp = r.sampling;
@@ -439,7 +482,18 @@ void Server::on_event(const std::shared_ptr<Exchange>& ex, const infer::TokenEve
   if (ex->done) return;
   const size_t k = size_t(ev.index);
   ChoiceResult& c = ex->choices[k];
-  c.text += ev.text;
+  // With tools, the text that is a call leaves the content (tool_calls.h).
+  std::string text = ev.text, reason = ev.finish_reason;
+  if (!ex->tools.empty()) {
+    text = ex->tools[k].feed(ev.text);
+    if (ev.finished) {
+      ParsedReply reply = ex->tools[k].finish();
+      text += reply.content;
+      c.tool_calls = std::move(reply.calls);
+      if (!c.tool_calls.empty() && reason == "stop") reason = "tool_calls";
+    }
+  }
+  c.text += text;
   c.tokens.insert(c.tokens.end(), ev.tokens.begin(), ev.tokens.end());
   c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
   c.top.insert(c.top.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
@@ -448,18 +502,20 @@ void Server::on_event(const std::shared_ptr<Exchange>& ex, const infer::TokenEve
     ex->t_last = now();
     ex->tokens += int64_t(ev.tokens.size());
   }
-  if (ex->stream && (!ev.text.empty() || ev.finished || !ev.tokens.empty())) {
+  if (ex->stream && (!text.empty() || ev.finished || !ev.tokens.empty())) {
     // The engine holds back a character a token left incomplete until it completes (what
     // never does ends the choice, written as U+FFFD by the JSON writer).
     const bool first = !ex->started[k];
     ex->started[k] = true;
-    if (!ev.text.empty() || first || (ex->ctx.want_logprobs && !ev.tokens.empty()))
-      ex->conn->stream(sse(stream_chunk(ex->ctx, int(k), ev.text, &ev, "", first)));
-    if (ev.finished && ev.finish_reason != "abort")
-      ex->conn->stream(sse(stream_chunk(ex->ctx, int(k), "", nullptr, ev.finish_reason, false)));
+    if (!text.empty() || first || (ex->ctx.want_logprobs && !ev.tokens.empty()))
+      ex->conn->stream(sse(stream_chunk(ex->ctx, int(k), text, &ev, "", first)));
+    if (!c.tool_calls.empty())
+      ex->conn->stream(sse(tool_calls_chunk(ex->ctx, int(k), c.tool_calls)));
+    if (ev.finished && reason != "abort")
+      ex->conn->stream(sse(stream_chunk(ex->ctx, int(k), "", nullptr, reason, false)));
   }
   if (ev.finished) {
-    c.finish_reason = ev.finish_reason;
+    c.finish_reason = reason;
     c.usage = ev.usage;
     if (--ex->open == 0) finish(ex);
   }

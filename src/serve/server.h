@@ -8,8 +8,10 @@
 #pragma once
 
 #include <atomic>
+#include <boost/asio/thread_pool.hpp>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,8 +19,11 @@
 #include "data/chat.h"
 #include "infer/engine_api.h"
 #include "serve/http_connection.h"
+#include "serve/openai_api.h"
 
 namespace loom::serve {
+
+class StructuredOutputs;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -58,12 +63,16 @@ class Server {
  private:
   void handle(const std::shared_ptr<HttpConnection>& c, const HttpRequest& req);
   void generate(bool chat, const std::shared_ptr<HttpConnection>& c, const HttpRequest& req);
+  // Hands a parsed request (its constraint compiled) to the engine, on the I/O thread.
+  void submit(bool chat, const std::shared_ptr<HttpConnection>& c, ApiRequest r,
+              std::vector<std::vector<int32_t>> prompts);
   void on_event(const std::shared_ptr<Exchange>& ex, const infer::TokenEvent& ev);
   void finish(const std::shared_ptr<Exchange>& ex);
   void give_up(const std::shared_ptr<Exchange>& ex, const std::string& outcome);
   std::string metrics_text() const;
   void accept();
   std::vector<int32_t> encode(const std::string& text) const;
+  StructuredOutputs& structured();  // built on first use: the vocabulary's trie
   std::string decode(const std::vector<int32_t>& ids) const;
 
   infer::Engine& engine_;
@@ -79,6 +88,11 @@ class Server {
   std::unique_ptr<Metrics> metrics_;   // touched on the I/O thread only
   std::atomic<int64_t> in_flight_{0};  // generation requests being answered
   int64_t next_id_ = 1;
+  // Constraints are compiled on their own thread, so that a schema's compilation never holds
+  // up the I/O thread's other connections.
+  std::unique_ptr<boost::asio::thread_pool> compile_;
+  std::once_flag structured_once_;
+  std::unique_ptr<StructuredOutputs> structured_;
 };
 
 }  // namespace loom::serve

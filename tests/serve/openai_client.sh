@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Serves a tiny chat model trained here and drives it with the official `openai` npm client.
+# Serves a tiny chat model trained here and drives it with the official `openai` npm client
+# (openai_client.mjs, or the script given as a 4th argument, e.g. openai_tools.mjs).
 # Skipped (exit 77) when node or npm is missing or the npm registry cannot be reached.
 set -euo pipefail
-loom=$1 src=$2 npm_cache=$3
+loom=$1 src=$2 npm_cache=$3 script=${4:-openai_client.mjs}
 command -v node >/dev/null && command -v npm >/dev/null || { echo "skipped: node/npm not found"; exit 77; }
 work=$(mktemp -d)
 server=""
@@ -24,7 +25,7 @@ done
   --special "<|im_start|>" --special "<|im_end|>" --out "$work/tok" >/dev/null
 "$loom" train --set model.preset=tiny-llama --set model.n_layer=2 --set model.d_model=32 \
   --set model.n_head=4 --set model.n_kv_head=2 --set model.d_ff=64 --set model.vocab=320 \
-  --set model.max_seq=64 --set data.source=chat --set data.path="$work/chat.jsonl" \
+  --set model.max_seq=2048 --set data.source=chat --set data.path="$work/chat.jsonl" \
   --set data.tokenizer="loom:$work/tok" --set train.steps=5 --set train.micro_batch=2 \
   --set train.seq_len=64 --set train.quiet=true --set train.peak_gflops=1 \
   --set train.out_dir="$work/run" >/dev/null
@@ -36,8 +37,8 @@ for _ in $(seq 100); do
 done
 url=$(grep -o 'http://[0-9.:]*' "$work/serve.out" | head -1)
 [ -n "$url" ] || { echo "server did not start:"; cat "$work/serve.err"; exit 1; }
-cp "$src/tests/serve/openai_client.mjs" "$npm_cache/"
-(cd "$npm_cache" && timeout 120 node openai_client.mjs "$url/v1")
+cp "$src/tests/serve/$script" "$npm_cache/"
+(cd "$npm_cache" && timeout 180 node "$script" "$url/v1")
 kill -TERM "$server"
 for _ in $(seq 100); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$server" 2>/dev/null; then echo "server did not stop on SIGTERM"; exit 1; fi
