@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <set>
 
@@ -800,16 +801,11 @@ HfModelShape read_hf_shape(const std::string& dir) {
   return hf_shape_from_config(Json::parse(read_file(config_path), config_path), config_path);
 }
 
-HfModel import_hf(const std::string& dir, DType dtype) {
-  HfModel m;
-  m.shape = read_hf_shape(dir);
-  for (const auto& [name, shape] : loom_param_shapes(m.shape))
-    m.params[name] = Tensor::zeros(shape, dtype);
-  import_hf_into(dir, m.shape, m.params);
-  return m;
-}
-
-void import_hf_into(const std::string& dir, const HfModelShape& shape, const TensorMap& dst) {
+// Maps the directory's safetensors, checks them against `shape` (names, shapes, the layer
+// count), and only then asks `destination` for the parameters to convert them into (null: check
+// only), so a config.json the weights do not hold is refused before anything is allocated.
+static void import_hf_checked(const std::string& dir, const HfModelShape& shape,
+                              const std::function<const TensorMap*()>& destination) {
   const std::string config_path = join(dir, kConfigFile);
 
   std::vector<std::unique_ptr<SafetensorsReader>> files;
@@ -854,7 +850,27 @@ void import_hf_into(const std::string& dir, const HfModelShape& shape, const Ten
     where = index_path;
   }
   check_layer_count(shape, hf, config_path, where);
-  hf_to_loom_into(shape, canonical_names(shape, hf, where), dst);
+  const TensorMap canonical = canonical_names(shape, hf, where);
+  if (const TensorMap* dst = destination()) hf_to_loom_into(shape, canonical, *dst);
+}
+
+void check_hf_import(const std::string& dir, const HfModelShape& shape) {
+  import_hf_checked(dir, shape, [] { return nullptr; });
+}
+
+void import_hf_into(const std::string& dir, const HfModelShape& shape, const TensorMap& dst) {
+  import_hf_checked(dir, shape, [&] { return &dst; });
+}
+
+HfModel import_hf(const std::string& dir, DType dtype) {
+  HfModel m;
+  m.shape = read_hf_shape(dir);
+  import_hf_checked(dir, m.shape, [&] {
+    for (const auto& [name, shape] : loom_param_shapes(m.shape))
+      m.params[name] = Tensor::zeros(shape, dtype);
+    return &m.params;
+  });
+  return m;
 }
 
 }  // namespace loom::ckpt

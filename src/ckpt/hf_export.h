@@ -101,5 +101,8 @@ HfModel import_hf(const std::string& dir, DType dtype = DType::F32);
 // the model is never held twice.
 HfModelShape read_hf_shape(const std::string& dir);
 void import_hf_into(const std::string& dir, const HfModelShape& shape, const TensorMap& dst);
+// The checks import_hf_into makes before it writes anything (names, shapes, the layer count):
+// run before allocating a model of `shape`.
+void check_hf_import(const std::string& dir, const HfModelShape& shape);
 
 }  // namespace loom::ckpt

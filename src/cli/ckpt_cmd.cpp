@@ -245,6 +245,7 @@ static int import_cmd(const Args& args) {
   if (ckpt::is_peft_dir(o.get("hf_dir")))
     return import_peft_cmd(o.get("hf_dir"), o.get("base"), o.get("out"), o.has("merge"));
   const ckpt::HfModelShape shape = ckpt::read_hf_shape(o.get("hf_dir"));
+  ckpt::check_hf_import(o.get("hf_dir"), shape);  // before the model is allocated
   ModelConfig mc = ckpt::model_config_of(shape);
   // The model's tokenizer.json, when Loom can read it, travels with the checkpoint (a copy under
   // ROOT/tokenizer, named as the run's data.tokenizer) so generate and export find it.
