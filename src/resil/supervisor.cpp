@@ -343,6 +343,8 @@ void Supervisor::read_output(bool drain) {
       std::fflush(stdout);
       taken += size_t(n);
       if (!drain && taken >= (size_t(4) << 20)) return;
+      // Draining, a process that escaped may keep writing: the drain is bounded in time too.
+      if (drain && now_seconds() - t0 > 5.0) return;
       continue;
     }
     if (n == 0) {  // every writer is gone
