@@ -28,7 +28,7 @@
 
 namespace loom {
 
-class Backend;
+struct Backend;
 namespace comm {
 class Communicator;
 }

@@ -25,7 +25,7 @@
 
 namespace loom {
 
-class Backend;
+struct Backend;
 namespace comm {
 class Communicator;
 }
