@@ -32,6 +32,11 @@ namespace loom::cli {
 
 namespace {
 
+// Ranks 1..K generate; rank 0 and ranks K+1.. learn.
+bool rank_learns(int rank, int rollout_ranks) {
+  return rank == 0 || rank > rollout_ranks;
+}
+
 int run_rl_here(const Args& args) {
   Options o(
       "loom rl --ckpt PATH --env arithmetic|reverse|countdown --out DIR [options]\n"
@@ -60,10 +65,18 @@ int run_rl_here(const Args& args) {
   ro.lr = c.number("optim.lr");
   LOOM_CHECK(ro.lr > 0 && ro.lr < 1, c.name("optim.lr"), " must lie in (0, 1)");
   ro.adam = adamw_config_from(c.config());
-  const std::string policy = c.config().get_string("precision.policy", "fp32");
-  LOOM_CHECK(policy == "fp32", "precision.policy = \"", policy, "\" (",
-             c.config().where("precision.policy"),
-             "): loom rl trains the fp32 policy (precision.policy = \"fp32\")");
+  // The policy's precision (the optimizer keeps an fp32 master under bf16 and fp16; fp16 scales
+  // its loss) and the learners' ZeRO stage, as loom train reads them.
+  ro.precision = precision_from_name(c.config().get_string("precision.policy", "fp32"));
+  ro.scaler = LossScaler::options_from(c.config());
+  ro.zero = static_cast<int>(c.config().get_int("parallel.zero", 0, 0, 3));
+  {
+    const std::string reduce = c.config().get_string("parallel.grad_reduce_dtype", "fp32");
+    LOOM_CHECK(reduce == "fp32" || reduce == "bf16", "parallel.grad_reduce_dtype (",
+               c.config().where("parallel.grad_reduce_dtype"),
+               ") must be \"fp32\" or \"bf16\", not \"", reduce, "\"");
+    ro.grad_reduce = reduce == "bf16" ? DType::BF16 : DType::F32;
+  }
   ro.grpo.beta = c.number("rl.beta");
   ro.grpo.eps_low = c.number("rl.eps_low");
   ro.grpo.eps_high = c.number("rl.eps_high");
@@ -84,6 +97,11 @@ int run_rl_here(const Args& args) {
   ao.max_staleness = c.integer("rl.max_staleness", 0, 1000);
   const int rollout_ranks = c.integer32("rl.rollout_ranks", 0, 1 << 20);
   const bool mpi = rollout_ranks > 0;
+  // One learner holds every weight whole (its rollouts and checkpoints read them); ZeRO over
+  // several learner ranks is not wired to the MPI loop's weight sync yet.
+  LOOM_CHECK(ro.zero <= 2 && (!mpi || ro.zero == 0), "parallel.zero = ", ro.zero, " (",
+             c.config().where("parallel.zero"), "): loom rl runs ZeRO 0-2 in one process and ",
+             "ZeRO-0 over --rollout-ranks");
   LOOM_CHECK(!(mpi && async), "--async runs in one process; --rollout-ranks runs over MPI ranks ",
              "(both asynchronous): choose one");
   LOOM_CHECK(async || mpi || !c.given("rl.max_staleness"), c.name("rl.max_staleness"),
@@ -140,6 +158,15 @@ int run_rl_here(const Args& args) {
 
   auto model = load_model_from_checkpoint(ckpt_path);
   c.check_model(model->config(), ckpt_path);
+  // The rollout ranks keep the checkpoint's fp32 model (the weight sync writes into it); a
+  // learner's policy computes in the precision's type, its fp32 weights taken as the master.
+  if (ro.precision.compute != DType::F32 &&
+      (!mpi || rank_learns(comm::world().rank(), rollout_ranks))) {
+    auto policy = std::make_unique<Decoder>(model->config(), model->backend(), Recompute::None,
+                                            ro.precision.compute);
+    policy->params().copy_values_from(model->params());
+    model = std::move(policy);
+  }
   const std::string tokenizer = c.text("rl.tokenizer"), chat_template = c.text("rl.chat_template");
   c.check_all_read();
   auto tok = checkpoint_tokenizer(ckpt_path, tokenizer, *model);
@@ -235,6 +262,7 @@ int run_rl_here(const Args& args) {
   info.fingerprint = fingerprint;
   info.description = cat("grpo ", env->name(), " from ", start.dir());
   info.max_staleness = async || mpi ? ao.max_staleness : int64_t(0);
+  info.precision = ro.precision.name;
   auto save = [&](int64_t step) {
     // With --async the groups generated ahead of the learner go with the weights (one cut: the
     // rollout batch in flight reaches the buffer first); over MPI ranks those of the next
@@ -267,7 +295,8 @@ int run_rl_here(const Args& args) {
                           ")")
                     : std::string(", synchronous")),
            ": ", ro.prompts_per_step, " prompts x ", ro.group_size, " completions per step, ",
-           ro.max_tokens, " tokens at most, lr ", ro.lr, ", beta ", ro.grpo.beta);
+           ro.max_tokens, " tokens at most, lr ", ro.lr, ", beta ", ro.grpo.beta, ", ",
+           ro.precision.name, " policy", ro.zero > 0 ? cat(", ZeRO-", ro.zero) : std::string());
   // The starting point of the held-out curve, before any step of a fresh run.
   std::optional<double> initial_accuracy;
   if (eval_every > 0 && first_step == 0 && steps > 0) {
@@ -313,10 +342,10 @@ int run_rl_here(const Args& args) {
              ", failed ", http_stats->failed, ", malformed ", http_stats->malformed,
              ", reward out of range ", http_stats->out_of_range);
   // A run that trained on nothing is a failure, not a run with reward 0.
-  LOOM_CHECK(run.groups > 0 || first_step >= steps, "every group of the run's ",
-             steps - first_step, " step(s) was dropped (", run.dropped_env,
-             " for environment errors, ", run.dropped_timeout, " past --rollout-timeout, ",
-             run.dropped_stale, " past --max-staleness)",
+  LOOM_CHECK(run.groups > 0 || first_step >= steps, "every group of the run's ", steps - first_step,
+             " step(s) was dropped (", run.dropped_env, " for environment errors, ",
+             run.dropped_timeout, " past --rollout-timeout, ", run.dropped_stale,
+             " past --max-staleness)",
              http_stats ? cat("; environment ", o.get("env-url"), ": ", http_stats->calls,
                               " calls, ", http_stats->failed, " failed, ", http_stats->malformed,
                               " malformed, ", http_stats->out_of_range, " rewards out of range")

@@ -97,8 +97,16 @@ const Setting& setting(const std::string& key) {
 }
 
 // Keys of loom train's sections that GRPO honours without a flag of their own.
-constexpr const char* kKeysWithoutFlag[] = {"optim.beta1", "optim.beta2", "optim.eps",
-                                            "optim.weight_decay", "precision.policy"};
+constexpr const char* kKeysWithoutFlag[] = {"optim.beta1",
+                                            "optim.beta2",
+                                            "optim.eps",
+                                            "optim.weight_decay",
+                                            "precision.policy",
+                                            "precision.initial_loss_scale",
+                                            "precision.loss_scale_window",
+                                            "precision.min_loss_scale",
+                                            "parallel.zero",
+                                            "parallel.grad_reduce_dtype"};
 constexpr const char* kTrainerSections[] = {"model", "parallel", "precision", "optim"};
 
 // Two spellings of one value: "1e-5" and "0.00001", "2" and "2.0" are the same number.

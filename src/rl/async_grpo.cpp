@@ -22,14 +22,17 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
       policy_(policy),
       learner_(policy, opt_),
       buffer_(async.max_staleness),
-      step_(restore ? restore(policy, learner_.optimizer()) : 0) {
+      step_(restore_learner(restore, policy, learner_)) {
   LOOM_CHECK(async.learner_timeout > 0, "rl.learner_timeout must be positive");
   // Partial rollouts: new groups start fewer steps ahead, so that every group finishes within
   // the bound (rollout_lead).
   lead_ = rollout_lead(opt, async.max_staleness);
   threads_ =
       async.threads_per_role > 0 ? async.threads_per_role : std::max(1, omp_get_num_procs() / 2);
-  snapshot_ = std::make_unique<Decoder>(policy.config(), cpu_backend());
+  // In the policy's compute type on its backend: the rollouts sample from the weights the
+  // learner computes with (the policy's copy, already rounded from the master).
+  snapshot_ = std::make_unique<Decoder>(policy.config(), policy.backend(), Recompute::None,
+                                        policy.act_dtype());
   const ParamSet& P = policy.params();
   published_.resize(size_t(P.total()));
   P.read_values(0, P.total(), published_.data());
@@ -241,7 +244,7 @@ RlStepStats AsyncGrpo::step() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const ParamSet& P = policy_.params();
-    std::memcpy(published_.data(), P.data(), size_t(P.total()) * sizeof(float));
+    P.read_values(0, P.total(), published_.data());  // (a copy on a host backend)
     published_version_ = step_;
     // This step's share of the rollout side's time, since the previous step ended.
     const double busy = rollout_busy_ - last_rollout_busy_;

@@ -54,19 +54,14 @@ Batch padding_pass(const Decoder& m) {
   return c;
 }
 
-// The first element of the experts' weights, which the decoder puts after every other
-// parameter (the flat buffer's tail; total() when there are none).
-int64_t experts_begin(const ParamSet& P) {
-  int64_t lo = P.total();
-  for (const ParamInfo& p : P.infos())
-    if (p.expert) lo = std::min(lo, p.offset);
-  for (const ParamInfo& p : P.infos())
-    LOOM_CHECK(p.expert == (p.offset >= lo), p.name, ": expert weights must follow every other ",
-               "parameter");
-  return lo;
-}
-
 }  // namespace
+
+int64_t restore_learner(const RlRestore& restore, Decoder& policy, GrpoLearner& learner) {
+  if (!restore) return 0;
+  const int64_t step = restore(policy, learner.optimizer());
+  learner.engine().weights_restored();
+  return step;
+}
 
 Json RlStepStats::json() const {
   Json j = Json::object();
@@ -103,7 +98,7 @@ Json RlStepStats::json() const {
 }
 
 GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicator* dp,
-                         comm::Communicator* expert_dp)
+                         comm::Communicator* expert_dp, comm::Communicator* learners)
     : policy_(policy), opt_(opt), dp_(dp && dp->size() > 1 ? dp : nullptr) {
   if (policy.expert_parallel().size > 1) {
     LOOM_CHECK(dp_, "an expert-parallel learner needs the data-parallel learners it splits the ",
@@ -116,16 +111,25 @@ GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicat
   LOOM_CHECK(opt.max_tokens > 0, "max_tokens must be positive");
   LOOM_CHECK(opt.learner_share >= 0 && opt.learner_share < 1, "rl.learner_share must lie in ",
              "[0, 1), not ", opt.learner_share);
-  LOOM_CHECK(policy.act_dtype() == DType::F32, "GRPO runs the fp32 policy for now");
-  if (opt.grpo.beta > 0) {
-    // In the policy's layout: under tensor and expert parallelism, the same shard of the
-    // starting weights.
-    reference_ =
-        std::make_unique<Decoder>(policy.config(), cpu_backend(), Recompute::None, DType::F32,
-                                  policy.tensor_parallel(), policy.expert_parallel());
-    reference_->params().copy_values_from(policy.params());
-  }
-  optim_ = std::make_unique<AdamW>(policy.params(), opt.adam, DType::F32, cpu_backend());
+  // The share's gradients are added to the rest's in the model's buffer before the engine's
+  // reduction reads it: one learner at ZeRO-0 (whose reduction leaves the buffer as it is), and
+  // the helper's copy of the weights is fp32 (so its gradients are the learner's own).
+  LOOM_CHECK(opt.learner_share == 0 || (opt.zero == 0 && opt.precision.compute == DType::F32),
+             "rl.learner_share needs parallel.zero = 0 and precision.policy = \"fp32\" (got zero ",
+             opt.zero, ", \"", opt.precision.name, "\")");
+  LearnerEngineOptions eo;
+  eo.adam = opt.adam;
+  eo.clip_grad = opt.clip_grad;
+  eo.precision = opt.precision;
+  eo.scaler = opt.scaler;
+  eo.zero = opt.zero;
+  eo.grad_reduce = opt.grad_reduce;
+  eo.reference = opt.grpo.beta > 0;
+  // Under TP or EP the gradient norm sums every learner's part; with plain data parallelism
+  // the engine's own group holds the disjoint parts.
+  engine_ = std::make_unique<LearnerEngine>(policy, eo, dp_, expert_dp,
+                                            learners && learners->size() > 1 ? learners : dp_);
+  reference_ = engine_->reference();
 }
 
 void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version, RlStepStats* stp) {
@@ -309,93 +313,94 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
     std::vector<std::vector<double>> w;
     GrpoStats gs = grpo_token_weights(samples, opt_.grpo, &w, &totals);
     ParamSet& Pm = policy_.params();
-    Pm.zero_grad();
-    if (any_rows) {
-      std::vector<float> weights(b.tokens.size(), 0.f);
-      for (size_t k = 0; k < samples.size(); ++k)
-        for (int t = 0; t < span[k].second; ++t)
-          weights[size_t(span[k].first + t)] = static_cast<float>(w[k][size_t(t)]);
-      // The learner_share: the last sequences, about that share of the batch's tokens.
-      const size_t n = samples.size();
-      size_t ks = n;
-      if (opt_.learner_share > 0 && !dp_ && policy_.tensor_parallel().size == 1)
-        while (ks > 1 && double(b.tokens.size() - size_t(b.cu_seqlens[ks - 1])) <=
-                             opt_.learner_share * double(b.tokens.size()))
-          --ks;
-      if (ks == n) {
-        in.loss_weights = weights.data();
-        const double f0 = now_seconds();
-        policy_.forward_backward(in, 1.f);
-        fb_seconds_per_token_ = (now_seconds() - f0) / double(in.N);
-      } else {
-        // Two passes whose gradients are added, each over whole sequences with the whole
-        // batch's token weights (as data-parallel shares are).
-        const Batch own = sequences_of(b, 0, ks), share = sequences_of(b, ks, n);
-        ModelInput own_in = own.input(), share_in = share.input();
-        own_in.loss_weights = weights.data();
-        share_in.loss_weights = weights.data() + b.cu_seqlens[ks];
-        own_in.aux_weight = share_in.aux_weight = in.aux_weight;
-        // The helper may start while it can finish no later than the learner's own part, as
-        // the last step's speed predicts (no prediction yet: any time).
-        const double f0 = now_seconds();
-        const double latest = fb_seconds_per_token_ > 0
-                                  ? f0 + fb_seconds_per_token_ * double(own_in.N - share_in.N)
-                                  : std::numeric_limits<double>::infinity();
-        if (helper_) helper_->offer(share_in, version, latest);
-        try {
-          policy_.forward_backward(own_in, 1.f);
-        } catch (...) {
-          // The helper may be reading `share`: it must be done with it (or the offer withdrawn)
-          // before the batch goes; the first error is the one to report.
-          double ignored = 0;
+    StepEngine& engine = engine_->engine();
+    // fp16: the backward carries the loss scaler's scale (1 otherwise).
+    const float dloss = static_cast<float>(engine.loss_scale());
+    engine_->recipes().begin_step();
+    // One micro-batch: this learner's passes; the engine reduces the gradients over the
+    // learners as their buckets fill (a learner with nothing to train on reduces zeros).
+    engine.accumulate(1, [&](int) {
+      if (any_rows) {
+        std::vector<float> weights(b.tokens.size(), 0.f);
+        for (size_t k = 0; k < samples.size(); ++k)
+          for (int t = 0; t < span[k].second; ++t)
+            weights[size_t(span[k].first + t)] = static_cast<float>(w[k][size_t(t)]);
+        // The learner_share: the last sequences, about that share of the batch's tokens.
+        const size_t n = samples.size();
+        size_t ks = n;
+        if (opt_.learner_share > 0 && !dp_ && policy_.tensor_parallel().size == 1)
+          while (ks > 1 && double(b.tokens.size() - size_t(b.cu_seqlens[ks - 1])) <=
+                               opt_.learner_share * double(b.tokens.size()))
+            --ks;
+        if (ks == n) {
+          in.loss_weights = weights.data();
+          const double f0 = now_seconds();
+          policy_.forward_backward(in, dloss);
+          fb_seconds_per_token_ = (now_seconds() - f0) / double(in.N);
+        } else {
+          // Two passes whose gradients are added, each over whole sequences with the whole
+          // batch's token weights (as data-parallel shares are).
+          const Batch own = sequences_of(b, 0, ks), share = sequences_of(b, ks, n);
+          ModelInput own_in = own.input(), share_in = share.input();
+          own_in.loss_weights = weights.data();
+          share_in.loss_weights = weights.data() + b.cu_seqlens[ks];
+          own_in.aux_weight = share_in.aux_weight = in.aux_weight;
+          // The helper may start while it can finish no later than the learner's own part, as
+          // the last step's speed predicts (no prediction yet: any time).
+          const double f0 = now_seconds();
+          const double latest = fb_seconds_per_token_ > 0
+                                    ? f0 + fb_seconds_per_token_ * double(own_in.N - share_in.N)
+                                    : std::numeric_limits<double>::infinity();
+          if (helper_) helper_->offer(share_in, version, latest);
           try {
-            if (helper_) helper_->collect(&ignored);
+            policy_.forward_backward(own_in, dloss);
           } catch (...) {
+            // The helper may be reading `share`: it must be done with it (or the offer withdrawn)
+            // before the batch goes; the first error is the one to report.
+            double ignored = 0;
+            try {
+              if (helper_) helper_->collect(&ignored);
+            } catch (...) {
+            }
+            throw;
           }
-          throw;
+          fb_seconds_per_token_ = (now_seconds() - f0) / double(own_in.N);
+          const float* g = helper_ ? helper_->collect(&st.helper_seconds) : nullptr;
+          if (!g) {
+            // Nobody took it: computed here, apart from the rest, so the sum has the bits the
+            // helper's would have (the same weights, kernels and order of the addition).
+            share_grad_.assign(Pm.grad(), Pm.grad() + Pm.total());
+            Pm.zero_grad();
+            policy_.forward_backward(share_in, dloss);
+            g = share_grad_.data();
+          }
+          float* grad = Pm.grad();
+          for (int64_t i = 0; i < Pm.total(); ++i) grad[i] += g[i];
         }
-        fb_seconds_per_token_ = (now_seconds() - f0) / double(own_in.N);
-        const float* g = helper_ ? helper_->collect(&st.helper_seconds) : nullptr;
-        if (!g) {
-          // Nobody took it: computed here, apart from the rest, so the sum has the bits the
-          // helper's would have (the same weights, kernels and order of the addition).
-          share_grad_.assign(Pm.grad(), Pm.grad() + Pm.total());
-          Pm.zero_grad();
-          policy_.forward_backward(share_in, 1.f);
-          g = share_grad_.data();
-        }
-        float* grad = Pm.grad();
-        for (int64_t i = 0; i < Pm.total(); ++i) grad[i] += g[i];
+      } else if (ep_) {
+        // Nothing to train on here, but the EP group's passes exchange tokens with this rank: a
+        // padding pass with no loss weight and no auxiliary-loss weight adds zero gradients.
+        const Batch c = padding_pass(policy_);
+        std::vector<float> zeros(c.tokens.size(), 0.f);
+        ModelInput pin = c.input();
+        pin.loss_weights = zeros.data();
+        pin.aux_weight = 0.f;
+        policy_.forward_backward(pin, dloss);
       }
-    } else if (ep_) {
-      // Nothing to train on here, but the EP group's passes exchange tokens with this rank: a
-      // padding pass with no loss weight and no auxiliary-loss weight adds zero gradients.
-      const Batch c = padding_pass(policy_);
-      std::vector<float> zeros(c.tokens.size(), 0.f);
-      ModelInput pin = c.input();
-      pin.loss_weights = zeros.data();
-      pin.aux_weight = 0.f;
-      policy_.forward_backward(pin, 1.f);
-    }
+    });
     if (dp_) {
-      // The gradients of the shares sum to the batch's (ZeRO-0's all-reduce, in fp32); every
-      // learner then takes the same AdamW step on the same sum, so their weights stay equal.
-      // Under expert parallelism the experts (the buffer's tail) differ between EP ranks: they
-      // are summed over the groups holding the same experts.
-      const int64_t lo = ep_ ? experts_begin(Pm) : Pm.total();
-      dp_->all_reduce(Pm.grad(), lo, DType::F32, comm::ReduceOp::Sum);
-      if (edp_ && lo < Pm.total())
-        edp_->all_reduce(Pm.grad() + lo, Pm.total() - lo, DType::F32, comm::ReduceOp::Sum);
+      // The engine summed the shares' gradients to the batch's (the experts, the buffer's tail,
+      // over the groups holding the same experts); the statistics' sums follow.
       std::vector<double> parts = {gs.loss, gs.kl, gs.clip_fraction, gs.mean_is_weight,
                                    entropy_sum};
       dp_->all_reduce_f64(parts.data(), int64_t(parts.size()), comm::ReduceOp::Sum);
       gs.loss = parts[0], gs.kl = parts[1], gs.clip_fraction = parts[2];
       gs.mean_is_weight = parts[3], entropy_sum = parts[4];
     }
-    const double norm = std::sqrt(grad_sq());
-    float scale = 1.f;
-    if (opt_.clip_grad > 0 && norm > opt_.clip_grad) scale = float(opt_.clip_grad / norm);
-    if (std::isfinite(norm)) optim_->step(opt_.lr, scale);
+    // The global norm, the skip of non-finite gradients, clipping and the optimizer step.
+    const StepEngine::Update u = engine.step(opt_.lr, engine.loss_scale(), version);
+    const double norm = u.grad_norm;
+    if (!u.skipped) engine_->recipes().new_weights();
     st.loss = gs.loss;
     st.kl = gs.kl;
     st.clip_fraction = gs.clip_fraction;
@@ -408,34 +413,12 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
   st.train_tokens_per_s = double(st.train_tokens) / std::max(st.learner_seconds, 1e-9);
 }
 
-double GrpoLearner::grad_sq() {
-  ParamSet& Pm = policy_.params();
-  const TensorParallel& tp = policy_.tensor_parallel();
-  if (tp.size == 1 && !ep_) return cpu_backend().sum_squares(Pm.grad(), Pm.total());
-  // Every element once over the TP group: sharded parameters on every rank, replicated ones
-  // (their gradients are equal on every rank) on rank 0, the experts on the first ETP group.
-  // The data-parallel learners already hold the same summed gradients; under expert
-  // parallelism the experts' part is summed over the EP group (each rank holds other experts).
-  const std::vector<double> w =
-      parallel::grad_norm_weights(Pm, tp.rank, policy_.expert_parallel().tp_size);
-  double sq[2] = {0, 0};  // the rest, the experts split over the EP group
-  for (size_t i = 0; i < Pm.infos().size(); ++i) {
-    const ParamInfo& p = Pm.infos()[i];
-    if (w[i] > 0)
-      sq[p.expert && ep_ ? 1 : 0] +=
-          w[i] * cpu_backend().sum_squares(Pm.grad() + p.offset, p.numel);
-  }
-  if (tp.size > 1) tp.comm->all_reduce_f64(sq, 2, comm::ReduceOp::Sum);
-  if (ep_) ep_->all_reduce_f64(sq + 1, 1, comm::ReduceOp::Sum);
-  return sq[0] + sq[1];
-}
-
 GrpoTrainer::GrpoTrainer(Decoder& policy, const data::BpeTokenizer& tok,
                          const data::ChatTemplate& chat, const Environment& env,
                          const RlOptions& opt, const RlRestore& restore)
     : opt_(opt),
       learner_(policy, opt_),
-      step_(restore ? restore(policy, learner_.optimizer()) : 0),
+      step_(restore_learner(restore, policy, learner_)),
       rollout_(policy, tok, chat, env, opt_) {}
 
 RlStepStats GrpoTrainer::step() {

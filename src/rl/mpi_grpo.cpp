@@ -89,9 +89,12 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
     E_ = mo.learner_ep;
     if (T_ > 1 || E_ > 1 || mo.learner_etp > 1) setup_model_parallel();
     learner_ = std::make_unique<GrpoLearner>(shard_ ? *shard_ : policy, opt_,
-                                             shard_ ? dp_.get() : learners_.get(), edp_.get());
+                                             shard_ ? dp_.get() : learners_.get(), edp_.get(),
+                                             learners_.get());
     // A restore writes the whole model (and, with a shard, the whole optimizer state, cut below).
-    step_ = first_ = restore ? restore(policy, shard_ ? *whole_optim_ : learner_->optimizer()) : 0;
+    step_ = first_ = !restore ? 0
+                     : shard_ ? restore(policy, *whole_optim_)
+                              : restore_learner(restore, policy, *learner_);
     LOOM_CHECK(mo.steps >= first_, "the run starts at step ", first_, ", past its ", mo.steps,
                " steps");
     if (L_ > 1) {
@@ -187,7 +190,10 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
   last_step_end_ = now_seconds();
 }
 
-MpiGrpo::~MpiGrpo() = default;
+MpiGrpo::~MpiGrpo() {
+  // The learner's engine holds the shard's hooks and the groups declared after it: it goes first.
+  learner_.reset();
+}
 
 void MpiGrpo::setup_model_parallel() {
   // Learner i is TP rank i % T of data-parallel group d = i / T, and group d is EP rank d % E of

@@ -131,7 +131,10 @@ class MpiGrpo {
   Decoder& trained_model() { return shard_ ? *shard_ : policy_; }
   // Learner 0: the optimizer state of the whole model, for a checkpoint after a step that
   // gathers it (every step without TP or EP; with them the save_every-th and the last).
-  AdamW& checkpoint_optimizer() { return whole_optim_ ? *whole_optim_ : learner_->optimizer(); }
+  Optimizer& checkpoint_optimizer() {
+    if (whole_optim_) return *whole_optim_;
+    return learner_->optimizer();
+  }
   ReplayStats buffer_stats() const { return buffer_.stats(); }
   // Learner 0, for a checkpoint between steps: the groups of the next lead steps (max_staleness,
   // less with partial rollouts: those that older weights than the checkpoint's may have

@@ -9,6 +9,19 @@
 
 namespace loom::rl {
 
+std::map<std::string, Tensor> whole_state_tensors(Optimizer& optim, const ParamSet& P) {
+  std::map<std::string, Tensor> out;
+  for (const StateSlice& s : optim.state_slices()) {
+    const std::string param = s.name.substr(s.name.find('.') + 1);  // "exp_avg.<param>"
+    const ParamInfo& p = P.info(param);
+    LOOM_CHECK(s.offset == 0 && s.tensor.numel() == p.numel, s.name, ": the optimizer holds ",
+               s.tensor.numel(), " of its ", p.numel, " elements from ", s.offset,
+               " (a sharded state has no whole tensors)");
+    out[s.name] = Tensor::view_of(s.tensor.data<float>(), p.shape, DType::F32);
+  }
+  return out;
+}
+
 std::string encode_replay_buffer(const std::vector<BufferedStep>& buffer) {
   static const char* digits = "0123456789abcdef";
   std::vector<uint8_t> bytes;
@@ -102,14 +115,14 @@ void check_resume_carry(const std::vector<PromptGroup>& carried, int64_t first,
 }
 
 std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCheckpointInfo& info,
-                               Decoder& policy, AdamW& optim,
+                               Decoder& policy, Optimizer& optim,
                                const std::vector<BufferedStep>& buffer,
                                const std::vector<PromptGroup>& carried) {
   ckpt::TrainerState st;
   st.step = step;
   st.config_text = info.config_text;
   st.extra["model_fingerprint"] = info.fingerprint;
-  st.extra["precision"] = "fp32";
+  st.extra["precision"] = info.precision;
   st.extra["rl"] = info.description;
   st.extra["rl_adam_steps"] = optim.steps_taken();
   st.extra["rl_weight_version"] = step;
@@ -126,7 +139,8 @@ std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCh
     st.extra["rl_partial_groups_count"] = int64_t(carried.size());
     st.extra["rl_partial_groups"] = encode_replay_buffer({c});
   }
-  return ckpt::save_checkpoint(root, st, policy.params().host_values(), optim.state_tensors());
+  return ckpt::save_checkpoint(root, st, policy.params().host_values(),
+                               whole_state_tensors(optim, policy.params()));
 }
 
 RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fingerprint) {
@@ -163,11 +177,11 @@ RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fing
                  extra.at("model_fingerprint").as_string() == fingerprint,
              c->dir(), ": a checkpoint of the model '", extra.at("model_fingerprint").as_string(),
              "', not of '", fingerprint, "' (--ckpt)");
-  r.restore = [c, adam_steps](Decoder& policy, AdamW& optim) {
+  r.restore = [c, adam_steps](Decoder& policy, Optimizer& optim) {
     auto staged = policy.params().host_values();  // host staging of the weights
     c->restore_model(staged);
     policy.params().store_values(staged);
-    c->restore_optim(optim.state_tensors());
+    c->restore_optim(whole_state_tensors(optim, policy.params()));
     optim.set_steps_taken(adam_steps);
     return c->state().step;
   };

@@ -12,11 +12,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "model/decoder.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "rl/grpo_trainer.h"
 #include "rl/replay_buffer.h"
 
@@ -27,13 +28,19 @@ struct RlCheckpointInfo {
   std::string fingerprint;  // the model's config fingerprint
   std::string description;  // state.json "rl": what was trained, from what
   int64_t max_staleness = 0;
+  std::string precision = "fp32";  // the policy's precision.policy
 };
+
+// `optim`'s state (Optimizer::state_slices, each a whole parameter's: one process's engine at
+// ZeRO-0, or an AdamW over a whole parameter set) by name, shaped like the parameters of `P`;
+// a sliced state (ZeRO >= 1) is refused naming the parameter.
+std::map<std::string, Tensor> whole_state_tensors(Optimizer& optim, const ParamSet& P);
 
 // Writes <root>/step_N (N = step: the learner steps taken, the weights' version); returns it.
 // `carried`: the partial rollouts' unfinished groups, all of one target step (the first step a
 // resume generates).
 std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCheckpointInfo& info,
-                               Decoder& policy, AdamW& optim,
+                               Decoder& policy, Optimizer& optim,
                                const std::vector<BufferedStep>& buffer,
                                const std::vector<PromptGroup>& carried = {});
 

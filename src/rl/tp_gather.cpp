@@ -5,6 +5,7 @@
 #include "ckpt/reshard.h"
 #include "core/error.h"
 #include "model/decoder.h"
+#include "rl/rl_checkpoint.h"
 
 namespace loom::rl {
 
@@ -61,8 +62,8 @@ void extract_shard(ParamSet& whole, ParamSet& shard) {
   }
 }
 
-void extract_shard_state(AdamW& whole, AdamW& shard, const ParamSet& shard_params) {
-  auto w = whole.state_tensors(), s = shard.state_tensors();
+void extract_shard_state(AdamW& whole, Optimizer& shard, const ParamSet& shard_params) {
+  auto w = whole.state_tensors(), s = whole_state_tensors(shard, shard_params);
   for (const ParamInfo& p : shard_params.infos())
     for (const char* m : {"exp_avg.", "exp_avg_sq."})
       ckpt::extract_local(p, w.at(m + p.name).data<float>(), 0, p.numel,
@@ -149,8 +150,8 @@ void TpGather::gather(const Local& local, const Whole& whole) {
     }
 }
 
-void TpGather::gather_state(AdamW& shard, AdamW& whole) {
-  auto s = shard.state_tensors(), w = whole.state_tensors();
+void TpGather::gather_state(Optimizer& shard, AdamW& whole) {
+  auto s = whole_state_tensors(shard, shard_), w = whole.state_tensors();
   for (const char* m : {"exp_avg.", "exp_avg_sq."})
     gather([&](const ParamInfo& p) { return s.at(m + p.name).data<float>(); },
            [&](const ParamInfo& p) { return w.at(m + p.name).data<float>(); });

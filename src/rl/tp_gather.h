@@ -37,7 +37,7 @@ std::vector<char> owned_params(const ParamSet& shard, int tp_rank, int etp, int 
 void extract_shard(ParamSet& whole, ParamSet& shard);
 
 // The optimizer state: shard's moments <- their pieces of whole's (a resume), and the step count.
-void extract_shard_state(AdamW& whole, AdamW& shard, const ParamSet& shard_params);
+void extract_shard_state(AdamW& whole, Optimizer& shard, const ParamSet& shard_params);
 
 class TpGather {
  public:
@@ -51,7 +51,7 @@ class TpGather {
   // every rank's local(p), for every parameter p of the shard.
   void gather(const Local& local, const Whole& whole);
   // Collective over `tp`: whole's moments and step count <- the shards' (a checkpoint).
-  void gather_state(AdamW& shard, AdamW& whole);
+  void gather_state(Optimizer& shard, AdamW& whole);
 
  private:
   struct Run {

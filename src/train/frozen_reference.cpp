@@ -8,6 +8,55 @@
 
 namespace loom {
 
+namespace {
+
+// The policy's weights now into the reference's parameters R (the same layout): whole, or
+// (`sharded`: ZeRO-3, the policy's blocks not resident) the engine's master shard of the blocks,
+// rounded to the compute type, and the parameters outside the blocks, which stay gathered.
+void copy_policy(ParamSet& R, const Decoder& policy, parallel::DataParallel& dp, DType compute,
+                 bool sharded) {
+  const ParamSet& P = policy.params();
+  Backend& be = policy.backend();
+  if (!sharded) {
+    P.copy_values_to(R.data(), 0, P.total());
+    return;
+  }
+  const auto copy = [&](float* dst, const float* src, int64_t n) {
+    if (n > 0) be.copy_d2d(dst, src, sizeof(float) * size_t(n));
+  };
+  for (const auto& sl : dp.param_slices()) {
+    float* dst = R.data() + R.info(sl.name).offset + sl.offset;
+    copy(dst, sl.tensor.data<float>(), sl.tensor.numel());
+    if (compute != DType::F32 && sl.tensor.numel() > 0)
+      be.round_to(compute, dst, sl.tensor.numel(), nullptr);
+  }
+  for (const ParamInfo& p : P.infos())
+    if (!in_block(p.name)) copy(R.data() + p.offset, P.data() + p.offset, p.numel);
+}
+
+}  // namespace
+
+FrozenReference frozen_copy_of(Decoder& policy, parallel::DataParallel& dp,
+                               comm::Communicator& dp_comm) {
+  const bool sharded = dp.zero() == 3;
+  LOOM_CHECK(!sharded || policy.expert_parallel().size == 1,
+             "a ZeRO-3 frozen reference under expert parallelism is not supported (its experts ",
+             "differ between the data-parallel ranks): use ZeRO 0-2, or no reference (beta 0)");
+  FrozenReference ref;
+  ref.model = std::make_unique<Decoder>(policy.config(), policy.backend(), Recompute::None,
+                                        policy.act_dtype(), policy.tensor_parallel(),
+                                        policy.expert_parallel(), policy.pipeline_stage());
+  LOOM_CHECK(ref.model->params().total() == policy.params().total(), "reference layout mismatch");
+  copy_policy(ref.model->params(), policy, dp, policy.act_dtype(), sharded);
+  if (sharded) {
+    ref.shards = std::make_unique<parallel::FrozenShards>(*ref.model, dp_comm);
+    LOOM_CHECK(
+        ref.shards->shard_begin() == dp.shard_begin() && ref.shards->shard_end() == dp.shard_end(),
+        "frozen reference: its ZeRO-3 shard differs from the policy's");
+  }
+  return ref;
+}
+
 // DPO's reference is the run's starting weights. train.pretrained's and the seeded draw are in
 // the model when the reference copies it (construction); a weights-only train.init_from (e.g.
 // `loom ckpt import`) arrives later: its weights are taken here, from the model when the run
@@ -45,11 +94,8 @@ void make_reference(TrainSetup& s, const ckpt::Checkpoint* from) {
   const auto round = [&](float* p, int64_t n) {  // backend memory
     if (s.policy.compute != DType::F32 && n > 0) s.be->round_to(s.policy.compute, p, n, nullptr);
   };
-  const auto copy = [&](float* dst, const float* src, int64_t n) {
-    if (n > 0) s.be->copy_d2d(dst, src, sizeof(float) * size_t(n));
-  };
   if (!sharded && !from) {
-    P.copy_values_to(R.data(), 0, P.total());  // whole (this rank's TP shard)
+    copy_policy(R, *s.model, *s.dp, s.policy.compute, false);  // whole (this rank's TP shard)
     return;
   }
   if (!sharded) {
@@ -85,14 +131,7 @@ void make_reference(TrainSetup& s, const ckpt::Checkpoint* from) {
     s.staging->upload();
     for (const auto& piece : pieces) round(piece.tensor.data<float>(), piece.tensor.numel());
   } else {
-    // The policy's master shard (its starting weights) and its gathered non-block parameters.
-    for (const auto& sl : s.dp->param_slices()) {
-      float* dst = R.data() + R.info(sl.name).offset + sl.offset;
-      copy(dst, sl.tensor.data<float>(), sl.tensor.numel());
-      round(dst, sl.tensor.numel());
-    }
-    for (const ParamInfo& p : P.infos())
-      if (!in_block(p.name)) copy(R.data() + p.offset, P.data() + p.offset, p.numel);
+    copy_policy(R, *s.model, *s.dp, s.policy.compute, true);
   }
   s.reference.shards =
       std::make_unique<parallel::FrozenShards>(*s.reference.model, s.on_device(s.pg->dp()));
