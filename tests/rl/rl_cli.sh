@@ -21,6 +21,17 @@ column "$work/sync/metrics.jsonl" entropy | awk '{ if (!($1 > 0 && $1 <= log(320
 same_run "$work/sync" "$work/async0" 4
 echo "ok: --async --max-staleness 0 = synchronous"
 
+# A bf16 policy (precision.policy): it trains, and its checkpoint records the precision and
+# carries the optimizer's fp32 master.
+"$loom" "${rl[@]}" --out "$work/bf16" --steps 4 --set precision.policy=bf16 >/dev/null 2>&1
+[ "$(column "$work/bf16/metrics.jsonl" train_tokens | awk '$1 > 0' | wc -l)" -gt 0 ] ||
+  { echo "bf16: no step had a gradient"; exit 1; }
+grep -qE '"precision": *"bf16"' "$work/bf16/checkpoints/step_00000004/state.json" ||
+  { echo "bf16: the checkpoint does not record precision bf16"; exit 1; }
+grep -q 'master.blocks.0' "$work/bf16/checkpoints/step_00000004/optim.safetensors" ||
+  { echo "bf16: the checkpoint has no fp32 master"; exit 1; }
+echo "ok: a bf16 policy trains and checkpoints its master"
+
 # The synchronous run from a config file ([rl] and [optim] keys for the options): the same bits.
 cat > "$work/rl.toml" <<EOF
 [optim]
@@ -102,8 +113,12 @@ expect_fail "--async runs in one process; --rollout-ranks runs over MPI ranks" \
   "$loom" "${rl[@]}" --out "$work/bad" --async --rollout-ranks 1
 expect_fail "--max-staleness needs --async or --rollout-ranks" "$loom" "${rl[@]}" --out "$work/bad" --max-staleness 2
 expect_fail "--rollout-ranks needs at least 2 ranks" "$loom" "${rl[@]}" --out "$work/bad" --rollout-ranks 1
-expect_fail "'parallel.zero' is a loom train key that loom rl does not honour" \
-  "$loom" "${rl[@]}" --out "$work/bad" --set parallel.zero=1
+expect_fail "'parallel.bucket_mb' is a loom train key that loom rl does not honour" \
+  "$loom" "${rl[@]}" --out "$work/bad" --set parallel.bucket_mb=8
+expect_fail "parallel.zero = 3 \\(--set\\): loom rl runs ZeRO 0-2 in one process" \
+  "$loom" "${rl[@]}" --out "$work/bad" --set parallel.zero=3
+expect_fail "precision must be fp32, bf16 or fp16, got 'fp8'" \
+  "$loom" "${rl[@]}" --out "$work/bad" --set precision.policy=fp8
 expect_fail "--seed 3 and --set rl.seed=4 disagree" "$loom" "${rl[@]}" --out "$work/bad" --set rl.seed=4
 expect_fail "is at step 4, past --steps 2" "$loom" "${rl[@]}" --out "$work/sync" --steps 2 --resume
 mkdir -p "$work/bad_resume" && cp -r "$ckpt" "$work/bad_resume/checkpoints"
