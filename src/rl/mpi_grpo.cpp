@@ -74,6 +74,14 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
   check_learner_grid(world.size() - mo.rollout_ranks, mo.learner_tp, policy.config(), mo.learner_sp,
                      mo.learner_ep, mo.learner_etp);
   LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
+  // ZeRO-3 keeps no learner's whole weights between steps, which the weight sync and the
+  // checkpoints read; the whole-model optimizer state that TP / EP learners gather for
+  // checkpoints is fp32 moments only (no master, no shards).
+  LOOM_CHECK(opt.zero <= 2, "GRPO over MPI ranks runs the learners at ZeRO 0-2, not ", opt.zero);
+  LOOM_CHECK((mo.learner_tp == 1 && mo.learner_ep == 1 && mo.learner_etp == 1) ||
+                 (opt.zero == 0 && opt.precision.compute == DType::F32),
+             "tensor- or expert-parallel GRPO learners run the fp32 policy at ZeRO-0 (got ",
+             opt.precision.name, ", ZeRO-", opt.zero, ")");
   K_ = mo.rollout_ranks;
   L_ = world.size() - K_;
   lead_ = rollout_lead(opt, mo.max_staleness);

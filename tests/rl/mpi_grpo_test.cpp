@@ -226,6 +226,48 @@ TEST(MpiGrpo, StalenessZeroReproducesTheSynchronousRun) {
       << "the weights differ after " << steps << " steps";
 }
 
+// 3 ranks as 2 data-parallel learners + 1 rollout rank, their optimizer at ZeRO-1 and ZeRO-2
+// (optimizer state, and at ZeRO-2 gradients, sharded over the learners; parameters all-gathered
+// after each step): the steps and weights of ZeRO-0, bit for bit (each element's sum and AdamW
+// update are the same operations on the same values, only on one learner instead of both).
+TEST(MpiGrpo, ZeroOneAndTwoLearnersEqualZeroZero) {
+  if (W().size() != 3) GTEST_SKIP() << "runs as 3 ranks (2 learners + 1 rollout rank)";
+  set_num_threads(1);
+  const int64_t steps = 4;
+  struct Result {
+    std::vector<RlStepStats> st;
+    int64_t hash = 0;
+  };
+  auto run = [&](int zero) {
+    rltest::Fixture f;
+    MpiRlOptions m = mpi_options(steps, 0, DType::F32);
+    m.rollout_ranks = 1;
+    RlOptions o = rltest::small_options();
+    o.zero = zero;
+    MpiGrpo g(W(), f.model, f.tok, f.chat, f.env, o, m);
+    Result r;
+    if (g.is_learner()) {
+      for (int64_t s = 0; s < steps; ++s) r.st.push_back(g.step());
+      g.finish();
+    } else {
+      g.run_rollout();
+    }
+    r.hash = int64_t(weights_hash(f.model.params(), DType::F32));
+    return r;
+  };
+  const Result z0 = run(0), z1 = run(1), z2 = run(2);
+  if (W().rank() == 1) return;  // the rollout rank
+  int trained = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    expect_same_step(z0.st[size_t(s)], z1.st[size_t(s)], s);
+    expect_same_step(z0.st[size_t(s)], z2.st[size_t(s)], s);
+    trained += z0.st[size_t(s)].train_tokens > 0;
+  }
+  EXPECT_GT(trained, 0) << "no step had a gradient: the comparison proves nothing";
+  EXPECT_EQ(z1.hash, z0.hash) << "ZeRO-1's weights differ from ZeRO-0's";
+  EXPECT_EQ(z2.hash, z0.hash) << "ZeRO-2's weights differ from ZeRO-0's";
+}
+
 // 3 ranks as 2 data-parallel learners (world ranks 0 and 2) + 1 rollout rank: the same steps as
 // one learner on all the groups (the synchronous run in this process, max staleness 0, fp32
 // weight sync), up to the order of the gradient sums; both learners hold the same weights.
