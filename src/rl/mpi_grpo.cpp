@@ -89,7 +89,7 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
   // ranks (gradients, each step's groups), and learner 0 with the rollout ranks (weights).
   learners_ = world.split(is_learner() ? 0 : 1, rank_, "rl-learners");
   sync_ = world.split(rank_ <= K_ ? 0 : 1, rank_, "rl-weights");
-  const int64_t bytes = weight_message_bytes(policy.params().total(), mo.weight_dtype);
+  const int64_t bytes = weight_payload_bytes(policy.params().total(), mo.weight_dtype);
   if (is_learner()) {
     li_ = learners_->rank();
     T_ = mo.learner_tp;
@@ -188,9 +188,9 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
     for (PromptGroup& g : carry.groups)
       if (int(g.task_index % uint64_t(opt_.prompts_per_step)) % K_ == rank_ - 1)
         carry_.push_back(std::move(g));
-    wbuf_.resize(size_t(bytes));
-    wwork_ = sync_->broadcast_async(wbuf_.data(), bytes, DType::U8, 0);
-    wpending_ = true;
+    wbuf_.payload.resize(size_t(bytes));
+    post_weight_broadcasts();
+    wait_work(wvwork_, "the learner's first weight version");
     wait_work(wwork_, "the learner's first weights");
     apply_weights();
     step_ = first_ = gen;
@@ -282,17 +282,22 @@ void MpiGrpo::wait_work(comm::Work& w, const std::string& what, double timeout) 
 
 void MpiGrpo::broadcast_weights() {
   Inflight f;
-  f.bytes = pack_weights(policy_.params(), mo_.weight_dtype, step_);
-  f.work = sync_->broadcast_async(f.bytes.data(), int64_t(f.bytes.size()), DType::U8, 0);
+  f.weights = pack_weights(policy_.params(), mo_.weight_dtype, step_);
+  // The version from heap memory, which stays put when `f` moves into the queue.
+  f.header = {f.weights.version};
+  f.header_work = sync_->broadcast_async(f.header.data(), 1, DType::I64, 0);
+  f.work = sync_->broadcast_async(f.weights.payload.data(), int64_t(f.weights.payload.size()),
+                                  DType::U8, 0);
   hashes_.push_back({step_, weights_hash(policy_.params(), mo_.weight_dtype)});
   sends_.push_back(std::move(f));
 }
 
 void MpiGrpo::progress_broadcasts(size_t keep) {
-  while (!sends_.empty() && sends_.front().work.test()) sends_.pop_front();
+  while (!sends_.empty() && sends_.front().header_work.test() && sends_.front().work.test())
+    sends_.pop_front();
   while (sends_.size() > keep) {
-    int64_t v = 0;
-    std::memcpy(&v, sends_.front().bytes.data(), 8);
+    const int64_t v = sends_.front().weights.version;
+    wait_work(sends_.front().header_work, cat("every rollout rank to take weight version ", v));
     wait_work(sends_.front().work, cat("every rollout rank to take weight version ", v));
     sends_.pop_front();
   }
@@ -504,7 +509,13 @@ void MpiGrpo::finish() {
 void MpiGrpo::post_weight_recv() {
   // The learner broadcasts versions first_ .. steps - 1.
   if (have_ + 1 >= mo_.steps) return;
-  wwork_ = sync_->broadcast_async(wbuf_.data(), int64_t(wbuf_.size()), DType::U8, 0);
+  post_weight_broadcasts();
+}
+
+void MpiGrpo::post_weight_broadcasts() {
+  wvwork_ = sync_->broadcast_async(&wbuf_.version, 1, DType::I64, 0);
+  wwork_ =
+      sync_->broadcast_async(wbuf_.payload.data(), int64_t(wbuf_.payload.size()), DType::U8, 0);
   wpending_ = true;
 }
 
@@ -527,10 +538,12 @@ void MpiGrpo::run_rollout() {
     // Newer weights between batches, as many as have arrived; then wait (bounded) while the
     // weights held are too old for step s.
     if (!mo_.fixed_lag)
-      while (wpending_ && wwork_.test()) apply_weights();
+      while (wpending_ && wvwork_.test() && wwork_.test()) apply_weights();
     while (s - have_ > lead_) {
       LOOM_CHECK(wpending_, rollout_name(rank_), ": no weight version ", s - lead_,
                  " will come (the run ends at ", mo_.steps, ")");
+      wait_work(wvwork_, cat("weight version ", have_ + 1, " (step ", s, " needs version ",
+                             s - lead_, " or newer)"));
       wait_work(wwork_, cat("weight version ", have_ + 1, " (step ", s, " needs version ",
                             s - lead_, " or newer)"));
       apply_weights();
@@ -562,6 +575,7 @@ void MpiGrpo::run_rollout() {
   }
   // Every broadcast the learner makes must be taken, or it would wait for this rank.
   while (wpending_) {
+    wait_work(wvwork_, cat("weight version ", have_ + 1, " (the run's last)"));
     wait_work(wwork_, cat("weight version ", have_ + 1, " (the run's last)"));
     apply_weights();
   }

@@ -68,6 +68,7 @@
 #include "rl/replay_buffer.h"
 #include "rl/rollout.h"
 #include "rl/tp_gather.h"
+#include "rl/weight_sync.h"
 
 namespace loom::rl {
 
@@ -160,11 +161,13 @@ class MpiGrpo {
     std::vector<uint8_t> bytes;
     std::vector<int64_t> header;
     comm::Work header_work, work;
+    WeightMessage weights;  // learner: a weight broadcast (header: its version, as sent)
   };
   void broadcast_weights();               // learner
   void progress_broadcasts(size_t keep);  // learner: completes those done; waits while > keep
   void apply_weights();                   // rollout: the posted receive completed
   void post_weight_recv();                // rollout: the next version's receive, if one will come
+  void post_weight_broadcasts();          // rollout: the receives of one version and its payload
   void wait_work(comm::Work& w, const std::string& what, double timeout = 0);  // 0: learner_timeout
   RolloutBatch receive_step(RlStepStats* st);  // learner 0: every rollout rank's groups of step_
   // Learner 0: receives each rollout rank's messages, in order, until every rank has sent those
@@ -200,8 +203,9 @@ class MpiGrpo {
   std::unique_ptr<RolloutWorker> rollout_;
   std::deque<Inflight> sends_;  // learner: broadcasts; rollout: trajectory messages
   // Rollout: the posted weight receive.
-  std::vector<uint8_t> wbuf_;
-  comm::Work wwork_;
+  // The version arrives as its own int64 broadcast ahead of the payload (wvwork_, then wwork_).
+  WeightMessage wbuf_;
+  comm::Work wvwork_, wwork_;
   bool wpending_ = false;
   // Learner: each rollout rank's posted header receive (step, bytes).
   std::vector<std::vector<int64_t>> headers_;

@@ -26,9 +26,9 @@ uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h) {
 
 }  // namespace
 
-int64_t weight_message_bytes(int64_t numel, DType dtype) {
+int64_t weight_payload_bytes(int64_t numel, DType dtype) {
   check_dtype(dtype);
-  return 8 + numel * int64_t(dtype_size(dtype));
+  return numel * int64_t(dtype_size(dtype));
 }
 
 // The parameters may live in device memory: each function stages them through the host in
@@ -36,14 +36,15 @@ int64_t weight_message_bytes(int64_t numel, DType dtype) {
 // of the model is made and the CPU path pays one cache-hot memcpy per chunk.
 constexpr int64_t kChunk = 4096;
 
-std::vector<uint8_t> pack_weights(const ParamSet& P, DType dtype, int64_t version) {
+WeightMessage pack_weights(const ParamSet& P, DType dtype, int64_t version) {
   const int64_t n = P.total();
-  std::vector<uint8_t> msg(size_t(weight_message_bytes(n, dtype)));
-  std::memcpy(msg.data(), &version, 8);
+  WeightMessage msg;
+  msg.version = version;
+  msg.payload.resize(size_t(weight_payload_bytes(n, dtype)));
   if (dtype == DType::F32) {
-    P.read_values(0, n, reinterpret_cast<float*>(msg.data() + 8));
+    P.read_values(0, n, reinterpret_cast<float*>(msg.payload.data()));
   } else {
-    uint16_t* h = reinterpret_cast<uint16_t*>(msg.data() + 8);
+    uint16_t* h = reinterpret_cast<uint16_t*>(msg.payload.data());
     float w[kChunk];
     for (int64_t i = 0; i < n; i += kChunk) {
       const int64_t m = std::min(kChunk, n - i);
@@ -54,18 +55,17 @@ std::vector<uint8_t> pack_weights(const ParamSet& P, DType dtype, int64_t versio
   return msg;
 }
 
-int64_t unpack_weights(const std::vector<uint8_t>& msg, DType dtype, ParamSet& P) {
+int64_t unpack_weights(const WeightMessage& msg, DType dtype, ParamSet& P) {
   const int64_t n = P.total();
-  LOOM_CHECK(int64_t(msg.size()) == weight_message_bytes(n, dtype), "a weight message of ",
-             msg.size(), " bytes does not hold the model's ", n, " ", dtype_name(dtype),
-             " parameters (", weight_message_bytes(n, dtype), " bytes)");
-  int64_t version = 0;
-  std::memcpy(&version, msg.data(), 8);
+  LOOM_CHECK(int64_t(msg.payload.size()) == weight_payload_bytes(n, dtype), "a weight message of ",
+             msg.payload.size(), " bytes does not hold the model's ", n, " ", dtype_name(dtype),
+             " parameters (", weight_payload_bytes(n, dtype), " bytes)");
+  const int64_t version = msg.version;
   LOOM_CHECK(version >= 0, "a weight message carries the negative version ", version);
   if (dtype == DType::F32) {
-    P.write_values(0, n, reinterpret_cast<const float*>(msg.data() + 8));
+    P.write_values(0, n, reinterpret_cast<const float*>(msg.payload.data()));
   } else {
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(msg.data() + 8);
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(msg.payload.data());
     float w[kChunk];
     for (int64_t i = 0; i < n; i += kChunk) {
       const int64_t m = std::min(kChunk, n - i);

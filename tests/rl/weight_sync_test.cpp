@@ -38,25 +38,26 @@ TEST(WeightSync, StagesParametersThroughTheHostOnAnyBackend) {
   ASSERT_GT(n, 2 * 4096);
   for (DType dt : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dt));
-    const std::vector<uint8_t> want = pack_weights(cpu, dt, 7), got = pack_weights(dev, dt, 7);
-    ASSERT_EQ(got.size(), size_t(weight_message_bytes(n, dt)));
-    EXPECT_EQ(got, want);
+    const WeightMessage want = pack_weights(cpu, dt, 7), got = pack_weights(dev, dt, 7);
+    ASSERT_EQ(got.payload.size(), size_t(weight_payload_bytes(n, dt)));
+    EXPECT_EQ(got.version, 7);
+    EXPECT_EQ(got.payload, want.payload);
     // The payload is the parameters themselves, element by element.
     for (int64_t i = 0; i < n; ++i) {
       if (dt == DType::F32) {
         float v;
-        std::memcpy(&v, got.data() + 8 + 4 * i, 4);
+        std::memcpy(&v, got.payload.data() + 4 * i, 4);
         ASSERT_EQ(std::memcmp(&v, cpu.data() + i, 4), 0) << i;
       } else {
         uint16_t h;
-        std::memcpy(&h, got.data() + 8 + 2 * i, 2);
+        std::memcpy(&h, got.payload.data() + 2 * i, 2);
         ASSERT_EQ(h, f32_to_bf16(cpu.data()[i])) << i;
       }
     }
     EXPECT_EQ(weights_hash(dev, dt), weights_hash(cpu, dt));
     // Received into guarded memory: what the CPU set receives, widened from the message.
     ParamSet into_cpu = make(cpu_backend()), into_dev = make(g);
-    std::vector<uint8_t> msg = want;
+    WeightMessage msg = want;
     EXPECT_EQ(unpack_weights(msg, dt, into_dev), 7);
     EXPECT_EQ(unpack_weights(msg, dt, into_cpu), 7);
     std::vector<float> back(static_cast<size_t>(n));
@@ -67,6 +68,10 @@ TEST(WeightSync, StagesParametersThroughTheHostOnAnyBackend) {
           << i;
     EXPECT_EQ(weights_hash(into_dev, dt), weights_hash(cpu, dt));
   }
-  std::vector<uint8_t> short_msg(16);
+  WeightMessage short_msg;
+  short_msg.payload.resize(16);
   EXPECT_THROW(unpack_weights(short_msg, DType::F32, dev), Error);
+  WeightMessage negative = pack_weights(cpu, DType::F32, 7);
+  negative.version = -1;
+  EXPECT_THROW(unpack_weights(negative, DType::F32, dev), Error);
 }
