@@ -26,6 +26,7 @@
 #include "rl/mpi_grpo.h"
 #include "rl/rl_checkpoint.h"
 #include "rl/weight_sync.h"
+#include "train/device.h"
 #include "train/metrics.h"
 
 namespace loom::cli {
@@ -97,6 +98,12 @@ int run_rl_here(const Args& args) {
   ao.max_staleness = c.integer("rl.max_staleness", 0, 1000);
   const int rollout_ranks = c.integer32("rl.rollout_ranks", 0, 1 << 20);
   const bool mpi = rollout_ranks > 0;
+  // The policy's device: its rollouts (the serving engine), learner, reference and optimizer
+  // all run there; a build without CUDA or a machine without a GPU is refused here.
+  const std::string device = c.text("rl.device");
+  check_device(device, c.name("rl.device"));
+  LOOM_CHECK(device == "cpu" || !mpi, c.name("rl.device"), " ", device,
+             " runs in one process; over --rollout-ranks the ranks compute on the CPU");
   // One learner holds every weight whole (its rollouts and checkpoints read them); ZeRO over
   // several learner ranks is not wired to the MPI loop's weight sync yet.
   LOOM_CHECK(ro.zero <= 2 && (!mpi || ro.zero == 0), "parallel.zero = ", ro.zero, " (",

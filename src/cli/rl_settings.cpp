@@ -34,6 +34,8 @@ const std::vector<Setting>& settings() {
       {"rl.env_retries", "env-retries", "2", false,
        "--env http: retries of a call that got no answer or a 5xx"},
       {"rl.out", "out", "", false, "output directory (metrics.jsonl, checkpoints/; required)"},
+      {"rl.device", "device", "cpu", false,
+       "where the policy generates and learns: cpu or cuda (one process)"},
       {"rl.steps", "steps", "20", false, "GRPO steps (in all, counting those before a resume)"},
       {"rl.prompts", "prompts", "8", false, "prompts per step"},
       {"rl.group", "group", "8", false, "completions per prompt (G)"},

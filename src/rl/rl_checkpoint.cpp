@@ -6,6 +6,7 @@
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "rl/trajectory_wire.h"
+#include "train/host_staging.h"
 
 namespace loom::rl {
 
@@ -139,8 +140,11 @@ std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCh
     st.extra["rl_partial_groups_count"] = int64_t(carried.size());
     st.extra["rl_partial_groups"] = encode_replay_buffer({c});
   }
-  return ckpt::save_checkpoint(root, st, policy.params().host_values(),
-                               whole_state_tensors(optim, policy.params()));
+  // The optimizer's state through host copies when it is device memory (views on the CPU).
+  HostStaging staging(policy.backend());
+  const ckpt::TensorList state =
+      staging.stage(ckpt::to_list(whole_state_tensors(optim, policy.params())));
+  return ckpt::save_checkpoint(root, st, ckpt::to_list(policy.params().host_values()), state);
 }
 
 RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fingerprint) {
@@ -181,7 +185,9 @@ RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fing
     auto staged = policy.params().host_values();  // host staging of the weights
     c->restore_model(staged);
     policy.params().store_values(staged);
-    c->restore_optim(whole_state_tensors(optim, policy.params()));
+    HostStaging staging(policy.backend());
+    c->restore_optim(staging.stage(ckpt::to_list(whole_state_tensors(optim, policy.params()))));
+    staging.upload();
     optim.set_steps_taken(adam_steps);
     return c->state().step;
   };

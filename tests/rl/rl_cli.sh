@@ -117,6 +117,7 @@ expect_fail "'parallel.bucket_mb' is a loom train key that loom rl does not hono
   "$loom" "${rl[@]}" --out "$work/bad" --set parallel.bucket_mb=8
 expect_fail "parallel.zero = 3 \\(--set\\): loom rl runs ZeRO 0-2 in one process" \
   "$loom" "${rl[@]}" --out "$work/bad" --set parallel.zero=3
+expect_fail "--device must be cpu, cuda or auto, got 'tpu'" "$loom" "${rl[@]}" --out "$work/bad" --device tpu
 expect_fail "precision must be fp32, bf16 or fp16, got 'fp8'" \
   "$loom" "${rl[@]}" --out "$work/bad" --set precision.policy=fp8
 expect_fail "--seed 3 and --set rl.seed=4 disagree" "$loom" "${rl[@]}" --out "$work/bad" --set rl.seed=4
