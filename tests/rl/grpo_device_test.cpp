@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "kernels/guarded_backend.h"
+#include "rl/async_grpo.h"
 #include "rl/grpo_trainer.h"
 #include "rl/rl_checkpoint.h"
 #include "rl_test_util.h"
@@ -52,6 +53,24 @@ RunResult run_on(Backend& be, int steps) {
   return finish(policy, r);
 }
 
+// --async at max staleness 0 (deterministic): the rollout thread's snapshot is made in the
+// policy's type on its backend, and the versions are published through Backend copies.
+RunResult async_on(Backend& be, int steps) {
+  rltest::Fixture f;
+  Decoder policy(f.model.config(), be);
+  policy.params().copy_values_from(f.model.params());
+  RlOptions o = rltest::small_options();
+  AsyncOptions ao;
+  ao.max_staleness = 0;
+  ao.threads_per_role = 1;
+  ao.learner_timeout = 120;
+  AsyncGrpo t(policy, f.tok, f.chat, f.env, o, ao);
+  RunResult r;
+  for (int s = 0; s < steps; ++s) record(r, t.step());
+  t.stop();
+  return finish(policy, r);
+}
+
 [[noreturn]] void guarded_child() {
   std::string bad;
   try {
@@ -67,6 +86,11 @@ RunResult run_on(Backend& be, int steps) {
     if (got.reward != want.reward) bad += " rewards (the rollouts)";
     if (!test::same_bits(got.weights, want.weights)) bad += " weights";
     if (g.ops() < 1000) bad += " (too few ops went through the guarded backend)";
+    test::GuardedBackend ga;
+    const RunResult async_want = async_on(cpu_backend(), 2), async_got = async_on(ga, 2);
+    if (async_got.loss != async_want.loss || async_got.grad_norm != async_want.grad_norm)
+      bad += " (--async at max staleness 0: steps)";
+    if (!test::same_bits(async_got.weights, async_want.weights)) bad += " (--async: weights)";
   } catch (const std::exception& e) {
     std::fprintf(stderr, "run threw: %s\n", e.what());
     std::exit(2);
