@@ -279,6 +279,9 @@ int run_rl_here(const Args& args) {
     const std::vector<rl::BufferedStep> buffer = async_loop ? async_loop->buffer_contents(&carried)
                                                  : mpi_loop ? mpi_loop->buffer_contents(&carried)
                                                             : std::vector<rl::BufferedStep>{};
+    // fp16: the loss scaler's state, so that a resume continues its scale.
+    const StepEngine& engine = learner.engine().engine();
+    info.loss_scaler = engine.loss_scaling() ? engine.scaler().state() : Json();
     // Under --learner-tp/-ep/-etp the whole optimizer state, gathered by the learners at this
     // step.
     return rl::save_rl_checkpoint(root, step, info, *model,

@@ -58,7 +58,9 @@ Batch padding_pass(const Decoder& m) {
 
 int64_t restore_learner(const RlRestore& restore, Decoder& policy, GrpoLearner& learner) {
   if (!restore) return 0;
-  const int64_t step = restore(policy, learner.optimizer());
+  StepEngine& engine = learner.engine().engine();
+  const int64_t step =
+      restore(policy, learner.optimizer(), engine.loss_scaling() ? &engine.scaler() : nullptr);
   learner.engine().weights_restored();
   return step;
 }

@@ -143,8 +143,9 @@ class GrpoLearner {
 // Restores a learner from a checkpoint after its reference copy of the starting weights is taken
 // and before any rollout reads the weights: writes the policy's weights and the optimizer state,
 // returns the number of steps taken. `optim` holds whole parameters' state (one process's
-// engine at ZeRO-0, or a whole-model AdamW that a sharded layout cuts its part from).
-using RlRestore = std::function<int64_t(Decoder& policy, Optimizer& optim)>;
+// engine at ZeRO-0, or a whole-model AdamW that a sharded layout cuts its part from); `scaler`
+// (fp16's loss scaler; null without one) takes the checkpoint's scale and history.
+using RlRestore = std::function<int64_t(Decoder& policy, Optimizer& optim, LossScaler* scaler)>;
 // Runs `restore` (if any) on the learner's own engine and re-derives what follows the weights
 // (the compute type's copy, the bf16 GEMMs'); returns the steps taken (0 without one).
 int64_t restore_learner(const RlRestore& restore, Decoder& policy, GrpoLearner& learner);

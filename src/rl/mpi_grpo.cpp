@@ -101,7 +101,7 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
                                              learners_.get());
     // A restore writes the whole model (and, with a shard, the whole optimizer state, cut below).
     step_ = first_ = !restore ? 0
-                     : shard_ ? restore(policy, *whole_optim_)
+                     : shard_ ? restore(policy, *whole_optim_, nullptr)  // fp32 only
                               : restore_learner(restore, policy, *learner_);
     LOOM_CHECK(mo.steps >= first_, "the run starts at step ", first_, ", past its ", mo.steps,
                " steps");

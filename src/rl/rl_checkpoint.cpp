@@ -124,6 +124,7 @@ std::string save_rl_checkpoint(const std::string& root, int64_t step, const RlCh
   st.config_text = info.config_text;
   st.extra["model_fingerprint"] = info.fingerprint;
   st.extra["precision"] = info.precision;
+  if (!info.loss_scaler.is_null()) st.extra["rl_loss_scaler"] = info.loss_scaler;
   st.extra["rl"] = info.description;
   st.extra["rl_adam_steps"] = optim.steps_taken();
   st.extra["rl_weight_version"] = step;
@@ -181,7 +182,10 @@ RlResumePoint open_rl_checkpoint(const std::string& dir, const std::string& fing
                  extra.at("model_fingerprint").as_string() == fingerprint,
              c->dir(), ": a checkpoint of the model '", extra.at("model_fingerprint").as_string(),
              "', not of '", fingerprint, "' (--ckpt)");
-  r.restore = [c, adam_steps](Decoder& policy, Optimizer& optim) {
+  r.restore = [c, adam_steps](Decoder& policy, Optimizer& optim, LossScaler* scaler) {
+    const Json& extra = c->state().extra;
+    // fp16: the scale and its history continue (a checkpoint without them: the initial scale).
+    if (scaler && extra.contains("rl_loss_scaler")) scaler->restore(extra.at("rl_loss_scaler"));
     auto staged = policy.params().host_values();  // host staging of the weights
     c->restore_model(staged);
     policy.params().store_values(staged);

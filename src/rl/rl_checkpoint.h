@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/json.h"
 #include "model/decoder.h"
 #include "optim/optimizer.h"
 #include "rl/grpo_trainer.h"
@@ -29,6 +30,7 @@ struct RlCheckpointInfo {
   std::string description;  // state.json "rl": what was trained, from what
   int64_t max_staleness = 0;
   std::string precision = "fp32";  // the policy's precision.policy
+  Json loss_scaler;                // fp16: the loss scaler's state (null otherwise)
 };
 
 // `optim`'s state (Optimizer::state_slices, each a whole parameter's: one process's engine at

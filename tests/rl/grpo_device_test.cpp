@@ -2,8 +2,8 @@
 // backend, tests/kernels/guarded_backend.h: what a GPU's device memory would be), and resume:
 // a synchronous run on the guarded backend equals the CPU run bit for bit (rollouts, learner,
 // reference and optimizer all go through Backend ops), and a run stopped and resumed from its
-// checkpoint ends with the uninterrupted run's weights, bit for bit, in fp32 and in bf16 (whose
-// fp32 master the checkpoint carries).
+// checkpoint ends with the uninterrupted run's weights, bit for bit, in fp32, bf16 and fp16
+// (the checkpoint carries the fp32 master, and under fp16 the loss scaler's state).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -105,6 +105,9 @@ RunResult resumed_run(const std::string& precision, int steps, int stop, const s
   rltest::Fixture f;
   RlOptions o = rltest::small_options();
   o.precision = precision_from_name(precision);
+  // fp16: a scale that grows during the run, so that the resume must continue its history.
+  o.scaler.initial = 1024;
+  o.scaler.growth_interval = 2;
   auto make_policy = [&] {
     auto p = std::make_unique<Decoder>(f.model.config(), cpu_backend(), Recompute::None,
                                        o.precision.compute);
@@ -119,6 +122,8 @@ RunResult resumed_run(const std::string& precision, int steps, int stop, const s
       RlCheckpointInfo info;
       info.fingerprint = f.model.config().fingerprint();
       info.precision = precision;
+      const StepEngine& engine = t->learner().engine().engine();
+      if (engine.loss_scaling()) info.loss_scaler = engine.scaler().state();
       const std::string saved =
           save_rl_checkpoint(dir, s, info, *policy, t->learner().optimizer(), {});
       t.reset();
@@ -141,8 +146,8 @@ TEST(GrpoDevice, GuardedBackendRunEqualsTheCpuRunBitForBit) {
   EXPECT_EXIT(guarded_child(), ::testing::ExitedWithCode(0), "");
 }
 
-TEST(GrpoResume, Fp32AndBf16ResumesAreBitIdentical) {
-  for (const std::string precision : {"fp32", "bf16"}) {
+TEST(GrpoResume, Fp32Bf16AndFp16ResumesAreBitIdentical) {
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
     test::TempDir dir;
     const RunResult whole = resumed_run(precision, 5, 0, dir / "a");
     const RunResult resumed = resumed_run(precision, 5, 2, dir / "b");
