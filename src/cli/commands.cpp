@@ -30,7 +30,7 @@ const std::vector<Command>& commands() {
       {"ckpt", "inspect checkpoints; export/import Hugging Face safetensors", run_ckpt},
       {"plan", "predict memory, step time, MFU and goodput at scale; search layouts", run_plan},
       {"tokenize", "JSONL -> Megatron-compatible token files (.bin/.idx)", run_tokenize},
-      {"rl", "GRPO on a built-in verifiable task (one process, synchronous)", run_rl},
+      {"rl", "GRPO on a verifiable task (sync or asynchronous, rollout ranks over MPI)", run_rl},
       {"launch", "run N ranks of a loom command (mpirun), supervised and restarted", run_launch},
       {"supervise", "supervise and restart a job started by srun or mpirun", run_supervise},
       {"tokenizer", "train a BPE vocabulary; encode/decode (GPT-2, tiktoken, Loom)", run_tokenizer},

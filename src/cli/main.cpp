@@ -6,6 +6,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/omp_wait.h"
 
 static void usage(FILE* out) {
   std::fprintf(out,
@@ -16,6 +17,7 @@ static void usage(FILE* out) {
 }
 
 int main(int argc, char** argv) {
+  loom::bound_omp_spin(argv);  // idle OpenMP threads spin briefly beside other work
   if (argc < 2) {
     usage(stderr);
     return 2;

@@ -108,6 +108,15 @@ size_t next_special(std::string_view s, size_t i) {
   return n;
 }
 
+// \uXXXX in lowercase hex, as Python's json module writes it.
+void append_u_escape(std::string& out, uint32_t unit) {
+  static const char hex[] = "0123456789abcdef";
+  const char u[6] = {
+      '\\',          'u', hex[(unit >> 12) & 15], hex[(unit >> 8) & 15], hex[(unit >> 4) & 15],
+      hex[unit & 15]};
+  out.append(u, 6);
+}
+
 void append_escape(std::string& out, unsigned char c) {
   switch (c) {
     case '"':
@@ -131,28 +140,46 @@ void append_escape(std::string& out, unsigned char c) {
     case '\f':
       out += "\\f";
       break;
-    default: {  // the other controls as \u00xx (lowercase hex)
-      static const char hex[] = "0123456789abcdef";
-      const char u[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-      out.append(u, 6);
-    }
+    default:  // the other controls (and DEL in ASCII output) as \u00xx
+      append_u_escape(out, c);
   }
 }
 
-// The writer's scan: the parser's specials and every byte >= 0x80 (checked as UTF-8).
-size_t next_special_or_high(std::string_view s, size_t i) {
+// The writer's scan: the parser's specials and every byte >= 0x80 (checked as UTF-8); with
+// `del`, 0x7F too (escaped when the output must be ASCII).
+size_t next_special_or_high(std::string_view s, size_t i, bool del) {
   const size_t n = s.size();
+  const uint64_t del_mask = del ? ~uint64_t(0) : 0;
   for (; i + 8 <= n; i += 8) {
     uint64_t w = swar::load8(s.data() + i);
-    uint64_t special =
-        swar::equal(w, '"') | swar::equal(w, '\\') | swar::below(w, 0x20) | (w & swar::kHigh);
+    uint64_t special = swar::equal(w, '"') | swar::equal(w, '\\') | swar::below(w, 0x20) |
+                       (w & swar::kHigh) | (swar::equal(w, 0x7F) & del_mask);
     if (special) return i + swar::first(special);
   }
   for (; i < n; ++i) {
     unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80) return i;
+    if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80 || (del && c == 0x7F)) return i;
   }
   return n;
+}
+
+// A code point as ASCII: one escape, or a UTF-16 surrogate pair above U+FFFF.
+void append_ascii_code_point(std::string& out, uint32_t cp) {
+  if (cp >= 0x10000) {
+    append_u_escape(out, 0xD800 + ((cp - 0x10000) >> 10));
+    append_u_escape(out, 0xDC00 + ((cp - 0x10000) & 0x3FF));
+  } else {
+    append_u_escape(out, cp);
+  }
+}
+
+// The code point of a well-formed UTF-8 sequence of `len` bytes (utf8_char checked it).
+uint32_t decode_checked(const char* p, size_t len) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(p[k]); };
+  if (len == 2) return (uint32_t(b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+  if (len == 3) return (uint32_t(b(0) & 0x0F) << 12) | (uint32_t(b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+  return (uint32_t(b(0) & 0x07) << 18) | (uint32_t(b(1) & 0x3F) << 12) |
+         (uint32_t(b(2) & 0x3F) << 6) | (b(3) & 0x3F);
 }
 
 }  // namespace
@@ -160,12 +187,12 @@ size_t next_special_or_high(std::string_view s, size_t i) {
 // Output that claims to be JSON is valid UTF-8 whatever the bytes given: an ill-formed
 // sequence (a token that ends inside a character, bytes of another encoding) is written as
 // U+FFFD, one per maximal ill-formed prefix, as Hugging Face's and vLLM's detokenisers do.
-void json_escape(std::string& out, std::string_view s) {
+void json_escape(std::string& out, std::string_view s, bool ensure_ascii) {
   out.reserve(out.size() + s.size() + 2);
   out += '"';
   size_t i = 0;
   for (;;) {
-    size_t j = next_special_or_high(s, i);
+    size_t j = next_special_or_high(s, i, ensure_ascii);
     out.append(s.data() + i, j - i);
     if (j == s.size()) break;
     if (static_cast<unsigned char>(s[j]) < 0x80) {
@@ -176,10 +203,16 @@ void json_escape(std::string& out, std::string_view s) {
     size_t bad;
     bool truncated;
     if (const size_t len = utf8_char(s, j, bad, truncated)) {
-      out.append(s.data() + j, len);
+      if (ensure_ascii)
+        append_ascii_code_point(out, decode_checked(s.data() + j, len));
+      else
+        out.append(s.data() + j, len);
       i = j + len;
     } else {
-      out += kUtf8Replacement;
+      if (ensure_ascii)
+        append_u_escape(out, 0xFFFD);
+      else
+        out += kUtf8Replacement;
       i = j + bad;
     }
   }

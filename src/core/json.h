@@ -77,6 +77,8 @@ class Json {
 
 // Appends s to out as a quoted JSON string (escaping control characters and quotes); bytes
 // that are not well-formed UTF-8 are written as U+FFFD, so the output is always valid UTF-8.
-void json_escape(std::string& out, std::string_view s);
+// With `ensure_ascii`, every character outside 0x20-0x7E is a \uXXXX escape (a surrogate pair
+// above U+FFFF), as Python's json.dumps(ensure_ascii=True) writes it (Jinja's tojson filter).
+void json_escape(std::string& out, std::string_view s, bool ensure_ascii = false);
 
 }  // namespace loom

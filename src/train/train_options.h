@@ -47,10 +47,9 @@ struct TrainOptions {
   // no gradients, no updates, in one process and under every parallel layout.
   std::string freeze;
   // cpu, cuda or auto (cuda when a GPU and a CUDA build are there; train/device.h). On cuda
-  // the whole step runs on the device: one process, or data parallelism at ZeRO 0-3 over
-  // NCCL (fp32 or bf16 gradient reduction), MoE models, LoRA and DPO; what does not run there
-  // yet (CP, EP, TP/PP) is refused up front with the reason. The FP8 recipes run
-  // on CUDA as far as precision/device_fp8.h says.
+  // the whole step runs on the device under every layout (DP with ZeRO 0-3 and fp32 or bf16
+  // gradient reduction, TP with SP, PP, CP, EP), MoE models, LoRA and DPO; only the fp8 cases
+  // precision/device_fp8.h cannot run are refused up front with the reason.
   std::string device = "cpu";
   Recompute recompute = Recompute::None;  // train.recompute: none, selective or full
   // The loss guard (train.on_spike, spike_window, spike_threshold, max_bad_steps,

