@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Speculative decoding with prompt lookup (`--speculative ngram`) against plain decoding, on a
-# workload whose output repeats its prompt: a byte-level GPT-2-style model (4 layers, d_model
-# 256, context 1024) is trained here for about a minute on a 600-byte document of generated
+# workload whose output repeats its prompt: a byte-level GPT-2-style model (6 layers, d_model
+# 384, context 1024) is trained here for about a minute on a 600-byte document of generated
 # sentences, repeated, then given 4 prompts that each hold the whole document (from a different
 # sentence on) and go on with it (what a model quoting or summarising a document it was given
 # does: long spans of its output are in its prompt; here nearly all of it is, the favourable
 # end of that workload). Both runs decode the same prompts greedily (their outputs are checked
-# equal); prints tokens/s of each, the ratio, the acceptance rate and the load average.
+# equal), one stream at a time (--max-num-seqs 1, one thread); prints tokens/s of each, the ratio, the acceptance rate and the load average.
 # spec_decode_bench.sh LOOM [STEPS=600] [K=5]
 set -euo pipefail
 loom=$1
@@ -30,15 +30,15 @@ with open(f"{work}/prompts.jsonl", "w") as f:
         f.write(json.dumps({"prompt": text + text[:60]}) + "\n")
 PY
 echo "training the model ($steps steps)..."
-timeout 900 "$loom" train --set model.family=gpt2 --set model.n_layer=4 --set model.d_model=256 \
-  --set model.n_head=4 --set model.max_seq=1024 --set train.seq_len=1024 --set train.steps="$steps" \
+timeout 900 "$loom" train --set model.family=gpt2 --set model.n_layer=6 --set model.d_model=384 \
+  --set model.n_head=6 --set model.max_seq=1024 --set train.seq_len=1024 --set train.steps="$steps" \
   --set train.micro_batch=2 --set train.peak_gflops=1 --set optim.lr=3e-3 \
   --set optim.warmup_steps=20 --set train.quiet=true --set data.paths="$work/doc.txt" \
   --set train.out_dir="$work/run" > "$work/train.log" 2>&1 || { cat "$work/train.log"; exit 1; }
 run() {
   OMP_NUM_THREADS=1 \
   timeout 900 "$loom" generate --ckpt "$work/run/checkpoints" --input "$work/prompts.jsonl" \
-    --tokens 200 --temperature 0 --ignore-eos --output "$work/$1.jsonl" "${@:2}" \
+    --tokens 200 --temperature 0 --ignore-eos --max-num-seqs 1 --output "$work/$1.jsonl" "${@:2}" \
     < /dev/null 2>&1 | tee "$work/$1.log" | grep -E "tokens in|acceptance" || true
 }
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
