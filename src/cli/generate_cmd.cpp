@@ -233,6 +233,15 @@ int run_generate(const Args& args) {
   flush();
   log_info("wrote ", next_write - done, " results to ", o.get("output"), " (", generated,
            " tokens in ", now_seconds() - t0, " s)");
+  if (ec.speculative.method != infer::SpeculativeMethod::None) {
+    const infer::EngineStats st = engine.stats();
+    log_info("speculative decoding: acceptance ",
+             st.spec_draft_tokens_total
+                 ? double(st.spec_accepted_tokens_total) / double(st.spec_draft_tokens_total)
+                 : 0.0,
+             " (", st.spec_accepted_tokens_total, " of ", st.spec_draft_tokens_total,
+             " guesses kept, in ", st.spec_drafts_total, " verification passes)");
+  }
   if (scored > 0)
     std::printf("exact match: %lld/%lld (%.1f%%)\n", static_cast<long long>(correct),
                 static_cast<long long>(scored), 100.0 * correct / scored);

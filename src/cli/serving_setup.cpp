@@ -15,7 +15,13 @@ void declare_engine_options(Options& o) {
       .value("kv-cache-mb", "512", "engine: KV cache size")
       .value("weights", "fp32",
              "engine: linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with "
-             "per-channel scales); fp32 compute; bf16, int8 and fp8 on the CPU only");
+             "per-channel scales); fp32 compute; bf16, int8 and fp8 on the CPU only")
+      .value("speculative", "none",
+             "engine: speculative decoding, none or ngram (prompt lookup: guesses copied from "
+             "the prompt and output where their last tokens occurred before)")
+      .value("num-speculative-tokens", "4", "engine: guesses per sequence per step (1-64)")
+      .value("ngram-prompt-lookup-max", "4", "engine: longest suffix ngram lookup matches")
+      .value("ngram-prompt-lookup-min", "1", "engine: shortest suffix ngram lookup matches");
 }
 
 infer::EngineConfig engine_config_from(const Options& o) {
@@ -23,6 +29,18 @@ infer::EngineConfig engine_config_from(const Options& o) {
   ec.scheduler.max_num_seqs = o.get_int32("max-num-seqs", 1, 4096);
   ec.scheduler.max_batched_tokens = o.get_int32("max-batched-tokens", 1, 1 << 20);
   ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  infer::SpeculativeConfig& sc = ec.speculative;
+  try {
+    sc.method = infer::speculative_method_from_name(o.get("speculative"));
+  } catch (const Error& e) {
+    fail("--speculative: ", e.what());
+  }
+  sc.num_speculative_tokens = o.get_int32("num-speculative-tokens", 1, 64);
+  sc.prompt_lookup_max = o.get_int32("ngram-prompt-lookup-max", 1, 64);
+  sc.prompt_lookup_min = o.get_int32("ngram-prompt-lookup-min", 1, 64);
+  LOOM_CHECK(sc.prompt_lookup_min <= sc.prompt_lookup_max, "--ngram-prompt-lookup-min (",
+             sc.prompt_lookup_min, ") must not exceed --ngram-prompt-lookup-max (",
+             sc.prompt_lookup_max, ")");
   return ec;
 }
 

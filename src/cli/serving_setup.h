@@ -19,7 +19,9 @@ namespace loom::cli {
 // The engine's options, declared once so the three commands take the same names, defaults and
 // help: --max-num-seqs (64), --max-batched-tokens (512), --kv-cache-mb (512) and --weights
 // (fp32). 512 MB of KV cache holds 113 tokens for each of the 64 sequences of gpt2-124m in fp32
-// (73.7 KB per token): a full batch of short requests stays resident.
+// (73.7 KB per token): a full batch of short requests stays resident. Speculative decoding:
+// --speculative (none | ngram), --num-speculative-tokens (4), --ngram-prompt-lookup-max (4) and
+// --ngram-prompt-lookup-min (1).
 void declare_engine_options(Options& o);
 // The scheduler and cache of an engine from those options (range errors name the option).
 infer::EngineConfig engine_config_from(const Options& o);

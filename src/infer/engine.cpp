@@ -24,6 +24,7 @@ struct LoomEngine::Completion {
   size_t sent = 0;  // bytes of text already delivered
   bool done = false;
   int constraint_state = 0;  // the structured-output automaton's state after the output so far
+  int accepted = 0, rejected = 0;  // speculative guesses kept and replaced
 };
 
 struct LoomEngine::Request {
@@ -45,6 +46,10 @@ LoomEngine::LoomEngine(ModelRunner& runner, const EngineConfig& cfg)
                  : KvCache::blocks_for_bytes(runner.kv_spec(), cfg.block_size, cfg.kv_cache_bytes),
              runner.cache_backend()),
       scheduler_(cfg.scheduler, cache_) {
+  validate(cfg.speculative);
+  LOOM_CHECK(cfg.speculative.method == SpeculativeMethod::None || runner.scores_many_rows(),
+             "speculative decoding needs a model runner that scores every guess in one pass; "
+             "this one (tensor-parallel serving) does not");
   stats_.kv_blocks_total = cache_.num_blocks();
   logits_.resize(size_t(runner.vocab()));
 }
@@ -192,6 +197,8 @@ void LoomEngine::emit(Completion& c, const std::vector<int32_t>& new_tokens,
     ev.usage.prompt_tokens = r.prompt_len;
     ev.usage.completion_tokens = c.generated;
     ev.usage.cached_prompt_tokens = c.seq.cached_prompt_tokens;
+    ev.usage.accepted_draft_tokens = c.accepted;
+    ev.usage.rejected_draft_tokens = c.rejected;
     ev.stop_token = c.stop_token;
   }
   if (r.on_event) r.on_event(ev);
@@ -208,9 +215,26 @@ void LoomEngine::finish(Completion& c, const std::string& reason) {
   }
 }
 
+// Guesses for every sequence that decodes next step (its last token is the only one left to
+// compute); at most what max_tokens and the context still leave after the token that follows.
+void LoomEngine::propose_drafts() {
+  const SpeculativeConfig& sc = cfg_.speculative;
+  for (auto& [id, r] : requests_)
+    for (auto& c : r->completions) {
+      Sequence& q = c->seq;
+      q.draft.clear();
+      if (c->done || q.computed == 0 || q.computed + 1 != static_cast<int>(q.tokens.size()))
+        continue;
+      const int k = std::min({sc.num_speculative_tokens, r->params.max_tokens - c->generated - 1,
+                              runner_.max_seq() - static_cast<int>(q.tokens.size())});
+      if (k > 0) q.draft = ngram_propose(q.tokens, sc.prompt_lookup_min, sc.prompt_lookup_max, k);
+    }
+}
+
 bool LoomEngine::step() {
   ProfileScope profile(DecodeProfile::kStep);
   take_inbox();
+  if (cfg_.speculative.method != SpeculativeMethod::None) propose_drafts();
   std::vector<ScheduledChunk> chunks = scheduler_.schedule();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -226,15 +250,24 @@ bool LoomEngine::step() {
   }
   std::vector<SeqChunk> batch;
   int want = 0;
-  for (const ScheduledChunk& s : chunks) {
+  // A verification chunk's tokens: the sequence's last token, then its guesses.
+  std::vector<std::vector<int32_t>> verify(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ScheduledChunk& s = chunks[i];
     SeqChunk c;
     c.tokens = s.seq->tokens.data() + s.start;
+    if (s.draft > 0) {
+      verify[i].assign(1, s.seq->tokens[size_t(s.start)]);
+      verify[i].insert(verify[i].end(), s.seq->draft.begin(), s.seq->draft.begin() + s.draft);
+      c.tokens = verify[i].data();
+    }
     c.n = s.n;
     c.start_pos = s.start;
     c.block_table = s.seq->blocks.data();
     c.num_blocks = static_cast<int>(s.seq->blocks.size());
     c.want_logits = s.want_logits;
-    want += s.want_logits;
+    c.logits_rows = s.want_logits ? 1 + s.draft : 1;
+    want += s.want_logits ? 1 + s.draft : 0;
     batch.push_back(c);
   }
   const int V = runner_.vocab();
@@ -242,6 +275,7 @@ bool LoomEngine::step() {
   runner_.forward(batch, cache_.view(), logits_.data());
   scheduler_.after_step(chunks);
   int64_t prompt_tokens = 0, generated = 0;
+  int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted = 0;
   int row = 0;
   std::vector<Completion*> finished;
   std::vector<std::string> reasons;
@@ -249,73 +283,92 @@ bool LoomEngine::step() {
     Completion* c = static_cast<Completion*>(s.seq->owner);
     if (s.start < c->seq.prompt_len) prompt_tokens += std::min(s.n, c->seq.prompt_len - s.start);
     if (!s.want_logits) continue;
-    float* x = logits_.data() + int64_t(row++) * V;
     Request& r = *c->request;
     const constrain::TokenConstraint* con = r.params.constraint.get();
-    SampledToken t;
-    {
-      ProfileScope sampling(DecodeProfile::kSample);
-      const uint64_t* allowed = nullptr;
-      if (con) {
-        const bool complete = con->accepting(c->constraint_state);
-        if (!con->can_continue(c->constraint_state)) {
-          // Nothing may follow from the start (a choice of the empty string).
-          finished.push_back(c);
-          reasons.push_back(complete ? "stop" : "length");
-          continue;
-        }
-        const std::vector<uint64_t>& bits = con->allowed(c->constraint_state);
-        mask_.assign((size_t(V) + 63) / 64, 0);
-        std::copy(bits.begin(), bits.begin() + std::min(bits.size(), mask_.size()), mask_.begin());
-        if (complete)  // end of text only where the text is complete
-          for (int32_t e : cfg_.eos_ids)
-            if (e >= 0 && e < V) mask_[size_t(e) / 64] |= uint64_t(1) << (e % 64);
-        allowed = mask_.data();
-      }
-      t = sample(x, V, r.params, c->seq.tokens, c->seq.prompt_len, r.seed, uint64_t(c->index),
-                 uint64_t(c->generated), allowed);
-    }
-    ++generated;
-    ++c->generated;
+    // Row j scores the token after the sequence's last token and guesses 0 .. j-1: each row is
+    // sampled exactly as plain decoding samples it, and guess j is kept when the draw is it.
+    const int first_row = row;
+    row += 1 + s.draft;
+    int matched = 0;
     std::string reason;
-    std::vector<int32_t> shown;
-    if (is_stop_token(*c, t.token)) {
-      reason = "stop";
-      c->stop_token = t.token;
-    } else {
-      shown.push_back(t.token);
-      c->seq.tokens.push_back(t.token);
-      if (con) {
-        c->constraint_state = con->advance(c->constraint_state, t.token);
-        LOOM_CHECK(c->constraint_state != constrain::ByteDfa::kDead, "token ", t.token,
-                   " was drawn outside its structured-output mask");
+    bool ended = false;
+    for (int j = 0; j <= s.draft && !ended; ++j) {
+      float* x = logits_.data() + int64_t(first_row + j) * V;
+      SampledToken t;
+      {
+        ProfileScope sampling(DecodeProfile::kSample);
+        const uint64_t* allowed = nullptr;
+        if (con) {
+          const bool complete = con->accepting(c->constraint_state);
+          if (!con->can_continue(c->constraint_state)) {
+            // Nothing may follow from the start (a choice of the empty string).
+            reason = complete ? "stop" : "length";
+            break;
+          }
+          const std::vector<uint64_t>& bits = con->allowed(c->constraint_state);
+          mask_.assign((size_t(V) + 63) / 64, 0);
+          std::copy(bits.begin(), bits.begin() + std::min(bits.size(), mask_.size()),
+                    mask_.begin());
+          if (complete)  // end of text only where the text is complete
+            for (int32_t e : cfg_.eos_ids)
+              if (e >= 0 && e < V) mask_[size_t(e) / 64] |= uint64_t(1) << (e % 64);
+          allowed = mask_.data();
+        }
+        t = sample(x, V, r.params, c->seq.tokens, c->seq.prompt_len, r.seed, uint64_t(c->index),
+                   uint64_t(c->generated), allowed);
       }
-      if (cfg_.detokenize) {
-        const std::vector<int32_t> out(c->seq.tokens.begin() + c->seq.prompt_len,
-                                       c->seq.tokens.end());
-        c->text = cfg_.detokenize(out);
-        for (const std::string& st : r.params.stop) {
-          const size_t at = c->text.find(st);
-          if (at != std::string::npos) {
-            c->text.resize(at);
-            reason = "stop";
+      ++generated;
+      ++c->generated;
+      std::vector<int32_t> shown;
+      if (is_stop_token(*c, t.token)) {
+        reason = "stop";
+        c->stop_token = t.token;
+      } else {
+        shown.push_back(t.token);
+        c->seq.tokens.push_back(t.token);
+        if (con) {
+          c->constraint_state = con->advance(c->constraint_state, t.token);
+          LOOM_CHECK(c->constraint_state != constrain::ByteDfa::kDead, "token ", t.token,
+                     " was drawn outside its structured-output mask");
+        }
+        if (cfg_.detokenize) {
+          const std::vector<int32_t> out(c->seq.tokens.begin() + c->seq.prompt_len,
+                                         c->seq.tokens.end());
+          c->text = cfg_.detokenize(out);
+          for (const std::string& st : r.params.stop) {
+            const size_t at = c->text.find(st);
+            if (at != std::string::npos) {
+              c->text.resize(at);
+              reason = "stop";
+            }
           }
         }
+        // A constrained text that nothing may follow is complete now (no step spent on its end).
+        if (reason.empty() && con && !con->can_continue(c->constraint_state))
+          reason = con->accepting(c->constraint_state) ? "stop" : "length";
+        if (reason.empty() &&
+            (c->generated >= r.params.max_tokens || int(c->seq.tokens.size()) >= runner_.max_seq()))
+          reason = "length";
       }
-      // A constrained text that nothing may follow is complete now (no step spent on its end).
-      if (reason.empty() && con && !con->can_continue(c->constraint_state))
-        reason = con->accepting(c->constraint_state) ? "stop" : "length";
-      if (reason.empty() &&
-          (c->generated >= r.params.max_tokens || int(c->seq.tokens.size()) >= runner_.max_seq()))
-        reason = "length";
+      std::vector<float> lp;
+      std::vector<std::vector<std::pair<int32_t, float>>> top;
+      if (r.params.logprobs >= 0) {
+        lp.push_back(t.logprob);
+        top.push_back(t.top);
+      }
+      emit(*c, shown, lp, top, false, "");
+      const bool kept = j < s.draft && t.token == s.seq->draft[size_t(j)];
+      matched += kept;
+      ended = !reason.empty() || !kept;
     }
-    std::vector<float> lp;
-    std::vector<std::vector<std::pair<int32_t, float>>> top;
-    if (r.params.logprobs >= 0) {
-      lp.push_back(t.logprob);
-      top.push_back(t.top);
+    if (s.draft > 0) {
+      c->accepted += matched;
+      c->rejected += s.draft - matched;
+      ++spec_drafts;
+      spec_draft_tokens += s.draft;
+      spec_accepted += matched;
+      if (reason.empty()) scheduler_.accept_draft(&c->seq, matched);
     }
-    emit(*c, shown, lp, top, false, "");
     if (!reason.empty()) {
       finished.push_back(c);
       reasons.push_back(reason);
@@ -328,6 +381,9 @@ bool LoomEngine::step() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.prompt_tokens_total += prompt_tokens;
   stats_.generation_tokens_total += generated;
+  stats_.spec_drafts_total += spec_drafts;
+  stats_.spec_draft_tokens_total += spec_draft_tokens;
+  stats_.spec_accepted_tokens_total += spec_accepted;
   stats_.kv_blocks_used = cache_.num_used();
   // The finished sequences left: a caller that got its last answer reads counts without them
   // (they were refreshed only at the next step's start, which raced with such a reader).

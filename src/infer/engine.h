@@ -17,6 +17,7 @@
 #include "infer/engine_api.h"
 #include "infer/kv_cache.h"
 #include "infer/scheduler.h"
+#include "infer/speculative.h"
 
 namespace loom::infer {
 
@@ -30,6 +31,9 @@ struct EngineConfig {
   // Text of a list of ids (the tokenizer's decode); empty function: no text, no stop strings.
   std::function<std::string(const std::vector<int32_t>&)> detokenize;
   uint64_t seed = 0;  // streams of requests without a seed
+  // Speculative decoding (speculative.h); method None: off. Needs a runner that scores many
+  // rows of a chunk (ModelRunner::scores_many_rows).
+  SpeculativeConfig speculative;
 };
 
 class LoomEngine : public Engine {
@@ -68,6 +72,7 @@ class LoomEngine : public Engine {
             const std::vector<std::vector<std::pair<int32_t, float>>>& top, bool finished,
             const std::string& reason);
   bool is_stop_token(const Completion& c, int32_t t) const;
+  void propose_drafts();
 
   ModelRunner& runner_;
   EngineConfig cfg_;

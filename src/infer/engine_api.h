@@ -60,6 +60,9 @@ struct SeqChunk {
   const int32_t* block_table = nullptr;  // covers at least start_pos + n positions
   int num_blocks = 0;
   bool want_logits = false;  // logits of the chunk's last token are needed (decode, last chunk)
+  // With want_logits: logits of the chunk's last `logits_rows` tokens, in order (a speculative
+  // verification scores its guesses). Only runners whose scores_many_rows() is true get > 1.
+  int logits_rows = 1;
 };
 
 class ModelRunner {
@@ -71,8 +74,10 @@ class ModelRunner {
   // Where the KV cache's pool must live: a Backend whose memory the host cannot address (the
   // model runs on a GPU), or null for host memory (the CPU).
   virtual Backend* cache_backend() const { return nullptr; }
-  // Runs every chunk of the batch. logits: [number of chunks with want_logits, vocab], in batch
-  // order, fp32 (the log-softmax is the engine's business).
+  // Whether forward() honours SeqChunk::logits_rows > 1 (speculative decoding needs it).
+  virtual bool scores_many_rows() const { return false; }
+  // Runs every chunk of the batch. logits: [sum of logits_rows of chunks with want_logits,
+  // vocab], in batch order, fp32 (the log-softmax is the engine's business).
   virtual void forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
                        float* logits) = 0;
 };
@@ -103,6 +108,9 @@ struct SamplingParams {
 
 struct Usage {
   int prompt_tokens = 0, completion_tokens = 0, cached_prompt_tokens = 0;
+  // Speculative decoding: guesses the target kept and those it replaced (OpenAI's
+  // completion_tokens_details.accepted_prediction_tokens / rejected_prediction_tokens).
+  int accepted_draft_tokens = 0, rejected_draft_tokens = 0;
 };
 
 // One step of one completion, delivered to the submitter's callback (on the engine's thread:
@@ -125,6 +133,9 @@ struct EngineStats {
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   int64_t cached_tokens_total = 0;  // prompt tokens found in the prefix cache (usage's cached)
   int64_t preemptions_total = 0;
+  // Speculative decoding (vLLM's spec_decode_num_drafts / _num_draft_tokens /
+  // _num_accepted_tokens): verification passes with guesses, guesses, guesses kept.
+  int64_t spec_drafts_total = 0, spec_draft_tokens_total = 0, spec_accepted_tokens_total = 0;
   int kv_blocks_total = 0, kv_blocks_used = 0;
 };
 

@@ -72,7 +72,10 @@ void DecoderRunner::forward(const std::vector<SeqChunk>& batch, const KvCacheVie
       positions_.push_back(c.start_pos + i);
     }
     cu_.push_back(static_cast<int32_t>(tokens_.size()));
-    if (c.want_logits) rows.push_back(static_cast<int>(tokens_.size()) - 1);
+    LOOM_CHECK(!c.want_logits || (c.logits_rows >= 1 && c.logits_rows <= c.n), "logits of ",
+               c.logits_rows, " rows of a chunk of ", c.n, " tokens");
+    if (c.want_logits)
+      for (int r = c.logits_rows; r >= 1; --r) rows.push_back(static_cast<int>(tokens_.size()) - r);
   }
   ModelInput in;
   in.tokens = tokens_.data();

@@ -24,6 +24,7 @@ class DecoderRunner : public ModelRunner {
   KvSpec kv_spec() const override;
   // The model's backend when the host cannot address its memory; else the host pool.
   Backend* cache_backend() const override;
+  bool scores_many_rows() const override { return true; }
   void forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
                float* logits) override;
 

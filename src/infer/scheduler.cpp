@@ -100,8 +100,19 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
       --i;
       continue;
     }
-    chunks.push_back({s, s->computed, 1, true});
-    --budget;
+    // Guesses ride along while the budget and free blocks allow: they never preempt anyone.
+    int d = std::min(static_cast<int>(s->draft.size()), budget - 1);
+    const int bs = cache_.block_size();
+    while (d > 0 && static_cast<int>(s->blocks.size()) * bs < s->computed + 1 + d) {
+      const int32_t b = cache_.allocate();
+      if (b < 0) {
+        d = static_cast<int>(s->blocks.size()) * bs - s->computed - 1;
+        break;
+      }
+      s->blocks.push_back(b);
+    }
+    chunks.push_back({s, s->computed, 1 + d, true, d});
+    budget -= 1 + d;
   }
   // 2. Prefills: running sequences with a partly computed prompt, then new ones.
   auto prefill = [&](Sequence* s) -> bool {
@@ -141,18 +152,36 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
 }
 
 void Scheduler::after_step(const std::vector<ScheduledChunk>& chunks) {
-  const int bs = cache_.block_size();
   for (const ScheduledChunk& c : chunks) {
     Sequence* s = c.seq;
-    s->computed = c.start + c.n;
-    if (!cfg_.prefix_caching) continue;
-    while ((s->hashed_blocks + 1) * bs <= s->computed) {
-      const int32_t* t = s->tokens.data() + int64_t(s->hashed_blocks) * bs;
-      const uint64_t h = KvCache::block_hash(s->last_hash, t, bs);
-      cache_.publish(s->blocks[size_t(s->hashed_blocks)], h, t);
-      s->last_hash = h;
-      ++s->hashed_blocks;
-    }
+    s->computed = c.start + c.n - c.draft;
+    publish_full_blocks(s);
+  }
+}
+
+void Scheduler::publish_full_blocks(Sequence* s) {
+  if (!cfg_.prefix_caching) return;
+  const int bs = cache_.block_size();
+  while ((s->hashed_blocks + 1) * bs <= s->computed) {
+    const int32_t* t = s->tokens.data() + int64_t(s->hashed_blocks) * bs;
+    const uint64_t h = KvCache::block_hash(s->last_hash, t, bs);
+    cache_.publish(s->blocks[size_t(s->hashed_blocks)], h, t);
+    s->last_hash = h;
+    ++s->hashed_blocks;
+  }
+}
+
+void Scheduler::accept_draft(Sequence* s, int accepted) {
+  LOOM_CHECK(accepted >= 0 && s->computed + accepted < static_cast<int>(s->tokens.size()),
+             "accept_draft: ", accepted, " guesses past ", s->computed, " computed of ",
+             s->tokens.size(), " tokens");
+  s->computed += accepted;
+  publish_full_blocks(s);
+  const int bs = cache_.block_size();
+  const size_t keep = (s->tokens.size() + size_t(bs) - 1) / size_t(bs);
+  while (s->blocks.size() > keep) {
+    cache_.release(s->blocks.back());
+    s->blocks.pop_back();
   }
 }
 

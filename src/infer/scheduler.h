@@ -39,12 +39,16 @@ struct Sequence {
   bool admitted_once = false;
   int preemptions = 0;
   void* owner = nullptr;  // whoever scheduled it (the engine's completion)
+  // Speculative guesses of the tokens after `tokens`, set before schedule(): a decoding
+  // sequence computes them with its last token when the budget and free blocks allow.
+  std::vector<int32_t> draft;
 };
 
 struct ScheduledChunk {
   Sequence* seq = nullptr;
   int start = 0, n = 0;  // tokens [start, start + n) computed this step
   bool want_logits = false;
+  int draft = 0;  // the last `draft` of the n tokens are guesses (seq->draft), not seq->tokens
 };
 
 class Scheduler {
@@ -55,6 +59,10 @@ class Scheduler {
   std::vector<ScheduledChunk> schedule();
   // After the model ran the chunks: marks their tokens computed, publishes full blocks.
   void after_step(const std::vector<ScheduledChunk>& chunks);
+  // After a verification chunk: `accepted` of its guesses joined seq->tokens (with the token
+  // that followed them); their positions count as computed, full blocks are published, and the
+  // blocks that only held rejected guesses go back to the pool.
+  void accept_draft(Sequence* s, int accepted);
   // A sequence leaves (finished or cancelled): its blocks are released at once.
   void remove(Sequence* s);
   bool empty() const { return waiting_.empty() && running_.empty(); }
@@ -71,6 +79,7 @@ class Scheduler {
   void preempt(Sequence* s);
   void admit_prefix(Sequence* s);
   void release_blocks(Sequence* s);
+  void publish_full_blocks(Sequence* s);
   SchedulerConfig cfg_;
   KvCache& cache_;
   std::deque<Sequence*> waiting_;

@@ -226,6 +226,13 @@ Json usage_json(const infer::Usage& u) {
   Json d = Json::object();
   d["cached_tokens"] = u.cached_prompt_tokens;
   j["prompt_tokens_details"] = d;
+  // Speculative guesses, under OpenAI's predicted-output names (only when guesses were made).
+  if (u.accepted_draft_tokens + u.rejected_draft_tokens > 0) {
+    Json c = Json::object();
+    c["accepted_prediction_tokens"] = u.accepted_draft_tokens;
+    c["rejected_prediction_tokens"] = u.rejected_draft_tokens;
+    j["completion_tokens_details"] = c;
+  }
   return j;
 }
 
@@ -330,6 +337,8 @@ infer::Usage total_usage(const std::vector<ChoiceResult>& choices, int n) {
   infer::Usage total;
   for (size_t i = 0; i < choices.size(); ++i) {
     total.completion_tokens += choices[i].usage.completion_tokens;
+    total.accepted_draft_tokens += choices[i].usage.accepted_draft_tokens;
+    total.rejected_draft_tokens += choices[i].usage.rejected_draft_tokens;
     // Completions of one prompt share it: its tokens count once per prompt, as OpenAI does.
     if (i % size_t(n) == 0) {
       total.prompt_tokens += choices[i].usage.prompt_tokens;

@@ -226,6 +226,17 @@ std::string Server::metrics_text() const {
        number_text(s.cached_tokens_total));
   line("num_preemptions_total", "counter", "Sequences preempted for KV-cache room.",
        number_text(s.preemptions_total));
+  // Speculative decoding, under vLLM's names (zero when it is off).
+  line("spec_decode_num_drafts_total", "counter", "Verification passes that scored guesses.",
+       number_text(s.spec_drafts_total));
+  line("spec_decode_num_draft_tokens_total", "counter", "Speculative guesses scored.",
+       number_text(s.spec_draft_tokens_total));
+  line("spec_decode_num_accepted_tokens_total", "counter", "Speculative guesses kept.",
+       number_text(s.spec_accepted_tokens_total));
+  line("spec_decode_draft_acceptance_rate", "gauge", "Guesses kept over guesses scored.",
+       number_text(s.spec_draft_tokens_total
+                       ? double(s.spec_accepted_tokens_total) / s.spec_draft_tokens_total
+                       : 0.0));
   out +=
       "# HELP loom:request_total Finished requests by outcome.\n"
       "# TYPE loom:request_total counter\n";

@@ -56,11 +56,12 @@ struct Replay {
   std::vector<std::string> finish_reasons;
   std::vector<int64_t> cached_prompt_tokens;
   int64_t preemptions = 0, cached_tokens = 0;
+  int64_t draft_tokens = 0, accepted_tokens = 0;  // speculative guesses made and kept
   int blocks_left_used = -1;
 };
 
-// The schedule `s` on the model `m`.
-inline Replay replay(Decoder& m, const ReplaySetup& s) {
+// The schedule `s` on the model `m` (with speculative decoding as `spec` says).
+inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& spec = {}) {
   DecoderRunner runner(m);
   const std::vector<std::vector<int32_t>> prompts = replay_prompts();
   EngineConfig cfg;
@@ -68,6 +69,7 @@ inline Replay replay(Decoder& m, const ReplaySetup& s) {
   cfg.num_blocks = s.blocks;
   cfg.scheduler.max_batched_tokens = s.budget;
   cfg.scheduler.chunked_prefill = s.chunked;
+  cfg.speculative = spec;
   LoomEngine e(runner, cfg);
   std::map<int64_t, size_t> index;
   Replay r;
@@ -99,6 +101,8 @@ inline Replay replay(Decoder& m, const ReplaySetup& s) {
   }
   e.run_until_idle();
   r.preemptions = e.stats().preemptions_total;
+  r.draft_tokens = e.stats().spec_draft_tokens_total;
+  r.accepted_tokens = e.stats().spec_accepted_tokens_total;
   r.blocks_left_used = e.cache().num_used();
   return r;
 }

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "core/error.h"
 #include "infer/scheduler.h"
 
 using namespace loom::infer;
@@ -173,4 +174,36 @@ TEST(KvCache, PoolIsReusedByTheNextCacheOfItsSize) {
   }
   KvCache::release_spare_pool();
   EXPECT_EQ(KvCache::spare_pool_bytes(), 0u);
+}
+
+// A decoding sequence's guesses are scheduled with its last token on blocks taken without
+// preempting anyone (fewer guesses when the pool runs out), and accept_draft returns the blocks
+// that held only rejected guesses.
+TEST(Scheduler, GuessesRideAlongAndRejectedBlocksGoBack) {
+  KvCache cache(spec(), 4, 4);
+  SchedulerConfig cfg;
+  Scheduler s(cfg, cache);
+  auto a = seq(1, 3);
+  s.add(a.get());
+  step(s);  // prefill of 3 tokens, a fourth appended
+  ASSERT_EQ(a->computed, 3);
+  ASSERT_EQ(a->blocks.size(), 1u);
+  a->draft = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  auto chunks = s.schedule();
+  ASSERT_EQ(chunks.size(), 1u);
+  // Position 3 plus guesses at 4 .. 15: the pool's 4 blocks hold 12 of the 13 guesses.
+  EXPECT_EQ(chunks[0].draft, 12);
+  EXPECT_EQ(chunks[0].n, 13);
+  EXPECT_EQ(cache.num_used(), 4);
+  s.after_step(chunks);
+  EXPECT_EQ(a->computed, 4);  // the guesses are not computed until kept
+  // Two guesses kept and the token after them: 7 tokens, positions 0 .. 5 computed.
+  a->tokens.insert(a->tokens.end(), {1, 2, 9});
+  s.accept_draft(a.get(), 2);
+  EXPECT_EQ(a->computed, 6);
+  EXPECT_EQ(a->blocks.size(), 2u);
+  EXPECT_EQ(cache.num_used(), 2);
+  EXPECT_THROW(s.accept_draft(a.get(), 1), loom::Error);  // nothing left to accept
+  s.remove(a.get());
+  EXPECT_EQ(cache.num_used(), 0);
 }

@@ -135,7 +135,8 @@ struct Fixture : testing::Test {
   size_t max_body_bytes = 0;             // > 0: the server's request body limit
   serve::ServerOptions options;          // start() sets port, model name, context, timeout
   int max_num_seqs = 64;
-  int num_blocks = 0;  // > 0: the KV pool's size in blocks
+  int num_blocks = 0;                    // > 0: the KV pool's size in blocks
+  infer::SpeculativeConfig speculative;  // the engine's speculative decoding (off by default)
   std::unique_ptr<infer::LoomEngine> engine;
   std::unique_ptr<serve::Server> server;
   std::thread http;
@@ -154,6 +155,7 @@ struct Fixture : testing::Test {
     ec.max_queue = max_queue;
     ec.scheduler.max_num_seqs = max_num_seqs;
     ec.num_blocks = num_blocks;
+    ec.speculative = speculative;
     ec.detokenize = [this](const std::vector<int32_t>& ids) {
       std::string s;
       for (int32_t t : ids)
