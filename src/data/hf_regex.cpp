@@ -92,7 +92,7 @@ HfRegex::HfRegex(const std::string& pattern, const std::string& where) {
   int err = 0;
   PCRE2_SIZE off = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(re.data()), re.size(),
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &off, nullptr);
+                                   PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
@@ -113,11 +113,16 @@ std::vector<std::pair<size_t, size_t>> HfRegex::find_all(std::string_view text) 
   const auto* s = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t at = 0;
   while (at <= text.size()) {
-    const int rc = pcre2_match(code, s, text.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
+    // The first search checks the whole text is UTF-8 (PCRE2 reads past the end of a
+    // truncated character otherwise); later ones resume at character boundaries of it.
+    const int rc =
+        pcre2_match(code, s, text.size(), at, at == 0 ? 0 : PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       pcre2_match_data_free(md);
-      fail("regex match failed (PCRE2 error ", rc, ")");
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      fail("regex match failed: ", reinterpret_cast<char*>(msg));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     out.emplace_back(ov[0], ov[1]);
