@@ -326,15 +326,28 @@ TEST(MpiGrpo, ZeroOneTwoAndThreeLearnersEqualZeroZero) {
 }
 
 // A checkpoint of ZeRO learners holds the whole optimizer state, all-gathered from the shards
-// (the one-learner layout), and a resume cuts each learner's shard from it: 2 learners + 1
-// rollout rank, saved after 2 of 4 steps under one ZeRO stage and resumed under another, end
-// with the uninterrupted run's steps and weights bit for bit (every stage takes ZeRO-0's steps).
+// (the one-learner layout; under bf16 the fp32 master too), and a resume cuts each learner's
+// shard from it: 2 learners + 1 rollout rank, saved after 2 of 4 steps under one ZeRO stage and
+// resumed under another, end with the uninterrupted run's steps and weights bit for bit (every
+// stage takes ZeRO-0's steps).
 TEST(MpiGrpo, ZeroLearnersResumeBitForBitAcrossStages) {
   if (W().size() != 3) GTEST_SKIP() << "runs as 3 ranks (2 learners + 1 rollout rank)";
   set_num_threads(1);
   const int64_t steps = 4, cut = 2;
-  for (auto [zs, zr] : std::vector<std::pair<int, int>>{{1, 1}, {3, 3}, {3, 0}, {0, 3}, {2, 1}}) {
-    SCOPED_TRACE(cat("saved at ZeRO-", zs, ", resumed at ZeRO-", zr));
+  struct Case {
+    int zs, zr;  // the ZeRO stage saved at, resumed at
+    const char* precision;
+  };
+  // (Under bf16 ZeRO-3 multiplies without the bf16 GEMMs, so it resumes at ZeRO-3 only.)
+  for (auto [zs, zr, precision] : std::vector<Case>{{1, 1, "fp32"},
+                                                    {3, 3, "fp32"},
+                                                    {3, 0, "fp32"},
+                                                    {0, 3, "fp32"},
+                                                    {2, 1, "fp32"},
+                                                    {1, 2, "bf16"},
+                                                    {3, 3, "bf16"}}) {
+    SCOPED_TRACE(cat("saved at ZeRO-", zs, ", resumed at ZeRO-", zr, ", ", precision));
+    const PrecisionPolicy prec = precision_from_name(precision);
     MpiRlOptions m = mpi_options(steps, 0, DType::F32);
     m.rollout_ranks = 1;
     m.save_every = cut;
@@ -342,13 +355,15 @@ TEST(MpiGrpo, ZeroLearnersResumeBitForBitAcrossStages) {
     const std::string root = shared_temp_dir("rl_mpi_zero_ckpt", dir) + "/ckpt";
     RlCheckpointInfo info;
     info.description = "test";
+    info.precision = precision;
     std::vector<RlStepStats> full;
     std::vector<float> full_weights;
     {
-      rltest::Fixture a;
+      rltest::Fixture a(rltest::tiny_config(), prec.compute);
       info.fingerprint = a.model.config().fingerprint();
       RlOptions o = rltest::small_options();
       o.zero = zs;
+      o.precision = prec;
       MpiGrpo g(W(), a.model, a.tok, a.chat, a.env, o, m);
       if (g.is_learner()) {
         for (int64_t s = 0; s < steps; ++s) {
@@ -363,7 +378,7 @@ TEST(MpiGrpo, ZeroLearnersResumeBitForBitAcrossStages) {
       }
     }
     W().barrier();  // the checkpoint is on disk before any rank opens it
-    rltest::Fixture c;
+    rltest::Fixture c(rltest::tiny_config(), prec.compute);
     RlRestore restore;
     if (W().rank() != 1) {  // the learners
       const std::string latest = ckpt::find_latest_checkpoint(root).value_or(root);
@@ -371,6 +386,7 @@ TEST(MpiGrpo, ZeroLearnersResumeBitForBitAcrossStages) {
     }
     RlOptions o = rltest::small_options();
     o.zero = zr;
+    o.precision = prec;
     MpiGrpo g(W(), c.model, c.tok, c.chat, c.env, o, m, restore);
     if (!g.is_learner()) {
       g.run_rollout();
