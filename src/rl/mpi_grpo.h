@@ -61,6 +61,10 @@
 //   the checkpoint steps the shards of the optimizer state are all-gathered into a whole-model
 //   AdamW (moments, and the master under bf16 / fp16), so a checkpoint is the one-learner
 //   layout, and a resume cuts every learner's shard from it.
+// - Precision (RlOptions::precision): every rank's policy computes in the policy's type (the
+//   rollout ranks with its bf16 GEMMs where the CPU has them, as the one-process rollouts); TP /
+//   EP shards keep their fp32 master in the engine, and the whole-model state the learners
+//   gather for checkpoints carries it (and fp16's loss scaler restores on every learner).
 // With max_staleness = 0, fp32 weight sync and one learner, the run is the synchronous
 // algorithm (GrpoTrainer) bit for bit: the same engine samples the same requests from the same
 // weights, and the learner sees the groups in the same order. With several learners it is the
