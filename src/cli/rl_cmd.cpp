@@ -33,11 +33,6 @@ namespace loom::cli {
 
 namespace {
 
-// Ranks 1..K generate; rank 0 and ranks K+1.. learn.
-bool rank_learns(int rank, int rollout_ranks) {
-  return rank == 0 || rank > rollout_ranks;
-}
-
 int run_rl_here(const Args& args) {
   Options o(
       "loom rl --ckpt PATH --env arithmetic|reverse|countdown --out DIR [options]\n"
@@ -104,11 +99,11 @@ int run_rl_here(const Args& args) {
   check_device(device, c.name("rl.device"));
   LOOM_CHECK(device == "cpu" || !mpi, c.name("rl.device"), " ", device,
              " runs in one process; over --rollout-ranks the ranks compute on the CPU");
-  // One learner holds every weight whole (its rollouts and checkpoints read them); ZeRO over
-  // several learner ranks is not wired to the MPI loop's weight sync yet.
-  LOOM_CHECK(ro.zero <= 2 && (!mpi || ro.zero == 0), "parallel.zero = ", ro.zero, " (",
+  // One process's rollouts read the policy's whole weights, which ZeRO-3 does not keep; over
+  // --rollout-ranks the learners gather them for the weight sync.
+  LOOM_CHECK(ro.zero <= 2 || mpi, "parallel.zero = ", ro.zero, " (",
              c.config().where("parallel.zero"), "): loom rl runs ZeRO 0-2 in one process and ",
-             "ZeRO-0 over --rollout-ranks");
+             "ZeRO 0-3 over --rollout-ranks");
   LOOM_CHECK(!(mpi && async), "--async runs in one process; --rollout-ranks runs over MPI ranks ",
              "(both asynchronous): choose one");
   LOOM_CHECK(async || mpi || !c.given("rl.max_staleness"), c.name("rl.max_staleness"),
@@ -122,6 +117,11 @@ int run_rl_here(const Args& args) {
              " and ", c.name("parallel.etp"), " need --rollout-ranks");
   const int learner_ep = c.integer32("parallel.ep", 1, 1 << 20);
   const int learner_etp = c.integer32("parallel.etp", 1, 1 << 20);
+  LOOM_CHECK(ro.zero == 0 || (learner_tp == 1 && learner_ep == 1 && learner_etp == 1),
+             "parallel.zero = ", ro.zero, " (", c.config().where("parallel.zero"), ") with ",
+             c.name("parallel.tp"), " ", learner_tp, ", ", c.name("parallel.ep"), " ", learner_ep,
+             ", ", c.name("parallel.etp"), " ", learner_etp,
+             ": tensor- and expert-parallel learners run at ZeRO-0");
   const DType weight_dtype = rl::weight_sync_dtype(c.text("rl.weight_sync"));
   ro.partial_tokens = c.integer32("rl.partial_tokens", 0, 1 << 16);
   LOOM_CHECK(ro.partial_tokens == 0 || async || mpi, c.name("rl.partial_tokens"),
@@ -165,10 +165,9 @@ int run_rl_here(const Args& args) {
 
   auto model = load_model_from_checkpoint(ckpt_path);
   c.check_model(model->config(), ckpt_path);
-  // The rollout ranks keep the checkpoint's fp32 model (the weight sync writes into it); a
-  // learner's policy computes in the precision's type, its fp32 weights taken as the master.
-  if (ro.precision.compute != DType::F32 &&
-      (!mpi || rank_learns(comm::world().rank(), rollout_ranks))) {
+  // The policy computes in the precision's type on every rank: a learner's fp32 weights are
+  // taken as the master, a rollout rank's are replaced by the learner's (rounded) weights.
+  if (ro.precision.compute != DType::F32) {
     auto policy = std::make_unique<Decoder>(model->config(), model->backend(), Recompute::None,
                                             ro.precision.compute);
     policy->params().copy_values_from(model->params());
@@ -282,8 +281,8 @@ int run_rl_here(const Args& args) {
     // fp16: the loss scaler's state, so that a resume continues its scale.
     const StepEngine& engine = learner.engine().engine();
     info.loss_scaler = engine.loss_scaling() ? engine.scaler().state() : Json();
-    // Under --learner-tp/-ep/-etp the whole optimizer state, gathered by the learners at this
-    // step.
+    // Under --learner-tp/-ep/-etp or ZeRO the whole optimizer state, gathered by the learners
+    // at this step.
     return rl::save_rl_checkpoint(root, step, info, *model,
                                   mpi_loop ? mpi_loop->checkpoint_optimizer() : learner.optimizer(),
                                   buffer, carried);

@@ -108,6 +108,10 @@ GrpoLearner::GrpoLearner(Decoder& policy, const RlOptions& opt, comm::Communicat
     ep_ = policy.expert_parallel().comm;
     edp_ = expert_dp && expert_dp->size() > 1 ? expert_dp : nullptr;
   }
+  // Every pass exchanges data with a group: the EP group's token exchanges, or ZeRO-3's
+  // gathers of each block over the data-parallel learners.
+  lockstep_ = ep_ ? ep_ : opt.zero == 3 ? dp_ : nullptr;
+  LOOM_CHECK(!(ep_ && opt.zero == 3), "ZeRO-3 GRPO learners with expert parallelism");
   LOOM_CHECK(opt.prompts_per_step > 0 && opt.group_size > 1, "GRPO needs prompts and groups of ",
              "at least 2 completions (group_size = ", opt.group_size, ")");
   LOOM_CHECK(opt.max_tokens > 0, "max_tokens must be positive");
@@ -259,11 +263,12 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       k0 = k1;
     }
     const bool any_rows = !passes.empty();
-    // Expert parallelism: each pass exchanges tokens over the EP group, so every rank of it runs
-    // as many passes as the one with the most; a rank with fewer runs padding passes (their
-    // logits unread).
-    const int64_t npass = ep_ ? ep_->all_reduce_scalar(int64_t(passes.size()), comm::ReduceOp::Max)
-                              : int64_t(passes.size());
+    // Expert parallelism (each pass exchanges tokens over the EP group) and ZeRO-3 (each pass
+    // gathers the blocks over the learners): every rank of the group runs as many passes as the
+    // one with the most; a rank with fewer runs padding passes (their logits unread).
+    const int64_t npass =
+        lockstep_ ? lockstep_->all_reduce_scalar(int64_t(passes.size()), comm::ReduceOp::Max)
+                  : int64_t(passes.size());
     for (int64_t pi = int64_t(passes.size()); pi < npass; ++pi) {
       const Batch c = padding_pass(policy_);
       logits.resize(size_t(V));
@@ -379,9 +384,10 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
           float* grad = Pm.grad();
           for (int64_t i = 0; i < Pm.total(); ++i) grad[i] += g[i];
         }
-      } else if (ep_) {
-        // Nothing to train on here, but the EP group's passes exchange tokens with this rank: a
-        // padding pass with no loss weight and no auxiliary-loss weight adds zero gradients.
+      } else if (lockstep_) {
+        // Nothing to train on here, but the group's passes exchange tokens with this rank (EP)
+        // or gather its blocks (ZeRO-3): a padding pass with no loss weight and no auxiliary-loss
+        // weight adds zero gradients.
         const Batch c = padding_pass(policy_);
         std::vector<float> zeros(c.tokens.size(), 0.f);
         ModelInput pin = c.input();

@@ -133,6 +133,9 @@ class GrpoLearner {
   // Expert parallelism: the EP group (passes in lockstep; the experts' norm) and the expert-data-
   // parallel group (the experts' gradients); null without EP, or (edp) with one group of each.
   comm::Communicator *ep_ = nullptr, *edp_ = nullptr;
+  // The group every pass of this learner runs in step with (EP's, or the learners' under
+  // ZeRO-3, which gathers each block over them); null: none.
+  comm::Communicator* lockstep_ = nullptr;
   std::unique_ptr<LearnerEngine> engine_;  // the optimizer, step engine and reference
   Decoder* reference_ = nullptr;           // the engine's (beta > 0)
   LearnerHelper* helper_ = nullptr;

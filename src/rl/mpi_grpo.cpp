@@ -12,8 +12,10 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/backend.h"
+#include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
+#include "precision/bf16_gemms.h"
 #include "rl/rl_checkpoint.h"
 #include "rl/trajectory_wire.h"
 #include "rl/weight_sync.h"
@@ -74,14 +76,14 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
   check_learner_grid(world.size() - mo.rollout_ranks, mo.learner_tp, policy.config(), mo.learner_sp,
                      mo.learner_ep, mo.learner_etp);
   LOOM_CHECK(mo.learner_timeout > 0, "rl.learner_timeout must be positive");
-  // ZeRO-3 keeps no learner's whole weights between steps, which the weight sync and the
-  // checkpoints read; the whole-model optimizer state that TP / EP learners gather for
-  // checkpoints is fp32 moments only (no master, no shards).
-  LOOM_CHECK(opt.zero <= 2, "GRPO over MPI ranks runs the learners at ZeRO 0-2, not ", opt.zero);
-  LOOM_CHECK((mo.learner_tp == 1 && mo.learner_ep == 1 && mo.learner_etp == 1) ||
-                 (opt.zero == 0 && opt.precision.compute == DType::F32),
-             "tensor- or expert-parallel GRPO learners run the fp32 policy at ZeRO-0 (got ",
-             opt.precision.name, ", ZeRO-", opt.zero, ")");
+  const bool model_parallel = mo.learner_tp > 1 || mo.learner_ep > 1 || mo.learner_etp > 1;
+  LOOM_CHECK(opt.zero >= 0 && opt.zero <= 3, "parallel.zero must be 0, 1, 2 or 3, not ", opt.zero);
+  // The TP / EP learners' data-parallel groups step their shards whole (ZeRO over them would
+  // shard a shard; the gathers for the weight sync and the checkpoints read whole shards).
+  LOOM_CHECK(!model_parallel || opt.zero == 0,
+             "tensor- or expert-parallel GRPO learners (--learner-tp / --learner-ep / "
+             "--learner-etp) run at parallel.zero = 0, not ",
+             opt.zero);
   K_ = mo.rollout_ranks;
   L_ = world.size() - K_;
   lead_ = rollout_lead(opt, mo.max_staleness);
@@ -95,14 +97,44 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
     T_ = mo.learner_tp;
     D_ = L_ / T_;
     E_ = mo.learner_ep;
-    if (T_ > 1 || E_ > 1 || mo.learner_etp > 1) setup_model_parallel();
+    if (model_parallel) {
+      setup_model_parallel();
+    } else if (opt_.zero == 3) {
+      // The learners train a copy whose blocks live sharded over them; the policy keeps the
+      // whole weights, gathered after every step, for the weight sync, evaluation and saves.
+      shard_ = std::make_unique<Decoder>(policy.config(), cpu_backend(), Recompute::None,
+                                         opt_.precision.compute);
+      shard_->params().copy_values_from(policy.params());
+    }
+    // The whole model's optimizer state for learner 0's checkpoints (and every learner's
+    // restore): fp32 moments, and the master under bf16 / fp16.
+    if (opt_.zero >= 1)
+      whole_optim_ = std::make_unique<AdamW>(policy.params(), opt_.adam, opt_.precision.compute,
+                                             cpu_backend());
     learner_ = std::make_unique<GrpoLearner>(shard_ ? *shard_ : policy, opt_,
-                                             shard_ ? dp_.get() : learners_.get(), edp_.get(),
+                                             dp_ ? dp_.get() : learners_.get(), edp_.get(),
                                              learners_.get());
-    // A restore writes the whole model (and, with a shard, the whole optimizer state, cut below).
-    step_ = first_ = !restore ? 0
-                     : shard_ ? restore(policy, *whole_optim_, nullptr)  // fp32 only
-                              : restore_learner(restore, policy, *learner_);
+    if (opt_.zero >= 1) {
+      // Each learner's share of the flat buffer, in rank order from element 0.
+      parallel::DataParallel& dpo = learner_->optimizer();
+      zero_counts_.assign(size_t(L_), 0);
+      zero_counts_[size_t(li_)] = dpo.shard_end() - dpo.shard_begin();
+      learners_->all_gather(zero_counts_.data(), std::vector<int64_t>(size_t(L_), 1), DType::I64);
+      int64_t at = 0;
+      for (int r = 0; r < L_; ++r) at += r < li_ ? zero_counts_[size_t(r)] : 0;
+      int64_t sum = 0;
+      for (int64_t c : zero_counts_) sum += c;
+      LOOM_CHECK(at == dpo.shard_begin() && sum == trained_model().params().total(),
+                 "ZeRO learners: the shards do not tile the ", trained_model().params().total(),
+                 " parameters in rank order");
+    }
+    // A restore writes the whole model (and, with a shard or under ZeRO, the whole optimizer
+    // state, cut below).
+    StepEngine& engine = learner_->engine().engine();
+    LossScaler* scaler = engine.loss_scaling() ? &engine.scaler() : nullptr;
+    step_ = first_ = !restore       ? 0
+                     : whole_optim_ ? restore(policy, *whole_optim_, scaler)
+                                    : restore_learner(restore, policy, *learner_);
     LOOM_CHECK(mo.steps >= first_, "the run starts at step ", first_, ", past its ", mo.steps,
                " steps");
     if (L_ > 1) {
@@ -113,11 +145,21 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       learners_->broadcast(policy.params().host_data("broadcasting the weights to the learners"),
                            policy.params().total(), DType::F32, 0);
     }
-    if (shard_) {
+    if (model_parallel) {
       extract_shard(policy.params(), shard_->params());
       if (restore) extract_shard_state(*whole_optim_, learner_->optimizer(), shard_->params());
+      // The shard's copy again from its master (rounded to the compute type), its GEMMs' too.
+      learner_->engine().weights_restored();
       if (!gather_) whole_optim_.reset();  // only learner 0's gathering group assembles it
+    } else if (opt_.zero >= 1) {
+      if (restore) {
+        cut_zero_state();
+        learner_->engine().weights_restored();
+      }
+      if (rank_ != 0) whole_optim_.reset();  // learner 0 alone saves
     }
+    // The whole policy (rounded to the compute type) before the first weights go out.
+    gather_whole(false);
     if (rank_ == 0) {
       // A resume's buffered groups are trained on first; the rollout ranks generate from the
       // step after the last of them, which they learn first (before any weights).
@@ -168,6 +210,15 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
       progress_broadcasts(0);  // the first weights reach every rollout rank before anything else
     }
   } else {
+    // The rollout ranks sample from the policy in its compute type, with its GEMMs (a bf16
+    // policy: bf16 activations, and the bf16 GEMMs on an AVX512-BF16 CPU), as the one-process
+    // rollouts do; the weights they receive are the learner's, rounded to that type.
+    LOOM_CHECK(policy.act_dtype() == opt_.precision.compute, rollout_name(rank_),
+               ": the policy computes in ", dtype_name(policy.act_dtype()),
+               ", but precision.policy = \"", opt_.precision.name, "\" computes in ",
+               dtype_name(opt_.precision.compute));
+    if (opt_.precision.compute == DType::BF16 && policy.backend().host_accessible())
+      rollout_recipes_.bf16 = attach_bf16_gemms(policy, true);
     rollout_ = std::make_unique<RolloutWorker>(policy, tok, chat, env, opt_);
     int64_t gen = 0;
     comm::Work w = sync_->broadcast_async(&gen, 1, DType::I64, 0);
@@ -201,6 +252,9 @@ MpiGrpo::MpiGrpo(comm::Communicator& world, Decoder& policy, const data::BpeToke
 MpiGrpo::~MpiGrpo() {
   // The learner's engine holds the shard's hooks and the groups declared after it: it goes first.
   learner_.reset();
+  // A rollout rank's bf16 GEMMs leave the policy, which outlives them.
+  if (rollout_recipes_.bf16)
+    for (const auto& l : policy_.linears()) policy_.attach_recipe(l.name, nullptr);
 }
 
 void MpiGrpo::setup_model_parallel() {
@@ -244,24 +298,91 @@ void MpiGrpo::setup_model_parallel() {
     ep.tp_comm = ep.tp_owner.get();
   }
   ep.make_exchange = &parallel::make_expert_exchange;
-  shard_ = std::make_unique<Decoder>(policy_.config(), cpu_backend(), Recompute::None, DType::F32,
-                                     tp, ep);
+  // The shard computes in the policy's type: the engine keeps its fp32 master and rounds the
+  // shard's copy from it, as for one learner (and as the trainer's TP / EP layouts).
+  shard_ = std::make_unique<Decoder>(policy_.config(), cpu_backend(), Recompute::None,
+                                     opt_.precision.compute, tp, ep);
   // The starting weights: the reference model (beta > 0) copies them from the shard.
   extract_shard(policy_.params(), shard_->params());
-  whole_optim_ = std::make_unique<AdamW>(policy_.params(), opt_.adam, DType::F32, cpu_backend());
+  whole_optim_ =
+      std::make_unique<AdamW>(policy_.params(), opt_.adam, opt_.precision.compute, cpu_backend());
   if (ed == 0)  // with E = 1: learner 0's TP group
     gather_ = std::make_unique<TpGather>(shard_->params(), *gather_group,
                                          owned_params(shard_->params(), tr, etp, er));
 }
 
-void MpiGrpo::gather_whole() {
+bool MpiGrpo::checkpoint_step() const {
+  return step_ == mo_.steps || (mo_.save_every > 0 && step_ % mo_.save_every == 0);
+}
+
+void MpiGrpo::gather_whole(bool state) {
+  if (opt_.zero == 3) gather_zero3_weights();
+  if (opt_.zero >= 1 && state && checkpoint_step()) gather_zero_state();
   if (!gather_) return;
   ParamSet& sh = shard_->params();
   ParamSet& whole = policy_.params();
   gather_->gather([&](const ParamInfo& p) { return sh.data() + p.offset; },
                   [&](const ParamInfo& p) { return whole.ptr(p.name); });
-  if (step_ == mo_.steps || (mo_.save_every > 0 && step_ % mo_.save_every == 0))
-    gather_->gather_state(learner_->optimizer(), *whole_optim_);
+  if (state && checkpoint_step()) gather_->gather_state(learner_->optimizer(), *whole_optim_);
+}
+
+void MpiGrpo::gather_zero3_weights() {
+  parallel::DataParallel& dpo = learner_->optimizer();
+  const ParamSet& sp = shard_->params();
+  float* w = policy_.params().host_data("gathering the ZeRO-3 learners' weights");
+  // This learner's master shard (contiguous from shard_begin), rounded as the engine rounds the
+  // copy it gathers for the forward, then every learner's.
+  for (const StateSlice& s : dpo.param_slices())
+    std::memcpy(w + sp.info(s.name).offset + s.offset, s.tensor.data<float>(),
+                sizeof(float) * size_t(s.tensor.numel()));
+  const int64_t lo = dpo.shard_begin(), hi = dpo.shard_end();
+  if (opt_.precision.compute != DType::F32 && hi > lo)
+    policy_.backend().round_to(opt_.precision.compute, w + lo, hi - lo, nullptr);
+  learners_->all_gather(w, zero_counts_, DType::F32);
+}
+
+void MpiGrpo::gather_zero_state() {
+  parallel::DataParallel& dpo = learner_->optimizer();
+  const ParamSet& sp = trained_model().params();
+  std::map<std::string, Tensor> whole;
+  if (whole_optim_) whole = whole_optim_->state_tensors();
+  std::vector<float> buf(size_t(sp.total()), 0.f);
+  const std::vector<StateSlice> slices = dpo.state_slices();
+  // Every learner gathers the same buffers: the moments, and the master under bf16 / fp16 (an
+  // fp32 ZeRO-3 shard's master is the weights, which the checkpoint holds already).
+  std::vector<std::string> kinds = {"exp_avg.", "exp_avg_sq."};
+  if (opt_.precision.compute != DType::F32) kinds.push_back("master.");
+  for (const std::string& kind : kinds) {
+    for (const StateSlice& s : slices)
+      if (s.name.rfind(kind, 0) == 0)
+        std::memcpy(buf.data() + sp.info(s.name.substr(kind.size())).offset + s.offset,
+                    s.tensor.data<float>(), sizeof(float) * size_t(s.tensor.numel()));
+    learners_->all_gather(buf.data(), zero_counts_, DType::F32);
+    if (whole_optim_)
+      for (const ParamInfo& p : sp.infos())
+        std::memcpy(whole.at(kind + p.name).data<float>(), buf.data() + p.offset,
+                    sizeof(float) * size_t(p.numel));
+  }
+  if (whole_optim_) whole_optim_->set_steps_taken(dpo.steps_taken());
+}
+
+void MpiGrpo::cut_zero_state() {
+  parallel::DataParallel& dpo = learner_->optimizer();
+  std::map<std::string, Tensor> whole = whole_optim_->state_tensors();
+  ParamSet& weights = policy_.params();
+  for (const StateSlice& s : dpo.state_slices()) {
+    auto it = whole.find(s.name);
+    const float* src = nullptr;
+    if (it != whole.end()) {
+      src = it->second.data<float>();
+    } else {
+      // An fp32 ZeRO-3 master: the restored weights themselves.
+      LOOM_CHECK(s.name.rfind("master.", 0) == 0, "ZeRO learners: the checkpoint has no ", s.name);
+      src = weights.ptr(s.name.substr(7));
+    }
+    std::memcpy(s.tensor.data<float>(), src + s.offset, sizeof(float) * size_t(s.tensor.numel()));
+  }
+  dpo.set_steps_taken(whole_optim_->steps_taken());
 }
 
 std::string MpiGrpo::rollout_name(int r) const {
@@ -344,7 +465,7 @@ RlStepStats MpiGrpo::step() {
   if (mo_.before_learn) mo_.before_learn(step_);
   learner_->learn(share, step_, &st);
   ++step_;
-  if (shard_) gather_whole();  // the whole policy for the weight sync, evaluation and saves
+  gather_whole(true);  // the whole policy for the weight sync, evaluation and saves
   if (rank_ == 0) {
     // The new weights to the rollout ranks (not after the last step: nobody generates then).
     if (step_ < mo_.steps) broadcast_weights();
@@ -527,6 +648,7 @@ void MpiGrpo::apply_weights() {
   wpending_ = false;
   // The hash of what this rank now holds, recomputed from its model (not from the message).
   hashes_.push_back({v, weights_hash(policy_.params(), mo_.weight_dtype)});
+  rollout_recipes_.new_weights();
   rollout_->weights_updated();
   post_weight_recv();
 }

@@ -50,6 +50,21 @@
 //   TP groups of the first EP group (the first T x E learners) then hold every element once
 //   between them, and gather the whole policy after each step (and the optimizer's moments at
 //   the checkpoint steps), as the TP group does without EP.
+// - ZeRO (RlOptions::zero, parallel.zero) over the data-parallel learners: the training engine's
+//   DataParallel at stage 1-3 (optimizer state, gradients, then parameters sharded as contiguous
+//   ranges of the flat buffer). At ZeRO 1-2 the policy holds the whole weights after every step
+//   (the engine all-gathers them); at ZeRO-3 the learners train a copy of the policy whose blocks
+//   are gathered around each use, and after every step they all-gather the whole weights from
+//   every learner's fp32 master shard (rounded to the compute type) into the policy, which the
+//   weight sync, the evaluation and the checkpoints read. Every forward of a ZeRO-3 learner
+//   gathers over the learners, so they run the same number of passes (GrpoLearner pads). At
+//   the checkpoint steps the shards of the optimizer state are all-gathered into a whole-model
+//   AdamW (moments, and the master under bf16 / fp16), so a checkpoint is the one-learner
+//   layout, and a resume cuts every learner's shard from it.
+// - Precision (RlOptions::precision): every rank's policy computes in the policy's type (the
+//   rollout ranks with its bf16 GEMMs where the CPU has them, as the one-process rollouts); TP /
+//   EP shards keep their fp32 master in the engine, and the whole-model state the learners
+//   gather for checkpoints carries it (and fp16's loss scaler restores on every learner).
 // With max_staleness = 0, fp32 weight sync and one learner, the run is the synchronous
 // algorithm (GrpoTrainer) bit for bit: the same engine samples the same requests from the same
 // weights, and the learner sees the groups in the same order. With several learners it is the
@@ -69,6 +84,7 @@
 #include "rl/rollout.h"
 #include "rl/tp_gather.h"
 #include "rl/weight_sync.h"
+#include "train/gemm_recipes.h"
 
 namespace loom::rl {
 
@@ -95,8 +111,9 @@ struct MpiRlOptions {
   // divides the groups), and TP ranks each expert's width is split over (--learner-etp; divides
   // learner_tp).
   int learner_ep = 1, learner_etp = 1;
-  // With learner_tp, learner_ep or learner_etp > 1: after every save_every-th step (0: only the
-  // last) the optimizer state is gathered for learner 0's checkpoint (checkpoint_optimizer()).
+  // With learner_tp, learner_ep or learner_etp > 1, or ZeRO >= 1: after every save_every-th step
+  // (0: only the last) the optimizer state is gathered for learner 0's checkpoint
+  // (checkpoint_optimizer()).
   int64_t save_every = 0;
   // Learner 0, a resume: the checkpoint's buffered groups (rl_checkpoint.h), trained on first;
   // the rollout ranks start after the last step they cover.
@@ -131,7 +148,7 @@ class MpiGrpo {
   // Learner: the model its optimizer steps (its shard under TP or EP, else the policy).
   Decoder& trained_model() { return shard_ ? *shard_ : policy_; }
   // Learner 0: the optimizer state of the whole model, for a checkpoint after a step that
-  // gathers it (every step without TP or EP; with them the save_every-th and the last).
+  // gathers it (every step without TP, EP or ZeRO; with them the save_every-th and the last).
   Optimizer& checkpoint_optimizer() {
     if (whole_optim_) return *whole_optim_;
     return learner_->optimizer();
@@ -176,7 +193,18 @@ class MpiGrpo {
   void receive_until(int64_t until);
   std::string rollout_name(int world_rank) const;
   void setup_model_parallel();  // learners, TP or EP
-  void gather_whole();          // the learners that hold learner 0's whole model: after each step
+  // The learners that hold learner 0's whole model (TP / EP: the gathering group; ZeRO-3: every
+  // learner): the whole weights into policy_ after each step; the whole optimizer state at the
+  // checkpoint steps.
+  void gather_whole(bool state);
+  bool checkpoint_step() const;
+  // ZeRO >= 1: the whole optimizer state <- every learner's shard (all-gathered over the
+  // learners); and a restore's whole state -> this learner's shard.
+  void gather_zero_state();
+  void cut_zero_state();
+  // ZeRO-3: the policy's whole weights <- every learner's master shard, rounded to the compute
+  // type (all-gathered over the learners).
+  void gather_zero3_weights();
 
   comm::Communicator& world_;
   Decoder& policy_;
@@ -199,9 +227,12 @@ class MpiGrpo {
   std::unique_ptr<Decoder> shard_;
   std::unique_ptr<AdamW> whole_optim_;
   std::unique_ptr<TpGather> gather_;
+  // ZeRO >= 1 over the learners: each learner's count of the flat buffer's shard.
+  std::vector<int64_t> zero_counts_;
   ReplayBuffer buffer_;
   std::unique_ptr<RolloutWorker> rollout_;
-  std::deque<Inflight> sends_;  // learner: broadcasts; rollout: trajectory messages
+  GemmRecipes rollout_recipes_;  // rollout rank, bf16 policy: its bf16 GEMMs
+  std::deque<Inflight> sends_;   // learner: broadcasts; rollout: trajectory messages
   // Rollout: the posted weight receive.
   // The version arrives as its own int64 broadcast ahead of the payload (wvwork_, then wwork_).
   WeightMessage wbuf_;

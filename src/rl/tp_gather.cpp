@@ -1,6 +1,9 @@
 #include "rl/tp_gather.h"
 
 #include <cstring>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "ckpt/reshard.h"
 #include "core/error.h"
@@ -62,10 +65,23 @@ void extract_shard(ParamSet& whole, ParamSet& shard) {
   }
 }
 
+// The state kinds both hold: the moments, and the fp32 master of a bf16 / fp16 policy.
+static std::vector<std::string> shared_kinds(const std::map<std::string, Tensor>& whole,
+                                             const std::map<std::string, Tensor>& shard,
+                                             const ParamSet& shard_params) {
+  std::vector<std::string> kinds = {"exp_avg.", "exp_avg_sq."};
+  const std::string first = "master." + shard_params.infos().front().name;
+  LOOM_CHECK(whole.count(first) == shard.count(first), "learner gather: the ",
+             whole.count(first) ? "whole model's" : "shard's",
+             " optimizer keeps an fp32 master and the other does not");
+  if (whole.count(first)) kinds.push_back("master.");
+  return kinds;
+}
+
 void extract_shard_state(AdamW& whole, Optimizer& shard, const ParamSet& shard_params) {
   auto w = whole.state_tensors(), s = whole_state_tensors(shard, shard_params);
-  for (const ParamInfo& p : shard_params.infos())
-    for (const char* m : {"exp_avg.", "exp_avg_sq."})
+  for (const std::string& m : shared_kinds(w, s, shard_params))
+    for (const ParamInfo& p : shard_params.infos())
       ckpt::extract_local(p, w.at(m + p.name).data<float>(), 0, p.numel,
                           s.at(m + p.name).data<float>());
   shard.set_steps_taken(whole.steps_taken());
@@ -152,7 +168,7 @@ void TpGather::gather(const Local& local, const Whole& whole) {
 
 void TpGather::gather_state(Optimizer& shard, AdamW& whole) {
   auto s = whole_state_tensors(shard, shard_), w = whole.state_tensors();
-  for (const char* m : {"exp_avg.", "exp_avg_sq."})
+  for (const std::string& m : shared_kinds(w, s, shard_))
     gather([&](const ParamInfo& p) { return s.at(m + p.name).data<float>(); },
            [&](const ParamInfo& p) { return w.at(m + p.name).data<float>(); });
   whole.set_steps_taken(shard.steps_taken());

@@ -5,8 +5,9 @@
 # take the same steps to 1e-5, and with max staleness 1 their checkpoint carries the groups
 # generated ahead, which a resume trains on; 1 learner + 2 rollout ranks (bf16 sync,
 # max staleness 1) runs to the end; 2 tensor-parallel learners (--learner-tp 2) take the same
-# steps to 1e-5 and resume bit for bit, and with --learner-sp take the same steps too; partial
-# rollouts span weight versions; layouts the job cannot hold end with a clear error and a
+# steps to 1e-5 and resume bit for bit (a bf16 policy's too), and with --learner-sp take the same
+# steps too; at ZeRO-1 and ZeRO-3 the 2 learners are the ZeRO-0 run bit for bit, resumed too;
+# partial rollouts span weight versions; layouts the job cannot hold end with a clear error and a
 # non-zero exit.
 loom=$1
 src=$2
@@ -67,6 +68,22 @@ run dp2r 3 --steps 4 --rollout-ranks 1 "${exact[@]}" --resume
 same_run "$work/dp2" "$work/dp2r" 4
 echo "ok: 2 learners, --resume = uninterrupted"
 
+# The same 2 learners at ZeRO-1 and ZeRO-3 (optimizer state, then parameters too, sharded over
+# them; the whole weights gathered for the weight sync): the ZeRO-0 run bit for bit, its final
+# checkpoint's optimizer state (all-gathered from the shards) included; stopped and resumed (each
+# learner's shard cut from that whole state), the same.
+optim_of() { echo "$(dirname "$(final "$1" "$2")")/optim.safetensors"; }
+for z in 1 3; do
+  run dpz$z 3 --steps 4 --rollout-ranks 1 "${exact[@]}" --set parallel.zero=$z
+  same_run "$work/dp2" "$work/dpz$z" 4
+  cmp "$(optim_of "$work/dp2" 4)" "$(optim_of "$work/dpz$z" 4)" ||
+    { echo "ZeRO-$z: the gathered optimizer state differs from ZeRO-0's"; exit 1; }
+  run dpz${z}r 3 --steps 2 --rollout-ranks 1 "${exact[@]}" --set parallel.zero=$z
+  run dpz${z}r 3 --steps 4 --rollout-ranks 1 "${exact[@]}" --set parallel.zero=$z --resume
+  same_run "$work/dp2" "$work/dpz${z}r" 4
+  echo "ok: 2 learners at ZeRO-$z = ZeRO-0, uninterrupted and resumed"
+done
+
 # 2 tensor-parallel learners (one TP group: ranks 0 and 2) + 1 rollout rank: the synchronous
 # run's steps up to the order of TP's split sums; stopped and resumed (the checkpoint holds the
 # whole weights and optimizer state pieced together from the shards, cut again at the resume)
@@ -78,6 +95,14 @@ run tp2r 3 --steps 2 --rollout-ranks 1 --learner-tp 2 "${exact[@]}"
 run tp2r 3 --steps 4 --rollout-ranks 1 --learner-tp 2 "${exact[@]}" --resume
 same_run "$work/tp2" "$work/tp2r" 4
 echo "ok: 2 TP learners, --resume = uninterrupted"
+# A bf16 policy in the TP learners (and the rollout rank): stopped after 2 steps and resumed (the
+# checkpoint holds the master pieced together from the shards), the uninterrupted run bit for bit.
+bf=(--rollout-ranks 1 --learner-tp 2 "${exact[@]}" --set precision.policy=bf16)
+run tp2bf 3 --steps 4 "${bf[@]}"
+run tp2bfr 3 --steps 2 "${bf[@]}"
+run tp2bfr 3 --steps 4 "${bf[@]}" --resume
+same_run "$work/tp2bf" "$work/tp2bfr" 4
+echo "ok: 2 TP learners, bf16 policy, --resume = uninterrupted"
 # The same TP group with sequence parallelism (--learner-sp; passes padded to an even count).
 run tp2sp 3 --steps 4 --rollout-ranks 1 --learner-tp 2 --learner-sp "${exact[@]}"
 near sync tp2sp "TP 2 + SP"
@@ -143,5 +168,8 @@ expect_fail "--learner-ep 2 / --learner-etp 1 split the experts of a mixture-of-
   "${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/bad" --steps 2 --rollout-ranks 1 --learner-ep 2
 expect_fail "--learner-ep and --learner-etp need --rollout-ranks" \
   "$loom" "${rl[@]}" --out "$work/bad" --learner-ep 2
+expect_fail "parallel.zero = 1 \\(--set\\) with --learner-tp 2, --learner-ep 1, --learner-etp 1" \
+  "${launch[@]}" -n 3 -- "${rl[@]}" --out "$work/bad" --steps 2 --rollout-ranks 1 --learner-tp 2 \
+  --set parallel.zero=1
 [ ! -e "$work/bad/metrics.jsonl" ] || { echo "a refused layout wrote metrics"; exit 1; }
 echo "PASS"

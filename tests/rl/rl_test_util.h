@@ -69,14 +69,15 @@ inline ModelConfig tiny_moe_config() {
   return c;
 }
 
-// A tiny policy (tiny_config unless given), a byte tokenizer with ChatML, and the LowBytes
-// environment.
+// A tiny policy (tiny_config unless given; computing in `compute`, its weights drawn in fp32
+// either way), a byte tokenizer with ChatML, and the LowBytes environment.
 struct Fixture {
   Decoder model;
   data::BpeTokenizer tok = data::byte_chatml_tokenizer();
   data::ChatTemplate chat{"chatml", tok};
   LowBytes env;
-  explicit Fixture(const ModelConfig& c = tiny_config()) : model(c, cpu_backend()) {
+  explicit Fixture(const ModelConfig& c = tiny_config(), DType compute = DType::F32)
+      : model(c, cpu_backend(), Recompute::None, compute) {
     model.params().init(3);
   }
 };
