@@ -69,10 +69,22 @@ inline void load_row(const uint16_t* p, __m512* x) {
 // 15, so 2^-8 times the code's value (gemm_lowp.cpp's widening): the byte sign-extended and
 // shifted left by 7 puts sign, exponent and mantissa in place (the mask clears the sign's copy
 // in bit 14); the hardware's fp16 conversion is exact, subnormal codes included.
+// 32 codes at a time where AVX512BW has the 512-bit word steps (the three integer steps once for
+// both halves: 7 instructions per 32 codes where two 16-code widenings take 10).
 template <int NV>
 inline void load_row(const uint8_t* p, __m512* x) {
+  int i = 0;
+#ifdef __AVX512BW__
+  const __m512i keep32 = _mm512_set1_epi16(int16_t(0xBFFF));
+  for (; i + 2 <= NV; i += 2) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * i));
+    const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(q), 7), keep32);
+    x[i] = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(__mmask8(0xFF), h, 0));
+    x[i + 1] = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(__mmask8(0xFF), h, 1));
+  }
+#endif
   const __m256i keep = _mm256_set1_epi16(int16_t(0xBFFF));
-  for (int i = 0; i < NV; ++i) {
+  for (; i < NV; ++i) {
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
     x[i] = _mm512_maskz_cvtph_ps(
         kAll, _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(q), 7), keep));
