@@ -25,7 +25,7 @@ namespace {
 // Grow-only buffers of the thread that runs a range (OpenMP keeps its threads): a decode runs
 // once per layer and token, and allocating them each time cost more than small ranges compute.
 struct Scratch {
-  std::vector<float> q, scores, acc, sum, part, mx;
+  std::vector<float> q, scores, acc, sum, part, mx, rs;
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -175,9 +175,13 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
   };
   const __m512 vscale = _mm512_set1_ps(scale);
   constexpr bool kFp8 = std::is_same_v<T, uint8_t>;
-  // Row (slot of block b's position j, head h of the range)'s scale times 2^8 (fp8).
-  auto row_scale = [&](const uint8_t* scales, int b, int j, int h) {
-    return kv_fp8_scale(scales[(int64_t(ch.block_table[b]) * bs + j) * Hkv + h0 + h], 8);
+  // fp8: the row scales (times 2^8) of block b's nk positions, head by head: rs[h * bs + j]
+  // (16 floats of padding, so that a head's 16 may be loaded whole).
+  float* rs = kFp8 ? grown(s.rs, size_t(nh) * bs + 16) : nullptr;
+  auto row_scales = [&](const uint8_t* scales, int b, int nk) {
+    const uint8_t* sb = scales + int64_t(ch.block_table[b]) * bs * Hkv + h0;
+    for (int h = 0; h < nh; ++h)
+      for (int j = 0; j < nk; ++j) rs[h * bs + j] = kv_fp8_scale(sb[j * Hkv + h], 8);
   };
 
   // Scores (sc[r * Ls + p - P0]).
@@ -189,6 +193,7 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
     Prefetcher<T> pf(last ? block(V, b0) : block(K, b + 1), lds, run, 0,
                      last ? std::min(bs, L - P0) : std::min(bs, L - p0 - bs));
     const int per_step = (pf.lines() + nk * nh - 1) / (nk * nh);
+    if constexpr (kFp8) row_scales(c.k_scale, b, nk);
     for (int t0 = 0; t0 < nk; t0 += 16) {
       const int nt = std::min(16, nk - t0);
       for (int j = 0; j < nt; ++j) {
@@ -206,17 +211,13 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
           }
         }
       }
-      alignas(64) float ks[16] = {};  // fp8: the tile's row scales of the current head
       for (int r = 0; r < rows; ++r) {
         __m512 v[16];
         for (int j = 0; j < 16; ++j)
           v[j] = j < nt ? _mm512_loadu_ps(part + (int64_t(r) * 16 + j) * 16) : _mm512_setzero_ps();
         __m512 scores = _mm512_mul_ps(sum_lanes16(v), vscale);
-        if constexpr (kFp8) {
-          if (r % group == 0)
-            for (int j = 0; j < nt; ++j) ks[j] = row_scale(c.k_scale, b, t0 + j, r / group);
-          scores = _mm512_mul_ps(scores, _mm512_load_ps(ks));
-        }
+        if constexpr (kFp8)
+          scores = _mm512_mul_ps(scores, _mm512_loadu_ps(rs + (r / group) * bs + t0));
         _mm512_mask_storeu_ps(sc + int64_t(r) * Ls + p0 - P0 + t0, __mmask16((1u << nt) - 1),
                               scores);
       }
@@ -249,6 +250,7 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
                      last ? 0 : std::min(bs, L - p0 - bs));
     const int steps = (nk + 1) / 2 * nh;
     const int per_step = (pf.lines() + steps - 1) / steps;
+    if constexpr (kFp8) row_scales(c.v_scale, b, nk);
     for (int j = 0; j < nk; j += 2) {
       const bool pair = j + 1 < nk;
       const T* vr = vb + j * lds;
@@ -259,8 +261,8 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
         if (pair) load_row<NV>(vr + lds + int64_t(h) * D, y);
         float vs0 = 1, vs1 = 1;  // fp8: the two rows' scales
         if constexpr (kFp8) {
-          vs0 = row_scale(c.v_scale, b, j, h);
-          if (pair) vs1 = row_scale(c.v_scale, b, j + 1, h);
+          vs0 = rs[h * bs + j];
+          if (pair) vs1 = rs[h * bs + j + 1];
         }
         for (int g = 0; g < group; ++g) {
           const int r = h * group + g;
