@@ -1,5 +1,7 @@
 // Decode attention over the paged KV cache (cpu::paged_attention) on gpt2-124m's shape: one
-// token's 12 layers for --streams sequences of --context cached positions, fp32 and bf16 pools.
+// token's 12 layers for --streams sequences of --context cached positions, fp32, bf16 and fp8
+// pools (fp8: E4M3 codes and a scale byte per row, kernels/cpu/kv_fp8.h); each type's time
+// against fp32's.
 // Between tokens a buffer the size of the int8 weights (128 MB) is read, as the GEMVs would, so
 // the keys and values come from memory, not the caches. Prints microseconds per token (all
 // layers) and the KV bytes read per second against the streaming-read probe of `loom bench serve
@@ -26,7 +28,9 @@
 #include "core/dtype.h"
 #include "core/log.h"
 #include "infer/decode_bench.h"
+#include "infer/kv_cache.h"
 #include "kernels/cpu/gemm_lowp_pages.h"
+#include "kernels/cpu/kv_fp8.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace {}  // namespace
@@ -81,15 +85,29 @@ int main(int argc, char** argv) {
     double best, mean, bytes;
   };
   std::vector<Row> rows;
-  for (DType dt : {DType::F32, DType::BF16}) {
-    const size_t esz = dt == DType::F32 ? 4 : 2;
+  for (DType dt : {DType::F32, DType::BF16, DType::F8E4M3}) {
+    const size_t esz = dtype_size(dt);
     // On huge pages, as infer::KvCache keeps its pool.
-    std::vector<cpu::HugeBuffer> k(layers), v(layers);
+    std::vector<cpu::HugeBuffer> k(layers), v(layers), ks(layers), vs(layers);
     std::mt19937 rng(2);
     std::uniform_real_distribution<float> ud(-1, 1);
     for (int l = 0; l < layers; ++l) {
       k[l] = cpu::HugeBuffer(pool * esz);
       v[l] = cpu::HugeBuffer(pool * esz);
+      if (dt == DType::F8E4M3) {  // random rows, encoded as paged_kv_write does
+        ks[l] = cpu::HugeBuffer(pool / D);
+        vs[l] = cpu::HugeBuffer(pool / D);
+        std::vector<float> row(D);
+        for (size_t r = 0; r < pool / D; ++r) {
+          for (float& x : row) x = ud(rng);
+          ks[l].as<uint8_t>()[r] =
+              cpu::kv_fp8_encode_row(row.data(), D, k[l].as<uint8_t>() + r * D);
+          for (float& x : row) x = ud(rng);
+          vs[l].as<uint8_t>()[r] =
+              cpu::kv_fp8_encode_row(row.data(), D, v[l].as<uint8_t>() + r * D);
+        }
+        continue;
+      }
       for (size_t e = 0; e < pool; ++e) {
         const float a = ud(rng), b = ud(rng);
         if (dt == DType::F32) {
@@ -120,21 +138,27 @@ int main(int argc, char** argv) {
         c.block_size = bs;
         c.n_kv_head = H;
         c.head_dim = D;
+        if (dt == DType::F8E4M3) {
+          c.k_scale = ks[l].as<uint8_t>();
+          c.v_scale = vs[l].as<uint8_t>();
+        }
         cpu::paged_attention(out.data(), q.data(), ld, c, chunks.data(), streams, H, scale);
       }
       const double t = loom::now_seconds() - t0;
       best = std::min(best, t);
       total += t;
     }
-    const double bytes = 2.0 * layers * streams * context * H * D * esz;
+    const double bytes =
+        2.0 * layers * streams * context * H * (D * esz + (dt == DType::F8E4M3 ? 1 : 0));
     rows.push_back({dt, best, total / reps, bytes});
   }
   const double probe = std::max(probe_before, infer::measure_read_bandwidth_gbs());
   for (const Row& r : rows)
     std::printf(
         "  %s cache: best %.1f us/token (mean %.1f), %.2f MB of KV, %.1f GB/s = %.0f%% of the "
-        "probe's %.1f; load %.2f\n",
-        r.dt == DType::F32 ? "fp32" : "bf16", r.best * 1e6, r.mean * 1e6, r.bytes / 1e6,
-        r.bytes / r.best / 1e9, 100 * r.bytes / r.best / 1e9 / probe, probe, loom::load_average());
+        "probe's %.1f; %.2fx fp32's speed; load %.2f\n",
+        infer::kv_stored_name(r.dt), r.best * 1e6, r.mean * 1e6, r.bytes / 1e6,
+        r.bytes / r.best / 1e9, 100 * r.bytes / r.best / 1e9 / probe, probe, rows[0].best / r.best,
+        loom::load_average());
   return 0;
 }

@@ -209,13 +209,14 @@ int run_bench_serve(const Args& args) {
     const infer::DecodeBenchResult r =
         infer::run_decode_bench(*runner, ec, quant->bytes_per_token(), d);
     std::printf(
-        "decode (%s weights, %d threads): single stream %.2f tok/s; roofline %.2f tok/s "
+        "decode (%s weights, %s KV cache of %d blocks, %d threads): single stream %.2f tok/s; "
+        "roofline %.2f tok/s "
         "(%.1f MB/token at %.2f GB/s read) -> %.1f%% of roofline; %d streams %.2f tok/s "
         "aggregate (%.3f ms CPU per token); prefill of %d tokens %.3f s; load %.2f\n",
-        weights.c_str(), threads, r.single_tokens_per_s, r.roofline_tokens_per_s,
-        r.bytes_per_token / 1e6, r.read_bandwidth_gbs, 100 * r.roofline_ratio, r.streams,
-        r.batch_tokens_per_s, r.batch_cpu_seconds_per_token * 1e3, spec.input_len,
-        r.prefill_seconds, load_average());
+        weights.c_str(), r.kv_cache_dtype.c_str(), r.kv_blocks, threads, r.single_tokens_per_s,
+        r.roofline_tokens_per_s, r.bytes_per_token / 1e6, r.read_bandwidth_gbs,
+        100 * r.roofline_ratio, r.streams, r.batch_tokens_per_s,
+        r.batch_cpu_seconds_per_token * 1e3, spec.input_len, r.prefill_seconds, load_average());
     std::printf("%s", r.profile_text().c_str());
     Json j = r.to_json();
     if (torch_single > 0) {

@@ -62,6 +62,8 @@ int run_generate(const Args& args) {
   const DeviceChoice dev = select_serving_device(o.get("device"), "--device", "generating");
   const infer::WeightType weights = engine_weights_from(o);
   check_serving_weights(o.get("weights"), "--weights", dev);
+  infer::EngineConfig ec = engine_config_from(o);
+  check_serving_kv_cache(ec, dev);
   // Options first, in the names the user typed, before any file is read.
   const double temperature = o.get_double("temperature"), top_p = o.get_double("top-p"),
                min_p = o.get_double("min-p"), rep = o.get_double("repetition-penalty");
@@ -98,7 +100,6 @@ int run_generate(const Args& args) {
   sp.ignore_eos = o.has("ignore-eos");
   infer::validate(sp, model->config().vocab);
 
-  infer::EngineConfig ec = engine_config_from(o);
   set_text_codec(ec, tok.get(), chat.get());
   auto encode = [&](const Json& line, const std::string& where) {
     std::vector<int32_t> ids;

@@ -108,6 +108,7 @@ int run_serve_here(const Args& args) {
   const DeviceChoice dev = select_serving_device(o.get("device"), "--device", "serving");
   check_serving_weights(o.get("weights"), "--weights", dev);
   infer::EngineConfig ec = engine_config_from(o);
+  check_serving_kv_cache(ec, dev);
   ec.max_queue = static_cast<int>(o.get_int("max-queue", 1, 1 << 20));
 
   comm::Communicator& world = comm::world();
@@ -143,14 +144,14 @@ int run_serve_here(const Args& args) {
   if (world.rank() != 0) {
     // The engine's cache on rank 0 has this many blocks too (the same config and spec).
     infer::DecoderRunner probe(*model);
-    const int blocks =
-        infer::KvCache::blocks_for_bytes(probe.kv_spec(), ec.block_size, ec.kv_cache_bytes);
+    const int blocks = infer::KvCache::blocks_for_bytes(
+        infer::kv_spec_with(probe.kv_spec(), ec.kv_cache_dtype), ec.block_size, ec.kv_cache_bytes);
     // SIGTERM reaches every rank under loom launch: rank 0 drains and then says stop.
     std::signal(SIGTERM, SIG_IGN);
     std::signal(SIGINT, SIG_IGN);
     log_info("tensor-parallel rank ", world.rank(), " of ", tp, ": serving steps for rank 0");
     infer::run_tp_worker(*model, groups->tp(), ec.block_size, blocks, tp_timeout,
-                         tp_startup_timeout);
+                         tp_startup_timeout, ec.kv_cache_dtype);
     return 0;
   }
   so.max_seq = model->config().max_seq;
@@ -188,7 +189,8 @@ int run_serve_here(const Args& args) {
   server.set_ready(true);
   log_info("serving ", so.model_name, " on ", dev.describe, " (", model->config().num_params(),
            " parameters, ", infer::weight_type_name(weights), " weights, ",
-           engine.cache().num_blocks(), " KV blocks of ", engine.cache().block_size(), " tokens",
+           engine.cache().num_blocks(), " KV blocks of ", engine.cache().block_size(),
+           " tokens in ", infer::kv_stored_name(engine.cache().view().spec.dtype),
            tp > 1 ? cat(", tensor parallel over ", tp, " ranks") : std::string(), ") on http://",
            so.host, ":", port, " (pid ", ::getpid(), ": SIGTERM drains, then stops every rank)");
   std::printf("listening on http://%s:%d\n", so.host.c_str(), port);

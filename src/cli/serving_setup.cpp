@@ -13,6 +13,10 @@ void declare_engine_options(Options& o) {
       .value("max-batched-tokens", "512",
              "engine: tokens per step (decodes first, then prefill chunks)")
       .value("kv-cache-mb", "512", "engine: KV cache size")
+      .value("kv-cache-dtype", "auto",
+             "engine: what the KV cache stores: auto (the model's compute type), fp32, bf16 or "
+             "fp8 (e4m3, a power-of-two scale per row of a head; CPU only); narrower types fit "
+             "more tokens in --kv-cache-mb")
       .value("weights", "fp32",
              "engine: linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with "
              "per-channel scales); fp32 compute; bf16, int8 and fp8 on the CPU only")
@@ -29,6 +33,11 @@ infer::EngineConfig engine_config_from(const Options& o) {
   ec.scheduler.max_num_seqs = o.get_int32("max-num-seqs", 1, 4096);
   ec.scheduler.max_batched_tokens = o.get_int32("max-batched-tokens", 1, 1 << 20);
   ec.kv_cache_bytes = o.get_int("kv-cache-mb", 1, 1 << 20) << 20;
+  try {
+    ec.kv_cache_dtype = infer::kv_cache_dtype_from_name(o.get("kv-cache-dtype"));
+  } catch (const Error& e) {
+    fail("--kv-cache-dtype: ", e.what());
+  }
   infer::SpeculativeConfig& sc = ec.speculative;
   try {
     sc.method = infer::speculative_method_from_name(o.get("speculative"));
@@ -101,6 +110,13 @@ DeviceChoice select_serving_device(const std::string& device, const std::string&
                       : (cuda_built() ? " (no CUDA device is visible)"
                                       : " (this build has no CUDA backend)"));
   return dev;
+}
+
+void check_serving_kv_cache(const infer::EngineConfig& ec, const DeviceChoice& dev) {
+  if (dev.cuda && ec.kv_cache_dtype == infer::KvCacheDtype::FP8)
+    fail("--kv-cache-dtype fp8 on ", dev.describe,
+         ": the fp8 KV cache's kernels are CPU ones; on the GPU use --kv-cache-dtype auto, fp32 "
+         "or bf16, or --device cpu");
 }
 
 void check_serving_weights(const std::string& weights, const std::string& key,

@@ -17,9 +17,10 @@
 namespace loom::cli {
 
 // The engine's options, declared once so the three commands take the same names, defaults and
-// help: --max-num-seqs (64), --max-batched-tokens (512), --kv-cache-mb (512) and --weights
-// (fp32). 512 MB of KV cache holds 113 tokens for each of the 64 sequences of gpt2-124m in fp32
-// (73.7 KB per token): a full batch of short requests stays resident. Speculative decoding:
+// help: --max-num-seqs (64), --max-batched-tokens (512), --kv-cache-mb (512), --kv-cache-dtype
+// (auto: the model's compute type) and --weights (fp32). 512 MB of KV cache holds 113 tokens for
+// each of the 64 sequences of gpt2-124m in fp32 (73.7 KB per token): a full batch of short requests
+// stays resident. Speculative decoding:
 // --speculative (none | ngram), --num-speculative-tokens (4), --ngram-prompt-lookup-max (4) and
 // --ngram-prompt-lookup-min (1).
 void declare_engine_options(Options& o);
@@ -47,6 +48,8 @@ void set_text_codec(infer::EngineConfig& cfg, const data::BpeTokenizer* tok,
 DeviceChoice select_serving_device(const std::string& device, const std::string& key,
                                    const std::string& doing);
 
+// --kv-cache-dtype fp8 on a GPU: an error naming the option (its kernels are CPU ones).
+void check_serving_kv_cache(const infer::EngineConfig& ec, const DeviceChoice& dev);
 // Refuses, naming `key`, a weight type the device cannot decode with: the weight-only copies
 // (bf16, int8, fp8) are CPU kernels over host memory; on a GPU the model decodes with the
 // weights it holds (fp32, or bf16 values under a bf16 checkpoint's precision policy).

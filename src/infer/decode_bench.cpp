@@ -183,9 +183,11 @@ DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, 
       r.streams_cpu_seconds = end.second - last_first.second;
     }
   }
-  const KvSpec kv = runner.kv_spec();
-  const double kv_per_pos =
-      2.0 * kv.n_layer * kv.n_kv_head * kv.head_dim * (kv.dtype == DType::BF16 ? 2 : 4);
+  const KvSpec kv = kv_spec_with(runner.kv_spec(), ec.kv_cache_dtype);
+  r.kv_cache_dtype = kv_stored_name(kv.dtype);
+  r.kv_blocks = ec.num_blocks > 0 ? ec.num_blocks
+                                  : KvCache::blocks_for_bytes(kv, ec.block_size, ec.kv_cache_bytes);
+  const double kv_per_pos = double(KvCache::bytes_per_block(kv, 1));
   const double mean_context = o.input_len + o.output_len / 2.0;
   r.bytes_per_token = weight_bytes + kv_per_pos * mean_context;
   r.roofline_tokens_per_s = r.read_bandwidth_gbs * 1e9 / r.bytes_per_token;
@@ -195,6 +197,8 @@ DecodeBenchResult run_decode_bench(ModelRunner& runner, const EngineConfig& ec, 
 
 Json DecodeBenchResult::to_json() const {
   Json j = Json::object();
+  j["kv_cache_dtype"] = kv_cache_dtype;
+  j["kv_blocks"] = kv_blocks;
   j["read_bandwidth_gb_s"] = read_bandwidth_gbs;
   j["prefill_seconds"] = prefill_seconds;
   j["single_stream_tokens_per_s"] = single_tokens_per_s;
@@ -223,6 +227,12 @@ Json DecodeBenchResult::to_json() const {
     t["engine_step"] = (p.seconds[P::kStep] - p.seconds[P::kForward] - p.seconds[P::kSample]) * per;
     t["between_steps"] = (decode_seconds - p.seconds[P::kStep]) * per;
     j["single_stream_ms_per_token"] = t;
+  }
+  if (streams_seconds > 0) {
+    // Shares of the many streams' wall clock: where a step's time goes.
+    using P = DecodeProfile;
+    j["streams_attention_share"] = streams_profile.seconds[P::kAttention] / streams_seconds;
+    j["streams_gemv_share"] = streams_profile.seconds[P::kGemv] / streams_seconds;
   }
   return j;
 }

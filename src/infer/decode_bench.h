@@ -32,6 +32,8 @@ struct DecodeBenchOptions {
 };
 
 struct DecodeBenchResult {
+  std::string kv_cache_dtype;  // what the KV pool stored ("fp32", "bf16", "fp8")
+  int kv_blocks = 0;           // blocks of the pool: what the memory budget bought
   double read_bandwidth_gbs = 0;
   double prefill_seconds = 0;
   double single_tokens_per_s = 0;  // one stream, after its first token

@@ -40,10 +40,11 @@ struct LoomEngine::Request {
 LoomEngine::LoomEngine(ModelRunner& runner, const EngineConfig& cfg)
     : runner_(runner),
       cfg_(cfg),
-      cache_(runner.kv_spec(), cfg.block_size,
+      cache_(kv_spec_with(runner.kv_spec(), cfg.kv_cache_dtype), cfg.block_size,
              cfg.num_blocks > 0
                  ? cfg.num_blocks
-                 : KvCache::blocks_for_bytes(runner.kv_spec(), cfg.block_size, cfg.kv_cache_bytes),
+                 : KvCache::blocks_for_bytes(kv_spec_with(runner.kv_spec(), cfg.kv_cache_dtype),
+                                             cfg.block_size, cfg.kv_cache_bytes),
              runner.cache_backend()),
       scheduler_(cfg.scheduler, cache_) {
   validate(cfg.speculative);
@@ -51,6 +52,8 @@ LoomEngine::LoomEngine(ModelRunner& runner, const EngineConfig& cfg)
              "speculative decoding needs a model runner that scores every guess in one pass; "
              "this one (tensor-parallel serving) does not");
   stats_.kv_blocks_total = cache_.num_blocks();
+  stats_.kv_block_size = cache_.block_size();
+  stats_.kv_cache_dtype = kv_stored_name(cache_.view().spec.dtype);
   logits_.resize(size_t(runner.vocab()));
 }
 

@@ -26,6 +26,8 @@ struct EngineConfig {
   int block_size = 16;
   int64_t kv_cache_bytes = int64_t(256) << 20;  // the pool's size, unless num_blocks is set
   int num_blocks = 0;
+  // What the pool stores (kv_cache.h): a narrower type buys more blocks of kv_cache_bytes.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto;
   int max_queue = 1024;          // requests waiting or running; more are refused (429)
   std::vector<int32_t> eos_ids;  // end of text / end of turn: finish with "stop"
   // Text of a list of ids (the tokenizer's decode); empty function: no text, no stop strings.

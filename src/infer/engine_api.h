@@ -31,7 +31,9 @@ class TokenConstraint;
 // ---- engine <-> model ------------------------------------------------------------------------
 
 // Shape of the KV cache a model needs. The pool stores, per layer, keys and values as
-// [num_blocks, block_size, n_kv_head, head_dim] in `dtype` (fp32 or bf16).
+// [num_blocks, block_size, n_kv_head, head_dim] in `dtype`: fp32, bf16, or F8E4M3 codes with a
+// scale byte per (slot, head) row (kernels/cpu/kv_fp8.h). A runner reports its compute type;
+// the engine's --kv-cache-dtype may store another (infer/kv_cache.h).
 struct KvSpec {
   int n_layer = 0, n_kv_head = 0, head_dim = 0;
   DType dtype = DType::F32;
@@ -46,6 +48,8 @@ struct KvCacheView {
   int block_size = 16;
   int num_blocks = 0;
   std::vector<void*> k, v;  // [n_layer], element type spec.dtype
+  // [n_layer] fp8 row scales, [num_blocks, block_size, n_kv_head] bytes each (empty otherwise).
+  std::vector<uint8_t*> k_scale, v_scale;
 };
 
 // One sequence's work in a step: `n` new tokens (a prefill chunk, or 1 for a decode) at
@@ -137,6 +141,8 @@ struct EngineStats {
   // _num_accepted_tokens): verification passes with guesses, guesses, guesses kept.
   int64_t spec_drafts_total = 0, spec_draft_tokens_total = 0, spec_accepted_tokens_total = 0;
   int kv_blocks_total = 0, kv_blocks_used = 0;
+  int kv_block_size = 0;                // tokens per block
+  const char* kv_cache_dtype = "fp32";  // what the pool stores (--kv-cache-dtype's names)
 };
 
 // Thrown by Engine::submit: the request can never run (400), the queue is full (429), or the

@@ -44,8 +44,51 @@ KvCache::~KvCache() {
   g_spare = std::move(pool_);
 }
 
+KvCacheDtype kv_cache_dtype_from_name(const std::string& name) {
+  if (name == "auto") return KvCacheDtype::Auto;
+  if (name == "fp32") return KvCacheDtype::F32;
+  if (name == "bf16") return KvCacheDtype::BF16;
+  if (name == "fp8") return KvCacheDtype::FP8;
+  fail("unknown KV cache dtype '", name, "' (auto, fp32, bf16 or fp8)");
+}
+
+const char* kv_cache_dtype_name(KvCacheDtype d) {
+  switch (d) {
+    case KvCacheDtype::Auto:
+      return "auto";
+    case KvCacheDtype::F32:
+      return "fp32";
+    case KvCacheDtype::BF16:
+      return "bf16";
+    case KvCacheDtype::FP8:
+      return "fp8";
+  }
+  return "?";
+}
+
+KvSpec kv_spec_with(KvSpec s, KvCacheDtype d) {
+  if (d == KvCacheDtype::F32) s.dtype = DType::F32;
+  if (d == KvCacheDtype::BF16) s.dtype = DType::BF16;
+  if (d == KvCacheDtype::FP8) s.dtype = DType::F8E4M3;
+  return s;
+}
+
+const char* kv_stored_name(DType t) {
+  return t == DType::F8E4M3 ? "fp8" : t == DType::BF16 ? "bf16" : "fp32";
+}
+
+namespace {
+
+// Bytes of one layer's keys (or values) per slot: every head's row, and an fp8 row's scale byte.
+int64_t slot_bytes(const KvSpec& s) {
+  return int64_t(s.n_kv_head) *
+         (s.head_dim * int64_t(dtype_size(s.dtype)) + (s.dtype == DType::F8E4M3 ? 1 : 0));
+}
+
+}  // namespace
+
 int64_t KvCache::bytes_per_block(const KvSpec& s, int block_size) {
-  return 2 * int64_t(s.n_layer) * block_size * s.n_kv_head * s.head_dim * dtype_size(s.dtype);
+  return 2 * int64_t(s.n_layer) * block_size * slot_bytes(s);
 }
 
 int KvCache::blocks_for_bytes(const KvSpec& s, int block_size, int64_t bytes) {
@@ -53,15 +96,22 @@ int KvCache::blocks_for_bytes(const KvSpec& s, int block_size, int64_t bytes) {
 }
 
 KvCache::KvCache(const KvSpec& spec, int block_size, int num_blocks, Backend* backend) {
-  LOOM_CHECK(spec.dtype == DType::F32 || spec.dtype == DType::BF16,
-             "the KV cache stores fp32 or bf16, not ", dtype_name(spec.dtype));
+  LOOM_CHECK(spec.dtype == DType::F32 || spec.dtype == DType::BF16 || spec.dtype == DType::F8E4M3,
+             "the KV cache stores fp32, bf16 or fp8, not ", dtype_name(spec.dtype));
+  const bool fp8 = spec.dtype == DType::F8E4M3;
+  LOOM_CHECK(!fp8 || !backend,
+             "--kv-cache-dtype fp8 is a CPU cache (its kernels are CPU ones); on a device use "
+             "fp32 or bf16");
   LOOM_CHECK(block_size > 0 && num_blocks > 0, "KV cache of ", num_blocks, " blocks of ",
              block_size, " tokens");
   view_.spec = spec;
   view_.block_size = block_size;
   view_.num_blocks = num_blocks;
-  const size_t layer_bytes =
-      size_t(num_blocks) * block_size * spec.n_kv_head * spec.head_dim * dtype_size(spec.dtype);
+  // Per layer: the keys' elements, the values', then (fp8) the keys' and the values' row scales.
+  const size_t slots = size_t(num_blocks) * block_size;
+  const size_t elem_bytes = slots * spec.n_kv_head * spec.head_dim * dtype_size(spec.dtype);
+  const size_t scale_bytes = fp8 ? slots * spec.n_kv_head : 0;
+  const size_t layer_bytes = 2 * (elem_bytes + scale_bytes);
   // One allocation on huge pages (decode attention reads a token's keys and values from blocks
   // anywhere in the pool): the spare pool if it has this size, else a new zero-filled one whose
   // pages are faulted in as blocks are first written.
@@ -69,16 +119,20 @@ KvCache::KvCache(const KvSpec& spec, int block_size, int num_blocks, Backend* ba
   // kernel could turn into NaNs.
   uint8_t* base = nullptr;
   if (backend) {
-    device_pool_ =
-        BackendBuffer::zeroed(*backend, 2 * size_t(spec.n_layer) * layer_bytes, "kv_cache");
+    device_pool_ = BackendBuffer::zeroed(*backend, size_t(spec.n_layer) * layer_bytes, "kv_cache");
     base = device_pool_.as<uint8_t>();
   } else {
-    pool_ = take_pool(2 * size_t(spec.n_layer) * layer_bytes);
+    pool_ = take_pool(size_t(spec.n_layer) * layer_bytes);
     base = pool_.as<uint8_t>();
   }
   for (int l = 0; l < spec.n_layer; ++l) {
-    view_.k.push_back(base + (2 * size_t(l)) * layer_bytes);
-    view_.v.push_back(base + (2 * size_t(l) + 1) * layer_bytes);
+    uint8_t* layer = base + size_t(l) * layer_bytes;
+    view_.k.push_back(layer);
+    view_.v.push_back(layer + elem_bytes);
+    if (fp8) {
+      view_.k_scale.push_back(layer + 2 * elem_bytes);
+      view_.v_scale.push_back(layer + 2 * elem_bytes + scale_bytes);
+    }
   }
   ref_.assign(size_t(num_blocks), 0);
   hash_.assign(size_t(num_blocks), 0);

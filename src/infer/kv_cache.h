@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <list>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -25,15 +26,28 @@
 
 namespace loom::infer {
 
+// What the pool stores (--kv-cache-dtype, vLLM's flag): auto is the model's compute type (fp32,
+// or bf16 for a bf16 model); fp8 is E4M3 codes with a power-of-two scale per row of head_dim
+// (kernels/cpu/kv_fp8.h), CPU only.
+enum class KvCacheDtype { Auto, F32, BF16, FP8 };
+KvCacheDtype kv_cache_dtype_from_name(const std::string& name);  // throws naming the choices
+const char* kv_cache_dtype_name(KvCacheDtype d);                 // "auto", "fp32", ...
+// The model's spec with the stored type `d` chose.
+KvSpec kv_spec_with(KvSpec model, KvCacheDtype d);
+// A stored type's --kv-cache-dtype name: "fp32", "bf16", "fp8".
+const char* kv_stored_name(DType stored);
+
 class KvCache {
  public:
   // backend: where the pool lives (ModelRunner::cache_backend; null: host memory, with the
-  // spare pool). A device pool is one buffer of that backend, zero-filled, with no spare.
+  // spare pool). A device pool is one buffer of that backend, zero-filled, with no spare; an
+  // fp8 one is refused (the device kernels read fp32 and bf16).
   KvCache(const KvSpec& spec, int block_size, int num_blocks, Backend* backend = nullptr);
   ~KvCache();  // leaves the pool as the spare (replacing an older spare)
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
-  // How many blocks a memory budget buys (keys and values of every layer, in spec.dtype).
+  // How many blocks a memory budget buys (keys and values of every layer, in spec.dtype, and an
+  // fp8 pool's row scales).
   static int blocks_for_bytes(const KvSpec& spec, int block_size, int64_t bytes);
   static int64_t bytes_per_block(const KvSpec& spec, int block_size);
 

@@ -17,11 +17,17 @@ struct PagedAttention : ForwardAttention {
   double positions = 0;  // keys and values read: every cached and new position of a chunk
   void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
                float* out) override {
+    const bool fp8 = cache->spec.dtype == DType::F8E4M3;
+    // Bytes per row of D: fp8's scale byte besides its codes.
     ProfileScope profile(DecodeProfile::kAttention,
-                         positions * 2 * Hkv * D * dtype_size(cache->spec.dtype));
+                         positions * 2 * Hkv * (D * dtype_size(cache->spec.dtype) + (fp8 ? 1 : 0)));
     PagedKvBuffers kv;
     kv.k = cache->k[size_t(layer)];
     kv.v = cache->v[size_t(layer)];
+    if (fp8) {
+      kv.k_scale = cache->k_scale[size_t(layer)];
+      kv.v_scale = cache->v_scale[size_t(layer)];
+    }
     kv.dtype = cache->spec.dtype;
     kv.num_blocks = cache->num_blocks;
     kv.block_size = cache->block_size;

@@ -1,7 +1,9 @@
 // The Decoder as the serving engine's ModelRunner: a batch of sequence chunks runs as one packed
 // forward-only pass (Decoder::forward_logits), with each layer's attention core replaced by
 // attention over the paged KV cache (the chunk's new keys and values written into its blocks
-// first). Keys and values are cached in the model's compute type (bf16 halves the cache).
+// first). Keys and values are cached in the type of the engine's cache (KvCacheView::spec: the
+// model's compute type unless --kv-cache-dtype says otherwise), which the paged ops read as
+// stored.
 // Everything runs through the model's Backend (Backend::paged_kv_write / paged_attention): on
 // a device the KV pool and the step's chunk table (block tables included, uploaded once per
 // step) are device buffers, and the logits come back in one copy per step.

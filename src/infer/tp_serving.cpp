@@ -91,10 +91,10 @@ void TpLeaderRunner::stop() {
 }
 
 void run_tp_worker(Decoder& model, comm::Communicator& tp, int block_size, int num_blocks,
-                   double timeout_s, double startup_timeout_s) {
+                   double timeout_s, double startup_timeout_s, KvCacheDtype kv_dtype) {
   LOOM_CHECK(tp.rank() != 0, "rank 0 of the tensor-parallel group runs the engine, not a worker");
   DecoderRunner runner(model);
-  KvCache cache(runner.kv_spec(), block_size, num_blocks);
+  KvCache cache(kv_spec_with(runner.kv_spec(), kv_dtype), block_size, num_blocks);
   const std::string me = cat("tensor-parallel rank ", tp.rank());
   std::vector<int32_t> payload;
   std::vector<SeqChunk> batch;

@@ -19,6 +19,7 @@
 
 #include "comm/communicator.h"
 #include "infer/engine_api.h"
+#include "infer/kv_cache.h"
 #include "infer/model_runner.h"
 #include "model/decoder.h"
 
@@ -68,10 +69,11 @@ class TpLeaderRunner : public ModelRunner {
 
 // Ranks 1.. of the group: runs the steps rank 0 broadcasts, against this rank's own KV cache of
 // `num_blocks` blocks of `block_size` tokens (rank 0's engine must have the same number), until
-// rank 0 says stop. Throws when rank 0's ready message does not come within startup_timeout_s,
-// when nothing comes for timeout_s seconds after it (rank 0 gone or stuck), or when a step does
-// not fit this rank's cache.
+// rank 0 says stop; the cache stores `kv_dtype` (rank 0's engine config's). Throws when rank 0's
+// ready message does not come within startup_timeout_s, when nothing comes for timeout_s seconds
+// after it (rank 0 gone or stuck), or when a step does not fit this rank's cache.
 void run_tp_worker(Decoder& model, comm::Communicator& tp, int block_size, int num_blocks,
-                   double timeout_s, double startup_timeout_s = kTpStartupTimeoutSeconds);
+                   double timeout_s, double startup_timeout_s = kTpStartupTimeoutSeconds,
+                   KvCacheDtype kv_dtype = KvCacheDtype::Auto);
 
 }  // namespace loom::infer

@@ -12,13 +12,17 @@
 
 namespace loom {
 
-// One layer's pools, [num_blocks, block_size, n_kv_head, head_dim] elements of `dtype` (fp32 or
-// bf16) each: buffers of the backend the ops run on.
+// One layer's pools, [num_blocks, block_size, n_kv_head, head_dim] elements of `dtype` (fp32,
+// bf16, or F8E4M3 codes) each: buffers of the backend the ops run on. An fp8 pool has a scale
+// byte per row too (kernels/cpu/kv_fp8.h), [num_blocks, block_size, n_kv_head] of them in
+// k_scale / v_scale (null otherwise).
 struct PagedKvBuffers {
   void* k = nullptr;
   void* v = nullptr;
   DType dtype = DType::F32;
   int num_blocks = 0, block_size = 16, n_kv_head = 0, head_dim = 0;
+  uint8_t* k_scale = nullptr;
+  uint8_t* v_scale = nullptr;
 };
 
 // The chunk table: per chunk kPagedChunkInts int32 fields, then every chunk's block table. A

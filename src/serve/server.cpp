@@ -217,6 +217,11 @@ std::string Server::metrics_text() const {
        number_text(in_flight_.load()));
   line("kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use.",
        number_text(s.kv_blocks_total ? double(s.kv_blocks_used) / s.kv_blocks_total : 0.0));
+  // vLLM's cache_config_info: the pool's configuration as labels of a constant 1.
+  out += cat("# HELP loom:cache_config_info Information of the KV cache's configuration.\n",
+             "# TYPE loom:cache_config_info gauge\nloom:cache_config_info{block_size=\"",
+             s.kv_block_size, "\",cache_dtype=\"", s.kv_cache_dtype, "\",num_blocks=\"",
+             s.kv_blocks_total, "\"} 1\n");
   line("prompt_tokens_total", "counter", "Prompt tokens computed.",
        number_text(s.prompt_tokens_total));
   line("generation_tokens_total", "counter", "Tokens generated.",

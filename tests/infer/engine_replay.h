@@ -60,8 +60,10 @@ struct Replay {
   int blocks_left_used = -1;
 };
 
-// The schedule `s` on the model `m` (with speculative decoding as `spec` says).
-inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& spec = {}) {
+// The schedule `s` on the model `m` (with speculative decoding as `spec` says, the KV pool
+// storing `kv`).
+inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& spec = {},
+                     KvCacheDtype kv = KvCacheDtype::Auto) {
   DecoderRunner runner(m);
   const std::vector<std::vector<int32_t>> prompts = replay_prompts();
   EngineConfig cfg;
@@ -70,6 +72,7 @@ inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& 
   cfg.scheduler.max_batched_tokens = s.budget;
   cfg.scheduler.chunked_prefill = s.chunked;
   cfg.speculative = spec;
+  cfg.kv_cache_dtype = kv;
   LoomEngine e(runner, cfg);
   std::map<int64_t, size_t> index;
   Replay r;

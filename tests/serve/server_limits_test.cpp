@@ -177,8 +177,8 @@ TEST_F(Fixture, UsageSumsEveryPrompt) {
 // "Expect: 100-continue" is answered at once; 413 is for bodies past the limit only.
 TEST_F(Fixture, BodiesOfAnyContentTypeAreReadAsJson) {
   start();
-  const std::string body = R"({"prompt": "x", "max_tokens": 1, "user": ")" +
-                           std::string(10000, 'u') + R"("})";
+  const std::string body =
+      R"({"prompt": "x", "max_tokens": 1, "user": ")" + std::string(10000, 'u') + R"("})";
   auto r = client().Post("/v1/completions", body, "application/x-www-form-urlencoded");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
@@ -258,6 +258,8 @@ struct CountingEngine : infer::Engine {
     s.cached_tokens_total = 16777217;
     s.kv_blocks_total = 3;
     s.kv_blocks_used = 1;
+    s.kv_block_size = 16;
+    s.kv_cache_dtype = "fp8";
     return s;
   }
 };
@@ -279,6 +281,7 @@ TEST(ServerMetrics, CountersArePrintedExactly) {
   for (const char* line :
        {"loom:prompt_tokens_total 12345678901\n", "loom:generation_tokens_total 1000001\n",
         "loom:prompt_tokens_cached_total 16777217\n",
-        "loom:kv_cache_usage_perc 0.3333333333333333\n"})
+        "loom:kv_cache_usage_perc 0.3333333333333333\n",
+        "loom:cache_config_info{block_size=\"16\",cache_dtype=\"fp8\",num_blocks=\"3\"} 1\n"})
     EXPECT_NE(m->body.find(line), std::string::npos) << line << m->body;
 }

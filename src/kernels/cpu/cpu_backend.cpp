@@ -433,6 +433,8 @@ class CpuBackend final : public Backend {
     cpu::PagedKvLayer kv;
     kv.k = c.k;
     kv.v = c.v;
+    kv.k_scale = c.k_scale;
+    kv.v_scale = c.v_scale;
     kv.dtype = c.dtype;
     kv.num_blocks = c.num_blocks;
     kv.block_size = c.block_size;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/kv_fp8.h"
 #include "kernels/cpu/paged_decode.h"
 #include "kernels/cpu/simd_math.h"
 
@@ -17,8 +18,11 @@ namespace loom::cpu {
 namespace {
 
 void check(const PagedKvLayer& c, const PagedChunk* chunks, int nchunks) {
-  LOOM_CHECK(c.dtype == DType::F32 || c.dtype == DType::BF16,
-             "paged attention: cache storage must be fp32 or bf16");
+  LOOM_CHECK(c.dtype == DType::F32 || c.dtype == DType::BF16 || c.dtype == DType::F8E4M3,
+             "paged attention: cache storage must be fp32, bf16 or fp8 (e4m3), not ",
+             dtype_name(c.dtype));
+  LOOM_CHECK(c.dtype != DType::F8E4M3 || (c.k_scale && c.v_scale),
+             "paged attention: an fp8 cache without its row scales");
   LOOM_CHECK(c.block_size > 0 && c.n_kv_head > 0 && c.head_dim > 0 && c.num_blocks > 0,
              "paged attention: bad cache shape");
   for (int s = 0; s < nchunks; ++s) {
@@ -41,14 +45,18 @@ inline int64_t slot_offset(const PagedKvLayer& c, const int32_t* table, int p, i
   return (slot * c.n_kv_head + h) * c.head_dim;
 }
 
-// Loads D elements of the pool as fp32.
-inline void load_row(float* dst, const void* base, DType dt, int64_t off, int D) {
-  if (dt == DType::F32) {
-    const float* src = static_cast<const float*>(base) + off;
-    std::copy(src, src + D, dst);
-  } else {
+// Loads the rows of kv heads [h0, h0 + nh) of slot `slot` (nh * D elements) as fp32.
+inline void load_rows(float* dst, const void* base, const uint8_t* scales, const PagedKvLayer& c,
+                      int64_t slot, int h0, int nh) {
+  const int D = c.head_dim;
+  const int64_t off = (slot * c.n_kv_head + h0) * D;
+  if (c.dtype == DType::BF16) {
     const uint16_t* src = static_cast<const uint16_t*>(base) + off;
-    for (int d = 0; d < D; ++d) dst[d] = bf16_to_f32(src[d]);
+    for (int d = 0; d < nh * D; ++d) dst[d] = bf16_to_f32(src[d]);
+  } else {
+    const uint8_t* src = static_cast<const uint8_t*>(base) + off;
+    for (int h = 0; h < nh; ++h)
+      kv_fp8_decode_row(src + h * D, scales[slot * c.n_kv_head + h0 + h], D, dst + h * D);
   }
 }
 
@@ -108,6 +116,15 @@ void paged_kv_write(const PagedKvLayer& c, const float* k_new, const float* v_ne
     if (c.dtype == DType::F32) {
       std::copy(kr, kr + HD, static_cast<float*>(c.k) + off);
       std::copy(vr, vr + HD, static_cast<float*>(c.v) + off);
+    } else if (c.dtype == DType::F8E4M3) {
+      const int D = c.head_dim;
+      const int64_t srow = off / D;  // (slot, head 0)'s scale
+      uint8_t* kd = static_cast<uint8_t*>(c.k) + off;
+      uint8_t* vd = static_cast<uint8_t*>(c.v) + off;
+      for (int h = 0; h < c.n_kv_head; ++h) {
+        c.k_scale[srow + h] = kv_fp8_encode_row(kr + h * D, D, kd + h * D);
+        c.v_scale[srow + h] = kv_fp8_encode_row(vr + h * D, D, vd + h * D);
+      }
     } else {
       uint16_t* kd = static_cast<uint16_t*>(c.k) + off;
       uint16_t* vd = static_cast<uint16_t*>(c.v) + off;
@@ -224,7 +241,8 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
       std::fill(l.begin(), l.begin() + rows, 0.0f);
       const int last_pos = ch.start_pos + it.q1 - 1;  // the tile's last query sees [0, last_pos]
       // Row (position j of the block, head h of the range) is at kb + j * lds + h * D: in place
-      // for fp32 (a slot holds every head), in kbuf/vbuf for bf16 (the range's heads, widened).
+      // for fp32 (a slot holds every head), in kbuf/vbuf for bf16 and fp8 (the range's heads,
+      // widened: decoded and scaled, for fp8).
       const int64_t lds = f32 ? int64_t(Hkv) * D : int64_t(nh) * D;
       for (int p0 = 0; p0 <= last_pos; p0 += bs) {
         const int nk = std::min(bs, last_pos + 1 - p0);
@@ -238,8 +256,8 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
           vb = static_cast<const float*>(c.v) + off0;
         } else {
           for (int j = 0; j < nk; ++j) {
-            load_row(kbuf.data() + j * lds, c.k, c.dtype, off0 + j * int64_t(Hkv) * D, nh * D);
-            load_row(vbuf.data() + j * lds, c.v, c.dtype, off0 + j * int64_t(Hkv) * D, nh * D);
+            load_rows(kbuf.data() + j * lds, c.k, c.k_scale, c, slot0 + j, it.h0, nh);
+            load_rows(vbuf.data() + j * lds, c.v, c.v_scale, c, slot0 + j, it.h0, nh);
           }
           kb = kbuf.data();
           vb = vbuf.data();
@@ -248,7 +266,7 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
         // head's rows are Hkv * D apart, which the hardware prefetcher follows late; all of the
         // next block's rows at once overfill the line-fill buffers).
         const int next_nk = std::min(bs, last_pos + 1 - p0 - bs);
-        const size_t esz = f32 ? 4 : 2, stride = size_t(Hkv) * D * esz;
+        const size_t esz = dtype_size(c.dtype), stride = size_t(Hkv) * D * esz;
         const char *nkb = nullptr, *nvb = nullptr;
         if (next_nk > 0) {
           const int64_t next = (int64_t(ch.block_table[p0 / bs + 1]) * bs * Hkv + it.h0) * D;

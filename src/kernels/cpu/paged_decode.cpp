@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/kv_fp8.h"
 #include "kernels/cpu/lane_sums.h"
 #include "kernels/cpu/simd_math.h"
 
@@ -23,7 +25,7 @@ namespace {
 // Grow-only buffers of the thread that runs a range (OpenMP keeps its threads): a decode runs
 // once per layer and token, and allocating them each time cost more than small ranges compute.
 struct Scratch {
-  std::vector<float> q, scores, acc, sum, part, mx;
+  std::vector<float> q, scores, acc, sum, part, mx, rs;
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -40,7 +42,9 @@ constexpr __mmask16 kAll = 0xFFFF;
 // stored. bf16: each 64-byte load of 32 elements gives the even ones by a 16-bit shift and the
 // odd ones by masking off the low halves (one instruction per 16 elements, where a 16-element
 // widening takes two); the query and the value accumulators use the same order (arrange()), so
-// dot products and sums are unchanged by it. An odd last 16 are widened in order.
+// dot products and sums are unchanged by it. An odd last 16 are widened in order. fp8 (E4M3
+// codes): 2^-8 times each code's value, in order (the row's scale and the 2^8 are applied to its
+// finished dot product and its value weight).
 template <int NV>
 inline void load_row(const float* p, __m512* x) {
   for (int i = 0; i < NV; ++i) x[i] = _mm512_loadu_ps(p + 16 * i);
@@ -61,11 +65,37 @@ inline void load_row(const uint16_t* p, __m512* x) {
   }
 }
 
+// An E4M3 code is an fp16 number with the top exponent bit zero, the exponent rebiased from 7 to
+// 15, so 2^-8 times the code's value (gemm_lowp.cpp's widening): the byte sign-extended and
+// shifted left by 7 puts sign, exponent and mantissa in place (the mask clears the sign's copy
+// in bit 14); the hardware's fp16 conversion is exact, subnormal codes included.
+// 32 codes at a time where AVX512BW has the 512-bit word steps (the three integer steps once for
+// both halves: 7 instructions per 32 codes where two 16-code widenings take 10).
+template <int NV>
+inline void load_row(const uint8_t* p, __m512* x) {
+  int i = 0;
+#ifdef __AVX512BW__
+  const __m512i keep32 = _mm512_set1_epi16(int16_t(0xBFFF));
+  for (; i + 2 <= NV; i += 2) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * i));
+    const __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(q), 7), keep32);
+    x[i] = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(__mmask8(0xFF), h, 0));
+    x[i + 1] = _mm512_maskz_cvtph_ps(kAll, _mm512_maskz_extracti64x4_epi64(__mmask8(0xFF), h, 1));
+  }
+#endif
+  const __m256i keep = _mm256_set1_epi16(int16_t(0xBFFF));
+  for (; i < NV; ++i) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
+    x[i] = _mm512_maskz_cvtph_ps(
+        kAll, _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(q), 7), keep));
+  }
+}
+
 // Index in the arranged order of element d of a row of D (T = uint16_t: evens then odds in
 // each 32; an odd last 16 in order).
 template <typename T>
 inline int arranged(int d, int D) {
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (sizeof(T) != 2) {
     return d;
   } else {
     const int c = d / 32 * 32;
@@ -112,7 +142,9 @@ struct Prefetcher {
 // (no online rescaling), then the values. Scores: each (position, head) leaves a vector of partial
 // products in L1, and every 16 positions of a head are reduced together (sum_lanes16). The next
 // block is prefetched a few lines per row and head while this one is summed (a sequence's
-// blocks need not be adjacent, and the hardware prefetcher stops at the end of each).
+// blocks need not be adjacent, and the hardware prefetcher stops at the end of each). fp8: each
+// score is multiplied by its row's scale (times 2^8, load_row's factor) once its 16 positions
+// are reduced, and each value weight by its row's before the weighted sum.
 template <typename T, int NV>
 void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer& c,
                   const PagedChunk& ch, int h0, int h1, int group, float scale, int seg, int nseg) {
@@ -142,6 +174,15 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
     return pool + (int64_t(ch.block_table[b]) * bs * Hkv + h0) * D;
   };
   const __m512 vscale = _mm512_set1_ps(scale);
+  constexpr bool kFp8 = std::is_same_v<T, uint8_t>;
+  // fp8: the row scales (times 2^8) of block b's nk positions, head by head: rs[h * bs + j]
+  // (16 floats of padding, so that a head's 16 may be loaded whole).
+  float* rs = kFp8 ? grown(s.rs, size_t(nh) * bs + 16) : nullptr;
+  auto row_scales = [&](const uint8_t* scales, int b, int nk) {
+    const uint8_t* sb = scales + int64_t(ch.block_table[b]) * bs * Hkv + h0;
+    for (int h = 0; h < nh; ++h)
+      for (int j = 0; j < nk; ++j) rs[h * bs + j] = kv_fp8_scale(sb[j * Hkv + h], 8);
+  };
 
   // Scores (sc[r * Ls + p - P0]).
   for (int b = b0; b < b1; ++b) {
@@ -152,6 +193,7 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
     Prefetcher<T> pf(last ? block(V, b0) : block(K, b + 1), lds, run, 0,
                      last ? std::min(bs, L - P0) : std::min(bs, L - p0 - bs));
     const int per_step = (pf.lines() + nk * nh - 1) / (nk * nh);
+    if constexpr (kFp8) row_scales(c.k_scale, b, nk);
     for (int t0 = 0; t0 < nk; t0 += 16) {
       const int nt = std::min(16, nk - t0);
       for (int j = 0; j < nt; ++j) {
@@ -173,8 +215,11 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
         __m512 v[16];
         for (int j = 0; j < 16; ++j)
           v[j] = j < nt ? _mm512_loadu_ps(part + (int64_t(r) * 16 + j) * 16) : _mm512_setzero_ps();
+        __m512 scores = _mm512_mul_ps(sum_lanes16(v), vscale);
+        if constexpr (kFp8)
+          scores = _mm512_mul_ps(scores, _mm512_loadu_ps(rs + (r / group) * bs + t0));
         _mm512_mask_storeu_ps(sc + int64_t(r) * Ls + p0 - P0 + t0, __mmask16((1u << nt) - 1),
-                              _mm512_mul_ps(sum_lanes16(v), vscale));
+                              scores);
       }
     }
     pf.finish();
@@ -205,6 +250,7 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
                      last ? 0 : std::min(bs, L - p0 - bs));
     const int steps = (nk + 1) / 2 * nh;
     const int per_step = (pf.lines() + steps - 1) / steps;
+    if constexpr (kFp8) row_scales(c.v_scale, b, nk);
     for (int j = 0; j < nk; j += 2) {
       const bool pair = j + 1 < nk;
       const T* vr = vb + j * lds;
@@ -213,13 +259,18 @@ void decode_heads(float* out, float* partial, const float* q, const PagedKvLayer
         __m512 x[NV], y[NV];
         load_row<NV>(vr + int64_t(h) * D, x);
         if (pair) load_row<NV>(vr + lds + int64_t(h) * D, y);
+        float vs0 = 1, vs1 = 1;  // fp8: the two rows' scales
+        if constexpr (kFp8) {
+          vs0 = rs[h * bs + j];
+          if (pair) vs1 = rs[h * bs + j + 1];
+        }
         for (int g = 0; g < group; ++g) {
           const int r = h * group + g;
           const float* w = sc + int64_t(r) * Ls + p0 - P0 + j;
-          const __m512 w0 = _mm512_set1_ps(w[0]);
+          const __m512 w0 = _mm512_set1_ps(kFp8 ? w[0] * vs0 : w[0]);
           float* a = acc + int64_t(r) * D;
           if (pair) {
-            const __m512 w1 = _mm512_set1_ps(w[1]);
+            const __m512 w1 = _mm512_set1_ps(kFp8 ? w[1] * vs1 : w[1]);
             for (int i = 0; i < NV; ++i)
               _mm512_storeu_ps(
                   a + 16 * i,
@@ -277,6 +328,8 @@ void paged_decode_heads(float* out, float* partial, const float* q, const PagedK
                         int nseg) {
   if (c.dtype == DType::F32)
     dispatch<float>(out, partial, q, c, ch, h0, h1, group, scale, seg, nseg);
+  else if (c.dtype == DType::F8E4M3)
+    dispatch<uint8_t>(out, partial, q, c, ch, h0, h1, group, scale, seg, nseg);
   else
     dispatch<uint16_t>(out, partial, q, c, ch, h0, h1, group, scale, seg, nseg);
 }
