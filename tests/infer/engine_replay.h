@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,11 +59,16 @@ struct Replay {
   int64_t preemptions = 0, cached_tokens = 0;
   int64_t draft_tokens = 0, accepted_tokens = 0;  // speculative guesses made and kept
   int blocks_left_used = -1;
+  int draft_blocks_left_used = 0;  // the draft model's pool (speculative method Draft)
 };
 
-// The schedule `s` on the model `m` (with speculative decoding as `spec` says).
-inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& spec = {}) {
+// The schedule `s` on the model `m` (with speculative decoding as `spec` says, `draft` its
+// draft model for method Draft).
+inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& spec = {},
+                     Decoder* draft = nullptr) {
   DecoderRunner runner(m);
+  std::unique_ptr<DecoderRunner> draft_runner;
+  if (draft) draft_runner = std::make_unique<DecoderRunner>(*draft);
   const std::vector<std::vector<int32_t>> prompts = replay_prompts();
   EngineConfig cfg;
   cfg.block_size = 8;
@@ -70,7 +76,7 @@ inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& 
   cfg.scheduler.max_batched_tokens = s.budget;
   cfg.scheduler.chunked_prefill = s.chunked;
   cfg.speculative = spec;
-  LoomEngine e(runner, cfg);
+  LoomEngine e(runner, cfg, draft_runner.get());
   std::map<int64_t, size_t> index;
   Replay r;
   r.tokens.resize(prompts.size());
@@ -104,6 +110,7 @@ inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& 
   r.draft_tokens = e.stats().spec_draft_tokens_total;
   r.accepted_tokens = e.stats().spec_accepted_tokens_total;
   r.blocks_left_used = e.cache().num_used();
+  if (e.draft()) r.draft_blocks_left_used = e.draft()->cache().num_used();
   return r;
 }
 
