@@ -512,7 +512,8 @@ void Server::embeddings(const std::shared_ptr<HttpConnection>& c, const HttpRequ
             --in_flight_;
             if (!res.error.empty()) {
               ++metrics_->requests["error"];
-              return send_error(*c, ApiError{503, res.error, "server_error", ""});
+              if (!c->closed()) send_error(*c, ApiError{503, res.error, "server_error", ""});
+              return;
             }
             ++metrics_->requests["success"];
             ++metrics_->finished["stop"];
