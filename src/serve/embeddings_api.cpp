@@ -1,5 +1,6 @@
 #include "serve/embeddings_api.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"

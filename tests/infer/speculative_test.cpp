@@ -370,10 +370,11 @@ TEST(Speculative, DraftGreedyEqualsPlainDecodingUnderEverySchedule) {
         EXPECT_EQ(got.blocks_left_used, 0) << at;
         EXPECT_EQ(got.draft_blocks_left_used, 0) << at;
         EXPECT_GT(got.draft_tokens, 0) << at;
-        if (d == &copy)
+        if (d == &copy) {
           EXPECT_GT(got.accepted_tokens, got.draft_tokens * 9 / 10) << at;
-        else
+        } else {
           EXPECT_LT(got.accepted_tokens, got.draft_tokens) << at;
+        }
       }
     }
   }

@@ -313,8 +313,11 @@ TEST_F(Fixture, MetricsUnderVllmNamesCountTheRequestsMade) {
   ASSERT_TRUE(m);
   const std::vector<Sample> samples = parse_exposition(m->body);
   const std::map<std::string, std::string> model = {{"model_name", "tiny"}};
-  for (const Sample& s : samples)
-    if (s.name.rfind("vllm:", 0) == 0) EXPECT_EQ(s.labels.count("model_name"), 1u) << s.name;
+  for (const Sample& s : samples) {
+    if (s.name.rfind("vllm:", 0) == 0) {
+      EXPECT_EQ(s.labels.count("model_name"), 1u) << s.name;
+    }
+  }
   EXPECT_EQ(value_of(samples, "vllm:prompt_tokens_total", model), double(prompt));
   EXPECT_EQ(value_of(samples, "vllm:generation_tokens_total", model), double(generated));
   EXPECT_EQ(generated, 5 + 4 * 3);
@@ -351,6 +354,9 @@ TEST_F(Fixture, MetricsUnderVllmNamesCountTheRequestsMade) {
   }
   EXPECT_EQ(value_of(samples, "vllm:spec_decode_num_draft_tokens_total", model), 0);
   // Integers are written as integers.
-  for (const Sample& s : samples)
-    if (s.name == "vllm:prompt_tokens_total") EXPECT_EQ(s.text, std::to_string(prompt));
+  for (const Sample& s : samples) {
+    if (s.name == "vllm:prompt_tokens_total") {
+      EXPECT_EQ(s.text, std::to_string(prompt));
+    }
+  }
 }
