@@ -61,7 +61,10 @@ void DraftModel::propose(std::vector<Job>& jobs) {
     s.tokens = t;
     // Its guesses feed back in, but the last: positions up to len + k - 2 hold keys and values.
     j.k = std::min(j.k, runner_.max_seq() - len + 1);
-    live.push_back(j.k > 0 && len > 0 && reserve(s, len + j.k - 1) ? &s : nullptr);
+    const bool wanted = j.k > 0 && len > 0;
+    const bool room = wanted && reserve(s, len + j.k - 1);
+    if (wanted && !room) release(s);  // what it got before the pool ran out goes back
+    live.push_back(room ? &s : nullptr);
   }
   std::vector<SeqChunk> batch;
   std::vector<size_t> owner;

@@ -47,7 +47,7 @@ class DraftModel {
     uint64_t used = 0;  // the last propose() that touched it (evicting the oldest first)
   };
   // Blocks for `positions` positions; false when the pool cannot give them even after
-  // evicting states that propose() is not serving now.
+  // evicting states that this propose() call is not serving.
   bool reserve(State& s, int positions);
   void release(State& s);
 

@@ -8,7 +8,9 @@
 #include <map>
 
 #include "core/rng.h"
+#include "infer/draft_model.h"
 #include "infer/engine.h"
+#include "infer/generator.h"
 #include "infer/model_runner.h"
 #include "infer/speculative.h"
 #include "model/decoder.h"
@@ -424,4 +426,46 @@ TEST(Speculative, ADraftOfAnotherVocabularyIsRefused) {
   }
   EXPECT_THROW(LoomEngine(runner, ec), Error);  // draft without a draft model
   EXPECT_EQ(speculative_method_from_name("draft"), SpeculativeMethod::Draft);
+}
+
+// The draft model alone: its guesses are its greedy continuation (the no-cache forward's), after
+// a partly kept proposal too (what it computed for the kept prefix is reused), and when its pool
+// is too small for every sequence the states it did not serve give their blocks back, after
+// which a sequence is computed from the start again with the same guesses.
+TEST(Speculative, DraftProposesItsGreedyContinuationWithinASmallPool) {
+  Decoder d(tiny(Family::GPT2), cpu_backend());
+  d.params().init(5);
+  DecoderRunner runner(d);
+  DraftModel dm(runner, 8, 6);  // 48 positions
+  auto greedy = [&](std::vector<int32_t> t, int n) {
+    SamplingOptions o;
+    o.temperature = 0;
+    const size_t from = t.size();
+    generate(d, t, n, o);
+    return std::vector<int32_t>(t.begin() + long(from), t.end());
+  };
+  auto propose = [&](int64_t id, const std::vector<int32_t>& t, int k) {
+    std::vector<DraftModel::Job> jobs(1);
+    jobs[0].seq = id, jobs[0].tokens = &t, jobs[0].k = k;
+    dm.propose(jobs);
+    return jobs[0].guesses;
+  };
+  std::vector<int32_t> a = infer::test::prompt(10, 1), b = infer::test::prompt(12, 2);
+  EXPECT_EQ(propose(1, a, 4), greedy(a, 4));
+  EXPECT_EQ(propose(2, b, 4), greedy(b, 4));
+  // Two guesses kept, then a token of the target's own.
+  const std::vector<int32_t> ga = greedy(a, 2);
+  a.insert(a.end(), ga.begin(), ga.end());
+  a.push_back((greedy(a, 1)[0] + 1) % 64);
+  EXPECT_EQ(propose(1, a, 3), greedy(a, 3));
+  // 34 positions need 5 of the 6 blocks: a and b give theirs back.
+  const std::vector<int32_t> c = infer::test::prompt(30, 3);
+  EXPECT_EQ(propose(3, c, 5), greedy(c, 5));
+  EXPECT_EQ(dm.cache().num_used(), 5);
+  // c now holds 5 blocks and is not served: b takes them back and starts over.
+  EXPECT_EQ(propose(2, b, 4), greedy(b, 4));
+  // More positions than the whole pool: no guesses, no failure.
+  EXPECT_TRUE(propose(4, infer::test::prompt(60, 4), 4).empty());
+  for (int64_t id : {1, 2, 3, 4}) dm.forget(id);
+  EXPECT_EQ(dm.cache().num_used(), 0);
 }
