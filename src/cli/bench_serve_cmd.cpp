@@ -203,6 +203,9 @@ int run_bench_serve(const Args& args) {
   }
 
   if (decode) {
+    LOOM_CHECK(ec.speculative.method != infer::SpeculativeMethod::Draft,
+               "--decode measures one model's decode; --speculative draft runs in the load runs "
+               "(without --decode) or in loom generate");
     infer::DecodeBenchOptions d;
     d.input_len = spec.input_len;
     d.output_len = std::max(2, spec.output_len);
