@@ -7,11 +7,15 @@
 # does: long spans of its output are in its prompt; here nearly all of it is, the favourable
 # end of that workload). Both runs decode the same prompts greedily (their outputs are checked
 # equal), one stream at a time (--max-num-seqs 1, one thread); prints tokens/s of each, the ratio, the acceptance rate and the load average.
-# spec_decode_bench.sh LOOM [STEPS=600] [K=5]
+# With DRAFT_STEPS > 0, a draft model (2 layers, d_model 128, the same bytes) is trained on the
+# same document for that many steps and `--speculative draft` runs beside them (its ratio to
+# plain decoding printed too).
+# spec_decode_bench.sh LOOM [STEPS=600] [K=5] [DRAFT_STEPS=0]
 set -euo pipefail
 loom=$1
 steps=${2:-600}
 k=${3:-5}
+draft_steps=${4:-0}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 - "$work" <<'PY'
@@ -35,6 +39,15 @@ timeout 900 "$loom" train --set model.family=gpt2 --set model.n_layer=6 --set mo
   --set train.micro_batch=2 --set train.peak_gflops=1 --set optim.lr=3e-3 \
   --set optim.warmup_steps=20 --set train.quiet=true --set data.paths="$work/doc.txt" \
   --set train.out_dir="$work/run" > "$work/train.log" 2>&1 || { cat "$work/train.log"; exit 1; }
+if [ "$draft_steps" -gt 0 ]; then
+  echo "training the draft model ($draft_steps steps)..."
+  timeout 900 "$loom" train --set model.family=gpt2 --set model.n_layer=2 --set model.d_model=128 \
+    --set model.n_head=2 --set model.max_seq=1024 --set train.seq_len=1024 \
+    --set train.steps="$draft_steps" --set train.micro_batch=2 --set train.peak_gflops=1 \
+    --set optim.lr=3e-3 --set optim.warmup_steps=20 --set train.quiet=true \
+    --set data.paths="$work/doc.txt" --set train.out_dir="$work/draft" > "$work/draft_train.log" 2>&1 ||
+    { cat "$work/draft_train.log"; exit 1; }
+fi
 run() {
   OMP_NUM_THREADS=1 \
   timeout 900 "$loom" generate --ckpt "$work/run/checkpoints" --input "$work/prompts.jsonl" \
@@ -44,11 +57,16 @@ run() {
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 run plain
 run spec --speculative ngram --num-speculative-tokens "$k"
+if [ "$draft_steps" -gt 0 ]; then
+  run draft --speculative draft --speculative-model "$work/draft/checkpoints" \
+    --num-speculative-tokens "$k"
+  cmp -s "$work/plain.jsonl" "$work/draft.jsonl" || { echo "draft outputs differ"; exit 1; }
+fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 cmp -s "$work/plain.jsonl" "$work/spec.jsonl" || { echo "outputs differ"; exit 1; }
-/usr/bin/python3 - "$work" "$k" "$load_before" "$load_after" <<'PY'
+/usr/bin/python3 - "$work" "$k" "$load_before" "$load_after" "$draft_steps" <<'PY'
 import re, sys
-work, k, lb, la = sys.argv[1:]
+work, k, lb, la, draft_steps = sys.argv[1:]
 def rate(name):
     log = open(f"{work}/{name}.log").read()
     m = re.search(r"\((\d+) tokens in ([0-9.e-]+) s\)", log)
@@ -62,5 +80,9 @@ p, s = rate("plain"), rate("spec")
 print(f"plain decoding:           {p:8.1f} tok/s")
 print(f"ngram speculation (k={k}): {s:8.1f} tok/s, acceptance rate {acc('spec'):.3f}")
 print(f"ratio (ngram / plain):    {s / p:8.2f}x   (outputs equal)")
+if int(draft_steps) > 0:
+    d = rate("draft")
+    print(f"draft model (k={k}):       {d:8.1f} tok/s, acceptance rate {acc('draft'):.3f}")
+    print(f"ratio (draft / plain):    {d / p:8.2f}x   (outputs equal)")
 print(f"load average before {lb}, after {la}")
 PY

@@ -102,6 +102,7 @@ int run_bench_serve(const Args& args) {
   std::unique_ptr<Decoder> model;
   std::unique_ptr<infer::QuantizedWeights> quant;
   std::unique_ptr<infer::DecoderRunner> runner;
+  std::unique_ptr<DraftSetup> draft;
   infer::EngineConfig ec = engine_config_from(o);
   const int threads = o.get_int32("threads", 1, 1024);
   if (!http || decode) {
@@ -114,6 +115,7 @@ int run_bench_serve(const Args& args) {
     }
     quant = std::make_unique<infer::QuantizedWeights>(*model, wtype);
     runner = std::make_unique<infer::DecoderRunner>(*model);
+    draft = load_draft_model(o, *model, cpu_backend(), wtype);
   }
   spec.vocab = o.get_int32("vocab", 0, 1 << 30);
   if (spec.vocab == 0) spec.vocab = runner ? runner->vocab() : 256;
@@ -151,7 +153,7 @@ int run_bench_serve(const Args& args) {
       fail("--url needs the HTTP client (this build has no cpp-httplib)");
 #endif
     } else {
-      infer::LoomEngine engine(*runner, ec);
+      infer::LoomEngine engine(*runner, ec, draft ? draft->runner.get() : nullptr);
       engine.start();
       rec = infer::run_load_in_process(engine, s, &duration);
       engine.stop(0);
@@ -201,6 +203,9 @@ int run_bench_serve(const Args& args) {
   }
 
   if (decode) {
+    LOOM_CHECK(ec.speculative.method != infer::SpeculativeMethod::Draft,
+               "--decode measures one model's decode; --speculative draft runs in the load runs "
+               "(without --decode) or in loom generate");
     infer::DecodeBenchOptions d;
     d.input_len = spec.input_len;
     d.output_len = std::max(2, spec.output_len);

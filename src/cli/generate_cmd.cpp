@@ -122,7 +122,8 @@ int run_generate(const Args& args) {
   };
 
   infer::DecoderRunner runner(*model);
-  infer::LoomEngine engine(runner, ec);
+  const auto draft = load_draft_model(o, *model, *dev.backend, weights);
+  infer::LoomEngine engine(runner, ec, draft ? draft->runner.get() : nullptr);
 
   if (o.get("input").empty()) {
     const std::string prompt = o.get("prompt");

@@ -22,6 +22,10 @@ Options& Options::multi(const std::string& name, const std::string& help) {
   opts_.push_back({name, "", help, Opt::Multi, false});
   return *this;
 }
+Options& Options::values(const std::string& name, const std::string& help) {
+  opts_.push_back({name, "", help, Opt::Many, false});
+  return *this;
+}
 Options& Options::positional(const std::string& name, const std::string& help, bool required) {
   opts_.push_back({name, "", help, Opt::Positional, required});
   return *this;
@@ -57,6 +61,14 @@ bool Options::parse(const Args& args) {
       if (o->kind == Opt::Flag) {
         LOOM_CHECK(!inline_val, "option --", name, " takes no value");
         values_[name] = "true";
+        continue;
+      }
+      if (o->kind == Opt::Many) {
+        std::vector<std::string>& vs = multi_[name];
+        if (inline_val) vs.push_back(val);
+        while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) vs.push_back(args[++i]);
+        LOOM_CHECK(!vs.empty(), "option --", name, " needs a value");
+        values_[name] = vs.front();
         continue;
       }
       if (!inline_val) {
@@ -133,7 +145,10 @@ std::string Options::help() const {
   h += "\noptions:\n";
   for (auto& o : opts_) {
     if (o.kind == Opt::Positional) continue;
-    std::string lhs = "--" + o.name + (o.kind == Opt::Flag ? "" : " V");
+    std::string lhs = "--" + o.name +
+                      (o.kind == Opt::Flag   ? ""
+                       : o.kind == Opt::Many ? " V..."
+                                             : " V");
     std::string rhs = o.help;
     if (o.kind == Opt::Value && !o.def.empty()) rhs += " [default: " + o.def + "]";
     if (o.required) rhs += " (required)";

@@ -27,6 +27,8 @@ class Options {
   Options& flag(const std::string& name, const std::string& help);
   // --name VALUE that may repeat (e.g. --set a.b=1 --set c.d=2).
   Options& multi(const std::string& name, const std::string& help);
+  // --name V1 [V2 ...]: every following argument up to the next option (all() returns them).
+  Options& values(const std::string& name, const std::string& help);
   // Named positional arguments, in order; trailing ones may be optional.
   Options& positional(const std::string& name, const std::string& help, bool required = true);
 
@@ -48,7 +50,7 @@ class Options {
  private:
   struct Opt {
     std::string name, def, help;
-    enum Kind { Value, Flag, Multi, Positional } kind;
+    enum Kind { Value, Flag, Multi, Many, Positional } kind;
     bool required = false;
   };
   const Opt* find(const std::string& name) const;

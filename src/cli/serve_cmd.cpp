@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/open_files.h"
 #include "data/chat.h"
+#include "infer/embeddings.h"
 #include "infer/engine.h"
 #include "infer/generator.h"
 #include "infer/model_runner.h"
@@ -62,13 +63,20 @@ int run_serve_here(const Args& args) {
       "loom serve --ckpt PATH [--host 127.0.0.1] [--port 8080] [options]\n"
       "  loom launch -n N -- serve --ckpt PATH ... (tensor parallel over N ranks)",
       "Serves a checkpoint over an OpenAI-compatible HTTP API: /v1/completions,\n"
-      "/v1/chat/completions (streaming with server-sent events), /v1/models, /health,\n"
-      "/metrics (Prometheus), /tokenize, /detokenize. Started as several ranks (loom\n"
+      "/v1/chat/completions (streaming with server-sent events), /v1/models, /v1/embeddings,\n"
+      "/health, /metrics (Prometheus), /tokenize, /detokenize. Started as several ranks (loom\n"
       "launch, mpirun), the model is split over them (tensor parallel) and rank 0 serves.");
   o.value("ckpt", "", "checkpoint: a step directory or a checkpoints root (uses latest)", true)
       .value("host", "127.0.0.1", "address to listen on")
       .value("port", "8080", "port (0: any free port, printed)")
-      .value("model-name", "loom", "the model's name in the API")
+      .value("model-name", "loom", "the model's name in the API (--served-model-name's)")
+      .values("served-model-name",
+              "the names a request's model may give; the first is what responses report "
+              "(default: --model-name)")
+      .value("embedding-pooling", "last",
+             "/v1/embeddings: last (the last token's final hidden state: in a causal model the "
+             "only one that saw the whole input) or mean (over every token)")
+      .flag("embedding-raw", "/v1/embeddings: vectors as pooled, not scaled to unit L2 norm")
       .value("tokenizer", "", "tokenizer spec (default: the run's data.tokenizer, else bytes)")
       .value("chat-template", "chatml",
              "chatml, llama3, hf:PATH (a model's own), or none (no chat completions); unset, the "
@@ -96,6 +104,13 @@ int run_serve_here(const Args& args) {
   so.host = o.get("host");
   so.port = static_cast<int>(o.get_int("port", 0, 65535));
   so.model_name = o.get("model-name");
+  if (o.has("served-model-name")) {
+    const std::vector<std::string>& names = o.all("served-model-name");
+    LOOM_CHECK(!o.has("model-name"), "--model-name and --served-model-name name the model twice; ",
+               "give one");
+    so.model_name = names.front();
+    so.model_aliases.assign(names.begin() + 1, names.end());
+  }
   so.default_max_tokens = static_cast<int>(o.get_int("max-tokens", 0, 1 << 20));
   so.max_body_bytes = size_t(o.get_int("max-body-mb", 1, 4096)) << 20;
   so.read_timeout_seconds = o.get_double("read-timeout");
@@ -155,6 +170,9 @@ int run_serve_here(const Args& args) {
     return 0;
   }
   so.max_seq = model->config().max_seq;
+  so.embedding_dimensions = model->config().d_model;
+  so.embedding.pooling = infer::pooling_from_name(o.get("embedding-pooling"));
+  so.embedding.normalize = !o.has("embedding-raw");
   auto tok = checkpoint_tokenizer(o.get("ckpt"), o.get("tokenizer"), *model);
   std::unique_ptr<data::ChatTemplate> chat;
   std::string tpl = o.get("chat-template");
@@ -178,7 +196,11 @@ int run_serve_here(const Args& args) {
     leader = l.get();
     runner = std::move(l);
   }
-  infer::LoomEngine engine(*runner, ec);
+  LOOM_CHECK(tp == 1 || ec.speculative.method != infer::SpeculativeMethod::Draft,
+             "--speculative draft with --tp ", tp,
+             ": tensor-parallel serving runs without a draft model");
+  const auto draft = load_draft_model(o, *model, *dev.backend, weights);
+  infer::LoomEngine engine(*runner, ec, draft ? draft->runner.get() : nullptr);
   if (!leader) engine.start();
   raise_open_file_limit();  // every open connection is a descriptor
   serve::Server server(engine, tok.get(), chat.get(), so);

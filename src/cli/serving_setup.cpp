@@ -5,6 +5,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "infer/generator.h"
 
 namespace loom::cli {
 
@@ -21,8 +22,12 @@ void declare_engine_options(Options& o) {
              "engine: linear weights read as fp32, bf16, int8 or fp8 (e4m3; int8 and fp8 with "
              "per-channel scales); fp32 compute; bf16, int8 and fp8 on the CPU only")
       .value("speculative", "none",
-             "engine: speculative decoding, none or ngram (prompt lookup: guesses copied from "
-             "the prompt and output where their last tokens occurred before)")
+             "engine: speculative decoding, none, ngram (prompt lookup: guesses copied from "
+             "the prompt and output where their last tokens occurred before) or draft (the "
+             "greedy guesses of --speculative-model)")
+      .value("speculative-model", "",
+             "engine: --speculative draft's model, a smaller Loom checkpoint with the same "
+             "vocabulary (a step directory or a checkpoints root)")
       .value("num-speculative-tokens", "4", "engine: guesses per sequence per step (1-64)")
       .value("ngram-prompt-lookup-max", "4", "engine: longest suffix ngram lookup matches")
       .value("ngram-prompt-lookup-min", "1", "engine: shortest suffix ngram lookup matches");
@@ -50,7 +55,26 @@ infer::EngineConfig engine_config_from(const Options& o) {
   LOOM_CHECK(sc.prompt_lookup_min <= sc.prompt_lookup_max, "--ngram-prompt-lookup-min (",
              sc.prompt_lookup_min, ") must not exceed --ngram-prompt-lookup-max (",
              sc.prompt_lookup_max, ")");
+  LOOM_CHECK((sc.method == infer::SpeculativeMethod::Draft) == !o.get("speculative-model").empty(),
+             sc.method == infer::SpeculativeMethod::Draft
+                 ? "--speculative draft needs --speculative-model PATH"
+                 : "--speculative-model is the model of --speculative draft; give both");
   return ec;
+}
+
+std::unique_ptr<DraftSetup> load_draft_model(const Options& o, const Decoder& target,
+                                             Backend& backend, infer::WeightType weights) {
+  const std::string path = o.get("speculative-model");
+  if (path.empty()) return nullptr;
+  auto d = std::make_unique<DraftSetup>();
+  d->model = load_model_from_checkpoint(path, backend);
+  LOOM_CHECK(d->model->config().vocab == target.config().vocab, "--speculative-model ", path,
+             ": its vocabulary has ", d->model->config().vocab, " tokens, the target's ",
+             target.config().vocab, " (the draft must share the target's tokenizer)");
+  if (backend.host_accessible())
+    d->quant = std::make_unique<infer::QuantizedWeights>(*d->model, weights);
+  d->runner = std::make_unique<infer::DecoderRunner>(*d->model);
+  return d;
 }
 
 infer::WeightType engine_weights_from(const Options& o) {

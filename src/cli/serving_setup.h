@@ -10,6 +10,7 @@
 #include "data/bpe.h"
 #include "data/chat.h"
 #include "infer/engine.h"
+#include "infer/model_runner.h"
 #include "infer/weight_quant.h"
 #include "model/decoder.h"
 #include "train/device.h"
@@ -20,12 +21,22 @@ namespace loom::cli {
 // help: --max-num-seqs (64), --max-batched-tokens (512), --kv-cache-mb (512), --kv-cache-dtype
 // (auto: the model's compute type) and --weights (fp32). 512 MB of KV cache holds 113 tokens for
 // each of the 64 sequences of gpt2-124m in fp32 (73.7 KB per token): a full batch of short requests
-// stays resident. Speculative decoding:
-// --speculative (none | ngram), --num-speculative-tokens (4), --ngram-prompt-lookup-max (4) and
+// stays resident. Speculative decoding: --speculative (none | ngram | draft), --speculative-model
+// (draft's checkpoint), --num-speculative-tokens (4), --ngram-prompt-lookup-max (4) and
 // --ngram-prompt-lookup-min (1).
 void declare_engine_options(Options& o);
 // The scheduler and cache of an engine from those options (range errors name the option).
 infer::EngineConfig engine_config_from(const Options& o);
+// --speculative draft's model (--speculative-model), loaded onto `backend` with the target's
+// weight type (on the CPU), behind its own runner; null without --speculative-model. Refuses,
+// naming the path, a draft whose vocabulary differs from the target's.
+struct DraftSetup {
+  std::unique_ptr<Decoder> model;
+  std::unique_ptr<infer::QuantizedWeights> quant;
+  std::unique_ptr<infer::DecoderRunner> runner;
+};
+std::unique_ptr<DraftSetup> load_draft_model(const Options& o, const Decoder& target,
+                                             Backend& backend, infer::WeightType weights);
 // --weights as a type (an error naming the option lists the valid ones).
 infer::WeightType engine_weights_from(const Options& o);
 

@@ -10,6 +10,7 @@
 #include "core/utf8.h"
 #include "infer/constrain/token_constraint.h"
 #include "infer/decode_profile.h"
+#include "infer/embeddings.h"
 #include "infer/request_sampling.h"
 
 namespace loom::infer {
@@ -37,7 +38,7 @@ struct LoomEngine::Request {
   int open = 0;  // completions not finished
 };
 
-LoomEngine::LoomEngine(ModelRunner& runner, const EngineConfig& cfg)
+LoomEngine::LoomEngine(ModelRunner& runner, const EngineConfig& cfg, ModelRunner* draft)
     : runner_(runner),
       cfg_(cfg),
       cache_(kv_spec_with(runner.kv_spec(), cfg.kv_cache_dtype), cfg.block_size,
@@ -51,6 +52,15 @@ LoomEngine::LoomEngine(ModelRunner& runner, const EngineConfig& cfg)
   LOOM_CHECK(cfg.speculative.method == SpeculativeMethod::None || runner.scores_many_rows(),
              "speculative decoding needs a model runner that scores every guess in one pass; "
              "this one (tensor-parallel serving) does not");
+  LOOM_CHECK((cfg.speculative.method == SpeculativeMethod::Draft) == (draft != nullptr),
+             draft ? "a draft model without --speculative draft"
+                   : "speculative method draft without a draft model");
+  if (draft) {
+    LOOM_CHECK(draft->vocab() == runner.vocab(), "the draft model's vocabulary (", draft->vocab(),
+               " tokens) differs from the target's (", runner.vocab(), ")");
+    draft_ = std::make_unique<DraftModel>(*draft, cfg.block_size,
+                                          cache_.num_blocks() + cfg.scheduler.max_num_seqs);
+  }
   stats_.kv_blocks_total = cache_.num_blocks();
   stats_.kv_block_size = cache_.block_size();
   stats_.kv_cache_dtype = kv_stored_name(cache_.view().spec.dtype);
@@ -112,6 +122,53 @@ int64_t LoomEngine::submit(std::vector<int32_t> prompt, const SamplingParams& pa
   }
   wake_.notify_one();
   return id;
+}
+
+void LoomEngine::submit_embeddings(std::vector<std::vector<int32_t>> inputs,
+                                   const EmbeddingOptions& opt,
+                                   std::function<void(const EmbeddingResult&)> done) {
+  if (!accepting_) throw RequestRejected{503, "the server is shutting down"};
+  if (!runner_.embeds())
+    throw RequestRejected{400,
+                          "this model runner (tensor-parallel serving) computes no embeddings"};
+  try {
+    check_embedding_inputs(inputs, runner_.vocab(), runner_.max_seq());
+  } catch (const Error& e) {
+    throw RequestRejected{400, e.what()};
+  }
+  if (in_flight_.load() >= cfg_.max_queue)
+    throw RequestRejected{429, cat("the queue is full (", cfg_.max_queue, " requests)")};
+  ++in_flight_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    embed_inbox_.push_back({std::move(inputs), opt, std::move(done)});
+    ++stats_.requests_total;
+  }
+  wake_.notify_one();
+}
+
+bool LoomEngine::run_embeddings() {
+  std::vector<EmbeddingJob> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs.swap(embed_inbox_);
+  }
+  for (EmbeddingJob& job : jobs) {
+    EmbeddingResult res;
+    for (const auto& in : job.inputs) res.prompt_tokens += static_cast<int>(in.size());
+    try {
+      res.vectors = runner_.embed(job.inputs, job.opt);
+    } catch (const std::exception& e) {
+      res.error = e.what();
+    }
+    if (res.error.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.prompt_tokens_total += res.prompt_tokens;
+    }
+    --in_flight_;
+    job.done(res);
+  }
+  return !jobs.empty();
 }
 
 void LoomEngine::cancel(int64_t id) {
@@ -210,6 +267,7 @@ void LoomEngine::emit(Completion& c, const std::vector<int32_t>& new_tokens,
 void LoomEngine::finish(Completion& c, const std::string& reason) {
   if (c.done) return;
   c.done = true;
+  if (draft_) draft_->forget(c.seq.id);
   emit(c, {}, {}, {}, true, reason);
   Request& r = *c.request;
   if (--r.open == 0) {
@@ -222,6 +280,8 @@ void LoomEngine::finish(Completion& c, const std::string& reason) {
 // compute); at most what max_tokens and the context still leave after the token that follows.
 void LoomEngine::propose_drafts() {
   const SpeculativeConfig& sc = cfg_.speculative;
+  std::vector<DraftModel::Job> jobs;
+  std::vector<Sequence*> for_job;
   for (auto& [id, r] : requests_)
     for (auto& c : r->completions) {
       Sequence& q = c->seq;
@@ -230,12 +290,26 @@ void LoomEngine::propose_drafts() {
         continue;
       const int k = std::min({sc.num_speculative_tokens, r->params.max_tokens - c->generated - 1,
                               runner_.max_seq() - static_cast<int>(q.tokens.size())});
-      if (k > 0) q.draft = ngram_propose(q.tokens, sc.prompt_lookup_min, sc.prompt_lookup_max, k);
+      if (k <= 0) continue;
+      if (!draft_) {
+        q.draft = ngram_propose(q.tokens, sc.prompt_lookup_min, sc.prompt_lookup_max, k);
+        continue;
+      }
+      DraftModel::Job j;
+      j.seq = q.id;
+      j.tokens = &q.tokens;
+      j.k = k;
+      jobs.push_back(std::move(j));
+      for_job.push_back(&q);
     }
+  if (jobs.empty()) return;
+  draft_->propose(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) for_job[i]->draft = std::move(jobs[i].guesses);
 }
 
 bool LoomEngine::step() {
   ProfileScope profile(DecodeProfile::kStep);
+  const bool embedded = run_embeddings();
   take_inbox();
   if (cfg_.speculative.method != SpeculativeMethod::None) propose_drafts();
   std::vector<ScheduledChunk> chunks = scheduler_.schedule();
@@ -249,7 +323,7 @@ bool LoomEngine::step() {
   }
   if (chunks.empty()) {
     profile.discard();  // idle polls are not steps
-    return false;
+    return embedded;
   }
   std::vector<SeqChunk> batch;
   int want = 0;
@@ -399,7 +473,7 @@ void LoomEngine::run_until_idle() {
   while (true) {
     if (step()) continue;
     std::lock_guard<std::mutex> lock(mu_);
-    if (inbox_.empty() && cancels_.empty() && scheduler_.empty()) return;
+    if (inbox_.empty() && cancels_.empty() && embed_inbox_.empty() && scheduler_.empty()) return;
   }
 }
 
@@ -421,8 +495,9 @@ void LoomEngine::start() {
         continue;
       }
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait_for(lock, std::chrono::milliseconds(50),
-                     [this] { return stopping_ || !inbox_.empty() || !cancels_.empty(); });
+      wake_.wait_for(lock, std::chrono::milliseconds(50), [this] {
+        return stopping_ || !inbox_.empty() || !cancels_.empty() || !embed_inbox_.empty();
+      });
     }
   });
 }
@@ -447,6 +522,17 @@ void LoomEngine::stop(double drain_seconds) {
 // Every request still open ends with "abort" and frees its blocks.
 void LoomEngine::abort_all() {
   take_inbox();
+  std::vector<EmbeddingJob> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs.swap(embed_inbox_);
+  }
+  for (EmbeddingJob& job : jobs) {
+    EmbeddingResult res;
+    res.error = "the engine stopped before computing the embeddings";
+    --in_flight_;
+    job.done(res);
+  }
   std::vector<int64_t> left;
   for (auto& [id, r] : requests_) left.push_back(id);
   for (int64_t id : left) {

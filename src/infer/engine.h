@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "infer/draft_model.h"
 #include "infer/engine_api.h"
 #include "infer/kv_cache.h"
 #include "infer/scheduler.h"
@@ -40,12 +41,19 @@ struct EngineConfig {
 
 class LoomEngine : public Engine {
  public:
-  LoomEngine(ModelRunner& runner, const EngineConfig& cfg);
+  // draft: speculative decoding's draft model (cfg.speculative.method Draft, which needs one;
+  // the same vocabulary as runner's), whose own KV pool holds as many blocks as the target's
+  // plus one per sequence.
+  LoomEngine(ModelRunner& runner, const EngineConfig& cfg, ModelRunner* draft = nullptr);
   ~LoomEngine() override;
 
   int64_t submit(std::vector<int32_t> prompt, const SamplingParams& params,
                  std::function<void(const TokenEvent&)> on_event) override;
   void cancel(int64_t request_id) override;
+  // Run on the stepping thread before the next step's forward (the runner's buffers are not
+  // shared with a step); counted in in_flight() and the queue bound.
+  void submit_embeddings(std::vector<std::vector<int32_t>> inputs, const EmbeddingOptions& opt,
+                         std::function<void(const EmbeddingResult&)> done) override;
   EngineStats stats() const override;
 
   void start();  // a thread runs steps until stop()
@@ -62,10 +70,17 @@ class LoomEngine : public Engine {
   void weights_updated() { cache_.drop_cached(); }
   void run_until_idle();
   const KvCache& cache() const { return cache_; }
+  const DraftModel* draft() const { return draft_.get(); }
 
  private:
   struct Completion;
   struct Request;
+  struct EmbeddingJob {
+    std::vector<std::vector<int32_t>> inputs;
+    EmbeddingOptions opt;
+    std::function<void(const EmbeddingResult&)> done;
+  };
+  bool run_embeddings();  // the queued embedding jobs; false when there were none
   void take_inbox();
   void abort_all();
   void finish(Completion& c, const std::string& reason);
@@ -84,6 +99,7 @@ class LoomEngine : public Engine {
   std::condition_variable wake_;
   std::vector<std::unique_ptr<Request>> inbox_;
   std::vector<int64_t> cancels_;
+  std::vector<EmbeddingJob> embed_inbox_;
   std::map<int64_t, std::unique_ptr<Request>> requests_;  // owned by the stepping thread
   std::atomic<int64_t> next_id_{1};
   std::atomic<int64_t> in_flight_{0};
@@ -92,6 +108,7 @@ class LoomEngine : public Engine {
   EngineStats stats_;  // guarded by mu_
   std::vector<float> logits_;
   std::vector<uint64_t> mask_;  // a structured output's allowed tokens, this step
+  std::unique_ptr<DraftModel> draft_;
 };
 
 }  // namespace loom::infer

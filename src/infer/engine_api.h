@@ -69,6 +69,16 @@ struct SeqChunk {
   int logits_rows = 1;
 };
 
+// Embeddings (infer/embeddings.h): how a sequence's final hidden states (the final norm's
+// output, the head's input) become one vector.
+enum class Pooling { Last, Mean };  // the last token's state, or the mean over every token
+
+struct EmbeddingOptions {
+  Pooling pooling = Pooling::Last;
+  bool normalize = true;        // scaled to unit L2 norm (a zero vector stays zero)
+  int max_batch_tokens = 4096;  // tokens per forward pass (inputs are packed up to it)
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -84,6 +94,12 @@ class ModelRunner {
   // vocab], in batch order, fp32 (the log-softmax is the engine's business).
   virtual void forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
                        float* logits) = 0;
+  // Whether embed() is implemented (tensor-parallel serving's runner does not).
+  virtual bool embeds() const { return false; }
+  // One pooled vector per input (each non-empty, within max_seq(), ids in the vocabulary), in
+  // order; a forward without the KV cache, so called between forward() calls, never beside one.
+  virtual std::vector<std::vector<float>> embed(const std::vector<std::vector<int32_t>>& inputs,
+                                                const EmbeddingOptions& opt);
 };
 
 // ---- server <-> engine -----------------------------------------------------------------------
@@ -152,6 +168,13 @@ struct RequestRejected {
   std::string message;
 };
 
+// What Engine::submit_embeddings delivers: one vector per input, or why there are none.
+struct EmbeddingResult {
+  std::vector<std::vector<float>> vectors;
+  int prompt_tokens = 0;  // tokens of every input
+  std::string error;      // non-empty: the engine failed or stopped before computing them
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -163,6 +186,16 @@ class Engine {
   // Cancels a request (client gone): its sequences leave at the next step and free their blocks;
   // a final event with finish_reason "abort" is delivered.
   virtual void cancel(int64_t request_id) = 0;
+  // Queues embeddings of `inputs` (ModelRunner::embed); `done` is called once, on the engine's
+  // thread. Throws RequestRejected for an input that cannot run (empty, longer than the
+  // context, an id outside the vocabulary: 400, naming the input's index), a runner without
+  // embeddings (400), a full queue (429) or shutdown (503).
+  virtual void submit_embeddings(std::vector<std::vector<int32_t>> inputs,
+                                 const EmbeddingOptions& opt,
+                                 std::function<void(const EmbeddingResult&)> done) {
+    (void)inputs, (void)opt, (void)done;
+    throw RequestRejected{400, "this engine computes no embeddings"};
+  }
   virtual EngineStats stats() const = 0;
 };
 

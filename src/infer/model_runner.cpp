@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "infer/decode_profile.h"
+#include "infer/embeddings.h"
 
 namespace loom::infer {
 namespace {
@@ -113,6 +114,11 @@ void DecoderRunner::forward(const std::vector<SeqChunk>& batch, const KvCacheVie
   model_.forward_logits(in, rows, logits, &att);
   // A device records bad block indices instead of throwing: surface them with this step.
   if (!be.host_accessible()) be.sync();
+}
+
+std::vector<std::vector<float>> DecoderRunner::embed(
+    const std::vector<std::vector<int32_t>>& inputs, const EmbeddingOptions& opt) {
+  return infer::embed(model_, inputs, opt);
 }
 
 }  // namespace loom::infer

@@ -29,6 +29,9 @@ class DecoderRunner : public ModelRunner {
   bool scores_many_rows() const override { return true; }
   void forward(const std::vector<SeqChunk>& batch, const KvCacheView& cache,
                float* logits) override;
+  bool embeds() const override { return true; }
+  std::vector<std::vector<float>> embed(const std::vector<std::vector<int32_t>>& inputs,
+                                        const EmbeddingOptions& opt) override;
 
  private:
   Decoder& model_;

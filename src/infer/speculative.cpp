@@ -9,11 +9,12 @@ namespace loom::infer {
 SpeculativeMethod speculative_method_from_name(const std::string& name) {
   if (name.empty() || name == "none") return SpeculativeMethod::None;
   if (name == "ngram") return SpeculativeMethod::Ngram;
-  fail("speculative method '", name, "' is not one of: none, ngram");
+  if (name == "draft") return SpeculativeMethod::Draft;
+  fail("speculative method '", name, "' is not one of: none, ngram, draft");
 }
 
 const char* speculative_method_name(SpeculativeMethod m) {
-  return m == SpeculativeMethod::Ngram ? "ngram" : "none";
+  return m == SpeculativeMethod::Ngram ? "ngram" : m == SpeculativeMethod::Draft ? "draft" : "none";
 }
 
 void validate(const SpeculativeConfig& c) {

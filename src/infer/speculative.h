@@ -4,6 +4,7 @@
 // follows the target's distribution exactly. Proposers:
 //   ngram  prompt lookup: the tokens that followed the latest earlier occurrence of the
 //          sequence's last n tokens (n from prompt_lookup_max down to prompt_lookup_min).
+//   draft  a smaller model with the same vocabulary (draft_model.h), its greedy choices.
 // A proposal of single tokens is a draft distribution q that is one-hot: a guess d is kept with
 // probability min(1, p(d) / q(d)) = p(d), and on rejection the token comes from p without d,
 // renormalised (the residual max(0, p - q)). Drawing t from p with the request's own random
@@ -17,7 +18,7 @@
 
 namespace loom::infer {
 
-enum class SpeculativeMethod { None, Ngram };
+enum class SpeculativeMethod { None, Ngram, Draft };
 
 struct SpeculativeConfig {
   SpeculativeMethod method = SpeculativeMethod::None;
@@ -25,7 +26,8 @@ struct SpeculativeConfig {
   int prompt_lookup_max = 4, prompt_lookup_min = 1;
 };
 
-// "ngram" -> Ngram, "none" / "" -> None; anything else throws naming the valid values.
+// "ngram" -> Ngram, "draft" -> Draft, "none" / "" -> None; anything else throws naming the
+// valid values.
 SpeculativeMethod speculative_method_from_name(const std::string& name);
 const char* speculative_method_name(SpeculativeMethod m);
 // Throws loom::Error naming the field for an impossible configuration.

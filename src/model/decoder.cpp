@@ -1091,9 +1091,9 @@ double Decoder::forward_loss(const ModelInput& in, StepOutputs* out) {
   return loss;
 }
 
-void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
-                             ForwardAttention* attention) {
-  LOOM_CHECK(pp_.whole(), "forward_logits runs the whole model, not a pipeline stage");
+void Decoder::forward_final_rows(const ModelInput& in, const std::vector<int>& rows,
+                                 ForwardAttention* attention) {
+  LOOM_CHECK(pp_.whole(), "a forward-only pass runs the whole model, not a pipeline stage");
   LOOM_CHECK(!attention || cp_.size == 1, "an attention override excludes context parallelism");
   ModelInput fwd = in;
   fwd.targets = nullptr;
@@ -1103,10 +1103,9 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
              " logit rows for a micro-batch of ", in.N, " tokens");
   for (int r : rows)
     LOOM_CHECK(r >= 0 && r < in.N, "logit row ", r, " outside the micro-batch of ", in.N);
-  ForwardOnlyScope scope(*this, attention);
   ensure_buffers(in.N);
   upload_input(fwd);
-  const int C = cfg_.d_model, V = cfg_.vocab, n = static_cast<int>(rows.size());
+  const int C = cfg_.d_model, n = static_cast<int>(rows.size());
   embed(fwd);
   forward_blocks(fwd);
   // Under SP each rank normalises its rows and final_norm gathers all N (the head's column-
@@ -1121,6 +1120,13 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
     else
       be_.convert(row, DType::F32, lnf.bf16 + int64_t(rows[i]) * C, DType::BF16, C);
   }
+}
+
+void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
+                             ForwardAttention* attention) {
+  ForwardOnlyScope scope(*this, attention);
+  forward_final_rows(in, rows, attention);
+  const int V = cfg_.vocab, n = static_cast<int>(rows.size());
   // Straight into the caller's array where the host can address the backend's memory;
   // otherwise into a device buffer, then one copy to the host. Under tensor parallelism each
   // rank's head gives its vocabulary slice of every row, gathered into whole rows.
@@ -1131,6 +1137,12 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
   round_act(mine, int64_t(n) * vocab_);
   vocab_ops_->gather_logits(out, n);
   if (!direct) be_.copy_d2h(logits, out, size_t(n) * V * sizeof(float));
+}
+
+void Decoder::forward_hidden(const ModelInput& in, const std::vector<int>& rows, float* hidden) {
+  ForwardOnlyScope scope(*this, nullptr);
+  forward_final_rows(in, rows, nullptr);
+  be_.copy_d2h(hidden, b_->tmp, rows.size() * size_t(cfg_.d_model) * sizeof(float));
 }
 
 }  // namespace loom

@@ -153,6 +153,9 @@ class Decoder {
   // split over the group, as for a step: the final norm's rows are gathered before the head).
   void forward_logits(const ModelInput& in, const std::vector<int>& rows, float* logits,
                       ForwardAttention* attention = nullptr);
+  // Forward only, as forward_logits: the final norm's output (the head's input) of the given
+  // token rows, [rows.size(), d_model] fp32 on the host (embeddings, infer/embeddings.h).
+  void forward_hidden(const ModelInput& in, const std::vector<int>& rows, float* hidden);
 
   // Called after backward has finished the gradients of block `layer` (last to first), then
   // with -1 for the embedding: the hook for overlapping gradient communication.
@@ -273,6 +276,10 @@ class Decoder {
   float* scratch(BackendBuffer& buf, int64_t n);
   void use_forward_only_buffers(bool on) { b_ = on ? &infer_buf_ : &train_buf_; }
   struct ForwardOnlyScope;
+  // The forward-only pass up to the final norm; leaves the chosen rows side by side in
+  // b_->tmp (fp32).
+  void forward_final_rows(const ModelInput& in, const std::vector<int>& rows,
+                          ForwardAttention* attention);
   void forward_blocks(const ModelInput& in);  // every block, with the before/after hooks
   void block_forward(int l, const ModelInput& in, const LayerActs& a, float* x_out);
   // model.qk_norm: the per-head RMSNorm of qkv's query and key heads (fp32 [N, qkv_] rows, in

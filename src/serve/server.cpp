@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "serve/embeddings_api.h"
 #include "serve/openai_api.h"
 #include "serve/structured_output.h"
 #include "serve/tool_calls.h"
@@ -24,6 +25,9 @@ using tcp = net::ip::tcp;
 // Counters and latency histograms for /metrics (Prometheus text format).
 struct Server::Metrics {
   std::map<std::string, int64_t> requests;  // by outcome: success, error, abort, rate_limited
+  // Finished completions by finish reason (stop, length, abort, tool_calls; an embedding
+  // request counts as stop), vLLM's request_success_total.
+  std::map<std::string, int64_t> finished;
   static constexpr double kBuckets[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
   struct Histogram {
     std::vector<int64_t> counts = std::vector<int64_t>(std::size(kBuckets) + 1, 0);
@@ -36,7 +40,7 @@ struct Server::Metrics {
       sum += v;
       ++n;
     }
-  } ttft, tpot;
+  } ttft, tpot, e2e, itl;  // itl: every gap between a choice's token events
 };
 
 // One API request's engine requests and what they produced, on the I/O thread.
@@ -49,6 +53,7 @@ struct Server::Exchange {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<ChoiceResult> choices;
   std::vector<bool> started;
+  std::vector<double> last_token_at;  // per choice, 0 before its first token
   std::vector<int64_t> engine_ids;
   int open = 0;
   double t0 = 0, t_first = 0, t_last = 0;
@@ -73,6 +78,20 @@ std::string number_text(double v) {
   char buf[32];
   auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
+}
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char ch : v) {
+    if (ch == '\\' || ch == '"') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out;
 }
 
 void send_json(HttpConnection& c, int status, const Json& j,
@@ -247,20 +266,79 @@ std::string Server::metrics_text() const {
       "# TYPE loom:request_total counter\n";
   for (auto& [k, v] : metrics_->requests)
     out += cat("loom:request_total{outcome=\"", k, "\"} ", number_text(v), "\n");
-  auto hist = [&](const std::string& name, const std::string& help, const Metrics::Histogram& hg) {
-    out += cat("# HELP loom:", name, " ", help, "\n# TYPE loom:", name, " histogram\n");
+  // `labels`: "" or `key="value",` pairs, each followed by a comma.
+  auto hist = [&](const std::string& name, const std::string& help, const Metrics::Histogram& hg,
+                  const std::string& labels) {
+    out += cat("# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
     int64_t acc = 0;
     for (size_t b = 0; b < std::size(Metrics::kBuckets); ++b) {
       acc += hg.counts[b];
-      out += cat("loom:", name, "_bucket{le=\"", number_text(Metrics::kBuckets[b]), "\"} ",
+      out += cat(name, "_bucket{", labels, "le=\"", number_text(Metrics::kBuckets[b]), "\"} ",
                  number_text(acc), "\n");
     }
-    out += cat("loom:", name, "_bucket{le=\"+Inf\"} ", number_text(hg.n), "\nloom:", name, "_sum ",
-               number_text(hg.sum), "\nloom:", name, "_count ", number_text(hg.n), "\n");
+    const std::string braces =
+        labels.empty() ? std::string() : "{" + labels.substr(0, labels.size() - 1) + "}";
+    out += cat(name, "_bucket{", labels, "le=\"+Inf\"} ", number_text(hg.n), "\n", name, "_sum",
+               braces, " ", number_text(hg.sum), "\n", name, "_count", braces, " ",
+               number_text(hg.n), "\n");
   };
-  hist("time_to_first_token_seconds", "Time to first token.", metrics_->ttft);
-  hist("time_per_output_token_seconds", "Time per output token after the first.", metrics_->tpot);
+  hist("loom:time_to_first_token_seconds", "Time to first token.", metrics_->ttft, "");
+  hist("loom:time_per_output_token_seconds", "Time per output token after the first.",
+       metrics_->tpot, "");
+  // The same figures under vLLM's names and model_name label, for dashboards built on them.
+  const std::string model = cat("model_name=\"", label_value(opt_.model_name), "\"");
+  auto vllm = [&](const std::string& name, const std::string& type, const std::string& help,
+                  const std::string& v) {
+    out += cat("# HELP vllm:", name, " ", help, "\n# TYPE vllm:", name, " ", type, "\nvllm:", name,
+               "{", model, "} ", v, "\n");
+  };
+  vllm("num_requests_running", "gauge", "Number of requests in model execution batches.",
+       number_text(s.requests_running));
+  vllm("num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+       number_text(s.requests_waiting));
+  vllm("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+       number_text(s.kv_blocks_total ? double(s.kv_blocks_used) / s.kv_blocks_total : 0.0));
+  vllm("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+       number_text(s.prompt_tokens_total));
+  vllm("generation_tokens_total", "counter", "Number of generation tokens processed.",
+       number_text(s.generation_tokens_total));
+  vllm("num_preemptions_total", "counter", "Cumulative number of preemptions.",
+       number_text(s.preemptions_total));
+  vllm("prefix_cache_hits_total", "counter", "Prefix cache hits, in number of tokens.",
+       number_text(s.cached_tokens_total));
+  vllm("spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
+       number_text(s.spec_drafts_total));
+  vllm("spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+       number_text(s.spec_draft_tokens_total));
+  vllm("spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+       number_text(s.spec_accepted_tokens_total));
+  out +=
+      "# HELP vllm:request_success_total Count of successfully processed requests.\n"
+      "# TYPE vllm:request_success_total counter\n";
+  for (const char* reason : {"stop", "length", "abort", "tool_calls"}) {
+    const auto it = metrics_->finished.find(reason);
+    out += cat("vllm:request_success_total{", model, ",finished_reason=\"", reason, "\"} ",
+               number_text(it == metrics_->finished.end() ? int64_t(0) : it->second), "\n");
+  }
+  const std::string labels = model + ",";
+  hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+       metrics_->ttft, labels);
+  hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+       metrics_->itl, labels);
+  hist("vllm:time_per_output_token_seconds",
+       "Histogram of time per output token in seconds (per request, after the first).",
+       metrics_->tpot, labels);
+  hist("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+       metrics_->e2e, labels);
   return out;
+}
+
+void Server::check_model(const std::string& model) const {
+  if (model.empty() || model == opt_.model_name) return;
+  for (const std::string& a : opt_.model_aliases)
+    if (model == a) return;
+  throw ApiError{404, cat("The model `", model, "` does not exist."), "invalid_request_error",
+                 "model", "model_not_found"};
 }
 
 void Server::handle(const std::shared_ptr<HttpConnection>& c, const HttpRequest& req) {
@@ -276,16 +354,20 @@ void Server::handle(const std::shared_ptr<HttpConnection>& c, const HttpRequest&
     return send_json(*c, ready_ && !draining_ ? 200 : 503, j);
   }
   if (get && path == "/v1/models") {
-    Json m = Json::object();
-    m["id"] = opt_.model_name;
-    m["object"] = "model";
-    m["created"] = int64_t(std::time(nullptr));
-    m["owned_by"] = "loom";
-    m["max_model_len"] = opt_.max_seq;
+    Json data = Json::array();
+    std::vector<std::string> names = {opt_.model_name};
+    names.insert(names.end(), opt_.model_aliases.begin(), opt_.model_aliases.end());
+    for (const std::string& name : names) {
+      Json m = Json::object();
+      m["id"] = name;
+      m["object"] = "model";
+      m["created"] = int64_t(std::time(nullptr));
+      m["owned_by"] = "loom";
+      m["max_model_len"] = opt_.max_seq;
+      data.push_back(m);
+    }
     Json j = Json::object();
     j["object"] = "list";
-    Json data = Json::array();
-    data.push_back(m);
     j["data"] = data;
     return send_json(*c, 200, j);
   }
@@ -343,6 +425,7 @@ void Server::handle(const std::shared_ptr<HttpConnection>& c, const HttpRequest&
       return send_error(*c, ApiError{400, e.what(), "invalid_request_error", ""});
     }
   }
+  if (post && path == "/v1/embeddings") return embeddings(c, req);
   if (post && (path == "/v1/completions" || path == "/v1/chat/completions"))
     return generate(path == "/v1/chat/completions", c, req);
   send_error(*c, ApiError{404, cat("Not found: ", req.method_string(), " ", path),
@@ -356,9 +439,7 @@ void Server::generate(bool chat, const std::shared_ptr<HttpConnection>& c, const
     if (draining_) throw ApiError{503, "the server is shutting down", "server_error", ""};
     if (!ready_) throw ApiError{503, "the model is loading", "server_error", ""};
     r = parse_request(req.body(), chat, opt_.default_max_tokens);
-    if (!r.model.empty() && r.model != opt_.model_name)
-      throw ApiError{404, cat("The model `", r.model, "` does not exist."), "invalid_request_error",
-                     "model", "model_not_found"};
+    check_model(r.model);
     if (chat) {
       if (!chat_)
         throw ApiError{400, "this server has no chat template (start it with --chat-template)",
@@ -397,6 +478,70 @@ void Server::generate(bool chat, const std::shared_ptr<HttpConnection>& c, const
   });
 }
 
+void Server::embeddings(const std::shared_ptr<HttpConnection>& c, const HttpRequest& req) {
+  EmbeddingsRequest r;
+  std::vector<std::vector<int32_t>> inputs;
+  try {
+    if (draining_) throw ApiError{503, "the server is shutting down", "server_error", ""};
+    if (!ready_) throw ApiError{503, "the model is loading", "server_error", ""};
+    r = parse_embeddings_request(req.body());
+    check_model(r.model);
+    // Truncated vectors (OpenAI's v3 models) would be a different embedding: only the
+    // model's own width is served.
+    if (r.dimensions != 0 && r.dimensions != opt_.embedding_dimensions)
+      throw ApiError{400,
+                     cat("'dimensions' must equal this model's width, ", opt_.embedding_dimensions,
+                         " (vectors are not truncated), got ", r.dimensions),
+                     "invalid_request_error", "dimensions"};
+    for (const std::string& t : r.texts) inputs.push_back(encode(t));
+    for (auto& ids : r.ids) inputs.push_back(std::move(ids));
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (opt_.max_seq > 0 && int64_t(inputs[i].size()) > opt_.max_seq)
+        throw ApiError{
+            400,
+            cat("'input' ", i, " has ", inputs[i].size(),
+                " tokens; this model's maximum context length is ", opt_.max_seq, " tokens"),
+            "invalid_request_error", "input"};
+  } catch (const ApiError& e) {
+    return send_error(*c, e);
+  }
+  const double t0 = now();
+  ++in_flight_;
+  try {
+    engine_.submit_embeddings(
+        std::move(inputs), opt_.embedding,
+        [this, io = io_, c, model = opt_.model_name, base64 = r.base64,
+         t0](const infer::EmbeddingResult& res) {
+          // The vectors are written out on the I/O thread, as every answer is.
+          net::post(*io, [this, c, model, base64, t0, res] {
+            --in_flight_;
+            if (!res.error.empty()) {
+              ++metrics_->requests["error"];
+              if (!c->closed()) send_error(*c, ApiError{503, res.error, "server_error", ""});
+              return;
+            }
+            ++metrics_->requests["success"];
+            ++metrics_->finished["stop"];
+            metrics_->e2e.add(now() - t0);
+            if (!c->closed())
+              send_json(*c, 200,
+                        embeddings_response(model, res.vectors, base64, res.prompt_tokens));
+          });
+        });
+  } catch (const infer::RequestRejected& e) {
+    --in_flight_;
+    if (e.http_status == 429) {
+      ++metrics_->requests["rate_limited"];
+      return send_error(*c, ApiError{429, e.message, "rate_limit_error", ""},
+                        {{"Retry-After", std::to_string(opt_.retry_after_seconds)}});
+    }
+    ++metrics_->requests["error"];
+    return send_error(*c, ApiError{e.http_status, e.message,
+                                   e.http_status == 400 ? "invalid_request_error" : "server_error",
+                                   e.http_status == 400 ? "input" : ""});
+  }
+}
+
 void Server::submit(bool chat, const std::shared_ptr<HttpConnection>& c, ApiRequest r,
                     std::vector<std::vector<int32_t>> prompts) {
   auto ex = std::make_shared<Exchange>();
@@ -408,6 +553,7 @@ void Server::submit(bool chat, const std::shared_ptr<HttpConnection>& c, ApiRequ
   ex->prompts = prompts;
   ex->choices.resize(prompts.size() * size_t(ex->n));
   ex->started.assign(ex->choices.size(), false);
+  ex->last_token_at.assign(ex->choices.size(), 0.0);
   ex->open = static_cast<int>(ex->choices.size());
   ex->t0 = now();
   ResponseContext& ctx = ex->ctx;
@@ -487,6 +633,8 @@ void Server::give_up(const std::shared_ptr<Exchange>& ex, const std::string& out
   if (ex->done) return;
   ex->done = true;
   ++metrics_->requests[outcome];
+  for (const ChoiceResult& c : ex->choices)
+    ++metrics_->finished[c.finish_reason.empty() ? "abort" : c.finish_reason];
   --in_flight_;
   if (ex->deadline) ex->deadline->cancel();
   for (int64_t id : ex->engine_ids) engine_.cancel(id);
@@ -514,9 +662,12 @@ void Server::on_event(const std::shared_ptr<Exchange>& ex, const infer::TokenEve
   c.logprobs.insert(c.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
   c.top.insert(c.top.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
   if (!ev.tokens.empty()) {
-    if (ex->t_first == 0) ex->t_first = now();
-    ex->t_last = now();
+    const double t = now();
+    if (ex->t_first == 0) ex->t_first = t;
+    ex->t_last = t;
     ex->tokens += int64_t(ev.tokens.size());
+    if (ex->last_token_at[k] > 0) metrics_->itl.add(t - ex->last_token_at[k]);
+    ex->last_token_at[k] = t;
   }
   if (ex->stream && (!text.empty() || ev.finished || !ev.tokens.empty())) {
     // The engine holds back a character a token left incomplete until it completes (what
@@ -553,6 +704,8 @@ void Server::finish(const std::shared_ptr<Exchange>& ex) {
                      "server_error", ""};
   auto& m = *metrics_;
   ++m.requests[aborted ? "abort" : "success"];
+  for (const ChoiceResult& c : ex->choices) ++m.finished[c.finish_reason];
+  m.e2e.add(now() - ex->t0);
   if (ex->t_first > 0) {
     m.ttft.add(ex->t_first - ex->t0);
     if (ex->tokens > 1) m.tpot.add((ex->t_last - ex->t_first) / double(ex->tokens - 1));

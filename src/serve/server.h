@@ -1,10 +1,10 @@
 // `loom serve`: an OpenAI-compatible HTTP server over the serving engine. Endpoints: POST
 // /v1/completions, POST /v1/chat/completions (streamed with server-sent events when asked), GET
-// /v1/models, GET /health (503 while loading or draining), GET /metrics (Prometheus text), POST
-// /tokenize, POST /detokenize. Connections are event-driven (serve/http_connection.h) on one
-// I/O thread, so thousands of open streams cost no thread each; requests queue in the engine up
-// to its max_queue, past which they get 429 with Retry-After. A client that disconnects cancels
-// its request at once; every wait has a deadline.
+// /v1/models, POST /v1/embeddings, GET /health (503 while loading or draining), GET /metrics
+// (Prometheus text), POST /tokenize, POST /detokenize. Connections are event-driven
+// (serve/http_connection.h) on one I/O thread, so thousands of open streams cost no thread each;
+// requests queue in the engine up to its max_queue, past which they get 429 with Retry-After. A
+// client that disconnects cancels its request at once; every wait has a deadline.
 #pragma once
 
 #include <atomic>
@@ -27,8 +27,11 @@ class StructuredOutputs;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;  // 0: any free port (see bind())
-  std::string model_name = "loom";
+  int port = 8080;                  // 0: any free port (see bind())
+  std::string model_name = "loom";  // what responses report
+  // Further names a request's `model` may give (vLLM's --served-model-name after the first);
+  // /v1/models lists model_name, then these.
+  std::vector<std::string> model_aliases;
   // max_tokens of a request that gives none: the context left after its prompt, capped by this
   // when it is > 0 (as vLLM's --max-tokens of its generation config).
   int default_max_tokens = 0;
@@ -39,6 +42,10 @@ struct ServerOptions {
   double read_timeout_seconds = 30;   // a whole request (head and body), and a kept-alive idle
   double write_timeout_seconds = 30;  // each write to a client that has stopped reading
   int retry_after_seconds = 1;        // the Retry-After of a 429
+  // /v1/embeddings: the model's width (a request's `dimensions` must equal it) and how the
+  // engine pools and normalises.
+  int embedding_dimensions = 0;
+  infer::EmbeddingOptions embedding;
 };
 
 class Server {
@@ -66,10 +73,13 @@ class Server {
   // Hands a parsed request (its constraint compiled) to the engine, on the I/O thread.
   void submit(bool chat, const std::shared_ptr<HttpConnection>& c, ApiRequest r,
               std::vector<std::vector<int32_t>> prompts);
+  void embeddings(const std::shared_ptr<HttpConnection>& c, const HttpRequest& req);
   void on_event(const std::shared_ptr<Exchange>& ex, const infer::TokenEvent& ev);
   void finish(const std::shared_ptr<Exchange>& ex);
   void give_up(const std::shared_ptr<Exchange>& ex, const std::string& outcome);
   std::string metrics_text() const;
+  // Throws ApiError 404 (model_not_found) unless `model` is empty or one of the served names.
+  void check_model(const std::string& model) const;
   void accept();
   std::vector<int32_t> encode(const std::string& text) const;
   StructuredOutputs& structured();  // built on first use: the vocabulary's trie

@@ -5,6 +5,8 @@ architectures with torch and no Loom code.
 
   hf_reference.py logits DIR TOKENS OUT   DIR's config.json + model.safetensors (or the sharded
                                           set) -> OUT: float32 logits [len(TOKENS), vocab]
+  hf_reference.py hidden DIR TOKENS OUT   the same, OUT: float32 final hidden states (the final
+                                          norm's output) [len(TOKENS), hidden_size]
   hf_reference.py make DIR FAMILY SEED    a small random model in FAMILY's transformers layout
                                           (config.json keys and tensor names as transformers
                                           writes them) into DIR
@@ -121,7 +123,7 @@ def mlp(cfg, W, p, h):
                   W[p + "mlp.down_proj.weight"])
 
 
-def forward(cfg, W, tokens):
+def forward(cfg, W, tokens, hidden=False):
     family = cfg["model_type"]
     assert family in ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"), family
     assert cfg.get("rope_scaling") is None, "the reference has plain RoPE only"
@@ -162,6 +164,8 @@ def forward(cfg, W, tokens):
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         x = x + mlp(cfg, W, p, h)
     x = rms_norm(x, W["model.norm.weight"], eps)
+    if hidden:
+        return x
     head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else W["lm_head.weight"]
     return x @ head.T
 
@@ -244,11 +248,12 @@ def make(d, family, seed):
 
 
 def main():
-    if len(sys.argv) == 5 and sys.argv[1] == "logits":
+    if len(sys.argv) == 5 and sys.argv[1] in ("logits", "hidden"):
         d, tokens, out = sys.argv[2], [int(t) for t in sys.argv[3].split(",")], sys.argv[4]
         with open(os.path.join(d, "config.json")) as f:
             cfg = json.load(f)
-        logits = forward(cfg, read_weights(d), tokens).to(torch.float32).contiguous()
+        logits = forward(cfg, read_weights(d), tokens, sys.argv[1] == "hidden")
+        logits = logits.to(torch.float32).contiguous()
         with open(out, "wb") as f:
             f.write(logits.numpy().tobytes())
     elif len(sys.argv) == 5 and sys.argv[1] == "make":

@@ -1,8 +1,10 @@
-// loom serve's request bodies (serve/openai_api.h): any bytes are either a request whose every
-// field was validated, or an ApiError with a 4xx status, for completions and chat alike.
+// loom serve's request bodies (serve/openai_api.h, serve/embeddings_api.h): any bytes are either
+// a request whose every field was validated, or an ApiError with a 4xx status, for completions,
+// chat and embeddings alike.
 #include <cstdint>
 #include <string>
 
+#include "serve/embeddings_api.h"
 #include "serve/openai_api.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -19,6 +21,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const loom::serve::ApiError& e) {
       if (e.status < 400 || e.status >= 500 || e.message.empty()) __builtin_trap();
     }
+  }
+  try {
+    const loom::serve::EmbeddingsRequest r = loom::serve::parse_embeddings_request(body);
+    const size_t inputs = r.texts.size() + r.ids.size();
+    if (inputs == 0 || inputs > 2048 || (!r.texts.empty() && !r.ids.empty()) || r.dimensions < 0)
+      __builtin_trap();
+    for (const auto& t : r.texts)
+      if (t.empty()) __builtin_trap();
+    for (const auto& ids : r.ids)
+      if (ids.empty()) __builtin_trap();
+  } catch (const loom::serve::ApiError& e) {
+    if (e.status != 400 || e.message.empty()) __builtin_trap();
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,13 +59,16 @@ struct Replay {
   int64_t preemptions = 0, cached_tokens = 0;
   int64_t draft_tokens = 0, accepted_tokens = 0;  // speculative guesses made and kept
   int blocks_left_used = -1;
+  int draft_blocks_left_used = 0;  // the draft model's pool (speculative method Draft)
 };
 
 // The schedule `s` on the model `m` (with speculative decoding as `spec` says, the KV pool
-// storing `kv`).
+// storing `kv`, `draft` the draft model for method Draft).
 inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& spec = {},
-                     KvCacheDtype kv = KvCacheDtype::Auto) {
+                     KvCacheDtype kv = KvCacheDtype::Auto, Decoder* draft = nullptr) {
   DecoderRunner runner(m);
+  std::unique_ptr<DecoderRunner> draft_runner;
+  if (draft) draft_runner = std::make_unique<DecoderRunner>(*draft);
   const std::vector<std::vector<int32_t>> prompts = replay_prompts();
   EngineConfig cfg;
   cfg.block_size = 8;
@@ -73,7 +77,7 @@ inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& 
   cfg.scheduler.chunked_prefill = s.chunked;
   cfg.speculative = spec;
   cfg.kv_cache_dtype = kv;
-  LoomEngine e(runner, cfg);
+  LoomEngine e(runner, cfg, draft_runner.get());
   std::map<int64_t, size_t> index;
   Replay r;
   r.tokens.resize(prompts.size());
@@ -107,6 +111,7 @@ inline Replay replay(Decoder& m, const ReplaySetup& s, const SpeculativeConfig& 
   r.draft_tokens = e.stats().spec_draft_tokens_total;
   r.accepted_tokens = e.stats().spec_accepted_tokens_total;
   r.blocks_left_used = e.cache().num_used();
+  if (e.draft()) r.draft_blocks_left_used = e.draft()->cache().num_used();
   return r;
 }
 

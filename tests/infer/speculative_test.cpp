@@ -8,7 +8,9 @@
 #include <map>
 
 #include "core/rng.h"
+#include "infer/draft_model.h"
 #include "infer/engine.h"
+#include "infer/generator.h"
 #include "infer/model_runner.h"
 #include "infer/speculative.h"
 #include "model/decoder.h"
@@ -123,11 +125,12 @@ struct SampledTexts {
   int blocks_left_used = -1;
 };
 SampledTexts sample_texts(ModelRunner& runner, const std::vector<int32_t>& prompt, int len,
-                          int draws) {
+                          int draws, ModelRunner* draft = nullptr) {
   EngineConfig ec;
   ec.speculative = ngram(3);
+  if (draft) ec.speculative.method = SpeculativeMethod::Draft;
   ec.max_queue = 1 << 20;
-  LoomEngine e(runner, ec);
+  LoomEngine e(runner, ec, draft);
   std::map<int64_t, std::vector<int32_t>> out;
   SampledTexts r;
   SamplingParams sp;
@@ -147,7 +150,36 @@ SampledTexts sample_texts(ModelRunner& runner, const std::vector<int32_t>& promp
   for (const auto& [id, t] : out) ++r.seen[t];
   r.stats = e.stats();
   r.blocks_left_used = e.cache().num_used();
+  if (e.draft()) r.blocks_left_used += e.draft()->cache().num_used();
   return r;
+}
+
+// The exact joint probabilities of the first three tokens after `prompt`, at temperature 1.
+std::map<std::vector<int32_t>, double> joint_of_three(Decoder& m,
+                                                      const std::vector<int32_t>& prompt) {
+  const int V = m.config().vocab;
+  std::map<std::vector<int32_t>, double> prob;
+  const std::vector<double> p1 = next_token_probs(m, prompt);
+  for (int32_t a = 0; a < V; ++a) {
+    std::vector<int32_t> s1 = prompt;
+    s1.push_back(a);
+    const std::vector<double> p2 = next_token_probs(m, s1);
+    for (int32_t b = 0; b < V; ++b) {
+      std::vector<int32_t> s2 = s1;
+      s2.push_back(b);
+      const std::vector<double> p3 = next_token_probs(m, s2);
+      for (int32_t c = 0; c < V; ++c)
+        prob[{a, b, c}] = p1[size_t(a)] * p2[size_t(b)] * p3[size_t(c)];
+    }
+  }
+  return prob;
+}
+
+SpeculativeConfig draft_method(int k) {
+  SpeculativeConfig c;
+  c.method = SpeculativeMethod::Draft;
+  c.num_speculative_tokens = k;
+  return c;
 }
 
 }  // namespace
@@ -308,4 +340,133 @@ TEST(Speculative, NgramSampledTokensFollowTheTargetModel) {
   EXPECT_EQ(got.stats.spec_accepted_tokens_total, got.accepted);
   EXPECT_EQ(got.stats.spec_draft_tokens_total, got.accepted + got.rejected);
   EXPECT_EQ(got.blocks_left_used, 0);
+}
+
+// Greedy with a draft model's guesses equals greedy without them, token for token, under every
+// schedule of the engine tests, for both families: with a one-layer draft of other weights
+// (guesses often wrong) and with a copy of the target (guesses nearly always right). Every
+// block of both pools is free at the end.
+TEST(Speculative, DraftGreedyEqualsPlainDecodingUnderEverySchedule) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    Decoder m(tiny(f), cpu_backend());
+    m.params().init(2);
+    ModelConfig small = tiny(f);
+    small.n_layer = 1;
+    Decoder other(small, cpu_backend());
+    other.params().init(7);
+    Decoder copy(tiny(f), cpu_backend());
+    copy.params().init(2);
+    for (const rp::ReplaySetup& s : rp::replay_setups()) {
+      const rp::Replay want = rp::replay(m, s);
+      for (Decoder* d : {&other, &copy}) {
+        const rp::Replay got =
+            rp::replay(m, s, draft_method(d == &copy ? 4 : 2), KvCacheDtype::Auto, d);
+        const std::string at = std::string(" (") + family_name(f) + ", " + s.name + ", " +
+                               (d == &copy ? "copy" : "one-layer") + " draft)";
+        ASSERT_EQ(got.tokens.size(), want.tokens.size()) << at;
+        for (size_t i = 0; i < want.tokens.size(); ++i) {
+          EXPECT_EQ(got.tokens[i], want.tokens[i]) << "request " << i << at;
+          ASSERT_EQ(got.logprobs[i].size(), want.logprobs[i].size()) << at;
+          for (size_t j = 0; j < want.logprobs[i].size(); ++j)
+            EXPECT_NEAR(got.logprobs[i][j], want.logprobs[i][j], 1e-4) << i << " " << j << at;
+        }
+        EXPECT_EQ(got.blocks_left_used, 0) << at;
+        EXPECT_EQ(got.draft_blocks_left_used, 0) << at;
+        EXPECT_GT(got.draft_tokens, 0) << at;
+        if (d == &copy) {
+          EXPECT_GT(got.accepted_tokens, got.draft_tokens * 9 / 10) << at;
+        } else {
+          EXPECT_LT(got.accepted_tokens, got.draft_tokens) << at;
+        }
+      }
+    }
+  }
+}
+
+// Sampling at temperature 1 with a one-layer draft (the target's first layer, embedding and
+// head, by the seeded init): the first three tokens of many seeded completions follow the
+// target model's exact joint probabilities (chi-square at the 0.999 quantile); guesses were
+// both kept and replaced.
+TEST(Speculative, DraftSampledTokensFollowTheTargetModel) {
+  ModelConfig cfg = tiny(Family::Llama);
+  cfg.vocab = 16, cfg.init_std = 0.3f;
+  Decoder m(cfg, cpu_backend());
+  m.params().init(3);
+  ModelConfig small = cfg;
+  small.n_layer = 1;
+  Decoder d(small, cpu_backend());
+  d.params().init(3);  // the target's first layer, embedding and head: a related draft
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7};
+  const auto prob = joint_of_three(m, prompt);
+  DecoderRunner runner(m), draft(d);
+  const int draws = 6000;
+  const SampledTexts got = sample_texts(runner, prompt, 3, draws, &draft);
+  const auto [stat, df] = chi_square(got.seen, prob, draws);
+  EXPECT_LT(stat, chi2_critical_999(df)) << "df " << df;
+  EXPECT_GT(df, 10);
+  EXPECT_GT(got.accepted, draws / 10);
+  EXPECT_GT(got.rejected, draws / 10);
+  EXPECT_EQ(got.stats.spec_accepted_tokens_total, got.accepted);
+  EXPECT_EQ(got.stats.spec_draft_tokens_total, got.accepted + got.rejected);
+  EXPECT_EQ(got.blocks_left_used, 0);
+}
+
+TEST(Speculative, ADraftOfAnotherVocabularyIsRefused) {
+  Decoder m(tiny(Family::GPT2), cpu_backend());
+  ModelConfig c = tiny(Family::GPT2);
+  c.vocab = 80;
+  Decoder d(c, cpu_backend());
+  DecoderRunner runner(m), draft(d);
+  EngineConfig ec;
+  ec.speculative = draft_method(3);
+  try {
+    LoomEngine e(runner, ec, &draft);
+    FAIL() << "a draft of 80 tokens for a target of 64 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("vocabulary (80 tokens)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(LoomEngine(runner, ec), Error);  // draft without a draft model
+  EXPECT_EQ(speculative_method_from_name("draft"), SpeculativeMethod::Draft);
+}
+
+// The draft model alone: its guesses are its greedy continuation (the no-cache forward's), after
+// a partly kept proposal too (what it computed for the kept prefix is reused), and when its pool
+// is too small for every sequence the states it did not serve give their blocks back, after
+// which a sequence is computed from the start again with the same guesses.
+TEST(Speculative, DraftProposesItsGreedyContinuationWithinASmallPool) {
+  Decoder d(tiny(Family::GPT2), cpu_backend());
+  d.params().init(5);
+  DecoderRunner runner(d);
+  DraftModel dm(runner, 8, 6);  // 48 positions
+  auto greedy = [&](std::vector<int32_t> t, int n) {
+    SamplingOptions o;
+    o.temperature = 0;
+    const size_t from = t.size();
+    generate(d, t, n, o);
+    return std::vector<int32_t>(t.begin() + long(from), t.end());
+  };
+  auto propose = [&](int64_t id, const std::vector<int32_t>& t, int k) {
+    std::vector<DraftModel::Job> jobs(1);
+    jobs[0].seq = id, jobs[0].tokens = &t, jobs[0].k = k;
+    dm.propose(jobs);
+    return jobs[0].guesses;
+  };
+  std::vector<int32_t> a = infer::test::prompt(10, 1), b = infer::test::prompt(12, 2);
+  EXPECT_EQ(propose(1, a, 4), greedy(a, 4));
+  EXPECT_EQ(propose(2, b, 4), greedy(b, 4));
+  // Two guesses kept, then a token of the target's own.
+  const std::vector<int32_t> ga = greedy(a, 2);
+  a.insert(a.end(), ga.begin(), ga.end());
+  a.push_back((greedy(a, 1)[0] + 1) % 64);
+  EXPECT_EQ(propose(1, a, 3), greedy(a, 3));
+  // 34 positions need 5 of the 6 blocks: a and b give theirs back.
+  const std::vector<int32_t> c = infer::test::prompt(30, 3);
+  EXPECT_EQ(propose(3, c, 5), greedy(c, 5));
+  EXPECT_EQ(dm.cache().num_used(), 5);
+  // c now holds 5 blocks and is not served: b takes them back and starts over.
+  EXPECT_EQ(propose(2, b, 4), greedy(b, 4));
+  // More positions than the whole pool: no guesses, no failure.
+  EXPECT_TRUE(propose(4, infer::test::prompt(60, 4), 4).empty());
+  for (int64_t id : {1, 2, 3, 4}) dm.forget(id);
+  EXPECT_EQ(dm.cache().num_used(), 0);
 }

@@ -43,4 +43,42 @@ await assert.rejects(client.completions.create({ model: "gpt-9", prompt: "x" }),
                      (e) => e.status === 404);
 await assert.rejects(client.completions.create({ model: "loom", prompt: "x", temperature: 9 }),
                      (e) => e.status === 400 && /temperature/.test(e.message));
-console.log("openai client: models, completions, chat, streaming and errors ok");
+// Embeddings: floats as asked, the client's default (base64, which it decodes), and base64 as
+// asked (little-endian float32): the same vectors, of unit norm.
+const inputs = ["reverse abc", "abc"];
+const ef = await client.embeddings.create({ model: "loom", input: inputs, encoding_format: "float" });
+assert.equal(ef.object, "list");
+assert.equal(ef.data.length, 2);
+assert.equal(ef.data[1].index, 1);
+const dim = ef.data[0].embedding.length;
+assert.ok(dim > 0);
+for (const d of ef.data) {
+  const norm = Math.sqrt(d.embedding.reduce((s, x) => s + x * x, 0));
+  assert.ok(Math.abs(norm - 1) < 1e-5, `norm ${norm}`);
+}
+assert.ok(ef.usage.prompt_tokens > 0);
+assert.equal(ef.usage.total_tokens, ef.usage.prompt_tokens);
+// JSON carries each float32 in its shortest form: read back as float32, the same values.
+const f32 = (v) => v.map((x) => Math.fround(x));
+const edefault = await client.embeddings.create({ model: "loom", input: inputs });
+assert.deepEqual(edefault.data.map((d) => f32(d.embedding)), ef.data.map((d) => f32(d.embedding)));
+const eb = await client.embeddings.create({ model: "loom", input: inputs, encoding_format: "base64" });
+assert.equal(typeof eb.data[0].embedding, "string");
+const buf = Buffer.from(eb.data[0].embedding, "base64");
+assert.equal(buf.length, 4 * dim);
+const decoded = Array.from({ length: dim }, (_, i) => buf.readFloatLE(4 * i));
+assert.deepEqual(decoded, f32(ef.data[0].embedding));
+const eids = await client.embeddings.create({ model: "loom", input: [[1, 2, 3]], encoding_format: "float" });
+assert.equal(eids.usage.prompt_tokens, 3);
+assert.equal(eids.data[0].embedding.length, dim);
+await assert.rejects(client.embeddings.create({ model: "loom", input: "" }),
+                     (e) => e.status === 400 && e.param === "input");
+await assert.rejects(client.embeddings.create({ model: "loom", input: "abc", dimensions: dim + 1 }),
+                     (e) => e.status === 400 && e.param === "dimensions");
+await assert.rejects(client.embeddings.create({ model: "gpt-9", input: "abc" }), (e) => e.status === 404);
+
+// --served-model-name loom alias: both names are served, responses report the first.
+const viaAlias = await client.completions.create({ model: "alias", prompt: "reverse abc", max_tokens: 2 });
+assert.equal(viaAlias.model, "loom");
+assert.deepEqual((await client.models.list()).data.map((m) => m.id), ["loom", "alias"]);
+console.log("openai client: models, completions, chat, streaming, embeddings and errors ok");

@@ -29,7 +29,7 @@ done
   --set data.tokenizer="loom:$work/tok" --set train.steps=5 --set train.micro_batch=2 \
   --set train.seq_len=64 --set train.quiet=true --set train.peak_gflops=1 \
   --set train.out_dir="$work/run" >/dev/null
-"$loom" serve --ckpt "$work/run/checkpoints" --port 0 > "$work/serve.out" 2> "$work/serve.err" &
+"$loom" serve --ckpt "$work/run/checkpoints" --port 0 --served-model-name loom alias > "$work/serve.out" 2> "$work/serve.err" &
 server=$!
 for _ in $(seq 100); do
   grep -q "listening on" "$work/serve.out" 2>/dev/null && break
