@@ -300,6 +300,13 @@ void ParamSet::read_grads(int64_t begin, int64_t end, float* out) const {
   be_->copy_d2h(out, grad() + begin, sizeof(float) * size_t(end - begin));
 }
 
+void ParamSet::write_values_on_backend(const float* src) {
+  bf16_written_.clear();  // fp32 values written without their bf16 copy
+  LOOM_CHECK(be_, "ParamSet::write_values_on_backend: the parameters are not allocated");
+  be_->copy_d2d(fp32_storage(), src, sizeof(float) * size_t(total_));
+  settle_dropped(0, total_);
+}
+
 void ParamSet::copy_values_from(const ParamSet& src) {
   bf16_written_.clear();  // fp32 values written without their bf16 copy
   LOOM_CHECK(be_ && src.be_, "ParamSet::copy_values_from: the parameters are not allocated");

@@ -136,6 +136,9 @@ class ParamSet {
   // The values of `src` (a set of the same layout: a snapshot, a reference model) copied in:
   // on the device when both live on one backend, else staged through the host.
   void copy_values_from(const ParamSet& src);
+  // Every fp32 value from `src`, total() floats in the memory of the set's backend (a buffer
+  // filled by copy_values_to of a set of the same layout): a copy on the device.
+  void write_values_on_backend(const float* src);
 
   int64_t total() const { return total_; }
   // The buffers on the backend's device: what ops take. Host code never dereferences these;

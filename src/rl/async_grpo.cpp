@@ -34,8 +34,9 @@ AsyncGrpo::AsyncGrpo(Decoder& policy, const data::BpeTokenizer& tok, const data:
   snapshot_ = std::make_unique<Decoder>(policy.config(), policy.backend(), Recompute::None,
                                         policy.act_dtype());
   const ParamSet& P = policy.params();
-  published_.resize(size_t(P.total()));
-  P.read_values(0, P.total(), published_.data());
+  published_ = BackendBuffer(policy.backend(), sizeof(float) * size_t(P.total()),
+                             "rl published weights");
+  P.copy_values_to(published_.as<float>(), 0, P.total());
   published_version_ = step_;
   snapshot_->params().copy_values_from(P);
   rollout_ = std::make_unique<RolloutWorker>(*snapshot_, tok, chat, env, opt_);
@@ -100,7 +101,7 @@ void AsyncGrpo::rollout_loop(int64_t have) {
           break;
         }
         if (published_version_ > have) {
-          snapshot_->params().write_values(0, int64_t(published_.size()), published_.data());
+          snapshot_->params().write_values_on_backend(published_.as<float>());
           have = published_version_;
           rollout_->weights_updated();
         }
@@ -154,7 +155,7 @@ void AsyncGrpo::help(std::unique_lock<std::mutex>& lock, int64_t* have) {
   // The learner offers a share with the weights it holds, which it published after its last
   // step: the newest version.
   if (published_version_ > *have) {
-    snapshot_->params().write_values(0, int64_t(published_.size()), published_.data());
+    snapshot_->params().write_values_on_backend(published_.as<float>());
     *have = published_version_;
     rollout_->weights_updated();
   }
@@ -244,7 +245,7 @@ RlStepStats AsyncGrpo::step() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const ParamSet& P = policy_.params();
-    P.read_values(0, P.total(), published_.data());  // (a copy on a host backend)
+    P.copy_values_to(published_.as<float>(), 0, P.total());
     published_version_ = step_;
     // This step's share of the rollout side's time, since the previous step ended.
     const double busy = rollout_busy_ - last_rollout_busy_;

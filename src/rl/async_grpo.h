@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/buffer.h"
 #include "rl/grpo_trainer.h"
 #include "rl/replay_buffer.h"
 #include "rl/rollout.h"
@@ -89,10 +90,11 @@ class AsyncGrpo : private LearnerHelper {
   int64_t lead_ = 1;  // how far ahead of the learner new groups start (see the constructor)
   int64_t step_ = 0;
 
-  // The published weights: the newest version and its flat parameters.
+  // The published weights: the newest version and its flat fp32 parameters, in the policy
+  // backend's memory (a device-to-device copy each way on a device).
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<float> published_;
+  BackendBuffer published_;
   int64_t published_version_ = 0;
   bool stopping_ = false;
   bool paused_ = false;        // buffer_contents(): no new batch starts
