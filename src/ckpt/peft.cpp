@@ -103,7 +103,10 @@ void export_peft(const std::string& dir, const HfModelShape& shape, const PeftAd
   LOOM_CHECK(a.rank > 0 && a.alpha > 0, "PEFT export: rank ", a.rank, " and alpha ", a.alpha,
              " must be positive");
   TensorMap out;
-  std::map<std::string, std::set<int>> layers_of;  // short module name -> layers adapted
+  // Short module name -> the full names of the modules carrying it: in the model, and adapted.
+  std::map<std::string, std::set<std::string>> modules_of, adapted_of;
+  for (const std::string& linear : loom_linears(shape))
+    for (const Part& p : parts_of(shape, linear)) modules_of[short_name(p.module)].insert(p.module);
   int adapted = 0;
   for (const std::string& linear : loom_linears(shape)) {
     auto ia = a.tensors.find(linear + ".lora_A"), ib = a.tensors.find(linear + ".lora_B");
@@ -120,21 +123,21 @@ void export_peft(const std::string& dir, const HfModelShape& shape, const PeftAd
       const std::string key = kPrefix + p.module;
       out[key + ".lora_A.weight"] = A.clone();
       out[key + ".lora_B.weight"] = p.r1 > 0 ? B.slice(p.r0, p.r1).clone() : B.clone();
-      int layer = -1;
-      std::sscanf(linear.c_str(), "blocks.%d.", &layer);
-      layers_of[short_name(p.module)].insert(layer);
+      adapted_of[short_name(p.module)].insert(p.module);
     }
   }
   LOOM_CHECK(adapted > 0 && adapted * 2 == int(a.tensors.size()), "PEFT export: ", a.tensors.size(),
              " adapter tensors, of which ", adapted * 2, " belong to linear layers of this model");
-  // target_modules: short names when every layer has that module adapted (PEFT's usual form),
-  // else each module's full name (PEFT matches either exactly or as a suffix).
-  bool all_layers = true;
-  for (const auto& [name, layers] : layers_of)
-    all_layers &= name == "lm_head" || int(layers.size()) == shape.n_layer;
+  // target_modules: PEFT adapts every module whose name equals an entry or ends with "." and
+  // it. Short names (PEFT's usual form) only when each one names exactly the adapted modules:
+  // every module of the model with that name is adapted (GPT-2's attn.c_proj and mlp.c_proj
+  // share theirs, so adapting one kind takes full names); else each module's full dotted
+  // name, which matches that module alone.
+  bool short_names = true;
+  for (const auto& [name, modules] : adapted_of) short_names &= modules == modules_of.at(name);
   Json targets = Json::array();
-  if (all_layers) {
-    for (const auto& [name, layers] : layers_of) targets.push_back(name);
+  if (short_names) {
+    for (const auto& [name, modules] : adapted_of) targets.push_back(name);
   } else {
     for (const auto& [key, t] : out) {
       const std::string suffix = ".lora_A.weight";

@@ -15,6 +15,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/log.h"
 #include "data/bpe.h"
 #include "data/chat.h"
 #include "data/hf_chat_template.h"
@@ -100,6 +101,38 @@ static std::string model_section(const ModelConfig& mc) {
   return cfg;
 }
 
+// base_model_name_or_path of a PEFT export: what transformers' AutoPeftModelForCausalLM loads
+// the base from, so a Hugging Face model, never a Loom checkpoint. --base-model as given (a hub
+// name, or a directory holding a config.json: the base's `loom ckpt export`); else the Hugging
+// Face directory train.pretrained was imported from (`loom ckpt import HF_DIR`, its
+// imported_from); else none (null, with a warning saying how to name one).
+static std::string peft_base_model(const Config& run, const std::string& given) {
+  if (!given.empty()) {
+    LOOM_CHECK(!std::filesystem::is_directory(given) ||
+                   std::filesystem::exists(std::filesystem::path(given) / "config.json"),
+               "--base-model ", given, " is a directory without config.json, not a Hugging Face ",
+               "model (a Loom checkpoint? write its Hugging Face export with loom ckpt export ",
+               "PATH --out DIR and pass that DIR)");
+    return given;
+  }
+  const std::string pre = run.get_string("train.pretrained", "");
+  if (!pre.empty() && std::filesystem::exists(pre)) {
+    try {
+      const ckpt::Checkpoint base(pre);
+      const Json& extra = base.state().extra;
+      if (extra.contains("imported_from") && !extra.contains("merged_onto") &&
+          !extra.contains("lora"))
+        return extra.at("imported_from").as_string();
+    } catch (const Error&) {
+      // Not a checkpoint this build reads: no Hugging Face source to name.
+    }
+  }
+  log_warn("PEFT export: base_model_name_or_path left null: the base (train.pretrained = '", pre,
+           "') is no Hugging Face model; write its export (loom ckpt export BASE --out HF_BASE) ",
+           "and pass --base-model HF_BASE, or load the adapters onto the base by hand");
+  return "";
+}
+
 // A LoRA run's adapters as PEFT files (the base is exported on its own).
 static int export_peft_cmd(const ckpt::Checkpoint& c, const Config& run, const std::string& out,
                            const std::string& base_model) {
@@ -113,8 +146,7 @@ static int export_peft_cmd(const ckpt::Checkpoint& c, const Config& run, const s
   a.rslora = lc.rslora;
   a.dropout = lc.dropout;
   a.tensors = c.model().load_all();
-  const std::string base = base_model.empty() ? run.get_string("train.pretrained", "") : base_model;
-  ckpt::export_peft(out, ckpt::hf_shape_of(mc), a, base);
+  ckpt::export_peft(out, ckpt::hf_shape_of(mc), a, peft_base_model(run, base_model));
   std::printf("exported the LoRA adapters of %s -> %s (PEFT)\n", c.dir().c_str(), out.c_str());
   return 0;
 }
@@ -133,7 +165,9 @@ static int export_cmd(const Args& args) {
       .value("chat-template", "",
              "chatml | llama3 | hf:PATH | none (default: the run's, for chat data)")
       .flag("peft", "a LoRA run: write its adapters as PEFT files, not the merged model")
-      .value("base-model", "", "--peft: base_model_name_or_path (default: train.pretrained)");
+      .value("base-model", "",
+             "--peft: base_model_name_or_path, a Hugging Face model (default: the HF directory "
+             "train.pretrained was imported from, else null)");
   if (!o.parse(args)) return 0;
   ckpt::Checkpoint c(o.get("path"));
   const Config run = Config::parse(c.state().config_text, c.dir() + "/state.json:config_text");

@@ -12,6 +12,7 @@ int run_tokenizer(const Args& args);
 int run_launch(const Args& args);
 int run_supervise(const Args& args);
 int run_rl(const Args& args);
+int run_score(const Args& args);
 #ifdef LOOM_HAVE_CURATE
 int run_curate(const Args& args);
 #endif
@@ -31,6 +32,8 @@ const std::vector<Command>& commands() {
       {"plan", "predict memory, step time, MFU and goodput at scale; search layouts", run_plan},
       {"tokenize", "JSONL -> Megatron-compatible token files (.bin/.idx)", run_tokenize},
       {"rl", "GRPO on a verifiable task (sync or asynchronous, rollout ranks over MPI)", run_rl},
+      {"score", "score JSONL conversations with a reward model (filter with --min-reward)",
+       run_score},
       {"launch", "run N ranks of a loom command (mpirun), supervised and restarted", run_launch},
       {"supervise", "supervise and restart a job started by srun or mpirun", run_supervise},
       {"tokenizer", "train a BPE vocabulary; encode/decode (GPT-2, tiktoken, Loom)", run_tokenizer},

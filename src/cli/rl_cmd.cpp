@@ -7,6 +7,8 @@
 // + optimizer + step) that resume (--resume) and that generate and serve read.
 #include <cstdio>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "ckpt/checkpoint.h"
 #include "cli/command.h"
@@ -153,13 +155,33 @@ int run_rl_here(const Args& args) {
     LOOM_CHECK(!ho.url.empty(), "--env http needs ", c.name("rl.env_url"));
     ho.timeout_s = c.number("rl.env_timeout");
     ho.retries = c.integer32("rl.env_retries", 0, 100);
-    std::vector<rl::Task> tasks;
+    std::vector<rl::Task> tasks, eval;
     if (!c.text("rl.env_tasks").empty()) tasks = rl::load_task_file(c.text("rl.env_tasks"));
+    if (!c.text("rl.env_eval_tasks").empty()) {
+      eval = rl::load_task_file(c.text("rl.env_eval_tasks"));
+      // Held-out means not trained on: a list that is all training prompts is refused, a
+      // partial overlap warned about.
+      std::set<std::string> train;
+      for (const rl::Task& t : tasks) train.insert(t.prompt);
+      int64_t shared = 0;
+      for (const rl::Task& t : eval) shared += train.count(t.prompt) > 0;
+      LOOM_CHECK(shared < int64_t(eval.size()), c.name("rl.env_eval_tasks"), " ",
+                 c.text("rl.env_eval_tasks"), ": every one of its ", eval.size(),
+                 " prompts is a training prompt of ", c.name("rl.env_tasks"), ": no held-out task");
+      if (shared > 0)
+        log_warn(c.name("rl.env_eval_tasks"), ": ", shared, " of its ", eval.size(),
+                 " prompts are training prompts too");
+    }
+    LOOM_CHECK(eval_every == 0 || tasks.empty() || !eval.empty(), c.name("rl.eval_every"),
+               " with a training task file (", c.name("rl.env_tasks"), ") needs a held-out one (",
+               c.name("rl.env_eval_tasks"), "): the training tasks are no held-out set");
     auto prompts = tasks.empty() ? rl::make_environment(c.text("rl.env_prompts")) : nullptr;
-    env = rl::make_http_environment(ho, std::move(tasks), std::move(prompts), &http_stats);
+    env = rl::make_http_environment(ho, std::move(tasks), std::move(eval), std::move(prompts),
+                                    &http_stats);
   } else {
-    LOOM_CHECK(c.text("rl.env_url").empty() && c.text("rl.env_tasks").empty(),
-               "--env-url and --env-tasks need --env http");
+    LOOM_CHECK(c.text("rl.env_url").empty() && c.text("rl.env_tasks").empty() &&
+                   c.text("rl.env_eval_tasks").empty(),
+               "--env-url, --env-tasks and --env-eval-tasks need --env http");
     env = rl::make_environment(c.text("rl.env"));
   }
 

@@ -28,6 +28,8 @@ const std::vector<Setting>& settings() {
        "--env http: the scoring service (POST prompt+completion -> reward)"},
       {"rl.env_tasks", "env-tasks", "", false,
        "--env http: a JSONL task file ({\"prompt\": ..., \"answer\": ...})"},
+      {"rl.env_eval_tasks", "env-eval-tasks", "", false,
+       "--env http: a held-out JSONL task file for --eval-every (needed with --env-tasks)"},
       {"rl.env_prompts", "env-prompts", "arithmetic", false,
        "--env http without --env-tasks: built-in prompts"},
       {"rl.env_timeout", "env-timeout", "10", false, "--env http: seconds per call"},

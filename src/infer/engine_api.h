@@ -118,6 +118,10 @@ struct SamplingParams {
   std::optional<uint64_t> seed;  // same seed + same prompt = same text, any batch
   int n = 1;                     // completions per prompt
   int logprobs = -1;             // -1: none; k >= 0: sampled token + top-k alternatives
+  // true (temperature > 0): the log-probabilities reported are those of the raw logits divided
+  // by `temperature`, the distribution the draw is made from (RL's behaviour policy, as TRL
+  // and verl take it); false: of the raw logits, as OpenAI and vLLM report them.
+  bool logprobs_at_temperature = false;
   // Structured output (infer/constrain/): only tokens that keep the text in the constraint's
   // language are drawn, and end of text only where the text is complete.
   std::shared_ptr<const constrain::TokenConstraint> constraint;

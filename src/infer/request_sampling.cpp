@@ -54,16 +54,18 @@ SampledToken sample(float* x, int V, const SamplingParams& p, const std::vector<
   SampledToken out;
   // The raw logits' log-sum-exp, for the reported log-probabilities: only when they are asked
   // for (a pass of exp over the whole vocabulary cost greedy decode 3-6% of its token time).
+  // With logprobs_at_temperature, of the logits / temperature.
   std::vector<float> raw;
   double lse = 0;
+  const double t = p.logprobs_at_temperature && p.temperature > 0 ? double(p.temperature) : 1.0;
   if (p.logprobs >= 0) {
     raw.assign(x, x + V);
-    const float mx = x[argmax_first(x, V)];
+    const double mx = double(x[argmax_first(x, V)]) / t;
     double z = 0;
-    for (int j = 0; j < V; ++j) z += std::exp(double(x[j]) - mx);
+    for (int j = 0; j < V; ++j) z += std::exp(double(x[j]) / t - mx);
     lse = mx + std::log(z);
   }
-  auto logprob = [&](int j) { return static_cast<float>(double(x[j]) - lse); };
+  auto logprob = [&](int j) { return static_cast<float>(double(x[j]) / t - lse); };
   if (allowed)
     for (int base = 0; base < V; base += 64) {
       const uint64_t bits = allowed[base / 64];

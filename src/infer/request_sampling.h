@@ -3,7 +3,8 @@
 // frequency over the output, OpenAI's definition), temperature, top-k, top-p, min-p, then a draw
 // from the counter-based RNG keyed by (seed, completion index, output position), so a request with
 // a seed gets the same tokens whatever else is in the batch. Log-probabilities are those of the raw
-// logits (log-softmax before any penalty or temperature), as OpenAI and vLLM report them.
+// logits (log-softmax before any penalty or temperature), as OpenAI and vLLM report them, or with
+// SamplingParams::logprobs_at_temperature of the raw logits divided by the temperature.
 #pragma once
 
 #include <cstdint>

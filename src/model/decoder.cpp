@@ -132,6 +132,7 @@ void Decoder::build_params() {
   if (pp_.last) {
     norm("final_norm");
     if (!cfg_.tied) params_.add("head.weight", {Vl, C}, true, ParamInit::Normal, std);
+    if (cfg_.value_head) params_.add("score.weight", {1, C}, true, ParamInit::Normal, std);
   }
   (void)V;
   // Expert weights sit after every other parameter, so that under expert parallelism (where
@@ -877,9 +878,82 @@ void Decoder::final_norm(int N) {
   head_linear().gather_input(b_->lnf, N);
 }
 
+// The head's input times s (ModelInput::logit_scale): the head has no bias, so its logits are
+// the unscaled ones times s. bf16 storage goes through fp32 (b_->tmp holds N rows).
+void Decoder::scale_head_input(int N, float s) {
+  const int64_t n = int64_t(N) * cfg_.d_model;
+  const ActBuf& x = b_->lnf;
+  if (x.f32) {
+    be_.scale_inplace(x.f32, s, n);
+    return;
+  }
+  be_.convert(b_->tmp, DType::F32, x.bf16, DType::BF16, n);
+  be_.scale_inplace(b_->tmp, s, n);
+  be_.convert(x.bf16, DType::BF16, b_->tmp, DType::F32, n);
+}
+
+// The value head at the chosen rows: scores = x W^T (W = score.weight [1, C], x the rows of the
+// final norm's output side by side in b_->tmp); the backward's input gradient goes to those
+// rows of dln (zero elsewhere), W's gradient accumulates.
+double Decoder::value_head(const ModelInput& in, bool grads) {
+  LOOM_CHECK(params_.has("score.weight"), "value rows need a model with a value head ",
+             "(model.value_head = true)");
+  LOOM_CHECK(tp_.size == 1 && cp_.size == 1 && pp_.whole(), "the value head runs in one ",
+             "process or under data parallelism only (no tensor, pipeline or context parallelism)");
+  const int n = in.n_values, N = in.N, C = cfg_.d_model;
+  LOOM_CHECK(n > 0 && n <= N, "value rows: ", n, " for a micro-batch of ", N, " tokens");
+  for (int j = 0; j < n; ++j)
+    LOOM_CHECK(in.value_rows[j] >= 0 && in.value_rows[j] < N, "value row ", in.value_rows[j],
+               " outside the micro-batch of ", N);
+  const ActBuf& lnf = b_->lnf;
+  for (int j = 0; j < n; ++j) {
+    float* row = b_->tmp + int64_t(j) * C;
+    if (lnf.f32)
+      be_.copy_d2d(row, lnf.f32 + int64_t(in.value_rows[j]) * C, size_t(C) * sizeof(float));
+    else
+      be_.convert(row, DType::F32, lnf.bf16 + int64_t(in.value_rows[j]) * C, DType::BF16, C);
+  }
+  float* v = scratch(value_buf_, 2 * int64_t(n));  // scores, then their gradients
+  const float* w = params_.ptr("score.weight");
+  be_.matmul_forward(v, b_->tmp, w, nullptr, n, C, 1);
+  values_host_.resize(size_t(n));
+  be_.copy_d2h(values_host_.data(), v, size_t(n) * sizeof(float));
+  double sum = 0;
+  if (in.value_grads)
+    for (int j = 0; j < n; ++j) sum += double(in.value_grads[j]) * values_host_[size_t(j)];
+  if (grads) {
+    LOOM_CHECK(in.value_grads, "a backward through the value head needs value_grads");
+    be_.copy_h2d(v + n, in.value_grads, size_t(n) * sizeof(float));
+    float* dx = scratch(value_dx_, int64_t(n) * C);
+    float* dw = grad_of("score.weight");
+    be_.matmul_backward(dx, dw, nullptr, v + n, b_->tmp, w, n, C, 1);
+    be_.fill_bytes(b_->dln, 0, size_t(N) * C * sizeof(float));
+    // Distinct sequences have distinct last rows; a repeated row adds its gradients.
+    std::vector<int> seen(size_t(N), -1);
+    for (int j = 0; j < n; ++j) {
+      const int r = in.value_rows[j];
+      LOOM_CHECK(seen[size_t(r)] < 0, "value row ", r, " given twice");
+      seen[size_t(r)] = j;
+      be_.copy_d2d(b_->dln + int64_t(r) * C, dx + int64_t(j) * C, size_t(C) * sizeof(float));
+    }
+  }
+  return sum;
+}
+
 double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   const int N = in.N, Nl = local_rows(N), C = cfg_.d_model, V = vocab_;
   final_norm(N);
+  if (in.value_rows) {
+    const double sum = value_head(in, grads);
+    if (grads) {
+      round_act(b_->dln, int64_t(N) * C);
+      const Norm lnf = norm_params("final_norm");
+      norm_backward(b_->dres, lnf, b_->dln, b_->x_final, b_->lnf_mean, b_->lnf_rstd, Nl);
+    }
+    return sum;
+  }
+  const float scale = in.logit_scale;
+  if (scale != 1.f) scale_head_input(N, scale);
   Linear H = head_linear();
   // Logits exist for head_chunk() rows at a time: computed, turned into loss and gradient in
   // place, and consumed by the head's backward before the next chunk overwrites them. Under
@@ -930,6 +1004,7 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   // One reduction on the device, one double back (fixed order: bit-reproducible).
   const double sum = be_.weighted_sum(b_->losses, b_->weights, N);
   if (grads) {
+    if (scale != 1.f) be_.scale_inplace(b_->dln, scale, int64_t(N) * C);  // d(s x) / dx
     round_act(b_->dln, int64_t(N) * C);
     float* dl = H.reduce_input_grad(b_->dln, N);
     const Norm lnf = norm_params("final_norm");
@@ -948,6 +1023,8 @@ void Decoder::check_layout(const ModelInput& in) const {
 
 static void check_input(const ModelInput& in, const ModelConfig& cfg) {
   LOOM_CHECK(in.N > 0 && in.nseq > 0, "empty micro-batch");
+  LOOM_CHECK(std::isfinite(in.logit_scale) && in.logit_scale > 0,
+             "logit_scale must be finite and > 0, got ", in.logit_scale);
   LOOM_CHECK(in.cu_seqlens[0] == 0 && in.cu_seqlens[in.nseq] == in.N,
              "cu_seqlens must start at 0 and end at N=", in.N);
   for (int s = 0; s < in.nseq; ++s)
@@ -1045,6 +1122,11 @@ double Decoder::run(const ModelInput& in, float dloss, bool grads) {
 
 // Sequence sums of log p(target) = -loss over the rows with a target, in token order.
 void Decoder::collect_outputs(const ModelInput& in, StepOutputs* out) const {
+  if (in.value_rows) {  // scores only: the language-model head did not run
+    out->values.assign(values_host_.begin(), values_host_.end());
+    out->seq_logprobs.assign(in.nseq, 0.0);
+    return;
+  }
   // The per-token losses come to the host once; the sums follow the host's cu_seqlens.
   std::vector<float> losses(size_t(in.N));
   be_.copy_d2h(losses.data(), b_->losses, losses.size() * sizeof(float));
@@ -1126,7 +1208,10 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
                              ForwardAttention* attention) {
   ForwardOnlyScope scope(*this, attention);
   forward_final_rows(in, rows, attention);
-  const int V = cfg_.vocab, n = static_cast<int>(rows.size());
+  const int V = cfg_.vocab, C = cfg_.d_model, n = static_cast<int>(rows.size());
+  // The sampling temperature's 1/T (ModelInput::logit_scale) on the head's input rows: the
+  // head is linear, so the logits come out scaled.
+  if (in.logit_scale != 1.f) be_.scale_inplace(b_->tmp, in.logit_scale, int64_t(n) * C);
   // Straight into the caller's array where the host can address the backend's memory;
   // otherwise into a device buffer, then one copy to the host. Under tensor parallelism each
   // rank's head gives its vocabulary slice of every row, gathered into whole rows.

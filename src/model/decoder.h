@@ -52,6 +52,20 @@ struct ModelInput {
   // loss_weights) sets it to 1 / the step's tokens, so the auxiliary loss is averaged as the
   // trainer averages it instead of weighted by the pass's token count.
   float aux_weight = -1.f;
+  // The head's logits are multiplied by this before the softmax (1 / the sampling temperature:
+  // GRPO's learner takes log-probabilities of the distribution its rollouts sampled from, as
+  // TRL and verl do); the loss, the gradients, StepOutputs and forward_logits all see the scaled
+  // logits. Must be finite and > 0.
+  float logit_scale = 1.f;
+  // A value head (ModelConfig::value_head, reward models): sequence j's score is
+  // score.weight . h, h the final norm's output at row value_rows[j] (its last token). With
+  // value_rows set the head computes these n_values scores instead of the language-model loss
+  // (StepOutputs::values; the loss returned is sum_j value_grads[j] * score_j, 0 without them),
+  // and a backward takes value_grads[j] = dL/dscore_j. Not under tensor, pipeline or context
+  // parallelism.
+  const int32_t* value_rows = nullptr;
+  const float* value_grads = nullptr;
+  int n_values = 0;
 };
 
 // What a forward reports besides the loss sum, for post-training (DPO, GRPO) and evaluation.
@@ -62,6 +76,8 @@ struct StepOutputs {
   // Per token, filled when want_token_logprobs: log p(target), 0 where target < 0.
   bool want_token_logprobs = false;
   std::vector<float> token_logprobs;
+  // ModelInput::value_rows set: each sequence's score (fp32 values, widened).
+  std::vector<double> values;
 };
 
 // A layer's attention core in a forward-only pass when its keys and values are not just the
@@ -265,6 +281,8 @@ class Decoder {
   // With what is attached to it, and its split over the tensor-parallel group.
   Linear linear(const std::string& prefix, int in, int out, Linear::Split split);
   Linear head_linear();
+  void scale_head_input(int N, float s);
+  double value_head(const ModelInput& in, bool grads);
   float* grad_of(const std::string& name);  // nullptr when absent or frozen
   // Sizes the active buffers (train_buf_, or infer_buf_ in a forward-only pass) for N tokens.
   void ensure_buffers(int N);
@@ -363,6 +381,9 @@ class Decoder {
   ParamSet params_;
   // Cache-sized fp32 scratch for row-blocked passes over bf16 storage, and MoE's widened input.
   BackendBuffer blk_a_, blk_b_, moe_in_;
+  BackendBuffer value_buf_,
+      value_dx_;  // the value head's scores and gradients, its input's gradient
+  std::vector<float> values_host_;
   // Linear's widened input on the fp32 GEMM paths over bf16 storage (Linear::widen): a buffer of
   // this backend, so that the CUDA backend's GEMMs never receive host memory.
   BackendBuffer widen_;

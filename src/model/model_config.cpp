@@ -177,7 +177,8 @@ std::string ModelConfig::fingerprint() const {
                        rope_scaling.high_freq_factor, "/", rope_scaling.original_max_seq),
              // The families' parameters appear only when present (older checkpoints stay
              // compatible).
-             qkv_bias && !bias ? " qkv_bias=1" : "", qk_norm ? " qk_norm=1" : "");
+             qkv_bias && !bias ? " qkv_bias=1" : "", qk_norm ? " qk_norm=1" : "",
+             value_head ? " value_head=1" : "");
 }
 
 ModelConfig model_config_from(const Config& cfg) {
@@ -231,6 +232,8 @@ ModelConfig model_config_from(const Config& cfg, ModelConfig c) {
   c.capacity_factor = cfg.get_double("model.capacity_factor", c.capacity_factor);
   c.aux_loss_coeff = cfg.get_double("model.aux_loss_coeff", c.aux_loss_coeff);
   c.moe_layer_freq = get_int32(cfg, "model.moe_layer_freq", c.moe_layer_freq);
+  c.value_head = cfg.get_bool("model.value_head",
+                              cfg.get_string("train.mode", "") == "reward" || c.value_head);
   c.validate();
   return c;
 }

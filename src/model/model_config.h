@@ -54,6 +54,10 @@ struct ModelConfig {
   double capacity_factor = 0.0;
   double aux_loss_coeff = 0.01;
   int moe_layer_freq = 1;
+  // A scalar value head (reward models): score.weight [1, d_model] on the final norm's output,
+  // read at rows ModelInput::value_rows instead of the language-model head. model.value_head,
+  // true by default for train.mode = "reward".
+  bool value_head = false;
 
   bool uses_rope() const { return family == Family::Llama; }
   bool uses_positions_table() const { return family == Family::GPT2; }

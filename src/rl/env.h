@@ -27,6 +27,13 @@ class Environment {
   virtual ~Environment() = default;
   virtual std::string name() const = 0;
   virtual Task task(uint64_t seed, uint64_t index) const = 0;
+  // Held-out task `index` for evaluation (heldout_accuracy passes heldout_seed of the run's
+  // seed): by default task(seed, index), which a generator never draws in training; an
+  // environment whose training tasks are a fixed list gives its own held-out list, or throws
+  // when it has none.
+  virtual Task eval_task(uint64_t seed, uint64_t index) const { return task(seed, index); }
+  // How many distinct held-out tasks eval_task gives (-1: unbounded).
+  virtual int64_t eval_task_count() const { return -1; }
   // In [0, 1]. Never throws on any reply (garbage scores 0).
   virtual double reward(const Task& t, const std::string& reply) const = 0;
 };

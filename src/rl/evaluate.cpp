@@ -16,6 +16,8 @@ double heldout_accuracy(Decoder& model, const data::BpeTokenizer& tok,
                         const data::ChatTemplate& chat, const Environment& env, int tasks,
                         uint64_t seed, int max_tokens, float temperature) {
   LOOM_CHECK(tasks > 0, "held-out evaluation needs at least one task");
+  // A held-out list (--env-eval-tasks) is evaluated whole at most, never a task twice.
+  if (const int64_t n = env.eval_task_count(); n > 0 && n < tasks) tasks = static_cast<int>(n);
   infer::DecoderRunner runner(model);
   infer::EngineConfig ec;
   ec.eos_ids = {chat.end_of_turn()};
@@ -30,7 +32,7 @@ double heldout_accuracy(Decoder& model, const data::BpeTokenizer& tok,
   std::vector<Task> task(static_cast<size_t>(tasks));
   std::vector<std::string> reply(static_cast<size_t>(tasks));
   for (int i = 0; i < tasks; ++i) {
-    task[size_t(i)] = env.task(heldout_seed(seed), uint64_t(i));
+    task[size_t(i)] = env.eval_task(heldout_seed(seed), uint64_t(i));
     infer::SamplingParams sp;
     sp.temperature = temperature;
     sp.seed = heldout_seed(seed) + uint64_t(i);

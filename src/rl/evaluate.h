@@ -1,6 +1,7 @@
-// Held-out accuracy: replies to tasks drawn from a seed that training never uses, scored by the
-// environment (a reward of 1 is a correct reply); greedy by default, or sampled at `temperature`
-// (one reply per task, seeded by the task).
+// Held-out accuracy: replies to the environment's held-out tasks (Environment::eval_task: for a
+// generator, tasks of a seed training never uses; for a task file, the --env-eval-tasks list, at
+// most its length), scored by the environment (a reward of 1 is a correct reply); greedy by
+// default, or sampled at `temperature` (one reply per task, seeded by the task).
 #pragma once
 
 #include <cstdint>

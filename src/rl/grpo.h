@@ -57,9 +57,9 @@ GrpoStats grpo_token_weights(const std::vector<GrpoSample>& samples, const GrpoC
                              std::vector<std::vector<double>>* weights,
                              const GrpoTotals* totals = nullptr);
 
-// From one row of V logits (the policy at temperature 1): log p(target) and the entropy
-// -sum_v p_v log p_v of the whole distribution, both in float64 (a stable log-sum-exp). The
-// learner takes both from one forward pass: the log-probs for the loss, the entropy for the
+// From one row of V logits (the policy's, divided by the sampling temperature): log p(target) and
+// the entropy -sum_v p_v log p_v of the whole distribution, both in float64 (a stable log-sum-exp).
+// The learner takes both from one forward pass: the log-probs for the loss, the entropy for the
 // metrics (the mean over the sampled tokens' positions: a collapsing policy shows it first).
 void logprob_and_entropy(const float* logits, int V, int target, double* logp, double* entropy);
 

@@ -243,6 +243,10 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
     pad_for_sequence_parallel(b, policy_);  // after the spans: they index the rows before it
     ModelInput in = b.input();
     in.aux_weight = static_cast<float>(1.0 / routed_tokens);
+    // Log-probabilities (and entropy) of the distribution the rollouts sampled from: the
+    // logits divided by the sampling temperature, in the logit passes and the backward alike.
+    const float logit_scale = 1.f / opt_.temperature;
+    in.logit_scale = logit_scale;
     // The logits of the response tokens' rows, from a forward pass each of the policy and the
     // reference: the log-probs of the sampled tokens and the policy's entropy there. The rows x
     // vocabulary logits are taken a run of whole sequences at a time, at most logit_rows rows
@@ -283,11 +287,13 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
       for (size_t k = k0; k < k1; ++k)
         for (int t = 0; t < span[k].second; ++t) rows.push_back(span[k].first - lo + t);
       const size_t chunk_k0 = k0;
+      ModelInput cin = c.input();
+      cin.logit_scale = logit_scale;
       logits.resize(rows.size() * size_t(V));
-      policy_.forward_logits(c.input(), rows, logits.data());
+      policy_.forward_logits(cin, rows, logits.data());
       if (reference_) {
         ref_logits.resize(logits.size());
-        reference_->forward_logits(c.input(), rows, ref_logits.data());
+        reference_->forward_logits(cin, rows, ref_logits.data());
       }
       size_t row = 0;
       for (size_t k = chunk_k0; k < k1; ++k) {
@@ -352,6 +358,7 @@ void GrpoLearner::learn(const std::vector<PromptGroup>& groups, int64_t version,
           own_in.loss_weights = weights.data();
           share_in.loss_weights = weights.data() + b.cu_seqlens[ks];
           own_in.aux_weight = share_in.aux_weight = in.aux_weight;
+          own_in.logit_scale = share_in.logit_scale = logit_scale;
           // The helper may start while it can finish no later than the learner's own part, as
           // the last step's speed predicts (no prediction yet: any time).
           const double f0 = now_seconds();

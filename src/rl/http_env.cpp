@@ -1,13 +1,17 @@
 #include "rl/http_env.h"
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/rng.h"
 
 #ifdef LOOM_RL_HAVE_HTTP
 #include <httplib.h>
@@ -37,6 +41,21 @@ std::vector<Task> load_task_file(const std::string& path) {
   }
   LOOM_CHECK(!out.empty(), "the task file ", path, " holds no tasks");
   return out;
+}
+
+uint64_t shuffled_index(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t i) {
+  LOOM_CHECK(n > 0 && i < n, "shuffled_index: place ", i, " of ", n);
+  // Fisher-Yates from the last place down; only the swaps that reach place i matter, but the
+  // whole permutation is cheap beside a rollout (n is a task file's length).
+  std::vector<uint64_t> perm(static_cast<size_t>(n));
+  for (uint64_t k = 0; k < n; ++k) perm[size_t(k)] = k;
+  const uint64_t key = 0x7a5c5u ^ (epoch * 0x9e3779b97f4a7c15ull);
+  for (uint64_t k = n - 1; k > 0; --k) {
+    const std::array<uint32_t, 4> r = philox(seed, key, k);
+    const uint64_t j = ((uint64_t(r[0]) << 32) | r[1]) % (k + 1);
+    std::swap(perm[size_t(k)], perm[size_t(j)]);
+  }
+  return perm[size_t(i)];
 }
 
 #ifdef LOOM_RL_HAVE_HTTP
@@ -72,9 +91,13 @@ httplib::Result post_within(httplib::Client& cli, const std::string& path, const
 
 class HttpEnvironment : public Environment {
  public:
-  HttpEnvironment(const HttpEnvOptions& o, std::vector<Task> tasks,
+  HttpEnvironment(const HttpEnvOptions& o, std::vector<Task> tasks, std::vector<Task> eval_tasks,
                   std::unique_ptr<Environment> prompts, std::shared_ptr<HttpEnvStats> stats)
-      : opt_(o), tasks_(std::move(tasks)), prompts_(std::move(prompts)), stats_(std::move(stats)) {
+      : opt_(o),
+        tasks_(std::move(tasks)),
+        eval_tasks_(std::move(eval_tasks)),
+        prompts_(std::move(prompts)),
+        stats_(std::move(stats)) {
     const std::string& u = o.url;
     LOOM_CHECK(u.rfind("http://", 0) == 0, "rl.env_url must start with http://, got '", u, "'");
     const size_t slash = u.find('/', 7);
@@ -88,8 +111,18 @@ class HttpEnvironment : public Environment {
   std::string name() const override { return "http"; }
   Task task(uint64_t seed, uint64_t index) const override {
     if (tasks_.empty()) return prompts_->task(seed, index);
-    Task t = tasks_[index % tasks_.size()];
-    return t;
+    const uint64_t n = tasks_.size();
+    return tasks_[size_t(shuffled_index(seed, index / n, n, index % n))];
+  }
+  Task eval_task(uint64_t seed, uint64_t index) const override {
+    if (!eval_tasks_.empty()) return eval_tasks_[index % eval_tasks_.size()];
+    LOOM_CHECK(tasks_.empty(), "held-out evaluation with a training task file (rl.env_tasks) ",
+               "needs a held-out one (rl.env_eval_tasks, --env-eval-tasks FILE): the training ",
+               "tasks are no held-out set");
+    return prompts_->task(seed, index);
+  }
+  int64_t eval_task_count() const override {
+    return eval_tasks_.empty() ? -1 : int64_t(eval_tasks_.size());
   }
   double reward(const Task& t, const std::string& reply) const override {
     Json body = Json::object();
@@ -163,7 +196,7 @@ class HttpEnvironment : public Environment {
   }
 
   HttpEnvOptions opt_;
-  std::vector<Task> tasks_;
+  std::vector<Task> tasks_, eval_tasks_;
   std::unique_ptr<Environment> prompts_;
   std::shared_ptr<HttpEnvStats> stats_;
   std::string host_, path_;
@@ -178,11 +211,13 @@ bool http_environment_available() {
 
 std::unique_ptr<Environment> make_http_environment(const HttpEnvOptions& opt,
                                                    std::vector<Task> tasks,
+                                                   std::vector<Task> eval_tasks,
                                                    std::unique_ptr<Environment> prompts,
                                                    std::shared_ptr<HttpEnvStats>* stats) {
   auto st = std::make_shared<HttpEnvStats>();
   if (stats) *stats = st;
-  return std::make_unique<HttpEnvironment>(opt, std::move(tasks), std::move(prompts), st);
+  return std::make_unique<HttpEnvironment>(opt, std::move(tasks), std::move(eval_tasks),
+                                           std::move(prompts), st);
 }
 #else
 bool http_environment_available() {
@@ -190,7 +225,7 @@ bool http_environment_available() {
 }
 
 std::unique_ptr<Environment> make_http_environment(const HttpEnvOptions&, std::vector<Task>,
-                                                   std::unique_ptr<Environment>,
+                                                   std::vector<Task>, std::unique_ptr<Environment>,
                                                    std::shared_ptr<HttpEnvStats>*) {
   fail("this build has no HTTP client (install libcpp-httplib-dev: scripts/setup.sh)");
 }

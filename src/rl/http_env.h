@@ -34,10 +34,20 @@ std::vector<Task> load_task_file(const std::string& path);
 // Whether this build has the HTTP client (cpp-httplib).
 bool http_environment_available();
 
-// Prompts from `tasks` (cycled) or, when empty, from the built-in `prompts` environment.
+// Training prompts from `tasks` or, when empty, from the built-in `prompts` environment. A task
+// list is drawn epoch by epoch in an order the seed shuffles (task(seed, i): epoch i / n, place
+// i % n of that epoch's permutation of the n tasks), so runs of other seeds see other orders.
+// Held-out evaluation (eval_task) reads `eval_tasks` (--env-eval-tasks); with training tasks and
+// no held-out list it throws (the training tasks are no held-out set); with built-in prompts and
+// no list it takes the generator's held-out seed.
 std::unique_ptr<Environment> make_http_environment(const HttpEnvOptions& opt,
                                                    std::vector<Task> tasks,
+                                                   std::vector<Task> eval_tasks,
                                                    std::unique_ptr<Environment> prompts,
                                                    std::shared_ptr<HttpEnvStats>* stats = nullptr);
+
+// Place `i` of the permutation of [0, n) that (seed, epoch) draws (Fisher-Yates over the
+// counter-based RNG).
+uint64_t shuffled_index(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t i);
 
 }  // namespace loom::rl

@@ -101,7 +101,8 @@ RolloutBatch RolloutWorker::generate(int64_t target_step, int64_t version, int p
     sp.max_tokens = max_tokens;
     sp.n = n;
     sp.seed = seed;
-    sp.logprobs = 0;  // the sampled token's log-prob under the raw logits (temperature 1)
+    sp.logprobs = 0;  // the sampled token's log-prob, of the logits / temperature (the learner's)
+    sp.logprobs_at_temperature = true;
     open[i] += n;
     requests[i].push_back(
         engine_->submit(prompt, sp, [&, i, completion](const infer::TokenEvent& e) {

@@ -13,6 +13,12 @@ namespace loom {
 struct Batch {
   int B = 0, T = 0;  // rows and tokens per row (packed batches: B=1, T=N)
   std::vector<int32_t> tokens, targets, positions, cu_seqlens;
+  // KTO micro-batches (PreferenceSource over unpaired examples): per example k, 1 when its
+  // reply (row 2k) is desirable, 0 when not; empty otherwise.
+  std::vector<int8_t> labels;
+  // Preference micro-batches: each row's tokens before its padding (a reward model's score is
+  // read at the last of them); empty otherwise.
+  std::vector<int32_t> lengths;
 
   int64_t valid_targets() const;
   ModelInput input() const;

@@ -366,6 +366,16 @@ bool Checkpointer::resume() {
 
 // The model's parameters from a checkpoint of the same model (a one-process or consolidated
 // checkpoint, or a Hugging Face import); nothing else of it is used.
+// A reward model started from a language model's checkpoint: its value head (score.weight)
+// is not there and keeps its seeded draw; everything else is read.
+static ckpt::TensorList without_missing_head(const ckpt::Checkpoint& c, ckpt::TensorList list) {
+  if (c.model().contains("score.weight")) return list;
+  list.erase(std::remove_if(list.begin(), list.end(),
+                            [](const ckpt::NamedTensor& t) { return t.name == "score.weight"; }),
+             list.end());
+  return list;
+}
+
 void load_pretrained(TrainSetup& s, const std::string& path) {
   ckpt::Checkpoint c(path);
   ckpt::require_full_model(c);
@@ -407,8 +417,8 @@ void load_pretrained(TrainSetup& s, const std::string& path) {
       s.model->pipeline_stage().whole()) {
     // Under LoRA the base is whole (replicated) on every rank.
     s.staging->clear();
-    const ckpt::TensorList host =
-        s.staging->stage(whole_views(s.model->params(), s.pg->dp().rank()));
+    const ckpt::TensorList host = s.staging->stage(
+        without_missing_head(c, whole_views(s.model->params(), s.pg->dp().rank())));
     c.restore_model(host);
     ckpt::require_finite(host, c.dir());
     s.staging->upload();
@@ -423,7 +433,8 @@ void load_pretrained(TrainSetup& s, const std::string& path) {
     s.staging->upload();
   } else {
     s.staging->clear();
-    const ckpt::TensorList slices = s.staging->stage(shard_list(s, s.dp->load_slices()));
+    const ckpt::TensorList slices =
+        s.staging->stage(without_missing_head(c, shard_list(s, s.dp->load_slices())));
     ckpt::fill_from_whole(c, s.model->params(), slices, {});
     ckpt::require_finite(slices, c.dir());
     s.staging->upload();

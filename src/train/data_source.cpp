@@ -54,7 +54,7 @@ std::unique_ptr<BatchSource> make_batch_source(const Config& cfg, const TrainOpt
     return std::make_unique<PreferenceSource>(
         path, cfg.get_string("data.tokenizer", ""), cfg.get_string("data.chat_template", "chatml"),
         opt.micro_batch, opt.seq_len, seed, cfg.get_double("data.valid_fraction", 0.05), split,
-        dp_rank, dp_size);
+        dp_rank, dp_size, cfg.get_string("dpo.loss", "sigmoid") == "kto");
   }
   LOOM_CHECK(kind == "tokens",
              "data.source must be 'text', 'tokens', 'chat', 'chat_tokens' or 'preference', ",

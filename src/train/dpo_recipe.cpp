@@ -13,7 +13,43 @@ DpoOptions dpo_options_from(const Config& cfg) {
   o.loss = dpo_loss_from_name(cfg.get_string("dpo.loss", dpo_loss_name(o.loss)));
   LOOM_CHECK(cfg.get_string("data.source", "text") == "preference",
              "train.mode = \"dpo\" needs data.source = \"preference\"");
+  // Each loss's own keys, refused under another loss rather than silently unused.
+  auto own = [&](const char* key, DpoLoss l) {
+    LOOM_CHECK(!cfg.has(key) || o.loss == l, key, " (", cfg.where(key),
+               ") applies to dpo.loss = \"", dpo_loss_name(l), "\" only, not \"",
+               dpo_loss_name(o.loss), "\"");
+  };
+  own("dpo.simpo_gamma", DpoLoss::Simpo);
+  own("dpo.cpo_alpha", DpoLoss::Simpo);
+  own("dpo.desirable_weight", DpoLoss::Kto);
+  own("dpo.undesirable_weight", DpoLoss::Kto);
+  o.simpo_gamma = cfg.get_double("dpo.simpo_gamma", o.simpo_gamma, 0, 100);
+  o.cpo_alpha = cfg.get_double("dpo.cpo_alpha", o.cpo_alpha, 0, 100);
+  o.desirable_weight = cfg.get_double("dpo.desirable_weight", o.desirable_weight, 0, 100);
+  o.undesirable_weight = cfg.get_double("dpo.undesirable_weight", o.undesirable_weight, 0, 100);
+  LOOM_CHECK(o.desirable_weight > 0 || o.undesirable_weight > 0,
+             "dpo.desirable_weight and dpo.undesirable_weight are both 0: nothing to learn");
   return o;
+}
+
+std::vector<std::pair<std::string, double>> DpoRecipe::Stats::report(DpoLoss l,
+                                                                     const std::string& pre) const {
+  const double n = double(std::max<int64_t>(1, pairs));
+  if (l == DpoLoss::Kto) {
+    const double nd = double(std::max<int64_t>(1, desirable));
+    const double nu = double(std::max<int64_t>(1, pairs - desirable));
+    return {{pre + "rewards_chosen", reward_chosen / nd},
+            {pre + "rewards_rejected", reward_rejected / nu},
+            {pre + "reward_margin", reward_chosen / nd - reward_rejected / nu},
+            {pre + "kl", kl / n}};
+  }
+  std::vector<std::pair<std::string, double>> r = {
+      {pre + "rewards_chosen", reward_chosen / n},
+      {pre + "rewards_rejected", reward_rejected / n},
+      {pre + "reward_margin", (reward_chosen - reward_rejected) / n},
+      {pre + "reward_accuracy", correct / n}};
+  if (l == DpoLoss::Simpo || l == DpoLoss::Orpo) r.push_back({pre + "nll", nll / n});
+  return r;
 }
 
 DpoRecipe::Stats& DpoRecipe::Stats::operator+=(const Stats& o) {
@@ -21,7 +57,10 @@ DpoRecipe::Stats& DpoRecipe::Stats::operator+=(const Stats& o) {
   reward_chosen += o.reward_chosen;
   reward_rejected += o.reward_rejected;
   correct += o.correct;
+  nll += o.nll;
+  kl += o.kl;
   pairs += o.pairs;
+  desirable += o.desirable;
   return *this;
 }
 
@@ -30,7 +69,10 @@ void DpoRecipe::Stats::all_reduce(comm::Communicator& g) {
   reward_chosen = g.all_reduce_scalar(reward_chosen, comm::ReduceOp::Sum);
   reward_rejected = g.all_reduce_scalar(reward_rejected, comm::ReduceOp::Sum);
   correct = g.all_reduce_scalar(correct, comm::ReduceOp::Sum);
+  nll = g.all_reduce_scalar(nll, comm::ReduceOp::Sum);
+  kl = g.all_reduce_scalar(kl, comm::ReduceOp::Sum);
   pairs = g.all_reduce_scalar(pairs, comm::ReduceOp::Sum);
+  desirable = g.all_reduce_scalar(desirable, comm::ReduceOp::Sum);
 }
 
 // One step's gradients: the loss is a mean over the global batch's pairs (every DP rank's), as
@@ -97,7 +139,9 @@ DpoRecipe::Stats DpoRecipe::micro(const Batch& b, bool backward, int64_t pairs_i
   if (s_.lora && s_.lora->dropout_active())
     s_.lora->set_dropout_batch(s_.lora->dropout_micro(), s_.inputs->rows(in));
   StepOutputs ref, pol;
-  if (s_.lora) {
+  if (!uses_reference(opt_.loss)) {
+    // SimPO, ORPO: no reference pass.
+  } else if (s_.lora) {
     s_.lora->set_attached(false);
     s_.model->forward_loss(in, &ref);
     s_.lora->set_attached(true);
@@ -106,7 +150,7 @@ DpoRecipe::Stats DpoRecipe::micro(const Batch& b, bool backward, int64_t pairs_i
   }
   s_.model->forward_loss(in, &pol);
   std::vector<float> w;
-  const Stats st = terms(in, ref, pol, pairs_in_step, w);
+  const Stats st = terms(b, in, ref, pol, pairs_in_step, w);
   if (backward) {
     in.loss_weights = w.data();
     in.aux_weight = aux_weight(in);
@@ -115,30 +159,88 @@ DpoRecipe::Stats DpoRecipe::micro(const Batch& b, bool backward, int64_t pairs_i
   return st;
 }
 
-// A micro-batch's pairs (sequences 2k and 2k+1 of `in`) from the policy's and the reference's
-// sequence log-probabilities: their DPO losses and statistics, and in `w` each token's loss
-// weight for the backward (dL/dpi of its sequence, over the step's pairs).
-DpoRecipe::Stats DpoRecipe::terms(const ModelInput& in, const StepOutputs& ref,
-                                  const StepOutputs& pol, int64_t pairs_in_step,
-                                  std::vector<float>& w) const {
+DpoRecipe::Stats DpoRecipe::sequence_terms(const DpoOptions& o, const std::vector<double>& pi,
+                                           const std::vector<double>& ref,
+                                           const std::vector<int64_t>& n,
+                                           const std::vector<int8_t>& labels, int64_t pairs_in_step,
+                                           std::vector<double>* weight) {
   Stats st;
-  st.pairs = in.nseq / 2;
-  w.assign(size_t(in.N), 0.f);
+  st.pairs = int64_t(pi.size()) / 2;
+  weight->assign(pi.size(), 0.0);
+  const auto refp = [&](size_t q) { return ref.empty() ? 0.0 : ref[q]; };
+  if (o.loss == DpoLoss::Kto) {
+    LOOM_CHECK(labels.size() == size_t(st.pairs),
+               "a KTO micro-batch needs a label per example, got ", labels.size(), " for ",
+               st.pairs);
+    double kl = 0;
+    for (int64_t k = 0; k < st.pairs; ++k) kl += pi[size_t(2 * k + 1)] - refp(size_t(2 * k + 1));
+    kl = std::max(0.0, kl / double(std::max<int64_t>(1, st.pairs)));
+    st.kl = kl * double(st.pairs);
+    for (int64_t k = 0; k < st.pairs; ++k) {
+      const size_t q = size_t(2 * k);
+      const bool good = labels[size_t(k)] != 0;
+      const KtoTerm t = kto_term(pi[q], refp(q), kl, good, o);
+      st.loss += t.loss;
+      (good ? st.reward_chosen : st.reward_rejected) += t.reward;
+      st.desirable += good;
+      st.correct += good ? t.reward > 0 : t.reward < 0;
+      (*weight)[q] = -t.d_pi / double(pairs_in_step);
+    }
+    return st;
+  }
   for (int64_t k = 0; k < st.pairs; ++k) {
     const size_t c = size_t(2 * k), r = c + 1;
-    const DpoPair p = dpo_pair(pol.seq_logprobs[c], pol.seq_logprobs[r], ref.seq_logprobs[c],
-                               ref.seq_logprobs[r], opt_.beta, opt_.loss);
+    PairLogps x;
+    x.pi_c = pi[c], x.pi_r = pi[r];
+    x.ref_c = refp(c), x.ref_r = refp(r);
+    x.n_c = n[c], x.n_r = n[r];
+    const DpoPair p = dpo_pair(x, o);
     st.loss += p.loss;
     st.reward_chosen += p.reward_chosen;
     st.reward_rejected += p.reward_rejected;
     st.correct += p.reward_chosen > p.reward_rejected;
     // The model's loss is sum_i w_i (-log p_i), whose gradient is -sum_i w_i d log p_i; the
     // DPO gradient is sum_s dL/dpi_s d pi_s with pi_s = sum_{i in s} log p_i: w_i = -dL/dpi_s.
-    const double d[2] = {p.d_chosen, p.d_rejected};
-    for (int s = 0; s < 2; ++s)
-      for (int i = in.cu_seqlens[c + s]; i < in.cu_seqlens[c + s + 1]; ++i)
-        w[size_t(i)] = static_cast<float>(-d[s] / double(pairs_in_step));
+    (*weight)[c] = -p.d_chosen / double(pairs_in_step);
+    (*weight)[r] = -p.d_rejected / double(pairs_in_step);
   }
+  const double nll_w = nll_weight(o);
+  int64_t chosen_tokens = 0;
+  for (int64_t k = 0; k < st.pairs; ++k) chosen_tokens += n[size_t(2 * k)];
+  if (nll_w > 0 && chosen_tokens > 0) {
+    // The step's loss is the mean over pairs of the pair terms plus the mean over micro-
+    // batches of each one's NLL (TRL's cross-entropy over its chosen reply tokens):
+    // pairs_in_step / pairs micro-batches.
+    const double micro_batches = double(pairs_in_step) / double(std::max<int64_t>(1, st.pairs));
+    double nll = 0;
+    for (int64_t k = 0; k < st.pairs; ++k) {
+      nll -= pi[size_t(2 * k)];
+      (*weight)[size_t(2 * k)] += nll_w / (double(chosen_tokens) * micro_batches);
+    }
+    nll /= double(chosen_tokens);
+    st.nll = nll * double(st.pairs);
+    st.loss += nll_w * nll * double(st.pairs);
+  }
+  return st;
+}
+
+// A micro-batch's pairs (sequences 2k and 2k+1 of `in`) from the policy's and the reference's
+// sequence log-probabilities: their losses and statistics (sequence_terms), and in `w` each
+// token's loss weight for the backward. The reply token counts and KTO's labels come from the
+// whole micro-batch `b` (under CP `in` holds this rank's chunks of its sequences).
+DpoRecipe::Stats DpoRecipe::terms(const Batch& b, const ModelInput& in, const StepOutputs& ref,
+                                  const StepOutputs& pol, int64_t pairs_in_step,
+                                  std::vector<float>& w) const {
+  std::vector<int64_t> n(size_t(in.nseq), 0);  // reply tokens of each sequence
+  for (int q = 0; q < in.nseq; ++q)
+    for (int i = b.cu_seqlens[q]; i < b.cu_seqlens[q + 1]; ++i) n[size_t(q)] += b.targets[i] >= 0;
+  std::vector<double> seq_w;
+  const Stats st =
+      sequence_terms(opt_, pol.seq_logprobs, ref.seq_logprobs, n, b.labels, pairs_in_step, &seq_w);
+  w.assign(size_t(in.N), 0.f);
+  for (int q = 0; q < in.nseq; ++q)
+    for (int i = in.cu_seqlens[q]; i < in.cu_seqlens[q + 1]; ++i)
+      w[size_t(i)] = static_cast<float>(seq_w[size_t(q)]);
   return st;
 }
 
@@ -154,7 +256,9 @@ DpoRecipe::Stats DpoRecipe::pipeline(std::vector<Batch>& batches, bool backward,
   std::vector<ModelInput> in;
   for (const Batch& b : batches) in.push_back(b.input());
   std::vector<StepOutputs> ref, pol;
-  if (s_.lora) {
+  if (!uses_reference(opt_.loss)) {
+    ref.resize(in.size());  // SimPO, ORPO: no reference pass
+  } else if (s_.lora) {
     s_.lora->set_attached(false);
     s_.pipe->forward_only(in, &ref);
     s_.lora->set_attached(true);
@@ -176,7 +280,7 @@ DpoRecipe::Stats DpoRecipe::pipeline(std::vector<Batch>& batches, bool backward,
   std::vector<std::vector<float>> w(in.size());
   if (s_.model->pipeline_stage().last)
     for (size_t j = 0; j < in.size(); ++j) {
-      total += terms(in[j], ref[j], pol[j], pairs_in_step, w[j]);
+      total += terms(batches[j], in[j], ref[j], pol[j], pairs_in_step, w[j]);
       in[j].loss_weights = w[j].data();
     }
   if (backward) {

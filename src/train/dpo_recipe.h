@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
@@ -19,18 +21,22 @@
 
 namespace loom {
 
-struct DpoOptions {
-  double beta = 0.1;                // dpo.beta
-  DpoLoss loss = DpoLoss::Sigmoid;  // dpo.loss: sigmoid, ipo or hinge
-};
-// Reads [dpo]; DPO needs data.source = "preference".
+// Reads [dpo] (DpoOptions, dpo.h); DPO needs data.source = "preference". A key of another
+// loss (dpo.simpo_gamma without dpo.loss = "simpo") is refused naming it.
 DpoOptions dpo_options_from(const Config& cfg);
 
 class DpoRecipe {
  public:
+  // Pairs (kto: examples, their rewards by label) and their sums.
   struct Stats {
     double loss = 0, reward_chosen = 0, reward_rejected = 0, correct = 0;
+    double nll = 0;  // simpo and orpo: the chosen NLL term, times the micro-batch's pairs
+    double kl = 0;   // kto: the KL estimate z_0, times the micro-batch's examples
     int64_t pairs = 0;
+    int64_t desirable = 0;  // kto: desirable examples (the rest are undesirable)
+    // The figures a step or an evaluation reports (prefix "" or "valid_").
+    std::vector<std::pair<std::string, double>> report(DpoLoss loss,
+                                                       const std::string& prefix) const;
     Stats& operator+=(const Stats& o);
     void all_reduce(comm::Communicator& g);  // summed over g
   };
@@ -49,9 +55,19 @@ class DpoRecipe {
   Stats pipeline(std::vector<Batch>& batches, bool backward, int64_t pairs_in_step);
   // The MoE auxiliary loss's weight per token of a pass (ModelInput::aux_weight).
   float aux_weight(const ModelInput& in) const;
+  DpoLoss loss() const { return opt_.loss; }
+  // A micro-batch's figures from its sequences' log-probabilities (pi; ref empty for SimPO and
+  // ORPO), reply token counts n and KTO's labels, and in `weight` each sequence's token loss
+  // weight -dL/dpi_s, the loss being the step's: a mean over its pairs_in_step pairs (and, for
+  // the NLL term, over its micro-batches).
+  static Stats sequence_terms(const DpoOptions& o, const std::vector<double>& pi,
+                              const std::vector<double>& ref, const std::vector<int64_t>& n,
+                              const std::vector<int8_t>& labels, int64_t pairs_in_step,
+                              std::vector<double>* weight);
 
  private:
-  Stats terms(const ModelInput& in, const StepOutputs& ref, const StepOutputs& pol,
+  // `b` the whole micro-batch (its reply token counts and labels); `in` this rank's part.
+  Stats terms(const Batch& b, const ModelInput& in, const StepOutputs& ref, const StepOutputs& pol,
               int64_t pairs_in_step, std::vector<float>& w) const;
 
   TrainSetup& s_;

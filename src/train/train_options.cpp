@@ -37,8 +37,8 @@ TrainOptions train_options_from(const Config& c) {
   o.device = c.get_string("train.device", o.device);
   LOOM_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto",
              "train.device must be cpu, cuda or auto, got '", o.device, "'");
-  LOOM_CHECK(o.mode == "pretrain" || o.mode == "sft" || o.mode == "dpo",
-             "train.mode must be pretrain, sft or dpo, got '", o.mode, "'");
+  LOOM_CHECK(o.mode == "pretrain" || o.mode == "sft" || o.mode == "dpo" || o.mode == "reward",
+             "train.mode must be pretrain, sft, dpo or reward, got '", o.mode, "'");
   LOOM_CHECK(o.steps > 0, "train.steps must be positive, got ", o.steps);
   LOOM_CHECK(o.micro_batch > 0, "train.micro_batch must be positive, got ", o.micro_batch);
   LOOM_CHECK(o.seq_len > 0, "train.seq_len must be positive, got ", o.seq_len);

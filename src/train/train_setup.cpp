@@ -11,6 +11,7 @@
 #include "parallel/schedule/stage_layers.h"
 #include "parallel/tensor_parallel.h"
 #include "train/checkpointer.h"
+#include "train/dpo.h"
 #include "train/frozen_reference.h"
 
 namespace loom {
@@ -63,7 +64,7 @@ void refuse_fp8_off_device(const Fp8Options& fp8, const TrainSetup& s, int world
 
 // The device fp8 recipe's scratch is sized for it, so no forward outgrows it mid-run.
 int largest_forward_tokens(const TrainOptions& o) {
-  return o.micro_batch * o.seq_len * (o.mode == "dpo" ? 2 : 1);
+  return o.micro_batch * o.seq_len * (o.mode == "dpo" || o.mode == "reward" ? 2 : 1);
 }
 
 TrainSetup::~TrainSetup() {
@@ -320,6 +321,17 @@ std::unique_ptr<TrainSetup> assemble(const Config& cfg, comm::Communicator* worl
                                                            : s.pg->tp_dp();
   s.engine = std::make_unique<StepEngine>(*s.dp, norm_group, std::move(norm_weights),
                                           s.policy.loss_scaling, scaler, s.opt.clip_grad);
+  if (s.opt.mode == "reward") {
+    // Reward models: the value head reads whole rows of one process (data parallelism keeps a
+    // micro-batch's pairs on one rank, as DPO).
+    LOOM_CHECK(d.tp == 1 && d.pp == 1 && d.cp == 1 && d.ep == 1,
+               "train.mode = \"reward\" runs in one process or under data parallelism ",
+               "(parallel.dp, zero) only, not tensor, pipeline, context or expert parallelism");
+    LOOM_CHECK(cfg.get_string("data.source", "text") == "preference" &&
+                   cfg.get_string("dpo.loss", "sigmoid") != "kto",
+               "train.mode = \"reward\" needs data.source = \"preference\" (pairs of chosen ",
+               "and rejected replies)");
+  }
   if (s.opt.mode == "dpo") {
     // DPO over data-parallel ranks: a micro-batch's pairs stay together on one rank (the
     // sources deal out whole micro-batches), so only the sums cross ranks. Under tensor
@@ -336,8 +348,10 @@ std::unique_ptr<TrainSetup> assemble(const Config& cfg, comm::Communicator* worl
                "tensor, pipeline and context parallelism (parallel.dp, tp, sp, pp, cp)");
     LOOM_CHECK(d.cp == 1 || (d.pp == 1 && vp == 1),
                "DPO under pipeline and context parallelism at once is not supported yet");
-    // The reference is the policy's starting point, frozen; LoRA needs no copy (its base).
-    if (!s.lora) make_reference(s, nullptr);
+    // The reference is the policy's starting point, frozen; LoRA needs no copy (its base);
+    // SimPO and ORPO read none.
+    if (!s.lora && uses_reference(dpo_loss_from_name(cfg.get_string("dpo.loss", "sigmoid"))))
+      make_reference(s, nullptr);
   }
   // bf16 GEMMs where the CPU has them natively (kept off under ZeRO-3, whose point is not to hold
   // every weight at once: the recipe keeps a bf16 copy of each).

@@ -48,6 +48,7 @@ Trainer::Trainer(const Config& cfg, comm::Communicator* world, Backend* backend)
   train_data_ = make_batch_source(cfg_, opt_, s_->model_cfg, "train", s_->pg->dp().rank(),
                                   s_->pg->dp().size());
   if (opt_.mode == "dpo") dpo_ = std::make_unique<DpoRecipe>(*s_, dpo_options_from(cfg_));
+  if (opt_.mode == "reward") reward_ = std::make_unique<RewardRecipe>(*s_);
   if (opt_.mode == "sft") {
     const std::string source = cfg_.get_string("data.source", "text");
     LOOM_CHECK(source == "chat" || source == "chat_tokens",
@@ -114,6 +115,7 @@ StepResult Trainer::train_step() {
   resil::heartbeat_section(resil::Section::Data, step_ + 1);
   s_->recipes.begin_step();  // stepped (or loaded) since the last use
   if (opt_.mode == "dpo") return dpo_step();
+  if (opt_.mode == "reward") return reward_step();
   double t0 = now_seconds();
   StepResult r;
   r.step = step_;
@@ -201,12 +203,15 @@ double Trainer::evaluate() {
   valid_data_->restore(valid_start_);  // the same validation batches every time
   double sum = 0;
   int64_t n = 0;
+  if (opt_.mode == "reward") {
+    const RewardRecipe::Stats total = reward_->evaluate(*valid_data_, opt_.eval_batches);
+    eval_extra_ = total.report("valid_");
+    return total.loss / double(std::max<int64_t>(1, total.pairs));
+  }
   if (opt_.mode == "dpo") {
     const DpoRecipe::Stats total = dpo_->evaluate(*valid_data_, opt_.eval_batches);
-    eval_extra_ = {
-        {"valid_reward_accuracy", total.correct / total.pairs},
-        {"valid_reward_margin", (total.reward_chosen - total.reward_rejected) / total.pairs}};
-    return total.loss / total.pairs;
+    eval_extra_ = total.report(dpo_->loss(), "valid_");
+    return total.loss / double(std::max<int64_t>(1, total.pairs));
   }
   if (s_->pipe) {
     sum = pipeline_eval_sum(n);
@@ -348,10 +353,19 @@ StepResult Trainer::dpo_step() {
   r.step = step_;
   r.lr = s_->sched.at(step_);
   const DpoRecipe::Stats total = dpo_->gradients(micro_, *train_data_, step_);
-  r.extra = {{"rewards_chosen", total.reward_chosen / total.pairs},
-             {"rewards_rejected", total.reward_rejected / total.pairs},
-             {"reward_margin", (total.reward_chosen - total.reward_rejected) / total.pairs},
-             {"reward_accuracy", total.correct / total.pairs}};
+  r.extra = total.report(dpo_->loss(), "");
+  finish_step(r, total.loss, total.pairs, 1.0);
+  r.seconds = now_seconds() - t0;
+  return r;
+}
+
+StepResult Trainer::reward_step() {
+  const double t0 = now_seconds();
+  StepResult r;
+  r.step = step_;
+  r.lr = s_->sched.at(step_);
+  const RewardRecipe::Stats total = reward_->gradients(micro_, *train_data_, step_);
+  r.extra = total.report("");
   finish_step(r, total.loss, total.pairs, 1.0);
   r.seconds = now_seconds() - t0;
   return r;

@@ -15,9 +15,10 @@
 #include "train/dpo_recipe.h"
 #include "train/loss_guard.h"
 #include "train/metrics.h"
+#include "train/reward_recipe.h"
+#include "train/run_lock.h"
 #include "train/train_options.h"
 #include "train/train_setup.h"
-#include "train/run_lock.h"
 
 namespace loom {
 
@@ -54,7 +55,8 @@ class Trainer {
   // last_eval_extra() then holds their reward accuracy and margin).
   double evaluate();
   const std::vector<std::pair<std::string, double>>& last_eval_extra() const { return eval_extra_; }
-  DpoRecipe* dpo() { return dpo_.get(); }  // train.mode = "dpo", else nullptr
+  DpoRecipe* dpo() { return dpo_.get(); }           // train.mode = "dpo", else nullptr
+  RewardRecipe* reward() { return reward_.get(); }  // train.mode = "reward", else nullptr
 
   void save_checkpoint() { ckpt_->save(); }
   // Waits until the last checkpoint is durable and committed (run() does this at its end; a
@@ -95,6 +97,7 @@ class Trainer {
   void log_step(const StepResult& r, int64_t tokens);
   double run_loop();
   StepResult dpo_step();
+  StepResult reward_step();
   // The step's end through the engine (StepEngine::step): the loss over `valid` targets, the
   // norm, clip and optimizer step on gradients carrying the loss scale `scale`.
   void finish_step(StepResult& r, double loss_sum, int64_t valid, double scale);
@@ -109,6 +112,7 @@ class Trainer {
   std::unique_ptr<TrainSetup> s_;
   TrainOptions& opt_;  // s_->opt
   std::unique_ptr<DpoRecipe> dpo_;
+  std::unique_ptr<RewardRecipe> reward_;
   std::unique_ptr<BatchSource> train_data_, valid_data_;
   Json valid_start_;
   std::unique_ptr<Checkpointer> ckpt_;

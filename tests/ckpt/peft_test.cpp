@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "ckpt/hf_import_util.h"
 #include "core/error.h"
 
@@ -101,6 +106,58 @@ TEST(Peft, Gpt2ModulesKeepTheirNamesAndShapes) {
             Shape({24, 2}));
   const PeftAdapters back = import_peft(dir.path(), s);
   for (const auto& [n, t] : a.tensors) EXPECT_TRUE(same_tensor(back.tensors.at(n), t)) << n;
+}
+
+// GPT-2's attn.c_proj and mlp.c_proj share the short name c_proj: adapting attn.proj alone
+// writes full module names, which PEFT's match (the name, or a suffix after a dot) applies to
+// exactly the adapted modules; adapting every kind in every layer writes the short names.
+TEST(Peft, TargetModulesMatchExactlyTheAdaptedModules) {
+  HfModelShape s = testing::tiny_llama3();
+  s.family = "gpt2";
+  s.n_kv_head = s.n_head = 2;
+  s.tied = true;
+  s.rope_scaling = {};
+  const int64_t C = 8, F = s.d_ff;
+  std::vector<std::string> all_modules;
+  for (int l = 0; l < s.n_layer; ++l)
+    for (const char* m : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"})
+      all_modules.push_back(cat("transformer.h.", l, ".", m));
+  // The modules PEFT adapts for target_modules (a list: inject_adapter's
+  // check_target_module_exists).
+  auto matched = [&](const Json& targets) {
+    std::set<std::string> out;
+    for (const std::string& m : all_modules)
+      for (const Json& t : targets.as_array()) {
+        const std::string x = t.as_string();
+        if (m == x || (m.size() > x.size() && m.compare(m.size() - x.size(), x.size(), x) == 0 &&
+                       m[m.size() - x.size() - 1] == '.'))
+          out.insert(m);
+      }
+    return out;
+  };
+  {
+    ScratchDir dir;
+    export_peft(dir.path(), s,
+                adapters({{"blocks.0.attn.proj", C, C}, {"blocks.1.attn.proj", C, C}}, 2, 5), "");
+    const Json c = Json::parse(read_file(dir / "adapter_config.json"));
+    EXPECT_EQ(matched(c.at("target_modules")),
+              std::set<std::string>({"transformer.h.0.attn.c_proj", "transformer.h.1.attn.c_proj"}))
+        << c.at("target_modules").dump();
+  }
+  {
+    ScratchDir dir;
+    std::vector<std::tuple<std::string, int64_t, int64_t>> every;
+    for (int l = 0; l < s.n_layer; ++l) {
+      every.push_back({cat("blocks.", l, ".attn.qkv"), 3 * C, C});
+      every.push_back({cat("blocks.", l, ".attn.proj"), C, C});
+      every.push_back({cat("blocks.", l, ".mlp.fc"), F, C});
+      every.push_back({cat("blocks.", l, ".mlp.proj"), C, F});
+    }
+    export_peft(dir.path(), s, adapters(every, 2, 9), "");
+    const Json c = Json::parse(read_file(dir / "adapter_config.json"));
+    EXPECT_EQ(c.at("target_modules").dump(), "[\"c_attn\", \"c_fc\", \"c_proj\"]");
+    EXPECT_EQ(matched(c.at("target_modules")).size(), all_modules.size());
+  }
 }
 
 // Merging works for any file, including PEFT's own per-module A: each module's rows get

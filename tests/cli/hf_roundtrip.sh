@@ -89,6 +89,8 @@ echo "pretrain: started from the imported checkpoint"
 has "$work/peft/adapter_config.json" '"q_proj"'
 has "$work/peft/adapter_config.json" '"lora_alpha": 8'
 has "$work/peft/adapter_config.json" '"lora_dropout": 0.25'
+# The base PEFT names is the Hugging Face directory the LoRA run's base was imported from.
+has "$work/peft/adapter_config.json" "\"base_model_name_or_path\": \"$work/hf\""
 "$loom" ckpt import "$work/peft" --base "$work/imported" --out "$work/peft-imported" >/dev/null
 a=$("$loom" generate --ckpt "$work/lora/checkpoints" --prompt "say w007" --tokens 12 \
   --temperature 0 --tokenizer "hf:$work/hf")

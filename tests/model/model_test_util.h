@@ -35,6 +35,7 @@ inline ModelConfig tiny(Family f) {
 struct Data {
   std::vector<int32_t> tokens, targets, positions, cu;
   std::vector<float> weights;
+  float logit_scale = 1.f;
   ModelInput input() const {
     ModelInput in{tokens.data(),
                   targets.data(),
@@ -43,6 +44,7 @@ struct Data {
                   static_cast<int>(tokens.size()),
                   static_cast<int>(cu.size()) - 1};
     in.loss_weights = weights.empty() ? nullptr : weights.data();
+    in.logit_scale = logit_scale;
     return in;
   }
 };

@@ -19,6 +19,20 @@ class ReferenceDecoder {
  public:
   explicit ReferenceDecoder(Decoder& m) : cfg_(m.config()), P_(m.params()) {}
 
+  // The final norm's output [n, d_model] for one sequence (what a value head reads).
+  std::vector<Vec> final_hidden(const std::vector<int32_t>& tokens) const {
+    const int n = static_cast<int>(tokens.size()), C = cfg_.d_model;
+    std::vector<Vec> x(n, Vec(C));
+    for (int i = 0; i < n; ++i)
+      for (int c = 0; c < C; ++c) {
+        x[i][c] = w("embed.wte")[int64_t(tokens[i]) * C + c];
+        if (cfg_.uses_positions_table()) x[i][c] += w("embed.wpe")[int64_t(i) * C + c];
+      }
+    for (int l = 0; l < cfg_.n_layer; ++l) block(l, x);
+    for (int i = 0; i < n; ++i) x[i] = norm("final_norm", x[i]);
+    return x;
+  }
+
   // Log-softmax rows [n, vocab] for one sequence of tokens at positions 0..n-1.
   std::vector<Vec> log_probs(const std::vector<int32_t>& tokens) const {
     const int n = static_cast<int>(tokens.size()), C = cfg_.d_model;

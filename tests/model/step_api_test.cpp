@@ -227,6 +227,111 @@ TEST(StepApi, ForwardOnlyPathMatchesTrainingForward) {
   }
 }
 
+// ModelInput::logit_scale s: the loss is that of softmax(s z), z the unscaled logits (taken from
+// forward_logits at s = 1 and scaled here, in double), per token and summed; forward_logits
+// returns s z; the gradient of the weighted loss matches finite differences with s applied.
+TEST(StepApi, LogitScaleIsTheSoftmaxTemperature) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    ModelConfig c = tiny(f);
+    Decoder m(c, cpu_backend());
+    m.params().init(21);
+    Data d = make_data({8, 6}, 32, 6);
+    std::vector<int> rows(d.tokens.size());
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = int(i);
+    std::vector<float> z(rows.size() * size_t(c.vocab)), sz(z.size());
+    m.forward_logits(d.input(), rows, z.data());
+    d.logit_scale = 2.f;  // temperature 0.5
+    m.forward_logits(d.input(), rows, sz.data());
+    StepOutputs out;
+    out.want_token_logprobs = true;
+    m.forward_loss(d.input(), &out);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const float* x = z.data() + i * size_t(c.vocab);
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j < c.vocab; ++j) mx = std::max(mx, 2.0 * x[j]);
+      for (int j = 0; j < c.vocab; ++j) sum += std::exp(2.0 * x[j] - mx);
+      const double want = 2.0 * x[d.targets[i]] - mx - std::log(sum);
+      EXPECT_NEAR(out.token_logprobs[i], want, 1e-5) << family_name(f) << " token " << i;
+      for (int j = 0; j < c.vocab; ++j)
+        ASSERT_NEAR(sz[i * size_t(c.vocab) + size_t(j)], 2.0 * x[j], 1e-5) << "row " << i;
+    }
+    for (size_t i = 0; i < d.tokens.size(); ++i) d.weights.push_back(float(int(i % 5) - 2) * 0.5f);
+    ParamSet& P = m.params();
+    P.zero_grad();
+    m.forward_backward(d.input(), 1.f);
+    EXPECT_GT(test::expect_gradients_match_differences(m, P, d, grads(m), "logit scale 2"), 20);
+  }
+  Decoder m(tiny(Family::Llama), cpu_backend());
+  Data d = make_data({4}, 32, 1);
+  d.logit_scale = 0.f;
+  EXPECT_THROW(m.forward_loss(d.input()), Error);
+}
+
+// The value head (model.value_head): each sequence's score is score.weight . h at its last row,
+// h the final norm's output of a float64 forward; the gradient of sum_j g_j score_j matches
+// finite differences (every parameter kind, the head included); bad rows are refused.
+TEST(StepApi, ValueHeadScoresTheLastTokenAndItsGradientMatchesDifferences) {
+  for (Family f : {Family::GPT2, Family::Llama}) {
+    ModelConfig c = tiny(f);
+    c.value_head = true;
+    Decoder m(c, cpu_backend());
+    m.params().init(23);
+    ASSERT_TRUE(m.params().has("score.weight"));
+    Data d = make_data({7, 5, 6}, 32, 9);
+    const std::vector<int32_t> rows = {6, 11, 17};
+    const std::vector<float> g = {0.5f, -1.25f, 2.f};
+    ModelInput in = d.input();
+    in.value_rows = rows.data();
+    in.n_values = 3;
+    StepOutputs out;
+    m.forward_loss(in, &out);
+    ASSERT_EQ(out.values.size(), 3u);
+    ref::ReferenceDecoder reference(m);
+    const float* w = m.params().data() + m.params().info("score.weight").offset;
+    for (int s = 0; s < 3; ++s) {
+      const std::vector<int32_t> seq(d.tokens.begin() + d.cu[s], d.tokens.begin() + d.cu[s + 1]);
+      const auto h = reference.final_hidden(seq);
+      double want = 0;
+      for (int k = 0; k < c.d_model; ++k) want += double(w[k]) * h.back()[size_t(k)];
+      EXPECT_NEAR(out.values[size_t(s)], want, 1e-4) << family_name(f) << " sequence " << s;
+    }
+    in.value_grads = g.data();
+    ParamSet& P = m.params();
+    P.zero_grad();
+    const double sum = m.forward_backward(in, 1.f);
+    EXPECT_NEAR(sum, 0.5 * out.values[0] - 1.25 * out.values[1] + 2 * out.values[2], 1e-5);
+    const std::vector<float> grad = grads(m);
+    const float eps = 1e-2f;
+    int checked = 0;
+    for (const ParamInfo& p : P.infos())
+      for (int k = 0; k < 3; ++k) {
+        const int64_t i = p.offset + (p.numel - 1) * k / 2;
+        const float saved = P.data()[i];
+        P.data()[i] = saved + eps;
+        const double lp = m.forward_loss(in);
+        P.data()[i] = saved - eps;
+        const double lm = m.forward_loss(in);
+        P.data()[i] = saved;
+        const double numeric = (lp - lm) / (2 * eps), a = grad[size_t(i)];
+        EXPECT_NEAR(a, numeric, 2e-2 * std::max(std::fabs(a), std::fabs(numeric)) + 2e-3)
+            << family_name(f) << " " << p.name;
+        ++checked;
+      }
+    EXPECT_GT(checked, 20);
+    const std::vector<int32_t> bad = {6, 40};
+    in.value_rows = bad.data();
+    in.n_values = 2;
+    EXPECT_THROW(m.forward_loss(in), Error);
+  }
+  Decoder lm(tiny(Family::Llama), cpu_backend());  // no value head
+  Data d = make_data({4}, 32, 1);
+  const int32_t row = 3;
+  ModelInput in = d.input();
+  in.value_rows = &row;
+  in.n_values = 1;
+  EXPECT_THROW(lm.forward_loss(in), Error);
+}
+
 namespace {
 // An attention override that records its calls and runs the backend's own attention over the
 // packed batch: the logits must not change.

@@ -7,10 +7,14 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "core/json.h"
+#include "rl/evaluate.h"
 #include "rl/grpo_trainer.h"
 #include "rl/http_env.h"
 #include "rl_test_util.h"
@@ -53,6 +57,35 @@ struct Server {
     srv.Post("/range", [](const httplib::Request&, httplib::Response& r) {
       r.set_content("{\"reward\": 7.5}", "application/json");
     });
+    // The body must be JSON in valid UTF-8 (a strict check, not Loom's parser alone): reward 1
+    // when the completion arrived as "ab" + U+FFFD, 0.5 for any other valid body, 400 otherwise.
+    srv.Post("/utf8", [](const httplib::Request& q, httplib::Response& r) {
+      bool valid = true;
+      for (size_t i = 0; i < q.body.size() && valid;) {
+        const auto c = static_cast<unsigned char>(q.body[i]);
+        const size_t len = c < 0x80         ? 1
+                           : (c >> 5) == 6  ? 2
+                           : (c >> 4) == 14 ? 3
+                           : (c >> 3) == 30 ? 4
+                                            : 0;
+        valid = len > 0 && i + len <= q.body.size();
+        for (size_t k = 1; valid && k < len; ++k)
+          valid = (static_cast<unsigned char>(q.body[i + k]) & 0xC0) == 0x80;
+        i += len;
+      }
+      Json j;
+      try {
+        if (valid) j = Json::parse(q.body);
+      } catch (const Error&) {
+        valid = false;
+      }
+      if (!valid) {
+        r.status = 400;
+        return;
+      }
+      const bool replaced = j.at("completion").as_string() == "ab\xEF\xBF\xBD";
+      r.set_content(replaced ? "{\"reward\": 1}" : "{\"reward\": 0.5}", "application/json");
+    });
     srv.Post("/missing", [](const httplib::Request&, httplib::Response& r) { r.status = 404; });
     // Headers at once, then one byte of the body every 0.5 s (for 20 s at most): each read
     // finishes well within any read timeout, the whole answer never does.
@@ -90,7 +123,7 @@ std::unique_ptr<Environment> env(const Server& s, const std::string& path,
   o.timeout_s = timeout;
   o.retries = 2;
   o.backoff_s = 0.01;
-  return make_http_environment(o, {{"Reverse: a b", "b a", {}}}, nullptr, st);
+  return make_http_environment(o, {{"Reverse: a b", "b a", {}}}, {}, nullptr, st);
 }
 
 std::string error_of(const Environment& e, const std::string& reply) {
@@ -138,7 +171,7 @@ TEST(HttpEnv, FailuresAreClearErrorsAndCounted) {
   EXPECT_NE(error_of(*m, "x").find("status 404"), std::string::npos);
   HttpEnvOptions bad;
   bad.url = "ftp://x";
-  EXPECT_THROW(make_http_environment(bad, {{"p", "", {}}}, nullptr), Error);
+  EXPECT_THROW(make_http_environment(bad, {{"p", "", {}}}, {}, nullptr), Error);
 }
 
 // --env-timeout bounds the whole exchange: a server trickling its body a byte every 0.5 s is cut
@@ -197,4 +230,58 @@ TEST(HttpEnv, AGarbageEnvironmentDropsGroupsNotTheJob) {
   EXPECT_EQ(r.dropped_env, 2);
   EXPECT_EQ(r.groups, 0);
   EXPECT_EQ(st->malformed, 2);
+}
+
+// A completion cut inside a UTF-8 character (the first two of the euro sign's three bytes, as a
+// max_tokens limit leaves a byte-level reply) reaches the environment as valid JSON in valid
+// UTF-8, the broken tail replaced by U+FFFD.
+TEST(HttpEnv, ACompletionEndingInsideAUtf8CharacterIsSentAsValidJson) {
+  Server s;
+  std::shared_ptr<HttpEnvStats> st;
+  auto e = env(s, "/utf8", &st);
+  EXPECT_EQ(e->reward(e->task(1, 0), "ab\xE2\x82"), 1.0);
+  EXPECT_EQ(e->reward(e->task(1, 0), "ab\xFF"), 1.0);  // a byte that starts no character
+  EXPECT_EQ(st->failed, 0);
+}
+
+// A task file is drawn epoch by epoch in an order the seed shuffles: each epoch holds every
+// task once, and two seeds give two orders. Held-out tasks come from their own list (cycled,
+// its length the evaluation's bound); without one, evaluating on a training file is refused.
+TEST(HttpEnv, TrainingOrderFollowsTheSeedAndEvaluationNeedsItsOwnTasks) {
+  std::vector<Task> train, held;
+  for (int i = 0; i < 20; ++i) train.push_back({"train " + std::to_string(i), "", {}});
+  for (int i = 0; i < 3; ++i) held.push_back({"held " + std::to_string(i), "", {}});
+  HttpEnvOptions o;
+  o.url = "http://127.0.0.1:1/x";
+  auto e = make_http_environment(o, train, held, nullptr);
+  std::vector<std::string> a, b;
+  for (uint64_t i = 0; i < 40; ++i) {
+    a.push_back(e->task(1, i).prompt);
+    b.push_back(e->task(2, i).prompt);
+  }
+  EXPECT_NE(a, b) << "the seed does not change the training order";
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::set<std::string> seen(a.begin() + 20 * epoch, a.begin() + 20 * (epoch + 1));
+    EXPECT_EQ(seen.size(), 20u) << "epoch " << epoch << " repeats a task";
+  }
+  EXPECT_NE(std::vector<std::string>(a.begin(), a.begin() + 20),
+            std::vector<std::string>(a.begin() + 20, a.end()))
+      << "every epoch in the same order";
+  EXPECT_EQ(e->task(1, 7).prompt, a[7]);  // the same (seed, index), the same task
+  EXPECT_EQ(e->eval_task(heldout_seed(1), 1).prompt, "held 1");
+  EXPECT_EQ(e->eval_task(heldout_seed(1), 4).prompt, "held 1");
+  EXPECT_EQ(e->eval_task_count(), 3);
+  auto no_held = make_http_environment(o, train, {}, nullptr);
+  try {
+    no_held->eval_task(heldout_seed(1), 0);
+    ADD_FAILURE() << "evaluated on training tasks";
+  } catch (const Error& x) {
+    EXPECT_NE(std::string(x.what()).find("rl.env_eval_tasks"), std::string::npos) << x.what();
+  }
+  // Built-in prompts: the generator's held-out seed, as without HTTP.
+  auto gen = make_http_environment(o, {}, {}, make_environment("reverse"));
+  EXPECT_EQ(gen->eval_task(heldout_seed(1), 3).prompt,
+            make_environment("reverse")->task(heldout_seed(1), 3).prompt);
+  EXPECT_EQ(shuffled_index(5, 0, 1, 0), 0u);
+  EXPECT_THROW(shuffled_index(5, 0, 3, 3), Error);
 }

@@ -224,6 +224,57 @@ TEST(GrpoLearner, LogitPassInPiecesIsTheOnePassStep) {
               x.loss, y.loss);
 }
 
+// Rollouts sampled at temperature T record the log-probs of softmax(z / T), z the policy's
+// logits (recomputed here from forward_logits at scale 1, in double), and the learner takes the
+// same ones: on groups one version old and the weights unchanged, every importance weight
+// exp(logp_learner - logp_behaviour) is 1 to rounding.
+TEST(GrpoLearner, LogprobsAreThoseOfTheSamplingTemperature) {
+  ModelConfig c = rltest::tiny_config();
+  c.init_std = 0.3f;  // logits far from uniform: temperature 0.5 and 1 give other log-probs
+  rltest::Fixture a(c);
+  RlOptions o = rltest::small_options();
+  o.temperature = 0.5f;
+  RolloutWorker w(a.model, a.tok, a.chat, a.env, o);
+  const RolloutBatch rb = w.generate(0, 0);
+  ASSERT_FALSE(rb.groups.empty());
+  const int V = a.model.config().vocab;
+  int64_t checked = 0;
+  double apart = 0;  // how far the temperature-1 log-probs lie from them
+  for (const PromptGroup& g : rb.groups)
+    for (const Rollout& r : g.rollouts) {
+      std::vector<int32_t> seq = g.prompt;
+      seq.insert(seq.end(), r.response.begin(), r.response.end());
+      std::vector<int32_t> pos(seq.size()), cu = {0, int32_t(seq.size())};
+      for (size_t i = 0; i < pos.size(); ++i) pos[i] = int32_t(i);
+      ModelInput in{seq.data(), nullptr, pos.data(), cu.data(), int(seq.size()), 1};
+      std::vector<int> rows;
+      for (size_t t = 0; t < r.response.size(); ++t) rows.push_back(int(g.prompt.size() + t) - 1);
+      std::vector<float> z(rows.size() * size_t(V));
+      a.model.forward_logits(in, rows, z.data());
+      ASSERT_EQ(r.logprobs.size(), r.response.size());
+      for (size_t t = 0; t < rows.size(); ++t) {
+        const float* x = z.data() + t * size_t(V);
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j < V; ++j) mx = std::max(mx, double(x[j]) / 0.5);
+        for (int j = 0; j < V; ++j) sum += std::exp(double(x[j]) / 0.5 - mx);
+        const double want = double(x[r.response[t]]) / 0.5 - mx - std::log(sum);
+        EXPECT_NEAR(r.logprobs[t], want, 1e-4) << "token " << t;
+        double mx1 = -1e300, sum1 = 0;
+        for (int j = 0; j < V; ++j) mx1 = std::max(mx1, double(x[j]));
+        for (int j = 0; j < V; ++j) sum1 += std::exp(double(x[j]) - mx1);
+        apart += std::fabs(double(x[r.response[t]]) - mx1 - std::log(sum1) - want);
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 10);
+  EXPECT_GT(apart / double(checked), 0.05) << "the temperature does not matter to this model";
+  GrpoLearner learner(a.model, o);
+  RlStepStats st;
+  learner.learn(rb.groups, 1, &st);  // version 1 > the groups' 0: importance-weighted
+  ASSERT_GT(st.train_tokens, 0);
+  EXPECT_NEAR(st.is_weight_mean, 1.0, 1e-4);
+}
+
 // Bad input for tensor-parallel learners (--learner-tp): a learner count the TP size does not
 // divide, and a model whose heads (or width, or vocabulary) do not split, are refused with the
 // numbers named; a grid that splits is accepted.

@@ -3,6 +3,7 @@
 // widening the model's fp32 container for the load; train.pretrained's master gets the
 // checkpoint's fp32 values unrounded, the model their bf16 rounding.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -82,10 +83,17 @@ float* volatile g_escaped = nullptr;
 // Control for a bound on the growth: the sampler sees `bytes` of anonymous memory (as much as
 // a widened fp32 container) allocated and touched for as long as a load lasts.
 bool sampler_sees(int64_t bytes) {
+  // Fresh pages straight from mmap: a std::vector could be served from heap memory the process
+  // already holds (glibc raises its mmap threshold after a large block is freed), and then the
+  // control would measure the allocator, not the sampler.
   const int64_t growth = anon_growth_during([&] {
-    std::vector<float> widened(size_t(bytes / 4), 1.f);
-    g_escaped = widened.data();  // (so that no compiler elides the allocation)
+    void* p =
+        mmap(nullptr, size_t(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    std::memset(p, 1, size_t(bytes));
+    g_escaped = static_cast<float*>(p);  // (so that no compiler elides the writes)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    munmap(p, size_t(bytes));
   });
   std::printf("control: +%.1f MiB while %.1f MiB is allocated\n", double(growth) / (1 << 20),
               double(bytes) / (1 << 20));

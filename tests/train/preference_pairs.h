@@ -25,4 +25,20 @@ inline void write_preference_pairs(const std::string& d, int n) {
   write_file_atomic(d + "/pairs.jsonl", text);
 }
 
+// Writes <d>/tok and <d>/kto.jsonl: n unpaired examples (dpo.loss = "kto"), the even ones the
+// reversed word (desirable), the odd ones "zzzz" (undesirable).
+inline void write_kto_examples(const std::string& d, int n) {
+  data::save_loom_tokenizer(data::byte_chatml_tokenizer(), d + "/tok");
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    std::string w;
+    for (int k = 0; k < 4; ++k) w += char('a' + int(uniform_at(5, uint64_t(i), uint64_t(k)) * 6));
+    const bool good = i % 2 == 0;
+    const std::string reply = good ? std::string(w.rbegin(), w.rend()) : std::string("zzzz");
+    text += "{\"prompt\": \"rev " + w + "\", \"completion\": \"" + reply +
+            "\", \"label\": " + (good ? "true" : "false") + "}\n";
+  }
+  write_file_atomic(d + "/kto.jsonl", text);
+}
+
 }  // namespace loom::test
