@@ -93,6 +93,14 @@ static std::string model_section(const ModelConfig& mc) {
                "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
                "\nrope_high_freq_factor = ", mc.rope_scaling.high_freq_factor,
                "\nrope_original_max_seq = ", mc.rope_scaling.original_max_seq, "\n");
+  if (mc.window_pattern > 0 || mc.embed_scale || mc.geglu || mc.sandwich_norm ||
+      mc.attn_softcap > 0 || mc.final_softcap > 0 || mc.attn_scalar > 0 || mc.rope_local_theta > 0)
+    cfg += cat("window_pattern = ", mc.window_pattern, "\nrope_local_theta = ", mc.rope_local_theta,
+               "\nembed_scale = ", mc.embed_scale ? "true" : "false",
+               "\ngeglu = ", mc.geglu ? "true" : "false",
+               "\nsandwich_norm = ", mc.sandwich_norm ? "true" : "false",
+               "\nattn_softcap = ", mc.attn_softcap, "\nfinal_softcap = ", mc.final_softcap,
+               "\nattn_scalar = ", mc.attn_scalar, "\n");
   if (mc.is_moe())
     cfg += cat("n_experts = ", mc.n_experts, "\ntop_k = ", mc.top_k, "\nmoe_router = \"",
                mc.moe_router, "\"\ncapacity_factor = ", mc.capacity_factor,

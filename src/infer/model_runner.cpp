@@ -16,7 +16,7 @@ struct PagedAttention : ForwardAttention {
   int nchunks = 0, rows = 0;
   double positions = 0;  // keys and values read: every cached and new position of a chunk
   void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
-               float* out) override {
+               int window, float softcap, float* out) override {
     ProfileScope profile(DecodeProfile::kAttention,
                          positions * 2 * Hkv * D * dtype_size(cache->spec.dtype));
     PagedKvBuffers kv;
@@ -28,7 +28,11 @@ struct PagedAttention : ForwardAttention {
     kv.n_kv_head = Hkv;
     kv.head_dim = D;
     be->paged_kv_write(kv, qkv + Hq * D, qkv + (Hq + Hkv) * D, ld, table, nchunks, rows);
-    be->paged_attention(out, qkv, ld, kv, table, nchunks, rows, Hq, scale);
+    if (window > 0 || softcap > 0)
+      be->paged_attention_variant(out, qkv, ld, kv, table, nchunks, rows, Hq, scale, window,
+                                  softcap);
+    else
+      be->paged_attention(out, qkv, ld, kv, table, nchunks, rows, Hq, scale);
   }
 };
 

@@ -362,3 +362,60 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
 }
 
 }  // namespace loom::cpu
+
+namespace loom::cpu {
+
+void paged_attention_variant(float* out, const float* q, int ldq, const PagedKvLayer& c,
+                             const PagedChunk* chunks, int nchunks, int Hq, float scale,
+                             int window, float softcap) {
+  check(c, chunks, nchunks);
+  const int Hkv = c.n_kv_head, D = c.head_dim;
+  LOOM_CHECK(Hq > 0 && Hq % Hkv == 0, "paged attention: ", Hq, " query heads over ", Hkv,
+             " kv heads");
+  LOOM_CHECK(ldq >= Hq * D, "paged attention: q row stride ", ldq, " below Hq * D ", Hq * D);
+  LOOM_CHECK(window >= 0 && softcap >= 0, "paged attention: window ", window, " and softcap ",
+             softcap, " must be >= 0");
+  const int group = Hq / Hkv;
+  std::vector<int64_t> first_row(size_t(nchunks) + 1, 0);
+  for (int s = 0; s < nchunks; ++s) first_row[size_t(s) + 1] = first_row[size_t(s)] + chunks[s].n;
+  const int64_t items = first_row.back() * Hq;
+#pragma omp parallel
+  {
+    const size_t Dn = static_cast<size_t>(D);
+    std::vector<float> kr(Dn), vr(Dn), acc(Dn), z;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t r = it / Hq;
+      const int h = int(it % Hq), hk = h / group;
+      const int s =
+          int(std::upper_bound(first_row.begin(), first_row.end(), r) - first_row.begin()) - 1;
+      const PagedChunk& ch = chunks[s];
+      const int pos = ch.start_pos + int(r - first_row[size_t(s)]);
+      const int p0 = window > 0 ? std::max(0, pos - window + 1) : 0;
+      const float* qi = q + r * ldq + int64_t(h) * D;
+      z.resize(size_t(pos - p0 + 1));
+      float m = -INFINITY;
+      for (int p = p0; p <= pos; ++p) {
+        load_row(kr.data(), c.k, c.dtype, slot_offset(c, ch.block_table, p, hk), D);
+        float sc = 0;
+        for (int d = 0; d < D; ++d) sc = std::fma(qi[d], kr[size_t(d)], sc);
+        sc *= scale;
+        if (softcap > 0) sc = softcap * std::tanh(sc / softcap);
+        z[size_t(p - p0)] = sc;
+        m = std::max(m, sc);
+      }
+      float l = 0;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int p = p0; p <= pos; ++p) {
+        const float e = std::exp(z[size_t(p - p0)] - m);
+        l += e;
+        load_row(vr.data(), c.v, c.dtype, slot_offset(c, ch.block_table, p, hk), D);
+        for (int d = 0; d < D; ++d) acc[size_t(d)] = std::fma(e, vr[size_t(d)], acc[size_t(d)]);
+      }
+      float* o = out + r * Hq * D + int64_t(h) * D;
+      for (int d = 0; d < D; ++d) o[d] = acc[size_t(d)] / l;
+    }
+  }
+}
+
+}  // namespace loom::cpu
