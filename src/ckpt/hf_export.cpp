@@ -94,6 +94,14 @@ std::vector<Piece> pieces(const HfModelShape& s) {
     for (int i = 0; i < s.n_layer; ++i) {
       const std::string h = cat("model.layers.", i, "."), b = cat("blocks.", i, ".");
       add(h + "input_layernorm.weight", b + "norm1.weight");
+      if (s.fused()) {  // Phi-3: Loom's fused layout exactly (q, k, v rows; gate, up rows)
+        add(h + "self_attn.qkv_proj.weight", b + "attn.qkv.weight");
+        add(h + "self_attn.o_proj.weight", b + "attn.proj.weight");
+        add(h + "post_attention_layernorm.weight", b + "norm2.weight");
+        add(h + "mlp.gate_up_proj.weight", b + "mlp.fc.weight");
+        add(h + "mlp.down_proj.weight", b + "mlp.proj.weight");
+        continue;
+      }
       add(h + "self_attn.q_proj.weight", b + "attn.qkv.weight", false, 0, q);
       add(h + "self_attn.k_proj.weight", b + "attn.qkv.weight", false, q, q + kv);
       add(h + "self_attn.v_proj.weight", b + "attn.qkv.weight", false, q + kv, q + 2 * kv);
@@ -339,6 +347,7 @@ const char* causal_lm_class(const std::string& family) {
   if (family == "mistral") return "MistralForCausalLM";
   if (family == "mixtral") return "MixtralForCausalLM";
   if (family == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  if (family == "phi3") return "Phi3ForCausalLM";
   if (family == "gemma") return "GemmaForCausalLM";
   if (family == "gemma2") return "Gemma2ForCausalLM";
   if (family == "gemma3_text") return "Gemma3ForCausalLM";
@@ -534,13 +543,16 @@ bool is_shard_file_name(const std::string& n) {
 
 void HfModelShape::validate() const {
   LOOM_CHECK(family == "gpt2" || family == "llama" || family == "qwen2" || family == "qwen3" ||
-                 family == "mistral" || family == "mixtral" || family == "qwen3_moe" || gemma(),
+                 family == "mistral" || family == "mixtral" || family == "qwen3_moe" ||
+                 family == "phi3" || gemma(),
              "model family '", family,
              "' has no Hugging Face mapping (supported: gpt2, llama, qwen2, qwen3, mistral, ",
-             "mixtral, qwen3_moe, gemma, gemma2, gemma3_text)");
-  LOOM_CHECK(sliding_window == 0 || family == "mistral" || family == "mixtral" || sandwich_norm(),
+             "mixtral, qwen3_moe, phi3, gemma, gemma2, gemma3_text)");
+  LOOM_CHECK(sliding_window == 0 || family == "mistral" || family == "mixtral" ||
+                 family == "phi3" || sandwich_norm(),
              "model shape: a sliding window (", sliding_window,
-             ") maps only to the mistral, mixtral, gemma2 and gemma3_text families, not ", family);
+             ") maps only to the mistral, mixtral, phi3, gemma2 and gemma3_text families, not ",
+             family);
   LOOM_CHECK(sandwich_norm() || (window_pattern == 0 && attn_softcap == 0 && final_softcap == 0 &&
                                  attn_scalar == 0 && rope_local_theta == 0),
              "model shape: window_pattern, soft-capping, query_pre_attn_scalar and ",
@@ -731,6 +743,13 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
       j["pretraining_tp"] = Json(1);
     } else if (s.family == "mistral" || s.family == "mixtral") {
       j["sliding_window"] = s.sliding_window > 0 ? Json(s.sliding_window) : Json();
+    } else if (s.family == "phi3") {
+      j["sliding_window"] = s.sliding_window > 0 ? Json(s.sliding_window) : Json();
+      j["original_max_position_embeddings"] = Json(s.max_seq);
+      j["partial_rotary_factor"] = Json(1.0);
+      j["resid_pdrop"] = Json(0.0);
+      j["embd_pdrop"] = Json(0.0);
+      j["attention_dropout"] = Json(0.0);
     } else {  // qwen2, qwen3, qwen3_moe: the window stays off (use_sliding_window)
       j["use_sliding_window"] = Json(false);
       j["sliding_window"] = Json();
@@ -809,7 +828,7 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
          "sigmoid gate have no equivalent in Loom's MoE layers (Loom imports mixtral and ",
          "qwen3_moe)");
   } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" ||
-             type == "mixtral" || type == "qwen3_moe") {
+             type == "mixtral" || type == "qwen3_moe" || type == "phi3") {
     s.family = type;
     s.d_model = r.positive("hidden_size");
     s.d_ff = r.positive("intermediate_size");
@@ -849,7 +868,11 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
                  ": use_sliding_window true is not supported (Loom's attention has no sliding ",
                  "window)");
     if (type == "mixtral" || type == "qwen3_moe") read_moe(r, s, where);
-    if ((type == "mistral" || type == "mixtral") && r.has("sliding_window")) {
+    if (type == "phi3")
+      LOOM_CHECK(r.number("partial_rotary_factor", 1.f) == 1.f, where,
+                 ": partial_rotary_factor other than 1 is not supported (Loom rotates every ",
+                 "dimension of a head)");
+    if ((type == "mistral" || type == "mixtral" || type == "phi3") && r.has("sliding_window")) {
       s.sliding_window = r.positive("sliding_window");
       // A window as long as the context never binds: the same model as none.
       if (s.sliding_window >= s.max_seq) s.sliding_window = 0;
@@ -857,7 +880,7 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
   } else {
     fail(where, ": model_type '", type,
          "' is not supported (Loom imports gpt2, llama, qwen2, qwen3, mistral, mixtral, ",
-         "qwen3_moe, gemma, gemma2 and gemma3_text)");
+         "qwen3_moe, phi3, gemma, gemma2 and gemma3_text)");
   }
   check_architectures(r, s.family, where);
   s.bos_token_id = r.token_id("bos_token_id");
@@ -902,8 +925,10 @@ static TensorMap canonical_names(const HfModelShape& s, const TensorMap& hf_in,
   return hf;
 }
 
-// The canonical, checked HF tensors into the Loom parameters `out`, converted to their dtypes.
-static void hf_to_loom_into(const HfModelShape& s, const TensorMap& hf, const TensorMap& out) {
+// The canonical, checked HF tensors into the Loom parameters `out`, converted to their dtypes;
+// `done(hf_name)` (when given) after each tensor is copied.
+static void hf_to_loom_into(const HfModelShape& s, const TensorMap& hf, const TensorMap& out,
+                            const std::function<void(const std::string&)>& done = {}) {
   check_exact(out, loom_param_shapes(s), "import destination", s.family);
   for (const Piece& p : pieces(s)) {
     Tensor dst = out.at(p.loom);
@@ -913,6 +938,7 @@ static void hf_to_loom_into(const HfModelShape& s, const TensorMap& hf, const Te
     if (p.expert >= 0) dst = expert_matrix(dst, p.expert);
     if (p.row_end > 0) dst = dst.slice(p.row_begin, p.row_end);
     dst.copy_from(p.transpose ? transposed(src) : src);  // same dtype, contiguous: a memcpy
+    if (done) done(p.hf);
   }
 }
 
@@ -998,6 +1024,9 @@ static void import_hf_checked(const std::string& dir, const HfModelShape& shape,
   std::vector<std::unique_ptr<SafetensorsReader>> files;
   TensorMap hf;
   std::string where;
+  // Each canonical name's file and name there: its pages are dropped once it is copied, so the
+  // import holds the model once plus one tensor of the files, not the files too.
+  std::map<std::string, std::pair<const SafetensorsReader*, std::string>> origin;
   // Buffers of dtypes Loom has no type for are read past, but only those a loader skips anyway.
   auto check_skipped = [&](const SafetensorsReader& f) {
     for (const auto& s : f.skipped())
@@ -1009,7 +1038,10 @@ static void import_hf_checked(const std::string& dir, const HfModelShape& shape,
   if (file_exists(single)) {
     files.push_back(std::make_unique<SafetensorsReader>(single, /*skip_foreign=*/true));
     check_skipped(*files.back());
-    for (const std::string& n : files.back()->names()) hf[n] = files.back()->view(n);
+    for (const std::string& n : files.back()->names()) {
+      hf[n] = files.back()->view(n);
+      origin[canonical_hf_name(shape, n)] = {files.back().get(), n};
+    }
     where = single;
   } else {
     LOOM_CHECK(file_exists(index_path), dir, ": neither ", kSingleFile, " nor ", kIndexFile);
@@ -1033,12 +1065,17 @@ static void import_hf_checked(const std::string& dir, const HfModelShape& shape,
       LOOM_CHECK(it->second->contains(name), index_path, ": weight_map puts '", name, "' in ",
                  it->second->path(), ", which does not contain it");
       hf[name] = it->second->view(name);
+      origin[canonical_hf_name(shape, name)] = {it->second, name};
     }
     where = index_path;
   }
   check_layer_count(shape, hf, config_path, where);
   const TensorMap canonical = canonical_names(shape, hf, where);
-  if (const TensorMap* dst = destination()) hf_to_loom_into(shape, canonical, *dst);
+  if (const TensorMap* dst = destination())
+    hf_to_loom_into(shape, canonical, *dst, [&](const std::string& n) {
+      if (auto it = origin.find(n); it != origin.end())
+        it->second.first->release(it->second.second);
+    });
 }
 
 void check_hf_import(const std::string& dir, const HfModelShape& shape) {

@@ -54,13 +54,14 @@ struct HfModelShape {
   float final_softcap = 0.f;     // final_logit_softcapping (0: null)
   int window_pattern = 0;        // with sliding_window: every window_pattern-th layer global
   float rope_local_theta = 0.f;  // gemma3_text: rope_local_base_freq
-  int bos_token_id = -1;  // -1: not written to config.json
+  int bos_token_id = -1;         // -1: not written to config.json
   int eos_token_id = -1;
 
   bool qkv_bias() const { return family == "qwen2"; }
   bool qk_norm() const {
     return family == "qwen3" || family == "qwen3_moe" || family == "gemma3_text";
   }
+  bool fused() const { return family == "phi3"; }  // qkv_proj and gate_up_proj
   bool gemma() const { return family == "gemma" || family == "gemma2" || family == "gemma3_text"; }
   bool sandwich_norm() const { return family == "gemma2" || family == "gemma3_text"; }
   bool is_moe() const { return n_experts > 0; }

@@ -33,6 +33,12 @@ HfModelShape hf_shape_of(const ModelConfig& c) {
     LOOM_CHECK(c.sliding_window == 0 || c.window_pattern > 0, "model '", c.name,
                "': a Gemma model's window needs model.window_pattern (2: Gemma 2, 6: Gemma 3)");
     s.family = !c.sandwich_norm ? "gemma" : c.qk_norm ? "gemma3_text" : "gemma2";
+  } else if (c.hf_family == "phi3") {
+    // Phi-3: Llama's model (a window as Mistral's) with q/k/v and gate/up fused in its files.
+    LOOM_CHECK(c.family == Family::Llama && !c.qkv_bias && !c.qk_norm && !c.is_moe(), "model '",
+               c.name, "': model.hf_family = phi3 needs the llama family without ",
+               "model.qkv_bias, model.qk_norm or experts");
+    s.family = "phi3";
   } else if (c.family == Family::Llama) {
     LOOM_CHECK(int(c.qkv_bias) + int(c.qk_norm) + int(c.sliding_window > 0) <= 1, "model '", c.name,
                "' combines model.qkv_bias (", c.qkv_bias, "), model.qk_norm (", c.qk_norm,
@@ -80,6 +86,7 @@ ModelConfig model_config_of(const HfModelShape& s) {
   c.qkv_bias = s.qkv_bias();
   c.qk_norm = s.qk_norm();
   c.sliding_window = s.sliding_window;
+  if (s.family == "phi3") c.hf_family = "phi3";
   if (s.gemma()) {
     c.geglu = true;
     c.embed_scale = true;

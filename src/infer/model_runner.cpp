@@ -15,8 +15,8 @@ struct PagedAttention : ForwardAttention {
   const int32_t* table = nullptr;  // a PagedChunkTable in the backend's memory
   int nchunks = 0, rows = 0;
   double positions = 0;  // keys and values read: every cached and new position of a chunk
-  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
-               int window, float softcap, float* out) override {
+  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale, int window,
+               float softcap, float* out) override {
     ProfileScope profile(DecodeProfile::kAttention,
                          positions * 2 * Hkv * D * dtype_size(cache->spec.dtype));
     PagedKvBuffers kv;

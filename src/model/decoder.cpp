@@ -794,8 +794,8 @@ void Decoder::attention_core(int l, const ModelInput& in, const LayerActs& a, co
     attention_override_->forward(l, qkv, Q, Hq, Hkv, D, scale, window, cfg_.attn_softcap, att);
   else if (cfg_.layer_attention_variant(l))  // one process (CP refuses these layers)
     be_.attention_variant_forward(att, a.lse, qkv, qkv + Hq * D, qkv + (Hq + Hkv) * D, Q,
-                                  in.cu_seqlens, in.nseq, Hq,
-                                  Hkv, D, scale, window, cfg_.attn_softcap);
+                                  in.cu_seqlens, in.nseq, Hq, Hkv, D, scale, window,
+                                  cfg_.attn_softcap);
   else
     attention_->forward(att, a.lse, qkv, Q, Hq, Hkv, D, scale, in);
   keep(a.att, att, int64_t(in.N) * Hq * D);
@@ -888,9 +888,9 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     // MLP branch: x_out = x_mid + act * mp_w^T + mp_b. Under bf16 storage act was not kept:
     // recomputed from fc (the same values forward had).
     if (a.act.bf16) mlp_act_forward(a, nullptr, N);
-    const float* dmp =
-        cfg_.sandwich_norm ? post_norm_backward(p.post_mlp, dres, a.post_mlp_in, a.post_mlp_rstd, Nl)
-                           : dres;
+    const float* dmp = cfg_.sandwich_norm ? post_norm_backward(p.post_mlp, dres, a.post_mlp_in,
+                                                               a.post_mlp_rstd, Nl)
+                                          : dres;
     p.mp.backward(be_, b_->dact, dmp, a.act.in(), N);
     mlp_act_backward(a, b_->dfc, b_->dact, N, p.fc);
     dl = p.fc.backward(be_, b_->dln, b_->dfc, a.ln2.in(), N);
@@ -900,9 +900,9 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
   be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
   round_grad(p.proj, dres, int64_t(Nl) * C);
   // Attention branch: x_mid = x_in + att * proj_w^T + proj_b.
-  const float* dproj =
-      cfg_.sandwich_norm ? post_norm_backward(p.post_attn, dres, a.post_attn_in, a.post_attn_rstd, Nl)
-                         : dres;
+  const float* dproj = cfg_.sandwich_norm ? post_norm_backward(p.post_attn, dres, a.post_attn_in,
+                                                               a.post_attn_rstd, Nl)
+                                          : dres;
   p.proj.backward(be_, b_->datt, dproj, a.att.in(), N);
   round_act(b_->datt, int64_t(N) * A);
   const float* q = fp32_in(a.qkv, int64_t(N) * Q, b_->q32);
@@ -1045,13 +1045,12 @@ static void check_input(const ModelInput& in, const ModelConfig& cfg) {
     LOOM_CHECK(in.positions[i] >= 0 && in.positions[i] < cfg.max_seq, "position ", in.positions[i],
                " exceeds model.max_seq ", cfg.max_seq);
     // Below the window every earlier position is in it: full causal attention is exact.
-    LOOM_CHECK(cfg.sliding_window == 0 || cfg.window_pattern > 0 ||
-                   in.positions[i] < cfg.sliding_window,
-               "position ",
-               in.positions[i], " reaches past model.sliding_window = ", cfg.sliding_window,
-               ": sliding-window attention is not implemented (training's packed and ring ",
-               "attention and the serving engine's paged attention attend to every earlier ",
-               "position); keep sequences within ", cfg.sliding_window, " tokens");
+    LOOM_CHECK(
+        cfg.sliding_window == 0 || cfg.window_pattern > 0 || in.positions[i] < cfg.sliding_window,
+        "position ", in.positions[i], " reaches past model.sliding_window = ", cfg.sliding_window,
+        ": sliding-window attention is not implemented (training's packed and ring ",
+        "attention and the serving engine's paged attention attend to every earlier ",
+        "position); keep sequences within ", cfg.sliding_window, " tokens");
     if (in.targets)
       LOOM_CHECK(in.targets[i] >= -1 && in.targets[i] < cfg.vocab, "target id ", in.targets[i],
                  " at position ", i, " is outside the vocabulary");

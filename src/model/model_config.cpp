@@ -255,6 +255,9 @@ ModelConfig model_config_from(const Config& cfg, ModelConfig c) {
   c.attn_softcap = static_cast<float>(cfg.get_double("model.attn_softcap", c.attn_softcap));
   c.final_softcap = static_cast<float>(cfg.get_double("model.final_softcap", c.final_softcap));
   c.attn_scalar = static_cast<float>(cfg.get_double("model.attn_scalar", c.attn_scalar));
+  c.hf_family = cfg.get_string("model.hf_family", c.hf_family);
+  LOOM_CHECK(c.hf_family.empty() || c.hf_family == "phi3",
+             "model.hf_family must be empty or phi3, got '", c.hf_family, "'");
   c.n_experts = get_int32(cfg, "model.n_experts", c.n_experts);
   c.top_k = get_int32(cfg, "model.top_k", c.top_k);
   c.moe_router = cfg.get_string("model.moe_router", c.moe_router);

@@ -56,6 +56,9 @@ struct ModelConfig {
   float attn_softcap = 0.f;    // > 0: scores = cap * tanh(scores / cap)
   float final_softcap = 0.f;   // > 0: logits = cap * tanh(logits / cap)
   float attn_scalar = 0.f;     // > 0: scores scaled by attn_scalar^-1/2 instead of head_dim^-1/2
+  // The Hugging Face family export writes where the options alone do not decide it ("phi3":
+  // Llama's model in Phi-3's fused layout; "": from the options). Not part of the shape.
+  std::string hf_family;
   // Mixture of experts (docs/parallel.md): n_experts = 0 is a dense model. A MoE layer replaces
   // the MLP with a router (top_k of n_experts, softmax or sigmoid scores) and n_experts expert
   // MLPs of width d_ff (GeLU for gpt2, SwiGLU for llama; no biases). Layer l is a MoE layer when

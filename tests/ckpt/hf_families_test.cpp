@@ -25,7 +25,8 @@ namespace {
 
 using testing::ScratchDir;
 
-const char* const kFamilies[] = {"llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"};
+const char* const kFamilies[] = {"llama",   "qwen2",     "qwen3", "mistral",
+                                 "mixtral", "qwen3_moe", "phi3"};
 const char* const kGemmas[] = {"gemma", "gemma2", "gemma3_text"};
 
 bool have_torch() {
@@ -103,7 +104,8 @@ ModelConfig small(const std::string& family) {
   c.qkv_bias = family == "qwen2";
   c.tied = family == "qwen2";
   c.qk_norm = family == "qwen3" || family == "qwen3_moe";
-  c.sliding_window = family == "mistral" ? 64 : 0;
+  c.sliding_window = family == "mistral" || family == "phi3" ? 64 : 0;
+  if (family == "phi3") c.hf_family = "phi3";
   if (family == "mixtral" || family == "qwen3_moe") {
     c.n_experts = 4;
     c.top_k = 2;
@@ -150,7 +152,8 @@ void randomise(ParamSet& P) {
 
 TEST(HfFamilies, ConfigJsonRoundTripsAndNamesTheFamily) {
   const char* const classes[] = {"LlamaForCausalLM",   "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
-                                 "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"};
+                                 "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                                 "Phi3ForCausalLM"};
   for (size_t i = 0; i < std::size(kFamilies); ++i) {
     const char* f = kFamilies[i];
     const HfModelShape s = hf_shape_of(small(f));
@@ -178,6 +181,31 @@ TEST(HfFamilies, TensorNamesAreTransformers) {
   EXPECT_EQ(q3.at("model.layers.0.self_attn.q_norm.weight"), (Shape{8}));
   EXPECT_EQ(q3.at("model.layers.0.self_attn.k_norm.weight"), (Shape{8}));
   EXPECT_FALSE(q3.count("model.layers.0.self_attn.q_proj.bias"));
+}
+
+// Phi-3's fused q/k/v and gate/up are Loom's rows exactly.
+TEST(HfFamilies, Phi3FusedTensorsAreLoomsRows) {
+  const HfModelShape s = hf_shape_of(small("phi3"));
+  const auto names = hf_param_shapes(s);
+  EXPECT_EQ(names.at("model.layers.1.self_attn.qkv_proj.weight"), (Shape{64, 32}));
+  EXPECT_EQ(names.at("model.layers.1.mlp.gate_up_proj.weight"), (Shape{96, 32}));
+  EXPECT_FALSE(names.count("model.layers.1.self_attn.q_proj.weight"));
+  const Json c = hf_config_json(s, DType::F32);
+  EXPECT_EQ(c.at("sliding_window").as_int(), 64);
+  EXPECT_EQ(model_config_of(s).hf_family, "phi3");
+  Json partial = Json::parse(c.dump());
+  partial["partial_rotary_factor"] = Json(0.5);
+  EXPECT_THROW(hf_shape_from_config(partial, "config.json"), Error);
+  Json longrope = Json::parse(c.dump());
+  longrope["rope_scaling"] = Json::parse(R"({"type": "longrope", "short_factor": [1.0]})");
+  try {
+    hf_shape_from_config(longrope, "config.json");
+    ADD_FAILURE() << "longrope accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_scaling type 'longrope' is not supported"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(HfFamilies, ExpertTensorNamesAreTransformers) {

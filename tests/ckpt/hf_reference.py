@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A float64 reference of the Hugging Face causal LMs Loom imports (Llama, Qwen2, Qwen3,
-Mistral, the mixtures of experts Mixtral and Qwen3-MoE, and Gemma 1, 2 and 3), written from
+Mistral, Phi-3, the mixtures of experts Mixtral and Qwen3-MoE, and Gemma 1, 2 and 3), written from
 the published architectures with torch and no Loom code.
 
   hf_reference.py logits DIR TOKENS OUT   DIR's config.json + model.safetensors (or the sharded
@@ -194,18 +194,40 @@ def gemma_forward(cfg, W, tokens):
     return logits
 
 
+def unfuse_phi3(cfg, W):
+    # Phi-3 stores q, k, v as one qkv_proj (rows: q heads, k heads, v heads) and gate, up as
+    # one gate_up_proj (gate rows first: transformers chunks it in two, gate then up); otherwise
+    # it is Llama's model.
+    H = cfg["num_attention_heads"]
+    Hkv = cfg.get("num_key_value_heads") or H
+    D = cfg["hidden_size"] // H
+    W = dict(W)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        qkv = W.pop(p + "self_attn.qkv_proj.weight")
+        W[p + "self_attn.q_proj.weight"] = qkv[:H * D]
+        W[p + "self_attn.k_proj.weight"] = qkv[H * D:(H + Hkv) * D]
+        W[p + "self_attn.v_proj.weight"] = qkv[(H + Hkv) * D:]
+        gate, up = W.pop(p + "mlp.gate_up_proj.weight").chunk(2, dim=0)
+        W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"] = gate, up
+    return W
+
+
 def forward(cfg, W, tokens):
     family = cfg["model_type"]
     if family in ("gemma", "gemma2", "gemma3_text"):
         return gemma_forward(cfg, W, tokens)
-    assert family in ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"), family
+    if family == "phi3":
+        assert cfg.get("partial_rotary_factor", 1.0) == 1.0
+        W = unfuse_phi3(cfg, W)
+    assert family in ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe", "phi3"), family
     assert cfg.get("rope_scaling") is None, "the reference has plain RoPE only"
     C, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     H = cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads") or H
     D = cfg.get("head_dim") or C // H
     eps, theta = cfg["rms_norm_eps"], cfg.get("rope_theta", 10000.0)
-    window = cfg.get("sliding_window") if family in ("mistral", "mixtral") else None
+    window = cfg.get("sliding_window") if family in ("mistral", "mixtral", "phi3") else None
     T = len(tokens)
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
@@ -303,7 +325,7 @@ def make(d, family, seed):
     E, K = 4, 2  # the mixtures of experts: experts, and experts per token
     cfg = {"architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                               "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
-                              "mixtral": "MixtralForCausalLM",
+                              "mixtral": "MixtralForCausalLM", "phi3": "Phi3ForCausalLM",
                               "qwen3_moe": "Qwen3MoeForCausalLM"}[family]],
            "model_type": family, "hidden_act": "silu", "hidden_size": C,
            "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": H,
@@ -329,6 +351,10 @@ def make(d, family, seed):
                    num_experts_per_tok=K, moe_intermediate_size=F, decoder_sparse_step=1,
                    mlp_only_layers=[], norm_topk_prob=True, router_aux_loss_coef=0.001,
                    output_router_logits=False)
+    elif family == "phi3":
+        D = C // H  # Phi-3 has no head_dim field
+        cfg.update(sliding_window=64, original_max_position_embeddings=128, resid_pdrop=0.0,
+                   embd_pdrop=0.0, partial_rotary_factor=1.0, pad_token_id=0)
     else:
         cfg.update(head_dim=D, attention_bias=False, mlp_bias=False, pretraining_tp=1)
 
@@ -368,6 +394,13 @@ def make(d, family, seed):
             W[m.format(e) + "gate_proj.weight"] = rnd(F, C)
             W[m.format(e) + "up_proj.weight"] = rnd(F, C)
             W[m.format(e) + "down_proj.weight"] = rnd(C, F)
+    if family == "phi3":  # its fused layout
+        for l in range(L):
+            p = f"model.layers.{l}."
+            W[p + "self_attn.qkv_proj.weight"] = torch.cat(
+                [W.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            W[p + "mlp.gate_up_proj.weight"] = torch.cat(
+                [W.pop(p + "mlp.gate_proj.weight"), W.pop(p + "mlp.up_proj.weight")])
     os.makedirs(d, exist_ok=True)
     write_safetensors(os.path.join(d, "model.safetensors"), W)
     with open(os.path.join(d, "config.json"), "w") as f:

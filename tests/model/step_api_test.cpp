@@ -233,8 +233,8 @@ namespace {
 struct RecordingAttention : ForwardAttention {
   const ModelInput* in = nullptr;
   std::vector<int> layers;
-  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
-               int window, float softcap, float* out) override {
+  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale, int window,
+               float softcap, float* out) override {
     EXPECT_EQ(window, 0);
     EXPECT_EQ(softcap, 0.f);
     layers.push_back(layer);

@@ -49,8 +49,8 @@ inline int first_key(int i, int window) {
 }  // namespace
 
 void attention_variant_forward(float* out, float* lse, const float* q, const float* k,
-                               const float* v, int ld, const int32_t* cu, int nseq, int Hq,
-                               int Hkv, int D, float scale, int window, float softcap) {
+                               const float* v, int ld, const int32_t* cu, int nseq, int Hq, int Hkv,
+                               int D, float scale, int window, float softcap) {
   check_args(cu, nseq, Hq, Hkv, D, ld, window, softcap, "attention_variant_forward");
   const int group = Hq / Hkv;
   const int64_t items = int64_t(nseq) * Hq;

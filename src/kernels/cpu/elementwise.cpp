@@ -1,7 +1,7 @@
-// Pointwise ops: GeLU, SwiGLU, GeGLU, soft-capping, add, scale. Outputs may alias inputs element for element
-// (out == inp); `omp simd` keeps the loops vectorised without runtime alias checks. A combined
-// `parallel for simd` names its `if` clause's construct (`if (parallel : ...)`): a bare `if`
-// applies to the simd part too, and GCC then ran every call below the parallel threshold (a
+// Pointwise ops: GeLU, SwiGLU, GeGLU, soft-capping, add, scale. Outputs may alias inputs element
+// for element (out == inp); `omp simd` keeps the loops vectorised without runtime alias checks. A
+// combined `parallel for simd` names its `if` clause's construct (`if (parallel : ...)`): a bare
+// `if` applies to the simd part too, and GCC then ran every call below the parallel threshold (a
 // decode token's 3072-wide GeLU, its residual adds) as a scalar loop.
 #include <cmath>
 

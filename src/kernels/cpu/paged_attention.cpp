@@ -366,8 +366,8 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
 namespace loom::cpu {
 
 void paged_attention_variant(float* out, const float* q, int ldq, const PagedKvLayer& c,
-                             const PagedChunk* chunks, int nchunks, int Hq, float scale,
-                             int window, float softcap) {
+                             const PagedChunk* chunks, int nchunks, int Hq, float scale, int window,
+                             float softcap) {
   check(c, chunks, nchunks);
   const int Hkv = c.n_kv_head, D = c.head_dim;
   LOOM_CHECK(Hq > 0 && Hq % Hkv == 0, "paged attention: ", Hq, " query heads over ", Hkv,

@@ -46,7 +46,7 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& ca
 // own included) and soft-capped scores (softcap > 0: softcap * tanh(score / softcap)), one
 // (row, head) at a time (Gemma 2 and 3).
 void paged_attention_variant(float* out, const float* q, int ldq, const PagedKvLayer& cache,
-                             const PagedChunk* chunks, int nchunks, int Hq, float scale,
-                             int window, float softcap);
+                             const PagedChunk* chunks, int nchunks, int Hq, float scale, int window,
+                             float softcap);
 
 }  // namespace loom::cpu
