@@ -110,7 +110,7 @@ uint64_t write_model(const std::string& dir, const ckpt::HfModelShape& s, uint64
 }
 
 struct Child {
-  double seconds = -1, rss_mb = -1;
+  double seconds = -1, cpu = -1, rss_mb = -1;  // wall, user + system CPU seconds, peak RSS
 };
 
 // Runs fn in a child process: its wall time (reported through a pipe) and peak RSS.
@@ -134,7 +134,11 @@ Child in_child(const std::function<void()>& fn) {
   int status = 0;
   struct rusage ru {};
   wait4(pid, &status, 0, &ru);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) c.rss_mb = double(ru.ru_maxrss) / 1024.0;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    c.rss_mb = double(ru.ru_maxrss) / 1024.0;
+    c.cpu = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+            1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  }
   return c;
 }
 
@@ -208,22 +212,24 @@ int main(int argc, char** argv) {
   const Child f32 = in_child([&] { import(dir, s, DType::F32); });
   const double load1 = load_average();
   auto row = [&](const char* what, const Child& c) {
-    std::printf("%-12s %7.2f s  %6.2f GB/s  peak RSS %8.0f MiB (%.2fx the files)\n", what,
-                c.seconds, total / 1e9 / c.seconds, c.rss_mb, c.rss_mb * 1048576.0 / total);
+    std::printf("%-12s %7.2f s (CPU %6.2f s)  %6.2f GB/s  peak RSS %8.0f MiB (%.2fx the files)\n",
+                what, c.seconds, c.cpu, total / 1e9 / c.seconds, c.rss_mb,
+                c.rss_mb * 1048576.0 / total);
   };
   row("read", rd);
   row("import bf16", b16);
   row("import fp32", f32);
-  std::printf("bf16 import / read: %.2fx the time; load average %.2f -> %.2f\n",
-              b16.seconds / rd.seconds, load0, load1);
+  std::printf(
+      "bf16 import / read: %.2fx the time (%.2fx the CPU time); load average %.2f -> %.2f\n",
+      b16.seconds / rd.seconds, b16.cpu / rd.cpu, load0, load1);
   std::printf(
       "{\"params\": %lld, \"bytes\": %llu, \"read_s\": %.3f, \"read_rss_mb\": %.0f, "
       "\"import_bf16_s\": %.3f, \"import_bf16_rss_mb\": %.0f, \"import_fp32_s\": %.3f, "
-      "\"import_fp32_rss_mb\": %.0f, \"ratio_bf16_vs_read\": %.3f, \"load_before\": %.2f, "
-      "\"load_after\": %.2f}\n",
+      "\"import_fp32_rss_mb\": %.0f, \"ratio_bf16_vs_read\": %.3f, \"read_cpu_s\": %.3f, "
+      "\"import_bf16_cpu_s\": %.3f, \"load_before\": %.2f, \"load_after\": %.2f}\n",
       static_cast<long long>(mc.num_params()), static_cast<unsigned long long>(total), rd.seconds,
-      rd.rss_mb, b16.seconds, b16.rss_mb, f32.seconds, f32.rss_mb, b16.seconds / rd.seconds, load0,
-      load1);
+      rd.rss_mb, b16.seconds, b16.rss_mb, f32.seconds, f32.rss_mb, b16.seconds / rd.seconds, rd.cpu,
+      b16.cpu, load0, load1);
   if (!keep) fs::remove_all(dir);
   return rd.seconds > 0 && b16.seconds > 0 && f32.seconds > 0 ? 0 : 1;
 }

@@ -933,6 +933,24 @@ static void hf_to_loom_into(const HfModelShape& s, const TensorMap& hf, const Te
   for (const Piece& p : pieces(s)) {
     Tensor dst = out.at(p.loom);
     LOOM_CHECK(dst.is_contiguous(), "import destination: tensor '", p.loom, "' is not contiguous");
+    // The common case straight into the destination (no temporary of the tensor): its rows
+    // copied, or widened from bf16 as they are copied.
+    if (!p.transpose && p.offset == 0 && p.expert < 0 && hf.at(p.hf).is_contiguous()) {
+      Tensor d = p.row_end > 0 ? dst.slice(p.row_begin, p.row_end) : dst;
+      const Tensor& src = hf.at(p.hf);
+      if (d.is_contiguous() && d.shape() == src.shape() &&
+          (src.dtype() == d.dtype() || (src.dtype() == DType::BF16 && d.dtype() == DType::F32))) {
+        if (src.dtype() == d.dtype()) {
+          std::memcpy(d.raw(), src.raw(), src.nbytes());
+        } else {
+          const uint16_t* a = src.data<uint16_t>();
+          float* b = d.data<float>();
+          for (int64_t i = 0; i < src.numel(); ++i) b[i] = bf16_to_f32(a[i]);
+        }
+        if (done) done(p.hf);
+        continue;
+      }
+    }
     Tensor src = p.offset != 0 ? offset_by(hf.at(p.hf), p.offset, dst.dtype())
                                : converted(hf.at(p.hf), dst.dtype());
     if (p.expert >= 0) dst = expert_matrix(dst, p.expert);

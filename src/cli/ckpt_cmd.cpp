@@ -133,9 +133,10 @@ static int export_cmd(const Args& args) {
   Options o(
       "loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16] [--tokenizer SPEC]",
       "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
-      "(GPT-2, Llama, Qwen2, Qwen3 or Mistral names and layouts), generation_config.json and,\n"
-      "when the run names a tokenizer, tokenizer.json + tokenizer_config.json (with the\n"
-      "chat template of chat/preference runs): a directory transformers loads as is.");
+      "(GPT-2, Llama, Qwen2/3, Mistral, Mixtral, Qwen3-MoE, Phi-3 or Gemma 1/2/3 names and\n"
+      "layouts), generation_config.json and, when the run names a tokenizer, tokenizer.json +\n"
+      "tokenizer_config.json (with the chat template of chat/preference runs): a directory\n"
+      "transformers loads as is.");
   o.positional("path", "a step directory or a checkpoints root (uses latest)")
       .value("out", "", "output directory", true)
       .value("dtype", "fp32", "weight dtype in the exported file")
