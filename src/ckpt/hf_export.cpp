@@ -438,10 +438,13 @@ void read_gemma(const ConfigReader& r, HfModelShape& s, const std::string& type,
   s.tied = r.boolean("tie_word_embeddings", true);
   // Gemma 1 reads hidden_act (hidden_activation first where set); Gemma 2 and 3
   // hidden_activation.
+  // Gemma 1's published configs say hidden_act "gelu" with hidden_activation null: the tanh
+  // GELU its checkpoints were trained with (transformers 4.38-4.4x read it so).
   const char* act_field = r.has("hidden_activation") || !g1 ? "hidden_activation" : "hidden_act";
   const std::string act = r.string(act_field, "gelu_pytorch_tanh");
-  LOOM_CHECK(act == "gelu_pytorch_tanh" || act == "gelu_new", where, ": ", act_field, " '", act,
-             "' is not supported (Loom's GeGLU uses the tanh GELU, gelu_pytorch_tanh)");
+  const bool g1_gelu = g1 && act == "gelu" && !r.has("hidden_activation");
+  LOOM_CHECK(act == "gelu_pytorch_tanh" || act == "gelu_new" || g1_gelu, where, ": ", act_field,
+             " '", act, "' is not supported (Loom's GeGLU uses the tanh GELU, gelu_pytorch_tanh)");
   LOOM_CHECK(!r.boolean("attention_bias", false), where, ": attention_bias true is not supported");
   LOOM_CHECK(!r.has("rope_scaling") || !rope_scaling_from(r.get("rope_scaling"), where).enabled(),
              where, ": rope_scaling is not supported for ", type);

@@ -172,6 +172,32 @@ TEST(DecoderFamilies, GemmaWindowAndCapsChangeOnlyWhatTheyShould) {
   EXPECT_GT(std::fabs(loss(capped, d) - loss(c, d)), 1e-3);
 }
 
+// Under the bf16 policy (activations stored in bf16) Gemma's ops give the fp32 loss to bf16's
+// precision, and gradients of the same direction.
+TEST(DecoderFamilies, GemmaUnderBf16ActivationsFollowsFp32) {
+  for (const ModelConfig& c : {gemma2(), gemma3()}) {
+    const Data d = make_data({9, 6}, c.vocab, 3);
+    std::vector<float> g[2];
+    double loss[2];
+    for (int k = 0; k < 2; ++k) {
+      Decoder m(c, cpu_backend(), Recompute::None, k == 0 ? DType::F32 : DType::BF16);
+      m.params().init(4);
+      randomise(m.params(), 4);
+      m.params().zero_grad();
+      loss[k] = m.forward_backward(d.input(), 1.f);
+      g[k].assign(m.params().grad(), m.params().grad() + m.params().total());
+    }
+    EXPECT_NEAR(loss[1], loss[0], 2e-2 * std::fabs(loss[0])) << c.fingerprint();
+    double dot = 0, n0 = 0, n1 = 0;
+    for (size_t i = 0; i < g[0].size(); ++i) {
+      dot += double(g[0][i]) * g[1][i];
+      n0 += double(g[0][i]) * g[0][i];
+      n1 += double(g[1][i]) * g[1][i];
+    }
+    EXPECT_GT(dot / std::sqrt(n0 * n1), 0.99) << c.fingerprint();
+  }
+}
+
 TEST(DecoderFamilies, GemmaRefusesTensorParallelismAndOtherBackends) {
   test::MirrorCommunicator comm(cpu_backend());
   TensorParallel tp;
