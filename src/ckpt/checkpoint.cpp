@@ -171,11 +171,20 @@ uint64_t fnv1a(uint64_t h, std::string_view s) {
   return h;
 }
 
-void restore(const SafetensorsReader& file, const TensorList& dst) {
-  check_tensors_match(file, dst, /*check_dtype=*/true);
+// widen: a model file's bf16/fp16 tensors restore into fp32 ones (exactly; an import kept in
+// the files' bf16, `loom ckpt import --dtype bf16`).
+void restore(const SafetensorsReader& file, const TensorList& dst, bool widen = false) {
+  check_tensors_match(file, dst, /*check_dtype=*/true, widen);
   for (const NamedTensor& nt : dst) {
     Tensor src = file.view(nt.name);
     Tensor out = nt.tensor;  // shares storage: writes land in the caller's buffer
+    if (src.dtype() == DType::BF16 && out.dtype() == DType::F32 && src.is_contiguous() &&
+        out.is_contiguous()) {
+      const uint16_t* a = src.data<uint16_t>();
+      float* b = out.data<float>();
+      for (int64_t i = 0; i < out.numel(); ++i) b[i] = bf16_to_f32(a[i]);
+      continue;
+    }
     out.copy_from(src);
   }
 }
@@ -398,7 +407,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
 }
 
 void check_tensors_match(const SafetensorsReader& file, const TensorList& expected,
-                         bool check_dtype) {
+                         bool check_dtype, bool widen) {
   std::vector<const NamedTensor*> want;
   for (const NamedTensor& nt : expected) want.push_back(&nt);
   std::sort(want.begin(), want.end(),
@@ -418,8 +427,10 @@ void check_tensors_match(const SafetensorsReader& file, const TensorList& expect
     LOOM_CHECK(h.shape == w.tensor.shape(), file.path(), ": tensor '", h.name,
                "': checkpoint has shape ", shape_str(h.shape), ", expected ",
                shape_str(w.tensor.shape()));
-    LOOM_CHECK(!check_dtype || h.dtype == w.tensor.dtype(), file.path(), ": tensor '", h.name,
-               "': checkpoint has dtype ", dtype_name(h.dtype), ", expected ",
+    const bool widens = widen && w.tensor.dtype() == DType::F32 &&
+                        (h.dtype == DType::BF16 || h.dtype == DType::F16);
+    LOOM_CHECK(!check_dtype || h.dtype == w.tensor.dtype() || widens, file.path(), ": tensor '",
+               h.name, "': checkpoint has dtype ", dtype_name(h.dtype), ", expected ",
                dtype_name(w.tensor.dtype()));
     auto norm = [](const ShardInfo& s, const Shape& local) {
       ShardInfo n = s;
@@ -525,11 +536,11 @@ void Checkpoint::open(const std::string& dir) {
 
 void Checkpoint::restore_model(const TensorList& dst,
                                const std::string& expected_fingerprint) const {
-  check_tensors_match(*model_, dst);
+  check_tensors_match(*model_, dst, /*check_dtype=*/true, /*widen=*/true);
   LOOM_CHECK(expected_fingerprint.empty() || expected_fingerprint == state_.fingerprint,
              join(dir_, kStateFile), ": model fingerprint '", state_.fingerprint,
              "' differs from the model's '", expected_fingerprint, "'");
-  restore(*model_, dst);
+  restore(*model_, dst, /*widen=*/true);
 }
 
 void Checkpoint::restore_model(const TensorMap& dst,

@@ -97,9 +97,10 @@ uint64_t commit_digest(const std::string& step_dir);
 std::optional<std::string> find_latest_checkpoint(const std::string& root);
 
 // Throws naming `file` and the first tensor, in name order, that is missing on either side or
-// whose shape (or shard placement) differs, with both shapes. With check_dtype, dtypes too.
+// whose shape (or shard placement) differs, with both shapes. With check_dtype, dtypes too
+// (with widen, a bf16 or fp16 tensor where fp32 is expected passes: it widens exactly).
 void check_tensors_match(const SafetensorsReader& file, const TensorList& expected,
-                         bool check_dtype = true);
+                         bool check_dtype = true, bool widen = false);
 
 // An opened checkpoint: state.json parsed and both tensor files mapped and validated.
 class Checkpoint {

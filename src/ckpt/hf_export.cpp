@@ -29,6 +29,7 @@ struct Piece {
   int64_t row_begin = 0, row_end = 0;  // row_end 0: all rows
   bool transpose = false;
   int64_t expert = -1;  // >= 0: that expert's matrix of a [E, rows, cols] parameter
+  float offset = 0.f;   // HF's value = Loom's - offset (Gemma's RMSNorm weights: 1)
 };
 
 std::vector<Piece> pieces(const HfModelShape& s) {
@@ -58,11 +59,49 @@ std::vector<Piece> pieces(const HfModelShape& s) {
     }
     add("transformer.ln_f.weight", "final_norm.weight");
     add("transformer.ln_f.bias", "final_norm.bias");
+  } else if (s.gemma()) {
+    // Gemma's RMSNorm multiplies by (1 + weight): Loom's norm weight is HF's + 1.
+    auto norm = [&](std::string hf, std::string loom) {
+      add(std::move(hf), std::move(loom));
+      out.back().offset = 1.f;
+    };
+    add("model.embed_tokens.weight", "embed.wte");
+    for (int i = 0; i < s.n_layer; ++i) {
+      const std::string h = cat("model.layers.", i, "."), b = cat("blocks.", i, ".");
+      norm(h + "input_layernorm.weight", b + "norm1.weight");
+      add(h + "self_attn.q_proj.weight", b + "attn.qkv.weight", false, 0, q);
+      add(h + "self_attn.k_proj.weight", b + "attn.qkv.weight", false, q, q + kv);
+      add(h + "self_attn.v_proj.weight", b + "attn.qkv.weight", false, q + kv, q + 2 * kv);
+      if (s.qk_norm()) {
+        norm(h + "self_attn.q_norm.weight", b + "attn.q_norm.weight");
+        norm(h + "self_attn.k_norm.weight", b + "attn.k_norm.weight");
+      }
+      add(h + "self_attn.o_proj.weight", b + "attn.proj.weight");
+      if (s.sandwich_norm()) {  // post_attention_layernorm is the attention output's norm
+        norm(h + "post_attention_layernorm.weight", b + "attn.post_norm.weight");
+        norm(h + "pre_feedforward_layernorm.weight", b + "norm2.weight");
+        norm(h + "post_feedforward_layernorm.weight", b + "mlp.post_norm.weight");
+      } else {
+        norm(h + "post_attention_layernorm.weight", b + "norm2.weight");
+      }
+      add(h + "mlp.gate_proj.weight", b + "mlp.fc.weight", false, 0, s.d_ff);
+      add(h + "mlp.up_proj.weight", b + "mlp.fc.weight", false, s.d_ff, 2 * int64_t{s.d_ff});
+      add(h + "mlp.down_proj.weight", b + "mlp.proj.weight");
+    }
+    norm("model.norm.weight", "final_norm.weight");
   } else {
     add("model.embed_tokens.weight", "embed.wte");
     for (int i = 0; i < s.n_layer; ++i) {
       const std::string h = cat("model.layers.", i, "."), b = cat("blocks.", i, ".");
       add(h + "input_layernorm.weight", b + "norm1.weight");
+      if (s.fused()) {  // Phi-3: Loom's fused layout exactly (q, k, v rows; gate, up rows)
+        add(h + "self_attn.qkv_proj.weight", b + "attn.qkv.weight");
+        add(h + "self_attn.o_proj.weight", b + "attn.proj.weight");
+        add(h + "post_attention_layernorm.weight", b + "norm2.weight");
+        add(h + "mlp.gate_up_proj.weight", b + "mlp.fc.weight");
+        add(h + "mlp.down_proj.weight", b + "mlp.proj.weight");
+        continue;
+      }
       add(h + "self_attn.q_proj.weight", b + "attn.qkv.weight", false, 0, q);
       add(h + "self_attn.k_proj.weight", b + "attn.qkv.weight", false, q, q + kv);
       add(h + "self_attn.v_proj.weight", b + "attn.qkv.weight", false, q + kv, q + 2 * kv);
@@ -175,6 +214,14 @@ Tensor converted(const Tensor& t, DType dtype) {
     out.copy_from(t);
   }
   return out;
+}
+
+// `t` plus `delta` element by element, in `dtype` (computed in fp32; Gemma's norm offsets).
+Tensor offset_by(const Tensor& t, float delta, DType dtype) {
+  Tensor f = t.dtype() == DType::F32 ? t.clone() : converted(t, DType::F32);
+  float* x = f.data<float>();
+  for (int64_t i = 0; i < f.numel(); ++i) x[i] += delta;
+  return converted(f, dtype);
 }
 
 // Checks `have` holds exactly the names and shapes in `want`; `what` names the side.
@@ -300,6 +347,10 @@ const char* causal_lm_class(const std::string& family) {
   if (family == "mistral") return "MistralForCausalLM";
   if (family == "mixtral") return "MixtralForCausalLM";
   if (family == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  if (family == "phi3") return "Phi3ForCausalLM";
+  if (family == "gemma") return "GemmaForCausalLM";
+  if (family == "gemma2") return "Gemma2ForCausalLM";
+  if (family == "gemma3_text") return "Gemma3ForCausalLM";
   return "LlamaForCausalLM";
 }
 
@@ -311,7 +362,9 @@ void check_architectures(const ConfigReader& r, const std::string& family,
   const Json& a = r.get("architectures");
   LOOM_CHECK(a.is_array(), where, ": field 'architectures' must be a list");
   const std::string lm = causal_lm_class(family);
-  const std::string base = family == "gpt2" ? "GPT2Model" : lm.substr(0, lm.find("For")) + "Model";
+  const std::string base = family == "gpt2"          ? "GPT2Model"
+                           : family == "gemma3_text" ? "Gemma3TextModel"
+                                                     : lm.substr(0, lm.find("For")) + "Model";
   for (size_t i = 0; i < a.size(); ++i) {
     const Json& e = a.as_array()[i];
     const std::string name = e.is_string() ? e.as_string() : e.dump();
@@ -366,6 +419,91 @@ RopeScaling rope_scaling_from(const Json& j, const std::string& where) {
   return s;
 }
 
+// Gemma 1, 2 and 3 (text): what their configs say, and refusals naming what Loom does not
+// compute.
+void read_gemma(const ConfigReader& r, HfModelShape& s, const std::string& type,
+                const std::string& where) {
+  s.family = type;
+  const bool g1 = type == "gemma", g3 = type == "gemma3_text";
+  s.d_model = r.positive("hidden_size");
+  s.d_ff = r.positive("intermediate_size");
+  s.n_layer = r.positive("num_hidden_layers");
+  s.n_head = r.positive("num_attention_heads");
+  s.n_kv_head = r.has("num_key_value_heads") ? r.positive("num_key_value_heads") : s.n_head;
+  s.head_dim = r.has("head_dim") ? r.positive("head_dim") : 256;  // transformers' default
+  s.vocab = r.positive("vocab_size");
+  s.max_seq = r.positive("max_position_embeddings");
+  s.norm_eps = r.number("rms_norm_eps", 1e-6f);
+  s.rope_theta = r.number("rope_theta", g3 ? 1e6f : 10000.f);
+  s.tied = r.boolean("tie_word_embeddings", true);
+  // Gemma 1 reads hidden_act (hidden_activation first where set); Gemma 2 and 3
+  // hidden_activation.
+  // Gemma 1's published configs say hidden_act "gelu" with hidden_activation null: the tanh
+  // GELU its checkpoints were trained with (transformers 4.38-4.4x read it so).
+  const char* act_field = r.has("hidden_activation") || !g1 ? "hidden_activation" : "hidden_act";
+  const std::string act = r.string(act_field, "gelu_pytorch_tanh");
+  const bool g1_gelu = g1 && act == "gelu" && !r.has("hidden_activation");
+  LOOM_CHECK(act == "gelu_pytorch_tanh" || act == "gelu_new" || g1_gelu, where, ": ", act_field,
+             " '", act, "' is not supported (Loom's GeGLU uses the tanh GELU, gelu_pytorch_tanh)");
+  LOOM_CHECK(!r.boolean("attention_bias", false), where, ": attention_bias true is not supported");
+  LOOM_CHECK(!r.has("rope_scaling") || !rope_scaling_from(r.get("rope_scaling"), where).enabled(),
+             where, ": rope_scaling is not supported for ", type);
+  LOOM_CHECK(!r.has("rope_parameters"), where, ": rope_parameters is not supported for ", type,
+             " (write rope_theta", g3 ? " and rope_local_base_freq" : "", ")");
+  if (g1) return;
+  s.attn_scalar = r.number("query_pre_attn_scalar", 256.f);
+  LOOM_CHECK(std::isfinite(s.attn_scalar) && s.attn_scalar > 0, where,
+             ": query_pre_attn_scalar must be positive, got ", s.attn_scalar);
+  s.attn_softcap = r.number("attn_logit_softcapping", g3 ? 0.f : 50.f);
+  s.final_softcap = r.number("final_logit_softcapping", g3 ? 0.f : 30.f);
+  if (r.has("attn_logit_softcapping") || !g3)
+    LOOM_CHECK(std::isfinite(s.attn_softcap) && s.attn_softcap > 0, where,
+               ": attn_logit_softcapping must be positive or null, got ", s.attn_softcap);
+  if (r.has("final_logit_softcapping") || !g3)
+    LOOM_CHECK(std::isfinite(s.final_softcap) && s.final_softcap > 0, where,
+               ": final_logit_softcapping must be positive or null, got ", s.final_softcap);
+  if (g3) {
+    s.rope_local_theta = r.number("rope_local_base_freq", 10000.f);
+    LOOM_CHECK(!r.boolean("use_bidirectional_attention", false), where,
+               ": use_bidirectional_attention true is not supported (Loom's attention is causal)");
+  }
+  // The layers' kinds: layer_types where written, else every 2nd (Gemma 2) or every
+  // sliding_window_pattern-th (Gemma 3) layer global.
+  int pattern = g3 ? 6 : 2;
+  if (g3 && r.has("sliding_window_pattern")) pattern = r.positive("sliding_window_pattern");
+  if (g3 && !r.has("sliding_window_pattern") && r.has("_sliding_window_pattern"))
+    pattern = r.positive("_sliding_window_pattern");
+  if (r.has("layer_types")) {
+    const Json& t = r.get("layer_types");
+    LOOM_CHECK(t.is_array() && t.size() == size_t(s.n_layer), where, ": layer_types must list ",
+               s.n_layer, " layers");
+    int first_full = -1;
+    for (size_t l = 0; l < t.size(); ++l) {
+      const Json& e = t.as_array()[l];
+      const std::string k = e.is_string() ? e.as_string() : e.dump();
+      LOOM_CHECK(k == "sliding_attention" || k == "full_attention", where, ": layer_types[", l,
+                 "] '", k, "' is not supported");
+      if (k == "full_attention" && first_full < 0) first_full = int(l);
+    }
+    pattern = first_full < 0 ? s.n_layer + 1 : first_full + 1;
+    for (size_t l = 0; l < t.size(); ++l)
+      LOOM_CHECK(t.as_array()[l].as_string() ==
+                     ((int(l) + 1) % pattern != 0 ? "sliding_attention" : "full_attention"),
+                 where, ": layer_types is not supported: Loom's windowed layers repeat with one ",
+                 "global layer every k (layer ", l, " breaks the pattern of ", pattern, ")");
+  }
+  s.sliding_window = r.has("sliding_window") ? r.positive("sliding_window") : 4096;
+  s.window_pattern = pattern;
+  // A window as long as the context never binds: no window.
+  if (s.sliding_window >= s.max_seq || pattern == 1) {
+    s.sliding_window = 0;
+    s.window_pattern = 0;
+  }
+  if (type == "gemma2" && s.window_pattern != 0 && s.window_pattern != 2)
+    fail(where, ": layer_types other than alternating windowed and global layers is not ",
+         "supported for gemma2");
+}
+
 // The layers the weights hold against config.json's count, before anything is sized by the
 // config: a config claiming 10^9 layers is an error naming both, not a 10^9-entry shape table.
 void check_layer_count(const HfModelShape& s, const TensorMap& hf, const std::string& config_path,
@@ -408,13 +546,30 @@ bool is_shard_file_name(const std::string& n) {
 
 void HfModelShape::validate() const {
   LOOM_CHECK(family == "gpt2" || family == "llama" || family == "qwen2" || family == "qwen3" ||
-                 family == "mistral" || family == "mixtral" || family == "qwen3_moe",
+                 family == "mistral" || family == "mixtral" || family == "qwen3_moe" ||
+                 family == "phi3" || gemma(),
              "model family '", family,
              "' has no Hugging Face mapping (supported: gpt2, llama, qwen2, qwen3, mistral, ",
-             "mixtral, qwen3_moe)");
-  LOOM_CHECK(sliding_window == 0 || family == "mistral" || family == "mixtral",
+             "mixtral, qwen3_moe, phi3, gemma, gemma2, gemma3_text)");
+  LOOM_CHECK(sliding_window == 0 || family == "mistral" || family == "mixtral" ||
+                 family == "phi3" || sandwich_norm(),
              "model shape: a sliding window (", sliding_window,
-             ") maps only to the mistral and mixtral families, not ", family);
+             ") maps only to the mistral, mixtral, phi3, gemma2 and gemma3_text families, not ",
+             family);
+  LOOM_CHECK(sandwich_norm() || (window_pattern == 0 && attn_softcap == 0 && final_softcap == 0 &&
+                                 attn_scalar == 0 && rope_local_theta == 0),
+             "model shape: window_pattern, soft-capping, query_pre_attn_scalar and ",
+             "rope_local_base_freq map only to gemma2 and gemma3_text, not ", family);
+  LOOM_CHECK(!sandwich_norm() || (sliding_window > 0) == (window_pattern > 0),
+             "model shape: ", family, " needs a window pattern with its sliding window (",
+             sliding_window, ", pattern ", window_pattern, ")");
+  LOOM_CHECK(family != "gemma2" || window_pattern == 0 || window_pattern == 2,
+             "model shape: gemma2 alternates windowed and global layers (pattern 2, not ",
+             window_pattern, ")");
+  LOOM_CHECK(family == "gemma3_text" || rope_local_theta == 0, "model shape: ", family,
+             " has one RoPE base (rope_local_base_freq is gemma3_text's)");
+  LOOM_CHECK(!gemma() || !rope_scaling.enabled(), "model shape: ", family,
+             " with RoPE scaling is not supported");
   const bool moe_family = family == "mixtral" || family == "qwen3_moe";
   LOOM_CHECK(moe_family == (n_experts > 0), "model shape: the ", family, " family ",
              moe_family ? "needs experts" : "has no experts", " (n_experts ", n_experts, ")");
@@ -461,6 +616,10 @@ std::map<std::string, Shape> loom_param_shapes(const HfModelShape& s) {
     }
     m[b + "attn.proj.weight"] = {C, q};
     m[b + "norm2.weight"] = {C};
+    if (s.sandwich_norm()) {
+      m[b + "attn.post_norm.weight"] = {C};
+      m[b + "mlp.post_norm.weight"] = {C};
+    }
     if (s.is_moe()) {
       const int64_t E = s.n_experts;
       m[b + "moe.router.weight"] = {E, C};
@@ -519,6 +678,43 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
     j["scale_attn_weights"] = Json(true);
     j["scale_attn_by_inverse_layer_idx"] = Json(false);
     j["reorder_and_upcast_attn"] = Json(false);
+  } else if (s.gemma()) {
+    j["architectures"] = Json(Json::Array{Json(causal_lm_class(s.family))});
+    j["model_type"] = Json(s.family);
+    j["hidden_act"] = Json("gelu_pytorch_tanh");
+    j["hidden_activation"] = Json("gelu_pytorch_tanh");
+    j["hidden_size"] = Json(s.d_model);
+    j["intermediate_size"] = Json(s.d_ff);
+    j["num_hidden_layers"] = Json(s.n_layer);
+    j["num_attention_heads"] = Json(s.n_head);
+    j["num_key_value_heads"] = Json(s.n_kv_head);
+    j["head_dim"] = Json(s.head_dim);
+    j["max_position_embeddings"] = Json(s.max_seq);
+    j["rms_norm_eps"] = float_json(s.norm_eps);
+    j["rope_theta"] = float_json(s.rope_theta);
+    j["rope_scaling"] = Json();
+    j["attention_bias"] = Json(false);
+    j["attention_dropout"] = Json(0.0);
+    if (s.sandwich_norm()) {
+      j["query_pre_attn_scalar"] =
+          float_json(s.attn_scalar > 0 ? s.attn_scalar : static_cast<float>(s.head_dim));
+      j["attn_logit_softcapping"] = s.attn_softcap > 0 ? float_json(s.attn_softcap) : Json();
+      j["final_logit_softcapping"] = s.final_softcap > 0 ? float_json(s.final_softcap) : Json();
+      // No window: one as long as the context, which never binds.
+      const int pattern = s.window_pattern > 0 ? s.window_pattern : (s.family == "gemma2" ? 2 : 6);
+      j["sliding_window"] = Json(s.sliding_window > 0 ? s.sliding_window : s.max_seq);
+      Json types = Json::array();
+      for (int l = 0; l < s.n_layer; ++l)
+        types.push_back(Json((l + 1) % pattern != 0 ? "sliding_attention" : "full_attention"));
+      j["layer_types"] = std::move(types);
+      j["cache_implementation"] = Json("hybrid");
+      if (s.family == "gemma3_text") {
+        j["sliding_window_pattern"] = Json(pattern);
+        j["rope_local_base_freq"] =
+            float_json(s.rope_local_theta > 0 ? s.rope_local_theta : s.rope_theta);
+        j["use_bidirectional_attention"] = Json(false);
+      }
+    }
   } else {
     j["architectures"] = Json(Json::Array{Json(causal_lm_class(s.family))});
     j["model_type"] = Json(s.family);
@@ -550,6 +746,13 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
       j["pretraining_tp"] = Json(1);
     } else if (s.family == "mistral" || s.family == "mixtral") {
       j["sliding_window"] = s.sliding_window > 0 ? Json(s.sliding_window) : Json();
+    } else if (s.family == "phi3") {
+      j["sliding_window"] = s.sliding_window > 0 ? Json(s.sliding_window) : Json();
+      j["original_max_position_embeddings"] = Json(s.max_seq);
+      j["partial_rotary_factor"] = Json(1.0);
+      j["resid_pdrop"] = Json(0.0);
+      j["embd_pdrop"] = Json(0.0);
+      j["attention_dropout"] = Json(0.0);
     } else {  // qwen2, qwen3, qwen3_moe: the window stays off (use_sliding_window)
       j["use_sliding_window"] = Json(false);
       j["sliding_window"] = Json();
@@ -618,12 +821,17 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
                ": scale_attn_weights false is not supported");
     LOOM_CHECK(!r.boolean("scale_attn_by_inverse_layer_idx", false), where,
                ": scale_attn_by_inverse_layer_idx is not supported");
+  } else if (type == "gemma" || type == "gemma2" || type == "gemma3_text") {
+    read_gemma(r, s, type, where);
+  } else if (type == "gemma3") {
+    fail(where, ": model_type 'gemma3' (Gemma3ForConditionalGeneration, text and vision) is not ",
+         "supported: Loom imports the text model, model_type gemma3_text");
   } else if (type == "qwen2_moe") {
     fail(where, ": model_type 'qwen2_moe' is not supported: its shared expert and that expert's ",
          "sigmoid gate have no equivalent in Loom's MoE layers (Loom imports mixtral and ",
          "qwen3_moe)");
   } else if (type == "llama" || type == "qwen2" || type == "qwen3" || type == "mistral" ||
-             type == "mixtral" || type == "qwen3_moe") {
+             type == "mixtral" || type == "qwen3_moe" || type == "phi3") {
     s.family = type;
     s.d_model = r.positive("hidden_size");
     s.d_ff = r.positive("intermediate_size");
@@ -663,15 +871,19 @@ HfModelShape hf_shape_from_config(const Json& config, const std::string& where) 
                  ": use_sliding_window true is not supported (Loom's attention has no sliding ",
                  "window)");
     if (type == "mixtral" || type == "qwen3_moe") read_moe(r, s, where);
-    if ((type == "mistral" || type == "mixtral") && r.has("sliding_window")) {
+    if (type == "phi3")
+      LOOM_CHECK(r.number("partial_rotary_factor", 1.f) == 1.f, where,
+                 ": partial_rotary_factor other than 1 is not supported (Loom rotates every ",
+                 "dimension of a head)");
+    if ((type == "mistral" || type == "mixtral" || type == "phi3") && r.has("sliding_window")) {
       s.sliding_window = r.positive("sliding_window");
       // A window as long as the context never binds: the same model as none.
       if (s.sliding_window >= s.max_seq) s.sliding_window = 0;
     }
   } else {
     fail(where, ": model_type '", type,
-         "' is not supported (Loom imports gpt2, llama, qwen2, qwen3, mistral, mixtral and ",
-         "qwen3_moe)");
+         "' is not supported (Loom imports gpt2, llama, qwen2, qwen3, mistral, mixtral, ",
+         "qwen3_moe, phi3, gemma, gemma2 and gemma3_text)");
   }
   check_architectures(r, s.family, where);
   s.bos_token_id = r.token_id("bos_token_id");
@@ -695,7 +907,7 @@ TensorMap loom_to_hf(const HfModelShape& s, const TensorMap& loom, DType dtype) 
     Tensor src = loom.at(p.loom);
     if (p.expert >= 0) src = expert_matrix(src, p.expert);
     if (p.row_end > 0) src = src.slice(p.row_begin, p.row_end);
-    Tensor t = converted(src, dtype);
+    Tensor t = p.offset != 0 ? offset_by(src, -p.offset, dtype) : converted(src, dtype);
     out[p.hf] = p.transpose ? transposed(t) : t;
   }
   return out;
@@ -716,16 +928,38 @@ static TensorMap canonical_names(const HfModelShape& s, const TensorMap& hf_in,
   return hf;
 }
 
-// The canonical, checked HF tensors into the Loom parameters `out`, converted to their dtypes.
-static void hf_to_loom_into(const HfModelShape& s, const TensorMap& hf, const TensorMap& out) {
+// The canonical, checked HF tensors into the Loom parameters `out`, converted to their dtypes;
+// `done(hf_name)` (when given) after each tensor is copied.
+static void hf_to_loom_into(const HfModelShape& s, const TensorMap& hf, const TensorMap& out,
+                            const std::function<void(const std::string&)>& done = {}) {
   check_exact(out, loom_param_shapes(s), "import destination", s.family);
   for (const Piece& p : pieces(s)) {
     Tensor dst = out.at(p.loom);
     LOOM_CHECK(dst.is_contiguous(), "import destination: tensor '", p.loom, "' is not contiguous");
-    Tensor src = converted(hf.at(p.hf), dst.dtype());
+    // The common case straight into the destination (no temporary of the tensor): its rows
+    // copied, or widened from bf16 as they are copied.
+    if (!p.transpose && p.offset == 0 && p.expert < 0 && hf.at(p.hf).is_contiguous()) {
+      Tensor d = p.row_end > 0 ? dst.slice(p.row_begin, p.row_end) : dst;
+      const Tensor& src = hf.at(p.hf);
+      if (d.is_contiguous() && d.shape() == src.shape() &&
+          (src.dtype() == d.dtype() || (src.dtype() == DType::BF16 && d.dtype() == DType::F32))) {
+        if (src.dtype() == d.dtype()) {
+          std::memcpy(d.raw(), src.raw(), src.nbytes());
+        } else {
+          const uint16_t* a = src.data<uint16_t>();
+          float* b = d.data<float>();
+          for (int64_t i = 0; i < src.numel(); ++i) b[i] = bf16_to_f32(a[i]);
+        }
+        if (done) done(p.hf);
+        continue;
+      }
+    }
+    Tensor src = p.offset != 0 ? offset_by(hf.at(p.hf), p.offset, dst.dtype())
+                               : converted(hf.at(p.hf), dst.dtype());
     if (p.expert >= 0) dst = expert_matrix(dst, p.expert);
     if (p.row_end > 0) dst = dst.slice(p.row_begin, p.row_end);
     dst.copy_from(p.transpose ? transposed(src) : src);  // same dtype, contiguous: a memcpy
+    if (done) done(p.hf);
   }
 }
 
@@ -811,6 +1045,9 @@ static void import_hf_checked(const std::string& dir, const HfModelShape& shape,
   std::vector<std::unique_ptr<SafetensorsReader>> files;
   TensorMap hf;
   std::string where;
+  // Each canonical name's file and name there: its pages are dropped once it is copied, so the
+  // import holds the model once plus one tensor of the files, not the files too.
+  std::map<std::string, std::pair<const SafetensorsReader*, std::string>> origin;
   // Buffers of dtypes Loom has no type for are read past, but only those a loader skips anyway.
   auto check_skipped = [&](const SafetensorsReader& f) {
     for (const auto& s : f.skipped())
@@ -822,7 +1059,10 @@ static void import_hf_checked(const std::string& dir, const HfModelShape& shape,
   if (file_exists(single)) {
     files.push_back(std::make_unique<SafetensorsReader>(single, /*skip_foreign=*/true));
     check_skipped(*files.back());
-    for (const std::string& n : files.back()->names()) hf[n] = files.back()->view(n);
+    for (const std::string& n : files.back()->names()) {
+      hf[n] = files.back()->view(n);
+      origin[canonical_hf_name(shape, n)] = {files.back().get(), n};
+    }
     where = single;
   } else {
     LOOM_CHECK(file_exists(index_path), dir, ": neither ", kSingleFile, " nor ", kIndexFile);
@@ -846,12 +1086,17 @@ static void import_hf_checked(const std::string& dir, const HfModelShape& shape,
       LOOM_CHECK(it->second->contains(name), index_path, ": weight_map puts '", name, "' in ",
                  it->second->path(), ", which does not contain it");
       hf[name] = it->second->view(name);
+      origin[canonical_hf_name(shape, name)] = {it->second, name};
     }
     where = index_path;
   }
   check_layer_count(shape, hf, config_path, where);
   const TensorMap canonical = canonical_names(shape, hf, where);
-  if (const TensorMap* dst = destination()) hf_to_loom_into(shape, canonical, *dst);
+  if (const TensorMap* dst = destination())
+    hf_to_loom_into(shape, canonical, *dst, [&](const std::string& n) {
+      if (auto it = origin.find(n); it != origin.end())
+        it->second.first->release(it->second.second);
+    });
 }
 
 void check_hf_import(const std::string& dir, const HfModelShape& shape) {

@@ -45,11 +45,25 @@ struct HfModelShape {
   // chosen by softmax scores with the top k renormalised to sum to 1.
   int n_experts = 0;
   int top_k = 0;
-  int bos_token_id = -1;  // -1: not written to config.json
+  // gemma, gemma2, gemma3_text (GeGLU, embedding scaled by sqrt(hidden), RMSNorm weights as
+  // offsets from 1: Loom's weight = HF's + 1). gemma2 and gemma3_text: the sandwich norms,
+  // query_pre_attn_scalar, and sliding windows on every layer but each window_pattern-th
+  // (Gemma 2: 2, Gemma 3: 6); gemma3_text: q/k norms, rope_local_base_freq for windowed layers.
+  float attn_scalar = 0.f;       // query_pre_attn_scalar (0: head_dim)
+  float attn_softcap = 0.f;      // attn_logit_softcapping (0: null)
+  float final_softcap = 0.f;     // final_logit_softcapping (0: null)
+  int window_pattern = 0;        // with sliding_window: every window_pattern-th layer global
+  float rope_local_theta = 0.f;  // gemma3_text: rope_local_base_freq
+  int bos_token_id = -1;         // -1: not written to config.json
   int eos_token_id = -1;
 
   bool qkv_bias() const { return family == "qwen2"; }
-  bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
+  bool qk_norm() const {
+    return family == "qwen3" || family == "qwen3_moe" || family == "gemma3_text";
+  }
+  bool fused() const { return family == "phi3"; }  // qkv_proj and gate_up_proj
+  bool gemma() const { return family == "gemma" || family == "gemma2" || family == "gemma3_text"; }
+  bool sandwich_norm() const { return family == "gemma2" || family == "gemma3_text"; }
   bool is_moe() const { return n_experts > 0; }
 
   bool operator==(const HfModelShape&) const = default;

@@ -398,6 +398,11 @@ Tensor SafetensorsReader::view(const std::string& name) const {
   return Tensor::view_of(const_cast<uint8_t*>(p), e.shape, e.dtype);
 }
 
+void SafetensorsReader::release(const std::string& name) const {
+  const Entry& e = entry(name);
+  file_->release(data_start_ + e.begin, e.end - e.begin);
+}
+
 Tensor SafetensorsReader::load(const std::string& name) const {
   const Entry& e = entry(name);
   Tensor t = Tensor::zeros(e.shape, e.dtype);

@@ -110,6 +110,8 @@ class SafetensorsReader {
   // the data is not aligned to its element size (possible in files written by other tools).
   Tensor view(const std::string& name) const;
   Tensor load(const std::string& name) const;  // an owned copy
+  // The tensor's pages dropped from this process's memory (views of it read the file again).
+  void release(const std::string& name) const;
   NamedTensor load_named(const std::string& name) const;
   TensorMap load_all() const;    // owned copies
   TensorList load_list() const;  // owned copies with shard info, in name order

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/consolidate.h"
@@ -94,6 +95,15 @@ static std::string model_section(const ModelConfig& mc) {
                "\nrope_low_freq_factor = ", mc.rope_scaling.low_freq_factor,
                "\nrope_high_freq_factor = ", mc.rope_scaling.high_freq_factor,
                "\nrope_original_max_seq = ", mc.rope_scaling.original_max_seq, "\n");
+  if (mc.window_pattern > 0 || mc.embed_scale || mc.geglu || mc.sandwich_norm ||
+      mc.attn_softcap > 0 || mc.final_softcap > 0 || mc.attn_scalar > 0 || mc.rope_local_theta > 0)
+    cfg += cat("window_pattern = ", mc.window_pattern, "\nrope_local_theta = ", mc.rope_local_theta,
+               "\nembed_scale = ", mc.embed_scale ? "true" : "false",
+               "\ngeglu = ", mc.geglu ? "true" : "false",
+               "\nsandwich_norm = ", mc.sandwich_norm ? "true" : "false",
+               "\nattn_softcap = ", mc.attn_softcap, "\nfinal_softcap = ", mc.final_softcap,
+               "\nattn_scalar = ", mc.attn_scalar, "\n");
+  if (!mc.hf_family.empty()) cfg += cat("hf_family = \"", mc.hf_family, "\"\n");
   if (mc.is_moe())
     cfg += cat("n_experts = ", mc.n_experts, "\ntop_k = ", mc.top_k, "\nmoe_router = \"",
                mc.moe_router, "\"\ncapacity_factor = ", mc.capacity_factor,
@@ -155,9 +165,10 @@ static int export_cmd(const Args& args) {
   Options o(
       "loom ckpt export PATH --out DIR [--dtype fp32|bf16|fp16] [--tokenizer SPEC]",
       "Writes the checkpoint's weights as Hugging Face safetensors with a config.json\n"
-      "(GPT-2, Llama, Qwen2, Qwen3 or Mistral names and layouts), generation_config.json and,\n"
-      "when the run names a tokenizer, tokenizer.json + tokenizer_config.json (with the\n"
-      "chat template of chat/preference runs): a directory transformers loads as is.");
+      "(GPT-2, Llama, Qwen2/3, Mistral, Mixtral, Qwen3-MoE, Phi-3 or Gemma 1/2/3 names and\n"
+      "layouts), generation_config.json and, when the run names a tokenizer, tokenizer.json +\n"
+      "tokenizer_config.json (with the chat template of chat/preference runs): a directory\n"
+      "transformers loads as is.");
   o.positional("path", "a step directory or a checkpoints root (uses latest)")
       .value("out", "", "output directory", true)
       .value("dtype", "fp32", "weight dtype in the exported file")
@@ -266,18 +277,23 @@ static int import_peft_cmd(const std::string& dir, const std::string& base, cons
 }
 
 static int import_cmd(const Args& args) {
-  Options o("loom ckpt import HF_DIR --out ROOT [--base CKPT]",
-            "Reads a Hugging Face GPT-2, Llama, Qwen2, Qwen3 or Mistral model (config.json +\n"
-            "safetensors, or the shards model.safetensors.index.json names) and writes a\n"
-            "Loom checkpoint at step 0 under ROOT, usable by generate and as a training start.\n"
+  Options o("loom ckpt import HF_DIR --out ROOT [--dtype fp32|bf16] [--base CKPT]",
+            "Reads a Hugging Face model (GPT-2, Llama, Qwen2/3, Mistral, Mixtral, Qwen3-MoE,\n"
+            "Phi-3, Gemma 1/2/3: config.json + safetensors, or the shards\n"
+            "model.safetensors.index.json names) and writes a Loom checkpoint at step 0 under\n"
+            "ROOT, usable by generate and as a training start. --dtype bf16 keeps the weights\n"
+            "in bf16 (a bf16 file's bits as they are; loaders widen them to fp32 exactly).\n"
             "A PEFT LoRA directory (adapter_config.json) becomes a LoRA checkpoint over --base.");
   o.positional("hf_dir", "directory with config.json and model.safetensors")
       .value("out", "", "checkpoints root to write", true)
       .value("base", "", "PEFT adapters: the Loom checkpoint of their base model")
+      .value("dtype", "fp32", "the checkpoint's weights: fp32, or bf16 (half the memory)")
       .flag("merge", "PEFT adapters: fold them into the base (any LoRA file) instead");
   if (!o.parse(args)) return 0;
   if (ckpt::is_peft_dir(o.get("hf_dir")))
     return import_peft_cmd(o.get("hf_dir"), o.get("base"), o.get("out"), o.has("merge"));
+  const std::string dtype = o.get("dtype");
+  LOOM_CHECK(dtype == "fp32" || dtype == "bf16", "--dtype must be fp32 or bf16, got '", dtype, "'");
   const ckpt::HfModelShape shape = ckpt::read_hf_shape(o.get("hf_dir"));
   ckpt::check_hf_import(o.get("hf_dir"), shape);  // before the model is allocated
   ModelConfig mc = ckpt::model_config_of(shape);
@@ -309,9 +325,18 @@ static int import_cmd(const Args& args) {
       tok_dir.clear();
     }
   }
-  // The weights go straight from the mapped files into the model's parameters.
-  Decoder model(mc, cpu_backend());
-  const auto dst = model.params().tensors("Hugging Face import");
+  // The weights go straight from the mapped files into the model's parameters, tensor by
+  // tensor (each file tensor's pages dropped once copied); bf16: into bf16 tensors of the
+  // parameters' names and shapes (a bf16 file's tensors are copied as they are).
+  std::unique_ptr<Decoder> model;
+  ckpt::TensorMap dst;
+  if (dtype == "bf16") {
+    for (const auto& [name, s] : ckpt::loom_param_shapes(shape))
+      dst[name] = Tensor::zeros(s, DType::BF16);
+  } else {
+    model = std::make_unique<Decoder>(mc, cpu_backend());
+    dst = model->params().tensors("Hugging Face import");
+  }
   ckpt::import_hf_into(o.get("hf_dir"), shape, dst);
   std::string cfg = model_section(mc);
   if (!tok_dir.empty()) cfg += cat("[data]\ntokenizer = \"hf:", tok_dir, "\"\n");

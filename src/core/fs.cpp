@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -106,6 +107,14 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     data_ = static_cast<const uint8_t*>(p);
   }
   ::close(fd);
+}
+
+void MappedFile::release(size_t offset, size_t len) const {
+  if (!data_ || offset >= size_) return;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t end = std::min(size_, offset + len);
+  const size_t first = (offset + page - 1) / page * page, last = end / page * page;
+  if (last > first) ::madvise(const_cast<uint8_t*>(data_) + first, last - first, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {

@@ -47,6 +47,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops the resident pages wholly inside [offset, offset + len) from this process (they are
+  // read from the file again if touched): a reader done with a range stops holding it.
+  void release(size_t offset, size_t len) const;
 
  private:
   std::string path_;

@@ -16,8 +16,8 @@ struct PagedAttention : ForwardAttention {
   const int32_t* table = nullptr;  // a PagedChunkTable in the backend's memory
   int nchunks = 0, rows = 0;
   double positions = 0;  // keys and values read: every cached and new position of a chunk
-  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
-               float* out) override {
+  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale, int window,
+               float softcap, float* out) override {
     const bool fp8 = cache->spec.dtype == DType::F8E4M3;
     // Bytes per row of D: fp8's scale byte besides its codes.
     ProfileScope profile(DecodeProfile::kAttention,
@@ -35,7 +35,11 @@ struct PagedAttention : ForwardAttention {
     kv.n_kv_head = Hkv;
     kv.head_dim = D;
     be->paged_kv_write(kv, qkv + Hq * D, qkv + (Hq + Hkv) * D, ld, table, nchunks, rows);
-    be->paged_attention(out, qkv, ld, kv, table, nchunks, rows, Hq, scale);
+    if (window > 0 || softcap > 0)
+      be->paged_attention_variant(out, qkv, ld, kv, table, nchunks, rows, Hq, scale, window,
+                                  softcap);
+    else
+      be->paged_attention(out, qkv, ld, kv, table, nchunks, rows, Hq, scale);
   }
 };
 

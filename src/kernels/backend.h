@@ -22,6 +22,10 @@ struct Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual Device device() const = 0;
+  // Throws: `op` is not implemented on this backend (the defaults of optional ops).
+  [[noreturn]] void missing_op(const char* op) const {
+    fail(op, " is not implemented on the ", name(), " backend");
+  }
 
   // ---- Memory. A buffer lives on the backend's device (host memory on the CPU backend, device
   // memory on CUDA): callers pass it to ops and to these copies, and never dereference it on
@@ -117,6 +121,48 @@ struct Backend {
   // SwiGLU: inp[N, 2F] holds [gate | up] per row; out[N,F] = silu(gate) * up.
   virtual void swiglu_forward(float* out, const float* inp, int N, int F) = 0;
   virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) = 0;
+  // ---- Gemma's ops (model.geglu, model.attn_softcap, model.final_softcap, a windowed layer of
+  // model.window_pattern). A backend without them says so (has_gemma_ops); these defaults
+  // throw naming the op. GeGLU: out[N, F] = gelu_tanh(gate) * up over rows [gate | up].
+  virtual bool has_gemma_ops() const { return false; }
+  virtual void geglu_forward(float* out, const float* inp, int N, int F) {
+    (void)out, (void)inp, (void)N, (void)F;
+    missing_op("geglu_forward");
+  }
+  virtual void geglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+    (void)dinp, (void)inp, (void)dout, (void)N, (void)F;
+    missing_op("geglu_backward");
+  }
+  // x = cap * tanh(x / cap) in place; backward: d *= 1 - (y / cap)^2 from the capped y.
+  virtual void softcap_forward(float* x, int64_t n, float cap) {
+    (void)x, (void)n, (void)cap;
+    missing_op("softcap_forward");
+  }
+  virtual void softcap_backward(float* d, const float* y, int64_t n, float cap) {
+    (void)d, (void)y, (void)n, (void)cap;
+    missing_op("softcap_backward");
+  }
+  // attention_forward / attention_backward's contract with a sliding window (window > 0: the
+  // last `window` positions of the sequence, the query's own included) and soft-capped scores
+  // (softcap > 0: softcap * tanh(scale * q.k / softcap)).
+  virtual void attention_variant_forward(float* out, float* lse, const float* q, const float* k,
+                                         const float* v, int ld, const int32_t* cu_seqlens,
+                                         int nseq, int Hq, int Hkv, int D, float scale, int window,
+                                         float softcap) {
+    (void)out, (void)lse, (void)q, (void)k, (void)v, (void)ld, (void)cu_seqlens, (void)nseq,
+        (void)Hq, (void)Hkv, (void)D, (void)scale, (void)window, (void)softcap;
+    missing_op("attention_variant_forward");
+  }
+  virtual void attention_variant_backward(float* dq, float* dk, float* dv, const float* dout,
+                                          const float* q, const float* k, const float* v,
+                                          const float* out, const float* lse, int ld,
+                                          const int32_t* cu_seqlens, int nseq, int Hq, int Hkv,
+                                          int D, float scale, int window, float softcap) {
+    (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse,
+        (void)ld, (void)cu_seqlens, (void)nseq, (void)Hq, (void)Hkv, (void)D, (void)scale,
+        (void)window, (void)softcap;
+    missing_op("attention_variant_backward");
+  }
 
   // Rotary embedding, rotate-half convention (Hugging Face Llama): within each head of D dims,
   // pairs (j, j + D/2) rotate by angle pos * theta^(-2j/D). x has H heads per token and a row
@@ -347,6 +393,15 @@ struct Backend {
   virtual void paged_attention(float* out, const float* q, int ldq, const PagedKvBuffers& cache,
                                const int32_t* chunks, int nchunks, int rows, int Hq,
                                float scale) = 0;
+  // paged_attention with a sliding window and soft-capped scores (as attention_variant_forward).
+  virtual void paged_attention_variant(float* out, const float* q, int ldq,
+                                       const PagedKvBuffers& cache, const int32_t* chunks,
+                                       int nchunks, int rows, int Hq, float scale, int window,
+                                       float softcap) {
+    (void)out, (void)q, (void)ldq, (void)cache, (void)chunks, (void)nchunks, (void)rows, (void)Hq,
+        (void)scale, (void)window, (void)softcap;
+    missing_op("paged_attention_variant");
+  }
 
   // ---- bf16 policy: the optimizer writes the model's working copies. adamw on the fp32
   // master, then model[i] = round_bf16(master[i]) and, when model_bf16 is not null, its bf16

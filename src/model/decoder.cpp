@@ -22,6 +22,10 @@ void TensorParallel::validate(const ModelConfig& c) const {
   // the group that the layout does not make.
   LOOM_CHECK(!c.qk_norm,
              "model.qk_norm is not supported under tensor parallelism (parallel.tp = ", size, ")");
+  LOOM_CHECK(!c.uses_gemma_ops() && !c.embed_scale,
+             "Gemma's options (model.window_pattern, geglu, sandwich_norm, embed_scale, ",
+             "attn_softcap, final_softcap) are not supported under tensor parallelism ",
+             "(parallel.tp = ", size, ")");
   LOOM_CHECK(c.vocab % size == 0, "model.vocab (", c.vocab, ") must be divisible by parallel.tp (",
              size, "): pad the vocabulary to a multiple of ", size,
              " (e.g. model.vocab = ", (c.vocab + size - 1) / size * size, ")");
@@ -48,6 +52,10 @@ Decoder::Decoder(const ModelConfig& cfg, Backend& backend, Recompute recompute, 
              "the last pipeline stage must end at the last layer");
   cfg_.validate();
   tp_.validate(cfg_);
+  LOOM_CHECK(!cfg_.uses_gemma_ops() || be_.has_gemma_ops(), "the ", be_.name(),
+             " backend does not implement Gemma's ops (GeGLU, windowed and soft-capped ",
+             "attention, logit soft-capping; model.window_pattern, geglu, attn_softcap, ",
+             "final_softcap, sandwich_norm): run this model on the CPU backend");
   ep_.validate(cfg_);
   // The expert-tensor-parallel group is a slice of the tensor-parallel one (tokens and routing
   // are replicated over TP; each ETP group splits the experts' width).
@@ -121,6 +129,10 @@ void Decoder::build_params() {
       params_.add(p + ".attn.k_norm.weight", {cfg_.head_dim}, false, ParamInit::Ones);
     }
     norm(p + ".norm2");
+    if (cfg_.sandwich_norm) {
+      norm(p + ".attn.post_norm");
+      norm(p + ".mlp.post_norm");
+    }
     if (cfg_.is_moe_layer(l)) {
       params_.add(p + ".moe.router.weight", {int64_t(cfg_.n_experts), C}, true, ParamInit::Normal,
                   std);
@@ -270,6 +282,10 @@ Decoder::LayerParams Decoder::build_layer_params(int l) {
     lp.q_norm = norm_params(p + "attn.q_norm");
     lp.k_norm = norm_params(p + "attn.k_norm");
   }
+  if (cfg_.sandwich_norm) {
+    lp.post_attn = norm_params(p + "attn.post_norm");
+    lp.post_mlp = norm_params(p + "mlp.post_norm");
+  }
   using S = Linear::Split;
   lp.qkv = linear(p + "attn.qkv", C, qkv_, S::Column);
   lp.proj = linear(p + "attn.proj", att_, C, S::Row);
@@ -373,6 +389,13 @@ void Decoder::ensure_buffers(int N) {
     shared.ln2_rstd = take(1);
     shared.fc = take_act(FC);
     shared.act = take_act(F);  // bf16: the one buffer every layer's recomputed act uses
+    const bool sw = cfg_.sandwich_norm;
+    if (sw) {
+      shared.post_attn_in = take(C);
+      shared.post_attn_rstd = take(1);
+      shared.post_mlp_in = take(C);
+      shared.post_mlp_rstd = take(1);
+    }
     // A pipeline stage allocates only the layers it holds (the first of them keeps the shared
     // set); with the whole model that is every layer, and layer 0 keeps the shared set.
     int first_held = -1;
@@ -412,6 +435,12 @@ void Decoder::ensure_buffers(int N) {
       a.ln2_rstd = take(1);
       a.fc = take_act(FC);
       if (!store_bf16_) a.act = take_act(F);
+      if (sw) {
+        a.post_attn_in = take(C);
+        a.post_attn_rstd = take(1);
+        a.post_mlp_in = take(C);
+        a.post_mlp_rstd = take(1);
+      }
     }
     b_->x_final = take(C);
     b_->lnf = take_act(C);
@@ -422,6 +451,7 @@ void Decoder::ensure_buffers(int N) {
     if (!fwd) {
       b_->dres = take(C);
       b_->dln = take(C);
+      if (sw) b_->dpost = take(C);
     }
     if (!fwd && store_bf16_) {
       // bf16 storage, training: the fp32 working buffers share two regions, as their lifetimes
@@ -461,6 +491,7 @@ void Decoder::ensure_buffers(int N) {
     int64_t logits = pp_.last ? (head_rows * vocab_ + 15) / 16 * 16 : 0;
     b_->logits = base ? base + total : nullptr;
     total += logits;
+    if (cfg_.final_softcap > 0 && !fwd) b_->capped = take_floats(logits);
     if (pass == 0) {
       // Zeroed, as a fresh arena always was (the padding between views stays zero).
       const size_t bytes = static_cast<size_t>(total) * sizeof(float);
@@ -583,6 +614,8 @@ void Decoder::mlp_act_forward(const LayerActs& a, const float* fc32, int N) {
   auto act = [&](float* o, const float* x, int n) {
     if (cfg_.family == Family::GPT2)
       be_.gelu_forward(o, x, int64_t(n) * F);
+    else if (cfg_.geglu)
+      be_.geglu_forward(o, x, n, F);
     else
       be_.swiglu_forward(o, x, n, F);
   };
@@ -623,6 +656,8 @@ void Decoder::mlp_act_backward(const LayerActs& a, float* dfc, float* dact, int 
   auto back = [&](float* d, const float* x, const float* dout, int n) {
     if (cfg_.family == Family::GPT2)
       be_.gelu_backward(d, x, dout, int64_t(n) * F);
+    else if (cfg_.geglu)
+      be_.geglu_backward(d, x, dout, n, F);
     else
       be_.swiglu_backward(d, x, dout, n, F);
   };
@@ -663,6 +698,7 @@ void Decoder::embed(const ModelInput& in) {
   params_.release_fp32("embed.wte");
   if (cfg_.uses_positions_table())
     be_.embedding_forward(x, b_->positions + row0(N), params_.ptr("embed.wpe"), Nl, C, true);
+  if (cfg_.embed_scale) be_.scale_inplace(x, std::sqrt(static_cast<float>(C)), int64_t(Nl) * C);
   round_act(x, int64_t(Nl) * C);
 }
 
@@ -679,6 +715,10 @@ void Decoder::embed_backward(const ModelInput& in) {
   if (!gwte && !gwpe) return;
   // Every token's gradient (gathered along the sequence under SP); positions are replicated:
   // every rank adds the full gradient, identically.
+  // model.embed_scale: the lookup's output was scaled by sqrt(C), its gradient is too (dres is
+  // not read after this).
+  if (cfg_.embed_scale)
+    be_.scale_inplace(b_->dres, std::sqrt(static_cast<float>(C)), int64_t(local_rows(in.N)) * C);
   const float* d = tpo_->full_rows(b_->dres, in.N, C);
   if (gwte) vocab_ops_->embed_backward(gwte, d, b_->tokens, in.N, C);
   if (gwpe) be_.embedding_backward(gwpe, d, b_->positions, in.N, C);
@@ -695,6 +735,10 @@ void Decoder::set_context_parallel(const ContextParallel& cp) {
              "context parallelism with a MoE capacity is not supported (parallel.cp = ", cp.size,
              " with model.capacity_factor = ", cfg_.capacity_factor,
              "); use dropless routing (capacity_factor = 0)");
+  LOOM_CHECK(cp.size == 1 || (cfg_.window_pattern == 0 && cfg_.attn_softcap == 0),
+             "context parallelism with windowed or soft-capped attention is not supported ",
+             "(parallel.cp = ", cp.size, " with model.window_pattern = ", cfg_.window_pattern,
+             ", model.attn_softcap = ", cfg_.attn_softcap, "): ring attention has neither");
   cp_ = cp;
   for (auto& m : moe_)
     if (m) m->set_token_group(cp.size > 1 ? cp.comm : nullptr);
@@ -744,13 +788,35 @@ void Decoder::qk_norm_backward(const LayerParams& p, const LayerActs& a, float* 
 
 void Decoder::attention_core(int l, const ModelInput& in, const LayerActs& a, const float* qkv) {
   const int Hq = hq_, Hkv = hkv_, D = cfg_.head_dim, Q = qkv_;
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const float scale = cfg_.attn_scale();
+  const int window = cfg_.layer_window(l);
   float* att = fp32_out(a.att, b_->att32);
   if (attention_override_)  // the serving engine's KV cache
-    attention_override_->forward(l, qkv, Q, Hq, Hkv, D, scale, att);
+    attention_override_->forward(l, qkv, Q, Hq, Hkv, D, scale, window, cfg_.attn_softcap, att);
+  else if (cfg_.layer_attention_variant(l))  // one process (CP refuses these layers)
+    be_.attention_variant_forward(att, a.lse, qkv, qkv + Hq * D, qkv + (Hq + Hkv) * D, Q,
+                                  in.cu_seqlens, in.nseq, Hq, Hkv, D, scale, window,
+                                  cfg_.attn_softcap);
   else
     attention_->forward(att, a.lse, qkv, Q, Hq, Hkv, D, scale, in);
   keep(a.att, att, int64_t(in.N) * Hq * D);
+}
+
+void Decoder::post_norm_forward(const Norm& p, float* o, float* saved, float* rstd, int Nl) {
+  const int C = cfg_.d_model;
+  be_.copy_d2d(saved, o, size_t(Nl) * C * sizeof(float));
+  be_.rmsnorm_forward(o, rstd, saved, p.w, Nl, C, cfg_.norm_eps);
+  round_act(o, int64_t(Nl) * C);
+}
+
+const float* Decoder::post_norm_backward(const Norm& p, const float* d, const float* saved,
+                                         const float* rstd, int Nl) {
+  const int C = cfg_.d_model;
+  tpo_->replicated_grads(p.dw, nullptr, C, [&](float* dw, float*) {
+    be_.rmsnorm_backward(b_->dpost, dw, d, saved, p.w, rstd, Nl, C);
+  });
+  round_act(b_->dpost, int64_t(Nl) * C);
+  return b_->dpost;
 }
 
 // The block reads as one process's: the Linears carry the tensor-parallel edges (gathers before
@@ -766,14 +832,15 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   p.qkv.forward(be_, qkv, a.ln1, N);
   if (cfg_.qk_norm) qk_norm_forward(p, a, qkv, N);
   if (cfg_.uses_rope()) {
-    be_.rope_forward_scaled(qkv, b_->positions, N, Hq, D, Q, cfg_.rope_theta, cfg_.rope_scaling);
-    be_.rope_forward_scaled(qkv + A, b_->positions, N, Hkv, D, Q, cfg_.rope_theta,
-                            cfg_.rope_scaling);
+    const float theta = cfg_.layer_rope_theta(l);
+    be_.rope_forward_scaled(qkv, b_->positions, N, Hq, D, Q, theta, cfg_.rope_scaling);
+    be_.rope_forward_scaled(qkv + A, b_->positions, N, Hkv, D, Q, theta, cfg_.rope_scaling);
   }
   keep(a.qkv, qkv, int64_t(N) * Q);
   attention_core(l, in, a, qkv);
   float* o = p.proj.forward(be_, b_->tmp, a.att, N);
   round_act(o, int64_t(Nl) * C);
+  if (cfg_.sandwich_norm) post_norm_forward(p.post_attn, o, a.post_attn_in, a.post_attn_rstd, Nl);
   be_.add(a.x_mid, a.x_in, o, int64_t(Nl) * C);
   round_act(a.x_mid, int64_t(Nl) * C);
   norm_forward(a.ln2, mine, a.ln2_mean, a.ln2_rstd, a.x_mid, p.ln2.w, p.ln2.b, Nl);
@@ -794,9 +861,13 @@ void Decoder::block_forward(int l, const ModelInput& in, const LayerActs& a, flo
   p.fc.forward(be_, fc, a.ln2, N);
   keep(a.fc, fc, int64_t(N) * FC);
   mlp_act_forward(a, fc, N);
-  if (!x_out) return;  // recomputation needs the layer's internals, not its output
+  // Recomputation needs the layer's internals, not its output (with sandwich norms, the MLP
+  // output's norm input is one of them).
+  if (!x_out && !cfg_.sandwich_norm) return;
   o = p.mp.forward(be_, b_->tmp, a.act, N);
   round_act(o, int64_t(Nl) * C);
+  if (cfg_.sandwich_norm) post_norm_forward(p.post_mlp, o, a.post_mlp_in, a.post_mlp_rstd, Nl);
+  if (!x_out) return;
   be_.add(x_out, a.x_mid, o, int64_t(Nl) * C);
   round_act(x_out, int64_t(Nl) * C);
 }
@@ -818,7 +889,10 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
     // MLP branch: x_out = x_mid + act * mp_w^T + mp_b. Under bf16 storage act was not kept:
     // recomputed from fc (the same values forward had).
     if (a.act.bf16) mlp_act_forward(a, nullptr, N);
-    p.mp.backward(be_, b_->dact, dres, a.act.in(), N);
+    const float* dmp = cfg_.sandwich_norm ? post_norm_backward(p.post_mlp, dres, a.post_mlp_in,
+                                                               a.post_mlp_rstd, Nl)
+                                          : dres;
+    p.mp.backward(be_, b_->dact, dmp, a.act.in(), N);
     mlp_act_backward(a, b_->dfc, b_->dact, N, p.fc);
     dl = p.fc.backward(be_, b_->dln, b_->dfc, a.ln2.in(), N);
   }
@@ -827,17 +901,24 @@ void Decoder::block_backward(int l, const ModelInput& in, const LayerActs& a, fl
   be_.add_inplace(dres, b_->dtmp, int64_t(Nl) * C);
   round_grad(p.proj, dres, int64_t(Nl) * C);
   // Attention branch: x_mid = x_in + att * proj_w^T + proj_b.
-  p.proj.backward(be_, b_->datt, dres, a.att.in(), N);
+  const float* dproj = cfg_.sandwich_norm ? post_norm_backward(p.post_attn, dres, a.post_attn_in,
+                                                               a.post_attn_rstd, Nl)
+                                          : dres;
+  p.proj.backward(be_, b_->datt, dproj, a.att.in(), N);
   round_act(b_->datt, int64_t(N) * A);
   const float* q = fp32_in(a.qkv, int64_t(N) * Q, b_->q32);
   const float* att = fp32_in(a.att, int64_t(N) * A, b_->att32);
-  attention_->backward(b_->dqkv, b_->datt, q, att, a.lse, Q, Hq, Hkv, D,
-                       1.f / std::sqrt(static_cast<float>(D)), in);
+  const float scale = cfg_.attn_scale();
+  if (cfg_.layer_attention_variant(l))
+    be_.attention_variant_backward(b_->dqkv, b_->dqkv + A, b_->dqkv + A + Hkv * D, b_->datt, q,
+                                   q + A, q + A + Hkv * D, att, a.lse, Q, in.cu_seqlens, in.nseq,
+                                   Hq, Hkv, D, scale, cfg_.layer_window(l), cfg_.attn_softcap);
+  else
+    attention_->backward(b_->dqkv, b_->datt, q, att, a.lse, Q, Hq, Hkv, D, scale, in);
   if (cfg_.uses_rope()) {
-    be_.rope_backward_scaled(b_->dqkv, b_->positions, N, Hq, D, Q, cfg_.rope_theta,
-                             cfg_.rope_scaling);
-    be_.rope_backward_scaled(b_->dqkv + A, b_->positions, N, Hkv, D, Q, cfg_.rope_theta,
-                             cfg_.rope_scaling);
+    const float theta = cfg_.layer_rope_theta(l);
+    be_.rope_backward_scaled(b_->dqkv, b_->positions, N, Hq, D, Q, theta, cfg_.rope_scaling);
+    be_.rope_backward_scaled(b_->dqkv + A, b_->positions, N, Hkv, D, Q, theta, cfg_.rope_scaling);
   }
   if (cfg_.qk_norm) qk_norm_backward(p, a, b_->dqkv, N);
   round_grad(p.qkv, b_->dqkv, int64_t(N) * Q);
@@ -965,8 +1046,9 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
   // fp32 logits and no rounding pass. Chosen by the policy and the recipe alone, never by the
   // storage, so fp32 containers holding the rounded values (store_activations_as_fp32) run the
   // same GEMM and stay bit-identical.
+  const float cap = cfg_.final_softcap;
   const bool bf16_logits =
-      act_dtype_ == DType::BF16 && H.bf16_outputs() &&
+      cap == 0 && act_dtype_ == DType::BF16 && H.bf16_outputs() &&
       vocab_ops_->cross_entropy_from_bf16(nullptr, nullptr, nullptr, 0, dloss, nullptr, grads);
   for (int r0 = 0; r0 < N; r0 += chunk) {
     int n = std::min(chunk, N - r0);
@@ -984,12 +1066,16 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
       continue;
     }
     H.local_forward(be_, b_->logits, x, n);
+    if (cap > 0) {  // model.final_softcap: the loss reads the capped logits
+      be_.softcap_forward(b_->logits, int64_t(n) * V, cap);
+      if (grads) be_.copy_d2d(b_->capped, b_->logits, size_t(n) * V * sizeof(float));
+    }
     // bf16: the logits' rounding, the loss and the gradient's rounding (with the bits the
     // head's bf16 GEMMs read) in one pass over each row where the backend fuses them.
     uint16_t* bits = grads && act_dtype_ == DType::BF16 && H.recipe
                          ? H.recipe->dy_bits(b_->logits, int64_t(n) * V)
                          : nullptr;
-    const bool fused = act_dtype_ == DType::BF16 &&
+    const bool fused = cap == 0 && act_dtype_ == DType::BF16 &&
                        vocab_ops_->cross_entropy_bf16(b_->losses + r0, b_->logits, bits,
                                                       b_->targets + r0, n, dloss, w, grads);
     if (!fused) {
@@ -997,6 +1083,7 @@ double Decoder::head(const ModelInput& in, float dloss, bool grads) {
       vocab_ops_->cross_entropy(b_->losses + r0, b_->logits, b_->targets + r0, n, dloss, w, grads);
     }
     if (grads) {
+      if (cap > 0) be_.softcap_backward(b_->logits, b_->capped, int64_t(n) * V, cap);
       if (!fused) round_grad(H, b_->logits, int64_t(n) * V);
       H.local_backward(be_, b_->dln + int64_t(r0) * C, b_->logits, x, n);
     }
@@ -1025,6 +1112,11 @@ static void check_input(const ModelInput& in, const ModelConfig& cfg) {
   LOOM_CHECK(in.N > 0 && in.nseq > 0, "empty micro-batch");
   LOOM_CHECK(std::isfinite(in.logit_scale) && in.logit_scale > 0,
              "logit_scale must be finite and > 0, got ", in.logit_scale);
+  // The scale is applied to the head's input, which equals scaling the logits only while the
+  // head is linear: a soft-capped head would need it after the cap.
+  LOOM_CHECK(in.logit_scale == 1.f || cfg.final_softcap == 0,
+             "a sampling temperature other than 1 (logit scale ", in.logit_scale,
+             ") with model.final_softcap ", cfg.final_softcap, " is not supported");
   LOOM_CHECK(in.cu_seqlens[0] == 0 && in.cu_seqlens[in.nseq] == in.N,
              "cu_seqlens must start at 0 and end at N=", in.N);
   for (int s = 0; s < in.nseq; ++s)
@@ -1035,11 +1127,12 @@ static void check_input(const ModelInput& in, const ModelConfig& cfg) {
     LOOM_CHECK(in.positions[i] >= 0 && in.positions[i] < cfg.max_seq, "position ", in.positions[i],
                " exceeds model.max_seq ", cfg.max_seq);
     // Below the window every earlier position is in it: full causal attention is exact.
-    LOOM_CHECK(cfg.sliding_window == 0 || in.positions[i] < cfg.sliding_window, "position ",
-               in.positions[i], " reaches past model.sliding_window = ", cfg.sliding_window,
-               ": sliding-window attention is not implemented (training's packed and ring ",
-               "attention and the serving engine's paged attention attend to every earlier ",
-               "position); keep sequences within ", cfg.sliding_window, " tokens");
+    LOOM_CHECK(
+        cfg.sliding_window == 0 || cfg.window_pattern > 0 || in.positions[i] < cfg.sliding_window,
+        "position ", in.positions[i], " reaches past model.sliding_window = ", cfg.sliding_window,
+        ": sliding-window attention is not implemented (training's packed and ring ",
+        "attention and the serving engine's paged attention attend to every earlier ",
+        "position); keep sequences within ", cfg.sliding_window, " tokens");
     if (in.targets)
       LOOM_CHECK(in.targets[i] >= -1 && in.targets[i] < cfg.vocab, "target id ", in.targets[i],
                  " at position ", i, " is outside the vocabulary");
@@ -1219,6 +1312,7 @@ void Decoder::forward_logits(const ModelInput& in, const std::vector<int>& rows,
   float* out = direct ? logits : scratch(b_->logits_out, int64_t(n) * V);
   float* mine = vocab_ops_->logits_slot(out, n);
   head_linear().local_forward(be_, mine, b_->tmp, n);
+  if (cfg_.final_softcap > 0) be_.softcap_forward(mine, int64_t(n) * vocab_, cfg_.final_softcap);
   round_act(mine, int64_t(n) * vocab_);
   vocab_ops_->gather_logits(out, n);
   if (!direct) be_.copy_d2h(logits, out, size_t(n) * V * sizeof(float));

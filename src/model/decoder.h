@@ -87,8 +87,10 @@ class ForwardAttention {
   virtual ~ForwardAttention() = default;
   // qkv: [N, ld] rows of layer `layer` (Hq query heads, then Hkv key and Hkv value heads of D
   // dims, RoPE applied); writes out[N, Hq * D].
+  // window > 0: the query sees its last `window` positions only; softcap > 0: scores capped
+  // to softcap * tanh(score / softcap) (Gemma's layers; 0 and 0 otherwise).
   virtual void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
-                       float* out) = 0;
+                       int window, float softcap, float* out) = 0;
 };
 
 // Megatron-style tensor parallelism over `size` ranks (docs/parallel.md): attention split by
@@ -251,6 +253,7 @@ class Decoder {
   struct LayerParams {
     Norm ln1, ln2;
     Norm q_norm, k_norm;       // model.qk_norm only
+    Norm post_attn, post_mlp;  // model.sandwich_norm only
     Linear qkv, proj, fc, mp;  // fc and mp (the MLP) unbound in a MoE layer
   };
   // Under the bf16 policy the GEMM inputs and what attention and the MLP read back in backward
@@ -269,6 +272,10 @@ class Decoder {
     ActBuf ln2;
     float *ln2_mean = nullptr, *ln2_rstd = nullptr;
     ActBuf fc, act;
+    // model.sandwich_norm: the attention and MLP outputs before their RMSNorm (fp32), and its
+    // rstd per row.
+    float *post_attn_in = nullptr, *post_attn_rstd = nullptr;
+    float *post_mlp_in = nullptr, *post_mlp_rstd = nullptr;
   };
 
   void build_params();
@@ -306,6 +313,11 @@ class Decoder {
   void qk_norm_backward(const LayerParams& p, const LayerActs& a, float* dqkv, int N);
   // Layer l's attention over qkv's fp32 values into a.att (and a.lse).
   void attention_core(int l, const ModelInput& in, const LayerActs& a, const float* qkv);
+  // model.sandwich_norm: o (this rank's Nl rows of a branch output) normalised in place, its
+  // input kept in `saved` and rstd in `rstd`; the backward from d into dout (b_->dpost).
+  void post_norm_forward(const Norm& p, float* o, float* saved, float* rstd, int Nl);
+  const float* post_norm_backward(const Norm& p, const float* d, const float* saved,
+                                  const float* rstd, int Nl);
   void block_backward(int l, const ModelInput& in, const LayerActs& a, float* dres);
   void recompute_and_backward(int l, const ModelInput& in);
   // Normalises N rows of inp into out's rows from `offset` on (typed: bf16 storage rounds).
@@ -409,6 +421,8 @@ class Decoder {
     // backward scratch (training only)
     float *dres = nullptr, *dln = nullptr, *dtmp = nullptr, *datt = nullptr, *dqkv = nullptr,
           *dfc = nullptr, *dact = nullptr;
+    float* dpost = nullptr;   // model.sandwich_norm: a branch output's gradient [N, C]
+    float* capped = nullptr;  // model.final_softcap: a logits chunk after the cap
     // The micro-batch's inputs on the device (upload_input); targets and weights null when the
     // input has none.
     BackendBuffer io;

@@ -1,5 +1,7 @@
 #include "model/model_config.h"
 
+#include <cmath>
+
 #include "core/config.h"
 #include "core/config_int32.h"
 #include "core/error.h"
@@ -113,6 +115,20 @@ void ModelConfig::validate() const {
   LOOM_CHECK(init_std > 0, "model.init_std must be positive");
   LOOM_CHECK(sliding_window >= 0, "model.sliding_window must be >= 0 (0: none), got ",
              sliding_window);
+  LOOM_CHECK(window_pattern >= 0, "model.window_pattern must be >= 0, got ", window_pattern);
+  LOOM_CHECK(window_pattern == 0 || sliding_window > 0,
+             "model.window_pattern needs model.sliding_window > 0");
+  LOOM_CHECK(rope_local_theta >= 0, "model.rope_local_theta must be >= 0, got ", rope_local_theta);
+  LOOM_CHECK(attn_softcap >= 0 && final_softcap >= 0 && attn_scalar >= 0,
+             "model.attn_softcap, model.final_softcap and model.attn_scalar must be >= 0");
+  LOOM_CHECK(!(geglu || sandwich_norm || embed_scale || window_pattern > 0 || attn_softcap > 0 ||
+               rope_local_theta > 0) ||
+                 family == Family::Llama,
+             "model.geglu, model.sandwich_norm, model.embed_scale, model.window_pattern, ",
+             "model.rope_local_theta and model.attn_softcap need the llama family");
+  LOOM_CHECK(!(uses_gemma_ops() && n_experts > 0),
+             "Gemma's options (model.geglu, sandwich_norm, window_pattern, attn/final_softcap) ",
+             "are not supported with a mixture of experts (model.n_experts = ", n_experts, ")");
   LOOM_CHECK(n_experts >= 0, "model.n_experts must be >= 0 (0: dense), got ", n_experts);
   if (n_experts == 0) return;
   LOOM_CHECK(top_k >= 1 && top_k <= n_experts, "model.top_k (", top_k,
@@ -123,6 +139,10 @@ void ModelConfig::validate() const {
              capacity_factor);
   LOOM_CHECK(aux_loss_coeff >= 0, "model.aux_loss_coeff must be >= 0, got ", aux_loss_coeff);
   LOOM_CHECK(moe_layer_freq >= 1, "model.moe_layer_freq must be >= 1, got ", moe_layer_freq);
+}
+
+float ModelConfig::attn_scale() const {
+  return 1.f / std::sqrt(attn_scalar > 0 ? attn_scalar : static_cast<float>(head_dim));
 }
 
 int ModelConfig::num_moe_layers() const {
@@ -137,7 +157,7 @@ int64_t ModelConfig::num_params() const {
   int64_t attn = static_cast<int64_t>(qkv_dim()) * C + (has_qkv_bias() ? qkv_dim() : 0) +
                  C * static_cast<int64_t>(n_head) * head_dim + b * C + (qk_norm ? 2 * head_dim : 0);
   int64_t mlp = static_cast<int64_t>(fc_dim()) * C + b * fc_dim() + C * d_ff + b * C;
-  int64_t per_layer = 2 * norm + attn + mlp;
+  int64_t per_layer = (sandwich_norm ? 4 : 2) * norm + attn + mlp;
   int64_t embed = static_cast<int64_t>(vocab) * C +
                   (uses_positions_table() ? static_cast<int64_t>(max_seq) * C : 0);
   int64_t head = tied ? 0 : static_cast<int64_t>(vocab) * C;
@@ -178,7 +198,7 @@ std::string ModelConfig::fingerprint() const {
              // The families' parameters appear only when present (older checkpoints stay
              // compatible).
              qkv_bias && !bias ? " qkv_bias=1" : "", qk_norm ? " qk_norm=1" : "",
-             value_head ? " value_head=1" : "");
+             value_head ? " value_head=1" : "", sandwich_norm ? " sandwich_norm=1" : "");
 }
 
 ModelConfig model_config_from(const Config& cfg) {
@@ -226,6 +246,18 @@ ModelConfig model_config_from(const Config& cfg, ModelConfig c) {
   c.qkv_bias = cfg.get_bool("model.qkv_bias", c.qkv_bias);
   c.qk_norm = cfg.get_bool("model.qk_norm", c.qk_norm);
   c.sliding_window = get_int32(cfg, "model.sliding_window", c.sliding_window);
+  c.window_pattern = get_int32(cfg, "model.window_pattern", c.window_pattern);
+  c.rope_local_theta =
+      static_cast<float>(cfg.get_double("model.rope_local_theta", c.rope_local_theta));
+  c.embed_scale = cfg.get_bool("model.embed_scale", c.embed_scale);
+  c.geglu = cfg.get_bool("model.geglu", c.geglu);
+  c.sandwich_norm = cfg.get_bool("model.sandwich_norm", c.sandwich_norm);
+  c.attn_softcap = static_cast<float>(cfg.get_double("model.attn_softcap", c.attn_softcap));
+  c.final_softcap = static_cast<float>(cfg.get_double("model.final_softcap", c.final_softcap));
+  c.attn_scalar = static_cast<float>(cfg.get_double("model.attn_scalar", c.attn_scalar));
+  c.hf_family = cfg.get_string("model.hf_family", c.hf_family);
+  LOOM_CHECK(c.hf_family.empty() || c.hf_family == "phi3",
+             "model.hf_family must be empty or phi3, got '", c.hf_family, "'");
   c.n_experts = get_int32(cfg, "model.n_experts", c.n_experts);
   c.top_k = get_int32(cfg, "model.top_k", c.top_k);
   c.moe_router = cfg.get_string("model.moe_router", c.moe_router);

@@ -44,6 +44,21 @@ struct ModelConfig {
   // Loom's attention kernels attend to every earlier position, so a run whose positions reach
   // the window is refused (Decoder) rather than computed over the wrong keys.
   int sliding_window = 0;
+  // Gemma's options (the llama family; docs/finetuning.md). With window_pattern = k > 0 the
+  // window is exact (layer by layer, not refused): layer l attends to its last sliding_window
+  // positions unless (l + 1) % k == 0, a global layer (Gemma 2: 2, Gemma 3: 6); windowed layers
+  // take RoPE base rope_local_theta (0: rope_theta).
+  int window_pattern = 0;
+  float rope_local_theta = 0.f;
+  bool embed_scale = false;    // the embedding's output times sqrt(d_model)
+  bool geglu = false;          // MLP gelu_tanh(gate) * up instead of silu(gate) * up
+  bool sandwich_norm = false;  // RMSNorm of the attention and MLP outputs (attn/mlp.post_norm)
+  float attn_softcap = 0.f;    // > 0: scores = cap * tanh(scores / cap)
+  float final_softcap = 0.f;   // > 0: logits = cap * tanh(logits / cap)
+  float attn_scalar = 0.f;     // > 0: scores scaled by attn_scalar^-1/2 instead of head_dim^-1/2
+  // The Hugging Face family export writes where the options alone do not decide it ("phi3":
+  // Llama's model in Phi-3's fused layout; "": from the options). Not part of the shape.
+  std::string hf_family;
   // Mixture of experts (docs/parallel.md): n_experts = 0 is a dense model. A MoE layer replaces
   // the MLP with a router (top_k of n_experts, softmax or sigmoid scores) and n_experts expert
   // MLPs of width d_ff (GeLU for gpt2, SwiGLU for llama; no biases). Layer l is a MoE layer when
@@ -65,6 +80,22 @@ struct ModelConfig {
   bool has_qkv_bias() const { return bias || qkv_bias; }
   int fc_dim() const { return family == Family::Llama ? 2 * d_ff : d_ff; }
   bool is_moe() const { return n_experts > 0; }
+  // Layer l's exact window (0: every earlier position; Mistral's refused window is not one).
+  int layer_window(int l) const {
+    return window_pattern > 0 && sliding_window > 0 && (l + 1) % window_pattern != 0
+               ? sliding_window
+               : 0;
+  }
+  float layer_rope_theta(int l) const {
+    return layer_window(l) > 0 && rope_local_theta > 0 ? rope_local_theta : rope_theta;
+  }
+  float attn_scale() const;
+  // Whether layer l's attention needs the variant kernel (a window or soft-capped scores).
+  bool layer_attention_variant(int l) const { return layer_window(l) > 0 || attn_softcap > 0; }
+  // Any Gemma option: what only the CPU backend computes and tensor/context parallelism refuse.
+  bool uses_gemma_ops() const {
+    return window_pattern > 0 || geglu || sandwich_norm || attn_softcap > 0 || final_softcap > 0;
+  }
   bool is_moe_layer(int l) const { return n_experts > 0 && l % moe_layer_freq == 0; }
   int num_moe_layers() const;
 

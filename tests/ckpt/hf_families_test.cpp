@@ -25,7 +25,9 @@ namespace {
 
 using testing::ScratchDir;
 
-const char* const kFamilies[] = {"llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen3_moe"};
+const char* const kFamilies[] = {"llama",   "qwen2",     "qwen3", "mistral",
+                                 "mixtral", "qwen3_moe", "phi3"};
+const char* const kGemmas[] = {"gemma", "gemma2", "gemma3_text"};
 
 bool have_torch() {
   static const bool ok = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
@@ -102,10 +104,38 @@ ModelConfig small(const std::string& family) {
   c.qkv_bias = family == "qwen2";
   c.tied = family == "qwen2";
   c.qk_norm = family == "qwen3" || family == "qwen3_moe";
-  c.sliding_window = family == "mistral" ? 64 : 0;
+  c.sliding_window = family == "mistral" || family == "phi3" ? 64 : 0;
+  if (family == "phi3") c.hf_family = "phi3";
   if (family == "mixtral" || family == "qwen3_moe") {
     c.n_experts = 4;
     c.top_k = 2;
+  }
+  return c;
+}
+
+// A small Gemma (head_dim 16, so H * D = 64 is not d_model) in Loom's options: Gemma 2 with
+// caps and windows that bind on 40 tokens, Gemma 3 with q/k norms and every third layer global.
+ModelConfig small_gemma(const std::string& family) {
+  ModelConfig c = small("llama");
+  c.head_dim = 16;
+  c.tied = true;
+  c.geglu = true;
+  c.embed_scale = true;
+  c.rope_theta = 10000.f;
+  if (family == "gemma") return c;
+  c.n_layer = 4;
+  c.sandwich_norm = true;
+  c.sliding_window = 8;
+  c.attn_scalar = 24.f;
+  if (family == "gemma2") {
+    c.window_pattern = 2;
+    c.attn_softcap = 1.5f;
+    c.final_softcap = 3.f;
+  } else {
+    c.qk_norm = true;
+    c.window_pattern = 3;
+    c.rope_theta = 1e6f;
+    c.rope_local_theta = 10000.f;
   }
   return c;
 }
@@ -122,7 +152,8 @@ void randomise(ParamSet& P) {
 
 TEST(HfFamilies, ConfigJsonRoundTripsAndNamesTheFamily) {
   const char* const classes[] = {"LlamaForCausalLM",   "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
-                                 "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"};
+                                 "MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                                 "Phi3ForCausalLM"};
   for (size_t i = 0; i < std::size(kFamilies); ++i) {
     const char* f = kFamilies[i];
     const HfModelShape s = hf_shape_of(small(f));
@@ -150,6 +181,31 @@ TEST(HfFamilies, TensorNamesAreTransformers) {
   EXPECT_EQ(q3.at("model.layers.0.self_attn.q_norm.weight"), (Shape{8}));
   EXPECT_EQ(q3.at("model.layers.0.self_attn.k_norm.weight"), (Shape{8}));
   EXPECT_FALSE(q3.count("model.layers.0.self_attn.q_proj.bias"));
+}
+
+// Phi-3's fused q/k/v and gate/up are Loom's rows exactly.
+TEST(HfFamilies, Phi3FusedTensorsAreLoomsRows) {
+  const HfModelShape s = hf_shape_of(small("phi3"));
+  const auto names = hf_param_shapes(s);
+  EXPECT_EQ(names.at("model.layers.1.self_attn.qkv_proj.weight"), (Shape{64, 32}));
+  EXPECT_EQ(names.at("model.layers.1.mlp.gate_up_proj.weight"), (Shape{96, 32}));
+  EXPECT_FALSE(names.count("model.layers.1.self_attn.q_proj.weight"));
+  const Json c = hf_config_json(s, DType::F32);
+  EXPECT_EQ(c.at("sliding_window").as_int(), 64);
+  EXPECT_EQ(model_config_of(s).hf_family, "phi3");
+  Json partial = Json::parse(c.dump());
+  partial["partial_rotary_factor"] = Json(0.5);
+  EXPECT_THROW(hf_shape_from_config(partial, "config.json"), Error);
+  Json longrope = Json::parse(c.dump());
+  longrope["rope_scaling"] = Json::parse(R"({"type": "longrope", "short_factor": [1.0]})");
+  try {
+    hf_shape_from_config(longrope, "config.json");
+    ADD_FAILURE() << "longrope accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_scaling type 'longrope' is not supported"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(HfFamilies, ExpertTensorNamesAreTransformers) {
@@ -180,6 +236,104 @@ TEST(HfFamilies, ExpertTensorNamesAreTransformers) {
             w1[(2 * 96 + 48) * 32 + 5]);
   const TensorMap back = hf_to_loom(s, hf, DType::F32, "test");
   for (const auto& [name, t] : loom) EXPECT_TRUE(testing::same_tensor(back.at(name), t)) << name;
+}
+
+TEST(HfFamilies, GemmaConfigJsonRoundTripsAndNamesTheFamily) {
+  const char* const classes[] = {"GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
+  for (size_t i = 0; i < std::size(kGemmas); ++i) {
+    const char* f = kGemmas[i];
+    const ModelConfig c = small_gemma(f);
+    const HfModelShape s = hf_shape_of(c);
+    EXPECT_EQ(s.family, f);
+    const Json j = hf_config_json(s, DType::BF16);
+    EXPECT_EQ(j.at("model_type").as_string(), f);
+    EXPECT_EQ(j.at("architectures").as_array()[0].as_string(), classes[i]);
+    EXPECT_EQ(j.at("hidden_activation").as_string(), "gelu_pytorch_tanh");
+    EXPECT_EQ(hf_shape_from_config(Json::parse(j.dump()), "config.json"), s) << f;
+    const ModelConfig back = model_config_of(s);
+    EXPECT_EQ(back.fingerprint(), c.fingerprint()) << f;
+    EXPECT_EQ(back.window_pattern, c.window_pattern) << f;
+    EXPECT_EQ(back.attn_softcap, c.attn_softcap) << f;
+    EXPECT_EQ(back.final_softcap, c.final_softcap) << f;
+    EXPECT_EQ(back.attn_scalar, c.attn_scalar) << f;
+    EXPECT_EQ(back.rope_local_theta, c.rope_local_theta) << f;
+    EXPECT_TRUE(back.geglu && back.embed_scale) << f;
+  }
+  const Json g2 = hf_config_json(hf_shape_of(small_gemma("gemma2")), DType::F32);
+  EXPECT_EQ(g2.at("attn_logit_softcapping").as_double(), 1.5);
+  EXPECT_EQ(g2.at("final_logit_softcapping").as_double(), 3.0);
+  EXPECT_EQ(g2.at("query_pre_attn_scalar").as_double(), 24.0);
+  EXPECT_EQ(g2.at("layer_types").as_array()[1].as_string(), "full_attention");
+  const Json g3 = hf_config_json(hf_shape_of(small_gemma("gemma3_text")), DType::F32);
+  EXPECT_EQ(g3.at("sliding_window_pattern").as_int(), 3);
+  EXPECT_EQ(g3.at("rope_local_base_freq").as_double(), 10000.0);
+  EXPECT_TRUE(g3.at("final_logit_softcapping").is_null());
+  // Gemma 2's published defaults: caps 50 and 30, query_pre_attn_scalar 256, every other layer.
+  Json d = Json::parse(g2.dump());
+  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "layer_types",
+                        "query_pre_attn_scalar"})
+    d.as_object().erase(k);
+  const HfModelShape s = hf_shape_from_config(d, "config.json");
+  EXPECT_EQ(s.attn_softcap, 50.f);
+  EXPECT_EQ(s.final_softcap, 30.f);
+  EXPECT_EQ(s.attn_scalar, 256.f);
+  EXPECT_EQ(s.window_pattern, 2);
+}
+
+TEST(HfFamilies, GemmaTensorNamesAndNormOffsets) {
+  const HfModelShape s = hf_shape_of(small_gemma("gemma2"));
+  const auto names = hf_param_shapes(s);
+  EXPECT_EQ(names.at("model.layers.3.pre_feedforward_layernorm.weight"), (Shape{32}));
+  EXPECT_EQ(names.at("model.layers.3.post_feedforward_layernorm.weight"), (Shape{32}));
+  EXPECT_EQ(names.at("model.layers.0.self_attn.q_proj.weight"), (Shape{64, 32}));
+  EXPECT_FALSE(names.count("lm_head.weight"));
+  EXPECT_TRUE(hf_param_shapes(hf_shape_of(small_gemma("gemma3_text")))
+                  .count("model.layers.0.self_attn.q_norm.weight"));
+  TensorMap loom;
+  uint32_t seed = 1;
+  for (const auto& [name, shape] : loom_param_shapes(s))
+    loom[name] = testing::random_tensor(shape, DType::F32, seed++);
+  const TensorMap hf = loom_to_hf(s, loom, DType::F32);
+  // Gemma 2's post_attention_layernorm is the attention output's norm; weights are Loom's - 1.
+  EXPECT_EQ(hf.at("model.layers.1.post_attention_layernorm.weight").data<float>()[3],
+            loom.at("blocks.1.attn.post_norm.weight").data<float>()[3] - 1.f);
+  EXPECT_EQ(hf.at("model.layers.1.pre_feedforward_layernorm.weight").data<float>()[3],
+            loom.at("blocks.1.norm2.weight").data<float>()[3] - 1.f);
+  const TensorMap back = hf_to_loom(s, hf, DType::F32, "test");
+  for (const auto& [name, t] : loom) {
+    const float* a = t.data<float>();
+    const float* b = back.at(name).data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      ASSERT_NEAR(a[i], b[i], 1e-6f * (1 + std::fabs(a[i]))) << name;
+  }
+}
+
+TEST(HfFamilies, GemmaExportedAndImportedLogitsMatchTheTorchReference) {
+  SKIP_WITHOUT_TORCH();
+  for (const char* f : kGemmas) {
+    {
+      ScratchDir dir;
+      const ModelConfig c = small_gemma(f);
+      Decoder m(c, cpu_backend());
+      m.params().init(1);
+      randomise(m.params());
+      export_hf(dir.path(), hf_shape_of(c), m.params().tensors("export"));
+      const auto tokens = some_tokens(40, c.vocab);
+      expect_close(loom_logits(m, tokens), reference_logits(dir.path(), tokens, c.vocab),
+                   cat(f, " exported"));
+    }
+    ScratchDir dir;
+    run_reference({"make", dir.path(), f, "7"});
+    const HfModel hf = import_hf(dir.path());
+    EXPECT_EQ(hf.shape.family, f);
+    const ModelConfig c = model_config_of(hf.shape);
+    EXPECT_EQ(c.fingerprint(), small_gemma(f).fingerprint()) << f;
+    Decoder m(c, cpu_backend());
+    for (auto& [name, t] : m.params().tensors("import")) t.copy_from(hf.params.at(name));
+    const auto tokens = some_tokens(48, c.vocab);
+    expect_close(loom_logits(m, tokens), reference_logits(dir.path(), tokens, c.vocab),
+                 cat(f, " imported"));
+  }
 }
 
 TEST(HfFamilies, ExportedLogitsMatchTheTorchReference) {
@@ -238,7 +392,7 @@ void expect_refused(const Json& config, const std::string& needle) {
 }
 
 TEST(HfFamilies, UnsupportedArchitectureFieldsAreNamed) {
-  expect_refused(llama_like("gemma2"), "dir/config.json: model_type 'gemma2' is not supported");
+  expect_refused(llama_like("gemma7"), "dir/config.json: model_type 'gemma7' is not supported");
   Json a = llama_like("qwen2");
   a["architectures"] = Json(Json::Array{Json("Qwen2ForSequenceClassification")});
   expect_refused(a, "architectures[0] 'Qwen2ForSequenceClassification' is not supported");
@@ -279,6 +433,38 @@ TEST(HfFamilies, Transformers5RopeParametersAreRead) {
   const HfModelShape s = hf_shape_from_config(j, "config.json");
   EXPECT_EQ(s.rope_theta, 5e6f);
   EXPECT_FALSE(s.rope_scaling.enabled());
+}
+
+TEST(HfFamilies, UnsupportedGemmaFieldsAreNamed) {
+  // Fresh objects (a Json copy shares its contents).
+  const auto g2 = [] { return hf_config_json(hf_shape_of(small_gemma("gemma2")), DType::F32); };
+  const auto g3 = [] {
+    return hf_config_json(hf_shape_of(small_gemma("gemma3_text")), DType::F32);
+  };
+  Json act = g2();
+  act["hidden_activation"] = Json("gelu");
+  expect_refused(act, "hidden_activation 'gelu' is not supported");
+  Json lin = g3();
+  lin["rope_scaling"] = Json::parse(R"({"rope_type": "linear", "factor": 8.0})");
+  expect_refused(lin, "rope_scaling type 'linear' is not supported");
+  Json bi = g3();
+  bi["use_bidirectional_attention"] = Json(true);
+  expect_refused(bi, "use_bidirectional_attention true is not supported");
+  Json types = g2();
+  types["layer_types"].as_array()[2] = Json("full_attention");
+  expect_refused(types, "layer_types is not supported");
+  Json four = g2();
+  four["layer_types"].as_array()[1] = Json("sliding_attention");
+  expect_refused(four, "layer_types other than alternating windowed and global layers");
+  Json mm = g3();
+  mm["model_type"] = Json("gemma3");
+  expect_refused(mm, "model_type 'gemma3' (Gemma3ForConditionalGeneration");
+  Json arch = g3();
+  arch["architectures"] = Json(Json::Array{Json("Gemma3ForSequenceClassification")});
+  expect_refused(arch, "architectures[0] 'Gemma3ForSequenceClassification' is not supported");
+  Json bias = g2();
+  bias["attention_bias"] = Json(true);
+  expect_refused(bias, "attention_bias true is not supported");
 }
 
 }  // namespace

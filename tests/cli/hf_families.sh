@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The open families as a user meets them: a small random Qwen2, Qwen3, Mistral, Mixtral and
-# Qwen3-MoE model in
+# The open families as a user meets them: a small random Qwen2, Qwen3, Mistral, Mixtral,
+# Qwen3-MoE and Phi-3 model in
 # transformers' layout, written by the torch reference (tests/ckpt/hf_reference.py), imported
 # with `loom ckpt import`, sampled from with `loom generate`, fine-tuned (a LoRA SFT step and a
 # full SFT step) and exported again, the export giving the reference the same logits.
@@ -33,13 +33,14 @@ model=(--set model.preset=tiny-llama --set model.n_layer=2 --set model.d_model=3
 common=(--set train.micro_batch=2 --set train.seq_len=32 --set train.quiet=true
   --set train.peak_gflops=1 --set data.source=chat --set data.path="$work/chat.jsonl"
   --set data.tokenizer="loom:$work/tok")
-for fam in qwen2 qwen3 mistral mixtral qwen3_moe; do
+for fam in qwen2 qwen3 mistral mixtral qwen3_moe phi3; do
   case $fam in
     qwen2) opts=(--set model.qkv_bias=true --set model.tied=true) ;;
     qwen3) opts=(--set model.qk_norm=true) ;;
     mistral) opts=(--set model.sliding_window=64) ;;
     mixtral) opts=(--set model.n_experts=4 --set model.top_k=2) ;;
     qwen3_moe) opts=(--set model.n_experts=4 --set model.top_k=2 --set model.qk_norm=true) ;;
+    phi3) opts=(--set model.sliding_window=64 --set model.hf_family=phi3) ;;
   esac
   "$py" "$ref" make "$work/$fam" "$fam" 3
   "$loom" ckpt import "$work/$fam" --out "$work/$fam-ckpt" >/dev/null

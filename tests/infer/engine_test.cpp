@@ -82,6 +82,42 @@ TEST(Engine, GreedyEqualsNoCacheForwardUnderEverySchedule) {
   }
 }
 
+// Gemma's options through the paged cache (paged_attention_variant): windows of 5 on every other
+// layer (Gemma 2) or two of three (Gemma 3, with q/k norms and a local RoPE base), soft-capped
+// scores and logits; prompts and completions run well past the window.
+TEST(Engine, GemmaWindowsAndCapsEqualNoCacheForwardUnderEverySchedule) {
+  for (int variant = 0; variant < 2; ++variant) {
+    ModelConfig c = tiny(Family::Llama);
+    c.head_dim = 12;
+    c.tied = true;
+    c.geglu = true;
+    c.embed_scale = true;
+    c.sandwich_norm = true;
+    c.sliding_window = 5;
+    c.attn_scalar = 10.f;
+    if (variant == 0) {
+      c.window_pattern = 2;
+      c.attn_softcap = 2.f;
+      c.final_softcap = 5.f;
+    } else {
+      c.n_layer = 3;
+      c.window_pattern = 3;
+      c.qk_norm = true;
+      c.rope_local_theta = 300.f;
+    }
+    Decoder m(c, cpu_backend());
+    m.params().init(5);
+    std::vector<std::vector<int32_t>> want;
+    for (auto& p : rp::replay_prompts()) want.push_back(no_cache_greedy(m, p, rp::kReplayTokens));
+    for (const rp::ReplaySetup& s : rp::replay_setups()) {
+      const rp::Replay got = rp::replay(m, s);
+      ASSERT_EQ(got.tokens.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_EQ(got.tokens[i], want[i]) << "gemma " << variant << ", " << s.name << ", " << i;
+    }
+  }
+}
+
 TEST(Engine, LogprobsAreTheFullForwardsLogSoftmax) {
   Decoder m(tiny(Family::Llama), cpu_backend());
   m.params().init(7);

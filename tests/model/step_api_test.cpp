@@ -338,8 +338,10 @@ namespace {
 struct RecordingAttention : ForwardAttention {
   const ModelInput* in = nullptr;
   std::vector<int> layers;
-  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale,
-               float* out) override {
+  void forward(int layer, const float* qkv, int ld, int Hq, int Hkv, int D, float scale, int window,
+               float softcap, float* out) override {
+    EXPECT_EQ(window, 0);
+    EXPECT_EQ(softcap, 0.f);
     layers.push_back(layer);
     std::vector<float> lse(size_t(in->N) * Hq);
     cpu_backend().attention_forward(out, lse.data(), qkv, qkv + Hq * D, qkv + (Hq + Hkv) * D, ld,

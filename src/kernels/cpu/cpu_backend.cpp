@@ -287,6 +287,32 @@ class CpuBackend final : public Backend {
   void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) override {
     cpu::swiglu_backward(dinp, inp, dout, N, F);
   }
+  bool has_gemma_ops() const override { return true; }
+  void geglu_forward(float* out, const float* inp, int N, int F) override {
+    cpu::geglu_forward(out, inp, N, F);
+  }
+  void geglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) override {
+    cpu::geglu_backward(dinp, inp, dout, N, F);
+  }
+  void softcap_forward(float* x, int64_t n, float cap) override { cpu::softcap_forward(x, n, cap); }
+  void softcap_backward(float* d, const float* y, int64_t n, float cap) override {
+    cpu::softcap_backward(d, y, n, cap);
+  }
+  void attention_variant_forward(float* out, float* lse, const float* q, const float* k,
+                                 const float* v, int ld, const int32_t* cu_seqlens, int nseq,
+                                 int Hq, int Hkv, int D, float scale, int window,
+                                 float softcap) override {
+    cpu::attention_variant_forward(out, lse, q, k, v, ld, cu_seqlens, nseq, Hq, Hkv, D, scale,
+                                   window, softcap);
+  }
+  void attention_variant_backward(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* q, const float* k, const float* v, const float* out,
+                                  const float* lse, int ld, const int32_t* cu_seqlens, int nseq,
+                                  int Hq, int Hkv, int D, float scale, int window,
+                                  float softcap) override {
+    cpu::attention_variant_backward(dq, dk, dv, dout, q, k, v, out, lse, ld, cu_seqlens, nseq, Hq,
+                                    Hkv, D, scale, window, softcap);
+  }
   void rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld,
                     float theta) override {
     cpu::rope_forward(x, pos, N, H, D, ld, theta);
@@ -418,6 +444,13 @@ class CpuBackend final : public Backend {
     const cpu::PagedKvLayer kv = paged_layer(c);
     const std::vector<cpu::PagedChunk>& ch = paged_chunks(chunks, nchunks, rows);
     cpu::paged_attention(out, q, ldq, kv, ch.data(), nchunks, Hq, scale);
+  }
+  void paged_attention_variant(float* out, const float* q, int ldq, const PagedKvBuffers& c,
+                               const int32_t* chunks, int nchunks, int rows, int Hq, float scale,
+                               int window, float softcap) override {
+    const cpu::PagedKvLayer kv = paged_layer(c);
+    const std::vector<cpu::PagedChunk>& ch = paged_chunks(chunks, nchunks, rows);
+    cpu::paged_attention_variant(out, q, ldq, kv, ch.data(), nchunks, Hq, scale, window, softcap);
   }
 
   // ---- bf16 policy (kernels/cpu/adamw.cpp)

@@ -39,6 +39,13 @@ void gelu_backward_bf16(float* dinp, uint16_t* dinp_bits, const uint16_t* in16, 
                         bool round_dout, int64_t n);
 void swiglu_forward(float* out, const float* inp, int N, int F);
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F);
+// GeGLU (Gemma): out[N, F] = gelu_tanh(gate) * up over rows [gate | up] of 2F.
+void geglu_forward(float* out, const float* inp, int N, int F);
+void geglu_backward(float* dinp, const float* inp, const float* dout, int N, int F);
+// Soft-capping: x = cap * tanh(x / cap) in place; its backward d *= 1 - (y / cap)^2 from the
+// capped values y.
+void softcap_forward(float* x, int64_t n, float cap);
+void softcap_backward(float* d, const float* y, int64_t n, float cap);
 void rope_forward(float* x, const int32_t* pos, int N, int H, int D, int ld, float theta,
                   const RopeScaling& scaling = {});
 void rope_backward(float* dx, const int32_t* pos, int N, int H, int D, int ld, float theta,
@@ -77,6 +84,14 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse, int ld,
                         const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D, float scale);
+// Causal attention with a sliding window and soft-capped scores (attention_variant.cpp).
+void attention_variant_forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v, int ld, const int32_t* cu_seqlens, int nseq, int Hq,
+                               int Hkv, int D, float scale, int window, float softcap);
+void attention_variant_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                                const float* k, const float* v, const float* out, const float* lse,
+                                int ld, const int32_t* cu_seqlens, int nseq, int Hq, int Hkv, int D,
+                                float scale, int window, float softcap);
 void adamw(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
            float beta2, float eps, float weight_decay, float grad_scale, int64_t step);
 // adamw on the fp32 master, then in the same pass model[i] = round_bf16(master[i]) and, when

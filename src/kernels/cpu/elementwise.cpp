@@ -1,7 +1,7 @@
-// Pointwise ops: GeLU, SwiGLU, add, scale. Outputs may alias inputs element for element
-// (out == inp); `omp simd` keeps the loops vectorised without runtime alias checks. A combined
-// `parallel for simd` names its `if` clause's construct (`if (parallel : ...)`): a bare `if`
-// applies to the simd part too, and GCC then ran every call below the parallel threshold (a
+// Pointwise ops: GeLU, SwiGLU, GeGLU, soft-capping, add, scale. Outputs may alias inputs element
+// for element (out == inp); `omp simd` keeps the loops vectorised without runtime alias checks. A
+// combined `parallel for simd` names its `if` clause's construct (`if (parallel : ...)`): a bare
+// `if` applies to the simd part too, and GCC then ran every call below the parallel threshold (a
 // decode token's 3072-wide GeLU, its residual adds) as a scalar loop.
 #include <cmath>
 
@@ -71,6 +71,57 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
       dgate[j] = d[j] * u * s * (1.0f + g * (1.0f - s));
       dup[j] = d[j] * g * s;
     }
+  }
+}
+
+// geglu = gelu(g) * up; dgate = dout * up * gelu'(g), dup = dout * gelu(g) (gelu as above).
+void geglu_forward(float* out, const float* inp, int N, int F) {
+#pragma omp parallel for schedule(static) if (worth_parallel(N, F))
+  for (int i = 0; i < N; ++i) {
+    const float* gate = inp + static_cast<int64_t>(i) * 2 * F;
+    const float* up = gate + F;
+    float* o = out + static_cast<int64_t>(i) * F;
+#pragma omp simd
+    for (int j = 0; j < F; ++j) {
+      const float x = gate[j];
+      const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+      o[j] = x * fast_sigmoid(2.0f * u) * up[j];
+    }
+  }
+}
+
+void geglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+#pragma omp parallel for schedule(static) if (worth_parallel(N, F))
+  for (int i = 0; i < N; ++i) {
+    const float* gate = inp + static_cast<int64_t>(i) * 2 * F;
+    const float* up = gate + F;
+    const float* d = dout + static_cast<int64_t>(i) * F;
+    float* dgate = dinp + static_cast<int64_t>(i) * 2 * F;
+    float* dup = dgate + F;
+#pragma omp simd
+    for (int j = 0; j < F; ++j) {
+      const float x = gate[j];
+      const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+      const float s = fast_sigmoid(2.0f * u);
+      const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+      dgate[j] = d[j] * up[j] * (s + 2.0f * x * s * (1.0f - s) * du);
+      dup[j] = d[j] * x * s;
+    }
+  }
+}
+
+void softcap_forward(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+#pragma omp parallel for schedule(static) if (parallel : worth_parallel(n))
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
+
+void softcap_backward(float* d, const float* y, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+#pragma omp parallel for simd schedule(static) if (parallel : worth_parallel(n))
+  for (int64_t i = 0; i < n; ++i) {
+    const float t = y[i] * inv;
+    d[i] *= 1.0f - t * t;
   }
 }
 

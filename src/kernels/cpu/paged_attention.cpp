@@ -60,6 +60,18 @@ inline void load_rows(float* dst, const void* base, const uint8_t* scales, const
   }
 }
 
+// Loads kv head h's row at position p (D elements) as fp32, whatever the pool stores.
+inline void load_head_row(float* dst, const void* base, const uint8_t* scales,
+                          const PagedKvLayer& c, const int32_t* table, int p, int h) {
+  if (c.dtype == DType::F32) {
+    const float* src = static_cast<const float*>(base) + slot_offset(c, table, p, h);
+    std::copy(src, src + c.head_dim, dst);
+    return;
+  }
+  const int64_t slot = int64_t(table[p / c.block_size]) * c.block_size + p % c.block_size;
+  load_rows(dst, base, scales, c, slot, h, 1);
+}
+
 constexpr int kQueryTile = 16;
 
 // sum_d a[d] b[d] in a fixed order. The compiler's own reduction of a vectorised loop adds the
@@ -375,6 +387,63 @@ void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& c,
       }
       const float inv = 1.0f / lsum;
       for (int d = 0; d < D; ++d) o[d] *= inv;
+    }
+  }
+}
+
+}  // namespace loom::cpu
+
+namespace loom::cpu {
+
+void paged_attention_variant(float* out, const float* q, int ldq, const PagedKvLayer& c,
+                             const PagedChunk* chunks, int nchunks, int Hq, float scale, int window,
+                             float softcap) {
+  check(c, chunks, nchunks);
+  const int Hkv = c.n_kv_head, D = c.head_dim;
+  LOOM_CHECK(Hq > 0 && Hq % Hkv == 0, "paged attention: ", Hq, " query heads over ", Hkv,
+             " kv heads");
+  LOOM_CHECK(ldq >= Hq * D, "paged attention: q row stride ", ldq, " below Hq * D ", Hq * D);
+  LOOM_CHECK(window >= 0 && softcap >= 0, "paged attention: window ", window, " and softcap ",
+             softcap, " must be >= 0");
+  const int group = Hq / Hkv;
+  std::vector<int64_t> first_row(size_t(nchunks) + 1, 0);
+  for (int s = 0; s < nchunks; ++s) first_row[size_t(s) + 1] = first_row[size_t(s)] + chunks[s].n;
+  const int64_t items = first_row.back() * Hq;
+#pragma omp parallel
+  {
+    const size_t Dn = static_cast<size_t>(D);
+    std::vector<float> kr(Dn), vr(Dn), acc(Dn), z;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t r = it / Hq;
+      const int h = int(it % Hq), hk = h / group;
+      const int s =
+          int(std::upper_bound(first_row.begin(), first_row.end(), r) - first_row.begin()) - 1;
+      const PagedChunk& ch = chunks[s];
+      const int pos = ch.start_pos + int(r - first_row[size_t(s)]);
+      const int p0 = window > 0 ? std::max(0, pos - window + 1) : 0;
+      const float* qi = q + r * ldq + int64_t(h) * D;
+      z.resize(size_t(pos - p0 + 1));
+      float m = -INFINITY;
+      for (int p = p0; p <= pos; ++p) {
+        load_head_row(kr.data(), c.k, c.k_scale, c, ch.block_table, p, hk);
+        float sc = 0;
+        for (int d = 0; d < D; ++d) sc = std::fma(qi[d], kr[size_t(d)], sc);
+        sc *= scale;
+        if (softcap > 0) sc = softcap * std::tanh(sc / softcap);
+        z[size_t(p - p0)] = sc;
+        m = std::max(m, sc);
+      }
+      float l = 0;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int p = p0; p <= pos; ++p) {
+        const float e = std::exp(z[size_t(p - p0)] - m);
+        l += e;
+        load_head_row(vr.data(), c.v, c.v_scale, c, ch.block_table, p, hk);
+        for (int d = 0; d < D; ++d) acc[size_t(d)] = std::fma(e, vr[size_t(d)], acc[size_t(d)]);
+      }
+      float* o = out + r * Hq * D + int64_t(h) * D;
+      for (int d = 0; d < D; ++d) o[d] = acc[size_t(d)] / l;
     }
   }
 }

@@ -47,4 +47,11 @@ void paged_kv_write(const PagedKvLayer& cache, const float* k_new, const float* 
 void paged_attention(float* out, const float* q, int ldq, const PagedKvLayer& cache,
                      const PagedChunk* chunks, int nchunks, int Hq, float scale);
 
+// The same with a sliding window (window > 0: each query sees its last `window` positions, its
+// own included) and soft-capped scores (softcap > 0: softcap * tanh(score / softcap)), one
+// (row, head) at a time (Gemma 2 and 3).
+void paged_attention_variant(float* out, const float* q, int ldq, const PagedKvLayer& cache,
+                             const PagedChunk* chunks, int nchunks, int Hq, float scale, int window,
+                             float softcap);
+
 }  // namespace loom::cpu
