@@ -388,38 +388,44 @@ std::string normalize_for_dedup(std::string_view text) {
   return out;
 }
 
-// normalize_for_dedup into out[0..), returning the length: runs of eight bytes with no ASCII
-// space are lowercased and stored as one word, the rest byte by byte as above. out has room
-// for text.size() + 8 bytes (a word store may pass the end of what is kept).
+// normalize_for_dedup into out[0..), returning the length, eight bytes at a time: the bytes
+// before the first ASCII space of each eight are lowercased and stored as one word (of which
+// only those bytes are kept), then the run of spaces is skipped and stands for one ' ' if a
+// byte follows. out has room for text.size() + 8 bytes: a word store may pass what is kept,
+// never the input's length plus eight (every skipped space leaves a byte of room).
 static size_t normalize_for_dedup_into(std::string_view text, char* out) {
   using namespace swar;
   const char* p = text.data();
   const size_t n = text.size();
   size_t i = 0, o = 0;
   bool space = false;
-  auto byte = [&](char c) {
-    if (ascii_space(c)) {
-      space = o > 0;
-      return;
-    }
-    if (space) out[o++] = ' ';
-    space = false;
-    out[o++] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
-  };
-  for (; i + 8 <= n; i += 8) {
+  while (i + 8 <= n) {
     const uint64_t w = load8(p + i);
     // ' ' and \t \n \v \f \r (0x09-0x0D): ascii_space.
-    if ((equal(w, ' ') | ascii_in_range(w, 0x09, 0x0D)) == 0) {
+    const uint64_t spaces = equal(w, ' ') | ascii_in_range(w, 0x09, 0x0D);
+    const size_t k = spaces == 0 ? 8 : first(spaces);
+    if (k > 0) {
       if (space) out[o++] = ' ';
       space = false;
       const uint64_t lower = w | (ascii_in_range(w, 'A', 'Z') >> 2);
       std::memcpy(out + o, &lower, 8);
-      o += 8;
+      o += k;
+      i += k;
+    }
+    if (k == 8) continue;
+    while (i < n && ascii_space(p[i])) ++i;
+    space = o > 0;
+  }
+  for (; i < n; ++i) {
+    const char c = p[i];
+    if (ascii_space(c)) {
+      space = o > 0;
       continue;
     }
-    for (size_t k = 0; k < 8; ++k) byte(p[i + k]);
+    if (space) out[o++] = ' ';
+    space = false;
+    out[o++] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
   }
-  for (; i < n; ++i) byte(p[i]);
   return o;
 }
 
