@@ -48,10 +48,6 @@ const std::string& Json::as_string() const {
   LOOM_CHECK(type_ == Type::String, "expected string, got ", type_name(type_));
   return s_;
 }
-std::string Json::take_string() {
-  LOOM_CHECK(type_ == Type::String, "expected string, got ", type_name(type_));
-  return std::move(s_);
-}
 const Json::Array& Json::as_array() const {
   LOOM_CHECK(type_ == Type::Array, "expected array, got ", type_name(type_));
   return *a_;

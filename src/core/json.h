@@ -48,7 +48,6 @@ class Json {
   int32_t as_int32() const;
   double as_double() const;
   const std::string& as_string() const;
-  std::string take_string();  // the string moved out, leaving an empty one (no copy)
   const Array& as_array() const;
   Array& as_array();
   const Object& as_object() const;

@@ -179,7 +179,7 @@ class JsonlReader : public DocReader {
     auto it = obj.find(opt_.text_field);
     if (it == obj.end() || !it->second.is_string())
       return bad("missing_text_field", cat("no string field '", opt_.text_field, "'"));
-    doc.text = it->second.take_string();
+    doc.text = it->second.as_string();
     obj.erase(it);
     auto id = obj.find(opt_.id_field);
     if (id != obj.end() && !id->second.is_null()) {
