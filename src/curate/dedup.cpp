@@ -44,9 +44,27 @@ MinHasher::MinHasher(const MinHashParams& p) : p_(p) {
 std::vector<uint64_t> MinHasher::shingles(std::string_view text) const {
   std::vector<uint64_t> out;
   if (p_.shingle == "word") {
-    auto words = split_words(text);
-    std::vector<uint64_t> wh(words.size());
-    for (size_t i = 0; i < words.size(); ++i) wh[i] = hash64(ascii_lower(words[i]), 11);
+    // The fast path: words split into and hashed in buffers of the thread, each lowercased on
+    // the stack, not into a new string (the same hashes: tested against the reference).
+    thread_local std::vector<std::string_view> words;
+    thread_local std::vector<uint64_t> wh;
+    split_words(text, words);
+    wh.resize(words.size());
+    if (reference_paths()) {
+      for (size_t i = 0; i < words.size(); ++i) wh[i] = hash64(ascii_lower(words[i]), 11);
+    } else {
+      char low[64];
+      for (size_t i = 0; i < words.size(); ++i) {
+        const std::string_view w = words[i];
+        if (w.size() > sizeof low) {
+          wh[i] = hash64(ascii_lower(w), 11);
+          continue;
+        }
+        for (size_t k = 0; k < w.size(); ++k)
+          low[k] = w[k] >= 'A' && w[k] <= 'Z' ? static_cast<char>(w[k] + 32) : w[k];
+        wh[i] = hash64(std::string_view(low, w.size()), 11);
+      }
+    }
     size_t n = static_cast<size_t>(p_.ngram);
     if (words.size() < n && !words.empty()) n = words.size();  // short text: one shingle
     for (size_t i = 0; i + n <= words.size(); ++i) {
@@ -242,7 +260,7 @@ class ExactDedup : public DedupStage {
       if (file_exists(base + ".hash") && file_exists(base + ".ids")) return;  // resumed
       std::string hashes, ids;
       read_shard(in.shard_files[i], in, [&](Doc& d) {
-        Hash128 h = hash128(normalize_for_dedup(d.text));
+        Hash128 h = dedup_hash(d.text);
         hashes.append(reinterpret_cast<const char*>(&h), sizeof h);
         ids += id_line(d.id);
       });
@@ -286,9 +304,9 @@ class ExactDedup : public DedupStage {
   std::string process(Doc& doc, StageContext& ctx) const override {
     DocFate f = fate(ctx, "exact_dedup");
     const size_t shard = static_cast<size_t>(ctx.shard);
-    LOOM_CHECK((dist_ ? own_hashes_[shard][f.g - dd_.begin(shard)] : hashes_[f.g]) ==
-                   hash128(normalize_for_dedup(doc.text)),
-               "exact_dedup: shard ", ctx.shard, " changed since its hashes were computed");
+    LOOM_CHECK(
+        (dist_ ? own_hashes_[shard][f.g - dd_.begin(shard)] : hashes_[f.g]) == dedup_hash(doc.text),
+        "exact_dedup: shard ", ctx.shard, " changed since its hashes were computed");
     if (f.rep != f.g) {
       doc.record["duplicate_of"] = *f.rep_id;
       return "exact_duplicate";

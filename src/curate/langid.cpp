@@ -1,7 +1,8 @@
 // Language identification with CLD2 (Debian libcld2): the top language, its share of the
 // text as the confidence score, kept when the language is in the list and the score reaches
-// the threshold. CLD2 reads about 37 MB/s per core, the slowest stage of a text pipeline, so
-// long documents are sampled (language_sample) rather than read whole.
+// the threshold. CLD2 reads about 32 MB/s per core, its cost in proportion to the bytes it
+// reads, the slowest stage of a text pipeline, so documents past 1 KB are sampled
+// (language_sample) rather than read whole.
 #include <cstdio>  // compact_lang_det.h uses FILE without including it
 
 #include <cld2/public/compact_lang_det.h>
@@ -60,9 +61,11 @@ std::string_view language_sample(std::string_view text, size_t max_bytes, std::s
 LangResult detect_language(std::string_view full_text, size_t max_bytes) {
   thread_local std::string scratch;
   std::string_view text = language_sample(full_text, max_bytes, scratch);
-  CLD2::Language lang3[3];
-  int percent3[3];
-  double norm3[3];
+  // Set here: CLD2 leaves them unwritten when the text is not interchange-valid UTF-8.
+  CLD2::Language lang3[3] = {CLD2::UNKNOWN_LANGUAGE, CLD2::UNKNOWN_LANGUAGE,
+                             CLD2::UNKNOWN_LANGUAGE};
+  int percent3[3] = {0, 0, 0};
+  double norm3[3] = {0, 0, 0};
   int text_bytes = 0, valid_prefix = 0;
   bool reliable = false;
   CLD2::Language top = CLD2::ExtDetectLanguageSummaryCheckUTF8(
@@ -85,7 +88,7 @@ class LangIdStage : public Stage {
     for (auto& l : p.get_list("languages", {})) langs_.insert(l);
     min_score_ = p.get_double("min_score", 0.5, 0, 1);
     field_ = p.get_string("field", "language");
-    int64_t sample = p.get_int("sample_bytes", 4096, 0, int64_t{1} << 30);
+    int64_t sample = p.get_int("sample_bytes", kDefaultSampleBytes, 0, int64_t{1} << 30);
     LOOM_CHECK(sample == 0 || sample >= 4 * kSampleWindows, p.where("sample_bytes"),
                " must be 0 (read whole documents) or at least ", 4 * kSampleWindows, ", not ",
                sample);

@@ -427,9 +427,14 @@ Json Pipeline::run(const RunOptions& opt) {
             run_shard(seg, shards[i], in_files[i], last, progress, opt.crash_after_docs).stats;
       });
     }
-    this_run.docs += progress.docs;
-    this_run.bytes += progress.bytes;
-    this_run.shards += static_cast<int64_t>(todo.size());
+    // The run's rates are of its input: what segment 0 read. Later segments re-read the kept
+    // documents from work/ (counted apart, in bytes_read).
+    if (seg == 0) {
+      this_run.docs += progress.docs;
+      this_run.bytes += progress.bytes;
+    }
+    this_run.bytes_read += progress.bytes;
+    this_run.shards += static_cast<int64_t>(todo.size());  // shard runs of every segment
   }
 
   if (ranks > 1) {
@@ -437,15 +442,16 @@ Json Pipeline::run(const RunOptions& opt) {
     // Times travel as microseconds: the ranks' CPU and prepare seconds add up.
     auto us = [](double sec) { return static_cast<int64_t>(sec * 1e6); };
     std::vector<int64_t> counts = {this_run.docs, this_run.bytes, this_run.shards,
-                                   us(process_cpu_seconds() - cpu0)};
+                                   us(process_cpu_seconds() - cpu0), this_run.bytes_read};
     for (double p : this_run.prepare_seconds) counts.push_back(us(p));
     sum_i64(c, counts);
     this_run.docs = counts[0];
     this_run.bytes = counts[1];
     this_run.shards = counts[2];
     this_run.cpu_seconds = static_cast<double>(counts[3]) * 1e-6;
+    this_run.bytes_read = counts[4];
     for (size_t i = 0; i < stages_.size(); ++i)
-      this_run.prepare_seconds[i] = static_cast<double>(counts[4 + i]) * 1e-6;
+      this_run.prepare_seconds[i] = static_cast<double>(counts[5 + i]) * 1e-6;
     std::string mine;
     for (size_t seg = 0; seg < segments_.size(); ++seg)
       for (size_t i = 0; i < shards.size(); ++i)
@@ -531,6 +537,8 @@ Json Pipeline::make_report(const std::vector<std::vector<Json>>& seg_stats, size
   runj["cpu_seconds"] = this_run.cpu_seconds;
   runj["mb_per_cpu_second"] =
       static_cast<double>(this_run.bytes) / 1e6 / std::max(1e-9, this_run.cpu_seconds);
+  // Every segment's reads: the input, then the kept documents again from work/ per dedup stage.
+  runj["bytes_read"] = this_run.bytes_read;
   report["run"] = runj;
   Json stages = Json::array();
   Json rj = reader_total.to_json();

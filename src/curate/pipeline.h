@@ -69,8 +69,9 @@ class Pipeline {
   struct RunTotals {
     double seconds = 0, cpu_seconds = 0;
     int workers = 1, ranks = 1;
-    int64_t shards = 0, docs = 0, bytes = 0;
-    std::vector<double> prepare_seconds;  // per stage: a global stage's prepare()
+    int64_t shards = 0, docs = 0, bytes = 0;  // of the input (segment 0)
+    int64_t bytes_read = 0;                   // by every segment, work/ files included
+    std::vector<double> prepare_seconds;      // per stage: a global stage's prepare()
   };
   Json make_report(const std::vector<std::vector<Json>>& seg_stats, size_t shards,
                    int64_t total_bytes, const RunTotals& this_run) const;

@@ -54,6 +54,12 @@ struct GlobalInput {
   bool distributed() const { return ranks > 1; }
 };
 
+// The reference implementations that the stages' fast paths are checked against
+// (tests/curate, `bench_curate --web 1`): the same outputs, slower. Process-wide; set it
+// between runs, not during one.
+void set_reference_paths(bool on);
+bool reference_paths();
+
 class Stage {
  public:
   virtual ~Stage() = default;

@@ -1,11 +1,20 @@
 #include "curate/stages.h"
 
+#include <atomic>
 #include <map>
 
 #include "core/error.h"
 #include "core/json.h"
 
 namespace loom::curate {
+
+static std::atomic<bool> g_reference_paths{false};
+void set_reference_paths(bool on) {
+  g_reference_paths.store(on, std::memory_order_relaxed);
+}
+bool reference_paths() {
+  return g_reference_paths.load(std::memory_order_relaxed);
+}
 
 using Factory = std::unique_ptr<Stage> (*)(const StageParams&);
 

@@ -9,6 +9,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "curate/stage.h"  // reference_paths
+
 namespace loom::curate {
 
 int32_t utf8_next(std::string_view s, size_t& i) {
@@ -384,6 +386,54 @@ std::string normalize_for_dedup(std::string_view text) {
     out += (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
   }
   return out;
+}
+
+// normalize_for_dedup into out[0..), returning the length, eight bytes at a time: the bytes
+// before the first ASCII space of each eight are lowercased and stored as one word (of which
+// only those bytes are kept), then the run of spaces is skipped and stands for one ' ' if a
+// byte follows. out has room for text.size() + 8 bytes: a word store may pass what is kept,
+// never the input's length plus eight (every skipped space leaves a byte of room).
+static size_t normalize_for_dedup_into(std::string_view text, char* out) {
+  using namespace swar;
+  const char* p = text.data();
+  const size_t n = text.size();
+  size_t i = 0, o = 0;
+  bool space = false;
+  while (i + 8 <= n) {
+    const uint64_t w = load8(p + i);
+    // ' ' and \t \n \v \f \r (0x09-0x0D): ascii_space.
+    const uint64_t spaces = equal(w, ' ') | ascii_in_range(w, 0x09, 0x0D);
+    const size_t k = spaces == 0 ? 8 : first(spaces);
+    if (k > 0) {
+      if (space) out[o++] = ' ';
+      space = false;
+      const uint64_t lower = w | (ascii_in_range(w, 'A', 'Z') >> 2);
+      std::memcpy(out + o, &lower, 8);
+      o += k;
+      i += k;
+    }
+    if (k == 8) continue;
+    while (i < n && ascii_space(p[i])) ++i;
+    space = o > 0;
+  }
+  for (; i < n; ++i) {
+    const char c = p[i];
+    if (ascii_space(c)) {
+      space = o > 0;
+      continue;
+    }
+    if (space) out[o++] = ' ';
+    space = false;
+    out[o++] = (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c;
+  }
+  return o;
+}
+
+Hash128 dedup_hash(std::string_view text) {
+  if (reference_paths()) return hash128(normalize_for_dedup(text));
+  thread_local std::string buf;
+  if (buf.size() < text.size() + 8) buf.resize(text.size() + 8);
+  return hash128(std::string_view(buf.data(), normalize_for_dedup_into(text, buf.data())));
 }
 
 }  // namespace loom::curate

@@ -55,6 +55,10 @@ uint64_t table_hash(std::string_view s);
 
 // Lowercase, whitespace runs collapsed to one space, trimmed: the key for exact dedup.
 std::string normalize_for_dedup(std::string_view text);
+// hash128(normalize_for_dedup(text)), with the text normalised eight bytes at a time into a
+// buffer of the calling thread (no allocation once it has grown); the reference paths
+// (reference_paths()) compute it as written above.
+Hash128 dedup_hash(std::string_view text);
 
 // Word-at-a-time helpers behind hash64, also used by the filters on short words.
 namespace detail {
