@@ -39,7 +39,7 @@ void expect_refused(const std::function<void(Json&)>& edit,
 }  // namespace
 
 TEST(HfTokenizerBad, UnsupportedModelsAndPartsAreRefusedNamingTheField) {
-  expect_refused([](Json& j) { j["model"]["type"] = "WordPiece"; }, {"model type", "WordPiece"});
+  expect_refused([](Json& j) { j["model"]["type"] = "WordPiece"; }, {"'model.type'", "WordPiece"});
   expect_refused([](Json& j) { j["model"]["byte_fallback"] = true; },
                  {"model.byte_fallback", "ByteLevel"});
   expect_refused([](Json& j) { j["model"]["dropout"] = 0.1; }, {"model.dropout"});
