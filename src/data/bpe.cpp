@@ -115,11 +115,11 @@ BpeTokenizer BpeTokenizer::from_unigram(std::vector<std::string> tokens, std::ve
   t.scores_ = std::move(scores);
   t.unigram_id_.assign(1, -1);
   t.unigram_next_.reserve(t.tokens_.size() * 4);
-  // Added tokens are cut out of the text before the model when specials are allowed; when they
-  // are not, their text is ordinary text, which the model must not turn into their ids (nor
-  // does SentencePiece, whose lattice leaves control pieces out).
+  // Special added tokens are cut out of the text before the model when specials are allowed;
+  // when they are not, their text is ordinary text, which the model must not turn into their
+  // ids (nor does SentencePiece, whose lattice leaves control pieces out).
   std::vector<bool> special(t.tokens_.size(), false);
-  for (const auto& [text, id] : t.specials_)
+  for (int32_t id : t.hf_->special_ids)
     if (size_t(id) < special.size()) special[size_t(id)] = true;
   for (size_t id = 0; id < t.tokens_.size(); ++id) {
     if (special[id]) continue;
@@ -195,6 +195,11 @@ void BpeTokenizer::init_common() {
     special_of_id_[size_t(specials_[k].second)] = int32_t(k);
     special_first_byte_[uint8_t(specials_[k].first[0])] = true;
   }
+  special_normalized_.assign(specials_.size(), false);
+  if (hf_)
+    for (size_t k = 0; k < specials_.size(); ++k)
+      for (const auto& [pattern, id] : hf_->normalized_added)
+        special_normalized_[k] = special_normalized_[k] || id == specials_[k].second;
   special_trie_.assign(1, TrieNode{});
   for (size_t k = 0; k < specials_.size(); ++k) {
     int32_t node = 0;
@@ -214,7 +219,7 @@ void BpeTokenizer::init_common() {
   }
 }
 
-int32_t BpeTokenizer::match_special(std::string_view text, size_t i) const {
+int32_t BpeTokenizer::match_special(std::string_view text, size_t i, bool raw_only) const {
   int32_t node = 0, found = -1;
   for (; i < text.size(); ++i) {
     const auto& next = special_trie_[size_t(node)].next;
@@ -222,7 +227,8 @@ int32_t BpeTokenizer::match_special(std::string_view text, size_t i) const {
                            [&](auto& e) { return e.first == uint8_t(text[i]); });
     if (it == next.end()) break;
     node = it->second;
-    if (special_trie_[size_t(node)].special >= 0) found = special_trie_[size_t(node)].special;
+    const int32_t k = special_trie_[size_t(node)].special;
+    if (k >= 0 && !(raw_only && special_normalized_[size_t(k)])) found = k;
   }
   return found;
 }
@@ -324,40 +330,106 @@ void BpeTokenizer::encode_cached(std::string_view piece, PieceCache& cache,
   cache.put(piece, h, out.data() + before, out.size() - before);
 }
 
-// tokenizer.json's order: added tokens are cut out first (longest at each position), their
-// lstrip/rstrip take the white space beside them, and each remaining section is normalized,
-// pre-tokenized and encoded on its own.
+namespace {
+
+struct Section {
+  std::string text;
+  int32_t id;  // an added token's id, or -1 for text
+};
+
+bool has_id(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// A word character as Hugging Face's single_word tests it (\w): a letter, a digit, '_', or the
+// joiners U+200C/U+200D.
+bool word_char(uint32_t cp) {
+  const CharClass c = char_class(cp);
+  return c == CharClass::Letter || c == CharClass::Number || cp == '_' || cp == 0x200C ||
+         cp == 0x200D;
+}
+
+bool word_before(std::string_view s, size_t at) {
+  if (at == 0) return false;
+  size_t k = at - 1;
+  while (k > 0 && (uint8_t(s[k]) & 0xC0) == 0x80) --k;
+  uint32_t cp;
+  utf8_decode(reinterpret_cast<const uint8_t*>(s.data()) + k, s.size() - k, &cp);
+  return word_char(cp);
+}
+
+bool word_after(std::string_view s, size_t at) {
+  if (at >= s.size()) return false;
+  uint32_t cp;
+  utf8_decode(reinterpret_cast<const uint8_t*>(s.data()) + at, s.size() - at, &cp);
+  return word_char(cp);
+}
+
+// Cuts the added tokens `match` finds out of `text` (leftmost, longest), as Hugging Face's
+// AddedVocabulary does: a single_word token next to a word character is no match (and the
+// search goes on after it), lstrip/rstrip take the white space beside a token from the text.
+template <class Match>
+void cut_added(const std::string& text, const HfPipeline& hf, Match match,
+               std::vector<Section>& out) {
+  const size_t first = out.size();
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    size_t len = 0;
+    const int32_t id = match(text, i, &len);
+    if (len == 0) continue;
+    if (has_id(hf.single_word_ids, id) && (word_before(text, i) || word_after(text, i + len))) {
+      i += len - 1;
+      continue;
+    }
+    if (i > start) out.push_back({text.substr(start, i - start), -1});
+    out.push_back({text.substr(i, len), id});
+    start = i + len;
+    i = start - 1;
+  }
+  if (start < text.size()) out.push_back({text.substr(start), -1});
+  for (size_t k = first; k < out.size(); ++k) {
+    if (out[k].id < 0) continue;
+    if (k > first && out[k - 1].id < 0 && has_id(hf.lstrip_ids, out[k].id))
+      out[k - 1].text = js_trim(out[k - 1].text, false, true);
+    if (k + 1 < out.size() && out[k + 1].id < 0 && has_id(hf.rstrip_ids, out[k].id))
+      out[k + 1].text = js_trim(out[k + 1].text, true, false);
+  }
+}
+
+}  // namespace
+
+// tokenizer.json's order: added tokens that are not `normalized` are cut out of the raw text
+// first (longest match at each position), their lstrip/rstrip take the white space beside them;
+// each remaining section is normalized, its `normalized` added tokens (matched by their
+// normalized text) are cut out the same way, and each remaining piece is pre-tokenized and
+// encoded on its own.
 void BpeTokenizer::encode_pipeline(std::string_view raw, std::vector<int32_t>& out,
                                    bool allow_special) const {
   const std::string text = utf8_replace_invalid(raw);
-  struct Section {
-    std::string text;
-    int32_t id;  // an added token's id, or -1 for text
-  };
   std::vector<Section> sections;
-  size_t start = 0;
-  for (size_t i = 0; allow_special && i < text.size(); ++i) {
-    if (!special_first_byte_[uint8_t(text[i])]) continue;
-    const int32_t k = match_special(text, i);
-    if (k < 0) continue;
-    const auto& [s, id] = specials_[size_t(k)];
-    if (i > start) sections.push_back({text.substr(start, i - start), -1});
-    sections.push_back({s, id});
-    start = i + s.size();
-    i = start - 1;
+  if (allow_special) {
+    cut_added(
+        text, *hf_,
+        [&](const std::string& t, size_t i, size_t* len) {
+          if (!special_first_byte_[uint8_t(t[i])]) return -1;
+          const int32_t k = match_special(t, i, /*raw_only=*/true);
+          if (k < 0) return -1;
+          *len = specials_[size_t(k)].first.size();
+          return specials_[size_t(k)].second;
+        },
+        sections);
+  } else if (!text.empty()) {
+    sections.push_back({text, -1});
   }
-  if (start < text.size()) sections.push_back({text.substr(start), -1});
-  auto has = [](const std::vector<int32_t>& ids, int32_t id) {
-    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  auto match_normalized = [&](const std::string& t, size_t i, size_t* len) {
+    int32_t id = -1;
+    for (const auto& [pattern, pid] : hf_->normalized_added)
+      if (pattern.size() > *len && t.compare(i, pattern.size(), pattern) == 0)
+        *len = pattern.size(), id = pid;
+    return id;
   };
-  for (size_t k = 0; k < sections.size(); ++k) {
-    if (sections[k].id < 0) continue;
-    if (k > 0 && sections[k - 1].id < 0 && has(hf_->lstrip_ids, sections[k].id))
-      sections[k - 1].text = js_trim(sections[k - 1].text, false, true);
-    if (k + 1 < sections.size() && sections[k + 1].id < 0 && has(hf_->rstrip_ids, sections[k].id))
-      sections[k + 1].text = js_trim(sections[k + 1].text, true, false);
-  }
   std::vector<std::string> pieces;
+  std::vector<Section> parts;
   PieceCache& cache = thread_cache(serial_).cache;
   for (size_t k = 0; k < sections.size(); ++k) {
     if (sections[k].id >= 0) {
@@ -367,26 +439,44 @@ void BpeTokenizer::encode_pipeline(std::string_view raw, std::vector<int32_t>& o
     if (sections[k].text.empty()) continue;
     const std::string normal = hf_->normalize(std::move(sections[k].text));
     if (normal.empty()) continue;
-    pieces.clear();
-    hf_->pre_tokenize(normal, k == 0, pieces);
-    const size_t section_start = out.size();
-    for (const std::string& p : pieces) {
-      if (unigram()) {
-        encode_cached(p, cache, out);
+    parts.clear();
+    if (allow_special && !hf_->normalized_added.empty())
+      cut_added(normal, *hf_, match_normalized, parts);
+    else
+      parts.push_back({normal, -1});
+    for (size_t j = 0; j < parts.size(); ++j) {
+      if (parts[j].id >= 0) {
+        out.push_back(parts[j].id);
         continue;
       }
-      if (!byte_level()) {
-        encode_words(p, cache, out);
-        continue;
-      }
-      if (p.size() == 1) {
-        out.push_back(byte_id_[uint8_t(p[0])]);
-        continue;
-      }
-      encode_cached(p, cache, out);
+      if (parts[j].text.empty()) continue;
+      pieces.clear();
+      hf_->pre_tokenize(parts[j].text, k == 0 && j == 0, pieces);
+      encode_section(pieces, cache, out);
     }
-    if (unigram()) fuse_unknown(out, section_start);
   }
+}
+
+// The model over one section's pre-tokenized pieces.
+void BpeTokenizer::encode_section(const std::vector<std::string>& pieces, PieceCache& cache,
+                                  std::vector<int32_t>& out) const {
+  const size_t section_start = out.size();
+  for (const std::string& p : pieces) {
+    if (unigram()) {
+      encode_cached(p, cache, out);
+      continue;
+    }
+    if (!byte_level()) {
+      encode_words(p, cache, out);
+      continue;
+    }
+    if (p.size() == 1) {
+      out.push_back(byte_id_[uint8_t(p[0])]);
+      continue;
+    }
+    encode_cached(p, cache, out);
+  }
+  if (unigram()) fuse_unknown(out, section_start);
 }
 
 // Consecutive unknown tokens of one section become one (transformers.js's and SentencePiece's

@@ -133,6 +133,8 @@ class BpeTokenizer {
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
   void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
   void encode_pipeline(std::string_view text, std::vector<int32_t>& out, bool allow_special) const;
+  void encode_section(const std::vector<std::string>& pieces, PieceCache& cache,
+                      std::vector<int32_t>& out) const;
   void encode_cached(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const;
   void encode_words(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const;
   void encode_chars(std::string_view piece, std::vector<int32_t>& out) const;
@@ -166,8 +168,10 @@ class BpeTokenizer {
     int32_t special = -1;                           // index into specials_ ending here
   };
   std::vector<TrieNode> special_trie_;
-  // Index into specials_ of the longest special token starting at text[i], or -1.
-  int32_t match_special(std::string_view text, size_t i) const;
+  // Index into specials_ of the longest special token starting at text[i], or -1; raw_only
+  // leaves out the added tokens matched in normalized text (HfPipeline::normalized_added).
+  int32_t match_special(std::string_view text, size_t i, bool raw_only = false) const;
+  std::vector<bool> special_normalized_;  // by index into specials_
   // Unigram: scores by id and a byte trie over the tokens' texts, edges (node << 8 | byte) ->
   // child, unigram_id_[node] the token ending there or -1.
   std::vector<double> scores_;

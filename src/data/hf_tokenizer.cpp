@@ -76,7 +76,7 @@ void read_unigram_vocab(const HfField& model, const std::string& where,
 struct Added {
   std::string content;
   int32_t id;
-  bool lstrip, rstrip;
+  bool lstrip, rstrip, single_word, normalized, special;
 };
 
 std::vector<Added> parse_added_tokens(const HfField& root, const std::string& where) {
@@ -96,15 +96,13 @@ std::vector<Added> parse_added_tokens(const HfField& root, const std::string& wh
     } catch (const Error& e) {
       fail(where, ": '", t.sub("id"), "': ", e.what());
     }
-    LOOM_CHECK(!t.boolean("single_word", false, where), where, ": '", t.sub("single_word"),
-               "' true (for '", content, "') is not supported");
-    // Both kinds are cut out alike, before normalization, as transformers.js does.
-    t.boolean("special", false, where);
-    t.boolean("normalized", false, where);
+    // Hugging Face's default: a token that is not special is matched in the normalized text.
+    const bool special = t.boolean("special", false, where);
     LOOM_CHECK(seen.insert(content).second, where, ": '", t.path, "' repeats the token '", content,
                "'");
     out.push_back({content, int32_t(id), t.boolean("lstrip", false, where),
-                   t.boolean("rstrip", false, where)});
+                   t.boolean("rstrip", false, where), t.boolean("single_word", false, where),
+                   t.boolean("normalized", !special, where), special});
   }
   return out;
 }
@@ -192,10 +190,17 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   std::vector<double> scores;  // Unigram
   if (unigram) {
     read_unigram_vocab(model, where, &tokens, &scores);
-    for (const Added& a : added)
+    std::map<std::string, size_t> piece_id;
+    for (size_t i = 0; i < tokens.size(); ++i) piece_id.emplace(tokens[i], i);
+    for (const Added& a : added) {
       LOOM_CHECK(size_t(a.id) >= tokens.size() || tokens[size_t(a.id)] == a.content, where,
                  ": added token ", jsonl_quote(a.content), " has id ", a.id,
                  ", which 'model.vocab' gives to ", jsonl_quote(tokens[size_t(a.id)]));
+      const auto in_vocab = piece_id.find(a.content);
+      LOOM_CHECK(in_vocab == piece_id.end() || in_vocab->second == size_t(a.id), where,
+                 ": added token ", jsonl_quote(a.content), " has id ", a.id,
+                 " but 'model.vocab' gives it ", in_vocab->second);
+    }
     size_t max_id = tokens.size() - 1;
     for (const Added& a : added) max_id = std::max(max_id, size_t(a.id));
     check_id_bound(max_id, tokens.size() + added.size(), where);
@@ -293,8 +298,17 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   }
   const bool ignore_merges = model.boolean("ignore_merges", false, where);
 
-  bool lr_strip = false;
-  for (const Added& a : added) lr_strip |= a.lstrip || a.rstrip;
+  // Added tokens matched in normalized text, by their text as the normalizers write it (without
+  // a normalizer, in the raw text, which is the same).
+  std::map<int32_t, std::string> normalized_pattern;
+  if (!comp.normalizers.empty()) {
+    HfPipeline norm;
+    norm.normalizers = comp.normalizers;
+    for (const Added& a : added)
+      if (a.normalized) normalized_pattern[a.id] = norm.normalize(a.content);
+  }
+  bool lr_strip = !normalized_pattern.empty();
+  for (const Added& a : added) lr_strip |= a.lstrip || a.rstrip || a.single_word;
   bool nfc_only = false;
   const std::optional<PreTokenizer> scanner =
       lr_strip ? std::nullopt : scanner_for(comp, &nfc_only);
@@ -336,6 +350,11 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
     for (const Added& a : added) {
       if (a.lstrip) pipe->lstrip_ids.push_back(a.id);
       if (a.rstrip) pipe->rstrip_ids.push_back(a.id);
+      if (a.single_word) pipe->single_word_ids.push_back(a.id);
+      if (a.special) pipe->special_ids.push_back(a.id);
+      if (auto p = normalized_pattern.find(a.id);
+          p != normalized_pattern.end() && !p->second.empty())
+        pipe->normalized_added.emplace_back(p->second, a.id);
     }
     if (!byte_level && !unigram) pipe->joins_space_mark = chars_before_space_mark(tokens);
     pipe->source = j.dump();

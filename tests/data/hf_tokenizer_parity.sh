@@ -20,6 +20,7 @@ corpus="$src/tests/data/hf_tokenizer_corpus.json"
   "$work/reference.jsonl" $models)
 "$parity" "$npm_cache/node_modules" "$corpus" "$work/reference.jsonl"
 (cd "$npm_cache" && timeout 120 node "$src/tests/data/hf_tokenizers_reference.mjs" "$corpus" \
-  "$work/hf_reference.jsonl" "$spm/unigram.tokenizer.json" "$spm/unigram_bytes.tokenizer.json")
+  "$work/hf_reference.jsonl" "$spm/unigram.tokenizer.json" "$spm/unigram_bytes.tokenizer.json" \
+  "$spm/unigram_added.tokenizer.json")
 echo "against Hugging Face's tokenizers:"
 "$parity" "$npm_cache/node_modules" "$corpus" "$work/hf_reference.jsonl"

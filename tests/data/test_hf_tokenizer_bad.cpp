@@ -72,8 +72,8 @@ TEST(HfTokenizerBad, UnsupportedModelsAndPartsAreRefusedNamingTheField) {
       {"pre_tokenizer.pretokenizers[0].pattern.Regex", "[\\\\S]"});
   expect_refused([](Json& j) { j["decoder"]["type"] = "WordPiece"; }, {"'decoder.type'"});
   expect_refused([](Json& j) { j["truncation"]["max_length"] = 8; }, {"truncation"});
-  expect_refused([](Json& j) { j["added_tokens"].as_array()[0]["single_word"] = true; },
-                 {"added_tokens[0].single_word"});
+  expect_refused([](Json& j) { j["added_tokens"].as_array()[0]["single_word"] = "yes"; },
+                 {"'added_tokens[0].single_word'", "true or false"});
 }
 
 // A component deep in a Sequence is named by its path.
