@@ -14,7 +14,8 @@
 // for a space). post_process puts <s> in front when the model has one, as Hugging Face's
 // LlamaTokenizer (add_bos_token). Decoding is the library's (control pieces decode to nothing,
 // <unk> to " ⁇ "); decode_append streams a piece's text with ▁ as a space and <0xNN> as its
-// byte.
+// byte. Like every BpeTokenizer it may encode from many threads at once: the library's Encode
+// and Decode are const and keep no shared state.
 #pragma once
 
 #include <string>
