@@ -91,13 +91,10 @@ BpeTokenizer BpeTokenizer::from_merges(
 BpeTokenizer BpeTokenizer::from_unigram(std::vector<std::string> tokens, std::vector<double> scores,
                                         SpecialTokens specials,
                                         std::shared_ptr<const HfPipeline> pipeline) {
-  LOOM_CHECK(pipeline && pipeline->char_model,
-             "a Unigram model needs a text (not byte-level) "
-             "vocabulary");
+  LOOM_CHECK(pipeline && pipeline->char_model, "a Unigram model needs a text vocabulary");
   LOOM_CHECK(scores.size() == tokens.size() && !tokens.empty(),
-             "a Unigram model needs one score "
-             "per token (",
-             tokens.size(), " tokens, ", scores.size(), " scores)");
+             "a Unigram model needs one score per token (", tokens.size(), " tokens, ",
+             scores.size(), " scores)");
   BpeTokenizer t;
   t.hf_ = std::move(pipeline);
   t.tokens_ = std::move(tokens);
@@ -143,8 +140,7 @@ BpeTokenizer BpeTokenizer::from_backend(std::vector<std::string> tokens, Special
                                         std::shared_ptr<const HfPipeline> pipeline,
                                         std::shared_ptr<const TokenizerBackend> backend) {
   LOOM_CHECK(pipeline && pipeline->char_model && backend,
-             "a tokenizer backend needs a text "
-             "vocabulary's pipeline");
+             "a tokenizer backend needs a text vocabulary's pipeline");
   BpeTokenizer t;
   t.hf_ = std::move(pipeline);
   t.backend_ = std::move(backend);
