@@ -1,5 +1,6 @@
 #include "data/spm_tokenizer.h"
 
+#include <exception>
 #include <filesystem>
 
 #include "core/error.h"
@@ -23,13 +24,23 @@ class SpmBackend final : public TokenizerBackend {
 
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
     std::vector<int> ids;
-    const auto st = sp.Encode(std::string(text), &ids);
+    sentencepiece::util::Status st;
+    try {
+      st = sp.Encode(std::string(text), &ids);
+    } catch (const std::exception& e) {
+      fail("SentencePiece encode: ", e.what());
+    }
     LOOM_CHECK(st.ok(), "SentencePiece encode: ", st.ToString());
     out.insert(out.end(), ids.begin(), ids.end());
   }
   std::string decode(std::span<const int32_t> ids) const override {
     std::string text;
-    const auto st = sp.Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+    sentencepiece::util::Status st;
+    try {
+      st = sp.Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+    } catch (const std::exception& e) {
+      fail("SentencePiece decode: ", e.what());
+    }
     LOOM_CHECK(st.ok(), "SentencePiece decode: ", st.ToString());
     return text;
   }
@@ -48,7 +59,14 @@ bool sentencepiece_available() {
 BpeTokenizer spm_tokenizer_from_bytes(const std::string& bytes, const std::string& where) {
 #if LOOM_HAVE_SENTENCEPIECE
   auto backend = std::make_shared<SpmBackend>(bytes);
-  const auto st = backend->sp.LoadFromSerializedProto(bytes);
+  // The library reports most bad models by status, some (an empty piece, from its trie
+  // builder) by a C++ exception.
+  sentencepiece::util::Status st;
+  try {
+    st = backend->sp.LoadFromSerializedProto(bytes);
+  } catch (const std::exception& e) {
+    fail(where, ": not a readable SentencePiece model (tokenizer.model): ", e.what());
+  }
   LOOM_CHECK(st.ok(), where,
              ": not a readable SentencePiece model (tokenizer.model): ", st.ToString());
   const int n = backend->sp.GetPieceSize();
