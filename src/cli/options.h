@@ -62,6 +62,7 @@ class Options {
 
 // The help of an option that names a tokenizer (the specs data::load_tokenizer reads).
 inline constexpr const char* kTokenizerSpecHelp =
-    "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json), or a path (kind detected)";
+    "gpt2:DIR | tiktoken:FILE | loom:DIR | hf:PATH (tokenizer.json) | spm:PATH (tokenizer.model), "
+    "or a path (kind detected)";
 
 }  // namespace loom::cli

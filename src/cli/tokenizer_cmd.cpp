@@ -115,8 +115,10 @@ int tokenizer_info(const Args& args) {
   info["vocab_size"] = int64_t(tok->vocab_size());
   const data::HfPipeline* hf = tok->hf_pipeline();
   // A tokenizer.json whose steps Loom's scanners do not run has no scanner name.
-  info["pretokenizer"] =
-      hf && hf->runs_encode ? "tokenizer.json" : data::pretokenizer_name(tok->pretokenizer());
+  info["pretokenizer"] = tok->backend()          ? "tokenizer.model"
+                         : hf && hf->runs_encode ? "tokenizer.json"
+                                                 : data::pretokenizer_name(tok->pretokenizer());
+  info["model"] = tok->backend() ? "SentencePiece" : tok->unigram() ? "Unigram" : "BPE";
   info["byte_level"] = tok->byte_level();
   if (hf) {
     Json pre = Json::array(), post = Json::array();

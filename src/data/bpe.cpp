@@ -88,6 +88,69 @@ BpeTokenizer BpeTokenizer::from_merges(
   return t;
 }
 
+BpeTokenizer BpeTokenizer::from_unigram(std::vector<std::string> tokens, std::vector<double> scores,
+                                        SpecialTokens specials,
+                                        std::shared_ptr<const HfPipeline> pipeline) {
+  LOOM_CHECK(pipeline && pipeline->char_model, "a Unigram model needs a text vocabulary");
+  LOOM_CHECK(scores.size() == tokens.size() && !tokens.empty(),
+             "a Unigram model needs one score per token (", tokens.size(), " tokens, ",
+             scores.size(), " scores)");
+  BpeTokenizer t;
+  t.hf_ = std::move(pipeline);
+  t.tokens_ = std::move(tokens);
+  t.pre_ = PreTokenizer::Gpt2;
+  t.specials_ = std::move(specials);
+  t.whole_piece_ = false;
+  t.init_common();
+  double lowest = scores[0];
+  for (double s : scores) lowest = std::min(lowest, s);
+  t.unk_score_ = lowest - 10.0;  // SentencePiece's kUnkPenalty
+  const int32_t unk = t.hf_->unk_id;
+  LOOM_CHECK(unk < int32_t(t.tokens_.size()), "the Unigram model's unk_id ", unk,
+             " is outside its vocabulary of ", t.tokens_.size());
+  if (unk >= 0) scores[size_t(unk)] = t.unk_score_;
+  t.scores_ = std::move(scores);
+  t.unigram_id_.assign(1, -1);
+  t.unigram_next_.reserve(t.tokens_.size() * 4);
+  // Special added tokens are cut out of the text before the model when specials are allowed;
+  // when they are not, their text is ordinary text, which the model must not turn into their
+  // ids (nor does SentencePiece, whose lattice leaves control pieces out).
+  std::vector<bool> special(t.tokens_.size(), false);
+  for (int32_t id : t.hf_->special_ids)
+    if (size_t(id) < special.size()) special[size_t(id)] = true;
+  for (size_t id = 0; id < t.tokens_.size(); ++id) {
+    if (special[id]) continue;
+    uint64_t node = 0;
+    for (char c : t.tokens_[id]) {
+      const uint64_t key = (node << 8) | uint8_t(c);
+      if (const uint64_t* next = t.unigram_next_.find(key)) {
+        node = *next;
+        continue;
+      }
+      t.unigram_next_.insert(key, t.unigram_id_.size());
+      node = t.unigram_id_.size();
+      t.unigram_id_.push_back(-1);
+    }
+    if (node != 0) t.unigram_id_[node] = int32_t(id);
+  }
+  return t;
+}
+
+BpeTokenizer BpeTokenizer::from_backend(std::vector<std::string> tokens, SpecialTokens specials,
+                                        std::shared_ptr<const HfPipeline> pipeline,
+                                        std::shared_ptr<const TokenizerBackend> backend) {
+  LOOM_CHECK(pipeline && pipeline->char_model && backend,
+             "a tokenizer backend needs a text vocabulary's pipeline");
+  BpeTokenizer t;
+  t.hf_ = std::move(pipeline);
+  t.backend_ = std::move(backend);
+  t.tokens_ = std::move(tokens);
+  t.specials_ = std::move(specials);
+  t.whole_piece_ = false;
+  t.init_common();
+  return t;
+}
+
 void BpeTokenizer::init_common() {
   serial_ = g_next_serial.fetch_add(1);
   by_bytes_.reserve(tokens_.size());
@@ -128,6 +191,11 @@ void BpeTokenizer::init_common() {
     special_of_id_[size_t(specials_[k].second)] = int32_t(k);
     special_first_byte_[uint8_t(specials_[k].first[0])] = true;
   }
+  special_normalized_.assign(specials_.size(), false);
+  if (hf_)
+    for (size_t k = 0; k < specials_.size(); ++k)
+      for (const auto& [pattern, id] : hf_->normalized_added)
+        special_normalized_[k] = special_normalized_[k] || id == specials_[k].second;
   special_trie_.assign(1, TrieNode{});
   for (size_t k = 0; k < specials_.size(); ++k) {
     int32_t node = 0;
@@ -147,7 +215,7 @@ void BpeTokenizer::init_common() {
   }
 }
 
-int32_t BpeTokenizer::match_special(std::string_view text, size_t i) const {
+int32_t BpeTokenizer::match_special(std::string_view text, size_t i, bool raw_only) const {
   int32_t node = 0, found = -1;
   for (; i < text.size(); ++i) {
     const auto& next = special_trie_[size_t(node)].next;
@@ -155,7 +223,8 @@ int32_t BpeTokenizer::match_special(std::string_view text, size_t i) const {
                            [&](auto& e) { return e.first == uint8_t(text[i]); });
     if (it == next.end()) break;
     node = it->second;
-    if (special_trie_[size_t(node)].special >= 0) found = special_trie_[size_t(node)].special;
+    const int32_t k = special_trie_[size_t(node)].special;
+    if (k >= 0 && !(raw_only && special_normalized_[size_t(k)])) found = k;
   }
   return found;
 }
@@ -172,6 +241,21 @@ bool BpeTokenizer::byte_level() const {
 
 void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out,
                           bool allow_special) const {
+  if (backend_) {
+    size_t start = 0;
+    for (size_t i = 0; allow_special && i < text.size(); ++i) {
+      if (!special_first_byte_[uint8_t(text[i])]) continue;
+      const int32_t k = match_special(text, i);
+      if (k < 0) continue;
+      const auto& [s, id] = specials_[size_t(k)];
+      if (i > start) backend_->encode(text.substr(start, i - start), out);
+      out.push_back(id);
+      start = i + s.size();
+      i = start - 1;
+    }
+    if (start < text.size()) backend_->encode(text.substr(start), out);
+    return;
+  }
   if (hf_ && hf_->runs_encode) return encode_pipeline(text, out, allow_special);
   if (!allow_special || specials_.empty()) return encode_ordinary(text, out);
   size_t start = 0;
@@ -226,52 +310,122 @@ void BpeTokenizer::encode_cached(std::string_view piece, PieceCache& cache,
       return;
     }
   }
-  const bool chars = !byte_level();
-  if (piece.size() > kMaxCachedPiece) {
-    chars ? encode_chars(piece, out) : encode_piece(piece, out);
-    return;
-  }
+  auto run = [&] {
+    if (unigram())
+      encode_unigram(piece, out);
+    else if (!byte_level())
+      encode_chars(piece, out);
+    else
+      encode_piece(piece, out);
+  };
+  if (piece.size() > kMaxCachedPiece) return run();
   uint64_t h = hash_bytes(piece.data(), piece.size());
   if (cache.get(piece, h, out)) return;
   size_t before = out.size();
-  chars ? encode_chars(piece, out) : encode_piece(piece, out);
+  run();
   cache.put(piece, h, out.data() + before, out.size() - before);
 }
 
-// tokenizer.json's order: added tokens are cut out first (longest at each position), their
-// lstrip/rstrip take the white space beside them, and each remaining section is normalized,
-// pre-tokenized and encoded on its own.
+namespace {
+
+struct Section {
+  std::string text;
+  int32_t id;  // an added token's id, or -1 for text
+};
+
+bool has_id(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// A word character as Hugging Face's single_word tests it (\w): a letter, a digit, '_', or the
+// joiners U+200C/U+200D.
+bool word_char(uint32_t cp) {
+  const CharClass c = char_class(cp);
+  return c == CharClass::Letter || c == CharClass::Number || cp == '_' || cp == 0x200C ||
+         cp == 0x200D;
+}
+
+bool word_before(std::string_view s, size_t at) {
+  if (at == 0) return false;
+  size_t k = at - 1;
+  while (k > 0 && (uint8_t(s[k]) & 0xC0) == 0x80) --k;
+  uint32_t cp;
+  utf8_decode(reinterpret_cast<const uint8_t*>(s.data()) + k, s.size() - k, &cp);
+  return word_char(cp);
+}
+
+bool word_after(std::string_view s, size_t at) {
+  if (at >= s.size()) return false;
+  uint32_t cp;
+  utf8_decode(reinterpret_cast<const uint8_t*>(s.data()) + at, s.size() - at, &cp);
+  return word_char(cp);
+}
+
+// Cuts the added tokens `match` finds out of `text` (leftmost, longest), as Hugging Face's
+// AddedVocabulary does: a single_word token next to a word character is no match (and the
+// search goes on after it), lstrip/rstrip take the white space beside a token from the text.
+template <class Match>
+void cut_added(const std::string& text, const HfPipeline& hf, Match match,
+               std::vector<Section>& out) {
+  const size_t first = out.size();
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    size_t len = 0;
+    const int32_t id = match(text, i, &len);
+    if (len == 0) continue;
+    if (has_id(hf.single_word_ids, id) && (word_before(text, i) || word_after(text, i + len))) {
+      i += len - 1;
+      continue;
+    }
+    if (i > start) out.push_back({text.substr(start, i - start), -1});
+    out.push_back({text.substr(i, len), id});
+    start = i + len;
+    i = start - 1;
+  }
+  if (start < text.size()) out.push_back({text.substr(start), -1});
+  for (size_t k = first; k < out.size(); ++k) {
+    if (out[k].id < 0) continue;
+    if (k > first && out[k - 1].id < 0 && has_id(hf.lstrip_ids, out[k].id))
+      out[k - 1].text = js_trim(out[k - 1].text, false, true);
+    if (k + 1 < out.size() && out[k + 1].id < 0 && has_id(hf.rstrip_ids, out[k].id))
+      out[k + 1].text = js_trim(out[k + 1].text, true, false);
+  }
+}
+
+}  // namespace
+
+// tokenizer.json's order: added tokens that are not `normalized` are cut out of the raw text
+// first (longest match at each position), their lstrip/rstrip take the white space beside them;
+// each remaining section is normalized, its `normalized` added tokens (matched by their
+// normalized text) are cut out the same way, and each remaining piece is pre-tokenized and
+// encoded on its own.
 void BpeTokenizer::encode_pipeline(std::string_view raw, std::vector<int32_t>& out,
                                    bool allow_special) const {
   const std::string text = utf8_replace_invalid(raw);
-  struct Section {
-    std::string text;
-    int32_t id;  // an added token's id, or -1 for text
-  };
   std::vector<Section> sections;
-  size_t start = 0;
-  for (size_t i = 0; allow_special && i < text.size(); ++i) {
-    if (!special_first_byte_[uint8_t(text[i])]) continue;
-    const int32_t k = match_special(text, i);
-    if (k < 0) continue;
-    const auto& [s, id] = specials_[size_t(k)];
-    if (i > start) sections.push_back({text.substr(start, i - start), -1});
-    sections.push_back({s, id});
-    start = i + s.size();
-    i = start - 1;
+  if (allow_special) {
+    cut_added(
+        text, *hf_,
+        [&](const std::string& t, size_t i, size_t* len) {
+          if (!special_first_byte_[uint8_t(t[i])]) return -1;
+          const int32_t k = match_special(t, i, /*raw_only=*/true);
+          if (k < 0) return -1;
+          *len = specials_[size_t(k)].first.size();
+          return specials_[size_t(k)].second;
+        },
+        sections);
+  } else if (!text.empty()) {
+    sections.push_back({text, -1});
   }
-  if (start < text.size()) sections.push_back({text.substr(start), -1});
-  auto has = [](const std::vector<int32_t>& ids, int32_t id) {
-    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  auto match_normalized = [&](const std::string& t, size_t i, size_t* len) {
+    int32_t id = -1;
+    for (const auto& [pattern, pid] : hf_->normalized_added)
+      if (pattern.size() > *len && t.compare(i, pattern.size(), pattern) == 0)
+        *len = pattern.size(), id = pid;
+    return id;
   };
-  for (size_t k = 0; k < sections.size(); ++k) {
-    if (sections[k].id < 0) continue;
-    if (k > 0 && sections[k - 1].id < 0 && has(hf_->lstrip_ids, sections[k].id))
-      sections[k - 1].text = js_trim(sections[k - 1].text, false, true);
-    if (k + 1 < sections.size() && sections[k + 1].id < 0 && has(hf_->rstrip_ids, sections[k].id))
-      sections[k + 1].text = js_trim(sections[k + 1].text, true, false);
-  }
   std::vector<std::string> pieces;
+  std::vector<Section> parts;
   PieceCache& cache = thread_cache(serial_).cache;
   for (size_t k = 0; k < sections.size(); ++k) {
     if (sections[k].id >= 0) {
@@ -281,20 +435,116 @@ void BpeTokenizer::encode_pipeline(std::string_view raw, std::vector<int32_t>& o
     if (sections[k].text.empty()) continue;
     const std::string normal = hf_->normalize(std::move(sections[k].text));
     if (normal.empty()) continue;
-    pieces.clear();
-    hf_->pre_tokenize(normal, k == 0, pieces);
-    for (const std::string& p : pieces) {
-      if (!byte_level()) {
-        encode_words(p, cache, out);
+    parts.clear();
+    if (allow_special && !hf_->normalized_added.empty())
+      cut_added(normal, *hf_, match_normalized, parts);
+    else
+      parts.push_back({normal, -1});
+    for (size_t j = 0; j < parts.size(); ++j) {
+      if (parts[j].id >= 0) {
+        out.push_back(parts[j].id);
         continue;
       }
-      if (p.size() == 1) {
-        out.push_back(byte_id_[uint8_t(p[0])]);
-        continue;
-      }
-      encode_cached(p, cache, out);
+      if (parts[j].text.empty()) continue;
+      pieces.clear();
+      hf_->pre_tokenize(parts[j].text, k == 0 && j == 0, pieces);
+      encode_section(pieces, cache, out);
     }
   }
+}
+
+// The model over one section's pre-tokenized pieces.
+void BpeTokenizer::encode_section(const std::vector<std::string>& pieces, PieceCache& cache,
+                                  std::vector<int32_t>& out) const {
+  const size_t section_start = out.size();
+  for (const std::string& p : pieces) {
+    if (unigram()) {
+      encode_cached(p, cache, out);
+      continue;
+    }
+    if (!byte_level()) {
+      encode_words(p, cache, out);
+      continue;
+    }
+    if (p.size() == 1) {
+      out.push_back(byte_id_[uint8_t(p[0])]);
+      continue;
+    }
+    encode_cached(p, cache, out);
+  }
+  if (unigram()) fuse_unknown(out, section_start);
+}
+
+// Consecutive unknown tokens of one section become one (transformers.js's and SentencePiece's
+// fuse_unk, always on for Unigram models).
+void BpeTokenizer::fuse_unknown(std::vector<int32_t>& out, size_t from) const {
+  const int32_t unk = hf_->unk_id;
+  if (unk < 0) return;
+  size_t w = from;
+  for (size_t r = from; r < out.size(); ++r)
+    if (out[r] != unk || w == from || out[w - 1] != unk) out[w++] = out[r];
+  out.resize(w);
+}
+
+// Viterbi over the tokens each character starts (SentencePiece's and transformers.js's rule:
+// the path of the highest total score; on ties the token that starts first).
+void BpeTokenizer::encode_unigram(std::string_view piece, std::vector<int32_t>& out) const {
+  const size_t n = piece.size();
+  struct Best {
+    double score = 0;
+    int64_t start = -1;  // where the token ending here starts; -1: not reached
+    int32_t id = -1;     // -1: an unknown character
+  };
+  std::vector<Best> best(n + 1);
+  best[0].start = 0;
+  const auto* p = reinterpret_cast<const uint8_t*>(piece.data());
+  for (size_t pos = 0; pos < n;) {
+    uint32_t cp;
+    const size_t len = p[pos] < 0x80 ? 1 : std::max<size_t>(1, utf8_decode(p + pos, n - pos, &cp));
+    const double here = best[pos].score;
+    auto offer = [&](size_t end, double score, int32_t id) {
+      Best& b = best[end];
+      if (b.start < 0 || here + score > b.score) b = {here + score, int64_t(pos), id};
+    };
+    bool single = false;
+    uint64_t node = 0;
+    for (size_t k = pos; k < n; ++k) {
+      const uint64_t* next = unigram_next_.find((node << 8) | p[k]);
+      if (!next) break;
+      node = *next;
+      const int32_t id = unigram_id_[node];
+      if (id < 0) continue;
+      offer(k + 1, scores_[size_t(id)], id);
+      single |= k + 1 - pos == len;
+    }
+    if (!single) offer(pos + len, unk_score_, -1);
+    pos += len;
+  }
+  std::vector<std::pair<size_t, int32_t>> path;  // (start, id)
+  for (size_t end = n; end > 0; end = size_t(best[end].start))
+    path.emplace_back(size_t(best[end].start), best[end].id);
+  for (size_t k = path.size(); k-- > 0;) {
+    const auto [start, id] = path[k];
+    const size_t stop = k > 0 ? path[k - 1].first : n;
+    if (id >= 0)
+      out.push_back(id);
+    else
+      append_unknown(piece.substr(start, stop - start), out);
+  }
+}
+
+// A character outside the vocabulary: its bytes' <0xNN> tokens with byte_fallback (when the
+// vocabulary has them all), else the unknown token.
+void BpeTokenizer::append_unknown(std::string_view ch, std::vector<int32_t>& out) const {
+  bool all = hf_->byte_fallback;
+  for (char b : ch) all &= byte_id_[uint8_t(b)] >= 0;
+  if (all) {
+    for (char b : ch) out.push_back(byte_id_[uint8_t(b)]);
+    return;
+  }
+  LOOM_CHECK(hf_->unk_id >= 0, "the character '", ch,
+             "' is not in the vocabulary, which has no byte fallback or unknown token");
+  out.push_back(hf_->unk_id);
 }
 
 // Cuts a SentencePiece-style piece before each ▁ that no token reaches across
@@ -346,16 +596,7 @@ void BpeTokenizer::encode_chars(std::string_view piece, std::vector<int32_t>& ou
       out.push_back(id);
       continue;
     }
-    const std::string_view ch = unknown[size_t(-id - 1)];
-    bool all = hf_->byte_fallback;
-    for (char b : ch) all &= byte_id_[uint8_t(b)] >= 0;
-    if (all) {
-      for (char b : ch) out.push_back(byte_id_[uint8_t(b)]);
-      continue;
-    }
-    LOOM_CHECK(hf_->unk_id >= 0, "the character '", ch,
-               "' is not in the vocabulary, which has no byte fallback or unknown token");
-    out.push_back(hf_->unk_id);
+    append_unknown(unknown[size_t(-id - 1)], out);
   }
 }
 
@@ -452,6 +693,10 @@ void BpeTokenizer::decode_append(int32_t id, std::string& out) const {
 
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
   std::string out;
+  if (backend_) {
+    for (int32_t id : ids) token_string(id);  // checks the ids
+    return backend_->decode(ids);
+  }
   if (!byte_level()) {
     std::vector<std::string> tokens;
     tokens.reserve(ids.size());

@@ -28,6 +28,16 @@ namespace loom::data {
 
 class HfPipeline;
 
+// Encoding and decoding done by another library for a vocabulary Loom holds the texts of
+// (SentencePiece's tokenizer.model: spm_tokenizer.h).
+class TokenizerBackend {
+ public:
+  virtual ~TokenizerBackend() = default;
+  // Appends the ids of a text without special tokens.
+  virtual void encode(std::string_view text, std::vector<int32_t>& out) const = 0;
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+};
+
 using SpecialTokens = std::vector<std::pair<std::string, int32_t>>;
 
 class BpeTokenizer {
@@ -45,6 +55,23 @@ class BpeTokenizer {
                                   PreTokenizer pre, SpecialTokens specials,
                                   bool ignore_merges = false,
                                   std::shared_ptr<const HfPipeline> pipeline = nullptr);
+
+  // A Unigram model (a tokenizer.json "Unigram"): tokens[id] with log-probability scores[id];
+  // each piece is cut by Viterbi over the tokens it starts with, as SentencePiece and
+  // transformers.js do. The pipeline's unk_id scores the lowest score minus 10 for a character
+  // no single token covers; consecutive unknown characters become one unk_id, or their bytes'
+  // <0xNN> tokens with the pipeline's byte_fallback.
+  static BpeTokenizer from_unigram(std::vector<std::string> tokens, std::vector<double> scores,
+                                   SpecialTokens specials,
+                                   std::shared_ptr<const HfPipeline> pipeline);
+
+  // A vocabulary another library encodes and decodes: tokens[id] its texts (empty for the
+  // specials' ids), `pipeline` a SentencePiece-style one giving the streaming texts and the
+  // post-processor's tokens. Special tokens in the text are cut out first, as for tokenizer.json.
+  static BpeTokenizer from_backend(std::vector<std::string> tokens, SpecialTokens specials,
+                                   std::shared_ptr<const HfPipeline> pipeline,
+                                   std::shared_ptr<const TokenizerBackend> backend);
+  const TokenizerBackend* backend() const { return backend_.get(); }
 
   // Unicode NFC applied to the text between special tokens before pre-tokenisation (a
   // tokenizer.json "normalizer": NFC, as Qwen2's). Needs nfc_available() (normalize.h).
@@ -93,6 +120,7 @@ class BpeTokenizer {
   const std::string& token_bytes(int32_t id) const { return tokens_[size_t(id)]; }
   size_t n_ordinary() const { return tokens_.size(); }
   bool uses_merge_ranks() const { return merge_rule_; }
+  bool unigram() const { return !scores_.empty(); }
   // A piece that is a token encodes as that token (tiktoken files, ignore_merges).
   bool takes_whole_pieces() const { return whole_piece_; }
   // Every merge as (left id, right id), lowest rank first: the merge list a Hugging Face
@@ -105,9 +133,14 @@ class BpeTokenizer {
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
   void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
   void encode_pipeline(std::string_view text, std::vector<int32_t>& out, bool allow_special) const;
+  void encode_section(const std::vector<std::string>& pieces, PieceCache& cache,
+                      std::vector<int32_t>& out) const;
   void encode_cached(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const;
   void encode_words(std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const;
   void encode_chars(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_unigram(std::string_view piece, std::vector<int32_t>& out) const;
+  void fuse_unknown(std::vector<int32_t>& out, size_t from) const;
+  void append_unknown(std::string_view ch, std::vector<int32_t>& out) const;
   const std::string& token_string(int32_t id) const;
   void merge_short(int32_t* ids, size_t n, std::vector<int32_t>& out) const;
   void merge_long(const int32_t* ids, size_t n, std::vector<int32_t>& out) const;
@@ -135,17 +168,28 @@ class BpeTokenizer {
     int32_t special = -1;                           // index into specials_ ending here
   };
   std::vector<TrieNode> special_trie_;
-  // Index into specials_ of the longest special token starting at text[i], or -1.
-  int32_t match_special(std::string_view text, size_t i) const;
+  // Index into specials_ of the longest special token starting at text[i], or -1; raw_only
+  // leaves out the added tokens matched in normalized text (HfPipeline::normalized_added).
+  int32_t match_special(std::string_view text, size_t i, bool raw_only = false) const;
+  std::vector<bool> special_normalized_;  // by index into specials_
+  // Unigram: scores by id and a byte trie over the tokens' texts, edges (node << 8 | byte) ->
+  // child, unigram_id_[node] the token ending there or -1.
+  std::vector<double> scores_;
+  double unk_score_ = 0;
+  U64Map unigram_next_;
+  std::vector<int32_t> unigram_id_;
   int32_t vocab_size_ = 0;
   uint64_t serial_ = 0;  // identifies this vocabulary to the per-thread caches
   std::shared_ptr<const HfPipeline> hf_;
+  std::shared_ptr<const TokenizerBackend> backend_;
 };
 
 // Loads a tokenizer from a spec: "gpt2:DIR" (encoder.json + vocab.bpe), "tiktoken:FILE",
 // "loom:DIR" (saved by save_loom_tokenizer), "hf:PATH" (a Hugging Face tokenizer.json, or a
-// folder holding one: hf_tokenizer.h), or a bare path whose kind is detected (a .json file or a
-// folder with tokenizer.json but no tokenizer.tiktoken is Hugging Face's).
+// folder holding one: hf_tokenizer.h), "spm:PATH" (a SentencePiece tokenizer.model, or a folder
+// holding one: spm_tokenizer.h), or a bare path whose kind is detected (a .json file or a folder
+// with tokenizer.json but no tokenizer.tiktoken is Hugging Face's; a .model file or a folder
+// with only tokenizer.model SentencePiece's).
 // tiktoken files get their pre-tokeniser and special tokens from a sidecar FILE.json
 // ({"pretokenizer": "cl100k", "special_tokens": {"<|endoftext|>": 100257}}) if present, else
 // from the known names gpt2/r50k_base/p50k_base/cl100k_base, else gpt2 rules with

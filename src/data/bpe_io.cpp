@@ -11,6 +11,7 @@
 
 #include "data/hf_pipeline.h"
 #include "data/hf_tokenizer.h"
+#include "data/spm_tokenizer.h"
 #include "data/tokenizer_files.h"
 
 namespace loom::data {
@@ -222,6 +223,9 @@ BpeTokenizer load_tiktoken(const std::string& path) {
 }
 
 std::string tiktoken_text(const BpeTokenizer& tok) {
+  LOOM_CHECK(!tok.backend(),
+             "a SentencePiece tokenizer.model cannot be written as a tiktoken "
+             "file: use the model file itself");
   LOOM_CHECK(!tok.hf_pipeline() || !tok.hf_pipeline()->runs_encode,
              "this tokenizer runs tokenizer.json steps (normalizers, pre-tokenizers or a "
              "SentencePiece-style vocabulary) that a tiktoken file cannot hold: use its "
@@ -280,10 +284,11 @@ std::unique_ptr<BpeTokenizer> load_tokenizer(const std::string& spec) {
     if (kind == "tiktoken") return make(load_tiktoken(path));
     if (kind == "loom") return make(load_loom_tokenizer(path));
     if (kind == "hf") return make(load_hf_tokenizer(path));
+    if (kind == "spm") return make(load_spm_tokenizer(path));
   }
   LOOM_CHECK(file_exists(spec), "tokenizer '", spec,
-             "' not found (expected gpt2:DIR, tiktoken:FILE, loom:DIR, hf:PATH or an existing "
-             "path)");
+             "' not found (expected gpt2:DIR, tiktoken:FILE, loom:DIR, hf:PATH, spm:PATH or an "
+             "existing path)");
   if (fs::is_directory(spec)) {
     if (file_exists((fs::path(spec) / "encoder.json").string()))
       return make(load_gpt2_tokenizer(spec));
@@ -292,11 +297,15 @@ std::unique_ptr<BpeTokenizer> load_tokenizer(const std::string& spec) {
       return make(load_loom_tokenizer(spec));
     if (file_exists((fs::path(spec) / "tokenizer.json").string()))
       return make(load_hf_tokenizer(spec));
+    if (file_exists((fs::path(spec) / "tokenizer.model").string()))
+      return make(load_spm_tokenizer(spec));
     fail(spec,
          ": folder has neither encoder.json + vocab.bpe (GPT-2), tokenizer.tiktoken + "
-         "tokenizer.json (Loom) nor tokenizer.json (Hugging Face)");
+         "tokenizer.json (Loom), tokenizer.json (Hugging Face) nor tokenizer.model "
+         "(SentencePiece)");
   }
   if (fs::path(spec).extension() == ".json") return make(load_hf_tokenizer(spec));
+  if (fs::path(spec).extension() == ".model") return make(load_spm_tokenizer(spec));
   return make(load_tiktoken(spec));
 }
 

@@ -85,8 +85,18 @@ void parse_normalizer(const HfField& f, const std::string& where, HfComponents& 
     n.kind = type == "NFC" ? HfNormalizer::Kind::Nfc : HfNormalizer::Kind::Nfkc;
     LOOM_CHECK(nfc_available(), where, ": '", f.path, "' ", type, " needs utf8proc, which this ",
                "build did not find (scripts/setup.sh installs libutf8proc-dev)");
+  } else if (type == "Precompiled") {
+    // SentencePiece's compiled normalization rules (T5's, ALBERT's): an empty map is no step.
+    const bool empty =
+        !f.has("precompiled_charsmap") || (f.j.at("precompiled_charsmap").is_string() &&
+                                           f.j.at("precompiled_charsmap").as_string().empty());
+    LOOM_CHECK(empty, where, ": '", f.sub("precompiled_charsmap"),
+               "' is not supported (SentencePiece's compiled normalization rules; load the "
+               "model's tokenizer.model instead)");
+    return;
   } else {
-    unsupported(f, type, "Sequence, Prepend, Replace, Strip, NFC, NFKC", where);
+    unsupported(f, type, "Sequence, Prepend, Replace, Strip, NFC, NFKC, Precompiled (empty)",
+                where);
   }
   c.normalizers.push_back(std::move(n));
 }

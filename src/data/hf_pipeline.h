@@ -68,8 +68,14 @@ class HfPipeline {
   int32_t unk_id = -1;
   // The post-processor's tokens around a text (add_special_tokens).
   std::vector<int32_t> prefix, suffix;
-  // Added tokens that take the white space before (lstrip) or after (rstrip) them, by id.
-  std::vector<int32_t> lstrip_ids, rstrip_ids;
+  // Added tokens that take the white space before (lstrip) or after (rstrip) them, and those
+  // that match only as a whole word (single_word: no letter, digit or '_' beside them), by id.
+  std::vector<int32_t> lstrip_ids, rstrip_ids, single_word_ids;
+  // Added tokens marked special (a Unigram model's lattice leaves them out).
+  std::vector<int32_t> special_ids;
+  // Added tokens with `normalized` true: matched in the normalized text of the sections the
+  // others leave, by their content as the normalizers write it (Hugging Face's rule).
+  std::vector<std::pair<std::string, int32_t>> normalized_added;
   std::string source;  // the tokenizer.json text, written back unchanged on export
 
   std::string normalize(std::string text) const;

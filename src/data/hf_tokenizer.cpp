@@ -12,6 +12,7 @@
 #include "data/hf_components.h"
 #include "data/hf_pipeline.h"
 #include "data/normalize.h"
+#include "data/spm_tokenizer.h"
 #include "data/tokenizer_files.h"
 
 namespace loom::data {
@@ -31,11 +32,14 @@ constexpr const char* kQwen2Regex =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-// Returns model.byte_fallback.
-bool check_model_options(const HfField& m, const std::string& where) {
-  const std::string type = m.type(where);
-  LOOM_CHECK(type.empty() || type == "BPE", where, ": model type '", type,
-             "' is not supported (Loom reads BPE models)");
+// Returns model.type ("BPE" or "Unigram"); *byte_fallback is model.byte_fallback.
+std::string check_model_options(const HfField& m, const std::string& where, bool* byte_fallback) {
+  std::string type = m.type(where);
+  if (type.empty()) type = "BPE";
+  LOOM_CHECK(type == "BPE" || type == "Unigram", where, ": '", m.sub("type"), "' ",
+             Json(type).dump(), " is not supported (Loom reads BPE and Unigram models)");
+  *byte_fallback = m.boolean("byte_fallback", false, where);
+  if (type == "Unigram") return type;
   if (m.has("dropout")) {
     double d = 0;
     try {
@@ -49,13 +53,30 @@ bool check_model_options(const HfField& m, const std::string& where) {
     if (m.has(k))
       LOOM_CHECK(m.at(k, where).str(where).empty(), where, ": 'model.", k, "' ", m.j.at(k).dump(),
                  " is not supported (BPE without word prefixes or suffixes)");
-  return m.boolean("byte_fallback", false, where);
+  return type;
+}
+
+// A Unigram model.vocab: [[piece, score], ...], ids in order.
+void read_unigram_vocab(const HfField& model, const std::string& where,
+                        std::vector<std::string>* tokens, std::vector<double>* scores) {
+  HfField vocab = model.list("vocab", where);
+  for (size_t i = 0; i < vocab.j.size(); ++i) {
+    HfField e = vocab.item(i);
+    LOOM_CHECK(e.j.is_array() && e.j.size() == 2 && e.j.as_array()[0].is_string() &&
+                   e.j.as_array()[1].is_number(),
+               where, ": '", e.path, "' must be [piece, score]");
+    const std::string& piece = e.j.as_array()[0].as_string();
+    LOOM_CHECK(!piece.empty(), where, ": '", e.path, "' has an empty piece");
+    tokens->push_back(piece);
+    scores->push_back(e.j.as_array()[1].as_double());
+  }
+  LOOM_CHECK(!tokens->empty(), where, ": '", vocab.path, "' is empty");
 }
 
 struct Added {
   std::string content;
   int32_t id;
-  bool lstrip, rstrip;
+  bool lstrip, rstrip, single_word, normalized, special;
 };
 
 std::vector<Added> parse_added_tokens(const HfField& root, const std::string& where) {
@@ -75,15 +96,13 @@ std::vector<Added> parse_added_tokens(const HfField& root, const std::string& wh
     } catch (const Error& e) {
       fail(where, ": '", t.sub("id"), "': ", e.what());
     }
-    LOOM_CHECK(!t.boolean("single_word", false, where), where, ": '", t.sub("single_word"),
-               "' true (for '", content, "') is not supported");
-    // Both kinds are cut out alike, before normalization, as transformers.js does.
-    t.boolean("special", false, where);
-    t.boolean("normalized", false, where);
+    // Hugging Face's default: a token that is not special is matched in the normalized text.
+    const bool special = t.boolean("special", false, where);
     LOOM_CHECK(seen.insert(content).second, where, ": '", t.path, "' repeats the token '", content,
                "'");
     out.push_back({content, int32_t(id), t.boolean("lstrip", false, where),
-                   t.boolean("rstrip", false, where)});
+                   t.boolean("rstrip", false, where), t.boolean("single_word", false, where),
+                   t.boolean("normalized", !special, where), special});
   }
   return out;
 }
@@ -137,7 +156,8 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   LOOM_CHECK(root.has("model"), where,
              ": missing field 'model' (not a Hugging Face tokenizer.json)");
   HfField model = root.at("model", where);
-  const bool byte_fallback = check_model_options(model, where);
+  bool byte_fallback = false;
+  const bool unigram = check_model_options(model, where, &byte_fallback) == "Unigram";
   if (root.has("truncation"))
     fail(where, ": 'truncation' is set; Loom encodes whole texts (write null)");
   HfComponents comp = parse_hf_components(j, where);
@@ -147,6 +167,9 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   for (const HfPreTokenizer& p : comp.pre_tokenizers)
     byte_level |= p.kind == HfPreTokenizer::Kind::ByteLevel;
   if (byte_level) {
+    LOOM_CHECK(!unigram, where,
+               ": a Unigram 'model' with a ByteLevel pre-tokenizer is not supported (Loom's "
+               "Unigram models are SentencePiece-style: tokens are text)");
     LOOM_CHECK(!byte_fallback, where,
                ": 'model.byte_fallback' true with a ByteLevel pre-tokenizer is not supported "
                "(a byte-level vocabulary has every byte already)");
@@ -163,42 +186,67 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
 
   // Vocabulary: strings -> ids. An added token may sit in it under its own text (GPT-2's
   // <|endoftext|>, or a token outside the alphabet): it becomes special, not ordinary.
-  HfField vocab = model.at("vocab", where);
-  LOOM_CHECK(vocab.j.is_object(), where, ": 'model.vocab' must be an object of token -> id");
-  size_t max_id = 0;
-  for (const auto& [text, idj] : vocab.j.as_object()) {
-    LOOM_CHECK(idj.type() == Json::Type::Int && idj.as_int() >= 0 && idj.as_int() < INT32_MAX,
-               where, ": 'model.vocab' token ", jsonl_quote(text), " has no valid integer id");
-    max_id = std::max(max_id, size_t(idj.as_int()));
+  std::vector<std::string> tokens;
+  std::vector<double> scores;  // Unigram
+  if (unigram) {
+    read_unigram_vocab(model, where, &tokens, &scores);
+    std::map<std::string, size_t> piece_id;
+    for (size_t i = 0; i < tokens.size(); ++i) piece_id.emplace(tokens[i], i);
+    for (const Added& a : added) {
+      LOOM_CHECK(size_t(a.id) >= tokens.size() || tokens[size_t(a.id)] == a.content, where,
+                 ": added token ", jsonl_quote(a.content), " has id ", a.id,
+                 ", which 'model.vocab' gives to ", jsonl_quote(tokens[size_t(a.id)]));
+      const auto in_vocab = piece_id.find(a.content);
+      LOOM_CHECK(in_vocab == piece_id.end() || in_vocab->second == size_t(a.id), where,
+                 ": added token ", jsonl_quote(a.content), " has id ", a.id,
+                 " but 'model.vocab' gives it ", in_vocab->second);
+    }
+    size_t max_id = tokens.size() - 1;
+    for (const Added& a : added) max_id = std::max(max_id, size_t(a.id));
+    check_id_bound(max_id, tokens.size() + added.size(), where);
+    std::set<std::string> seen;
+    for (size_t i = 0; i < tokens.size(); ++i)
+      LOOM_CHECK(seen.insert(tokens[i]).second, where, ": 'model.vocab[", i,
+                 "]' repeats the piece ", jsonl_quote(tokens[i]));
   }
-  for (const Added& a : added) max_id = std::max(max_id, size_t(a.id));
-  check_id_bound(max_id, vocab.j.size() + added.size(), where);
+  static const Json kNoVocab = Json::object();
+  const HfField vocab = unigram ? HfField{kNoVocab, "model.vocab"} : model.at("vocab", where);
   // A token's string as Loom stores it: bytes for a byte-level vocabulary, else the text.
   auto decode_token = [&](std::string_view text, std::string* out) {
     if (byte_level) return byte_level_decode(text, out);
     out->assign(text);
     return true;
   };
-  std::vector<std::string> tokens;
-  std::string bytes;
-  for (const auto& [text, idj] : vocab.j.as_object()) {
-    const auto id = size_t(idj.as_int());
-    auto a = added_id.find(text);
-    const bool decoded = decode_token(text, &bytes);
-    if (a != added_id.end() || (decoded && added_id.count(bytes))) {
-      const int32_t want = a != added_id.end() ? a->second : added_id.at(bytes);
-      LOOM_CHECK(want == int32_t(id), where, ": added token ", jsonl_quote(text), " has id ", want,
-                 " but 'model.vocab' gives it ", id);
-      // A byte-level special token's slot stays empty among the ordinary ones. In a
-      // SentencePiece-style vocabulary it stays a token BPE can make as well (Gemma's runs of
-      // ▁ are both), as in transformers.js.
-      if (byte_level) continue;
+  if (!unigram) {
+    LOOM_CHECK(vocab.j.is_object(), where, ": 'model.vocab' must be an object of token -> id");
+    size_t max_id = 0;
+    for (const auto& [text, idj] : vocab.j.as_object()) {
+      LOOM_CHECK(idj.type() == Json::Type::Int && idj.as_int() >= 0 && idj.as_int() < INT32_MAX,
+                 where, ": 'model.vocab' token ", jsonl_quote(text), " has no valid integer id");
+      max_id = std::max(max_id, size_t(idj.as_int()));
     }
-    LOOM_CHECK(decoded, where, ": 'model.vocab' token ", jsonl_quote(text),
-               " is not in the byte-level alphabet");
-    if (tokens.size() <= id) tokens.resize(id + 1);
-    LOOM_CHECK(tokens[id].empty(), where, ": 'model.vocab' uses id ", id, " twice");
-    tokens[id] = bytes;
+    for (const Added& a : added) max_id = std::max(max_id, size_t(a.id));
+    check_id_bound(max_id, vocab.j.size() + added.size(), where);
+    std::string bytes;
+    for (const auto& [text, idj] : vocab.j.as_object()) {
+      const auto id = size_t(idj.as_int());
+      auto a = added_id.find(text);
+      const bool decoded = decode_token(text, &bytes);
+      if (a != added_id.end() || (decoded && added_id.count(bytes))) {
+        const int32_t want = a != added_id.end() ? a->second : added_id.at(bytes);
+        LOOM_CHECK(want == int32_t(id), where, ": added token ", jsonl_quote(text), " has id ",
+                   want, " but 'model.vocab' gives it ", id);
+        // A byte-level special token's slot stays empty among the ordinary ones. In a
+        // SentencePiece-style vocabulary it stays a token BPE can make as well (Gemma's runs of
+        // ▁ are both), as in transformers.js.
+        if (byte_level) continue;
+      }
+      LOOM_CHECK(decoded, where, ": 'model.vocab' token ", jsonl_quote(text),
+                 " is not in the byte-level alphabet");
+      if (tokens.size() <= id) tokens.resize(id + 1);
+      LOOM_CHECK(tokens[id].empty(), where, ": 'model.vocab' uses id ", id, " twice");
+      tokens[id] = bytes;
+    }
   }
   SpecialTokens specials;
   for (const Added& a : added) {
@@ -212,7 +260,8 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   }
 
   // Merges: "a b" strings (the classic form) or ["a", "b"] pairs (tokenizers 0.20+).
-  HfField merges_f = model.at("merges", where);
+  static const Json kNoMerges = Json::array();
+  HfField merges_f = unigram ? HfField{kNoMerges, "model.merges"} : model.at("merges", where);
   LOOM_CHECK(merges_f.j.is_array(), where, ": 'model.merges' must be an array");
   std::set<std::string> special_bytes;
   for (const Added& a : added) special_bytes.insert(a.content);
@@ -249,8 +298,17 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   }
   const bool ignore_merges = model.boolean("ignore_merges", false, where);
 
-  bool lr_strip = false;
-  for (const Added& a : added) lr_strip |= a.lstrip || a.rstrip;
+  // Added tokens matched in normalized text, by their text as the normalizers write it (without
+  // a normalizer, in the raw text, which is the same).
+  std::map<int32_t, std::string> normalized_pattern;
+  if (!comp.normalizers.empty()) {
+    HfPipeline norm;
+    norm.normalizers = comp.normalizers;
+    for (const Added& a : added)
+      if (a.normalized) normalized_pattern[a.id] = norm.normalize(a.content);
+  }
+  bool lr_strip = !normalized_pattern.empty();
+  for (const Added& a : added) lr_strip |= a.lstrip || a.rstrip || a.single_word;
   bool nfc_only = false;
   const std::optional<PreTokenizer> scanner =
       lr_strip ? std::nullopt : scanner_for(comp, &nfc_only);
@@ -260,6 +318,9 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
   auto id_of = [&](const std::string& name, const std::string& field) {
     if (auto a = added_id.find(name); a != added_id.end()) return a->second;
     if (vocab.j.contains(name)) return int32_t(vocab.j.at(name).as_int());
+    if (unigram)
+      if (auto it = std::find(tokens.begin(), tokens.end(), name); it != tokens.end())
+        return int32_t(it - tokens.begin());
     fail(where, ": '", field, "' names the token ", jsonl_quote(name),
          ", which is neither an added token nor in 'model.vocab'");
   };
@@ -277,16 +338,31 @@ BpeTokenizer hf_tokenizer_from_json(const Json& j, const std::string& where) {
     pipe->decoders = std::move(comp.decoders);
     for (const std::string& t : comp.prefix) pipe->prefix.push_back(id_of(t, "post_processor"));
     for (const std::string& t : comp.suffix) pipe->suffix.push_back(id_of(t, "post_processor"));
-    if (model.has("unk_token"))
+    if (unigram && model.has("unk_id")) {
+      try {
+        pipe->unk_id = int32_t(model.j.at("unk_id").as_int(0, int64_t(tokens.size()) - 1));
+      } catch (const Error& e) {
+        fail(where, ": '", model.sub("unk_id"), "': ", e.what());
+      }
+    } else if (!unigram && model.has("unk_token")) {
       pipe->unk_id = id_of(model.at("unk_token", where).str(where), "model.unk_token");
+    }
     for (const Added& a : added) {
       if (a.lstrip) pipe->lstrip_ids.push_back(a.id);
       if (a.rstrip) pipe->rstrip_ids.push_back(a.id);
+      if (a.single_word) pipe->single_word_ids.push_back(a.id);
+      if (a.special) pipe->special_ids.push_back(a.id);
+      if (auto p = normalized_pattern.find(a.id);
+          p != normalized_pattern.end() && !p->second.empty())
+        pipe->normalized_added.emplace_back(p->second, a.id);
     }
-    if (!byte_level) pipe->joins_space_mark = chars_before_space_mark(tokens);
+    if (!byte_level && !unigram) pipe->joins_space_mark = chars_before_space_mark(tokens);
     pipe->source = j.dump();
   }
   try {
+    if (unigram)
+      return BpeTokenizer::from_unigram(std::move(tokens), std::move(scores), std::move(specials),
+                                        std::move(pipe));
     BpeTokenizer t =
         BpeTokenizer::from_merges(std::move(tokens), merges, scanner.value_or(PreTokenizer::Gpt2),
                                   std::move(specials), ignore_merges, std::move(pipe));
@@ -304,6 +380,9 @@ BpeTokenizer load_hf_tokenizer(const std::string& path) {
 }
 
 Json hf_tokenizer_json(const BpeTokenizer& tok) {
+  LOOM_CHECK(!tok.backend(),
+             "a SentencePiece tokenizer.model has no tokenizer.json form in Loom: "
+             "save_hf_tokenizer writes the model file itself");
   if (tok.hf_pipeline()) return Json::parse(tok.hf_pipeline()->source);  // as it was read
   Json j = Json::object();
   j["version"] = "1.0";
@@ -391,6 +470,10 @@ HfSpecialIds hf_special_ids(const BpeTokenizer& tok, const std::string& chat) {
     ids.eos.push_back(tok.eot_id());
     if (ids.bos < 0 && chat.empty()) ids.bos = tok.eot_id();  // GPT-2's convention
   }
+  if (tok.backend()) {  // a SentencePiece model: its <s> and </s>
+    if (ids.bos < 0 && !tok.hf_pipeline()->prefix.empty()) ids.bos = tok.hf_pipeline()->prefix[0];
+    if (const int32_t eos = tok.special_id("</s>"); eos >= 0) ids.eos.push_back(eos);
+  }
   return ids;
 }
 
@@ -410,7 +493,12 @@ Json hf_tokenizer_config_json(const BpeTokenizer& tok, const std::string& chat,
   }
   c["added_tokens_decoder"] = std::move(decoder);
   const HfSpecialIds ids = hf_special_ids(tok, chat);
-  auto text_of = [&](int32_t id) { return id < 0 ? Json() : Json(tok.decode({&id, 1})); };
+  auto text_of = [&](int32_t id) {
+    if (id < 0) return Json();
+    for (const auto& [text, sid] : tok.specials())  // as written (SentencePiece decodes <s> to "")
+      if (sid == id) return Json(text);
+    return Json(tok.decode({&id, 1}));
+  };
   c["bos_token"] = text_of(ids.bos);
   c["eos_token"] = text_of(ids.eos.empty() ? -1 : ids.eos.front());
   c["pad_token"] = text_of(tok.eot_id());
@@ -418,6 +506,14 @@ Json hf_tokenizer_config_json(const BpeTokenizer& tok, const std::string& chat,
   c["clean_up_tokenization_spaces"] = false;
   c["model_max_length"] = model_max_length;
   c["tokenizer_class"] = "PreTrainedTokenizerFast";
+  if (tok.backend()) {  // tokenizer.model: read by the SentencePiece tokenizer class
+    c["tokenizer_class"] = "LlamaTokenizer";
+    c["add_bos_token"] = ids.bos >= 0;
+    c["add_eos_token"] = false;
+    c["legacy"] = true;
+    const HfPipeline* hf = tok.hf_pipeline();
+    if (hf && hf->unk_id >= 0) c["unk_token"] = text_of(hf->unk_id);
+  }
   return c;
 }
 
@@ -425,8 +521,11 @@ void save_hf_tokenizer(const BpeTokenizer& tok, const std::string& dir, const st
                        int64_t model_max_length) {
   const Json config = hf_tokenizer_config_json(tok, chat, model_max_length);  // checks `chat`
   make_dirs(dir);
-  write_file_atomic((fs::path(dir) / "tokenizer.json").string(),
-                    hf_tokenizer_json(tok).dump(2) + "\n");
+  if (tok.backend())
+    write_file_atomic((fs::path(dir) / "tokenizer.model").string(), spm_model_bytes(tok));
+  else
+    write_file_atomic((fs::path(dir) / "tokenizer.json").string(),
+                      hf_tokenizer_json(tok).dump(2) + "\n");
   write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), config.dump(2) + "\n");
 }
 

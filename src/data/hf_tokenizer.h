@@ -14,8 +14,10 @@
 // Merges may be "a b" strings or ["a", "b"] pairs; model.ignore_merges is honoured. added_tokens
 // (special or not) are cut out of the text before anything else, as transformers.js does, with
 // their lstrip/rstrip; ids are the file's own.
-// Refused, naming the field's path (`normalizer.normalizers[2].type`): other models (Unigram,
-// WordPiece) and components, dropout, subword prefixes/suffixes, ByteLevel add_prefix_space,
+// "Unigram" models: [piece, score] vocabularies cut by Viterbi (BpeTokenizer::from_unigram),
+// with unk_id and byte_fallback.
+// Refused, naming the field's path (`normalizer.normalizers[2].type`): other models (WordPiece,
+// WordLevel) and components, a Precompiled normalizer's charsmap, dropout, subword prefixes/suffixes, ByteLevel add_prefix_space,
 // Split invert or Contiguous, added tokens with single_word, truncation. Not applied: padding,
 // the post-processor's pair template.
 //

