@@ -36,26 +36,6 @@
 namespace loom::cli {
 namespace {
 
-std::vector<data::ChatMessage> messages_of(const Json& v, const std::string& role,
-                                           const std::string& where, const std::string& field) {
-  if (v.is_string()) {
-    data::check_chat_message(role, v.as_string(), cat(where, ": '", field, "'"));
-    return {{role, v.as_string()}};
-  }
-  LOOM_CHECK(v.is_array() && v.size() > 0, where, ": '", field,
-             "' must be a string or a non-empty list of messages");
-  std::vector<data::ChatMessage> out;
-  for (const Json& m : v.as_array()) {
-    LOOM_CHECK(m.is_object() && m.contains("role") && m.contains("content") &&
-                   m.at("role").is_string() && m.at("content").is_string(),
-               where, ": '", field, "' messages need string 'role' and 'content'");
-    const std::string at = cat(where, ": '", field, "'[", out.size(), "]");
-    data::check_chat_message(m.at("role").as_string(), m.at("content").as_string(), at);
-    out.push_back({m.at("role").as_string(), m.at("content").as_string()});
-  }
-  return out;
-}
-
 // Rejection sampling: --n completions of each prompt from --policy, the best by the reward
 // model written as {"prompt", "completion", "reward", "rewards"}.
 template <class Score>
@@ -75,7 +55,7 @@ int best_of_n(const Options& o, const data::ChatTemplate& rm_chat, Score& score,
   std::vector<std::vector<data::ChatMessage>> prompts;
   for_each_jsonl(o.get("input"), [&](const Json& j, const std::string& where) {
     LOOM_CHECK(j.is_object() && j.contains("prompt"), where, ": expected 'prompt'");
-    prompts.push_back(messages_of(j.at("prompt"), "user", where, "prompt"));
+    prompts.push_back(data::chat_messages_of(j.at("prompt"), "user", where, "prompt"));
     lines.push_back(j);
   });
   std::ofstream out(o.get("output"));
@@ -221,12 +201,12 @@ int run_score(const Args& args) {
     LOOM_CHECK(j.is_object(), where, ": expected an object");
     std::vector<data::ChatMessage> conv;
     if (j.contains("messages")) {
-      conv = messages_of(j.at("messages"), "user", where, "messages");
+      conv = data::chat_messages_of(j.at("messages"), "user", where, "messages");
     } else {
       LOOM_CHECK(j.contains("prompt") && j.contains("completion"), where,
                  ": expected 'prompt' and 'completion', or 'messages'");
-      conv = messages_of(j.at("prompt"), "user", where, "prompt");
-      for (auto& m : messages_of(j.at("completion"), "assistant", where, "completion"))
+      conv = data::chat_messages_of(j.at("prompt"), "user", where, "prompt");
+      for (auto& m : data::chat_messages_of(j.at("completion"), "assistant", where, "completion"))
         conv.push_back(m);
     }
     Line l;

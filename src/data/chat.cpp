@@ -3,8 +3,8 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/jsonl.h"
-#include "data/unicode.h"
 #include "data/hf_chat_template.h"
+#include "data/unicode.h"
 
 namespace loom::data {
 
@@ -135,6 +135,26 @@ void check_chat_message(const std::string& role, const std::string& content,
   LOOM_CHECK(role == "system" || role == "user" || role == "assistant", where, ": role '", role,
              "' is not system, user or assistant");
   check_utf8(content, where, "content");
+}
+
+std::vector<ChatMessage> chat_messages_of(const Json& v, const std::string& role,
+                                          const std::string& where, const std::string& field) {
+  if (v.is_string()) {
+    check_chat_message(role, v.as_string(), cat(where, ": '", field, "'"));
+    return {{role, v.as_string()}};
+  }
+  LOOM_CHECK(v.is_array() && v.size() > 0, where, ": '", field,
+             "' must be a string or a non-empty list of messages");
+  std::vector<ChatMessage> out;
+  for (const Json& m : v.as_array()) {
+    LOOM_CHECK(m.is_object() && m.contains("role") && m.contains("content") &&
+                   m.at("role").is_string() && m.at("content").is_string(),
+               where, ": '", field, "' messages need string 'role' and 'content'");
+    const std::string at = cat(where, ": '", field, "'[", out.size(), "]");
+    check_chat_message(m.at("role").as_string(), m.at("content").as_string(), at);
+    out.push_back({m.at("role").as_string(), m.at("content").as_string()});
+  }
+  return out;
 }
 
 ChatExample parse_chat_example(const Json& j, const ChatTemplate& t, const std::string& where) {

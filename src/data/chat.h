@@ -91,6 +91,10 @@ class ChatTemplate {
 // every chat reader (chat data, preference pairs, `loom tokenize --chat`) requires of a message.
 void check_chat_message(const std::string& role, const std::string& content,
                         const std::string& where);
+// A JSONL line's field `field` as messages: a string is one message of `role`, otherwise a
+// non-empty list of {"role", "content"} objects, each checked by check_chat_message.
+std::vector<ChatMessage> chat_messages_of(const Json& v, const std::string& role,
+                                          const std::string& where, const std::string& field);
 
 // One JSONL line: {"messages": [...]} or {"prompt": "...", "completion": "..."}; `where`
 // names the file and line in errors.

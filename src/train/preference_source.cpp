@@ -10,26 +10,6 @@
 namespace loom {
 namespace {
 
-std::vector<data::ChatMessage> messages_of(const Json& v, const std::string& role,
-                                           const std::string& where, const std::string& field) {
-  if (v.is_string()) {
-    data::check_chat_message(role, v.as_string(), cat(where, ": '", field, "'"));
-    return {{role, v.as_string()}};
-  }
-  LOOM_CHECK(v.is_array() && v.size() > 0, where, ": '", field,
-             "' must be a string or a non-empty list of messages");
-  std::vector<data::ChatMessage> out;
-  for (const Json& m : v.as_array()) {
-    LOOM_CHECK(m.is_object() && m.contains("role") && m.contains("content") &&
-                   m.at("role").is_string() && m.at("content").is_string(),
-               where, ": '", field, "' messages need string 'role' and 'content'");
-    const std::string at = cat(where, ": '", field, "'[", out.size(), "]");
-    data::check_chat_message(m.at("role").as_string(), m.at("content").as_string(), at);
-    out.push_back({m.at("role").as_string(), m.at("content").as_string()});
-  }
-  return out;
-}
-
 // True when none of the example's trained tokens has a target inside a row of seq_len tokens:
 // the reply is cut away entirely.
 bool reply_cut_away(const data::ChatExample& ex, int seq_len) {
@@ -68,8 +48,8 @@ PreferenceSource::PreferenceSource(const std::string& path, const std::string& t
       LOOM_CHECK(j.at("label").type() == Json::Type::Bool, where,
                  ": 'label' must be true (desirable) or false (undesirable)");
       Pair p;
-      p.prompt = messages_of(j.at("prompt"), "user", where, "prompt");
-      p.completion = messages_of(j.at("completion"), "assistant", where, "completion");
+      p.prompt = data::chat_messages_of(j.at("prompt"), "user", where, "prompt");
+      p.completion = data::chat_messages_of(j.at("completion"), "assistant", where, "completion");
       LOOM_CHECK(p.completion.back().role == "assistant", where,
                  ": 'completion' must end with an assistant reply");
       p.desirable = j.at("label").as_bool();
@@ -84,12 +64,14 @@ PreferenceSource::PreferenceSource(const std::string& path, const std::string& t
     LOOM_CHECK(
         j.is_object() && j.contains("prompt") && j.contains("chosen") && j.contains("rejected"),
         where, ": expected 'prompt', 'chosen' and 'rejected'");
-    std::vector<data::ChatMessage> prompt = messages_of(j.at("prompt"), "user", where, "prompt");
+    std::vector<data::ChatMessage> prompt =
+        data::chat_messages_of(j.at("prompt"), "user", where, "prompt");
     Pair p;
     for (int which = 0; which < 2; ++which) {
       const char* field = which == 0 ? "chosen" : "rejected";
       std::vector<data::ChatMessage> conv = prompt;
-      for (auto& m : messages_of(j.at(field), "assistant", where, field)) conv.push_back(m);
+      for (auto& m : data::chat_messages_of(j.at(field), "assistant", where, field))
+        conv.push_back(m);
       LOOM_CHECK(conv.back().role == "assistant", where, ": '", field,
                  "' must end with an assistant reply");
       (which == 0 ? p.chosen : p.rejected) = t.render(conv);
