@@ -530,16 +530,21 @@ void Server::embeddings(const std::shared_ptr<HttpConnection>& c, const HttpRequ
         });
   } catch (const infer::RequestRejected& e) {
     --in_flight_;
-    if (e.http_status == 429) {
-      ++metrics_->requests["rate_limited"];
-      return send_error(*c, ApiError{429, e.message, "rate_limit_error", ""},
-                        {{"Retry-After", std::to_string(opt_.retry_after_seconds)}});
-    }
-    ++metrics_->requests["error"];
-    return send_error(*c, ApiError{e.http_status, e.message,
-                                   e.http_status == 400 ? "invalid_request_error" : "server_error",
-                                   e.http_status == 400 ? "input" : ""});
+    return send_rejection(*c, e, "input");
   }
+}
+
+void Server::send_rejection(HttpConnection& c, const infer::RequestRejected& e,
+                            const std::string& param) {
+  if (e.http_status == 429) {
+    ++metrics_->requests["rate_limited"];
+    return send_error(c, ApiError{429, e.message, "rate_limit_error", ""},
+                      {{"Retry-After", std::to_string(opt_.retry_after_seconds)}});
+  }
+  ++metrics_->requests["error"];
+  send_error(c, ApiError{e.http_status, e.message,
+                         e.http_status == 400 ? "invalid_request_error" : "server_error",
+                         e.http_status == 400 ? param : ""});
 }
 
 void Server::submit(bool chat, const std::shared_ptr<HttpConnection>& c, ApiRequest r,
@@ -592,15 +597,7 @@ void Server::submit(bool chat, const std::shared_ptr<HttpConnection>& c, ApiRequ
   } catch (const infer::RequestRejected& e) {
     for (int64_t id : ex->engine_ids) engine_.cancel(id);
     ex->done = true;
-    if (e.http_status == 429) {
-      ++metrics_->requests["rate_limited"];
-      return send_error(*c, ApiError{429, e.message, "rate_limit_error", ""},
-                        {{"Retry-After", std::to_string(opt_.retry_after_seconds)}});
-    }
-    ++metrics_->requests["error"];
-    return send_error(*c, ApiError{e.http_status, e.message,
-                                   e.http_status == 400 ? "invalid_request_error" : "server_error",
-                                   e.http_status == 400 ? "prompt" : ""});
+    return send_rejection(*c, e, "prompt");
   }
   ++in_flight_;
   std::weak_ptr<Exchange> weak = ex;

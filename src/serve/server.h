@@ -74,6 +74,9 @@ class Server {
   void submit(bool chat, const std::shared_ptr<HttpConnection>& c, ApiRequest r,
               std::vector<std::vector<int32_t>> prompts);
   void embeddings(const std::shared_ptr<HttpConnection>& c, const HttpRequest& req);
+  // The engine's refusal of a request: 429 with Retry-After, or its status naming `param`
+  // for a 400; counted in the metrics.
+  void send_rejection(HttpConnection& c, const infer::RequestRejected& e, const std::string& param);
   void on_event(const std::shared_ptr<Exchange>& ex, const infer::TokenEvent& ev);
   void finish(const std::shared_ptr<Exchange>& ex);
   void give_up(const std::shared_ptr<Exchange>& ex, const std::string& outcome);
