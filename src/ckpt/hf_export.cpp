@@ -651,6 +651,22 @@ std::map<std::string, Shape> hf_param_shapes(const HfModelShape& s) {
   return m;
 }
 
+// The config.json keys every Llama-style family (Llama, Qwen, Mistral, Phi-3, Gemma) writes alike.
+static void llama_like_keys(Json& j, const HfModelShape& s, const char* act) {
+  j["architectures"] = Json(Json::Array{Json(causal_lm_class(s.family))});
+  j["model_type"] = Json(s.family);
+  j["hidden_act"] = Json(act);
+  j["hidden_size"] = Json(s.d_model);
+  j["intermediate_size"] = Json(s.d_ff);
+  j["num_hidden_layers"] = Json(s.n_layer);
+  j["num_attention_heads"] = Json(s.n_head);
+  j["num_key_value_heads"] = Json(s.n_kv_head);
+  j["head_dim"] = Json(s.head_dim);
+  j["max_position_embeddings"] = Json(s.max_seq);
+  j["rms_norm_eps"] = float_json(s.norm_eps);
+  j["rope_theta"] = float_json(s.rope_theta);
+}
+
 Json hf_config_json(const HfModelShape& s, DType dtype) {
   s.validate();
   Json j = Json::object();
@@ -679,19 +695,8 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
     j["scale_attn_by_inverse_layer_idx"] = Json(false);
     j["reorder_and_upcast_attn"] = Json(false);
   } else if (s.gemma()) {
-    j["architectures"] = Json(Json::Array{Json(causal_lm_class(s.family))});
-    j["model_type"] = Json(s.family);
-    j["hidden_act"] = Json("gelu_pytorch_tanh");
+    llama_like_keys(j, s, "gelu_pytorch_tanh");
     j["hidden_activation"] = Json("gelu_pytorch_tanh");
-    j["hidden_size"] = Json(s.d_model);
-    j["intermediate_size"] = Json(s.d_ff);
-    j["num_hidden_layers"] = Json(s.n_layer);
-    j["num_attention_heads"] = Json(s.n_head);
-    j["num_key_value_heads"] = Json(s.n_kv_head);
-    j["head_dim"] = Json(s.head_dim);
-    j["max_position_embeddings"] = Json(s.max_seq);
-    j["rms_norm_eps"] = float_json(s.norm_eps);
-    j["rope_theta"] = float_json(s.rope_theta);
     j["rope_scaling"] = Json();
     j["attention_bias"] = Json(false);
     j["attention_dropout"] = Json(0.0);
@@ -716,18 +721,7 @@ Json hf_config_json(const HfModelShape& s, DType dtype) {
       }
     }
   } else {
-    j["architectures"] = Json(Json::Array{Json(causal_lm_class(s.family))});
-    j["model_type"] = Json(s.family);
-    j["hidden_act"] = Json("silu");
-    j["hidden_size"] = Json(s.d_model);
-    j["intermediate_size"] = Json(s.d_ff);
-    j["num_hidden_layers"] = Json(s.n_layer);
-    j["num_attention_heads"] = Json(s.n_head);
-    j["num_key_value_heads"] = Json(s.n_kv_head);
-    j["head_dim"] = Json(s.head_dim);
-    j["max_position_embeddings"] = Json(s.max_seq);
-    j["rms_norm_eps"] = float_json(s.norm_eps);
-    j["rope_theta"] = float_json(s.rope_theta);
+    llama_like_keys(j, s, "silu");
     if (s.rope_scaling.enabled()) {
       Json r = Json::object();
       r["rope_type"] = Json("llama3");
